@@ -1,0 +1,5 @@
+import sys
+
+from gq.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,90 @@
+"""How jobs look to people (rich tables) and to programs (JSON with ISO 8601 times)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+from gq.queue.models import Job, JobEvent
+from gq.queue.states import JobState
+from gq.units import format_duration, format_size
+
+
+def iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="milliseconds")
+
+
+def short_time(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def elapsed(job: Job, now: float | None = None) -> float | None:
+    if job.start_time is None:
+        return None
+    end = job.end_time if job.end_time is not None else (now or time.time())
+    return max(0.0, end - job.start_time)
+
+
+def wait_time(job: Job, now: float | None = None) -> float:
+    start = job.start_time if job.start_time is not None else (job.end_time or now or time.time())
+    return max(0.0, start - job.submit_time)
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id, "name": job.name, "user": job.user, "state": job.state,
+        "priority": job.priority, "device": job.device, "lane": job.lane,
+        "submit_time": iso(job.submit_time), "start_time": iso(job.start_time),
+        "end_time": iso(job.end_time), "exit_code": job.exit_code,
+        "steps_done": job.steps_done, "steps_total": job.steps_total, "reason": job.reason,
+        "gpus": job.gpus, "mem": job.mem, "time_limit": job.time_limit,
+        "exclusive": job.exclusive, "requeue": job.requeue, "script": job.script,
+        "args": job.args, "workdir": job.workdir, "stdout": job.stdout_path,
+        "stderr": job.stderr_path, "pid": job.pid, "run_count": job.run_count,
+        "holds_lane": job.holds_lane, "attained": job.attained,
+        "mean_iteration": job.mean_iteration, "mem_persistent": job.mem_persistent,
+        "mem_peak": job.mem_peak, "wait_time": wait_time(job) if job.state != "PENDING" else None,
+        "run_time": elapsed(job),
+        "jct": (job.end_time - job.submit_time) if job.end_time is not None else None,
+    }
+
+
+def event_json(event: JobEvent) -> dict[str, Any]:
+    return {"time": iso(event.time), "old_state": event.old_state,
+            "new_state": event.new_state, "reason": event.reason}
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2)
+
+
+def progress(job: Job, width: int = 10) -> str:
+    if not job.steps_total:
+        return str(job.steps_done) if job.steps_done else "-"
+    fraction = min(1.0, job.steps_done / job.steps_total)
+    filled = int(round(fraction * width))
+    return f"{'█' * filled}{'░' * (width - filled)} {job.steps_done}/{job.steps_total}"
+
+
+def lane_state(job: Job) -> str:
+    if job.state != JobState.RUNNING.value:
+        return ""
+    return "holds" if job.holds_lane else "waits"
+
+
+def state_label(job: Job) -> str:
+    return JobState(job.state).short
+
+
+def size(value: int | None) -> str:
+    return format_size(value)
+
+
+def duration(value: float | None) -> str:
+    return format_duration(value)

@@ -1,0 +1,46 @@
+"""Turn a queued job into the host's launch message: command line, environment, outputs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gq.daemon import devices as devices_mod
+from gq.daemon.devices import Device
+from gq.queue.models import Job
+
+_GQ_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def is_python(script: str) -> bool:
+    return script.endswith(".py")
+
+
+def command(job: Job) -> tuple[list[str], bool]:
+    """The argv to run, and whether it speaks the worker protocol (Python scripts do)."""
+    if job.interpreter is not None:
+        return [job.interpreter, "-m", "gq.exec.worker", job.spool_path, *job.args], True
+    with open(job.spool_path, "rb") as script:
+        has_shebang = script.read(2) == b"#!"
+    if has_shebang:
+        return [job.spool_path, *job.args], False
+    return ["bash", job.spool_path, *job.args], False
+
+
+def launch_spec(job: Job, devices: list[Device], lane: int) -> dict[str, Any]:
+    argv, worker = command(job)
+    env = dict(job.env)
+    env.update(devices_mod.environment(devices))
+    env.update(GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name,
+               GQ_SCRIPT_DIR=str(Path(job.script).parent))
+    if worker and job.interpreter != sys.executable:
+        # Another interpreter may not have gq installed: let it find this one.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), _GQ_ROOT]))
+    return {
+        "id": job.id, "argv": argv, "worker": worker, "cwd": job.workdir, "env": env,
+        "stdout": job.stdout_path, "stderr": job.stderr_path, "lane": lane,
+        "user": job.user, "priority": job.priority, "submit_time": job.submit_time,
+        "steps_total": job.steps_total,
+    }

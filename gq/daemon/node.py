@@ -1,0 +1,375 @@
+"""The node daemon: admits pending jobs onto devices, supervises one execution host per
+device, records what happens, enforces time limits, and recovers after a crash."""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+from gq import policies
+from gq.daemon import admission, control, recovery
+from gq.daemon.devices import Device, discover
+from gq.daemon.hosts import HostHandle
+from gq.daemon.launch import launch_spec
+from gq.home import Home
+from gq.queue import queries, settings, transitions
+from gq.queue.engine import Database
+from gq.queue.models import Job
+from gq.queue.states import JobState
+from gq.units import format_duration
+
+log = logging.getLogger("gq.daemon")
+POLL_PERIOD = 1.0  # rescan the queue this often even without a poke
+FLUSH_PERIOD = 1.0  # write progress to the DB this often
+HOST_RESTART_DELAY = 1.0
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    lanes: int = 1
+    max_resident: int = 4
+    kill_grace: float = 10.0
+
+
+@dataclass
+class Running:
+    job_id: int
+    devices: list[Device]
+    lane: int
+    host: str
+    started: float  # monotonic
+    time_limit: int | None
+    requeue: bool
+    footprint: admission.Footprint
+    exclusive: bool
+    kill_why: str | None = None  # cancel | timeout | shutdown
+
+
+class Daemon:
+    def __init__(self, home: Home, options: DaemonOptions):
+        self.home = home
+        self.options = options
+        self.db = Database(home)
+        self.devices, self.device_note = discover()
+        self.hosts: dict[str, HostHandle] = {}
+        self.host_down_since: dict[str, float] = {}
+        self.running: dict[int, Running] = {}
+        self.progress: dict[int, transitions.Progress] = {}
+        self.selector = selectors.DefaultSelector()
+        self.policy_setting: tuple[str, str] | None = None
+        self.stopping = False
+        self.wake = True
+        self.started_at = time.time()
+
+    # ----- life cycle -----------------------------------------------------------------
+    def run(self) -> None:
+        pidfile = control.acquire_pidfile(self.home)
+        try:
+            recovered = recovery.recover(self.db)
+            if recovered:
+                log.warning("recovered %d job(s) left running: %s", len(recovered), recovered)
+            poke_socket = control.bind_poke_socket(self.home)
+            self.selector.register(poke_socket, selectors.EVENT_READ, "poke")
+            wake_read, wake_write = socket.socketpair()
+            wake_read.setblocking(False)
+            wake_write.setblocking(False)
+            signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(signum, lambda *_: None)
+            self.selector.register(wake_read, selectors.EVENT_READ, "signal")
+            for device in self.devices:
+                self._start_host(device)
+            self._publish()
+            log.info("daemon %d up on %s", os.getpid(), ", ".join(d.name for d in self.devices))
+            self._loop(poke_socket, wake_read)
+        finally:
+            self._clear_published()
+            try:
+                self.home.daemon_socket.unlink()
+            except FileNotFoundError:
+                pass
+            pidfile.close()
+            self.db.close()
+
+    def _loop(self, poke_socket: socket.socket, wake_read: socket.socket) -> None:
+        last_scan = last_flush = 0.0
+        while True:
+            for key, _ in self.selector.select(self._timeout(last_scan)):
+                if key.data == "poke":
+                    self._drain(poke_socket)
+                    self.wake = True
+                elif key.data == "signal":
+                    self._on_signals(wake_read)
+                else:
+                    self._from_host(key.data)
+            now = time.monotonic()
+            if self.stopping:
+                if not self.running or now > self.stop_deadline:
+                    break
+                continue
+            self._restart_dead_hosts(now)
+            self._enforce_time_limits(now)
+            if self.wake or now - last_scan >= POLL_PERIOD:
+                self.wake = False
+                last_scan = now
+                self._scan()
+            if now - last_flush >= FLUSH_PERIOD:
+                last_flush = now
+                self._flush_progress()
+        self._flush_progress()
+        for host in self.hosts.values():
+            host.stop(timeout=2.0)
+
+    def _timeout(self, last_scan: float) -> float:
+        now = time.monotonic()
+        deadlines = [last_scan + POLL_PERIOD]
+        deadlines += [r.started + r.time_limit for r in self.running.values()
+                      if r.time_limit is not None and r.kill_why is None]
+        return max(0.0, min(min(deadlines) - now, FLUSH_PERIOD))
+
+    @staticmethod
+    def _drain(sock: socket.socket) -> None:
+        while True:
+            try:
+                sock.recv(4096)
+            except (BlockingIOError, OSError):
+                return
+
+    def _on_signals(self, wake_read: socket.socket) -> None:
+        try:
+            signums = wake_read.recv(4096)
+        except BlockingIOError:
+            return
+        if (signal.SIGTERM in signums or signal.SIGINT in signums) and not self.stopping:
+            self._begin_stop()
+
+    def _begin_stop(self) -> None:
+        log.info("stopping: ending %d running job(s)", len(self.running))
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + self.options.kill_grace + 5.0
+        for job in self.running.values():
+            job.kill_why = "shutdown"
+            self.hosts[job.host].send({"op": "kill", "job": job.job_id})
+
+    def _publish(self) -> None:
+        info = {"pid": os.getpid(), "started": self.started_at,
+                "devices": [d.as_dict() for d in self.devices], "note": self.device_note,
+                "lanes": self.options.lanes, "max_resident": self.options.max_resident,
+                "kill_grace": self.options.kill_grace}
+        with self.db.write() as session:
+            settings.put(session, settings.DAEMON, info)
+
+    def _clear_published(self) -> None:
+        with self.db.write() as session:
+            settings.put(session, settings.DAEMON, None)
+
+    # ----- hosts ----------------------------------------------------------------------
+    def _start_host(self, device: Device) -> None:
+        host = HostHandle.spawn(device, self.options.lanes, self.options.kill_grace)
+        self.hosts[device.name] = host
+        self.selector.register(host.channel.sock, selectors.EVENT_READ, device.name)
+        if self.policy_setting is not None:
+            name, fill = self.policy_setting
+            host.send({"op": "policy", "name": name, "fill": fill})
+
+    def _restart_dead_hosts(self, now: float) -> None:
+        for name, since in list(self.host_down_since.items()):
+            if now - since >= HOST_RESTART_DELAY:
+                del self.host_down_since[name]
+                device = next(d for d in self.devices if d.name == name)
+                log.warning("restarting the execution host of %s", name)
+                self._start_host(device)
+                self.wake = True
+
+    def _host_died(self, name: str) -> None:
+        host = self.hosts.pop(name)
+        self.selector.unregister(host.channel.sock)
+        host.channel.close()
+        host.process.kill()
+        host.process.wait()
+        log.error("execution host of %s died (exit %s)", name, host.process.returncode)
+        for job in [r for r in self.running.values() if r.host == name]:
+            reason = f"execution host of {name} died"
+            self._end(job, None, None, JobState.FAILED, reason, requeue=job.requeue)
+        self.host_down_since[name] = time.monotonic()
+
+    def _from_host(self, name: str) -> None:
+        host = self.hosts[name]
+        for message in host.channel.receive():
+            op = message["op"]
+            if op == "started":
+                with self.db.write() as session:
+                    transitions.record_pid(session, int(message["job"]), int(message["pid"]))
+            elif op == "launch_failed":
+                job = self.running.get(int(message["job"]))
+                if job is not None:
+                    self._end(job, None, None, JobState.FAILED, message["reason"])
+            elif op == "exited":
+                self._on_exit(message)
+            elif op == "progress":
+                for item in message["jobs"]:
+                    self.progress[int(item["job"])] = _progress(item)
+            elif op == "switches":
+                pass  # switch latencies are for benchmarks reading the host log
+            else:
+                log.warning("unknown op from host %s: %r", name, op)
+        if host.channel.closed and name in self.hosts:
+            self._host_died(name)
+
+    # ----- job ends -------------------------------------------------------------------
+    def _on_exit(self, message: dict) -> None:
+        job = self.running.get(int(message["job"]))
+        if job is None:
+            return
+        self.progress[job.job_id] = _progress(message)
+        code, signum = message.get("code"), message.get("signal")
+        exit_code = code if signum is None else 128 + int(signum)
+        if job.kill_why == "cancel":
+            self._end(job, exit_code, message, JobState.CANCELLED, "cancelled by user")
+        elif job.kill_why == "timeout":
+            limit = format_duration(job.time_limit)
+            self._end(job, exit_code, message, JobState.TIMEOUT, f"time limit {limit} reached")
+        elif job.kill_why == "shutdown":
+            self._end(job, exit_code, message, JobState.FAILED, "daemon stopped",
+                      requeue=job.requeue)
+        elif signum is not None:
+            name = signal.Signals(int(signum)).name if int(signum) in _SIGNALS else str(signum)
+            self._end(job, exit_code, message, JobState.FAILED, f"killed by signal {name}")
+        elif code == 0:
+            self._end(job, 0, message, JobState.COMPLETED, None)
+        else:
+            self._end(job, code, message, JobState.FAILED, f"exit code {code}")
+
+    def _end(self, job: Running, exit_code: int | None, message: dict | None, state: JobState,
+             reason: str | None, requeue: bool = False) -> None:
+        self.running.pop(job.job_id, None)
+        progress = self.progress.pop(job.job_id, None)
+        with self.db.write() as session:
+            if progress is not None:
+                transitions.record_progress(session, job.job_id, progress)
+            if requeue:
+                transitions.requeue(session, job.job_id, f"{reason}; requeued")
+            else:
+                transitions.finish(session, job.job_id, state, exit_code, reason)
+        log.info("job %d %s%s", job.job_id, "requeued" if requeue else state.value,
+                 f" ({reason})" if reason else "")
+        self.wake = True
+
+    def _enforce_time_limits(self, now: float) -> None:
+        for job in self.running.values():
+            if job.kill_why is None and job.time_limit is not None \
+                    and now - job.started >= job.time_limit:
+                job.kill_why = "timeout"
+                self.hosts[job.host].send({"op": "kill", "job": job.job_id})
+
+    def _flush_progress(self) -> None:
+        updates = {k: v for k, v in self.progress.items() if k in self.running}
+        self.progress.clear()
+        if not updates:
+            return
+        with self.db.write() as session:
+            for job_id, progress in updates.items():
+                transitions.record_progress(session, job_id, progress)
+
+    # ----- admission ------------------------------------------------------------------
+    def _scan(self) -> None:
+        with self.db.read() as session:
+            config = settings.get_all(session)
+            pending = list(queries.jobs(session, states=[JobState.PENDING]))
+            to_cancel = [j.id for j in queries.cancel_requested(session)]
+        self._apply_policy(config)
+        for job_id in to_cancel:
+            job = self.running.get(job_id)
+            if job is not None and job.kill_why is None:
+                job.kill_why = "cancel"
+                self.hosts[job.host].send({"op": "kill", "job": job_id})
+        if pending:
+            self._admit(pending)
+
+    def _apply_policy(self, config: dict) -> None:
+        wanted = (config[settings.POLICY], config[settings.FILL])
+        if wanted == self.policy_setting:
+            return
+        self.policy_setting = wanted
+        self.policy = policies.make(*wanted)
+        for host in self.hosts.values():
+            host.send({"op": "policy", "name": wanted[0], "fill": wanted[1]})
+        log.info("policy is now %s (fill %s)", *wanted)
+
+    def _admit(self, pending: list[Job]) -> None:
+        by_id = {job.id: job for job in pending}
+        views = [policies.JobView(id=j.id, user=j.user, submit_time=j.submit_time,
+                                  priority=j.priority, steps_total=j.steps_total)
+                 for j in pending]
+        requests = [admission.Request(v.id, by_id[v.id].gpus, _footprint(by_id[v.id]),
+                                      by_id[v.id].exclusive)
+                    for v in self.policy.order(views)]
+        for placement in admission.place(requests, self._loads()):
+            self._launch(by_id[placement.job_id], placement)
+
+    def _loads(self) -> list[admission.DeviceLoad]:
+        loads = {}
+        for device in self.devices:
+            if device.name not in self.hosts:
+                continue  # its host is restarting
+            lanes = max(1, self.options.lanes)
+            loads[device.name] = admission.DeviceLoad(
+                name=device.name, gpu=device.kind == "cuda",
+                lanes=[admission.LaneLoad(device.memory_total // lanes) for _ in range(lanes)],
+                max_resident=self.options.max_resident)
+        for job in self.running.values():
+            for device in job.devices:
+                load = loads.get(device.name)
+                if load is None:
+                    continue
+                load.residents += 1
+                load.exclusive |= job.exclusive or len(job.devices) > 1
+                load.lanes[job.lane].footprints.append(self._measured(job))
+        return list(loads.values())
+
+    def _measured(self, job: Running) -> admission.Footprint:
+        progress = self.progress.get(job.job_id)
+        if progress is None or progress.mem_persistent is None:
+            return job.footprint
+        measured = admission.Footprint(progress.mem_persistent,
+                                       max(0, (progress.mem_peak or 0) - progress.mem_persistent))
+        return max(job.footprint, measured, key=lambda f: f.persistent + f.ephemeral)
+
+    def _launch(self, job: Job, placement: admission.Placement) -> None:
+        devices = [d for d in self.devices if d.name in placement.devices]
+        device_names = ",".join(placement.devices)
+        with self.db.write() as session:
+            if not transitions.start(session, job.id, device_names, placement.lane):
+                return  # cancelled meanwhile
+        running = Running(job_id=job.id, devices=devices, lane=placement.lane,
+                          host=placement.devices[0], started=time.monotonic(),
+                          time_limit=job.time_limit, requeue=job.requeue,
+                          footprint=_footprint(job), exclusive=job.exclusive)
+        self.running[job.id] = running
+        try:
+            spec = launch_spec(job, devices, placement.lane)
+        except OSError as exc:
+            self._end(running, None, None, JobState.FAILED, f"cannot read job script: {exc}")
+            return
+        if not self.hosts[running.host].send({"op": "launch", "job": spec}):
+            self._host_died(running.host)
+
+
+_SIGNALS = {s.value for s in signal.Signals}
+
+
+def _footprint(job: Job) -> admission.Footprint:
+    return admission.Footprint(persistent=job.mem or 0, ephemeral=0)
+
+
+def _progress(item: dict) -> transitions.Progress:
+    return transitions.Progress(
+        steps_done=int(item.get("steps_done", 0)), attained=float(item.get("attained", 0.0)),
+        mean_iteration=item.get("mean_iteration"), mem_persistent=item.get("mem_persistent"),
+        mem_peak=item.get("mem_peak"), holds_lane=bool(item.get("holds_lane", False)),
+        steps_total=item.get("steps_total"))

@@ -1,0 +1,1 @@
+"""Execution: one host process per device, the workers it keeps resident, their protocol."""

@@ -1,0 +1,409 @@
+"""Execution host: one process per device. Keeps workers resident and, at every iteration
+boundary, grants the next iteration of each lane to ``policy.pick(...)``.
+
+The hot path (READY → pick → GO) touches no database and no disk; the daemon gets
+progress about once a second and every start and exit as it happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gq import policies
+from gq.exec.protocol import Channel
+from gq.policies.base import JobView
+
+log = logging.getLogger("gq.host")
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+PROGRESS_PERIOD = 1.0
+
+
+def _in_new_group_dying_with_host() -> None:
+    """Runs in the child before exec: own process group, killed if the host dies."""
+    os.setsid()
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclass
+class Resident:
+    job_id: int
+    user: str
+    priority: int
+    submit_time: float
+    steps_total: int | None
+    lane: int
+    process: subprocess.Popen
+    channel: Channel | None  # None for plain processes (no iteration boundaries)
+    started_at: float
+    state: str = "idle"  # idle (released) | ready (waiting for GO) | running (holds lane)
+    steps_done: int = 0
+    attained: float = 0.0
+    iterations: int = 0
+    gaps: int = 0
+    gap_total: float = 0.0
+    granted_at: float = 0.0
+    released_at: float | None = None
+    mem_persistent: int | None = None
+    mem_peak: int | None = None
+    kill_deadline: float | None = None
+    dirty: bool = True
+
+    def view(self) -> JobView:
+        return JobView(
+            id=self.job_id, user=self.user, submit_time=self.submit_time, priority=self.priority,
+            steps_done=self.steps_done, steps_total=self.steps_total, attained=self.attained,
+            mean_iteration=self.attained / self.iterations if self.iterations else None,
+            mean_gap=self.gap_total / self.gaps if self.gaps else None,
+            released_at=self.released_at,
+        )
+
+    def progress(self) -> dict[str, Any]:
+        view = self.view()
+        return {"job": self.job_id, "steps_done": self.steps_done,
+                "steps_total": self.steps_total, "attained": self.attained,
+                "mean_iteration": view.mean_iteration, "mem_persistent": self.mem_persistent,
+                "mem_peak": self.mem_peak, "holds_lane": self.state == "running"}
+
+
+@dataclass
+class Lane:
+    index: int
+    holder: Resident | None = None
+    residents: list[Resident] = field(default_factory=list)
+    freed_at: float | None = None  # for switch latency: previous holder's DONE
+
+
+class Host:
+    def __init__(self, device: str, cuda: bool, lanes: int, daemon: Channel,
+                 kill_grace: float):
+        self.device = device
+        self.cuda = cuda
+        self.lanes = [Lane(i) for i in range(max(1, lanes))]
+        self.daemon = daemon
+        self.kill_grace = kill_grace
+        self.policy = policies.make("fifo")
+        self.residents: dict[int, Resident] = {}
+        self.by_fd: dict[int, Resident] = {}
+        self.selector = selectors.DefaultSelector()
+        self.switch_latencies: list[float] = []
+        self.stopping = False
+        self._last_progress = 0.0
+
+    # ----- the loop -------------------------------------------------------------------
+    def run(self) -> None:
+        wake_read, wake_write = socket.socketpair()
+        wake_read.setblocking(False)
+        wake_write.setblocking(False)
+        signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: None)
+        self.selector.register(self.daemon.sock, selectors.EVENT_READ, "daemon")
+        self.selector.register(wake_read, selectors.EVENT_READ, "signal")
+        while not (self.stopping and not self.residents):
+            for key, _ in self.selector.select(self._timeout()):
+                if key.data == "daemon":
+                    self._from_daemon()
+                elif key.data == "signal":
+                    self._on_signals(wake_read)
+                else:
+                    self._from_worker(key.data)
+            self._reap()
+            self._enforce_kills()
+            self._schedule_waiting_lanes()
+            self._maybe_send_progress()
+
+    def _timeout(self) -> float:
+        if any(lane.holder is None and any(r.state == "ready" for r in lane.residents)
+               for lane in self.lanes):
+            return 0.01  # a policy is holding a lane idle on purpose; re-ask it soon
+        return 0.25 if self.residents else PROGRESS_PERIOD
+
+    def _on_signals(self, wake_read: socket.socket) -> None:
+        try:
+            signums = wake_read.recv(4096)
+        except BlockingIOError:
+            return
+        if signal.SIGTERM in signums or signal.SIGINT in signums:
+            self._shutdown()
+
+    # ----- daemon messages ------------------------------------------------------------
+    def _from_daemon(self) -> None:
+        for message in self.daemon.receive():
+            op = message["op"]
+            if op == "launch":
+                self._launch(message["job"])
+            elif op == "kill":
+                self._kill(int(message["job"]))
+            elif op == "policy":
+                self._set_policy(message.get("name", "fifo"), message.get("fill", "always"))
+            elif op == "shutdown":
+                self._shutdown()
+            else:
+                log.warning("unknown op from daemon: %r", op)
+        if self.daemon.closed:  # the daemon is gone: nobody will record our jobs
+            log.error("daemon connection closed; stopping all jobs")
+            os._exit(1)  # PDEATHSIG takes the workers down with us
+
+    def _set_policy(self, name: str, fill: str) -> None:
+        try:
+            self.policy = policies.make(name, fill)
+        except ValueError as exc:
+            log.warning("ignoring policy change: %s", exc)
+            return
+        for lane in self.lanes:
+            self._schedule(lane)
+
+    def _launch(self, spec: dict[str, Any]) -> None:
+        job_id = int(spec["id"])
+        try:
+            resident = self._spawn(spec)
+        except _LaunchError as exc:
+            self.daemon.send({"op": "launch_failed", "job": job_id, "reason": str(exc)})
+            return
+        self.residents[job_id] = resident
+        self.lanes[resident.lane].residents.append(resident)
+        if resident.channel is not None:
+            self.by_fd[resident.channel.fileno()] = resident
+            self.selector.register(resident.channel.sock, selectors.EVENT_READ, resident)
+        self.daemon.send({"op": "started", "job": job_id, "pid": resident.process.pid})
+
+    def _spawn(self, spec: dict[str, Any]) -> Resident:
+        job_id = int(spec["id"])
+        env = dict(spec["env"])
+        worker_end = host_end = None
+        pass_fds: tuple[int, ...] = ()
+        if spec.get("worker", False):
+            host_end, worker_end = socket.socketpair()
+            env["GQ_WORKER_FD"] = str(worker_end.fileno())
+            pass_fds = (worker_end.fileno(),)
+        try:
+            stdout = _open_output(spec["stdout"])
+            stderr = stdout if spec["stderr"] == spec["stdout"] else _open_output(spec["stderr"])
+        except _LaunchError:
+            for end in (host_end, worker_end):
+                if end is not None:
+                    end.close()
+            raise
+        try:
+            process = subprocess.Popen(
+                spec["argv"], cwd=spec["cwd"], env=env, stdin=subprocess.DEVNULL,
+                stdout=stdout, stderr=stderr, pass_fds=pass_fds,
+                preexec_fn=_in_new_group_dying_with_host,
+            )
+        except OSError as exc:
+            if host_end is not None:
+                host_end.close()
+            raise _LaunchError(f"cannot start {spec['argv'][0]}: {exc.strerror}") from exc
+        finally:
+            stdout.close()
+            if stderr is not stdout:
+                stderr.close()
+            if worker_end is not None:
+                worker_end.close()
+        channel = None
+        if host_end is not None:
+            host_end.setblocking(False)
+            channel = Channel(host_end)
+        lane = spec.get("lane")
+        if lane is None or not 0 <= int(lane) < len(self.lanes):
+            lane = min(self.lanes, key=lambda l: len(l.residents)).index
+        return Resident(
+            job_id=job_id, user=spec.get("user", ""), priority=int(spec.get("priority", 0)),
+            submit_time=float(spec.get("submit_time", 0.0)), steps_total=spec.get("steps_total"),
+            lane=int(lane), process=process, channel=channel, started_at=time.monotonic(),
+        )
+
+    # ----- worker messages: the hot path ----------------------------------------------
+    def _from_worker(self, resident: Resident) -> None:
+        channel = resident.channel
+        assert channel is not None
+        for message in channel.receive():
+            op = message["op"]
+            now = time.monotonic()
+            if op == "ready":
+                self._on_ready(resident, now)
+            elif op == "done":
+                self._on_done(resident, message, now)
+            elif op == "total":
+                resident.steps_total = max(1, int(message["steps"]))
+                resident.dirty = True
+            elif op == "progress":
+                resident.steps_done = int(message["steps"])
+                resident.dirty = True
+        if channel.closed:
+            self._drop_channel(resident)
+
+    def _on_ready(self, resident: Resident, now: float) -> None:
+        if resident.released_at is not None:
+            resident.gaps += 1
+            resident.gap_total += now - resident.released_at
+        resident.state = "ready"
+        self._schedule(self.lanes[resident.lane])
+
+    def _on_done(self, resident: Resident, message: dict[str, Any], now: float) -> None:
+        lane = self.lanes[resident.lane]
+        if lane.holder is not resident:
+            return
+        resident.iterations += 1
+        resident.attained += now - resident.granted_at
+        resident.steps_done = int(message.get("steps", resident.steps_done))
+        resident.mem_persistent = message.get("mem_persistent")
+        resident.mem_peak = message.get("mem_peak")
+        resident.dirty = True
+        if int(message.get("quantum_left", 0)) > 0:
+            resident.granted_at = now
+            return
+        resident.state = "idle"
+        resident.released_at = now
+        lane.holder = None
+        lane.freed_at = now
+        self._schedule(lane)
+
+    def _schedule(self, lane: Lane) -> None:
+        if lane.holder is not None:
+            return
+        ready = [r for r in lane.residents if r.state == "ready"]
+        if not ready:
+            return
+        now = time.monotonic()
+        chosen_view = self.policy.pick([r.view() for r in ready],
+                                       [r.view() for r in lane.residents], now)
+        if chosen_view is None:
+            return
+        chosen = self.residents[chosen_view.id]
+        shared = self.cuda and len(lane.residents) > 1
+        if chosen.channel is None or not chosen.channel.send({"op": "go", "n": 1,
+                                                               "empty_cache": shared}):
+            return
+        chosen.state = "running"
+        chosen.granted_at = time.monotonic()
+        lane.holder = chosen
+        if lane.freed_at is not None:
+            self.switch_latencies.append(chosen.granted_at - lane.freed_at)
+            lane.freed_at = None
+
+    def _schedule_waiting_lanes(self) -> None:
+        for lane in self.lanes:
+            self._schedule(lane)
+
+    def _drop_channel(self, resident: Resident) -> None:
+        if resident.channel is None:
+            return
+        self.selector.unregister(resident.channel.sock)
+        self.by_fd.pop(resident.channel.fileno(), None)
+        resident.channel.close()
+        resident.channel = None
+        self._release_lane(resident)
+
+    def _release_lane(self, resident: Resident) -> None:
+        lane = self.lanes[resident.lane]
+        if lane.holder is resident:
+            now = time.monotonic()
+            resident.attained += now - resident.granted_at
+            lane.holder = None
+            lane.freed_at = now
+        resident.state = "idle"
+        self._schedule(lane)
+
+    # ----- exits and kills ------------------------------------------------------------
+    def _reap(self) -> None:
+        for resident in list(self.residents.values()):
+            code = resident.process.poll()
+            if code is None:
+                continue
+            if resident.channel is not None:
+                for message in resident.channel.receive():  # its last DONE, if any
+                    if message["op"] == "done" and self.lanes[resident.lane].holder is resident:
+                        self._on_done(resident, message, time.monotonic())
+                    elif message["op"] == "progress":
+                        resident.steps_done = int(message["steps"])
+                self._drop_channel(resident)
+            _kill_group(resident.process.pid, signal.SIGKILL)  # leftover children
+            del self.residents[resident.job_id]
+            self.lanes[resident.lane].residents.remove(resident)
+            self._schedule(self.lanes[resident.lane])
+            report = resident.progress()
+            report.update(op="exited", code=code if code >= 0 else None,
+                          signal=-code if code < 0 else None)
+            self.daemon.send(report)
+
+    def _kill(self, job_id: int) -> None:
+        resident = self.residents.get(job_id)
+        if resident is None or resident.kill_deadline is not None:
+            return
+        _kill_group(resident.process.pid, signal.SIGTERM)
+        resident.kill_deadline = time.monotonic() + self.kill_grace
+
+    def _enforce_kills(self) -> None:
+        now = time.monotonic()
+        for resident in self.residents.values():
+            if resident.kill_deadline is not None and now >= resident.kill_deadline:
+                _kill_group(resident.process.pid, signal.SIGKILL)
+
+    def _shutdown(self) -> None:
+        self.stopping = True
+        for job_id in list(self.residents):
+            self._kill(job_id)
+
+    def _maybe_send_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < PROGRESS_PERIOD:
+            return
+        self._last_progress = now
+        changed = [r for r in self.residents.values() if r.dirty]
+        for resident in changed:
+            resident.dirty = False
+        if changed:
+            self.daemon.send({"op": "progress", "jobs": [r.progress() for r in changed]})
+        if self.switch_latencies:
+            self.daemon.send({"op": "switches", "latencies": self.switch_latencies})
+            self.switch_latencies = []
+
+
+class _LaunchError(Exception):
+    pass
+
+
+def _open_output(path: str):
+    try:
+        return open(path, "ab", buffering=0)
+    except OSError as exc:
+        raise _LaunchError(f"cannot open output file {path}: {exc.strerror}") from exc
+
+
+def _kill_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="gq execution host (started by the daemon)")
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--cuda", action="store_true")
+    parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--fd", type=int, required=True, help="socket connected to the daemon")
+    parser.add_argument("--kill-grace", type=float, default=10.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s host[{args.device}] %(levelname)s %(message)s")
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    daemon_sock = socket.socket(fileno=args.fd)
+    daemon_sock.setblocking(False)
+    Host(args.device, args.cuda, args.lanes, Channel(daemon_sock), args.kill_grace).run()
+
+
+if __name__ == "__main__":
+    main()

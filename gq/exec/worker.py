@@ -1,0 +1,84 @@
+"""Worker bootstrap: ``python -m gq.exec.worker SCRIPT [ARGS]...``.
+
+Connects to its execution host over the socket inherited as fd ``GQ_WORKER_FD``, installs the boundary hooks, then runs the script as
+``__main__``. At an acquire it sends READY and blocks until GO; at a release it sends
+DONE with its step count and memory figures and runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import socket
+import sys
+
+from gq.exec import hooks, memory, runtime
+from gq.exec.protocol import Channel
+
+class WorkerSession:
+    """The job side of the protocol; see :mod:`gq.exec.runtime`."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.held = False
+        self.granted = 0  # iterations left in the current grant (a quantum)
+        self.empty_cache_after = False
+        self.steps = 0
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        if self.granted == 0:
+            self.channel.send({"op": "ready"})
+            reply = self.channel.receive_one()
+            self.granted = int(reply.get("n", 1))
+            # Lane-mates share the device's memory: give back cached blocks when parked.
+            self.empty_cache_after = bool(reply.get("empty_cache", False))
+        self.held = True
+
+    def release(self, step: bool) -> None:
+        if step:
+            self.steps += 1
+        if not self.held:
+            if step:
+                self.channel.send({"op": "progress", "steps": self.steps})
+            return
+        self.held = False
+        self.granted -= 1
+        sample = memory.sample()
+        if self.granted == 0 and self.empty_cache_after:
+            memory.release_cached()
+        self.channel.send({"op": "done", "steps": self.steps, "quantum_left": self.granted,
+                           "mem_persistent": sample.persistent, "mem_peak": sample.peak})
+
+    def set_total_steps(self, total: int) -> None:
+        self.channel.send({"op": "total", "steps": total})
+
+    def finish(self) -> None:
+        if self.held:
+            self.release(step=False)
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.stderr.write("usage: python -m gq.exec.worker SCRIPT [ARGS]...\n")
+        sys.exit(2)
+    fd = int(os.environ.pop("GQ_WORKER_FD"))
+    script_dir = os.environ.pop("GQ_SCRIPT_DIR", None)
+    channel = Channel(socket.socket(fileno=fd))
+    session = WorkerSession(channel)
+    runtime.active = session
+    hooks.install_when_imported(session)
+
+    script = argv[0]
+    sys.argv = list(argv)
+    # Sibling imports resolve against the original script's folder, not the spool.
+    sys.path[0] = script_dir or os.path.dirname(os.path.abspath(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        session.finish()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,53 @@
+"""priority: the highest ``--priority`` among READY jobs gets the lane; lower ones fill the
+idle time of higher ones (after FIKIT).
+
+Fill modes decide what a lower job may do while a higher one is resident but idle:
+``always`` runs it (work-conserving); ``never`` leaves the lane idle; ``gapfit`` runs it
+only if its measured iteration fits in the higher job's measured idle gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gq.policies.base import JobView
+
+FILL_MODES = ("always", "gapfit", "never")
+
+
+def _rank(job: JobView) -> tuple[int, float, int]:
+    return (-job.priority, job.submit_time, job.id)
+
+
+class Priority:
+    name = "priority"
+
+    def __init__(self, fill: str = "always"):
+        if fill not in FILL_MODES:
+            raise ValueError(f"unknown fill mode {fill!r}; use one of {', '.join(FILL_MODES)}")
+        self.fill = fill
+
+    def order(self, pending: Sequence[JobView]) -> list[JobView]:
+        return sorted(pending, key=_rank)
+
+    def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
+             now: float) -> JobView | None:
+        best = min(ready, key=_rank, default=None)
+        if best is None or self.fill == "always":
+            return best
+        ready_ids = {job.id for job in ready}
+        idle_higher = [j for j in resident if j.priority > best.priority and j.id not in ready_ids]
+        if not idle_higher:
+            return best
+        if self.fill == "never":
+            return None
+        return best if all(self._fits(best, high, now) for high in idle_higher) else None
+
+    @staticmethod
+    def _fits(low: JobView, high: JobView, now: float) -> bool:
+        if low.mean_iteration is None or high.mean_gap is None or high.released_at is None:
+            return True  # nothing measured yet: run once to learn
+        expected_acquire = high.released_at + high.mean_gap
+        if now > expected_acquire:
+            return True  # the higher job is idle longer than usual; don't waste the lane
+        return now + low.mean_iteration <= expected_acquire

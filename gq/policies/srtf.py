@@ -1,0 +1,36 @@
+"""srtf: shortest remaining time first, preempting at iteration boundaries.
+
+Remaining time = (steps_total − steps_done) × measured mean iteration time. Jobs with no
+known total come after all known ones, least attained service first among them (LAS, as
+Tiresias does when durations are unknown).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gq.policies.base import JobView
+
+
+def _urgency(job: JobView) -> tuple[int, float, float, int]:
+    remaining = job.remaining
+    if remaining is None:
+        return (1, job.attained, job.submit_time, job.id)
+    return (0, remaining, job.submit_time, job.id)
+
+
+class Srtf:
+    name = "srtf"
+
+    def order(self, pending: Sequence[JobView]) -> list[JobView]:
+        # Iteration times are not known before a job runs, so admit by total steps.
+        def admission(job: JobView) -> tuple[int, float, float, int]:
+            if job.steps_total is None:
+                return (1, 0.0, job.submit_time, job.id)
+            return (0, float(job.steps_total - job.steps_done), job.submit_time, job.id)
+
+        return sorted(pending, key=admission)
+
+    def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
+             now: float) -> JobView | None:
+        return min(ready, key=_urgency, default=None)

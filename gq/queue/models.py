@@ -1,0 +1,81 @@
+"""SQLAlchemy models of the queue. Rows of `jobs` are written only by `transitions.py`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+
+    # What the job asked for.
+    gpus: Mapped[int] = mapped_column(Integer, default=1)
+    mem: Mapped[int | None] = mapped_column(Integer)
+    time_limit: Mapped[int | None] = mapped_column(Integer)
+    steps_total: Mapped[int | None] = mapped_column(Integer)
+    exclusive: Mapped[bool] = mapped_column(Boolean, default=False)
+    requeue: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    # How to run it.
+    script: Mapped[str] = mapped_column(Text)
+    spool_path: Mapped[str] = mapped_column(Text)
+    args: Mapped[list[str]] = mapped_column(JSON)
+    interpreter: Mapped[str | None] = mapped_column(Text)
+    workdir: Mapped[str] = mapped_column(Text)
+    stdout_path: Mapped[str] = mapped_column(Text)
+    stderr_path: Mapped[str] = mapped_column(Text)
+    env: Mapped[dict[str, str]] = mapped_column(JSON)
+
+    # What happened.
+    device: Mapped[str | None] = mapped_column(String(64))
+    lane: Mapped[int | None] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    submit_time: Mapped[float] = mapped_column(Float)
+    start_time: Mapped[float | None] = mapped_column(Float)
+    end_time: Mapped[float | None] = mapped_column(Float)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    run_count: Mapped[int] = mapped_column(Integer, default=0)
+
+    # Progress and measurements, flushed by the daemon about once a second.
+    steps_done: Mapped[int] = mapped_column(Integer, default=0)
+    attained: Mapped[float] = mapped_column(Float, default=0.0)
+    mean_iteration: Mapped[float | None] = mapped_column(Float)
+    mem_persistent: Mapped[int | None] = mapped_column(Integer)
+    mem_peak: Mapped[int | None] = mapped_column(Integer)
+    holds_lane: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    def as_row(self) -> dict[str, Any]:
+        return {c.name: getattr(self, c.name) for c in self.__table__.columns}
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    time: Mapped[float] = mapped_column(Float)
+    old_state: Mapped[str | None] = mapped_column(String(16))
+    new_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Setting(Base):
+    __tablename__ = "settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSON)

@@ -1,0 +1,31 @@
+"""Node-wide settings kept in the queue database (policy, lanes, the daemon's identity)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gq.queue.models import Setting
+
+POLICY = "policy"
+FILL = "fill"
+DAEMON = "daemon"  # pid, start time, devices: written by the running daemon for `gq info`
+
+DEFAULTS: dict[str, Any] = {POLICY: "fifo", FILL: "always"}
+
+
+def get(session: Session, key: str) -> Any:
+    row = session.get(Setting, key)
+    return DEFAULTS.get(key) if row is None else row.value
+
+
+def get_all(session: Session) -> dict[str, Any]:
+    values = dict(DEFAULTS)
+    values.update({row.key: row.value for row in session.scalars(select(Setting))})
+    return values
+
+
+def put(session: Session, key: str, value: Any) -> None:
+    session.merge(Setting(key=key, value=value))

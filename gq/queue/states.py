@@ -1,0 +1,63 @@
+"""Job states and the transitions between them (pure; `transitions.py` applies them)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+
+    @property
+    def short(self) -> str:
+        return _SHORT[self]
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+    @classmethod
+    def parse(cls, text: str) -> "JobState":
+        """Accept full names and squeue's short codes, any case."""
+        wanted = text.strip().upper()
+        for state in cls:
+            if wanted in (state.value, state.short):
+                return state
+        from gq.errors import UserError
+
+        names = ", ".join(f"{s.value} ({s.short})" for s in cls)
+        raise UserError(f"unknown job state {text!r}: use one of {names}")
+
+
+_SHORT = {
+    JobState.PENDING: "PD",
+    JobState.RUNNING: "R",
+    JobState.COMPLETED: "CD",
+    JobState.FAILED: "F",
+    JobState.CANCELLED: "CA",
+    JobState.TIMEOUT: "TO",
+}
+
+TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+ACTIVE = frozenset({JobState.PENDING, JobState.RUNNING})
+
+ALLOWED: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    # RUNNING -> PENDING is a requeue (node failure of a --requeue job).
+    JobState.RUNNING: frozenset(
+        {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.PENDING}
+    ),
+    JobState.COMPLETED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+    JobState.TIMEOUT: frozenset(),
+}
+
+
+def allowed(old: JobState, new: JobState) -> bool:
+    return new in ALLOWED[old]

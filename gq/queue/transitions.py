@@ -1,0 +1,148 @@
+"""The one module that writes job rows.
+
+Every state change is a guarded ``UPDATE … WHERE id = ? AND state = <expected>`` that
+records a job event in the same transaction, so two processes racing to move the same job
+(a cancel and a start, say) cannot both win, and a job can never start twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from gq.queue.models import Job, JobEvent
+from gq.queue.states import JobState, allowed
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated submission: everything needed to insert the PENDING row."""
+
+    name: str
+    user: str
+    script: str
+    args: list[str]
+    interpreter: str | None
+    workdir: str
+    output_pattern: str
+    error_pattern: str
+    env: dict[str, str]
+    gpus: int = 1
+    mem: int | None = None
+    time_limit: int | None = None
+    steps_total: int | None = None
+    priority: int = 0
+    exclusive: bool = False
+    requeue: bool = False
+    submit_time: float = field(default_factory=time.time)
+
+
+def submit(session: Session, new: NewJob, resolve_output) -> Job:
+    """Insert a PENDING job. ``resolve_output(pattern, job_id, name)`` fills in %j/%x."""
+    job = Job(
+        name=new.name, user=new.user, state=JobState.PENDING.value, priority=new.priority,
+        gpus=new.gpus, mem=new.mem, time_limit=new.time_limit, steps_total=new.steps_total,
+        exclusive=new.exclusive, requeue=new.requeue, script=new.script, spool_path="",
+        args=list(new.args), interpreter=new.interpreter, workdir=new.workdir,
+        stdout_path="", stderr_path="", env=dict(new.env), submit_time=new.submit_time,
+        cancel_requested=False, run_count=0, steps_done=0, attained=0.0, holds_lane=False,
+    )
+    session.add(job)
+    session.flush()
+    job.stdout_path = resolve_output(new.output_pattern, job.id, new.name)
+    job.stderr_path = resolve_output(new.error_pattern, job.id, new.name)
+    session.add(JobEvent(job_id=job.id, time=new.submit_time, old_state=None,
+                         new_state=JobState.PENDING.value, reason="submitted"))
+    return job
+
+
+def set_spool_path(session: Session, job_id: int, path: str) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(spool_path=path))
+
+
+def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: str | None,
+          now: float | None = None, **values: Any) -> bool:
+    assert allowed(old, new), f"{old} -> {new} is not a job transition"
+    now = time.time() if now is None else now
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.state == old.value)
+        .values(state=new.value, reason=reason, **values)
+    )
+    if result.rowcount != 1:
+        return False
+    session.add(JobEvent(job_id=job_id, time=now, old_state=old.value, new_state=new.value,
+                         reason=reason))
+    return True
+
+
+def start(session: Session, job_id: int, device: str, lane: int,
+          now: float | None = None) -> bool:
+    now = time.time() if now is None else now
+    return _move(session, job_id, JobState.PENDING, JobState.RUNNING, None, now,
+                 device=device, lane=lane, pid=None, cancel_requested=False, start_time=now, end_time=None, exit_code=None,
+                 run_count=Job.run_count + 1, steps_done=0, attained=0.0)
+
+
+def record_pid(session: Session, job_id: int, pid: int) -> None:
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.state == JobState.RUNNING.value).values(pid=pid)
+    )
+
+
+def finish(session: Session, job_id: int, state: JobState, exit_code: int | None,
+           reason: str | None, now: float | None = None) -> bool:
+    """End a RUNNING job in a terminal state."""
+    now = time.time() if now is None else now
+    assert state.terminal
+    return _move(session, job_id, JobState.RUNNING, state, reason, now,
+                 end_time=now, exit_code=exit_code, holds_lane=False)
+
+
+def requeue(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:
+    """Put a RUNNING job back in the queue (its run was lost, not its submission)."""
+    return _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now,
+                 device=None, lane=None, pid=None, holds_lane=False, cancel_requested=False)
+
+
+def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:
+    now = time.time() if now is None else now
+    return _move(session, job_id, JobState.PENDING, JobState.CANCELLED, reason, now, end_time=now)
+
+
+def request_cancel(session: Session, job_id: int) -> bool:
+    """Flag a RUNNING job; the daemon kills it and records CANCELLED when it has exited."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.state == JobState.RUNNING.value)
+        .values(cancel_requested=True)
+    )
+    return result.rowcount == 1
+
+
+@dataclass(frozen=True)
+class Progress:
+    steps_done: int
+    attained: float
+    mean_iteration: float | None
+    mem_persistent: int | None
+    mem_peak: int | None
+    holds_lane: bool
+    steps_total: int | None = None
+
+
+def record_progress(session: Session, job_id: int, progress: Progress) -> None:
+    values: dict[str, Any] = {
+        "steps_done": progress.steps_done, "attained": progress.attained,
+        "mean_iteration": progress.mean_iteration, "mem_persistent": progress.mem_persistent,
+        "mem_peak": progress.mem_peak, "holds_lane": progress.holds_lane,
+    }
+    if progress.steps_total is not None:
+        values["steps_total"] = progress.steps_total
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.state == JobState.RUNNING.value).values(**values)
+    )
