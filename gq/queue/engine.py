@@ -109,3 +109,6 @@ def migrate(home: Home, revision: str = "head") -> None:
         config.set_main_option("sqlalchemy.url", f"sqlite:///{home.db}")
         command.upgrade(config, revision)
         os.chmod(home.db, 0o600)
+        connection = sqlite3.connect(home.db)
+        connection.execute("PRAGMA journal_mode=WAL")  # persistent: set once, at creation
+        connection.close()

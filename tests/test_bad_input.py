@@ -1,0 +1,126 @@
+"""Every kind of bad input: one line on stderr, exit code 2, and nothing written."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import all_jobs, gq, gq_ok, submit, wait_state, write_script
+
+
+def assert_refused(result, *fragments: str) -> None:
+    assert result.code == 2, (result.code, result.out, result.err)
+    assert result.out == ""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("gq: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def assert_nothing_written(home) -> None:
+    assert all_jobs() == []
+    spool = home / "spool"
+    assert not spool.exists() or list(spool.iterdir()) == []
+
+
+@pytest.fixture
+def script(tmp_path):
+    return write_script(tmp_path / "ok.sh", "true\n")
+
+
+BAD_SUBMITS = [
+    (["--mem", "6X"], "invalid size '6X'"),
+    (["--mem", "-1G"], "invalid size '-1G'"),
+    (["--mem", "0"], "must be greater than zero"),
+    (["--time", "abc"], "invalid time limit 'abc'"),
+    (["--time", "1:2:3:4"], "invalid time limit '1:2:3:4'"),
+    (["--time", "0"], "must be greater than zero"),
+    (["--steps", "0"], "invalid --steps 0"),
+    (["--steps", "-5"], "invalid --steps -5"),
+    (["--gpus", "5"], "more than this node has"),
+    (["--gpus", "-1"], "invalid --gpus -1"),
+    (["--mem", "100T"], "more than any device of this node has"),
+    (["--bogus"], "No such option: --bogus"),
+    (["--priority", "high"], "Invalid value for '--priority'"),
+    (["-D", "/no/such/dir"], "--chdir /no/such/dir is not a directory"),
+]
+
+
+@pytest.mark.parametrize("options,message", BAD_SUBMITS, ids=[" ".join(o) for o, _ in BAD_SUBMITS])
+def test_bad_submit_options(home, script, options, message):
+    assert_refused(gq("submit", *options, str(script)), message)
+    assert_nothing_written(home)
+
+
+def test_missing_script(home, tmp_path):
+    assert_refused(gq("submit", str(tmp_path / "nope.py")), "does not exist")
+    assert_nothing_written(home)
+
+
+def test_directory_as_script(home, tmp_path):
+    assert_refused(gq("submit", str(tmp_path)), "is a directory")
+    assert_nothing_written(home)
+
+
+def test_unreadable_script(home):
+    # Reading /proc/self/mem from its start fails (EIO) even for root, unlike chmod 000.
+    assert_refused(gq("submit", "/proc/self/mem"), "cannot read script")
+    assert_nothing_written(home)
+
+
+def test_binary_script(home, tmp_path):
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00binary")
+    assert_refused(gq("submit", str(binary)), "is a binary file")
+    assert_nothing_written(home)
+
+
+def test_missing_script_argument(home):
+    assert_refused(gq("submit"), "Missing")
+    assert_nothing_written(home)
+
+
+@pytest.mark.parametrize("line", ["#GQ --mem", "#GQ --no-such-option 3", "#GQ mem=6G",
+                                  "#GQ --time 'unterminated", "#GQ --mem 6G stray"])
+def test_malformed_directive(home, tmp_path, line):
+    bad = write_script(tmp_path / "bad.sh", f"#!/bin/bash\n{line}\necho hi\n")
+    assert_refused(gq("submit", str(bad)), f"{bad}:2: malformed #GQ directive")
+    assert_nothing_written(home)
+
+
+def test_directive_with_bad_value(home, tmp_path):
+    bad = write_script(tmp_path / "badmem.sh", "#GQ --mem lots\necho hi\n")
+    assert_refused(gq("submit", str(bad)), "invalid size 'lots'")
+    assert_nothing_written(home)
+
+
+def test_unknown_policy(home):
+    assert_refused(gq("policy", "set", "lottery"), "unknown policy 'lottery'")
+    assert gq_ok("policy", "show").startswith("fifo")
+    assert_refused(gq("policy", "set", "priority", "--fill", "sometimes"), "unknown --fill")
+
+
+@pytest.mark.parametrize("command", [["cancel", "999"], ["show", "999"], ["logs", "999"],
+                                     ["cancel", "abc"], ["show", "17x"]])
+def test_unknown_job_ids(home, command):
+    result = gq(*command)
+    assert_refused(result, "999" if "999" in command else "invalid job id")
+
+
+def test_cancel_with_one_unknown_id_cancels_nothing(home, script):
+    job_id = submit(str(script))
+    assert_refused(gq("cancel", str(job_id), "4242"), "no job 4242")
+    assert [j["state"] for j in all_jobs()] == ["PENDING"]
+
+
+def test_bad_state_filter(home):
+    assert_refused(gq("status", "--state", "SLEEPING"), "unknown job state 'SLEEPING'")
+
+
+def test_unknown_command(home):
+    assert_refused(gq("frobnicate"), "No such command")
+
+
+def test_good_submit_after_bad_ones_gets_the_first_id(home, script):
+    gq("submit", "--mem", "bad", str(script))
+    assert submit(str(script)) == 1

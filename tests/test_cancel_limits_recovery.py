@@ -1,0 +1,130 @@
+"""Cancel, time limits, and restart safety after kill -9 of the daemon."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import gq, gq_ok, job, pid_alive, submit, wait_for, wait_state, write_script
+
+
+def test_cancel_pending_job_is_immediate_and_it_never_runs(home, tmp_path):
+    marker = tmp_path / "ran"
+    script = write_script(tmp_path / "p.sh", f"touch {marker}\n")
+    job_id = submit(str(script))
+    assert gq_ok("cancel", str(job_id)).strip() == f"Cancelled job {job_id}"
+    info = job(job_id)
+    assert info["state"] == "CANCELLED" and info["reason"] == "cancelled by user"
+    gq_ok("daemon", "start", "--kill-wait", "1")
+    try:
+        time.sleep(1.5)
+        assert job(job_id)["state"] == "CANCELLED"
+        assert not marker.exists()
+    finally:
+        gq_ok("daemon", "stop")
+
+
+def test_cancel_running_job_kills_its_process_group(daemon, tmp_path):
+    script = write_script(tmp_path / "tree.sh", (
+        "sleep 300 &\n"
+        "echo child $! > children.txt\n"
+        "sleep 300\n"
+    ))
+    job_id = submit(str(script))
+    info = wait_state(job_id, "RUNNING")
+    wait_for(lambda: (tmp_path / "children.txt").exists(), what="the child to start")
+    child = int((tmp_path / "children.txt").read_text().split()[1])
+    assert pid_alive(child)
+    assert "Cancelling job" in gq_ok("cancel", str(job_id))
+    info = wait_state(job_id, "CANCELLED", timeout=10)
+    assert info["reason"] == "cancelled by user"
+    wait_for(lambda: not pid_alive(child), 5, what="the job's child to die")
+
+
+def test_cancel_filters_by_name_user_and_state(daemon, tmp_path):
+    script = write_script(tmp_path / "f.sh", "sleep 300\n")
+    blocker = submit("--exclusive", "-J", "blocker", str(script))
+    wait_state(blocker, "RUNNING")
+    sweeps = [submit("--exclusive", "-J", "sweep", str(script)) for _ in range(3)]
+    other = submit("--exclusive", "-J", "other", str(script))
+    out = gq_ok("cancel", "--name", "sweep")
+    assert out.count("Cancelled job") == 3
+    assert all(job(i)["state"] == "CANCELLED" for i in sweeps)
+    assert job(other)["state"] == "PENDING"
+    gq_ok("cancel", "--state", "PD", "--user", job(other)["user"])
+    assert job(other)["state"] == "CANCELLED"
+    assert job(blocker)["state"] == "RUNNING"
+    gq_ok("cancel", "--state", "R")
+    wait_state(blocker, "CANCELLED")
+
+
+def test_cancel_of_finished_job_changes_nothing(daemon, tmp_path):
+    script = write_script(tmp_path / "done.sh", "true\n")
+    job_id = submit(str(script))
+    wait_state(job_id, "COMPLETED")
+    result = gq("cancel", str(job_id))
+    assert result.code == 0 and "already ended (COMPLETED)" in result.err
+    assert job(job_id)["state"] == "COMPLETED"
+
+
+def test_time_limit_ends_job_with_timeout(daemon, tmp_path):
+    script = write_script(tmp_path / "long.sh", "echo started\nsleep 300\n")
+    job_id = submit("-t", "0:01", str(script))
+    info = wait_state(job_id, "TIMEOUT", timeout=10)
+    assert info["reason"] == "time limit 0:01 reached"
+    assert 0.9 <= info["run_time"] < 5
+    assert info["exit_code"] == 128 + 15  # SIGTERM
+
+
+def test_job_ignoring_sigterm_is_killed_after_kill_wait(daemon, tmp_path):
+    script = write_script(tmp_path / "stubborn.py", (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: print('ignoring TERM', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.05)\n"
+    ))
+    job_id = submit("-t", "0:01", str(script))
+    info = wait_state(job_id, "TIMEOUT", timeout=15)
+    assert info["exit_code"] == 128 + 9  # SIGKILL after the 1 s kill wait
+    assert info["run_time"] >= 1.9
+    assert "ignoring TERM" in (tmp_path / f"gq-{job_id}.out").read_text()
+
+
+def test_daemon_kill9_fails_running_requeues_requeue_jobs_and_runs_pending(daemon, tmp_path):
+    marker = tmp_path / "runs.log"
+    long = write_script(tmp_path / "long.sh", f"echo $GQ_JOB_ID >> {marker}\nsleep 300\n")
+    quick = write_script(tmp_path / "quick.sh", f"echo $GQ_JOB_ID >> {marker}\n")
+    plain = submit(str(long))
+    requeued = submit("--requeue", str(long))
+    wait_state(plain, "RUNNING")
+    wait_state(requeued, "RUNNING")
+    wait_for(lambda: marker.exists() and len(marker.read_text().split()) == 2, what="2 runs")
+    pids = [job(plain)["pid"], job(requeued)["pid"]]
+    daemon.kill9()
+    pending = submit(str(quick))  # queued while the daemon is down
+    # Workers die with their host, hosts with the daemon (PR_SET_PDEATHSIG).
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 10, what="jobs to die with the daemon")
+    assert job(plain)["state"] == "RUNNING"  # nobody has noticed yet
+    daemon.start()
+    info = wait_state(plain, "FAILED")
+    assert info["reason"] == "node failure"
+    wait_state(pending, "COMPLETED")
+    again = wait_state(requeued, "RUNNING")
+    assert again["run_count"] == 2
+    events = [(e["old_state"], e["new_state"], e["reason"]) for e in again["events"]]
+    assert ("RUNNING", "PENDING", "node failure; requeued") in events
+    assert job(plain)["run_count"] == 1 and job(pending)["run_count"] == 1
+    runs = marker.read_text().split()
+    assert sorted(runs) == sorted([str(plain), str(requeued), str(pending), str(requeued)])
+    gq_ok("cancel", str(requeued))
+    wait_state(requeued, "CANCELLED")
+
+
+def test_daemon_stop_ends_running_jobs_with_a_reason(daemon, tmp_path):
+    script = write_script(tmp_path / "s.sh", "sleep 300\n")
+    plain, requeued = submit(str(script)), submit("--requeue", str(script))
+    wait_state(plain, "RUNNING")
+    wait_state(requeued, "RUNNING")
+    gq_ok("daemon", "stop")
+    assert job(plain)["state"] == "FAILED" and job(plain)["reason"] == "daemon stopped"
+    assert job(requeued)["state"] == "PENDING"

@@ -1,0 +1,258 @@
+"""Submitting through the real CLI and running on the real daemon, host and workers."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from conftest import all_jobs, gq, gq_ok, job, submit, wait_for, wait_state, write_script
+
+
+def test_job_runs_in_submit_dir_with_gq_environment(daemon, tmp_path, monkeypatch):
+    monkeypatch.setenv("SUBMITTER_VAR", "from-submitter")
+    script = write_script(tmp_path / "env.py", (
+        "import os, sys\n"
+        "for key in ('GQ_JOB_ID', 'GQ_JOB_NAME', 'GQ_DEVICE', 'CUDA_VISIBLE_DEVICES',\n"
+        "            'SUBMITTER_VAR'):\n"
+        "    print(f'{key}={os.environ.get(key)!r}')\n"
+        "print('cwd', os.getcwd())\n"
+        "print('argv', sys.argv[1:])\n"
+    ))
+    job_id = submit(str(script), "--lr", "3e-4", "-J", "not-a-gq-option")
+    info = wait_state(job_id, "COMPLETED")
+    assert info["exit_code"] == 0
+    output = (tmp_path / f"gq-{job_id}.out").read_text()
+    assert f"GQ_JOB_ID='{job_id}'" in output
+    assert "GQ_JOB_NAME='env.py'" in output
+    assert "GQ_DEVICE='cpu'" in output
+    assert "CUDA_VISIBLE_DEVICES=''" in output
+    assert "SUBMITTER_VAR='from-submitter'" in output
+    assert f"cwd {tmp_path}" in output
+    assert "argv ['--lr', '3e-4', '-J', 'not-a-gq-option']" in output
+    assert info["name"] == "env.py" and info["user"] and info["device"] == "cpu"
+    assert info["run_count"] == 1
+
+
+def test_submit_prints_id_and_parsable_prints_only_id(daemon, tmp_path):
+    script = write_script(tmp_path / "ok.sh", "true\n")
+    out = gq_ok("submit", str(script))
+    assert out.startswith("Submitted job ") and out.strip().split()[-1].isdigit()
+    assert gq_ok("submit", "--parsable", str(script)).strip().isdigit()
+
+
+def test_failing_job_records_exit_code(daemon, tmp_path):
+    script = write_script(tmp_path / "fail.py", "import sys\nprint('boom')\nsys.exit(3)\n")
+    info = wait_state(submit(str(script)), "FAILED")
+    assert info["exit_code"] == 3
+    assert info["reason"] == "exit code 3"
+    assert info["end_time"] and info["start_time"]
+
+
+def test_exception_in_python_job_fails_it(daemon, tmp_path):
+    script = write_script(tmp_path / "raise.py", "raise RuntimeError('bad things')\n")
+    job_id = submit(str(script))
+    info = wait_state(job_id, "FAILED")
+    assert info["exit_code"] == 1
+    assert "RuntimeError: bad things" in (tmp_path / f"gq-{job_id}.out").read_text()
+
+
+def test_shell_script_runs_via_shebang_or_bash(daemon, tmp_path):
+    with_shebang = write_script(tmp_path / "a.sh", "#!/bin/sh\necho shebang $0\n", 0o755)
+    without = write_script(tmp_path / "b.job", "echo plain bash ${BASH_VERSION:+yes}\n")
+    first, second = submit(str(with_shebang)), submit(str(without))
+    wait_state(first, "COMPLETED")
+    wait_state(second, "COMPLETED")
+    assert "shebang" in (tmp_path / f"gq-{first}.out").read_text()
+    assert "plain bash yes" in (tmp_path / f"gq-{second}.out").read_text()
+
+
+def test_output_patterns_and_chdir(daemon, tmp_path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    script = write_script(tmp_path / "out.sh", "echo to-stdout\necho to-stderr >&2\npwd\n")
+    job_id = submit("-J", "named", "-D", str(workdir), "-o", "%x-%j.log", "-e", "err-%j.log",
+                    str(script))
+    wait_state(job_id, "COMPLETED")
+    out = (workdir / f"named-{job_id}.log").read_text()
+    assert "to-stdout" in out and str(workdir) in out and "to-stderr" not in out
+    assert (workdir / f"err-{job_id}.log").read_text().strip() == "to-stderr"
+    info = job(job_id)
+    assert info["stdout"] == str(workdir / f"named-{job_id}.log")
+
+
+def test_directives_apply_and_command_line_wins(daemon, tmp_path):
+    script = write_script(tmp_path / "directed.sh", (
+        "#!/bin/bash\n"
+        "# a comment before the directives\n"
+        "#GQ -J from-directive\n"
+        "#GQ --time 0:05 --priority 7\n"
+        "#GQ --mem 1G\n"
+        "echo body\n"
+        "#GQ --priority 99\n"  # after the first comment block: not a directive
+    ), 0o755)
+    job_id = submit("--priority", "3", str(script))
+    info = wait_state(job_id, "COMPLETED")
+    assert info["name"] == "from-directive"
+    assert info["time_limit"] == 5
+    assert info["priority"] == 3
+    assert info["mem"] == 1 << 30
+
+
+def test_script_is_snapshotted_at_submit(home, tmp_path):
+    edited = write_script(tmp_path / "snap.sh", "echo original\n")
+    deleted = write_script(tmp_path / "gone.sh", "echo still here\n")
+    first, second = submit(str(edited)), submit(str(deleted))  # no daemon yet: both wait
+    edited.write_text("echo edited\n")
+    deleted.unlink()
+    gq_ok("daemon", "start", "--kill-wait", "1")
+    try:
+        wait_state(first, "COMPLETED")
+        wait_state(second, "COMPLETED")
+        assert (tmp_path / f"gq-{first}.out").read_text().strip() == "original"
+        assert (tmp_path / f"gq-{second}.out").read_text().strip() == "still here"
+    finally:
+        gq_ok("daemon", "stop")
+
+
+def test_jobs_queue_while_daemon_is_down_and_run_once_it_starts(home, tmp_path):
+    script = write_script(tmp_path / "q.sh", "echo ran\n")
+    result = gq("submit", str(script))
+    assert result.code == 0 and "daemon is not running" in result.err
+    job_id = int(result.out.split()[-1])
+    assert job(job_id)["state"] == "PENDING"
+    gq_ok("daemon", "start", "--kill-wait", "1")
+    try:
+        info = wait_state(job_id, "COMPLETED")
+        assert info["run_count"] == 1
+        assert (tmp_path / f"gq-{job_id}.out").read_text() == "ran\n"
+    finally:
+        gq_ok("daemon", "stop")
+
+
+def test_start_latency_on_idle_node_uses_the_poke(daemon, tmp_path):
+    # The poll fallback is 1 s; starting well within it shows the socket poke works.
+    script = write_script(tmp_path / "quick.sh", "true\n")
+    submit(str(script))
+    wait_state(1, "COMPLETED")
+    job_id = submit(str(script))
+    info = wait_state(job_id, "COMPLETED", "RUNNING")
+    from datetime import datetime
+
+    waited = (datetime.fromisoformat(info["start_time"])
+              - datetime.fromisoformat(info["submit_time"])).total_seconds()
+    assert waited < 0.9, f"job waited {waited:.3f}s on an idle node"
+
+
+def test_second_daemon_start_says_already_running(daemon):
+    result = gq("daemon", "start")
+    assert result.code == 0
+    assert f"already running (pid {daemon.pid()})" in result.out
+    assert gq("daemon", "status").out.strip() == f"gq daemon is running (pid {daemon.pid()})"
+
+
+def test_unwritable_output_path_fails_job_naming_the_path(daemon, tmp_path):
+    script = write_script(tmp_path / "o.sh", "echo hi\n")
+    target = tmp_path / "no-such-dir" / "out.log"
+    info = wait_state(submit("-o", str(target), str(script)), "FAILED")
+    assert str(target) in info["reason"]
+
+
+def test_status_filters_and_json_fields(daemon, tmp_path):
+    script = write_script(tmp_path / "s.sh", "sleep 30\n")
+    running = submit("--exclusive", str(script))
+    wait_state(running, "RUNNING")
+    pending = submit("--exclusive", "-J", "waiting", str(script))
+    jobs = {j["id"]: j for j in all_jobs()}
+    required = {"id", "name", "user", "state", "priority", "device", "submit_time",
+                "start_time", "end_time", "exit_code", "steps_done", "steps_total", "reason"}
+    assert required <= set(jobs[running])
+    assert jobs[running]["submit_time"].endswith(("+00:00", "Z")) or "+" in jobs[
+        running]["submit_time"] or "-" in jobs[running]["submit_time"][19:]
+    import json
+
+    only_pending = json.loads(gq_ok("status", "--json", "--state", "PD"))
+    assert [j["id"] for j in only_pending] == [pending]
+    assert json.loads(gq_ok("status", "--json", "--user", "nobody-else")) == []
+    text = gq_ok("status")
+    assert "waiting" in text and " PD " in text and " R " in text
+    gq_ok("cancel", str(running), str(pending))
+    wait_state(running, "CANCELLED")
+
+
+def test_history_reports_wait_run_and_jct(daemon, tmp_path):
+    import json
+
+    script = write_script(tmp_path / "h.sh", "sleep 0.3\n")
+    job_id = submit(str(script))
+    wait_state(job_id, "COMPLETED")
+    rows = json.loads(gq_ok("history", "--json"))
+    row = next(r for r in rows if r["id"] == job_id)
+    assert row["run_time"] >= 0.3
+    assert row["jct"] >= row["run_time"]
+    assert abs(row["jct"] - (row["wait_time"] + row["run_time"])) < 0.05
+    assert str(job_id) in gq_ok("history")
+
+
+def test_show_has_state_history(daemon, tmp_path):
+    script = write_script(tmp_path / "e.sh", "true\n")
+    job_id = submit(str(script))
+    info = wait_state(job_id, "COMPLETED")
+    assert [(e["old_state"], e["new_state"]) for e in info["events"]] == [
+        (None, "PENDING"), ("PENDING", "RUNNING"), ("RUNNING", "COMPLETED")]
+    text = gq_ok("show", str(job_id))
+    assert "PENDING -> RUNNING" in text and "ExitCode: 0" in text
+
+
+def test_logs_and_follow(daemon, tmp_path):
+    script = write_script(tmp_path / "l.sh", "for i in 1 2 3; do echo line $i; sleep 0.2; done\n")
+    job_id = submit(str(script))
+    followed = gq_ok("logs", "-f", str(job_id))
+    assert followed == "line 1\nline 2\nline 3\n"
+    assert job(job_id)["state"] == "COMPLETED"
+    assert gq_ok("logs", str(job_id)) == followed
+
+
+def test_info_reports_cpu_device_without_nvidia(daemon):
+    import json
+
+    text = gq_ok("info")
+    assert "no NVIDIA GPU found" in text
+    assert "cpu:" in text and f"pid {daemon.pid()}" in text
+    data = json.loads(gq_ok("info", "--json"))
+    assert [d["name"] for d in data["devices"]] == ["cpu"]
+    assert data["daemon"]["running"] and data["daemon"]["pid"] == daemon.pid()
+
+
+def test_info_without_daemon(home):
+    text = gq_ok("info")
+    assert "daemon: not running" in text and "cpu:" in text
+
+
+def test_policy_set_and_show(home):
+    assert gq_ok("policy", "show").startswith("fifo")
+    assert gq_ok("policy", "set", "srtf").strip() == "Policy set to srtf"
+    assert gq_ok("policy", "show").startswith("srtf")
+    gq_ok("policy", "set", "priority", "--fill", "gapfit")
+    assert gq_ok("policy", "show").startswith("priority (fill gapfit)")
+
+
+def test_many_jobs_each_run_exactly_once(daemon, tmp_path):
+    marker = tmp_path / "runs.txt"
+    script = write_script(tmp_path / "once.sh", f"echo $GQ_JOB_ID >> {marker}\n")
+    ids = [submit(str(script)) for _ in range(12)]
+    wait_for(lambda: all(job(i)["state"] == "COMPLETED" for i in ids), 60, what="12 jobs")
+    runs = marker.read_text().split()
+    assert sorted(map(int, runs)) == ids
+    time.sleep(0.5)
+    assert len(marker.read_text().split()) == 12
+    assert all(job(i)["run_count"] == 1 for i in ids)
+
+
+def test_python_interpreter_option(daemon, tmp_path):
+    import sys
+
+    script = write_script(tmp_path / "which.py", "import sys\nprint(sys.executable)\n")
+    job_id = submit("--python", sys.executable, str(script))
+    wait_state(job_id, "COMPLETED")
+    assert (tmp_path / f"gq-{job_id}.out").read_text().strip() == os.path.realpath(
+        sys.executable) or sys.executable in (tmp_path / f"gq-{job_id}.out").read_text()
