@@ -27,6 +27,7 @@ log = logging.getLogger("gq.daemon")
 POLL_PERIOD = 1.0  # rescan the queue this often even without a poke
 FLUSH_PERIOD = 1.0  # write progress to the DB this often
 HOST_RESTART_DELAY = 1.0
+RESOURCES = "Resources"  # squeue's reason for a job that waits for room on a device
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,8 @@ class Daemon:
         self.stop_deadline = time.monotonic() + self.options.kill_grace + 5.0
         for job in self.running.values():
             job.kill_why = "shutdown"
-            self.hosts[job.host].send({"op": "kill", "job": job.job_id})
+            if job.host in self.hosts:
+                self.hosts[job.host].send({"op": "kill", "job": job.job_id})
 
     def _publish(self) -> None:
         info = {"pid": os.getpid(), "started": self.started_at,
@@ -309,7 +311,15 @@ class Daemon:
         requests = [admission.Request(v.id, by_id[v.id].gpus, _footprint(by_id[v.id]),
                                       by_id[v.id].exclusive)
                     for v in self.policy.order(views)]
-        for placement in admission.place(requests, self._loads()):
+        placements = admission.place(requests, self._loads())
+        placed = {p.job_id for p in placements}
+        waiting = [r.job_id for r in requests
+                   if r.job_id not in placed and by_id[r.job_id].reason != RESOURCES]
+        if waiting:
+            with self.db.write() as session:
+                for job_id in waiting:
+                    transitions.set_pending_reason(session, job_id, RESOURCES)
+        for placement in placements:
             self._launch(by_id[placement.job_id], placement)
 
     def _loads(self) -> list[admission.DeviceLoad]:

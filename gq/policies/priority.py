@@ -1,5 +1,5 @@
 """priority: the highest ``--priority`` among READY jobs gets the lane; lower ones fill the
-idle time of higher ones (after FIKIT).
+idle time of higher ones (after FIKIT). Jobs of equal priority share by attained time.
 
 Fill modes decide what a lower job may do while a higher one is resident but idle:
 ``always`` runs it (work-conserving); ``never`` leaves the lane idle; ``gapfit`` runs it
@@ -19,6 +19,11 @@ def _rank(job: JobView) -> tuple[int, float, int]:
     return (-job.priority, job.submit_time, job.id)
 
 
+def _grant_rank(job: JobView) -> tuple[int, float, float, int]:
+    # Within one priority level jobs share: least attained device time first.
+    return (-job.priority, job.attained, job.submit_time, job.id)
+
+
 class Priority:
     name = "priority"
 
@@ -32,7 +37,7 @@ class Priority:
 
     def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
              now: float) -> JobView | None:
-        best = min(ready, key=_rank, default=None)
+        best = min(ready, key=_grant_rank, default=None)
         if best is None or self.fill == "always":
             return best
         ready_ids = {job.id for job in ready}

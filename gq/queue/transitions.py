@@ -88,6 +88,13 @@ def start(session: Session, job_id: int, device: str, lane: int,
                  run_count=Job.run_count + 1, steps_done=0, attained=0.0)
 
 
+def set_pending_reason(session: Session, job_id: int, reason: str | None) -> None:
+    """Why a PENDING job is still waiting (squeue's REASON); not a state change."""
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.state == JobState.PENDING.value).values(reason=reason)
+    )
+
+
 def record_pid(session: Session, job_id: int, pid: int) -> None:
     session.execute(
         update(Job).where(Job.id == job_id, Job.state == JobState.RUNNING.value).values(pid=pid)

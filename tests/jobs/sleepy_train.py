@@ -1,0 +1,70 @@
+"""An unmodified PyTorch training loop (no gq import) whose forward pass takes --iter-ms,
+standing in for a device kernel of known length, with --gap-ms of idle time per step."""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=100)
+parser.add_argument("--iter-ms", type=float, default=5.0)
+parser.add_argument("--gap-ms", type=float, default=0.0)
+parser.add_argument("--start-file", help="wait for this file before the loop")
+parser.add_argument("--infer", action="store_true", help="forward passes under no_grad only")
+parser.add_argument("--crash-at", type=int, default=-1)
+parser.add_argument("--crash-how", default="exception",
+                    choices=["exception", "os_exit", "sigsegv", "sys_exit0"])
+args = parser.parse_args()
+
+
+class Kernel(nn.Module):
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+        self.layer = nn.Linear(32, 32)
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.layer(x)
+
+
+def crash(how: str) -> None:
+    print(f"crashing: {how}", flush=True)
+    if how == "exception":
+        raise RuntimeError("deliberate crash")
+    if how == "os_exit":
+        os._exit(3)
+    if how == "sigsegv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    sys.exit(0)
+
+
+torch.set_num_threads(1)
+model = nn.Sequential(Kernel(args.iter_ms / 1000), nn.ReLU(), nn.Linear(32, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(32, 32), torch.randn(32, 1)
+if args.start_file:
+    while not Path(args.start_file).exists():
+        time.sleep(0.01)
+start = time.perf_counter()
+for step in range(args.steps):
+    if args.infer:
+        with torch.no_grad():
+            model(x)
+    else:
+        loss = nn.functional.mse_loss(model(x), y)
+        if step == args.crash_at:
+            crash(args.crash_how)  # while holding the lane: mid-iteration
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if args.gap_ms:
+        time.sleep(args.gap_ms / 1000)
+print(json.dumps({"loop_seconds": time.perf_counter() - start, "steps": args.steps}), flush=True)

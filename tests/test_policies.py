@@ -1,0 +1,116 @@
+"""Unit tests of the policies: pure objects over job views."""
+
+from __future__ import annotations
+
+import pytest
+
+from gq import policies
+from gq.policies import JobView
+from gq.policies.priority import Priority
+
+
+def view(id, **kw) -> JobView:
+    kw.setdefault("submit_time", float(id))
+    return JobView(id=id, **kw)
+
+
+def test_make_rejects_unknown_names():
+    with pytest.raises(ValueError):
+        policies.make("lottery")
+    with pytest.raises(ValueError):
+        policies.make("priority", fill="sometimes")
+
+
+def test_fifo_orders_by_submission_and_waits_for_the_first():
+    fifo = policies.make("fifo")
+    first, second = view(1), view(2)
+    assert [j.id for j in fifo.order([second, first])] == [1, 2]
+    assert fifo.pick([first, second], [first, second], 0).id == 1
+    assert fifo.pick([second], [first, second], 0) is None  # not work-conserving
+    assert fifo.pick([second], [second], 0).id == 2
+
+
+def test_srtf_prefers_least_remaining_time():
+    srtf = policies.make("srtf")
+    long = view(1, steps_total=300, steps_done=10, mean_iteration=0.01)  # 2.9 s left
+    short = view(2, steps_total=30, steps_done=0, mean_iteration=0.01)  # 0.3 s left
+    assert srtf.pick([long, short], [long, short], 0).id == 2
+    assert srtf.pick([long], [long, short], 0).id == 1  # work-conserving
+
+
+def test_srtf_uses_measured_iteration_time_not_just_steps():
+    srtf = policies.make("srtf")
+    many_fast = view(1, steps_total=100, mean_iteration=0.001)  # 0.1 s
+    few_slow = view(2, steps_total=10, mean_iteration=0.1)  # 1 s
+    assert srtf.pick([many_fast, few_slow], [], 0).id == 1
+
+
+def test_srtf_unknown_totals_go_last_least_attained_first():
+    srtf = policies.make("srtf")
+    known = view(1, steps_total=1000, mean_iteration=1.0)
+    las_a = view(2, attained=5.0)
+    las_b = view(3, attained=1.0)
+    assert srtf.pick([las_a, las_b, known], [], 0).id == 1
+    assert srtf.pick([las_a, las_b], [], 0).id == 3
+    assert [j.id for j in srtf.order([las_a, view(4, steps_total=5), known])] == [4, 1, 2]
+
+
+def test_fair_balances_users_then_jobs():
+    fair = policies.make("fair")
+    ann1 = view(1, user="ann", attained=3.0)
+    ann2 = view(2, user="ann", attained=3.0)
+    bob = view(3, user="bob", attained=4.0)
+    resident = [ann1, ann2, bob]
+    # ann holds 6 s over two jobs, bob 4 s: bob's job goes next although it has more alone.
+    assert fair.pick(resident, resident, 0).id == 3
+    less = view(2, user="ann", attained=1.0)
+    assert fair.pick([ann1, less], [ann1, less], 0).id == 2
+
+
+def test_fair_admission_interleaves_users():
+    fair = policies.make("fair")
+    jobs = [view(1, user="ann"), view(2, user="ann"), view(3, user="ann"), view(4, user="bob")]
+    assert [j.id for j in fair.order(jobs)] == [1, 4, 2, 3]
+
+
+def test_priority_always_fills_idle_time():
+    policy = Priority("always")
+    high = view(1, priority=10)
+    low = view(2, priority=0)
+    assert policy.pick([high, low], [high, low], 0).id == 1
+    assert policy.pick([low], [high, low], 0).id == 2
+    assert [j.id for j in policy.order([low, high])] == [1, 2]
+
+
+def test_priority_equal_levels_share_by_attained_time():
+    policy = Priority("always")
+    a = view(1, attained=2.0)
+    b = view(2, attained=1.0)
+    assert policy.pick([a, b], [a, b], 0).id == 2
+
+
+def test_priority_never_leaves_lane_idle_for_idle_high_job():
+    policy = Priority("never")
+    high = view(1, priority=10)
+    low = view(2, priority=0)
+    assert policy.pick([low], [high, low], 0) is None
+    assert policy.pick([low], [low], 0).id == 2
+
+
+def test_priority_gapfit_admits_only_iterations_that_fit_the_gap():
+    policy = Priority("gapfit")
+    high = view(1, priority=10, released_at=100.0, mean_gap=0.020)  # back at 100.020
+    short = view(2, mean_iteration=0.005)
+    long = view(3, mean_iteration=0.050)
+    assert policy.pick([short], [high, short], 100.001).id == 2
+    assert policy.pick([long], [high, long], 100.001) is None
+    assert policy.pick([short], [high, short], 100.018) is None  # too late to fit
+    assert policy.pick([long], [high, long], 100.5).id == 3  # high overdue: don't waste
+    unmeasured = view(4)
+    assert policy.pick([unmeasured], [high, unmeasured], 100.001).id == 4  # learn first
+
+
+@pytest.mark.parametrize("name", policies.NAMES)
+def test_every_policy_picks_nothing_from_nothing(name):
+    assert policies.make(name).pick([], [view(1)], 0) is None
+    assert policies.make(name).order([]) == []

@@ -1,0 +1,234 @@
+"""Resident jobs swapped at iteration boundaries: real torch scripts on the cpu device."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, gq_ok, job, submit, wait_for, wait_state, write_script
+
+TRAIN = str(Path(__file__).parent / "jobs" / "sleepy_train.py")
+
+
+def ts(value: str) -> float:
+    return datetime.fromisoformat(value).timestamp()
+
+
+def jct(info: dict) -> float:
+    return ts(info["end_time"]) - ts(info["submit_time"])
+
+
+def loop_seconds(path: Path) -> float:
+    return json.loads(path.read_text().strip().splitlines()[-1])["loop_seconds"]
+
+
+def test_unmodified_training_script_reports_its_steps(daemon):
+    job_id = submit("--steps", "40", TRAIN, "--steps", "40", "--iter-ms", "2")
+    info = wait_state(job_id, "COMPLETED", timeout=60)
+    assert info["steps_done"] == 40 == info["steps_total"]
+    assert 0.002 <= info["mean_iteration"] < 0.05
+    assert info["attained"] >= 40 * 0.002
+    assert info["mem_persistent"] > 10 << 20  # RSS of a process that imported torch
+    shown = gq_ok("show", str(job_id))
+    assert "MeanIteration:" in shown and "AttainedDeviceTime:" in shown
+
+
+def test_inference_under_no_grad_counts_outermost_calls(daemon):
+    job_id = submit(TRAIN, "--steps", "25", "--iter-ms", "1", "--infer")
+    assert wait_state(job_id, "COMPLETED", timeout=60)["steps_done"] == 25
+
+
+def test_explicit_api_steps_step_and_total(daemon, tmp_path):
+    script = write_script(tmp_path / "api.py", (
+        "import gq, time\n"
+        "assert gq.in_job()\n"
+        "for item in gq.steps(range(12)):\n"
+        "    time.sleep(0.001)\n"
+        "gq.set_total_steps(20)\n"
+        "for _ in range(8):\n"
+        "    time.sleep(0.001)\n"
+        "    gq.step()\n"
+    ))
+    info = wait_state(submit(str(script)), "COMPLETED", timeout=30)
+    assert info["steps_done"] == 20 and info["steps_total"] == 20
+
+
+def test_job_api_is_a_no_op_outside_gq(tmp_path):
+    import subprocess
+
+    script = write_script(tmp_path / "plain.py", (
+        "import gq\n"
+        "assert not gq.in_job()\n"
+        "gq.set_total_steps(3)\n"
+        "print(sum(gq.steps([1, 2, 3])))\n"
+        "gq.step()\n"
+    ))
+    out = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "6"
+
+
+def _long_and_short(tmp_path, long_steps: int = 300) -> tuple[int, int]:
+    start = tmp_path / "go"
+    long = submit("-J", "long", "--steps", str(long_steps), TRAIN, "--steps", str(long_steps),
+                  "--iter-ms", "5",
+                  "--start-file", str(start))
+    short = submit("-J", "short", "--steps", "30", TRAIN, "--steps", "30", "--iter-ms", "5",
+                   "--start-file", str(start))
+    wait_state(long, "RUNNING")
+    wait_state(short, "RUNNING")  # both resident on the one device
+    start.touch()
+    return long, short
+
+
+def test_srtf_finishes_the_short_job_first(daemon, tmp_path):
+    gq_ok("policy", "set", "srtf")
+    long, short = _long_and_short(tmp_path)
+    short_info = wait_state(short, "COMPLETED", timeout=60)
+    assert job(long)["state"] == "RUNNING"
+    long_info = wait_state(long, "COMPLETED", timeout=60)
+    assert ts(short_info["end_time"]) < ts(long_info["end_time"])
+    # The short job ran nearly alone: its loop took far less than the long one's.
+    assert loop_seconds(tmp_path / f"gq-{short}.out") < 0.5 * loop_seconds(
+        tmp_path / f"gq-{long}.out")
+
+
+def test_fifo_finishes_the_first_job_first_and_the_second_waits(daemon, tmp_path):
+    long, short = _long_and_short(tmp_path)
+    waiting = wait_for(lambda: (s := job(short), l := job(long)) and l["steps_done"] > 0 and (s, l),
+                       30, what="long job progress")
+    assert waiting[0]["steps_done"] == 0 and not waiting[0]["holds_lane"]
+    assert "waits" in gq_ok("status")
+    long_info = wait_state(long, "COMPLETED", timeout=60)
+    short_info = wait_state(short, "COMPLETED", timeout=60)
+    assert ts(long_info["end_time"]) < ts(short_info["end_time"])
+
+
+def test_policy_change_takes_effect_on_running_jobs(daemon, tmp_path):
+    long, short = _long_and_short(tmp_path, 1500)  # under fifo the short job waits...
+    wait_for(lambda: job(long)["steps_done"] >= 20, 30, what="long job progress")
+    assert job(short)["steps_done"] == 0
+    gq_ok("policy", "set", "srtf")  # ...until srtf reaches the host at the next boundary
+    wait_state(short, "COMPLETED", timeout=30)
+    assert job(long)["state"] == "RUNNING"
+    wait_state(long, "COMPLETED", timeout=60)
+
+
+def test_fair_share_between_two_equal_jobs(daemon, tmp_path):
+    gq_ok("policy", "set", "fair")
+    start = tmp_path / "go"
+    ids = [submit("--steps", "500", TRAIN, "--steps", "500", "--iter-ms", "4",
+                  "--start-file", str(start)) for _ in range(2)]
+    for job_id in ids:
+        wait_state(job_id, "RUNNING")
+    start.touch()
+    samples = []
+    while True:
+        rows = {r["id"]: r for r in json.loads(gq_ok("status", "--json"))}
+        if len(rows) < 2:
+            break
+        a, b = (rows[i]["attained"] for i in ids)
+        if a > 0 and b > 0:
+            samples.append((a, b))
+        time.sleep(0.1)
+    assert len(samples) >= 3, samples
+    for a, b in samples:  # within 10%, give or take one iteration of granularity
+        assert abs(a - b) <= 0.10 * max(a, b) + 0.008, samples
+
+
+def test_priority_job_runs_almost_as_if_alone_while_low_jobs_fill_its_gaps(daemon, tmp_path):
+    gq_ok("policy", "set", "priority")
+    high_args = [TRAIN, "--steps", "60", "--iter-ms", "10", "--gap-ms", "20"]
+    alone = submit("--priority", "10", *high_args)
+    alone_info = wait_state(alone, "COMPLETED", timeout=60)
+
+    lows = [submit("--priority", "0", TRAIN, "--steps", "5000", "--iter-ms", "4")
+            for _ in range(2)]
+    wait_for(lambda: all(job(i)["steps_done"] > 0 for i in lows), 60, what="low jobs to run")
+    low_before = {i: job(i)["steps_done"] for i in lows}
+    shared = submit("--priority", "10", *high_args)
+    shared_info = wait_state(shared, "COMPLETED", timeout=60)
+    low_after = {i: job(i)["steps_done"] for i in lows}
+    gq_ok("cancel", *map(str, lows))
+
+    ratio = jct(shared_info) / jct(alone_info)
+    loop_ratio = loop_seconds(tmp_path / f"gq-{shared}.out") / loop_seconds(
+        tmp_path / f"gq-{alone}.out")
+    assert ratio <= 1.3, (ratio, loop_ratio)
+    assert loop_ratio <= 1.3, (ratio, loop_ratio)
+    assert all(low_after[i] > low_before[i] for i in lows), (low_before, low_after)
+
+
+@pytest.mark.parametrize("how,state", [("exception", "FAILED"), ("os_exit", "FAILED"),
+                                       ("sigsegv", "FAILED"), ("sys_exit0", "COMPLETED")])
+def test_one_worker_crash_leaves_other_resident_jobs_running(daemon, tmp_path, how, state):
+    gq_ok("policy", "set", "fair")
+    survivors = [submit(TRAIN, "--steps", "60", "--iter-ms", "3") for _ in range(2)]
+    crasher = submit(TRAIN, "--steps", "60", "--iter-ms", "3", "--crash-at", "20",
+                     "--crash-how", how)
+    info = wait_state(crasher, state, timeout=60)
+    if how == "sigsegv":
+        assert info["reason"] == "killed by signal SIGSEGV" and info["exit_code"] == 139
+    if how == "os_exit":
+        assert info["exit_code"] == 3
+    for job_id in survivors:
+        assert wait_state(job_id, "COMPLETED", timeout=60)["steps_done"] == 60
+
+
+def test_resident_cap_and_exclusive(home, tmp_path):
+    from conftest import DaemonControl
+
+    control = DaemonControl(home)
+    control.start("--max-resident", "2")
+    try:
+        script = write_script(tmp_path / "s.sh", "sleep 300\n")
+        first, second, third = (submit(str(script)) for _ in range(3))
+        wait_state(first, "RUNNING")
+        wait_state(second, "RUNNING")
+        info = wait_for(lambda: (j := job(third))["reason"] == "Resources" and j, 10,
+                        what="third job to wait for resources")
+        assert info["state"] == "PENDING"
+        gq_ok("cancel", str(first))
+        wait_state(third, "RUNNING")
+        exclusive = submit("--exclusive", str(script))
+        time.sleep(0.5)
+        assert job(exclusive)["state"] == "PENDING"
+        gq_ok("cancel", str(second), str(third))
+        wait_state(exclusive, "RUNNING")
+        later = submit(str(script))
+        time.sleep(0.5)
+        assert job(later)["state"] == "PENDING"  # nothing shares an exclusive device
+        gq_ok("cancel", str(exclusive), str(later))
+    finally:
+        control.stop()
+
+
+def test_memory_requests_admit_only_what_fits(daemon, tmp_path):
+    capacity = json.loads(gq_ok("info", "--json"))["devices"][0]["memory_total"]
+    script = write_script(tmp_path / "m.sh", "sleep 300\n")
+    big = f"{int(capacity * 0.6) >> 20}M"
+    first = submit("--mem", big, str(script))
+    second = submit("--mem", big, str(script))
+    small = submit("--mem", "64M", str(script))
+    wait_state(first, "RUNNING")
+    info = wait_for(lambda: (j := job(second))["reason"] == "Resources" and j, 10,
+                    what="second big job to wait")
+    assert info["state"] == "PENDING"
+    # No backfill: the small job queues behind the big one it would overtake.
+    assert job(small)["state"] == "PENDING"
+    gq_ok("cancel", str(first))
+    wait_state(second, "RUNNING")
+    wait_state(small, "RUNNING")
+    gq_ok("cancel", str(second), str(small))
+
+
+def test_info_lists_lanes_and_resident_jobs(daemon, tmp_path):
+    script = write_script(tmp_path / "s.sh", "sleep 300\n")
+    job_id = submit(str(script))
+    wait_state(job_id, "RUNNING")
+    text = gq_ok("info")
+    assert "1 lane(s) per device" in text and f"job {job_id} (s.sh)" in text
+    gq_ok("cancel", str(job_id))
