@@ -216,8 +216,6 @@ class Daemon:
             elif op == "progress":
                 for item in message["jobs"]:
                     self.progress[int(item["job"])] = _progress(item)
-            elif op == "switches":
-                pass  # switch latencies are for benchmarks reading the host log
             else:
                 log.warning("unknown op from host %s: %r", name, op)
         if host.channel.closed and name in self.hosts:

@@ -31,6 +31,7 @@ PROGRESS_PERIOD = 1.0
 # the policy prefers it, the lane waits for it rather than letting a less preferred job in
 # for a whole iteration (anticipatory scheduling). Real idle gaps are longer and are filled.
 ANTICIPATION_LIMIT = 0.002
+HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
 
 
 def _in_new_group_dying_with_host() -> None:
@@ -85,7 +86,6 @@ class Lane:
     index: int
     holder: Resident | None = None
     residents: list[Resident] = field(default_factory=list)
-    freed_at: float | None = None  # for switch latency: previous holder's DONE
     anticipating: int | None = None  # job id the lane is kept free for, briefly
     anticipate_until: float = 0.0
 
@@ -102,8 +102,9 @@ class Host:
         self.residents: dict[int, Resident] = {}
         self.by_fd: dict[int, Resident] = {}
         self.selector = selectors.DefaultSelector()
-        self.switch_latencies: list[float] = []
         self.stopping = False
+        self.child_exited = False
+        self._next_housekeeping = 0.0
         self._last_progress = 0.0
 
     # ----- the loop -------------------------------------------------------------------
@@ -117,16 +118,22 @@ class Host:
         self.selector.register(self.daemon.sock, selectors.EVENT_READ, "daemon")
         self.selector.register(wake_read, selectors.EVENT_READ, "signal")
         while not (self.stopping and not self.residents):
-            for key, _ in self.selector.select(self._timeout()):
+            events = self.selector.select(self._timeout())
+            for key, _ in events:
                 if key.data == "daemon":
                     self._from_daemon()
                 elif key.data == "signal":
                     self._on_signals(wake_read)
                 else:
                     self._from_worker(key.data)
-            self._reap()
-            self._enforce_kills()
-            self._schedule_waiting_lanes()
+            now = time.monotonic()
+            # Busy lanes may never time out: deadlines (kills, anticipation) need a clock too.
+            if not events or self.child_exited or now >= self._next_housekeeping:
+                self._next_housekeeping = now + HOUSEKEEPING_PERIOD
+                self.child_exited = False
+                self._reap()
+                self._enforce_kills()
+                self._schedule_waiting_lanes()
             self._maybe_send_progress()
 
     def _timeout(self) -> float:
@@ -145,6 +152,8 @@ class Host:
             signums = wake_read.recv(4096)
         except BlockingIOError:
             return
+        if signal.SIGCHLD in signums:
+            self.child_exited = True
         if signal.SIGTERM in signums or signal.SIGINT in signums:
             self._shutdown()
 
@@ -272,13 +281,9 @@ class Host:
         resident.mem_persistent = message.get("mem_persistent")
         resident.mem_peak = message.get("mem_peak")
         resident.dirty = True
-        if int(message.get("quantum_left", 0)) > 0:
-            resident.granted_at = now
-            return
         resident.state = "idle"
         resident.released_at = now
         lane.holder = None
-        lane.freed_at = now
         self._anticipate(lane, resident, now)
         self._schedule(lane)
 
@@ -312,15 +317,12 @@ class Host:
             return
         chosen = self.residents[chosen_view.id]
         shared = self.cuda and len(lane.residents) > 1
-        if chosen.channel is None or not chosen.channel.send({"op": "go", "n": 1,
+        if chosen.channel is None or not chosen.channel.send({"op": "go",
                                                                "empty_cache": shared}):
             return
         chosen.state = "running"
         chosen.granted_at = time.monotonic()
         lane.holder = chosen
-        if lane.freed_at is not None:
-            self.switch_latencies.append(chosen.granted_at - lane.freed_at)
-            lane.freed_at = None
 
     def _schedule_waiting_lanes(self) -> None:
         for lane in self.lanes:
@@ -341,7 +343,6 @@ class Host:
             now = time.monotonic()
             resident.attained += now - resident.granted_at
             lane.holder = None
-            lane.freed_at = now
         resident.state = "idle"
         self._schedule(lane)
 
@@ -395,9 +396,6 @@ class Host:
             resident.dirty = False
         if changed:
             self.daemon.send({"op": "progress", "jobs": [r.progress() for r in changed]})
-        if self.switch_latencies:
-            self.daemon.send({"op": "switches", "latencies": self.switch_latencies})
-            self.switch_latencies = []
 
 
 class _LaunchError(Exception):

@@ -11,9 +11,13 @@ import os
 import runpy
 import socket
 import sys
+import time
 
 from gq.exec import hooks, memory, runtime
-from gq.exec.protocol import Channel
+from gq.exec.protocol import Channel, encode
+
+READY = encode({"op": "ready"})
+SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases on short iterations
 
 class WorkerSession:
     """The job side of the protocol; see :mod:`gq.exec.runtime`."""
@@ -21,19 +25,18 @@ class WorkerSession:
     def __init__(self, channel: Channel):
         self.channel = channel
         self.held = False
-        self.granted = 0  # iterations left in the current grant (a quantum)
         self.empty_cache_after = False
         self.steps = 0
+        self.sample = memory.MemorySample(0, 0)
+        self.sampled_at = 0.0
 
     def acquire(self) -> None:
         if self.held:
             return
-        if self.granted == 0:
-            self.channel.send({"op": "ready"})
-            reply = self.channel.receive_one()
-            self.granted = int(reply.get("n", 1))
-            # Lane-mates share the device's memory: give back cached blocks when parked.
-            self.empty_cache_after = bool(reply.get("empty_cache", False))
+        self.channel.sock.sendall(READY)
+        grant = self.channel.receive_one()
+        # Lane-mates share the device's memory: give back cached blocks when parked.
+        self.empty_cache_after = bool(grant.get("empty_cache", False))
         self.held = True
 
     def release(self, step: bool) -> None:
@@ -44,12 +47,14 @@ class WorkerSession:
                 self.channel.send({"op": "progress", "steps": self.steps})
             return
         self.held = False
-        self.granted -= 1
-        sample = memory.sample()
-        if self.granted == 0 and self.empty_cache_after:
+        now = time.monotonic()
+        if now - self.sampled_at >= SAMPLE_PERIOD:
+            self.sample, self.sampled_at = memory.sample(), now
+        if self.empty_cache_after:
             memory.release_cached()
-        self.channel.send({"op": "done", "steps": self.steps, "quantum_left": self.granted,
-                           "mem_persistent": sample.persistent, "mem_peak": sample.peak})
+        self.channel.send({"op": "done", "steps": self.steps,
+                           "mem_persistent": self.sample.persistent,
+                           "mem_peak": self.sample.peak})
 
     def set_total_steps(self, total: int) -> None:
         self.channel.send({"op": "total", "steps": total})
