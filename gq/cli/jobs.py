@@ -109,11 +109,18 @@ def history(
     json_out: bool = typer.Option(False, "--json", help="Print JSON objects."),
     user: Optional[list[str]] = typer.Option(None, "-u", "--user", help="Only these users' jobs."),
     state: Optional[list[str]] = typer.Option(None, "-t", "--state", help="Only these end states."),
+    csv_out: bool = typer.Option(False, "--csv", help="Print a trace for 'gq simulate'."),
 ) -> None:
-    """Finished jobs (like sacct): wait time, run time, JCT and exit code."""
+    """Finished jobs (like sacct): wait time, run time, JCT and exit code.
+
+    --csv writes gq's trace layout, so 'gq simulate --trace' can replay the jobs.
+    """
     states = _states(state) or sorted(TERMINAL)
     with database().read() as session:
         jobs = queries.jobs(session, states=states, users=user or None)
+    if csv_out:
+        _write_trace(jobs)
+        return
     if json_out:
         typer.echo(render.dumps([render.job_json(j) for j in jobs]))
         return
@@ -129,6 +136,20 @@ def history(
                       render.duration(data["wait_time"]), render.duration(data["run_time"]),
                       render.duration(data["jct"]), render.short_time(job.end_time))
     _console().print(table)
+
+
+def _write_trace(jobs) -> None:
+    """Device time alone is best estimated by attained time where iterations were seen."""
+    from gq.sim.traces import TraceJob, write_gq_csv
+
+    ran = [j for j in jobs if j.start_time is not None and j.end_time is not None]
+    first = min((j.submit_time for j in ran), default=0.0)
+    trace = [TraceJob(id=j.id, submit_time=j.submit_time - first,
+                      duration=(j.attained if j.steps_done and j.attained > 0
+                                else max(j.end_time - j.start_time, 1e-3)),
+                      iterations=max(1, j.steps_done), gpus=max(1, j.gpus),
+                      priority=j.priority, user=j.user, mem=j.mem) for j in ran]
+    write_gq_csv(trace, sys.stdout)
 
 
 def logs(

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from gq.cli import cancel, daemon, info, jobs, policy, submit
+from gq.cli import cancel, daemon, info, jobs, policy, simulate, submit
 from gq.errors import UserError
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ app.command("history")(jobs.history)
 app.command("logs")(jobs.logs)
 app.command("cancel")(cancel.cancel)
 app.command("info")(info.info)
+app.command("simulate")(simulate.simulate)
 app.add_typer(policy.app, name="policy")
 app.add_typer(daemon.app, name="daemon")
 

@@ -1,1 +1,1 @@
-"""sim"""
+"""Trace loaders and a discrete-event simulator driven by the real policy objects."""
