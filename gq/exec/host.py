@@ -261,6 +261,8 @@ class Host:
             elif op == "progress":
                 resident.steps_done = int(message["steps"])
                 resident.dirty = True
+            elif op == "finished":
+                self._leave_lane(resident)
         if channel.closed:
             self._drop_channel(resident)
 
@@ -337,6 +339,14 @@ class Host:
         resident.channel = None
         self._release_lane(resident)
 
+    def _leave_lane(self, resident: Resident) -> None:
+        """The job will run no more iterations: policies stop counting it as resident."""
+        lane = self.lanes[resident.lane]
+        if resident in lane.residents:
+            self._release_lane(resident)
+            lane.residents.remove(resident)
+            self._schedule(lane)
+
     def _release_lane(self, resident: Resident) -> None:
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
@@ -361,8 +371,7 @@ class Host:
                 self._drop_channel(resident)
             _kill_group(resident.process.pid, signal.SIGKILL)  # leftover children
             del self.residents[resident.job_id]
-            self.lanes[resident.lane].residents.remove(resident)
-            self._schedule(self.lanes[resident.lane])
+            self._leave_lane(resident)
             report = resident.progress()
             report.update(op="exited", code=code if code >= 0 else None,
                           signal=-code if code < 0 else None)

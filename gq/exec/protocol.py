@@ -7,7 +7,8 @@ the reader drops it (and the connection, since framing is then lost) and logs it
 daemon → host   launch{job}, kill{job, why}, policy{name, fill}, shutdown{}
 host → daemon   started{job, pid}, launch_failed{job, reason}, exited{job, code, signal},
                 progress{jobs: [...]}
-worker → host   ready{}, done{steps, mem_persistent, mem_peak}, total{steps}, progress{steps}
+worker → host   ready{}, done{steps, mem_persistent, mem_peak}, total{steps}, progress{steps},
+                finished{}
 host → worker   go{empty_cache}
 """
 

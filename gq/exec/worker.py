@@ -60,8 +60,10 @@ class WorkerSession:
         self.channel.send({"op": "total", "steps": total})
 
     def finish(self) -> None:
+        """The script is over: free the lane now, not after the interpreter's teardown."""
         if self.held:
             self.release(step=False)
+        self.channel.send({"op": "finished"})
 
 
 def main(argv: list[str]) -> None:
