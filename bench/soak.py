@@ -1,0 +1,72 @@
+"""Soak: many tiny jobs through the real daemon; throughput and the daemon's memory.
+
+  python bench/soak.py [--jobs 2000]
+
+Submits through gq's real CLI entry point (in this process, so 2,000 interpreter starts do
+not dominate), waits until every job ended, and checks that all COMPLETED. Reports jobs per
+second (first submit to last end) and the daemon's RSS at the start and end (target: growth
+under 20 MB). Prints one JSON object, then a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Node  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    args = parser.parse_args()
+    with Node("--kill-wait", "1") as node:
+        os.environ["GQ_HOME"] = node.env["GQ_HOME"]
+        os.chdir(node.dir)
+        from gq.cli.main import main as gq_main
+
+        script = node.dir / "tiny.sh"
+        script.write_text("true\n")
+        daemon = psutil.Process(int((node.dir / "home" / "daemon.pid").read_text()))
+        rss_start = daemon.memory_info().rss
+        started = time.monotonic()
+        ids = []
+        for _ in range(args.jobs):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                if gq_main(["submit", "--parsable", str(script)]) != 0:
+                    raise RuntimeError("submit failed")
+            ids.append(int(out.getvalue()))
+        submitted = time.monotonic()
+        jobs = node.wait_all(ids, timeout=3600)
+        finished = time.monotonic()
+        rss_end = daemon.memory_info().rss
+    states = {}
+    for job in jobs:
+        states[job["state"]] = states.get(job["state"], 0) + 1
+    result = {
+        "jobs": args.jobs, "states": states,
+        "submit_seconds": submitted - started, "total_seconds": finished - started,
+        "jobs_per_second": args.jobs / (finished - started),
+        "daemon_rss_start_mb": rss_start / 2**20, "daemon_rss_end_mb": rss_end / 2**20,
+        "daemon_rss_growth_mb": (rss_end - rss_start) / 2**20,
+    }
+    print(json.dumps(result, indent=2))
+    print(f"\n{args.jobs} jobs: {states}; {result['jobs_per_second']:.1f} jobs/s; daemon RSS "
+          f"{result['daemon_rss_start_mb']:.1f} -> {result['daemon_rss_end_mb']:.1f} MB "
+          f"({result['daemon_rss_growth_mb']:+.1f} MB; target under +20 MB)")
+    if states != {"COMPLETED": args.jobs}:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
