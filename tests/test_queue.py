@@ -30,7 +30,7 @@ def db(tmp_path) -> Database:
 
 def _add(db, name="j") -> int:
     with db.write() as session:
-        return transitions.submit(session, _new_job(name), lambda p, i, n: f"{p}-{i}").id
+        return transitions.submit(session, _new_job(name), lambda p, job: f"{p}-{job.id}")[0].id
 
 
 def test_head_revision_constant_matches_migrations():
@@ -84,8 +84,8 @@ def test_upgrade_from_first_revision_keeps_rows(tmp_path):
         "INSERT INTO jobs (id, name, user, state, priority, gpus, exclusive, requeue, script, "
         "spool_path, args, workdir, stdout_path, stderr_path, env, submit_time, "
         "cancel_requested, run_count, steps_done, attained, holds_lane) VALUES "
-        "(7, 'old', 'ann', 'PENDING', 3, 1, 0, 0, '/s.py', '/spool/s.py', '[]', '/w', "
-        "'/w/o', '/w/o', '{}', 1.0, 0, 0, 0, 0.0, 0)")
+        "(7, 'old', 'ann', 'RUNNING', 3, 1, 0, 0, '/s.py', '/spool/s.py', '[]', '/w', "
+        "'/w/o', '/w/o', '{}', 1.0, 1, 0, 0, 0.0, 0)")
     connection.execute("INSERT INTO job_events (job_id, time, new_state, reason) "
                        "VALUES (7, 1.0, 'PENDING', 'submitted')")
     connection.execute("INSERT INTO settings (key, value) VALUES ('policy', '\"srtf\"')")
@@ -94,7 +94,9 @@ def test_upgrade_from_first_revision_keeps_rows(tmp_path):
     database = Database(home)  # opening upgrades
     with database.read() as session:
         job = queries.job(session, 7)
-        assert (job.name, job.user, job.priority, job.state) == ("old", "ann", 3, "PENDING")
+        assert (job.name, job.user, job.priority, job.state) == ("old", "ann", 3, "RUNNING")
+        assert job.stop_request == "cancel"  # 0002 carried the old cancel flag over
+        assert job.array_job_id is None and not job.held and job.dependency is None
         assert [e.reason for e in queries.events(session, 7)] == ["submitted"]
         from gq.queue import settings
 

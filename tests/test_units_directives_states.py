@@ -50,21 +50,28 @@ def test_directives_read_only_the_first_comment_block():
             "import os\n#GQ --priority 5\n")
     found = directives.read(text, "t.py")
     assert [(d.line, d.tokens) for d in found] == [(3, ["--mem", "6G"]), (5, ["-J", "my job"])]
+    assert all(d.prefix == "#GQ" for d in found)
 
 
 def test_directive_prefix_must_stand_alone():
     assert directives.read("#GQX --mem 1G\n#GQ--mem 1G\n", "t.sh") == []
 
 
-@pytest.mark.parametrize("line", ["#GQ", "#GQ mem=6G", "#GQ --time 'open"])
+@pytest.mark.parametrize("line", ["#GQ", "#GQ mem=6G", "#GQ --time 'open", "#SBATCH x"])
 def test_malformed_directives(line):
-    with pytest.raises(UserError, match="t.sh:1: malformed #GQ directive"):
+    with pytest.raises(UserError, match="t.sh:1: malformed #(GQ|SBATCH) directive"):
         directives.read(line + "\n", "t.sh")
 
 
-def test_terminal_states_have_no_way_out():
+def test_sbatch_directives_are_read_with_their_prefix():
+    found = directives.read("#!/bin/bash\n#SBATCH --mem=4G # a comment\n#GQ -J x\n", "t.sh")
+    assert [(d.prefix, d.tokens) for d in found] == [("#SBATCH", ["--mem=4G"]),
+                                                    ("#GQ", ["-J", "x"])]
+
+
+def test_terminal_states_leave_only_by_requeue():
     for state in TERMINAL:
-        assert ALLOWED[state] == frozenset()
+        assert ALLOWED[state] == frozenset({JobState.PENDING})
 
 
 def test_state_machine_edges():
@@ -72,6 +79,7 @@ def test_state_machine_edges():
     assert allowed(JobState.RUNNING, JobState.PENDING)  # requeue
     assert not allowed(JobState.PENDING, JobState.COMPLETED)
     assert not allowed(JobState.COMPLETED, JobState.RUNNING)
+    assert not allowed(JobState.CANCELLED, JobState.TIMEOUT)
 
 
 @pytest.mark.parametrize("text,state", [("pd", JobState.PENDING), ("R", JobState.RUNNING),

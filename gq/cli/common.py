@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 from gq.errors import UserError
@@ -20,16 +21,35 @@ def database() -> Database:
     return Database(the_home())
 
 
-def parse_job_id(text: str) -> int:
-    if not text.isdigit():
-        raise UserError(f"invalid job id {text!r}: expected a number such as 17")
-    return int(text)
+_LABEL = re.compile(r"^\d+(_\d+)?$")
 
 
-def require_job(session, job_id: int) -> Job:
+def parse_label(text: str) -> str:
+    if not _LABEL.match(text):
+        raise UserError(f"invalid job id {text!r}: expected a number such as 17, or 17_3 for "
+                        "task 3 of array 17")
+    return text
+
+
+def resolve_jobs(session, label: str) -> list[Job]:
+    """The jobs a label names (a whole array for its id); an error if none."""
     from gq.queue import queries
 
-    job = queries.job(session, job_id)
+    jobs = queries.resolve(session, parse_label(label))
+    if not jobs:
+        raise UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
+    return jobs
+
+
+def resolve_one(session, label: str) -> Job:
+    """One job: ``17_3``, or ``17`` (for an array, its first task, as scontrol shows it)."""
+    from gq.queue import queries
+
+    job = None
+    if "_" in parse_label(label):
+        job = next(iter(queries.resolve(session, label)), None)
+    else:
+        job = queries.job(session, int(label))
     if job is None:
-        raise UserError(f"no job {job_id} (see 'gq status --all' for the ids in the queue)")
+        raise UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
     return job

@@ -1,4 +1,4 @@
-"""``#GQ`` directives: options written in a script's first comment block (pure)."""
+"""``#GQ`` and ``#SBATCH`` directives: options in a script's first comment block (pure)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from dataclasses import dataclass
 
 from gq.errors import UserError
 
-PREFIX = "#GQ"
+PREFIXES = ("#GQ", "#SBATCH")
 
 
 @dataclass(frozen=True)
 class Directive:
     line: int
     tokens: list[str]
+    prefix: str  # "#GQ" or "#SBATCH"
 
 
 def read(text: str, source: str) -> list[Directive]:
@@ -25,15 +26,16 @@ def read(text: str, source: str) -> list[Directive]:
             continue
         if not line.startswith("#"):
             break
-        if line.split(maxsplit=1)[0] != PREFIX:
+        prefix = line.split(maxsplit=1)[0]
+        if prefix not in PREFIXES:
             continue
-        body = line[len(PREFIX):]
+        body = line[len(prefix):]
         try:
-            tokens = shlex.split(body, comments=False)
+            tokens = shlex.split(body, comments=prefix == "#SBATCH")
         except ValueError as exc:
-            raise UserError(f"{source}:{number}: malformed #GQ directive: {exc}") from None
+            raise UserError(f"{source}:{number}: malformed {prefix} directive: {exc}") from None
         if not tokens or not tokens[0].startswith("-"):
-            raise UserError(f"{source}:{number}: malformed #GQ directive {line!r}: "
-                            "expected options such as '#GQ --mem 6G'")
-        found.append(Directive(number, tokens))
+            raise UserError(f"{source}:{number}: malformed {prefix} directive {line!r}: "
+                            f"expected options such as '{prefix} --mem 6G'")
+        found.append(Directive(number, tokens, prefix))
     return found

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from gq.cli import render
-from gq.cli.common import database, parse_job_id, require_job
+from gq.cli.common import database, resolve_one
 from gq.errors import UserError
 from gq.queue import queries
 from gq.queue.states import ACTIVE, TERMINAL, JobState
@@ -48,11 +48,32 @@ def status(
                    "REASON"):
         table.add_column(column, no_wrap=True)
     now = time.time()
-    for job in jobs:
-        table.add_row(str(job.id), job.name[:24], job.user, render.state_label(job),
+    for label, job in _fold_pending_arrays(jobs):
+        table.add_row(label, job.name[:24], job.user, render.state_label(job),
                       render.duration(render.elapsed(job, now)), job.device or "-",
                       render.lane_state(job), render.progress(job), _reason(job))
     _console().print(table)
+
+
+def _fold_pending_arrays(jobs) -> list[tuple[str, object]]:
+    """squeue's rows: an array's pending tasks fold into one, e.g. 17_[5-99%8]."""
+    from gq.queue.arrays import fold
+
+    pending: dict[int, list] = {}
+    for job in jobs:
+        if job.array_job_id is not None and job.state == JobState.PENDING.value:
+            pending.setdefault(job.array_job_id, []).append(job)
+    rows, shown = [], set()
+    for job in jobs:
+        tasks = pending.get(job.array_job_id) if job.state == JobState.PENDING.value else None
+        if not tasks:
+            rows.append((job.label, job))
+        elif job.array_job_id not in shown:
+            shown.add(job.array_job_id)
+            label = f"{job.array_job_id}_" + fold([t.array_task_id for t in tasks],
+                                                  job.array_max_running)
+            rows.append((label, job))
+    return rows
 
 
 def _reason(job) -> str:
@@ -62,27 +83,27 @@ def _reason(job) -> str:
 
 
 def show(
-    job_id: str = typer.Argument(..., help="The job id."),
+    job_id: str = typer.Argument(..., help="The job id (17, or 17_3 for an array task)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Everything about one job, with its state history (like scontrol show job)."""
-    jid = parse_job_id(job_id)
     with database().read() as session:
-        job = require_job(session, jid)
-        events = queries.events(session, jid)
+        job = resolve_one(session, job_id)
+        events = queries.events(session, job.id)
     data = render.job_json(job)
     data["events"] = [render.event_json(e) for e in events]
     if json_out:
         typer.echo(render.dumps(data))
         return
     lines = [
-        ("JobId", job.id), ("Name", job.name), ("User", job.user),
+        ("JobId", job.label), ("Name", job.name), ("User", job.user),
         ("State", f"{job.state} ({render.state_label(job)})"), ("Reason", job.reason or "-"),
         ("Priority", job.priority), ("Command", " ".join([job.script, *job.args])),
         ("WorkDir", job.workdir), ("StdOut", job.stdout_path), ("StdErr", job.stderr_path),
         ("Gpus", job.gpus), ("Mem", render.size(job.mem)),
         ("TimeLimit", render.duration(job.time_limit) if job.time_limit else "UNLIMITED"),
         ("Exclusive", "yes" if job.exclusive else "no"), ("Requeue", "yes" if job.requeue else "no"),
+        ("Dependency", job.dependency or "-"), ("Held", "yes" if job.held else "no"),
         ("Device", f"{job.device or '-'}" + (f" lane {job.lane}" if job.lane is not None else "")),
         ("SubmitTime", render.short_time(job.submit_time)),
         ("StartTime", render.short_time(job.start_time)),
@@ -153,14 +174,14 @@ def _write_trace(jobs) -> None:
 
 
 def logs(
-    job_id: str = typer.Argument(..., help="The job id."),
+    job_id: str = typer.Argument(..., help="The job id (17, or 17_3 for an array task)."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
     stderr: bool = typer.Option(False, "--err", help="Show the job's stderr file instead."),
 ) -> None:
     """Print a job's output file (like tail; -f follows it until the job ends)."""
-    jid = parse_job_id(job_id)
     with database().read() as session:
-        job = require_job(session, jid)
+        job = resolve_one(session, job_id)
+    jid = job.label
     path = Path(job.stderr_path if stderr else job.stdout_path)
     if not follow:
         if not path.exists():
@@ -175,7 +196,7 @@ def logs(
         if path.exists():
             offset = _copy(path, offset)
         with database().read() as session:
-            state = JobState(require_job(session, jid).state)
+            state = JobState(resolve_one(session, jid).state)
         if state.terminal:
             if path.exists():
                 _copy(path, offset)

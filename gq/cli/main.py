@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from gq.cli import cancel, daemon, info, jobs, policy, simulate, submit
+from gq.cli import cancel, control, daemon, export, info, jobs, policy, simulate, submit
 from gq.errors import UserError
 
 app = typer.Typer(
@@ -31,10 +31,15 @@ app.command("show")(jobs.show)
 app.command("history")(jobs.history)
 app.command("logs")(jobs.logs)
 app.command("cancel")(cancel.cancel)
+app.command("hold")(control.hold)
+app.command("release")(control.release)
+app.command("requeue")(control.requeue)
+app.command("update")(control.update)
 app.command("info")(info.info)
 app.command("simulate")(simulate.simulate)
 app.add_typer(policy.app, name="policy")
 app.add_typer(daemon.app, name="daemon")
+app.add_typer(export.app, name="export")
 
 
 def main(argv: list[str] | None = None) -> int:

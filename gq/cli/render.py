@@ -38,13 +38,15 @@ def wait_time(job: Job, now: float | None = None) -> float:
 
 def job_json(job: Job) -> dict[str, Any]:
     return {
-        "id": job.id, "name": job.name, "user": job.user, "state": job.state,
+        "id": job.id, "job_id": job.label, "name": job.name, "user": job.user, "state": job.state,
         "priority": job.priority, "device": job.device, "lane": job.lane,
         "submit_time": iso(job.submit_time), "start_time": iso(job.start_time),
         "end_time": iso(job.end_time), "exit_code": job.exit_code,
         "steps_done": job.steps_done, "steps_total": job.steps_total, "reason": job.reason,
         "gpus": job.gpus, "mem": job.mem, "time_limit": job.time_limit,
         "exclusive": job.exclusive, "requeue": job.requeue, "script": job.script,
+        "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
+        "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
         "args": job.args, "workdir": job.workdir, "stdout": job.stdout_path,
         "stderr": job.stderr_path, "pid": job.pid, "run_count": job.run_count,
         "holds_lane": job.holds_lane, "attained": job.attained,

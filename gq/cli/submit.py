@@ -10,9 +10,10 @@ from typing import Any, Optional
 
 import typer
 
-from gq.cli import directives
+from gq.cli import directives, sbatch
 from gq.cli.common import database, the_home
 from gq.errors import UserError
+from gq.queue import arrays
 from gq.units import parse_duration, parse_size
 
 DEFAULT_OUTPUT = "gq-%j.out"
@@ -20,7 +21,8 @@ DEFAULT_OUTPUT = "gq-%j.out"
 HELP = """Queue SCRIPT to run with ARGS on the node's devices (like sbatch).
 
 Prints "Submitted job ID". Options may also be written in the script's first comment
-block as '#GQ --mem 6G' lines; the command line wins. The script is copied into the queue
+block as '#GQ --mem 6G' lines, or as '#SBATCH' lines for the options gq shares with
+sbatch; the command line wins, then #GQ, then #SBATCH. The script is copied into the queue
 now, so later edits do not change this job. .py scripts run with this Python (or --python)
 and are swapped at iteration boundaries; other scripts run via their shebang or bash.
 
@@ -44,6 +46,10 @@ def submit(
     exclusive: bool = typer.Option(False, "--exclusive", help="Take the whole device; share it with no job."),
     requeue: bool = typer.Option(False, "--requeue", help="Requeue instead of failing if the node fails."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter for .py scripts [this one]."),
+    array: Optional[str] = typer.Option(None, "-a", "--array", help="Job array: 0-99%8, 1,3,5, 0-20:5 (%N: at most N at once)."),
+    dependency: Optional[str] = typer.Option(None, "-d", "--dependency", help="afterok|afterany|afternotok|after:ID[:ID] joined by , (all) or ? (any)."),
+    after: Optional[str] = typer.Option(None, "--after", help="Short for --dependency afterok:ID."),
+    hold: bool = typer.Option(False, "-H", "--hold", help="Queue held; 'gq release' lets it run."),
     parsable: bool = typer.Option(False, "--parsable", help="Print only the job id."),
 ) -> None:
     options = _with_directives(ctx, Path(script))
@@ -67,26 +73,47 @@ def _read_script(path: Path) -> bytes:
 
 
 def _with_directives(ctx: typer.Context, script: Path) -> dict[str, Any]:
-    """Command-line values, with #GQ directives filling what the command line left unset."""
+    """Command-line values, then #GQ directives, then #SBATCH ones, for what each left unset."""
     options = dict(ctx.params)
     text = _read_script(script).decode("utf-8", errors="replace")
-    for directive in directives.read(text, str(script)):
-        where = f"{script}:{directive.line}"
-        try:
-            parsed = ctx.command.make_context("gq submit", directive.tokens + [str(script)],
-                                              parent=ctx.parent)
-        except typer.TyperException as exc:
-            message = getattr(exc, "format_message", lambda: str(exc))()
-            raise UserError(f"{where}: malformed #GQ directive: {message}") from None
-        if parsed.params.get("args"):
-            raise UserError(f"{where}: malformed #GQ directive: unexpected "
-                            f"{' '.join(parsed.params['args'])!r}")
-        for name, value in parsed.params.items():
-            from_directive = parsed.get_parameter_source(name).name == "COMMANDLINE"
-            on_command_line = ctx.get_parameter_source(name).name == "COMMANDLINE"
-            if from_directive and not on_command_line and name != "script":
+    found = directives.read(text, str(script))
+    decided = {name for name in options if ctx.get_parameter_source(name).name == "COMMANDLINE"}
+    warned: set[str] = set()
+    for prefix in ("#GQ", "#SBATCH"):
+        chosen: dict[str, Any] = {}
+        for directive in (d for d in found if d.prefix == prefix):
+            tokens = directive.tokens
+            if prefix == "#SBATCH":
+                tokens, ignored = sbatch.translate(tokens)
+                for option in ignored:
+                    if option not in warned:
+                        warned.add(option)
+                        typer.echo(f"gq: warning: {script}:{directive.line}: #SBATCH {option} "
+                                   "is not used by gq (one node, its own devices); ignored",
+                                   err=True)
+                if not tokens:
+                    continue
+            chosen.update(_parse_directive(ctx, tokens, script, directive.line, prefix))
+        for name, value in chosen.items():
+            if name not in decided:
                 options[name] = value
+        decided |= set(chosen)
     return options
+
+
+def _parse_directive(ctx: typer.Context, tokens: list[str], script: Path, line: int,
+                     prefix: str) -> dict[str, Any]:
+    where = f"{script}:{line}"
+    try:
+        parsed = ctx.command.make_context("gq submit", tokens + [str(script)], parent=ctx.parent)
+    except typer.TyperException as exc:
+        message = getattr(exc, "format_message", lambda: str(exc))()
+        raise UserError(f"{where}: malformed {prefix} directive: {message}") from None
+    if parsed.params.get("args"):
+        raise UserError(f"{where}: malformed {prefix} directive: unexpected "
+                        f"{' '.join(parsed.params['args'])!r}")
+    return {name: value for name, value in parsed.params.items()
+            if name != "script" and parsed.get_parameter_source(name).name == "COMMANDLINE"}
 
 
 def _node_devices():
@@ -135,6 +162,13 @@ def _validate(options: dict[str, Any]):
             raise UserError(f"--python {interpreter} is not an executable interpreter")
     elif options["python"]:
         raise UserError("--python applies only to .py scripts")
+    if options["dependency"] and options["after"]:
+        raise UserError("give either --dependency or --after, not both")
+    dependency = options["dependency"] or (f"afterok:{options['after']}" if options["after"]
+                                           else None)
+    if dependency is not None:
+        _check_dependency(dependency)
+    tasks = arrays.parse(options["array"]) if options["array"] else None
     output = options["output"]
     return NewJob(
         name=options["job_name"] or script.name, user=getpass.getuser(), script=str(script),
@@ -142,8 +176,22 @@ def _validate(options: dict[str, Any]):
         output_pattern=output, error_pattern=options["error"] or output, env=dict(os.environ),
         gpus=gpus, mem=mem, time_limit=limit, steps_total=steps,
         priority=options["priority"], exclusive=options["exclusive"],
-        requeue=options["requeue"],
+        requeue=options["requeue"], dependency=dependency, held=options["hold"],
+        array_tasks=tasks.tasks if tasks else None,
+        array_max_running=tasks.max_running if tasks else None,
     )
+
+
+def _check_dependency(text: str) -> None:
+    from gq.queue import dependencies, queries
+
+    parsed = dependencies.parse(text)
+    with database().read() as session:
+        runs = queries.runs_of(session, parsed.job_ids)
+    missing = sorted(job_id for job_id, found in runs.items() if not found)
+    if missing:
+        raise UserError(f"dependency on job {', '.join(map(str, missing))}, which does not exist "
+                        "(see 'gq status --all')")
 
 
 def _enqueue(new, script: Path) -> int:
@@ -151,23 +199,27 @@ def _enqueue(new, script: Path) -> int:
 
     home = the_home()
 
-    def resolve(pattern: str, job_id: int, name: str) -> str:
-        path = pattern.replace("%%", "\0").replace("%j", str(job_id)).replace("%x", name)
-        path = path.replace("%u", new.user).replace("\0", "%")
-        return str(Path(new.workdir, path))
+    def resolve(pattern: str, job) -> str:
+        array_id = job.array_job_id if job.array_job_id is not None else job.id
+        task = job.array_task_id if job.array_task_id is not None else 0
+        path = pattern.replace("%%", "\0")
+        for code, value in (("%j", job.id), ("%x", new.name), ("%u", new.user),
+                            ("%A", array_id), ("%a", task)):
+            path = path.replace(code, str(value))
+        return str(Path(new.workdir, path.replace("\0", "%")))
 
-    job_id = None
+    first = None
     try:
         with database().write() as session:
-            job = transitions.submit(session, new, resolve)
-            job_id = job.id
-            snapshot = spool.snapshot(home, job_id, script)
-            transitions.set_spool_path(session, job_id, str(snapshot))
+            jobs = transitions.submit(session, new, resolve)
+            first = jobs[0].id
+            snapshot = spool.snapshot(home, first, script)
+            transitions.set_spool_path(session, [job.id for job in jobs], str(snapshot))
     except BaseException:
-        if job_id is not None:
-            spool.discard(home, job_id)
+        if first is not None:
+            spool.discard(home, first)
         raise
-    return job_id
+    return first
 
 
 def _announce(job_id: int, parsable: bool) -> None:

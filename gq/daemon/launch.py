@@ -35,6 +35,12 @@ def launch_spec(job: Job, devices: list[Device], lane: int) -> dict[str, Any]:
     env.update(devices_mod.environment(devices))
     env.update(GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name,
                GQ_SCRIPT_DIR=str(Path(job.script).parent))
+    if job.array_job_id is not None:
+        array = {"ARRAY_JOB_ID": str(job.array_job_id), "ARRAY_TASK_ID": str(job.array_task_id)}
+        env.update({f"GQ_{key}": value for key, value in array.items()})
+        # Slurm's names too, so array scripts written for sbatch run unchanged.
+        env.update({f"SLURM_{key}": value for key, value in array.items()})
+        env["SLURM_JOB_ID"] = str(job.id)
     if worker and job.interpreter != sys.executable:
         # Another interpreter may not have gq installed: let it find this one.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), _GQ_ROOT]))

@@ -17,7 +17,7 @@ from gq.daemon.devices import Device, discover
 from gq.daemon.hosts import HostHandle
 from gq.daemon.launch import launch_spec
 from gq.home import Home
-from gq.queue import queries, settings, transitions
+from gq.queue import dependencies, queries, settings, transitions
 from gq.queue.engine import Database
 from gq.queue.models import Job
 from gq.queue.states import JobState
@@ -27,7 +27,12 @@ log = logging.getLogger("gq.daemon")
 POLL_PERIOD = 1.0  # rescan the queue this often even without a poke
 FLUSH_PERIOD = 1.0  # write progress to the DB this often
 HOST_RESTART_DELAY = 1.0
-RESOURCES = "Resources"  # squeue's reason for a job that waits for room on a device
+# squeue's reasons for a pending job
+RESOURCES = "Resources"
+DEPENDENCY = "Dependency"
+HELD = "JobHeldUser"
+ARRAY_LIMIT = "JobArrayTaskLimit"
+NEVER_SATISFIED = "DependencyNeverSatisfied"
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,8 @@ class Running:
     requeue: bool
     footprint: admission.Footprint
     exclusive: bool
-    kill_why: str | None = None  # cancel | timeout | shutdown
+    priority: int
+    kill_why: str | None = None  # cancel | requeue | timeout | shutdown
 
 
 class Daemon:
@@ -234,6 +240,8 @@ class Daemon:
         elif job.kill_why == "timeout":
             limit = format_duration(job.time_limit)
             self._end(job, exit_code, message, JobState.TIMEOUT, f"time limit {limit} reached")
+        elif job.kill_why == "requeue":
+            self._end(job, exit_code, message, JobState.PENDING, "requeued by user", requeue=True)
         elif job.kill_why == "shutdown":
             self._end(job, exit_code, message, JobState.FAILED, "daemon stopped",
                       requeue=job.requeue)
@@ -253,7 +261,8 @@ class Daemon:
             if progress is not None:
                 transitions.record_progress(session, job.job_id, progress)
             if requeue:
-                transitions.requeue(session, job.job_id, f"{reason}; requeued")
+                transitions.requeue(session, job.job_id,
+                                    reason if state is JobState.PENDING else f"{reason}; requeued")
             else:
                 transitions.finish(session, job.job_id, state, exit_code, reason)
         log.info("job %d %s%s", job.job_id, "requeued" if requeue else state.value,
@@ -281,15 +290,61 @@ class Daemon:
         with self.db.read() as session:
             config = settings.get_all(session)
             pending = list(queries.jobs(session, states=[JobState.PENDING]))
-            to_cancel = [j.id for j in queries.cancel_requested(session)]
+            running = list(queries.running(session))
+            referenced = set()
+            for job in pending:
+                if job.dependency:
+                    referenced |= dependencies.parse(job.dependency).job_ids
+            runs = {job_id: [(JobState(j.state), j.start_time is not None) for j in jobs]
+                    for job_id, jobs in queries.runs_of(session, referenced).items()}
         self._apply_policy(config)
-        for job_id in to_cancel:
-            job = self.running.get(job_id)
-            if job is not None and job.kill_why is None:
-                job.kill_why = "cancel"
-                self.hosts[job.host].send({"op": "kill", "job": job_id})
+        self._follow_running(running)
         if pending:
-            self._admit(pending)
+            array_running: dict[int, int] = {}
+            for row in running:
+                if row.array_job_id is not None:
+                    array_running[row.array_job_id] = array_running.get(row.array_job_id, 0) + 1
+            self._admit(self._eligible(pending, runs), array_running)
+
+    def _follow_running(self, rows: list[Job]) -> None:
+        """Stop requests and updates that users made to running jobs."""
+        for row in rows:
+            job = self.running.get(row.id)
+            if job is None:
+                continue
+            if row.stop_request and job.kill_why is None:
+                job.kill_why = row.stop_request
+                self.hosts[job.host].send({"op": "kill", "job": row.id})
+            job.time_limit = row.time_limit
+            if row.priority != job.priority:
+                job.priority = row.priority
+                self.hosts[job.host].send({"op": "update", "job": row.id,
+                                           "priority": row.priority})
+
+    def _eligible(self, pending: list[Job],
+                  runs: dict[int, list[tuple[JobState, bool]]]) -> list[Job]:
+        """Pending jobs that may start now; the others get squeue's reason."""
+        eligible, reasons, never = [], {}, []
+        for job in pending:
+            outcome = (dependencies.evaluate(dependencies.parse(job.dependency), runs)
+                       if job.dependency else dependencies.Outcome.SATISFIED)
+            if job.held:
+                reasons[job.id] = HELD
+            elif outcome is dependencies.Outcome.NEVER:
+                never.append(job.id)
+            elif outcome is dependencies.Outcome.WAITING:
+                reasons[job.id] = DEPENDENCY
+            else:
+                eligible.append(job)
+        with self.db.write() as session:
+            for job_id in never:
+                transitions.cancel_pending(session, job_id, NEVER_SATISFIED)
+            for job in pending:
+                if job.id in reasons and job.reason != reasons[job.id]:
+                    transitions.set_pending_reason(session, job.id, reasons[job.id])
+        if never:
+            self.wake = True  # their dependants may now be unsatisfiable too
+        return eligible
 
     def _apply_policy(self, config: dict) -> None:
         wanted = (config[settings.POLICY], config[settings.FILL])
@@ -301,22 +356,31 @@ class Daemon:
             host.send({"op": "policy", "name": wanted[0], "fill": wanted[1]})
         log.info("policy is now %s (fill %s)", *wanted)
 
-    def _admit(self, pending: list[Job]) -> None:
+    def _admit(self, pending: list[Job], array_running: dict[int, int]) -> None:
         by_id = {job.id: job for job in pending}
         views = [policies.JobView(id=j.id, user=j.user, submit_time=j.submit_time,
                                   priority=j.priority, steps_total=j.steps_total)
                  for j in pending]
-        requests = [admission.Request(v.id, by_id[v.id].gpus, _footprint(by_id[v.id]),
-                                      by_id[v.id].exclusive)
-                    for v in self.policy.order(views)]
+        requests, throttled = [], []
+        admitted = dict(array_running)
+        for view in self.policy.order(views):
+            job = by_id[view.id]
+            if job.array_job_id is not None and job.array_max_running is not None:
+                if admitted.get(job.array_job_id, 0) >= job.array_max_running:
+                    throttled.append(job.id)
+                    continue
+                admitted[job.array_job_id] = admitted.get(job.array_job_id, 0) + 1
+            requests.append(admission.Request(job.id, job.gpus, _footprint(job), job.exclusive))
         placements = admission.place(requests, self._loads())
         placed = {p.job_id for p in placements}
-        waiting = [r.job_id for r in requests
-                   if r.job_id not in placed and by_id[r.job_id].reason != RESOURCES]
-        if waiting:
+        reasons = {r.job_id: RESOURCES for r in requests if r.job_id not in placed}
+        reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
+        changed = {job_id: reason for job_id, reason in reasons.items()
+                   if by_id[job_id].reason != reason}
+        if changed:
             with self.db.write() as session:
-                for job_id in waiting:
-                    transitions.set_pending_reason(session, job_id, RESOURCES)
+                for job_id, reason in changed.items():
+                    transitions.set_pending_reason(session, job_id, reason)
         for placement in placements:
             self._launch(by_id[placement.job_id], placement)
 
@@ -357,7 +421,8 @@ class Daemon:
         running = Running(job_id=job.id, devices=devices, lane=placement.lane,
                           host=placement.devices[0], started=time.monotonic(),
                           time_limit=job.time_limit, requeue=job.requeue,
-                          footprint=_footprint(job), exclusive=job.exclusive)
+                          footprint=_footprint(job), exclusive=job.exclusive,
+                          priority=job.priority)
         self.running[job.id] = running
         try:
             spec = launch_spec(job, devices, placement.lane)

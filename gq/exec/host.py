@@ -165,6 +165,10 @@ class Host:
                 self._launch(message["job"])
             elif op == "kill":
                 self._kill(int(message["job"]))
+            elif op == "update":
+                resident = self.residents.get(int(message["job"]))
+                if resident is not None:
+                    resident.priority = int(message["priority"])
             elif op == "policy":
                 self._set_policy(message.get("name", "fifo"), message.get("fill", "always"))
             elif op == "shutdown":

@@ -4,7 +4,7 @@ Messages are single-line JSON objects with an ``op`` field, over Unix stream soc
 A line longer than ``MAX_MESSAGE`` or one that is not a JSON object is a protocol error:
 the reader drops it (and the connection, since framing is then lost) and logs it.
 
-daemon → host   launch{job}, kill{job, why}, policy{name, fill}, shutdown{}
+daemon → host   launch{job}, kill{job}, update{job, priority}, policy{name, fill}, shutdown{}
 host → daemon   started{job, pid}, launch_failed{job, reason}, exited{job, code, signal},
                 progress{jobs: [...]}
 worker → host   ready{}, done{steps, mem_persistent, mem_peak}, total{steps}, progress{steps},

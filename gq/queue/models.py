@@ -29,6 +29,13 @@ class Job(Base):
     steps_total: Mapped[int | None] = mapped_column(Integer)
     exclusive: Mapped[bool] = mapped_column(Boolean, default=False)
     requeue: Mapped[bool] = mapped_column(Boolean, default=False)
+    dependency: Mapped[str | None] = mapped_column(Text)  # sbatch syntax, e.g. afterok:3:4
+    held: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    # Job arrays: every task is a row; the array's id is its first task's id.
+    array_job_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    array_task_id: Mapped[int | None] = mapped_column(Integer)
+    array_max_running: Mapped[int | None] = mapped_column(Integer)
 
     # How to run it.
     script: Mapped[str] = mapped_column(Text)
@@ -48,7 +55,7 @@ class Job(Base):
     start_time: Mapped[float | None] = mapped_column(Float)
     end_time: Mapped[float | None] = mapped_column(Float)
     exit_code: Mapped[int | None] = mapped_column(Integer)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    stop_request: Mapped[str | None] = mapped_column(String(16))  # cancel | requeue
     run_count: Mapped[int] = mapped_column(Integer, default=0)
 
     # Progress and measurements, flushed by the daemon about once a second.
@@ -59,8 +66,12 @@ class Job(Base):
     mem_peak: Mapped[int | None] = mapped_column(Integer)
     holds_lane: Mapped[bool] = mapped_column(Boolean, default=False)
 
-    def as_row(self) -> dict[str, Any]:
-        return {c.name: getattr(self, c.name) for c in self.__table__.columns}
+    @property
+    def label(self) -> str:
+        """Slurm's spelling: 17, or 17_3 for task 3 of array 17."""
+        if self.array_job_id is None:
+            return str(self.id)
+        return f"{self.array_job_id}_{self.array_task_id}"
 
 
 class JobEvent(Base):

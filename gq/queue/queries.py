@@ -36,7 +36,28 @@ def events(session: Session, job_id: int) -> Sequence[JobEvent]:
     ).all()
 
 
-def cancel_requested(session: Session) -> Sequence[Job]:
-    return session.scalars(
-        select(Job).where(Job.state == JobState.RUNNING.value, Job.cancel_requested.is_(True))
-    ).all()
+def running(session: Session) -> Sequence[Job]:
+    return session.scalars(select(Job).where(Job.state == JobState.RUNNING.value)).all()
+
+
+def runs_of(session: Session, job_ids: Iterable[int]) -> dict[int, list[Job]]:
+    """Each id's job, or every task when the id names a job array."""
+    wanted = list(job_ids)
+    found: dict[int, list[Job]] = {job_id: [] for job_id in wanted}
+    rows = session.scalars(select(Job).where(
+        (Job.id.in_(wanted)) | (Job.array_job_id.in_(wanted)))).all()
+    for job in rows:
+        if job.array_job_id is not None and job.array_job_id in found:
+            found[job.array_job_id].append(job)
+        elif job.id in found and job.array_job_id is None:
+            found[job.id].append(job)
+    return found
+
+
+def resolve(session: Session, label: str) -> list[Job]:
+    """Jobs a user names: ``17`` (a job, or a whole array), ``17_3`` (one task)."""
+    array_id, _, task = label.partition("_")
+    if task:
+        return list(session.scalars(select(Job).where(
+            Job.array_job_id == int(array_id), Job.array_task_id == int(task))).all())
+    return runs_of(session, [int(array_id)])[int(array_id)]

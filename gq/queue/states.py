@@ -52,10 +52,11 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.RUNNING: frozenset(
         {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.PENDING}
     ),
-    JobState.COMPLETED: frozenset(),
-    JobState.FAILED: frozenset(),
-    JobState.CANCELLED: frozenset(),
-    JobState.TIMEOUT: frozenset(),
+    # A finished job leaves its end state only by an explicit requeue (same id, new run).
+    JobState.COMPLETED: frozenset({JobState.PENDING}),
+    JobState.FAILED: frozenset({JobState.PENDING}),
+    JobState.CANCELLED: frozenset({JobState.PENDING}),
+    JobState.TIMEOUT: frozenset({JobState.PENDING}),
 }
 
 

@@ -38,30 +38,43 @@ class NewJob:
     priority: int = 0
     exclusive: bool = False
     requeue: bool = False
+    dependency: str | None = None
+    held: bool = False
+    array_tasks: tuple[int, ...] | None = None
+    array_max_running: int | None = None
     submit_time: float = field(default_factory=time.time)
 
 
-def submit(session: Session, new: NewJob, resolve_output) -> Job:
-    """Insert a PENDING job. ``resolve_output(pattern, job_id, name)`` fills in %j/%x."""
-    job = Job(
-        name=new.name, user=new.user, state=JobState.PENDING.value, priority=new.priority,
-        gpus=new.gpus, mem=new.mem, time_limit=new.time_limit, steps_total=new.steps_total,
-        exclusive=new.exclusive, requeue=new.requeue, script=new.script, spool_path="",
-        args=list(new.args), interpreter=new.interpreter, workdir=new.workdir,
-        stdout_path="", stderr_path="", env=dict(new.env), submit_time=new.submit_time,
-        cancel_requested=False, run_count=0, steps_done=0, attained=0.0, holds_lane=False,
-    )
-    session.add(job)
-    session.flush()
-    job.stdout_path = resolve_output(new.output_pattern, job.id, new.name)
-    job.stderr_path = resolve_output(new.error_pattern, job.id, new.name)
-    session.add(JobEvent(job_id=job.id, time=new.submit_time, old_state=None,
-                         new_state=JobState.PENDING.value, reason="submitted"))
-    return job
+# resolve_output(pattern, job) -> path: fills in %j, %x, %A, %a for one row.
+def submit(session: Session, new: NewJob, resolve_output) -> list[Job]:
+    """Insert the PENDING row, or one per task of a job array (the first id names the array)."""
+    tasks = new.array_tasks if new.array_tasks is not None else (None,)
+    jobs = []
+    for task in tasks:
+        job = Job(
+            name=new.name, user=new.user, state=JobState.PENDING.value, priority=new.priority,
+            gpus=new.gpus, mem=new.mem, time_limit=new.time_limit, steps_total=new.steps_total,
+            exclusive=new.exclusive, requeue=new.requeue, dependency=new.dependency,
+            held=new.held, script=new.script, spool_path="", args=list(new.args),
+            interpreter=new.interpreter, workdir=new.workdir, stdout_path="", stderr_path="",
+            env=dict(new.env), submit_time=new.submit_time, stop_request=None, run_count=0,
+            steps_done=0, attained=0.0, holds_lane=False, array_task_id=task,
+            array_max_running=new.array_max_running if task is not None else None,
+        )
+        session.add(job)
+        session.flush()
+        if task is not None:
+            job.array_job_id = jobs[0].id if jobs else job.id
+        job.stdout_path = resolve_output(new.output_pattern, job)
+        job.stderr_path = resolve_output(new.error_pattern, job)
+        session.add(JobEvent(job_id=job.id, time=new.submit_time, old_state=None,
+                             new_state=JobState.PENDING.value, reason="submitted"))
+        jobs.append(job)
+    return jobs
 
 
-def set_spool_path(session: Session, job_id: int, path: str) -> None:
-    session.execute(update(Job).where(Job.id == job_id).values(spool_path=path))
+def set_spool_path(session: Session, job_ids: list[int], path: str) -> None:
+    session.execute(update(Job).where(Job.id.in_(job_ids)).values(spool_path=path))
 
 
 def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: str | None,
@@ -84,7 +97,7 @@ def start(session: Session, job_id: int, device: str, lane: int,
           now: float | None = None) -> bool:
     now = time.time() if now is None else now
     return _move(session, job_id, JobState.PENDING, JobState.RUNNING, None, now,
-                 device=device, lane=lane, pid=None, cancel_requested=False, start_time=now, end_time=None, exit_code=None,
+                 device=device, lane=lane, pid=None, stop_request=None, start_time=now, end_time=None, exit_code=None,
                  run_count=Job.run_count + 1, steps_done=0, attained=0.0)
 
 
@@ -113,7 +126,7 @@ def finish(session: Session, job_id: int, state: JobState, exit_code: int | None
 def requeue(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:
     """Put a RUNNING job back in the queue (its run was lost, not its submission)."""
     return _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now,
-                 device=None, lane=None, pid=None, holds_lane=False, cancel_requested=False)
+                 device=None, lane=None, pid=None, holds_lane=False, stop_request=None)
 
 
 def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:
@@ -121,12 +134,56 @@ def cancel_pending(session: Session, job_id: int, reason: str, now: float | None
     return _move(session, job_id, JobState.PENDING, JobState.CANCELLED, reason, now, end_time=now)
 
 
-def request_cancel(session: Session, job_id: int) -> bool:
-    """Flag a RUNNING job; the daemon kills it and records CANCELLED when it has exited."""
+CANCEL, REQUEUE = "cancel", "requeue"
+
+
+def request_stop(session: Session, job_id: int, what: str) -> bool:
+    """Ask the daemon to end a RUNNING job: it kills it, then records CANCELLED (cancel) or
+    puts it back in the queue (requeue) once it has exited."""
+    assert what in (CANCEL, REQUEUE)
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.state == JobState.RUNNING.value)
-        .values(cancel_requested=True)
+        .values(stop_request=what)
+    )
+    return result.rowcount == 1
+
+
+def requeue_finished(session: Session, job: Job, now: float | None = None) -> bool:
+    """Run an ended job again under the same id."""
+    state = JobState(job.state)
+    if not state.terminal:
+        return False
+    return _move(session, job.id, state, JobState.PENDING, "requeued by user", now,
+                 device=None, lane=None, pid=None, start_time=None, end_time=None,
+                 exit_code=None, holds_lane=False, stop_request=None)
+
+
+def set_held(session: Session, job_id: int, held: bool) -> bool:
+    """Hold or release a PENDING job (squeue's JobHeldUser)."""
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.state == JobState.PENDING.value)
+        .values(held=held, reason="JobHeldUser" if held else None)
+    )
+    return result.rowcount == 1
+
+
+def modify(session: Session, job: Job, *, name: str | None = None, priority: int | None = None,
+           time_limit: int | None = None) -> bool:
+    """gq update: anything on a PENDING job; time limit and priority on a RUNNING one too."""
+    values: dict[str, Any] = {}
+    if name is not None:
+        if job.state != JobState.PENDING.value:
+            return False
+        values["name"] = name
+    if priority is not None:
+        values["priority"] = priority
+    if time_limit is not None:
+        values["time_limit"] = time_limit
+    result = session.execute(
+        update(Job).where(Job.id == job.id, Job.state == job.state,
+                          Job.state.in_([JobState.PENDING.value, JobState.RUNNING.value]))
+        .values(**values)
     )
     return result.rowcount == 1
 

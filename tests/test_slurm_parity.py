@@ -1,0 +1,216 @@
+"""Slurm habits through the real CLI and daemon: arrays, dependencies, hold, requeue,
+update, #SBATCH scripts and export to sbatch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from conftest import all_jobs, gq, gq_ok, job, submit, wait_for, wait_state, write_script
+
+
+def test_array_never_runs_more_than_its_limit_and_each_task_sees_its_index(daemon, tmp_path):
+    log = tmp_path / "running.log"
+    script = write_script(tmp_path / "task.sh", (
+        f"echo start $GQ_ARRAY_TASK_ID $(date +%s.%N) >> {log}\n"
+        "echo task=$GQ_ARRAY_TASK_ID slurm=$SLURM_ARRAY_TASK_ID array=$GQ_ARRAY_JOB_ID "
+        "sarray=$SLURM_ARRAY_JOB_ID jobid=$SLURM_JOB_ID\n"
+        "sleep 0.3\n"
+        f"echo end $GQ_ARRAY_TASK_ID $(date +%s.%N) >> {log}\n"
+    ))
+    array_id = submit("--array", "0-9%2", "-o", "arr-%A_%a.out", str(script))
+    status = gq_ok("status")
+    assert f"{array_id}_[" in status and "%2]" in status
+    tasks = [j for j in all_jobs() if j["array_job_id"] == array_id]
+    assert sorted(t["array_task_id"] for t in tasks) == list(range(10))
+    for task in tasks:
+        wait_state(task["id"], "COMPLETED", timeout=60)
+    running, peak = 0, 0
+    events = sorted((float(t), kind) for kind, _, t in
+                    (line.split() for line in log.read_text().splitlines()))
+    for _, kind in events:
+        running += 1 if kind == "start" else -1
+        peak = max(peak, running)
+    assert peak <= 2
+    for task in tasks:
+        index = task["array_task_id"]
+        out = (tmp_path / f"arr-{array_id}_{index}.out").read_text()
+        assert out.strip() == (f"task={index} slurm={index} array={array_id} sarray={array_id} "
+                               f"jobid={task['id']}")
+        assert task["job_id"] == f"{array_id}_{index}"
+
+
+def test_cancel_one_task_or_the_whole_array(daemon, tmp_path):
+    script = write_script(tmp_path / "s.sh", "sleep 300\n")
+    array_id = submit("--array", "0-4%1", str(script))
+    wait_for(lambda: any(j["state"] == "RUNNING" for j in all_jobs()), 10, what="a task")
+    assert gq_ok("cancel", f"{array_id}_3").strip() == f"Cancelled job {array_id}_3"
+    states = {j["array_task_id"]: j["state"] for j in all_jobs()}
+    assert states[3] == "CANCELLED" and states[4] == "PENDING"
+    gq_ok("cancel", str(array_id))
+    wait_for(lambda: all(j["state"] == "CANCELLED" for j in all_jobs()), 10,
+             what="every task cancelled")
+
+
+def test_afterok_chain_runs_in_order(daemon, tmp_path):
+    log = tmp_path / "order.log"
+    script = write_script(tmp_path / "step.sh", f"sleep 0.2\necho $GQ_JOB_NAME >> {log}\n")
+    first = submit("-J", "one", str(script))
+    second = submit("-J", "two", "--dependency", f"afterok:{first}", str(script))
+    third = submit("-J", "three", "--after", str(second), str(script))
+    assert job(third)["dependency"] == f"afterok:{second}"
+    wait_for(lambda: job(second)["reason"] == "Dependency", 10, what="Dependency reason")
+    wait_state(third, "COMPLETED", timeout=30)
+    assert log.read_text().split() == ["one", "two", "three"]
+
+
+def test_failing_head_cancels_the_chain_with_the_slurm_reason(daemon, tmp_path):
+    failing = write_script(tmp_path / "fail.sh", "exit 1\n")
+    fine = write_script(tmp_path / "fine.sh", "true\n")
+    head = submit(str(failing))
+    second = submit("--dependency", f"afterok:{head}", str(fine))
+    third = submit("--dependency", f"afterok:{second}", str(fine))
+    rescue = submit("--dependency", f"afternotok:{head}", str(fine))
+    for dependant in (second, third):
+        info = wait_state(dependant, "CANCELLED", timeout=30)
+        assert info["reason"] == "DependencyNeverSatisfied"
+        assert info["run_count"] == 0
+    wait_state(rescue, "COMPLETED", timeout=30)
+
+
+def test_hold_and_release(daemon, tmp_path):
+    marker = tmp_path / "ran"
+    script = write_script(tmp_path / "h.sh", f"touch {marker}\n")
+    held = submit("--hold", str(script))
+    time.sleep(1.2)
+    info = job(held)
+    assert info["state"] == "PENDING" and info["held"] and info["reason"] == "JobHeldUser"
+    assert "JobHeldUser" in gq_ok("status")
+    other = submit("--exclusive", str(write_script(tmp_path / "b.sh", "sleep 300\n")))
+    wait_state(other, "RUNNING")
+    queued = submit(str(script))
+    assert gq_ok("hold", str(queued)).strip() == f"Held job {queued}"
+    gq_ok("cancel", str(other))
+    time.sleep(1.2)
+    assert job(queued)["state"] == "PENDING" and not marker.exists()
+    assert gq_ok("release", str(held), str(queued)).split("\n")[0] == f"Released job {held}"
+    wait_state(held, "COMPLETED")
+    wait_state(queued, "COMPLETED")
+    result = gq("hold", str(held))
+    assert result.code == 1 and "only pending jobs can be held" in result.err
+
+
+def test_requeue_of_a_completed_job_reruns_it_with_the_same_id(daemon, tmp_path):
+    log = tmp_path / "runs.log"
+    script = write_script(tmp_path / "r.sh", f"echo $GQ_JOB_ID >> {log}\n")
+    job_id = submit(str(script))
+    wait_state(job_id, "COMPLETED")
+    assert gq_ok("requeue", str(job_id)).strip() == f"Requeued job {job_id}"
+    wait_for(lambda: len(log.read_text().split()) == 2, 10, what="the second run")
+    info = wait_state(job_id, "COMPLETED")
+    assert info["run_count"] == 2 and log.read_text().split() == [str(job_id)] * 2
+    assert ("COMPLETED", "PENDING", "requeued by user") in [
+        (e["old_state"], e["new_state"], e["reason"]) for e in info["events"]]
+
+
+def test_requeue_of_a_running_job_restarts_it(daemon, tmp_path):
+    script = write_script(tmp_path / "rr.sh", "sleep 300\n")
+    job_id = submit(str(script))
+    wait_state(job_id, "RUNNING")
+    assert "Requeueing job" in gq_ok("requeue", str(job_id))
+    wait_for(lambda: job(job_id)["run_count"] == 2, 15, what="the restart")
+    assert job(job_id)["state"] == "RUNNING"
+    gq_ok("cancel", str(job_id))
+    wait_state(job_id, "CANCELLED")
+
+
+def test_update_pending_and_running_jobs(daemon, tmp_path):
+    script = write_script(tmp_path / "u.sh", "sleep 300\n")
+    running = submit("--exclusive", str(script))
+    wait_state(running, "RUNNING")
+    pending = submit(str(script))
+    gq_ok("update", str(pending), "--priority", "9", "--time", "5:00", "-J", "renamed")
+    info = job(pending)
+    assert (info["priority"], info["time_limit"], info["name"]) == (9, 300, "renamed")
+    gq_ok("update", str(running), "--time", "0:01")  # a running job's limit, applied now
+    info = wait_state(running, "TIMEOUT", timeout=15)
+    assert info["time_limit"] == 1
+    result = gq("update", str(running), "-J", "late")
+    assert result.code == 1 and "only a pending job can be renamed" in result.err
+    gq_ok("cancel", str(pending))
+
+
+def test_sbatch_script_runs_with_its_name_memory_and_time_limit(daemon, tmp_path):
+    script = write_script(tmp_path / "slurm_job.sh", (
+        "#!/bin/bash\n"
+        "#SBATCH --job-name=from-slurm\n"
+        "#SBATCH --mem=2G\n"
+        "#SBATCH --time=0:02\n"
+        "#SBATCH --nodes=1 --ntasks=1\n"
+        "#SBATCH --partition=gpu\n"
+        "#SBATCH --output=slurm-%j.out\n"
+        "echo \"running as $GQ_JOB_NAME\"\n"
+        "sleep 30\n"
+    ), 0o755)
+    result = gq("submit", "--parsable", str(script))
+    assert result.code == 0
+    warnings = result.err.strip().splitlines()
+    assert len(warnings) == 3 and all("ignored" in w for w in warnings)
+    assert {w.split("#SBATCH ")[1].split()[0] for w in warnings} == {"--nodes", "--ntasks",
+                                                                   "--partition"}
+    job_id = int(result.out)
+    info = wait_state(job_id, "TIMEOUT", timeout=15)
+    assert info["name"] == "from-slurm" and info["mem"] == 2 << 30 and info["time_limit"] == 2
+    assert "running as from-slurm" in (tmp_path / f"slurm-{job_id}.out").read_text()
+
+
+def test_gq_directives_win_over_sbatch_and_command_line_over_both(home, tmp_path):
+    script = write_script(tmp_path / "both.sh", (
+        "#SBATCH -J slurm-name --mem=1G --time=10\n"
+        "#GQ -J gq-name\n"
+        "true\n"
+    ))
+    info = job(submit("--mem", "3G", str(script)))
+    assert (info["name"], info["mem"], info["time_limit"]) == ("gq-name", 3 << 30, 600)
+
+
+def test_export_slurm_inlines_the_snapshot_and_translates_options(home, tmp_path):
+    script = write_script(tmp_path / "exp.py", "import sys\nprint('args', sys.argv[1:])\n")
+    job_id = submit("-J", "exported", "--mem", "512M", "-t", "1:30:00", "--requeue",
+                    str(script), "--lr", "3e-4")
+    script.write_text("print('edited later')\n")
+    text = gq_ok("export", "slurm", str(job_id))
+    assert text.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --job-name=exported", "#SBATCH --gres=gpu:1", "#SBATCH --mem=512M",
+                 "#SBATCH --time=1:30:00", "#SBATCH --requeue", "#SBATCH --output="):
+        assert line in text
+    assert "print('args', sys.argv[1:])" in text and "edited later" not in text
+    exported = tmp_path / "exported.sbatch"
+    exported.write_text(text)
+    run = subprocess.run(["bash", str(exported)], capture_output=True, text=True,
+                         cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)})
+    # sbatch would run it the same way: bash, on the cluster's python3.
+    assert run.returncode == 0, run.stderr
+    assert "args ['--lr', '3e-4']" in run.stdout
+
+
+def test_dependency_on_missing_job_is_refused(home, tmp_path):
+    script = write_script(tmp_path / "d.sh", "true\n")
+    for args in (["--after", "42"], ["--dependency", "afterok:42"]):
+        result = gq("submit", *args, str(script))
+        assert result.code == 2 and "dependency on job 42, which does not exist" in result.err
+    result = gq("submit", "--dependency", "whenever:1", str(script))
+    assert result.code == 2 and "invalid dependency" in result.err
+    result = gq("submit", "--array", "9-1", str(script))
+    assert result.code == 2 and "empty range" in result.err
+    assert all_jobs() == []
+
+
+def test_status_json_for_arrays(home, tmp_path):
+    script = write_script(tmp_path / "j.sh", "true\n")
+    array_id = submit("--array", "1,3", str(script))
+    rows = json.loads(gq_ok("status", "--json"))
+    assert [(r["job_id"], r["array_task_id"]) for r in rows] == [
+        (f"{array_id}_1", 1), (f"{array_id}_3", 3)]
+    assert gq_ok("show", f"{array_id}_3").splitlines()[0].endswith(f"{array_id}_3")
