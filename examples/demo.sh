@@ -6,8 +6,8 @@ gq() { python3 -m gq "$@"; }
 
 gq daemon start
 gq policy set srtf
-gq submit -J long --steps 600 train.py --steps 600
-gq submit -J short --steps 60 train.py --steps 60
+gq submit -J long --steps 1500 train.py --steps 1500
+gq submit -J short --steps 150 train.py --steps 150
 gq submit hello.sh
 sleep 1
 gq status
@@ -17,4 +17,8 @@ while [ -n "$(gq status --json | python3 -c 'import json,sys; print(json.load(sy
 done
 gq status --all
 gq history
+echo "completion order: $(gq history --json | python3 -c '
+import json, sys
+jobs = sorted(json.load(sys.stdin), key=lambda j: j["end_time"])
+print(", ".join(j["name"] for j in jobs))')"
 gq info

@@ -12,14 +12,18 @@ from torch import nn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=200)
-parser.add_argument("--lr", type=float, default=1e-2)
-parser.add_argument("--width", type=int, default=64)
+parser.add_argument("--lr", type=float, default=1e-3)
+parser.add_argument("--width", type=int, default=512)
 args = parser.parse_args()
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
 device = torch.device(os.environ.get("GQ_DEVICE", "cpu"))
-model = nn.Sequential(nn.Linear(32, args.width), nn.ReLU(), nn.Linear(args.width, 1)).to(device)
+model = nn.Sequential(
+    nn.Linear(32, args.width), nn.ReLU(),
+    nn.Linear(args.width, args.width), nn.ReLU(),
+    nn.Linear(args.width, 1),
+).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 inputs = torch.randn(32, 32, device=device)
 targets = inputs.sum(dim=1, keepdim=True)

@@ -128,3 +128,43 @@ def test_daemon_stop_ends_running_jobs_with_a_reason(daemon, tmp_path):
     gq_ok("daemon", "stop")
     assert job(plain)["state"] == "FAILED" and job(plain)["reason"] == "daemon stopped"
     assert job(requeued)["state"] == "PENDING"
+
+
+def test_foreground_daemon_for_systemd(home, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    process = subprocess.Popen([sys.executable, "-m", "gq", "daemon", "start", "--foreground"],
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: gq("daemon", "status").code == 0, 20, what="the foreground daemon")
+        assert gq_ok("daemon", "status").strip() == f"gq daemon is running (pid {process.pid})"
+        script = write_script(tmp_path / "fg.sh", "true\n")
+        wait_state(submit(str(script)), "COMPLETED")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    assert gq("daemon", "status").code == 1
+
+
+def test_cancel_and_time_limit_of_resident_jobs_waiting_for_their_lane(daemon, tmp_path):
+    from pathlib import Path
+
+    train = str(Path(__file__).parent / "jobs" / "sleepy_train.py")
+    holder = submit(train, "--steps", "3000", "--iter-ms", "5")  # fifo: holds the lane
+    waiter = submit(train, "--steps", "100", "--iter-ms", "5")
+    limited = submit("-t", "0:03", train, "--steps", "100", "--iter-ms", "5")
+    wait_for(lambda: job(holder)["steps_done"] > 0, 60, what="the holder to iterate")
+    assert job(waiter)["state"] == "RUNNING" and job(waiter)["steps_done"] == 0
+    gq_ok("cancel", str(waiter))
+    assert wait_state(waiter, "CANCELLED", timeout=10)["steps_done"] == 0
+    info = wait_state(limited, "TIMEOUT", timeout=20)
+    assert info["steps_done"] == 0
+    assert job(holder)["state"] == "RUNNING"
+    gq_ok("cancel", str(holder))
+    wait_state(holder, "CANCELLED")

@@ -185,13 +185,14 @@ def test_resident_cap_and_exclusive(home, tmp_path):
     control.start("--max-resident", "2")
     try:
         script = write_script(tmp_path / "s.sh", "sleep 300\n")
-        first, second, third = (submit(str(script)) for _ in range(3))
+        first, second, third, fourth = (submit(str(script)) for _ in range(4))
         wait_state(first, "RUNNING")
         wait_state(second, "RUNNING")
         info = wait_for(lambda: (j := job(third))["reason"] == "Resources" and j, 10,
                         what="third job to wait for resources")
         assert info["state"] == "PENDING"
-        gq_ok("cancel", str(first))
+        assert job(fourth)["reason"] == "Priority"  # behind the third, as squeue says
+        gq_ok("cancel", str(first), str(fourth))
         wait_state(third, "RUNNING")
         exclusive = submit("--exclusive", str(script))
         time.sleep(0.5)
@@ -232,3 +233,31 @@ def test_info_lists_lanes_and_resident_jobs(daemon, tmp_path):
     text = gq_ok("info")
     assert "1 lane(s) per device" in text and f"job {job_id} (s.sh)" in text
     gq_ok("cancel", str(job_id))
+
+
+def test_measured_memory_counts_for_admission(home, tmp_path):
+    """A job that gave no --mem is admitted on what it is measured to use (RSS here)."""
+    from conftest import DaemonControl
+
+    control = DaemonControl(home)
+    control.start("--cpu-memory", "1G", "--max-resident", "8")
+    try:
+        hog = write_script(tmp_path / "hog.py", (
+            "import gq, time\n"
+            "held = b'x' * (600 << 20)  # resident: every page written\n"
+            "for _ in gq.steps(range(3000)):\n"
+            "    time.sleep(0.01)\n"
+        ))
+        hog_id = submit(str(hog))
+        wait_for(lambda: (job(hog_id)["mem_persistent"] or 0) > 600 << 20, 20,
+                 what="the hog's memory to be measured")
+        small = write_script(tmp_path / "small.sh", "true\n")
+        second = submit("--mem", "500M", str(small))
+        info = wait_for(lambda: (j := job(second))["reason"] == "Resources" and j, 10,
+                        what="the second job to wait for memory")
+        assert info["state"] == "PENDING"
+        assert json.loads(gq_ok("info", "--json"))["devices"][0]["memory_total"] == 1 << 30
+        gq_ok("cancel", str(hog_id))
+        wait_state(second, "COMPLETED")
+    finally:
+        control.stop()

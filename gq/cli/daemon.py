@@ -7,18 +7,22 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import typer
 
 from gq.cli.common import the_home
 from gq.errors import UserError
+from gq.units import parse_size
 
 app = typer.Typer(help="Start, stop or check the node daemon.", no_args_is_help=True)
 
 
-def _daemon_argv(lanes: int, max_resident: int, kill_wait: float) -> list[str]:
-    return [sys.executable, "-m", "gq.daemon", "--lanes", str(lanes),
+def _daemon_argv(lanes: int, max_resident: int, kill_wait: float,
+                 cpu_memory: int | None) -> list[str]:
+    argv = [sys.executable, "-m", "gq.daemon", "--lanes", str(lanes),
             "--max-resident", str(max_resident), "--kill-wait", str(kill_wait)]
+    return argv + (["--cpu-memory", str(cpu_memory)] if cpu_memory is not None else [])
 
 
 @app.command()
@@ -27,18 +31,20 @@ def start(
     lanes: int = typer.Option(1, "--lanes", help="Lanes per device: iterations that run at once."),
     max_resident: int = typer.Option(4, "--max-resident", help="Jobs kept resident per device."),
     kill_wait: float = typer.Option(10.0, "--kill-wait", help="Seconds between SIGTERM and SIGKILL."),
+    cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory", help="Memory the cpu device offers jobs (e.g. 8G) [all RAM]."),
 ) -> None:
     """Start the node daemon (detached unless --foreground); logs go to GQ_HOME/daemon.log."""
     from gq.daemon.control import running_pid
 
     if lanes < 1 or max_resident < 1 or kill_wait < 0:
         raise UserError("--lanes and --max-resident must be at least 1, --kill-wait not negative")
+    cpu_bytes = parse_size(cpu_memory) if cpu_memory is not None else None
     home = the_home()
     pid = running_pid(home)
     if pid is not None:
         typer.echo(f"gq daemon is already running (pid {pid})")
         return
-    argv = _daemon_argv(lanes, max_resident, kill_wait)
+    argv = _daemon_argv(lanes, max_resident, kill_wait, cpu_bytes)
     if foreground:
         os.execv(argv[0], argv)
     with open(home.daemon_log, "ab") as log:

@@ -9,7 +9,7 @@ import selectors
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gq import policies
 from gq.daemon import admission, control, recovery
@@ -29,6 +29,7 @@ FLUSH_PERIOD = 1.0  # write progress to the DB this often
 HOST_RESTART_DELAY = 1.0
 # squeue's reasons for a pending job
 RESOURCES = "Resources"
+PRIORITY = "Priority"
 DEPENDENCY = "Dependency"
 HELD = "JobHeldUser"
 ARRAY_LIMIT = "JobArrayTaskLimit"
@@ -40,6 +41,7 @@ class DaemonOptions:
     lanes: int = 1
     max_resident: int = 4
     kill_grace: float = 10.0
+    cpu_memory: int | None = None  # bytes the cpu device offers jobs [all of RAM]
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Running:
     footprint: admission.Footprint
     exclusive: bool
     priority: int
+    measured: admission.Footprint | None = None  # from the job's own memory reports
     kill_why: str | None = None  # cancel | requeue | timeout | shutdown
 
 
@@ -63,6 +66,9 @@ class Daemon:
         self.options = options
         self.db = Database(home)
         self.devices, self.device_note = discover()
+        if options.cpu_memory is not None:
+            self.devices = [replace(d, memory_total=options.cpu_memory) if d.kind == "cpu" else d
+                            for d in self.devices]
         self.hosts: dict[str, HostHandle] = {}
         self.host_down_since: dict[str, float] = {}
         self.running: dict[int, Running] = {}
@@ -168,6 +174,7 @@ class Daemon:
         info = {"pid": os.getpid(), "started": self.started_at,
                 "devices": [d.as_dict() for d in self.devices], "note": self.device_note,
                 "lanes": self.options.lanes, "max_resident": self.options.max_resident,
+                "cpu_memory": self.options.cpu_memory,
                 "kill_grace": self.options.kill_grace}
         with self.db.write() as session:
             settings.put(session, settings.DAEMON, info)
@@ -221,7 +228,12 @@ class Daemon:
                 self._on_exit(message)
             elif op == "progress":
                 for item in message["jobs"]:
-                    self.progress[int(item["job"])] = _progress(item)
+                    progress = self.progress[int(item["job"])] = _progress(item)
+                    job = self.running.get(int(item["job"]))
+                    if job is not None and progress.mem_persistent is not None:
+                        job.measured = admission.Footprint(
+                            progress.mem_persistent,
+                            max(0, (progress.mem_peak or 0) - progress.mem_persistent))
             else:
                 log.warning("unknown op from host %s: %r", name, op)
         if host.channel.closed and name in self.hosts:
@@ -373,7 +385,9 @@ class Daemon:
             requests.append(admission.Request(job.id, job.gpus, _footprint(job), job.exclusive))
         placements = admission.place(requests, self._loads())
         placed = {p.job_id for p in placements}
-        reasons = {r.job_id: RESOURCES for r in requests if r.job_id not in placed}
+        blocked = [r.job_id for r in requests if r.job_id not in placed]
+        # As squeue says it: the first blocked job waits for Resources, the rest behind it.
+        reasons = {job_id: RESOURCES if i == 0 else PRIORITY for i, job_id in enumerate(blocked)}
         reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
         changed = {job_id: reason for job_id, reason in reasons.items()
                    if by_id[job_id].reason != reason}
@@ -401,16 +415,15 @@ class Daemon:
                     continue
                 load.residents += 1
                 load.exclusive |= job.exclusive or len(job.devices) > 1
-                load.lanes[job.lane].footprints.append(self._measured(job))
+                load.lanes[job.lane].footprints.append(self._footprint_now(job))
         return list(loads.values())
 
-    def _measured(self, job: Running) -> admission.Footprint:
-        progress = self.progress.get(job.job_id)
-        if progress is None or progress.mem_persistent is None:
+    @staticmethod
+    def _footprint_now(job: Running) -> admission.Footprint:
+        """What the job asked for (--mem), or what it was measured to use, if more."""
+        if job.measured is None:
             return job.footprint
-        measured = admission.Footprint(progress.mem_persistent,
-                                       max(0, (progress.mem_peak or 0) - progress.mem_persistent))
-        return max(job.footprint, measured, key=lambda f: f.persistent + f.ephemeral)
+        return max(job.footprint, job.measured, key=lambda f: f.persistent + f.ephemeral)
 
     def _launch(self, job: Job, placement: admission.Placement) -> None:
         devices = [d for d in self.devices if d.name in placement.devices]
