@@ -29,7 +29,7 @@ from gq.sim.simulator import simulate  # noqa: E402
 from gq.sim.traces import TraceJob, load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = str(Path(__file__).resolve().parent / "jobs" / "trace_job.py")
+JOB = str(Path(__file__).resolve().parents[1] / "examples" / "kernel_train.py")
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "tiresias-60.csv"
 
 

@@ -155,7 +155,7 @@ def test_foreground_daemon_for_systemd(home, tmp_path):
 def test_cancel_and_time_limit_of_resident_jobs_waiting_for_their_lane(daemon, tmp_path):
     from pathlib import Path
 
-    train = str(Path(__file__).parent / "jobs" / "sleepy_train.py")
+    train = str(Path(__file__).resolve().parents[1] / "examples" / "kernel_train.py")
     holder = submit(train, "--steps", "3000", "--iter-ms", "5")  # fifo: holds the lane
     waiter = submit(train, "--steps", "100", "--iter-ms", "5")
     limited = submit("-t", "0:03", train, "--steps", "100", "--iter-ms", "5")

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import PYTHON, gq_ok, job, submit, wait_for, wait_state, write_script
 
-TRAIN = str(Path(__file__).parent / "jobs" / "sleepy_train.py")
+TRAIN = str(Path(__file__).resolve().parents[1] / "examples" / "kernel_train.py")
 
 
 def ts(value: str) -> float:

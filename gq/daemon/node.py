@@ -22,6 +22,7 @@ from gq.queue.engine import Database
 from gq.queue.models import Job
 from gq.queue.states import JobState
 from gq.units import format_duration
+from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.daemon")
 POLL_PERIOD = 1.0  # rescan the queue this often even without a poke
@@ -88,12 +89,7 @@ class Daemon:
                 log.warning("recovered %d job(s) left running: %s", len(recovered), recovered)
             poke_socket = control.bind_poke_socket(self.home)
             self.selector.register(poke_socket, selectors.EVENT_READ, "poke")
-            wake_read, wake_write = socket.socketpair()
-            wake_read.setblocking(False)
-            wake_write.setblocking(False)
-            signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-                signal.signal(signum, lambda *_: None)
+            wake_read = signal_socket((signal.SIGTERM, signal.SIGINT, signal.SIGCHLD))
             self.selector.register(wake_read, selectors.EVENT_READ, "signal")
             for device in self.devices:
                 self._start_host(device)
@@ -154,10 +150,7 @@ class Daemon:
                 return
 
     def _on_signals(self, wake_read: socket.socket) -> None:
-        try:
-            signums = wake_read.recv(4096)
-        except BlockingIOError:
-            return
+        signums = received(wake_read)
         if (signal.SIGTERM in signums or signal.SIGINT in signums) and not self.stopping:
             self._begin_stop()
 

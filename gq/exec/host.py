@@ -22,6 +22,7 @@ from typing import Any
 from gq import policies
 from gq.exec.protocol import Channel
 from gq.policies.base import JobView
+from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.host")
 _PR_SET_PDEATHSIG = 1
@@ -109,12 +110,7 @@ class Host:
 
     # ----- the loop -------------------------------------------------------------------
     def run(self) -> None:
-        wake_read, wake_write = socket.socketpair()
-        wake_read.setblocking(False)
-        wake_write.setblocking(False)
-        signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: None)
+        wake_read = signal_socket((signal.SIGCHLD, signal.SIGTERM, signal.SIGINT))
         self.selector.register(self.daemon.sock, selectors.EVENT_READ, "daemon")
         self.selector.register(wake_read, selectors.EVENT_READ, "signal")
         while not (self.stopping and not self.residents):
@@ -148,10 +144,7 @@ class Host:
         return timeout
 
     def _on_signals(self, wake_read: socket.socket) -> None:
-        try:
-            signums = wake_read.recv(4096)
-        except BlockingIOError:
-            return
+        signums = received(wake_read)
         if signal.SIGCHLD in signums:
             self.child_exited = True
         if signal.SIGTERM in signums or signal.SIGINT in signums:

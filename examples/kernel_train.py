@@ -1,5 +1,7 @@
 """An unmodified PyTorch training loop (no gq import) whose forward pass takes --iter-ms,
-standing in for a device kernel of known length, with --gap-ms of idle time per step."""
+standing in for a device kernel of known length (a sleep, so a busy CPU does not stretch
+it), with --gap-ms of idle time per step. The tests and benchmarks run it; its last line is
+JSON: the loop's wall time and its startup (process start to the first iteration)."""
 
 import argparse
 import json
@@ -9,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import torch
 from torch import nn
 
@@ -50,6 +53,7 @@ torch.set_num_threads(1)
 model = nn.Sequential(Kernel(args.iter_ms / 1000), nn.ReLU(), nn.Linear(32, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 x, y = torch.randn(32, 32), torch.randn(32, 1)
+startup = time.time() - psutil.Process().create_time()
 if args.start_file:
     while not Path(args.start_file).exists():
         time.sleep(0.01)
@@ -67,4 +71,5 @@ for step in range(args.steps):
         optimizer.step()
     if args.gap_ms:
         time.sleep(args.gap_ms / 1000)
-print(json.dumps({"loop_seconds": time.perf_counter() - start, "steps": args.steps}), flush=True)
+print(json.dumps({"loop_seconds": time.perf_counter() - start, "steps": args.steps,
+                  "startup": startup}), flush=True)
