@@ -261,3 +261,22 @@ def test_measured_memory_counts_for_admission(home, tmp_path):
         wait_state(second, "COMPLETED")
     finally:
         control.stop()
+
+
+def test_forked_children_do_not_speak_for_the_job(daemon, tmp_path):
+    script = write_script(tmp_path / "forking.py", (
+        "import os, gq, torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in gq.steps(range(10)):\n"
+        "    if step == 3:\n"
+        "        child = os.fork()\n"
+        "        if child == 0:  # like a DataLoader worker: runs modules, steps, exits\n"
+        "            assert not gq.in_job()\n"
+        "            for _ in range(5):\n"
+        "                model(torch.ones(4)).sum().backward(); optimizer.step(); gq.step()\n"
+        "            os._exit(0)\n"
+        "        os.waitpid(child, 0)\n"
+    ))
+    info = wait_state(submit(str(script)), "COMPLETED", timeout=60)
+    assert info["steps_done"] == 10

@@ -29,9 +29,16 @@ class WorkerSession:
         self.steps = 0
         self.sample = memory.MemorySample(0, 0)
         self.sampled_at = 0.0
+        self.detached = False
+        # A forked child (a DataLoader worker, say) must not speak on its parent's socket.
+        os.register_at_fork(after_in_child=self._detach)
+
+    def _detach(self) -> None:
+        self.detached = True
+        runtime.active = None
 
     def acquire(self) -> None:
-        if self.held:
+        if self.held or self.detached:
             return
         self.channel.sock.sendall(READY)
         grant = self.channel.receive_one()
@@ -40,6 +47,8 @@ class WorkerSession:
         self.held = True
 
     def release(self, step: bool) -> None:
+        if self.detached:
+            return
         if step:
             self.steps += 1
         if not self.held:
@@ -57,10 +66,13 @@ class WorkerSession:
                            "mem_peak": self.sample.peak})
 
     def set_total_steps(self, total: int) -> None:
-        self.channel.send({"op": "total", "steps": total})
+        if not self.detached:
+            self.channel.send({"op": "total", "steps": total})
 
     def finish(self) -> None:
         """The script is over: free the lane now, not after the interpreter's teardown."""
+        if self.detached:
+            return
         if self.held:
             self.release(step=False)
         self.channel.send({"op": "finished"})
