@@ -8,7 +8,8 @@ hold --total seconds of device time, turns each into a real small torch training
 and submits them through the real CLI at their scaled times on the cpu device, all of them
 resident (--max-resident 64), once per policy. Then it asks the simulator what the same
 jobs should have done: recorded submit times, measured mean iteration times, and each
-job's measured startup (process start to first iteration). Prints JSON, then a summary.
+job's measured startup (process start to first iteration). Prints JSON, then a summary;
+--plot draws the real and the simulated runs side by side (timeline and JCT CDF).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Node  # noqa: E402
 
 from gq import policies  # noqa: E402
-from gq.sim.simulator import simulate  # noqa: E402
+from gq.sim.simulator import JobRun, Result, Slice, simulate  # noqa: E402
 from gq.sim.traces import TraceJob, load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,12 +55,16 @@ def run_for_real(jobs: list[TraceJob], policy: str) -> list["_Real"]:
         ids: dict[int, int] = {}
         start = time.monotonic()
 
+        spans_file = node.dir / "spans.jsonl"
         for job in jobs:
             time.sleep(max(0.0, start + job.submit_time - time.monotonic()))
             ids[job.id] = node.submit("--steps", job.iterations, JOB, "--steps",
                                       job.iterations, "--iter-ms",
-                                      f"{1000 * job.iteration_time:.3f}")
+                                      f"{1000 * job.iteration_time:.3f}",
+                                      "--spans-out", spans_file)
         infos = {info["id"]: info for info in node.wait_all(list(ids.values()))}
+        spans = {int(row["job"]): row["spans"] for row in
+                 map(json.loads, spans_file.read_text().splitlines())}
         real = []
         first = min(_ts(info["submit_time"]) for info in infos.values())
         for job in jobs:
@@ -68,19 +73,34 @@ def run_for_real(jobs: list[TraceJob], policy: str) -> list["_Real"]:
                 raise RuntimeError(f"trace job {job.id} ended {info['state']}: {info['reason']}")
             out = node.dir / f"gq-{info['id']}.out"
             startup = json.loads(out.read_text().strip().splitlines()[-1])["startup"]
-            real.append(_Real(job, info, first, startup))
+            real.append(_Real(job, info, first, startup, spans[info["id"]]))
         return real
 
 
 class _Real:
-    """A job as it really ran: its trace entry for the simulator, and its real JCT."""
+    """A job as it really ran: its trace entry for the simulator, its real JCT, and its
+    iterations' device-time spans (seconds since the first submit)."""
 
-    def __init__(self, job: TraceJob, info: dict, first: float, startup: float):
+    def __init__(self, job: TraceJob, info: dict, first: float, startup: float,
+                 spans: list[tuple[float, float]]):
         submit = _ts(info["submit_time"]) - first
         self.jct = _ts(info["end_time"]) - _ts(info["submit_time"])
+        self.spans = [(begin - first, end - first) for begin, end in spans]
         self.trace = TraceJob(id=job.id, submit_time=submit,
                               duration=info["mean_iteration"] * job.iterations,
                               iterations=job.iterations, startup=startup)
+
+
+def as_result(policy: str, real: list[_Real]) -> Result:
+    """The real run in the simulator's result shape, so the same plots can draw it."""
+    runs = []
+    for entry in real:
+        run = JobRun(entry.trace, 1, devices=(0,))
+        run.end = entry.trace.submit_time + entry.jct
+        runs.append(run)
+    slices = [Slice(0, entry.trace.id, begin, end) for entry in real for begin, end in entry.spans]
+    busy = sum(piece.end - piece.start for piece in slices)
+    return Result(f"{policy} (real)", runs, slices, busy, gpus=1)
 
 
 def _ts(text: str) -> float:
@@ -97,12 +117,12 @@ def main() -> None:
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     jobs = scaled_slice(load(args.trace), args.jobs, args.total, args.min_iter_ms / 1000)
-    rows, sim_results = [], []
+    rows, plotted = [], []
     for name in args.policies.split(","):
         real = run_for_real(jobs, name)
         real_avg = sum(r.jct for r in real) / len(real)
         predicted = simulate([r.trace for r in real], policies.make(name), gpus=1)
-        sim_results.append(predicted)
+        plotted += [as_result(name, real), predicted]
         sim_avg = predicted.summary()["avg_jct"]
         rows.append({"policy": name, "jobs": len(real), "real_avg_jct": real_avg,
                      "sim_avg_jct": sim_avg, "error": real_avg / sim_avg - 1,
@@ -127,7 +147,7 @@ def main() -> None:
     if args.plot:
         from gq.sim.plot import draw
 
-        draw(sim_results, args.plot)
+        draw(plotted, args.plot)
 
 
 if __name__ == "__main__":

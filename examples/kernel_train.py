@@ -22,6 +22,7 @@ parser.add_argument("--gap-ms", type=float, default=0.0)
 parser.add_argument("--start-file", help="wait for this file before the loop")
 parser.add_argument("--infer", action="store_true", help="forward passes under no_grad only")
 parser.add_argument("--crash-at", type=int, default=-1)
+parser.add_argument("--spans-out", help="append each iteration's device-time span here")
 parser.add_argument("--crash-how", default="exception",
                     choices=["exception", "os_exit", "sigsegv", "sys_exit0"])
 args = parser.parse_args()
@@ -32,9 +33,12 @@ class Kernel(nn.Module):
         super().__init__()
         self.seconds = seconds
         self.layer = nn.Linear(32, 32)
+        self.spans: list[tuple[float, float]] = []
 
     def forward(self, x):
+        begin = time.time()
         time.sleep(self.seconds)
+        self.spans.append((begin, time.time()))
         return self.layer(x)
 
 
@@ -50,7 +54,8 @@ def crash(how: str) -> None:
 
 
 torch.set_num_threads(1)
-model = nn.Sequential(Kernel(args.iter_ms / 1000), nn.ReLU(), nn.Linear(32, 1))
+kernel = Kernel(args.iter_ms / 1000)
+model = nn.Sequential(kernel, nn.ReLU(), nn.Linear(32, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 x, y = torch.randn(32, 32), torch.randn(32, 1)
 startup = time.time() - psutil.Process().create_time()
@@ -71,5 +76,8 @@ for step in range(args.steps):
         optimizer.step()
     if args.gap_ms:
         time.sleep(args.gap_ms / 1000)
+if args.spans_out:
+    with open(args.spans_out, "a") as out:
+        out.write(json.dumps({"job": os.environ.get("GQ_JOB_ID"), "spans": kernel.spans}) + "\n")
 print(json.dumps({"loop_seconds": time.perf_counter() - start, "steps": args.steps,
                   "startup": startup}), flush=True)

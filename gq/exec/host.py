@@ -56,6 +56,7 @@ class Resident:
     steps_done: int = 0
     attained: float = 0.0
     iterations: int = 0
+    first_iteration: float = 0.0  # warm-up (allocations, lazy init): kept out of the mean
     gaps: int = 0
     gap_total: float = 0.0
     granted_at: float = 0.0
@@ -65,20 +66,27 @@ class Resident:
     kill_deadline: float | None = None
     dirty: bool = True
 
+    @property
+    def mean_iteration(self) -> float | None:
+        """Unknown until a second iteration: the first one's warm-up would mislead srtf,
+        and a job it ranks last never runs again to correct it."""
+        if self.iterations < 2:
+            return None
+        return (self.attained - self.first_iteration) / (self.iterations - 1)
+
     def view(self) -> JobView:
         return JobView(
             id=self.job_id, user=self.user, submit_time=self.submit_time, priority=self.priority,
             steps_done=self.steps_done, steps_total=self.steps_total, attained=self.attained,
-            mean_iteration=self.attained / self.iterations if self.iterations else None,
+            mean_iteration=self.mean_iteration,
             mean_gap=self.gap_total / self.gaps if self.gaps else None,
             released_at=self.released_at,
         )
 
     def progress(self) -> dict[str, Any]:
-        view = self.view()
         return {"job": self.job_id, "steps_done": self.steps_done,
                 "steps_total": self.steps_total, "attained": self.attained,
-                "mean_iteration": view.mean_iteration, "mem_persistent": self.mem_persistent,
+                "mean_iteration": self.mean_iteration, "mem_persistent": self.mem_persistent,
                 "mem_peak": self.mem_peak, "holds_lane": self.state == "running"}
 
 
@@ -276,6 +284,8 @@ class Host:
             return
         resident.iterations += 1
         resident.attained += now - resident.granted_at
+        if resident.iterations == 1:
+            resident.first_iteration = resident.attained
         resident.steps_done = int(message.get("steps", resident.steps_done))
         resident.mem_persistent = message.get("mem_persistent")
         resident.mem_peak = message.get("mem_peak")
