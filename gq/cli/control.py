@@ -14,7 +14,7 @@ from gq.queue.models import Job
 from gq.queue.states import JobState
 from gq.units import parse_duration
 
-IDS = typer.Argument(..., help="Job ids: 17 (a job or a whole array), 17_3 (one task).")
+IDS = typer.Argument(..., metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task).")
 
 
 def _apply(labels: list[str], act: Callable[[object, Job], str | None]) -> None:

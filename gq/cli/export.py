@@ -17,7 +17,7 @@ _END = "GQ_SCRIPT_EOF"
 
 
 @app.command("slurm")
-def slurm(job_id: str = typer.Argument(..., help="The job id (17 or 17_3).")) -> None:
+def slurm(job_id: str = typer.Argument(..., metavar="JOBID", help="The job id (17 or 17_3).")) -> None:
     """Print an sbatch script for the job: options as #SBATCH lines, the snapshot inlined."""
     with database().read() as session:
         job = resolve_one(session, job_id)

@@ -83,7 +83,7 @@ def _reason(job) -> str:
 
 
 def show(
-    job_id: str = typer.Argument(..., help="The job id (17, or 17_3 for an array task)."),
+    job_id: str = typer.Argument(..., metavar="JOBID", help="The job id (17, or 17_3 for an array task)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Everything about one job, with its state history (like scontrol show job)."""
@@ -174,7 +174,7 @@ def _write_trace(jobs) -> None:
 
 
 def logs(
-    job_id: str = typer.Argument(..., help="The job id (17, or 17_3 for an array task)."),
+    job_id: str = typer.Argument(..., metavar="JOBID", help="The job id (17, or 17_3 for an array task)."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
     stderr: bool = typer.Option(False, "--err", help="Show the job's stderr file instead."),
 ) -> None:

@@ -22,7 +22,7 @@ DESCRIPTIONS = {
 
 @app.command("set")
 def set_policy(
-    name: str = typer.Argument(..., help="fifo, srtf, fair or priority."),
+    name: str = typer.Argument(..., metavar="POLICY", help="fifo, srtf, fair or priority."),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
 ) -> None:
     """Set the policy; running hosts switch at the next iteration boundary."""

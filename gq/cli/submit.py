@@ -33,7 +33,7 @@ Example: gq submit -G 1 --mem 6G -t 2:00:00 --steps 5000 train.py --lr 3e-4
 def submit(
     ctx: typer.Context,
     script: str = typer.Argument(..., metavar="SCRIPT", help="The script to run (snapshotted at submit)."),
-    args: Optional[list[str]] = typer.Argument(None, metavar="[ARGS]...", help="Arguments passed to the script."),
+    args: Optional[list[str]] = typer.Argument(None, metavar="ARGS", help="Arguments passed to the script."),
     job_name: Optional[str] = typer.Option(None, "-J", "--job-name", help="Job name [script name]."),
     gpus: int = typer.Option(1, "-G", "--gpus", help="0 = CPU only, 1 = one shared device, N = N whole devices."),
     mem: Optional[str] = typer.Option(None, "--mem", help="Device memory the job needs: 512M, 6G, ..."),
