@@ -280,3 +280,27 @@ def test_forked_children_do_not_speak_for_the_job(daemon, tmp_path):
     ))
     info = wait_state(submit(str(script)), "COMPLETED", timeout=60)
     assert info["steps_done"] == 10
+
+
+def test_two_lanes_run_iterations_in_parallel(home, tmp_path):
+    """Under fifo one lane would make the second job wait; with two lanes both progress."""
+    from conftest import DaemonControl
+
+    control = DaemonControl(home)
+    control.start("--lanes", "2")
+    try:
+        start = tmp_path / "go"
+        ids = [submit("--steps", "400", TRAIN, "--steps", "400", "--iter-ms", "5",
+                      "--start-file", str(start)) for _ in range(2)]
+        for job_id in ids:
+            wait_state(job_id, "RUNNING")
+        assert sorted(job(i)["lane"] for i in ids) == [0, 1]
+        start.touch()
+        both = wait_for(lambda: all(job(i)["steps_done"] > 0 for i in ids)
+                        and [job(i) for i in ids], 30, what="both lanes to progress")
+        assert all(j["state"] == "RUNNING" for j in both)
+        assert "2 lane(s) per device" in gq_ok("info")
+        for job_id in ids:
+            wait_state(job_id, "COMPLETED", timeout=60)
+    finally:
+        control.stop()
