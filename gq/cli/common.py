@@ -31,13 +31,17 @@ def parse_label(text: str) -> str:
     return text
 
 
+def _missing(label: str) -> UserError:
+    return UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
+
+
 def resolve_jobs(session, label: str) -> list[Job]:
     """The jobs a label names (a whole array for its id); an error if none."""
     from gq.queue import queries
 
     jobs = queries.resolve(session, parse_label(label))
     if not jobs:
-        raise UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
+        raise _missing(label)
     return jobs
 
 
@@ -45,11 +49,9 @@ def resolve_one(session, label: str) -> Job:
     """One job: ``17_3``, or ``17`` (for an array, its first task, as scontrol shows it)."""
     from gq.queue import queries
 
-    job = None
     if "_" in parse_label(label):
-        job = next(iter(queries.resolve(session, label)), None)
-    else:
-        job = queries.job(session, int(label))
+        return resolve_jobs(session, label)[0]
+    job = queries.job(session, int(label))
     if job is None:
-        raise UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
+        raise _missing(label)
     return job

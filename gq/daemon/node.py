@@ -203,7 +203,7 @@ class Daemon:
         log.error("execution host of %s died (exit %s)", name, host.process.returncode)
         for job in [r for r in self.running.values() if r.host == name]:
             reason = f"execution host of {name} died"
-            self._end(job, None, None, JobState.FAILED, reason, requeue=job.requeue)
+            self._end(job, None, JobState.FAILED, reason, requeue=job.requeue)
         self.host_down_since[name] = time.monotonic()
 
     def _from_host(self, name: str) -> None:
@@ -216,7 +216,7 @@ class Daemon:
             elif op == "launch_failed":
                 job = self.running.get(int(message["job"]))
                 if job is not None:
-                    self._end(job, None, None, JobState.FAILED, message["reason"])
+                    self._end(job, None, JobState.FAILED, message["reason"])
             elif op == "exited":
                 self._on_exit(message)
             elif op == "progress":
@@ -241,25 +241,25 @@ class Daemon:
         code, signum = message.get("code"), message.get("signal")
         exit_code = code if signum is None else 128 + int(signum)
         if job.kill_why == "cancel":
-            self._end(job, exit_code, message, JobState.CANCELLED, "cancelled by user")
+            self._end(job, exit_code, JobState.CANCELLED, "cancelled by user")
         elif job.kill_why == "timeout":
             limit = format_duration(job.time_limit)
-            self._end(job, exit_code, message, JobState.TIMEOUT, f"time limit {limit} reached")
+            self._end(job, exit_code, JobState.TIMEOUT, f"time limit {limit} reached")
         elif job.kill_why == "requeue":
-            self._end(job, exit_code, message, JobState.PENDING, "requeued by user", requeue=True)
+            self._end(job, exit_code, JobState.PENDING, "requeued by user", requeue=True)
         elif job.kill_why == "shutdown":
-            self._end(job, exit_code, message, JobState.FAILED, "daemon stopped",
+            self._end(job, exit_code, JobState.FAILED, "daemon stopped",
                       requeue=job.requeue)
         elif signum is not None:
             name = signal.Signals(int(signum)).name if int(signum) in _SIGNALS else str(signum)
-            self._end(job, exit_code, message, JobState.FAILED, f"killed by signal {name}")
+            self._end(job, exit_code, JobState.FAILED, f"killed by signal {name}")
         elif code == 0:
-            self._end(job, 0, message, JobState.COMPLETED, None)
+            self._end(job, 0, JobState.COMPLETED, None)
         else:
-            self._end(job, code, message, JobState.FAILED, f"exit code {code}")
+            self._end(job, code, JobState.FAILED, f"exit code {code}")
 
-    def _end(self, job: Running, exit_code: int | None, message: dict | None, state: JobState,
-             reason: str | None, requeue: bool = False) -> None:
+    def _end(self, job: Running, exit_code: int | None, state: JobState, reason: str | None,
+             requeue: bool = False) -> None:
         self.running.pop(job.job_id, None)
         progress = self.progress.pop(job.job_id, None)
         with self.db.write() as session:
@@ -433,7 +433,7 @@ class Daemon:
         try:
             spec = launch_spec(job, devices, placement.lane)
         except OSError as exc:
-            self._end(running, None, None, JobState.FAILED, f"cannot read job script: {exc}")
+            self._end(running, None, JobState.FAILED, f"cannot read job script: {exc}")
             return
         if not self.hosts[running.host].send({"op": "launch", "job": spec}):
             self._host_died(running.host)

@@ -109,7 +109,6 @@ class Host:
         self.kill_grace = kill_grace
         self.policy = policies.make("fifo")
         self.residents: dict[int, Resident] = {}
-        self.by_fd: dict[int, Resident] = {}
         self.selector = selectors.DefaultSelector()
         self.stopping = False
         self.child_exited = False
@@ -199,7 +198,6 @@ class Host:
         self.residents[job_id] = resident
         self.lanes[resident.lane].residents.append(resident)
         if resident.channel is not None:
-            self.by_fd[resident.channel.fileno()] = resident
             self.selector.register(resident.channel.sock, selectors.EVENT_READ, resident)
         self.daemon.send({"op": "started", "job": job_id, "pid": resident.process.pid})
 
@@ -341,7 +339,6 @@ class Host:
         if resident.channel is None:
             return
         self.selector.unregister(resident.channel.sock)
-        self.by_fd.pop(resident.channel.fileno(), None)
         resident.channel.close()
         resident.channel = None
         self._release_lane(resident)
@@ -350,9 +347,8 @@ class Host:
         """The job will run no more iterations: policies stop counting it as resident."""
         lane = self.lanes[resident.lane]
         if resident in lane.residents:
-            self._release_lane(resident)
             lane.residents.remove(resident)
-            self._schedule(lane)
+            self._release_lane(resident)
 
     def _release_lane(self, resident: Resident) -> None:
         lane = self.lanes[resident.lane]
@@ -370,11 +366,8 @@ class Host:
             if code is None:
                 continue
             if resident.channel is not None:
-                for message in resident.channel.receive():  # its last DONE, if any
-                    if message["op"] == "done" and self.lanes[resident.lane].holder is resident:
-                        self._on_done(resident, message, time.monotonic())
-                    elif message["op"] == "progress":
-                        resident.steps_done = int(message["steps"])
+                self._from_worker(resident)  # its last messages: a final DONE, say
+            if resident.channel is not None:
                 self._drop_channel(resident)
             _kill_group(resident.process.pid, signal.SIGKILL)  # leftover children
             del self.residents[resident.job_id]
