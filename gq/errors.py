@@ -1,7 +1,32 @@
-"""Errors that reach the user as one line on stderr and exit code 2 (bad input)."""
+"""Every exception gq raises on purpose (as rq keeps ``rq/exceptions.py``).
+
+Exit codes of the CLI: 0 done; 1 the daemon could not be reached or failed; 2 a refused
+request (bad input, no permission, a job in the wrong state), with nothing changed.
+"""
 
 
 class UserError(Exception):
     """Bad input or a request that cannot be met; the message says what to do next."""
 
     exit_code = 2
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class Refused(UserError):
+    """The caller may not do this (not the job's owner, not an operator)."""
+
+
+class AlreadyRunning(Exception):
+    """Another daemon holds this state directory."""
+
+    def __init__(self, pid: int | None):
+        super().__init__(f"gq daemon is already running (pid {pid})")
+        self.pid = pid
+
+
+class LaunchError(Exception):
+    """An execution host could not start a job's process (its reason goes to the job)."""

@@ -1,7 +1,14 @@
-"""Where gq keeps its state: the queue database, the script spool, sockets and logs.
+"""Where a daemon keeps its state, and which daemon a client talks to.
 
-Everything lives under one directory, ``GQ_HOME`` (default: the user's state directory,
-``$XDG_STATE_HOME/gq`` or ``~/.local/state/gq``), created private (0700) on first use.
+Two modes, one layout:
+- **personal**: ``GQ_HOME`` (default ``$XDG_STATE_HOME/gq`` or ``~/.local/state/gq``),
+  everything private (0700), the daemon runs as its user;
+- **system**: ``/var/lib/gq`` (``GQ_SYSTEM_HOME`` moves it), run by root for every user of
+  the node: the directory 0755 and the socket 0666 so that anyone can ask; the database
+  0600; the spool 0711 (each job's snapshot is readable by its owner alone).
+
+A client picks, in order: ``GQ_HOME`` set → personal there; else the system socket exists →
+system; else personal in the default place (see :func:`locate`).
 """
 
 from __future__ import annotations
@@ -10,10 +17,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+PERSONAL, SYSTEM = "personal", "system"
+SYSTEM_ROOT = "/var/lib/gq"
+SOCKET_NAME = "gq.sock"
+
 
 @dataclass(frozen=True)
 class Home:
     root: Path
+    mode: str = PERSONAL
+
+    @property
+    def system(self) -> bool:
+        return self.mode == SYSTEM
 
     @property
     def db(self) -> Path:
@@ -28,8 +44,8 @@ class Home:
         return self.root / "spool"
 
     @property
-    def daemon_socket(self) -> Path:
-        return self.root / "daemon.sock"
+    def socket(self) -> Path:
+        return self.root / SOCKET_NAME
 
     @property
     def daemon_pidfile(self) -> Path:
@@ -39,18 +55,48 @@ class Home:
     def daemon_log(self) -> Path:
         return self.root / "daemon.log"
 
+    @property
+    def hosts(self) -> Path:
+        """Execution hosts' sockets and pidfiles, one pair per device."""
+        return self.root / "hosts"
+
     def ensure(self) -> "Home":
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.spool.mkdir(mode=0o700, exist_ok=True)
+        """Create the directories with the mode's permissions (the daemon calls this)."""
+        top = 0o755 if self.system else 0o700
+        self.root.mkdir(mode=top, parents=True, exist_ok=True)
+        self.spool.mkdir(mode=0o711 if self.system else 0o700, exist_ok=True)
+        self.hosts.mkdir(mode=0o700, exist_ok=True)
+        if self.system:  # an existing directory keeps its mode through mkdir: set it
+            os.chmod(self.root, top)
+            os.chmod(self.spool, 0o711)
         return self
 
 
-def default_root() -> Path:
+def personal_root() -> Path:
     if explicit := os.environ.get("GQ_HOME"):
         return Path(explicit).expanduser().absolute()
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(state) / "gq"
 
 
-def home() -> Home:
-    return Home(default_root()).ensure()
+def system_root() -> Path:
+    return Path(os.environ.get("GQ_SYSTEM_HOME") or SYSTEM_ROOT).absolute()
+
+
+def personal() -> Home:
+    return Home(personal_root(), PERSONAL)
+
+
+def system() -> Home:
+    return Home(system_root(), SYSTEM)
+
+
+def locate() -> Home:
+    """The daemon a client talks to: GQ_HOME, else the system daemon if its socket exists,
+    else the user's personal daemon."""
+    if os.environ.get("GQ_HOME"):
+        return personal()
+    node = system()
+    if node.socket.exists():
+        return node
+    return personal()

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from gq.cli import common as cli_common
 from gq.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,9 @@ def submit(*args: str) -> int:
 
 
 def job(job_id: int) -> dict:
-    return json.loads(gq_ok("show", "--json", str(job_id)))
+    """One job by id (for an array's id, 'gq show' lists every task: take the first)."""
+    shown = json.loads(gq_ok("show", "--json", str(job_id)))
+    return next(j for j in shown if j["id"] == job_id) if isinstance(shown, list) else shown
 
 
 def all_jobs() -> list[dict]:
@@ -93,14 +95,14 @@ def pid_alive(pid: int) -> bool:
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
+    """A personal GQ_HOME; the first command that needs a daemon starts one there, and it
+    is stopped (its jobs ended) when the test is over."""
     root = tmp_path / "gqhome"
     monkeypatch.setenv("GQ_HOME", str(root))
     monkeypatch.chdir(tmp_path)
-    cli_common.the_home.cache_clear()
-    cli_common.database.cache_clear()
     yield root
-    cli_common.the_home.cache_clear()
-    cli_common.database.cache_clear()
+    if gq("daemon", "status").code == 0:
+        gq_ok("daemon", "stop")
 
 
 class DaemonControl:
@@ -146,3 +148,169 @@ def write_script(path: Path, body: str, mode: int = 0o644) -> Path:
 
 
 PYTHON = sys.executable
+
+
+# ----- the shared node: a system daemon, throwaway users, the CLI run as them -----------
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's: every user may run it (root's Python is closed)
+
+
+def _shared_node_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: creates throwaway users and runs a system daemon"
+    for tool in ("useradd", "userdel", "groupadd", "groupdel", "runuser"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        return f"needs {SYSTEM_PYTHON}, an interpreter every user can run"
+    return None
+
+
+@dataclass
+class SharedInstall:
+    """gq installed where every user can run it: a venv of Debian's python3 with gq's
+    dependencies (torch left out: these jobs do not import it) and a copy of the source."""
+
+    python: str
+    source: Path
+
+    def env(self, system_home: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GQ_")}
+        env.update(PYTHONPATH=str(self.source), GQ_SYSTEM_HOME=str(system_home),
+                   PYTHONDONTWRITEBYTECODE="1")
+        return env
+
+
+@pytest.fixture(scope="session")
+def shared_install(tmp_path_factory) -> SharedInstall:
+    reason = _shared_node_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import hashlib
+    import subprocess
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        needs = [d for d in tomllib.load(handle)["project"]["dependencies"]
+                 if not d.startswith("torch")]
+    # Kept between runs (keyed by the dependency list): building it takes ~15 s.
+    key = hashlib.sha256("\n".join(needs).encode()).hexdigest()[:12]
+    venv = Path(f"/tmp/gq-test-venv-{key}")
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import typer, sqlalchemy, alembic, psutil"]
+    if not python.exists() or subprocess.run(probe, capture_output=True).returncode != 0:
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *needs], check=True)
+    base = tmp_path_factory.mktemp("shared-node")
+    source = base / "src"
+    for part in ("gq", "migrations"):
+        shutil.copytree(ROOT / part, source / part,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    _open_to_all(base)
+    return SharedInstall(str(python), source)
+
+
+def _open_to_all(path: Path) -> None:
+    """Let every user reach ``path`` (and the pytest directories above it)."""
+    for parent in [path, *path.parents]:
+        if parent == Path("/"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o755)
+    for directory, _, files in os.walk(path):
+        os.chmod(directory, 0o755)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o644)
+
+
+@dataclass
+class User:
+    name: str
+    uid: int
+    gid: int
+    workdir: Path
+
+
+class SharedNode:
+    """A system daemon under GQ_SYSTEM_HOME, and the real CLI run as root or as a user."""
+
+    def __init__(self, install: SharedInstall, root: Path, operators: str):
+        self.install = install
+        self.root = root
+        self.operators = operators
+        self.env = install.env(root)
+
+    def run(self, user: User | None, *args: str, cwd: Path | None = None,
+            timeout: float = 60) -> Result:
+        import subprocess
+
+        argv = [self.install.python, "-m", "gq", *map(str, args)]
+        if user is not None:
+            argv = ["runuser", "-u", user.name, "--", "env",
+                    *[f"{k}={v}" for k, v in self.env.items()], *argv]
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True,
+                              cwd=cwd or (user.workdir if user else self.root.parent),
+                              timeout=timeout)
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    def ok(self, user: User | None, *args: str, **kwargs) -> str:
+        result = self.run(user, *args, **kwargs)
+        assert result.code == 0, f"gq {' '.join(map(str, args))} -> {result.code}: {result.err}"
+        return result.out
+
+    def job(self, job_id: int) -> dict:
+        return json.loads(self.ok(None, "show", "--json", job_id))
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict:
+        return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
+                        what=f"job {job_id} to reach {'/'.join(states)}")
+
+
+def _make_user(base: Path, name: str, groups: list[str]) -> User:
+    import pwd
+    import subprocess
+
+    subprocess.run(["useradd", "-m", "-d", str(base / name), "-s", "/bin/sh",
+                    *(["-G", ",".join(groups)] if groups else []), name], check=True)
+    entry = pwd.getpwnam(name)
+    workdir = base / name / "work"
+    workdir.mkdir()
+    os.chown(workdir, entry.pw_uid, entry.pw_gid)
+    (base / name).chmod(0o755)
+    return User(name, entry.pw_uid, entry.pw_gid, workdir)
+
+
+@pytest.fixture(scope="session")
+def users(shared_install, tmp_path_factory):
+    """Throwaway users: alice and bob (plain users), carol (in the operator group)."""
+    import subprocess
+    import uuid
+
+    tag = uuid.uuid4().hex[:6]
+    group = f"gqops{tag}"
+    base = tmp_path_factory.mktemp("users")
+    _open_to_all(base)
+    subprocess.run(["groupadd", group], check=True)
+    made: list[str] = []
+    try:
+        people = {}
+        for short, groups in (("alice", []), ("bob", []), ("carol", [group])):
+            name = f"gq{short[:3]}{tag}"
+            people[short] = _make_user(base, name, groups)
+            made.append(name)
+        people["operators"] = group
+        yield people
+    finally:
+        for name in made:
+            subprocess.run(["userdel", "-r", name], capture_output=True)
+        subprocess.run(["groupdel", group], capture_output=True)
+
+
+@pytest.fixture
+def shared_node(shared_install, users, tmp_path):
+    root = tmp_path / "system"
+    node = SharedNode(shared_install, root, users["operators"])
+    _open_to_all(tmp_path)
+    node.ok(None, "daemon", "start", "--system", "--kill-wait", "1",
+            "--operators", users["operators"], "--priority-cap", "5")
+    yield node
+    node.run(None, "daemon", "stop")

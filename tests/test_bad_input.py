@@ -108,7 +108,7 @@ def test_unknown_job_ids(home, command):
 
 
 def test_cancel_with_one_unknown_id_cancels_nothing(home, script):
-    job_id = submit(str(script))
+    job_id = submit("--hold", str(script))
     assert_refused(gq("cancel", str(job_id), "4242"), "no job 4242")
     assert [j["state"] for j in all_jobs()] == ["PENDING"]
 

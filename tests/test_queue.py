@@ -17,7 +17,8 @@ from gq.queue.states import JobState
 
 
 def _new_job(name="j") -> transitions.NewJob:
-    return transitions.NewJob(name=name, user="u", script="/x.sh", args=[], interpreter=None,
+    return transitions.NewJob(name=name, user="u", uid=1000, gid=1000, script="/x.sh", args=[],
+                              interpreter=None,
                               workdir="/tmp", output_pattern="o", error_pattern="o", env={})
 
 

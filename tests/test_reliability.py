@@ -16,8 +16,8 @@ import psutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import (ROOT, all_jobs, gq_ok, job, pid_alive, submit, wait_for, wait_state,
-                      write_script)
+from conftest import (ROOT, all_jobs, gq, gq_ok, job, pid_alive, submit, wait_for,
+                      wait_state, write_script)
 
 
 def host_process(daemon_pid: int) -> psutil.Process:
@@ -143,33 +143,88 @@ def test_eight_concurrent_submitters_and_a_status_loop(daemon, tmp_path):
 def test_files_and_sockets_are_private(daemon):
     home = daemon.root
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
-    for name in ("gq.db", "daemon.sock", "daemon.pid", "daemon.log"):
+    for name in ("gq.db", "gq.sock", "daemon.pid", "daemon.log"):
         assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+    for name in ("spool", "hosts"):
+        assert stat.S_IMODE((home / name).stat().st_mode) == 0o700, name
+
+
+def _exchange(root, payload: bytes, timeout: float = 10) -> bytes:
+    """Send raw bytes on the daemon's stream socket; what it answers before closing."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(str(root / "gq.sock"))
+    try:
+        sock.sendall(payload)
+    except OSError:
+        pass  # it may close on us mid-send (an oversized request)
+    answer = b""
+    try:
+        while chunk := sock.recv(1 << 16):
+            answer += chunk
+    except OSError:
+        pass
+    sock.close()
+    return answer
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(payload=st.binary(max_size=4096))
-def test_fuzzed_daemon_socket_does_no_harm(daemon, payload):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        sock.sendto(payload, str(daemon.root / "daemon.sock"))
-    except OSError:
-        pass
-    finally:
-        sock.close()
+@given(payload=st.one_of(
+    st.binary(max_size=4096),
+    st.dictionaries(st.sampled_from(["v", "kind", "labels", "states", "script", "options",
+                                     "name", "x"]),
+                    st.one_of(st.none(), st.integers(), st.text(max_size=20),
+                              st.lists(st.text(max_size=5), max_size=3),
+                              st.sampled_from([1, "submit", "list", "cancel", "show"])),
+                    max_size=6).map(lambda d: json.dumps(d).encode())))
+def test_fuzzed_requests_get_an_error_answer_and_do_no_harm(daemon, payload):
+    from gq import messages
+
+    answer = _exchange(daemon.root, payload.replace(b"\n", b" ") + b"\n")
+    decoded = messages.decode(answer.strip(), messages.ANSWERS)  # always a well-formed answer
+    if isinstance(decoded, messages.Error):
+        assert decoded.exit_code == 2 and "\n" not in decoded.message
     assert pid_alive(daemon.pid())
 
 
-def test_daemon_survives_fuzzing_and_still_runs_jobs(daemon, tmp_path):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    for size in (0, 1, 65507, 200_000):
-        try:
-            sock.sendto(os.urandom(size), str(daemon.root / "daemon.sock"))
-        except OSError:
-            pass  # larger than a datagram may be: refused by the kernel
-    sock.close()
+def test_silent_garbage_and_huge_clients_neither_block_others_nor_crash_it(daemon, tmp_path):
+    from gq import messages
+
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(str(daemon.root / "gq.sock"))  # connects, then says nothing
+    half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    half.connect(str(daemon.root / "gq.sock"))
+    half.sendall(b'{"v": 1, "kind": "li')  # half a request, never finished
+    started = time.monotonic()
+    assert gq_ok("status").startswith("JOBID")
+    assert time.monotonic() - started < 5
+    garbage = messages.decode(_exchange(daemon.root, b"\x00\xff garbage\n").strip(),
+                              messages.ANSWERS)
+    assert isinstance(garbage, messages.Error) and "malformed request" in garbage.message
+    huge = _exchange(daemon.root, b"x" * (100 << 20) + b"\n", timeout=60)
+    refused = messages.decode(huge.strip(), messages.ANSWERS)
+    assert isinstance(refused, messages.Error) and "over 16 MiB" in refused.message
+    assert pid_alive(daemon.pid())
+    wait_for(lambda: silent.recv(1) == b"", 30, what="the silent client to be dropped")
+    silent.close()
+    half.close()
     script = write_script(tmp_path / "after.sh", "echo fine\n")
     wait_state(submit(str(script)), "COMPLETED")
+
+
+def test_protocol_versions_that_differ_say_so_in_one_line(daemon, monkeypatch):
+    from gq import messages
+
+    answer = messages.decode(_exchange(daemon.root, b'{"v": 99, "kind": "list"}\n').strip(),
+                             messages.ANSWERS)
+    assert isinstance(answer, messages.Error)
+    assert "protocol version 1 and the client 99" in answer.message
+    with monkeypatch.context() as patch:
+        patch.setattr(messages, "VERSION", 99)
+        result = gq("status")
+    assert result.code == 2 and result.out == ""
+    assert result.err.count("\n") == 1
+    assert "the daemon speaks protocol version 1 and this gq speaks 99" in result.err
 
 
 HOSTILE = """

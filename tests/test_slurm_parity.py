@@ -98,7 +98,7 @@ def test_hold_and_release(daemon, tmp_path):
     wait_state(held, "COMPLETED")
     wait_state(queued, "COMPLETED")
     result = gq("hold", str(held))
-    assert result.code == 1 and "only pending jobs can be held" in result.err
+    assert result.code == 2 and "only pending jobs can be held" in result.err
 
 
 def test_requeue_of_a_completed_job_reruns_it_with_the_same_id(daemon, tmp_path):
@@ -137,7 +137,7 @@ def test_update_pending_and_running_jobs(daemon, tmp_path):
     info = wait_state(running, "TIMEOUT", timeout=15)
     assert info["time_limit"] == 1
     result = gq("update", str(running), "-J", "late")
-    assert result.code == 1 and "only a pending job can be renamed" in result.err
+    assert result.code == 2 and "only a pending job can be renamed" in result.err
     gq_ok("cancel", str(pending))
 
 

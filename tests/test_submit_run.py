@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import time
 
-from conftest import all_jobs, gq, gq_ok, job, submit, wait_for, wait_state, write_script
+import psutil
+
+from conftest import (PYTHON, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state,
+                      write_script)
 
 
 def test_job_runs_in_submit_dir_with_gq_environment(daemon, tmp_path, monkeypatch):
@@ -114,19 +117,34 @@ def test_script_is_snapshotted_at_submit(home, tmp_path):
         gq_ok("daemon", "stop")
 
 
-def test_jobs_queue_while_daemon_is_down_and_run_once_it_starts(home, tmp_path):
+def test_first_command_starts_the_personal_daemon(home, tmp_path):
+    assert gq("daemon", "status").code == 1
     script = write_script(tmp_path / "q.sh", "echo ran\n")
     result = gq("submit", str(script))
-    assert result.code == 0 and "daemon is not running" in result.err
+    assert (result.code, result.err) == (0, "")
     job_id = int(result.out.split()[-1])
-    assert job(job_id)["state"] == "PENDING"
-    gq_ok("daemon", "start", "--kill-wait", "1")
-    try:
-        info = wait_state(job_id, "COMPLETED")
-        assert info["run_count"] == 1
-        assert (tmp_path / f"gq-{job_id}.out").read_text() == "ran\n"
-    finally:
-        gq_ok("daemon", "stop")
+    assert gq("daemon", "status").code == 0
+    info = wait_state(job_id, "COMPLETED")
+    assert info["run_count"] == 1
+    assert (tmp_path / f"gq-{job_id}.out").read_text() == "ran\n"
+
+
+def test_concurrent_first_commands_start_one_daemon_and_lose_no_job(home, tmp_path):
+    import subprocess
+
+    script = write_script(tmp_path / "q.sh", "true\n")
+    clients = [subprocess.Popen([PYTHON, "-m", "gq", "submit", "--parsable", "--hold",
+                                 str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for _ in range(8)]
+    outcomes = [(c.wait(60), *c.communicate()) for c in clients]
+    assert all(code == 0 and err == "" for code, _, err in outcomes), outcomes
+    ids = sorted(int(out) for _, out, _ in outcomes)
+    assert ids == list(range(1, 9))
+    assert sorted(j["id"] for j in all_jobs()) == ids
+    daemons = [p for p in psutil.process_iter(["cmdline", "environ"])
+               if (p.info["cmdline"] or [])[-1:] == ["gq.daemon"]
+               and (p.info["environ"] or {}).get("GQ_HOME") == str(home)]
+    assert len(daemons) == 1, daemons
 
 
 def test_start_latency_on_idle_node_uses_the_poke(daemon, tmp_path):
@@ -147,7 +165,8 @@ def test_second_daemon_start_says_already_running(daemon):
     result = gq("daemon", "start")
     assert result.code == 0
     assert f"already running (pid {daemon.pid()})" in result.out
-    assert gq("daemon", "status").out.strip() == f"gq daemon is running (pid {daemon.pid()})"
+    assert gq("daemon", "status").out.startswith(f"gq daemon is running (pid {daemon.pid()}, "
+                                                 "personal mode")
 
 
 def test_unwritable_output_path_fails_job_naming_the_path(daemon, tmp_path):
@@ -217,15 +236,10 @@ def test_info_reports_cpu_device_without_nvidia(daemon):
 
     text = gq_ok("info")
     assert "no NVIDIA GPU found" in text
-    assert "cpu:" in text and f"pid {daemon.pid()}" in text
+    assert "cpu:" in text and f"personal mode, pid {daemon.pid()}" in text
     data = json.loads(gq_ok("info", "--json"))
     assert [d["name"] for d in data["devices"]] == ["cpu"]
-    assert data["daemon"]["running"] and data["daemon"]["pid"] == daemon.pid()
-
-
-def test_info_without_daemon(home):
-    text = gq_ok("info")
-    assert "daemon: not running" in text and "cpu:" in text
+    assert (data["pid"], data["mode"]) == (daemon.pid(), "personal")
 
 
 def test_policy_set_and_show(home):

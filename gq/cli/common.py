@@ -1,57 +1,41 @@
-"""What every command shares: the queue, the job lookup, the error style."""
+"""What every command shares: asking the daemon, and printing its reports."""
 
 from __future__ import annotations
 
 import re
-from functools import cache
+import sys
+from typing import Any
 
+import typer
+
+from gq import client, messages
 from gq.errors import UserError
-from gq.home import Home, home
-from gq.queue.engine import Database
-from gq.queue.models import Job
-
-
-@cache
-def the_home() -> Home:
-    return home()
-
-
-@cache
-def database() -> Database:
-    return Database(the_home())
-
 
 _LABEL = re.compile(r"^\d+(_\d+)?$")
 
 
-def parse_label(text: str) -> str:
-    if not _LABEL.match(text):
-        raise UserError(f"invalid job id {text!r}: expected a number such as 17, or 17_3 for "
-                        "task 3 of array 17")
-    return text
+def ask(request: Any) -> Any:
+    return client.ask(request)
 
 
-def _missing(label: str) -> UserError:
-    return UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
+def labels(texts: list[str]) -> list[str]:
+    """Job ids as typed: checked here, so a typo never reaches (or starts) a daemon."""
+    for text in texts:
+        if not _LABEL.match(text):
+            raise UserError(f"invalid job id {text!r}: expected a number such as 17, or 17_3 "
+                            "for task 3 of array 17")
+    return list(texts)
 
 
-def resolve_jobs(session, label: str) -> list[Job]:
-    """The jobs a label names (a whole array for its id); an error if none."""
-    from gq.queue import queries
-
-    jobs = queries.resolve(session, parse_label(label))
-    if not jobs:
-        raise _missing(label)
-    return jobs
-
-
-def resolve_one(session, label: str) -> Job:
-    """One job: ``17_3``, or ``17`` (for an array, its first task, as scontrol shows it)."""
-    from gq.queue import queries
-
-    if "_" in parse_label(label):
-        return resolve_jobs(session, label)[0]
-    job = queries.job(session, int(label))
-    if job is None:
-        raise _missing(label)
-    return job
+def print_report(report: messages.Report) -> None:
+    """Info lines to stdout, warnings and refusals to stderr; exit 2 if any was refused."""
+    refused = False
+    for line in report.lines:
+        if line.level == messages.INFO:
+            typer.echo(line.text)
+        else:
+            prefix = "gq: error: " if line.level == messages.REFUSED else "gq: "
+            print(prefix + line.text, file=sys.stderr)
+            refused |= line.level == messages.REFUSED
+    if refused:
+        raise typer.Exit(2)

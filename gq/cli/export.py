@@ -7,9 +7,10 @@ from pathlib import Path
 
 import typer
 
-from gq.cli.common import database, resolve_one
+from gq import messages
+from gq.cli.common import ask, labels
 from gq.errors import UserError
-from gq.queue.models import Job
+from gq.messages import JobInfo
 from gq.units import format_duration
 
 app = typer.Typer(help="Write a job out for another scheduler.", no_args_is_help=True)
@@ -19,18 +20,18 @@ _END = "GQ_SCRIPT_EOF"
 @app.command("slurm")
 def slurm(job_id: str = typer.Argument(..., metavar="JOBID", help="The job id (17 or 17_3).")) -> None:
     """Print an sbatch script for the job: options as #SBATCH lines, the snapshot inlined."""
-    with database().read() as session:
-        job = resolve_one(session, job_id)
+    answer = ask(messages.ExportScript(labels([job_id])[0]))
+    job = answer.job
     try:
-        body = Path(job.spool_path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read the snapshot of job {job.label}: {exc}") from None
+        body = answer.body.decode()
+    except UnicodeDecodeError:
+        raise UserError(f"job {job.label}'s script is not UTF-8 text; cannot inline it") from None
     if _END in body:
         raise UserError(f"job {job.label}'s script contains the line {_END}; cannot inline it")
     typer.echo(render(job, body), nl=False)
 
 
-def _sbatch_lines(job: Job) -> list[str]:
+def _sbatch_lines(job: JobInfo) -> list[str]:
     lines = [f"--job-name={job.name}"]
     if job.gpus:
         lines.append(f"--gres=gpu:{job.gpus}")
@@ -38,18 +39,18 @@ def _sbatch_lines(job: Job) -> list[str]:
         lines.append(f"--mem={max(1, job.mem >> 20)}M")
     if job.time_limit:
         lines.append(f"--time={format_duration(job.time_limit)}")  # sbatch reads M:SS too
-    lines += [f"--output={_pattern(job, job.stdout_path)}",
-              f"--error={_pattern(job, job.stderr_path)}", f"--chdir={job.workdir}"]
+    lines += [f"--output={_pattern(job, job.stdout)}",
+              f"--error={_pattern(job, job.stderr)}", f"--chdir={job.workdir}"]
     if job.requeue:
         lines.append("--requeue")
     if job.exclusive:
         lines.append("--exclusive")
-    if job.priority:
+    if job.priority < 0:  # a positive nice lowers a job's priority, which any user may do
         lines.append(f"--nice={-job.priority}")
     return lines
 
 
-def _pattern(job: Job, path: str) -> str:
+def _pattern(job: JobInfo, path: str) -> str:
     """Turn this job's resolved output file name back into a pattern for the cluster's ids."""
     resolved = Path(path)
     name = resolved.name.replace(str(job.id), "%j", 1) if str(job.id) in resolved.name else \
@@ -57,13 +58,16 @@ def _pattern(job: Job, path: str) -> str:
     return str(resolved.with_name(name))
 
 
-def render(job: Job, body: str) -> str:
+def render(job: JobInfo, body: str) -> str:
     suffix = Path(job.script).suffix
-    run = (f'python3 "$script"' if job.interpreter else
+    run = (f'python3 "$script"' if job.script.endswith(".py") else
            '"$script"' if body.startswith("#!") else 'bash "$script"')
     args = " ".join(shlex.quote(a) for a in job.args)
     header = ["#!/bin/bash", f"# Exported from gq job {job.label} ({job.script})"]
     header += [f"#SBATCH {line}" for line in _sbatch_lines(job)]
+    if job.priority > 0:  # --nice=-N and --priority are for Slurm administrators only
+        header.append(f"# gq priority {job.priority}: sbatch lets only administrators raise "
+                      "a job's priority")
     return "\n".join(header + [
         "",
         f'script="${{TMPDIR:-/tmp}}/gq-export-{job.label}-${{SLURM_JOB_ID:-$$}}{suffix}"',

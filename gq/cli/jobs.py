@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import typer
 
+from gq import messages
 from gq.cli import render
-from gq.cli.common import database, resolve_one
+from gq.cli.common import ask, labels
 from gq.errors import UserError
-from gq.queue import queries
 from gq.queue.states import ACTIVE, TERMINAL, JobState
+
+STATUS_HELP = """List pending and running jobs (like squeue).
+
+Columns: JOBID (17, or 17_3 for task 3 of array 17), ST (PD pending, R running, CD
+completed, F failed, CA cancelled, TO timeout), TIME (run time), DEVICE, LANE, PROGRESS
+(steps done/total), REASON (why a pending job waits: Resources, Priority, Dependency,
+JobHeldUser, JobArrayTaskLimit).
+
+LANE says what a running job is doing at this moment: 'holds' = it is inside an iteration
+and holds its device lane; 'waits' = it is resident (keeps its memory, counts as running)
+but between iterations or waiting for the lane while another job's iteration runs.
+"""
 
 
 def _states(values: Optional[list[str]]) -> list[JobState] | None:
@@ -22,44 +34,38 @@ def _states(values: Optional[list[str]]) -> list[JobState] | None:
     return [JobState.parse(part) for value in values for part in value.split(",")]
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=False)
+def _note_stale(answer: messages.Jobs) -> None:
+    if answer.stale:
+        print(f"gq: note: progress figures may be stale: {answer.stale}", file=sys.stderr)
 
 
 def status(
     all_jobs: bool = typer.Option(False, "-a", "--all", help="Include finished jobs."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON objects."),
-    user: Optional[list[str]] = typer.Option(None, "-u", "--user", help="Only these users' jobs."),
-    state: Optional[list[str]] = typer.Option(None, "-t", "--state", help="Only these states (PD, R, CD, ...; comma-separated)."),
+    user: Optional[list[str]] = typer.Option(None, "-u", "--user", metavar="USER", help="Only these users' jobs."),
+    state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these states (PD, R, CD, ...; comma-separated)."),
 ) -> None:
-    """List pending and running jobs (like squeue): progress, lane use, pending reasons."""
     states = _states(state) or (None if all_jobs else sorted(ACTIVE))
-    with database().read() as session:
-        jobs = queries.jobs(session, states=states, users=user or None)
+    answer = ask(messages.ListJobs(states=None if states is None else [s.value for s in states],
+                                   users=user or None))
+    _note_stale(answer)
     if json_out:
-        typer.echo(render.dumps([render.job_json(j) for j in jobs]))
+        typer.echo(render.dumps([render.job_json(j) for j in answer.jobs]))
         return
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE", "PROGRESS",
-                   "REASON"):
-        table.add_column(column, no_wrap=True)
     now = time.time()
-    for label, job in _fold_pending_arrays(jobs):
-        table.add_row(label, job.name[:24], job.user, render.state_label(job),
-                      render.duration(render.elapsed(job, now)), job.device or "-",
-                      render.lane_state(job), render.progress(job), _reason(job))
-    _console().print(table)
+    rows = [[label, job.name, job.user, render.state_label(job),
+             render.duration(render.elapsed(job, now)), job.device or "-",
+             render.lane_state(job), render.progress(job), _reason(job)]
+            for label, job in _fold_pending_arrays(answer.jobs)]
+    typer.echo(render.table(["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE",
+                             "PROGRESS", "REASON"], rows))
 
 
-def _fold_pending_arrays(jobs) -> list[tuple[str, object]]:
+def _fold_pending_arrays(jobs: list[messages.JobInfo]) -> list[tuple[str, messages.JobInfo]]:
     """squeue's rows: an array's pending tasks fold into one, e.g. 17_[5-99%8]."""
     from gq.queue.arrays import fold
 
-    pending: dict[int, list] = {}
+    pending: dict[int, list[messages.JobInfo]] = {}
     for job in jobs:
         if job.array_job_id is not None and job.state == JobState.PENDING.value:
             pending.setdefault(job.array_job_id, []).append(job)
@@ -76,33 +82,39 @@ def _fold_pending_arrays(jobs) -> list[tuple[str, object]]:
     return rows
 
 
-def _reason(job) -> str:
+def _reason(job: messages.JobInfo) -> str:
     if job.state == JobState.PENDING.value:
         return job.reason or "None"
     return job.reason or ""
 
 
 def show(
-    job_id: str = typer.Argument(..., metavar="JOBID", help="The job id (17, or 17_3 for an array task)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    job_id: str = typer.Argument(..., metavar="JOBID", help="17, 17_3 (one task), or an array's id (all its tasks)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (a list for an array)."),
 ) -> None:
     """Everything about one job, with its state history (like scontrol show job)."""
-    with database().read() as session:
-        job = resolve_one(session, job_id)
-        events = queries.events(session, job.id)
-    data = render.job_json(job)
-    data["events"] = [render.event_json(e) for e in events]
+    answer = ask(messages.ShowJob(labels([job_id])[0]))
+    _note_stale(answer)
     if json_out:
-        typer.echo(render.dumps(data))
+        data = [render.job_json(job) for job in answer.jobs]
+        typer.echo(render.dumps(data[0] if len(data) == 1 else data))
         return
+    for index, job in enumerate(answer.jobs):
+        if index:
+            typer.echo()
+        _print_job(job)
+
+
+def _print_job(job: messages.JobInfo) -> None:
     lines = [
-        ("JobId", job.label), ("Name", job.name), ("User", job.user),
+        ("JobId", job.label), ("Name", job.name), ("User", f"{job.user} (uid {job.uid})"),
         ("State", f"{job.state} ({render.state_label(job)})"), ("Reason", job.reason or "-"),
         ("Priority", job.priority), ("Command", " ".join([job.script, *job.args])),
-        ("WorkDir", job.workdir), ("StdOut", job.stdout_path), ("StdErr", job.stderr_path),
+        ("WorkDir", job.workdir), ("StdOut", job.stdout), ("StdErr", job.stderr),
         ("Gpus", job.gpus), ("Mem", render.size(job.mem)),
         ("TimeLimit", render.duration(job.time_limit) if job.time_limit else "UNLIMITED"),
-        ("Exclusive", "yes" if job.exclusive else "no"), ("Requeue", "yes" if job.requeue else "no"),
+        ("Exclusive", "yes" if job.exclusive else "no"),
+        ("Requeue", "yes" if job.requeue else "no"),
         ("Dependency", job.dependency or "-"), ("Held", "yes" if job.held else "no"),
         ("Device", f"{job.device or '-'}" + (f" lane {job.lane}" if job.lane is not None else "")),
         ("SubmitTime", render.short_time(job.submit_time)),
@@ -113,14 +125,14 @@ def show(
         ("Steps", f"{job.steps_done}/{job.steps_total or '?'}"),
         ("MeanIteration", f"{job.mean_iteration * 1000:.2f} ms" if job.mean_iteration else "-"),
         ("AttainedDeviceTime", f"{job.attained:.2f} s"),
-        ("MemPersistent", render.size(job.mem_persistent)), ("MemPeak", render.size(job.mem_peak)),
-        ("Runs", job.run_count),
+        ("MemPersistent", render.size(job.mem_persistent)),
+        ("MemPeak", render.size(job.mem_peak)), ("Runs", job.run_count),
     ]
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         typer.echo(f"{key:>{width}}: {value}")
     typer.echo("\nState history:")
-    for event in events:
+    for event in job.events or []:
         old = event.old_state or "-"
         reason = f"  ({event.reason})" if event.reason else ""
         typer.echo(f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}")
@@ -128,8 +140,8 @@ def show(
 
 def history(
     json_out: bool = typer.Option(False, "--json", help="Print JSON objects."),
-    user: Optional[list[str]] = typer.Option(None, "-u", "--user", help="Only these users' jobs."),
-    state: Optional[list[str]] = typer.Option(None, "-t", "--state", help="Only these end states."),
+    user: Optional[list[str]] = typer.Option(None, "-u", "--user", metavar="USER", help="Only these users' jobs."),
+    state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these end states."),
     csv_out: bool = typer.Option(False, "--csv", help="Print a trace for 'gq simulate'."),
 ) -> None:
     """Finished jobs (like sacct): wait time, run time, JCT and exit code.
@@ -137,29 +149,25 @@ def history(
     --csv writes gq's trace layout, so 'gq simulate --trace' can replay the jobs.
     """
     states = _states(state) or sorted(TERMINAL)
-    with database().read() as session:
-        jobs = queries.jobs(session, states=states, users=user or None)
+    answer = ask(messages.ListJobs(states=[s.value for s in states], users=user or None))
     if csv_out:
-        _write_trace(jobs)
+        _write_trace(answer.jobs)
         return
     if json_out:
-        typer.echo(render.dumps([render.job_json(j) for j in jobs]))
+        typer.echo(render.dumps([render.job_json(j) for j in answer.jobs]))
         return
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("JOBID", "NAME", "USER", "STATE", "EXIT", "WAIT", "RUN", "JCT", "END"):
-        table.add_column(column, no_wrap=True)
-    for job in jobs:
+    rows = []
+    for job in answer.jobs:
         data = render.job_json(job)
-        table.add_row(str(job.id), job.name[:24], job.user, job.state,
-                      "-" if job.exit_code is None else str(job.exit_code),
-                      render.duration(data["wait_time"]), render.duration(data["run_time"]),
-                      render.duration(data["jct"]), render.short_time(job.end_time))
-    _console().print(table)
+        rows.append([job.label, job.name, job.user, job.state,
+                     "-" if job.exit_code is None else str(job.exit_code),
+                     render.duration(data["wait_time"]), render.duration(data["run_time"]),
+                     render.duration(data["jct"]), render.short_time(job.end_time)])
+    typer.echo(render.table(["JOBID", "NAME", "USER", "STATE", "EXIT", "WAIT", "RUN", "JCT",
+                             "END"], rows))
 
 
-def _write_trace(jobs) -> None:
+def _write_trace(jobs: list[messages.JobInfo]) -> None:
     """Device time alone is best estimated by attained time where iterations were seen."""
     from gq.sim.traces import TraceJob, write_gq_csv
 
@@ -178,37 +186,48 @@ def logs(
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
     stderr: bool = typer.Option(False, "--err", help="Show the job's stderr file instead."),
 ) -> None:
-    """Print a job's output file (like tail; -f follows it until the job ends)."""
-    with database().read() as session:
-        job = resolve_one(session, job_id)
-    jid = job.label
-    path = Path(job.stderr_path if stderr else job.stdout_path)
+    """Print a job's output file (like tail; -f follows it until the job ends).
+
+    The daemon opens the file for you if you own the job (or are an operator).
+    """
+    label = labels([job_id])[0]
+    fd, answer = _open_log(label, stderr)
     if not follow:
-        if not path.exists():
-            if job.state == JobState.PENDING.value:
-                typer.echo(f"job {jid} is pending; it has no output yet", err=True)
+        if fd is None:
+            if answer.job.state == JobState.PENDING.value:
+                print(f"gq: job {answer.job.label} is pending; it has no output yet",
+                      file=sys.stderr)
                 return
-            raise UserError(f"job {jid}'s output file {path} does not exist")
-        _copy(path, 0)
+            raise UserError(f"job {answer.job.label}'s output file {answer.path} does not exist")
+        with os.fdopen(fd, "rb") as handle:
+            _copy(handle)
         return
-    offset = 0
-    while True:
-        if path.exists():
-            offset = _copy(path, offset)
-        with database().read() as session:
-            state = JobState(resolve_one(session, jid).state)
-        if state.terminal:
-            if path.exists():
-                _copy(path, offset)
-            return
-        time.sleep(0.2)
+    handle = None if fd is None else os.fdopen(fd, "rb")
+    try:
+        while True:
+            if handle is None:
+                fd, answer = _open_log(label, stderr)
+                handle = None if fd is None else os.fdopen(fd, "rb")
+            if handle is not None:
+                _copy(handle)
+            if JobState(ask(messages.ShowJob(label)).jobs[0].state).terminal:
+                if handle is not None:
+                    _copy(handle)
+                return
+            time.sleep(0.2)
+    finally:
+        if handle is not None:
+            handle.close()
 
 
-def _copy(path: Path, offset: int) -> int:
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        while chunk := handle.read(1 << 16):
-            sys.stdout.buffer.write(chunk)
-            offset += len(chunk)
+def _open_log(label: str, stderr: bool) -> tuple[int | None, messages.LogFile]:
+    from gq import client
+
+    answer, fds = client.ask_with_fds(messages.OpenLog(label, stderr))
+    return (fds[0] if fds else None), answer
+
+
+def _copy(handle) -> None:
+    while chunk := handle.read(1 << 16):
+        sys.stdout.buffer.write(chunk)
     sys.stdout.buffer.flush()
-    return offset

@@ -1,51 +1,95 @@
-"""The ``gq`` command: a Slurm-like queue for one GPU node."""
+"""The ``gq`` command: a Slurm-like queue for one GPU node.
+
+Only the module of the command being run is imported and turned into a click command (a
+command costs a few times Python's own start-up); ``gq --help`` loads them all.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
 
-from gq.cli import cancel, control, daemon, export, info, jobs, policy, simulate, submit
 from gq.errors import UserError
 
-app = typer.Typer(
-    name="gq",
-    help=(
-        "gq: a Slurm-like job queue for one GPU node. Jobs that share a device stay resident "
-        "and are swapped at every training iteration under the node's policy "
-        "(fifo, srtf, fair, priority).\n\n"
-        "Start with 'gq daemon start', then 'gq submit train.py' and 'gq status'. "
-        "State lives in GQ_HOME (default ~/.local/state/gq)."
-    ),
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+HELP = (
+    "gq: a Slurm-like job queue for one GPU node. Jobs that share a device stay resident "
+    "and are swapped at every training iteration under the node's policy "
+    "(fifo, srtf, fair, priority).\n\n"
+    "Submit with 'gq submit train.py', watch with 'gq status'. On a shared node the "
+    "commands talk to its system daemon (socket in /var/lib/gq, or GQ_SYSTEM_HOME); "
+    "elsewhere each user's own daemon starts on the first command, its state in GQ_HOME "
+    "(default ~/.local/state/gq).\n\n"
+    "Exit status: 0 done; 1 the daemon could not be reached; 2 a refused request (bad "
+    "input, no permission, a job in the wrong state), nothing changed."
 )
 
-app.command("submit", help=submit.HELP,
-            context_settings={"allow_interspersed_args": False})(submit.submit)
-app.command("status")(jobs.status)
-app.command("show")(jobs.show)
-app.command("history")(jobs.history)
-app.command("logs")(jobs.logs)
-app.command("cancel")(cancel.cancel)
-app.command("hold")(control.hold)
-app.command("release")(control.release)
-app.command("requeue")(control.requeue)
-app.command("update")(control.update)
-app.command("info")(info.info)
-app.command("simulate")(simulate.simulate)
-app.add_typer(policy.app, name="policy")
-app.add_typer(daemon.app, name="daemon")
-app.add_typer(export.app, name="export")
+# name -> (module in gq.cli, attribute, is a group of subcommands)
+COMMANDS: dict[str, tuple[str, str, bool]] = {
+    "submit": ("submit", "submit", False),
+    "status": ("jobs", "status", False),
+    "show": ("jobs", "show", False),
+    "history": ("jobs", "history", False),
+    "logs": ("jobs", "logs", False),
+    "cancel": ("cancel", "cancel", False),
+    "hold": ("control", "hold", False),
+    "release": ("control", "release", False),
+    "requeue": ("control", "requeue", False),
+    "update": ("control", "update", False),
+    "info": ("info", "info", False),
+    "simulate": ("simulate", "simulate", False),
+    "policy": ("policy", "app", True),
+    "daemon": ("daemon", "app", True),
+    "export": ("export", "app", True),
+}
+_EXTRA = {"submit": {"context_settings": {"allow_interspersed_args": False}}}
+
+
+def _version(value: bool) -> None:
+    if value:
+        from gq import __version__, messages
+
+        typer.echo(f"gq {__version__} (protocol {messages.VERSION})")
+        raise typer.Exit()
+
+
+def make_app(only: str | None = None) -> typer.Typer:
+    """The typer app with every command, or with ``only`` that one."""
+    app = typer.Typer(name="gq", help=HELP, add_completion=True, no_args_is_help=True,
+                      pretty_exceptions_enable=False, rich_markup_mode=None,
+                      context_settings={"help_option_names": ["-h", "--help"]})
+
+    @app.callback()
+    def _root(version: bool = typer.Option(False, "--version", "-V", is_eager=True,
+                                           callback=_version,
+                                           help="Print gq's version and exit.")) -> None:
+        pass
+
+    for name, (module_name, attribute, group) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        module = importlib.import_module(f"gq.cli.{module_name}")
+        target = getattr(module, attribute)
+        if group:
+            app.add_typer(target, name=name)
+        else:
+            extra = dict(_EXTRA.get(name, {}))
+            if doc := getattr(module, f"{attribute.upper()}_HELP", None):
+                extra["help"] = doc
+            app.command(name, **extra)(target)
+    return app
+
+
+def _invoked(args: list[str]) -> str | None:
+    """The command named on the line, when it is the first argument and a known one."""
+    return args[0] if args and args[0] in COMMANDS else None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; bad input is one line on stderr and exit code 2."""
-    command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
+    command = typer.main.get_command(make_app(_invoked(args)))
     try:
         result = command(args, prog_name="gq", standalone_mode=False)
     except UserError as exc:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from gq import policies
-from gq.cli.common import database, the_home
-from gq.errors import UserError
-from gq.queue import settings
+from gq import messages
+from gq.cli.common import ask
 
 app = typer.Typer(help="Show or set the scheduling policy (fifo, srtf, fair, priority).",
-                  no_args_is_help=True)
+                  invoke_without_command=True)
 
 DESCRIPTIONS = {
     "fifo": "earliest-submitted job runs until it ends; later ones wait",
@@ -20,30 +18,25 @@ DESCRIPTIONS = {
 }
 
 
+@app.callback()
+def policy(ctx: typer.Context) -> None:
+    """Show or set the scheduling policy; bare 'gq policy' shows it."""
+    if ctx.invoked_subcommand is None:
+        show_policy()
+
+
 @app.command("set")
 def set_policy(
     name: str = typer.Argument(..., metavar="POLICY", help="fifo, srtf, fair or priority."),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
 ) -> None:
-    """Set the policy; running hosts switch at the next iteration boundary."""
-    if name not in policies.NAMES:
-        raise UserError(f"unknown policy {name!r}; choose one of {', '.join(policies.NAMES)}")
-    if fill not in policies.FILL_MODES:
-        raise UserError(f"unknown --fill {fill!r}; choose one of {', '.join(policies.FILL_MODES)}")
-    with database().write() as session:
-        settings.put(session, settings.POLICY, name)
-        settings.put(session, settings.FILL, fill)
-    from gq.daemon.control import poke
-
-    poke(the_home())
-    suffix = f" (fill {fill})" if name == "priority" else ""
-    typer.echo(f"Policy set to {name}{suffix}")
+    """Set the node's policy (operators only); hosts switch at the next iteration boundary."""
+    typer.echo(ask(messages.SetPolicy(name, fill)).message)
 
 
 @app.command("show")
 def show_policy() -> None:
     """Print the current policy."""
-    with database().read() as session:
-        name, fill = settings.get(session, settings.POLICY), settings.get(session, settings.FILL)
-    suffix = f" (fill {fill})" if name == "priority" else ""
-    typer.echo(f"{name}{suffix}: {DESCRIPTIONS[name]}")
+    answer = ask(messages.GetPolicy())
+    suffix = f" (fill {answer.fill})" if answer.name == "priority" else ""
+    typer.echo(f"{answer.name}{suffix}: {DESCRIPTIONS.get(answer.name, '')}")

@@ -1,4 +1,5 @@
-"""How jobs look to people (rich tables) and to programs (JSON with ISO 8601 times)."""
+"""How jobs look to people (plain aligned columns, as squeue prints them) and to programs
+(JSON with ISO 8601 times). Works on the daemon's answers; imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import time
 from datetime import datetime
 from typing import Any
 
-from gq.queue.models import Job, JobEvent
-from gq.queue.states import JobState
+from gq.messages import EventInfo, JobInfo
 from gq.units import format_duration, format_size
+
+_SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
+          "TIMEOUT": "TO"}
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -24,22 +27,22 @@ def short_time(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def elapsed(job: Job, now: float | None = None) -> float | None:
+def elapsed(job: JobInfo, now: float | None = None) -> float | None:
     if job.start_time is None:
         return None
     end = job.end_time if job.end_time is not None else (now or time.time())
     return max(0.0, end - job.start_time)
 
 
-def wait_time(job: Job, now: float | None = None) -> float:
+def wait_time(job: JobInfo, now: float | None = None) -> float:
     start = job.start_time if job.start_time is not None else (job.end_time or now or time.time())
     return max(0.0, start - job.submit_time)
 
 
-def job_json(job: Job) -> dict[str, Any]:
-    return {
-        "id": job.id, "job_id": job.label, "name": job.name, "user": job.user, "state": job.state,
-        "priority": job.priority, "device": job.device, "lane": job.lane,
+def job_json(job: JobInfo) -> dict[str, Any]:
+    data = {
+        "id": job.id, "job_id": job.label, "name": job.name, "user": job.user, "uid": job.uid,
+        "state": job.state, "priority": job.priority, "device": job.device, "lane": job.lane,
         "submit_time": iso(job.submit_time), "start_time": iso(job.start_time),
         "end_time": iso(job.end_time), "exit_code": job.exit_code,
         "steps_done": job.steps_done, "steps_total": job.steps_total, "reason": job.reason,
@@ -47,17 +50,21 @@ def job_json(job: Job) -> dict[str, Any]:
         "exclusive": job.exclusive, "requeue": job.requeue, "script": job.script,
         "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
         "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
-        "args": job.args, "workdir": job.workdir, "stdout": job.stdout_path,
-        "stderr": job.stderr_path, "pid": job.pid, "run_count": job.run_count,
+        "args": job.args, "workdir": job.workdir, "stdout": job.stdout,
+        "stderr": job.stderr, "pid": job.pid, "run_count": job.run_count,
         "holds_lane": job.holds_lane, "attained": job.attained,
         "mean_iteration": job.mean_iteration, "mem_persistent": job.mem_persistent,
-        "mem_peak": job.mem_peak, "wait_time": wait_time(job) if job.state != "PENDING" else None,
+        "mem_peak": job.mem_peak,
+        "wait_time": wait_time(job) if job.state != "PENDING" else None,
         "run_time": elapsed(job),
         "jct": (job.end_time - job.submit_time) if job.end_time is not None else None,
     }
+    if job.events is not None:
+        data["events"] = [event_json(e) for e in job.events]
+    return data
 
 
-def event_json(event: JobEvent) -> dict[str, Any]:
+def event_json(event: EventInfo) -> dict[str, Any]:
     return {"time": iso(event.time), "old_state": event.old_state,
             "new_state": event.new_state, "reason": event.reason}
 
@@ -66,7 +73,17 @@ def dumps(value: Any) -> str:
     return json.dumps(value, indent=2)
 
 
-def progress(job: Job, width: int = 10) -> str:
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns as wide as their widest cell: nothing is cut, piped or not."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    lines = []
+    for row in [header, *rows]:
+        cells = [str(cell).ljust(width) for cell, width in zip(row, widths)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def progress(job: JobInfo, width: int = 10) -> str:
     if not job.steps_total:
         return str(job.steps_done) if job.steps_done else "-"
     fraction = min(1.0, job.steps_done / job.steps_total)
@@ -74,14 +91,14 @@ def progress(job: Job, width: int = 10) -> str:
     return f"{'█' * filled}{'░' * (width - filled)} {job.steps_done}/{job.steps_total}"
 
 
-def lane_state(job: Job) -> str:
-    if job.state != JobState.RUNNING.value:
+def lane_state(job: JobInfo) -> str:
+    if job.state != "RUNNING":
         return ""
     return "holds" if job.holds_lane else "waits"
 
 
-def state_label(job: Job) -> str:
-    return JobState(job.state).short
+def state_label(job: JobInfo) -> str:
+    return _SHORT.get(job.state, job.state)
 
 
 def size(value: int | None) -> str:

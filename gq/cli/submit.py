@@ -1,8 +1,7 @@
-"""gq submit: validate, snapshot the script, insert the PENDING row, poke the daemon."""
+"""gq submit: read the script and its directives as the caller, send them to the daemon."""
 
 from __future__ import annotations
 
-import getpass
 import os
 import sys
 from pathlib import Path
@@ -10,15 +9,16 @@ from typing import Any, Optional
 
 import typer
 
+from gq import messages
 from gq.cli import directives, sbatch
-from gq.cli.common import database, the_home
+from gq.cli.common import ask
 from gq.errors import UserError
-from gq.queue import arrays
+from gq.queue import arrays, dependencies
 from gq.units import parse_duration, parse_size
 
 DEFAULT_OUTPUT = "gq-%j.out"
 
-HELP = """Queue SCRIPT to run with ARGS on the node's devices (like sbatch).
+SUBMIT_HELP = """Queue SCRIPT to run with ARGS on the node's devices (like sbatch).
 
 Prints "Submitted job ID". Options may also be written in the script's first comment
 block as '#GQ --mem 6G' lines, or as '#SBATCH' lines for the options gq shares with
@@ -52,13 +52,14 @@ def submit(
     hold: bool = typer.Option(False, "-H", "--hold", help="Queue held; 'gq release' lets it run."),
     parsable: bool = typer.Option(False, "--parsable", help="Print only the job id."),
 ) -> None:
-    options = _with_directives(ctx, Path(script))
-    new = _validate(options)
-    job_id = _enqueue(new, Path(options["script"]).absolute())
-    _announce(job_id, options["parsable"])
+    content = _read_script(Path(script))
+    options = _with_directives(ctx, Path(script), content)
+    answer = ask(_request(options, content))
+    typer.echo(str(answer.job_id) if options["parsable"] else f"Submitted job {answer.job_id}")
 
 
 def _read_script(path: Path) -> bytes:
+    """The script's bytes, read with the caller's own rights (the daemon never opens it)."""
     if not path.exists():
         raise UserError(f"script {path} does not exist")
     if path.is_dir():
@@ -69,13 +70,16 @@ def _read_script(path: Path) -> bytes:
         raise UserError(f"cannot read script {path}: {exc.strerror}") from None
     if b"\0" in content[:8192]:
         raise UserError(f"script {path} is a binary file; submit a script that runs it")
+    if len(content) > messages.MAX_SCRIPT:
+        raise UserError(f"script {path} is over {messages.MAX_SCRIPT >> 20} MiB; submit a "
+                        "smaller script that reads its data from files")
     return content
 
 
-def _with_directives(ctx: typer.Context, script: Path) -> dict[str, Any]:
+def _with_directives(ctx: typer.Context, script: Path, content: bytes) -> dict[str, Any]:
     """Command-line values, then #GQ directives, then #SBATCH ones, for what each left unset."""
     options = dict(ctx.params)
-    text = _read_script(script).decode("utf-8", errors="replace")
+    text = content.decode("utf-8", errors="replace")
     found = directives.read(text, str(script))
     decided = {name for name in options if ctx.get_parameter_source(name).name == "COMMANDLINE"}
     warned: set[str] = set()
@@ -116,22 +120,9 @@ def _parse_directive(ctx: typer.Context, tokens: list[str], script: Path, line: 
             if name != "script" and parsed.get_parameter_source(name).name == "COMMANDLINE"}
 
 
-def _node_devices():
-    """The devices the daemon published, or discovered now when it has not run yet."""
-    from gq.daemon.devices import Device, discover
-    from gq.queue import settings
-
-    with database().read() as session:
-        published = settings.get(session, settings.DAEMON)
-    if published:
-        return [Device(**d) for d in published["devices"]]
-    return discover()[0]
-
-
-def _validate(options: dict[str, Any]):
-    from gq.daemon.devices import gpu_capacity
-    from gq.queue.transitions import NewJob
-
+def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
+    """Check what needs no daemon (units, paths, the interpreter, as the caller), then build
+    the request; the daemon checks the rest against the node."""
     script = Path(options["script"]).absolute()
     gpus = options["gpus"]
     if gpus < 0:
@@ -141,23 +132,12 @@ def _validate(options: dict[str, Any]):
         raise UserError(f"invalid --steps {steps}: must be a positive number of iterations")
     mem = parse_size(options["mem"]) if options["mem"] is not None else None
     limit = parse_duration(options["time_limit"]) if options["time_limit"] is not None else None
-    devices = _node_devices()
-    capacity = gpu_capacity(devices)
-    if gpus > capacity:
-        raise UserError(f"--gpus {gpus} is more than this node has ({capacity}); see 'gq info'")
-    on_gpus = gpus > 0 and any(d.kind == "cuda" for d in devices)
-    largest = max(d.memory_total for d in devices if (d.kind == "cuda") == on_gpus)
-    if mem is not None and mem > largest:
-        from gq.units import format_size
-
-        raise UserError(f"--mem {options['mem']} is more than any device of this node has "
-                        f"({format_size(largest)}); see 'gq info'")
     workdir = Path(options["chdir"]).absolute() if options["chdir"] else Path.cwd()
     if not workdir.is_dir():
         raise UserError(f"--chdir {workdir} is not a directory")
     interpreter = None
     if script.suffix == ".py":
-        interpreter = options["python"] or sys.executable
+        interpreter = os.path.abspath(options["python"] or sys.executable)
         if not os.access(interpreter, os.X_OK) or Path(interpreter).is_dir():
             raise UserError(f"--python {interpreter} is not an executable interpreter")
     elif options["python"]:
@@ -167,65 +147,17 @@ def _validate(options: dict[str, Any]):
     dependency = options["dependency"] or (f"afterok:{options['after']}" if options["after"]
                                            else None)
     if dependency is not None:
-        _check_dependency(dependency)
-    tasks = arrays.parse(options["array"]) if options["array"] else None
-    output = options["output"]
-    return NewJob(
-        name=options["job_name"] or script.name, user=getpass.getuser(), script=str(script),
-        args=list(options["args"] or []), interpreter=interpreter, workdir=str(workdir),
-        output_pattern=output, error_pattern=options["error"] or output, env=dict(os.environ),
-        gpus=gpus, mem=mem, time_limit=limit, steps_total=steps,
-        priority=options["priority"], exclusive=options["exclusive"],
-        requeue=options["requeue"], dependency=dependency, held=options["hold"],
-        array_tasks=tasks.tasks if tasks else None,
-        array_max_running=tasks.max_running if tasks else None,
-    )
-
-
-def _check_dependency(text: str) -> None:
-    from gq.queue import dependencies, queries
-
-    parsed = dependencies.parse(text)
-    with database().read() as session:
-        runs = queries.runs_of(session, parsed.job_ids)
-    missing = sorted(job_id for job_id, found in runs.items() if not found)
-    if missing:
-        raise UserError(f"dependency on job {', '.join(map(str, missing))}, which does not exist "
-                        "(see 'gq status --all')")
-
-
-def _enqueue(new, script: Path) -> int:
-    from gq.queue import spool, transitions
-
-    home = the_home()
-
-    def resolve(pattern: str, job) -> str:
-        array_id = job.array_job_id if job.array_job_id is not None else job.id
-        task = job.array_task_id if job.array_task_id is not None else 0
-        path = pattern.replace("%%", "\0")
-        for code, value in (("%j", job.id), ("%x", new.name), ("%u", new.user),
-                            ("%A", array_id), ("%a", task)):
-            path = path.replace(code, str(value))
-        return str(Path(new.workdir, path.replace("\0", "%")))
-
-    first = None
-    try:
-        with database().write() as session:
-            jobs = transitions.submit(session, new, resolve)
-            first = jobs[0].id
-            snapshot = spool.snapshot(home, first, script)
-            transitions.set_spool_path(session, [job.id for job in jobs], str(snapshot))
-    except BaseException:
-        if first is not None:
-            spool.discard(home, first)
-        raise
-    return first
-
-
-def _announce(job_id: int, parsable: bool) -> None:
-    from gq.daemon.control import poke
-
-    typer.echo(str(job_id) if parsable else f"Submitted job {job_id}")
-    if not poke(the_home()):
-        typer.echo(f"gq: note: the daemon is not running; job {job_id} waits until "
-                   "'gq daemon start'", err=True)
+        dependencies.parse(dependency)
+    if options["array"]:
+        arrays.parse(options["array"])
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return messages.Submit(
+        script_path=str(script), script=content, args=list(options["args"] or []),
+        workdir=str(workdir), env=dict(os.environ), umask=umask,
+        options=messages.SubmitOptions(
+            name=options["job_name"], gpus=gpus, mem=mem, time_limit=limit,
+            priority=options["priority"], steps=steps, output=options["output"],
+            error=options["error"], exclusive=options["exclusive"],
+            requeue=options["requeue"], interpreter=interpreter, array=options["array"],
+            dependency=dependency, held=options["hold"]))

@@ -1,31 +1,44 @@
-"""``python -m gq.daemon``: run the node daemon in the foreground (what `gq daemon start` runs)."""
+"""``python -m gq.daemon``: run the node daemon in the foreground (what `gq daemon start`
+runs, detached, and what the systemd unit runs)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
-from gq.daemon.control import AlreadyRunning
-from gq.daemon.node import Daemon, DaemonOptions
-from gq.home import home
+from gq import defaults, home
+from gq.daemon.control import acquire_pidfile
+from gq.errors import AlreadyRunning
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m gq.daemon")
-    parser.add_argument("--lanes", type=int, default=1)
-    parser.add_argument("--max-resident", type=int, default=4)
-    parser.add_argument("--kill-wait", type=float, default=10.0)
+    parser.add_argument("--system", action="store_true",
+                        help="the node's shared daemon (root; state in GQ_SYSTEM_HOME)")
+    parser.add_argument("--lanes", type=int, default=defaults.LANES)
+    parser.add_argument("--max-resident", type=int, default=defaults.MAX_RESIDENT)
+    parser.add_argument("--kill-wait", type=float, default=defaults.KILL_WAIT)
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
+    parser.add_argument("--operators", help="group whose members are operators")
+    parser.add_argument("--priority-cap", type=int, default=defaults.PRIORITY_CAP)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s daemon %(levelname)s %(message)s")
-    options = DaemonOptions(lanes=args.lanes, max_resident=args.max_resident,
-                            kill_grace=args.kill_wait, cpu_memory=args.cpu_memory)
+    if args.system and os.geteuid() != 0:
+        sys.exit("gq: error: the system daemon runs as root")
+    where = (home.system() if args.system else home.personal()).ensure()
     try:
-        Daemon(home(), options).run()
+        pidfile = acquire_pidfile(where)  # before the heavy imports: a loser exits at once
     except AlreadyRunning as exc:
         print(f"gq: {exc}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(defaults.ALREADY_RUNNING_EXIT)
+    from gq.daemon.node import Daemon, DaemonOptions
+
+    options = DaemonOptions(lanes=args.lanes, max_resident=args.max_resident,
+                            kill_grace=args.kill_wait, cpu_memory=args.cpu_memory,
+                            operator_group=args.operators, priority_cap=args.priority_cap)
+    Daemon(where, options).run(pidfile)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,15 @@ def command(job: Job) -> tuple[list[str], bool]:
     return ["bash", job.spool_path, *job.args], False
 
 
-def launch_spec(job: Job, devices: list[Device], lane: int) -> dict[str, Any]:
+def launch_spec(job: Job, devices: list[Device], lane: int, system: bool) -> dict[str, Any]:
+    """Everything the host needs to start the job as its submitter."""
     argv, worker = command(job)
     env = dict(job.env)
+    groups: list[int] = []
+    if system and job.uid is not None:
+        entry = pwd.getpwuid(job.uid)
+        env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+        groups = os.getgrouplist(entry.pw_name, job.gid if job.gid is not None else entry.pw_gid)
     env.update(devices_mod.environment(devices))
     env.update(GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name,
                GQ_SCRIPT_DIR=str(Path(job.script).parent))
@@ -48,5 +55,6 @@ def launch_spec(job: Job, devices: list[Device], lane: int) -> dict[str, Any]:
         "id": job.id, "argv": argv, "worker": worker, "cwd": job.workdir, "env": env,
         "stdout": job.stdout_path, "stderr": job.stderr_path, "lane": lane,
         "user": job.user, "priority": job.priority, "submit_time": job.submit_time,
-        "steps_total": job.steps_total,
+        "steps_total": job.steps_total, "uid": job.uid, "gid": job.gid, "groups": groups,
+        "umask": job.umask,
     }

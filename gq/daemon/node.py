@@ -1,5 +1,6 @@
-"""The node daemon: admits pending jobs onto devices, supervises one execution host per
-device, records what happens, enforces time limits, and recovers after a crash."""
+"""The node daemon: answers clients, admits pending jobs onto devices, supervises one
+execution host per device, records what happens, enforces time limits, and recovers after a
+crash. It is the only process that opens the queue."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, replace
+from typing import IO
 
-from gq import policies
-from gq.daemon import admission, control, recovery
+from gq import defaults, policies
+from gq.daemon import admission, handlers, recovery
+from gq.daemon.access import Caller, Rules
 from gq.daemon.devices import Device, discover
 from gq.daemon.hosts import HostHandle
 from gq.daemon.launch import launch_spec
+from gq.daemon.server import Connection, Server
 from gq.home import Home
-from gq.queue import dependencies, queries, settings, transitions
+from gq.queue import dependencies, queries, transitions
+from gq.queue import settings as queue_settings
 from gq.queue.engine import Database
 from gq.queue.models import Job
 from gq.queue.states import JobState
@@ -25,9 +30,6 @@ from gq.units import format_duration
 from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.daemon")
-POLL_PERIOD = 1.0  # rescan the queue this often even without a poke
-FLUSH_PERIOD = 1.0  # write progress to the DB this often
-HOST_RESTART_DELAY = 1.0
 # squeue's reasons for a pending job
 RESOURCES = "Resources"
 PRIORITY = "Priority"
@@ -39,10 +41,12 @@ NEVER_SATISFIED = "DependencyNeverSatisfied"
 
 @dataclass(frozen=True)
 class DaemonOptions:
-    lanes: int = 1
-    max_resident: int = 4
-    kill_grace: float = 10.0
+    lanes: int = defaults.LANES
+    max_resident: int = defaults.MAX_RESIDENT
+    kill_grace: float = defaults.KILL_WAIT
     cpu_memory: int | None = None  # bytes the cpu device offers jobs [all of RAM]
+    operator_group: str | None = None  # its members may act on every job and the node
+    priority_cap: int = defaults.PRIORITY_CAP  # system mode: highest priority for users
 
 
 @dataclass
@@ -77,57 +81,79 @@ class Daemon:
         self.selector = selectors.DefaultSelector()
         self.policy_setting: tuple[str, str] | None = None
         self.stopping = False
+        self.stop_deadline = 0.0
         self.wake = True
         self.started_at = time.time()
+        self.rules = Rules(daemon_uid=os.geteuid(), operator_group=options.operator_group,
+                           priority_cap=options.priority_cap if home.system else None)
+        self.server: Server | None = None
 
     # ----- life cycle -----------------------------------------------------------------
-    def run(self) -> None:
-        pidfile = control.acquire_pidfile(self.home)
+    def run(self, pidfile: IO[str]) -> None:
+        """Serve until stopped; ``pidfile`` is the lock that makes this the home's daemon."""
         try:
             recovered = recovery.recover(self.db)
             if recovered:
                 log.warning("recovered %d job(s) left running: %s", len(recovered), recovered)
-            poke_socket = control.bind_poke_socket(self.home)
-            self.selector.register(poke_socket, selectors.EVENT_READ, "poke")
             wake_read = signal_socket((signal.SIGTERM, signal.SIGINT, signal.SIGCHLD))
             self.selector.register(wake_read, selectors.EVENT_READ, "signal")
             for device in self.devices:
                 self._start_host(device)
-            self._publish()
-            log.info("daemon %d up on %s", os.getpid(), ", ".join(d.name for d in self.devices))
-            self._loop(poke_socket, wake_read)
+            self.server = Server(self.home, self.selector, self._dispatch, self._identify)
+            log.info("daemon %d up (%s mode) on %s", os.getpid(), self.home.mode,
+                     ", ".join(d.name for d in self.devices))
+            self._loop(wake_read)
         finally:
-            self._clear_published()
-            try:
-                self.home.daemon_socket.unlink()
-            except FileNotFoundError:
-                pass
+            if self.server is not None:
+                # A system socket stays: clients then wait for a restarting daemon instead
+                # of starting personal ones.
+                self.server.close(unlink=not self.home.system)
             pidfile.close()
             self.db.close()
 
-    def _loop(self, poke_socket: socket.socket, wake_read: socket.socket) -> None:
+    def _dispatch(self, caller: Caller, line: bytes) -> tuple[bytes, list[int]]:
+        return handlers.dispatch(self, caller, line)
+
+    def _identify(self, pid: int, uid: int, gid: int) -> Caller:
+        return self.rules.identify(uid, gid)
+
+    def lane_memory(self, device: Device) -> int:
+        """What one lane of the device offers: its memory split evenly between lanes."""
+        return device.memory_total // max(1, self.options.lanes)
+
+    def stale(self) -> str | None:
+        """Why the queue's progress figures may be out of date, if they may."""
+        down = sorted(set(self.host_down_since))
+        if down:
+            return f"the execution host of {', '.join(down)} is restarting"
+        return None
+
+    def _loop(self, wake_read: socket.socket) -> None:
+        assert self.server is not None
         last_scan = last_flush = 0.0
         while True:
-            for key, _ in self.selector.select(self._timeout(last_scan)):
-                if key.data == "poke":
-                    self._drain(poke_socket)
-                    self.wake = True
+            for key, mask in self.selector.select(self._timeout(last_scan)):
+                if isinstance(key.data, Connection):
+                    self.server.service(key.data, mask)
+                elif key.data is self.server:
+                    self.server.accept()
                 elif key.data == "signal":
                     self._on_signals(wake_read)
                 else:
                     self._from_host(key.data)
             now = time.monotonic()
+            self.server.expire(now)
             if self.stopping:
                 if not self.running or now > self.stop_deadline:
                     break
                 continue
             self._restart_dead_hosts(now)
             self._enforce_time_limits(now)
-            if self.wake or now - last_scan >= POLL_PERIOD:
+            if self.wake or now - last_scan >= defaults.POLL_PERIOD:
                 self.wake = False
                 last_scan = now
                 self._scan()
-            if now - last_flush >= FLUSH_PERIOD:
+            if now - last_flush >= defaults.FLUSH_PERIOD:
                 last_flush = now
                 self._flush_progress()
         self._flush_progress()
@@ -135,46 +161,32 @@ class Daemon:
             host.stop(timeout=2.0)
 
     def _timeout(self, last_scan: float) -> float:
+        """Until the next thing the loop must do unprompted; never 0 while nothing is due."""
         now = time.monotonic()
-        deadlines = [last_scan + POLL_PERIOD]
-        deadlines += [r.started + r.time_limit for r in self.running.values()
-                      if r.time_limit is not None and r.kill_why is None]
-        return max(0.0, min(min(deadlines) - now, FLUSH_PERIOD))
-
-    @staticmethod
-    def _drain(sock: socket.socket) -> None:
-        while True:
-            try:
-                sock.recv(4096)
-            except (BlockingIOError, OSError):
-                return
+        if self.stopping:  # only exits (events) and the stop deadline matter now
+            deadlines = [self.stop_deadline]
+        else:
+            deadlines = [last_scan + defaults.POLL_PERIOD]
+            deadlines += [r.started + r.time_limit for r in self.running.values()
+                          if r.time_limit is not None and r.kill_why is None]
+        assert self.server is not None
+        if (connection_deadline := self.server.next_deadline()) is not None:
+            deadlines.append(connection_deadline)
+        return max(0.0, min(min(deadlines) - now, defaults.FLUSH_PERIOD))
 
     def _on_signals(self, wake_read: socket.socket) -> None:
         signums = received(wake_read)
         if (signal.SIGTERM in signums or signal.SIGINT in signums) and not self.stopping:
-            self._begin_stop()
+            self.begin_stop(keep_jobs=False)
 
-    def _begin_stop(self) -> None:
+    def begin_stop(self, keep_jobs: bool) -> None:
         log.info("stopping: ending %d running job(s)", len(self.running))
         self.stopping = True
-        self.stop_deadline = time.monotonic() + self.options.kill_grace + 5.0
+        self.stop_deadline = time.monotonic() + self.options.kill_grace + defaults.STOP_GRACE
         for job in self.running.values():
             job.kill_why = "shutdown"
             if job.host in self.hosts:
                 self.hosts[job.host].send({"op": "kill", "job": job.job_id})
-
-    def _publish(self) -> None:
-        info = {"pid": os.getpid(), "started": self.started_at,
-                "devices": [d.as_dict() for d in self.devices], "note": self.device_note,
-                "lanes": self.options.lanes, "max_resident": self.options.max_resident,
-                "cpu_memory": self.options.cpu_memory,
-                "kill_grace": self.options.kill_grace}
-        with self.db.write() as session:
-            settings.put(session, settings.DAEMON, info)
-
-    def _clear_published(self) -> None:
-        with self.db.write() as session:
-            settings.put(session, settings.DAEMON, None)
 
     # ----- hosts ----------------------------------------------------------------------
     def _start_host(self, device: Device) -> None:
@@ -187,7 +199,7 @@ class Daemon:
 
     def _restart_dead_hosts(self, now: float) -> None:
         for name, since in list(self.host_down_since.items()):
-            if now - since >= HOST_RESTART_DELAY:
+            if now - since >= defaults.HOST_RESTART_DELAY:
                 del self.host_down_since[name]
                 device = next(d for d in self.devices if d.name == name)
                 log.warning("restarting the execution host of %s", name)
@@ -293,7 +305,7 @@ class Daemon:
     # ----- admission ------------------------------------------------------------------
     def _scan(self) -> None:
         with self.db.read() as session:
-            config = settings.get_all(session)
+            config = queue_settings.get_all(session)
             pending = list(queries.jobs(session, states=[JobState.PENDING]))
             running = list(queries.running(session))
             referenced = set()
@@ -352,7 +364,7 @@ class Daemon:
         return eligible
 
     def _apply_policy(self, config: dict) -> None:
-        wanted = (config[settings.POLICY], config[settings.FILL])
+        wanted = (config[queue_settings.POLICY], config[queue_settings.FILL])
         if wanted == self.policy_setting:
             return
         self.policy_setting = wanted
@@ -399,7 +411,7 @@ class Daemon:
             lanes = max(1, self.options.lanes)
             loads[device.name] = admission.DeviceLoad(
                 name=device.name, gpu=device.kind == "cuda",
-                lanes=[admission.LaneLoad(device.memory_total // lanes) for _ in range(lanes)],
+                lanes=[admission.LaneLoad(self.lane_memory(device)) for _ in range(lanes)],
                 max_resident=self.options.max_resident)
         for job in self.running.values():
             for device in job.devices:
@@ -431,7 +443,7 @@ class Daemon:
                           priority=job.priority)
         self.running[job.id] = running
         try:
-            spec = launch_spec(job, devices, placement.lane)
+            spec = launch_spec(job, devices, placement.lane, self.home.system)
         except OSError as exc:
             self._end(running, None, JobState.FAILED, f"cannot read job script: {exc}")
             return

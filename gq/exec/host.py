@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import logging
 import os
 import selectors
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gq import policies
+from gq.errors import LaunchError
 from gq.exec.protocol import Channel
 from gq.policies.base import JobView
 from gq.wakeup import received, signal_socket
@@ -33,12 +35,6 @@ PROGRESS_PERIOD = 1.0
 # for a whole iteration (anticipatory scheduling). Real idle gaps are longer and are filled.
 ANTICIPATION_LIMIT = 0.002
 HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
-
-
-def _in_new_group_dying_with_host() -> None:
-    """Runs in the child before exec: own process group, killed if the host dies."""
-    os.setsid()
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @dataclass
@@ -192,7 +188,7 @@ class Host:
         job_id = int(spec["id"])
         try:
             resident = self._spawn(spec)
-        except _LaunchError as exc:
+        except LaunchError as exc:
             self.daemon.send({"op": "launch_failed", "job": job_id, "reason": str(exc)})
             return
         self.residents[job_id] = resident
@@ -202,6 +198,7 @@ class Host:
         self.daemon.send({"op": "started", "job": job_id, "pid": resident.process.pid})
 
     def _spawn(self, spec: dict[str, Any]) -> Resident:
+        """Start the job's process as its submitter, in its own process group."""
         job_id = int(spec["id"])
         env = dict(spec["env"])
         worker_end = host_end = None
@@ -211,27 +208,12 @@ class Host:
             env["GQ_WORKER_FD"] = str(worker_end.fileno())
             pass_fds = (worker_end.fileno(),)
         try:
-            stdout = _open_output(spec["stdout"])
-            stderr = stdout if spec["stderr"] == spec["stdout"] else _open_output(spec["stderr"])
-        except _LaunchError:
-            for end in (host_end, worker_end):
-                if end is not None:
-                    end.close()
-            raise
-        try:
-            process = subprocess.Popen(
-                spec["argv"], cwd=spec["cwd"], env=env, stdin=subprocess.DEVNULL,
-                stdout=stdout, stderr=stderr, pass_fds=pass_fds,
-                preexec_fn=_in_new_group_dying_with_host,
-            )
-        except OSError as exc:
+            process = _start_as_submitter(spec, env, pass_fds)
+        except LaunchError:
             if host_end is not None:
                 host_end.close()
-            raise _LaunchError(f"cannot start {spec['argv'][0]}: {exc.strerror}") from exc
+            raise
         finally:
-            stdout.close()
-            if stderr is not stdout:
-                stderr.close()
             if worker_end is not None:
                 worker_end.close()
         channel = None
@@ -407,15 +389,63 @@ class Host:
             self.daemon.send({"op": "progress", "jobs": [r.progress() for r in changed]})
 
 
-class _LaunchError(Exception):
-    pass
+def _start_as_submitter(spec: dict[str, Any], env: dict[str, str],
+                        pass_fds: tuple[int, ...]) -> subprocess.Popen:
+    """Popen drops to the submitter's uid, gid and groups (when the host runs as root) and
+    sets their umask; then, already as them, the child enters the working directory and
+    opens the output files, so their rights decide where output may go, and a link planted
+    at the output path is not followed."""
+    uid, gid = spec.get("uid"), spec.get("gid")
+    as_submitter = {}
+    if os.geteuid() == 0 and uid is not None and gid is not None and uid != 0:
+        as_submitter = {"user": int(uid), "group": int(gid),
+                        "extra_groups": [int(g) for g in spec.get("groups") or [gid]]}
+    error_read, error_write = os.pipe()
+    stdout, stderr, cwd = spec["stdout"], spec["stderr"], spec["cwd"]
 
+    def in_child() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after the uid change
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            os.write(error_write, f"cannot enter working directory {cwd}: {exc.strerror}"
+                     .encode())
+            raise
+        out = _open_output(stdout, error_write)
+        err = out if stderr == stdout else _open_output(stderr, error_write)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
 
-def _open_output(path: str):
     try:
-        return open(path, "ab", buffering=0)
+        return subprocess.Popen(
+            spec["argv"], env=env, stdin=subprocess.DEVNULL, pass_fds=pass_fds,
+            start_new_session=True, umask=int(spec.get("umask", 0o022)),
+            preexec_fn=in_child, **as_submitter)
+    except subprocess.SubprocessError:
+        os.set_blocking(error_read, False)
+        try:
+            reason = os.read(error_read, 4096).decode(errors="replace")
+        except BlockingIOError:
+            reason = ""
+        raise LaunchError(reason or "the job's process could not be set up") from None
     except OSError as exc:
-        raise _LaunchError(f"cannot open output file {path}: {exc.strerror}") from exc
+        raise LaunchError(f"cannot start {spec['argv'][0]}: {exc.strerror}") from exc
+    finally:
+        os.close(error_read)
+        os.close(error_write)
+
+
+def _open_output(path: str, error_write: int) -> int:
+    """In the child, as the submitter: append to the output file, never through a link."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            reason = f"output file {path} is a symbolic link; gq does not follow it"
+        else:
+            reason = f"cannot open output file {path}: {exc.strerror}"
+        os.write(error_write, reason.encode())
+        raise
 
 
 def _kill_group(pgid: int, signum: int) -> None:

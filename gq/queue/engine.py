@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gq.home import Home
 
 # The newest Alembic revision; a test keeps it equal to the head of migrations/.
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 BUSY_TIMEOUT_MS = 60_000
 
 
@@ -108,7 +108,7 @@ def migrate(home: Home, revision: str = "head") -> None:
         config.set_main_option("script_location", str(migrations_dir()))
         config.set_main_option("sqlalchemy.url", f"sqlite:///{home.db}")
         command.upgrade(config, revision)
-        os.chmod(home.db, 0o600)
+        os.chmod(home.db, 0o600)  # root's database in system mode: the daemon alone reads it
         connection = sqlite3.connect(home.db)
         connection.execute("PRAGMA journal_mode=WAL")  # persistent: set once, at creation
         connection.close()

@@ -18,6 +18,8 @@ class Job(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(255))
     user: Mapped[str] = mapped_column(String(64), index=True)
+    uid: Mapped[int | None] = mapped_column(Integer)  # the submitter, as the kernel said
+    gid: Mapped[int | None] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str | None] = mapped_column(Text)
     priority: Mapped[int] = mapped_column(Integer, default=0)
@@ -46,6 +48,7 @@ class Job(Base):
     stdout_path: Mapped[str] = mapped_column(Text)
     stderr_path: Mapped[str] = mapped_column(Text)
     env: Mapped[dict[str, str]] = mapped_column(JSON)
+    umask: Mapped[int] = mapped_column(Integer, default=0o022)
 
     # What happened.
     device: Mapped[str | None] = mapped_column(String(64))

@@ -1,4 +1,10 @@
-"""Snapshots of submitted scripts, so editing or deleting the original changes no queued job."""
+"""Snapshots of submitted scripts, so editing or deleting the original changes no queued job.
+
+The client reads the script with its own rights and sends the bytes; the daemon writes them
+here and never opens a user's path itself. Each job's directory belongs to the daemon (so
+nobody can swap the snapshot for a link), and the snapshot to the job's owner, mode 0500:
+readable by its owner and root only, runnable by the owner's job.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +19,28 @@ def job_dir(home: Home, job_id: int) -> Path:
     return home.spool / str(job_id)
 
 
-def snapshot(home: Home, job_id: int, script: Path) -> Path:
+def snapshot(home: Home, job_id: int, name: str, content: bytes, uid: int | None,
+             gid: int | None) -> Path:
     target_dir = job_dir(home, job_id)
-    target_dir.mkdir(mode=0o700, exist_ok=True)
-    target = target_dir / script.name
-    shutil.copyfile(script, target)
-    os.chmod(target, 0o700)
+    target_dir.mkdir(mode=0o711 if home.system else 0o700)
+    target = target_dir / name
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
+    try:
+        written = memoryview(content)
+        while written:
+            written = written[os.write(fd, written):]
+        if uid is not None and gid is not None and (uid, gid) != (os.geteuid(), os.getegid()):
+            os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
     return target
+
+
+def read(path: str) -> bytes:
+    """A snapshot as the daemon wrote it (its directory is the daemon's, so no link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
 
 
 def discard(home: Home, job_id: int) -> None:

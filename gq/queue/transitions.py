@@ -24,6 +24,8 @@ class NewJob:
 
     name: str
     user: str
+    uid: int | None
+    gid: int | None
     script: str
     args: list[str]
     interpreter: str | None
@@ -31,6 +33,7 @@ class NewJob:
     output_pattern: str
     error_pattern: str
     env: dict[str, str]
+    umask: int = 0o022
     gpus: int = 1
     mem: int | None = None
     time_limit: int | None = None
@@ -52,7 +55,7 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[Job]:
     jobs = []
     for task in tasks:
         job = Job(
-            name=new.name, user=new.user, state=JobState.PENDING.value, priority=new.priority,
+            name=new.name, user=new.user, uid=new.uid, gid=new.gid, umask=new.umask, state=JobState.PENDING.value, priority=new.priority,
             gpus=new.gpus, mem=new.mem, time_limit=new.time_limit, steps_total=new.steps_total,
             exclusive=new.exclusive, requeue=new.requeue, dependency=new.dependency,
             held=new.held, script=new.script, spool_path="", args=list(new.args),
@@ -78,14 +81,13 @@ def set_spool_path(session: Session, job_ids: list[int], path: str) -> None:
 
 
 def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: str | None,
-          now: float | None = None, **values: Any) -> bool:
+          now: float | None = None, guard: Any = None, **values: Any) -> bool:
     assert allowed(old, new), f"{old} -> {new} is not a job transition"
     now = time.time() if now is None else now
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.state == old.value)
-        .values(state=new.value, reason=reason, **values)
-    )
+    query = update(Job).where(Job.id == job_id, Job.state == old.value)
+    if guard is not None:
+        query = query.where(guard)
+    result = session.execute(query.values(state=new.value, reason=reason, **values))
     if result.rowcount != 1:
         return False
     session.add(JobEvent(job_id=job_id, time=now, old_state=old.value, new_state=new.value,
@@ -95,9 +97,11 @@ def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: s
 
 def start(session: Session, job_id: int, device: str, lane: int,
           now: float | None = None) -> bool:
+    """PENDING to RUNNING, unless the job was held (or cancelled) since admission read it."""
     now = time.time() if now is None else now
     return _move(session, job_id, JobState.PENDING, JobState.RUNNING, None, now,
-                 device=device, lane=lane, pid=None, stop_request=None, start_time=now, end_time=None, exit_code=None,
+                 guard=Job.held.is_(False), device=device, lane=lane, pid=None,
+                 stop_request=None, start_time=now, end_time=None, exit_code=None,
                  run_count=Job.run_count + 1, steps_done=0, attained=0.0)
 
 
@@ -126,7 +130,8 @@ def finish(session: Session, job_id: int, state: JobState, exit_code: int | None
 def requeue(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:
     """Put a RUNNING job back in the queue (its run was lost, not its submission)."""
     return _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now,
-                 device=None, lane=None, pid=None, holds_lane=False, stop_request=None)
+                 device=None, lane=None, pid=None, holds_lane=False, stop_request=None,
+                 start_time=None)
 
 
 def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:

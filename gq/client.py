@@ -1,0 +1,176 @@
+"""The client's side of the daemon socket: find the daemon, start a personal one on demand,
+send one request, return the answer. Imports nothing heavy: every command goes through it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from gq import defaults, messages
+from gq.errors import UserError
+from gq.home import Home, locate
+
+
+class Unreachable(UserError):
+    """No daemon answered (exit 1: the request was fine, the node is not)."""
+
+    exit_code = 1
+
+
+def ask(request: Any, home: Home | None = None) -> Any:
+    """Send ``request`` and return the daemon's answer; an Error answer raises UserError."""
+    answer, _ = ask_with_fds(request, home)
+    return answer
+
+
+def ask_with_fds(request: Any, home: Home | None = None) -> tuple[Any, list[int]]:
+    home = home or locate()
+    with _connect(home) as sock:
+        sock.settimeout(defaults.CLIENT_TIMEOUT)
+        try:
+            sock.sendall(messages.encode(request))
+        except OSError as exc:
+            raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
+                              f"see {home.daemon_log}") from None
+        line, fds = _read_line(sock, home)
+    try:
+        answer = messages.decode(line, messages.ANSWERS)
+    except messages.VersionMismatch as exc:
+        raise UserError(f"the daemon speaks protocol version {exc.theirs} and this gq speaks "
+                        f"{messages.VERSION}: restart the daemon with this gq ('gq daemon "
+                        "restart') or use the gq it was installed with") from None
+    except messages.MessageError as exc:
+        raise UserError(f"malformed answer from the daemon: {exc}") from None
+    if isinstance(answer, messages.Error):
+        for fd in fds:
+            os.close(fd)
+        raise UserError(answer.message, answer.exit_code)
+    return answer, fds
+
+
+def _read_line(sock: socket.socket, home: Home) -> tuple[bytes, list[int]]:
+    buffer, fds = bytearray(), []
+    while b"\n" not in buffer:
+        try:
+            data, received, _, _ = socket.recv_fds(sock, 1 << 16, 4)
+        except TimeoutError:
+            raise Unreachable(f"the daemon did not answer within {defaults.CLIENT_TIMEOUT:g} s; "
+                              f"see {home.daemon_log}") from None
+        except OSError as exc:
+            data, received = b"", []
+            if not buffer:
+                raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
+                                  f"see {home.daemon_log}") from None
+        fds += received
+        if not data:
+            raise Unreachable("the daemon closed the connection without answering; "
+                              f"see {home.daemon_log}")
+        buffer += data
+    return bytes(buffer[: buffer.index(b"\n")]), fds
+
+
+def _try_connect(home: Home) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(home.socket))
+        return sock
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    except PermissionError:
+        sock.close()
+        raise UserError(f"no permission to reach the daemon at {home.socket}") from None
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot reach the daemon at {home.socket}: {exc.strerror}") from None
+
+
+def _try_connect_quietly(home: Home) -> socket.socket | None:
+    sock = _try_connect(home)
+    if sock is not None:
+        sock.close()
+    return sock
+
+
+def _connect(home: Home) -> socket.socket:
+    sock = _try_connect(home)
+    if sock is not None:
+        return sock
+    if home.system:
+        return _wait_for_system_daemon(home)
+    return start_daemon(home, [])
+
+
+def _wait_for_system_daemon(home: Home) -> socket.socket:
+    """A system socket that refuses is a daemon restarting (or down): wait a little."""
+    deadline = time.monotonic() + defaults.DAEMON_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        sock = _try_connect(home)
+        if sock is not None:
+            return sock
+    raise Unreachable(f"the node's gq daemon is not running (no answer at {home.socket} for "
+                      f"{defaults.DAEMON_WAIT:g} s); an operator starts it with "
+                      "'gq daemon start --system' or 'systemctl start gq'")
+
+
+def prepare_personal_home(home: Home) -> None:
+    try:
+        home.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot use GQ_HOME {home.root}: {exc.strerror or exc}") from None
+    if not home.root.is_dir() or not os.access(home.root, os.W_OK | os.X_OK):
+        raise UserError(f"cannot use GQ_HOME {home.root}: not a writable directory")
+
+
+def start_daemon(home: Home, options: list[str]) -> socket.socket:
+    """Start a detached daemon for ``home`` and wait for its socket; personal daemons are
+    started so on demand by the first command that needs one (as task-spooler does).
+
+    Concurrent first commands may each start one: the pidfile lock lets one win, the
+    others exit at once, and every client connects to the winner. A daemon that is still
+    stopping holds the lock too: the start is tried again until it has gone.
+    """
+    import subprocess
+
+    if home.system:
+        env = dict(os.environ, GQ_SYSTEM_HOME=str(home.root))
+        options = ["--system", *options]
+        home.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    else:
+        prepare_personal_home(home)
+        env = dict(os.environ, GQ_HOME=str(home.root))
+
+    def spawn() -> subprocess.Popen:
+        try:
+            log = open(home.daemon_log, "ab")
+        except OSError as exc:
+            raise UserError(f"cannot use {home.root}: {exc.strerror}") from None
+        with log:
+            os.chmod(home.daemon_log, 0o600)
+            return subprocess.Popen([sys.executable, "-m", "gq.daemon", *options], env=env,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True)
+
+    process = spawn()
+    deadline = time.monotonic() + defaults.DAEMON_START_TIMEOUT
+    while time.monotonic() < deadline:
+        sock = _try_connect(home)
+        if sock is not None:
+            return sock
+        code = process.poll()
+        if code == defaults.ALREADY_RUNNING_EXIT:
+            time.sleep(0.1)  # the holder is starting (its socket comes) or stopping
+            if _try_connect_quietly(home) is None:
+                process = spawn()
+            continue
+        if code is not None:
+            raise Unreachable(f"the gq daemon exited at start (code {code}); "
+                              f"see {home.daemon_log}")
+        time.sleep(0.01)
+    raise Unreachable(f"the gq daemon did not answer within {defaults.DAEMON_START_TIMEOUT:g} s; "
+                      f"see {home.daemon_log}")

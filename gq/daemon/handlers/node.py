@@ -1,0 +1,70 @@
+"""The node: its policy (operators set it), what it has (anyone reads it), stopping it."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import TYPE_CHECKING
+
+from gq import messages, policies
+from gq.daemon.access import Caller
+from gq.daemon.handlers.common import job_info
+from gq.errors import UserError
+from gq.queue import queries, settings
+from gq.queue.states import JobState
+
+if TYPE_CHECKING:
+    from gq.daemon.node import Daemon
+
+
+def set_policy(daemon: Daemon, caller: Caller, request: messages.SetPolicy) -> messages.Done:
+    """Hosts switch at their next iteration boundary (the daemon's next scan sends it)."""
+    if request.name not in policies.NAMES:
+        raise UserError(f"unknown policy {request.name!r}; choose one of "
+                        f"{', '.join(policies.NAMES)}")
+    if request.fill not in policies.FILL_MODES:
+        raise UserError(f"unknown --fill {request.fill!r}; choose one of "
+                        f"{', '.join(policies.FILL_MODES)}")
+    with daemon.db.write() as session:
+        settings.put(session, settings.POLICY, request.name)
+        settings.put(session, settings.FILL, request.fill)
+    daemon.wake = True
+    suffix = f" (fill {request.fill})" if request.name == "priority" else ""
+    return messages.Done(f"Policy set to {request.name}{suffix}")
+
+
+def get_policy(daemon: Daemon, caller: Caller, request: messages.GetPolicy) -> messages.PolicyInfo:
+    with daemon.db.read() as session:
+        return messages.PolicyInfo(settings.get(session, settings.POLICY),
+                                   settings.get(session, settings.FILL))
+
+
+def info(daemon: Daemon, caller: Caller, request: messages.NodeInfoRequest) -> messages.NodeInfo:
+    with daemon.db.read() as session:
+        config = settings.get_all(session)
+        running = [job_info(job) for job in queries.jobs(session, states=[JobState.RUNNING])]
+    devices = [messages.DeviceInfo(
+        name=d.name, kind=d.kind, index=d.index, memory_total=d.memory_total, model=d.model,
+        lane_memory=daemon.lane_memory(d),
+        jobs=[j for j in running if d.name in (j.device or "").split(",")])
+        for d in daemon.devices]
+    rules = daemon.rules
+    return messages.NodeInfo(
+        pid=os.getpid(), mode=daemon.home.mode, started=daemon.started_at,
+        lanes=daemon.options.lanes, max_resident=daemon.options.max_resident,
+        policy=config[settings.POLICY], fill=config[settings.FILL], note=daemon.device_note,
+        devices=devices,
+        operators=_operators(daemon), priority_cap=rules.priority_cap)
+
+
+def _operators(daemon: Daemon) -> list[str]:
+    rules = daemon.rules
+    if not daemon.home.system:
+        return [pwd.getpwuid(rules.daemon_uid).pw_name]
+    return ["root"] + ([f"group {rules.operator_group}"] if rules.operator_group else [])
+
+
+def stop(daemon: Daemon, caller: Caller, request: messages.Stop) -> messages.Done:
+    daemon.begin_stop(keep_jobs=request.keep_jobs)
+    what = "leaving running jobs to their hosts" if request.keep_jobs else "ending running jobs"
+    return messages.Done(f"gq daemon stopping (pid {os.getpid()}), {what}")

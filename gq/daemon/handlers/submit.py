@@ -1,0 +1,124 @@
+"""gq submit: check the request against the node, store the snapshot, queue the job.
+
+The client parsed the command line and the directives; everything is checked again here,
+since the daemon trusts no client. The script arrives as bytes the client read with its own
+rights: the daemon never opens the user's path (no confused deputy).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+from gq import messages
+from gq.daemon.access import Caller, check_priority
+from gq.daemon.devices import gpu_capacity
+from gq.errors import Refused, UserError
+from gq.queue import arrays, dependencies, queries, spool, transitions
+from gq.units import format_size
+
+if TYPE_CHECKING:
+    from gq.daemon.node import Daemon
+
+
+def submit(daemon: Daemon, caller: Caller, request: messages.Submit) -> messages.Submitted:
+    if daemon.stopping:
+        raise UserError("the daemon is stopping; submit again once it has restarted", 1)
+    if not daemon.home.system and caller.uid != os.geteuid():
+        raise Refused(f"this is uid {os.geteuid()}'s personal gq daemon; it runs no jobs for "
+                      f"{caller.name}")
+    new = _validate(daemon, caller, request)
+    script = PurePosixPath(request.script_path)
+    with daemon.db.read() as session:
+        _check_dependency(session, new.dependency)
+    first = None
+    try:
+        with daemon.db.write() as session:
+            jobs = transitions.submit(session, new, _output_resolver(new))
+            first = jobs[0]
+            snapshot = spool.snapshot(daemon.home, first.id, script.name, request.script,
+                                      caller.uid, caller.gid)
+            transitions.set_spool_path(session, [job.id for job in jobs], str(snapshot))
+            job_id = first.id  # an array's id is its first task's
+    except BaseException:
+        if first is not None:
+            spool.discard(daemon.home, first.id)
+        raise
+    daemon.wake = True
+    return messages.Submitted(job_id)
+
+
+def _validate(daemon: Daemon, caller: Caller,
+              request: messages.Submit) -> transitions.NewJob:
+    options = request.options
+    script = PurePosixPath(request.script_path)
+    if not script.is_absolute() or not PurePosixPath(request.workdir).is_absolute():
+        raise UserError("the script path and working directory must be absolute")
+    if len(request.script) > messages.MAX_SCRIPT:
+        raise UserError(f"script {script} is over {messages.MAX_SCRIPT >> 20} MiB; submit a "
+                        "smaller script that reads its data from files")
+    if b"\0" in request.script[:8192]:
+        raise UserError(f"script {script} is a binary file; submit a script that runs it")
+    if options.gpus < 0:
+        raise UserError(f"invalid --gpus {options.gpus}: must be 0 or more")
+    if options.steps is not None and options.steps <= 0:
+        raise UserError(f"invalid --steps {options.steps}: must be a positive number of "
+                        "iterations")
+    for name, value in (("--mem", options.mem), ("--time", options.time_limit)):
+        if value is not None and value <= 0:
+            raise UserError(f"invalid {name} {value}: must be greater than zero")
+    check_priority(daemon.rules, caller, options.priority, None)
+    capacity = gpu_capacity(daemon.devices)
+    if options.gpus > capacity:
+        raise UserError(f"--gpus {options.gpus} is more than this node has ({capacity}); "
+                        "see 'gq info'")
+    on_gpus = options.gpus > 0 and any(d.kind == "cuda" for d in daemon.devices)
+    usable = [d for d in daemon.devices if (d.kind == "cuda") == on_gpus]
+    largest = max(daemon.lane_memory(d) for d in usable)
+    if options.mem is not None and options.mem > largest:
+        lanes = f" per lane ({daemon.options.lanes} lanes)" if daemon.options.lanes > 1 else ""
+        raise UserError(f"--mem {format_size(options.mem)} is more than any device of this "
+                        f"node has{lanes} ({format_size(largest)}); see 'gq info'")
+    is_python = script.suffix == ".py"
+    if is_python and not (options.interpreter and os.path.isabs(options.interpreter)):
+        raise UserError("a .py script needs an interpreter given by its absolute path")
+    if not is_python and options.interpreter:
+        raise UserError("--python applies only to .py scripts")
+    if options.dependency is not None:
+        dependencies.parse(options.dependency)
+    tasks = arrays.parse(options.array) if options.array else None
+    return transitions.NewJob(
+        name=options.name or script.name, user=caller.name, uid=caller.uid, gid=caller.gid,
+        script=str(script), args=list(request.args), interpreter=options.interpreter if is_python
+        else None, workdir=request.workdir, output_pattern=options.output,
+        error_pattern=options.error or options.output, env=dict(request.env),
+        umask=request.umask & 0o777, gpus=options.gpus, mem=options.mem,
+        time_limit=options.time_limit, steps_total=options.steps, priority=options.priority,
+        exclusive=options.exclusive, requeue=options.requeue, dependency=options.dependency,
+        held=options.held, array_tasks=tasks.tasks if tasks else None,
+        array_max_running=tasks.max_running if tasks else None)
+
+
+def _check_dependency(session, text: str | None) -> None:
+    if text is None:
+        return
+    runs = queries.runs_of(session, dependencies.parse(text).job_ids)
+    missing = sorted(job_id for job_id, found in runs.items() if not found)
+    if missing:
+        raise UserError(f"dependency on job {', '.join(map(str, missing))}, which does not exist "
+                        "(see 'gq status --all')")
+
+
+def _output_resolver(new: transitions.NewJob):
+    """Fill in %j (job id), %x (name), %u (user), %A (array id), %a (task) for one row."""
+    def resolve(pattern: str, job) -> str:
+        array_id = job.array_job_id if job.array_job_id is not None else job.id
+        task = job.array_task_id if job.array_task_id is not None else 0
+        path = pattern.replace("%%", "\0")
+        for code, value in (("%j", job.id), ("%x", new.name), ("%u", new.user),
+                            ("%A", array_id), ("%a", task)):
+            path = path.replace(code, str(value))
+        return os.path.join(new.workdir, path.replace("\0", "%"))
+
+    return resolve

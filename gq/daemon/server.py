@@ -1,0 +1,174 @@
+"""The daemon's request socket: accepts clients, reads one request line each without ever
+blocking the daemon's loop, takes the caller's identity from the kernel (SO_PEERCRED), hands
+the line to the dispatcher, and writes the answer back (with any descriptors it carries).
+
+A client that sends nothing is dropped after ``CONNECTION_IDLE``; one that sends more than
+``MAX_REQUEST`` bytes gets an error answer and is dropped; neither delays other clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gq import defaults, messages
+from gq.daemon.access import Caller
+from gq.home import Home
+
+log = logging.getLogger("gq.daemon")
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+# dispatch(caller, line) -> (answer line, descriptors to pass with it)
+Dispatch = Callable[[Caller, bytes], tuple[bytes, list[int]]]
+
+
+@dataclass(eq=False)
+class Connection:
+    sock: socket.socket
+    caller: Caller
+    deadline: float
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: bytes = b""
+    fds: list[int] = field(default_factory=list)
+    answered: bool = False
+
+
+class Server:
+    def __init__(self, home: Home, selector: selectors.BaseSelector, dispatch: Dispatch,
+                 identify: Callable[[int, int, int], Caller]):
+        self.home = home
+        self.selector = selector
+        self.dispatch = dispatch
+        self.identify = identify
+        self.connections: set[Connection] = set()
+        self.listener = _listen(home)
+        selector.register(self.listener, selectors.EVENT_READ, self)
+
+    def close(self, unlink: bool) -> None:
+        for connection in list(self.connections):
+            self._drop(connection)
+        self.selector.unregister(self.listener)
+        self.listener.close()
+        if unlink:
+            try:
+                self.home.socket.unlink()
+            except FileNotFoundError:
+                pass
+
+    def accept(self) -> None:
+        """Take every waiting client (the listener is readable)."""
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors, say: the others get served first
+                log.warning("cannot accept a client: %s", exc)
+                return
+            sock.setblocking(False)
+            pid, uid, gid = _PEERCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            connection = Connection(sock, self.identify(pid, uid, gid),
+                                    time.monotonic() + defaults.CONNECTION_IDLE)
+            self.connections.add(connection)
+            self.selector.register(sock, selectors.EVENT_READ, connection)
+
+    def service(self, connection: Connection, mask: int) -> None:
+        if mask & selectors.EVENT_READ and not connection.answered:
+            self._read(connection)
+        if connection in self.connections and mask & selectors.EVENT_WRITE:
+            self._write(connection)
+
+    def expire(self, now: float) -> None:
+        """Drop clients that sent no request, or read no answer, in time."""
+        for connection in [c for c in self.connections if now > c.deadline]:
+            log.info("dropping uid %d's connection: idle for %g s", connection.caller.uid,
+                     defaults.CONNECTION_IDLE)
+            self._drop(connection)
+
+    def next_deadline(self) -> float | None:
+        return min((c.deadline for c in self.connections), default=None)
+
+    def _read(self, connection: Connection) -> None:
+        try:
+            chunk = connection.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(connection)
+            return
+        connection.inbox += chunk
+        newline = connection.inbox.find(b"\n")
+        if newline < 0:
+            if len(connection.inbox) > messages.MAX_REQUEST:
+                self._answer(connection, messages.encode(messages.Error(
+                    f"request over {messages.MAX_REQUEST >> 20} MiB; refused")), [])
+            return
+        line = bytes(connection.inbox[:newline])
+        connection.inbox.clear()
+        self._answer(connection, *self.dispatch(connection.caller, line))
+
+    def _answer(self, connection: Connection, line: bytes, fds: list[int]) -> None:
+        connection.answered = True
+        connection.outbox, connection.fds = line, fds
+        connection.deadline = time.monotonic() + defaults.CONNECTION_IDLE
+        self.selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
+        self._write(connection)
+
+    def _write(self, connection: Connection) -> None:
+        try:
+            if connection.fds:
+                sent = socket.send_fds(connection.sock, [connection.outbox], connection.fds)
+                self._close_fds(connection)
+            else:
+                sent = connection.sock.send(connection.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(connection)
+            return
+        connection.outbox = connection.outbox[sent:]
+        if not connection.outbox:
+            self._drop(connection)
+
+    def _drop(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        self._close_fds(connection)
+        try:
+            self.selector.unregister(connection.sock)
+        except (KeyError, ValueError):
+            pass
+        connection.sock.close()
+
+    @staticmethod
+    def _close_fds(connection: Connection) -> None:
+        for fd in connection.fds:
+            os.close(fd)
+        connection.fds = []
+
+
+def _listen(home: Home) -> socket.socket:
+    """Bind the socket: 0666 for the node's users in system mode, 0600 for its owner else."""
+    path = home.socket
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o111 if home.system else 0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o666 if home.system else 0o600)
+    sock.listen(defaults.LISTEN_BACKLOG)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,176 @@
+"""One node, many users: a system daemon run by root, the CLI run as throwaway users, jobs
+run as their submitters. Skipped (with the reason) when not root."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import wait_for, write_script
+
+
+def _script(user, name: str, body: str):
+    path = write_script(user.workdir / name, body)
+    os.chown(path, user.uid, user.gid)
+    return path
+
+
+def _submit(node, user, *args) -> int:
+    return int(node.ok(user, "submit", "--parsable", *args).strip())
+
+
+def assert_refused(result, *fragments: str) -> None:
+    assert result.code == 2, (result.code, result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gq: error: "), result.err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_job_runs_as_its_submitter_with_its_groups_umask_and_home(shared_node, users):
+    alice = users["alice"]
+    script = _script(alice, "who.sh", "id -u; id -g; umask; echo $HOME $USER; pwd; touch made\n")
+    job_id = _submit(shared_node, alice, script)
+    info = shared_node.wait_state(job_id, "COMPLETED")
+    assert (info["user"], info["uid"]) == (alice.name, alice.uid)
+    out = alice.workdir / f"gq-{job_id}.out"
+    lines = out.read_text().split("\n")
+    assert lines[0] == str(alice.uid) and lines[1] == str(alice.gid)
+    assert lines[2] == "0022"
+    assert lines[3] == f"{alice.workdir.parent} {alice.name}"
+    assert lines[4] == str(alice.workdir)
+    for made in (out, alice.workdir / "made"):
+        assert (made.stat().st_uid, made.stat().st_gid) == (alice.uid, alice.gid)
+
+
+def test_system_state_permissions(shared_node, users):
+    alice = users["alice"]
+    job_id = _submit(shared_node, alice, "--hold", _script(alice, "s.sh", "true\n"))
+    root = shared_node.root
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(root) == 0o755 and mode(root / "gq.db") == 0o600
+    assert mode(root / "gq.sock") == 0o666 and mode(root / "spool") == 0o711
+    snapshot = root / "spool" / str(job_id) / "s.sh"
+    assert mode(snapshot) == 0o500 and snapshot.stat().st_uid == alice.uid
+    assert (root / "spool" / str(job_id)).stat().st_uid == 0
+    shared_node.ok(None, "cancel", job_id)
+
+
+def test_others_cannot_act_on_a_job_but_its_owner_operators_and_root_can(shared_node, users):
+    alice, bob, carol = users["alice"], users["bob"], users["carol"]
+    job_id = _submit(shared_node, alice, "--priority", "1", _script(alice, "long.sh", "sleep 300\n"))
+    shared_node.wait_state(job_id, "RUNNING")
+    for args, verb in ((["cancel", job_id], "cancel"), (["hold", job_id], "hold"),
+                       (["update", job_id, "--priority", "0"], "update"),
+                       (["requeue", job_id], "requeue"), (["logs", job_id], "read the logs of"),
+                       (["export", "slurm", job_id], "export")):
+        result = shared_node.run(bob, *args)
+        assert_refused(result, f"job {job_id} belongs to {alice.name}", verb)
+    assert_refused(shared_node.run(bob, "cancel", "--user", alice.name), "only an operator")
+    shared_node.run(bob, "cancel", "--state", "R")  # a filter reaches only bob's own jobs
+    info = shared_node.job(job_id)
+    assert (info["state"], info["priority"], info["run_count"]) == ("RUNNING", 1, 1)
+    assert str(job_id) in shared_node.ok(bob, "status")  # anyone may list the queue
+    assert "sleep 300" in shared_node.ok(alice, "export", "slurm", job_id)
+    shared_node.ok(carol, "update", job_id, "--priority", "3")  # an operator by group
+    assert shared_node.job(job_id)["priority"] == 3
+    shared_node.ok(None, "cancel", job_id)  # root
+    assert shared_node.wait_state(job_id, "CANCELLED")["reason"] == "cancelled by user"
+
+
+def test_only_operators_change_the_node_and_raise_priorities(shared_node, users):
+    alice, bob = users["alice"], users["bob"]
+    assert_refused(shared_node.run(bob, "policy", "set", "srtf"), "only an operator")
+    assert shared_node.ok(bob, "policy").startswith("fifo")
+    assert_refused(shared_node.run(bob, "daemon", "stop"), "only an operator")
+    assert shared_node.run(None, "daemon", "status").code == 0
+    script = _script(alice, "p.sh", "true\n")
+    assert_refused(shared_node.run(alice, "submit", "--priority", "9", script), "cap of 5")
+    assert "[]" == shared_node.ok(None, "status", "--all", "--json").strip()
+    job_id = _submit(shared_node, alice, "--hold", "--priority", "5", script)
+    shared_node.ok(alice, "update", job_id, "--priority", "2")  # lowering is always allowed
+    assert_refused(shared_node.run(alice, "update", job_id, "--priority", "7"), "cap of 5")
+    assert shared_node.job(job_id)["priority"] == 2
+    shared_node.ok(None, "update", job_id, "--priority", "50")  # root may
+    shared_node.ok(None, "policy", "set", "srtf")
+    assert shared_node.ok(alice, "policy").startswith("srtf")
+    shared_node.ok(alice, "cancel", job_id)
+
+
+def test_the_daemon_never_reads_a_users_path_with_roots_rights(shared_node, users):
+    bob = users["bob"]
+    secret = shared_node.root.parent / "secret.sh"
+    write_script(secret, "echo root-only\n", mode=0o600)
+    for path in ("/etc/shadow", str(secret)):
+        assert_refused(shared_node.run(bob, "submit", path), "cannot read script")
+    assert shared_node.ok(None, "status", "--all", "--json").strip() == "[]"
+
+
+def test_a_link_planted_at_the_output_path_is_not_followed(shared_node, users):
+    alice = users["alice"]
+    victim = shared_node.root.parent / "victim.txt"
+    victim.write_text("untouched\n")
+    victim.chmod(0o666)  # even a file alice could write is not reached through the link
+    (alice.workdir / "out.txt").symlink_to(victim)
+    job_id = _submit(shared_node, alice, "-o", "out.txt", _script(alice, "w.sh", "echo pwned\n"))
+    info = shared_node.wait_state(job_id, "FAILED")
+    assert "symbolic link" in info["reason"], info["reason"]
+    assert victim.read_text() == "untouched\n"
+
+
+def test_two_users_hundred_concurrent_submits_each_lose_nothing(shared_node, users):
+    alice, bob = users["alice"], users["bob"]
+    scripts = {u.name: _script(u, "n.sh", "true\n") for u in (alice, bob)}
+
+    def one(user):
+        return user.name, _submit(shared_node, user, "--hold", scripts[user.name])
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        submitted = list(pool.map(one, [alice, bob] * 100))
+    ids = [job_id for _, job_id in submitted]
+    assert len(set(ids)) == 200
+    import json
+
+    jobs = {j["id"]: j for j in json.loads(shared_node.ok(None, "status", "--json"))}
+    assert sorted(jobs) == sorted(ids)
+    assert all(jobs[job_id]["user"] == name for name, job_id in submitted)
+    assert sum(j["user"] == alice.name for j in jobs.values()) == 100
+    shared_node.ok(None, "cancel", "--state", "PD")
+    assert shared_node.ok(None, "status").strip().count("\n") == 0
+
+
+def test_fair_shares_the_node_between_kernel_reported_users(shared_node, users):
+    """Two jobs of alice and one of bob under fair: bob's one job gets as much device time
+    as alice's two together, because the users come from SO_PEERCRED."""
+    alice, bob = users["alice"], users["bob"]
+    shared_node.ok(None, "policy", "set", "fair")
+    body = ("import gq, time\n"
+            "while not __import__('os').path.exists('go'): time.sleep(0.01)\n"
+            "for _ in gq.steps(range(150), total=150):\n"
+            "    time.sleep(0.004)\n")
+    start = {u.name: u.workdir / "go" for u in (alice, bob)}
+    ids = [_submit(shared_node, alice, _script(alice, "f.py", body)) for _ in range(2)]
+    ids.append(_submit(shared_node, bob, _script(bob, "f.py", body)))
+    for job_id in ids:
+        shared_node.wait_state(job_id, "RUNNING")
+    for path in start.values():
+        path.touch()
+    samples = []
+    def snapshot():
+        jobs = {j["id"]: j for j in __import__("json").loads(
+            shared_node.ok(None, "status", "--json"))}
+        if len(jobs) < 3:
+            return True
+        a = jobs[ids[0]]["attained"] + jobs[ids[1]]["attained"]
+        b = jobs[ids[2]]["attained"]
+        if a > 0.1 and b > 0.1:
+            samples.append((a, b))
+        return False
+    wait_for(snapshot, 60, interval=0.3, what="a job to finish")
+    assert samples, "no progress was sampled"
+    for a, b in samples:  # bob's share equals alice's, within two iterations and 25 %
+        assert abs(a - b) <= 0.25 * max(a, b) + 0.01, samples
+    for job_id in ids:
+        shared_node.wait_state(job_id, "COMPLETED", timeout=60)
