@@ -302,6 +302,7 @@ class NodeInfo:
     devices: list[DeviceInfo]
     operators: list[str]
     priority_cap: int | None
+    options: list[str]  # the daemon's command-line options: a restart reuses them
 
 
 @dataclass

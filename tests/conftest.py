@@ -101,8 +101,23 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("GQ_HOME", str(root))
     monkeypatch.chdir(tmp_path)
     yield root
-    if gq("daemon", "status").code == 0:
-        gq_ok("daemon", "stop")
+    if gq("daemon", "status").code == 0 or live_hosts(root):
+        gq_ok("daemon", "stop")  # a daemon started to stop re-adopted hosts and their jobs
+
+
+def live_hosts(root: Path) -> list[int]:
+    """Pids of the execution hosts that hold their pidfile lock under ``root``."""
+    import fcntl
+
+    pids = []
+    for path in (root / "hosts").glob("*.pid"):
+        with open(path) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(handle, fcntl.LOCK_UN)
+            except OSError:
+                pids.append(int(handle.read().split()[0]))
+    return pids
 
 
 class DaemonControl:

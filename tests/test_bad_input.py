@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import all_jobs, gq, gq_ok, submit, wait_state, write_script
+from conftest import all_jobs, gq, gq_ok, submit, write_script
 
 
 def assert_refused(result, *fragments: str) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import time
+import os
+import signal
 
 from conftest import gq, gq_ok, job, pid_alive, submit, wait_for, wait_state, write_script
 
@@ -88,22 +89,26 @@ def test_job_ignoring_sigterm_is_killed_after_kill_wait(daemon, tmp_path):
     assert "ignoring TERM" in (tmp_path / f"gq-{job_id}.out").read_text()
 
 
-def test_daemon_kill9_fails_running_requeues_requeue_jobs_and_runs_pending(daemon, tmp_path):
+def test_node_failure_while_no_daemon_runs_fails_or_requeues_and_runs_pending(daemon, tmp_path):
+    from conftest import live_hosts
+
     marker = tmp_path / "runs.log"
     long = write_script(tmp_path / "long.sh", f"echo $GQ_JOB_ID >> {marker}\nsleep 300\n")
     quick = write_script(tmp_path / "quick.sh", f"echo $GQ_JOB_ID >> {marker}\n")
     plain = submit(str(long))
     requeued = submit("--requeue", str(long))
+    pending = submit("--hold", str(quick))
     wait_state(plain, "RUNNING")
     wait_state(requeued, "RUNNING")
     wait_for(lambda: marker.exists() and len(marker.read_text().split()) == 2, what="2 runs")
     pids = [job(plain)["pid"], job(requeued)["pid"]]
     daemon.kill9()
-    pending = submit(str(quick))  # queued while the daemon is down
-    # Workers die with their host, hosts with the daemon (PR_SET_PDEATHSIG).
-    wait_for(lambda: not any(pid_alive(p) for p in pids), 10, what="jobs to die with the daemon")
-    assert job(plain)["state"] == "RUNNING"  # nobody has noticed yet
+    for host in live_hosts(daemon.root):  # the node fails: the host dies too
+        os.kill(host, signal.SIGKILL)
+    # Workers die with their host (PR_SET_PDEATHSIG).
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 10, what="jobs to die with the host")
     daemon.start()
+    gq_ok("release", str(pending))
     info = wait_state(plain, "FAILED")
     assert info["reason"] == "node failure"
     wait_state(pending, "COMPLETED")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sqlite3
 import stat
-from pathlib import Path
 
 import pytest
 from alembic.config import Config

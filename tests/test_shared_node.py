@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from conftest import wait_for, write_script
@@ -174,3 +173,29 @@ def test_fair_shares_the_node_between_kernel_reported_users(shared_node, users):
         assert abs(a - b) <= 0.25 * max(a, b) + 0.01, samples
     for job_id in ids:
         shared_node.wait_state(job_id, "COMPLETED", timeout=60)
+
+
+def test_system_daemon_kill9_keeps_users_jobs_and_a_cancel_waits_for_its_return(shared_node,
+                                                                                users):
+    alice = users["alice"]
+    train = _script(alice, "t.py", "import gq, time\n"
+                    "for _ in gq.steps(range(150), total=150):\n    time.sleep(0.01)\n"
+                    "print('trained', flush=True)\n")
+    trained = _submit(shared_node, alice, train)
+    sleeper = _submit(shared_node, alice, _script(alice, "s.sh", "sleep 300\n"))
+    worker = wait_for(lambda: shared_node.job(trained)["pid"], 30, what="the training job")
+    wait_for(lambda: shared_node.job(sleeper)["pid"], 30, what="the sleeping job")
+    os.kill(int((shared_node.root / "daemon.pid").read_text()), 9)
+    wait_for(lambda: shared_node.run(None, "daemon", "status").code == 1, 10,
+             what="the system daemon to die")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        cancel = pool.submit(shared_node.run, alice, "cancel", sleeper)  # waits for the daemon
+        shared_node.ok(None, "daemon", "start", "--system", "--kill-wait", "1",
+                       "--operators", users["operators"], "--priority-cap", "5")
+        result = cancel.result(timeout=60)
+    assert result.code == 0 and f"Cancelling job {sleeper}" in result.out, result.err
+    assert shared_node.wait_state(sleeper, "CANCELLED")["run_count"] == 1
+    info = shared_node.wait_state(trained, "COMPLETED", timeout=60)
+    assert (info["run_count"], info["pid"], info["steps_done"]) == (1, worker, 150)
+    assert (info["user"], info["uid"]) == (alice.name, alice.uid)
+    assert (alice.workdir / f"gq-{trained}.out").read_text() == "trained\n"

@@ -27,6 +27,12 @@ def labels(texts: list[str]) -> list[str]:
     return list(texts)
 
 
+def usage_message(exc: Exception) -> str:
+    """The one-line message of a typer (click) usage error."""
+    format_message = getattr(exc, "format_message", None)
+    return format_message() if format_message is not None else str(exc)
+
+
 def print_report(report: messages.Report) -> None:
     """Info lines to stdout, warnings and refusals to stderr; exit 2 if any was refused."""
     refused = False

@@ -60,7 +60,7 @@ def _pattern(job: JobInfo, path: str) -> str:
 
 def render(job: JobInfo, body: str) -> str:
     suffix = Path(job.script).suffix
-    run = (f'python3 "$script"' if job.script.endswith(".py") else
+    run = ('python3 "$script"' if job.script.endswith(".py") else
            '"$script"' if body.startswith("#!") else 'bash "$script"')
     args = " ".join(shlex.quote(a) for a in job.args)
     header = ["#!/bin/bash", f"# Exported from gq job {job.label} ({job.script})"]

@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         print("gq: aborted", file=sys.stderr)
         return 1
     except typer.TyperException as exc:
-        message = getattr(exc, "format_message", lambda: str(exc))()
+        from gq.cli.common import usage_message
+
+        message = usage_message(exc)
         context = getattr(exc, "ctx", None)
         hint = f" (see '{context.command_path} --help')" if context is not None else ""
         print(f"gq: error: {message}{hint}", file=sys.stderr)

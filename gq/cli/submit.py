@@ -11,7 +11,7 @@ import typer
 
 from gq import messages
 from gq.cli import directives, sbatch
-from gq.cli.common import ask
+from gq.cli.common import ask, usage_message
 from gq.errors import UserError
 from gq.queue import arrays, dependencies
 from gq.units import parse_duration, parse_size
@@ -111,8 +111,7 @@ def _parse_directive(ctx: typer.Context, tokens: list[str], script: Path, line: 
     try:
         parsed = ctx.command.make_context("gq submit", tokens + [str(script)], parent=ctx.parent)
     except typer.TyperException as exc:
-        message = getattr(exc, "format_message", lambda: str(exc))()
-        raise UserError(f"{where}: malformed {prefix} directive: {message}") from None
+        raise UserError(f"{where}: malformed {prefix} directive: {usage_message(exc)}") from None
     if parsed.params.get("args"):
         raise UserError(f"{where}: malformed {prefix} directive: unexpected "
                         f"{' '.join(parsed.params['args'])!r}")

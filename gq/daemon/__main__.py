@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--priority-cap", type=int, default=defaults.PRIORITY_CAP)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s daemon %(levelname)s %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line each
     if args.system and os.geteuid() != 0:
         sys.exit("gq: error: the system daemon runs as root")
     where = (home.system() if args.system else home.personal()).ensure()

@@ -1,6 +1,12 @@
 """The node daemon: answers clients, admits pending jobs onto devices, supervises one
-execution host per device, records what happens, enforces time limits, and recovers after a
-crash. It is the only process that opens the queue."""
+execution host per device and records what happens. It is the only process that opens the
+queue.
+
+The daemon may stop or die at any time while jobs run on: the execution hosts outlive it,
+and a starting daemon re-adopts them, collects what happened meanwhile (jobs that ended,
+with their exit codes and end times) and carries on. Only a job whose host is gone is lost
+(node failure), and --requeue jobs go back to the queue then.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ from gq import defaults, policies
 from gq.daemon import admission, handlers, recovery
 from gq.daemon.access import Caller, Rules
 from gq.daemon.devices import Device, discover
-from gq.daemon.hosts import HostHandle
+from gq.daemon.hosts import HostHandle, HostUnavailable
+from gq.exec.protocol import HOST_VERSION
 from gq.daemon.launch import launch_spec
 from gq.daemon.server import Connection, Server
 from gq.home import Home
@@ -48,14 +55,24 @@ class DaemonOptions:
     operator_group: str | None = None  # its members may act on every job and the node
     priority_cap: int = defaults.PRIORITY_CAP  # system mode: highest priority for users
 
+    def to_argv(self) -> list[str]:
+        """The command-line options that start a daemon with these options."""
+        argv = ["--lanes", str(self.lanes), "--max-resident", str(self.max_resident),
+                "--kill-wait", str(self.kill_grace), "--priority-cap", str(self.priority_cap)]
+        if self.cpu_memory is not None:
+            argv += ["--cpu-memory", str(self.cpu_memory)]
+        if self.operator_group is not None:
+            argv += ["--operators", self.operator_group]
+        return argv
+
 
 @dataclass
 class Running:
     job_id: int
+    run: int  # the job's run_count for this run: host reports name it
     devices: list[Device]
     lane: int
     host: str
-    started: float  # monotonic
     time_limit: int | None
     requeue: bool
     footprint: admission.Footprint
@@ -81,6 +98,7 @@ class Daemon:
         self.selector = selectors.DefaultSelector()
         self.policy_setting: tuple[str, str] | None = None
         self.stopping = False
+        self.keep_jobs = False  # stopping leaves running jobs to their hosts
         self.stop_deadline = 0.0
         self.wake = True
         self.started_at = time.time()
@@ -92,13 +110,16 @@ class Daemon:
     def run(self, pidfile: IO[str]) -> None:
         """Serve until stopped; ``pidfile`` is the lock that makes this the home's daemon."""
         try:
-            recovered = recovery.recover(self.db)
-            if recovered:
-                log.warning("recovered %d job(s) left running: %s", len(recovered), recovered)
             wake_read = signal_socket((signal.SIGTERM, signal.SIGINT, signal.SIGCHLD))
             self.selector.register(wake_read, selectors.EVENT_READ, "signal")
+            with self.db.read() as session:
+                self._apply_policy(queue_settings.get_all(session))
             for device in self.devices:
-                self._start_host(device)
+                self._attach_host(device)
+            adopted_hosts = {name for name, host in self.hosts.items() if host.process is None}
+            recovered = recovery.recover(self.db, set(self.running), adopted_hosts)
+            if recovered:
+                log.warning("jobs left running on no host: %s", recovered)
             self.server = Server(self.home, self.selector, self._dispatch, self._identify)
             log.info("daemon %d up (%s mode) on %s", os.getpid(), self.home.mode,
                      ", ".join(d.name for d in self.devices))
@@ -144,11 +165,10 @@ class Daemon:
             now = time.monotonic()
             self.server.expire(now)
             if self.stopping:
-                if not self.running or now > self.stop_deadline:
+                if self.keep_jobs or not self.running or now > self.stop_deadline:
                     break
                 continue
             self._restart_dead_hosts(now)
-            self._enforce_time_limits(now)
             if self.wake or now - last_scan >= defaults.POLL_PERIOD:
                 self.wake = False
                 last_scan = now
@@ -158,7 +178,10 @@ class Daemon:
                 self._flush_progress()
         self._flush_progress()
         for host in self.hosts.values():
-            host.stop(timeout=2.0)
+            if self.keep_jobs:
+                host.channel.close()  # the host keeps its jobs until a daemon comes back
+            else:
+                host.stop(timeout=2.0)
 
     def _timeout(self, last_scan: float) -> float:
         """Until the next thing the loop must do unprompted; never 0 while nothing is due."""
@@ -167,8 +190,6 @@ class Daemon:
             deadlines = [self.stop_deadline]
         else:
             deadlines = [last_scan + defaults.POLL_PERIOD]
-            deadlines += [r.started + r.time_limit for r in self.running.values()
-                          if r.time_limit is not None and r.kill_why is None]
         assert self.server is not None
         if (connection_deadline := self.server.next_deadline()) is not None:
             deadlines.append(connection_deadline)
@@ -176,102 +197,194 @@ class Daemon:
 
     def _on_signals(self, wake_read: socket.socket) -> None:
         signums = received(wake_read)
+        # A signal (systemd's stop or restart, say) leaves the jobs running: only
+        # 'gq daemon stop' ends them.
         if (signal.SIGTERM in signums or signal.SIGINT in signums) and not self.stopping:
-            self.begin_stop(keep_jobs=False)
+            self.begin_stop(keep_jobs=True)
 
     def begin_stop(self, keep_jobs: bool) -> None:
+        """Stop serving; end the running jobs first unless ``keep_jobs``."""
+        self.stopping, self.keep_jobs = True, keep_jobs
+        if keep_jobs:
+            log.info("stopping; %d running job(s) stay with their hosts", len(self.running))
+            return
         log.info("stopping: ending %d running job(s)", len(self.running))
-        self.stopping = True
         self.stop_deadline = time.monotonic() + self.options.kill_grace + defaults.STOP_GRACE
         for job in self.running.values():
             job.kill_why = "shutdown"
-            if job.host in self.hosts:
-                self.hosts[job.host].send({"op": "kill", "job": job.job_id})
+            self._send(job.host, {"op": "kill", "job": job.job_id, "why": "shutdown"})
 
     # ----- hosts ----------------------------------------------------------------------
-    def _start_host(self, device: Device) -> None:
-        host = HostHandle.spawn(device, self.options.lanes, self.options.kill_grace)
+    def _attach_host(self, device: Device) -> None:
+        """Connect to the device's host (or start one), adopt its jobs, collect its news."""
+        try:
+            host, state = HostHandle.attach(device, self.home, self.options.lanes,
+                                            self.options.kill_grace)
+        except HostUnavailable as exc:
+            log.error("%s", exc)
+            self.host_down_since[device.name] = time.monotonic()
+            return
         self.hosts[device.name] = host
         self.selector.register(host.channel.sock, selectors.EVENT_READ, device.name)
-        if self.policy_setting is not None:
+        if host.process is None:
+            log.info("re-adopted the execution host of %s (pid %d): %d job(s) running, "
+                     "%d ended meanwhile", device.name, host.pid, len(state["residents"]),
+                     len(state["exited"]))
+        if not host.current and not host.draining:
+            log.warning("the execution host of %s runs version %s, this daemon %s: draining "
+                        "it (no new jobs; it exits after its last one)", device.name,
+                        host.version, HOST_VERSION)
+            host.draining = True
+            self._send(device.name, {"op": "drain"})
+        if self.policy_setting is not None and host.current:
             name, fill = self.policy_setting
-            host.send({"op": "policy", "name": name, "fill": fill})
+            self._send(device.name, {"op": "policy", "name": name, "fill": fill})
+        self._adopt(host, state)
+
+    def _adopt(self, host: HostHandle, state: dict) -> None:
+        """Take over the jobs a host runs, and record those that ended while no daemon ran.
+
+        A job counts only if the queue says this very run of it is RUNNING on this device;
+        anything else the host runs is ended (the queue is the truth: never run twice)."""
+        name = host.device.name
+        with self.db.read() as session:
+            rows = {job.id: job for job in queries.running(session)}
+
+        def this_run(item: dict) -> Job | None:
+            row = rows.get(int(item["job"]))
+            if row is None or row.run_count != item.get("run"):
+                return None
+            return row if (row.device or "").split(",")[0] == name else None
+
+        for item in state["residents"]:
+            row = this_run(item)
+            if row is None:
+                log.warning("host of %s runs job %s (run %s), which the queue does not: "
+                            "ending it", name, item["job"], item.get("run"))
+                self._send(name, {"op": "kill", "job": item["job"], "why": "stray"})
+                continue
+            job = self.running[row.id] = self._running_from(row, name)
+            job.kill_why = item.get("kill_why")
+            self.progress[row.id] = _progress(item)
+            if row.stop_request and job.kill_why is None:  # asked for while no daemon ran
+                job.kill_why = row.stop_request
+                self._send(name, {"op": "kill", "job": row.id, "why": row.stop_request})
+        for report in state["exited"]:
+            row = this_run(report)
+            if row is not None:
+                self.running[row.id] = self._running_from(row, name)
+            self._on_exit(name, report)
+
+    def _running_from(self, row: Job, host: str) -> Running:
+        names = (row.device or host).split(",")
+        return Running(job_id=row.id, run=row.run_count,
+                       devices=[d for d in self.devices if d.name in names],
+                       lane=row.lane or 0, host=host, time_limit=row.time_limit,
+                       requeue=row.requeue, footprint=_footprint(row),
+                       exclusive=row.exclusive, priority=row.priority)
+
+    def _send(self, name: str, message: dict) -> None:
+        """To a device's host; a host that cannot be written to has died."""
+        host = self.hosts.get(name)
+        if host is not None and not host.send(message):
+            self._host_died(name)
 
     def _restart_dead_hosts(self, now: float) -> None:
         for name, since in list(self.host_down_since.items()):
             if now - since >= defaults.HOST_RESTART_DELAY:
                 del self.host_down_since[name]
                 device = next(d for d in self.devices if d.name == name)
-                log.warning("restarting the execution host of %s", name)
-                self._start_host(device)
+                log.warning("starting a new execution host for %s", name)
+                self._attach_host(device)
                 self.wake = True
 
     def _host_died(self, name: str) -> None:
-        host = self.hosts.pop(name)
+        host = self.hosts.pop(name, None)
+        if host is None:
+            return
         self.selector.unregister(host.channel.sock)
         host.channel.close()
-        host.process.kill()
-        host.process.wait()
-        log.error("execution host of %s died (exit %s)", name, host.process.returncode)
-        for job in [r for r in self.running.values() if r.host == name]:
-            reason = f"execution host of {name} died"
-            self._end(job, None, JobState.FAILED, reason, requeue=job.requeue)
+        if host.alive():  # it hung up but runs on: nothing it does is seen any more
+            host.kill()
+        lost = [r for r in self.running.values() if r.host == name]
+        if host.draining and not lost:
+            log.info("the drained execution host of %s has exited", name)
+        else:
+            log.error("the execution host of %s died with %d job(s)", name, len(lost))
+        for job in lost:
+            self._end(job, None, JobState.FAILED, f"execution host of {name} died",
+                      requeue=job.requeue)
         self.host_down_since[name] = time.monotonic()
 
     def _from_host(self, name: str) -> None:
         host = self.hosts[name]
         for message in host.channel.receive():
             op = message["op"]
+            job = self.running.get(int(message.get("job", -1)))
+            if job is not None and message.get("run") not in (None, job.run):
+                job = None  # about an earlier run of this job
             if op == "started":
-                with self.db.write() as session:
-                    transitions.record_pid(session, int(message["job"]), int(message["pid"]))
+                if job is not None:
+                    with self.db.write() as session:
+                        transitions.record_pid(session, job.job_id, int(message["pid"]))
             elif op == "launch_failed":
-                job = self.running.get(int(message["job"]))
                 if job is not None:
                     self._end(job, None, JobState.FAILED, message["reason"])
             elif op == "exited":
-                self._on_exit(message)
+                self._on_exit(name, message)
             elif op == "progress":
                 for item in message["jobs"]:
-                    progress = self.progress[int(item["job"])] = _progress(item)
-                    job = self.running.get(int(item["job"]))
-                    if job is not None and progress.mem_persistent is not None:
-                        job.measured = admission.Footprint(
-                            progress.mem_persistent,
-                            max(0, (progress.mem_peak or 0) - progress.mem_persistent))
+                    self._on_progress(item)
             else:
                 log.warning("unknown op from host %s: %r", name, op)
         if host.channel.closed and name in self.hosts:
             self._host_died(name)
 
-    # ----- job ends -------------------------------------------------------------------
-    def _on_exit(self, message: dict) -> None:
-        job = self.running.get(int(message["job"]))
-        if job is None:
+    def _on_progress(self, item: dict) -> None:
+        job = self.running.get(int(item["job"]))
+        if job is None or item.get("run") != job.run:
             return
-        self.progress[job.job_id] = _progress(message)
+        progress = self.progress[job.job_id] = _progress(item)
+        if progress.mem_persistent is not None:
+            job.measured = admission.Footprint(
+                progress.mem_persistent, max(0, (progress.mem_peak or 0) - progress.mem_persistent))
+
+    # ----- job ends -------------------------------------------------------------------
+    def _on_exit(self, host: str, message: dict) -> None:
+        """Record how a run ended (why it was killed, if it was), then acknowledge it so
+        the host forgets it; a report about a run already recorded is only acknowledged."""
+        job = self.running.get(int(message["job"]))
+        if job is not None and job.run == message.get("run"):
+            self.progress[job.job_id] = _progress(message)
+            self._record_exit(job, message)
+        self._send(host, {"op": "ack", "job": message["job"], "run": message.get("run")})
+
+    def _record_exit(self, job: Running, message: dict) -> None:
         code, signum = message.get("code"), message.get("signal")
         exit_code = code if signum is None else 128 + int(signum)
-        if job.kill_why == "cancel":
-            self._end(job, exit_code, JobState.CANCELLED, "cancelled by user")
-        elif job.kill_why == "timeout":
+        why = message.get("kill_why") or job.kill_why
+        end = message.get("end_time")
+        if why == "cancel":
+            self._end(job, exit_code, JobState.CANCELLED, "cancelled by user", end=end)
+        elif why == "timeout":
             limit = format_duration(job.time_limit)
-            self._end(job, exit_code, JobState.TIMEOUT, f"time limit {limit} reached")
-        elif job.kill_why == "requeue":
-            self._end(job, exit_code, JobState.PENDING, "requeued by user", requeue=True)
-        elif job.kill_why == "shutdown":
+            self._end(job, exit_code, JobState.TIMEOUT, f"time limit {limit} reached", end=end)
+        elif why == "requeue":
+            self._end(job, exit_code, JobState.PENDING, "requeued by user", requeue=True,
+                      end=end)
+        elif why == "shutdown":
             self._end(job, exit_code, JobState.FAILED, "daemon stopped",
-                      requeue=job.requeue)
+                      requeue=job.requeue, end=end)
         elif signum is not None:
             name = signal.Signals(int(signum)).name if int(signum) in _SIGNALS else str(signum)
-            self._end(job, exit_code, JobState.FAILED, f"killed by signal {name}")
+            self._end(job, exit_code, JobState.FAILED, f"killed by signal {name}", end=end)
         elif code == 0:
-            self._end(job, 0, JobState.COMPLETED, None)
+            self._end(job, 0, JobState.COMPLETED, None, end=end)
         else:
-            self._end(job, code, JobState.FAILED, f"exit code {code}")
+            self._end(job, code, JobState.FAILED, f"exit code {code}", end=end)
 
     def _end(self, job: Running, exit_code: int | None, state: JobState, reason: str | None,
-             requeue: bool = False) -> None:
+             requeue: bool = False, end: float | None = None) -> None:
         self.running.pop(job.job_id, None)
         progress = self.progress.pop(job.job_id, None)
         with self.db.write() as session:
@@ -279,19 +392,13 @@ class Daemon:
                 transitions.record_progress(session, job.job_id, progress)
             if requeue:
                 transitions.requeue(session, job.job_id,
-                                    reason if state is JobState.PENDING else f"{reason}; requeued")
+                                    reason if state is JobState.PENDING else f"{reason}; requeued",
+                                    now=end)
             else:
-                transitions.finish(session, job.job_id, state, exit_code, reason)
+                transitions.finish(session, job.job_id, state, exit_code, reason, now=end)
         log.info("job %d %s%s", job.job_id, "requeued" if requeue else state.value,
                  f" ({reason})" if reason else "")
         self.wake = True
-
-    def _enforce_time_limits(self, now: float) -> None:
-        for job in self.running.values():
-            if job.kill_why is None and job.time_limit is not None \
-                    and now - job.started >= job.time_limit:
-                job.kill_why = "timeout"
-                self.hosts[job.host].send({"op": "kill", "job": job.job_id})
 
     def _flush_progress(self) -> None:
         updates = {k: v for k, v in self.progress.items() if k in self.running}
@@ -331,12 +438,11 @@ class Daemon:
                 continue
             if row.stop_request and job.kill_why is None:
                 job.kill_why = row.stop_request
-                self.hosts[job.host].send({"op": "kill", "job": row.id})
-            job.time_limit = row.time_limit
-            if row.priority != job.priority:
-                job.priority = row.priority
-                self.hosts[job.host].send({"op": "update", "job": row.id,
-                                           "priority": row.priority})
+                self._send(job.host, {"op": "kill", "job": row.id, "why": row.stop_request})
+            if (row.priority, row.time_limit) != (job.priority, job.time_limit):
+                job.priority, job.time_limit = row.priority, row.time_limit
+                self._send(job.host, {"op": "update", "job": row.id, "priority": row.priority,
+                                      "time_limit": row.time_limit})
 
     def _eligible(self, pending: list[Job],
                   runs: dict[int, list[tuple[JobState, bool]]]) -> list[Job]:
@@ -369,8 +475,8 @@ class Daemon:
             return
         self.policy_setting = wanted
         self.policy = policies.make(*wanted)
-        for host in self.hosts.values():
-            host.send({"op": "policy", "name": wanted[0], "fill": wanted[1]})
+        for name in list(self.hosts):
+            self._send(name, {"op": "policy", "name": wanted[0], "fill": wanted[1]})
         log.info("policy is now %s (fill %s)", *wanted)
 
     def _admit(self, pending: list[Job], array_running: dict[int, int]) -> None:
@@ -406,8 +512,9 @@ class Daemon:
     def _loads(self) -> list[admission.DeviceLoad]:
         loads = {}
         for device in self.devices:
-            if device.name not in self.hosts:
-                continue  # its host is restarting
+            host = self.hosts.get(device.name)
+            if host is None or host.draining:
+                continue  # its host is restarting, or being replaced
             lanes = max(1, self.options.lanes)
             loads[device.name] = admission.DeviceLoad(
                 name=device.name, gpu=device.kind == "cuda",
@@ -436,19 +543,19 @@ class Daemon:
         with self.db.write() as session:
             if not transitions.start(session, job.id, device_names, placement.lane):
                 return  # cancelled meanwhile
-        running = Running(job_id=job.id, devices=devices, lane=placement.lane,
-                          host=placement.devices[0], started=time.monotonic(),
+        running = Running(job_id=job.id, run=job.run_count + 1, devices=devices,
+                          lane=placement.lane, host=placement.devices[0],
                           time_limit=job.time_limit, requeue=job.requeue,
                           footprint=_footprint(job), exclusive=job.exclusive,
                           priority=job.priority)
         self.running[job.id] = running
         try:
             spec = launch_spec(job, devices, placement.lane, self.home.system)
-        except OSError as exc:
-            self._end(running, None, JobState.FAILED, f"cannot read job script: {exc}")
+        except (OSError, KeyError) as exc:  # KeyError: the submitter's account is gone
+            self._end(running, None, JobState.FAILED, f"cannot launch job {job.id}: {exc}")
             return
-        if not self.hosts[running.host].send({"op": "launch", "job": spec}):
-            self._host_died(running.host)
+        spec["run"] = running.run
+        self._send(running.host, {"op": "launch", "job": spec})
 
 
 _SIGNALS = {s.value for s in signal.Signals}

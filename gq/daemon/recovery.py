@@ -1,4 +1,5 @@
-"""Recovery after a daemon crash: no job stays RUNNING that isn't, none runs twice."""
+"""What a starting daemon does with jobs the queue says are RUNNING but no live execution
+host runs: none stays RUNNING that isn't, none runs twice."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gq.queue.states import JobState
 
 log = logging.getLogger("gq.daemon")
 NODE_FAILURE = "node failure"
+LAUNCH_LOST = "its launch was lost while the daemon restarted; requeued"
 
 
 def _kill_leftovers(job_id: int, pid: int | None) -> None:
@@ -38,18 +40,28 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def recover(db: Database) -> list[int]:
-    """End or requeue every job a dead daemon left RUNNING; return their ids."""
+def recover(db: Database, adopted: set[int], surviving_hosts: set[str]) -> list[int]:
+    """End or requeue every RUNNING job that is not among the ``adopted`` ones; return them.
+
+    A job that never reported its process to a host that survived was never started (the
+    daemon died between recording the start and the host receiving it): back to the queue.
+    Any other is a node failure: FAILED, or PENDING again for --requeue jobs.
+    """
     with db.read() as session:
-        stale = [(job.id, job.pid, job.requeue)
-                 for job in queries.jobs(session, states=[JobState.RUNNING])]
-    for job_id, pid, requeue in stale:
-        _kill_leftovers(job_id, pid)
+        stale = [(job.id, job.pid, job.requeue, (job.device or "").split(",")[0])
+                 for job in queries.jobs(session, states=[JobState.RUNNING])
+                 if job.id not in adopted]
+    for job_id, pid, requeue, device in stale:
+        never_started = pid is None and device in surviving_hosts
+        if not never_started:
+            _kill_leftovers(job_id, pid)
         with db.write() as session:
-            if requeue:
+            if never_started:
+                transitions.requeue(session, job_id, LAUNCH_LOST, started=False)
+            elif requeue:
                 transitions.requeue(session, job_id, f"{NODE_FAILURE}; requeued")
             else:
                 transitions.finish(session, job_id, JobState.FAILED, None, NODE_FAILURE)
-        log.warning("job %d was running when the daemon died: %s", job_id,
-                    "requeued" if requeue else "failed")
-    return [job_id for job_id, _, _ in stale]
+        log.warning("job %d was running on no live host: %s", job_id,
+                    "requeued" if never_started or requeue else "failed")
+    return [job_id for job_id, _, _, _ in stale]

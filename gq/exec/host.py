@@ -3,13 +3,18 @@ boundary, grants the next iteration of each lane to ``policy.pick(...)``.
 
 The hot path (READY → pick → GO) touches no database and no disk; the daemon gets
 progress about once a second and every start and exit as it happens.
+
+A host outlives the daemon that started it: it listens on its own socket in the state
+directory (``hosts/<device>.sock``, its pid locked in ``hosts/<device>.pid``), keeps running
+its jobs under the policy it last had, enforces their time limits, and keeps every exit
+report until a daemon acknowledges it. A daemon that connects says ``hello`` and gets the
+host's whole ``state`` back (see :mod:`gq.exec.protocol`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import errno
+import fcntl
 import logging
 import os
 import selectors
@@ -20,26 +25,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gq import policies
-from gq.errors import LaunchError
-from gq.exec.protocol import Channel
+from gq import defaults, policies
+from gq.errors import AlreadyRunning, LaunchError
+from gq.exec.protocol import HOST_VERSION, Channel, host_paths
+from gq.exec.spawn import kill_group, start_as_submitter
 from gq.policies.base import JobView
 from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.host")
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
-PROGRESS_PERIOD = 1.0
-# A job whose gap between release and next acquire is this short is in a tight loop: when
-# the policy prefers it, the lane waits for it rather than letting a less preferred job in
-# for a whole iteration (anticipatory scheduling). Real idle gaps are longer and are filled.
-ANTICIPATION_LIMIT = 0.002
-HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
+ANTICIPATION_LIMIT = defaults.ANTICIPATION_LIMIT
+HOUSEKEEPING_PERIOD = defaults.HOUSEKEEPING_PERIOD
 
 
 @dataclass
 class Resident:
     job_id: int
+    run: int  # which run of the job this is: exit reports name it, so a rerun is not ended
     user: str
     priority: int
     submit_time: float
@@ -47,7 +48,10 @@ class Resident:
     lane: int
     process: subprocess.Popen
     channel: Channel | None  # None for plain processes (no iteration boundaries)
-    started_at: float
+    started_at: float  # monotonic
+    started_wall: float
+    time_limit: float | None = None  # seconds; the host enforces it, daemon or not
+    kill_why: str | None = None  # cancel | requeue | timeout | shutdown
     state: str = "idle"  # idle (released) | ready (waiting for GO) | running (holds lane)
     steps_done: int = 0
     attained: float = 0.0
@@ -80,7 +84,7 @@ class Resident:
         )
 
     def progress(self) -> dict[str, Any]:
-        return {"job": self.job_id, "steps_done": self.steps_done,
+        return {"job": self.job_id, "run": self.run, "steps_done": self.steps_done,
                 "steps_total": self.steps_total, "attained": self.attained,
                 "mean_iteration": self.mean_iteration, "mem_persistent": self.mem_persistent,
                 "mem_peak": self.mem_peak, "holds_lane": self.state == "running"}
@@ -96,17 +100,21 @@ class Lane:
 
 
 class Host:
-    def __init__(self, device: str, cuda: bool, lanes: int, daemon: Channel,
+    def __init__(self, device: str, cuda: bool, lanes: int, listener: socket.socket,
                  kill_grace: float):
         self.device = device
         self.cuda = cuda
         self.lanes = [Lane(i) for i in range(max(1, lanes))]
-        self.daemon = daemon
+        self.listener = listener
+        self.daemon: Channel | None = None  # the daemon now connected, if any
         self.kill_grace = kill_grace
         self.policy = policies.make("fifo")
+        self.policy_name = ("fifo", "always")
         self.residents: dict[int, Resident] = {}
+        self.exited: dict[int, dict[str, Any]] = {}  # exit reports no daemon has acknowledged
         self.selector = selectors.DefaultSelector()
-        self.stopping = False
+        self.stopping = False  # ending every job, then exiting
+        self.draining = False  # taking no new job, exiting once the last one has ended
         self.child_exited = False
         self._next_housekeeping = 0.0
         self._last_progress = 0.0
@@ -114,12 +122,14 @@ class Host:
     # ----- the loop -------------------------------------------------------------------
     def run(self) -> None:
         wake_read = signal_socket((signal.SIGCHLD, signal.SIGTERM, signal.SIGINT))
-        self.selector.register(self.daemon.sock, selectors.EVENT_READ, "daemon")
+        self.selector.register(self.listener, selectors.EVENT_READ, "listener")
         self.selector.register(wake_read, selectors.EVENT_READ, "signal")
-        while not (self.stopping and not self.residents):
+        while not ((self.stopping or self.draining) and not self.residents):
             events = self.selector.select(self._timeout())
             for key, _ in events:
-                if key.data == "daemon":
+                if key.data == "listener":
+                    self._accept_daemon()
+                elif key.data == "daemon":
                     self._from_daemon()
                 elif key.data == "signal":
                     self._on_signals(wake_read)
@@ -131,12 +141,14 @@ class Host:
                 self._next_housekeeping = now + HOUSEKEEPING_PERIOD
                 self.child_exited = False
                 self._reap()
+                self._enforce_time_limits(now)
                 self._enforce_kills()
                 self._schedule_waiting_lanes()
             self._maybe_send_progress()
+        log.info("host of %s exits (%s)", self.device, "stopped" if self.stopping else "drained")
 
     def _timeout(self) -> float:
-        timeout = 0.25 if self.residents else PROGRESS_PERIOD
+        timeout = 0.25 if self.residents else defaults.PROGRESS_PERIOD
         for lane in self.lanes:
             if lane.holder is not None or not any(r.state == "ready" for r in lane.residents):
                 continue
@@ -153,27 +165,79 @@ class Host:
         if signal.SIGTERM in signums or signal.SIGINT in signums:
             self._shutdown()
 
-    # ----- daemon messages ------------------------------------------------------------
+    # ----- the daemon: it may come and go -------------------------------------------
+    def _accept_daemon(self) -> None:
+        """A daemon connects (a newer one replaces an older connection)."""
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        if _peer_uid(sock) != os.geteuid():  # only the daemon's own user may drive a host
+            sock.close()
+            return
+        if self.daemon is not None:
+            self._forget_daemon()
+        sock.setblocking(False)
+        self.daemon = Channel(sock)
+        self.selector.register(sock, selectors.EVENT_READ, "daemon")
+        log.info("a daemon connected")
+
+    def _forget_daemon(self) -> None:
+        assert self.daemon is not None
+        self.selector.unregister(self.daemon.sock)
+        self.daemon.close()
+        self.daemon = None
+
+    def _tell(self, message: dict[str, Any]) -> None:
+        """Send to the daemon if one is connected; what it must not miss is kept anyway."""
+        if self.daemon is not None and not self.daemon.send(message):
+            log.warning("the daemon went away")
+            self._forget_daemon()
+
     def _from_daemon(self) -> None:
+        assert self.daemon is not None
         for message in self.daemon.receive():
             op = message["op"]
-            if op == "launch":
+            if op == "hello":
+                self._tell(self._state())
+            elif op == "launch":
                 self._launch(message["job"])
             elif op == "kill":
-                self._kill(int(message["job"]))
+                self._kill(int(message["job"]), str(message.get("why", "cancel")))
+            elif op == "ack":
+                report = self.exited.get(int(message["job"]))
+                if report is not None and report["run"] == message.get("run"):
+                    del self.exited[int(message["job"])]
             elif op == "update":
                 resident = self.residents.get(int(message["job"]))
                 if resident is not None:
                     resident.priority = int(message["priority"])
+                    resident.time_limit = message.get("time_limit")
             elif op == "policy":
                 self._set_policy(message.get("name", "fifo"), message.get("fill", "always"))
             elif op == "shutdown":
                 self._shutdown()
+            elif op == "drain":
+                log.info("draining: no new jobs; exiting after the last one")
+                self.draining = True
             else:
                 log.warning("unknown op from daemon: %r", op)
-        if self.daemon.closed:  # the daemon is gone: nobody will record our jobs
-            log.error("daemon connection closed; stopping all jobs")
-            os._exit(1)  # PDEATHSIG takes the workers down with us
+        if self.daemon is not None and self.daemon.closed:
+            log.info("the daemon disconnected; jobs keep running")
+            self._forget_daemon()
+
+    def _state(self) -> dict[str, Any]:
+        """Everything a daemon that (re)connects must know."""
+        residents = []
+        for resident in self.residents.values():
+            item = resident.progress()
+            item.update(pid=resident.process.pid, started=resident.started_wall,
+                        time_limit=resident.time_limit, kill_why=resident.kill_why)
+            residents.append(item)
+        return {"op": "state", "version": HOST_VERSION, "pid": os.getpid(),
+                "device": self.device, "lanes": len(self.lanes),
+                "policy": list(self.policy_name), "draining": self.draining,
+                "residents": residents, "exited": list(self.exited.values())}
 
     def _set_policy(self, name: str, fill: str) -> None:
         try:
@@ -181,21 +245,28 @@ class Host:
         except ValueError as exc:
             log.warning("ignoring policy change: %s", exc)
             return
+        self.policy_name = (name, fill)
         for lane in self.lanes:
             self._schedule(lane)
 
     def _launch(self, spec: dict[str, Any]) -> None:
         job_id = int(spec["id"])
+        if self.draining or self.stopping:
+            self._tell({"op": "launch_failed", "job": job_id, "run": spec.get("run"),
+                        "reason": "its execution host is being replaced; requeued"})
+            return
         try:
             resident = self._spawn(spec)
         except LaunchError as exc:
-            self.daemon.send({"op": "launch_failed", "job": job_id, "reason": str(exc)})
+            self._tell({"op": "launch_failed", "job": job_id, "run": spec.get("run"),
+                        "reason": str(exc)})
             return
         self.residents[job_id] = resident
         self.lanes[resident.lane].residents.append(resident)
         if resident.channel is not None:
             self.selector.register(resident.channel.sock, selectors.EVENT_READ, resident)
-        self.daemon.send({"op": "started", "job": job_id, "pid": resident.process.pid})
+        self._tell({"op": "started", "job": job_id, "run": resident.run,
+                    "pid": resident.process.pid})
 
     def _spawn(self, spec: dict[str, Any]) -> Resident:
         """Start the job's process as its submitter, in its own process group."""
@@ -208,7 +279,7 @@ class Host:
             env["GQ_WORKER_FD"] = str(worker_end.fileno())
             pass_fds = (worker_end.fileno(),)
         try:
-            process = _start_as_submitter(spec, env, pass_fds)
+            process = start_as_submitter(spec, env, pass_fds)
         except LaunchError:
             if host_end is not None:
                 host_end.close()
@@ -224,9 +295,11 @@ class Host:
         if lane is None or not 0 <= int(lane) < len(self.lanes):
             lane = min(self.lanes, key=lambda l: len(l.residents)).index
         return Resident(
-            job_id=job_id, user=spec.get("user", ""), priority=int(spec.get("priority", 0)),
+            job_id=job_id, run=int(spec.get("run", 1)), user=spec.get("user", ""),
+            priority=int(spec.get("priority", 0)),
             submit_time=float(spec.get("submit_time", 0.0)), steps_total=spec.get("steps_total"),
             lane=int(lane), process=process, channel=channel, started_at=time.monotonic(),
+            started_wall=time.time(), time_limit=spec.get("time_limit"),
         )
 
     # ----- worker messages: the hot path ----------------------------------------------
@@ -351,108 +424,88 @@ class Host:
                 self._from_worker(resident)  # its last messages: a final DONE, say
             if resident.channel is not None:
                 self._drop_channel(resident)
-            _kill_group(resident.process.pid, signal.SIGKILL)  # leftover children
+            kill_group(resident.process.pid, signal.SIGKILL)  # leftover children
             del self.residents[resident.job_id]
             self._leave_lane(resident)
             report = resident.progress()
             report.update(op="exited", code=code if code >= 0 else None,
-                          signal=-code if code < 0 else None)
-            self.daemon.send(report)
+                          signal=-code if code < 0 else None, kill_why=resident.kill_why,
+                          end_time=time.time())
+            self.exited[resident.job_id] = report  # until a daemon acknowledges it
+            self._tell(report)
 
-    def _kill(self, job_id: int) -> None:
+    def _kill(self, job_id: int, why: str) -> None:
+        """SIGTERM to the job's process group now, SIGKILL after the kill wait."""
         resident = self.residents.get(job_id)
         if resident is None or resident.kill_deadline is not None:
             return
-        _kill_group(resident.process.pid, signal.SIGTERM)
+        resident.kill_why = why
+        kill_group(resident.process.pid, signal.SIGTERM)
         resident.kill_deadline = time.monotonic() + self.kill_grace
+
+    def _enforce_time_limits(self, now: float) -> None:
+        for resident in list(self.residents.values()):
+            if resident.time_limit is not None and resident.kill_deadline is None \
+                    and now - resident.started_at >= resident.time_limit:
+                self._kill(resident.job_id, "timeout")
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()
         for resident in self.residents.values():
             if resident.kill_deadline is not None and now >= resident.kill_deadline:
-                _kill_group(resident.process.pid, signal.SIGKILL)
+                kill_group(resident.process.pid, signal.SIGKILL)
 
     def _shutdown(self) -> None:
         self.stopping = True
         for job_id in list(self.residents):
-            self._kill(job_id)
+            self._kill(job_id, "shutdown")
 
     def _maybe_send_progress(self) -> None:
         now = time.monotonic()
-        if now - self._last_progress < PROGRESS_PERIOD:
+        if self.daemon is None or now - self._last_progress < defaults.PROGRESS_PERIOD:
             return
         self._last_progress = now
         changed = [r for r in self.residents.values() if r.dirty]
         for resident in changed:
             resident.dirty = False
         if changed:
-            self.daemon.send({"op": "progress", "jobs": [r.progress() for r in changed]})
+            self._tell({"op": "progress", "jobs": [r.progress() for r in changed]})
 
 
-def _start_as_submitter(spec: dict[str, Any], env: dict[str, str],
-                        pass_fds: tuple[int, ...]) -> subprocess.Popen:
-    """Popen drops to the submitter's uid, gid and groups (when the host runs as root) and
-    sets their umask; then, already as them, the child enters the working directory and
-    opens the output files, so their rights decide where output may go, and a link planted
-    at the output path is not followed."""
-    uid, gid = spec.get("uid"), spec.get("gid")
-    as_submitter = {}
-    if os.geteuid() == 0 and uid is not None and gid is not None and uid != 0:
-        as_submitter = {"user": int(uid), "group": int(gid),
-                        "extra_groups": [int(g) for g in spec.get("groups") or [gid]]}
-    error_read, error_write = os.pipe()
-    stdout, stderr, cwd = spec["stdout"], spec["stderr"], spec["cwd"]
+def _peer_uid(sock: socket.socket) -> int:
+    import struct
 
-    def in_child() -> None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after the uid change
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            os.write(error_write, f"cannot enter working directory {cwd}: {exc.strerror}"
-                     .encode())
-            raise
-        out = _open_output(stdout, error_write)
-        err = out if stderr == stdout else _open_output(stderr, error_write)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
+    cred = struct.Struct("3i")
+    return cred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, cred.size))[1]
 
+
+def listen(state_dir: str, device: str):
+    """Lock the device's host pidfile and bind its socket; AlreadyRunning if a live host
+    holds them. Returns the pidfile (keep it open) and the listening socket."""
+    pidfile_path, socket_path = host_paths(state_dir, device)
+    pidfile = open(pidfile_path, "a+")
     try:
-        return subprocess.Popen(
-            spec["argv"], env=env, stdin=subprocess.DEVNULL, pass_fds=pass_fds,
-            start_new_session=True, umask=int(spec.get("umask", 0o022)),
-            preexec_fn=in_child, **as_submitter)
-    except subprocess.SubprocessError:
-        os.set_blocking(error_read, False)
-        try:
-            reason = os.read(error_read, 4096).decode(errors="replace")
-        except BlockingIOError:
-            reason = ""
-        raise LaunchError(reason or "the job's process could not be set up") from None
-    except OSError as exc:
-        raise LaunchError(f"cannot start {spec['argv'][0]}: {exc.strerror}") from exc
-    finally:
-        os.close(error_read)
-        os.close(error_write)
-
-
-def _open_output(path: str, error_write: int) -> int:
-    """In the child, as the submitter: append to the output file, never through a link."""
+        fcntl.flock(pidfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pidfile.close()
+        raise AlreadyRunning(None) from None
+    pidfile.seek(0)
+    pidfile.truncate()
+    pidfile.write(f"{os.getpid()} {HOST_VERSION}\n")
+    pidfile.flush()
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            reason = f"output file {path} is a symbolic link; gq does not follow it"
-        else:
-            reason = f"cannot open output file {path}: {exc.strerror}"
-        os.write(error_write, reason.encode())
-        raise
-
-
-def _kill_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
+        os.unlink(socket_path)
+    except FileNotFoundError:
         pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(socket_path)
+    finally:
+        os.umask(old_umask)
+    listener.listen(8)
+    listener.setblocking(False)
+    return pidfile, listener
 
 
 def main() -> None:
@@ -460,15 +513,21 @@ def main() -> None:
     parser.add_argument("--device", required=True)
     parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--lanes", type=int, default=1)
-    parser.add_argument("--fd", type=int, required=True, help="socket connected to the daemon")
-    parser.add_argument("--kill-grace", type=float, default=10.0)
+    parser.add_argument("--state-dir", required=True, help="where its socket and pidfile live")
+    parser.add_argument("--kill-grace", type=float, default=defaults.KILL_WAIT)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s host[{args.device}] %(levelname)s %(message)s")
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    daemon_sock = socket.socket(fileno=args.fd)
-    daemon_sock.setblocking(False)
-    Host(args.device, args.cuda, args.lanes, Channel(daemon_sock), args.kill_grace).run()
+    try:
+        pidfile, listener = listen(args.state_dir, args.device)
+    except AlreadyRunning:
+        log.error("another execution host of %s is running", args.device)
+        raise SystemExit(defaults.ALREADY_RUNNING_EXIT) from None
+    try:
+        Host(args.device, args.cuda, args.lanes, listener, args.kill_grace).run()
+    finally:
+        os.unlink(host_paths(args.state_dir, args.device)[1])
+        pidfile.close()
 
 
 if __name__ == "__main__":

@@ -4,24 +4,41 @@ Messages are single-line JSON objects with an ``op`` field, over Unix stream soc
 A line longer than ``MAX_MESSAGE`` or one that is not a JSON object is a protocol error:
 the reader drops it (and the connection, since framing is then lost) and logs it.
 
-daemon → host   launch{job}, kill{job}, update{job, priority}, policy{name, fill}, shutdown{}
-host → daemon   started{job, pid}, launch_failed{job, reason}, exited{job, code, signal},
+daemon → host   hello{} (answered by state), launch{job}, kill{job, why},
+                update{job, priority, time_limit}, policy{name, fill}, ack{job, run},
+                drain{}, shutdown{}
+host → daemon   state{version, pid, policy, residents, exited}, started{job, run, pid},
+                launch_failed{job, run, reason}, exited{job, run, code, signal, kill_why,
+                end_time, progress...} (repeated in every state until acknowledged),
                 progress{jobs: [...]}
 worker → host   ready{}, done{steps, mem_persistent, mem_peak}, total{steps}, progress{steps},
                 finished{}
 host → worker   go{empty_cache}
+
+A host and a daemon of different ``HOST_VERSION`` still understand hello and state; the
+daemon then drains the host (no new jobs; it exits after its last one) and starts a new one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 from collections.abc import Iterator
 from typing import Any
 
+from gq import __version__
+
 MAX_MESSAGE = 1 << 20
 log = logging.getLogger(__name__)
+# gq's version and that of the daemon-host protocol above (bump it on any change to it).
+HOST_VERSION = f"{__version__}/1"
+
+
+def host_paths(state_dir: str, device: str) -> tuple[str, str]:
+    """The pidfile and socket of a device's execution host."""
+    return os.path.join(state_dir, f"{device}.pid"), os.path.join(state_dir, f"{device}.sock")
 
 
 class ProtocolError(Exception):

@@ -127,11 +127,15 @@ def finish(session: Session, job_id: int, state: JobState, exit_code: int | None
                  end_time=now, exit_code=exit_code, holds_lane=False)
 
 
-def requeue(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:
-    """Put a RUNNING job back in the queue (its run was lost, not its submission)."""
+def requeue(session: Session, job_id: int, reason: str, now: float | None = None,
+            started: bool = True) -> bool:
+    """Put a RUNNING job back in the queue (its run was lost, not its submission).
+
+    ``started=False``: its process never started (the launch was lost), so the run it was
+    counted for is taken back."""
     return _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now,
                  device=None, lane=None, pid=None, holds_lane=False, stop_request=None,
-                 start_time=None)
+                 start_time=None, **({} if started else {"run_count": Job.run_count - 1}))
 
 
 def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:

@@ -54,7 +54,8 @@ def info(daemon: Daemon, caller: Caller, request: messages.NodeInfoRequest) -> m
         lanes=daemon.options.lanes, max_resident=daemon.options.max_resident,
         policy=config[settings.POLICY], fill=config[settings.FILL], note=daemon.device_note,
         devices=devices,
-        operators=_operators(daemon), priority_cap=rules.priority_cap)
+        operators=_operators(daemon), priority_cap=rules.priority_cap,
+        options=daemon.options.to_argv())
 
 
 def _operators(daemon: Daemon) -> list[str]:
