@@ -44,7 +44,7 @@ class Node:
         deadline = time.monotonic() + timeout
         marks = ",".join("?" * len(ids))
         while time.monotonic() < deadline:
-            with sqlite3.connect(self.dir / "home" / "gq.db") as db:
+            with sqlite3.connect(self.dir / "home" / "gq.db") as db:  # read-only
                 active = db.execute(f"SELECT count(*) FROM jobs WHERE id IN ({marks}) AND "
                                     "state IN ('PENDING', 'RUNNING')", ids).fetchone()[0]
             if active == 0:

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The tour: start the daemon, queue the example jobs under srtf, watch them, show history.
+# The tour: a personal daemon in a throwaway GQ_HOME, the example jobs under srtf, their
+# status and history. Everything it writes goes to a temporary directory, removed at the end.
 set -euo pipefail
-cd "$(dirname "$0")"
+examples="$(cd "$(dirname "$0")" && pwd)"
+work="$(mktemp -d -t gq-demo.XXXXXX)"
+export GQ_HOME="$work/home"
 gq() { python3 -m gq "$@"; }
+trap 'gq daemon stop >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+cd "$work"
 
 gq daemon start
 gq policy set srtf
-gq submit -J long --steps 1500 train.py --steps 1500
-gq submit -J short --steps 150 train.py --steps 150
-gq submit hello.sh
+gq submit -J long --steps 1500 "$examples/train.py" --steps 1500
+gq submit -J short --steps 150 "$examples/train.py" --steps 150
+gq submit "$examples/hello.sh"
 sleep 1
 gq status
 echo "waiting for the jobs to finish (srtf: 'short' finishes first although it came second)..."

@@ -9,4 +9,4 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     "$PYTHON" -m pip install --quiet torch==2.13.0 \
         || "$PYTHON" -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 fi
-"$PYTHON" -m pip install --quiet -e ".[test]"
+"$PYTHON" -m pip install --quiet -e ".[test,plot]"
