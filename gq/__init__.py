@@ -43,19 +43,25 @@ def steps(iterable: Iterable[T], total: int | None = None) -> Iterator[T]:
         total = len(iterable)  # type: ignore[arg-type]
     if total is not None:
         session.set_total_steps(total)
+    from gq.exec.runtime import EXPLICIT
+
     for item in iterable:
         session.acquire()
         try:
             yield item
         finally:
-            session.release(step=True)
+            session.count_step(EXPLICIT)
+            session.release()
 
 
 def step() -> None:
     """An explicit boundary: end the current iteration, then wait for the next grant."""
     session = _session()
     if session is not None:
-        session.release(step=True)
+        from gq.exec.runtime import EXPLICIT
+
+        session.count_step(EXPLICIT)
+        session.release()
         session.acquire()
 
 

@@ -86,6 +86,8 @@ def _try_connect(home: Home) -> socket.socket | None:
         raise UserError(f"no permission to reach the daemon at {home.socket}") from None
     except OSError as exc:
         sock.close()
+        if not home.system:  # the path itself is unusable: a file, say
+            raise UserError(f"cannot use GQ_HOME {home.root}: {exc.strerror}") from None
         raise UserError(f"cannot reach the daemon at {home.socket}: {exc.strerror}") from None
 
 

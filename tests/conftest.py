@@ -287,16 +287,14 @@ def _make_user(base: Path, name: str, groups: list[str]) -> User:
     subprocess.run(["useradd", "-m", "-d", str(base / name), "-s", "/bin/sh",
                     *(["-G", ",".join(groups)] if groups else []), name], check=True)
     entry = pwd.getpwnam(name)
-    workdir = base / name / "work"
-    workdir.mkdir()
-    os.chown(workdir, entry.pw_uid, entry.pw_gid)
     (base / name).chmod(0o755)
-    return User(name, entry.pw_uid, entry.pw_gid, workdir)
+    return User(name, entry.pw_uid, entry.pw_gid, base / name / "work")
 
 
 @pytest.fixture(scope="session")
-def users(shared_install, tmp_path_factory):
-    """Throwaway users: alice and bob (plain users), carol (in the operator group)."""
+def accounts(shared_install, tmp_path_factory):
+    """Throwaway users for the session: alice and bob (plain users), carol (in the operator
+    group), removed at the end."""
     import subprocess
     import uuid
 
@@ -318,6 +316,22 @@ def users(shared_install, tmp_path_factory):
         for name in made:
             subprocess.run(["userdel", "-r", name], capture_output=True)
         subprocess.run(["groupdel", group], capture_output=True)
+
+
+@pytest.fixture
+def users(accounts, tmp_path):
+    """The throwaway users, each with a fresh working directory for this test (job ids
+    start again in every test's queue, and so would their output files)."""
+    import dataclasses
+
+    fresh = {"operators": accounts["operators"]}
+    for key in ("alice", "bob", "carol"):
+        user = accounts[key]
+        workdir = user.workdir.parent / tmp_path.name
+        workdir.mkdir()
+        os.chown(workdir, user.uid, user.gid)
+        fresh[key] = dataclasses.replace(user, workdir=workdir)
+    return fresh
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ def test_job_runs_as_its_submitter_with_its_groups_umask_and_home(shared_node, u
     lines = out.read_text().split("\n")
     assert lines[0] == str(alice.uid) and lines[1] == str(alice.gid)
     assert lines[2] == "0022"
-    assert lines[3] == f"{alice.workdir.parent} {alice.name}"
+    assert lines[3] == f"{alice.workdir.parent} {alice.name}"  # the home useradd made
     assert lines[4] == str(alice.workdir)
     for made in (out, alice.workdir / "made"):
         assert (made.stat().st_uid, made.stat().st_gid) == (alice.uid, alice.gid)

@@ -13,7 +13,8 @@ from gq import policies
 from gq.sim.simulator import simulate
 from gq.sim.traces import TraceJob, load
 
-SHIPPED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "tiresias-60.csv"
+# The public 60-job Tiresias trace (see tests/data/README.md), shipped with the tests.
+SHIPPED = Path(__file__).resolve().parent / "data" / "tiresias-60.csv"
 
 
 def job(id, submit, duration, iterations, gpus=1, **kw) -> TraceJob:
@@ -82,7 +83,6 @@ def test_priority_runs_high_first():
     assert ends(simulate(jobs, policies.make("priority"))) == {2: 3, 1: 6}
 
 
-@pytest.mark.skipif(not SHIPPED.exists(), reason="the shared traces are not beside the checkout")
 def test_reference_figures_on_the_shipped_trace():
     jobs = load(SHIPPED)
     fifo = simulate(jobs, policies.make("fifo")).summary()
@@ -92,7 +92,6 @@ def test_reference_figures_on_the_shipped_trace():
     assert fifo["makespan"] == pytest.approx(10705) and srtf["makespan"] == pytest.approx(10705)
 
 
-@pytest.mark.skipif(not SHIPPED.exists(), reason="the shared traces are not beside the checkout")
 def test_simulate_cli_compare_and_json(home):
     table = gq_ok("simulate", "--trace", SHIPPED, "--compare", "fifo,srtf,fair,priority")
     assert "4195.9" in table and "srtf" in table and "1.36x" in table

@@ -10,9 +10,22 @@ from typing import Any
 
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
+from gq.home import Home
 from gq.queue.models import Job
 
-_GQ_ROOT = str(Path(__file__).resolve().parents[2])
+_GQ_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def gq_only_path(home: Home) -> str:
+    """A directory holding gq alone (a link to this gq), for the PYTHONPATH of jobs run by
+    another interpreter: they find gq's worker, and none of the daemon's other packages."""
+    directory = home.root / "pythonpath"
+    directory.mkdir(mode=0o755, exist_ok=True)
+    link = directory / "gq"
+    if not link.is_symlink() or link.resolve() != _GQ_PACKAGE:
+        link.unlink(missing_ok=True)
+        link.symlink_to(_GQ_PACKAGE, target_is_directory=True)
+    return str(directory)
 
 
 def is_python(script: str) -> bool:
@@ -30,8 +43,9 @@ def command(job: Job) -> tuple[list[str], bool]:
     return ["bash", job.spool_path, *job.args], False
 
 
-def launch_spec(job: Job, devices: list[Device], lane: int, system: bool) -> dict[str, Any]:
+def launch_spec(job: Job, devices: list[Device], lane: int, home: Home) -> dict[str, Any]:
     """Everything the host needs to start the job as its submitter."""
+    system = home.system
     argv, worker = command(job)
     env = dict(job.env)
     groups: list[int] = []
@@ -40,8 +54,9 @@ def launch_spec(job: Job, devices: list[Device], lane: int, system: bool) -> dic
         env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
         groups = os.getgrouplist(entry.pw_name, job.gid if job.gid is not None else entry.pw_gid)
     env.update(devices_mod.environment(devices))
-    env.update(GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name,
-               GQ_SCRIPT_DIR=str(Path(job.script).parent))
+    env.update(GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name)
+    if worker:
+        env["GQ_SCRIPT"] = job.script  # the worker runs the snapshot under this name
     if job.array_job_id is not None:
         array = {"ARRAY_JOB_ID": str(job.array_job_id), "ARRAY_TASK_ID": str(job.array_task_id)}
         env.update({f"GQ_{key}": value for key, value in array.items()})
@@ -50,7 +65,8 @@ def launch_spec(job: Job, devices: list[Device], lane: int, system: bool) -> dic
         env["SLURM_JOB_ID"] = str(job.id)
     if worker and job.interpreter != sys.executable:
         # Another interpreter may not have gq installed: let it find this one.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), _GQ_ROOT]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"),
+                                                          gq_only_path(home)]))
     return {
         "id": job.id, "argv": argv, "worker": worker, "cwd": job.workdir, "env": env,
         "stdout": job.stdout_path, "stderr": job.stderr_path, "lane": lane,

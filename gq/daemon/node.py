@@ -550,7 +550,7 @@ class Daemon:
                           priority=job.priority)
         self.running[job.id] = running
         try:
-            spec = launch_spec(job, devices, placement.lane, self.home.system)
+            spec = launch_spec(job, devices, placement.lane, self.home)
         except (OSError, KeyError) as exc:  # KeyError: the submitter's account is gone
             self._end(running, None, JobState.FAILED, f"cannot launch job {job.id}: {exc}")
             return

@@ -2,9 +2,14 @@
 
 Installed once the script imports torch (a meta-path finder watches for it, so scripts
 that never import torch pay nothing):
-- after every ``optimizer.step()``: release (one step done);
 - at a module call while released: acquire (later calls see the lane held and return);
-- when grad is disabled, the end of an outermost module call: release (inference).
+- after every ``optimizer.step()``: release, one training step done;
+- when grad is disabled, the end of an outermost module call: release, one inference step.
+
+Several threads may call modules at once (inference servers, thread pools): each thread
+keeps its own nesting depth, the device is held while any thread is inside a module call,
+and it is released when the last one leaves. A module call that raises still counts as
+left (the forward hook is registered with ``always_call``).
 """
 
 from __future__ import annotations
@@ -13,31 +18,50 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import threading
 
-from gq.exec.runtime import JobSession
+from gq.exec.runtime import INFER, TRAIN, JobSession
 
 
 class _Boundaries:
+    """Entering and leaving outermost module calls, counted under one lock, so that the
+    lane is released only when no thread is inside a module call, and no thread enters one
+    without the lane."""
+
     def __init__(self, session: JobSession, torch):
         self.session = session
         self.torch = torch
-        self.depth = 0
-        self.saw_optimizer = False
+        self.local = threading.local()  # .depth: this thread's nesting of module calls
+        self.lock = threading.Lock()
+        self.inside = 0  # threads now inside an outermost module call
 
     def before_forward(self, _module, _inputs):
-        if self.depth == 0:
-            self.session.acquire()
-        self.depth += 1
+        depth = getattr(self.local, "depth", 0)
+        self.local.depth = depth + 1
+        if depth == 0:
+            with self.lock:
+                self.inside += 1
+                self.session.acquire()  # at once while the lane is held
 
     def after_forward(self, _module, _inputs, _output):
-        self.depth = max(0, self.depth - 1)
-        if self.depth == 0 and not self.torch.is_grad_enabled():
-            self.session.release(step=not self.saw_optimizer)
+        depth = getattr(self.local, "depth", 0)
+        if depth == 0:
+            return  # a call that began before the hooks were installed
+        self.local.depth = depth - 1
+        if depth == 1:
+            with self.lock:
+                self.inside -= 1
+                if not self.torch.is_grad_enabled():
+                    self.session.count_step(INFER)
+                    if self.inside == 0:
+                        self.session.release()
 
     def after_optimizer_step(self, _optimizer, _args, _kwargs):
-        self.saw_optimizer = True
-        self.depth = 0
-        self.session.release(step=True)
+        self.local.depth = 0
+        with self.lock:
+            self.session.count_step(TRAIN)
+            if self.inside == 0:
+                self.session.release()
 
 
 def install(session: JobSession, torch) -> None:
@@ -45,7 +69,7 @@ def install(session: JobSession, torch) -> None:
     optimizer_hooks = importlib.import_module("torch.optim.optimizer")
     boundaries = _Boundaries(session, torch)
     module_hooks.register_module_forward_pre_hook(boundaries.before_forward)
-    module_hooks.register_module_forward_hook(boundaries.after_forward)
+    module_hooks.register_module_forward_hook(boundaries.after_forward, always_call=True)
     optimizer_hooks.register_optimizer_step_post_hook(boundaries.after_optimizer_step)
 
 

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from typing import Protocol
 
+# What a step was: the reported count is the explicit steps if the script marks any (gq.steps,
+# gq.step), else its optimizer steps, else its inference calls, so evaluation forwards in a
+# training loop do not count as training steps.
+EXPLICIT, TRAIN, INFER = "explicit", "train", "infer"
+
 
 class JobSession(Protocol):
-    def acquire(self) -> None: ...
-    def release(self, step: bool) -> None: ...
+    def acquire(self) -> None:
+        """Block until the host grants the lane; at once if it is held already."""
+
+    def release(self) -> None:
+        """End the current iteration: the lane goes to other jobs until the next acquire."""
+
+    def count_step(self, kind: str) -> None: ...
+
     def set_total_steps(self, total: int) -> None: ...
 
 

@@ -1,32 +1,43 @@
-"""Worker bootstrap: ``python -m gq.exec.worker SCRIPT [ARGS]...``.
+"""Worker bootstrap: ``python -m gq.exec.worker SNAPSHOT [ARGS]...``.
 
-Connects to its execution host over the socket inherited as fd ``GQ_WORKER_FD``, installs the boundary hooks, then runs the script as
-``__main__``. At an acquire it sends READY and blocks until GO; at a release it sends
-DONE with its step count and memory figures and runs on.
+Connects to its execution host over the socket inherited as fd ``GQ_WORKER_FD``, installs
+the boundary hooks, then runs the snapshot of the user's script as ``__main__`` under the
+name it was submitted with (``GQ_SCRIPT``): ``__file__``, ``sys.argv[0]``, ``sys.path[0]``
+and tracebacks name the user's file, exactly as ``python script.py`` would, with no gq
+frames above the script's own. At an acquire it sends READY and blocks until GO; at a
+release it sends DONE with its step count and memory figures and runs on.
 """
 
 from __future__ import annotations
 
+import builtins
+import linecache
 import os
-import runpy
 import socket
 import sys
+import threading
 import time
+import traceback
+import types
 
+from gq import defaults
 from gq.exec import hooks, memory, runtime
 from gq.exec.protocol import Channel, encode
 
 READY = encode({"op": "ready"})
-SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases on short iterations
+
 
 class WorkerSession:
-    """The job side of the protocol; see :mod:`gq.exec.runtime`."""
+    """The job side of the protocol (see :mod:`gq.exec.runtime`); safe to call from
+    several threads: one READY/GO exchange at a time."""
 
     def __init__(self, channel: Channel):
         self.channel = channel
+        self.lock = threading.RLock()
         self.held = False
         self.empty_cache_after = False
-        self.steps = 0
+        self.counts = {runtime.EXPLICIT: 0, runtime.TRAIN: 0, runtime.INFER: 0}
+        self.reported = 0
         self.sample = memory.MemorySample(0, 0)
         self.sampled_at = 0.0
         self.detached = False
@@ -37,64 +48,108 @@ class WorkerSession:
         self.detached = True
         runtime.active = None
 
+    @property
+    def steps(self) -> int:
+        """Explicit steps if any, else optimizer steps, else inference calls."""
+        for kind in (runtime.EXPLICIT, runtime.TRAIN, runtime.INFER):
+            if self.counts[kind]:
+                return self.counts[kind]
+        return 0
+
     def acquire(self) -> None:
         if self.held or self.detached:
             return
-        self.channel.sock.sendall(READY)
-        grant = self.channel.receive_one()
-        # Lane-mates share the device's memory: give back cached blocks when parked.
-        self.empty_cache_after = bool(grant.get("empty_cache", False))
-        self.held = True
+        with self.lock:
+            if self.held:
+                return
+            self.channel.sock.sendall(READY)
+            grant = self.channel.receive_one()
+            # Lane-mates share the device's memory: give back cached blocks when parked.
+            self.empty_cache_after = bool(grant.get("empty_cache", False))
+            self.held = True
 
-    def release(self, step: bool) -> None:
+    def count_step(self, kind: str) -> None:
+        with self.lock:
+            self.counts[kind] += 1
+
+    def release(self) -> None:
         if self.detached:
             return
-        if step:
-            self.steps += 1
-        if not self.held:
-            if step:
-                self.channel.send({"op": "progress", "steps": self.steps})
-            return
-        self.held = False
-        now = time.monotonic()
-        if now - self.sampled_at >= SAMPLE_PERIOD:
-            self.sample, self.sampled_at = memory.sample(), now
-        if self.empty_cache_after:
-            memory.release_cached()
-        self.channel.send({"op": "done", "steps": self.steps,
-                           "mem_persistent": self.sample.persistent,
-                           "mem_peak": self.sample.peak})
+        with self.lock:
+            steps = self.steps
+            if not self.held:
+                if steps != self.reported:  # steps taken outside a grant (released loops)
+                    self.reported = steps
+                    self.channel.send({"op": "progress", "steps": steps})
+                return
+            self.held = False
+            now = time.monotonic()
+            if now - self.sampled_at >= defaults.MEMORY_SAMPLE_PERIOD:
+                self.sample, self.sampled_at = memory.sample(), now
+            if self.empty_cache_after:
+                memory.release_cached()
+            self.reported = steps
+            self.channel.send({"op": "done", "steps": steps,
+                               "mem_persistent": self.sample.persistent,
+                               "mem_peak": self.sample.peak})
 
     def set_total_steps(self, total: int) -> None:
         if not self.detached:
-            self.channel.send({"op": "total", "steps": total})
+            with self.lock:
+                self.channel.send({"op": "total", "steps": total})
 
     def finish(self) -> None:
         """The script is over: free the lane now, not after the interpreter's teardown."""
         if self.detached:
             return
-        if self.held:
-            self.release(step=False)
-        self.channel.send({"op": "finished"})
+        with self.lock:
+            if self.held:
+                self.release()
+            self.channel.send({"op": "finished"})
+
+
+def run_script(snapshot: str, submitted: str) -> None:
+    """Run the snapshot as ``__main__`` as if ``python SUBMITTED`` ran it."""
+    with open(snapshot, "rb") as handle:
+        source = handle.read()
+    code = compile(source, submitted, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=submitted, __cached__=None, __loader__=None,
+                         __package__=None, __spec__=None, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    # Tracebacks quote the lines that ran (the snapshot), not a later edit of the file.
+    linecache.cache[submitted] = (len(source), None,
+                                  source.decode(errors="replace").splitlines(True), submitted)
+    exec(code, main.__dict__)
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """The traceback Python prints for a script, without the worker's frames above it."""
+    tb = exc.__traceback__
+    here = os.path.dirname(os.path.abspath(__file__))
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(here):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
 
 
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.stderr.write("usage: python -m gq.exec.worker SCRIPT [ARGS]...\n")
+        sys.stderr.write("usage: python -m gq.exec.worker SNAPSHOT [ARGS]...\n")
         sys.exit(2)
     fd = int(os.environ.pop("GQ_WORKER_FD"))
-    script_dir = os.environ.pop("GQ_SCRIPT_DIR", None)
-    channel = Channel(socket.socket(fileno=fd))
-    session = WorkerSession(channel)
+    submitted = os.environ.pop("GQ_SCRIPT", None) or argv[0]
+    session = WorkerSession(Channel(socket.socket(fileno=fd)))
     runtime.active = session
     hooks.install_when_imported(session)
-
-    script = argv[0]
-    sys.argv = list(argv)
-    # Sibling imports resolve against the original script's folder, not the spool.
-    sys.path[0] = script_dir or os.path.dirname(os.path.abspath(script))
+    sys.argv = [submitted, *argv[1:]]
+    sys.path[0] = os.path.dirname(submitted)  # sibling imports, as `python script.py` has
     try:
-        runpy.run_path(script, run_name="__main__")
+        run_script(argv[0], submitted)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported as Python would, exit code 1
+        _print_user_traceback(exc)
+        raise SystemExit(1) from None
     finally:
         session.finish()
 

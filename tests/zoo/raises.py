@@ -1,0 +1,5 @@
+def inner():
+    raise ValueError("the user's own error")
+
+
+inner()
