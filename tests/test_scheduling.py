@@ -198,13 +198,15 @@ def test_resident_cap_and_exclusive(home, tmp_path):
         gq_ok("cancel", str(first), str(fourth))
         wait_state(third, "RUNNING")
         exclusive = submit("--exclusive", str(script))
-        time.sleep(0.5)
-        assert job(exclusive)["state"] == "PENDING"
+        info = wait_for(lambda: (j := job(exclusive))["reason"] == "Resources" and j, 10,
+                        what="the exclusive job to wait for its device")
+        assert info["state"] == "PENDING"
         gq_ok("cancel", str(second), str(third))
         wait_state(exclusive, "RUNNING")
         later = submit(str(script))
-        time.sleep(0.5)
-        assert job(later)["state"] == "PENDING"  # nothing shares an exclusive device
+        info = wait_for(lambda: (j := job(later))["reason"] == "Resources" and j, 10,
+                        what="the later job to be refused the exclusive device")
+        assert info["state"] == "PENDING"  # nothing shares an exclusive device
         gq_ok("cancel", str(exclusive), str(later))
     finally:
         control.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 from conftest import all_jobs, gq, gq_ok, job, submit, wait_for, wait_state, write_script
 
@@ -82,8 +81,9 @@ def test_failing_head_cancels_the_chain_with_the_slurm_reason(daemon, tmp_path):
 def test_hold_and_release(daemon, tmp_path):
     marker = tmp_path / "ran"
     script = write_script(tmp_path / "h.sh", f"touch {marker}\n")
+    probe = write_script(tmp_path / "probe.sh", "true\n")
     held = submit("--hold", str(script))
-    time.sleep(1.2)
+    wait_state(submit(str(probe)), "COMPLETED")  # the daemon has scanned since: held stays
     info = job(held)
     assert info["state"] == "PENDING" and info["held"] and info["reason"] == "JobHeldUser"
     assert "JobHeldUser" in gq_ok("status")
@@ -92,7 +92,8 @@ def test_hold_and_release(daemon, tmp_path):
     queued = submit(str(script))
     assert gq_ok("hold", str(queued)).strip() == f"Held job {queued}"
     gq_ok("cancel", str(other))
-    time.sleep(1.2)
+    wait_state(other, "CANCELLED")
+    wait_state(submit(str(probe)), "COMPLETED")  # the device was free, and still it waits
     assert job(queued)["state"] == "PENDING" and not marker.exists()
     assert gq_ok("release", str(held), str(queued)).split("\n")[0] == f"Released job {held}"
     wait_state(held, "COMPLETED")

@@ -379,8 +379,12 @@ class Host:
             return
         chosen = self.residents[chosen_view.id]
         shared = self.cuda and len(lane.residents) > 1
-        if chosen.channel is None or not chosen.channel.send({"op": "go",
-                                                               "empty_cache": shared}):
+        if chosen.channel is None:
+            return
+        if not chosen.channel.send({"op": "go", "empty_cache": shared}):
+            log.warning("job %d's worker hung up before its grant; the lane goes on",
+                        chosen.job_id)
+            self._drop_channel(chosen)  # its exit is reaped and reported as usual
             return
         chosen.state = "running"
         chosen.granted_at = time.monotonic()
