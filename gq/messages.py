@@ -104,6 +104,11 @@ class DeviceInfo:
     model: str
     lane_memory: int
     jobs: list[JobInfo] = field(default_factory=list)
+    # What placement sees: the most memory a lane has left under the safety condition, the
+    # resident jobs, and when they must all have ended (None: one has no time limit).
+    headroom: int | None = None
+    residents: int = 0
+    free_at: float | None = None
 
 
 INFO, WARNING, REFUSED = "info", "warning", "refused"
@@ -224,6 +229,7 @@ class SetPolicy:
     kind: ClassVar[str] = "policy-set"
     name: str
     fill: str = "always"
+    quantum: str = "100ms"
 
 
 @dataclass
@@ -286,6 +292,7 @@ class PolicyInfo:
     kind: ClassVar[str] = "policy"
     name: str
     fill: str
+    quantum: str
 
 
 @dataclass
@@ -298,6 +305,7 @@ class NodeInfo:
     max_resident: int
     policy: str
     fill: str
+    quantum: str
     note: str | None
     devices: list[DeviceInfo]
     operators: list[str]

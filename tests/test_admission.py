@@ -1,8 +1,16 @@
-"""Unit tests of admission: the Salus memory condition, caps, exclusivity, GPU counts."""
+"""Unit tests of admission: the Salus memory condition, caps, exclusivity, GPU counts,
+placement by load and EASY backfill."""
 
 from __future__ import annotations
 
-from gq.daemon.admission import DeviceLoad, Footprint, LaneLoad, Request, place
+import math
+
+from gq.daemon import admission
+from gq.daemon.admission import DeviceLoad, Footprint, LaneLoad, Request
+
+
+def place(requests, devices, **kwargs):
+    return admission.place(requests, devices, **kwargs).placements
 
 G = 1 << 30
 
@@ -13,7 +21,7 @@ def cpu(capacity=16 * G, lanes=1, max_resident=4) -> DeviceLoad:
 
 
 def gpu(index, capacity=80 * G, max_resident=4) -> DeviceLoad:
-    return DeviceLoad(f"gpu{index}", True, [LaneLoad(capacity)], max_resident)
+    return DeviceLoad(f"gpu{index}", True, [LaneLoad(capacity)], max_resident, index=index)
 
 
 def test_salus_condition_sums_persistent_and_takes_max_ephemeral():
@@ -70,3 +78,64 @@ def test_single_gpu_jobs_go_to_the_least_loaded_gpu():
     devices = [gpu(0), gpu(1)]
     devices[0].residents = 2
     assert place([Request(1, 1, Footprint())], devices)[0].devices == ("gpu1",)
+
+
+def test_a_shared_job_goes_where_it_leaves_the_most_memory_then_fewest_residents():
+    devices = [gpu(0), gpu(1), gpu(2)]
+    devices[0].lanes[0].footprints.append(Footprint(60 * G))
+    devices[0].residents = 1
+    devices[1].lanes[0].footprints += [Footprint(5 * G), Footprint(5 * G)]
+    devices[1].residents = 2
+    devices[2].lanes[0].footprints.append(Footprint(10 * G))
+    devices[2].residents = 1
+    # gpu1 and gpu2 both leave 70G free; gpu2 has fewer jobs
+    assert place([Request(1, 1, Footprint(G))], devices)[0].devices == ("gpu2",)
+
+
+def test_whole_device_jobs_leave_the_largest_contiguous_free_set():
+    assert place([Request(1, 2, Footprint())], [gpu(i) for i in range(4)])[0].devices == \
+        ("gpu0", "gpu1")
+    devices = [gpu(i) for i in range(6)]
+    devices[2].residents = 1  # free: 0 1 | 3 4 5
+    assert place([Request(1, 2, Footprint())], devices)[0].devices == ("gpu0", "gpu1")
+
+
+def _busy_node(now: float, ends_at: float) -> list[DeviceLoad]:
+    devices = [gpu(0), gpu(1)]
+    devices[0].residents, devices[0].free_at = 1, ends_at  # a job with a time limit runs
+    return devices
+
+
+def test_easy_backfill_runs_short_jobs_in_the_hole_and_never_delays_the_blocked_one():
+    now = 1000.0
+    requests = [Request(1, 2, Footprint()),  # needs both devices: blocked until 1060
+                Request(2, 1, Footprint(), time_limit=30),  # ends at 1030: fits the hole
+                Request(3, 1, Footprint(), time_limit=120),  # would end at 1120: waits
+                Request(4, 1, Footprint())]  # no limit: never backfilled onto the reservation
+    outcome = admission.place(requests, _busy_node(now, now + 60), now=now)
+    assert [(p.job_id, p.devices) for p in outcome.placements] == [(2, ("gpu1",))]
+    assert outcome.reserved_start == now + 60 and outcome.reserved == ("gpu0", "gpu1")
+    assert outcome.reasons == {1: admission.RESOURCES, 3: admission.PRIORITY,
+                               4: admission.NO_LIMIT}
+    without = admission.place(requests, _busy_node(now, now + 60), now=now, backfill=False)
+    assert without.placements == [] and without.reasons[2] == admission.PRIORITY
+
+
+def test_no_backfill_onto_a_reservation_whose_start_is_unknown():
+    now = 10.0
+    outcome = admission.place([Request(1, 2, Footprint()),
+                               Request(2, 1, Footprint(), time_limit=1)],
+                              _busy_node(now, math.inf), now=now)
+    assert outcome.placements == [] and outcome.reserved_start == math.inf
+
+
+def test_backfill_may_use_devices_the_blocked_job_does_not_wait_for():
+    devices = [gpu(0), gpu(1), gpu(2)]
+    devices[0].residents, devices[0].free_at = 1, 50.0
+    devices[1].residents, devices[1].free_at = 1, 500.0
+    outcome = admission.place([Request(1, 2, Footprint()), Request(2, 1, Footprint())],
+                              devices, now=0.0)
+    # job 1 will get gpu2 and gpu0 (free at 50); gpu1 is not reserved: job 2 may go there,
+    # although it has no time limit
+    assert outcome.reserved == ("gpu0", "gpu2")
+    assert [(p.job_id, p.devices) for p in outcome.placements] == [(2, ("gpu1",))]

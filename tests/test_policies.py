@@ -114,3 +114,21 @@ def test_priority_gapfit_admits_only_iterations_that_fit_the_gap():
 def test_every_policy_picks_nothing_from_nothing(name):
     assert policies.make(name).pick([], [view(1)], 0) is None
     assert policies.make(name).order([]) == []
+
+
+def test_rr_gives_each_job_its_quantum_in_turn():
+    from gq.policies.rr import parse_quantum
+
+    rr = policies.make("rr", quantum="100ms")
+    a = JobView(id=1, submit_time=1.0, attained=0.25)  # in its third quantum
+    b = JobView(id=2, submit_time=2.0, attained=0.12)  # in its second
+    assert rr.pick([a, b], [a, b], 0.0).id == 2  # the one behind catches up first
+    b2 = JobView(id=2, submit_time=2.0, attained=0.21)  # both in their third quantum now
+    assert rr.pick([a, b2], [a, b2], 0.0).id == 1  # earliest submitted keeps its turn
+    by_steps = policies.make("rr", quantum="10it")
+    c, d = JobView(id=3, steps_done=19), JobView(id=4, steps_done=20, submit_time=-1.0)
+    assert by_steps.pick([c, d], [c, d], 0.0).id == 3
+    assert parse_quantum("2s") == (2.0, False) and parse_quantum("10it") == (10.0, True)
+    for bad in ("", "0s", "-1ms", "10", "fast"):
+        with pytest.raises(ValueError, match="invalid quantum"):
+            parse_quantum(bad)

@@ -25,13 +25,16 @@ def start(
     max_resident: int = typer.Option(defaults.MAX_RESIDENT, "--max-resident", help="Jobs kept resident per device."),
     kill_wait: float = typer.Option(defaults.KILL_WAIT, "--kill-wait", metavar="SECONDS", help="Seconds between SIGTERM and SIGKILL."),
     cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory", metavar="SIZE", help="Memory the cpu device offers jobs (e.g. 8G) [all RAM]."),
+    cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
     operators: Optional[str] = typer.Option(None, "--operators", metavar="GROUP", help="Members of GROUP act on every job and the node, like root."),
     priority_cap: int = typer.Option(defaults.PRIORITY_CAP, "--priority-cap", metavar="N", help="System mode: the highest --priority users may ask for."),
 ) -> None:
     """Start the node daemon (detached unless --foreground); its log is daemon.log in its
     state directory. A personal daemon also starts by itself on the first command."""
-    if lanes < 1 or max_resident < 1 or kill_wait < 0:
-        raise UserError("--lanes and --max-resident must be at least 1, --kill-wait not negative")
+    if lanes < 1 or max_resident < 1 or kill_wait < 0 or (cpu_devices is not None
+                                                           and not 1 <= cpu_devices <= 64):
+        raise UserError("--lanes and --max-resident must be at least 1, --cpu-devices 1 to "
+                        "64, --kill-wait not negative")
     if system and os.geteuid() != 0:
         raise UserError("only root starts the system daemon (sudo gq daemon start --system, "
                         "or the systemd unit)")
@@ -40,6 +43,8 @@ def start(
                "--kill-wait", str(kill_wait), "--priority-cap", str(priority_cap)]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
+    if cpu_devices is not None:
+        options += ["--cpu-devices", str(cpu_devices)]
     if operators is not None:
         options += ["--operators", operators]
     if foreground:

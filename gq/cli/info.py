@@ -29,14 +29,18 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
                f"{render.duration(time.time() - node.started)}, {node.lanes} lane(s) per "
                f"device, up to {node.max_resident} resident jobs per device")
     typer.echo(f"operators: {', '.join(node.operators)}{cap}")
-    fill = f" (fill {node.fill})" if node.policy == "priority" else ""
-    typer.echo(f"policy: {node.policy}{fill}")
+    from gq.policies import label
+
+    typer.echo(f"policy: {label(node.policy, node.fill, node.quantum)}")
     if node.note:
         typer.echo(node.note)
     for device in node.devices:
+        free = ("now" if not device.residents else "unknown (a job has no time limit)"
+                if device.free_at is None else render.short_time(device.free_at))
         typer.echo(f"{device.name}: {device.model}, {render.size(device.memory_total)} memory "
                    f"({render.size(device.lane_memory)} per lane), "
-                   f"{len(device.jobs)} resident job(s)")
+                   f"{len(device.jobs)} resident job(s); placement: "
+                   f"{render.size(device.headroom)} headroom, free {free}")
         for job in device.jobs:
             lane = "holds" if job.holds_lane else "waits for"
             typer.echo(f"  job {job.label} ({job.name}, {job.user}) {lane} lane {job.lane}")

@@ -177,7 +177,8 @@ def _write_trace(jobs: list[messages.JobInfo]) -> None:
                       duration=(j.attained if j.steps_done and j.attained > 0
                                 else max(j.end_time - j.start_time, 1e-3)),
                       iterations=max(1, j.steps_done), gpus=max(1, j.gpus),
-                      priority=j.priority, user=j.user, mem=j.mem) for j in ran]
+                      priority=j.priority, user=j.user, mem=j.mem, time_limit=j.time_limit)
+             for j in ran]
     write_gq_csv(trace, sys.stdout)
 
 

@@ -7,7 +7,7 @@ import typer
 from gq import messages
 from gq.cli.common import ask
 
-app = typer.Typer(help="Show or set the scheduling policy (fifo, srtf, fair, priority).",
+app = typer.Typer(help="Show or set the scheduling policy (fifo, srtf, fair, priority, rr).",
                   invoke_without_command=True)
 
 DESCRIPTIONS = {
@@ -15,6 +15,7 @@ DESCRIPTIONS = {
     "srtf": "least estimated remaining time first (--steps), else least attained service",
     "fair": "equal device time per user, then per job",
     "priority": "highest --priority first; lower jobs fill its idle time (--fill)",
+    "rr": "resident jobs take turns, a quantum of device time or iterations each (--quantum)",
 }
 
 
@@ -27,16 +28,19 @@ def policy(ctx: typer.Context) -> None:
 
 @app.command("set")
 def set_policy(
-    name: str = typer.Argument(..., metavar="POLICY", help="fifo, srtf, fair or priority."),
+    name: str = typer.Argument(..., metavar="POLICY", help="fifo, srtf, fair, priority or rr."),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
+    quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms, 2s) or iterations (10it) per turn."),
 ) -> None:
     """Set the node's policy (operators only); hosts switch at the next iteration boundary."""
-    typer.echo(ask(messages.SetPolicy(name, fill)).message)
+    typer.echo(ask(messages.SetPolicy(name, fill, quantum)).message)
 
 
 @app.command("show")
 def show_policy() -> None:
     """Print the current policy."""
+    from gq.policies import label
+
     answer = ask(messages.GetPolicy())
-    suffix = f" (fill {answer.fill})" if answer.name == "priority" else ""
-    typer.echo(f"{answer.name}{suffix}: {DESCRIPTIONS.get(answer.name, '')}")
+    typer.echo(f"{label(answer.name, answer.fill, answer.quantum)}: "
+               f"{DESCRIPTIONS.get(answer.name, '')}")

@@ -13,11 +13,13 @@ from gq.errors import UserError
 
 def simulate(
     trace: Path = typer.Option(..., "--trace", help="CSV: Tiresias layout or gq's (gq history --csv)."),
-    policy: str = typer.Option("fifo", "--policy", help="fifo, srtf, fair or priority."),
+    policy: str = typer.Option("fifo", "--policy", help="fifo, srtf, fair, priority or rr."),
     compare: Optional[str] = typer.Option(None, "--compare", help="Comma-separated policies to compare, e.g. fifo,srtf,fair,priority."),
     gpus: int = typer.Option(1, "--gpus", help="Devices of the simulated node."),
     switch_cost: float = typer.Option(0.0, "--switch-cost", help="Seconds a device pays to change job."),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
+    quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms) or iterations (10it) per turn."),
+    backfill: bool = typer.Option(True, "--backfill/--no-backfill", help="EASY backfill of jobs whose time limit (the trace's, else their duration) ends before a blocked job's start."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON, one object per policy."),
     jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", help="Write per-job results here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw timeline and JCT CDF (needs matplotlib)."),
@@ -38,6 +40,10 @@ def simulate(
             raise UserError(f"unknown policy {name!r}; choose from {', '.join(policies.NAMES)}")
     if fill not in policies.FILL_MODES:
         raise UserError(f"unknown --fill {fill!r}; choose one of {', '.join(policies.FILL_MODES)}")
+    try:
+        policies.make("rr", fill, quantum)
+    except ValueError as exc:
+        raise UserError(f"--quantum: {exc}") from None
     if gpus < 1:
         raise UserError(f"invalid --gpus {gpus}: the simulated node needs at least 1 device")
     if switch_cost < 0:
@@ -45,7 +51,8 @@ def simulate(
     if plot is not None:
         _require_matplotlib()
     jobs = load(trace)
-    results = [run_simulation(jobs, policies.make(name, fill), gpus=gpus, switch_cost=switch_cost)
+    results = [run_simulation(jobs, policies.make(name, fill, quantum), gpus=gpus,
+                              switch_cost=switch_cost, backfill=backfill)
                for name in names]
     summaries = [r.summary() for r in results]
     if jobs_csv is not None:

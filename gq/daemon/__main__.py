@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--max-resident", type=int, default=defaults.MAX_RESIDENT)
     parser.add_argument("--kill-wait", type=float, default=defaults.KILL_WAIT)
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
+    parser.add_argument("--cpu-devices", type=int, help="emulate this many devices")
     parser.add_argument("--operators", help="group whose members are operators")
     parser.add_argument("--priority-cap", type=int, default=defaults.PRIORITY_CAP)
     args = parser.parse_args()
@@ -38,6 +39,7 @@ def main() -> None:
 
     options = DaemonOptions(lanes=args.lanes, max_resident=args.max_resident,
                             kill_grace=args.kill_wait, cpu_memory=args.cpu_memory,
+                            cpu_devices=args.cpu_devices,
                             operator_group=args.operators, priority_cap=args.priority_cap)
     Daemon(where, options).run(pidfile)
 

@@ -1,15 +1,29 @@
-"""Admission: which pending jobs become resident on which device and lane (pure).
+"""Admission: which pending jobs become resident on which device and lane (pure; the daemon
+and the simulator both call :func:`place`).
 
 A job fits a lane while Σ persistent + max ephemeral ≤ lane capacity over the lane's jobs
 (the Salus condition), the device's resident cap is not reached, and no exclusive job holds
-the device. Jobs are taken in the policy's order; a job that cannot be placed reserves the
-devices it could use, so later jobs do not starve it (no backfill).
+the device. Jobs are taken in the policy's order. A shared job goes where it leaves the most
+headroom (free memory under the safety condition, then the fewest resident jobs); a job of
+k whole devices takes the k empty ones that leave the largest contiguous free set.
+
+EASY backfill: the first job that cannot be placed reserves the devices it will get first,
+at the time the jobs on them must have ended (their time limits). A later job may start only
+if it leaves those devices alone or its own time limit ends before that reserved start, so
+the blocked job never starts later than it would have without backfill. A job without a
+time limit is not backfilled onto reserved devices.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+RESOURCES = "Resources"  # squeue's reason: next in line, no room yet
+PRIORITY = "Priority"  # behind a blocked job
+NO_LIMIT = "Priority (no --time: not backfilled)"
 
 
 @dataclass(frozen=True)
@@ -23,20 +37,29 @@ class LaneLoad:
     capacity: int
     footprints: list[Footprint] = field(default_factory=list)
 
+    def need(self, extra: Footprint | None = None) -> int:
+        every = self.footprints + ([extra] if extra is not None else [])
+        if not every:
+            return 0
+        return sum(f.persistent for f in every) + max(f.ephemeral for f in every)
+
     def fits(self, extra: Footprint) -> bool:
-        every = self.footprints + [extra]
-        need = sum(f.persistent for f in every) + max(f.ephemeral for f in every)
-        return need <= self.capacity
+        return self.need(extra) <= self.capacity
+
+    def headroom(self, extra: Footprint | None = None) -> int:
+        return self.capacity - self.need(extra)
 
 
 @dataclass
 class DeviceLoad:
     name: str
-    gpu: bool
+    gpu: bool  # a device jobs ask for by number (a GPU or an emulated one)
     lanes: list[LaneLoad]
     max_resident: int
+    index: int = 0
     residents: int = 0
     exclusive: bool = False
+    free_at: float = 0.0  # when every job on it must have ended (inf: one has no time limit)
 
     @property
     def empty(self) -> bool:
@@ -49,6 +72,7 @@ class Request:
     gpus: int
     footprint: Footprint
     exclusive: bool = False
+    time_limit: float | None = None  # seconds
 
 
 @dataclass(frozen=True)
@@ -58,35 +82,71 @@ class Placement:
     lane: int
 
 
-def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad]) -> list[Placement]:
-    has_gpus = any(d.gpu for d in devices)
+@dataclass
+class Outcome:
+    placements: list[Placement]
+    reasons: dict[int, str]  # why each job that was not placed waits
+    reserved: tuple[str, ...] = ()  # the devices held for the first blocked job
+    reserved_start: float | None = None
+
+
+def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float = 0.0,
+          backfill: bool = True) -> Outcome:
+    has_whole = any(d.gpu for d in devices)
+    outcome = Outcome([], {})
     reserved: set[str] = set()
-    placements = []
     for request in ordered:
-        if request.gpus == 0 or not has_gpus:
-            candidates = [d for d in devices if not d.gpu]
-        else:
-            candidates = [d for d in devices if d.gpu]
-        free = [d for d in candidates if d.name not in reserved]
-        placement = _place_one(request, free)
-        if placement is None:
-            reserved.update(d.name for d in candidates)
+        candidates = [d for d in devices if d.gpu == (has_whole and request.gpus > 0)] or \
+            list(devices)  # -G 0 where only whole devices exist: share one of them
+        placement = _choose(request, candidates)
+        if outcome.reserved_start is None:
+            if placement is not None:
+                _commit(placement, request, devices)
+                outcome.placements.append(placement)
+                continue
+            outcome.reasons[request.job_id] = RESOURCES
+            start, held = _reservation(request, candidates, now)
+            outcome.reserved_start, outcome.reserved = start, tuple(sorted(held))
+            reserved = set(held)
+            if not backfill:
+                reserved = {d.name for d in candidates}
             continue
-        placements.append(placement)
-    return placements
+        # An unknown reserved start (a running job has no limit) admits no job before it.
+        ends_in_time = (backfill and request.time_limit is not None
+                        and outcome.reserved_start != math.inf
+                        and now + request.time_limit <= outcome.reserved_start)
+        if placement is not None and set(placement.devices) & reserved and not ends_in_time:
+            # It would delay the blocked job there: only devices it does not wait for.
+            placement = _choose(request, [d for d in candidates if d.name not in reserved])
+            if placement is None:
+                outcome.reasons[request.job_id] = (
+                    NO_LIMIT if backfill and request.time_limit is None else PRIORITY)
+                continue
+        if placement is None:
+            outcome.reasons[request.job_id] = PRIORITY
+            continue
+        _commit(placement, request, devices)
+        outcome.placements.append(placement)
+    return outcome
 
 
-def _place_one(request: Request, devices: list[DeviceLoad]) -> Placement | None:
-    whole = request.exclusive or request.gpus > 1
-    if whole:
-        empty = [d for d in devices if d.empty]
+def _reservation(request: Request, candidates: list[DeviceLoad],
+                 now: float) -> tuple[float, set[str]]:
+    """When, and on which devices, the blocked job will start at the latest."""
+    count = max(1, request.gpus) if (request.exclusive or request.gpus > 1) else 1
+    soonest = sorted(candidates, key=lambda d: (max(d.free_at, now), d.index))[:count]
+    start = max((max(d.free_at, now) for d in soonest), default=math.inf)
+    return start, {d.name for d in soonest}
+
+
+def _choose(request: Request, devices: list[DeviceLoad]) -> Placement | None:
+    """Where the job would go now, without taking the room yet."""
+    if request.exclusive or request.gpus > 1:
         count = max(1, request.gpus)
+        empty = [d for d in devices if d.empty]
         if len(empty) < count:
             return None
-        chosen = empty[:count]
-        for device in chosen:
-            device.exclusive = True
-            device.residents += 1
+        chosen = _least_fragmenting(empty, count)
         return Placement(request.job_id, tuple(d.name for d in chosen), 0)
     options = []
     for device in devices:
@@ -94,10 +154,39 @@ def _place_one(request: Request, devices: list[DeviceLoad]) -> Placement | None:
             continue
         for index, lane in enumerate(device.lanes):
             if lane.fits(request.footprint):
-                options.append((device.residents, len(lane.footprints), device, index, lane))
+                options.append((-lane.headroom(request.footprint), device.residents,
+                                len(lane.footprints), device.index, device.name, index))
     if not options:
         return None
-    _, _, device, index, lane = min(options, key=lambda o: (o[0], o[1]))
-    device.residents += 1
-    lane.footprints.append(request.footprint)
-    return Placement(request.job_id, (device.name,), index)
+    best = min(options)
+    return Placement(request.job_id, (best[4],), best[5])
+
+
+def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
+    """The ``count`` empty devices that leave the largest contiguous run of empty ones."""
+    if len(empty) > 12:  # too many to try every set: the first ones
+        return sorted(empty, key=lambda d: d.index)[:count]
+
+    def score(chosen: tuple[DeviceLoad, ...]) -> tuple[int, int, list[int]]:
+        left = sorted(d.index for d in empty if d not in chosen)
+        longest = run = 0
+        for previous, index in zip([None, *left], left):
+            run = run + 1 if previous is not None and index == previous + 1 else 1
+            longest = max(longest, run)
+        indices = sorted(d.index for d in chosen)
+        spread = indices[-1] - indices[0]
+        return (-longest, spread, indices)
+
+    return list(min(itertools.combinations(empty, count), key=score))
+
+
+def _commit(placement: Placement, request: Request, devices: Sequence[DeviceLoad]) -> None:
+    by_name = {d.name: d for d in devices}
+    whole = request.exclusive or request.gpus > 1
+    for name in placement.devices:
+        device = by_name[name]
+        device.residents += 1
+        if whole:
+            device.exclusive = True
+        else:
+            device.lanes[placement.lane].footprints.append(request.footprint)

@@ -11,6 +11,7 @@ with their exit codes and end times) and carries on. Only a job whose host is go
 from __future__ import annotations
 
 import logging
+import math
 import os
 import selectors
 import signal
@@ -22,7 +23,7 @@ from typing import IO
 from gq import defaults, policies
 from gq.daemon import admission, handlers, recovery
 from gq.daemon.access import Caller, Rules
-from gq.daemon.devices import Device, discover
+from gq.daemon.devices import Device, discover, emulated
 from gq.daemon.hosts import HostHandle, HostUnavailable
 from gq.exec.protocol import HOST_VERSION
 from gq.daemon.launch import launch_spec
@@ -38,8 +39,6 @@ from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.daemon")
 # squeue's reasons for a pending job
-RESOURCES = "Resources"
-PRIORITY = "Priority"
 DEPENDENCY = "Dependency"
 HELD = "JobHeldUser"
 ARRAY_LIMIT = "JobArrayTaskLimit"
@@ -52,6 +51,7 @@ class DaemonOptions:
     max_resident: int = defaults.MAX_RESIDENT
     kill_grace: float = defaults.KILL_WAIT
     cpu_memory: int | None = None  # bytes the cpu device offers jobs [all of RAM]
+    cpu_devices: int | None = None  # emulate this many devices on the cpu instead
     operator_group: str | None = None  # its members may act on every job and the node
     priority_cap: int = defaults.PRIORITY_CAP  # system mode: highest priority for users
 
@@ -61,6 +61,8 @@ class DaemonOptions:
                 "--kill-wait", str(self.kill_grace), "--priority-cap", str(self.priority_cap)]
         if self.cpu_memory is not None:
             argv += ["--cpu-memory", str(self.cpu_memory)]
+        if self.cpu_devices is not None:
+            argv += ["--cpu-devices", str(self.cpu_devices)]
         if self.operator_group is not None:
             argv += ["--operators", self.operator_group]
         return argv
@@ -70,6 +72,7 @@ class DaemonOptions:
 class Running:
     job_id: int
     run: int  # the job's run_count for this run: host reports name it
+    started: float  # wall clock: with the time limit, when its devices are free at the latest
     devices: list[Device]
     lane: int
     host: str
@@ -88,7 +91,13 @@ class Daemon:
         self.options = options
         self.db = Database(home)
         self.devices, self.device_note = discover()
-        if options.cpu_memory is not None:
+        if options.cpu_devices:
+            memory = options.cpu_memory or next(d for d in self.devices
+                                                if d.kind == "cpu").memory_total
+            self.devices = emulated(options.cpu_devices, memory)
+            self.device_note = (f"{options.cpu_devices} devices emulated on the cpu "
+                                "(--cpu-devices), each with its own execution host")
+        elif options.cpu_memory is not None:
             self.devices = [replace(d, memory_total=options.cpu_memory) if d.kind == "cpu" else d
                             for d in self.devices]
         self.hosts: dict[str, HostHandle] = {}
@@ -96,7 +105,7 @@ class Daemon:
         self.running: dict[int, Running] = {}
         self.progress: dict[int, transitions.Progress] = {}
         self.selector = selectors.DefaultSelector()
-        self.policy_setting: tuple[str, str] | None = None
+        self.policy_setting: tuple[str, str, str] | None = None  # name, fill, quantum
         self.stopping = False
         self.keep_jobs = False  # stopping leaves running jobs to their hosts
         self.stop_deadline = 0.0
@@ -237,8 +246,7 @@ class Daemon:
             host.draining = True
             self._send(device.name, {"op": "drain"})
         if self.policy_setting is not None and host.current:
-            name, fill = self.policy_setting
-            self._send(device.name, {"op": "policy", "name": name, "fill": fill})
+            self._send(device.name, self._policy_message())
         self._adopt(host, state)
 
     def _adopt(self, host: HostHandle, state: dict) -> None:
@@ -277,7 +285,7 @@ class Daemon:
 
     def _running_from(self, row: Job, host: str) -> Running:
         names = (row.device or host).split(",")
-        return Running(job_id=row.id, run=row.run_count,
+        return Running(job_id=row.id, run=row.run_count, started=row.start_time or time.time(),
                        devices=[d for d in self.devices if d.name in names],
                        lane=row.lane or 0, host=host, time_limit=row.time_limit,
                        requeue=row.requeue, footprint=_footprint(row),
@@ -470,14 +478,20 @@ class Daemon:
         return eligible
 
     def _apply_policy(self, config: dict) -> None:
-        wanted = (config[queue_settings.POLICY], config[queue_settings.FILL])
+        wanted = (config[queue_settings.POLICY], config[queue_settings.FILL],
+                  config[queue_settings.QUANTUM])
         if wanted == self.policy_setting:
             return
         self.policy_setting = wanted
         self.policy = policies.make(*wanted)
         for name in list(self.hosts):
-            self._send(name, {"op": "policy", "name": wanted[0], "fill": wanted[1]})
-        log.info("policy is now %s (fill %s)", *wanted)
+            self._send(name, self._policy_message())
+        log.info("policy is now %s (fill %s, quantum %s)", *wanted)
+
+    def _policy_message(self) -> dict:
+        assert self.policy_setting is not None
+        name, fill, quantum = self.policy_setting
+        return {"op": "policy", "name": name, "fill": fill, "quantum": quantum}
 
     def _admit(self, pending: list[Job], array_running: dict[int, int]) -> None:
         by_id = {job.id: job for job in pending}
@@ -493,12 +507,11 @@ class Daemon:
                     throttled.append(job.id)
                     continue
                 admitted[job.array_job_id] = admitted.get(job.array_job_id, 0) + 1
-            requests.append(admission.Request(job.id, job.gpus, _footprint(job), job.exclusive))
-        placements = admission.place(requests, self._loads())
-        placed = {p.job_id for p in placements}
-        blocked = [r.job_id for r in requests if r.job_id not in placed]
-        # As squeue says it: the first blocked job waits for Resources, the rest behind it.
-        reasons = {job_id: RESOURCES if i == 0 else PRIORITY for i, job_id in enumerate(blocked)}
+            requests.append(admission.Request(job.id, job.gpus, _footprint(job), job.exclusive,
+                                              time_limit=job.time_limit))
+        outcome = admission.place(requests, self.loads(), now=time.time())
+        placements = outcome.placements
+        reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
         reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
         changed = {job_id: reason for job_id, reason in reasons.items()
                    if by_id[job_id].reason != reason}
@@ -509,7 +522,8 @@ class Daemon:
         for placement in placements:
             self._launch(by_id[placement.job_id], placement)
 
-    def _loads(self) -> list[admission.DeviceLoad]:
+    def loads(self) -> list[admission.DeviceLoad]:
+        """Each available device as admission sees it: lanes, memory, residents, free time."""
         loads = {}
         for device in self.devices:
             host = self.hosts.get(device.name)
@@ -517,14 +531,16 @@ class Daemon:
                 continue  # its host is restarting, or being replaced
             lanes = max(1, self.options.lanes)
             loads[device.name] = admission.DeviceLoad(
-                name=device.name, gpu=device.kind == "cuda",
+                name=device.name, gpu=device.whole, index=device.index or 0,
                 lanes=[admission.LaneLoad(self.lane_memory(device)) for _ in range(lanes)],
                 max_resident=self.options.max_resident)
         for job in self.running.values():
+            ends = job.started + job.time_limit if job.time_limit is not None else math.inf
             for device in job.devices:
                 load = loads.get(device.name)
                 if load is None:
                     continue
+                load.free_at = max(load.free_at, ends)
                 load.residents += 1
                 load.exclusive |= job.exclusive or len(job.devices) > 1
                 load.lanes[job.lane].footprints.append(self._footprint_now(job))
@@ -543,7 +559,8 @@ class Daemon:
         with self.db.write() as session:
             if not transitions.start(session, job.id, device_names, placement.lane):
                 return  # cancelled meanwhile
-        running = Running(job_id=job.id, run=job.run_count + 1, devices=devices,
+        running = Running(job_id=job.id, run=job.run_count + 1, started=time.time(),
+                          devices=devices,
                           lane=placement.lane, host=placement.devices[0],
                           time_limit=job.time_limit, requeue=job.requeue,
                           footprint=_footprint(job), exclusive=job.exclusive,

@@ -109,7 +109,7 @@ class Host:
         self.daemon: Channel | None = None  # the daemon now connected, if any
         self.kill_grace = kill_grace
         self.policy = policies.make("fifo")
-        self.policy_name = ("fifo", "always")
+        self.policy_name = ("fifo", "always", policies.DEFAULT_QUANTUM)
         self.residents: dict[int, Resident] = {}
         self.exited: dict[int, dict[str, Any]] = {}  # exit reports no daemon has acknowledged
         self.selector = selectors.DefaultSelector()
@@ -214,7 +214,8 @@ class Host:
                     resident.priority = int(message["priority"])
                     resident.time_limit = message.get("time_limit")
             elif op == "policy":
-                self._set_policy(message.get("name", "fifo"), message.get("fill", "always"))
+                self._set_policy(message.get("name", "fifo"), message.get("fill", "always"),
+                                 message.get("quantum", policies.DEFAULT_QUANTUM))
             elif op == "shutdown":
                 self._shutdown()
             elif op == "drain":
@@ -239,13 +240,13 @@ class Host:
                 "policy": list(self.policy_name), "draining": self.draining,
                 "residents": residents, "exited": list(self.exited.values())}
 
-    def _set_policy(self, name: str, fill: str) -> None:
+    def _set_policy(self, name: str, fill: str, quantum: str) -> None:
         try:
-            self.policy = policies.make(name, fill)
+            self.policy = policies.make(name, fill, quantum)
         except ValueError as exc:
             log.warning("ignoring policy change: %s", exc)
             return
-        self.policy_name = (name, fill)
+        self.policy_name = (name, fill, quantum)
         for lane in self.lanes:
             self._schedule(lane)
 

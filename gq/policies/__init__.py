@@ -1,4 +1,4 @@
-"""Scheduling policies: ``fifo``, ``srtf``, ``fair``, ``priority`` (see base.Policy)."""
+"""Scheduling policies: ``fifo``, ``srtf``, ``fair``, ``priority``, ``rr`` (see base.Policy)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,25 @@ from gq.policies.base import JobView, Policy
 from gq.policies.fair import Fair
 from gq.policies.fifo import Fifo
 from gq.policies.priority import FILL_MODES, Priority
+from gq.policies.rr import DEFAULT_QUANTUM, RoundRobin
 from gq.policies.srtf import Srtf
 
-NAMES = ("fifo", "srtf", "fair", "priority")
+NAMES = ("fifo", "srtf", "fair", "priority", "rr")
 
-__all__ = ["NAMES", "FILL_MODES", "JobView", "Policy", "make"]
+__all__ = ["NAMES", "FILL_MODES", "DEFAULT_QUANTUM", "JobView", "Policy", "label", "make"]
 
 
-def make(name: str, fill: str = "always") -> Policy:
+def label(name: str, fill: str, quantum: str) -> str:
+    """How people see a policy setting: ``priority (fill gapfit)``, ``rr (quantum 100ms)``."""
+    if name == "priority":
+        return f"priority (fill {fill})"
+    if name == "rr":
+        return f"rr (quantum {quantum})"
+    return name
+
+
+def make(name: str, fill: str = "always", quantum: str = DEFAULT_QUANTUM) -> Policy:
+    """The policy ``name``; ``fill`` is priority's, ``quantum`` rr's. ValueError if unknown."""
     if name == "fifo":
         return Fifo()
     if name == "srtf":
@@ -22,4 +33,6 @@ def make(name: str, fill: str = "always") -> Policy:
         return Fair()
     if name == "priority":
         return Priority(fill)
+    if name == "rr":
+        return RoundRobin(quantum)
     raise ValueError(f"unknown policy {name!r}; use one of {', '.join(NAMES)}")

@@ -11,9 +11,10 @@ from gq.queue.models import Setting
 
 POLICY = "policy"
 FILL = "fill"
+QUANTUM = "quantum"
 DAEMON = "daemon"  # pid, start time, devices: written by the running daemon for `gq info`
 
-DEFAULTS: dict[str, Any] = {POLICY: "fifo", FILL: "always"}
+DEFAULTS: dict[str, Any] = {POLICY: "fifo", FILL: "always", QUANTUM: "100ms"}
 
 
 def get(session: Session, key: str) -> Any:

@@ -97,7 +97,10 @@ class Result:
 
 
 def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: float = 0.0,
-             capacity: int | None = None, max_resident: int | None = None) -> Result:
+             capacity: int | None = None, max_resident: int | None = None,
+             backfill: bool = True) -> Result:
+    """Run the trace through ``policy`` on ``gpus`` devices. For backfill a job's time limit
+    is its trace limit, else its duration (a perfect estimate)."""
     if gpus < 1:
         raise ValueError("gpus must be at least 1")
     devices = [Device(i) for i in range(gpus)]
@@ -119,14 +122,18 @@ def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: f
         order = policy.order([run.view() for run in pending])
         requests = [admission.Request(v.id, runs[v.id].gpus,
                                       admission.Footprint(runs[v.id].job.mem or 0),
-                                      exclusive=runs[v.id].gpus > 1) for v in order]
+                                      exclusive=runs[v.id].gpus > 1,
+                                      time_limit=runs[v.id].job.limit) for v in order]
         loads = [admission.DeviceLoad(
-            name=str(d.index), gpu=True,
+            name=str(d.index), gpu=True, index=d.index,
             lanes=[admission.LaneLoad(capacity if capacity is not None else 1 << 62,
                                       [admission.Footprint(r.job.mem or 0) for r in d.residents])],
             max_resident=max_resident or 1 << 30, residents=len(d.residents),
-            exclusive=any(r.gpus > 1 for r in d.residents)) for d in devices]
-        for placement in admission.place(requests, loads):
+            exclusive=any(r.gpus > 1 for r in d.residents),
+            free_at=max((r.start + r.job.limit for r in d.residents), default=0.0))
+            for d in devices]
+        outcome = admission.place(requests, loads, now=now, backfill=backfill)
+        for placement in outcome.placements:
             run = runs[placement.job_id]
             pending.remove(run)
             run.devices = tuple(int(name) for name in placement.devices)

@@ -9,7 +9,8 @@ from pathlib import Path
 from gq.errors import UserError
 
 TIRESIAS_COLUMNS = {"job_id", "num_gpu", "submit_time", "iterations", "duration"}
-GQ_COLUMNS = ["submit_time", "duration", "steps", "priority", "user", "gpus", "mem"]
+GQ_COLUMNS = ["submit_time", "duration", "steps", "priority", "user", "gpus", "mem",
+              "time_limit"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,12 @@ class TraceJob:
     user: str = ""
     mem: int | None = None
     startup: float = 0.0  # seconds between start and its first iteration (process start)
+    time_limit: float | None = None  # seconds, as submitted with -t
+
+    @property
+    def limit(self) -> float:
+        """Its time limit, or its duration where the trace gives none (a perfect estimate)."""
+        return self.time_limit if self.time_limit is not None else self.startup + self.duration
 
     @property
     def iteration_time(self) -> float:
@@ -63,11 +70,12 @@ def _tiresias(row: dict[str, str]) -> TraceJob:
 
 
 def _gq(index: int, row: dict[str, str]) -> TraceJob:
-    mem = row.get("mem") or ""
+    mem, limit = row.get("mem") or "", row.get("time_limit") or ""
     return TraceJob(id=int(row.get("id") or index), submit_time=float(row["submit_time"]),
                     duration=float(row["duration"]), iterations=int(row["steps"] or 1),
                     gpus=max(1, int(row.get("gpus") or 1)), priority=int(row.get("priority") or 0),
-                    user=row.get("user", ""), mem=int(mem) if mem else None)
+                    user=row.get("user", ""), mem=int(mem) if mem else None,
+                    time_limit=float(limit) if limit else None)
 
 
 def write_gq_csv(jobs: list[TraceJob], path_or_handle) -> None:
@@ -77,6 +85,7 @@ def write_gq_csv(jobs: list[TraceJob], path_or_handle) -> None:
     writer.writerow(["id", *GQ_COLUMNS])
     for job in jobs:
         writer.writerow([job.id, f"{job.submit_time:.3f}", f"{job.duration:.3f}", job.iterations,
-                         job.priority, job.user, job.gpus, job.mem if job.mem is not None else ""])
+                         job.priority, job.user, job.gpus, job.mem if job.mem is not None else "",
+                         job.time_limit if job.time_limit is not None else ""])
     if handle is not path_or_handle:
         handle.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import pwd
 from typing import TYPE_CHECKING
@@ -25,34 +26,47 @@ def set_policy(daemon: Daemon, caller: Caller, request: messages.SetPolicy) -> m
     if request.fill not in policies.FILL_MODES:
         raise UserError(f"unknown --fill {request.fill!r}; choose one of "
                         f"{', '.join(policies.FILL_MODES)}")
+    try:
+        policies.make(request.name, request.fill, request.quantum)
+    except ValueError as exc:
+        raise UserError(f"--quantum: {exc}") from None
     with daemon.db.write() as session:
         settings.put(session, settings.POLICY, request.name)
         settings.put(session, settings.FILL, request.fill)
+        settings.put(session, settings.QUANTUM, request.quantum)
     daemon.wake = True
-    suffix = f" (fill {request.fill})" if request.name == "priority" else ""
-    return messages.Done(f"Policy set to {request.name}{suffix}")
+    return messages.Done(f"Policy set to "
+                         f"{policies.label(request.name, request.fill, request.quantum)}")
 
 
 def get_policy(daemon: Daemon, caller: Caller, request: messages.GetPolicy) -> messages.PolicyInfo:
     with daemon.db.read() as session:
         return messages.PolicyInfo(settings.get(session, settings.POLICY),
-                                   settings.get(session, settings.FILL))
+                                   settings.get(session, settings.FILL),
+                                   settings.get(session, settings.QUANTUM))
 
 
 def info(daemon: Daemon, caller: Caller, request: messages.NodeInfoRequest) -> messages.NodeInfo:
     with daemon.db.read() as session:
         config = settings.get_all(session)
         running = [job_info(job) for job in queries.jobs(session, states=[JobState.RUNNING])]
-    devices = [messages.DeviceInfo(
-        name=d.name, kind=d.kind, index=d.index, memory_total=d.memory_total, model=d.model,
-        lane_memory=daemon.lane_memory(d),
-        jobs=[j for j in running if d.name in (j.device or "").split(",")])
-        for d in daemon.devices]
+    loads = {load.name: load for load in daemon.loads()}
+    devices = []
+    for d in daemon.devices:
+        load = loads.get(d.name)
+        devices.append(messages.DeviceInfo(
+            name=d.name, kind=d.kind, index=d.index, memory_total=d.memory_total, model=d.model,
+            lane_memory=daemon.lane_memory(d),
+            jobs=[j for j in running if d.name in (j.device or "").split(",")],
+            headroom=max(lane.headroom() for lane in load.lanes) if load else None,
+            residents=load.residents if load else 0,
+            free_at=None if load is None or load.free_at == math.inf else load.free_at))
     rules = daemon.rules
     return messages.NodeInfo(
         pid=os.getpid(), mode=daemon.home.mode, started=daemon.started_at,
         lanes=daemon.options.lanes, max_resident=daemon.options.max_resident,
-        policy=config[settings.POLICY], fill=config[settings.FILL], note=daemon.device_note,
+        policy=config[settings.POLICY], fill=config[settings.FILL],
+        quantum=config[settings.QUANTUM], note=daemon.device_note,
         devices=devices,
         operators=_operators(daemon), priority_cap=rules.priority_cap,
         options=daemon.options.to_argv())

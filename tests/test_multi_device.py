@@ -1,0 +1,86 @@
+"""Nodes with several devices (emulated with --cpu-devices): placement by load, EASY
+backfill, and rr time slicing, end to end."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state, write_script
+
+TRAIN = str(ROOT / "examples" / "kernel_train.py")
+
+
+def ts(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def test_four_one_device_jobs_land_on_four_devices(home, tmp_path):
+    gq_ok("daemon", "start", "--cpu-devices", "4", "--cpu-memory", "8G", "--kill-wait", "1")
+    info = json.loads(gq_ok("info", "--json"))
+    assert [d["name"] for d in info["devices"]] == ["cpu0", "cpu1", "cpu2", "cpu3"]
+    assert all(d["memory_total"] == 2 << 30 for d in info["devices"])
+    script = write_script(tmp_path / "s.sh", "echo $GQ_VISIBLE_DEVICES $GQ_DEVICE; sleep 300\n")
+    ids = [submit(str(script)) for _ in range(4)]
+    devices = [wait_state(i, "RUNNING")["device"] for i in ids]
+    assert sorted(devices) == ["cpu0", "cpu1", "cpu2", "cpu3"]
+    for job_id, device in zip(ids, devices):
+        out = tmp_path / f"gq-{job_id}.out"
+        wait_for(out.exists, 10, what="the job's output")
+        wait_for(lambda out=out: out.read_text().strip(), 10, what="the job's line")
+        assert out.read_text().split() == [device.removeprefix("cpu"), "cpu"]
+    two = submit("-G", "2", str(script))  # no device is empty: waits for two of them
+    assert wait_for(lambda: job(two)["reason"], 10, what="a reason") == "Resources"
+    gq_ok("cancel", *map(str, ids[1:3]))
+    assert wait_state(two, "RUNNING")["device"] == "cpu1,cpu2"
+    gq_ok("cancel", "--state", "R")
+
+
+def test_backfill_runs_a_short_job_in_the_hole_without_delaying_the_blocked_one(home, tmp_path):
+    gq_ok("daemon", "start", "--cpu-devices", "2", "--kill-wait", "1")
+    sleep = lambda seconds: str(write_script(tmp_path / f"sleep{seconds}.sh",  # noqa: E731
+                                             f"sleep {seconds}\n"))
+    first = submit("-t", "0:10", sleep(4))  # one device, ends within 10 s at the latest
+    wait_state(first, "RUNNING")
+    blocked = submit("-G", "2", sleep(0.2))  # needs both: reserved from first's limit
+    short = submit("-t", "0:03", sleep(0.5))  # ends before that: runs in the hole
+    long = submit("-t", "1:00", sleep(0.5))  # would not: waits
+    unlimited = submit(sleep(0.5))  # no limit: never backfilled
+    assert wait_state(short, "COMPLETED")["device"] != job(first)["device"]
+    assert job(long)["reason"] == "Priority" and job(long)["state"] == "PENDING"
+    assert job(unlimited)["reason"] == "Priority (no --time: not backfilled)"
+    assert job(blocked)["reason"] == "Resources"
+    first_info = wait_state(first, "COMPLETED")
+    blocked_info = wait_state(blocked, "COMPLETED", timeout=30)
+    # It started as soon as the devices were free (not delayed by the short job) ...
+    assert ts(blocked_info["start_time"]) - ts(first_info["end_time"]) < 1.5
+    # ... and before the long job, which had to wait for it.
+    long_info = wait_state(long, "COMPLETED", timeout=30)
+    assert ts(long_info["start_time"]) >= ts(blocked_info["start_time"])
+    wait_state(unlimited, "COMPLETED", timeout=30)
+
+
+def test_rr_gives_resident_jobs_turns_within_one_quantum(daemon, tmp_path):
+    gq_ok("policy", "set", "rr", "--quantum", "50ms")
+    assert gq_ok("policy").startswith("rr (quantum 50ms)")
+    go = tmp_path / "go"
+    ids = [submit(TRAIN, "--steps", "400", "--iter-ms", "4", "--start-file", str(go))
+           for _ in range(2)]
+    for job_id in ids:
+        wait_for(lambda job_id=job_id: job(job_id)["pid"], 60, what="both jobs resident")
+    go.touch()
+    samples = []
+
+    def sample():
+        rows = {r["id"]: r for r in json.loads(gq_ok("status", "--json"))}
+        if not all(0 < rows.get(i, {}).get("steps_done", 0) < 400 for i in ids):
+            return len(rows) < 2 or bool(samples)  # done once either loop is over
+        samples.append(tuple(rows[i]["attained"] for i in ids))
+        return False
+
+    wait_for(sample, 60, interval=0.1, what="both jobs to iterate")
+    assert samples, "never saw both jobs iterating"
+    for a, b in samples:  # one quantum, and one iteration of granularity, apart at most
+        assert abs(a - b) <= 0.05 + 0.02, samples
+    for job_id in ids:
+        wait_state(job_id, "COMPLETED", timeout=60)
