@@ -65,6 +65,7 @@ class JobInfo:
     gpus: int
     mem: int | None
     time_limit: int | None
+    deadline: float | None
     steps_total: int | None
     exclusive: bool
     requeue: bool
@@ -132,6 +133,7 @@ class SubmitOptions:
     gpus: int = 1
     mem: int | None = None
     time_limit: int | None = None
+    deadline: float | None = None  # seconds since the epoch
     priority: int = 0
     steps: int | None = None
     output: str = "gq-%j.out"

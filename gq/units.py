@@ -73,3 +73,50 @@ def format_duration(seconds: float | None) -> str:
     if hours:
         return f"{hours}:{minutes:02d}:{secs:02d}"
     return f"{minutes}:{secs:02d}"
+
+
+_RELATIVE = re.compile(r"^now(?:\+(?P<n>\d+)(?P<unit>[a-z]*))?$")
+_UNITS = {"": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
+          "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
+          "d": 86400, "day": 86400, "days": 86400, "w": 604800, "week": 604800,
+          "weeks": 604800}
+_ABSOLUTE = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})(?:T(?P<time>\d{1,2}:\d{2}(?::\d{2})?))?$")
+_CLOCK = re.compile(r"^(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?$")
+
+
+def parse_deadline(text: str, now: float) -> float:
+    """Seconds since the epoch from sbatch's --deadline spellings: ``YYYY-MM-DD[THH:MM[:SS]]``,
+    ``HH:MM[:SS]`` (the next such time), ``now+N[units]`` (seconds, minutes, hours, days,
+    weeks), ``today``, ``tomorrow``, ``midnight``, ``noon``. Local time."""
+    from datetime import datetime, timedelta
+
+    stripped = text.strip().lower()
+    current = datetime.fromtimestamp(now)
+    today = current.replace(hour=0, minute=0, second=0, microsecond=0)
+    named = {"today": today, "midnight": today + timedelta(days=1),
+             "tomorrow": today + timedelta(days=1), "noon": today.replace(hour=12)}
+    when = None
+    if stripped in named:
+        when = named[stripped]
+        if stripped == "noon" and when <= current:
+            when += timedelta(days=1)
+    elif match := _RELATIVE.match(stripped):
+        unit = _UNITS.get(match.group("unit"))
+        if unit is not None:
+            return now + int(match.group("n") or 0) * unit
+    elif match := _ABSOLUTE.match(text.strip()):
+        try:
+            when = datetime.fromisoformat(match.group("date") + "T" + (match.group("time")
+                                                                        or "00:00"))
+        except ValueError:
+            when = None
+    elif match := _CLOCK.match(stripped):
+        hour, minute, second = (int(match.group(k) or 0) for k in ("h", "m", "s"))
+        if hour < 24 and minute < 60 and second < 60:
+            when = today.replace(hour=hour, minute=minute, second=second)
+            if when <= current:
+                when += timedelta(days=1)
+    if when is None:
+        raise UserError(f"invalid --deadline {text!r}: use YYYY-MM-DD[THH:MM[:SS]], HH:MM[:SS], "
+                        "now+N[minutes|hours|days], today, tomorrow, midnight or noon")
+    return when.timestamp()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state, write_script
+from conftest import ROOT, gq, gq_ok, job, submit, wait_for, wait_state, write_script
 
 TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
@@ -84,3 +84,45 @@ def test_rr_gives_resident_jobs_turns_within_one_quantum(daemon, tmp_path):
         assert abs(a - b) <= 0.05 + 0.02, samples
     for job_id in ids:
         wait_state(job_id, "COMPLETED", timeout=60)
+
+
+def test_deadlines_met_missed_and_impossible(daemon, tmp_path):
+    gq_ok("policy", "set", "deadline")
+    go = tmp_path / "go"
+    relaxed = submit("--deadline", "now+10minutes", "--steps", "300", TRAIN, "--steps", "300",
+                     "--iter-ms", "4", "--start-file", str(go))
+    urgent = submit("--deadline", "now+2minutes", "--steps", "100", TRAIN, "--steps", "100",
+                    "--iter-ms", "4", "--start-file", str(go))
+    for job_id in (relaxed, urgent):
+        wait_for(lambda job_id=job_id: job(job_id)["pid"], 60, what="both resident")
+    go.touch()
+    urgent_info = wait_state(urgent, "COMPLETED", timeout=60)
+    relaxed_info = wait_state(relaxed, "COMPLETED", timeout=60)
+    assert ts(urgent_info["end_time"]) < ts(relaxed_info["end_time"])  # earliest deadline first
+    assert urgent_info["missed_by"] is None and relaxed_info["missed_by"] is None
+    # Running past its deadline: ended at it, state DEADLINE (Slurm's DL).
+    late = submit("--deadline", "now+2", str(write_script(tmp_path / "s.sh", "sleep 60\n")))
+    info = wait_state(late, "DEADLINE", timeout=30)
+    assert info["reason"] == "deadline reached"
+    assert ts(info["end_time"]) - ts(info["deadline"]) < 2.0
+    # Pending, with a time limit that ends after its deadline: removed at once.
+    hopeless = submit("--deadline", "now+30", "-t", "5:00", str(tmp_path / "s.sh"))
+    info = wait_state(hopeless, "DEADLINE")
+    assert info["run_count"] == 0 and "cannot end before its deadline" in info["reason"]
+    history = gq_ok("history")
+    assert "MISSED BY" in history and f"{late} " in history
+    shown = gq_ok("show", str(urgent))
+    assert "Deadline: " in shown
+
+
+def test_deadline_spellings_and_refusals(daemon, tmp_path):
+    script = str(write_script(tmp_path / "s.sh", "true\n"))
+    for bad, message in (("soon", "invalid --deadline 'soon'"),
+                         ("2001-01-01", "has passed")):
+        result = gq("submit", "--deadline", bad, script)
+        assert result.code == 2 and message in result.err, result.err
+    job_id = submit("--hold", "--deadline", "now+1hour", script)
+    assert abs(ts(job(job_id)["deadline"]) - ts(job(job_id)["submit_time"]) - 3600) < 5
+    directive = write_script(tmp_path / "d.sh", "#!/bin/sh\n#SBATCH --deadline=now+2hours\ntrue\n")
+    other = submit("--hold", str(directive))
+    assert abs(ts(job(other)["deadline"]) - ts(job(other)["submit_time"]) - 7200) < 5

@@ -132,3 +132,34 @@ def test_rr_gives_each_job_its_quantum_in_turn():
     for bad in ("", "0s", "-1ms", "10", "fast"):
         with pytest.raises(ValueError, match="invalid quantum"):
             parse_quantum(bad)
+
+
+def test_deadline_policy_is_earliest_deadline_first_and_puts_lost_causes_after():
+    edf = policies.make("deadline")
+    soon = JobView(id=1, submit_time=2.0, deadline=100.0)
+    later = JobView(id=2, submit_time=1.0, deadline=200.0)
+    none = JobView(id=3, submit_time=0.0)
+    assert [j.id for j in edf.order([none, later, soon])] == [1, 2, 3]
+    assert edf.pick([none, later, soon], [], 0.0).id == 1
+    # 50 steps of 3 s left cannot end by 100: the job that can still make it goes first
+    lost = JobView(id=1, submit_time=2.0, deadline=100.0, steps_done=50, steps_total=100,
+                   mean_iteration=3.0)
+    assert edf.pick([lost, later], [], 0.0).id == 2
+
+
+def test_deadline_spellings():
+    from datetime import datetime
+
+    from gq.errors import UserError
+    from gq.units import parse_deadline
+
+    now = datetime(2026, 11, 21, 15, 30).timestamp()
+    assert parse_deadline("now+90", now) == now + 90
+    assert parse_deadline("now+2hours", now) == now + 7200
+    assert parse_deadline("2026-12-01T10:00", now) == datetime(2026, 12, 1, 10).timestamp()
+    assert parse_deadline("16:00", now) == datetime(2026, 11, 21, 16).timestamp()
+    assert parse_deadline("09:00", now) == datetime(2026, 11, 22, 9).timestamp()
+    assert parse_deadline("midnight", now) == datetime(2026, 11, 22).timestamp()
+    for bad in ("soon", "now+5parsecs", "2026-13-01", "25:00"):
+        with pytest.raises(UserError, match="invalid --deadline"):
+            parse_deadline(bad, now)

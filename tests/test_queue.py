@@ -86,6 +86,12 @@ def test_upgrade_from_first_revision_keeps_rows(tmp_path):
         "cancel_requested, run_count, steps_done, attained, holds_lane) VALUES "
         "(7, 'old', 'ann', 'RUNNING', 3, 1, 0, 0, '/s.py', '/spool/s.py', '[]', '/w', "
         "'/w/o', '/w/o', '{}', 1.0, 1, 0, 0, 0.0, 0)")
+    connection.execute(
+        "INSERT INTO jobs (id, name, user, state, priority, gpus, exclusive, requeue, script, "
+        "spool_path, args, workdir, stdout_path, stderr_path, env, submit_time, "
+        "cancel_requested, run_count, steps_done, attained, holds_lane) VALUES "
+        "(8, 'mine', 'root', 'COMPLETED', 0, 1, 0, 0, '/s.sh', '/spool/s.sh', '[]', '/w', "
+        "'/w/o', '/w/o', '{}', 2.0, 0, 1, 0, 0.0, 0)")
     connection.execute("INSERT INTO job_events (job_id, time, new_state, reason) "
                        "VALUES (7, 1.0, 'PENDING', 'submitted')")
     connection.execute("INSERT INTO settings (key, value) VALUES ('policy', '\"srtf\"')")
@@ -97,6 +103,10 @@ def test_upgrade_from_first_revision_keeps_rows(tmp_path):
         assert (job.name, job.user, job.priority, job.state) == ("old", "ann", 3, "RUNNING")
         assert job.stop_request == "cancel"  # 0002 carried the old cancel flag over
         assert job.array_job_id is None and not job.held and job.dependency is None
+        # 0003: submitters by name (a name this machine does not know keeps none); 0004
+        assert (job.uid, job.gid, job.umask, job.deadline) == (None, None, 0o022, None)
+        mine = queries.job(session, 8)
+        assert (mine.uid, mine.gid, mine.state) == (0, 0, "COMPLETED")
         assert [e.reason for e in queries.events(session, 7)] == ["submitted"]
         from gq.queue import settings
 

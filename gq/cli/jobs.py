@@ -85,6 +85,9 @@ def _fold_pending_arrays(jobs: list[messages.JobInfo]) -> list[tuple[str, messag
 def _reason(job: messages.JobInfo) -> str:
     if job.state == JobState.PENDING.value:
         return job.reason or "None"
+    missed = render.deadline_miss(job)
+    if job.state == JobState.RUNNING.value and missed is not None:
+        return f"DeadlineAtRisk (misses it by ~{render.duration(missed)} at this pace)"
     return job.reason or ""
 
 
@@ -113,6 +116,7 @@ def _print_job(job: messages.JobInfo) -> None:
         ("WorkDir", job.workdir), ("StdOut", job.stdout), ("StdErr", job.stderr),
         ("Gpus", job.gpus), ("Mem", render.size(job.mem)),
         ("TimeLimit", render.duration(job.time_limit) if job.time_limit else "UNLIMITED"),
+        ("Deadline", _deadline_line(job)),
         ("Exclusive", "yes" if job.exclusive else "no"),
         ("Requeue", "yes" if job.requeue else "no"),
         ("Dependency", job.dependency or "-"), ("Held", "yes" if job.held else "no"),
@@ -138,6 +142,19 @@ def _print_job(job: messages.JobInfo) -> None:
         typer.echo(f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}")
 
 
+def _deadline_line(job: messages.JobInfo) -> str:
+    if job.deadline is None:
+        return "-"
+    text = render.short_time(job.deadline)
+    predicted = render.predicted_end(job)
+    if predicted is not None:
+        text += f" (predicted end {render.short_time(predicted)})"
+    missed = render.deadline_miss(job)
+    if missed is not None:
+        text += f"; misses it by {render.duration(missed)}"
+    return text
+
+
 def history(
     json_out: bool = typer.Option(False, "--json", help="Print JSON objects."),
     user: Optional[list[str]] = typer.Option(None, "-u", "--user", metavar="USER", help="Only these users' jobs."),
@@ -159,12 +176,16 @@ def history(
     rows = []
     for job in answer.jobs:
         data = render.job_json(job)
+        missed = data["missed_by"]
         rows.append([job.label, job.name, job.user, job.state,
                      "-" if job.exit_code is None else str(job.exit_code),
                      render.duration(data["wait_time"]), render.duration(data["run_time"]),
-                     render.duration(data["jct"]), render.short_time(job.end_time)])
+                     render.duration(data["jct"]), render.short_time(job.end_time),
+                     "-" if job.deadline is None else
+                     ("met" if missed is None and job.state != "DEADLINE" else
+                      "?" if missed is None else render.duration(missed))])
     typer.echo(render.table(["JOBID", "NAME", "USER", "STATE", "EXIT", "WAIT", "RUN", "JCT",
-                             "END"], rows))
+                             "END", "MISSED BY"], rows))
 
 
 def _write_trace(jobs: list[messages.JobInfo]) -> None:

@@ -7,7 +7,7 @@ import typer
 from gq import messages
 from gq.cli.common import ask
 
-app = typer.Typer(help="Show or set the scheduling policy (fifo, srtf, fair, priority, rr).",
+app = typer.Typer(help="Show or set the scheduling policy (fifo, srtf, fair, priority, rr, deadline).",
                   invoke_without_command=True)
 
 DESCRIPTIONS = {
@@ -16,6 +16,7 @@ DESCRIPTIONS = {
     "fair": "equal device time per user, then per job",
     "priority": "highest --priority first; lower jobs fill its idle time (--fill)",
     "rr": "resident jobs take turns, a quantum of device time or iterations each (--quantum)",
+    "deadline": "earliest --deadline first; jobs that can still make it before those that cannot",
 }
 
 
@@ -28,7 +29,7 @@ def policy(ctx: typer.Context) -> None:
 
 @app.command("set")
 def set_policy(
-    name: str = typer.Argument(..., metavar="POLICY", help="fifo, srtf, fair, priority or rr."),
+    name: str = typer.Argument(..., metavar="POLICY", help="fifo, srtf, fair, priority, rr or deadline."),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
     quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms, 2s) or iterations (10it) per turn."),
 ) -> None:

@@ -9,10 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from gq.messages import EventInfo, JobInfo
+from gq.queue.states import JobState
 from gq.units import format_duration, format_size
-
-_SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
-          "TIMEOUT": "TO"}
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -47,6 +45,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "end_time": iso(job.end_time), "exit_code": job.exit_code,
         "steps_done": job.steps_done, "steps_total": job.steps_total, "reason": job.reason,
         "gpus": job.gpus, "mem": job.mem, "time_limit": job.time_limit,
+        "deadline": iso(job.deadline), "missed_by": deadline_miss(job),
         "exclusive": job.exclusive, "requeue": job.requeue, "script": job.script,
         "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
         "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
@@ -98,7 +97,29 @@ def lane_state(job: JobInfo) -> str:
 
 
 def state_label(job: JobInfo) -> str:
-    return _SHORT.get(job.state, job.state)
+    return JobState(job.state).short
+
+
+def predicted_end(job: JobInfo, now: float | None = None) -> float | None:
+    """When a running job will end at its measured pace, if its total steps are known."""
+    if job.state != "RUNNING" or not job.steps_total or not job.mean_iteration:
+        return None
+    left = max(0, job.steps_total - job.steps_done)
+    return (now or time.time()) + left * job.mean_iteration
+
+
+def deadline_miss(job: JobInfo, now: float | None = None) -> float | None:
+    """By how much a job misses (or, running, is predicted to miss) its deadline."""
+    if job.deadline is None:
+        return None
+    if job.state == "DEADLINE":
+        left = ((job.steps_total - job.steps_done) * job.mean_iteration
+                if job.steps_total and job.mean_iteration else None)
+        return left
+    end = predicted_end(job, now) if job.state == "RUNNING" else job.end_time
+    if end is None or end <= job.deadline:
+        return None
+    return end - job.deadline
 
 
 def size(value: int | None) -> str:

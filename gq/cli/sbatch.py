@@ -17,6 +17,7 @@ SHARED: dict[str, tuple[str, bool]] = {
     "-a": ("--array", True), "--array": ("--array", True),
     "-d": ("--dependency", True), "--dependency": ("--dependency", True),
     "--requeue": ("--requeue", False),
+    "--deadline": ("--deadline", True),
     "--exclusive": ("--exclusive", False),
     "-H": ("--hold", False), "--hold": ("--hold", False),
 }

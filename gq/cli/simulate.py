@@ -13,7 +13,7 @@ from gq.errors import UserError
 
 def simulate(
     trace: Path = typer.Option(..., "--trace", help="CSV: Tiresias layout or gq's (gq history --csv)."),
-    policy: str = typer.Option("fifo", "--policy", help="fifo, srtf, fair, priority or rr."),
+    policy: str = typer.Option("fifo", "--policy", help="fifo, srtf, fair, priority, rr or deadline."),
     compare: Optional[str] = typer.Option(None, "--compare", help="Comma-separated policies to compare, e.g. fifo,srtf,fair,priority."),
     gpus: int = typer.Option(1, "--gpus", help="Devices of the simulated node."),
     switch_cost: float = typer.Option(0.0, "--switch-cost", help="Seconds a device pays to change job."),
@@ -69,14 +69,17 @@ def simulate(
 
     table = Table(box=None, pad_edge=False, header_style="bold",
                   title=f"{trace.name}: {len(jobs)} jobs on {gpus} device(s)", title_justify="left")
-    for column in ("POLICY", "AVG JCT", "MEDIAN JCT", "P95 JCT", "MAKESPAN", "UTIL", "VS FIFO"):
+    with_deadlines = summaries[0]["deadlines_met"] is not None
+    columns = ["POLICY", "AVG JCT", "MEDIAN JCT", "P95 JCT", "MAKESPAN", "UTIL", "VS FIFO"]
+    for column in columns + (["DEADLINES MET"] if with_deadlines else []):
         table.add_column(column, justify="left" if column == "POLICY" else "right")
     baseline = next((s["avg_jct"] for s in summaries if s["policy"] == "fifo"), None)
     for s in summaries:
         ratio = f"{baseline / s['avg_jct']:.2f}x" if baseline else "-"
+        met = [f"{100 * s['deadlines_met']:.0f}%"] if with_deadlines else []
         table.add_row(s["policy"], f"{s['avg_jct']:.1f}", f"{s['median_jct']:.1f}",
                       f"{s['p95_jct']:.1f}", f"{s['makespan']:.1f}",
-                      f"{100 * s['utilization']:.1f}%", ratio)
+                      f"{100 * s['utilization']:.1f}%", ratio, *met)
     Console(highlight=False).print(table)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,7 +15,7 @@ from gq.cli import directives, sbatch
 from gq.cli.common import ask, usage_message
 from gq.errors import UserError
 from gq.queue import arrays, dependencies
-from gq.units import parse_duration, parse_size
+from gq.units import parse_deadline, parse_duration, parse_size
 
 DEFAULT_OUTPUT = "gq-%j.out"
 
@@ -38,6 +39,7 @@ def submit(
     gpus: int = typer.Option(1, "-G", "--gpus", help="0 = CPU only, 1 = one shared device, N = N whole devices."),
     mem: Optional[str] = typer.Option(None, "--mem", help="Device memory the job needs: 512M, 6G, ..."),
     time_limit: Optional[str] = typer.Option(None, "-t", "--time", help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."),
+    deadline: Optional[str] = typer.Option(None, "--deadline", help="End by then or be removed (state DEADLINE): YYYY-MM-DD[THH:MM[:SS]], HH:MM, now+2hours, ..."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first under the priority policy."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Total iterations (lets srtf estimate remaining time)."),
     output: str = typer.Option(DEFAULT_OUTPUT, "-o", "--output", help="stdout file; %j = job id, %x = job name."),
@@ -131,6 +133,8 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
         raise UserError(f"invalid --steps {steps}: must be a positive number of iterations")
     mem = parse_size(options["mem"]) if options["mem"] is not None else None
     limit = parse_duration(options["time_limit"]) if options["time_limit"] is not None else None
+    deadline = (parse_deadline(options["deadline"], time.time())
+                if options["deadline"] is not None else None)
     workdir = Path(options["chdir"]).absolute() if options["chdir"] else Path.cwd()
     if not workdir.is_dir():
         raise UserError(f"--chdir {workdir} is not a directory")
@@ -155,7 +159,7 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
         script_path=str(script), script=content, args=list(options["args"] or []),
         workdir=str(workdir), env=dict(os.environ), umask=umask,
         options=messages.SubmitOptions(
-            name=options["job_name"], gpus=gpus, mem=mem, time_limit=limit,
+            name=options["job_name"], gpus=gpus, mem=mem, time_limit=limit, deadline=deadline,
             priority=options["priority"], steps=steps, output=options["output"],
             error=options["error"], exclusive=options["exclusive"],
             requeue=options["requeue"], interpreter=interpreter, array=options["array"],

@@ -71,6 +71,7 @@ def launch_spec(job: Job, devices: list[Device], lane: int, home: Home) -> dict[
         "id": job.id, "argv": argv, "worker": worker, "cwd": job.workdir, "env": env,
         "stdout": job.stdout_path, "stderr": job.stderr_path, "lane": lane,
         "user": job.user, "priority": job.priority, "submit_time": job.submit_time,
-        "steps_total": job.steps_total, "time_limit": job.time_limit, "uid": job.uid, "gid": job.gid, "groups": groups,
+        "steps_total": job.steps_total, "time_limit": job.time_limit, "deadline": job.deadline,
+        "uid": job.uid, "gid": job.gid, "groups": groups,
         "umask": job.umask,
     }

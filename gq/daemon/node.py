@@ -377,6 +377,8 @@ class Daemon:
         elif why == "timeout":
             limit = format_duration(job.time_limit)
             self._end(job, exit_code, JobState.TIMEOUT, f"time limit {limit} reached", end=end)
+        elif why == "deadline":
+            self._end(job, exit_code, JobState.DEADLINE, "deadline reached", end=end)
         elif why == "requeue":
             self._end(job, exit_code, JobState.PENDING, "requeued by user", requeue=True,
                       end=end)
@@ -455,8 +457,12 @@ class Daemon:
     def _eligible(self, pending: list[Job],
                   runs: dict[int, list[tuple[JobState, bool]]]) -> list[Job]:
         """Pending jobs that may start now; the others get squeue's reason."""
-        eligible, reasons, never = [], {}, []
+        eligible, reasons, never, late = [], {}, [], []
+        now = time.time()
         for job in pending:
+            if job.deadline is not None and now + (job.time_limit or 0) > job.deadline:
+                late.append(job)  # as Slurm: removed once it can no longer end in time
+                continue
             outcome = (dependencies.evaluate(dependencies.parse(job.dependency), runs)
                        if job.dependency else dependencies.Outcome.SATISFIED)
             if job.held:
@@ -470,10 +476,13 @@ class Daemon:
         with self.db.write() as session:
             for job_id in never:
                 transitions.cancel_pending(session, job_id, NEVER_SATISFIED)
+            for job in late:
+                transitions.cancel_pending(session, job.id, _too_late(job, now),
+                                           state=JobState.DEADLINE)
             for job in pending:
                 if job.id in reasons and job.reason != reasons[job.id]:
                     transitions.set_pending_reason(session, job.id, reasons[job.id])
-        if never:
+        if never or late:
             self.wake = True  # their dependants may now be unsatisfiable too
         return eligible
 
@@ -496,7 +505,8 @@ class Daemon:
     def _admit(self, pending: list[Job], array_running: dict[int, int]) -> None:
         by_id = {job.id: job for job in pending}
         views = [policies.JobView(id=j.id, user=j.user, submit_time=j.submit_time,
-                                  priority=j.priority, steps_total=j.steps_total)
+                                  priority=j.priority, steps_total=j.steps_total,
+                                  deadline=j.deadline)
                  for j in pending]
         requests, throttled = [], []
         admitted = dict(array_running)
@@ -576,6 +586,13 @@ class Daemon:
 
 
 _SIGNALS = {s.value for s in signal.Signals}
+
+
+def _too_late(job: Job, now: float) -> str:
+    if now >= (job.deadline or 0):
+        return "deadline passed before it could start"
+    return (f"cannot end before its deadline: its time limit {format_duration(job.time_limit)} "
+            "ends after it")
 
 
 def _footprint(job: Job) -> admission.Footprint:

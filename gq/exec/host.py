@@ -51,6 +51,7 @@ class Resident:
     started_at: float  # monotonic
     started_wall: float
     time_limit: float | None = None  # seconds; the host enforces it, daemon or not
+    deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
     kill_why: str | None = None  # cancel | requeue | timeout | shutdown
     state: str = "idle"  # idle (released) | ready (waiting for GO) | running (holds lane)
     steps_done: int = 0
@@ -80,8 +81,14 @@ class Resident:
             steps_done=self.steps_done, steps_total=self.steps_total, attained=self.attained,
             mean_iteration=self.mean_iteration,
             mean_gap=self.gap_total / self.gaps if self.gaps else None,
-            released_at=self.released_at,
+            released_at=self.released_at, deadline=self._deadline_now(),
         )
+
+    def _deadline_now(self) -> float | None:
+        """The deadline on the monotonic clock policies are given."""
+        if self.deadline is None:
+            return None
+        return self.deadline - time.time() + time.monotonic()
 
     def progress(self) -> dict[str, Any]:
         return {"job": self.job_id, "run": self.run, "steps_done": self.steps_done,
@@ -301,6 +308,7 @@ class Host:
             submit_time=float(spec.get("submit_time", 0.0)), steps_total=spec.get("steps_total"),
             lane=int(lane), process=process, channel=channel, started_at=time.monotonic(),
             started_wall=time.time(), time_limit=spec.get("time_limit"),
+            deadline=spec.get("deadline"),
         )
 
     # ----- worker messages: the hot path ----------------------------------------------
@@ -449,10 +457,14 @@ class Host:
         resident.kill_deadline = time.monotonic() + self.kill_grace
 
     def _enforce_time_limits(self, now: float) -> None:
+        wall = time.time()
         for resident in list(self.residents.values()):
-            if resident.time_limit is not None and resident.kill_deadline is None \
-                    and now - resident.started_at >= resident.time_limit:
+            if resident.kill_deadline is not None:
+                continue
+            if resident.time_limit is not None and now - resident.started_at >= resident.time_limit:
                 self._kill(resident.job_id, "timeout")
+            elif resident.deadline is not None and wall >= resident.deadline:
+                self._kill(resident.job_id, "deadline")
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()

@@ -1,15 +1,17 @@
-"""Scheduling policies: ``fifo``, ``srtf``, ``fair``, ``priority``, ``rr`` (see base.Policy)."""
+"""Scheduling policies: ``fifo``, ``srtf``, ``fair``, ``priority``, ``rr``, ``deadline`` (see
+base.Policy)."""
 
 from __future__ import annotations
 
 from gq.policies.base import JobView, Policy
+from gq.policies.deadline import Deadline
 from gq.policies.fair import Fair
 from gq.policies.fifo import Fifo
 from gq.policies.priority import FILL_MODES, Priority
 from gq.policies.rr import DEFAULT_QUANTUM, RoundRobin
 from gq.policies.srtf import Srtf
 
-NAMES = ("fifo", "srtf", "fair", "priority", "rr")
+NAMES = ("fifo", "srtf", "fair", "priority", "rr", "deadline")
 
 __all__ = ["NAMES", "FILL_MODES", "DEFAULT_QUANTUM", "JobView", "Policy", "label", "make"]
 
@@ -35,4 +37,6 @@ def make(name: str, fill: str = "always", quantum: str = DEFAULT_QUANTUM) -> Pol
         return Priority(fill)
     if name == "rr":
         return RoundRobin(quantum)
+    if name == "deadline":
+        return Deadline()
     raise ValueError(f"unknown policy {name!r}; use one of {', '.join(NAMES)}")

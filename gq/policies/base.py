@@ -21,6 +21,7 @@ class JobView:
     mean_iteration: float | None = None
     mean_gap: float | None = None  # idle time between a release and the next acquire
     released_at: float | None = None  # end of its last iteration; None before the first
+    deadline: float | None = None  # when it must be done (seconds, the caller's clock)
 
     @property
     def remaining(self) -> float | None:

@@ -28,6 +28,7 @@ class Job(Base):
     gpus: Mapped[int] = mapped_column(Integer, default=1)
     mem: Mapped[int | None] = mapped_column(Integer)
     time_limit: Mapped[int | None] = mapped_column(Integer)
+    deadline: Mapped[float | None] = mapped_column(Float)  # seconds since the epoch
     steps_total: Mapped[int | None] = mapped_column(Integer)
     exclusive: Mapped[bool] = mapped_column(Boolean, default=False)
     requeue: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -12,6 +12,7 @@ class JobState(str, Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
+    DEADLINE = "DEADLINE"  # it could not end before its --deadline (Slurm's DL)
 
     @property
     def short(self) -> str:
@@ -41,22 +42,26 @@ _SHORT = {
     JobState.FAILED: "F",
     JobState.CANCELLED: "CA",
     JobState.TIMEOUT: "TO",
+    JobState.DEADLINE: "DL",
 }
 
-TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
+                      JobState.DEADLINE})
 ACTIVE = frozenset({JobState.PENDING, JobState.RUNNING})
 
 ALLOWED: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.DEADLINE}),
     # RUNNING -> PENDING is a requeue (node failure of a --requeue job).
     JobState.RUNNING: frozenset(
-        {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.PENDING}
+        {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
+         JobState.DEADLINE, JobState.PENDING}
     ),
     # A finished job leaves its end state only by an explicit requeue (same id, new run).
     JobState.COMPLETED: frozenset({JobState.PENDING}),
     JobState.FAILED: frozenset({JobState.PENDING}),
     JobState.CANCELLED: frozenset({JobState.PENDING}),
     JobState.TIMEOUT: frozenset({JobState.PENDING}),
+    JobState.DEADLINE: frozenset({JobState.PENDING}),
 }
 
 

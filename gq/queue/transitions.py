@@ -37,6 +37,7 @@ class NewJob:
     gpus: int = 1
     mem: int | None = None
     time_limit: int | None = None
+    deadline: float | None = None
     steps_total: int | None = None
     priority: int = 0
     exclusive: bool = False
@@ -56,7 +57,8 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[Job]:
     for task in tasks:
         job = Job(
             name=new.name, user=new.user, uid=new.uid, gid=new.gid, umask=new.umask, state=JobState.PENDING.value, priority=new.priority,
-            gpus=new.gpus, mem=new.mem, time_limit=new.time_limit, steps_total=new.steps_total,
+            gpus=new.gpus, mem=new.mem, time_limit=new.time_limit, deadline=new.deadline,
+            steps_total=new.steps_total,
             exclusive=new.exclusive, requeue=new.requeue, dependency=new.dependency,
             held=new.held, script=new.script, spool_path="", args=list(new.args),
             interpreter=new.interpreter, workdir=new.workdir, stdout_path="", stderr_path="",
@@ -138,9 +140,12 @@ def requeue(session: Session, job_id: int, reason: str, now: float | None = None
                  start_time=None, **({} if started else {"run_count": Job.run_count - 1}))
 
 
-def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None) -> bool:
+def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None,
+                   state: JobState = JobState.CANCELLED) -> bool:
+    """End a PENDING job that will never run: CANCELLED, or DEADLINE when it cannot end in
+    time."""
     now = time.time() if now is None else now
-    return _move(session, job_id, JobState.PENDING, JobState.CANCELLED, reason, now, end_time=now)
+    return _move(session, job_id, JobState.PENDING, state, reason, now, end_time=now)
 
 
 CANCEL, REQUEUE = "cancel", "requeue"

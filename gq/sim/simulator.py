@@ -50,7 +50,7 @@ class JobRun:
                        priority=job.priority, steps_done=self.done, steps_total=job.iterations,
                        attained=self.attained,
                        mean_iteration=job.iteration_time if self.done else None,
-                       released_at=self.released_at)
+                       released_at=self.released_at, deadline=job.deadline)
 
 
 @dataclass
@@ -93,7 +93,15 @@ class Result:
             "p95_jct": jcts[min(len(jcts) - 1, int(round(0.95 * (len(jcts) - 1))))],
             "makespan": makespan,
             "utilization": self.busy / (self.gpus * makespan) if makespan > 0 else 0.0,
+            "deadlines_met": self.deadlines_met(),
         }
+
+    def deadlines_met(self) -> float | None:
+        """The share of jobs with a deadline that ended by it (None: no job had one)."""
+        due = [run for run in self.runs if run.job.deadline is not None]
+        if not due:
+            return None
+        return sum(run.end <= run.job.deadline for run in due) / len(due)
 
 
 def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: float = 0.0,

@@ -10,7 +10,7 @@ from gq.errors import UserError
 
 TIRESIAS_COLUMNS = {"job_id", "num_gpu", "submit_time", "iterations", "duration"}
 GQ_COLUMNS = ["submit_time", "duration", "steps", "priority", "user", "gpus", "mem",
-              "time_limit"]
+              "time_limit", "deadline"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class TraceJob:
     mem: int | None = None
     startup: float = 0.0  # seconds between start and its first iteration (process start)
     time_limit: float | None = None  # seconds, as submitted with -t
+    deadline: float | None = None  # seconds from the trace's start
 
     @property
     def limit(self) -> float:
@@ -70,12 +71,13 @@ def _tiresias(row: dict[str, str]) -> TraceJob:
 
 
 def _gq(index: int, row: dict[str, str]) -> TraceJob:
-    mem, limit = row.get("mem") or "", row.get("time_limit") or ""
+    mem, limit, deadline = (row.get(k) or "" for k in ("mem", "time_limit", "deadline"))
     return TraceJob(id=int(row.get("id") or index), submit_time=float(row["submit_time"]),
                     duration=float(row["duration"]), iterations=int(row["steps"] or 1),
                     gpus=max(1, int(row.get("gpus") or 1)), priority=int(row.get("priority") or 0),
                     user=row.get("user", ""), mem=int(mem) if mem else None,
-                    time_limit=float(limit) if limit else None)
+                    time_limit=float(limit) if limit else None,
+                    deadline=float(deadline) if deadline else None)
 
 
 def write_gq_csv(jobs: list[TraceJob], path_or_handle) -> None:
@@ -86,6 +88,7 @@ def write_gq_csv(jobs: list[TraceJob], path_or_handle) -> None:
     for job in jobs:
         writer.writerow([job.id, f"{job.submit_time:.3f}", f"{job.duration:.3f}", job.iterations,
                          job.priority, job.user, job.gpus, job.mem if job.mem is not None else "",
-                         job.time_limit if job.time_limit is not None else ""])
+                         job.time_limit if job.time_limit is not None else "",
+                         job.deadline if job.deadline is not None else ""])
     if handle is not path_or_handle:
         handle.close()

@@ -46,7 +46,7 @@ def job_info(job: Job, events: list[JobEvent] | None = None) -> messages.JobInfo
     return messages.JobInfo(
         id=job.id, label=job.label, name=job.name, user=job.user, uid=job.uid, state=job.state,
         reason=job.reason, priority=job.priority, gpus=job.gpus, mem=job.mem,
-        time_limit=job.time_limit, steps_total=job.steps_total, exclusive=job.exclusive,
+        time_limit=job.time_limit, deadline=job.deadline, steps_total=job.steps_total, exclusive=job.exclusive,
         requeue=job.requeue, dependency=job.dependency, held=job.held,
         array_job_id=job.array_job_id, array_task_id=job.array_task_id,
         array_max_running=job.array_max_running, script=job.script, args=list(job.args),

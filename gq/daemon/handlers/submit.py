@@ -8,6 +8,7 @@ rights: the daemon never opens the user's path (no confused deputy).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -68,6 +69,8 @@ def _validate(daemon: Daemon, caller: Caller,
     for name, value in (("--mem", options.mem), ("--time", options.time_limit)):
         if value is not None and value <= 0:
             raise UserError(f"invalid {name} {value}: must be greater than zero")
+    if options.deadline is not None and options.deadline <= time.time():
+        raise UserError(f"--deadline {_local(options.deadline)} has passed; give a later one")
     check_priority(daemon.rules, caller, options.priority, None)
     capacity = gpu_capacity(daemon.devices)
     if options.gpus > capacity:
@@ -94,10 +97,17 @@ def _validate(daemon: Daemon, caller: Caller,
         else None, workdir=request.workdir, output_pattern=options.output,
         error_pattern=options.error or options.output, env=dict(request.env),
         umask=request.umask & 0o777, gpus=options.gpus, mem=options.mem,
-        time_limit=options.time_limit, steps_total=options.steps, priority=options.priority,
+        time_limit=options.time_limit, deadline=options.deadline, steps_total=options.steps,
+        priority=options.priority,
         exclusive=options.exclusive, requeue=options.requeue, dependency=options.dependency,
         held=options.held, array_tasks=tasks.tasks if tasks else None,
         array_max_running=tasks.max_running if tasks else None)
+
+
+def _local(timestamp: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def _check_dependency(session, text: str | None) -> None:
