@@ -76,9 +76,19 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "DEADLINE"}
+
+
 def wait_state(job_id: int, *states: str, timeout: float = 30.0) -> dict:
-    return wait_for(lambda: (j := job(job_id))["state"] in states and j, timeout,
-                    what=f"job {job_id} to reach {'/'.join(states)} (now {job(job_id)['state']})")
+    """Wait for the job to reach one of ``states``; fail at once if it ends otherwise."""
+    def reached():
+        info = job(job_id)
+        if info["state"] in ENDED and info["state"] not in states:
+            raise AssertionError(f"job {job_id} ended {info['state']} ({info['reason']}) "
+                                 f"instead of reaching {'/'.join(states)}")
+        return info["state"] in states and info
+
+    return wait_for(reached, timeout, what=f"job {job_id} to reach {'/'.join(states)}")
 
 
 def pid_alive(pid: int) -> bool:

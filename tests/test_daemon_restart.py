@@ -155,3 +155,38 @@ def test_a_host_of_another_version_is_drained_then_replaced(home, tmp_path):
     assert info["run_count"] == 1 and not pid_alive(pid)
     wait_state(later, "COMPLETED", timeout=30)  # on the new host
     assert live_hosts(home) and live_hosts(home) != old_host
+
+
+def test_attaching_reads_past_what_a_host_says_before_answering_hello(tmp_path):
+    """Regression: a host that sent progress as soon as a daemon connected made the daemon
+    take the live host for a broken one and fail every job it ran."""
+    import socket
+    import threading
+
+    from gq.daemon.devices import Device
+    from gq.daemon.hosts import HostHandle
+    from gq.exec.protocol import Channel, encode
+    from gq.home import Home
+
+    home = Home(tmp_path / "home").ensure()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(home.hosts / "cpu.sock"))
+    listener.listen(1)
+    state = {"op": "state", "version": "x", "pid": os.getpid(), "residents": [], "exited": [],
+             "draining": False}
+
+    def chatty_host():
+        sock, _ = listener.accept()
+        sock.sendall(encode({"op": "progress", "jobs": []}))  # before any hello
+        channel = Channel(sock)
+        assert channel.receive_one()["op"] == "hello"
+        sock.sendall(encode(state))
+        sock.close()
+
+    thread = threading.Thread(target=chatty_host)
+    thread.start()
+    device = Device(name="cpu", kind="cpu", index=None, memory_total=1 << 30, model="test")
+    host, answer = HostHandle.attach(device, home, lanes=1, kill_grace=1.0)
+    thread.join(10)
+    listener.close()
+    assert answer == state and host.pid == os.getpid() and host.process is None

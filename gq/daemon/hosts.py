@@ -58,11 +58,11 @@ class HostHandle:
             if not channel.send({"op": "hello"}):
                 raise HostUnavailable(f"the execution host of {device.name} hung up")
             state = channel.receive_one()
+            while state.get("op") != "state":  # an older host may talk first: the state
+                state = channel.receive_one()  # that answers the hello supersedes it all
         except (EOFError, OSError) as exc:
             raise HostUnavailable(f"no state from the execution host of {device.name}: "
                                   f"{exc}") from None
-        if state.get("op") != "state":
-            raise HostUnavailable(f"the execution host of {device.name} answered {state!r}")
         sock.setblocking(False)
         return cls(device, channel, int(state["pid"]), str(state.get("version")), process,
                    draining=bool(state.get("draining"))), state

@@ -125,10 +125,6 @@ class Daemon:
                 self._apply_policy(queue_settings.get_all(session))
             for device in self.devices:
                 self._attach_host(device)
-            adopted_hosts = {name for name, host in self.hosts.items() if host.process is None}
-            recovered = recovery.recover(self.db, set(self.running), adopted_hosts)
-            if recovered:
-                log.warning("jobs left running on no host: %s", recovered)
             self.server = Server(self.home, self.selector, self._dispatch, self._identify)
             log.info("daemon %d up (%s mode) on %s", os.getpid(), self.home.mode,
                      ", ".join(d.name for d in self.devices))
@@ -248,6 +244,13 @@ class Daemon:
         if self.policy_setting is not None and host.current:
             self._send(device.name, self._policy_message())
         self._adopt(host, state)
+        # Only now, with the device's host attached, is a job the queue says runs there and
+        # the host does not know lost for sure.
+        recovered = recovery.recover(self.db, device.name, set(self.running),
+                                     survived=host.process is None)
+        if recovered:
+            log.warning("jobs left running on %s that its host does not run: %s",
+                        device.name, recovered)
 
     def _adopt(self, host: HostHandle, state: dict) -> None:
         """Take over the jobs a host runs, and record those that ended while no daemon ran.

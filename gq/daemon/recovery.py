@@ -40,19 +40,21 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def recover(db: Database, adopted: set[int], surviving_hosts: set[str]) -> list[int]:
-    """End or requeue every RUNNING job that is not among the ``adopted`` ones; return them.
+def recover(db: Database, device: str, adopted: set[int], survived: bool) -> list[int]:
+    """End or requeue every job RUNNING on ``device`` that its just-attached host does not
+    run (is not among the ``adopted``); return their ids.
 
-    A job that never reported its process to a host that survived was never started (the
-    daemon died between recording the start and the host receiving it): back to the queue.
-    Any other is a node failure: FAILED, or PENDING again for --requeue jobs.
+    A job that never reported its process to a host that ``survived`` (was adopted, not
+    started afresh) was never started: the daemon died between recording the start and the
+    host receiving it; back to the queue. Any other is a node failure: FAILED, or PENDING
+    again for --requeue jobs.
     """
     with db.read() as session:
-        stale = [(job.id, job.pid, job.requeue, (job.device or "").split(",")[0])
+        stale = [(job.id, job.pid, job.requeue)
                  for job in queries.jobs(session, states=[JobState.RUNNING])
-                 if job.id not in adopted]
-    for job_id, pid, requeue, device in stale:
-        never_started = pid is None and device in surviving_hosts
+                 if job.id not in adopted and (job.device or "").split(",")[0] == device]
+    for job_id, pid, requeue in stale:
+        never_started = pid is None and survived
         if not never_started:
             _kill_leftovers(job_id, pid)
         with db.write() as session:
@@ -64,4 +66,4 @@ def recover(db: Database, adopted: set[int], surviving_hosts: set[str]) -> list[
                 transitions.finish(session, job_id, JobState.FAILED, None, NODE_FAILURE)
         log.warning("job %d was running on no live host: %s", job_id,
                     "requeued" if never_started or requeue else "failed")
-    return [job_id for job_id, _, _, _ in stale]
+    return [job_id for job_id, _, _ in stale]

@@ -114,6 +114,7 @@ class Host:
         self.lanes = [Lane(i) for i in range(max(1, lanes))]
         self.listener = listener
         self.daemon: Channel | None = None  # the daemon now connected, if any
+        self.greeted = False  # it said hello: until then it is sent nothing but the state
         self.kill_grace = kill_grace
         self.policy = policies.make("fifo")
         self.policy_name = ("fifo", "always", policies.DEFAULT_QUANTUM)
@@ -185,7 +186,7 @@ class Host:
         if self.daemon is not None:
             self._forget_daemon()
         sock.setblocking(False)
-        self.daemon = Channel(sock)
+        self.daemon, self.greeted = Channel(sock), False
         self.selector.register(sock, selectors.EVENT_READ, "daemon")
         log.info("a daemon connected")
 
@@ -196,8 +197,9 @@ class Host:
         self.daemon = None
 
     def _tell(self, message: dict[str, Any]) -> None:
-        """Send to the daemon if one is connected; what it must not miss is kept anyway."""
-        if self.daemon is not None and not self.daemon.send(message):
+        """Send to the daemon if one is connected and greeted; what it must not miss is kept
+        anyway, and its state answers its hello first."""
+        if self.daemon is not None and self.greeted and not self.daemon.send(message):
             log.warning("the daemon went away")
             self._forget_daemon()
 
@@ -206,6 +208,7 @@ class Host:
         for message in self.daemon.receive():
             op = message["op"]
             if op == "hello":
+                self.greeted = True
                 self._tell(self._state())
             elif op == "launch":
                 self._launch(message["job"])
