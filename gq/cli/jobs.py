@@ -18,9 +18,10 @@ from gq.queue.states import ACTIVE, TERMINAL, JobState
 STATUS_HELP = """List pending and running jobs (like squeue).
 
 Columns: JOBID (17, or 17_3 for task 3 of array 17), ST (PD pending, R running, CD
-completed, F failed, CA cancelled, TO timeout), TIME (run time), DEVICE, LANE, PROGRESS
-(steps done/total), REASON (why a pending job waits: Resources, Priority, Dependency,
-JobHeldUser, JobArrayTaskLimit).
+completed, F failed, CA cancelled, TO timeout, DL deadline), TIME (run time), DEVICE, LANE,
+PROGRESS (steps done/total), REASON (why a pending job waits: Resources, Priority,
+Dependency, JobHeldUser, JobArrayTaskLimit; a running job that will miss its deadline at
+its pace: DeadlineAtRisk).
 
 LANE says what a running job is doing at this moment: 'holds' = it is inside an iteration
 and holds its device lane; 'waits' = it is resident (keeps its memory, counts as running)

@@ -16,7 +16,7 @@ from gq.errors import UserError
 HELP = (
     "gq: a Slurm-like job queue for one GPU node. Jobs that share a device stay resident "
     "and are swapped at every training iteration under the node's policy "
-    "(fifo, srtf, fair, priority).\n\n"
+    "(fifo, srtf, fair, priority, rr, deadline).\n\n"
     "Submit with 'gq submit train.py', watch with 'gq status'. On a shared node the "
     "commands talk to its system daemon (socket in /var/lib/gq, or GQ_SYSTEM_HOME); "
     "elsewhere each user's own daemon starts on the first command, its state in GQ_HOME "
