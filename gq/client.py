@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from gq import defaults, messages
+from gq.daemon.control import running_pid
 from gq.errors import UserError
 from gq.home import Home, locate
 
@@ -91,13 +92,6 @@ def _try_connect(home: Home) -> socket.socket | None:
         raise UserError(f"cannot reach the daemon at {home.socket}: {exc.strerror}") from None
 
 
-def _try_connect_quietly(home: Home) -> socket.socket | None:
-    sock = _try_connect(home)
-    if sock is not None:
-        sock.close()
-    return sock
-
-
 def _connect(home: Home) -> socket.socket:
     sock = _try_connect(home)
     if sock is not None:
@@ -166,9 +160,10 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
             return sock
         code = process.poll()
         if code == defaults.ALREADY_RUNNING_EXIT:
-            time.sleep(0.1)  # the holder is starting (its socket comes) or stopping
-            if _try_connect_quietly(home) is None:
+            # The lock's holder is starting (its socket comes) or stopping (then start again).
+            if running_pid(home) is None:
                 process = spawn()
+            time.sleep(0.05)
             continue
         if code is not None:
             raise Unreachable(f"the gq daemon exited at start (code {code}); "

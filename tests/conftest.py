@@ -117,17 +117,10 @@ def home(tmp_path, monkeypatch) -> Path:
 
 def live_hosts(root: Path) -> list[int]:
     """Pids of the execution hosts that hold their pidfile lock under ``root``."""
-    import fcntl
+    from gq.daemon import control
+    from gq.home import Home
 
-    pids = []
-    for path in (root / "hosts").glob("*.pid"):
-        with open(path) as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                fcntl.flock(handle, fcntl.LOCK_UN)
-            except OSError:
-                pids.append(int(handle.read().split()[0]))
-    return pids
+    return control.live_hosts(Home(root))
 
 
 class DaemonControl:

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any
 
 import typer
 
 from gq import client, messages
-from gq.errors import UserError
-
-_LABEL = re.compile(r"^\d+(_\d+)?$")
-
 
 def ask(request: Any) -> Any:
     return client.ask(request)
@@ -20,11 +15,9 @@ def ask(request: Any) -> Any:
 
 def labels(texts: list[str]) -> list[str]:
     """Job ids as typed: checked here, so a typo never reaches (or starts) a daemon."""
-    for text in texts:
-        if not _LABEL.match(text):
-            raise UserError(f"invalid job id {text!r}: expected a number such as 17, or 17_3 "
-                            "for task 3 of array 17")
-    return list(texts)
+    from gq.queue.arrays import parse_label
+
+    return [parse_label(text) for text in texts]
 
 
 def usage_message(exc: Exception) -> str:

@@ -68,12 +68,12 @@ def stop(
 ) -> None:
     """Stop the daemon (operators only). Running jobs are ended, and --requeue ones go back
     to the queue, unless --keep-jobs."""
-    from gq.daemon.control import running_pid
+    from gq.daemon.control import live_hosts, running_pid
 
     target = home.locate()
     pid = running_pid(target)
     if pid is None:
-        if keep_jobs or not _hosts_alive(target):
+        if keep_jobs or not live_hosts(target):
             typer.echo("gq daemon is not running")
             return
         # Execution hosts outlived the daemon with their jobs: a daemon adopts them first.
@@ -105,21 +105,6 @@ def restart(
     client.start_daemon(target, options).close()
     typer.echo(f"gq daemon restarted (pid {running_pid(target)}, was "
                f"{pid if pid is not None else 'not running'}); running jobs kept")
-
-
-def _hosts_alive(target: home.Home) -> bool:
-    """Whether an execution host holds its pidfile lock (runs, with or without jobs)."""
-    import fcntl
-
-    for path in target.hosts.glob("*.pid"):
-        try:
-            with open(path) as handle:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        except OSError:
-            continue
-    return False
 
 
 def _wait_gone(target: home.Home, pid: int, timeout: float) -> None:

@@ -1,7 +1,9 @@
-"""The daemon's pidfile lock: "is a daemon running here?" never trusts a stale pid.
+"""Pidfile locks: "is a daemon (or a device's execution host) running here?" never trusts a
+stale pid.
 
-The daemon holds an exclusive ``flock`` on ``daemon.pid`` for its whole life; anyone who can
-read the file (everyone in system mode, its owner in personal mode) can test the lock.
+The daemon holds an exclusive ``flock`` on ``daemon.pid`` for its whole life, and each host
+on ``hosts/<device>.pid``; anyone who can read such a file (everyone in system mode for the
+daemon's, its owner in personal mode) can test the lock.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from pathlib import Path
 from typing import IO
 
 from gq.errors import AlreadyRunning
@@ -33,18 +36,33 @@ def acquire_pidfile(home: Home) -> IO[str]:
     return handle
 
 
-def running_pid(home: Home) -> int | None:
-    """The live daemon's pid; None when no daemon holds the lock (or it has not yet written
-    its pid: a locked, empty pidfile names no process to signal)."""
+def _holder_says(path: Path) -> str | None:
+    """What a pidfile says while a live process holds its lock; None when none does."""
     try:
-        handle = open(home.daemon_pidfile)
+        handle = open(path)
     except (FileNotFoundError, PermissionError, NotADirectoryError):
         return None
-    with handle:
+    with handle:  # closing it drops the shared lock taken to test
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            text = handle.read().strip()
-            return int(text) if text.isdigit() and int(text) > 0 else None
-        fcntl.flock(handle, fcntl.LOCK_UN)
+            return handle.read()
         return None
+
+
+def _pid(text: str | None) -> int | None:
+    """The pid a held pidfile starts with (a locked, empty one names no process to signal)."""
+    first = (text or "").split()[:1]
+    return int(first[0]) if first and first[0].isdigit() and int(first[0]) > 0 else None
+
+
+def running_pid(home: Home) -> int | None:
+    """The live daemon's pid; None when no daemon holds the lock."""
+    return _pid(_holder_says(home.daemon_pidfile))
+
+
+def live_hosts(home: Home) -> list[int]:
+    """The pids of the execution hosts that run (hold their pidfile), with or without a
+    daemon."""
+    pids = (_pid(_holder_says(path)) for path in sorted(home.hosts.glob("*.pid")))
+    return [pid for pid in pids if pid is not None]

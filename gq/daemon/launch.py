@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import sys
@@ -16,9 +17,11 @@ from gq.queue.models import Job
 _GQ_PACKAGE = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
 def gq_only_path(home: Home) -> str:
     """A directory holding gq alone (a link to this gq), for the PYTHONPATH of jobs run by
-    another interpreter: they find gq's worker, and none of the daemon's other packages."""
+    another interpreter: they find gq's worker, and none of the daemon's other packages.
+    Made once per daemon."""
     directory = home.root / "pythonpath"
     directory.mkdir(mode=0o755, exist_ok=True)
     link = directory / "gq"

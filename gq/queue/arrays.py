@@ -1,5 +1,6 @@
-"""Job array specs (sbatch --array): ``0-99%8``, ``1,3,5``, ``0-20:5``; and folding task
-ids back into squeue's ``[5-99%8]`` spelling (pure)."""
+"""Job array specs (sbatch --array): ``0-99%8``, ``1,3,5``, ``0-20:5``; folding task ids
+back into squeue's ``[5-99%8]`` spelling; and the job ids people type, ``17`` or ``17_3``
+(pure: the client checks them before asking, the daemon again before acting)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,14 @@ def fold(tasks: list[int], max_running: int | None = None) -> str:
             start = previous = task
     limit = f"%{max_running}" if max_running else ""
     return f"[{','.join(runs)}{limit}]"
+
+
+_LABEL = re.compile(r"^\d+(_\d+)?$")
+
+
+def parse_label(text: str) -> str:
+    """A job id as typed: ``17`` (a job, or a whole array), ``17_3`` (task 3 of array 17)."""
+    if not _LABEL.match(text):
+        raise UserError(f"invalid job id {text!r}: expected a number such as 17, or 17_3 for "
+                        "task 3 of array 17")
+    return text

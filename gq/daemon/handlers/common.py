@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import re
 
 from sqlalchemy.orm import Session
 
 from gq import messages
 from gq.errors import UserError
 from gq.queue import queries
+from gq.queue.arrays import parse_label
 from gq.queue.models import Job, JobEvent
-
-_LABEL = re.compile(r"^\d+(_\d+)?$")
-
-
-def parse_label(text: str) -> str:
-    if not _LABEL.match(text):
-        raise UserError(f"invalid job id {text!r}: expected a number such as 17, or 17_3 for "
-                        "task 3 of array 17")
-    return text
-
 
 def resolve(session: Session, label: str) -> list[Job]:
     """The jobs a label names (every task of an array for its id); an error if none."""

@@ -67,9 +67,15 @@ def cancel(daemon: Daemon, caller: Caller, request: messages.Cancel) -> messages
 
 
 def _each(daemon: Daemon, caller: Caller, labels: list[str], verb: str,
-          act: Callable[[Session, Job], Line | None]) -> messages.Report:
+          act: Callable[[Session, Job], Line | None],
+          check: Callable[[Job], None] | None = None) -> messages.Report:
+    """Resolve and authorize every job (and ``check`` each, which may refuse the whole
+    request) before acting on any, in one transaction."""
     with daemon.db.write() as session:
         jobs = _named(session, caller, labels, verb)
+        if check is not None:
+            for job in jobs:
+                check(job)
         lines = [line for job in jobs if (line := act(session, job)) is not None]
     daemon.wake = True
     return messages.Report(lines)
@@ -117,10 +123,10 @@ def update(daemon: Daemon, caller: Caller, request: messages.Update) -> messages
         raise UserError("nothing to update: give --priority, --time or --name")
     if request.time_limit is not None and request.time_limit <= 0:
         raise UserError(f"invalid --time {request.time_limit}: must be greater than zero")
-    with daemon.db.read() as session:
-        for job in [job for label in request.labels for job in resolve(session, label)]:
-            if request.priority is not None:
-                check_priority(daemon.rules, caller, request.priority, job.priority, job.label)
+
+    def check(job: Job) -> None:
+        if request.priority is not None:
+            check_priority(daemon.rules, caller, request.priority, job.priority, job.label)
 
     def act(session: Session, job: Job) -> Line:
         if request.name is not None and job.state != JobState.PENDING.value:
@@ -132,4 +138,4 @@ def update(daemon: Daemon, caller: Caller, request: messages.Update) -> messages
         return Line(f"job {job.label} is {job.state}; only pending or running jobs can be "
                     "updated", REFUSED)
 
-    return _each(daemon, caller, request.labels, "update", act)
+    return _each(daemon, caller, request.labels, "update", act, check)
