@@ -166,8 +166,19 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
             time.sleep(0.05)
             continue
         if code is not None:
-            raise Unreachable(f"the gq daemon exited at start (code {code}); "
-                              f"see {home.daemon_log}")
+            raise Unreachable(f"the gq daemon exited at start (code {code}): "
+                              f"{_last_line(home.daemon_log)}; see {home.daemon_log}")
         time.sleep(0.01)
     raise Unreachable(f"the gq daemon did not answer within {defaults.DAEMON_START_TIMEOUT:g} s; "
                       f"see {home.daemon_log}")
+
+
+def _last_line(path) -> str:
+    """The last thing a log says (why a daemon died at start, usually)."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - 4096))
+            lines = log.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1].strip() if lines else "nothing logged"

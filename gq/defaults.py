@@ -28,3 +28,8 @@ HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
 
 # Worker
 MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases
+
+# Device sampling, and the thermal and power guard
+SAMPLE_PERIOD = 1.0  # read every device this often
+TEMP_HYSTERESIS = 5.0  # a device held for heat admits again this many degrees under --max-temp
+POWER_HYSTERESIS = 0.1  # ... held for power, once this share under --max-power

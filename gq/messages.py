@@ -97,6 +97,32 @@ class JobInfo:
 
 
 @dataclass
+class DeviceProcess:
+    pid: int
+    memory: int | None  # bytes on the device (NVML), or resident memory (psutil)
+    job: int | None  # the gq job it belongs to; None: a process gq did not start
+
+
+@dataclass
+class DeviceReading:
+    """One sample of a device (every figure None where the device cannot tell)."""
+
+    time: float
+    source: str  # nvml | psutil | recorded (a --readings file overlays the sample)
+    utilization: float | None = None  # percent of the last period the device was busy
+    memory_used: int | None = None
+    memory_total: int | None = None
+    external_memory: int = 0  # used by processes gq did not start; admission subtracts it
+    temperature: float | None = None  # degrees Celsius
+    power: float | None = None  # watts
+    power_limit: float | None = None
+    sm_clock: int | None = None  # MHz
+    throttle: list[str] = field(default_factory=list)  # why clocks are held down
+    ecc_errors: int | None = None  # uncorrected, since the driver loaded
+    processes: list[DeviceProcess] = field(default_factory=list)
+
+
+@dataclass
 class DeviceInfo:
     name: str
     kind: str
@@ -110,6 +136,9 @@ class DeviceInfo:
     headroom: int | None = None
     residents: int = 0
     free_at: float | None = None
+    uuid: str | None = None
+    reading: DeviceReading | None = None  # the latest sample
+    held: str | None = None  # why the thermal and power guard admits no job to it now
 
 
 INFO, WARNING, REFUSED = "info", "warning", "refused"

@@ -120,3 +120,12 @@ def parse_deadline(text: str, now: float) -> float:
         raise UserError(f"invalid --deadline {text!r}: use YYYY-MM-DD[THH:MM[:SS]], HH:MM[:SS], "
                         "now+N[minutes|hours|days], today, tomorrow, midnight or noon")
     return when.timestamp()
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``ADDR:PORT`` (``:PORT`` is every address, ``[::1]:PORT`` IPv6)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"invalid --metrics {text!r}: use ADDR:PORT, such as 127.0.0.1:9400 "
+                        "or :9400")
+    return host.strip("[]") or "0.0.0.0", int(port)

@@ -11,7 +11,7 @@ import typer
 
 from gq import client, defaults, home, messages
 from gq.errors import UserError
-from gq.units import parse_size
+from gq.units import parse_address, parse_size
 
 app = typer.Typer(help="Start, stop or check the node daemon (personal, or the node's shared "
                        "one with --system).", no_args_is_help=True)
@@ -28,6 +28,10 @@ def start(
     cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
     operators: Optional[str] = typer.Option(None, "--operators", metavar="GROUP", help="Members of GROUP act on every job and the node, like root."),
     priority_cap: int = typer.Option(defaults.PRIORITY_CAP, "--priority-cap", metavar="N", help="System mode: the highest --priority users may ask for."),
+    max_temp: Optional[float] = typer.Option(None, "--max-temp", metavar="C", help=f"Admit no job to a device hotter than C degrees, until {defaults.TEMP_HYSTERESIS:g} under."),
+    max_power: Optional[float] = typer.Option(None, "--max-power", metavar="W", help=f"Admit no job to a device drawing more than W watts, until {defaults.POWER_HYSTERESIS:.0%} under."),
+    metrics: Optional[str] = typer.Option(None, "--metrics", metavar="ADDR:PORT", help="Serve Prometheus metrics at http://ADDR:PORT/metrics."),
+    readings: Optional[str] = typer.Option(None, "--readings", metavar="FILE", help="Overlay recorded device readings (JSON lines) on the samples (tests, demos)."),
 ) -> None:
     """Start the node daemon (detached unless --foreground); its log is daemon.log in its
     state directory. A personal daemon also starts by itself on the first command."""
@@ -35,6 +39,12 @@ def start(
                                                            and not 1 <= cpu_devices <= 64):
         raise UserError("--lanes and --max-resident must be at least 1, --cpu-devices 1 to "
                         "64, --kill-wait not negative")
+    if (max_temp is not None and max_temp <= 0) or (max_power is not None and max_power <= 0):
+        raise UserError("--max-temp and --max-power must be positive")
+    if metrics is not None:
+        parse_address(metrics)
+    if readings is not None and not os.path.isfile(readings):
+        raise UserError(f"--readings {readings}: no such file")
     if system and os.geteuid() != 0:
         raise UserError("only root starts the system daemon (sudo gq daemon start --system, "
                         "or the systemd unit)")
@@ -47,6 +57,11 @@ def start(
         options += ["--cpu-devices", str(cpu_devices)]
     if operators is not None:
         options += ["--operators", operators]
+    for flag, value in (("--max-temp", max_temp), ("--max-power", max_power),
+                        ("--metrics", metrics),
+                        ("--readings", readings and os.path.abspath(readings))):
+        if value is not None:
+            options += [flag, str(value)]
     if foreground:
         argv = [sys.executable, "-m", "gq.daemon", *(["--system"] if system else []), *options]
         os.execv(argv[0], argv)

@@ -41,6 +41,33 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
                    f"({render.size(device.lane_memory)} per lane), "
                    f"{len(device.jobs)} resident job(s); placement: "
                    f"{render.size(device.headroom)} headroom, free {free}")
+        if device.reading is not None:
+            typer.echo(f"  now: {_figures(device.reading)}")
+        if device.held:
+            typer.echo(f"  guard: {device.held}; no new job starts here")
         for job in device.jobs:
             lane = "holds" if job.holds_lane else "waits for"
             typer.echo(f"  job {job.label} ({job.name}, {job.user}) {lane} lane {job.lane}")
+
+
+def _figures(reading: messages.DeviceReading) -> str:
+    """The sampled figures a device reports, in a line."""
+    parts = []
+    if reading.utilization is not None:
+        parts.append(f"{reading.utilization:.0f}% busy")
+    if reading.memory_used is not None:
+        parts.append(f"{render.size(reading.memory_used)} used"
+                     + (f" ({render.size(reading.external_memory)} outside gq)"
+                        if reading.external_memory else ""))
+    if reading.temperature is not None:
+        parts.append(f"{reading.temperature:.0f} C")
+    if reading.power is not None:
+        limit = f" of {reading.power_limit:.0f} W" if reading.power_limit is not None else ""
+        parts.append(f"{reading.power:.0f} W{limit}")
+    if reading.sm_clock is not None:
+        parts.append(f"SM {reading.sm_clock} MHz")
+    if reading.throttle:
+        parts.append(f"throttled: {', '.join(reading.throttle)}")
+    if reading.ecc_errors:
+        parts.append(f"{reading.ecc_errors} uncorrected ECC errors")
+    return ", ".join(parts) + f" ({reading.source})"

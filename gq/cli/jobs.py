@@ -130,6 +130,8 @@ def _print_job(job: messages.JobInfo) -> None:
         ("Steps", f"{job.steps_done}/{job.steps_total or '?'}"),
         ("MeanIteration", f"{job.mean_iteration * 1000:.2f} ms" if job.mean_iteration else "-"),
         ("AttainedDeviceTime", f"{job.attained:.2f} s"),
+        ("IterationsPerSecond", _figure(render.iteration_rate(job), "{:.1f}")),
+        ("LaneShare", _figure(render.lane_share(job), "{:.0%}")),
         ("MemPersistent", render.size(job.mem_persistent)),
         ("MemPeak", render.size(job.mem_peak)), ("Runs", job.run_count),
     ]
@@ -141,6 +143,10 @@ def _print_job(job: messages.JobInfo) -> None:
         old = event.old_state or "-"
         reason = f"  ({event.reason})" if event.reason else ""
         typer.echo(f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}")
+
+
+def _figure(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
 
 
 def _deadline_line(job: messages.JobInfo) -> str:
@@ -162,7 +168,8 @@ def history(
     state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these end states."),
     csv_out: bool = typer.Option(False, "--csv", help="Print a trace for 'gq simulate'."),
 ) -> None:
-    """Finished jobs (like sacct): wait time, run time, JCT and exit code.
+    """Finished jobs (like sacct): wait time, run time, JCT, exit code, and what each
+    measured: iterations per second, the share of its lane it held, peak memory.
 
     --csv writes gq's trace layout, so 'gq simulate --trace' can replay the jobs.
     """
@@ -181,12 +188,15 @@ def history(
         rows.append([job.label, job.name, job.user, job.state,
                      "-" if job.exit_code is None else str(job.exit_code),
                      render.duration(data["wait_time"]), render.duration(data["run_time"]),
-                     render.duration(data["jct"]), render.short_time(job.end_time),
+                     render.duration(data["jct"]),
+                     _figure(data["iterations_per_second"], "{:.1f}"),
+                     _figure(data["lane_share"], "{:.0%}"), render.size(job.mem_peak),
+                     render.short_time(job.end_time),
                      "-" if job.deadline is None else
                      ("met" if missed is None and job.state != "DEADLINE" else
                       "?" if missed is None else render.duration(missed))])
     typer.echo(render.table(["JOBID", "NAME", "USER", "STATE", "EXIT", "WAIT", "RUN", "JCT",
-                             "END", "MISSED BY"], rows))
+                             "IT/S", "SHARE", "PEAK MEM", "END", "MISSED BY"], rows))
 
 
 def _write_trace(jobs: list[messages.JobInfo]) -> None:

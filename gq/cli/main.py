@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "requeue": ("control", "requeue", False),
     "update": ("control", "update", False),
     "info": ("info", "info", False),
+    "top": ("top", "top", False),
     "simulate": ("simulate", "simulate", False),
     "policy": ("policy", "app", True),
     "daemon": ("daemon", "app", True),

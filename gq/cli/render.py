@@ -37,6 +37,18 @@ def wait_time(job: JobInfo, now: float | None = None) -> float:
     return max(0.0, start - job.submit_time)
 
 
+def iteration_rate(job: JobInfo) -> float | None:
+    """Iterations per second of wall time since its (last) start."""
+    run = elapsed(job)
+    return job.steps_done / run if job.steps_done and run else None
+
+
+def lane_share(job: JobInfo) -> float | None:
+    """The share of its time resident that the job held its lane (ran iterations)."""
+    run = elapsed(job)
+    return min(1.0, job.attained / run) if job.steps_done and run else None
+
+
 def job_json(job: JobInfo) -> dict[str, Any]:
     data = {
         "id": job.id, "job_id": job.label, "name": job.name, "user": job.user, "uid": job.uid,
@@ -54,6 +66,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "holds_lane": job.holds_lane, "attained": job.attained,
         "mean_iteration": job.mean_iteration, "mem_persistent": job.mem_persistent,
         "mem_peak": job.mem_peak,
+        "iterations_per_second": iteration_rate(job), "lane_share": lane_share(job),
         "wait_time": wait_time(job) if job.state != "PENDING" else None,
         "run_time": elapsed(job),
         "jct": (job.end_time - job.submit_time) if job.end_time is not None else None,

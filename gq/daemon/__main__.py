@@ -24,6 +24,10 @@ def main() -> None:
     parser.add_argument("--cpu-devices", type=int, help="emulate this many devices")
     parser.add_argument("--operators", help="group whose members are operators")
     parser.add_argument("--priority-cap", type=int, default=defaults.PRIORITY_CAP)
+    parser.add_argument("--max-temp", type=float, help="admit nothing to a device hotter (C)")
+    parser.add_argument("--max-power", type=float, help="... or drawing more (W)")
+    parser.add_argument("--readings", help="recorded device readings overlaid on samples")
+    parser.add_argument("--metrics", help="ADDR:PORT to serve Prometheus metrics on")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s daemon %(levelname)s %(message)s")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line each
@@ -40,7 +44,9 @@ def main() -> None:
     options = DaemonOptions(lanes=args.lanes, max_resident=args.max_resident,
                             kill_grace=args.kill_wait, cpu_memory=args.cpu_memory,
                             cpu_devices=args.cpu_devices,
-                            operator_group=args.operators, priority_cap=args.priority_cap)
+                            operator_group=args.operators, priority_cap=args.priority_cap,
+                            max_temp=args.max_temp, max_power=args.max_power,
+                            readings=args.readings, metrics=args.metrics)
     Daemon(where, options).run(pidfile)
 
 

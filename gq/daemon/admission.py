@@ -3,9 +3,11 @@ and the simulator both call :func:`place`).
 
 A job fits a lane while Σ persistent + max ephemeral ≤ lane capacity over the lane's jobs
 (the Salus condition), the device's resident cap is not reached, and no exclusive job holds
-the device. Jobs are taken in the policy's order. A shared job goes where it leaves the most
-headroom (free memory under the safety condition, then the fewest resident jobs); a job of
-k whole devices takes the k empty ones that leave the largest contiguous free set.
+the device, nor the thermal and power guard holds it. Jobs are taken in the policy's order.
+A shared job goes where it leaves the most headroom (free memory under the safety
+condition), then to the fewest resident jobs, then to the least measured utilization; a job
+of k whole devices takes the k empty ones that leave the largest contiguous free set, then
+the closest linked ones (NVLink or one PCIe switch, where NVML reports topology).
 
 EASY backfill: the first job that cannot be placed reserves the devices it will get first,
 at the time the jobs on them must have ended (their time limits). A later job may start only
@@ -60,6 +62,9 @@ class DeviceLoad:
     residents: int = 0
     exclusive: bool = False
     free_at: float = 0.0  # when every job on it must have ended (inf: one has no time limit)
+    utilization: float = 0.0  # percent busy, as last sampled
+    held: str | None = None  # why the thermal and power guard admits no job to it now
+    links: tuple[int, ...] = ()  # topology level to each other device by index; lower: closer
 
     @property
     def empty(self) -> bool:
@@ -104,7 +109,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
                 _commit(placement, request, devices)
                 outcome.placements.append(placement)
                 continue
-            outcome.reasons[request.job_id] = RESOURCES
+            outcome.reasons[request.job_id] = _why(RESOURCES, request, candidates)
             start, held = _reservation(request, candidates, now)
             outcome.reserved_start, outcome.reserved = start, tuple(sorted(held))
             reserved = set(held)
@@ -123,7 +128,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
                     NO_LIMIT if backfill and request.time_limit is None else PRIORITY)
                 continue
         if placement is None:
-            outcome.reasons[request.job_id] = PRIORITY
+            outcome.reasons[request.job_id] = _why(PRIORITY, request, candidates)
             continue
         _commit(placement, request, devices)
         outcome.placements.append(placement)
@@ -139,8 +144,18 @@ def _reservation(request: Request, candidates: list[DeviceLoad],
     return start, {d.name for d in soonest}
 
 
-def _choose(request: Request, devices: list[DeviceLoad]) -> Placement | None:
-    """Where the job would go now, without taking the room yet."""
+def _why(reason: str, request: Request, candidates: list[DeviceLoad]) -> str:
+    """``reason``, with the guard's words where it holds the devices the job would fit on."""
+    if not any(d.held for d in candidates) or _choose(request, candidates, guarded=False) is None:
+        return reason
+    return f"{reason} ({'; '.join(d.held for d in candidates if d.held)})"
+
+
+def _choose(request: Request, devices: list[DeviceLoad], guarded: bool = True) -> Placement | None:
+    """Where the job would go now, without taking the room yet (``guarded``: not onto a
+    device the thermal and power guard holds)."""
+    if guarded:
+        devices = [d for d in devices if d.held is None]
     if request.exclusive or request.gpus > 1:
         count = max(1, request.gpus)
         empty = [d for d in devices if d.empty]
@@ -155,19 +170,25 @@ def _choose(request: Request, devices: list[DeviceLoad]) -> Placement | None:
         for index, lane in enumerate(device.lanes):
             if lane.fits(request.footprint):
                 options.append((-lane.headroom(request.footprint), device.residents,
-                                len(lane.footprints), device.index, device.name, index))
+                                device.utilization, len(lane.footprints), device.index,
+                                device.name, index))
     if not options:
         return None
     best = min(options)
-    return Placement(request.job_id, (best[4],), best[5])
+    return Placement(request.job_id, (best[-2],), best[-1])
 
 
 def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
-    """The ``count`` empty devices that leave the largest contiguous run of empty ones."""
+    """The ``count`` empty devices that leave the largest contiguous run of empty ones, then
+    the closest linked, then the least spread."""
     if len(empty) > 12:  # too many to try every set: the first ones
         return sorted(empty, key=lambda d: d.index)[:count]
 
-    def score(chosen: tuple[DeviceLoad, ...]) -> tuple[int, int, list[int]]:
+    def distance(chosen: tuple[DeviceLoad, ...]) -> int:
+        return sum(first.links[second.index] for first, second in
+                   itertools.combinations(chosen, 2) if second.index < len(first.links))
+
+    def score(chosen: tuple[DeviceLoad, ...]) -> tuple[int, int, int, list[int]]:
         left = sorted(d.index for d in empty if d not in chosen)
         longest = run = 0
         for previous, index in zip([None, *left], left):
@@ -175,7 +196,7 @@ def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
             longest = max(longest, run)
         indices = sorted(d.index for d in chosen)
         spread = indices[-1] - indices[0]
-        return (-longest, spread, indices)
+        return (-longest, distance(chosen), spread, indices)
 
     return list(min(itertools.combinations(empty, count), key=score))
 

@@ -1,6 +1,7 @@
-"""Device discovery: NVIDIA GPUs through NVML, else one ``cpu`` device sized from psutil;
-or N emulated devices (``--cpu-devices N``), so that a GPU-less node schedules several
-devices for real, for tests and demos."""
+"""Device discovery: NVIDIA GPUs through NVML (a GPU in MIG mode contributes its instances
+instead), else one ``cpu`` device sized from psutil; or N emulated devices
+(``--cpu-devices N``), so that a GPU-less node schedules several devices for real, for
+tests and demos."""
 
 from __future__ import annotations
 
@@ -9,20 +10,29 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Device:
-    name: str  # "cpu", "gpu0", "gpu1", ..., or "cpu0", "cpu1", ... when emulated
+    name: str  # "cpu", "gpu0", "gpu1", "gpu0-mig1", ..., or "cpu0", "cpu1", ... when emulated
     kind: str  # "cpu" | "cuda" | "emulated"
-    index: int | None
+    index: int | None  # the device's place among the whole devices jobs ask for
     memory_total: int
     model: str
+    uuid: str | None = None  # NVML's; a MIG instance is addressed by it
+    gpu: int | None = None  # the physical GPU (a MIG instance's parent)
+    # NVML's topology level to every other GPU, by GPU number (0 same board, 10 one PCIe
+    # switch, ... 50 across sockets; lower is closer); empty where unknown.
+    links: tuple[int, ...] = ()
 
     @property
     def whole(self) -> bool:
         """A device jobs ask for by number (-G N): a GPU, or an emulated one."""
         return self.kind in ("cuda", "emulated")
 
+    @property
+    def mig(self) -> bool:
+        return self.kind == "cuda" and self.uuid is not None and self.uuid.startswith("MIG-")
+
     def as_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "index": self.index,
-                "memory_total": self.memory_total, "model": self.model}
+                "memory_total": self.memory_total, "model": self.model, "uuid": self.uuid}
 
 
 def cpu_device() -> Device:
@@ -36,7 +46,8 @@ def cpu_device() -> Device:
 
 
 def discover() -> tuple[list[Device], str | None]:
-    """The node's GPUs, then the ``cpu`` device; the note says why no GPU was found."""
+    """The node's GPUs (or their MIG instances), then the ``cpu`` device; the note says why
+    no GPU was found."""
     try:
         import pynvml
     except ImportError:
@@ -46,20 +57,67 @@ def discover() -> tuple[list[Device], str | None]:
     except pynvml.NVMLError as exc:
         return [cpu_device()], f"no NVIDIA GPU found (NVML: {exc}); jobs run on the cpu device"
     try:
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetName(handle)
-            gpus.append(Device(
-                name=f"gpu{index}", kind="cuda", index=index,
-                memory_total=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                model=name.decode() if isinstance(name, bytes) else str(name),
-            ))
+        gpus = nvml_devices(pynvml)
     finally:
         pynvml.nvmlShutdown()
     if not gpus:
         return [cpu_device()], "no NVIDIA GPU found (NVML sees 0 devices); jobs run on the cpu device"
     return gpus + [cpu_device()], None
+
+
+def nvml_devices(nvml) -> list[Device]:
+    """What an initialised NVML reports: each GPU, or each MIG instance of a GPU in MIG mode,
+    numbered in that order."""
+    count = nvml.nvmlDeviceGetCount()
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    links = [tuple(_link(nvml, handles[i], handles[j]) for j in range(count))
+             for i in range(count)]
+    devices: list[Device] = []
+    for number, handle in enumerate(handles):
+        model = _text(nvml.nvmlDeviceGetName(handle))
+        instances = _mig_instances(nvml, handle)
+        if not instances:
+            devices.append(Device(
+                name=f"gpu{number}", kind="cuda", index=len(devices),
+                memory_total=int(nvml.nvmlDeviceGetMemoryInfo(handle).total), model=model,
+                uuid=_text(nvml.nvmlDeviceGetUUID(handle)), gpu=number, links=links[number]))
+            continue
+        for slot, instance in instances:
+            devices.append(Device(
+                name=f"gpu{number}-mig{slot}", kind="cuda", index=len(devices),
+                memory_total=int(nvml.nvmlDeviceGetMemoryInfo(instance).total),
+                model=f"{model} MIG {slot}", uuid=_text(nvml.nvmlDeviceGetUUID(instance)),
+                gpu=number))
+    return devices
+
+
+def _mig_instances(nvml, handle) -> list[tuple[int, object]]:
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except nvml.NVMLError:  # not a MIG-capable GPU
+        return []
+    if current != nvml.NVML_DEVICE_MIG_ENABLE:
+        return []
+    instances = []
+    for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            instances.append((slot, nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)))
+        except nvml.NVMLError:  # an empty slot
+            continue
+    return instances
+
+
+def _link(nvml, first, second) -> int:
+    if first is second:
+        return 0
+    try:
+        return int(nvml.nvmlDeviceGetTopologyCommonAncestor(first, second))
+    except nvml.NVMLError:
+        return 0
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def emulated(count: int, memory_total: int) -> list[Device]:
@@ -77,9 +135,12 @@ def gpu_capacity(devices: list[Device]) -> int:
 def environment(devices: list[Device]) -> dict[str, str]:
     """The job's view of its devices: GQ_DEVICE is a torch device string;
     GQ_VISIBLE_DEVICES names its devices' indices (GPUs or emulated ones), as
-    CUDA_VISIBLE_DEVICES does for GPUs."""
+    CUDA_VISIBLE_DEVICES does for GPUs, where MIG instances go by UUID (CUDA accepts no
+    other name for them)."""
     gpus = [d for d in devices if d.kind == "cuda"]
     visible = ",".join(str(d.index) for d in devices if d.whole)
     if not gpus:
         return {"GQ_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "GQ_VISIBLE_DEVICES": visible}
-    return {"GQ_DEVICE": "cuda:0", "CUDA_VISIBLE_DEVICES": visible, "GQ_VISIBLE_DEVICES": visible}
+    cuda = ",".join(d.uuid if d.mig and d.uuid else str(d.gpu if d.gpu is not None else d.index)
+                    for d in gpus)
+    return {"GQ_DEVICE": "cuda:0", "CUDA_VISIBLE_DEVICES": cuda, "GQ_VISIBLE_DEVICES": visible}

@@ -18,17 +18,22 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import IO
 
 from gq import defaults, policies
-from gq.daemon import admission, handlers, recovery
+from gq.daemon import admission, handlers, metrics, recovery
 from gq.daemon.access import Caller, Rules
 from gq.daemon.devices import Device, discover, emulated
+from gq.daemon.guard import Guard, Limits
 from gq.daemon.hosts import HostHandle, HostUnavailable
-from gq.exec.protocol import HOST_VERSION
 from gq.daemon.launch import launch_spec
+from gq.daemon.sampling import Sampler
 from gq.daemon.server import Connection, Server
+from gq.exec.protocol import HOST_VERSION
+from gq.errors import UserError
 from gq.home import Home
+from gq.messages import DeviceReading
 from gq.queue import dependencies, queries, transitions
 from gq.queue import settings as queue_settings
 from gq.queue.engine import Database
@@ -54,6 +59,10 @@ class DaemonOptions:
     cpu_devices: int | None = None  # emulate this many devices on the cpu instead
     operator_group: str | None = None  # its members may act on every job and the node
     priority_cap: int = defaults.PRIORITY_CAP  # system mode: highest priority for users
+    max_temp: float | None = None  # the guard: no new job onto a device hotter than this
+    max_power: float | None = None  # ... or drawing more watts than this
+    readings: str | None = None  # a file of recorded readings overlaid on the samples
+    metrics: str | None = None  # ADDR:PORT to serve Prometheus metrics on
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
@@ -65,6 +74,10 @@ class DaemonOptions:
             argv += ["--cpu-devices", str(self.cpu_devices)]
         if self.operator_group is not None:
             argv += ["--operators", self.operator_group]
+        for flag, value in (("--max-temp", self.max_temp), ("--max-power", self.max_power),
+                            ("--readings", self.readings), ("--metrics", self.metrics)):
+            if value is not None:
+                argv += [flag, str(value)]
         return argv
 
 
@@ -82,6 +95,8 @@ class Running:
     exclusive: bool
     priority: int
     measured: admission.Footprint | None = None  # from the job's own memory reports
+    pid: int | None = None  # its process, once its host has started it
+    holds_lane: bool = False  # as its host last reported
     kill_why: str | None = None  # cancel | requeue | timeout | shutdown
 
 
@@ -114,6 +129,11 @@ class Daemon:
         self.rules = Rules(daemon_uid=os.geteuid(), operator_group=options.operator_group,
                            priority_cap=options.priority_cap if home.system else None)
         self.server: Server | None = None
+        self.sampler: Sampler | None = None
+        self.readings: dict[str, DeviceReading] = {}  # the latest sample of each device
+        self.guard = Guard(Limits(options.max_temp, options.max_power))
+        self.metrics: metrics.Metrics | None = None
+        self.switches: dict[str, int] = {}  # lane switches per device, as its host counts them
 
     # ----- life cycle -----------------------------------------------------------------
     def run(self, pidfile: IO[str]) -> None:
@@ -123,8 +143,12 @@ class Daemon:
             self.selector.register(wake_read, selectors.EVENT_READ, "signal")
             with self.db.read() as session:
                 self._apply_policy(queue_settings.get_all(session))
+            if self.options.metrics:
+                self.metrics = self._serve_metrics(self.options.metrics)
             for device in self.devices:
                 self._attach_host(device)
+            self.sampler = Sampler(self.devices,
+                                   Path(self.options.readings) if self.options.readings else None)
             self.server = Server(self.home, self.selector, self._dispatch, self._identify)
             log.info("daemon %d up (%s mode) on %s", os.getpid(), self.home.mode,
                      ", ".join(d.name for d in self.devices))
@@ -134,6 +158,10 @@ class Daemon:
                 # A system socket stays: clients then wait for a restarting daemon instead
                 # of starting personal ones.
                 self.server.close(unlink=not self.home.system)
+            if self.sampler is not None:
+                self.sampler.close()
+            if self.metrics is not None:
+                self.metrics.close()
             pidfile.close()
             self.db.close()
 
@@ -156,7 +184,7 @@ class Daemon:
 
     def _loop(self, wake_read: socket.socket) -> None:
         assert self.server is not None
-        last_scan = last_flush = 0.0
+        last_scan = last_flush = last_sample = 0.0
         while True:
             for key, mask in self.selector.select(self._timeout(last_scan)):
                 if isinstance(key.data, Connection):
@@ -174,6 +202,9 @@ class Daemon:
                     break
                 continue
             self._restart_dead_hosts(now)
+            if now - last_sample >= defaults.SAMPLE_PERIOD:
+                last_sample = now
+                self._sample()
             if self.wake or now - last_scan >= defaults.POLL_PERIOD:
                 self.wake = False
                 last_scan = now
@@ -292,7 +323,7 @@ class Daemon:
                        devices=[d for d in self.devices if d.name in names],
                        lane=row.lane or 0, host=host, time_limit=row.time_limit,
                        requeue=row.requeue, footprint=_footprint(row),
-                       exclusive=row.exclusive, priority=row.priority)
+                       exclusive=row.exclusive, priority=row.priority, pid=row.pid)
 
     def _send(self, name: str, message: dict) -> None:
         """To a device's host; a host that cannot be written to has died."""
@@ -336,6 +367,7 @@ class Daemon:
                 job = None  # about an earlier run of this job
             if op == "started":
                 if job is not None:
+                    job.pid = int(message["pid"])
                     with self.db.write() as session:
                         transitions.record_pid(session, job.job_id, int(message["pid"]))
             elif op == "launch_failed":
@@ -346,6 +378,8 @@ class Daemon:
             elif op == "progress":
                 for item in message["jobs"]:
                     self._on_progress(item)
+                if "switches" in message:
+                    self.switches[name] = sum(message["switches"])
             else:
                 log.warning("unknown op from host %s: %r", name, op)
         if host.channel.closed and name in self.hosts:
@@ -356,6 +390,7 @@ class Daemon:
         if job is None or item.get("run") != job.run:
             return
         progress = self.progress[job.job_id] = _progress(item)
+        job.holds_lane = progress.holds_lane
         if progress.mem_persistent is not None:
             job.measured = admission.Footprint(
                 progress.mem_persistent, max(0, (progress.mem_peak or 0) - progress.mem_persistent))
@@ -409,6 +444,9 @@ class Daemon:
                                     now=end)
             else:
                 transitions.finish(session, job.job_id, state, exit_code, reason, now=end)
+        if self.metrics is not None:
+            self.metrics.run_time.labels("REQUEUED" if requeue else state.value).observe(
+                max(0.0, (end or time.time()) - job.started))
         log.info("job %d %s%s", job.job_id, "requeued" if requeue else state.value,
                  f" ({reason})" if reason else "")
         self.wake = True
@@ -535,18 +573,70 @@ class Daemon:
         for placement in placements:
             self._launch(by_id[placement.job_id], placement)
 
+    # ----- sampling -------------------------------------------------------------------
+    def _sample(self) -> None:
+        """Read every device; a device the guard starts or stops holding wakes admission."""
+        assert self.sampler is not None
+        jobs: dict[str, list[tuple[int, int]]] = {}
+        for job in self.running.values():
+            if job.pid is not None:
+                for device in job.devices:
+                    jobs.setdefault(device.name, []).append((job.job_id, job.pid))
+        self.readings = self.sampler.sample(jobs)
+        if self.guard.limits.any:
+            for name, reading in self.readings.items():
+                if self.guard.update(name, reading):
+                    if name in self.guard.held:
+                        log.warning("guard: %s", self.guard.held[name])
+                    else:
+                        log.info("guard: %s admits jobs again", name)
+                    self.wake = True
+        if self.metrics is not None:
+            self.metrics.snapshot = self._snapshot()
+
+    def _serve_metrics(self, address: str) -> metrics.Metrics:
+        try:
+            return metrics.Metrics(address, self.devices)
+        except (OSError, UserError) as exc:
+            message = getattr(exc, "strerror", None) or exc
+            log.error("cannot serve metrics on %s: %s", address, message)
+            raise SystemExit(2) from None
+
+    def _snapshot(self) -> metrics.Snapshot:
+        """What a scrape reports until the next sample."""
+        with self.db.read() as session:
+            counts = queries.counts_by_state_and_user(session)
+        lanes: dict[tuple[str, int], metrics.LaneState] = {}
+        for device in self.devices:
+            for lane in range(max(1, self.options.lanes)):
+                lanes[device.name, lane] = metrics.LaneState(device.name, lane, 0, False)
+        for job in self.running.values():
+            for device in job.devices:
+                state = lanes[device.name, job.lane]
+                state.residents += 1
+                state.held |= job.holds_lane
+        return metrics.Snapshot(jobs=counts, readings=dict(self.readings),
+                                lanes=list(lanes.values()), switches=dict(self.switches),
+                                guard=dict(self.guard.held))
+
     def loads(self) -> list[admission.DeviceLoad]:
-        """Each available device as admission sees it: lanes, memory, residents, free time."""
+        """Each available device as admission sees it: lanes, memory (less what processes
+        outside gq hold), residents, free time, utilization, the guard, topology."""
         loads = {}
         for device in self.devices:
             host = self.hosts.get(device.name)
             if host is None or host.draining:
                 continue  # its host is restarting, or being replaced
             lanes = max(1, self.options.lanes)
+            reading = self.readings.get(device.name)
+            outside = reading.external_memory // lanes if reading is not None else 0
             loads[device.name] = admission.DeviceLoad(
                 name=device.name, gpu=device.whole, index=device.index or 0,
-                lanes=[admission.LaneLoad(self.lane_memory(device)) for _ in range(lanes)],
-                max_resident=self.options.max_resident)
+                lanes=[admission.LaneLoad(self.lane_memory(device) - outside)
+                       for _ in range(lanes)],
+                max_resident=self.options.max_resident,
+                utilization=(reading.utilization or 0.0) if reading is not None else 0.0,
+                held=self.guard.held.get(device.name), links=device.links)
         for job in self.running.values():
             ends = job.started + job.time_limit if job.time_limit is not None else math.inf
             for device in job.devices:
@@ -579,6 +669,8 @@ class Daemon:
                           footprint=_footprint(job), exclusive=job.exclusive,
                           priority=job.priority)
         self.running[job.id] = running
+        if self.metrics is not None:
+            self.metrics.wait.observe(max(0.0, running.started - job.submit_time))
         try:
             spec = launch_spec(job, devices, placement.lane, self.home)
         except (OSError, KeyError) as exc:  # KeyError: the submitter's account is gone

@@ -104,6 +104,8 @@ class Lane:
     residents: list[Resident] = field(default_factory=list)
     anticipating: int | None = None  # job id the lane is kept free for, briefly
     anticipate_until: float = 0.0
+    last_job: int | None = None  # the job granted it last
+    switches: int = 0  # grants to a job other than the last one
 
 
 class Host:
@@ -126,6 +128,7 @@ class Host:
         self.child_exited = False
         self._next_housekeeping = 0.0
         self._last_progress = 0.0
+        self._reported_switches: list[int] = []
 
     # ----- the loop -------------------------------------------------------------------
     def run(self) -> None:
@@ -401,6 +404,9 @@ class Host:
         chosen.state = "running"
         chosen.granted_at = time.monotonic()
         lane.holder = chosen
+        if lane.last_job not in (None, chosen.job_id):
+            lane.switches += 1
+        lane.last_job = chosen.job_id
 
     def _schedule_waiting_lanes(self) -> None:
         for lane in self.lanes:
@@ -488,8 +494,11 @@ class Host:
         changed = [r for r in self.residents.values() if r.dirty]
         for resident in changed:
             resident.dirty = False
-        if changed:
-            self._tell({"op": "progress", "jobs": [r.progress() for r in changed]})
+        switches = [lane.switches for lane in self.lanes]
+        if changed or switches != self._reported_switches:
+            self._reported_switches = switches
+            self._tell({"op": "progress", "jobs": [r.progress() for r in changed],
+                        "switches": switches})
 
 
 def _peer_uid(sock: socket.socket) -> int:

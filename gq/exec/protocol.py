@@ -10,7 +10,7 @@ daemon → host   hello{} (answered by state), launch{job}, kill{job, why},
 host → daemon   state{version, pid, policy, residents, exited}, started{job, run, pid},
                 launch_failed{job, run, reason}, exited{job, run, code, signal, kill_why,
                 end_time, progress...} (repeated in every state until acknowledged),
-                progress{jobs: [...]}
+                progress{jobs: [...], switches: [per lane, since the host began]}
 worker → host   ready{}, done{steps, mem_persistent, mem_peak}, total{steps}, progress{steps},
                 finished{}
 host → worker   go{empty_cache}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gq.queue.models import Job, JobEvent
@@ -61,3 +61,8 @@ def resolve(session: Session, label: str) -> list[Job]:
         return list(session.scalars(select(Job).where(
             Job.array_job_id == int(array_id), Job.array_task_id == int(task))).all())
     return runs_of(session, [int(array_id)])[int(array_id)]
+
+
+def counts_by_state_and_user(session: Session) -> dict[tuple[str, str], int]:
+    rows = session.execute(select(Job.state, Job.user, func.count()).group_by(Job.state, Job.user))
+    return {(state, user): count for state, user, count in rows}

@@ -60,7 +60,9 @@ def info(daemon: Daemon, caller: Caller, request: messages.NodeInfoRequest) -> m
             jobs=[j for j in running if d.name in (j.device or "").split(",")],
             headroom=max(lane.headroom() for lane in load.lanes) if load else None,
             residents=load.residents if load else 0,
-            free_at=None if load is None or load.free_at == math.inf else load.free_at))
+            free_at=None if load is None or load.free_at == math.inf else load.free_at,
+            uuid=d.uuid, reading=daemon.readings.get(d.name),
+            held=daemon.guard.held.get(d.name)))
     rules = daemon.rules
     return messages.NodeInfo(
         pid=os.getpid(), mode=daemon.home.mode, started=daemon.started_at,

@@ -1,0 +1,85 @@
+"""The CUDA paths end to end, on a machine with an NVIDIA GPU: NVML discovery and sampling,
+memory figures from torch.cuda, two jobs sharing one lane (parked workers give back cached
+memory), a 2-GPU job's CUDA_VISIBLE_DEVICES, and the safety condition refusing a job that
+cannot fit. Run them with ``pytest -m gpu``; elsewhere they are skipped, saying why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import ROOT, gq, gq_ok, job, submit, wait_for, wait_state
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="no CUDA device (these run on a GPU machine: pytest -m gpu)")]
+
+CUDA_TRAIN = str(ROOT / "tests" / "zoo" / "cuda_train.py")
+
+
+def output(tmp_path, job_id: int) -> dict:
+    return json.loads((tmp_path / f"gq-{job_id}.out").read_text().strip().splitlines()[-1])
+
+
+def test_nvml_finds_the_gpus_and_samples_them(daemon):
+    info = json.loads(gq_ok("info", "--json"))
+    gpus = [d for d in info["devices"] if d["kind"] == "cuda"]
+    assert len(gpus) == torch.cuda.device_count() or any("-mig" in d["name"] for d in gpus)
+    first = gpus[0]
+    assert first["uuid"] and first["memory_total"] > 0
+    reading = wait_for(lambda: json.loads(gq_ok("info", "--json"))["devices"][0]["reading"], 10,
+                       what="a first sample")
+    assert reading["source"] == "nvml" and reading["memory_total"] == first["memory_total"]
+    assert reading["temperature"] is not None and reading["power"] is not None
+
+
+def test_a_job_reports_its_cuda_memory(daemon, tmp_path):
+    job_id = submit(CUDA_TRAIN, "--mb", "256", "--steps", "30")
+    done = wait_state(job_id, "COMPLETED", timeout=120)
+    assert done["device"].startswith("gpu")
+    assert done["mem_persistent"] >= 200 << 20 and done["mem_peak"] >= done["mem_persistent"]
+    result = output(tmp_path, job_id)
+    assert result["count"] == 1 and result["allocated"] >= 200 << 20
+
+
+def test_two_jobs_share_a_lane_and_parked_ones_give_back_cached_memory(daemon, tmp_path):
+    go = tmp_path / "go"
+    ids = [submit("-G", "1", CUDA_TRAIN, "--mb", "512", "--steps", "200", "--start-file", str(go))
+           for _ in range(2)]
+    devices = [wait_state(i, "RUNNING", timeout=120)["device"] for i in ids]
+    if devices[0] != devices[1]:
+        pytest.skip("the two jobs went to different GPUs: nothing shares a lane")
+    for job_id in ids:
+        wait_for(lambda job_id=job_id: job(job_id)["mem_persistent"], 120, what="memory reports")
+    go.touch()
+
+    def both_on_the_device():
+        reading = json.loads(gq_ok("info", "--json"))["devices"]
+        mine = next(d for d in reading if d["name"] == devices[0])["reading"]
+        return mine and {p["job"] for p in mine["processes"]} >= set(ids)
+
+    wait_for(both_on_the_device, 30, what="NVML to see both jobs' processes")
+    for job_id in ids:
+        wait_state(job_id, "COMPLETED", timeout=300)
+    for job_id in ids:
+        # Allocated weights stay; the cache beyond them was given back while parked.
+        result = output(tmp_path, job_id)
+        assert result["reserved"] - result["allocated"] < 256 << 20
+
+
+def test_a_two_gpu_job_sees_its_two_devices(daemon, tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    job_id = submit("-G", "2", CUDA_TRAIN, "--mb", "64", "--steps", "5")
+    done = wait_state(job_id, "COMPLETED", timeout=120)
+    assert len(done["device"].split(",")) == 2
+    result = output(tmp_path, job_id)
+    assert result["count"] == 2 and len(result["visible"].split(",")) == 2
+
+
+def test_a_job_larger_than_any_gpu_is_refused(daemon):
+    total = torch.cuda.get_device_properties(0).total_memory
+    result = gq("submit", "--mem", f"{(total * 2) >> 30}G", CUDA_TRAIN)
+    assert result.code == 2 and "more than any device" in result.err
