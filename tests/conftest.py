@@ -91,6 +91,16 @@ def wait_state(job_id: int, *states: str, timeout: float = 30.0) -> dict:
     return wait_for(reached, timeout, what=f"job {job_id} to reach {'/'.join(states)}")
 
 
+def submit_resident(go: Path, count: int, *args: str) -> list[int]:
+    """Submit ``count`` jobs of ``args`` (a script and options such as --start-file) and
+    return their ids once all of them are resident (have a process); ``go`` is the file
+    they wait for before their loops, not yet created."""
+    ids = [submit(*args, "--start-file", str(go)) for _ in range(count)]
+    for job_id in ids:
+        wait_for(lambda job_id=job_id: job(job_id)["pid"], 60, what="the jobs to be resident")
+    return ids
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, gq, gq_ok, job, submit, wait_for, wait_state, write_script
+from conftest import (ROOT, gq, gq_ok, job, submit, submit_resident, wait_for, wait_state,
+                      write_script)
 from gq.daemon import admission, devices, sampling
 from gq.daemon.guard import Guard, Limits
 from gq.messages import DeviceReading
@@ -262,10 +263,7 @@ def test_metrics_are_served_and_jobs_keep_their_figures(home, tmp_path):
     gq_ok("daemon", "start", "--kill-wait", "1", "--metrics", f"127.0.0.1:{port}")
     gq_ok("policy", "set", "fair")
     go = tmp_path / "go"
-    ids = [submit(TRAIN, "--steps", "60", "--iter-ms", "5", "--start-file", str(go))
-           for _ in range(2)]
-    for job_id in ids:
-        wait_for(lambda job_id=job_id: job(job_id)["pid"], 60, what="both jobs resident")
+    ids = submit_resident(go, 2, TRAIN, "--steps", "60", "--iter-ms", "5")
     go.touch()
     for job_id in ids:
         wait_state(job_id, "COMPLETED", timeout=60)
@@ -295,7 +293,7 @@ def test_metrics_are_served_and_jobs_keep_their_figures(home, tmp_path):
 def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):
     for args, words in ((["--metrics", "nowhere"], "invalid --metrics 'nowhere'"),
                         (["--metrics", "127.0.0.1:0"], "invalid --metrics"),
-                        (["--max-temp", "-5"], "--max-temp and --max-power must be positive"),
+                        (["--max-temp", "-5"], "--max-temp, --max-power and --client-timeout must be"),
                         (["--readings", str(tmp_path / "missing")], "no such file")):
         result = gq("daemon", "start", *args)
         assert result.code == 2 and words in result.err and result.err.count("\n") == 1

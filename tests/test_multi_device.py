@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from conftest import ROOT, gq, gq_ok, job, submit, wait_for, wait_state, write_script
+from conftest import (ROOT, gq, gq_ok, job, submit, submit_resident, wait_for, wait_state,
+                      write_script)
 
 TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
@@ -64,10 +65,7 @@ def test_rr_gives_resident_jobs_turns_within_one_quantum(daemon, tmp_path):
     gq_ok("policy", "set", "rr", "--quantum", "50ms")
     assert gq_ok("policy").startswith("rr (quantum 50ms)")
     go = tmp_path / "go"
-    ids = [submit(TRAIN, "--steps", "400", "--iter-ms", "4", "--start-file", str(go))
-           for _ in range(2)]
-    for job_id in ids:
-        wait_for(lambda job_id=job_id: job(job_id)["pid"], 60, what="both jobs resident")
+    ids = submit_resident(go, 2, TRAIN, "--steps", "400", "--iter-ms", "4")
     go.touch()
     samples = []
 

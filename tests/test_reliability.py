@@ -14,8 +14,8 @@ import psutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import (ROOT, all_jobs, gq, gq_ok, pid_alive, submit, wait_for, wait_state,
-                      write_script)
+from conftest import (ROOT, DaemonControl, all_jobs, gq, gq_ok, pid_alive, submit, wait_for,
+                      wait_state, write_script)
 
 
 def host_process(daemon_pid: int) -> psutil.Process:
@@ -185,9 +185,11 @@ def test_fuzzed_requests_get_an_error_answer_and_do_no_harm(daemon, payload):
     assert pid_alive(daemon.pid())
 
 
-def test_silent_garbage_and_huge_clients_neither_block_others_nor_crash_it(daemon, tmp_path):
+def test_silent_garbage_and_huge_clients_neither_block_others_nor_crash_it(home, tmp_path):
     from gq import messages
 
+    daemon = DaemonControl(home)
+    daemon.start("--client-timeout", "3")
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     silent.connect(str(daemon.root / "gq.sock"))  # connects, then says nothing
     half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -204,6 +206,7 @@ def test_silent_garbage_and_huge_clients_neither_block_others_nor_crash_it(daemo
     assert isinstance(refused, messages.Error) and "over 16 MiB" in refused.message
     assert pid_alive(daemon.pid())
     wait_for(lambda: silent.recv(1) == b"", 30, what="the silent client to be dropped")
+    assert time.monotonic() - started >= 2.9  # not before --client-timeout
     silent.close()
     half.close()
     script = write_script(tmp_path / "after.sh", "echo fine\n")

@@ -31,6 +31,7 @@ def start(
     max_temp: Optional[float] = typer.Option(None, "--max-temp", metavar="C", help=f"Admit no job to a device hotter than C degrees, until {defaults.TEMP_HYSTERESIS:g} under."),
     max_power: Optional[float] = typer.Option(None, "--max-power", metavar="W", help=f"Admit no job to a device drawing more than W watts, until {defaults.POWER_HYSTERESIS:.0%} under."),
     metrics: Optional[str] = typer.Option(None, "--metrics", metavar="ADDR:PORT", help="Serve Prometheus metrics at http://ADDR:PORT/metrics."),
+    client_timeout: float = typer.Option(defaults.CONNECTION_IDLE, "--client-timeout", metavar="SECONDS", help="Drop a client that sends no request (or reads no answer) for this long."),
     readings: Optional[str] = typer.Option(None, "--readings", metavar="FILE", help="Overlay recorded device readings (JSON lines) on the samples (tests, demos)."),
 ) -> None:
     """Start the node daemon (detached unless --foreground); its log is daemon.log in its
@@ -39,8 +40,9 @@ def start(
                                                            and not 1 <= cpu_devices <= 64):
         raise UserError("--lanes and --max-resident must be at least 1, --cpu-devices 1 to "
                         "64, --kill-wait not negative")
-    if (max_temp is not None and max_temp <= 0) or (max_power is not None and max_power <= 0):
-        raise UserError("--max-temp and --max-power must be positive")
+    if (max_temp is not None and max_temp <= 0) or (max_power is not None and max_power <= 0) \
+            or client_timeout <= 0:
+        raise UserError("--max-temp, --max-power and --client-timeout must be positive")
     if metrics is not None:
         parse_address(metrics)
     if readings is not None and not os.path.isfile(readings):
@@ -50,7 +52,8 @@ def start(
                         "or the systemd unit)")
     target = home.system() if system else home.personal()
     options = ["--lanes", str(lanes), "--max-resident", str(max_resident),
-               "--kill-wait", str(kill_wait), "--priority-cap", str(priority_cap)]
+               "--kill-wait", str(kill_wait), "--priority-cap", str(priority_cap),
+               "--client-timeout", str(client_timeout)]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:

@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--max-power", type=float, help="... or drawing more (W)")
     parser.add_argument("--readings", help="recorded device readings overlaid on samples")
     parser.add_argument("--metrics", help="ADDR:PORT to serve Prometheus metrics on")
+    parser.add_argument("--client-timeout", type=float, default=defaults.CONNECTION_IDLE)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s daemon %(levelname)s %(message)s")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line each
@@ -46,7 +47,8 @@ def main() -> None:
                             cpu_devices=args.cpu_devices,
                             operator_group=args.operators, priority_cap=args.priority_cap,
                             max_temp=args.max_temp, max_power=args.max_power,
-                            readings=args.readings, metrics=args.metrics)
+                            readings=args.readings, metrics=args.metrics,
+                            client_timeout=args.client_timeout)
     Daemon(where, options).run(pidfile)
 
 

@@ -63,11 +63,13 @@ class DaemonOptions:
     max_power: float | None = None  # ... or drawing more watts than this
     readings: str | None = None  # a file of recorded readings overlaid on the samples
     metrics: str | None = None  # ADDR:PORT to serve Prometheus metrics on
+    client_timeout: float = defaults.CONNECTION_IDLE  # drop a client silent this long
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
         argv = ["--lanes", str(self.lanes), "--max-resident", str(self.max_resident),
-                "--kill-wait", str(self.kill_grace), "--priority-cap", str(self.priority_cap)]
+                "--kill-wait", str(self.kill_grace), "--priority-cap", str(self.priority_cap),
+                "--client-timeout", str(self.client_timeout)]
         if self.cpu_memory is not None:
             argv += ["--cpu-memory", str(self.cpu_memory)]
         if self.cpu_devices is not None:
@@ -149,7 +151,8 @@ class Daemon:
                 self._attach_host(device)
             self.sampler = Sampler(self.devices,
                                    Path(self.options.readings) if self.options.readings else None)
-            self.server = Server(self.home, self.selector, self._dispatch, self._identify)
+            self.server = Server(self.home, self.selector, self._dispatch, self._identify,
+                                 idle=self.options.client_timeout)
             log.info("daemon %d up (%s mode) on %s", os.getpid(), self.home.mode,
                      ", ".join(d.name for d in self.devices))
             self._loop(wake_read)

@@ -2,7 +2,7 @@
 blocking the daemon's loop, takes the caller's identity from the kernel (SO_PEERCRED), hands
 the line to the dispatcher, and writes the answer back (with any descriptors it carries).
 
-A client that sends nothing is dropped after ``CONNECTION_IDLE``; one that sends more than
+A client that sends nothing (or reads no answer) for ``idle`` seconds is dropped; one that sends more than
 ``MAX_REQUEST`` bytes gets an error answer and is dropped; neither delays other clients.
 """
 
@@ -41,8 +41,10 @@ class Connection:
 
 class Server:
     def __init__(self, home: Home, selector: selectors.BaseSelector, dispatch: Dispatch,
-                 identify: Callable[[int, int, int], Caller]):
+                 identify: Callable[[int, int, int], Caller],
+                 idle: float = defaults.CONNECTION_IDLE):
         self.home = home
+        self.idle = idle
         self.selector = selector
         self.dispatch = dispatch
         self.identify = identify
@@ -75,7 +77,7 @@ class Server:
             pid, uid, gid = _PEERCRED.unpack(
                 sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
             connection = Connection(sock, self.identify(pid, uid, gid),
-                                    time.monotonic() + defaults.CONNECTION_IDLE)
+                                    time.monotonic() + self.idle)
             self.connections.add(connection)
             self.selector.register(sock, selectors.EVENT_READ, connection)
 
@@ -89,7 +91,7 @@ class Server:
         """Drop clients that sent no request, or read no answer, in time."""
         for connection in [c for c in self.connections if now > c.deadline]:
             log.info("dropping uid %d's connection: idle for %g s", connection.caller.uid,
-                     defaults.CONNECTION_IDLE)
+                     self.idle)
             self._drop(connection)
 
     def next_deadline(self) -> float | None:
@@ -119,7 +121,7 @@ class Server:
     def _answer(self, connection: Connection, line: bytes, fds: list[int]) -> None:
         connection.answered = True
         connection.outbox, connection.fds = line, fds
-        connection.deadline = time.monotonic() + defaults.CONNECTION_IDLE
+        connection.deadline = time.monotonic() + self.idle
         self.selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
         self._write(connection)
 
