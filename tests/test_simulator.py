@@ -34,12 +34,13 @@ def test_two_jobs_fifo_runs_to_completion_in_submit_order():
 
 
 def test_srtf_preempts_at_the_next_iteration_boundary():
-    # Job 2 arrives at 1 s, in the middle of nothing: job 1's 1-s iteration ends at 1 s,
-    # then job 2 (shorter) runs 1-3 s and job 1 resumes.
+    # Job 2 arrives at 1 s, as job 1's first 1-s iteration ends. Neither pace is known yet
+    # (as on the host, it is known after two iterations), so job 1, submitted first, runs
+    # 1-2 s; then its 8 s left lose to job 2, which runs 2-4 s, and job 1 resumes.
     jobs = [job(1, 0, 10, 10), job(2, 1, 2, 2)]
     result = simulate(jobs, policies.make("srtf"))
-    assert ends(result) == {2: 3, 1: 12}
-    assert result.summary()["avg_jct"] == pytest.approx((12 + 2) / 2)
+    assert ends(result) == {2: 4, 1: 12}
+    assert result.summary()["avg_jct"] == pytest.approx((12 + 3) / 2)
 
 
 def test_preemption_waits_for_a_long_iteration_to_end():

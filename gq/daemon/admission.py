@@ -106,7 +106,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
         placement = _choose(request, candidates)
         if outcome.reserved_start is None:
             if placement is not None:
-                _commit(placement, request, devices)
+                _commit(placement, request, devices, now)
                 outcome.placements.append(placement)
                 continue
             outcome.reasons[request.job_id] = _why(RESOURCES, request, candidates)
@@ -130,7 +130,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
         if placement is None:
             outcome.reasons[request.job_id] = _why(PRIORITY, request, candidates)
             continue
-        _commit(placement, request, devices)
+        _commit(placement, request, devices, now)
         outcome.placements.append(placement)
     return outcome
 
@@ -201,12 +201,16 @@ def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
     return list(min(itertools.combinations(empty, count), key=score))
 
 
-def _commit(placement: Placement, request: Request, devices: Sequence[DeviceLoad]) -> None:
+def _commit(placement: Placement, request: Request, devices: Sequence[DeviceLoad],
+            now: float) -> None:
+    """Take the room: later jobs of the same pass see the job there, and until when."""
     by_name = {d.name: d for d in devices}
     whole = request.exclusive or request.gpus > 1
+    ends = now + request.time_limit if request.time_limit is not None else math.inf
     for name in placement.devices:
         device = by_name[name]
         device.residents += 1
+        device.free_at = max(device.free_at, ends)
         if whole:
             device.exclusive = True
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,6 +34,9 @@ class JobView:
 
 class Policy(Protocol):
     name: str
+    # Whether its pick may pass from one job to another after every iteration while nothing
+    # else changes (jobs sharing by attained time): a simulator may then batch turns.
+    alternates: bool
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         """Admission order of pending jobs, best first."""
@@ -50,3 +53,40 @@ class Policy(Protocol):
 
 def by_submission(job: JobView) -> tuple[float, int]:
     return (job.submit_time, job.id)
+
+
+def run_length(policy: Policy, chosen: JobView, ready: Sequence[JobView],
+               resident: Sequence[JobView], after: Callable[[int], tuple[JobView, float]],
+               limit: int) -> int:
+    """How many iterations in a row (1 to ``limit``) ``policy`` grants ``chosen`` if nothing
+    else changes on the lane: ``after(k)`` is chosen's view, and the clock, once it has run
+    k more iterations. This is what a simulator needs to advance in bulk.
+
+    A pick that moves away from a job as the job runs does not come back to it while the job
+    waits (the job's view is all that changes, and each policy's preference for a job only
+    falls as it uses device time), so the first boundary where another job is picked is
+    found by doubling, then bisecting: O(log limit) calls of ``pick``.
+    """
+    others_ready = [job for job in ready if job.id != chosen.id]
+    others_resident = [job for job in resident if job.id != chosen.id]
+
+    def keeps(k: int) -> bool:
+        view, now = after(k)
+        picked = policy.pick([*others_ready, view], [*others_resident, view], now)
+        return picked is not None and picked.id == chosen.id
+
+    if limit <= 1 or not keeps(1):
+        return 1
+    kept, probe = 1, 2
+    while probe < limit and keeps(probe):
+        kept, probe = probe, probe * 2
+    if probe >= limit and (limit - 1 == kept or keeps(limit - 1)):
+        return limit
+    lost = min(probe, limit - 1)  # keeps(kept) is true and keeps(lost) false
+    while lost - kept > 1:
+        middle = (kept + lost) // 2
+        if keeps(middle):
+            kept = middle
+        else:
+            lost = middle
+    return lost

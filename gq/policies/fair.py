@@ -11,6 +11,7 @@ from gq.policies.base import JobView
 
 class Fair:
     name = "fair"
+    alternates = True  # equal shares: the least served job is picked after every iteration
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         # Round-robin over users: each user's k-th job before anyone's (k+1)-th.

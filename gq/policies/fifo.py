@@ -10,6 +10,7 @@ from gq.policies.base import JobView, by_submission
 
 class Fifo:
     name = "fifo"
+    alternates = False
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=by_submission)

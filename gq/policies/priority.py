@@ -26,6 +26,7 @@ def _grant_rank(job: JobView) -> tuple[int, float, float, int]:
 
 class Priority:
     name = "priority"
+    alternates = False
 
     def __init__(self, fill: str = "always"):
         if fill not in FILL_MODES:

@@ -1,23 +1,41 @@
-"""A discrete-event, iteration-granular simulator of one gq node.
+"""A discrete-event simulator of one gq node, iteration-exact, that advances in bulk.
 
-Events are arrivals and iteration ends (no fixed-step clock). At every event the daemon's
-admission code places pending jobs in the policy's order; at every iteration boundary the
-policy's ``pick`` chooses who runs next on each free device, exactly as the execution host
-does. A job of ``iterations`` steps and ``duration`` seconds runs iterations of
-``duration / iterations``; a device that changes job first pays ``switch_cost``. A job asking
-for k > 1 GPUs takes k whole devices (all of them, if the node has fewer). Jobs have no idle
-gaps here: between its iterations a trace job is always ready.
+Events are arrivals, job start-ups and the ends of *stretches*: runs of consecutive
+iterations one job gets on a device. At every event the daemon's admission code places
+pending jobs in the policy's order; whenever a device is free the policy's ``pick`` chooses
+who runs next, exactly as the execution host does at an iteration boundary. Instead of
+asking again after every iteration, the simulator asks the policy how long its pick would
+stay the same if nothing else happened (:func:`gq.policies.base.run_length`) and schedules
+that whole stretch as one event. Anything that may change the pick on a device (a job
+placed on it, a resident job becoming ready) cuts its stretch short at the next iteration
+boundary, where the iteration-by-iteration simulation would have asked the policy again. So
+the two agree (``step_by_step=True`` runs one iteration per stretch), except for policies
+whose pick alternates between jobs at every iteration (``fair``): there a stretch lasts at
+least ``share_slice`` of the chosen job's duration, which keeps a long trace to a bounded
+number of events at a small cost in accuracy.
+
+A job of ``iterations`` steps and ``duration`` seconds runs iterations of
+``duration / iterations``; a device that changes job first pays ``switch_cost``. As on the
+execution host, a job's iteration time is known once it has run two iterations (the first
+one includes warm-up). A job asking for k > 1 GPUs takes k whole devices (all of them, if
+the node has fewer). Jobs have no idle gaps here: between its iterations a job is ready.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gq.daemon import admission
 from gq.policies import JobView, Policy
+from gq.policies.base import run_length
 from gq.sim.traces import TraceJob
+
+MEASURED_AFTER = 2  # iterations before a job's iteration time is known (as the host's)
+EPSILON = 1e-9  # relative slack when placing a moment on an iteration boundary
 
 
 @dataclass
@@ -31,35 +49,55 @@ class JobRun:
     done: int = 0
     attained: float = 0.0
     released_at: float | None = None
-    _view: JobView | None = None  # views are immutable: rebuild only after an iteration
+    _view: JobView | None = None  # views are immutable: rebuild only after a stretch
 
     def view(self) -> JobView:
         if self._view is None:
-            self._view = self._make_view()
+            self._view = self.projected(0, self.released_at)
         return self._view
 
-    def finish_iteration(self, now: float) -> None:
-        self.done += 1
-        self.attained += self.job.iteration_time
+    def projected(self, more: int, released_at: float | None) -> JobView:
+        """Its view after ``more`` further iterations, the last ending at ``released_at``."""
+        job, done = self.job, self.done + more
+        return JobView(id=job.id, user=job.user, submit_time=job.submit_time,
+                       priority=job.priority, steps_done=done, steps_total=job.iterations,
+                       attained=self.attained + more * job.iteration_time,
+                       mean_iteration=job.iteration_time if done >= MEASURED_AFTER else None,
+                       released_at=released_at, deadline=job.deadline)
+
+    def finish_iterations(self, count: int, now: float) -> None:
+        self.done += count
+        self.attained += count * self.job.iteration_time
         self.released_at = now
         self._view = None
 
-    def _make_view(self) -> JobView:
-        job = self.job
-        return JobView(id=job.id, user=job.user, submit_time=job.submit_time,
-                       priority=job.priority, steps_done=self.done, steps_total=job.iterations,
-                       attained=self.attained,
-                       mean_iteration=job.iteration_time if self.done else None,
-                       released_at=self.released_at, deadline=job.deadline)
+
+@dataclass
+class Stretch:
+    """``count`` iterations of ``run`` from ``begin`` (after any switch), ending at ``end``."""
+
+    run: JobRun
+    begin: float
+    count: int
+    end: float
+    version: int  # unique; its end event is stale once the stretch is cut and re-dated
+
+    def boundary_after(self, now: float) -> tuple[int, float]:
+        """The first iteration boundary at or after ``now``: iterations done by then, and
+        when it is."""
+        step = self.run.job.iteration_time
+        done = math.ceil((now - self.begin) / step - EPSILON)
+        done = min(self.count, max(1, done))
+        return done, self.begin + done * step
 
 
 @dataclass
 class Device:
     index: int
     residents: list[JobRun] = field(default_factory=list)
-    busy_until: float | None = None
+    stretch: Stretch | None = None
     last_job: int | None = None
-    owner: JobRun | None = None  # a multi-GPU job whose iteration spans this device
+    owner: JobRun | None = None  # a multi-GPU job whose stretch spans this device
 
 
 @dataclass(frozen=True)
@@ -79,6 +117,7 @@ class Result:
     slices: list[Slice]
     busy: float
     gpus: int
+    events: int = 0  # stretches scheduled: what the run cost
 
     def jcts(self) -> list[float]:
         return [run.end - run.job.submit_time for run in self.runs]
@@ -104,111 +143,203 @@ class Result:
         return sum(run.end <= run.job.deadline for run in due) / len(due)
 
 
+ARRIVE, READY, STRETCH_END = 0, 1, 2  # event kinds, in the order a moment handles them
+
+
 def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: float = 0.0,
              capacity: int | None = None, max_resident: int | None = None,
-             backfill: bool = True) -> Result:
+             backfill: bool = True, step_by_step: bool = False, share_slice: float = 0.001,
+             progress: Callable[[int, int], None] | None = None) -> Result:
     """Run the trace through ``policy`` on ``gpus`` devices. For backfill a job's time limit
-    is its trace limit, else its duration (a perfect estimate)."""
+    is its trace limit, else its duration (a perfect estimate). ``step_by_step`` asks the
+    policy after every iteration (the reference the bulk advance is tested against);
+    ``progress`` is called with (jobs finished, jobs) as jobs end."""
     if gpus < 1:
         raise ValueError("gpus must be at least 1")
-    devices = [Device(i) for i in range(gpus)]
-    runs = {job.id: JobRun(job, min(job.gpus, gpus)) for job in jobs}
-    if len(runs) != len(jobs):
-        raise ValueError("job ids in a trace must be unique")
-    pending: list[JobRun] = []
-    events: list[tuple[float, int, str, int]] = []
-    sequence = 0
-    for job in jobs:
-        events.append((job.submit_time, sequence, "arrive", job.id))
-        sequence += 1
-    heapq.heapify(events)
-    slices: list[Slice] = []
-    busy = 0.0
-    finished = 0
+    simulation = _Simulation(jobs, policy, gpus, switch_cost, capacity, max_resident,
+                             backfill, step_by_step, share_slice, progress)
+    return simulation.run()
 
-    def place(now: float) -> None:
-        order = policy.order([run.view() for run in pending])
+
+class _Simulation:
+    def __init__(self, jobs, policy, gpus, switch_cost, capacity, max_resident, backfill,
+                 step_by_step, share_slice, progress):
+        self.policy = policy
+        self.gpus = gpus
+        self.switch_cost = switch_cost
+        self.capacity = capacity if capacity is not None else 1 << 62
+        self.max_resident = max_resident or 1 << 30
+        self.backfill = backfill
+        self.step_by_step = step_by_step
+        self.share_slice = share_slice if getattr(policy, "alternates", False) else 0.0
+        self.progress = progress
+        self.devices = [Device(i) for i in range(gpus)]
+        self.runs = {job.id: JobRun(job, min(job.gpus, gpus)) for job in jobs}
+        if len(self.runs) != len(jobs):
+            raise ValueError("job ids in a trace must be unique")
+        self.pending: dict[int, JobRun] = {}
+        self.events = [(job.submit_time, ARRIVE, i, job.id) for i, job in enumerate(jobs)]
+        heapq.heapify(self.events)
+        self.sequence = len(jobs)
+        self.slices: list[Slice] = []
+        self.busy = 0.0
+        self.finished = 0
+        self.stretches = 0
+
+    def run(self) -> Result:
+        while self.events:
+            now = self.events[0][0]
+            touched: set[int] = set()  # devices whose resident set or readiness changed
+            while self.events and self.events[0][0] == now:
+                _, kind, _, payload = heapq.heappop(self.events)
+                if kind == ARRIVE:
+                    self.pending[payload] = self.runs[payload]
+                elif kind == READY:
+                    touched.update(self.runs[payload].devices)
+                else:
+                    self._end_stretch(payload, now)
+            if self.pending and self._room():
+                touched.update(self._place(now))
+            for index in touched:
+                self._cut(self.devices[index], now)
+            if self.events and self.events[0][0] == now:
+                continue  # a stretch was cut to end right now: settle it first
+            self._dispatch(now)
+        if self.finished != len(self.runs):
+            stuck = sorted(r.job.id for r in self.runs.values() if r.end is None)
+            raise RuntimeError(f"simulation ended with unfinished jobs {stuck[:10]}")
+        return Result(self.policy.name, sorted(self.runs.values(), key=lambda r: r.job.id),
+                      self.slices, self.busy, self.gpus, self.stretches)
+
+    def _push(self, time: float, kind: int, payload) -> None:
+        heapq.heappush(self.events, (time, kind, self.sequence, payload))
+        self.sequence += 1
+
+    # ----- admission ------------------------------------------------------------------
+    def _room(self) -> bool:
+        """Whether any device could take a job now (else placement is not worth asking)."""
+        return any(len(d.residents) < self.max_resident and
+                   not any(r.gpus > 1 for r in d.residents) for d in self.devices)
+
+    def _place(self, now: float) -> set[int]:
+        """Admit pending jobs; the devices that got one."""
+        runs = self.runs
+        order = self.policy.order([run.view() for run in self.pending.values()])
         requests = [admission.Request(v.id, runs[v.id].gpus,
                                       admission.Footprint(runs[v.id].job.mem or 0),
                                       exclusive=runs[v.id].gpus > 1,
                                       time_limit=runs[v.id].job.limit) for v in order]
         loads = [admission.DeviceLoad(
             name=str(d.index), gpu=True, index=d.index,
-            lanes=[admission.LaneLoad(capacity if capacity is not None else 1 << 62,
+            lanes=[admission.LaneLoad(self.capacity,
                                       [admission.Footprint(r.job.mem or 0) for r in d.residents])],
-            max_resident=max_resident or 1 << 30, residents=len(d.residents),
+            max_resident=self.max_resident, residents=len(d.residents),
             exclusive=any(r.gpus > 1 for r in d.residents),
             free_at=max((r.start + r.job.limit for r in d.residents), default=0.0))
-            for d in devices]
-        outcome = admission.place(requests, loads, now=now, backfill=backfill)
+            for d in self.devices]
+        outcome = admission.place(requests, loads, now=now, backfill=self.backfill)
+        touched = set()
         for placement in outcome.placements:
-            run = runs[placement.job_id]
-            pending.remove(run)
+            run = self.pending.pop(placement.job_id)
             run.devices = tuple(int(name) for name in placement.devices)
             run.start = now
             run.ready_at = now + run.job.startup
             for index in run.devices:
-                devices[index].residents.append(run)
+                self.devices[index].residents.append(run)
+            touched.update(run.devices)
             if run.job.startup:
-                push(run.ready_at, "ready", run.job.id)
+                self._push(run.ready_at, READY, run.job.id)
+        return touched
 
-    def push(time: float, kind: str, payload: int) -> None:
-        nonlocal sequence
-        heapq.heappush(events, (time, sequence, kind, payload))
-        sequence += 1
+    # ----- stretches ------------------------------------------------------------------
+    def _cut(self, device: Device, now: float) -> None:
+        """The device's pick may change: end its stretch at the next iteration boundary."""
+        stretch = device.stretch
+        if stretch is None or stretch.end <= now:
+            return
+        done, end = stretch.boundary_after(now)
+        if done >= stretch.count:
+            return
+        if end < now:  # the boundary is now, up to rounding: never step back in time
+            end = now
+        stretch.count, stretch.end = done, end
+        stretch.version = self.sequence
+        self._push(end, STRETCH_END, (device.index, stretch.version))
 
-    def dispatch(now: float) -> None:
-        nonlocal busy
-        for device in devices:
-            if device.busy_until is not None or device.owner is not None:
+    def _end_stretch(self, payload: tuple[int, int], now: float) -> None:
+        index, version = payload
+        device = self.devices[index]
+        stretch = device.stretch
+        if stretch is None or stretch.version != version:
+            return  # cut short and re-dated
+        run = stretch.run
+        self._record(device, stretch)
+        run.finish_iterations(stretch.count, now)
+        for other in run.devices:
+            self.devices[other].stretch = None
+            self.devices[other].owner = None
+        if run.done >= run.job.iterations:
+            run.end = now
+            self.finished += 1
+            for other in run.devices:
+                self.devices[other].residents.remove(run)
+            if self.progress is not None:
+                self.progress(self.finished, len(self.runs))
+
+    def _record(self, device: Device, stretch: Stretch) -> None:
+        run = stretch.run
+        end = stretch.begin + stretch.count * run.job.iteration_time
+        self.busy += (end - stretch.begin) * len(run.devices)
+        previous = self.slices[-1] if self.slices else None
+        if previous and (previous.device, previous.job, previous.end) == (
+                device.index, run.job.id, stretch.begin):
+            self.slices[-1] = Slice(device.index, run.job.id, previous.start, end)
+        else:
+            self.slices.append(Slice(device.index, run.job.id, stretch.begin, end))
+
+    def _dispatch(self, now: float) -> None:
+        for device in self.devices:
+            if device.stretch is not None or device.owner is not None:
                 continue
-            ready = [r for r in device.residents if r.ready_at <= now and r.devices[0] == device.index]
+            ready = [r for r in device.residents
+                     if r.ready_at <= now and r.devices[0] == device.index]
             if not ready:
                 continue
-            chosen_view = policy.pick([r.view() for r in ready],
-                                      [r.view() for r in device.residents], now)
+            ready_views = [r.view() for r in ready]
+            resident_views = [r.view() for r in device.residents]
+            chosen_view = self.policy.pick(ready_views, resident_views, now)
             if chosen_view is None:
                 continue
-            run = runs[chosen_view.id]
-            if any(devices[i].busy_until is not None for i in run.devices):
+            run = self.runs[chosen_view.id]
+            if any(self.devices[i].stretch is not None for i in run.devices):
                 continue
-            switch = switch_cost if device.last_job not in (None, run.job.id) else 0.0
-            end = now + switch + run.job.iteration_time
+            switch = self.switch_cost if device.last_job not in (None, run.job.id) else 0.0
+            begin = now + switch
+            count = self._length(run, chosen_view, ready_views, resident_views, begin)
+            stretch = Stretch(run, begin, count, begin + count * run.job.iteration_time,
+                              self.sequence)
             for index in run.devices:
-                devices[index].busy_until = end
-                devices[index].last_job = run.job.id
+                self.devices[index].stretch = stretch
+                self.devices[index].last_job = run.job.id
                 if index != device.index:
-                    devices[index].owner = run
-            previous = slices[-1] if slices else None
-            if previous and (previous.device, previous.job, previous.end) == (
-                    device.index, run.job.id, now + switch):
-                slices[-1] = Slice(device.index, run.job.id, previous.start, end)
-            else:
-                slices.append(Slice(device.index, run.job.id, now + switch, end))
-            busy += run.job.iteration_time * len(run.devices)
-            push(end, "iteration", run.job.id)
+                    self.devices[index].owner = run
+            self.stretches += 1
+            self._push(stretch.end, STRETCH_END, (device.index, stretch.version))
 
-    while events:
-        now = events[0][0]
-        while events and events[0][0] == now:
-            _, _, kind, job_id = heapq.heappop(events)
-            run = runs[job_id]
-            if kind == "arrive":
-                pending.append(run)
-            elif kind == "iteration":
-                run.finish_iteration(now)
-                for index in run.devices:
-                    devices[index].busy_until = None
-                    devices[index].owner = None
-                if run.done == run.job.iterations:
-                    run.end = now
-                    finished += 1
-                    for index in run.devices:
-                        devices[index].residents.remove(run)
-        if pending:
-            place(now)
-        dispatch(now)
-    if finished != len(runs):
-        stuck = sorted(set(runs) - {r.job.id for r in runs.values() if r.end is not None})
-        raise RuntimeError(f"simulation ended with unfinished jobs {stuck[:10]}")
-    return Result(policy.name, sorted(runs.values(), key=lambda r: r.job.id), slices, busy, gpus)
+    def _length(self, run: JobRun, chosen: JobView, ready: list[JobView],
+                resident: list[JobView], begin: float) -> int:
+        """How many iterations the chosen job runs before the policy is asked again."""
+        left = run.job.iterations - run.done
+        if self.step_by_step:
+            return 1
+        if run.done < MEASURED_AFTER:  # its view changes in kind once its pace is known
+            left = min(left, MEASURED_AFTER - run.done)
+        if len(resident) == 1:
+            return left
+        step = run.job.iteration_time
+        count = run_length(self.policy, chosen, ready, resident,
+                           lambda k: (run.projected(k, begin + k * step), begin + k * step),
+                           left)
+        if self.share_slice and count < left:
+            count = min(left, max(count, math.ceil(self.share_slice * run.job.iterations)))
+        return count
