@@ -139,3 +139,16 @@ def test_backfill_may_use_devices_the_blocked_job_does_not_wait_for():
     # although it has no time limit
     assert outcome.reserved == ("gpu0", "gpu2")
     assert [(p.job_id, p.devices) for p in outcome.placements] == [(2, ("gpu1",))]
+
+
+def test_a_job_placed_in_the_same_pass_counts_in_the_reservation():
+    # Job 1 takes gpu0 until 1100; job 2 (both devices) then waits for 1100, not for now,
+    # so job 3 (ends at 1050) may use gpu1 meanwhile.
+    now = 1000.0
+    outcome = admission.place([Request(1, 1, Footprint(), time_limit=100),
+                               Request(2, 2, Footprint()),
+                               Request(3, 1, Footprint(), time_limit=50)],
+                              [gpu(0), gpu(1)], now=now)
+    assert outcome.reserved_start == now + 100
+    assert [(p.job_id, p.devices) for p in outcome.placements] == [(1, ("gpu0",)),
+                                                                  (3, ("gpu1",))]

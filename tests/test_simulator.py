@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -44,9 +45,11 @@ def test_srtf_preempts_at_the_next_iteration_boundary():
 
 
 def test_preemption_waits_for_a_long_iteration_to_end():
-    jobs = [job(1, 0, 8, 2), job(2, 1, 1, 1)]  # job 1's iterations are 4 s
+    # Job 1's iterations are 4 s and its pace is known from 8 s on; job 2 arrives at 9 s,
+    # in the middle of job 1's third iteration, and starts only when it ends, at 12 s.
+    jobs = [job(1, 0, 16, 4), job(2, 9, 1, 1)]
     result = simulate(jobs, policies.make("srtf"))
-    assert ends(result) == {2: 5, 1: 9}
+    assert ends(result) == {2: 13, 1: 17}
 
 
 def test_multi_gpu_job_takes_whole_devices():
@@ -89,13 +92,15 @@ def test_reference_figures_on_the_shipped_trace():
     fifo = simulate(jobs, policies.make("fifo")).summary()
     srtf = simulate(jobs, policies.make("srtf")).summary()
     assert fifo["avg_jct"] == pytest.approx(4195.9, rel=0.005)
-    assert srtf["avg_jct"] == pytest.approx(3079.4, rel=0.01)
+    # 0.6 % over the optimum (3079.4 s): a new job's pace is known only after two
+    # iterations, which it runs first, as on the execution host.
+    assert srtf["avg_jct"] == pytest.approx(3096.6, rel=0.001)
     assert fifo["makespan"] == pytest.approx(10705) and srtf["makespan"] == pytest.approx(10705)
 
 
 def test_simulate_cli_compare_and_json(home):
     table = gq_ok("simulate", "--trace", SHIPPED, "--compare", "fifo,srtf,fair,priority")
-    assert "4195.9" in table and "srtf" in table and "1.36x" in table
+    assert "4195.9" in table and "srtf" in table and "1.35x" in table
     data = json.loads(gq_ok("simulate", "--trace", SHIPPED, "--policy", "srtf", "--json"))
     assert {"policy", "jobs", "avg_jct", "median_jct", "p95_jct", "makespan",
             "utilization"} <= set(data)
@@ -136,6 +141,7 @@ def test_plot_with_matplotlib(home, tmp_path):
     (["--policy", "lottery"], "unknown policy 'lottery'"),
     (["--gpus", "0"], "invalid --gpus 0"),
     (["--switch-cost", "-1"], "invalid --switch-cost"),
+    (["--share-slice", "1.5"], "invalid --share-slice 1.5: a fraction from 0 to 1"),
 ])
 def test_simulate_bad_options(home, tmp_path, args, message):
     trace = tmp_path / "t.csv"
@@ -179,3 +185,63 @@ def test_history_csv_round_trips_into_the_simulator(daemon, tmp_path):
     trace.write_text(csv_text)
     data = json.loads(gq_ok("simulate", "--trace", trace, "--policy", "srtf", "--json"))
     assert data["jobs"] == 2 and data["avg_jct"] > 0
+
+
+def generated(count: int, seed: int) -> list[TraceJob]:
+    """Jobs with mixed sizes, paces, priorities, users, device counts and start-ups."""
+    rng = random.Random(seed)
+    jobs, clock = [], 0.0
+    for index in range(count):
+        iterations = rng.randint(1, 400)
+        jobs.append(job(index, round(clock, 3), iterations * rng.uniform(0.01, 0.3), iterations,
+                        gpus=rng.choice([1, 1, 1, 2, 4]), priority=rng.randrange(3),
+                        user=f"u{rng.randrange(3)}", startup=rng.choice([0.0, 0.0, 1.5])))
+        clock += rng.expovariate(1 / 8)
+    return jobs
+
+
+@pytest.mark.parametrize("name", ["fifo", "srtf", "priority", "deadline", "rr"])
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_bulk_advance_agrees_with_iteration_by_iteration(name, gpus):
+    for jobs in (generated(30, seed=gpus), load(SHIPPED)[:40] if gpus == 4 else generated(30, 7)):
+        step = simulate(jobs, policies.make(name), gpus=gpus, step_by_step=True)
+        bulk = simulate(jobs, policies.make(name), gpus=gpus)
+        assert ends(bulk) == pytest.approx(ends(step), rel=1e-9, abs=1e-6)
+        assert bulk.busy == pytest.approx(step.busy)
+        assert bulk.events <= step.events
+
+
+def test_bulk_advance_on_the_shipped_trace_is_exact_and_takes_few_events():
+    jobs = load(SHIPPED)
+    for name in ("fifo", "srtf", "priority"):
+        step = simulate(jobs, policies.make(name), step_by_step=True)
+        bulk = simulate(jobs, policies.make(name))
+        assert ends(bulk) == pytest.approx(ends(step), rel=1e-9, abs=1e-6)
+    assert step.events == sum(j.iterations for j in jobs)  # one per iteration
+    fifo = simulate(jobs, policies.make("fifo"))
+    assert fifo.events < 3 * len(jobs)
+
+
+def test_fair_in_slices_stays_within_half_a_percent():
+    for jobs, gpus in ((load(SHIPPED), 1), (generated(60, seed=3), 1), (generated(60, 4), 4)):
+        step = simulate(jobs, policies.make("fair"), gpus=gpus, step_by_step=True)
+        bulk = simulate(jobs, policies.make("fair"), gpus=gpus)
+        error = bulk.summary()["avg_jct"] / step.summary()["avg_jct"] - 1
+        assert abs(error) < 0.005 and bulk.events < step.events
+
+
+def test_progress_bar_shows_only_on_a_terminal_after_a_second(monkeypatch, capsys):
+    from gq.cli.simulate import _ProgressBar
+
+    with _ProgressBar(10) as quiet:  # stderr is not a terminal here
+        quiet.started -= 5
+        quiet(3)
+    assert quiet.shown is None
+    with _ProgressBar(10) as early:
+        early.wanted = True
+        early(3)  # within the first second: nothing yet
+        assert early.shown is None
+        early.started -= 5
+        early(4)
+        assert early.shown is not None
+        assert early.shown.tasks[0].completed == 4 and early.shown.tasks[0].total == 10

@@ -20,6 +20,7 @@ def simulate(
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
     quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms) or iterations (10it) per turn."),
     backfill: bool = typer.Option(True, "--backfill/--no-backfill", help="EASY backfill of jobs whose time limit (the trace's, else their duration) ends before a blocked job's start."),
+    share_slice: Optional[float] = typer.Option(None, "--share-slice", metavar="FRACTION", help="Jobs that would take turns every iteration take them in slices of this share of their iterations (fewer events, approximate) [0.001 for fair, else 0: exact]."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON, one object per policy."),
     jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", help="Write per-job results here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw timeline and JCT CDF (needs matplotlib)."),
@@ -48,12 +49,18 @@ def simulate(
         raise UserError(f"invalid --gpus {gpus}: the simulated node needs at least 1 device")
     if switch_cost < 0:
         raise UserError(f"invalid --switch-cost {switch_cost}: must not be negative")
+    if share_slice is not None and not 0 <= share_slice <= 1:
+        raise UserError(f"invalid --share-slice {share_slice}: a fraction from 0 to 1")
     if plot is not None:
         _require_matplotlib()
     jobs = load(trace)
-    results = [run_simulation(jobs, policies.make(name, fill, quantum), gpus=gpus,
-                              switch_cost=switch_cost, backfill=backfill)
-               for name in names]
+    with _ProgressBar(len(names) * len(jobs)) as bar:
+        results = []
+        for name in names:
+            results.append(run_simulation(
+                jobs, policies.make(name, fill, quantum), gpus=gpus, switch_cost=switch_cost,
+                backfill=backfill, share_slice=share_slice,
+                progress=lambda done, total, before=len(results) * len(jobs): bar(before + done)))
     summaries = [r.summary() for r in results]
     if jobs_csv is not None:
         _write_jobs(results, jobs_csv)
@@ -81,6 +88,42 @@ def simulate(
                       f"{s['p95_jct']:.1f}", f"{s['makespan']:.1f}",
                       f"{100 * s['utilization']:.1f}%", ratio, *met)
     Console(highlight=False).print(table)
+
+
+class _ProgressBar:
+    """A progress bar on stderr (a terminal only) for a simulation that runs longer than a
+    second; called with the jobs finished so far."""
+
+    DELAY = 1.0
+
+    def __init__(self, total: int):
+        import sys
+        import time
+
+        self.total = total
+        self.started = time.monotonic()
+        self.clock = time.monotonic
+        self.shown = None
+        self.wanted = sys.stderr.isatty()
+
+    def __enter__(self) -> "_ProgressBar":
+        return self
+
+    def __call__(self, done: int) -> None:
+        if not self.wanted or (self.shown is None and self.clock() - self.started < self.DELAY):
+            return
+        if self.shown is None:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.shown = Progress(console=Console(stderr=True), transient=True)
+            self.shown.start()
+            self.task = self.shown.add_task("simulating", total=self.total)
+        self.shown.update(self.task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self.shown is not None:
+            self.shown.stop()
 
 
 def _require_matplotlib() -> None:
