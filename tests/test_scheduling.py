@@ -108,7 +108,7 @@ def test_fifo_finishes_the_first_job_first_and_the_second_waits(daemon, tmp_path
 
 
 def test_policy_change_takes_effect_on_running_jobs(daemon, tmp_path):
-    long, short = _long_and_short(tmp_path, 1500)  # under fifo the short job waits...
+    long, short = _long_and_short(tmp_path, 800)  # under fifo the short job waits...
     wait_for(lambda: job(long)["steps_done"] >= 20, 30, what="long job progress")
     assert job(short)["steps_done"] == 0
     gq_ok("policy", "set", "srtf")  # ...until srtf reaches the host at the next boundary
