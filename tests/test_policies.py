@@ -163,3 +163,18 @@ def test_deadline_spellings():
     for bad in ("soon", "now+5parsecs", "2026-13-01", "25:00"):
         with pytest.raises(UserError, match="invalid --deadline"):
             parse_deadline(bad, now)
+
+
+def test_priority_sharers_are_the_jobs_its_pick_chooses_among_by_attained_time():
+    import random
+
+    rng = random.Random(5)
+    policy = policies.make("priority")
+    for _ in range(200):
+        ready = [JobView(id=i, submit_time=rng.choice([0.0, 1.0, 2.0]),
+                         priority=rng.randrange(3), attained=rng.choice([0.0, 0.5, 1.5, 3.0]))
+                 for i in range(rng.randint(1, 6))]
+        sharers = policy.sharers(ready)
+        expected = min(sharers, key=lambda j: (j.attained, j.submit_time, j.id))
+        assert policy.pick(ready, ready, 0.0).id == expected.id
+        assert {j.priority for j in sharers} == {max(j.priority for j in ready)}

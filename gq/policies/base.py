@@ -51,6 +51,16 @@ class Policy(Protocol):
         ...
 
 
+class SharesByAttainedTime(Protocol):
+    """A policy whose grants, among some of the ready jobs, go to the least attained device
+    time (ties: earliest submitted) while every resident job is ready: a simulator can
+    then advance those jobs' turns in closed form instead of one by one."""
+
+    def sharers(self, ready: Sequence[JobView]) -> list[JobView]:
+        """The ready jobs that take turns so; the others get nothing while these are ready."""
+        ...
+
+
 def by_submission(job: JobView) -> tuple[float, int]:
     return (job.submit_time, job.id)
 

@@ -49,6 +49,11 @@ class Priority:
             return None
         return best if all(self._fits(best, high, now) for high in idle_higher) else None
 
+    def sharers(self, ready: Sequence[JobView]) -> list[JobView]:
+        """The highest priority's ready jobs: they share by attained time (``_grant_rank``)."""
+        top = max((job.priority for job in ready), default=0)
+        return [job for job in ready if job.priority == top]
+
     @staticmethod
     def _fits(low: JobView, high: JobView, now: float) -> bool:
         if low.mean_iteration is None or high.mean_gap is None or high.released_at is None:
