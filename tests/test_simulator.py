@@ -220,6 +220,8 @@ def test_bulk_advance_on_the_shipped_trace_is_exact_and_takes_few_events():
     assert step.events == sum(j.iterations for j in jobs)  # one per iteration
     fifo = simulate(jobs, policies.make("fifo"))
     assert fifo.events < 3 * len(jobs)
+    # Equal priorities share by attained time: their turns are settled a window at a time.
+    assert bulk.events < len(step.slices) // 10
 
 
 def test_fair_in_slices_stays_within_half_a_percent():
