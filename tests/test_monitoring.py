@@ -11,12 +11,9 @@ import select
 import socket
 import subprocess
 import sys
-import time
 import types
 import urllib.request
-from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import (ROOT, gq, gq_ok, job, submit, submit_resident, wait_for, wait_state,
