@@ -8,7 +8,7 @@ Traces (seeded, so every run sees the same jobs):
   many     10,000 jobs of 10 to 100,000 iterations, on one device and on 8 (a fifth of
            them asking for 2, 4 or 8 devices)
 Each policy runs in a process of its own (its peak RSS is its memory), with the
-simulator's defaults: exact, except that fair takes turns in slices of 0.1 % of a job.
+simulator's defaults: exact (turns are settled in closed form).
 Targets: long <= 2 s per policy; many <= 20 s per policy on 1 and on 8 devices.
 Prints one JSON object, then a summary.
 """

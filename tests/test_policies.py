@@ -165,16 +165,40 @@ def test_deadline_spellings():
             parse_deadline(bad, now)
 
 
-def test_priority_sharers_are_the_jobs_its_pick_chooses_among_by_attained_time():
+@pytest.mark.parametrize("name,quantum", [("priority", "100ms"), ("fair", "100ms"),
+                                           ("rr", "100ms"), ("rr", "2it")])
+def test_turn_taking_policies_pick_the_least_turn_key_among_their_sharers(name, quantum):
+    """What the simulator settles in closed form is what ``pick`` does one grant at a time."""
     import random
 
+    from gq.policies.base import TakesTurns, turn_key
+
     rng = random.Random(5)
-    policy = policies.make("priority")
-    for _ in range(200):
-        ready = [JobView(id=i, submit_time=rng.choice([0.0, 1.0, 2.0]),
-                         priority=rng.randrange(3), attained=rng.choice([0.0, 0.5, 1.5, 3.0]))
+    policy = policies.make(name, quantum=quantum)
+    assert isinstance(policy, TakesTurns)
+    for _ in range(300):
+        ready = [JobView(id=i, submit_time=rng.choice([0.0, 1.0, 2.0]), user=rng.choice("ab"),
+                         priority=rng.randrange(3), steps_done=rng.randrange(6),
+                         attained=rng.choice([0.0, 0.05, 0.1, 0.15, 0.5, 3.0]))
                  for i in range(rng.randint(1, 6))]
         sharers = policy.sharers(ready)
-        expected = min(sharers, key=lambda j: (j.attained, j.submit_time, j.id))
+        expected = min(sharers, key=lambda j: turn_key(policy, j, ready))
         assert policy.pick(ready, ready, 0.0).id == expected.id
-        assert {j.priority for j in sharers} == {max(j.priority for j in ready)}
+        if name == "priority":
+            assert {j.priority for j in sharers} == {max(j.priority for j in ready)}
+
+
+def test_iterations_to_turn_is_the_least_count_that_reaches_the_turn():
+    import random
+
+    from gq.policies.base import iterations_to_turn, turn_of
+
+    rng = random.Random(8)
+    for _ in range(2000):
+        quantum = rng.choice([0.0, 0.1, 0.25, 3.0])
+        per = rng.choice([0.01, 0.1, 0.3, 1.0, 0.07])
+        service = rng.choice([0.0, 0.3, 1.0, 2.9]) + rng.randrange(5) * per
+        turn = rng.randrange(0, 40) if quantum else rng.uniform(0, 10)
+        count = iterations_to_turn(service, per, quantum, turn)
+        assert turn_of(service + count * per, quantum) >= turn
+        assert count == 0 or turn_of(service + (count - 1) * per, quantum) < turn

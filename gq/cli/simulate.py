@@ -20,7 +20,7 @@ def simulate(
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
     quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms) or iterations (10it) per turn."),
     backfill: bool = typer.Option(True, "--backfill/--no-backfill", help="EASY backfill of jobs whose time limit (the trace's, else their duration) ends before a blocked job's start."),
-    share_slice: Optional[float] = typer.Option(None, "--share-slice", metavar="FRACTION", help="Jobs that would take turns every iteration take them in slices of this share of their iterations (fewer events, approximate) [0.001 for fair, else 0: exact]."),
+    share_slice: Optional[float] = typer.Option(None, "--share-slice", metavar="FRACTION", help="Jobs that would take turns every iteration take them in slices of this share of their iterations (fewer events, approximate) [0: exact; 0.001 for fair with --switch-cost]."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON, one object per policy."),
     jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", help="Write per-job results here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw timeline and JCT CDF (needs matplotlib)."),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,57 @@ class Policy(Protocol):
         ...
 
 
-class SharesByAttainedTime(Protocol):
-    """A policy whose grants, among some of the ready jobs, go to the least attained device
-    time (ties: earliest submitted) while every resident job is ready: a simulator can
-    then advance those jobs' turns in closed form instead of one by one."""
+@runtime_checkable
+class TakesTurns(Protocol):
+    """A policy whose grants, while every resident job is ready, go among some of the ready jobs
+    (its ``sharers``) to the least served: first the *owner* (the job itself, or fair's user)
+    whose resident jobs' turns add up to least, then that owner's job on the lowest turn, ties
+    to the earliest submitted (:func:`turn_key`). A job's service grows by a fixed amount per
+    iteration, whatever its measured pace, and its turn is its service in whole quanta
+    (:func:`turn_of`). A simulator can then settle every grant up to a level at once."""
+
+    quantum: float  # service per turn; 0: a turn is the service itself
 
     def sharers(self, ready: Sequence[JobView]) -> list[JobView]:
         """The ready jobs that take turns so; the others get nothing while these are ready."""
         ...
+
+    def owner(self, job: JobView) -> object:
+        """Whose share the job's turns count against."""
+        ...
+
+    def service(self, job: JobView) -> float:
+        """The service the job has had (attained seconds, or iterations)."""
+        ...
+
+
+TURN_SLACK = 1e-9  # a service within this many quanta of a turn's start is on that turn
+
+
+def turn_of(service: float, quantum: float) -> float:
+    """The turn a job with ``service`` is on: whole quanta, or the service itself."""
+    return math.floor(service / quantum + TURN_SLACK) if quantum else service
+
+
+def iterations_to_turn(service: float, per_iteration: float, quantum: float,
+                       turn: float) -> int:
+    """The fewest further iterations that bring a job to ``turn`` or later (inverse of
+    :func:`turn_of`)."""
+    target = (turn - TURN_SLACK) * quantum if quantum else turn
+    if service >= target:
+        return 0
+    count = math.ceil((target - service) / per_iteration)
+    if turn_of(service + (count - 1) * per_iteration, quantum) >= turn:
+        count -= 1  # rounding put the division one iteration late
+    return max(count, 1)
+
+
+def turn_key(policy: TakesTurns, job: JobView, resident: Sequence[JobView]) -> tuple:
+    """What ``policy.pick`` chooses the least of among its sharers, all residents ready."""
+    owner = policy.owner(job)
+    owned = sum(turn_of(policy.service(other), policy.quantum)
+                for other in resident if policy.owner(other) == owner)
+    return (owned, turn_of(policy.service(job), policy.quantum), *by_submission(job))
 
 
 def by_submission(job: JobView) -> tuple[float, int]:

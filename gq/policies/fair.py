@@ -12,6 +12,7 @@ from gq.policies.base import JobView
 class Fair:
     name = "fair"
     alternates = True  # equal shares: the least served job is picked after every iteration
+    quantum = 0.0  # shares count attained device time exactly
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         # Round-robin over users: each user's k-th job before anyone's (k+1)-th.
@@ -29,3 +30,12 @@ class Fair:
             per_user[job.user] += job.attained
         return min(ready, key=lambda j: (per_user[j.user], j.attained, j.submit_time, j.id),
                    default=None)
+
+    def sharers(self, ready: Sequence[JobView]) -> list[JobView]:
+        return list(ready)
+
+    def owner(self, job: JobView) -> object:
+        return job.user
+
+    def service(self, job: JobView) -> float:
+        return job.attained

@@ -27,6 +27,7 @@ def _grant_rank(job: JobView) -> tuple[int, float, float, int]:
 class Priority:
     name = "priority"
     alternates = False
+    quantum = 0.0  # equal priorities take turns by attained time exactly
 
     def __init__(self, fill: str = "always"):
         if fill not in FILL_MODES:
@@ -53,6 +54,12 @@ class Priority:
         """The highest priority's ready jobs: they share by attained time (``_grant_rank``)."""
         top = max((job.priority for job in ready), default=0)
         return [job for job in ready if job.priority == top]
+
+    def owner(self, job: JobView) -> object:
+        return job.id
+
+    def service(self, job: JobView) -> float:
+        return job.attained
 
     @staticmethod
     def _fits(low: JobView, high: JobView, now: float) -> bool:

@@ -8,11 +8,10 @@ its quantum, then each other job gets its quantum before it runs again.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 
-from gq.policies.base import JobView, by_submission
+from gq.policies.base import JobView, by_submission, turn_of
 
 _QUANTUM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|it)\s*$")
 DEFAULT_QUANTUM = "100ms"
@@ -36,9 +35,21 @@ class RoundRobin:
     def __init__(self, quantum: str = DEFAULT_QUANTUM):
         self.amount, self.in_iterations = parse_quantum(quantum)
 
-    def turn(self, job: JobView) -> int:
-        used = job.steps_done if self.in_iterations else job.attained
-        return math.floor(used / self.amount + 1e-9)
+    @property
+    def quantum(self) -> float:
+        return self.amount
+
+    def turn(self, job: JobView) -> float:
+        return turn_of(self.service(job), self.amount)
+
+    def service(self, job: JobView) -> float:
+        return float(job.steps_done) if self.in_iterations else job.attained
+
+    def sharers(self, ready: Sequence[JobView]) -> list[JobView]:
+        return list(ready)
+
+    def owner(self, job: JobView) -> object:
+        return job.id
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=by_submission)

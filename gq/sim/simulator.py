@@ -9,13 +9,14 @@ stay the same if nothing else happened (:func:`gq.policies.base.run_length`) and
 that whole stretch as one event. Anything that may change the pick on a device (a job
 placed on it, a resident job becoming ready) cuts its stretch short at the next iteration
 boundary, where the iteration-by-iteration simulation would have asked the policy again.
-Jobs that share by attained time (a policy's ``sharers``) take all their turns up to the
-next event in one :class:`SharedWindow`, computed in closed form. So the two agree
-(``step_by_step=True`` runs one iteration per stretch), except where a stretch is given a
-floor: ``share_slice`` (a share of the job's iterations) makes jobs that would
-take turns every iteration take them in slices instead, which bounds the events of a long
-trace at a small cost in accuracy. Its default is 0.1 % for policies whose pick alternates
-by nature (``fair``) and 0 (exact) for the others.
+Jobs of a policy that takes turns (:class:`gq.policies.base.TakesTurns`: fair, rr, priority's
+equal priorities) take all their turns up to the next event in one :class:`SharedWindow`,
+computed in closed form (:mod:`gq.sim.turns`). So the two agree (``step_by_step=True`` runs one
+iteration per stretch), except where a stretch is given a floor: ``share_slice`` (a share of
+the job's iterations) makes jobs that would take turns every iteration take them in slices
+instead, which bounds the events of a long trace at a small cost in accuracy. It is 0 (exact)
+unless switches cost time, which closed-form turns do not model: then 0.1 % for policies
+whose pick alternates by nature (``fair``).
 
 A job of ``iterations`` steps and ``duration`` seconds runs iterations of
 ``duration / iterations``; a device that changes job first pays ``switch_cost``. As on the
@@ -34,7 +35,8 @@ from dataclasses import dataclass, field
 
 from gq.daemon import admission
 from gq.policies import JobView, Policy
-from gq.policies.base import run_length
+from gq.policies.base import TakesTurns, run_length
+from gq.sim import turns
 from gq.sim.traces import TraceJob
 
 MEASURED_AFTER = 2  # iterations before a job's iteration time is known (as the host's)
@@ -97,7 +99,7 @@ class Stretch:
 
 @dataclass
 class SharedWindow:
-    """Turns that jobs sharing by attained time take, settled at once: ``counts`` iterations
+    """Turns that jobs take, settled at once: ``counts`` iterations
     each, in ``begin``-``end``. It ends before the next event, so nothing cuts it."""
 
     counts: list[tuple[JobRun, int]]
@@ -187,8 +189,8 @@ class _Simulation:
         self.max_resident = max_resident or 1 << 30
         self.backfill = backfill
         self.step_by_step = step_by_step
-        if share_slice is None:
-            share_slice = DEFAULT_SHARE_SLICE if policy.alternates else 0.0
+        if share_slice is None:  # turns are settled in closed form unless switches cost
+            share_slice = DEFAULT_SHARE_SLICE if policy.alternates and switch_cost else 0.0
         self.share_slice = share_slice
         self.progress = progress
         self.devices = [Device(i) for i in range(gpus)]
@@ -373,52 +375,32 @@ class _Simulation:
 
     def _shared_window(self, device: Device, ready: list[JobRun], ready_views: list[JobView],
                        now: float) -> SharedWindow | None:
-        """The turns jobs sharing by attained time can take before the next event, in
-        closed form: every grant whose job has attained less than a level L happens before
-        any other, so after them each job j has run ceil((L - a_j) / s_j) more iterations.
-        L is the highest level that uses no more time than there is until the next event
-        and ends no job (its last iterations run as ordinary stretches)."""
-        sharers = getattr(self.policy, "sharers", None)
-        if (sharers is None or self.step_by_step or self.switch_cost or self.share_slice
-                or len(ready) != len(device.residents)):
+        """The turns the policy's sharers take before the next event, settled at once
+        (:mod:`gq.sim.turns`); None where ordinary stretches are due: some resident job is
+        not ready, a switch has a cost, or there is not room for two turns each."""
+        if (not isinstance(self.policy, TakesTurns) or self.step_by_step or self.switch_cost
+                or self.share_slice or len(ready) != len(device.residents)):
             return None
-        group = [self.runs[view.id] for view in sharers(ready_views)]
-        if len(group) < 2 or any(r.done < MEASURED_AFTER or r.gpus > 1 for r in group):
+        views = self.policy.sharers(ready_views)
+        group = [self.runs[view.id] for view in views]
+        if len(group) < 2 or any(r.gpus > 1 for r in group):
             return None
         budget = self.events[0][0] - now if self.events else math.inf
         if budget < 2 * sum(r.job.iteration_time for r in group):
-            return None  # not two turns each before the next event: ordinary stretches
-        ceiling = min(r.attained + (r.job.iterations - r.done - 1) * r.job.iteration_time
-                      for r in group)
-
-        def turns(level: float) -> list[int]:
-            return [min(r.job.iterations - r.done - 1,  # rounding must not end a job here
-                        max(0, math.ceil((level - r.attained) / r.job.iteration_time)))
-                    for r in group]
-
-        def time_of(counts: list[int]) -> float:
-            return sum(n * r.job.iteration_time for n, r in zip(counts, group))
-
-        low = min(r.attained for r in group)
-        high = ceiling
-        if high <= low:
             return None
-        if time_of(turns(high)) > budget:
-            for _ in range(48):
-                middle = (low + high) / 2
-                if time_of(turns(middle)) <= budget:
-                    low = middle
-                else:
-                    high = middle
-            high = low
-        counts = turns(high)
-        if sum(counts) < 2 * len(group):
-            return None  # not worth it: ordinary stretches
+        service = self.policy.service
+        counts = turns.settle(self.policy, [
+            turns.Sharer(view, run.job.iteration_time,
+                         service(run.projected(1, None)) - service(view),
+                         run.job.iterations - run.done - 1)
+            for view, run in zip(views, group)], budget)
+        if counts is None or sum(counts) < 2 * len(group):
+            return None
         order = sorted(zip(group, counts), key=lambda pair: (pair[0].attained,
                                                              pair[0].job.submit_time,
                                                              pair[0].job.id))
-        return SharedWindow([(r, n) for r, n in order if n], now, now + time_of(counts),
-                            self.sequence)
+        length = sum(n * r.job.iteration_time for r, n in order)
+        return SharedWindow([(r, n) for r, n in order if n], now, now + length, self.sequence)
 
     def _length(self, run: JobRun, chosen: JobView, ready: list[JobView],
                 resident: list[JobView], begin: float) -> int:
