@@ -153,14 +153,22 @@ def test_simulate_bad_options(home, tmp_path, args, message):
 @pytest.mark.parametrize("content,message", [
     ("", "has no jobs"),
     ("a,b\n1,2\n", "unknown columns"),
-    ("submit_time,duration,steps\n0,abc,1\n", "malformed row"),
-    ("submit_time,duration,steps\n0,-1,1\n", "positive duration"),
+    ("submit_time,duration,steps\n0,1,1\n0,abc,1\n", "row 2: duration 'abc' is not a number"),
+    ("submit_time,duration,steps\n0,1,1.5\n", "row 1: steps '1.5' is not an integer"),
+    ("submit_time,duration,steps\n0,1,1\n,1,1\n", "row 2: no submit_time"),
+    ("submit_time,duration,steps\n0,1,1\n0,1,1,7\n", "row 2: 3 columns expected"),
+    ("submit_time,duration,steps\n0,1,1\n0\n", "row 2: 3 columns expected"),
+    ("submit_time,duration,steps\n0,-1,1\n", "row 1: job 0 needs positive duration"),
+    ("submit_time,duration,steps,gap\n0,1,1,0\n0,1,1,-2\n", "row 2: job 1 has a negative"),
+    ("job_id,num_gpu,submit_time,iterations,duration\n4,1,0,10,x\n",
+     "row 1: duration 'x' is not a number"),
 ])
 def test_simulate_bad_traces(home, tmp_path, content, message):
     trace = tmp_path / "t.csv"
     trace.write_text(content)
     result = gq("simulate", "--trace", trace)
-    assert result.code == 2 and message in result.err
+    assert result.code == 2 and message in result.err, result.err
+    assert len(result.err.strip().splitlines()) == 1 and result.out == ""
 
 
 def test_missing_trace(home, tmp_path):

@@ -29,11 +29,10 @@ from gq import defaults, policies
 from gq.errors import AlreadyRunning, LaunchError
 from gq.exec.protocol import HOST_VERSION, Channel, host_paths
 from gq.exec.spawn import kill_group, start_as_submitter
-from gq.policies.base import JobView
+from gq.policies.base import JobView, anticipation_window
 from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.host")
-ANTICIPATION_LIMIT = defaults.ANTICIPATION_LIMIT
 HOUSEKEEPING_PERIOD = defaults.HOUSEKEEPING_PERIOD
 
 
@@ -366,7 +365,8 @@ class Host:
 
     def _anticipate(self, lane: Lane, released: Resident, now: float) -> None:
         view = released.view()
-        if view.mean_gap is None or view.mean_gap > ANTICIPATION_LIMIT:
+        window = anticipation_window(view.mean_gap)
+        if window is None:
             return
         ready = [r.view() for r in lane.residents if r.state == "ready"]
         if not ready:
@@ -374,7 +374,7 @@ class Host:
         preferred = self.policy.pick(ready + [view], [r.view() for r in lane.residents], now)
         if preferred is not None and preferred.id == released.job_id:
             lane.anticipating = released.job_id
-            lane.anticipate_until = now + min(ANTICIPATION_LIMIT, 4 * view.mean_gap + 0.0002)
+            lane.anticipate_until = now + window
 
     def _schedule(self, lane: Lane) -> None:
         if lane.holder is not None:

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from gq import defaults
+
 
 @dataclass(frozen=True)
 class JobView:
@@ -103,6 +105,15 @@ def turn_key(policy: TakesTurns, job: JobView, resident: Sequence[JobView]) -> t
     owned = sum(turn_of(policy.service(other), policy.quantum)
                 for other in resident if policy.owner(other) == owner)
     return (owned, turn_of(policy.service(job), policy.quantum), *by_submission(job))
+
+
+def anticipation_window(mean_gap: float | None) -> float | None:
+    """How long a lane is kept for a job after its release when the policy prefers it to every
+    ready job: its gap is too short for another job's iteration to fit (anticipatory
+    scheduling). None: its gaps are long enough to fill, or not measured yet."""
+    if mean_gap is None or mean_gap > defaults.ANTICIPATION_LIMIT:
+        return None
+    return min(defaults.ANTICIPATION_LIMIT, 4 * mean_gap + 0.0002)
 
 
 def by_submission(job: JobView) -> tuple[float, int]:

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 
 from gq.daemon import admission
 from gq.policies import JobView, Policy
-from gq.policies.base import TakesTurns, run_length
+from gq.policies.base import TakesTurns, anticipation_window, run_length
 from gq.sim import turns
 from gq.sim.traces import TraceJob
 
-MEASURED_AFTER = 2  # iterations before a job's iteration time is known (as the host's)
+MEASURED_AFTER = 2  # iterations before a job's iteration time and gap are known (as the host's)
 EPSILON = 1e-9  # relative slack when placing a moment on an iteration boundary
 DEFAULT_SHARE_SLICE = 0.001  # of a job's iterations, for policies that alternate
 
@@ -69,18 +69,29 @@ class JobRun:
                        priority=job.priority, steps_done=done, steps_total=job.iterations,
                        attained=self.attained + more * job.iteration_time,
                        mean_iteration=job.iteration_time if done >= MEASURED_AFTER else None,
+                       mean_gap=job.gap if done >= MEASURED_AFTER else None,
                        released_at=released_at, deadline=job.deadline)
 
-    def finish_iterations(self, count: int, now: float) -> None:
+    def finish_iterations(self, count: int, released_at: float) -> None:
+        """``count`` more iterations, the last released at ``released_at``; the job is ready
+        again after its gap."""
         self.done += count
         self.attained += count * self.job.iteration_time
-        self.released_at = now
+        self.released_at = released_at
+        self.ready_at = released_at + self.job.gap
         self._view = None
+
+    @property
+    def period(self) -> float:
+        """From one of its iterations' start to the next's, when nothing comes between."""
+        return self.job.iteration_time + self.job.gap
 
 
 @dataclass
 class Stretch:
-    """``count`` iterations of ``run`` from ``begin`` (after any switch), ending at ``end``."""
+    """``count`` iterations of ``run`` from ``begin`` (after any switch), one per
+    ``run.period`` (with its gaps between them: the lane is held for the job), ending at
+    ``end``."""
 
     run: JobRun
     begin: float
@@ -88,13 +99,18 @@ class Stretch:
     end: float
     version: int  # unique; its end event is stale once the stretch is cut and re-dated
 
+    @property
+    def released_at(self) -> float:
+        """When its last iteration ends."""
+        return self.begin + self.count * self.run.period - self.run.job.gap
+
     def boundary_after(self, now: float) -> tuple[int, float]:
-        """The first iteration boundary at or after ``now``: iterations done by then, and
-        when it is."""
-        step = self.run.job.iteration_time
-        done = math.ceil((now - self.begin) / step - EPSILON)
+        """Where to stop if the pick may change at ``now``: after the iteration running then
+        (or, in a gap, the one before it). Iterations done by then, and when that is (not
+        before ``now``)."""
+        done = math.ceil((now - self.begin) / self.run.period - EPSILON)
         done = min(self.count, max(1, done))
-        return done, self.begin + done * step
+        return done, max(now, self.begin + done * self.run.period - self.run.job.gap)
 
 
 @dataclass
@@ -282,8 +298,6 @@ class _Simulation:
         done, end = stretch.boundary_after(now)
         if done >= stretch.count:
             return
-        if end < now:  # the boundary is now, up to rounding: never step back in time
-            end = now
         stretch.count, stretch.end = done, end
         stretch.version = self.sequence
         self._push(end, STRETCH_END, (device.index, stretch.version))
@@ -300,18 +314,20 @@ class _Simulation:
             return False
         run = stretch.run
         self._record(device, stretch)
-        run.finish_iterations(stretch.count, now)
+        run.finish_iterations(stretch.count, stretch.released_at)
         for other in run.devices:
             self.devices[other].stretch = None
             self.devices[other].owner = None
         if run.done >= run.job.iterations:
-            run.end = now
+            run.end = run.ready_at  # after its last gap, as a process sleeps, then exits
             self.finished += 1
             for other in run.devices:
                 self.devices[other].residents.remove(run)
             if self.progress is not None:
                 self.progress(self.finished, len(self.runs))
             return True
+        if run.ready_at > now:
+            self._push(run.ready_at, READY, run.job.id)
         return False
 
     def _settle_window(self, device: Device, window: SharedWindow, now: float) -> None:
@@ -329,8 +345,8 @@ class _Simulation:
 
     def _record(self, device: Device, stretch: Stretch) -> None:
         run = stretch.run
-        end = stretch.begin + stretch.count * run.job.iteration_time
-        self.busy += (end - stretch.begin) * len(run.devices)
+        end = stretch.released_at
+        self.busy += stretch.count * run.job.iteration_time * len(run.devices)
         previous = self.slices[-1] if self.slices else None
         if previous and (previous.device, previous.job, previous.end) == (
                 device.index, run.job.id, stretch.begin):
@@ -348,6 +364,8 @@ class _Simulation:
                 continue
             ready_views = [r.view() for r in ready]
             resident_views = [r.view() for r in device.residents]
+            if self._anticipating(device, ready_views, resident_views, now):
+                continue
             chosen_view = self.policy.pick(ready_views, resident_views, now)
             if chosen_view is None:
                 continue
@@ -362,8 +380,8 @@ class _Simulation:
                 continue
             switch = self.switch_cost if device.last_job not in (None, run.job.id) else 0.0
             begin = now + switch
-            count = self._length(run, chosen_view, ready_views, resident_views, begin)
-            stretch = Stretch(run, begin, count, begin + count * run.job.iteration_time,
+            count = self._length(device, run, chosen_view, ready_views, resident_views, begin)
+            stretch = Stretch(run, begin, count, begin + count * run.period - run.job.gap,
                               self.sequence)
             for index in run.devices:
                 self.devices[index].stretch = stretch
@@ -372,6 +390,24 @@ class _Simulation:
                     self.devices[index].owner = run
             self.stretches += 1
             self._push(stretch.end, STRETCH_END, (device.index, stretch.version))
+
+    def _anticipating(self, device: Device, ready: list[JobView], resident: list[JobView],
+                      now: float) -> bool:
+        """Whether the device waits for a job in a gap too short to fill, which the policy
+        prefers to every ready one (the execution host's anticipation)."""
+        awaited = [view for run, view in zip(device.residents, resident)
+                   if run.ready_at > now and self._anticipated(run)
+                   and now < run.released_at + anticipation_window(run.job.gap)]
+        if not awaited:
+            return False
+        preferred = self.policy.pick([*ready, *awaited], resident, now)
+        return preferred is not None and any(view.id == preferred.id for view in awaited)
+
+    @staticmethod
+    def _anticipated(run: JobRun) -> bool:
+        """Whether the host would keep the lane for the job in its gaps, if preferred."""
+        return (run.job.gap > 0 and run.done >= MEASURED_AFTER
+                and anticipation_window(run.job.gap) is not None)
 
     def _shared_window(self, device: Device, ready: list[JobRun], ready_views: list[JobView],
                        now: float) -> SharedWindow | None:
@@ -383,7 +419,7 @@ class _Simulation:
             return None
         views = self.policy.sharers(ready_views)
         group = [self.runs[view.id] for view in views]
-        if len(group) < 2 or any(r.gpus > 1 for r in group):
+        if len(group) < 2 or any(r.gpus > 1 or r.job.gap for r in group):
             return None
         budget = self.events[0][0] - now if self.events else math.inf
         if budget < 2 * sum(r.job.iteration_time for r in group):
@@ -402,20 +438,24 @@ class _Simulation:
         length = sum(n * r.job.iteration_time for r, n in order)
         return SharedWindow([(r, n) for r, n in order if n], now, now + length, self.sequence)
 
-    def _length(self, run: JobRun, chosen: JobView, ready: list[JobView],
+    def _length(self, device: Device, run: JobRun, chosen: JobView, ready: list[JobView],
                 resident: list[JobView], begin: float) -> int:
-        """How many iterations the chosen job runs before the policy is asked again."""
+        """How many iterations the chosen job runs before the policy is asked again. A job
+        with gaps runs one, unless nothing else could take the lane in its gaps: it is alone
+        on the device, or the host anticipates it."""
         left = run.job.iterations - run.done
         if self.step_by_step:
+            return 1
+        if run.job.gap and len(resident) > 1 and not self._anticipated(run):
             return 1
         if run.done < MEASURED_AFTER:  # its view changes in kind once its pace is known
             left = min(left, MEASURED_AFTER - run.done)
         if len(resident) == 1:
             return left
-        step = run.job.iteration_time
+        period, gap = run.period, run.job.gap
         count = run_length(self.policy, chosen, ready, resident,
-                           lambda k: (run.projected(k, begin + k * step), begin + k * step),
-                           left)
+                           lambda k: (run.projected(k, begin + k * period - gap),
+                                      begin + k * period), left)
         if self.share_slice and count < left:
             count = min(left, max(count, math.ceil(self.share_slice * run.job.iterations)))
         return count

@@ -1,8 +1,13 @@
-"""Job traces: the Tiresias/Salus layout and gq's own CSV (what `gq history --csv` writes)."""
+"""Job traces: the Tiresias/Salus layout and gq's own CSV (what `gq history --csv` writes).
+
+Both layouts may carry the optional columns ``gap`` (seconds a job is idle after each
+iteration: data loading, host-side work) and ``startup`` (seconds from start to the first
+iteration)."""
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +16,7 @@ from gq.errors import UserError
 TIRESIAS_COLUMNS = {"job_id", "num_gpu", "submit_time", "iterations", "duration"}
 GQ_COLUMNS = ["submit_time", "duration", "steps", "priority", "user", "gpus", "mem",
               "time_limit", "deadline"]
+OPTIONAL_COLUMNS = ["gap", "startup"]
 
 
 @dataclass(frozen=True)
@@ -26,11 +32,15 @@ class TraceJob:
     startup: float = 0.0  # seconds between start and its first iteration (process start)
     time_limit: float | None = None  # seconds, as submitted with -t
     deadline: float | None = None  # seconds from the trace's start
+    gap: float = 0.0  # seconds idle after each iteration, off the device
 
     @property
     def limit(self) -> float:
-        """Its time limit, or its duration where the trace gives none (a perfect estimate)."""
-        return self.time_limit if self.time_limit is not None else self.startup + self.duration
+        """Its time limit, or its run time alone where the trace gives none (a perfect
+        estimate)."""
+        if self.time_limit is not None:
+            return self.time_limit
+        return self.startup + self.duration + self.iterations * self.gap
 
     @property
     def iteration_time(self) -> float:
@@ -38,57 +48,91 @@ class TraceJob:
 
 
 def load(path: Path) -> list[TraceJob]:
+    """The trace's jobs; UserError naming the file and the row for anything malformed."""
     try:
         with open(path, newline="") as handle:
             rows = list(csv.DictReader(handle))
     except OSError as exc:
         raise UserError(f"cannot read trace {path}: {exc.strerror}") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise UserError(f"trace {path} is not a CSV file: {exc}") from None
     if not rows:
         raise UserError(f"trace {path} has no jobs")
     columns = set(rows[0])
-    try:
-        if TIRESIAS_COLUMNS <= columns:
-            jobs = [_tiresias(row) for row in rows]
-        elif set(GQ_COLUMNS[:3]) <= columns:
-            jobs = [_gq(index, row) for index, row in enumerate(rows)]
-        else:
-            raise UserError(f"trace {path}: unknown columns {sorted(columns)}; expected the "
-                            f"Tiresias layout ({', '.join(sorted(TIRESIAS_COLUMNS))}) or gq's "
-                            f"({', '.join(GQ_COLUMNS)})")
-    except (KeyError, ValueError) as exc:
-        raise UserError(f"trace {path}: malformed row: {exc}") from None
-    for job in jobs:
-        if job.duration <= 0 or job.iterations <= 0 or job.gpus < 1 or job.submit_time < 0:
-            raise UserError(f"trace {path}: job {job.id} needs positive duration, iterations "
-                            "and gpus, and a submit time of 0 or more")
+    if TIRESIAS_COLUMNS <= columns:
+        parse = _tiresias
+    elif set(GQ_COLUMNS[:3]) <= columns:
+        parse = _gq
+    else:
+        raise UserError(f"trace {path}: unknown columns {sorted(c for c in columns if c)}; "
+                        f"expected the Tiresias layout ({', '.join(sorted(TIRESIAS_COLUMNS))}) "
+                        f"or gq's ({', '.join(GQ_COLUMNS)}), either with "
+                        f"{' and '.join(OPTIONAL_COLUMNS)}")
+    jobs = []
+    for number, row in enumerate(rows, start=1):
+        where = f"trace {path}, row {number}"
+        if None in row or None in row.values():
+            raise UserError(f"{where}: {len(row) - (None in row)} columns expected, "
+                            "a different number found")
+        job = parse(number, _Fields(row, where))
+        if job.duration <= 0 or job.iterations <= 0 or job.gpus < 1:
+            raise UserError(f"{where}: job {job.id} needs positive duration, iterations "
+                            "and gpus")
+        if min(job.submit_time, job.gap, job.startup) < 0:
+            raise UserError(f"{where}: job {job.id} has a negative submit time, gap or startup")
+        jobs.append(job)
     return jobs
 
 
-def _tiresias(row: dict[str, str]) -> TraceJob:
-    return TraceJob(id=int(row["job_id"]), submit_time=float(row["submit_time"]),
-                    duration=float(row["duration"]), iterations=int(row["iterations"]),
-                    gpus=int(row["num_gpu"]), user=row.get("user", ""))
+class _Fields:
+    """One row's fields, read with the file and row in every error."""
+
+    def __init__(self, row: dict[str, str], where: str):
+        self.row, self.where = row, where
+
+    def get(self, column: str, kind: Callable, default=None):
+        text = (self.row.get(column) or "").strip()
+        if not text:
+            if default is not None or column not in ("submit_time", "duration", "job_id",
+                                                     "iterations", "num_gpu"):
+                return default
+            raise UserError(f"{self.where}: no {column}")
+        try:
+            return kind(text)
+        except ValueError:
+            noun = "an integer" if kind is int else "a number"
+            raise UserError(f"{self.where}: {column} {text!r} is not {noun}") from None
 
 
-def _gq(index: int, row: dict[str, str]) -> TraceJob:
-    mem, limit, deadline = (row.get(k) or "" for k in ("mem", "time_limit", "deadline"))
-    return TraceJob(id=int(row.get("id") or index), submit_time=float(row["submit_time"]),
-                    duration=float(row["duration"]), iterations=int(row["steps"] or 1),
-                    gpus=max(1, int(row.get("gpus") or 1)), priority=int(row.get("priority") or 0),
-                    user=row.get("user", ""), mem=int(mem) if mem else None,
-                    time_limit=float(limit) if limit else None,
-                    deadline=float(deadline) if deadline else None)
+def _tiresias(number: int, row: _Fields) -> TraceJob:
+    return TraceJob(id=row.get("job_id", int), submit_time=row.get("submit_time", float),
+                    duration=row.get("duration", float), iterations=row.get("iterations", int),
+                    gpus=row.get("num_gpu", int), user=row.row.get("user") or "",
+                    gap=row.get("gap", float, 0.0), startup=row.get("startup", float, 0.0))
+
+
+def _gq(number: int, row: _Fields) -> TraceJob:
+    return TraceJob(id=row.get("id", int, number - 1), submit_time=row.get("submit_time", float),
+                    duration=row.get("duration", float), iterations=row.get("steps", int, 1),
+                    gpus=max(1, row.get("gpus", int, 1)), priority=row.get("priority", int, 0),
+                    user=row.row.get("user") or "", mem=row.get("mem", int),
+                    time_limit=row.get("time_limit", float),
+                    deadline=row.get("deadline", float),
+                    gap=row.get("gap", float, 0.0), startup=row.get("startup", float, 0.0))
 
 
 def write_gq_csv(jobs: list[TraceJob], path_or_handle) -> None:
+    """gq's layout; the optional columns only where some job has them."""
     handle = open(path_or_handle, "w", newline="") if isinstance(path_or_handle, (str, Path)) \
         else path_or_handle
+    optional = [c for c in OPTIONAL_COLUMNS if any(getattr(job, c) for job in jobs)]
     writer = csv.writer(handle)
-    writer.writerow(["id", *GQ_COLUMNS])
+    writer.writerow(["id", *GQ_COLUMNS, *optional])
     for job in jobs:
         writer.writerow([job.id, f"{job.submit_time:.3f}", f"{job.duration:.3f}", job.iterations,
                          job.priority, job.user, job.gpus, job.mem if job.mem is not None else "",
                          job.time_limit if job.time_limit is not None else "",
-                         job.deadline if job.deadline is not None else ""])
+                         job.deadline if job.deadline is not None else "",
+                         *(f"{getattr(job, c):.6g}" for c in optional)])
     if handle is not path_or_handle:
         handle.close()
