@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from conftest import gq, gq_ok, submit, wait_state, write_script
 from gq import policies
 from gq.sim.simulator import simulate
-from gq.sim.traces import TraceJob, load
+from gq.sim.traces import TraceJob, load, write_gq_csv
 
 # The public 60-job Tiresias trace (see tests/data/README.md), shipped with the tests.
 SHIPPED = Path(__file__).resolve().parent / "data" / "tiresias-60.csv"
@@ -265,3 +266,77 @@ def test_progress_bar_shows_only_on_a_terminal_after_a_second(monkeypatch, capsy
         early(4)
         assert early.shown is not None
         assert early.shown.tasks[0].completed == 4 and early.shown.tasks[0].total == 10
+
+
+def gapped(count: int, seed: int) -> list[TraceJob]:
+    """Generated jobs (see ``generated``), some with idle gaps: none, too short to fill, or
+    long enough for others' iterations."""
+    rng = random.Random(seed)
+    return [replace(j, gap=rng.choice([0.0, 0.0, 0.001, 0.05, 0.2]))
+            for j in generated(count, seed)]
+
+
+@pytest.mark.parametrize("name,fill", [("fifo", "always"), ("srtf", "always"),
+                                       ("fair", "always"), ("rr", "always"),
+                                       ("priority", "always"), ("priority", "gapfit"),
+                                       ("priority", "never")])
+def test_bulk_advance_with_gaps_agrees_with_iteration_by_iteration(name, fill):
+    for gpus in (1, 4):
+        jobs = gapped(30, seed=gpus)
+        step = simulate(jobs, policies.make(name, fill), gpus=gpus, step_by_step=True)
+        bulk = simulate(jobs, policies.make(name, fill), gpus=gpus)
+        assert ends(bulk) == pytest.approx(ends(step), rel=1e-9, abs=1e-6)
+        assert bulk.busy == pytest.approx(step.busy)
+        assert bulk.events < step.events
+
+
+def test_a_job_alone_with_gaps_runs_in_bulk_and_ends_after_its_last_gap():
+    result = simulate([job(1, 0, 10, 1000, startup=2.0, gap=0.05)], policies.make("fifo"))
+    assert ends(result) == {1: pytest.approx(2 + 10 + 1000 * 0.05)}
+    assert result.events <= 3 and result.busy == pytest.approx(10)
+
+
+@pytest.mark.parametrize("fill,high_end,low_end", [("never", 12, 32), ("always", 14, 23),
+                                                   ("gapfit", 13, 25)])
+def test_fill_modes_on_paper(fill, high_end, low_end):
+    """H: 3 iterations of 1 s, 3 s idle after each, priority 1; L: 10 iterations of 2 s.
+    never: L waits until H has exited (12). always: L's iterations overrun H's gaps by 1 s
+    twice (H ends 14). gapfit: once H's gap is known (after its second iteration), L runs
+    only where 2 s fit before H's next acquire: [6, 8], then idle until 9; [10, 12] in H's
+    last gap, idle until H exits at 13."""
+    high = job(1, 0, 3, 3, priority=1, gap=3.0)
+    low = job(2, 0, 20, 10)
+    result = simulate([high, low], policies.make("priority", fill))
+    assert ends(result) == {1: pytest.approx(high_end), 2: pytest.approx(low_end)}
+
+
+def test_anticipation_keeps_the_lane_for_a_gap_too_short_to_fill():
+    """A (5 iterations of 1 s, priority 1) and B (3 of 1 s) under priority. B fills A's first
+    gap (its length is not known yet). Once known, a 1 ms gap is anticipated: B waits until
+    A has exited. A 10 ms gap is filled by B every time."""
+    def run(gap):
+        return ends(simulate([job(1, 0, 5, 5, priority=1, gap=gap), job(2, 0, 3, 3)],
+                             policies.make("priority")))
+
+    short = run(0.001)
+    assert short[1] == pytest.approx(2 + 4 * 1.001)
+    assert short[2] == pytest.approx(short[1] + 2)
+    filled = run(0.01)
+    assert filled[2] == pytest.approx(6)  # B ran in A's 1st, 2nd and 3rd gaps
+    assert filled[1] == pytest.approx(8.02)
+
+
+def test_gap_and_startup_columns_in_both_layouts(home, tmp_path):
+    jobs = [job(1, 0, 4, 200, priority=1, gap=0.03, startup=1.5), job(2, 0, 10, 400)]
+    ours = tmp_path / "ours.csv"
+    write_gq_csv(jobs, ours)
+    assert ours.read_text().splitlines()[0].endswith(",gap,startup")
+    assert load(ours) == jobs
+    tiresias = tmp_path / "tiresias.csv"
+    tiresias.write_text("job_id,num_gpu,submit_time,iterations,duration,gap\n"
+                        "7,1,0,100,1,0.01\n8,1,0,100,1,\n")
+    assert [j.gap for j in load(tiresias)] == [0.01, 0.0]
+    never = json.loads(gq_ok("simulate", "--trace", ours, "--policy", "priority", "--fill",
+                             "never", "--json"))
+    always = json.loads(gq_ok("simulate", "--trace", ours, "--policy", "priority", "--json"))
+    assert never["makespan"] > always["makespan"]  # L waits out every gap of the high job

@@ -22,7 +22,15 @@ A job of ``iterations`` steps and ``duration`` seconds runs iterations of
 ``duration / iterations``; a device that changes job first pays ``switch_cost``. As on the
 execution host, a job's iteration time is known once it has run two iterations (the first
 one includes warm-up). A job asking for k > 1 GPUs takes k whole devices (all of them, if
-the node has fewer). Jobs have no idle gaps here: between its iterations a job is ready.
+the node has fewer).
+
+A job may have an idle ``gap`` after each iteration (data loading, host-side work): it is not
+ready then, and other jobs may take the device, as the policy's ``pick`` decides (``priority
+--fill``). A lower job's iteration that outlasts the gap delays the next one, since a lane
+is never taken from a job mid-iteration. Where nothing else could take the device in its
+gaps (the job is alone on it, or its gaps are too short to fill and the host anticipates
+it), its iterations still run in bulk; otherwise one at a time. A job stays resident
+through its last gap, as its process sleeps, then exits.
 """
 
 from __future__ import annotations
@@ -233,7 +241,11 @@ class _Simulation:
                     self.pending[payload] = self.runs[payload]
                     admissible = True
                 elif kind == READY:
-                    touched.update(self.runs[payload].devices)
+                    run = self.runs[payload]
+                    touched.update(run.devices)
+                    if run.end is not None:  # its last gap is over: it has exited
+                        self._leave(run)
+                        admissible = True
                 else:
                     admissible |= self._end_stretch(payload, now)
             if admissible and self.pending and self._room():
@@ -319,16 +331,21 @@ class _Simulation:
             self.devices[other].stretch = None
             self.devices[other].owner = None
         if run.done >= run.job.iterations:
-            run.end = run.ready_at  # after its last gap, as a process sleeps, then exits
+            # Its process sleeps through its last gap, then exits: resident until then.
+            run.end = run.ready_at
             self.finished += 1
-            for other in run.devices:
-                self.devices[other].residents.remove(run)
             if self.progress is not None:
                 self.progress(self.finished, len(self.runs))
-            return True
+            if run.end <= now:
+                self._leave(run)
+                return True
         if run.ready_at > now:
             self._push(run.ready_at, READY, run.job.id)
         return False
+
+    def _leave(self, run: JobRun) -> None:
+        for index in run.devices:
+            self.devices[index].residents.remove(run)
 
     def _settle_window(self, device: Device, window: SharedWindow, now: float) -> None:
         """Credit each job its turns (none ends inside a window); on the timeline each job's
