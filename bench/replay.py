@@ -114,7 +114,7 @@ def as_result(policy: str, real: list[_Real]) -> Result:
     """The real run in the simulator's result shape, so the same plots can draw it."""
     runs = []
     for entry in real:
-        run = JobRun(entry.trace, 1, devices=(0,))
+        run = JobRun(entry.trace, 1, lanes=(0,))
         run.end = entry.trace.submit_time + entry.jct
         runs.append(run)
     slices = [Slice(0, entry.trace.id, begin, end) for entry in real for begin, end in entry.spans]

@@ -16,6 +16,7 @@ def simulate(
     policy: str = typer.Option("fifo", "--policy", help="fifo, srtf, fair, priority, rr or deadline."),
     compare: Optional[str] = typer.Option(None, "--compare", help="Comma-separated policies to compare, e.g. fifo,srtf,fair,priority."),
     gpus: int = typer.Option(1, "--gpus", help="Devices of the simulated node."),
+    lanes: int = typer.Option(1, "--lanes", help="Lanes per device, as gq daemon start --lanes: iterations that run at once on one device."),
     switch_cost: float = typer.Option(0.0, "--switch-cost", help="Seconds a device pays to change job."),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
     quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms) or iterations (10it) per turn."),
@@ -47,6 +48,8 @@ def simulate(
         raise UserError(f"--quantum: {exc}") from None
     if gpus < 1:
         raise UserError(f"invalid --gpus {gpus}: the simulated node needs at least 1 device")
+    if lanes < 1:
+        raise UserError(f"invalid --lanes {lanes}: a device has at least 1 lane")
     if switch_cost < 0:
         raise UserError(f"invalid --switch-cost {switch_cost}: must not be negative")
     if share_slice is not None and not 0 <= share_slice <= 1:
@@ -59,7 +62,7 @@ def simulate(
         for name in names:
             results.append(run_simulation(
                 jobs, policies.make(name, fill, quantum), gpus=gpus, switch_cost=switch_cost,
-                backfill=backfill, share_slice=share_slice,
+                backfill=backfill, share_slice=share_slice, lanes=lanes,
                 progress=lambda done, total, before=len(results) * len(jobs): bar(before + done)))
     summaries = [r.summary() for r in results]
     if jobs_csv is not None:

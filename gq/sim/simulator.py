@@ -56,7 +56,7 @@ DEFAULT_SHARE_SLICE = 0.001  # of a job's iterations, for policies that alternat
 class JobRun:
     job: TraceJob
     gpus: int
-    devices: tuple[int, ...] = ()
+    lanes: tuple[int, ...] = ()  # one per device it holds
     start: float | None = None
     ready_at: float = 0.0
     end: float | None = None
@@ -133,12 +133,15 @@ class SharedWindow:
 
 
 @dataclass
-class Device:
+class Lane:
+    """One lane of a device: it runs one iteration at a time, its own jobs' picks."""
+
     index: int
+    device: int
     residents: list[JobRun] = field(default_factory=list)
     stretch: Stretch | SharedWindow | None = None
     last_job: int | None = None
-    owner: JobRun | None = None  # a multi-GPU job whose stretch spans this device
+    owner: JobRun | None = None  # a multi-GPU job whose stretch spans this lane
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class Slice:
     job: int
     start: float
     end: float
+    lane: int = 0
 
 
 @dataclass
@@ -159,6 +163,7 @@ class Result:
     busy: float
     gpus: int
     events: int = 0  # stretches scheduled: what the run cost
+    lanes: int = 1  # per device: utilization is the share of lane time busy
 
     def jcts(self) -> list[float]:
         return [run.end - run.job.submit_time for run in self.runs]
@@ -172,7 +177,8 @@ class Result:
             "avg_jct": statistics.fmean(jcts), "median_jct": statistics.median(jcts),
             "p95_jct": jcts[min(len(jcts) - 1, int(round(0.95 * (len(jcts) - 1))))],
             "makespan": makespan,
-            "utilization": self.busy / (self.gpus * makespan) if makespan > 0 else 0.0,
+            "utilization": (self.busy / (self.gpus * self.lanes * makespan)
+                            if makespan > 0 else 0.0),
             "deadlines_met": self.deadlines_met(),
         }
 
@@ -190,26 +196,30 @@ ARRIVE, READY, STRETCH_END = 0, 1, 2  # event kinds, in the order a moment handl
 def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: float = 0.0,
              capacity: int | None = None, max_resident: int | None = None,
              backfill: bool = True, step_by_step: bool = False,
-             share_slice: float | None = None,
+             share_slice: float | None = None, lanes: int = 1,
              progress: Callable[[int, int], None] | None = None) -> Result:
-    """Run the trace through ``policy`` on ``gpus`` devices. For backfill a job's time limit
-    is its trace limit, else its duration (a perfect estimate). ``step_by_step`` asks the
-    policy after every iteration (the reference the bulk advance is tested against);
-    ``progress`` is called with (jobs finished, jobs) as jobs end."""
-    if gpus < 1:
-        raise ValueError("gpus must be at least 1")
+    """Run the trace through ``policy`` on ``gpus`` devices of ``lanes`` lanes each (a lane
+    runs one iteration at a time, lanes of a device at once; ``capacity``, a device's
+    memory, is split between them; a multi-GPU job takes whole devices and runs on one lane
+    of each). For backfill a job's time limit is its trace limit, else its run time alone
+    (a perfect estimate). ``step_by_step`` asks the policy after every iteration (the
+    reference the bulk advance is tested against); ``progress`` is called with (jobs
+    finished, jobs) as jobs end."""
+    if gpus < 1 or lanes < 1:
+        raise ValueError("gpus and lanes must be at least 1")
     simulation = _Simulation(jobs, policy, gpus, switch_cost, capacity, max_resident,
-                             backfill, step_by_step, share_slice, progress)
+                             backfill, step_by_step, share_slice, lanes, progress)
     return simulation.run()
 
 
 class _Simulation:
     def __init__(self, jobs, policy, gpus, switch_cost, capacity, max_resident, backfill,
-                 step_by_step, share_slice, progress):
+                 step_by_step, share_slice, lanes, progress):
         self.policy = policy
         self.gpus = gpus
+        self.lanes_per_device = lanes
         self.switch_cost = switch_cost
-        self.capacity = capacity if capacity is not None else 1 << 62
+        self.lane_capacity = capacity // lanes if capacity is not None else 1 << 62
         self.max_resident = max_resident or 1 << 30
         self.backfill = backfill
         self.step_by_step = step_by_step
@@ -217,7 +227,7 @@ class _Simulation:
             share_slice = DEFAULT_SHARE_SLICE if policy.alternates and switch_cost else 0.0
         self.share_slice = share_slice
         self.progress = progress
-        self.devices = [Device(i) for i in range(gpus)]
+        self.lanes = [Lane(i, i // lanes) for i in range(gpus * lanes)]
         self.runs = {job.id: JobRun(job, min(job.gpus, gpus)) for job in jobs}
         if len(self.runs) != len(jobs):
             raise ValueError("job ids in a trace must be unique")
@@ -233,7 +243,7 @@ class _Simulation:
     def run(self) -> Result:
         while self.events:
             now = self.events[0][0]
-            touched: set[int] = set()  # devices whose resident set or readiness changed
+            touched: set[int] = set()  # lanes whose resident set or readiness changed
             admissible = False  # only arrivals and ends make room: time alone never does
             while self.events and self.events[0][0] == now:
                 _, kind, _, payload = heapq.heappop(self.events)
@@ -242,7 +252,7 @@ class _Simulation:
                     admissible = True
                 elif kind == READY:
                     run = self.runs[payload]
-                    touched.update(run.devices)
+                    touched.update(run.lanes)
                     if run.end is not None:  # its last gap is over: it has exited
                         self._leave(run)
                         admissible = True
@@ -251,7 +261,7 @@ class _Simulation:
             if admissible and self.pending and self._room():
                 touched.update(self._place(now))
             for index in touched:
-                self._cut(self.devices[index], now)
+                self._cut(self.lanes[index], now)
             if self.events and self.events[0][0] == now:
                 continue  # a stretch was cut to end right now: settle it first
             self._dispatch(now)
@@ -259,52 +269,63 @@ class _Simulation:
             stuck = sorted(r.job.id for r in self.runs.values() if r.end is None)
             raise RuntimeError(f"simulation ended with unfinished jobs {stuck[:10]}")
         return Result(self.policy.name, sorted(self.runs.values(), key=lambda r: r.job.id),
-                      self.slices, self.busy, self.gpus, self.stretches)
+                      self.slices, self.busy, self.gpus, self.stretches, self.lanes_per_device)
 
     def _push(self, time: float, kind: int, payload) -> None:
         heapq.heappush(self.events, (time, kind, self.sequence, payload))
         self.sequence += 1
 
     # ----- admission ------------------------------------------------------------------
+    def _device_residents(self) -> list[list[JobRun]]:
+        """Each device's resident jobs (a multi-GPU job on each of its devices)."""
+        residents: list[list[JobRun]] = [[] for _ in range(self.gpus)]
+        for lane in self.lanes:
+            residents[lane.device] += lane.residents
+        return residents
+
     def _room(self) -> bool:
         """Whether any device could take a job now (else placement is not worth asking)."""
-        return any(len(d.residents) < self.max_resident and
-                   not any(r.gpus > 1 for r in d.residents) for d in self.devices)
+        return any(len(jobs) < self.max_resident and not any(r.gpus > 1 for r in jobs)
+                   for jobs in self._device_residents())
 
     def _place(self, now: float) -> set[int]:
-        """Admit pending jobs; the devices that got one."""
+        """Admit pending jobs; the lanes that got one."""
         runs = self.runs
         order = self.policy.order([run.view() for run in self.pending.values()])
         requests = [admission.Request(v.id, runs[v.id].gpus,
                                       admission.Footprint(runs[v.id].job.mem or 0),
                                       exclusive=runs[v.id].gpus > 1,
                                       time_limit=runs[v.id].job.limit) for v in order]
+        per_lane = self.lanes_per_device
         loads = [admission.DeviceLoad(
-            name=str(d.index), gpu=True, index=d.index,
-            lanes=[admission.LaneLoad(self.capacity,
-                                      [admission.Footprint(r.job.mem or 0) for r in d.residents])],
-            max_resident=self.max_resident, residents=len(d.residents),
-            exclusive=any(r.gpus > 1 for r in d.residents),
-            free_at=max((r.start + r.job.limit for r in d.residents), default=0.0))
-            for d in self.devices]
+            name=str(device), gpu=True, index=device,
+            lanes=[admission.LaneLoad(self.lane_capacity,
+                                      [admission.Footprint(r.job.mem or 0)
+                                       for r in self.lanes[device * per_lane + k].residents])
+                   for k in range(per_lane)],
+            max_resident=self.max_resident, residents=len(jobs),
+            exclusive=any(r.gpus > 1 for r in jobs),
+            free_at=max((r.start + r.job.limit for r in jobs), default=0.0))
+            for device, jobs in enumerate(self._device_residents())]
         outcome = admission.place(requests, loads, now=now, backfill=self.backfill)
         touched = set()
         for placement in outcome.placements:
             run = self.pending.pop(placement.job_id)
-            run.devices = tuple(int(name) for name in placement.devices)
+            run.lanes = tuple(int(name) * per_lane + placement.lane
+                              for name in placement.devices)
             run.start = now
             run.ready_at = now + run.job.startup
-            for index in run.devices:
-                self.devices[index].residents.append(run)
-            touched.update(run.devices)
+            for index in run.lanes:
+                self.lanes[index].residents.append(run)
+            touched.update(run.lanes)
             if run.job.startup:
                 self._push(run.ready_at, READY, run.job.id)
         return touched
 
     # ----- stretches ------------------------------------------------------------------
-    def _cut(self, device: Device, now: float) -> None:
-        """The device's pick may change: end its stretch at the next iteration boundary."""
-        stretch = device.stretch
+    def _cut(self, lane: Lane, now: float) -> None:
+        """The lane's pick may change: end its stretch at the next iteration boundary."""
+        stretch = lane.stretch
         if stretch is None or stretch.end <= now or isinstance(stretch, SharedWindow):
             return
         done, end = stretch.boundary_after(now)
@@ -312,24 +333,24 @@ class _Simulation:
             return
         stretch.count, stretch.end = done, end
         stretch.version = self.sequence
-        self._push(end, STRETCH_END, (device.index, stretch.version))
+        self._push(end, STRETCH_END, (lane.index, stretch.version))
 
     def _end_stretch(self, payload: tuple[int, int], now: float) -> bool:
         """Settle a stretch; True if its job ended (and left room)."""
         index, version = payload
-        device = self.devices[index]
-        stretch = device.stretch
+        lane = self.lanes[index]
+        stretch = lane.stretch
         if stretch is None or stretch.version != version:
             return False  # cut short and re-dated
         if isinstance(stretch, SharedWindow):
-            self._settle_window(device, stretch, now)
+            self._settle_window(lane, stretch, now)
             return False
         run = stretch.run
-        self._record(device, stretch)
+        self._record(lane, stretch)
         run.finish_iterations(stretch.count, stretch.released_at)
-        for other in run.devices:
-            self.devices[other].stretch = None
-            self.devices[other].owner = None
+        for other in run.lanes:
+            self.lanes[other].stretch = None
+            self.lanes[other].owner = None
         if run.done >= run.job.iterations:
             # Its process sleeps through its last gap, then exits: resident until then.
             run.end = run.ready_at
@@ -344,75 +365,78 @@ class _Simulation:
         return False
 
     def _leave(self, run: JobRun) -> None:
-        for index in run.devices:
-            self.devices[index].residents.remove(run)
+        for index in run.lanes:
+            self.lanes[index].residents.remove(run)
 
-    def _settle_window(self, device: Device, window: SharedWindow, now: float) -> None:
+    def _settle_window(self, lane: Lane, window: SharedWindow, now: float) -> None:
         """Credit each job its turns (none ends inside a window); on the timeline each job's
         turns are drawn as one piece, in turn order of their first grant."""
         begin = window.begin
         for run, count in window.counts:
             run.finish_iterations(count, now)
             length = count * run.job.iteration_time
-            self.slices.append(Slice(device.index, run.job.id, begin, begin + length))
+            self.slices.append(self._slice(lane, run, begin, begin + length))
             self.busy += length
             begin += length
-        device.stretch = None
-        device.last_job = None
+        lane.stretch = None
+        lane.last_job = None
 
-    def _record(self, device: Device, stretch: Stretch) -> None:
+    def _record(self, lane: Lane, stretch: Stretch) -> None:
         run = stretch.run
         end = stretch.released_at
-        self.busy += stretch.count * run.job.iteration_time * len(run.devices)
+        self.busy += stretch.count * run.job.iteration_time * len(run.lanes)
         previous = self.slices[-1] if self.slices else None
-        if previous and (previous.device, previous.job, previous.end) == (
-                device.index, run.job.id, stretch.begin):
-            self.slices[-1] = Slice(device.index, run.job.id, previous.start, end)
+        if previous and (previous.device, previous.lane, previous.job, previous.end) == (
+                lane.device, lane.index % self.lanes_per_device, run.job.id, stretch.begin):
+            self.slices[-1] = self._slice(lane, run, previous.start, end)
         else:
-            self.slices.append(Slice(device.index, run.job.id, stretch.begin, end))
+            self.slices.append(self._slice(lane, run, stretch.begin, end))
+
+    def _slice(self, lane: Lane, run: JobRun, start: float, end: float) -> Slice:
+        return Slice(lane.device, run.job.id, start, end, lane.index % self.lanes_per_device)
 
     def _dispatch(self, now: float) -> None:
-        for device in self.devices:
-            if device.stretch is not None or device.owner is not None:
+        for lane in self.lanes:
+            if lane.stretch is not None or lane.owner is not None:
                 continue
-            ready = [r for r in device.residents
-                     if r.ready_at <= now and r.devices[0] == device.index]
+            ready = [r for r in lane.residents
+                     if r.ready_at <= now and r.lanes[0] == lane.index]
             if not ready:
                 continue
             ready_views = [r.view() for r in ready]
-            resident_views = [r.view() for r in device.residents]
-            if self._anticipating(device, ready_views, resident_views, now):
+            resident_views = [r.view() for r in lane.residents]
+            if self._anticipating(lane, ready_views, resident_views, now):
                 continue
             chosen_view = self.policy.pick(ready_views, resident_views, now)
             if chosen_view is None:
                 continue
             run = self.runs[chosen_view.id]
-            if any(self.devices[i].stretch is not None for i in run.devices):
+            if any(self.lanes[i].stretch is not None for i in run.lanes):
                 continue
-            window = self._shared_window(device, ready, ready_views, now)
+            window = self._shared_window(lane, ready, ready_views, now)
             if window is not None:
-                device.stretch = window
+                lane.stretch = window
                 self.stretches += 1
-                self._push(window.end, STRETCH_END, (device.index, window.version))
+                self._push(window.end, STRETCH_END, (lane.index, window.version))
                 continue
-            switch = self.switch_cost if device.last_job not in (None, run.job.id) else 0.0
+            switch = self.switch_cost if lane.last_job not in (None, run.job.id) else 0.0
             begin = now + switch
-            count = self._length(device, run, chosen_view, ready_views, resident_views, begin)
+            count = self._length(lane, run, chosen_view, ready_views, resident_views, begin)
             stretch = Stretch(run, begin, count, begin + count * run.period - run.job.gap,
                               self.sequence)
-            for index in run.devices:
-                self.devices[index].stretch = stretch
-                self.devices[index].last_job = run.job.id
-                if index != device.index:
-                    self.devices[index].owner = run
+            for index in run.lanes:
+                self.lanes[index].stretch = stretch
+                self.lanes[index].last_job = run.job.id
+                if index != lane.index:
+                    self.lanes[index].owner = run
             self.stretches += 1
-            self._push(stretch.end, STRETCH_END, (device.index, stretch.version))
+            self._push(stretch.end, STRETCH_END, (lane.index, stretch.version))
 
-    def _anticipating(self, device: Device, ready: list[JobView], resident: list[JobView],
+    def _anticipating(self, lane: Lane, ready: list[JobView], resident: list[JobView],
                       now: float) -> bool:
-        """Whether the device waits for a job in a gap too short to fill, which the policy
+        """Whether the lane waits for a job in a gap too short to fill, which the policy
         prefers to every ready one (the execution host's anticipation)."""
-        awaited = [view for run, view in zip(device.residents, resident)
+        awaited = [view for run, view in zip(lane.residents, resident)
                    if run.ready_at > now and self._anticipated(run)
                    and now < run.released_at + anticipation_window(run.job.gap)]
         if not awaited:
@@ -426,13 +450,13 @@ class _Simulation:
         return (run.job.gap > 0 and run.done >= MEASURED_AFTER
                 and anticipation_window(run.job.gap) is not None)
 
-    def _shared_window(self, device: Device, ready: list[JobRun], ready_views: list[JobView],
+    def _shared_window(self, lane: Lane, ready: list[JobRun], ready_views: list[JobView],
                        now: float) -> SharedWindow | None:
         """The turns the policy's sharers take before the next event, settled at once
         (:mod:`gq.sim.turns`); None where ordinary stretches are due: some resident job is
         not ready, a switch has a cost, or there is not room for two turns each."""
         if (not isinstance(self.policy, TakesTurns) or self.step_by_step or self.switch_cost
-                or self.share_slice or len(ready) != len(device.residents)):
+                or self.share_slice or len(ready) != len(lane.residents)):
             return None
         views = self.policy.sharers(ready_views)
         group = [self.runs[view.id] for view in views]
@@ -455,11 +479,11 @@ class _Simulation:
         length = sum(n * r.job.iteration_time for r, n in order)
         return SharedWindow([(r, n) for r, n in order if n], now, now + length, self.sequence)
 
-    def _length(self, device: Device, run: JobRun, chosen: JobView, ready: list[JobView],
+    def _length(self, lane: Lane, run: JobRun, chosen: JobView, ready: list[JobView],
                 resident: list[JobView], begin: float) -> int:
         """How many iterations the chosen job runs before the policy is asked again. A job
         with gaps runs one, unless nothing else could take the lane in its gaps: it is alone
-        on the device, or the host anticipates it."""
+        on the lane, or the host anticipates it."""
         left = run.job.iterations - run.done
         if self.step_by_step:
             return 1
@@ -467,6 +491,11 @@ class _Simulation:
             return 1
         if run.done < MEASURED_AFTER:  # its view changes in kind once its pace is known
             left = min(left, MEASURED_AFTER - run.done)
+        waking = [r.ready_at for r in lane.residents if r.ready_at > begin]
+        if waking:
+            # A job becoming ready cuts the stretch after the iteration running then; asking
+            # beyond it could even mislead: gapfit's pick returns once a gap has overrun.
+            left = min(left, max(1, math.ceil((min(waking) - begin) / run.period - EPSILON)))
         if len(resident) == 1:
             return left
         period, gap = run.period, run.job.gap
