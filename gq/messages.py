@@ -94,6 +94,7 @@ class JobInfo:
     mem_peak: int | None
     holds_lane: bool
     events: list[EventInfo] | None = None
+    mean_gap: float | None = None
 
 
 @dataclass

@@ -103,8 +103,9 @@ def test_upgrade_from_first_revision_keeps_rows(tmp_path):
         assert (job.name, job.user, job.priority, job.state) == ("old", "ann", 3, "RUNNING")
         assert job.stop_request == "cancel"  # 0002 carried the old cancel flag over
         assert job.array_job_id is None and not job.held and job.dependency is None
-        # 0003: submitters by name (a name this machine does not know keeps none); 0004
+        # 0003: submitters by name (a name this machine does not know keeps none); 0004; 0005
         assert (job.uid, job.gid, job.umask, job.deadline) == (None, None, 0o022, None)
+        assert job.mean_gap is None and job.mean_iteration is None
         mine = queries.job(session, 8)
         assert (mine.uid, mine.gid, mine.state) == (0, 0, "COMPLETED")
         assert [e.reason for e in queries.events(session, 7)] == ["submitted"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import gq, gq_ok, submit, wait_state, write_script
+from conftest import job as job_info
 from gq import policies
 from gq.sim.simulator import simulate
 from gq.sim.traces import TraceJob, load, write_gq_csv
@@ -194,6 +195,36 @@ def test_history_csv_round_trips_into_the_simulator(daemon, tmp_path):
     trace.write_text(csv_text)
     data = json.loads(gq_ok("simulate", "--trace", trace, "--policy", "srtf", "--json"))
     assert data["jobs"] == 2 and data["avg_jct"] > 0
+
+
+def test_history_csv_carries_measured_gaps_into_the_simulator(daemon, tmp_path):
+    """Fetching the next batch happens released (gq.steps): 30 ms of it is an idle gap the
+    host measures, gq show reports, and gq history --csv hands to the simulator."""
+    script = write_script(tmp_path / "loader.py", (
+        "import gq, time\n"
+        "def batches():\n"
+        "    for i in range(12):\n"
+        "        time.sleep(0.03)\n"
+        "        yield i\n"
+        "for _ in gq.steps(batches()):\n"
+        "    time.sleep(0.005)\n"
+    ))
+    plain = write_script(tmp_path / "plain.py", "print('no iterations')\n")
+    gapped_id, plain_id = submit(str(script)), submit(str(plain))
+    for job_id in (gapped_id, plain_id):
+        wait_state(job_id, "COMPLETED")
+    shown = job_info(gapped_id)
+    assert 0.028 <= shown["mean_gap"] < 0.1, shown["mean_gap"]
+    assert "MeanGap:" in gq_ok("show", str(gapped_id))
+    lines = gq_ok("history", "--csv").splitlines()
+    assert lines[0].endswith(",deadline,gap")
+    gaps = {int(line.split(",")[0]): float(line.split(",")[-1]) for line in lines[1:]}
+    assert gaps[gapped_id] == pytest.approx(shown["mean_gap"], rel=1e-4) and gaps[plain_id] == 0
+    trace = tmp_path / "week.csv"
+    trace.write_text("\n".join(lines) + "\n")
+    assert {job.id: job.gap for job in load(trace)}[gapped_id] > 0.028
+    data = json.loads(gq_ok("simulate", "--trace", trace, "--policy", "priority", "--json"))
+    assert data["jobs"] == 2
 
 
 def generated(count: int, seed: int) -> list[TraceJob]:

@@ -129,6 +129,7 @@ def _print_job(job: messages.JobInfo) -> None:
         ("ExitCode", "-" if job.exit_code is None else job.exit_code),
         ("Steps", f"{job.steps_done}/{job.steps_total or '?'}"),
         ("MeanIteration", f"{job.mean_iteration * 1000:.2f} ms" if job.mean_iteration else "-"),
+        ("MeanGap", f"{job.mean_gap * 1000:.2f} ms" if job.mean_gap is not None else "-"),
         ("AttainedDeviceTime", f"{job.attained:.2f} s"),
         ("IterationsPerSecond", _figure(render.iteration_rate(job), "{:.1f}")),
         ("LaneShare", _figure(render.lane_share(job), "{:.0%}")),
@@ -200,7 +201,10 @@ def history(
 
 
 def _write_trace(jobs: list[messages.JobInfo]) -> None:
-    """Device time alone is best estimated by attained time where iterations were seen."""
+    """Device time alone is best estimated by attained time where iterations were seen; the
+    measured idle gap goes along where a lane could fill it (a column only where some job
+    had one): the host keeps the lane through a shorter one, as if it were no gap."""
+    from gq.policies.base import anticipation_window
     from gq.sim.traces import TraceJob, write_gq_csv
 
     ran = [j for j in jobs if j.start_time is not None and j.end_time is not None]
@@ -209,7 +213,9 @@ def _write_trace(jobs: list[messages.JobInfo]) -> None:
                       duration=(j.attained if j.steps_done and j.attained > 0
                                 else max(j.end_time - j.start_time, 1e-3)),
                       iterations=max(1, j.steps_done), gpus=max(1, j.gpus),
-                      priority=j.priority, user=j.user, mem=j.mem, time_limit=j.time_limit)
+                      priority=j.priority, user=j.user, mem=j.mem, time_limit=j.time_limit,
+                      gap=j.mean_gap if anticipation_window(j.mean_gap) is None and j.mean_gap
+                      else 0.0)
              for j in ran]
     write_gq_csv(trace, sys.stdout)
 

@@ -700,6 +700,7 @@ def _footprint(job: Job) -> admission.Footprint:
 def _progress(item: dict) -> transitions.Progress:
     return transitions.Progress(
         steps_done=int(item.get("steps_done", 0)), attained=float(item.get("attained", 0.0)),
-        mean_iteration=item.get("mean_iteration"), mem_persistent=item.get("mem_persistent"),
+        mean_iteration=item.get("mean_iteration"), mean_gap=item.get("mean_gap"),
+        mem_persistent=item.get("mem_persistent"),
         mem_peak=item.get("mem_peak"), holds_lane=bool(item.get("holds_lane", False)),
         steps_total=item.get("steps_total"))

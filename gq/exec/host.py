@@ -74,12 +74,17 @@ class Resident:
             return None
         return (self.attained - self.first_iteration) / (self.iterations - 1)
 
+    @property
+    def mean_gap(self) -> float | None:
+        """Idle time from a release to the next acquire (data loading, host-side work)."""
+        return self.gap_total / self.gaps if self.gaps else None
+
     def view(self) -> JobView:
         return JobView(
             id=self.job_id, user=self.user, submit_time=self.submit_time, priority=self.priority,
             steps_done=self.steps_done, steps_total=self.steps_total, attained=self.attained,
             mean_iteration=self.mean_iteration,
-            mean_gap=self.gap_total / self.gaps if self.gaps else None,
+            mean_gap=self.mean_gap,
             released_at=self.released_at, deadline=self._deadline_now(),
         )
 
@@ -92,7 +97,8 @@ class Resident:
     def progress(self) -> dict[str, Any]:
         return {"job": self.job_id, "run": self.run, "steps_done": self.steps_done,
                 "steps_total": self.steps_total, "attained": self.attained,
-                "mean_iteration": self.mean_iteration, "mem_persistent": self.mem_persistent,
+                "mean_iteration": self.mean_iteration, "mean_gap": self.mean_gap,
+                "mem_persistent": self.mem_persistent,
                 "mem_peak": self.mem_peak, "holds_lane": self.state == "running"}
 
 

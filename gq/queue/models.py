@@ -66,6 +66,7 @@ class Job(Base):
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
     attained: Mapped[float] = mapped_column(Float, default=0.0)
     mean_iteration: Mapped[float | None] = mapped_column(Float)
+    mean_gap: Mapped[float | None] = mapped_column(Float)  # idle seconds between iterations
     mem_persistent: Mapped[int | None] = mapped_column(Integer)
     mem_peak: Mapped[int | None] = mapped_column(Integer)
     holds_lane: Mapped[bool] = mapped_column(Boolean, default=False)

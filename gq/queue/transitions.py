@@ -211,12 +211,14 @@ class Progress:
     mem_peak: int | None
     holds_lane: bool
     steps_total: int | None = None
+    mean_gap: float | None = None  # hosts before it was reported send none
 
 
 def record_progress(session: Session, job_id: int, progress: Progress) -> None:
     values: dict[str, Any] = {
         "steps_done": progress.steps_done, "attained": progress.attained,
-        "mean_iteration": progress.mean_iteration, "mem_persistent": progress.mem_persistent,
+        "mean_iteration": progress.mean_iteration, "mean_gap": progress.mean_gap,
+        "mem_persistent": progress.mem_persistent,
         "mem_peak": progress.mem_peak, "holds_lane": progress.holds_lane,
     }
     if progress.steps_total is not None:

@@ -44,5 +44,6 @@ def job_info(job: Job, events: list[JobEvent] | None = None) -> messages.JobInfo
         lane=job.lane, pid=job.pid, submit_time=job.submit_time, start_time=job.start_time,
         end_time=job.end_time, exit_code=job.exit_code, run_count=job.run_count,
         steps_done=job.steps_done, attained=job.attained, mean_iteration=job.mean_iteration,
+        mean_gap=job.mean_gap,
         mem_persistent=job.mem_persistent, mem_peak=job.mem_peak, holds_lane=job.holds_lane,
         events=None if events is None else [event_info(e) for e in events])
