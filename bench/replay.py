@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Node, percentile  # noqa: E402
+from harness import Node  # noqa: E402
 
 from gq import policies  # noqa: E402
 from gq.sim.simulator import JobRun, Result, Slice, simulate  # noqa: E402
@@ -96,18 +96,10 @@ class _Real:
         submit = _ts(info["submit_time"]) - first
         self.jct = _ts(info["end_time"]) - _ts(info["submit_time"])
         self.spans = [(begin - first, end - first) for begin, end in spans]
+        # The gap as the host measured it (release to next acquire), where the trace has one.
         self.trace = replace(job, submit_time=submit, startup=startup,
                              duration=info["mean_iteration"] * job.iterations,
-                             gap=self._gap(job, info["mean_iteration"]))
-
-    def _gap(self, job: TraceJob, mean_iteration: float) -> float:
-        """Its idle time per iteration as the host sees it (release to next acquire): the
-        usual start-to-start time of its iterations when it did not wait for the lane (a
-        low percentile), less an iteration."""
-        if not job.gap or len(self.spans) < 3:
-            return job.gap
-        periods = [b[0] - a[0] for a, b in zip(self.spans, self.spans[1:])]
-        return max(0.0, percentile(periods, 10) - mean_iteration)
+                             gap=(info["mean_gap"] or 0.0) if job.gap else 0.0)
 
 
 def as_result(policy: str, real: list[_Real]) -> Result:
@@ -137,9 +129,10 @@ class Fill:
         begin = first.submit_time + first.startup
         self.window = (begin, begin + first.iterations * (first.iteration_time + first.gap))
         low = [job.id for job in jobs if job.priority < top]
-        done = sum(self.window[0] <= end <= self.window[1]
-                   for job_id in low for end in iteration_ends[job_id])
-        self.low_rate = done / (self.window[1] - self.window[0])
+        # When in the window the low jobs' iterations ended (seconds from its start).
+        self.low_ends = sorted(end - begin for job_id in low for end in iteration_ends[job_id]
+                               if self.window[0] <= end <= self.window[1])
+        self.low_rate = len(self.low_ends) / (self.window[1] - self.window[0])
 
     @classmethod
     def of_real(cls, real: list[_Real]) -> "Fill":
@@ -223,7 +216,8 @@ def _fill_row(real: Fill, sim: Fill) -> dict:
             "low_rate_real": real.low_rate, "low_rate_sim": sim.low_rate,
             "low_rate_error": real.low_rate / sim.low_rate - 1 if sim.low_rate else None,
             "window_real": real.window, "window_sim": sim.window,
-            "first_high_end_real": real.first_high_end, "first_high_end_sim": sim.first_high_end}
+            "first_high_end_real": real.first_high_end, "first_high_end_sim": sim.first_high_end,
+            "low_ends_in_window_real": [round(t, 3) for t in real.low_ends[:40]]}
 
 
 def _alone(jobs: list[TraceJob]) -> dict:
