@@ -237,7 +237,7 @@ def _relative(rows: list[dict], fills: dict, alone: dict) -> None:
         for side in ("real", "sim"):
             row[f"high_vs_alone_{side}"] = row[f"high_jct_{side}"] / alone[f"high_jct_{side}"]
             if fifo is not None:
-                base = getattr(fifo[0 if side == "real" else 1], "low_rate")
+                base = fifo[0 if side == "real" else 1].low_rate
                 row[f"low_vs_fifo_{side}"] = row[f"low_rate_{side}"] / base if base else None
 
 

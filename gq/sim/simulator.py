@@ -94,6 +94,10 @@ class JobRun:
         """From one of its iterations' start to the next's, when nothing comes between."""
         return self.job.iteration_time + self.job.gap
 
+    def release_after(self, begin: float, count: int) -> float:
+        """When the last of ``count`` iterations ends, begun at ``begin`` one per period."""
+        return begin + count * self.period - self.job.gap
+
 
 @dataclass
 class Stretch:
@@ -110,7 +114,7 @@ class Stretch:
     @property
     def released_at(self) -> float:
         """When its last iteration ends."""
-        return self.begin + self.count * self.run.period - self.run.job.gap
+        return self.run.release_after(self.begin, self.count)
 
     def boundary_after(self, now: float) -> tuple[int, float]:
         """Where to stop if the pick may change at ``now``: after the iteration running then
@@ -118,7 +122,7 @@ class Stretch:
         before ``now``)."""
         done = math.ceil((now - self.begin) / self.run.period - EPSILON)
         done = min(self.count, max(1, done))
-        return done, max(now, self.begin + done * self.run.period - self.run.job.gap)
+        return done, max(now, self.run.release_after(self.begin, done))
 
 
 @dataclass
@@ -422,8 +426,7 @@ class _Simulation:
             switch = self.switch_cost if lane.last_job not in (None, run.job.id) else 0.0
             begin = now + switch
             count = self._length(lane, run, chosen_view, ready_views, resident_views, begin)
-            stretch = Stretch(run, begin, count, begin + count * run.period - run.job.gap,
-                              self.sequence)
+            stretch = Stretch(run, begin, count, run.release_after(begin, count), self.sequence)
             for index in run.lanes:
                 self.lanes[index].stretch = stretch
                 self.lanes[index].last_job = run.job.id
@@ -498,9 +501,9 @@ class _Simulation:
             left = min(left, max(1, math.ceil((min(waking) - begin) / run.period - EPSILON)))
         if len(resident) == 1:
             return left
-        period, gap = run.period, run.job.gap
+        period = run.period
         count = run_length(self.policy, chosen, ready, resident,
-                           lambda k: (run.projected(k, begin + k * period - gap),
+                           lambda k: (run.projected(k, run.release_after(begin, k)),
                                       begin + k * period), left)
         if self.share_slice and count < left:
             count = min(left, max(count, math.ceil(self.share_slice * run.job.iterations)))
