@@ -41,7 +41,7 @@ def steps(iterable: Iterable[T], total: int | None = None) -> Iterator[T]:
         return
     if total is None and hasattr(iterable, "__len__"):
         total = len(iterable)  # type: ignore[arg-type]
-    if total is not None:
+    if total:  # an empty loader declares nothing
         session.set_total_steps(total)
     from gq.exec.runtime import EXPLICIT
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from typing import Any
 
@@ -29,15 +28,21 @@ def ask(request: Any, home: Home | None = None) -> Any:
 
 
 def ask_with_fds(request: Any, home: Home | None = None) -> tuple[Any, list[int]]:
+    line = _checked(request)
     home = home or locate()
     with _connect(home) as sock:
         sock.settimeout(defaults.CLIENT_TIMEOUT)
         try:
-            sock.sendall(messages.encode(request))
+            sock.sendall(line)
         except OSError as exc:
-            raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
-                              f"see {home.daemon_log}") from None
-        line, fds = _read_line(sock, home)
+            # A daemon that refuses the connection (a limit) answers before it closes.
+            try:
+                line, fds = _read_line(sock, home)
+            except Unreachable:
+                raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
+                                  f"see {home.daemon_log}") from None
+        else:
+            line, fds = _read_line(sock, home)
     try:
         answer = messages.decode(line, messages.ANSWERS)
     except messages.VersionMismatch as exc:
@@ -51,6 +56,17 @@ def ask_with_fds(request: Any, home: Home | None = None) -> tuple[Any, list[int]
             os.close(fd)
         raise UserError(answer.message, answer.exit_code)
     return answer, fds
+
+
+def _checked(request: Any) -> bytes:
+    """The request's line, decoded here as the daemon will decode it: what it would refuse
+    as malformed is refused before a daemon is asked (or started)."""
+    try:
+        line = messages.encode(request)
+        messages.decode(line, messages.REQUESTS)
+    except (messages.MessageError, ValueError) as exc:
+        raise UserError(f"invalid request: {exc}") from None
+    return line
 
 
 def _read_line(sock: socket.socket, home: Home) -> tuple[bytes, list[int]]:
@@ -90,6 +106,15 @@ def _try_connect(home: Home) -> socket.socket | None:
         if not home.system:  # the path itself is unusable: a file, say
             raise UserError(f"cannot use GQ_HOME {home.root}: {exc.strerror}") from None
         raise UserError(f"cannot reach the daemon at {home.socket}: {exc.strerror}") from None
+
+
+def answers(home: Home) -> bool:
+    """Whether a daemon listens at the home's socket now (no waiting, no starting)."""
+    sock = _try_connect(home)
+    if sock is None:
+        return False
+    sock.close()
+    return True
 
 
 def _connect(home: Home) -> socket.socket:
@@ -133,6 +158,8 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
     """
     import subprocess
 
+    from gq.exec.spawn import gq_python
+
     if home.system:
         env = dict(os.environ, GQ_SYSTEM_HOME=str(home.root))
         options = ["--system", *options]
@@ -148,7 +175,7 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
             raise UserError(f"cannot use {home.root}: {exc.strerror}") from None
         with log:
             os.chmod(home.daemon_log, 0o600)
-            return subprocess.Popen([sys.executable, "-m", "gq.daemon", *options], env=env,
+            return subprocess.Popen(gq_python("gq.daemon", *options), env=env, cwd=home.root,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True)
 

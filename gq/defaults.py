@@ -9,6 +9,29 @@ MAX_RESIDENT = 4  # jobs kept resident on one device
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
 STOP_GRACE = 5.0  # beyond the kill wait, how long a stopping daemon waits for its jobs
 PRIORITY_CAP = 0  # in system mode, the highest --priority a non-operator may ask for
+RETENTION = 30 * 86400.0  # finished jobs, their events and snapshots are kept this long
+PURGE_PERIOD = 60.0  # look for finished jobs past the retention this often
+PURGE_BATCH = 2000  # jobs purged in one transaction (the loop serves clients in between)
+
+# What one user may ask of a shared node (daemon options; 'gq info' shows them)
+MAX_PENDING_PER_USER = 10_000  # jobs a user may have pending (array tasks count one each)
+MAX_ARRAY_SIZE = 10_000  # tasks in one array, checked before the spec is expanded
+MAX_CONNECTIONS_PER_USER = 64  # open connections of one uid
+MAX_CONNECTIONS = 1024  # open connections in total (less than the descriptor limit allows)
+MAX_REQUEST = 8 << 20  # bytes in one request line (a script snapshot travels in it)
+MAX_BUFFERED_PER_USER = 64 << 20  # bytes of one uid's requests and unread answers held
+DESCRIPTOR_RESERVE = 128  # descriptors kept for the database, hosts, logs and helpers
+
+# What one job may carry (checked by the client, again by the daemon)
+MAX_SCRIPT = 4 << 20  # bytes of a script snapshot (Slurm's default max_script_size)
+MAX_JOB_PAYLOAD = 256 << 10  # bytes of environment plus arguments, as JSON on the wire
+MAX_NAME = 255  # characters of a job name
+MAX_PATH = 4096  # characters of a path (Linux's PATH_MAX)
+MAX_TEXT = 4096  # characters of other free text: a reason, a dependency, a filter
+MAX_PRIORITY = (1 << 31) - 1  # --priority within ±this (Slurm's are 32-bit)
+MAX_TIME_LIMIT = 10 * 365 * 86400  # seconds; omit -t for no limit at all
+MAX_TIMESTAMP = 253402300799.0  # 9999-12-31T23:59:59Z: the latest time a date can say
+MAX_GPUS = 1024
 
 # Client and daemon connection
 CONNECTION_IDLE = 10.0  # a client that sends nothing for this long is dropped
@@ -17,14 +40,18 @@ DAEMON_START_TIMEOUT = 30.0  # a personal daemon started on demand must answer w
 DAEMON_WAIT = 15.0  # how long a client waits for a system daemon that is restarting
 LISTEN_BACKLOG = 512
 ALREADY_RUNNING_EXIT = 3  # a daemon that finds another one holding the home exits so
+OPEN_AS_OWNER_TIMEOUT = 5.0  # a file opened with a user's rights must open within this
 
 # Execution host
+MAX_FRAME = 1 << 20  # bytes in one message between daemon, host and worker (both ends)
 PROGRESS_PERIOD = 1.0  # the host reports progress to the daemon this often
 # A job whose gap between release and next acquire is this short is in a tight loop: when
 # the policy prefers it, the lane waits for it rather than letting a less preferred job in
 # for a whole iteration (anticipatory scheduling). Real idle gaps are longer and are filled.
 ANTICIPATION_LIMIT = 0.002
 HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
+CGROUP = "auto"  # auto | v2 | v1 | off: where each job's processes are kept
+CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its kill
 
 # Worker
 MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases

@@ -60,6 +60,13 @@ class Home:
         """Execution hosts' sockets and pidfiles, one pair per device."""
         return self.root / "hosts"
 
+    @property
+    def tag(self) -> str:
+        """A short name unique to this state directory (its jobs' cgroups go by it)."""
+        import hashlib
+
+        return hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+
     def ensure(self) -> "Home":
         """Create the directories with the mode's permissions (the daemon calls this)."""
         top = 0o755 if self.system else 0o700

@@ -4,41 +4,34 @@ dataclass defined here once, used by both ends (as pueue's client and daemon sha
 
 On the wire each message is one line of JSON, ``{"v": VERSION, "kind": ..., fields...}``,
 one request and one answer per connection over the daemon's Unix stream socket.
-:func:`decode` checks the version, the kind and every field's type, and rejects anything
-else in one place, so handlers only ever see well-formed messages. ``bytes`` fields travel
-as base64. This module imports nothing beyond the standard library: the client loads it on
-every command.
+:func:`decode` checks the version, the kind and every field's type and range (see
+:mod:`gq.codec`), and rejects anything else in one place, so handlers only ever see
+well-formed messages. This module imports nothing beyond the standard library and gq's
+codec: the client loads it on every command.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import json
-import types
-import typing
 from dataclasses import field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from gq import codec, defaults
+from gq.codec import MaxLen, MessageError, message
+from gq.fields import (Args, Count, Environment, Gpus, Name, Path, Priority, Text, TimeLimit,
+                       Timestamp, Umask)
+
+__all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
 VERSION = 1
-MAX_REQUEST = 16 << 20  # bytes in one request line (a script snapshot travels in it)
-MAX_SCRIPT = 4 << 20  # Slurm's default max_script_size
+dataclass = message
+Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
+Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
+Snapshot = Annotated[bytes, MaxLen(defaults.MAX_SCRIPT)]
 
 
-class MessageError(Exception):
-    """A line that is not a well-formed message of this protocol version."""
-
-
-def dataclass(cls):
-    """A message class: a dataclass without generated repr and eq, which cost the client
-    most of this module's import time."""
-    return dataclasses.dataclass(repr=False, eq=False)(cls)
-
-
-class VersionMismatch(MessageError):
+class VersionMismatch(codec.VersionMismatch):
     def __init__(self, theirs: object):
-        super().__init__(f"protocol version {theirs!r}, expected {VERSION}")
-        self.theirs = theirs
+        super().__init__(theirs, VERSION)
 
 
 # ----- shared records -----------------------------------------------------------------
@@ -75,7 +68,7 @@ class JobInfo:
     array_task_id: int | None
     array_max_running: int | None
     script: str
-    args: list[str]
+    args: Args
     workdir: str
     stdout: str
     stderr: str
@@ -95,6 +88,8 @@ class JobInfo:
     holds_lane: bool
     events: list[EventInfo] | None = None
     mean_gap: float | None = None
+    host_memory: int | None = None  # bytes its processes hold on the host (its cgroup)
+    processes: int | None = None  # how many processes it has (its cgroup), while it runs
 
 
 @dataclass
@@ -159,32 +154,32 @@ class Line:
 class SubmitOptions:
     """Everything the client parsed from the command line and the script's directives."""
 
-    name: str | None = None
-    gpus: int = 1
-    mem: int | None = None
-    time_limit: int | None = None
-    deadline: float | None = None  # seconds since the epoch
-    priority: int = 0
-    steps: int | None = None
-    output: str = "gq-%j.out"
-    error: str | None = None
+    name: Name | None = None
+    gpus: Gpus = 1
+    mem: Count | None = None
+    time_limit: TimeLimit | None = None
+    deadline: Timestamp | None = None
+    priority: Priority = 0
+    steps: Count | None = None
+    output: Path = "gq-%j.out"
+    error: Path | None = None
     exclusive: bool = False
     requeue: bool = False
-    interpreter: str | None = None
-    array: str | None = None
-    dependency: str | None = None
+    interpreter: Path | None = None
+    array: Text | None = None
+    dependency: Text | None = None
     held: bool = False
 
 
 @dataclass
 class Submit:
     kind: ClassVar[str] = "submit"
-    script_path: str  # as submitted, absolute
-    script: bytes  # the snapshot: read by the client, with the caller's own rights
-    args: list[str]
-    workdir: str
-    env: dict[str, str]
-    umask: int
+    script_path: Path  # as submitted, absolute
+    script: Snapshot  # the snapshot: read by the client, with the caller's own rights
+    args: Args
+    workdir: Path
+    env: Environment
+    umask: Umask
     options: SubmitOptions
 
 
@@ -193,8 +188,8 @@ class ListJobs:
     """status and history: jobs in ``states`` (all states when None)."""
 
     kind: ClassVar[str] = "list"
-    states: list[str] | None = None
-    users: list[str] | None = None
+    states: Annotated[list[Name], MaxLen(16)] | None = None
+    users: Annotated[list[Name], MaxLen(1024)] | None = None
 
 
 @dataclass
@@ -202,7 +197,7 @@ class ShowJob:
     """One job with its state history; an array's id lists every task."""
 
     kind: ClassVar[str] = "show"
-    label: str
+    label: Label
 
 
 @dataclass
@@ -210,58 +205,58 @@ class OpenLog:
     """A job's output file, opened by the daemon as its owner may and passed as a descriptor."""
 
     kind: ClassVar[str] = "logs"
-    label: str
+    label: Label
     stderr: bool = False
 
 
 @dataclass
 class ExportScript:
     kind: ClassVar[str] = "export"
-    label: str
+    label: Label
 
 
 @dataclass
 class Cancel:
     kind: ClassVar[str] = "cancel"
-    labels: list[str]
-    state: str | None = None
-    name: str | None = None
-    user: str | None = None
+    labels: Labels
+    state: Name | None = None
+    name: Name | None = None
+    user: Name | None = None
 
 
 @dataclass
 class Hold:
     kind: ClassVar[str] = "hold"
-    labels: list[str]
+    labels: Labels
 
 
 @dataclass
 class Release:
     kind: ClassVar[str] = "release"
-    labels: list[str]
+    labels: Labels
 
 
 @dataclass
 class Requeue:
     kind: ClassVar[str] = "requeue"
-    labels: list[str]
+    labels: Labels
 
 
 @dataclass
 class Update:
     kind: ClassVar[str] = "update"
-    labels: list[str]
-    priority: int | None = None
-    time_limit: int | None = None
-    name: str | None = None
+    labels: Labels
+    priority: Priority | None = None
+    time_limit: TimeLimit | None = None
+    name: Name | None = None
 
 
 @dataclass
 class SetPolicy:
     kind: ClassVar[str] = "policy-set"
-    name: str
-    fill: str = "always"
-    quantum: str = "100ms"
+    name: Name
+    fill: Name = "always"
+    quantum: Name = "100ms"
 
 
 @dataclass
@@ -294,16 +289,21 @@ class Jobs:
     kind: ClassVar[str] = "jobs"
     jobs: list[JobInfo]
     stale: str | None = None  # why progress figures may be out of date
+    retention: float | None = None  # seconds the daemon keeps finished jobs (None: ever)
+    kept_since: float | None = None  # when the oldest finished job it still keeps ended
 
 
 @dataclass
 class LogFile:
-    """The descriptor of the file itself travels beside the message (SCM_RIGHTS)."""
+    """A job's output file: opened by the daemon with its owner's rights, the descriptor
+    beside the message (SCM_RIGHTS); or, for the owner (``opened`` false), named for the
+    client to open itself."""
 
     kind: ClassVar[str] = "log"
     job: JobInfo
     path: str
     exists: bool
+    opened: bool = True
 
 
 @dataclass
@@ -328,6 +328,21 @@ class PolicyInfo:
 
 
 @dataclass
+class NodeLimits:
+    """What one user may ask of the node (the daemon's options), and how jobs are kept."""
+
+    max_pending: int  # pending jobs per user
+    max_array: int  # tasks in one array
+    max_connections_per_user: int
+    max_connections: int
+    max_request: int  # bytes
+    retention: float | None  # seconds finished jobs are kept (None: for ever)
+    max_script: int  # bytes
+    max_job_payload: int  # bytes of environment and arguments
+    containment: str  # "cgroup v1", "cgroup v2" or "process groups"
+
+
+@dataclass
 class NodeInfo:
     kind: ClassVar[str] = "node"
     pid: int
@@ -343,6 +358,7 @@ class NodeInfo:
     operators: list[str]
     priority_cap: int | None
     options: list[str]  # the daemon's command-line options: a restart reuses them
+    limits: NodeLimits | None = None
 
 
 @dataclass
@@ -371,99 +387,17 @@ ANSWERS: dict[str, type] = {cls.kind: cls for cls in (
 def encode(message: Any) -> bytes:
     """One line: the version, the kind, then the fields."""
     data = {"v": VERSION, "kind": message.kind}
-    data.update(_to_wire(message))
-    return json.dumps(data, separators=(",", ":")).encode() + b"\n"
+    data.update(codec.to_wire(message))
+    return codec.dumps(data)
 
 
 def decode(line: bytes, kinds: dict[str, type]) -> Any:
     """The message a line holds, every field checked; MessageError otherwise."""
-    try:
-        data = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MessageError(f"not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise MessageError("not a JSON object")
+    data = codec.loads(line)
     if data.get("v") != VERSION:
         raise VersionMismatch(data.get("v"))
     kind = data.pop("kind", None)
     del data["v"]
     if not isinstance(kind, str) or kind not in kinds:
-        raise MessageError(f"unknown kind {kind!r}")
-    return _from_wire(kinds[kind], data, kind)
-
-
-def _to_wire(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, list):
-        return [_to_wire(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _to_wire(item) for key, item in value.items()}
-    return value
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _from_wire(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise MessageError(f"{where}: expected an object")
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    values = {}
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(fields)
-    if unknown:
-        raise MessageError(f"{where}: unknown field {sorted(unknown)[0]!r}")
-    for name, spec in fields.items():
-        if name in data:
-            values[name] = _check(data[name], hints[name], f"{where}.{name}")
-        elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-            raise MessageError(f"{where}: missing field {name!r}")
-    return cls(**values)
-
-
-def _check(value: Any, hint: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _check(value, option, where)
-            except MessageError:
-                continue
-        raise MessageError(f"{where}: unexpected {type(value).__name__}")
-    if hint is type(None):
-        if value is None:
-            return None
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif hint is bytes:
-        if isinstance(value, str):
-            try:
-                return base64.b64decode(value, validate=True)
-            except ValueError:
-                raise MessageError(f"{where}: not base64") from None
-    elif origin is list:
-        if isinstance(value, list):
-            (item,) = typing.get_args(hint)
-            return [_check(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    elif origin is dict:
-        if isinstance(value, dict):
-            _, item = typing.get_args(hint)
-            return {k: _check(v, item, f"{where}.{k}") for k, v in value.items()}
-    elif dataclasses.is_dataclass(hint):
-        return _from_wire(hint, value, where)
-    raise MessageError(f"{where}: unexpected {type(value).__name__}")
+        raise MessageError(f"unknown kind {str(kind)[:40]!r}")
+    return codec.build(kinds[kind], data, kind)

@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+import math
 import re
 
+from gq import defaults
 from gq.errors import UserError
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d{1,30}(?:\.\d{1,30})?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 _SIZE_FACTORS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_MAX_SIZE = 1 << 60  # an exabyte: past it a size is a typo (and no longer fits the queue)
 
 
 def parse_size(text: str) -> int:
     """Bytes from ``6G``, ``512M``, ``100K``, ``1T``; a bare number is megabytes, as in sbatch."""
     match = _SIZE.match(text)
     if not match:
-        raise UserError(f"invalid size {text!r}: expected a number with K, M, G or T (e.g. 6G)")
+        raise UserError(f"invalid size {text[:40]!r}: expected a number with K, M, G or T (e.g. 6G)")
     number, unit = match.groups()
     size = int(float(number) * _SIZE_FACTORS[unit.upper()])
     if size <= 0:
-        raise UserError(f"invalid size {text!r}: must be greater than zero")
+        raise UserError(f"invalid size {text[:40]!r}: must be greater than zero")
+    if size > _MAX_SIZE:
+        raise UserError(f"invalid size {text[:40]!r}: more than any machine has")
     return size
+
+
+def format_size_exact(size: int) -> str:
+    """A size :func:`parse_size` reads back exactly: ``8M``, ``1536K``, ``100B``."""
+    for unit, factor in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return f"{size}B"
 
 
 def format_size(size: int | None) -> str:
@@ -32,12 +45,12 @@ def format_size(size: int | None) -> str:
 
 
 _TIME_FORMS = [
-    re.compile(r"^(?P<m>\d+)$"),
-    re.compile(r"^(?P<m>\d+):(?P<s>\d+)$"),
-    re.compile(r"^(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)$"),
-    re.compile(r"^(?P<d>\d+)-(?P<h>\d+)$"),
-    re.compile(r"^(?P<d>\d+)-(?P<h>\d+):(?P<m>\d+)$"),
-    re.compile(r"^(?P<d>\d+)-(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)$"),
+    re.compile(r"^(?P<m>\d{1,12})$"),
+    re.compile(r"^(?P<m>\d{1,12}):(?P<s>\d{1,12})$"),
+    re.compile(r"^(?P<h>\d{1,12}):(?P<m>\d{1,12}):(?P<s>\d{1,12})$"),
+    re.compile(r"^(?P<d>\d{1,12})-(?P<h>\d{1,12})$"),
+    re.compile(r"^(?P<d>\d{1,12})-(?P<h>\d{1,12}):(?P<m>\d{1,12})$"),
+    re.compile(r"^(?P<d>\d{1,12})-(?P<h>\d{1,12}):(?P<m>\d{1,12}):(?P<s>\d{1,12})$"),
 ]
 
 
@@ -53,10 +66,14 @@ def parse_duration(text: str) -> int:
                 + parts.get("m", 0) * 60 + parts.get("s", 0)
             )
             if seconds <= 0:
-                raise UserError(f"invalid time limit {text!r}: must be greater than zero")
+                raise UserError(f"invalid time limit {text[:40]!r}: must be greater than zero")
+            if seconds > defaults.MAX_TIME_LIMIT:
+                raise UserError(f"invalid time limit {text[:40]!r}: over "
+                                f"{defaults.MAX_TIME_LIMIT // (365 * 86400)} years; leave -t "
+                                "out for no limit")
             return seconds
     raise UserError(
-        f"invalid time limit {text!r}: use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S (e.g. 2:00:00)"
+        f"invalid time limit {text[:40]!r}: use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S (e.g. 2:00:00)"
     )
 
 
@@ -75,7 +92,7 @@ def format_duration(seconds: float | None) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-_RELATIVE = re.compile(r"^now(?:\+(?P<n>\d+)(?P<unit>[a-z]*))?$")
+_RELATIVE = re.compile(r"^now(?:\+(?P<n>\d{1,30})(?P<unit>[a-z]*))?$")
 _UNITS = {"": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
           "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
           "d": 86400, "day": 86400, "days": 86400, "w": 604800, "week": 604800,
@@ -103,7 +120,7 @@ def parse_deadline(text: str, now: float) -> float:
     elif match := _RELATIVE.match(stripped):
         unit = _UNITS.get(match.group("unit"))
         if unit is not None:
-            return now + int(match.group("n") or 0) * unit
+            return _in_range(text, now + int(match.group("n") or 0) * unit)
     elif match := _ABSOLUTE.match(text.strip()):
         try:
             when = datetime.fromisoformat(match.group("date") + "T" + (match.group("time")
@@ -117,9 +134,16 @@ def parse_deadline(text: str, now: float) -> float:
             if when <= current:
                 when += timedelta(days=1)
     if when is None:
-        raise UserError(f"invalid --deadline {text!r}: use YYYY-MM-DD[THH:MM[:SS]], HH:MM[:SS], "
-                        "now+N[minutes|hours|days], today, tomorrow, midnight or noon")
-    return when.timestamp()
+        raise UserError(f"invalid --deadline {text[:40]!r}: use YYYY-MM-DD[THH:MM[:SS]], "
+                        "HH:MM[:SS], now+N[minutes|hours|days], today, tomorrow, midnight or "
+                        "noon")
+    return _in_range(text, when.timestamp())
+
+
+def _in_range(text: str, timestamp: float) -> float:
+    if not 0 <= timestamp <= defaults.MAX_TIMESTAMP:
+        raise UserError(f"invalid --deadline {text[:40]!r}: past the year 9999")
+    return timestamp
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -129,3 +153,31 @@ def parse_address(text: str) -> tuple[str, int]:
         raise UserError(f"invalid --metrics {text!r}: use ADDR:PORT, such as 127.0.0.1:9400 "
                         "or :9400")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+_PERIOD = re.compile(r"^(?P<n>\d{1,9}(?:\.\d{1,6})?)\s*(?P<unit>[a-z]*)$")
+
+
+def parse_period(text: str) -> float:
+    """Seconds from a retention period: ``30days``, ``12hours``, ``90min``, ``2weeks`` (a
+    bare number is days), or ``never`` (no end: infinity)."""
+    stripped = text.strip().lower()
+    if stripped in ("never", "unlimited", "infinite"):
+        return math.inf
+    match = _PERIOD.match(stripped)
+    unit = _UNITS.get(match.group("unit") or "d" if match else "")
+    if match is None or unit is None or float(match.group("n")) <= 0:
+        raise UserError(f"invalid period {text[:40]!r}: use N followed by seconds, minutes, "
+                        "hours, days or weeks (e.g. 30days), or 'never'")
+    return float(match.group("n")) * unit
+
+
+def format_period(seconds: float) -> str:
+    """``30days``, ``12hours``, ``90s``, ``never``: what :func:`parse_period` reads back."""
+    if math.isinf(seconds):
+        return "never"
+    for name, unit in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= unit and seconds % unit == 0:
+            count = int(seconds // unit)
+            return f"{count}{name if count != 1 else name[:-1]}"
+    return f"{seconds:.6g}s"

@@ -201,6 +201,12 @@ class SharedInstall:
     python: str
     source: Path
 
+    @contextlib.contextmanager
+    def building(self):
+        """Held while the shared venv is built or added to: parallel test workers share it."""
+        with _venv_lock(Path(self.python).parents[1]):
+            yield
+
     def env(self, system_home: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GQ_")}
         env.update(PYTHONPATH=str(self.source), GQ_SYSTEM_HOME=str(system_home),
@@ -225,10 +231,11 @@ def shared_install(tmp_path_factory) -> SharedInstall:
     venv = Path(f"/tmp/gq-test-venv-{key}")
     python = venv / "bin" / "python"
     probe = [str(python), "-c", "import typer, sqlalchemy, alembic, psutil"]
-    if not python.exists() or subprocess.run(probe, capture_output=True).returncode != 0:
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *needs], check=True)
+    with _venv_lock(venv):
+        if not python.exists() or subprocess.run(probe, capture_output=True).returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *needs], check=True)
     base = tmp_path_factory.mktemp("shared-node")
     source = base / "src"
     for part in ("gq", "migrations"):
@@ -236,6 +243,15 @@ def shared_install(tmp_path_factory) -> SharedInstall:
                         ignore=shutil.ignore_patterns("__pycache__"))
     _open_to_all(base)
     return SharedInstall(str(python), source)
+
+
+@contextlib.contextmanager
+def _venv_lock(venv: Path):
+    import fcntl
+
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _open_to_all(path: Path) -> None:

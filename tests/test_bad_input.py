@@ -43,6 +43,20 @@ BAD_SUBMITS = [
     (["--bogus"], "No such option: --bogus"),
     (["--priority", "high"], "Invalid value for '--priority'"),
     (["-D", "/no/such/dir"], "--chdir /no/such/dir is not a directory"),
+    # Values no process or query downstream could carry: refused here, never stored.
+    (["--priority", str(2**70)], "invalid --priority a 22-digit number"),
+    (["--priority", "-2147483648"], "must be from -2147483647 to 2147483647"),
+    (["--steps", str(2**63)], "invalid --steps"),
+    (["--after", "99999999999999999999"], "job ids go from 1 to"),
+    (["--dependency", "afterok:" + "9" * 5000], "invalid dependency"),
+    (["--deadline", "now+1000000000000000000000seconds"], "past the year 9999"),
+    (["--time", "9" * 40], "invalid time limit"),
+    (["--mem", "9" * 5000], "invalid size"),
+    (["-J", "evil\x1b[2J"], "must be printable text"),
+    (["-J", "two\nlines"], "must be printable text"),
+    (["-J", "x" * 300], "longer than 255 characters"),
+    (["--array", "0-60000000"], "task ids go from 0 to 4000000"),
+    (["-o", "a\udcffb.out"], "is not valid UTF-8"),
 ]
 
 
@@ -124,3 +138,41 @@ def test_unknown_command(home):
 def test_good_submit_after_bad_ones_gets_the_first_id(home, script):
     gq("submit", "--mem", "bad", str(script))
     assert submit(str(script)) == 1
+
+
+def test_nul_in_a_directive_far_down_the_comment_block(home, tmp_path):
+    """The #GQ line lies past the first 8 KiB (the binary check's window)."""
+    script = tmp_path / "nul.sh"
+    script.write_bytes(b"#!/bin/bash\n" + b"# padding\n" * 1000 + b"#GQ -J evil\x00name\necho\n")
+    assert_refused(gq("submit", str(script)), "job name", "NUL")
+    assert_nothing_written(home)
+
+
+def test_non_utf8_name_and_directory(home, tmp_path, monkeypatch, script):
+    import os
+
+    assert_refused(gq("submit", "-J", os.fsdecode(b"caf\xe9"), str(script)), "not valid UTF-8")
+    odd = tmp_path / os.fsdecode(b"dir-\xff")
+    odd.mkdir()
+    monkeypatch.chdir(odd)
+    assert_refused(gq("submit", str(script)), "working directory", "not valid UTF-8")
+    assert_nothing_written(home)
+
+
+def test_environment_over_the_payload_limit(home, script, monkeypatch):
+    monkeypatch.setenv("HUGE", "x" * (1400 << 10))  # 1.4 MB, past a launch message's frame
+    assert_refused(gq("submit", str(script)), "over gq's limit of 256 KiB", "env -u NAME")
+    monkeypatch.delenv("HUGE")
+    monkeypatch.setenv("ODD", "\udcff")
+    assert_refused(gq("submit", str(script)), "environment variable ODD is not valid UTF-8")
+    assert_nothing_written(home)
+
+
+@pytest.mark.parametrize("command", [["cancel", "99999999999999999999"],
+                                     ["show", "1_99999999999"], ["hold", "9" * 400],
+                                     ["update", "1", "--priority", str(2**64)]])
+def test_out_of_range_job_ids_and_values(home, command):
+    result = gq(*command)
+    assert result.code == 2 and result.out == "", result
+    assert result.err.count("\n") == 1 and result.err.startswith("gq: error: "), result.err
+    assert_nothing_written(home)

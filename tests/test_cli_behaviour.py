@@ -75,9 +75,9 @@ def test_a_held_job_never_starts_even_if_admission_read_it_before(tmp_path):
                                  interpreter=None, workdir="/tmp", output_pattern="o",
                                  error_pattern="o", env={})
         with db.write() as session:
-            job_id = transitions.submit(session, new, lambda p, j: p)[0].id
+            job_id = transitions.submit(session, new, lambda p, i, a, t: p)[0]
         with db.write() as session:  # 'gq hold' wins the race against admission
-            assert transitions.set_held(session, job_id, True)
+            assert transitions.set_held(session, [job_id], True) == [job_id]
         with db.write() as session:
             assert not transitions.start(session, job_id, "cpu", 0)
     finally:

@@ -164,29 +164,54 @@ def test_attaching_reads_past_what_a_host_says_before_answering_hello(tmp_path):
     import threading
 
     from gq.daemon.devices import Device
-    from gq.daemon.hosts import HostHandle
-    from gq.exec.protocol import Channel, encode
+    from gq.daemon.hosts import HostHandle, HostSettings
+    from gq.exec import protocol as wire
     from gq.home import Home
 
     home = Home(tmp_path / "home").ensure()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(home.hosts / "cpu.sock"))
     listener.listen(1)
-    state = {"op": "state", "version": "x", "pid": os.getpid(), "residents": [], "exited": [],
-             "draining": False}
+    state = wire.State(version=wire.HOST_VERSION, pid=os.getpid(), device="cpu", lanes=1,
+                       policy=["fifo", "always", "100ms"], draining=False, residents=[],
+                       exited=[])
 
     def chatty_host():
         sock, _ = listener.accept()
-        sock.sendall(encode({"op": "progress", "jobs": []}))  # before any hello
-        channel = Channel(sock)
-        assert channel.receive_one()["op"] == "hello"
-        sock.sendall(encode(state))
+        sock.sendall(wire.encode(wire.Progress(jobs=[])))  # before any hello
+        channel = wire.Channel(sock, wire.TO_HOST)
+        assert isinstance(channel.receive_one(), wire.Hello)
+        sock.sendall(wire.encode(state))
         sock.close()
 
     thread = threading.Thread(target=chatty_host)
     thread.start()
     device = Device(name="cpu", kind="cpu", index=None, memory_total=1 << 30, model="test")
-    host, answer = HostHandle.attach(device, home, lanes=1, kill_grace=1.0)
+    host, answer = HostHandle.attach(device, home, HostSettings(1, 1.0, "off"))
     thread.join(10)
     listener.close()
-    assert answer == state and host.pid == os.getpid() and host.process is None
+    assert isinstance(answer, wire.State) and answer.pid == os.getpid()
+    assert host.pid == os.getpid() and host.process is None and host.current
+
+
+def test_a_host_connection_that_drops_is_attached_again_and_keeps_its_jobs(daemon, tmp_path):
+    """The daemon loses its link to a live host (here a second client says hello on the
+    host's socket, and the host drops the daemon for it): it attaches again, and the job on
+    that host runs on and ends as it would have, once."""
+    import socket as socket_module
+
+    from test_reliability import host_process
+
+    script = write_script(tmp_path / "s.sh", "while [ ! -e go ]; do sleep 0.05; done\n")
+    job_id = submit(str(script))
+    wait_state(job_id, "RUNNING")
+    host = host_process(daemon.pid())
+    with socket_module.socket(socket_module.AF_UNIX) as other:
+        other.connect(str(daemon.root / "hosts" / "cpu.sock"))
+        other.sendall(b'{"op": "hello"}\n')
+        assert b'"op":"state"' in other.recv(1 << 16)
+    wait_for(lambda: "attaching the execution host of cpu again" in daemon.log(), 20,
+             what="the daemon to attach again")
+    (tmp_path / "go").touch()
+    info = wait_state(job_id, "COMPLETED", timeout=30)
+    assert info["run_count"] == 1 and host_process(daemon.pid()).pid == host.pid

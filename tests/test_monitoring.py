@@ -164,9 +164,9 @@ def test_nvml_discovery_sampling_mig_and_the_jobs_view(monkeypatch):
     assert [(d.name, d.index, d.uuid, d.memory_total >> 30) for d in found if d.kind == "cuda"] == [
         ("gpu0", 0, "GPU-0000", 80), ("gpu1-mig0", 1, "MIG-aaaa", 10), ("gpu1-mig2", 2, "MIG-bbbb", 20)]
     assert found[0].links == (0, 10) and found[-1].kind == "cpu"
-    # A whole GPU goes by number, a MIG instance by its UUID.
+    # Every GPU goes by its UUID, so the user's CUDA_DEVICE_ORDER cannot renumber them.
     env = devices.environment([found[0], found[2]])
-    assert env["CUDA_VISIBLE_DEVICES"] == "0,MIG-bbbb" and env["GQ_DEVICE"] == "cuda:0"
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0000,MIG-bbbb" and env["GQ_DEVICE"] == "cuda:0"
 
     sampler = sampling.Sampler(found)
     samples = sampler.sample({"gpu0": [(7, os.getpid())]})

@@ -71,15 +71,18 @@ def test_rr_gives_resident_jobs_turns_within_one_quantum(daemon, tmp_path):
 
     def sample():
         rows = {r["id"]: r for r in json.loads(gq_ok("status", "--json"))}
-        if not all(0 < rows.get(i, {}).get("steps_done", 0) < 400 for i in ids):
-            return len(rows) < 2 or bool(samples)  # done once either loop is over
-        samples.append(tuple(rows[i]["attained"] for i in ids))
+        # Past their warm-up (a first iteration can take many times the others) and
+        # before either loop is over (the other then runs alone).
+        if not all(20 <= rows.get(i, {}).get("steps_done", 0) < 380 for i in ids):
+            return len(rows) < 2 or any(rows[i]["steps_done"] >= 380 for i in ids)
+        paces = [rows[i]["mean_iteration"] or 0.0 for i in ids]
+        samples.append((*(rows[i]["attained"] for i in ids), max(paces)))
         return False
 
     wait_for(sample, 60, interval=0.1, what="both jobs to iterate")
     assert samples, "never saw both jobs iterating"
-    for a, b in samples:  # one quantum, and one iteration of granularity, apart at most
-        assert abs(a - b) <= 0.05 + 0.02, samples
+    for a, b, pace in samples:  # one quantum, and an iteration or two of granularity
+        assert abs(a - b) <= 0.05 + 2 * pace + 0.01, samples
     for job_id in ids:
         wait_state(job_id, "COMPLETED", timeout=60)
 

@@ -30,7 +30,7 @@ def db(tmp_path) -> Database:
 
 def _add(db, name="j") -> int:
     with db.write() as session:
-        return transitions.submit(session, _new_job(name), lambda p, job: f"{p}-{job.id}")[0].id
+        return transitions.submit(session, _new_job(name), lambda p, i, a, t: f"{p}-{i}")[0]
 
 
 def test_head_revision_constant_matches_migrations():
@@ -121,3 +121,94 @@ def test_opening_current_database_skips_alembic(db, monkeypatch):
 
     monkeypatch.setattr(alembic.command, "upgrade", lambda *a: pytest.fail("ran alembic"))
     Database(db.home).close()
+
+
+def test_upgrade_to_0006_moves_payloads_and_clears_what_no_valid_gq_writes(tmp_path):
+    """Rows an older gq stored: an array's tasks and a plain job, each with its own copy of
+    its environment and arguments, and values a hostile worker or client got in."""
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0005")
+    connection = sqlite3.connect(home.db)
+    columns = ("id, name, user, state, priority, gpus, exclusive, requeue, script, spool_path, "
+               "args, workdir, stdout_path, stderr_path, env, submit_time, run_count, "
+               "steps_done, attained, holds_lane, array_job_id, array_task_id, held, "
+               "mem_persistent, deadline, mean_iteration")
+    rows = [
+        (1, "arr", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", "/sp/1/s.sh", '["--lr", "3"]', "/w",
+         "/w/o", "/w/o", '{"A": "1"}', 1.0, 0, 0, 0.0, 0, 1, 0, 0, None, None, None),
+        (2, "arr", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", "/sp/1/s.sh", '["--lr", "3"]', "/w",
+         "/w/o", "/w/o", '{"A": "1"}', 1.0, 0, 0, 0.0, 0, 1, 1, 0, None, None, None),
+        (3, "bad\x00name", "bob", "RUNNING", 0, 1, 0, 0, "/t.py", "/sp/3/t.py", "not json",
+         "/w", "/w/o", "/w/o", '{"B": "2"}', 2.0, 1, 0, 0.0, 0, None, None, 0, "abc",
+         1e21, float("inf")),
+    ]
+    connection.executemany(f"INSERT INTO jobs ({columns}) VALUES ({', '.join('?' * 26)})", rows)
+    connection.commit()
+    connection.close()
+    database = Database(home)  # opening upgrades
+    with database.read() as session:
+        first, second, bad = (queries.job(session, i) for i in (1, 2, 3))
+        assert first.payload_id == second.payload_id  # an array's tasks share one
+        assert (first.args, queries.payload(session, first.payload_id).env) == (
+            ["--lr", "3"], {"A": "1"})
+        assert bad.args == [] and queries.payload(session, bad.payload_id).env == {"B": "2"}
+        assert (bad.name, bad.mem_persistent, bad.deadline, bad.mean_iteration) == (
+            "bad?name", None, None, None)
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    with database.write() as session:  # purged ids are never given again
+        transitions.purge(session, [3])
+    assert _add(database) == 4
+    database.close()
+
+
+def test_purge_forgets_old_finished_jobs_but_what_pending_jobs_depend_on(db):
+    from gq.daemon import retention
+    from gq.queue import spool
+
+    old, needed, recent = (_add(db, name) for name in ("old", "needed", "recent"))
+    waiting = _add(db, "waiting")
+    with db.write() as session:
+        for job_id, end in ((old, 100.0), (needed, 100.0), (recent, 990.0)):
+            assert transitions.start(session, job_id, "cpu", 0, now=end - 1)
+            assert transitions.finish(session, job_id, JobState.COMPLETED, 0, None, now=end)
+        queries.job(session, waiting).dependency = f"afterok:{needed}"
+    for job_id in (old, needed):
+        path = spool.snapshot(db.home, job_id, "s.sh", b"true\n", None, None)
+        with db.write() as session:
+            transitions.set_spool_path(session, [job_id], str(path))
+    assert retention.purge(db, db.home, retention=500.0, now=1000.0) == 1
+    with db.read() as session:
+        assert [j.id for j in queries.jobs(session)] == [needed, recent, waiting]
+        assert list(queries.events(session, old)) == []
+    assert not spool.job_dir(db.home, old).exists() and spool.job_dir(db.home, needed).exists()
+    assert sqlite3.connect(db.home.db).execute("SELECT count(*) FROM payloads").fetchone() == (3,)
+
+
+def test_a_new_database_has_the_schema_the_migrations_build(tmp_path):
+    """New databases are made from the models at once; old ones are upgraded by Alembic:
+    both must end with the same tables, columns, keys and indexes."""
+    def schema(path) -> dict:
+        connection = sqlite3.connect(path)
+        tables = [name for (name,) in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        found = {}
+        for table in tables:
+            columns = connection.execute(f"PRAGMA table_info({table})").fetchall()
+            keys = connection.execute(f"PRAGMA foreign_key_list({table})").fetchall()
+            indexes = {(name, unique, tuple(c[2] for c in connection.execute(
+                f"PRAGMA index_info({name})"))) for _, name, unique, *_ in connection.execute(
+                f"PRAGMA index_list({table})") if not name.startswith("sqlite_autoindex")}
+            found[table] = (sorted((c[1], c[2].upper(), c[3], c[5]) for c in columns),
+                            sorted((k[2], k[3], k[4], k[6]) for k in keys), indexes)
+        autoincrement = connection.execute(
+            "SELECT sql LIKE '%AUTOINCREMENT%' FROM sqlite_master WHERE name = 'jobs'").fetchone()
+        connection.close()
+        return {"tables": found, "autoincrement": autoincrement}
+
+    fresh = Home(tmp_path / "fresh").ensure()
+    migrate(fresh)
+    upgraded = Home(tmp_path / "upgraded").ensure()
+    migrate(upgraded, "0001")
+    migrate(upgraded)
+    assert engine.current_revision(fresh.db) == engine.current_revision(upgraded.db)
+    assert schema(fresh.db) == schema(upgraded.db)

@@ -18,11 +18,18 @@ CD, F, R, PD = JobState.COMPLETED, JobState.FAILED, JobState.RUNNING, JobState.P
     ("7", (7,), None), ("0-3,10-11%4", (0, 1, 2, 3, 10, 11), 4),
 ])
 def test_array_specs(text, tasks, limit):
-    assert arrays.parse(text) == arrays.ArraySpec(tasks, limit)
+    spec = arrays.parse(text)
+    assert (spec.tasks(), spec.max_running) == (tasks, limit)
+
+
+def test_array_size_is_known_before_expansion():
+    spec = arrays.parse("0-3999999,5-9")
+    assert spec.size == 4_000_005  # ranges, not lists: nothing was expanded to count them
+    assert all(isinstance(part, range) for part in spec.ranges)
 
 
 @pytest.mark.parametrize("text", ["", "a-b", "5-2", "0-9%0", "0-9%x", "1,,2", "0-4:0",
-                                  "0-100000"])
+                                  "0-4000001", "0-60000000", "1" * 5000])
 def test_bad_array_specs(text):
     with pytest.raises(UserError):
         arrays.parse(text)
@@ -39,7 +46,8 @@ def test_dependency_parse():
     assert parse("afterok:3?afternotok:4").any_of
 
 
-@pytest.mark.parametrize("text", ["afterok", "afterok:", "before:3", "afterok:x", "afterok:1,after:2?afterany:3"])
+@pytest.mark.parametrize("text", ["afterok", "afterok:", "before:3", "afterok:x", "afterok:1,after:2?afterany:3",
+                                  "afterok:0", "afterok:9223372036854775808", "afterok:" + "9" * 5000])
 def test_bad_dependencies(text):
     with pytest.raises(UserError):
         parse(text)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gq.cli import directives
 from gq.errors import UserError
 from gq.queue.states import ALLOWED, TERMINAL, JobState, allowed
-from gq.units import format_duration, parse_duration, parse_size
+from gq.units import (format_duration, format_period, parse_duration, parse_period,
+                      parse_size)
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -86,3 +89,17 @@ def test_state_machine_edges():
                                         ("timeout", JobState.TIMEOUT), ("CA", JobState.CANCELLED)])
 def test_state_parse(text, state):
     assert JobState.parse(text) is state
+
+
+@pytest.mark.parametrize("text,seconds,back", [
+    ("30days", 30 * 86400, "30days"), ("12h", 43200, "12hours"), ("90min", 5400, "90minutes"),
+    ("1hour", 3600, "1hour"), ("2", 2 * 86400, "2days"), ("1.5s", 1.5, "1.5s"),
+    ("never", math.inf, "never")])
+def test_retention_periods(text, seconds, back):
+    assert parse_period(text) == seconds and format_period(parse_period(text)) == back
+
+
+@pytest.mark.parametrize("text", ["", "0", "-1d", "30 fortnights", "1" * 20, "d"])
+def test_bad_retention_periods(text):
+    with pytest.raises(UserError, match="invalid period"):
+        parse_period(text)

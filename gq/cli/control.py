@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from gq import messages
+from gq import defaults, messages, validation
 from gq.cli.common import ask, labels, print_report
 from gq.errors import UserError
 from gq.units import parse_duration
@@ -40,5 +40,9 @@ def update(
     if priority is None and time_limit is None and name is None:
         raise UserError("nothing to update: give --priority, --time or --name")
     limit = parse_duration(time_limit) if time_limit is not None else None
+    if priority is not None:
+        validation.integer(priority, "--priority", -defaults.MAX_PRIORITY, defaults.MAX_PRIORITY)
+    if name is not None:
+        validation.job_name(name)
     print_report(ask(messages.Update(labels(job_ids), priority=priority, time_limit=limit,
                                      name=name)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Optional
 
@@ -11,7 +10,8 @@ import typer
 
 from gq import client, defaults, home, messages
 from gq.errors import UserError
-from gq.units import parse_address, parse_size
+from gq.exec.cgroups import KINDS
+from gq.units import format_period, format_size_exact, parse_address, parse_period, parse_size
 
 app = typer.Typer(help="Start, stop or check the node daemon (personal, or the node's shared "
                        "one with --system).", no_args_is_help=True)
@@ -33,6 +33,13 @@ def start(
     metrics: Optional[str] = typer.Option(None, "--metrics", metavar="ADDR:PORT", help="Serve Prometheus metrics at http://ADDR:PORT/metrics."),
     client_timeout: float = typer.Option(defaults.CONNECTION_IDLE, "--client-timeout", metavar="SECONDS", help="Drop a client that sends no request (or reads no answer) for this long."),
     readings: Optional[str] = typer.Option(None, "--readings", metavar="FILE", help="Overlay recorded device readings (JSON lines) on the samples (tests, demos)."),
+    cgroup: str = typer.Option(defaults.CGROUP, "--cgroup", metavar="KIND", help="Where each job's processes are kept: auto (v2 if it has controllers, else v1), v2, v1, or off (process groups)."),
+    retention: str = typer.Option(format_period(defaults.RETENTION), "--retention", metavar="PERIOD", help="Purge finished jobs this long after they end: 30days, 12hours, never."),
+    max_pending: int = typer.Option(defaults.MAX_PENDING_PER_USER, "--max-pending", metavar="N", help="Pending jobs one user may have (array tasks count one each)."),
+    max_array: int = typer.Option(defaults.MAX_ARRAY_SIZE, "--max-array", metavar="N", help="Tasks in one job array."),
+    max_connections_per_user: int = typer.Option(defaults.MAX_CONNECTIONS_PER_USER, "--max-connections-per-user", metavar="N", help="Connections one user may hold open."),
+    max_connections: int = typer.Option(defaults.MAX_CONNECTIONS, "--max-connections", metavar="N", help="Connections in total (within the descriptor limit)."),
+    max_request: str = typer.Option(format_size_exact(defaults.MAX_REQUEST), "--max-request", metavar="SIZE", help="Largest request (a script travels in it)."),
 ) -> None:
     """Start the node daemon (detached unless --foreground); its log is daemon.log in its
     state directory. A personal daemon also starts by itself on the first command."""
@@ -50,10 +57,27 @@ def start(
     if system and os.geteuid() != 0:
         raise UserError("only root starts the system daemon (sudo gq daemon start --system, "
                         "or the systemd unit)")
+    if cgroup not in KINDS:
+        raise UserError(f"--cgroup {cgroup}: choose one of {', '.join(KINDS)}")
+    retention_s = parse_period(retention)
+    request_bytes = parse_size(max_request)
+    for flag, value in (("--max-pending", max_pending), ("--max-array", max_array),
+                        ("--max-connections-per-user", max_connections_per_user),
+                        ("--max-connections", max_connections)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1")
+    if request_bytes < defaults.MAX_SCRIPT + defaults.MAX_JOB_PAYLOAD:
+        raise UserError(f"--max-request must be at least "
+                        f"{(defaults.MAX_SCRIPT + defaults.MAX_JOB_PAYLOAD) >> 10}K (a script "
+                        "of the largest size must fit)")
     target = home.system() if system else home.personal()
     options = ["--lanes", str(lanes), "--max-resident", str(max_resident),
                "--kill-wait", str(kill_wait), "--priority-cap", str(priority_cap),
-               "--client-timeout", str(client_timeout)]
+               "--client-timeout", str(client_timeout), "--cgroup", cgroup,
+               "--retention", format_period(retention_s), "--max-pending", str(max_pending),
+               "--max-array", str(max_array),
+               "--max-connections-per-user", str(max_connections_per_user),
+               "--max-connections", str(max_connections), "--max-request", str(request_bytes)]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:
@@ -66,7 +90,9 @@ def start(
         if value is not None:
             options += [flag, str(value)]
     if foreground:
-        argv = [sys.executable, "-m", "gq.daemon", *(["--system"] if system else []), *options]
+        from gq.exec.spawn import gq_python
+
+        argv = gq_python("gq.daemon", *(["--system"] if system else []), *options)
         os.execv(argv[0], argv)
     from gq.daemon.control import running_pid
 
@@ -86,9 +112,12 @@ def stop(
 ) -> None:
     """Stop the daemon (operators only). Running jobs are ended, and --requeue ones go back
     to the queue, unless --keep-jobs."""
-    from gq.daemon.control import live_hosts, running_pid
+    from gq.daemon.control import live_hosts, readable, running_pid
 
     target = home.locate()
+    if not readable(target):  # a system daemon, asked by someone who may not test its lock
+        _stop_by_asking(target, keep_jobs, timeout)
+        return
     pid = running_pid(target)
     if pid is None:
         if keep_jobs or not live_hosts(target):
@@ -125,6 +154,19 @@ def restart(
                f"{pid if pid is not None else 'not running'}); running jobs kept")
 
 
+def _stop_by_asking(target: home.Home, keep_jobs: bool, timeout: float) -> None:
+    """Ask the daemon to stop (it refuses all but operators) and wait until it no longer
+    answers."""
+    pid = client.ask(messages.NodeInfoRequest(), target).pid
+    typer.echo(client.ask(messages.Stop(keep_jobs=keep_jobs), target).message)
+    deadline = time.monotonic() + timeout
+    while client.answers(target):
+        if time.monotonic() > deadline:
+            raise UserError(f"the daemon (pid {pid}) did not stop within {timeout:g} s", 1)
+        time.sleep(0.05)
+    typer.echo(f"gq daemon stopped (pid {pid})")
+
+
 def _wait_gone(target: home.Home, pid: int, timeout: float) -> None:
     from gq.daemon.control import running_pid
 
@@ -138,10 +180,15 @@ def _wait_gone(target: home.Home, pid: int, timeout: float) -> None:
 @app.command()
 def status() -> None:
     """Say whether the daemon runs; exit 0 if it does, 1 if not (like systemctl is-active)."""
-    from gq.daemon.control import running_pid
+    from gq.daemon.control import readable, running_pid
 
     target = home.locate()
     pid = running_pid(target)
+    if pid is None and not readable(target):  # a system daemon's lock is root's: ask it
+        try:
+            pid = client.ask(messages.NodeInfoRequest(), target).pid
+        except client.Unreachable:
+            pid = None
     if pid is None:
         typer.echo(f"gq daemon is not running ({target.mode} mode, {target.root})")
         raise typer.Exit(1)

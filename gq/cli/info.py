@@ -32,6 +32,8 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
     from gq.policies import label
 
     typer.echo(f"policy: {label(node.policy, node.fill, node.quantum)}")
+    if node.limits is not None:
+        typer.echo(_limits(node.limits))
     if node.note:
         typer.echo(node.note)
     for device in node.devices:
@@ -47,7 +49,24 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
             typer.echo(f"  guard: {device.held}; no new job starts here")
         for job in device.jobs:
             lane = "holds" if job.holds_lane else "waits for"
-            typer.echo(f"  job {job.label} ({job.name}, {job.user}) {lane} lane {job.lane}")
+            typer.echo(render.printable(f"  job {job.label} ({job.name}, {job.user}) {lane} "
+                                        f"lane {job.lane}"))
+
+
+def _limits(limits: messages.NodeLimits) -> str:
+    return (f"limits: {limits.max_pending} pending jobs per user, {limits.max_array} tasks "
+            f"per array, {limits.max_connections_per_user} connections per user "
+            f"({limits.max_connections} in all), requests up to "
+            f"{render.size(limits.max_request)} (scripts {render.size(limits.max_script)}, "
+            f"environment and arguments {render.size(limits.max_job_payload)}); finished "
+            f"jobs kept {_kept(limits.retention)}; jobs kept in "
+            f"{limits.containment}")
+
+
+def _kept(retention: float | None) -> str:
+    from gq.units import format_period
+
+    return "for ever" if retention is None else format_period(retention)
 
 
 def _figures(reading: messages.DeviceReading) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 from typing import Optional
@@ -134,16 +135,20 @@ def _print_job(job: messages.JobInfo) -> None:
         ("IterationsPerSecond", _figure(render.iteration_rate(job), "{:.1f}")),
         ("LaneShare", _figure(render.lane_share(job), "{:.0%}")),
         ("MemPersistent", render.size(job.mem_persistent)),
-        ("MemPeak", render.size(job.mem_peak)), ("Runs", job.run_count),
+        ("MemPeak", render.size(job.mem_peak)),
+        ("HostMemory", render.size(job.host_memory)),
+        ("Processes", "-" if job.processes is None else job.processes),
+        ("Runs", job.run_count),
     ]
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
-        typer.echo(f"{key:>{width}}: {value}")
+        typer.echo(f"{key:>{width}}: {render.printable(value)}")
     typer.echo("\nState history:")
     for event in job.events or []:
         old = event.old_state or "-"
         reason = f"  ({event.reason})" if event.reason else ""
-        typer.echo(f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}")
+        typer.echo(render.printable(
+            f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}"))
 
 
 def _figure(value: float | None, form: str) -> str:
@@ -198,6 +203,19 @@ def history(
                       "?" if missed is None else render.duration(missed))])
     typer.echo(render.table(["JOBID", "NAME", "USER", "STATE", "EXIT", "WAIT", "RUN", "JCT",
                              "IT/S", "SHARE", "PEAK MEM", "END", "MISSED BY"], rows))
+    _note_reach(answer)
+
+
+def _note_reach(answer: messages.Jobs) -> None:
+    """How far back history reaches: finished jobs are purged after the retention."""
+    if answer.retention is None:
+        return
+    from gq.units import format_period
+
+    since = (f"; the oldest kept ended {render.short_time(answer.kept_since)}"
+             if answer.kept_since is not None else "")
+    print(f"gq: note: finished jobs are kept {format_period(answer.retention)} after they "
+          f"end{since}", file=sys.stderr)
 
 
 def _write_trace(jobs: list[messages.JobInfo]) -> None:
@@ -260,10 +278,29 @@ def logs(
 
 
 def _open_log(label: str, stderr: bool) -> tuple[int | None, messages.LogFile]:
+    """The job's output file, open: passed by the daemon (opened with the owner's rights),
+    or, for the owner, opened here with their own."""
     from gq import client
 
     answer, fds = client.ask_with_fds(messages.OpenLog(label, stderr))
-    return (fds[0] if fds else None), answer
+    if answer.opened:
+        return (fds[0] if fds else None), answer
+    for fd in fds:
+        os.close(fd)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(answer.path, flags)
+    except FileNotFoundError:
+        return None, answer
+    except OSError as exc:
+        raise UserError(f"cannot open job {answer.job.label}'s output file {answer.path}: "
+                        f"{exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"job {answer.job.label}'s output {answer.path} is not a regular "
+                        "file; not read")
+    os.set_blocking(fd, True)
+    return fd, answer
 
 
 def _copy(handle) -> None:

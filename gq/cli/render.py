@@ -66,7 +66,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "holds_lane": job.holds_lane, "attained": job.attained,
         "mean_iteration": job.mean_iteration, "mean_gap": job.mean_gap,
         "mem_persistent": job.mem_persistent,
-        "mem_peak": job.mem_peak,
+        "mem_peak": job.mem_peak, "host_memory": job.host_memory, "processes": job.processes,
         "iterations_per_second": iteration_rate(job), "lane_share": lane_share(job),
         "wait_time": wait_time(job) if job.state != "PENDING" else None,
         "run_time": elapsed(job),
@@ -86,8 +86,18 @@ def dumps(value: Any) -> str:
     return json.dumps(value, indent=2)
 
 
+def printable(value: object) -> str:
+    """Text as it may reach someone's terminal: control characters (escape sequences,
+    newlines) shown escaped, so that nothing a user names a job can draw on another's."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     """Columns as wide as their widest cell: nothing is cut, piped or not."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     lines = []
     for row in [header, *rows]:

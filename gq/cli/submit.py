@@ -10,8 +10,9 @@ from typing import Any, Optional
 
 import typer
 
-from gq import messages
+from gq import defaults, messages, validation
 from gq.cli import directives, sbatch
+from gq.codec import INT64_MAX
 from gq.cli.common import ask, usage_message
 from gq.errors import UserError
 from gq.queue import arrays, dependencies
@@ -67,13 +68,14 @@ def _read_script(path: Path) -> bytes:
     if path.is_dir():
         raise UserError(f"script {path} is a directory; give the script file to run")
     try:
-        content = path.read_bytes()
+        with path.open("rb") as handle:
+            content = handle.read(defaults.MAX_SCRIPT + 1)
     except OSError as exc:
         raise UserError(f"cannot read script {path}: {exc.strerror}") from None
     if b"\0" in content[:8192]:
         raise UserError(f"script {path} is a binary file; submit a script that runs it")
-    if len(content) > messages.MAX_SCRIPT:
-        raise UserError(f"script {path} is over {messages.MAX_SCRIPT >> 20} MiB; submit a "
+    if len(content) > defaults.MAX_SCRIPT:
+        raise UserError(f"script {path} is over {defaults.MAX_SCRIPT >> 20} MiB; submit a "
                         "smaller script that reads its data from files")
     return content
 
@@ -125,22 +127,35 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
     """Check what needs no daemon (units, paths, the interpreter, as the caller), then build
     the request; the daemon checks the rest against the node."""
     script = Path(options["script"]).absolute()
+    validation.text(str(script), f"script path {str(script)[:60]!r}", defaults.MAX_PATH)
     gpus = options["gpus"]
     if gpus < 0:
         raise UserError(f"invalid --gpus {gpus}: must be 0 or more")
+    validation.integer(gpus, "--gpus", 0, defaults.MAX_GPUS)
     steps = options["steps"]
     if steps is not None and steps <= 0:
         raise UserError(f"invalid --steps {steps}: must be a positive number of iterations")
+    if steps is not None:
+        validation.integer(steps, "--steps", 1, INT64_MAX)
+    validation.integer(options["priority"], "--priority", -defaults.MAX_PRIORITY,
+                       defaults.MAX_PRIORITY)
+    if options["job_name"] is not None:
+        validation.job_name(options["job_name"])
+    for flag in ("output", "error"):
+        if options[flag] is not None:
+            validation.text(options[flag], f"--{flag} {options[flag][:60]!r}", defaults.MAX_PATH)
     mem = parse_size(options["mem"]) if options["mem"] is not None else None
     limit = parse_duration(options["time_limit"]) if options["time_limit"] is not None else None
     deadline = (parse_deadline(options["deadline"], time.time())
                 if options["deadline"] is not None else None)
     workdir = Path(options["chdir"]).absolute() if options["chdir"] else Path.cwd()
+    validation.text(str(workdir), f"working directory {str(workdir)[:60]!r}", defaults.MAX_PATH)
     if not workdir.is_dir():
         raise UserError(f"--chdir {workdir} is not a directory")
     interpreter = None
     if script.suffix == ".py":
         interpreter = os.path.abspath(options["python"] or sys.executable)
+        validation.text(interpreter, f"--python {interpreter[:60]!r}", defaults.MAX_PATH)
         if not os.access(interpreter, os.X_OK) or Path(interpreter).is_dir():
             raise UserError(f"--python {interpreter} is not an executable interpreter")
     elif options["python"]:
@@ -153,11 +168,14 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
         dependencies.parse(dependency)
     if options["array"]:
         arrays.parse(options["array"])
+    args = list(options["args"] or [])
+    env = dict(os.environ)
+    validation.payload(env, args)
     umask = os.umask(0o022)
     os.umask(umask)
     return messages.Submit(
-        script_path=str(script), script=content, args=list(options["args"] or []),
-        workdir=str(workdir), env=dict(os.environ), umask=umask,
+        script_path=str(script), script=content, args=args,
+        workdir=str(workdir), env=env, umask=umask,
         options=messages.SubmitOptions(
             name=options["job_name"], gpus=gpus, mem=mem, time_limit=limit, deadline=deadline,
             priority=options["priority"], steps=steps, output=options["output"],

@@ -140,7 +140,7 @@ def _row(table, *cells: str) -> None:
     """Cells as plain text: a job named [red] stays a name, not markup."""
     from rich.text import Text
 
-    table.add_row(*(Text(cell) for cell in cells))
+    table.add_row(*(Text(render.printable(cell)) for cell in cells))
 
 
 def _bar(value: float | None, total: float | None, text: str) -> str:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from gq import defaults, home
 from gq.daemon.control import acquire_pidfile
-from gq.errors import AlreadyRunning
+from gq.errors import AlreadyRunning, UserError
+from gq.units import parse_period
 
 
 def main() -> None:
@@ -29,12 +31,24 @@ def main() -> None:
     parser.add_argument("--readings", help="recorded device readings overlaid on samples")
     parser.add_argument("--metrics", help="ADDR:PORT to serve Prometheus metrics on")
     parser.add_argument("--client-timeout", type=float, default=defaults.CONNECTION_IDLE)
+    parser.add_argument("--cgroup", choices=("auto", "v2", "v1", "off"), default=defaults.CGROUP)
+    parser.add_argument("--retention", type=_period, default=defaults.RETENTION)
+    parser.add_argument("--max-pending", type=int, default=defaults.MAX_PENDING_PER_USER)
+    parser.add_argument("--max-array", type=int, default=defaults.MAX_ARRAY_SIZE)
+    parser.add_argument("--max-connections-per-user", type=int,
+                        default=defaults.MAX_CONNECTIONS_PER_USER)
+    parser.add_argument("--max-connections", type=int, default=defaults.MAX_CONNECTIONS)
+    parser.add_argument("--max-request", type=int, default=defaults.MAX_REQUEST)
     args = parser.parse_args()
+    # A daemon outlives the terminal that started it: no hangup may end it, and its working
+    # directory is its own (nothing a user controls is on its path: see spawn.gq_python).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s daemon %(levelname)s %(message)s")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line each
     if args.system and os.geteuid() != 0:
         sys.exit("gq: error: the system daemon runs as root")
     where = (home.system() if args.system else home.personal()).ensure()
+    os.chdir(where.root)
     try:
         pidfile = acquire_pidfile(where)  # before the heavy imports: a loser exits at once
     except AlreadyRunning as exc:
@@ -48,8 +62,20 @@ def main() -> None:
                             operator_group=args.operators, priority_cap=args.priority_cap,
                             max_temp=args.max_temp, max_power=args.max_power,
                             readings=args.readings, metrics=args.metrics,
-                            client_timeout=args.client_timeout)
+                            client_timeout=args.client_timeout, cgroup=args.cgroup,
+                            retention=args.retention, max_pending=args.max_pending,
+                            max_array=args.max_array,
+                            max_connections_per_user=args.max_connections_per_user,
+                            max_connections=args.max_connections,
+                            max_request=args.max_request)
     Daemon(where, options).run(pidfile)
+
+
+def _period(text: str) -> float:
+    try:
+        return parse_period(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 if __name__ == "__main__":

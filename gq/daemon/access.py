@@ -73,3 +73,14 @@ def check_priority(rules: Rules, caller: Caller, wanted: int, current: int | Non
     where = f" for job {label}" if label else ""
     raise Refused(f"--priority {wanted}{where} is above this node's cap of "
                   f"{rules.priority_cap} for users; ask an operator")
+
+
+def check_may_raise(rules: Rules, caller: Caller, option: str, wanted: int,
+                    current: int | None, label: str) -> None:
+    """A job's priority or time limit (``current``; None is no limit) goes up only by an
+    operator's hand: its owner may lower it. A job started on a short limit (backfilled
+    before a reservation, say) keeps the promise it was admitted on."""
+    if caller.operator or current is None or wanted <= current:
+        return
+    raise Refused(f"only an operator may raise job {label}'s {option} (from {current} to "
+                  f"{wanted}); {caller.name} may lower it")

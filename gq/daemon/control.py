@@ -2,8 +2,8 @@
 stale pid.
 
 The daemon holds an exclusive ``flock`` on ``daemon.pid`` for its whole life, and each host
-on ``hosts/<device>.pid``; anyone who can read such a file (everyone in system mode for the
-daemon's, its owner in personal mode) can test the lock.
+on ``hosts/<device>.pid``; only their own user can open them (mode 0600), so only it can
+test the locks, and nobody else can hold one to keep a daemon from starting.
 """
 
 from __future__ import annotations
@@ -20,8 +20,12 @@ from gq.home import Home
 
 def acquire_pidfile(home: Home) -> IO[str]:
     """Lock and fill the pidfile; keep the returned file open for the daemon's lifetime."""
-    handle = open(home.daemon_pidfile, "a+")
-    os.chmod(home.daemon_pidfile, 0o644 if home.system else 0o600)
+    # Only the daemon's own user may open it: anyone who can open a file can flock it, and
+    # a lock held by someone else would keep the daemon from starting.
+    fd = os.open(home.daemon_pidfile, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    os.fchmod(fd, 0o600)
+    handle = os.fdopen(fd, "r+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -54,6 +58,11 @@ def _pid(text: str | None) -> int | None:
     """The pid a held pidfile starts with (a locked, empty one names no process to signal)."""
     first = (text or "").split()[:1]
     return int(first[0]) if first and first[0].isdigit() and int(first[0]) > 0 else None
+
+
+def readable(home: Home) -> bool:
+    """Whether the caller may test the daemon's lock (its own user may; others ask it)."""
+    return os.access(home.daemon_pidfile, os.R_OK) or not home.daemon_pidfile.exists()
 
 
 def running_pid(home: Home) -> int | None:

@@ -134,13 +134,12 @@ def gpu_capacity(devices: list[Device]) -> int:
 
 def environment(devices: list[Device]) -> dict[str, str]:
     """The job's view of its devices: GQ_DEVICE is a torch device string;
-    GQ_VISIBLE_DEVICES names its devices' indices (GPUs or emulated ones), as
-    CUDA_VISIBLE_DEVICES does for GPUs, where MIG instances go by UUID (CUDA accepts no
-    other name for them)."""
+    GQ_VISIBLE_DEVICES names its devices' indices (GPUs or emulated ones).
+    CUDA_VISIBLE_DEVICES names its GPUs by UUID (``GPU-...``, ``MIG-...``), which no
+    ``CUDA_DEVICE_ORDER`` of the user's can make mean another GPU."""
     gpus = [d for d in devices if d.kind == "cuda"]
     visible = ",".join(str(d.index) for d in devices if d.whole)
     if not gpus:
         return {"GQ_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "GQ_VISIBLE_DEVICES": visible}
-    cuda = ",".join(d.uuid if d.mig and d.uuid else str(d.gpu if d.gpu is not None else d.index)
-                    for d in gpus)
+    cuda = ",".join(d.uuid or str(d.gpu if d.gpu is not None else d.index) for d in gpus)
     return {"GQ_DEVICE": "cuda:0", "CUDA_VISIBLE_DEVICES": cuda, "GQ_VISIBLE_DEVICES": visible}

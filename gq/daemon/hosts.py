@@ -2,7 +2,7 @@
 
 Hosts are started detached, in their own session, so that they and their jobs outlive the
 daemon; each listens on ``hosts/<device>.sock``. A starting daemon connects to the live
-host of each device, or starts one, and says hello: the host answers with its state.
+host of each device, or starts one, and says Hello: the host answers with its State.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from gq import defaults
+from gq.codec import MessageError
 from gq.daemon.devices import Device
-from gq.exec.protocol import HOST_VERSION, Channel, host_paths
+from gq.exec import protocol as wire
+from gq.exec.protocol import TO_DAEMON, Channel, host_paths
+from gq.exec.spawn import gq_python
 from gq.home import Home
 
 HANDSHAKE_TIMEOUT = 10.0
@@ -27,6 +28,15 @@ HANDSHAKE_TIMEOUT = 10.0
 
 class HostUnavailable(Exception):
     """No host could be reached or started for a device."""
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """How the daemon starts a device's host."""
+
+    lanes: int
+    kill_grace: float
+    cgroup: str
 
 
 @dataclass
@@ -41,36 +51,49 @@ class HostHandle:
     @property
     def current(self) -> bool:
         """Of this daemon's own version: a host of another version is drained."""
-        return self.version == HOST_VERSION
+        return self.version == wire.HOST_VERSION
 
     @classmethod
-    def attach(cls, device: Device, home: Home, lanes: int,
-               kill_grace: float) -> tuple["HostHandle", dict[str, Any]]:
+    def attach(cls, device: Device, home: Home,
+               settings: HostSettings) -> tuple["HostHandle", wire.State | wire.ForeignState]:
         """Connect to the device's live host, or start one; return it with its state."""
         process = None
         sock = _connect(home, device)
         if sock is None:
-            process = _spawn(device, home, lanes, kill_grace)
+            process = _spawn(device, home, settings)
             sock = _wait_for_socket(home, device, process)
         sock.settimeout(HANDSHAKE_TIMEOUT)
-        channel = Channel(sock)
+        channel = Channel(sock, TO_DAEMON)
         try:
-            if not channel.send({"op": "hello"}):
+            if not channel.send(wire.Hello()):
                 raise HostUnavailable(f"the execution host of {device.name} hung up")
             state = channel.receive_one()
-            while state.get("op") != "state":  # an older host may talk first: the state
-                state = channel.receive_one()  # that answers the hello supersedes it all
-        except (EOFError, OSError) as exc:
+            # An older host may talk first: the state that answers the hello supersedes it.
+            while not isinstance(state, (wire.State, wire.ForeignState)):
+                state = channel.receive_one()
+        except (EOFError, OSError, MessageError) as exc:
+            channel.close()
             raise HostUnavailable(f"no state from the execution host of {device.name}: "
                                   f"{exc}") from None
         sock.setblocking(False)
-        return cls(device, channel, int(state["pid"]), str(state.get("version")), process,
-                   draining=bool(state.get("draining"))), state
+        return cls(device, channel, state.pid, state.version, process,
+                   draining=state.draining), state
 
-    def send(self, message: dict[str, Any]) -> bool:
+    def send(self, message: object) -> bool:
         return self.channel.send(message)
 
-    def alive(self) -> bool:
+    def alive(self, grace: float = 0.0) -> bool:
+        """Whether the host process runs, allowing ``grace`` seconds for one that is
+        exiting (its socket closes before it is gone)."""
+        deadline = time.monotonic() + grace
+        while True:
+            if not self._running():
+                return False
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.01)
+
+    def _running(self) -> bool:
         if self.process is not None:
             return self.process.poll() is None
         try:
@@ -79,7 +102,11 @@ class HostHandle:
             return False
         except PermissionError:
             return True
-        return True
+        try:  # an adopted host is not this daemon's child: a zombie of it is gone too
+            with open(f"/proc/{self.pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
+        except OSError:
+            return False
 
     def kill(self) -> None:
         """End a host that stopped answering (its workers die with it)."""
@@ -92,7 +119,7 @@ class HostHandle:
 
     def stop(self, timeout: float) -> None:
         """Have the host end its jobs and exit; the exit reports arrive on the channel."""
-        self.channel.send({"op": "shutdown"})
+        self.channel.send(wire.Shutdown())
         deadline = time.monotonic() + timeout
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -114,17 +141,18 @@ def _connect(home: Home, device: Device) -> socket.socket | None:
                               f"{exc.strerror}") from None
 
 
-def _spawn(device: Device, home: Home, lanes: int, kill_grace: float) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "gq.exec.host", "--device", device.name,
-            "--lanes", str(lanes), "--state-dir", str(home.hosts),
-            "--kill-grace", str(kill_grace)]
+def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Popen:
+    argv = gq_python("gq.exec.host", "--device", device.name, "--lanes", str(settings.lanes),
+                     "--state-dir", str(home.hosts), "--kill-grace", str(settings.kill_grace),
+                     "--cgroup", settings.cgroup, "--scope", home.tag)
     if device.kind == "cuda":
         argv.append("--cuda")
     log_path = os.path.join(home.hosts, f"{device.name}.log")
-    with open(log_path, "ab") as log:
-        os.chmod(log_path, 0o600)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    with os.fdopen(fd, "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True)
+                                cwd=home.hosts, start_new_session=True)
 
 
 def _wait_for_socket(home: Home, device: Device, process: subprocess.Popen) -> socket.socket:

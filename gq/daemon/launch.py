@@ -7,12 +7,12 @@ import os
 import pwd
 import sys
 from pathlib import Path
-from typing import Any
 
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
+from gq.exec.protocol import LaunchSpec
 from gq.home import Home
-from gq.queue.models import Job
+from gq.queue.models import Job, Payload
 
 _GQ_PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -35,27 +35,42 @@ def is_python(script: str) -> bool:
     return script.endswith(".py")
 
 
-def command(job: Job) -> tuple[list[str], bool]:
+def command(job: Job, args: list[str]) -> tuple[list[str], bool]:
     """The argv to run, and whether it speaks the worker protocol (Python scripts do)."""
     if job.interpreter is not None:
-        return [job.interpreter, "-m", "gq.exec.worker", job.spool_path, *job.args], True
-    with open(job.spool_path, "rb") as script:
-        has_shebang = script.read(2) == b"#!"
+        return [job.interpreter, "-m", "gq.exec.worker", job.spool_path, *args], True
+    # The snapshot lies in the daemon's own spool directory, but its owner may chmod it:
+    # open it so that nothing there can block or redirect the daemon.
+    fd = os.open(job.spool_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                 | os.O_CLOEXEC)
+    try:
+        has_shebang = os.read(fd, 2) == b"#!"
+    finally:
+        os.close(fd)
     if has_shebang:
-        return [job.spool_path, *job.args], False
-    return ["bash", job.spool_path, *job.args], False
+        return [job.spool_path, *args], False
+    return ["bash", job.spool_path, *args], False
 
 
-def launch_spec(job: Job, devices: list[Device], lane: int, home: Home) -> dict[str, Any]:
-    """Everything the host needs to start the job as its submitter."""
+def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, run: int,
+                home: Home) -> LaunchSpec:
+    """Everything the host needs to start this run of the job as its submitter. ValueError
+    when the job cannot run as anyone but root by accident: in system mode a job must name
+    its submitter's uid and gid, and their account must exist."""
     system = home.system
-    argv, worker = command(job)
-    env = dict(job.env)
+    argv, worker = command(job, list(payload.args))
+    env = dict(payload.env)
     groups: list[int] = []
-    if system and job.uid is not None:
-        entry = pwd.getpwuid(job.uid)
+    if system:
+        if job.uid is None or job.gid is None:
+            raise ValueError("it names no submitter uid and gid; refusing to run it as root")
+        try:
+            entry = pwd.getpwuid(job.uid)
+        except KeyError:
+            raise ValueError(f"its submitter's account (uid {job.uid}) no longer "
+                             "exists") from None
         env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
-        groups = os.getgrouplist(entry.pw_name, job.gid if job.gid is not None else entry.pw_gid)
+        groups = os.getgrouplist(entry.pw_name, job.gid)
     env.update(devices_mod.environment(devices))
     env.update(GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name)
     if worker:
@@ -70,11 +85,9 @@ def launch_spec(job: Job, devices: list[Device], lane: int, home: Home) -> dict[
         # Another interpreter may not have gq installed: let it find this one.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"),
                                                           gq_only_path(home)]))
-    return {
-        "id": job.id, "argv": argv, "worker": worker, "cwd": job.workdir, "env": env,
-        "stdout": job.stdout_path, "stderr": job.stderr_path, "lane": lane,
-        "user": job.user, "priority": job.priority, "submit_time": job.submit_time,
-        "steps_total": job.steps_total, "time_limit": job.time_limit, "deadline": job.deadline,
-        "uid": job.uid, "gid": job.gid, "groups": groups,
-        "umask": job.umask,
-    }
+    return LaunchSpec(
+        id=job.id, run=run, argv=argv, worker=worker, cwd=job.workdir, env=env,
+        stdout=job.stdout_path, stderr=job.stderr_path, lane=lane, user=job.user,
+        priority=job.priority, submit_time=job.submit_time, steps_total=job.steps_total,
+        time_limit=job.time_limit, deadline=job.deadline, uid=job.uid, gid=job.gid,
+        groups=groups, umask=job.umask)

@@ -2,8 +2,11 @@
 blocking the daemon's loop, takes the caller's identity from the kernel (SO_PEERCRED), hands
 the line to the dispatcher, and writes the answer back (with any descriptors it carries).
 
-A client that sends nothing (or reads no answer) for ``idle`` seconds is dropped; one that sends more than
-``MAX_REQUEST`` bytes gets an error answer and is dropped; neither delays other clients.
+What one client can cost everyone is bounded: a client that sends nothing (or reads no
+answer) for ``idle`` seconds is dropped; one whose request passes the request size gets an
+error answer and is dropped; a uid with its limit of connections open, or a new client once
+the daemon has its total, is answered with an error and closed at once (the daemon keeps
+accepting, so nobody else waits behind them). None of them delays other clients.
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 Dispatch = Callable[[Caller, bytes], tuple[bytes, list[int]]]
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    per_user: int = defaults.MAX_CONNECTIONS_PER_USER
+    total: int = defaults.MAX_CONNECTIONS
+    request: int = defaults.MAX_REQUEST  # bytes in one request line
+    idle: float = defaults.CONNECTION_IDLE  # seconds a client may stay silent
+
+
 @dataclass(eq=False)
 class Connection:
     sock: socket.socket
@@ -42,13 +53,15 @@ class Connection:
 class Server:
     def __init__(self, home: Home, selector: selectors.BaseSelector, dispatch: Dispatch,
                  identify: Callable[[int, int, int], Caller],
-                 idle: float = defaults.CONNECTION_IDLE):
+                 limits: ConnectionLimits = ConnectionLimits()):
         self.home = home
-        self.idle = idle
+        self.limits = limits
+        self.idle = limits.idle
         self.selector = selector
         self.dispatch = dispatch
         self.identify = identify
         self.connections: set[Connection] = set()
+        self.per_uid: dict[int, int] = {}
         self.listener = _listen(home)
         selector.register(self.listener, selectors.EVENT_READ, self)
 
@@ -76,16 +89,37 @@ class Server:
             sock.setblocking(False)
             pid, uid, gid = _PEERCRED.unpack(
                 sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            refusal = self._over_limit(uid)
+            if refusal is not None:
+                _refuse(sock, refusal)
+                continue
             connection = Connection(sock, self.identify(pid, uid, gid),
                                     time.monotonic() + self.idle)
             self.connections.add(connection)
+            self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
             self.selector.register(sock, selectors.EVENT_READ, connection)
 
+    def _over_limit(self, uid: int) -> str | None:
+        """Why a new connection of ``uid`` is refused, if it is."""
+        if self.per_uid.get(uid, 0) >= self.limits.per_user:
+            return (f"uid {uid} has {self.limits.per_user} connections to the daemon open "
+                    "(its limit, --max-connections-per-user); close some and try again")
+        if len(self.connections) >= self.limits.total:
+            return (f"the daemon has {self.limits.total} clients connected (its limit, "
+                    "--max-connections); try again shortly")
+        return None
+
     def service(self, connection: Connection, mask: int) -> None:
-        if mask & selectors.EVENT_READ and not connection.answered:
-            self._read(connection)
-        if connection in self.connections and mask & selectors.EVENT_WRITE:
-            self._write(connection)
+        """Read a request or write an answer; a connection whose handling fails is dropped
+        (logged), so that it cannot fail again at every turn of the loop."""
+        try:
+            if mask & selectors.EVENT_READ and not connection.answered:
+                self._read(connection)
+            if connection in self.connections and mask & selectors.EVENT_WRITE:
+                self._write(connection)
+        except Exception:  # noqa: BLE001 - one client must not cost the daemon its loop
+            log.exception("error serving uid %d; dropping its connection", connection.caller.uid)
+            self._drop(connection)
 
     def expire(self, now: float) -> None:
         """Drop clients that sent no request, or read no answer, in time."""
@@ -108,11 +142,19 @@ class Server:
             self._drop(connection)
             return
         connection.inbox += chunk
+        if self._over_buffer(connection):
+            connection.inbox.clear()
+            self._answer(connection, messages.encode(messages.Error(
+                f"uid {connection.caller.uid} has over {defaults.MAX_BUFFERED_PER_USER} bytes "
+                "of requests in flight; refused")), [])
+            return
         newline = connection.inbox.find(b"\n")
-        if newline < 0:
-            if len(connection.inbox) > messages.MAX_REQUEST:
+        if newline < 0 or newline > self.limits.request:
+            if len(connection.inbox) > self.limits.request:
+                connection.inbox.clear()
                 self._answer(connection, messages.encode(messages.Error(
-                    f"request over {messages.MAX_REQUEST >> 20} MiB; refused")), [])
+                    f"request over {self.limits.request} bytes (the daemon's --max-request); "
+                    "refused")), [])
             return
         line = bytes(connection.inbox[:newline])
         connection.inbox.clear()
@@ -124,6 +166,18 @@ class Server:
         connection.deadline = time.monotonic() + self.idle
         self.selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
         self._write(connection)
+        if connection in self.connections and self._over_buffer(connection):
+            log.warning("dropping uid %d's connection: its clients leave over %d bytes of "
+                        "answers unread", connection.caller.uid, defaults.MAX_BUFFERED_PER_USER)
+            self._drop(connection)
+
+    def _over_buffer(self, connection: Connection) -> bool:
+        """Whether the daemon holds more than its share of bytes for this connection's uid:
+        requests still arriving and answers its clients do not read, on all its connections."""
+        uid = connection.caller.uid
+        held = sum(len(c.inbox) + len(c.outbox) for c in self.connections
+                   if c.caller.uid == uid)
+        return held > defaults.MAX_BUFFERED_PER_USER
 
     def _write(self, connection: Connection) -> None:
         try:
@@ -142,7 +196,12 @@ class Server:
             self._drop(connection)
 
     def _drop(self, connection: Connection) -> None:
-        self.connections.discard(connection)
+        if connection in self.connections:
+            self.connections.discard(connection)
+            uid = connection.caller.uid
+            self.per_uid[uid] -= 1
+            if not self.per_uid[uid]:
+                del self.per_uid[uid]
         self._close_fds(connection)
         try:
             self.selector.unregister(connection.sock)
@@ -155,6 +214,15 @@ class Server:
         for fd in connection.fds:
             os.close(fd)
         connection.fds = []
+
+
+def _refuse(sock: socket.socket, why: str) -> None:
+    """Answer a connection the daemon will not serve with the reason, and close it."""
+    try:
+        sock.send(messages.encode(messages.Error(why, 1)))
+    except OSError:
+        pass
+    sock.close()
 
 
 def _listen(home: Home) -> socket.socket:

@@ -7,8 +7,12 @@ progress about once a second and every start and exit as it happens.
 A host outlives the daemon that started it: it listens on its own socket in the state
 directory (``hosts/<device>.sock``, its pid locked in ``hosts/<device>.pid``), keeps running
 its jobs under the policy it last had, enforces their time limits, and keeps every exit
-report until a daemon acknowledges it. A daemon that connects says ``hello`` and gets the
-host's whole ``state`` back (see :mod:`gq.exec.protocol`).
+report until a daemon acknowledges it. A daemon that connects says Hello and gets the
+host's whole State back (see :mod:`gq.exec.protocol`).
+
+Nothing a peer sends can stop the host: every message is checked on decode, a worker that
+breaks the protocol loses its job (FAILED, naming the message) and nothing else, and each
+event is handled in isolation, so an unexpected error costs at most the job it concerns.
 """
 
 from __future__ import annotations
@@ -20,20 +24,25 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from gq import defaults, policies
 from gq.errors import AlreadyRunning, LaunchError
-from gq.exec.protocol import HOST_VERSION, Channel, host_paths
+from gq.exec import cgroups
+from gq.exec import protocol as wire
+from gq.exec.cgroups import JobCgroup
+from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.spawn import kill_group, start_as_submitter
 from gq.policies.base import JobView, anticipation_window
 from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.host")
 HOUSEKEEPING_PERIOD = defaults.HOUSEKEEPING_PERIOD
+_REAP_WAIT = 1.0  # how long a reap waits for a killed cgroup to empty before moving on
 
 
 @dataclass
@@ -43,17 +52,21 @@ class Resident:
     user: str
     priority: int
     submit_time: float
-    steps_total: int | None
+    declared_total: int | None  # --steps at submit: the job cannot change it
     lane: int
     process: subprocess.Popen
     channel: Channel | None  # None for plain processes (no iteration boundaries)
     started_at: float  # monotonic
     started_wall: float
-    time_limit: float | None = None  # seconds; the host enforces it, daemon or not
+    cgroup: JobCgroup | None = None
+    time_limit: int | None = None  # seconds; the host enforces it, daemon or not
     deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
-    kill_why: str | None = None  # cancel | requeue | timeout | shutdown
+    kill_why: StopWhy | None = None
+    detail: str | None = None  # what its worker did wrong, for its exit report
     state: str = "idle"  # idle (released) | ready (waiting for GO) | running (holds lane)
     steps_done: int = 0
+    worker_total: int | None = None  # what the job itself declared (gq.set_total_steps)
+    past_total: bool = False  # it reported more steps than its total: the total is wrong
     attained: float = 0.0
     iterations: int = 0
     first_iteration: float = 0.0  # warm-up (allocations, lazy init): kept out of the mean
@@ -65,6 +78,10 @@ class Resident:
     mem_peak: int | None = None
     kill_deadline: float | None = None
     dirty: bool = True
+
+    @property
+    def steps_total(self) -> int | None:
+        return self.declared_total if self.declared_total is not None else self.worker_total
 
     @property
     def mean_iteration(self) -> float | None:
@@ -79,11 +96,33 @@ class Resident:
         """Idle time from a release to the next acquire (data loading, host-side work)."""
         return self.gap_total / self.gaps if self.gaps else None
 
+    def record_steps(self, reported: int) -> None:
+        """What the worker says it has done, made plausible: never less than before, never
+        more than its total. A job that claims more than its total has shown the total to be
+        wrong, and policies stop believing it (srtf then ranks it by attained service)."""
+        total = self.steps_total
+        if total is not None and reported > total:
+            self.past_total = True
+            reported = total
+        if reported > self.steps_done:
+            self.steps_done = reported
+            self.dirty = True
+
+    def declare_total(self, total: int) -> None:
+        """The job's own total (gq.set_total_steps), unless --steps declared one at submit.
+        A total under the steps already done is as wrong as a count past it."""
+        if self.declared_total is not None or total == self.worker_total:
+            return
+        self.worker_total, self.dirty = total, True
+        if total < self.steps_done:
+            self.past_total = True
+
     def view(self) -> JobView:
         return JobView(
             id=self.job_id, user=self.user, submit_time=self.submit_time, priority=self.priority,
-            steps_done=self.steps_done, steps_total=self.steps_total, attained=self.attained,
-            mean_iteration=self.mean_iteration,
+            steps_done=self.steps_done,
+            steps_total=None if self.past_total else self.steps_total,
+            attained=self.attained, mean_iteration=self.mean_iteration,
             mean_gap=self.mean_gap,
             released_at=self.released_at, deadline=self._deadline_now(),
         )
@@ -94,12 +133,25 @@ class Resident:
             return None
         return self.deadline - time.time() + time.monotonic()
 
-    def progress(self) -> dict[str, Any]:
-        return {"job": self.job_id, "run": self.run, "steps_done": self.steps_done,
-                "steps_total": self.steps_total, "attained": self.attained,
-                "mean_iteration": self.mean_iteration, "mean_gap": self.mean_gap,
-                "mem_persistent": self.mem_persistent,
-                "mem_peak": self.mem_peak, "holds_lane": self.state == "running"}
+    def progress(self) -> wire.JobProgress:
+        return wire.JobProgress(**self._figures())
+
+    def _figures(self) -> dict:
+        return dict(job=self.job_id, run=self.run, steps_done=self.steps_done,
+                    steps_total=self.steps_total, attained=self.attained,
+                    mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
+                    mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
+                    holds_lane=self.state == "running")
+
+    def resident_state(self) -> wire.ResidentState:
+        return wire.ResidentState(**self._figures(), pid=self.process.pid,
+                                  started=self.started_wall,
+                                  time_limit=self.time_limit, kill_why=self.kill_why)
+
+    def exit_report(self, code: int) -> wire.Exited:
+        return wire.Exited(**self._figures(), code=code if code >= 0 else None,
+                           signal=-code if code < 0 else None, kill_why=self.kill_why,
+                           detail=self.detail, end_time=time.time())
 
 
 @dataclass
@@ -115,7 +167,7 @@ class Lane:
 
 class Host:
     def __init__(self, device: str, cuda: bool, lanes: int, listener: socket.socket,
-                 kill_grace: float):
+                 kill_grace: float, cgroup_backend: cgroups.Cgroups | None = None):
         self.device = device
         self.cuda = cuda
         self.lanes = [Lane(i) for i in range(max(1, lanes))]
@@ -123,10 +175,12 @@ class Host:
         self.daemon: Channel | None = None  # the daemon now connected, if any
         self.greeted = False  # it said hello: until then it is sent nothing but the state
         self.kill_grace = kill_grace
+        self.cgroups = cgroup_backend
         self.policy = policies.make("fifo")
         self.policy_name = ("fifo", "always", policies.DEFAULT_QUANTUM)
         self.residents: dict[int, Resident] = {}
-        self.exited: dict[int, dict[str, Any]] = {}  # exit reports no daemon has acknowledged
+        self.exited: dict[int, wire.Exited] = {}  # exit reports no daemon has acknowledged
+        self.lingering: list[JobCgroup] = []  # killed, not empty yet: killed again until so
         self.selector = selectors.DefaultSelector()
         self.stopping = False  # ending every job, then exiting
         self.draining = False  # taking no new job, exiting once the last one has ended
@@ -134,6 +188,12 @@ class Host:
         self._next_housekeeping = 0.0
         self._last_progress = 0.0
         self._reported_switches: list[int] = []
+        self._from_daemon_handlers: dict[type, Callable] = {
+            wire.Hello: self._on_hello, wire.Launch: self._on_launch,
+            wire.Kill: self._on_kill, wire.Ack: self._on_ack, wire.Update: self._on_update,
+            wire.SetPolicy: self._on_policy, wire.Shutdown: lambda _: self._shutdown(),
+            wire.Drain: self._on_drain,
+        }
 
     # ----- the loop -------------------------------------------------------------------
     def run(self) -> None:
@@ -143,25 +203,51 @@ class Host:
         while not ((self.stopping or self.draining) and not self.residents):
             events = self.selector.select(self._timeout())
             for key, _ in events:
-                if key.data == "listener":
-                    self._accept_daemon()
-                elif key.data == "daemon":
-                    self._from_daemon()
-                elif key.data == "signal":
-                    self._on_signals(wake_read)
-                else:
-                    self._from_worker(key.data)
+                self._isolated(self._on_event, key.data, wake_read)
             now = time.monotonic()
             # Busy lanes may never time out: deadlines (kills, anticipation) need a clock too.
             if not events or self.child_exited or now >= self._next_housekeeping:
                 self._next_housekeeping = now + HOUSEKEEPING_PERIOD
                 self.child_exited = False
-                self._reap()
-                self._enforce_time_limits(now)
-                self._enforce_kills()
-                self._schedule_waiting_lanes()
-            self._maybe_send_progress()
+                for chore in (self._reap, self._enforce_time_limits, self._enforce_kills,
+                              self._schedule_waiting_lanes, self._kill_lingering):
+                    self._isolated(chore)
+            self._isolated(self._maybe_send_progress)
+        for cgroup in self.lingering:
+            cgroup.kill(defaults.CGROUP_KILL_TIMEOUT)
+            cgroup.remove()
+        if self.cgroups is not None:
+            self.cgroups.remove_device(self.device)
         log.info("host of %s exits (%s)", self.device, "stopped" if self.stopping else "drained")
+
+    def _on_event(self, data: object, wake_read: socket.socket) -> None:
+        if data == "listener":
+            self._accept_daemon()
+        elif data == "daemon":
+            try:
+                self._from_daemon()
+            except Exception:  # noqa: BLE001 - a link that fails once would fail again
+                log.exception("error on the daemon's connection; dropping it")
+                if self.daemon is not None:
+                    self._forget_daemon()
+        elif data == "signal":
+            self._on_signals(wake_read)
+        elif isinstance(data, Resident):
+            self._from_worker(data)
+
+    def _isolated(self, action: Callable, *args) -> None:
+        """Run one event's handling; an unexpected error is logged and ends at most the job
+        it concerns, never the loop."""
+        try:
+            action(*args)
+        except Exception as exc:  # noqa: BLE001 - the host must outlive any one event
+            resident = next((a for a in args if isinstance(a, Resident)), None)
+            if resident is None:
+                log.exception("error in %s (the host goes on)", action.__name__)
+                return
+            log.exception("error on job %d's message; ending the job", resident.job_id)
+            self._end_for_protocol(resident, f"the execution host failed on its message "
+                                             f"({type(exc).__name__})")
 
     def _timeout(self) -> float:
         timeout = 0.25 if self.residents else defaults.PROGRESS_PERIOD
@@ -188,13 +274,16 @@ class Host:
             sock, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        except OSError as exc:  # out of descriptors, say: the connected daemon goes on
+            log.warning("cannot accept a daemon: %s", exc)
+            return
         if _peer_uid(sock) != os.geteuid():  # only the daemon's own user may drive a host
             sock.close()
             return
         if self.daemon is not None:
             self._forget_daemon()
         sock.setblocking(False)
-        self.daemon, self.greeted = Channel(sock), False
+        self.daemon, self.greeted = Channel(sock, TO_HOST), False
         self.selector.register(sock, selectors.EVENT_READ, "daemon")
         log.info("a daemon connected")
 
@@ -204,7 +293,7 @@ class Host:
         self.daemon.close()
         self.daemon = None
 
-    def _tell(self, message: dict[str, Any]) -> None:
+    def _tell(self, message: object) -> None:
         """Send to the daemon if one is connected and greeted; what it must not miss is kept
         anyway, and its state answers its hello first."""
         if self.daemon is not None and self.greeted and not self.daemon.send(message):
@@ -213,95 +302,100 @@ class Host:
 
     def _from_daemon(self) -> None:
         assert self.daemon is not None
-        for message in self.daemon.receive():
-            op = message["op"]
-            if op == "hello":
-                self.greeted = True
-                self._tell(self._state())
-            elif op == "launch":
-                self._launch(message["job"])
-            elif op == "kill":
-                self._kill(int(message["job"]), str(message.get("why", "cancel")))
-            elif op == "ack":
-                report = self.exited.get(int(message["job"]))
-                if report is not None and report["run"] == message.get("run"):
-                    del self.exited[int(message["job"])]
-            elif op == "update":
-                resident = self.residents.get(int(message["job"]))
-                if resident is not None:
-                    resident.priority = int(message["priority"])
-                    resident.time_limit = message.get("time_limit")
-            elif op == "policy":
-                self._set_policy(message.get("name", "fifo"), message.get("fill", "always"),
-                                 message.get("quantum", policies.DEFAULT_QUANTUM))
-            elif op == "shutdown":
-                self._shutdown()
-            elif op == "drain":
-                log.info("draining: no new jobs; exiting after the last one")
-                self.draining = True
-            else:
-                log.warning("unknown op from daemon: %r", op)
-        if self.daemon is not None and self.daemon.closed:
+        channel = self.daemon
+        for message in channel.receive():
+            handler = self._from_daemon_handlers[type(message)]
+            self._isolated(handler, message)
+            if self.daemon is not channel:
+                return  # the handler lost the daemon (it went away mid-answer)
+        if channel.error:
+            log.error("dropping the daemon's connection: it sent %s", channel.error)
+            self._forget_daemon()
+        elif channel.closed:
             log.info("the daemon disconnected; jobs keep running")
             self._forget_daemon()
 
-    def _state(self) -> dict[str, Any]:
-        """Everything a daemon that (re)connects must know."""
-        residents = []
-        for resident in self.residents.values():
-            item = resident.progress()
-            item.update(pid=resident.process.pid, started=resident.started_wall,
-                        time_limit=resident.time_limit, kill_why=resident.kill_why)
-            residents.append(item)
-        return {"op": "state", "version": HOST_VERSION, "pid": os.getpid(),
-                "device": self.device, "lanes": len(self.lanes),
-                "policy": list(self.policy_name), "draining": self.draining,
-                "residents": residents, "exited": list(self.exited.values())}
+    def _on_hello(self, _message: wire.Hello) -> None:
+        self.greeted = True
+        self._tell(self._state())
 
-    def _set_policy(self, name: str, fill: str, quantum: str) -> None:
+    def _on_ack(self, message: wire.Ack) -> None:
+        report = self.exited.get(message.job)
+        if report is not None and report.run == message.run:
+            del self.exited[message.job]
+
+    def _on_update(self, message: wire.Update) -> None:
+        resident = self.residents.get(message.job)
+        if resident is not None:
+            resident.priority = message.priority
+            resident.time_limit = message.time_limit
+
+    def _on_policy(self, message: wire.SetPolicy) -> None:
         try:
-            self.policy = policies.make(name, fill, quantum)
+            self.policy = policies.make(message.name, message.fill, message.quantum)
         except ValueError as exc:
             log.warning("ignoring policy change: %s", exc)
             return
-        self.policy_name = (name, fill, quantum)
+        self.policy_name = (message.name, message.fill, message.quantum)
         for lane in self.lanes:
             self._schedule(lane)
 
-    def _launch(self, spec: dict[str, Any]) -> None:
-        job_id = int(spec["id"])
+    def _on_drain(self, _message: wire.Drain) -> None:
+        log.info("draining: no new jobs; exiting after the last one")
+        self.draining = True
+
+    def _on_kill(self, message: wire.Kill) -> None:
+        resident = self.residents.get(message.job)
+        if resident is not None:
+            self._kill(resident, message.why)
+
+    def _state(self) -> wire.State:
+        """Everything a daemon that (re)connects must know."""
+        return wire.State(version=HOST_VERSION, pid=os.getpid(), device=self.device,
+                          lanes=len(self.lanes), policy=list(self.policy_name),
+                          draining=self.draining,
+                          residents=[r.resident_state() for r in self.residents.values()],
+                          exited=list(self.exited.values()))
+
+    def _on_launch(self, message: wire.Launch) -> None:
+        spec = message.job
         if self.draining or self.stopping:
-            self._tell({"op": "launch_failed", "job": job_id, "run": spec.get("run"),
-                        "reason": "its execution host is being replaced; requeued"})
+            self._tell(wire.LaunchFailed(spec.id, spec.run, "its execution host is being "
+                                                            "replaced; requeued"))
+            return
+        if spec.id in self.residents:
+            log.warning("job %d is resident already; launch of run %d refused", spec.id,
+                        spec.run)
+            self._tell(wire.LaunchFailed(spec.id, spec.run, "already running on this host"))
             return
         try:
             resident = self._spawn(spec)
         except LaunchError as exc:
-            self._tell({"op": "launch_failed", "job": job_id, "run": spec.get("run"),
-                        "reason": str(exc)})
+            self._tell(wire.LaunchFailed(spec.id, spec.run, str(exc)))
             return
-        self.residents[job_id] = resident
+        self.residents[spec.id] = resident
         self.lanes[resident.lane].residents.append(resident)
         if resident.channel is not None:
             self.selector.register(resident.channel.sock, selectors.EVENT_READ, resident)
-        self._tell({"op": "started", "job": job_id, "run": resident.run,
-                    "pid": resident.process.pid})
+        self._tell(wire.Started(spec.id, resident.run, resident.process.pid))
 
-    def _spawn(self, spec: dict[str, Any]) -> Resident:
-        """Start the job's process as its submitter, in its own process group."""
-        job_id = int(spec["id"])
-        env = dict(spec["env"])
+    def _spawn(self, spec: wire.LaunchSpec) -> Resident:
+        """Start the job's process as its submitter, in its own process group and cgroup."""
+        env = dict(spec.env)
         worker_end = host_end = None
         pass_fds: tuple[int, ...] = ()
-        if spec.get("worker", False):
+        if spec.worker:
             host_end, worker_end = socket.socketpair()
             env["GQ_WORKER_FD"] = str(worker_end.fileno())
             pass_fds = (worker_end.fileno(),)
+        cgroup = self._make_cgroup(spec)
         try:
-            process = start_as_submitter(spec, env, pass_fds)
+            process = start_as_submitter(spec, env, pass_fds, cgroup)
         except LaunchError:
             if host_end is not None:
                 host_end.close()
+            if cgroup is not None:
+                cgroup.remove()
             raise
         finally:
             if worker_end is not None:
@@ -309,49 +403,67 @@ class Host:
         channel = None
         if host_end is not None:
             host_end.setblocking(False)
-            channel = Channel(host_end)
-        lane = spec.get("lane")
-        if lane is None or not 0 <= int(lane) < len(self.lanes):
+            channel = Channel(host_end, FROM_WORKER)
+        lane = spec.lane
+        if lane is None or not 0 <= lane < len(self.lanes):
             lane = min(self.lanes, key=lambda l: len(l.residents)).index
         return Resident(
-            job_id=job_id, run=int(spec.get("run", 1)), user=spec.get("user", ""),
-            priority=int(spec.get("priority", 0)),
-            submit_time=float(spec.get("submit_time", 0.0)), steps_total=spec.get("steps_total"),
-            lane=int(lane), process=process, channel=channel, started_at=time.monotonic(),
-            started_wall=time.time(), time_limit=spec.get("time_limit"),
-            deadline=spec.get("deadline"),
+            job_id=spec.id, run=spec.run, user=spec.user, priority=spec.priority,
+            submit_time=spec.submit_time, declared_total=spec.steps_total, lane=lane,
+            process=process, channel=channel, started_at=time.monotonic(),
+            started_wall=time.time(), cgroup=cgroup, time_limit=spec.time_limit,
+            deadline=spec.deadline,
         )
+
+    def _make_cgroup(self, spec: wire.LaunchSpec) -> JobCgroup | None:
+        if self.cgroups is None:
+            return None
+        try:
+            return self.cgroups.create(self.device, spec.id, spec.run)
+        except OSError as exc:
+            raise LaunchError(f"cannot make job {spec.id}'s cgroup: {exc.strerror}") from None
 
     # ----- worker messages: the hot path ----------------------------------------------
     def _from_worker(self, resident: Resident) -> None:
         channel = resident.channel
         assert channel is not None
         for message in channel.receive():
-            op = message["op"]
             now = time.monotonic()
-            if op == "ready":
+            kind = type(message)
+            if kind is wire.Ready:
                 self._on_ready(resident, now)
-            elif op == "done":
+            elif kind is wire.Done:
                 self._on_done(resident, message, now)
-            elif op == "total":
-                resident.steps_total = max(1, int(message["steps"]))
-                resident.dirty = True
-            elif op == "progress":
-                resident.steps_done = int(message["steps"])
-                resident.dirty = True
-            elif op == "finished":
+            elif kind is wire.Total:
+                resident.declare_total(message.steps)
+            elif kind is wire.StepsTaken:
+                resident.record_steps(message.steps)
+            elif kind is wire.Finished:
                 self._leave_lane(resident)
-        if channel.closed:
+            if resident.channel is not channel:
+                return  # dropped meanwhile (its grant could not be sent, say)
+        if channel.error:
+            self._end_for_protocol(resident, f"its worker sent {channel.error}")
+        elif channel.closed:
             self._drop_channel(resident)
 
+    def _end_for_protocol(self, resident: Resident, detail: str) -> None:
+        """A worker that breaks the protocol loses its job, at once, and nothing else."""
+        log.warning("job %d: %s; ending it", resident.job_id, detail)
+        resident.detail = detail[:defaults.MAX_TEXT]
+        self._drop_channel(resident)
+        self._kill(resident, StopWhy.PROTOCOL, grace=0.0)
+
     def _on_ready(self, resident: Resident, now: float) -> None:
+        if resident.state == "running":
+            return  # it holds the lane already: nothing to grant
         if resident.released_at is not None:
             resident.gaps += 1
             resident.gap_total += now - resident.released_at
         resident.state = "ready"
         self._schedule(self.lanes[resident.lane])
 
-    def _on_done(self, resident: Resident, message: dict[str, Any], now: float) -> None:
+    def _on_done(self, resident: Resident, message: wire.Done, now: float) -> None:
         lane = self.lanes[resident.lane]
         if lane.holder is not resident:
             return
@@ -359,9 +471,9 @@ class Host:
         resident.attained += now - resident.granted_at
         if resident.iterations == 1:
             resident.first_iteration = resident.attained
-        resident.steps_done = int(message.get("steps", resident.steps_done))
-        resident.mem_persistent = message.get("mem_persistent")
-        resident.mem_peak = message.get("mem_peak")
+        resident.record_steps(message.steps)
+        resident.mem_persistent = message.mem_persistent
+        resident.mem_peak = message.mem_peak
         resident.dirty = True
         resident.state = "idle"
         resident.released_at = now
@@ -402,7 +514,7 @@ class Host:
         shared = self.cuda and len(lane.residents) > 1
         if chosen.channel is None:
             return
-        if not chosen.channel.send({"op": "go", "empty_cache": shared}):
+        if not chosen.channel.send(wire.Go(empty_cache=shared)):
             log.warning("job %d's worker hung up before its grant; the lane goes on",
                         chosen.job_id)
             self._drop_channel(chosen)  # its exit is reaped and reported as usual
@@ -452,45 +564,79 @@ class Host:
                 self._from_worker(resident)  # its last messages: a final DONE, say
             if resident.channel is not None:
                 self._drop_channel(resident)
-            kill_group(resident.process.pid, signal.SIGKILL)  # leftover children
+            self._kill_leftovers(resident)
             del self.residents[resident.job_id]
             self._leave_lane(resident)
-            report = resident.progress()
-            report.update(op="exited", code=code if code >= 0 else None,
-                          signal=-code if code < 0 else None, kill_why=resident.kill_why,
-                          end_time=time.time())
+            report = resident.exit_report(code)
             self.exited[resident.job_id] = report  # until a daemon acknowledges it
             self._tell(report)
 
-    def _kill(self, job_id: int, why: str) -> None:
-        """SIGTERM to the job's process group now, SIGKILL after the kill wait."""
-        resident = self.residents.get(job_id)
-        if resident is None or resident.kill_deadline is not None:
+    def _kill_leftovers(self, resident: Resident) -> None:
+        """Whatever the job started dies with it: its process group, and its cgroup (which
+        holds what left the group), before its exit is reported, so that a requeued run
+        never overlaps the last one."""
+        kill_group(resident.process.pid, signal.SIGKILL)
+        cgroup = resident.cgroup
+        if cgroup is None:
             return
-        resident.kill_why = why
-        kill_group(resident.process.pid, signal.SIGTERM)
-        resident.kill_deadline = time.monotonic() + self.kill_grace
+        if cgroup.kill(_REAP_WAIT):
+            cgroup.remove()
+        else:
+            log.warning("job %d: processes left in %s after SIGKILL; killing them again",
+                        resident.job_id, cgroup.name)
+            self.lingering.append(cgroup)
 
-    def _enforce_time_limits(self, now: float) -> None:
-        wall = time.time()
+    def _kill_lingering(self) -> None:
+        for cgroup in list(self.lingering):
+            if cgroup.kill(0.0):
+                cgroup.remove()
+                self.lingering.remove(cgroup)
+
+    def _kill(self, resident: Resident, why: StopWhy, grace: float | None = None) -> None:
+        """SIGTERM to every process of the job now, SIGKILL after the kill wait (or
+        ``grace``)."""
+        if resident.kill_deadline is not None and grace is None:
+            return
+        if resident.kill_why is None or why is StopWhy.PROTOCOL:
+            resident.kill_why = why
+        self._signal_job(resident, signal.SIGTERM)
+        resident.kill_deadline = time.monotonic() + (self.kill_grace if grace is None else grace)
+        if grace == 0.0:
+            self._signal_job(resident, signal.SIGKILL)
+
+    def _signal_job(self, resident: Resident, signum: int) -> None:
+        kill_group(resident.process.pid, signum)
+        if resident.cgroup is None:
+            return
+        if signum == signal.SIGKILL:
+            resident.cgroup.kill(0.0)
+            return
+        for pid in resident.cgroup.pids():
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _enforce_time_limits(self) -> None:
+        now, wall = time.monotonic(), time.time()
         for resident in list(self.residents.values()):
             if resident.kill_deadline is not None:
                 continue
             if resident.time_limit is not None and now - resident.started_at >= resident.time_limit:
-                self._kill(resident.job_id, "timeout")
+                self._kill(resident, StopWhy.TIMEOUT)
             elif resident.deadline is not None and wall >= resident.deadline:
-                self._kill(resident.job_id, "deadline")
+                self._kill(resident, StopWhy.DEADLINE)
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()
         for resident in self.residents.values():
             if resident.kill_deadline is not None and now >= resident.kill_deadline:
-                kill_group(resident.process.pid, signal.SIGKILL)
+                self._signal_job(resident, signal.SIGKILL)
 
     def _shutdown(self) -> None:
         self.stopping = True
-        for job_id in list(self.residents):
-            self._kill(job_id, "shutdown")
+        for resident in list(self.residents.values()):
+            self._kill(resident, StopWhy.SHUTDOWN)
 
     def _maybe_send_progress(self) -> None:
         now = time.monotonic()
@@ -503,13 +649,10 @@ class Host:
         switches = [lane.switches for lane in self.lanes]
         if changed or switches != self._reported_switches:
             self._reported_switches = switches
-            self._tell({"op": "progress", "jobs": [r.progress() for r in changed],
-                        "switches": switches})
+            self._tell(wire.Progress([r.progress() for r in changed], switches))
 
 
 def _peer_uid(sock: socket.socket) -> int:
-    import struct
-
     cred = struct.Struct("3i")
     return cred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, cred.size))[1]
 
@@ -518,7 +661,8 @@ def listen(state_dir: str, device: str):
     """Lock the device's host pidfile and bind its socket; AlreadyRunning if a live host
     holds them. Returns the pidfile (keep it open) and the listening socket."""
     pidfile_path, socket_path = host_paths(state_dir, device)
-    pidfile = open(pidfile_path, "a+")
+    fd = os.open(pidfile_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    pidfile = os.fdopen(fd, "r+")
     try:
         fcntl.flock(pidfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -544,13 +688,17 @@ def listen(state_dir: str, device: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="gq execution host (started by the daemon)")
+    parser = argparse.ArgumentParser(prog="gq-host",
+                                     description="gq execution host (started by the daemon)")
     parser.add_argument("--device", required=True)
     parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--lanes", type=int, default=1)
     parser.add_argument("--state-dir", required=True, help="where its socket and pidfile live")
     parser.add_argument("--kill-grace", type=float, default=defaults.KILL_WAIT)
+    parser.add_argument("--cgroup", choices=cgroups.KINDS, default=defaults.CGROUP)
+    parser.add_argument("--scope", required=True, help="this gq instance's cgroup tag")
     args = parser.parse_args()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s host[{args.device}] %(levelname)s %(message)s")
     try:
@@ -558,8 +706,11 @@ def main() -> None:
     except AlreadyRunning:
         log.error("another execution host of %s is running", args.device)
         raise SystemExit(defaults.ALREADY_RUNNING_EXIT) from None
+    backend = cgroups.detect(args.cgroup, args.scope)
+    log.info("jobs' processes are kept in %s", f"cgroup {backend.kind} hierarchies"
+             if backend is not None else "process groups (no cgroup hierarchy to use)")
     try:
-        Host(args.device, args.cuda, args.lanes, listener, args.kill_grace).run()
+        Host(args.device, args.cuda, args.lanes, listener, args.kill_grace, backend).run()
     finally:
         os.unlink(host_paths(args.state_dir, args.device)[1])
         pidfile.close()

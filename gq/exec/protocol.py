@@ -1,39 +1,56 @@
-"""Wire protocol between daemon, execution hosts and workers.
+"""The wire between the daemon, the execution hosts and the workers: every message a
+dataclass defined here once, used by both ends, checked field by field on decode (see
+:mod:`gq.codec`), framed as one line of JSON ``{"op": KIND, fields...}`` of at most
+``defaults.MAX_FRAME`` bytes, which both ends enforce.
 
-Messages are single-line JSON objects with an ``op`` field, over Unix stream sockets.
-A line longer than ``MAX_MESSAGE`` or one that is not a JSON object is a protocol error:
-the reader drops it (and the connection, since framing is then lost) and logs it.
+daemon → host   Hello, Launch, Kill, Update, SetPolicy, Ack, Drain, Shutdown
+host → daemon   State (answers Hello), Started, LaunchFailed, Exited (repeated in every
+                State until acknowledged), Progress
+worker → host   Ready, Done, Total, StepsTaken, Finished
+host → worker   Go
 
-daemon → host   hello{} (answered by state), launch{job}, kill{job, why},
-                update{job, priority, time_limit}, policy{name, fill}, ack{job, run},
-                drain{}, shutdown{}
-host → daemon   state{version, pid, policy, residents, exited}, started{job, run, pid},
-                launch_failed{job, run, reason}, exited{job, run, code, signal, kill_why,
-                end_time, progress...} (repeated in every state until acknowledged),
-                progress{jobs: [...], switches: [per lane, since the host began]}
-worker → host   ready{}, done{steps, mem_persistent, mem_peak}, total{steps}, progress{steps},
-                finished{}
-host → worker   go{empty_cache}
-
-A host and a daemon of different ``HOST_VERSION`` still understand hello and state; the
-daemon then drains the host (no new jobs; it exits after its last one) and starts a new one.
+A peer whose line fails to decode loses its channel and nothing else: a worker's job ends
+FAILED naming the message, a daemon is dropped (the host runs on), a host is attached
+again (its jobs run on). A host and a daemon of different ``HOST_VERSION`` still understand
+Hello, State (a foreign one in full where it still fits this schema, else only for its
+version, pid and draining flag) and Drain: the daemon then drains the host (no new jobs; it
+exits after its last one), adopting its jobs where it could read them, and starts a new one
+once it has gone.
 """
 
 from __future__ import annotations
 
-import json
+import enum
 import logging
 import os
 import socket
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import field
+from typing import Annotated, Any, ClassVar
 
-from gq import __version__
+from gq import __version__, codec, defaults
+from gq.codec import MaxLen, MessageError, message
+from gq.fields import (Args, Count, Environment, Groups, JobId, Lane, Name, Path, Pid,
+                       Positive, Priority, Seconds, Signal, Text, TimeLimit, Timestamp, Uid,
+                       Umask)
 
-MAX_MESSAGE = 1 << 20
 log = logging.getLogger(__name__)
-# gq's version and that of the daemon-host protocol above (bump it on any change to it).
-HOST_VERSION = f"{__version__}/1"
+# gq's version and that of the daemon-host protocol (bump it on any change to it).
+HOST_VERSION = f"{__version__}/2"
+ExitStatus = Annotated[int, codec.Bounds(0, 255)]
+
+
+class StopWhy(str, enum.Enum):
+    """Why a host ended a job's process (its exit report says so; the daemon decides the
+    job's end state from it)."""
+
+    CANCEL = "cancel"
+    REQUEUE = "requeue"
+    TIMEOUT = "timeout"
+    DEADLINE = "deadline"
+    SHUTDOWN = "shutdown"
+    STRAY = "stray"  # a run the queue does not know
+    PROTOCOL = "protocol"  # its worker sent what the protocol does not allow
 
 
 def host_paths(state_dir: str, device: str) -> tuple[str, str]:
@@ -41,49 +58,293 @@ def host_paths(state_dir: str, device: str) -> tuple[str, str]:
     return os.path.join(state_dir, f"{device}.pid"), os.path.join(state_dir, f"{device}.sock")
 
 
-class ProtocolError(Exception):
-    pass
+# ----- records ------------------------------------------------------------------------
+@message
+class LaunchSpec:
+    """Everything a host needs to start one run of a job as its submitter."""
+
+    id: JobId
+    run: Positive
+    argv: Annotated[Args, MaxLen(defaults.MAX_JOB_PAYLOAD // 2)]
+    worker: bool  # it speaks the worker protocol (Python scripts do)
+    cwd: Path
+    env: Environment
+    stdout: Path
+    stderr: Path
+    user: Name
+    submit_time: Timestamp
+    uid: Uid | None = None  # None: run as the host's own user (personal mode only)
+    gid: Uid | None = None
+    groups: Groups = field(default_factory=list)
+    umask: Umask = 0o022
+    lane: Lane | None = None
+    priority: Priority = 0
+    steps_total: Positive | None = None
+    time_limit: TimeLimit | None = None
+    deadline: Timestamp | None = None
 
 
-def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+@message
+class JobProgress:
+    """What a host measured of one run; the daemon flushes it to the queue."""
+
+    job: JobId
+    run: Positive
+    steps_done: Count = 0
+    steps_total: Positive | None = None
+    attained: Seconds = 0.0
+    mean_iteration: Seconds | None = None
+    mean_gap: Seconds | None = None
+    mem_persistent: Count | None = None
+    mem_peak: Count | None = None
+    holds_lane: bool = False
 
 
-def decode(line: bytes) -> dict[str, Any]:
+@message
+class ResidentState(JobProgress):
+    """A run a host has resident, as a (re)connecting daemon learns it."""
+
+    pid: Pid | None = None
+    started: Timestamp | None = None
+    time_limit: TimeLimit | None = None
+    kill_why: StopWhy | None = None
+
+
+# ----- daemon → host ------------------------------------------------------------------
+@message
+class Hello:
+    op: ClassVar[str] = "hello"
+
+
+@message
+class Launch:
+    op: ClassVar[str] = "launch"
+    job: LaunchSpec
+
+
+@message
+class Kill:
+    """SIGTERM to the run's processes now, SIGKILL after the kill wait."""
+
+    op: ClassVar[str] = "kill"
+    job: JobId
+    why: StopWhy
+
+
+@message
+class Update:
+    op: ClassVar[str] = "update"
+    job: JobId
+    priority: Priority
+    time_limit: TimeLimit | None = None
+
+
+@message
+class SetPolicy:
+    op: ClassVar[str] = "policy"
+    name: Name
+    fill: Name
+    quantum: Name
+
+
+@message
+class Ack:
+    """The daemon recorded this run's exit: the host may forget it."""
+
+    op: ClassVar[str] = "ack"
+    job: JobId
+    run: Positive
+
+
+@message
+class Drain:
+    op: ClassVar[str] = "drain"
+
+
+@message
+class Shutdown:
+    op: ClassVar[str] = "shutdown"
+
+
+# ----- host → daemon ------------------------------------------------------------------
+@message
+class Exited(JobProgress):
+    """How a run ended; kept by the host until a daemon acknowledges it."""
+
+    op: ClassVar[str] = "exited"
+    code: ExitStatus | None = None
+    signal: Signal | None = None
+    kill_why: StopWhy | None = None
+    detail: Text | None = None  # what its worker did wrong (kill_why PROTOCOL)
+    end_time: Timestamp = 0.0
+
+
+@message
+class State:
+    """Everything a daemon that (re)connects must know."""
+
+    op: ClassVar[str] = "state"
+    version: Name
+    pid: Pid
+    device: Name
+    lanes: Positive
+    policy: Annotated[list[Name], MaxLen(3)]
+    draining: bool
+    residents: list[ResidentState]
+    exited: list[Exited]
+
+
+@message
+class ForeignState:
+    """The State of a host of another version: read only for what draining it needs."""
+
+    op: ClassVar[str] = "state"
+    version: Text
+    pid: Pid
+    draining: bool = False
+
+
+@message
+class Started:
+    op: ClassVar[str] = "started"
+    job: JobId
+    run: Positive
+    pid: Pid
+
+
+@message
+class LaunchFailed:
+    op: ClassVar[str] = "launch_failed"
+    job: JobId
+    run: Positive
+    reason: Text
+
+
+@message
+class Progress:
+    op: ClassVar[str] = "progress"
+    jobs: list[JobProgress]
+    switches: Annotated[list[Count], MaxLen(1 << 16)] = field(default_factory=list)
+
+
+# ----- worker ↔ host ------------------------------------------------------------------
+@message
+class Ready:
+    """At an acquire: the worker blocks until Go."""
+
+    op: ClassVar[str] = "ready"
+
+
+@message
+class Done:
+    """At a release: one iteration over, with the worker's step count and memory."""
+
+    op: ClassVar[str] = "done"
+    steps: Count
+    mem_persistent: Count | None = None
+    mem_peak: Count | None = None
+
+
+@message
+class Total:
+    op: ClassVar[str] = "total"
+    steps: Positive
+
+
+@message
+class StepsTaken:
+    """Steps counted outside a grant (a loop that runs released)."""
+
+    op: ClassVar[str] = "progress"
+    steps: Count
+
+
+@message
+class Finished:
+    """The script is over: its lane is free now, before the interpreter's teardown."""
+
+    op: ClassVar[str] = "finished"
+
+
+@message
+class Go:
+    op: ClassVar[str] = "go"
+    empty_cache: bool = False
+
+
+def _table(*classes: type) -> dict[str, type]:
+    return {cls.op: cls for cls in classes}
+
+
+TO_HOST = _table(Hello, Launch, Kill, Update, SetPolicy, Ack, Drain, Shutdown)
+TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
+FROM_WORKER = _table(Ready, Done, Total, StepsTaken, Finished)
+TO_WORKER = _table(Go)
+
+
+# ----- framing ------------------------------------------------------------------------
+def encode(message: Any) -> bytes:
+    """One line ``{"op": ..., fields...}``; FrameTooLarge past the frame limit."""
+    data = {"op": message.op}
+    data.update(codec.to_wire(message))
+    return codec.dumps(data, defaults.MAX_FRAME)
+
+
+def decode(line: bytes, kinds: dict[str, type]) -> Any:
+    """The message a line holds, every field checked; MessageError otherwise."""
+    data = codec.loads(line)
+    op = data.pop("op", None)
+    if not isinstance(op, str) or op not in kinds:
+        raise MessageError(f"unknown op {str(op)[:40]!r}")
+    if kinds[op] is State and data.get("version") != HOST_VERSION:
+        return _foreign_state(data)
+    return codec.build(kinds[op], data, op)
+
+
+def _foreign_state(data: dict[str, Any]) -> State | ForeignState:
+    """The state of a host of another version: read in full where it still fits this
+    version's schema (its jobs can then be adopted while it drains), else only for its
+    version, pid and draining flag."""
     try:
-        message = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"not JSON: {line[:80]!r}") from exc
-    if not isinstance(message, dict) or not isinstance(message.get("op"), str):
-        raise ProtocolError(f"not a message object: {line[:80]!r}")
-    return message
+        exited = [{k: v for k, v in item.items() if k != "op"} if isinstance(item, dict)
+                  else item for item in data.get("exited", [])]
+        return codec.build(State, {**data, "exited": exited}, "state")
+    except (MessageError, TypeError, AttributeError):
+        minimal = {key: data[key] for key in ("version", "pid", "draining") if key in data}
+        return codec.build(ForeignState, minimal, "state")
 
 
 class Channel:
-    """A framed, buffered view of one connected stream socket."""
+    """A framed, typed view of one connected stream socket: it sends the messages of one
+    side and receives ``kinds``. The first line that fails to decode ends the channel
+    (``error`` says why): framing, and trust in the peer, are lost with it."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, kinds: dict[str, type]):
         self.sock = sock
+        self.kinds = kinds
         self._buffer = bytearray()
         self.closed = False
+        self.error: str | None = None
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, message: dict[str, Any]) -> bool:
-        """Send a whole message; False when the peer has gone."""
+    def send(self, message: Any) -> bool:
+        """Send a whole message; False when the peer has gone. A message over the frame
+        limit raises FrameTooLarge and sends nothing."""
+        line = encode(message)
         try:
-            self.sock.sendall(encode(message))
+            self.sock.sendall(line)
             return True
         except OSError:
             self.closed = True
             return False
 
-    def receive(self) -> Iterator[dict[str, Any]]:
+    def receive(self) -> Iterator[Any]:
         """After the socket polled readable: every whole message now buffered.
 
-        Sets ``closed`` on end of file or a framing error (after yielding what was valid).
-        """
+        Sets ``closed`` on end of file, and ``error`` too on a bad line (after yielding
+        what came before it)."""
         try:
             chunk = self.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -95,33 +356,41 @@ class Channel:
         self._buffer += chunk
         yield from self._drain()
 
-    def _drain(self) -> Iterator[dict[str, Any]]:
-        while True:
+    def _drain(self) -> Iterator[Any]:
+        while not self.error:
             newline = self._buffer.find(b"\n")
             if newline < 0:
-                if len(self._buffer) > MAX_MESSAGE:
-                    log.warning("dropping connection: message over %d bytes", MAX_MESSAGE)
-                    self._buffer.clear()
-                    self.closed = True
+                if len(self._buffer) > defaults.MAX_FRAME:
+                    self._fail(f"a message over {defaults.MAX_FRAME} bytes")
+                return
+            if newline >= defaults.MAX_FRAME:
+                self._fail(f"a message over {defaults.MAX_FRAME} bytes")
                 return
             line = bytes(self._buffer[:newline])
             del self._buffer[: newline + 1]
-            if len(line) > MAX_MESSAGE:
-                log.warning("dropping oversized message (%d bytes)", len(line))
-                continue
             try:
-                yield decode(line)
-            except ProtocolError as exc:
-                log.warning("dropping malformed message: %s", exc)
+                message = decode(line, self.kinds)
+            except MessageError as exc:
+                self._fail(f"{exc} in {_quote(line)}")
+                return
+            yield message
 
-    def receive_one(self) -> dict[str, Any]:
-        """Block until one message arrives (worker side). Raises EOFError if the peer is gone."""
+    def _fail(self, why: str) -> None:
+        self.error = why
+        self.closed = True
+        self._buffer.clear()
+
+    def receive_one(self) -> Any:
+        """Block until one message arrives. EOFError if the peer is gone, MessageError if
+        what it sent is not a message."""
         while True:
-            for message in self._drain():
-                return message
+            for received in self._drain():
+                return received
+            if self.error:
+                raise MessageError(self.error)
             chunk = self.sock.recv(1 << 16)
             if not chunk:
-                raise EOFError("execution host closed the connection")
+                raise EOFError("the peer closed the connection")
             self._buffer += chunk
 
     def close(self) -> None:
@@ -130,3 +399,10 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
+
+
+def _quote(line: bytes) -> str:
+    """A bad line as a log or a job's reason may quote it: short, printable."""
+    text = line[:120].decode("utf-8", "replace")
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return repr(text + ("..." if len(line) > 120 else ""))

@@ -1,36 +1,68 @@
-"""Starting and signalling a job's processes: as its submitter, in its own process group,
-dying with its execution host."""
+"""Starting and signalling a job's processes: as its submitter, in its own process group
+(and cgroup, where the host has them), dying with its execution host."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import signal
+import stat
 import subprocess
-from typing import Any
+import sys
 
 from gq.errors import LaunchError
+from gq.exec.cgroups import JobCgroup
+from gq.exec.protocol import LaunchSpec
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
+# The job's output: never through a link, never a controlling terminal, never a wait for a
+# FIFO's reader (the host would stall with it: Popen waits for the child's exec).
+_OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NOCTTY
+                 | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
-def start_as_submitter(spec: dict[str, Any], env: dict[str, str],
-                        pass_fds: tuple[int, ...]) -> subprocess.Popen:
-    """Popen drops to the submitter's uid, gid and groups (when the host runs as root) and
-    sets their umask; then, already as them, the child enters the working directory and
-    opens the output files, so their rights decide where output may go, and a link planted
-    at the output path is not followed."""
-    uid, gid = spec.get("uid"), spec.get("gid")
-    as_submitter = {}
-    if os.geteuid() == 0 and uid is not None and gid is not None and uid != 0:
-        as_submitter = {"user": int(uid), "group": int(gid),
-                        "extra_groups": [int(g) for g in spec.get("groups") or [gid]]}
+def identity(spec: LaunchSpec) -> tuple[int, int, list[int]] | None:
+    """The uid, gid and groups the job's process must take, or None to keep the host's own
+    (a personal host runs its owner's jobs). A root host never runs a job as root unless
+    root submitted it, and never one whose identity is missing."""
+    if os.geteuid() != 0:
+        if spec.uid not in (None, os.geteuid()):
+            raise LaunchError(f"job {spec.id} belongs to uid {spec.uid}; this execution host "
+                              f"runs as uid {os.geteuid()} and cannot run it")
+        return None
+    if spec.uid is None or spec.gid is None:
+        raise LaunchError(f"job {spec.id} has no uid or gid; refusing to run it as root")
+    if spec.uid == 0:
+        return None  # root's own job
+    return spec.uid, spec.gid, list(spec.groups) or [spec.gid]
+
+
+def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[int, ...],
+                       cgroup: JobCgroup | None = None) -> subprocess.Popen:
+    """Fork the job's process. In the child, still as root: enter the job's cgroup (so that
+    nothing it starts can leave it), then take the submitter's groups, gid and uid, and only
+    then, as them, enter the working directory and open the output files, so that their
+    rights decide where output may go."""
+    switch_to = identity(spec)
     error_read, error_write = os.pipe()
-    stdout, stderr, cwd = spec["stdout"], spec["stderr"], spec["cwd"]
+    stdout, stderr, cwd = spec.stdout, spec.stderr, spec.cwd
 
     def in_child() -> None:
+        try:
+            if cgroup is not None:
+                cgroup.enter()
+            if switch_to is not None:
+                uid, gid, groups = switch_to
+                os.setgroups(groups)
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+        except OSError as exc:
+            os.write(error_write, f"cannot set up job {spec.id}'s process: {exc.strerror}"
+                     .encode())
+            raise
         die_with_parent()  # after the uid change, which clears it
         try:
             os.chdir(cwd)
@@ -45,9 +77,8 @@ def start_as_submitter(spec: dict[str, Any], env: dict[str, str],
 
     try:
         return subprocess.Popen(
-            spec["argv"], env=env, stdin=subprocess.DEVNULL, pass_fds=pass_fds,
-            start_new_session=True, umask=int(spec.get("umask", 0o022)),
-            preexec_fn=in_child, **as_submitter)
+            spec.argv, env=env, stdin=subprocess.DEVNULL, pass_fds=pass_fds,
+            start_new_session=True, umask=spec.umask, preexec_fn=in_child)
     except subprocess.SubprocessError:
         os.set_blocking(error_read, False)
         try:
@@ -56,23 +87,34 @@ def start_as_submitter(spec: dict[str, Any], env: dict[str, str],
             reason = ""
         raise LaunchError(reason or "the job's process could not be set up") from None
     except OSError as exc:
-        raise LaunchError(f"cannot start {spec['argv'][0]}: {exc.strerror}") from exc
+        raise LaunchError(f"cannot start {spec.argv[0]}: {exc.strerror}") from exc
+    except ValueError as exc:  # what the wire lets through, the kernel may still refuse
+        raise LaunchError(f"cannot start job {spec.id}: {exc}") from None
     finally:
         os.close(error_read)
         os.close(error_write)
 
 
 def _open_output(path: str, error_write: int) -> int:
-    """In the child, as the submitter: append to the output file, never through a link."""
+    """In the child, as the submitter: append to the output file. A FIFO with no reader, a
+    link or a directory is refused at once; a terminal never becomes the job's."""
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+        fd = os.open(path, _OUTPUT_FLAGS, 0o666)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             reason = f"output file {path} is a symbolic link; gq does not follow it"
+        elif exc.errno == errno.ENXIO:
+            reason = f"output file {path} is a FIFO that nobody reads"
         else:
             reason = f"cannot open output file {path}: {exc.strerror}"
         os.write(error_write, reason.encode())
         raise
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.write(error_write, f"output file {path} is a directory".encode())
+        raise IsADirectoryError(path)
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)  # the job writes as usual
+    return fd
 
 
 def kill_group(pgid: int, signum: int) -> None:
@@ -85,3 +127,14 @@ def kill_group(pgid: int, signum: int) -> None:
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL the calling process when its parent dies."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def gq_python(module: str, *args: str) -> list[str]:
+    """The command line that runs ``python -m MODULE ARGS`` for a root process of gq's (the
+    daemon, a host): isolated (``-I``: no working directory or script directory on its path,
+    no PYTHON* variables, no user site), with this very gq first on its path."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package_parent = os.path.dirname(root)
+    boot = (f"import sys; sys.path.insert(0, {package_parent!r}); import runpy; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-I", "-c", boot, *args]

@@ -21,10 +21,11 @@ import traceback
 import types
 
 from gq import defaults
+from gq.codec import INT64_MAX
 from gq.exec import hooks, memory, runtime
-from gq.exec.protocol import Channel, encode
+from gq.exec.protocol import TO_WORKER, Channel, Done, Finished, Ready, StepsTaken, Total, encode
 
-READY = encode({"op": "ready"})
+READY = encode(Ready())
 
 
 class WorkerSession:
@@ -65,7 +66,7 @@ class WorkerSession:
             self.channel.sock.sendall(READY)
             grant = self.channel.receive_one()
             # Lane-mates share the device's memory: give back cached blocks when parked.
-            self.empty_cache_after = bool(grant.get("empty_cache", False))
+            self.empty_cache_after = grant.empty_cache
             self.held = True
 
     def count_step(self, kind: str) -> None:
@@ -80,7 +81,7 @@ class WorkerSession:
             if not self.held:
                 if steps != self.reported:  # steps taken outside a grant (released loops)
                     self.reported = steps
-                    self.channel.send({"op": "progress", "steps": steps})
+                    self.channel.send(StepsTaken(steps))
                 return
             self.held = False
             now = time.monotonic()
@@ -89,14 +90,15 @@ class WorkerSession:
             if self.empty_cache_after:
                 memory.release_cached()
             self.reported = steps
-            self.channel.send({"op": "done", "steps": steps,
-                               "mem_persistent": self.sample.persistent,
-                               "mem_peak": self.sample.peak})
+            self.channel.send(Done(steps, self.sample.persistent, self.sample.peak))
 
     def set_total_steps(self, total: int) -> None:
+        if not 1 <= total <= INT64_MAX:
+            raise ValueError(f"gq.set_total_steps({total}): the total must be a whole number "
+                             f"of iterations from 1 to {INT64_MAX}")
         if not self.detached:
             with self.lock:
-                self.channel.send({"op": "total", "steps": total})
+                self.channel.send(Total(total))
 
     def finish(self) -> None:
         """The script is over: free the lane now, not after the interpreter's teardown."""
@@ -105,7 +107,7 @@ class WorkerSession:
         with self.lock:
             if self.held:
                 self.release()
-            self.channel.send({"op": "finished"})
+            self.channel.send(Finished())
 
 
 def run_script(snapshot: str, submitted: str) -> None:
@@ -138,7 +140,7 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     fd = int(os.environ.pop("GQ_WORKER_FD"))
     submitted = os.environ.pop("GQ_SCRIPT", None) or argv[0]
-    session = WorkerSession(Channel(socket.socket(fileno=fd)))
+    session = WorkerSession(Channel(socket.socket(fileno=fd), TO_WORKER))
     runtime.active = session
     hooks.install_when_imported(session)
     sys.argv = [submitted, *argv[1:]]

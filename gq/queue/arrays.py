@@ -9,24 +9,34 @@ from dataclasses import dataclass
 
 from gq.errors import UserError
 
-MAX_TASKS = 10_000
-_PART = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+MAX_TASK_ID = 4_000_000  # Slurm's largest MaxArraySize is 4000001: ids up to one less
+_PART = re.compile(r"^(\d{1,10})(?:-(\d{1,10})(?::(\d{1,10}))?)?$")
 
 
 @dataclass(frozen=True)
 class ArraySpec:
-    tasks: tuple[int, ...]
+    ranges: tuple[range, ...]
     max_running: int | None
+
+    @property
+    def size(self) -> int:
+        """How many tasks the spec names at most (overlapping parts count twice): known
+        without listing them, so a limit is checked before anything is expanded."""
+        return sum(len(part) for part in self.ranges)
+
+    def tasks(self) -> tuple[int, ...]:
+        return tuple(sorted(set().union(*self.ranges)))
 
 
 def parse(text: str) -> ArraySpec:
     spec, _, limit = text.strip().partition("%")
     max_running = None
     if limit:
-        if not limit.isdigit() or int(limit) < 1:
-            raise UserError(f"invalid --array {text!r}: the %limit must be a positive number")
+        if not limit.isdigit() or not 1 <= int(limit) <= MAX_TASK_ID:
+            raise UserError(f"invalid --array {text!r}: the %limit must be a number from 1 to "
+                            f"{MAX_TASK_ID}")
         max_running = int(limit)
-    tasks: set[int] = set()
+    ranges = []
     for part in spec.split(","):
         match = _PART.match(part.strip())
         if not match:
@@ -36,10 +46,10 @@ def parse(text: str) -> ArraySpec:
         last = first if last is None else last
         if int(last) < int(first) or (step is not None and int(step) < 1):
             raise UserError(f"invalid --array {text!r}: {part!r} is an empty range")
-        tasks.update(range(int(first), int(last) + 1, int(step or 1)))
-        if len(tasks) > MAX_TASKS:
-            raise UserError(f"invalid --array {text!r}: more than {MAX_TASKS} tasks")
-    return ArraySpec(tuple(sorted(tasks)), max_running)
+        if int(last) > MAX_TASK_ID:
+            raise UserError(f"invalid --array {text!r}: task ids go from 0 to {MAX_TASK_ID}")
+        ranges.append(range(int(first), int(last) + 1, int(step or 1)))
+    return ArraySpec(tuple(ranges), max_running)
 
 
 def fold(tasks: list[int], max_running: int | None = None) -> str:
@@ -58,12 +68,14 @@ def fold(tasks: list[int], max_running: int | None = None) -> str:
     return f"[{','.join(runs)}{limit}]"
 
 
-_LABEL = re.compile(r"^\d+(_\d+)?$")
+_LABEL = re.compile(r"^(\d{1,19})(?:_(\d{1,10}))?$")
+_MAX_ID = (1 << 63) - 1
 
 
 def parse_label(text: str) -> str:
     """A job id as typed: ``17`` (a job, or a whole array), ``17_3`` (task 3 of array 17)."""
-    if not _LABEL.match(text):
-        raise UserError(f"invalid job id {text!r}: expected a number such as 17, or 17_3 for "
-                        "task 3 of array 17")
+    match = _LABEL.match(text)
+    if not match or int(match.group(1)) > _MAX_ID or int(match.group(2) or 0) > MAX_TASK_ID:
+        raise UserError(f"invalid job id {text[:40]!r}: expected a number such as 17, or 17_3 "
+                        "for task 3 of array 17")
     return text

@@ -12,7 +12,8 @@ from gq.errors import UserError
 from gq.queue.states import JobState
 
 KINDS = ("after", "afterany", "afterok", "afternotok")
-_CLAUSE = re.compile(r"^(after|afterany|afterok|afternotok):(\d+(?::\d+)*)$")
+_CLAUSE = re.compile(r"^(after|afterany|afterok|afternotok):(\d{1,30}(?::\d{1,30})*)$")
+MAX_JOB_ID = (1 << 63) - 1
 
 
 class Outcome(Enum):
@@ -46,9 +47,13 @@ def parse(text: str) -> Dependency:
     for part in stripped.split("?" if any_of else ","):
         match = _CLAUSE.match(part.strip())
         if not match:
-            raise UserError(f"invalid dependency {part!r}: expected TYPE:ID[:ID...] with TYPE "
+            raise UserError(f"invalid dependency {part[:60]!r}: expected TYPE:ID[:ID...] with TYPE "
                             f"one of {', '.join(KINDS)} (e.g. afterok:17)")
-        clauses.append(Clause(match.group(1), tuple(int(i) for i in match.group(2).split(":"))))
+        ids = tuple(int(i) for i in match.group(2).split(":"))
+        if any(not 1 <= job_id <= MAX_JOB_ID for job_id in ids):
+            raise UserError(f"invalid dependency {part[:60]!r}: job ids go from 1 to "
+                            f"{MAX_JOB_ID}")
+        clauses.append(Clause(match.group(1), ids))
     return Dependency(tuple(clauses), any_of)
 
 

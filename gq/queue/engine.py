@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gq.home import Home
 
 # The newest Alembic revision; a test keeps it equal to the head of migrations/.
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 BUSY_TIMEOUT_MS = 60_000
 
 
@@ -93,22 +93,45 @@ def migrations_dir() -> Path:
 
 
 def migrate(home: Home, revision: str = "head") -> None:
-    """Bring the database to ``revision``, creating it if needed. Cheap when already there."""
+    """Bring the database to ``revision``, creating it if needed. Cheap when already there;
+    a new database at head is made from the models at once (a test keeps the two schemas
+    equal), an existing one is upgraded by Alembic."""
     if revision == "head" and current_revision(home.db) == HEAD_REVISION:
         return
-    from alembic import command
-    from alembic.config import Config
-
     with open(home.migration_lock, "a") as lock:
         os.chmod(home.migration_lock, 0o600)
         fcntl.flock(lock, fcntl.LOCK_EX)
         if revision == "head" and current_revision(home.db) == HEAD_REVISION:
             return
-        config = Config()
-        config.set_main_option("script_location", str(migrations_dir()))
-        config.set_main_option("sqlalchemy.url", f"sqlite:///{home.db}")
-        command.upgrade(config, revision)
+        if revision == "head" and not home.db.exists():
+            _create(home.db)
+        else:
+            _upgrade(home.db, revision)
         os.chmod(home.db, 0o600)  # root's database in system mode: the daemon alone reads it
         connection = sqlite3.connect(home.db)
         connection.execute("PRAGMA journal_mode=WAL")  # persistent: set once, at creation
         connection.close()
+
+
+def _create(path: Path) -> None:
+    """A new database at the head revision, built from the models."""
+    from gq.queue.models import Base
+
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as connection:
+        Base.metadata.create_all(connection)
+        connection.exec_driver_sql("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT "
+                                   "NULL, CONSTRAINT alembic_version_pkc PRIMARY KEY "
+                                   "(version_num))")
+        connection.exec_driver_sql("INSERT INTO alembic_version VALUES (?)", (HEAD_REVISION,))
+    engine.dispose()
+
+
+def _upgrade(path: Path, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("sqlalchemy.url", f"sqlite:///{path}")
+    command.upgrade(config, revision)

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 class Base(DeclarativeBase):
     pass
 
 
+class Payload(Base):
+    """What one submission runs with, stored once however many tasks it has."""
+
+    __tablename__ = "payloads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    env: Mapped[dict[str, str]] = mapped_column(JSON, deferred=True)  # read at launch only
+    args: Mapped[list[str]] = mapped_column(JSON)
+
+
 class Job(Base):
     __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_user_state", "user", "state"),
+                      {"sqlite_autoincrement": True})  # ids are never given twice
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(255))
@@ -43,12 +55,12 @@ class Job(Base):
     # How to run it.
     script: Mapped[str] = mapped_column(Text)
     spool_path: Mapped[str] = mapped_column(Text)
-    args: Mapped[list[str]] = mapped_column(JSON)
+    payload_id: Mapped[int] = mapped_column(ForeignKey("payloads.id"), index=True)
+    payload: Mapped[Payload] = relationship(lazy="selectin")
     interpreter: Mapped[str | None] = mapped_column(Text)
     workdir: Mapped[str] = mapped_column(Text)
     stdout_path: Mapped[str] = mapped_column(Text)
     stderr_path: Mapped[str] = mapped_column(Text)
-    env: Mapped[dict[str, str]] = mapped_column(JSON)
     umask: Mapped[int] = mapped_column(Integer, default=0o022)
 
     # What happened.
@@ -70,6 +82,14 @@ class Job(Base):
     mem_persistent: Mapped[int | None] = mapped_column(Integer)
     mem_peak: Mapped[int | None] = mapped_column(Integer)
     holds_lane: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    @property
+    def args(self) -> list[str]:
+        return list(self.payload.args)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.payload.env)
 
     @property
     def label(self) -> str:
@@ -94,4 +114,4 @@ class Setting(Base):
     __tablename__ = "settings"
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[Any] = mapped_column(JSON)
+    value: Mapped[Any] = mapped_column(JSON, nullable=True)

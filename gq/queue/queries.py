@@ -1,33 +1,95 @@
-"""Read-only queries over the queue, shared by the CLI and the daemon."""
+"""Read-only queries over the queue (the daemon is the only process that runs them)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, noload, undefer
 
-from gq.queue.models import Job, JobEvent
+from gq.queue.models import Job, JobEvent, Payload
 from gq.queue.states import JobState
+
+# SQLite allows 32766 bound parameters a statement: long id lists go in chunks of this.
+CHUNK = 10_000
+
+
+def chunks(values: Sequence[int]) -> Iterable[list[int]]:
+    for start in range(0, len(values), CHUNK):
+        yield list(values[start:start + CHUNK])
 
 
 def jobs(session: Session, *, states: Iterable[JobState] | None = None,
          users: Iterable[str] | None = None, names: Iterable[str] | None = None,
-         ids: Iterable[int] | None = None) -> Sequence[Job]:
+         ids: Iterable[int] | None = None, held: bool | None = None,
+         payloads: bool = True) -> Sequence[Job]:
+    """Jobs by id, filtered; ``payloads=False`` leaves their arguments unread (the
+    scheduling pass needs none)."""
     query = select(Job).order_by(Job.id)
+    if not payloads:
+        query = query.options(noload(Job.payload))
     if states is not None:
         query = query.where(Job.state.in_([s.value for s in states]))
     if users is not None:
         query = query.where(Job.user.in_(list(users)))
     if names is not None:
         query = query.where(Job.name.in_(list(names)))
-    if ids is not None:
-        query = query.where(Job.id.in_(list(ids)))
-    return session.scalars(query).all()
+    if held is not None:
+        query = query.where(Job.held.is_(held))
+    if ids is None:
+        return session.scalars(query).all()
+    found: list[Job] = []
+    for part in chunks(sorted(set(ids))):
+        found += session.scalars(query.where(Job.id.in_(part))).all()
+    return sorted(found, key=lambda job: job.id)
+
+
+# What the scheduling pass reads of a job: plain rows, not ORM objects, so that a queue of
+# many thousands of pending jobs costs the daemon little each pass.
+_SCHEDULING = (Job.id, Job.user, Job.submit_time, Job.priority, Job.steps_total, Job.deadline,
+               Job.time_limit, Job.dependency, Job.reason, Job.gpus, Job.mem, Job.exclusive,
+               Job.array_job_id, Job.array_max_running, Job.stop_request, Job.held)
+
+
+def for_scheduling(session: Session, state: JobState, held: bool | None = None) -> Sequence:
+    """Rows of the jobs in ``state`` (held or not) with what scheduling needs of them."""
+    query = select(*_SCHEDULING).where(Job.state == state.value).order_by(Job.id)
+    if held is not None:
+        query = query.where(Job.held.is_(held))
+    return session.execute(query).all()
+
+
+def held_with_deadline(session: Session) -> Sequence:
+    """Held pending jobs that have a deadline (they are removed once they cannot meet it)."""
+    return session.execute(select(*_SCHEDULING).where(
+        Job.state == JobState.PENDING.value, Job.held.is_(True),
+        Job.deadline.is_not(None))).all()
+
+
+def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple[str, bool]]]:
+    """Each id's (state, started) pair, or one per task when the id names a job array: what
+    a dependency on it looks at."""
+    wanted = sorted(set(job_ids))
+    found: dict[int, list[tuple[str, bool]]] = {job_id: [] for job_id in wanted}
+    for part in chunks(wanted):
+        rows = session.execute(select(Job.id, Job.array_job_id, Job.state, Job.start_time)
+                               .where(Job.id.in_(part) | Job.array_job_id.in_(part)))
+        for job_id, array_id, state, start in rows:
+            if array_id is not None and array_id in found:
+                found[array_id].append((state, start is not None))
+            elif job_id in found and array_id is None:
+                found[job_id].append((state, start is not None))
+    return found
 
 
 def job(session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
+
+
+def payload(session: Session, payload_id: int) -> Payload:
+    """A job's environment and arguments, for its launch."""
+    return session.scalars(select(Payload).options(undefer(Payload.env))
+                           .where(Payload.id == payload_id)).one()
 
 
 def events(session: Session, job_id: int) -> Sequence[JobEvent]:
@@ -37,20 +99,27 @@ def events(session: Session, job_id: int) -> Sequence[JobEvent]:
 
 
 def running(session: Session) -> Sequence[Job]:
-    return session.scalars(select(Job).where(Job.state == JobState.RUNNING.value)).all()
+    return session.scalars(select(Job).options(noload(Job.payload))
+                           .where(Job.state == JobState.RUNNING.value)).all()
+
+
+def pending_count(session: Session, user: str) -> int:
+    return session.scalar(select(func.count()).select_from(Job).where(
+        Job.user == user, Job.state == JobState.PENDING.value)) or 0
 
 
 def runs_of(session: Session, job_ids: Iterable[int]) -> dict[int, list[Job]]:
     """Each id's job, or every task when the id names a job array."""
-    wanted = list(job_ids)
+    wanted = sorted(set(job_ids))
     found: dict[int, list[Job]] = {job_id: [] for job_id in wanted}
-    rows = session.scalars(select(Job).where(
-        (Job.id.in_(wanted)) | (Job.array_job_id.in_(wanted)))).all()
-    for job in rows:
-        if job.array_job_id is not None and job.array_job_id in found:
-            found[job.array_job_id].append(job)
-        elif job.id in found and job.array_job_id is None:
-            found[job.id].append(job)
+    for part in chunks(wanted):
+        rows = session.scalars(select(Job).where(
+            (Job.id.in_(part)) | (Job.array_job_id.in_(part)))).all()
+        for job in rows:
+            if job.array_job_id is not None and job.array_job_id in found:
+                found[job.array_job_id].append(job)
+            elif job.id in found and job.array_job_id is None:
+                found[job.id].append(job)
     return found
 
 
@@ -66,3 +135,31 @@ def resolve(session: Session, label: str) -> list[Job]:
 def counts_by_state_and_user(session: Session) -> dict[tuple[str, str], int]:
     rows = session.execute(select(Job.state, Job.user, func.count()).group_by(Job.state, Job.user))
     return {(state, user): count for state, user, count in rows}
+
+
+def finished_before(session: Session, cutoff: float, limit: int) -> Sequence[tuple[int, str]]:
+    """Ids and snapshot paths of jobs that ended before ``cutoff``, oldest first."""
+    terminal = [s.value for s in JobState if s.terminal]
+    return session.execute(
+        select(Job.id, Job.spool_path).where(Job.state.in_(terminal), Job.end_time < cutoff)
+        .order_by(Job.end_time).limit(limit)).all()
+
+
+def pending_dependencies(session: Session) -> Sequence[str]:
+    return session.scalars(select(Job.dependency).where(
+        Job.state == JobState.PENDING.value, Job.dependency.is_not(None))).all()
+
+
+def spool_paths_in_use(session: Session, paths: Iterable[str]) -> set[str]:
+    wanted = sorted(set(paths))
+    used: set[str] = set()
+    for start in range(0, len(wanted), CHUNK):
+        used.update(session.scalars(select(Job.spool_path).distinct().where(
+            Job.spool_path.in_(wanted[start:start + CHUNK]))).all())
+    return used
+
+
+def oldest_end(session: Session) -> float | None:
+    """When the oldest finished job still kept ended."""
+    terminal = [s.value for s in JobState if s.terminal]
+    return session.scalar(select(func.min(Job.end_time)).where(Job.state.in_(terminal)))

@@ -21,7 +21,11 @@ def job_dir(home: Home, job_id: int) -> Path:
 
 def snapshot(home: Home, job_id: int, name: str, content: bytes, uid: int | None,
              gid: int | None) -> Path:
+    """Write a new job's snapshot. A directory already there for this id is a leftover of a
+    submission whose row never committed (the daemon died in between): it goes first."""
     target_dir = job_dir(home, job_id)
+    if target_dir.exists() or target_dir.is_symlink():
+        discard(home, job_id)
     target_dir.mkdir(mode=0o711 if home.system else 0o700)
     target = target_dir / name
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
@@ -34,13 +38,6 @@ def snapshot(home: Home, job_id: int, name: str, content: bytes, uid: int | None
     finally:
         os.close(fd)
     return target
-
-
-def read(path: str) -> bytes:
-    """A snapshot as the daemon wrote it (its directory is the daemon's, so no link)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
 
 
 def discard(home: Home, job_id: int) -> None:

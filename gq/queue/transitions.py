@@ -2,7 +2,12 @@
 
 Every state change is a guarded ``UPDATE … WHERE id = ? AND state = <expected>`` that
 records a job event in the same transaction, so two processes racing to move the same job
-(a cancel and a start, say) cannot both win, and a job can never start twice.
+(a cancel and a start, say) cannot both win, and a job can never start twice. Changes to
+many jobs at once (a cancel of an array) are one statement per chunk of ids, linear in
+their number.
+
+Everything written here was checked on its way in (by the wire's decoding and the request
+handlers), so that no row can break a query for anyone.
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import delete, insert, update
 from sqlalchemy.orm import Session
 
-from gq.queue.models import Job, JobEvent
+from gq.queue.models import Job, JobEvent, Payload
+from gq.queue.queries import chunks
 from gq.queue.states import JobState, allowed
+
+
+HELD = "JobHeldUser"  # squeue's reason for a held job
 
 
 @dataclass(frozen=True)
@@ -49,37 +58,43 @@ class NewJob:
     submit_time: float = field(default_factory=time.time)
 
 
-# resolve_output(pattern, job) -> path: fills in %j, %x, %A, %a for one row.
-def submit(session: Session, new: NewJob, resolve_output) -> list[Job]:
-    """Insert the PENDING row, or one per task of a job array (the first id names the array)."""
+# resolve_output(pattern, job_id, array_id, task) -> path: fills in %j, %x, %A, %a.
+def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
+    """Insert the PENDING row, or one per task of a job array (the first id names the array,
+    and its tasks share one payload): a few statements, however many tasks. Their ids."""
     tasks = new.array_tasks if new.array_tasks is not None else (None,)
-    jobs = []
-    for task in tasks:
-        job = Job(
-            name=new.name, user=new.user, uid=new.uid, gid=new.gid, umask=new.umask, state=JobState.PENDING.value, priority=new.priority,
-            gpus=new.gpus, mem=new.mem, time_limit=new.time_limit, deadline=new.deadline,
-            steps_total=new.steps_total,
-            exclusive=new.exclusive, requeue=new.requeue, dependency=new.dependency,
-            held=new.held, script=new.script, spool_path="", args=list(new.args),
-            interpreter=new.interpreter, workdir=new.workdir, stdout_path="", stderr_path="",
-            env=dict(new.env), submit_time=new.submit_time, stop_request=None, run_count=0,
-            steps_done=0, attained=0.0, holds_lane=False, array_task_id=task,
-            array_max_running=new.array_max_running if task is not None else None,
-        )
-        session.add(job)
-        session.flush()
-        if task is not None:
-            job.array_job_id = jobs[0].id if jobs else job.id
-        job.stdout_path = resolve_output(new.output_pattern, job)
-        job.stderr_path = resolve_output(new.error_pattern, job)
-        session.add(JobEvent(job_id=job.id, time=new.submit_time, old_state=None,
-                             new_state=JobState.PENDING.value, reason="submitted"))
-        jobs.append(job)
-    return jobs
+    payload = Payload(env=dict(new.env), args=list(new.args))
+    session.add(payload)
+    session.flush()
+    common = dict(
+        name=new.name, user=new.user, uid=new.uid, gid=new.gid, umask=new.umask,
+        state=JobState.PENDING.value, reason=HELD if new.held else None,
+        priority=new.priority, gpus=new.gpus, mem=new.mem, time_limit=new.time_limit,
+        deadline=new.deadline, steps_total=new.steps_total, exclusive=new.exclusive,
+        requeue=new.requeue, dependency=new.dependency, held=new.held, script=new.script,
+        spool_path="", payload_id=payload.id, interpreter=new.interpreter,
+        workdir=new.workdir, stdout_path="", stderr_path="", submit_time=new.submit_time,
+        stop_request=None, run_count=0, steps_done=0, attained=0.0, holds_lane=False,
+        array_max_running=new.array_max_running if new.array_tasks is not None else None)
+    ids = list(session.scalars(
+        insert(Job).returning(Job.id, sort_by_parameter_order=True),
+        [dict(common, array_task_id=task) for task in tasks]))
+    array_id = ids[0] if new.array_tasks is not None else None
+    session.execute(update(Job), [
+        {"id": job_id, "array_job_id": array_id,
+         "stdout_path": resolve_output(new.output_pattern, job_id, array_id, task),
+         "stderr_path": resolve_output(new.error_pattern, job_id, array_id, task)}
+        for job_id, task in zip(ids, tasks)])
+    session.execute(insert(JobEvent), [
+        {"job_id": job_id, "time": new.submit_time, "old_state": None,
+         "new_state": JobState.PENDING.value, "reason": "submitted"} for job_id in ids])
+    return ids
 
 
 def set_spool_path(session: Session, job_ids: list[int], path: str) -> None:
-    session.execute(update(Job).where(Job.id.in_(job_ids)).values(spool_path=path))
+    for part in chunks(job_ids):
+        session.execute(update(Job).where(Job.id.in_(part)).values(spool_path=path)
+                        .execution_options(synchronize_session=False))
 
 
 def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: str | None,
@@ -107,11 +122,17 @@ def start(session: Session, job_id: int, device: str, lane: int,
                  run_count=Job.run_count + 1, steps_done=0, attained=0.0)
 
 
-def set_pending_reason(session: Session, job_id: int, reason: str | None) -> None:
-    """Why a PENDING job is still waiting (squeue's REASON); not a state change."""
-    session.execute(
-        update(Job).where(Job.id == job_id, Job.state == JobState.PENDING.value).values(reason=reason)
-    )
+def set_pending_reasons(session: Session, reasons: dict[int, str | None]) -> None:
+    """Why PENDING jobs are still waiting (squeue's REASON), one statement per reason and
+    chunk of ids; not a state change."""
+    by_reason: dict[str | None, list[int]] = {}
+    for job_id, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(job_id)
+    for reason, job_ids in by_reason.items():
+        for part in chunks(job_ids):
+            session.execute(update(Job).where(Job.id.in_(part),
+                                              Job.state == JobState.PENDING.value)
+                            .values(reason=reason).execution_options(synchronize_session=False))
 
 
 def record_pid(session: Session, job_id: int, pid: int) -> None:
@@ -148,19 +169,49 @@ def cancel_pending(session: Session, job_id: int, reason: str, now: float | None
     return _move(session, job_id, JobState.PENDING, state, reason, now, end_time=now)
 
 
+def _move_many(session: Session, job_ids: list[int], old: JobState, new: JobState,
+               reason: str | None, now: float | None = None, **values: Any) -> list[int]:
+    """:func:`_move` for many jobs: one guarded UPDATE per chunk, the events in one insert.
+    Returns the ids that moved."""
+    assert allowed(old, new), f"{old} -> {new} is not a job transition"
+    now = time.time() if now is None else now
+    moved: list[int] = []
+    for part in chunks(job_ids):
+        result = session.execute(
+            update(Job).where(Job.id.in_(part), Job.state == old.value)
+            .values(state=new.value, reason=reason, **values).returning(Job.id)
+            .execution_options(synchronize_session=False))
+        moved += [row[0] for row in result]
+    if moved:
+        session.execute(insert(JobEvent), [
+            {"job_id": job_id, "time": now, "old_state": old.value, "new_state": new.value,
+             "reason": reason} for job_id in moved])
+    return moved
+
+
+def cancel_pending_many(session: Session, job_ids: list[int], reason: str,
+                        now: float | None = None) -> list[int]:
+    """End PENDING jobs CANCELLED; the ids that were pending."""
+    now = time.time() if now is None else now
+    return _move_many(session, job_ids, JobState.PENDING, JobState.CANCELLED, reason, now,
+                      end_time=now)
+
+
 CANCEL, REQUEUE = "cancel", "requeue"
 
 
-def request_stop(session: Session, job_id: int, what: str) -> bool:
-    """Ask the daemon to end a RUNNING job: it kills it, then records CANCELLED (cancel) or
-    puts it back in the queue (requeue) once it has exited."""
+def request_stop(session: Session, job_ids: list[int], what: str) -> list[int]:
+    """Ask the daemon to end RUNNING jobs: it kills them, then records CANCELLED (cancel)
+    or puts them back in the queue (requeue) once they have exited. The ids asked."""
     assert what in (CANCEL, REQUEUE)
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.state == JobState.RUNNING.value)
-        .values(stop_request=what)
-    )
-    return result.rowcount == 1
+    asked: list[int] = []
+    for part in chunks(job_ids):
+        result = session.execute(
+            update(Job).where(Job.id.in_(part), Job.state == JobState.RUNNING.value)
+            .values(stop_request=what).returning(Job.id)
+            .execution_options(synchronize_session=False))
+        asked += [row[0] for row in result]
+    return asked
 
 
 def requeue_finished(session: Session, job: Job, now: float | None = None) -> bool:
@@ -173,33 +224,38 @@ def requeue_finished(session: Session, job: Job, now: float | None = None) -> bo
                  exit_code=None, holds_lane=False, stop_request=None)
 
 
-def set_held(session: Session, job_id: int, held: bool) -> bool:
-    """Hold or release a PENDING job (squeue's JobHeldUser)."""
-    result = session.execute(
-        update(Job).where(Job.id == job_id, Job.state == JobState.PENDING.value)
-        .values(held=held, reason="JobHeldUser" if held else None)
-    )
-    return result.rowcount == 1
+def set_held(session: Session, job_ids: list[int], held: bool) -> list[int]:
+    """Hold or release PENDING jobs (squeue's JobHeldUser); the ids that were pending."""
+    changed: list[int] = []
+    for part in chunks(job_ids):
+        result = session.execute(
+            update(Job).where(Job.id.in_(part), Job.state == JobState.PENDING.value)
+            .values(held=held, reason=HELD if held else None).returning(Job.id)
+            .execution_options(synchronize_session=False))
+        changed += [row[0] for row in result]
+    return changed
 
 
-def modify(session: Session, job: Job, *, name: str | None = None, priority: int | None = None,
-           time_limit: int | None = None) -> bool:
-    """gq update: anything on a PENDING job; time limit and priority on a RUNNING one too."""
+def modify(session: Session, job_ids: list[int], *, name: str | None = None,
+           priority: int | None = None, time_limit: int | None = None) -> list[int]:
+    """gq update: priority and time limit of PENDING or RUNNING jobs, the name of PENDING
+    ones (all of the given jobs must be pending then). The ids changed."""
     values: dict[str, Any] = {}
+    states = [JobState.PENDING.value, JobState.RUNNING.value]
     if name is not None:
-        if job.state != JobState.PENDING.value:
-            return False
         values["name"] = name
+        states = [JobState.PENDING.value]
     if priority is not None:
         values["priority"] = priority
     if time_limit is not None:
         values["time_limit"] = time_limit
-    result = session.execute(
-        update(Job).where(Job.id == job.id, Job.state == job.state,
-                          Job.state.in_([JobState.PENDING.value, JobState.RUNNING.value]))
-        .values(**values)
-    )
-    return result.rowcount == 1
+    changed: list[int] = []
+    for part in chunks(job_ids):
+        result = session.execute(
+            update(Job).where(Job.id.in_(part), Job.state.in_(states)).values(**values)
+            .returning(Job.id).execution_options(synchronize_session=False))
+        changed += [row[0] for row in result]
+    return changed
 
 
 @dataclass(frozen=True)
@@ -226,3 +282,18 @@ def record_progress(session: Session, job_id: int, progress: Progress) -> None:
     session.execute(
         update(Job).where(Job.id == job_id, Job.state == JobState.RUNNING.value).values(**values)
     )
+
+
+def purge(session: Session, job_ids: list[int]) -> None:
+    """Forget finished jobs: their rows, their events, and payloads no job uses any more."""
+    payloads: set[int] = set()
+    for part in chunks(job_ids):
+        payloads.update(row[0] for row in session.execute(
+            delete(Job).where(Job.id.in_(part)).returning(Job.payload_id)
+            .execution_options(synchronize_session=False)))
+    for part in chunks(sorted(payloads)):
+        session.execute(delete(Payload).where(
+            Payload.id.in_(part), ~Payload.id.in_(Job.__table__.select()
+                                                    .with_only_columns(Job.payload_id)
+                                                    .where(Job.payload_id.in_(part))))
+            .execution_options(synchronize_session=False))

@@ -1,26 +1,73 @@
 """What a client may ask the daemon: one module per request family, and this dispatcher.
 
 Authorization that depends only on the request (operators alone change the node) is checked
-here once, before dispatch; handlers check what depends on the job (its owner).
+here once, before dispatch; handlers check what depends on the job (its owner). Handlers see
+the daemon only through :class:`NodeView`: the few things they read and the two they ask.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gq import messages
-from gq.daemon.access import Caller, check_operator
+from gq.daemon.access import Caller, Rules, check_operator
 from gq.daemon.handlers import control, node, query, submit
 from gq.errors import UserError
 
 if TYPE_CHECKING:
-    from gq.daemon.node import Daemon
+    from gq.daemon.admission import DeviceLoad
+    from gq.daemon.devices import Device
+    from gq.daemon.monitoring import Monitor
+    from gq.daemon.node import DaemonOptions
+    from gq.daemon.server import ConnectionLimits
+    from gq.exec.cgroups import Usage
+    from gq.home import Home
+    from gq.queue.engine import Database
+    from gq.queue.models import Job
 
 log = logging.getLogger("gq.daemon")
 
-# handler(daemon, caller, request) -> answer, or (answer, descriptors to pass with it)
+
+class NodeView(Protocol):
+    """The daemon as request handlers see it."""
+
+    home: Home
+    db: Database
+    rules: Rules
+    options: DaemonOptions
+    devices: list[Device]
+    device_note: str | None
+    started_at: float
+    stopping: bool
+    monitor: Monitor  # readings and the guard's holds, for 'gq info'
+
+    @property
+    def connection_limits(self) -> ConnectionLimits: ...
+
+    @property
+    def containment(self) -> str:
+        """How jobs' processes are kept: "cgroup v2", "cgroup v1" or "process groups"."""
+
+    def lane_memory(self, device: Device) -> int: ...
+
+    def loads(self) -> list[DeviceLoad]: ...
+
+    def usage(self, job: Job) -> Usage | None:
+        """A running job's host-side memory and processes (its cgroup), where known."""
+
+    def stale(self) -> str | None:
+        """Why progress figures may be out of date."""
+
+    def rescan(self) -> None:
+        """Run the scheduling pass soon: the queue changed."""
+
+    def begin_stop(self, keep_jobs: bool) -> None: ...
+
+
+# handler(node, caller, request) -> answer, or (answer, descriptors to pass with it)
 HANDLERS: dict[type, Callable[..., Any]] = {
     messages.Submit: submit.submit,
     messages.ListJobs: query.list_jobs,
@@ -40,27 +87,37 @@ HANDLERS: dict[type, Callable[..., Any]] = {
 OPERATORS_ONLY = {messages.SetPolicy: "change the policy", messages.Stop: "stop the daemon"}
 
 
-def dispatch(daemon: Daemon, caller: Caller, line: bytes) -> tuple[bytes, list[int]]:
-    """Decode one request line, authorize it, run its handler; always an answer line."""
+def dispatch(daemon: NodeView, caller: Caller, line: bytes) -> tuple[bytes, list[int]]:
+    """Decode one request line, authorize it, run its handler; always an answer line,
+    whatever the line held and whatever the handler did."""
     try:
         request = messages.decode(line, messages.REQUESTS)
     except messages.VersionMismatch as exc:
         return _error(f"this daemon speaks protocol version {messages.VERSION} and the client "
-                      f"{exc.theirs}: use the gq that matches the daemon, or restart it"), []
+                      f"{str(exc.theirs)[:40]}: use the gq that matches the daemon, or "
+                      "restart it"), []
     except messages.MessageError as exc:
         return _error(f"malformed request: {exc}"), []
+    fds: list[int] = []
     try:
         if type(request) in OPERATORS_ONLY:
             check_operator(caller, OPERATORS_ONLY[type(request)])
         answer = HANDLERS[type(request)](daemon, caller, request)
+        answer, fds = answer if isinstance(answer, tuple) else (answer, [])
+        return messages.encode(answer), fds
     except UserError as exc:
+        _close(fds)
         return _error(str(exc), exc.exit_code), []
-    except Exception:
+    except Exception:  # noqa: BLE001 - a request must not take the daemon down
+        _close(fds)
         log.exception("request %s from %s failed", request.kind, caller.name)
         return _error(f"the daemon failed on this {request.kind} request; its log has the "
                       "details", 1), []
-    answer, fds = answer if isinstance(answer, tuple) else (answer, [])
-    return messages.encode(answer), fds
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _error(message: str, exit_code: int = 2) -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from sqlalchemy.orm import Session
 
 from gq import messages
@@ -11,15 +10,32 @@ from gq.queue import queries
 from gq.queue.arrays import parse_label
 from gq.queue.models import Job, JobEvent
 
+
 def resolve(session: Session, label: str) -> list[Job]:
     """The jobs a label names (every task of an array for its id); an error if none."""
-    jobs = queries.resolve(session, parse_label(label))
-    if not jobs and "_" not in label:  # an array task by its own job id, as Slurm allows
-        job = queries.job(session, int(label))
-        jobs = [job] if job is not None else []
-    if not jobs:
-        raise UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
-    return jobs
+    return resolve_all(session, [label])
+
+
+def resolve_all(session: Session, labels: list[str]) -> list[Job]:
+    """The jobs the labels name, in the order named, each once; an error naming the first
+    label that names none. A few queries, however many labels."""
+    plain = sorted({int(parse_label(label)) for label in labels if "_" not in label})
+    runs = queries.runs_of(session, plain)
+    alone = [job_id for job_id in plain if not runs[job_id]]
+    by_own_id = {job.id: job for job in queries.jobs(session, ids=alone)} if alone else {}
+    found: dict[int, Job] = {}
+    for label in labels:
+        array_id, _, task = parse_label(label).partition("_")
+        if task:
+            jobs = queries.resolve(session, label)
+        else:  # a job, a whole array, or an array task by its own job id (as Slurm allows)
+            jobs = runs[int(array_id)] or ([by_own_id[int(array_id)]]
+                                          if int(array_id) in by_own_id else [])
+        if not jobs:
+            raise UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
+        for job in sorted(jobs, key=lambda j: j.id):
+            found.setdefault(job.id, job)
+    return list(found.values())
 
 
 def resolve_one(session: Session, label: str) -> Job:

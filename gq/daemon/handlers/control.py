@@ -1,19 +1,19 @@
 """Changing jobs: cancel, hold, release, requeue, update (like scancel and scontrol).
 
 Every label is resolved and every named job's owner checked before anything changes, so an
-unknown id or someone else's job refuses the whole request and changes nothing.
+unknown id or someone else's job refuses the whole request and changes nothing. Each verb
+is then one statement per chunk of jobs, linear in their number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 from gq import messages
-from gq.daemon.access import Caller, check_may_act, check_priority
-from gq.daemon.handlers.common import resolve
+from gq.daemon.access import Caller, check_may_act, check_may_raise
+from gq.daemon.handlers.common import resolve_all
 from gq.errors import Refused, UserError
 from gq.messages import REFUSED, WARNING, Line
 from gq.queue import queries, transitions
@@ -21,17 +21,17 @@ from gq.queue.models import Job
 from gq.queue.states import JobState
 
 if TYPE_CHECKING:
-    from gq.daemon.node import Daemon
+    from gq.daemon.handlers import NodeView
 
 
 def _named(session: Session, caller: Caller, labels: list[str], verb: str) -> list[Job]:
-    jobs = [job for label in labels for job in resolve(session, label)]
+    jobs = resolve_all(session, labels)
     for job in jobs:
         check_may_act(caller, job.uid, job.user, verb, job.label)
     return jobs
 
 
-def cancel(daemon: Daemon, caller: Caller, request: messages.Cancel) -> messages.Report:
+def cancel(daemon: NodeView, caller: Caller, request: messages.Cancel) -> messages.Report:
     """Pending jobs end at once; running ones are stopped by the daemon (SIGTERM, then
     SIGKILL after the kill wait) and end CANCELLED once they have exited."""
     if not request.labels and request.state is None and request.name is None \
@@ -43,7 +43,6 @@ def cancel(daemon: Daemon, caller: Caller, request: messages.Cancel) -> messages
     if request.user is not None and request.user != caller.name and not caller.operator:
         raise Refused(f"only an operator may cancel {request.user}'s jobs; "
                       f"{caller.name} is not one")
-    lines = []
     with daemon.db.write() as session:
         named = _named(session, caller, request.labels, "cancel")
         ended = [job for job in named if JobState(job.state).terminal]
@@ -51,91 +50,100 @@ def cancel(daemon: Daemon, caller: Caller, request: messages.Cancel) -> messages
             session, ids=[job.id for job in named] if request.labels else None,
             states=[wanted] if wanted else [JobState.PENDING, JobState.RUNNING],
             users=[request.user] if request.user else None,
-            names=[request.name] if request.name else None)
+            names=[request.name] if request.name else None, payloads=False)
         if not caller.operator:  # filters alone reach only the caller's own jobs
             candidates = [job for job in candidates if job.uid == caller.uid]
-        for job in candidates:
-            if job.state == JobState.PENDING.value:
-                if transitions.cancel_pending(session, job.id, "cancelled by user"):
-                    lines.append(Line(f"Cancelled job {job.label}"))
-            elif transitions.request_stop(session, job.id, transitions.CANCEL):
-                lines.append(Line(f"Cancelling job {job.label} (running; it ends after SIGTERM)"))
+        pending = [job for job in candidates if job.state == JobState.PENDING.value]
+        running = [job for job in candidates if job.state == JobState.RUNNING.value]
+        cancelled = set(transitions.cancel_pending_many(session, [j.id for j in pending],
+                                                        "cancelled by user"))
+        stopping = set(transitions.request_stop(session, [j.id for j in running],
+                                                transitions.CANCEL))
+    lines = [Line(f"Cancelled job {job.label}") for job in pending if job.id in cancelled]
+    lines += [Line(f"Cancelling job {job.label} (running; it ends after SIGTERM)")
+              for job in running if job.id in stopping]
     lines += [Line(f"job {job.label} already ended ({job.state}); nothing to cancel", WARNING)
               for job in ended]
-    daemon.wake = True
+    daemon.rescan()
     return messages.Report(lines)
 
 
-def _each(daemon: Daemon, caller: Caller, labels: list[str], verb: str,
-          act: Callable[[Session, Job], Line | None],
-          check: Callable[[Job], None] | None = None) -> messages.Report:
-    """Resolve and authorize every job (and ``check`` each, which may refuse the whole
-    request) before acting on any, in one transaction."""
+def _outcome(jobs: list[Job], done: list[int], success: str, failure: str) -> list[Line]:
+    """A line per job: ``success`` where it changed, else ``failure`` (refused)."""
+    changed = set(done)
+    return [Line(success.format(label=job.label)) if job.id in changed
+            else Line(failure.format(label=job.label, state=job.state), REFUSED)
+            for job in jobs]
+
+
+def hold(daemon: NodeView, caller: Caller, request: messages.Hold) -> messages.Report:
     with daemon.db.write() as session:
-        jobs = _named(session, caller, labels, verb)
-        if check is not None:
-            for job in jobs:
-                check(job)
-        lines = [line for job in jobs if (line := act(session, job)) is not None]
-    daemon.wake = True
+        jobs = _named(session, caller, request.labels, "hold")
+        held = transitions.set_held(session, [job.id for job in jobs], True)
+    daemon.rescan()
+    return messages.Report(_outcome(jobs, held, "Held job {label}",
+                                    "job {label} is {state}; only pending jobs can be held"))
+
+
+def release(daemon: NodeView, caller: Caller, request: messages.Release) -> messages.Report:
+    with daemon.db.write() as session:
+        jobs = _named(session, caller, request.labels, "release")
+        pending = [job for job in jobs if job.state == JobState.PENDING.value]
+        released = set(transitions.set_held(session, [j.id for j in pending if j.held], False))
+    lines = []
+    for job in jobs:
+        if job.state != JobState.PENDING.value:
+            lines.append(Line(f"job {job.label} is {job.state}; only pending jobs can be "
+                              "released", REFUSED))
+        elif job.id in released:
+            lines.append(Line(f"Released job {job.label}"))
+        else:
+            lines.append(Line(f"Job {job.label} was not held"))
+    daemon.rescan()
     return messages.Report(lines)
 
 
-def hold(daemon: Daemon, caller: Caller, request: messages.Hold) -> messages.Report:
-    def act(session: Session, job: Job) -> Line:
-        if transitions.set_held(session, job.id, True):
-            return Line(f"Held job {job.label}")
-        return Line(f"job {job.label} is {job.state}; only pending jobs can be held", REFUSED)
-
-    return _each(daemon, caller, request.labels, "hold", act)
-
-
-def release(daemon: Daemon, caller: Caller, request: messages.Release) -> messages.Report:
-    def act(session: Session, job: Job) -> Line | None:
-        if job.state != JobState.PENDING.value:
-            return Line(f"job {job.label} is {job.state}; only pending jobs can be released",
-                        REFUSED)
-        if not job.held:
-            return Line(f"Job {job.label} was not held")
-        transitions.set_held(session, job.id, False)
-        return Line(f"Released job {job.label}")
-
-    return _each(daemon, caller, request.labels, "release", act)
-
-
-def requeue(daemon: Daemon, caller: Caller, request: messages.Requeue) -> messages.Report:
+def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> messages.Report:
     """Running jobs are stopped first and go back to the queue; ended ones run again."""
-    def act(session: Session, job: Job) -> Line:
-        state = JobState(job.state)
-        if state is JobState.RUNNING:
-            if transitions.request_stop(session, job.id, transitions.REQUEUE):
-                return Line(f"Requeueing job {job.label} (running; it restarts after it stops)")
-        elif state.terminal and transitions.requeue_finished(session, job):
-            return Line(f"Requeued job {job.label}")
-        return Line(f"job {job.label} is {job.state}; nothing to requeue", REFUSED)
+    lines = []
+    with daemon.db.write() as session:
+        jobs = _named(session, caller, request.labels, "requeue")
+        running = [job for job in jobs if job.state == JobState.RUNNING.value]
+        stopping = set(transitions.request_stop(session, [j.id for j in running],
+                                                transitions.REQUEUE))
+        for job in jobs:
+            state = JobState(job.state)
+            if job.id in stopping:
+                lines.append(Line(f"Requeueing job {job.label} (running; it restarts after "
+                                  "it stops)"))
+            elif state.terminal and transitions.requeue_finished(session, job):
+                lines.append(Line(f"Requeued job {job.label}"))
+            else:
+                lines.append(Line(f"job {job.label} is {job.state}; nothing to requeue",
+                                  REFUSED))
+    daemon.rescan()
+    return messages.Report(lines)
 
-    return _each(daemon, caller, request.labels, "requeue", act)
 
-
-def update(daemon: Daemon, caller: Caller, request: messages.Update) -> messages.Report:
-    """Priority and time limit of pending or running jobs; the name of pending ones."""
+def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messages.Report:
+    """Priority and time limit of pending or running jobs; the name of pending ones. Only
+    operators raise a limit or a priority (a user may lower their own): a job backfilled on
+    a short limit keeps the promise it was admitted on."""
     if request.priority is None and request.time_limit is None and request.name is None:
         raise UserError("nothing to update: give --priority, --time or --name")
-    if request.time_limit is not None and request.time_limit <= 0:
-        raise UserError(f"invalid --time {request.time_limit}: must be greater than zero")
-
-    def check(job: Job) -> None:
-        if request.priority is not None:
-            check_priority(daemon.rules, caller, request.priority, job.priority, job.label)
-
-    def act(session: Session, job: Job) -> Line:
-        if request.name is not None and job.state != JobState.PENDING.value:
-            return Line(f"job {job.label} is {job.state}; only a pending job can be renamed",
-                        REFUSED)
-        if transitions.modify(session, job, name=request.name, priority=request.priority,
-                              time_limit=request.time_limit):
-            return Line(f"Updated job {job.label}")
-        return Line(f"job {job.label} is {job.state}; only pending or running jobs can be "
-                    "updated", REFUSED)
-
-    return _each(daemon, caller, request.labels, "update", act, check)
+    with daemon.db.write() as session:
+        jobs = _named(session, caller, request.labels, "update")
+        for job in jobs:
+            if request.priority is not None:
+                check_may_raise(daemon.rules, caller, "--priority", request.priority,
+                                job.priority, job.label)
+            if request.time_limit is not None:
+                check_may_raise(daemon.rules, caller, "--time", request.time_limit,
+                                job.time_limit, job.label)
+        changed = transitions.modify(session, [job.id for job in jobs], name=request.name,
+                                     priority=request.priority, time_limit=request.time_limit)
+    failure = ("job {label} is {state}; only a pending job can be renamed"
+               if request.name is not None else
+               "job {label} is {state}; only pending or running jobs can be updated")
+    daemon.rescan()
+    return messages.Report(_outcome(jobs, changed, "Updated job {label}", failure))

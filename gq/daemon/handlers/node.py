@@ -7,7 +7,7 @@ import os
 import pwd
 from typing import TYPE_CHECKING
 
-from gq import messages, policies
+from gq import defaults, messages, policies
 from gq.daemon.access import Caller
 from gq.daemon.handlers.common import job_info
 from gq.errors import UserError
@@ -15,10 +15,10 @@ from gq.queue import queries, settings
 from gq.queue.states import JobState
 
 if TYPE_CHECKING:
-    from gq.daemon.node import Daemon
+    from gq.daemon.handlers import NodeView
 
 
-def set_policy(daemon: Daemon, caller: Caller, request: messages.SetPolicy) -> messages.Done:
+def set_policy(daemon: NodeView, caller: Caller, request: messages.SetPolicy) -> messages.Done:
     """Hosts switch at their next iteration boundary (the daemon's next scan sends it)."""
     if request.name not in policies.NAMES:
         raise UserError(f"unknown policy {request.name!r}; choose one of "
@@ -34,19 +34,19 @@ def set_policy(daemon: Daemon, caller: Caller, request: messages.SetPolicy) -> m
         settings.put(session, settings.POLICY, request.name)
         settings.put(session, settings.FILL, request.fill)
         settings.put(session, settings.QUANTUM, request.quantum)
-    daemon.wake = True
+    daemon.rescan()
     return messages.Done(f"Policy set to "
                          f"{policies.label(request.name, request.fill, request.quantum)}")
 
 
-def get_policy(daemon: Daemon, caller: Caller, request: messages.GetPolicy) -> messages.PolicyInfo:
+def get_policy(daemon: NodeView, caller: Caller, request: messages.GetPolicy) -> messages.PolicyInfo:
     with daemon.db.read() as session:
         return messages.PolicyInfo(settings.get(session, settings.POLICY),
                                    settings.get(session, settings.FILL),
                                    settings.get(session, settings.QUANTUM))
 
 
-def info(daemon: Daemon, caller: Caller, request: messages.NodeInfoRequest) -> messages.NodeInfo:
+def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) -> messages.NodeInfo:
     with daemon.db.read() as session:
         config = settings.get_all(session)
         running = [job_info(job) for job in queries.jobs(session, states=[JobState.RUNNING])]
@@ -61,8 +61,8 @@ def info(daemon: Daemon, caller: Caller, request: messages.NodeInfoRequest) -> m
             headroom=max(lane.headroom() for lane in load.lanes) if load else None,
             residents=load.residents if load else 0,
             free_at=None if load is None or load.free_at == math.inf else load.free_at,
-            uuid=d.uuid, reading=daemon.readings.get(d.name),
-            held=daemon.guard.held.get(d.name)))
+            uuid=d.uuid, reading=daemon.monitor.readings.get(d.name),
+            held=daemon.monitor.guard.held.get(d.name)))
     rules = daemon.rules
     return messages.NodeInfo(
         pid=os.getpid(), mode=daemon.home.mode, started=daemon.started_at,
@@ -71,17 +71,31 @@ def info(daemon: Daemon, caller: Caller, request: messages.NodeInfoRequest) -> m
         quantum=config[settings.QUANTUM], note=daemon.device_note,
         devices=devices,
         operators=_operators(daemon), priority_cap=rules.priority_cap,
-        options=daemon.options.to_argv())
+        options=daemon.options.to_argv(), limits=_limits(daemon))
 
 
-def _operators(daemon: Daemon) -> list[str]:
+def _finite(seconds: float) -> float | None:
+    return None if math.isinf(seconds) else seconds
+
+
+def _limits(daemon: NodeView) -> messages.NodeLimits:
+    connections = daemon.connection_limits
+    return messages.NodeLimits(
+        max_pending=daemon.options.max_pending, max_array=daemon.options.max_array,
+        max_connections_per_user=connections.per_user, max_connections=connections.total,
+        max_request=connections.request, retention=_finite(daemon.options.retention),
+        max_script=defaults.MAX_SCRIPT, max_job_payload=defaults.MAX_JOB_PAYLOAD,
+        containment=daemon.containment)
+
+
+def _operators(daemon: NodeView) -> list[str]:
     rules = daemon.rules
     if not daemon.home.system:
         return [pwd.getpwuid(rules.daemon_uid).pw_name]
     return ["root"] + ([f"group {rules.operator_group}"] if rules.operator_group else [])
 
 
-def stop(daemon: Daemon, caller: Caller, request: messages.Stop) -> messages.Done:
+def stop(daemon: NodeView, caller: Caller, request: messages.Stop) -> messages.Done:
     daemon.begin_stop(keep_jobs=request.keep_jobs)
     what = "leaving running jobs to their hosts" if request.keep_jobs else "ending running jobs"
     return messages.Done(f"gq daemon stopping (pid {os.getpid()}), {what}")

@@ -3,72 +3,98 @@ operator)."""
 
 from __future__ import annotations
 
+import math
 import os
-import stat
+import pwd
 from typing import TYPE_CHECKING
 
-from gq import messages
+from gq import defaults, messages
+from gq.daemon import ownerfiles
 from gq.daemon.access import Caller, check_may_act
 from gq.daemon.handlers.common import job_info, resolve, resolve_one
 from gq.errors import UserError
-from gq.queue import queries, spool
+from gq.queue import queries
+from gq.queue.models import Job
 from gq.queue.states import JobState
 
 if TYPE_CHECKING:
-    from gq.daemon.node import Daemon
+    from gq.daemon.handlers import NodeView
 
 
-def list_jobs(daemon: Daemon, caller: Caller, request: messages.ListJobs) -> messages.Jobs:
+def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> messages.Jobs:
     """Anyone may list the queue, as squeue lets them."""
     states = None if request.states is None else [JobState.parse(s) for s in request.states]
     with daemon.db.read() as session:
         jobs = queries.jobs(session, states=states, users=request.users)
-        return messages.Jobs([job_info(job) for job in jobs], stale=daemon.stale())
+        kept_since = (queries.oldest_end(session) if states is None or any(
+            state.terminal for state in states) else None)
+        return messages.Jobs([job_info(job) for job in jobs], stale=daemon.stale(),
+                             retention=None if math.isinf(daemon.options.retention)
+                             else daemon.options.retention, kept_since=kept_since)
 
 
-def show(daemon: Daemon, caller: Caller, request: messages.ShowJob) -> messages.Jobs:
-    """One job with its state history; an array's id shows every task."""
+def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> messages.Jobs:
+    """One job with its state history (and, running, its processes and host memory); an
+    array's id shows every task."""
     with daemon.db.read() as session:
         jobs = resolve(session, request.label)
-        return messages.Jobs([job_info(job, list(queries.events(session, job.id)))
-                              for job in jobs], stale=daemon.stale())
+        infos = []
+        for job in jobs:
+            info = job_info(job, list(queries.events(session, job.id)))
+            usage = daemon.usage(job)
+            if usage is not None:
+                info.host_memory, info.processes = usage.memory, usage.processes
+            infos.append(info)
+        return messages.Jobs(infos, stale=daemon.stale())
 
 
-def open_log(daemon: Daemon, caller: Caller, request: messages.OpenLog):
-    """Open the job's output file for the caller and pass the descriptor.
-
-    The file is the job owner's: it must be a regular file owned by them, reached without
-    following a link at its last component, so a planted link cannot make the daemon read a
-    file the owner could not.
-    """
+def open_log(daemon: NodeView, caller: Caller, request: messages.OpenLog):
+    """A job's output file. Its owner opens it themselves (the answer names it); for an
+    operator the daemon opens it with the owner's rights, never its own, and passes the
+    descriptor (see :mod:`gq.daemon.ownerfiles`)."""
     with daemon.db.read() as session:
         job = resolve_one(session, request.label)
         info = job_info(job)
     check_may_act(caller, job.uid, job.user, "read the logs of", job.label)
     path = job.stderr_path if request.stderr else job.stdout_path
+    if caller.uid == job.uid:
+        return messages.LogFile(info, path, exists=True, opened=False)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = ownerfiles.open_as(path, _owner(daemon, job))
     except FileNotFoundError:
         return messages.LogFile(info, path, exists=False)
     except OSError as exc:
-        raise UserError(f"cannot open job {job.label}'s output file {path}: "
+        raise UserError(f"cannot open job {job.label}'s output file {path} as {job.user}: "
                         f"{exc.strerror}") from None
-    status = os.fstat(fd)
-    owner_ok = job.uid is None or status.st_uid == job.uid or not daemon.home.system
-    if not stat.S_ISREG(status.st_mode) or not owner_ok:
-        os.close(fd)
-        raise UserError(f"job {job.label}'s output {path} is not a file of {job.user}'s; "
-                        "not opened")
     return messages.LogFile(info, path, exists=True), [fd]
 
 
-def export(daemon: Daemon, caller: Caller, request: messages.ExportScript) -> messages.Script:
+def export(daemon: NodeView, caller: Caller, request: messages.ExportScript) -> messages.Script:
+    """A job's snapshot, read with its owner's rights and at most the script size limit."""
     with daemon.db.read() as session:
         job = resolve_one(session, request.label)
         info = job_info(job)
     check_may_act(caller, job.uid, job.user, "export", job.label)
     try:
-        body = spool.read(job.spool_path)
+        body = ownerfiles.read_as(job.spool_path, _owner(daemon, job), defaults.MAX_SCRIPT)
+    except ValueError:
+        raise UserError(f"the snapshot of job {job.label} has grown past "
+                        f"{defaults.MAX_SCRIPT >> 20} MiB since it was submitted; not "
+                        "exported") from None
     except OSError as exc:
         raise UserError(f"cannot read the snapshot of job {job.label}: {exc.strerror}") from None
     return messages.Script(info, body)
+
+
+def _owner(daemon: NodeView, job: Job) -> ownerfiles.Owner:
+    """Whose rights open the job's files: its submitter's (a personal daemon's own)."""
+    if not daemon.home.system:
+        return ownerfiles.Owner(os.geteuid(), os.getegid(), ())
+    if job.uid is None or job.gid is None:
+        raise UserError(f"job {job.label} names no owner uid; its files are not opened")
+    try:
+        name = pwd.getpwuid(job.uid).pw_name
+        groups = tuple(os.getgrouplist(name, job.gid))
+    except KeyError:
+        groups = (job.gid,)
+    return ownerfiles.Owner(job.uid, job.gid, groups)

@@ -12,7 +12,7 @@ import time
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from gq import messages
+from gq import defaults, messages, validation
 from gq.daemon.access import Caller, check_priority
 from gq.daemon.devices import gpu_capacity
 from gq.errors import Refused, UserError
@@ -20,10 +20,10 @@ from gq.queue import arrays, dependencies, queries, spool, transitions
 from gq.units import format_size
 
 if TYPE_CHECKING:
-    from gq.daemon.node import Daemon
+    from gq.daemon.handlers import NodeView
 
 
-def submit(daemon: Daemon, caller: Caller, request: messages.Submit) -> messages.Submitted:
+def submit(daemon: NodeView, caller: Caller, request: messages.Submit) -> messages.Submitted:
     if daemon.stopping:
         raise UserError("the daemon is stopping; submit again once it has restarted", 1)
     if not daemon.home.system and caller.uid != os.geteuid():
@@ -33,32 +33,37 @@ def submit(daemon: Daemon, caller: Caller, request: messages.Submit) -> messages
     script = PurePosixPath(request.script_path)
     with daemon.db.read() as session:
         _check_dependency(session, new.dependency)
-    first = None
+        _check_pending_limit(daemon, session, caller, len(new.array_tasks or (None,)))
+    job_id = None
     try:
         with daemon.db.write() as session:
-            jobs = transitions.submit(session, new, _output_resolver(new))
-            first = jobs[0]
-            snapshot = spool.snapshot(daemon.home, first.id, script.name, request.script,
+            job_ids = transitions.submit(session, new, _output_resolver(new))
+            job_id = job_ids[0]  # an array's id is its first task's
+            snapshot = spool.snapshot(daemon.home, job_id, script.name, request.script,
                                       caller.uid, caller.gid)
-            transitions.set_spool_path(session, [job.id for job in jobs], str(snapshot))
-            job_id = first.id  # an array's id is its first task's
+            transitions.set_spool_path(session, job_ids, str(snapshot))
     except BaseException:
-        if first is not None:
-            spool.discard(daemon.home, first.id)
+        if job_id is not None:
+            spool.discard(daemon.home, job_id)
         raise
-    daemon.wake = True
+    daemon.rescan()
     return messages.Submitted(job_id)
 
 
-def _validate(daemon: Daemon, caller: Caller,
+def _validate(daemon: NodeView, caller: Caller,
               request: messages.Submit) -> transitions.NewJob:
     options = request.options
     script = PurePosixPath(request.script_path)
     if not script.is_absolute() or not PurePosixPath(request.workdir).is_absolute():
         raise UserError("the script path and working directory must be absolute")
-    if len(request.script) > messages.MAX_SCRIPT:
-        raise UserError(f"script {script} is over {messages.MAX_SCRIPT >> 20} MiB; submit a "
+    if script.name in ("", ".", ".."):
+        raise UserError(f"script {script} names no file")
+    if len(request.script) > defaults.MAX_SCRIPT:
+        raise UserError(f"script {script} is over {defaults.MAX_SCRIPT >> 20} MiB; submit a "
                         "smaller script that reads its data from files")
+    validation.payload(request.env, request.args)
+    if options.name is not None:
+        validation.job_name(options.name)
     if b"\0" in request.script[:8192]:
         raise UserError(f"script {script} is a binary file; submit a script that runs it")
     if options.gpus < 0:
@@ -91,8 +96,12 @@ def _validate(daemon: Daemon, caller: Caller,
     if options.dependency is not None:
         dependencies.parse(options.dependency)
     tasks = arrays.parse(options.array) if options.array else None
+    if tasks is not None and tasks.size > daemon.options.max_array:
+        raise UserError(f"--array {options.array}: {tasks.size} tasks is more than this node "
+                        f"allows in one array ({daemon.options.max_array}, the daemon's "
+                        "--max-array)")
     return transitions.NewJob(
-        name=options.name or script.name, user=caller.name, uid=caller.uid, gid=caller.gid,
+        name=options.name or _name_of(script), user=caller.name, uid=caller.uid, gid=caller.gid,
         script=str(script), args=list(request.args), interpreter=options.interpreter if is_python
         else None, workdir=request.workdir, output_pattern=options.output,
         error_pattern=options.error or options.output, env=dict(request.env),
@@ -100,8 +109,23 @@ def _validate(daemon: Daemon, caller: Caller,
         time_limit=options.time_limit, deadline=options.deadline, steps_total=options.steps,
         priority=options.priority,
         exclusive=options.exclusive, requeue=options.requeue, dependency=options.dependency,
-        held=options.held, array_tasks=tasks.tasks if tasks else None,
+        held=options.held, array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None)
+
+
+def _name_of(script: PurePosixPath) -> str:
+    """The default name, the script's file name, made printable for everyone's tables."""
+    name = "".join(c if c.isprintable() else "?" for c in script.name)
+    return name[:defaults.MAX_NAME] or "job"
+
+
+def _check_pending_limit(daemon: NodeView, session, caller: Caller, adding: int) -> None:
+    limit = daemon.options.max_pending
+    pending = queries.pending_count(session, caller.name)
+    if pending + adding > limit:
+        raise UserError(f"{caller.name} has {pending} pending job(s); {adding} more would pass "
+                        f"this node's limit of {limit} pending jobs per user (the daemon's "
+                        "--max-pending); wait for some to start, or cancel some")
 
 
 def _local(timestamp: float) -> str:
@@ -122,12 +146,11 @@ def _check_dependency(session, text: str | None) -> None:
 
 def _output_resolver(new: transitions.NewJob):
     """Fill in %j (job id), %x (name), %u (user), %A (array id), %a (task) for one row."""
-    def resolve(pattern: str, job) -> str:
-        array_id = job.array_job_id if job.array_job_id is not None else job.id
-        task = job.array_task_id if job.array_task_id is not None else 0
+    def resolve(pattern: str, job_id: int, array_id: int | None, task: int | None) -> str:
         path = pattern.replace("%%", "\0")
-        for code, value in (("%j", job.id), ("%x", new.name), ("%u", new.user),
-                            ("%A", array_id), ("%a", task)):
+        for code, value in (("%j", job_id), ("%x", new.name), ("%u", new.user),
+                            ("%A", array_id if array_id is not None else job_id),
+                            ("%a", task if task is not None else 0)):
             path = path.replace(code, str(value))
         return os.path.join(new.workdir, path.replace("\0", "%"))
 

@@ -1,0 +1,183 @@
+"""What one user's abuse costs another: a system daemon; a throwaway user who submits as
+fast as a loop allows, keeps hundreds of idle connections open and fills their pending
+limit; and the latency of root's `gq status` meanwhile, next to the same command on the
+quiet node in the same run. Then the cost of one bulk verb: holding, releasing and
+cancelling an array of 9,999 tasks.
+
+  sudo python bench/abuse.py [--seconds 20] [--connections 500] [--submitters 4]
+
+Needs root (it makes a throwaway user and runs a system daemon). Prints one JSON object,
+then a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import percentile  # noqa: E402
+
+# Run as the hostile user by Debian's python3 (standard library only): raw requests.
+HOSTILE = r'''
+import base64, json, socket, sys, threading, time
+sock_path, script, workdir, seconds, connections, submitters = sys.argv[1:7]
+seconds, connections, submitters = float(seconds), int(connections), int(submitters)
+idle, refused_connections = [], 0
+for _ in range(connections):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sock_path)
+    except OSError:
+        refused_connections += 1
+        continue
+    idle.append(s)
+counts = {"accepted": 0, "refused": 0, "failed": 0}
+lock = threading.Lock()
+body = base64.b64encode(open(script, "rb").read()).decode()
+line = json.dumps({"v": 1, "kind": "submit", "script_path": script, "script": body,
+                   "args": [], "workdir": workdir, "env": {"PATH": "/usr/bin:/bin"},
+                   "umask": 18, "options": {"held": True}}).encode() + b"\n"
+def flood():
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(sock_path)
+                s.sendall(line)
+                answer = b""
+                while not answer.endswith(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            kind = "accepted" if b'"submitted"' in answer else "refused"
+        except OSError:
+            kind = "failed"
+        with lock:
+            counts[kind] += 1
+threads = [threading.Thread(target=flood) for _ in range(submitters)]
+for t in threads: t.start()
+for t in threads: t.join()
+# A refused connection was answered with an error line; a kept one has nothing to read.
+kept = 0
+for s in idle:
+    try:
+        s.recv(1, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        kept += 1
+print(json.dumps({**counts, "idle_connections_kept": kept,
+                  "idle_connections_tried": connections}))
+'''
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--connections", type=int, default=500)
+    parser.add_argument("--submitters", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=20)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench/abuse.py needs root: it makes a throwaway user and a system daemon")
+    base = Path(tempfile.mkdtemp(prefix="gq-abuse-"))
+    base.chmod(0o755)
+    name = f"gqab{uuid.uuid4().hex[:6]}"
+    subprocess.run(["useradd", "-m", "-d", str(base / name), "-s", "/bin/sh", name], check=True)
+    user = pwd.getpwnam(name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GQ_")}
+    env["GQ_SYSTEM_HOME"] = str(base / "system")
+    gq = [sys.executable, "-m", "gq"]
+    try:
+        subprocess.run([*gq, "daemon", "start", "--system", "--kill-wait", "1"], env=env,
+                       check=True, capture_output=True)
+        workdir = Path(user.pw_dir)
+        script = workdir / "true.sh"
+        script.write_text("true\n")
+        os.chown(script, user.pw_uid, user.pw_gid)
+
+        def status_latency() -> list[float]:
+            times = []
+            for _ in range(args.samples):
+                start = time.perf_counter()
+                subprocess.run([*gq, "status"], env=env, check=True, capture_output=True)
+                times.append(time.perf_counter() - start)
+            return times
+
+        quiet = status_latency()
+        hostile = subprocess.Popen(
+            ["runuser", "-u", name, "--", "/usr/bin/python3", "-c", HOSTILE,
+             str(base / "system" / "gq.sock"), str(script), str(workdir), str(args.seconds),
+             str(args.connections), str(args.submitters)],
+            stdout=subprocess.PIPE, text=True)
+        time.sleep(min(2.0, args.seconds / 4))  # let the flood reach its limits first
+        abused = status_latency()
+        flood = json.loads(hostile.communicate(timeout=args.seconds + 120)[0])
+        info = json.loads(subprocess.run([*gq, "info", "--json"], env=env, check=True,
+                                         capture_output=True, text=True).stdout)
+        pending = json.loads(subprocess.run([*gq, "status", "--json", "--state", "PD"],
+                                            env=env, check=True, capture_output=True,
+                                            text=True).stdout)
+        full_queue = status_latency()
+        subprocess.run([*gq, "cancel", "--state", "PD", "--user", name], env=env, check=True,
+                       capture_output=True)
+        bulk = bulk_verbs(gq, env, script, name)
+    finally:
+        subprocess.run([*gq, "daemon", "stop"], env=env, capture_output=True)
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+    def summary(times: list[float]) -> dict:
+        return {"p50_ms": statistics.median(times) * 1000,
+                "p95_ms": percentile(times, 95) * 1000}
+
+    result = {"quiet_status": summary(quiet), "status_under_abuse": summary(abused),
+              "status_with_hostile_pending": summary(full_queue), "flood": flood,
+              "hostile_pending": len(pending), "limits": info["limits"], **bulk}
+    print(json.dumps(result, indent=2))
+    ratio = result["status_under_abuse"]["p50_ms"] / result["quiet_status"]["p50_ms"]
+    print(f"\nroot's gq status: {result['quiet_status']['p50_ms']:.0f} ms quiet, "
+          f"{result['status_under_abuse']['p50_ms']:.0f} ms (p95 "
+          f"{result['status_under_abuse']['p95_ms']:.0f}) while one user floods ({ratio:.2f}x), "
+          f"{result['status_with_hostile_pending']['p50_ms']:.0f} ms with their "
+          f"{len(pending)} pending jobs listed")
+    print(f"the flood: {flood['accepted']} submissions accepted, {flood['refused']} refused "
+          f"(pending limit {info['limits']['max_pending']}), {flood['idle_connections_kept']} "
+          f"of {flood['idle_connections_tried']} idle connections kept (limit "
+          f"{info['limits']['max_connections_per_user']} per user)")
+    print(f"an array of 9,999 held tasks: submit {bulk['submit_s']:.2f} s, release "
+          f"{bulk['release_s']:.2f} s, hold {bulk['hold_s']:.2f} s, cancel "
+          f"{bulk['cancel_s']:.2f} s (whole commands)")
+
+
+def bulk_verbs(gq: list[str], env: dict, script: Path, user: str) -> dict:
+    """Seconds for root to submit, release, hold and cancel an array of 9,999 tasks (a held
+    blocker keeps the released tasks from starting; with it, the pending limit is met)."""
+    def timed(*argv: str) -> tuple[float, str]:
+        start = time.perf_counter()
+        done = subprocess.run([*gq, *argv], env=env, check=True, capture_output=True,
+                              text=True)
+        return time.perf_counter() - start, done.stdout
+
+    _, blocker = timed("submit", "--parsable", "--hold", str(script))
+    submit_s, array = timed("submit", "--parsable", "--hold", "--array", "0-9998",
+                            "--dependency", f"afterok:{blocker.strip()}", str(script))
+    release_s, _ = timed("release", array.strip())
+    hold_s, _ = timed("hold", array.strip())
+    cancel_s, _ = timed("cancel", array.strip(), blocker.strip())
+    return {"submit_s": submit_s, "release_s": release_s, "hold_s": hold_s,
+            "cancel_s": cancel_s}
+
+
+if __name__ == "__main__":
+    main()

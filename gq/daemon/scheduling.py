@@ -1,0 +1,217 @@
+"""The scheduling pass: which pending jobs start now, on which devices, and why the others
+wait (squeue's reasons); and the requests users made of running jobs (stop, new priority
+or time limit), passed on to their hosts.
+
+Admission itself is pure (:mod:`gq.daemon.admission`, shared with the simulator); this
+module reads the queue, builds admission's view of the node (:meth:`Scheduler.loads`) and
+acts on the outcome through the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Row
+
+from gq import policies
+from gq.daemon import admission
+from gq.daemon.devices import Device
+from gq.daemon.monitoring import Monitor
+from gq.daemon.supervision import Supervisor, footprint
+from gq.exec import protocol as wire
+from gq.exec.protocol import StopWhy
+from gq.queue import dependencies, queries, transitions
+from gq.queue import settings as queue_settings
+from gq.queue.engine import Database
+from gq.queue.states import JobState
+from gq.units import format_duration
+
+log = logging.getLogger("gq.daemon")
+# squeue's reasons for a pending job
+DEPENDENCY = "Dependency"
+ARRAY_LIMIT = "JobArrayTaskLimit"
+NEVER_SATISFIED = "DependencyNeverSatisfied"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the daemon was told each device offers."""
+
+    lanes: int
+    max_resident: int
+
+
+class Scheduler:
+    def __init__(self, db: Database, devices: list[Device], capacity: Capacity,
+                 supervisor: Supervisor, monitor: Monitor, wake: Callable[[], None]):
+        self.db = db
+        self.devices = devices
+        self.capacity = capacity
+        self.supervisor = supervisor
+        self.monitor = monitor
+        self.wake = wake
+        self.policy_setting: tuple[str, str, str] | None = None  # name, fill, quantum
+        self.policy = policies.make("fifo")
+        self._dependencies: dict[str, dependencies.Dependency] = {}
+
+    def lane_memory(self, device: Device) -> int:
+        """What one lane of the device offers: its memory split evenly between lanes."""
+        return device.memory_total // self.capacity.lanes
+
+    def scan(self) -> None:
+        with self.db.read() as session:
+            config = queue_settings.get_all(session)
+            pending = queries.for_scheduling(session, JobState.PENDING, held=False)
+            late_held = queries.held_with_deadline(session)
+            running = queries.for_scheduling(session, JobState.RUNNING)
+            needs: dict[int, dependencies.Dependency] = {}
+            for job in pending:
+                if job.dependency:
+                    needs[job.id] = self._parsed(job.dependency)
+            referenced = set().union(*(need.job_ids for need in needs.values()))
+            runs = {job_id: [(JobState(state), started) for state, started in states]
+                    for job_id, states in queries.run_states(session, referenced).items()}
+        self.apply_policy(config)
+        self._follow_running(running)
+        eligible = self._eligible(pending, late_held, needs, runs)
+        if eligible:
+            array_running: dict[int, int] = {}
+            for row in running:
+                if row.array_job_id is not None:
+                    array_running[row.array_job_id] = array_running.get(row.array_job_id, 0) + 1
+            self._admit(eligible, array_running)
+
+    def _parsed(self, text: str) -> dependencies.Dependency:
+        """A dependency's parse, kept: the same few texts recur in every pass."""
+        parsed = self._dependencies.get(text)
+        if parsed is None:
+            if len(self._dependencies) > 10_000:
+                self._dependencies.clear()
+            parsed = self._dependencies[text] = dependencies.parse(text)
+        return parsed
+
+    def apply_policy(self, config: dict) -> None:
+        wanted = (config[queue_settings.POLICY], config[queue_settings.FILL],
+                  config[queue_settings.QUANTUM])
+        if wanted == self.policy_setting:
+            return
+        self.policy_setting = wanted
+        self.policy = policies.make(*wanted)
+        self.supervisor.set_policy(wire.SetPolicy(*wanted))
+        log.info("policy is now %s (fill %s, quantum %s)", *wanted)
+
+    def _follow_running(self, rows: Sequence[Row]) -> None:
+        """Stop requests and updates that users made to running jobs."""
+        for row in rows:
+            job = self.supervisor.running.get(row.id)
+            if job is None:
+                continue
+            if row.stop_request and job.kill_why is None:
+                self.supervisor.kill(job, StopWhy(row.stop_request))
+            if (row.priority, row.time_limit) != (job.priority, job.time_limit):
+                self.supervisor.update(job, row.priority, row.time_limit)
+
+    def _eligible(self, pending: Sequence[Row], late_held: Sequence[Row],
+                  needs: dict[int, dependencies.Dependency],
+                  runs: dict[int, list[tuple[JobState, bool]]]) -> list[Row]:
+        """Pending jobs that may start now; the others get squeue's reason. Held jobs are
+        not read here (holding set their reason) unless their deadline may pass."""
+        eligible, reasons, never, late = [], {}, [], []
+        now = time.time()
+        for job in late_held:
+            if now + (job.time_limit or 0) > (job.deadline or math.inf):
+                late.append(job)
+        for job in pending:
+            if job.deadline is not None and now + (job.time_limit or 0) > job.deadline:
+                late.append(job)  # as Slurm: removed once it can no longer end in time
+                continue
+            need = needs.get(job.id)
+            outcome = (dependencies.evaluate(need, runs) if need is not None
+                       else dependencies.Outcome.SATISFIED)
+            if outcome is dependencies.Outcome.NEVER:
+                never.append(job.id)
+            elif outcome is dependencies.Outcome.WAITING:
+                if job.reason != DEPENDENCY:
+                    reasons[job.id] = DEPENDENCY
+            else:
+                eligible.append(job)
+        if never or late or reasons:
+            with self.db.write() as session:
+                transitions.cancel_pending_many(session, never, NEVER_SATISFIED, now)
+                for job in late:
+                    transitions.cancel_pending(session, job.id, _too_late(job, now),
+                                               state=JobState.DEADLINE)
+                transitions.set_pending_reasons(session, reasons)
+        if never or late:
+            self.wake()  # their dependants may now be unsatisfiable too
+        return eligible
+
+    def _admit(self, pending: list[Row], array_running: dict[int, int]) -> None:
+        by_id = {job.id: job for job in pending}
+        views = [policies.JobView(id=j.id, user=j.user, submit_time=j.submit_time,
+                                  priority=j.priority, steps_total=j.steps_total,
+                                  deadline=j.deadline)
+                 for j in pending]
+        requests, throttled = [], []
+        admitted = dict(array_running)
+        for view in self.policy.order(views):
+            job = by_id[view.id]
+            if job.array_job_id is not None and job.array_max_running is not None:
+                if admitted.get(job.array_job_id, 0) >= job.array_max_running:
+                    throttled.append(job.id)
+                    continue
+                admitted[job.array_job_id] = admitted.get(job.array_job_id, 0) + 1
+            requests.append(admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
+                                              time_limit=job.time_limit))
+        outcome = admission.place(requests, self.loads(), now=time.time())
+        reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
+        reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
+        changed = {job_id: reason for job_id, reason in reasons.items()
+                   if by_id[job_id].reason != reason}
+        if changed:
+            with self.db.write() as session:
+                transitions.set_pending_reasons(session, changed)
+        for placement in outcome.placements:
+            devices = [d for d in self.devices if d.name in placement.devices]
+            self.supervisor.launch(placement.job_id, devices, placement.lane)
+
+    def loads(self) -> list[admission.DeviceLoad]:
+        """Each available device as admission sees it: lanes, memory (less what processes
+        outside gq hold), residents, free time, utilization, the guard, topology."""
+        loads = {}
+        lanes = self.capacity.lanes
+        for device in self.devices:
+            host = self.supervisor.hosts.get(device.name)
+            if host is None or host.draining:
+                continue  # its host is restarting, or being replaced
+            reading = self.monitor.readings.get(device.name)
+            outside = reading.external_memory // lanes if reading is not None else 0
+            loads[device.name] = admission.DeviceLoad(
+                name=device.name, gpu=device.whole, index=device.index or 0,
+                lanes=[admission.LaneLoad(self.lane_memory(device) - outside)
+                       for _ in range(lanes)],
+                max_resident=self.capacity.max_resident,
+                utilization=(reading.utilization or 0.0) if reading is not None else 0.0,
+                held=self.monitor.guard.held.get(device.name), links=device.links)
+        for job in self.supervisor.running.values():
+            ends = job.started + job.time_limit if job.time_limit is not None else math.inf
+            for device in job.devices:
+                load = loads.get(device.name)
+                if load is None:
+                    continue
+                load.free_at = max(load.free_at, ends)
+                load.residents += 1
+                load.exclusive |= job.exclusive or len(job.devices) > 1
+                load.lanes[job.lane].footprints.append(job.footprint_now())
+        return list(loads.values())
+
+
+def _too_late(job: Row, now: float) -> str:
+    if now >= (job.deadline or 0):
+        return "deadline passed before it could start"
+    return (f"cannot end before its deadline: its time limit {format_duration(job.time_limit)} "
+            "ends after it")

@@ -1,0 +1,422 @@
+"""The daemon's side of the execution hosts: starting or re-adopting one per device, what
+they report (starts, progress, exits), and the running jobs the daemon learns from them.
+
+Everything a host says arrives decoded and checked (:mod:`gq.exec.protocol`) and is handled
+one message at a time: an error is logged with the job and the message and touches nothing
+else. An exit report is acknowledged once recorded, or once recorded as a failure when it
+cannot be, so no report can keep a host, or the daemon, from moving on. A host that hangs
+up while it runs is attached again and keeps its jobs; only a host that died loses them,
+and their leftover processes are killed before the jobs are ended or requeued.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gq import defaults
+from gq.codec import FrameTooLarge
+from gq.daemon import admission, recovery
+from gq.daemon.devices import Device
+from gq.daemon.hosts import HostHandle, HostSettings, HostUnavailable
+from gq.daemon.launch import launch_spec
+from gq.daemon.metrics import Metrics
+from gq.exec import cgroups
+from gq.exec import protocol as wire
+from gq.exec.protocol import HOST_VERSION, StopWhy
+from gq.home import Home
+from gq.queue import queries, transitions
+from gq.queue.engine import Database
+from gq.queue.models import Job
+from gq.queue.states import JobState
+from gq.units import format_duration
+
+log = logging.getLogger("gq.daemon")
+_SIGNALS = {s.value for s in signal.Signals}
+# A host's socket closes while its process exits: this long to see which it was.
+_EXITING = 0.5
+
+
+@dataclass
+class Running:
+    job_id: int
+    run: int  # the job's run_count for this run: host reports name it
+    started: float  # wall clock: with the time limit, when its devices are free at the latest
+    devices: list[Device]
+    lane: int
+    host: str
+    time_limit: int | None
+    requeue: bool
+    footprint: admission.Footprint
+    exclusive: bool
+    priority: int
+    measured: admission.Footprint | None = None  # from the job's own memory reports
+    pid: int | None = None  # its process, once its host has started it
+    holds_lane: bool = False  # as its host last reported
+    kill_why: StopWhy | None = None
+
+    def footprint_now(self) -> admission.Footprint:
+        """What the job asked for (--mem), or what it was measured to use, if more."""
+        if self.measured is None:
+            return self.footprint
+        return max(self.footprint, self.measured, key=lambda f: f.persistent + f.ephemeral)
+
+
+def footprint(job) -> admission.Footprint:
+    """What a job (a row, or anything with its ``mem``) asked for."""
+    return admission.Footprint(persistent=job.mem or 0, ephemeral=0)
+
+
+class Supervisor:
+    def __init__(self, home: Home, db: Database, devices: list[Device], settings: HostSettings,
+                 selector: selectors.BaseSelector, wake: Callable[[], None],
+                 metrics: Callable[[], Metrics | None]):
+        self.home = home
+        self.db = db
+        self.devices = devices
+        self.settings = settings
+        self.selector = selector
+        self.wake = wake  # admission should look again: a job ended, a host came back
+        self.metrics = metrics
+        self.cgroups = cgroups.detect(settings.cgroup, home.tag)
+        self.hosts: dict[str, HostHandle] = {}
+        self.down_since: dict[str, float] = {}
+        self.running: dict[int, Running] = {}
+        self.progress: dict[int, transitions.Progress] = {}
+        self.switches: dict[str, int] = {}  # lane switches per device, as its host counts them
+        self.policy: wire.SetPolicy | None = None
+        self._handlers: dict[type, Callable] = {
+            wire.Started: self._on_started, wire.LaunchFailed: self._on_launch_failed,
+            wire.Exited: self._on_exit, wire.Progress: self._on_progress,
+            wire.State: lambda name, _: log.warning("host %s sent its state unasked", name),
+            wire.ForeignState: lambda name, _: None,
+        }
+
+    # ----- attaching ------------------------------------------------------------------
+    def attach(self, device: Device) -> None:
+        """Connect to the device's host (or start one), adopt its jobs, collect its news."""
+        try:
+            host, state = HostHandle.attach(device, self.home, self.settings)
+        except HostUnavailable as exc:
+            log.error("%s", exc)
+            self.down_since[device.name] = time.monotonic()
+            return
+        self.hosts[device.name] = host
+        self.selector.register(host.channel.sock, selectors.EVENT_READ, device.name)
+        if not host.current:
+            log.warning("the execution host of %s runs version %s, this daemon %s: draining "
+                        "it (no new jobs; it exits after its last one)", device.name,
+                        host.version, HOST_VERSION)
+            if not host.draining:
+                host.draining = True
+                self.send(device.name, wire.Drain())
+        if not isinstance(state, wire.State):
+            return  # unreadable: its jobs are recovered once it has gone
+        if host.process is None:
+            log.info("re-adopted the execution host of %s (pid %d): %d job(s) running, "
+                     "%d ended meanwhile", device.name, host.pid, len(state.residents),
+                     len(state.exited))
+        if self.policy is not None and host.current:
+            self.send(device.name, self.policy)
+        for job in [r for r in self.running.values() if r.host == device.name]:
+            del self.running[job.job_id]  # known from an earlier attach: the state says now
+            self.progress.pop(job.job_id, None)
+        self._adopt(host, state)
+        # Only now, with the device's host attached, is a job the queue says runs there and
+        # the host does not know lost for sure.
+        recovered = recovery.recover(self.db, device.name, set(self.running),
+                                     survived=host.process is None, cgroups=self.cgroups)
+        if recovered:
+            log.warning("jobs left running on %s that its host does not run: %s",
+                        device.name, recovered)
+
+    def _adopt(self, host: HostHandle, state: wire.State) -> None:
+        """Take over the jobs a host runs, and record those that ended while no daemon ran.
+
+        A job counts only if the queue says this very run of it is RUNNING on this device;
+        anything else the host runs is ended (the queue is the truth: never run twice)."""
+        name = host.device.name
+        with self.db.read() as session:
+            rows = {job.id: job for job in queries.running(session)}
+
+        def this_run(item: wire.JobProgress) -> Job | None:
+            row = rows.get(item.job)
+            if row is None or row.run_count != item.run:
+                return None
+            return row if (row.device or "").split(",")[0] == name else None
+
+        for item in state.residents:
+            row = this_run(item)
+            if row is None:
+                log.warning("host of %s runs job %d (run %d), which the queue does not: "
+                            "ending it", name, item.job, item.run)
+                self.send(name, wire.Kill(item.job, StopWhy.STRAY))
+                continue
+            job = self.running[row.id] = self._running_from(row, name)
+            job.kill_why = item.kill_why
+            self.progress[row.id] = _progress(item)
+            if row.stop_request and job.kill_why is None:  # asked for while no daemon ran
+                job.kill_why = StopWhy(row.stop_request)
+                self.send(name, wire.Kill(row.id, job.kill_why))
+        for report in state.exited:
+            row = this_run(report)
+            if row is not None:
+                self.running[row.id] = self._running_from(row, name)
+            self._isolated(name, self._on_exit, report)
+
+    def _running_from(self, row: Job, host: str) -> Running:
+        names = (row.device or host).split(",")
+        return Running(job_id=row.id, run=row.run_count, started=row.start_time or time.time(),
+                       devices=[d for d in self.devices if d.name in names],
+                       lane=row.lane or 0, host=host, time_limit=row.time_limit,
+                       requeue=row.requeue, footprint=footprint(row),
+                       exclusive=row.exclusive, priority=row.priority, pid=row.pid)
+
+    # ----- talking to hosts -----------------------------------------------------------
+    def send(self, name: str, message: object) -> None:
+        """To a device's host; a host that cannot be written to is let go (attached again
+        later if it lives)."""
+        host = self.hosts.get(name)
+        if host is not None and not host.send(message):
+            self._host_gone(name, "it stopped reading")
+
+    def launch(self, job_id: int, devices: list[Device], lane: int) -> None:
+        """Record the start and send the launch (the queue first: never run twice)."""
+        names = [d.name for d in devices]
+        with self.db.write() as session:
+            if not transitions.start(session, job_id, ",".join(names), lane):
+                return  # cancelled or held meanwhile
+            job = queries.job(session, job_id)
+            payload = queries.payload(session, job.payload_id)
+        running = Running(job_id=job.id, run=job.run_count, started=job.start_time,
+                          devices=devices, lane=lane, host=names[0],
+                          time_limit=job.time_limit, requeue=job.requeue,
+                          footprint=footprint(job), exclusive=job.exclusive,
+                          priority=job.priority)
+        self.running[job.id] = running
+        if (metrics := self.metrics()) is not None:
+            metrics.wait.observe(max(0.0, running.started - job.submit_time))
+        try:
+            spec = launch_spec(job, payload, devices, lane, running.run, self.home)
+            self.send(running.host, wire.Launch(spec))
+        except (OSError, ValueError, FrameTooLarge) as exc:
+            # FrameTooLarge: a row from before the payload limit
+            self.end(running, None, JobState.FAILED, f"cannot launch job {job.id}: {exc}")
+        except Exception:  # noqa: BLE001 - recorded started, it must not stay RUNNING
+            log.exception("cannot launch job %d", job.id)
+            self.end(running, None, JobState.FAILED,
+                     f"cannot launch job {job.id}; see the daemon's log")
+
+    def kill(self, job: Running, why: StopWhy) -> None:
+        job.kill_why = why
+        self.send(job.host, wire.Kill(job.job_id, why))
+
+    def update(self, job: Running, priority: int, time_limit: int | None) -> None:
+        job.priority, job.time_limit = priority, time_limit
+        self.send(job.host, wire.Update(job.job_id, priority, time_limit))
+
+    def set_policy(self, message: wire.SetPolicy) -> None:
+        self.policy = message
+        for name, host in list(self.hosts.items()):
+            if host.current:
+                self.send(name, message)
+
+    def receive(self, name: str) -> None:
+        """Whatever the device's host has sent (its socket polled readable)."""
+        host = self.hosts.get(name)
+        if host is None:
+            return
+        for message in host.channel.receive():
+            self._isolated(name, self._handlers[type(message)], message)
+            if self.hosts.get(name) is not host:
+                return
+        if host.channel.error:
+            log.error("the execution host of %s sent %s", name, host.channel.error)
+            self._host_gone(name, "it broke the protocol")
+        elif host.channel.closed:
+            self._host_gone(name, "it hung up")
+
+    def _isolated(self, name: str, handler: Callable, message: object) -> None:
+        """Handle one host message; an error is logged with the job and the message."""
+        try:
+            handler(name, message)
+        except Exception:  # noqa: BLE001 - one report must not stop the daemon
+            log.exception("error handling %s from the host of %s (job %s)",
+                          type(message).__name__, name, getattr(message, "job", "-"))
+
+    def _this_run(self, message: wire.Started | wire.LaunchFailed) -> Running | None:
+        job = self.running.get(message.job)
+        return job if job is not None and job.run == message.run else None
+
+    def _on_started(self, name: str, message: wire.Started) -> None:
+        job = self._this_run(message)
+        if job is not None:
+            job.pid = message.pid
+            with self.db.write() as session:
+                transitions.record_pid(session, job.job_id, message.pid)
+
+    def _on_launch_failed(self, name: str, message: wire.LaunchFailed) -> None:
+        job = self._this_run(message)
+        if job is not None:
+            self.end(job, None, JobState.FAILED, message.reason)
+
+    def _on_progress(self, name: str, message: wire.Progress) -> None:
+        for item in message.jobs:
+            job = self.running.get(item.job)
+            if job is None or item.run != job.run:
+                continue
+            progress = self.progress[job.job_id] = _progress(item)
+            job.holds_lane = progress.holds_lane
+            if progress.mem_persistent is not None:
+                job.measured = admission.Footprint(
+                    progress.mem_persistent,
+                    max(0, (progress.mem_peak or 0) - progress.mem_persistent))
+        if message.switches:
+            self.switches[name] = sum(message.switches)
+
+    # ----- job ends -------------------------------------------------------------------
+    def _on_exit(self, name: str, report: wire.Exited) -> None:
+        """Record how a run ended (why it was killed, if it was), then acknowledge it so
+        the host forgets it; a report about a run already recorded is only acknowledged.
+        A report that cannot be recorded fails its job instead; only when even that fails
+        is it kept unacknowledged (the host repeats it to the next daemon)."""
+        job = self.running.get(report.job)
+        if job is not None and job.run == report.run:
+            try:
+                self.progress[job.job_id] = _progress(report)
+                self._record_exit(job, report)
+            except Exception:  # noqa: BLE001 - recorded as a failure below
+                log.exception("cannot record the exit of job %d (run %d): %r", job.job_id,
+                              job.run, report)
+                self.progress.pop(job.job_id, None)
+                self.end(job, None, JobState.FAILED,
+                         "its exit could not be recorded; see the daemon's log")
+        self.send(name, wire.Ack(report.job, report.run))
+
+    def _record_exit(self, job: Running, report: wire.Exited) -> None:
+        code, signum = report.code, report.signal
+        exit_code = code if signum is None else 128 + signum
+        why = report.kill_why or job.kill_why
+        end = report.end_time or None
+        if why is StopWhy.PROTOCOL:
+            self.end(job, exit_code, JobState.FAILED, f"protocol error: {report.detail}",
+                     end=end)
+        elif why is StopWhy.CANCEL:
+            self.end(job, exit_code, JobState.CANCELLED, "cancelled by user", end=end)
+        elif why is StopWhy.TIMEOUT:
+            limit = format_duration(job.time_limit)
+            self.end(job, exit_code, JobState.TIMEOUT, f"time limit {limit} reached", end=end)
+        elif why is StopWhy.DEADLINE:
+            self.end(job, exit_code, JobState.DEADLINE, "deadline reached", end=end)
+        elif why is StopWhy.REQUEUE:
+            self.end(job, exit_code, JobState.PENDING, "requeued by user", requeue=True,
+                     end=end)
+        elif why is StopWhy.SHUTDOWN:
+            self.end(job, exit_code, JobState.FAILED, "daemon stopped",
+                     requeue=job.requeue, end=end)
+        elif signum is not None:
+            name = signal.Signals(signum).name if signum in _SIGNALS else str(signum)
+            self.end(job, exit_code, JobState.FAILED, f"killed by signal {name}", end=end)
+        elif code == 0:
+            self.end(job, 0, JobState.COMPLETED, None, end=end)
+        else:
+            self.end(job, code, JobState.FAILED, f"exit code {code}", end=end)
+
+    def end(self, job: Running, exit_code: int | None, state: JobState, reason: str | None,
+            requeue: bool = False, end: float | None = None) -> None:
+        self.running.pop(job.job_id, None)
+        progress = self.progress.pop(job.job_id, None)
+        with self.db.write() as session:
+            if progress is not None:
+                transitions.record_progress(session, job.job_id, progress)
+            if requeue:
+                transitions.requeue(session, job.job_id,
+                                    reason if state is JobState.PENDING else f"{reason}; requeued",
+                                    now=end)
+            else:
+                transitions.finish(session, job.job_id, state, exit_code, reason, now=end)
+        if (metrics := self.metrics()) is not None:
+            metrics.run_time.labels("REQUEUED" if requeue else state.value).observe(
+                max(0.0, (end or time.time()) - job.started))
+        log.info("job %d %s%s", job.job_id, "requeued" if requeue else state.value,
+                 f" ({reason})" if reason else "")
+        self.wake()
+
+    def flush(self) -> None:
+        """Write the latest progress of running jobs to the queue (about once a second)."""
+        updates = {k: v for k, v in self.progress.items() if k in self.running}
+        self.progress.clear()
+        if not updates:
+            return
+        try:
+            with self.db.write() as session:
+                for job_id, progress in updates.items():
+                    transitions.record_progress(session, job_id, progress)
+        except Exception:  # noqa: BLE001 - find the one that fails; keep the others
+            log.exception("cannot record progress together; recording job by job")
+            for job_id, progress in updates.items():
+                try:
+                    with self.db.write() as session:
+                        transitions.record_progress(session, job_id, progress)
+                except Exception:  # noqa: BLE001
+                    log.exception("cannot record job %d's progress %r; dropped", job_id,
+                                  progress)
+
+    # ----- hosts that go away ---------------------------------------------------------
+    def restart_dead(self, now: float) -> None:
+        for name, since in list(self.down_since.items()):
+            if now - since >= defaults.HOST_RESTART_DELAY:
+                del self.down_since[name]
+                device = next(d for d in self.devices if d.name == name)
+                log.warning("attaching the execution host of %s again", name)
+                self.attach(device)
+                self.wake()
+
+    def _host_gone(self, name: str, why: str) -> None:
+        """Let go of a host's connection. A host that still runs keeps its jobs and is
+        attached again shortly; one that died takes its jobs with it."""
+        host = self.hosts.pop(name, None)
+        if host is None:
+            return
+        self.selector.unregister(host.channel.sock)
+        host.channel.close()
+        self.down_since[name] = time.monotonic()
+        lost = [r for r in self.running.values() if r.host == name]
+        if host.alive(grace=_EXITING):  # its jobs stay counted until the next attach
+            log.warning("let go of the execution host of %s (%s); it keeps its %d job(s) "
+                        "and is attached again", name, why, len(lost))
+            return
+        if host.draining and not lost:
+            log.info("the drained execution host of %s has exited", name)
+            return
+        log.error("the execution host of %s died with %d job(s)", name, len(lost))
+        for job in lost:
+            recovery.kill_leftovers(self.cgroups, name, job.job_id, job.run, job.pid)
+            self.end(job, None, JobState.FAILED, f"execution host of {name} died",
+                     requeue=job.requeue)
+
+    def close(self, keep_jobs: bool) -> None:
+        """The daemon stops: hosts keep their jobs (``keep_jobs``) or end them and exit."""
+        for host in self.hosts.values():
+            if keep_jobs:
+                host.channel.close()  # the host keeps its jobs until a daemon comes back
+            else:
+                host.stop(timeout=2.0)
+
+    def usage(self, job: Job) -> cgroups.Usage | None:
+        """A running job's host-side memory and processes, where it has a cgroup."""
+        if self.cgroups is None or job.state != JobState.RUNNING.value or not job.device:
+            return None
+        return self.cgroups.job(job.device.split(",")[0], job.id, job.run_count).usage()
+
+
+def _progress(item: wire.JobProgress) -> transitions.Progress:
+    return transitions.Progress(
+        steps_done=item.steps_done, attained=item.attained,
+        mean_iteration=item.mean_iteration, mean_gap=item.mean_gap,
+        mem_persistent=item.mem_persistent, mem_peak=item.mem_peak,
+        holds_lane=item.holds_lane, steps_total=item.steps_total)

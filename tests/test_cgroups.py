@@ -1,0 +1,194 @@
+"""Job cgroups against this machine's real kernel hierarchies: a job's processes, a
+daemonised one included, are all found, counted and killed at once, and nothing is left
+behind. Skipped where not root or where the hierarchy is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from gq.exec import cgroups
+
+# A daemonised child (its own session, out of the job's process group) and a plain one.
+JOB = ["sh", "-c", "setsid sleep 300 & sleep 300 & wait"]
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """State, session and start time of a process; None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[3]), int(fields[19])
+
+
+def _sessions(pids: list[int]) -> set[int]:
+    return {stat[1] for stat in map(_stat, pids) if stat is not None}
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _clean(backend: cgroups.Cgroups) -> None:
+    """Kill whatever a failed test left in the instance's cgroups and remove them all."""
+    for base in backend.bases.values():
+        for directory, _, _ in os.walk(base, topdown=False):
+            leftover = cgroups.JobCgroup(directory, {"any": directory})
+            leftover.kill(2.0)
+            leftover.remove()
+
+
+def _backend(kind: str) -> Iterator[cgroups.Cgroups]:
+    if os.geteuid() != 0:
+        pytest.skip("cgroups are only writable by root here")
+    backend = cgroups.detect(kind, uuid.uuid4().hex[:12])
+    if backend is None:
+        pytest.skip(f"no usable cgroup {kind} hierarchy on this machine")
+    try:
+        yield backend
+    finally:
+        _clean(backend)
+        assert not any(os.path.exists(base) for base in backend.bases.values())
+
+
+@pytest.fixture(params=["v1", "v2"])
+def backend(request) -> Iterator[cgroups.Cgroups]:
+    yield from _backend(request.param)
+
+
+@pytest.fixture
+def v1() -> Iterator[cgroups.Cgroups]:
+    yield from _backend("v1")
+
+
+@pytest.fixture
+def v2() -> Iterator[cgroups.Cgroups]:
+    yield from _backend("v2")
+
+
+def _kill_whole_job(backend: cgroups.Cgroups) -> None:
+    """Start the job in its cgroup, see all of it there, kill it whole, leave nothing."""
+    cgroup = backend.create("cpu0", 17, 2)
+    assert cgroup.name == "cpu0/job-17.2"
+    assert all(os.path.isdir(path) for path in cgroup.paths.values())
+    process = subprocess.Popen(JOB, preexec_fn=cgroup.enter)
+    try:
+        assert _wait_for(lambda: cgroup.usage().processes == 3), cgroup.pids()
+        pids = cgroup.pids()
+        assert process.pid in pids and len(pids) == 3
+        # The daemonised child leaves the job's session once it has run setsid: wait for it.
+        assert _wait_for(lambda: len(_sessions(pids)) == 2), _sessions(pids)
+        before = {pid: _stat(pid) for pid in pids}
+        usage = cgroup.usage()
+        if backend.kind == "v1" and "memory" in cgroup.paths:
+            assert usage.memory is not None and usage.memory > 0
+        elif usage.memory is not None:  # v2 with the memory controller offered
+            assert usage.memory > 0
+        cgroup.remove()  # busy: refused quietly, nothing lost
+        assert all(os.path.isdir(path) for path in cgroup.paths.values())
+
+        assert cgroup.kill(timeout=5) is True
+        assert process.wait(timeout=5) == -9
+        assert cgroup.pids() == [] and cgroup.usage().processes == 0
+        for pid, stat in before.items():
+            now = _stat(pid)
+            # Gone, a zombie left for init to reap, or the pid reused by another process.
+            assert now is None or now[0] in "ZX" or now[2] != stat[2], (pid, now)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    cgroup.remove()
+    assert not any(os.path.exists(path) for path in cgroup.paths.values())
+    backend.remove_device("cpu0")
+    assert not any(os.path.exists(base) for base in backend.bases.values())
+
+
+def test_kill_whole_job(backend: cgroups.Cgroups) -> None:
+    _kill_whole_job(backend)
+
+
+def test_v1_without_freezer_kills_listed_pids_until_empty(v1: cgroups.Cgroups) -> None:
+    if set(v1.bases) <= {"freezer"}:
+        pytest.skip("v1 has only the freezer hierarchy here")
+    unfrozen = cgroups.Cgroups("v1", {h: b for h, b in v1.bases.items() if h != "freezer"})
+    _kill_whole_job(unfrozen)
+
+
+def test_v2_without_cgroup_kill_freezes(v2: cgroups.Cgroups, monkeypatch) -> None:
+    if not os.path.exists(os.path.join(v2.bases[cgroups.V2], "cgroup.freeze")):
+        pytest.skip("this v2 hierarchy has no cgroup.freeze")
+    write = cgroups._write
+    frozen = []
+
+    def no_cgroup_kill(path: str, control: str, value: str) -> bool:
+        """As a kernel before 5.14 answers: no cgroup.kill."""
+        if control == "cgroup.kill":
+            return False
+        if control == "cgroup.freeze" and value == "1":
+            frozen.append(path)
+        return write(path, control, value)
+
+    monkeypatch.setattr(cgroups, "_write", no_cgroup_kill)
+    _kill_whole_job(v2)
+    assert frozen
+
+
+def test_never_created_cgroup(backend: cgroups.Cgroups) -> None:
+    cgroup = backend.job("cpu0", 99, 1)
+    assert cgroup.kill(timeout=1) is True
+    assert cgroup.pids() == []
+    assert cgroup.usage() == cgroups.Usage(memory=None, processes=0)
+    with pytest.raises(OSError):
+        cgroup.enter()
+    cgroup.remove()
+    backend.remove_device("cpu0")
+
+
+def test_detection_gives_every_caller_the_same_paths(backend: cgroups.Cgroups) -> None:
+    scope = os.path.basename(next(iter(backend.bases.values())))[len("gq-"):]
+    again = cgroups.detect(backend.kind, scope)
+    assert again is not None and again.bases == backend.bases
+    script = ("import sys; from gq.exec import cgroups; "
+              "print(cgroups.detect(sys.argv[1], sys.argv[2]).job('cpu0', 1, 1).paths)")
+    other = subprocess.run(["python3", "-c", script, backend.kind, scope], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    assert other == str(backend.job("cpu0", 1, 1).paths)
+    elsewhere = cgroups.detect(backend.kind, uuid.uuid4().hex[:12])
+    assert elsewhere is not None
+    try:
+        assert set(elsewhere.bases.values()).isdisjoint(backend.bases.values())
+    finally:
+        _clean(elsewhere)
+
+
+def test_off_and_bad_names() -> None:
+    assert cgroups.detect("off", "abc") is None
+    for kind in ("v3", ""):
+        with pytest.raises(ValueError):
+            cgroups.detect(kind, "abc")
+    for scope in ("", ".", "..", "a/b", "a b"):
+        with pytest.raises(ValueError):
+            cgroups.detect("off", scope)
+    backend = cgroups.Cgroups("v1", {"memory": "/nonexistent/gq-test"})
+    for device in ("", ".", "..", "../x", "a/b", "cpu\n0", "x" * 200):
+        with pytest.raises(ValueError):
+            backend.job(device, 1, 1)
+        with pytest.raises(ValueError):
+            backend.create(device, 1, 1)
+        with pytest.raises(ValueError):
+            backend.remove_device(device)
+    assert backend.job("cuda_0.a-b", 5, 3).paths == {"memory": "/nonexistent/gq-test/"
+                                                     "cuda_0.a-b/job-5.3"}

@@ -1,0 +1,404 @@
+"""One user cannot hurt the node: hostile values on every wire end only their sender's job
+or request, loops survive them, limits hold, and nothing a job starts outlives it. Real
+daemon, real hosts, real workers; the system-mode side (other users) is in
+test_shared_node_hardening.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from gq.exec.protocol import HOST_VERSION
+
+from conftest import (DaemonControl, all_jobs, gq, gq_ok, job, pid_alive, submit, wait_for,
+                      wait_state, write_script)
+from test_reliability import host_process
+
+NEIGHBOUR = "import gq, time\nfor _ in gq.steps(range(40)):\n    time.sleep(0.01)\n"
+
+# Each task of the array sends one hostile line on its worker's own socket, then iterates.
+HOSTILE = r'''
+import gq, json, os, time
+from gq.exec import runtime
+sock = runtime.active.channel.sock
+frames = [
+    b'{"op": "total", "steps": null}\n',
+    b'{"op": "total", "steps": ' + str(2**70).encode() + b'}\n',
+    b'{"op": "done", "steps": 1, "mem_persistent": "abc"}\n',
+    b'{"op": "done", "steps": NaN}\n',
+    b'[' * 100000 + b']' * 100000 + b'\n',
+    b'{"op": "progress", "steps": "' + b'x' * 300000 + b'"}\n',
+    b'\x00\xffnot json at all\n',
+    b'{' + b'x' * (2 << 20),
+]
+sock.sendall(frames[int(os.environ["SLURM_ARRAY_TASK_ID"])])
+time.sleep(0.5)
+for _ in gq.steps(range(3)):
+    pass
+'''
+FRAGMENTS = ["total.steps: expected an integer, not null", "total.steps: a 22-digit number",
+             "done.mem_persistent", "not JSON (NaN is not a number)", "nested too deeply",
+             "progress.steps: expected an integer, not str", "not JSON",
+             "a message over 1048576 bytes"]
+
+
+def _db(home: Path) -> sqlite3.Connection:
+    """The queue, opened behind the daemon's back: how a row an older gq wrote, or a
+    corrupted one, gets there."""
+    connection = sqlite3.connect(home / "gq.db", timeout=30, isolation_level=None)
+    return connection
+
+
+def test_hostile_worker_frames_end_only_their_own_job(daemon, tmp_path):
+    host = host_process(daemon.pid())
+    neighbours = [submit(str(write_script(tmp_path / "n.py", NEIGHBOUR))) for _ in range(2)]
+    hostile = submit("--array", f"0-{len(FRAGMENTS) - 1}",
+                     str(write_script(tmp_path / "hostile.py", HOSTILE)))
+    tasks = sorted((j for j in all_jobs() if j["array_job_id"] == hostile),
+                   key=lambda j: j["array_task_id"])
+    for task, fragment in zip(tasks, FRAGMENTS):
+        info = wait_state(task["id"], "FAILED", timeout=60)
+        assert info["reason"].startswith("protocol error: its worker sent"), info["reason"]
+        assert fragment in info["reason"], (fragment, info["reason"])
+    for job_id in neighbours:
+        assert wait_state(job_id, "COMPLETED", timeout=60)["steps_done"] == 40
+    assert host_process(daemon.pid()).pid == host.pid  # the host never went down
+    assert gq("daemon", "status").code == 0 and len(all_jobs()) == 2 + len(FRAGMENTS)
+    assert len(gq_ok("history").splitlines()) == 1 + 2 + len(FRAGMENTS)
+
+
+def test_an_absurd_total_fails_in_the_script_not_in_the_daemon(daemon, tmp_path):
+    script = write_script(tmp_path / "huge.py", "import gq\ngq.set_total_steps(2**70)\n")
+    info = wait_state(submit(str(script)), "FAILED", timeout=60)
+    assert info["exit_code"] == 1
+    out = (tmp_path / f"gq-{info['id']}.out").read_text()
+    assert "gq.set_total_steps(1180591620717411303424)" in out and "ValueError" in out
+    assert gq("status", "--all").code == 0
+
+
+def test_worker_step_counts_are_held_to_what_is_plausible(daemon, tmp_path):
+    script = write_script(tmp_path / "claims.py", (
+        "import gq\n"
+        "from gq.exec import runtime, protocol\n"
+        "for _ in gq.steps(range(5)):\n"
+        "    pass\n"
+        "runtime.active.channel.send(protocol.StepsTaken(10**12))\n"  # more than it declared
+        "runtime.active.channel.send(protocol.StepsTaken(1))\n"  # fewer than it did
+    ))
+    info = wait_state(submit(str(script)), "COMPLETED", timeout=60)
+    assert (info["steps_done"], info["steps_total"]) == (5, 5)
+
+
+def test_an_output_fifo_nobody_reads_fails_its_job_at_once(daemon, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    script = write_script(tmp_path / "s.sh", "echo hi\n")
+    started = time.monotonic()
+    info = wait_state(submit("-o", str(fifo), str(script)), "FAILED", timeout=20)
+    assert "is a FIFO that nobody reads" in info["reason"]
+    assert time.monotonic() - started < 10  # the host never waited for a reader
+    wait_state(submit(str(script)), "COMPLETED")
+
+
+def test_a_terminal_as_output_neither_captures_nor_hangs_up_the_daemon(daemon, tmp_path):
+    master, slave = os.openpty()
+    terminal = os.ttyname(slave)
+    os.close(slave)
+    try:
+        job_id = submit("-o", terminal, str(write_script(tmp_path / "t.sh", "echo on-tty\n")))
+        assert wait_state(job_id, "COMPLETED")["exit_code"] == 0
+        assert b"on-tty" in os.read(master, 1024)
+        result = gq("logs", str(job_id))
+        assert result.code == 2 and "is not a regular file" in result.err
+    finally:
+        os.close(master)  # a daemon holding the terminal would get SIGHUP now
+    time.sleep(0.2)
+    assert pid_alive(daemon.pid()) and gq("status").code == 0
+
+
+def test_export_reads_a_snapshot_with_a_bound(daemon, tmp_path):
+    job_id = submit("--hold", str(write_script(tmp_path / "s.sh", "echo hi\n")))
+    snapshot = Path(job(job_id)["script"]).name
+    spool = daemon.root / "spool" / str(job_id) / snapshot
+    with open(spool, "r+b") as handle:
+        handle.truncate(200 << 30)  # a sparse 200 GB file
+    result = gq("export", "slurm", str(job_id))
+    assert result.code == 2 and "has grown past 4 MiB" in result.err
+    assert gq("status").code == 0
+
+
+def test_the_daemon_and_hosts_import_nothing_from_their_callers(home, tmp_path, monkeypatch):
+    trap = tmp_path / "trap"
+    trap.mkdir()
+    for name in ("array", "typer", "sqlalchemy", "selectors", "json", "gq_evil"):
+        (trap / f"{name}.py").write_text(f"raise SystemExit('user {name}.py imported')\n")
+    monkeypatch.chdir(trap)
+    monkeypatch.setenv("PYTHONPATH", str(trap))
+    monkeypatch.setenv("PYTHONSTARTUP", str(trap / "array.py"))
+    gq_ok("daemon", "start")
+    job_id = submit(str(write_script(tmp_path / "s.sh", "true\n")))
+    assert wait_state(job_id, "COMPLETED")["exit_code"] == 0  # the host started too
+    log = (home / "daemon.log").read_text() + (home / "hosts" / "cpu.log").read_text()
+    assert "imported" not in log
+    daemon_pid = int((home / "daemon.pid").read_text())
+    assert Path(f"/proc/{daemon_pid}/cwd").resolve() == home.resolve()
+
+
+def test_host_death_kills_everything_its_jobs_started(daemon, tmp_path):
+    """A daemonised grandchild (its own session, parent 1) dies with its job's host, and a
+    requeued job's old run is gone before its new run starts."""
+    script = write_script(tmp_path / "escape.sh", (
+        "setsid sh -c 'echo $$ > escaped-$GQ_JOB_ID-$$; while true; do sleep 0.05; done' &\n"
+        "echo run >> runs-$GQ_JOB_ID\n"
+        "sleep 300\n"
+    ))
+    plain, requeued = submit(str(script)), submit("--requeue", str(script))
+    escaped = {}
+    for job_id in (plain, requeued):
+        wait_state(job_id, "RUNNING")
+        escaped[job_id] = wait_for(lambda j=job_id: list(tmp_path.glob(f"escaped-{j}-*")), 20,
+                                   what="the escaped grandchild")[0]
+    pids = {j: int(path.read_text()) for j, path in escaped.items()}
+    assert all(pid_alive(pid) for pid in pids.values())
+    host_process(daemon.pid()).kill()
+    assert wait_state(plain, "FAILED", timeout=15)["reason"] == "execution host of cpu died"
+    wait_for(lambda: job(requeued)["run_count"] == 2, 20, what="the requeued job's second run")
+    for pid in pids.values():
+        assert not pid_alive(pid), "a process of a job outlived its host"
+    gq_ok("cancel", str(requeued))
+    wait_state(requeued, "CANCELLED")
+
+
+def test_a_launch_too_large_for_the_wire_fails_only_its_job(daemon, tmp_path):
+    """A row from before the payload limit (written behind the daemon's back here)."""
+    script = write_script(tmp_path / "s.sh", "true\n")
+    job_id = submit("--hold", str(script))
+    db = _db(daemon.root)
+    db.execute("UPDATE payloads SET env = ? WHERE id = (SELECT payload_id FROM jobs WHERE id = ?)",
+               (json.dumps({"HUGE": "x" * (2 << 20)}), job_id))
+    db.close()
+    host = host_process(daemon.pid())
+    gq_ok("release", str(job_id))
+    info = wait_state(job_id, "FAILED", timeout=20)
+    assert f"cannot launch job {job_id}" in info["reason"] and "frame" in info["reason"]
+    assert host_process(daemon.pid()).pid == host.pid
+    wait_state(submit(str(script)), "COMPLETED")
+
+
+def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
+    from gq import messages
+
+    def exchange(line: bytes) -> messages.Error:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(daemon.root / "gq.sock"))
+            sock.sendall(line)
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = sock.recv(1 << 16)
+                assert chunk, "the daemon hung up without answering"
+                answer += chunk
+        return messages.decode(answer.strip(), messages.ANSWERS)
+
+    submit_line = {"v": 1, "kind": "submit", "script_path": "/tmp/s.sh", "script": "dHJ1ZQo=",
+                   "args": [], "workdir": "/tmp", "env": {}, "umask": 18, "options": {}}
+    hostile = [b"[" * 100_000 + b"]" * 100_000 + b"\n",
+               b'{"v": 1, "kind": "cancel", "labels": ["99999999999999999999"]}\n',
+               b'{"v": 1, "kind": "update", "labels": ["1"], "priority": ' + b"9" * 30 + b"}\n"]
+    for change in ({"env": {"A": "b\u0000c"}}, {"env": {"A=B": "c"}}, {"args": ["\ud800"]},
+                   {"options": {"deadline": 1e21}}, {"options": {"name": "x\u0000y"}},
+                   {"options": {"name": "\u001b[2Jwipe"}}, {"options": {"priority": 2**70}},
+                   {"script_path": "/tmp/.."}):
+        hostile.append(json.dumps({**submit_line, **change}).encode() + b"\n")
+    for line in hostile:
+        answer = exchange(line)
+        assert isinstance(answer, messages.Error) and answer.exit_code == 2, line[:80]
+        assert "\n" not in answer.message
+    assert all_jobs() == [] and gq("daemon", "status").code == 0
+
+
+def test_rows_no_valid_gq_writes_cannot_break_anyones_queries(daemon, tmp_path):
+    job_id = submit("--hold", str(write_script(tmp_path / "s.sh", "true\n")))
+    db = _db(daemon.root)
+    db.execute("UPDATE jobs SET name = ? WHERE id = ?", ("\x1b[2Jgone\nfake row", job_id))
+    db.close()
+    status = gq_ok("status")
+    assert "\x1b" not in status and "\\x1b[2Jgone\\nfake row" in status
+    assert "\\x1b" in gq_ok("show", str(job_id))
+
+
+def test_per_user_limits_are_refused_before_anything_is_stored(home, tmp_path):
+    control = DaemonControl(home)
+    control.start("--max-pending", "5", "--max-array", "10")
+    script = write_script(tmp_path / "s.sh", "true\n")
+    result = gq("submit", "--hold", "--array", "0-5", str(script))
+    assert result.code == 2 and "limit of 5 pending jobs per user" in result.err
+    assert "--max-pending" in result.err
+    started = time.monotonic()
+    result = gq("submit", "--array", "0-3999999", str(script))  # counted, never expanded
+    assert result.code == 2 and "4000000 tasks is more than" in result.err
+    assert time.monotonic() - started < 5
+    assert all_jobs() == []
+    info = gq_ok("info")
+    assert "5 pending jobs per user, 10 tasks per array" in info
+    control.stop()
+
+
+def test_a_big_array_is_held_released_and_cancelled_in_one_statement_each(home, tmp_path):
+    """Linear in the number of tasks (bench/abuse.py times 9,999 of them)."""
+    control = DaemonControl(home)
+    control.start("--max-array", "3000", "--max-pending", "3001")
+    script = write_script(tmp_path / "s.sh", "true\n")
+    blocker = submit("--hold", str(script))  # keeps the released tasks from starting
+    array = submit("--hold", "--array", "0-2999", "--dependency", f"afterok:{blocker}",
+                   str(script))
+    assert gq_ok("release", str(array)).count("Released job") == 3000
+    assert gq_ok("hold", str(array)).count("Held job") == 3000
+    gq_ok("cancel", str(blocker))
+    result = gq_ok("cancel", str(array))
+    assert result.count("Cancelled job") == 3000
+    assert {j["state"] for j in all_jobs()} == {"CANCELLED"}
+    db = _db(home)
+    events = db.execute("SELECT count(*) FROM job_events WHERE new_state = 'CANCELLED'").fetchone()
+    payloads = db.execute("SELECT count(*) FROM payloads").fetchone()
+    db.close()
+    assert events == (3001,) and payloads == (2,)  # the array's tasks share one payload
+    control.stop()
+
+
+def test_connections_per_user_are_bounded_and_the_daemon_keeps_accepting(home):
+    control = DaemonControl(home)
+    control.start("--max-connections-per-user", "4")
+    gq_ok("status")  # served after the start's own connection was dropped: none but ours
+    idle = []
+    for _ in range(4):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(home / "gq.sock"))
+        idle.append(sock)
+    wait_for(lambda: "connections to the daemon open" in gq("status").err, 10,
+             what="the fifth connection to be refused")
+    result = gq("status")
+    assert result.code == 1 and "--max-connections-per-user" in result.err
+    for sock in idle:
+        sock.close()
+    wait_for(lambda: gq("status").code == 0, 10, what="the daemon to serve again")
+    control.stop()
+
+
+def test_finished_jobs_are_purged_after_the_retention(home, tmp_path):
+    control = DaemonControl(home)
+    control.start("--retention", "1s")
+    done = submit(str(write_script(tmp_path / "s.sh", "true\n")))
+    wait_state(done, "COMPLETED")
+    held = submit("--hold", "--dependency", f"afterok:{done}", str(tmp_path / "s.sh"))
+    old = submit(str(tmp_path / "s.sh"))
+    wait_state(old, "COMPLETED")
+    time.sleep(1.2)
+    gq_ok("daemon", "restart")  # a starting daemon purges at once
+    remaining = wait_for(lambda: [j["id"] for j in all_jobs()] if len(all_jobs()) == 2
+                         else None, 20, what="the purge")
+    assert remaining == [done, held]  # kept: a pending job depends on it
+    assert not (home / "spool" / str(old)).exists()
+    assert "finished jobs are kept 1s" in gq("history").err
+    control.stop()
+
+
+def test_a_running_job_reports_its_processes_and_host_memory(daemon, tmp_path):
+    from gq.exec import cgroups
+
+    if cgroups.detect("auto", "probe-" + os.urandom(4).hex()) is None:
+        pytest.skip("no cgroup hierarchy to keep jobs in on this machine")
+    job_id = submit(str(write_script(tmp_path / "s.sh", "sleep 300 & sleep 300 & wait\n")))
+    info = wait_for(lambda: (j := job(job_id))["processes"] == 3 and j, 20,
+                    what="the job's three processes")
+    assert info["host_memory"] > 0
+    assert "Processes: 3" in gq_ok("show", str(job_id))
+    gq_ok("cancel", str(job_id))
+    wait_state(job_id, "CANCELLED")
+
+
+def test_jobs_are_kept_in_cgroup_v2_where_one_is_mounted(home, tmp_path):
+    from gq.exec import cgroups
+
+    if cgroups.detect("v2", "probe-" + os.urandom(4).hex()) is None:
+        pytest.skip("no cgroup v2 hierarchy this process may use")
+    control = DaemonControl(home)
+    control.start("--cgroup", "v2")
+    assert "jobs kept in cgroup v2" in gq_ok("info")
+    script = write_script(tmp_path / "escape.sh", (
+        "setsid sh -c 'echo $$ > escaped; exec sleep 300' &\nsleep 300\n"))
+    job_id = submit(str(script))
+    pid = int(wait_for(lambda: (tmp_path / "escaped").exists() and
+                       (tmp_path / "escaped").read_text().strip(), 20, what="the escapee"))
+    gq_ok("cancel", str(job_id))
+    wait_state(job_id, "CANCELLED")
+    wait_for(lambda: not pid_alive(pid), 10, what="the escaped process to die with its job")
+    control.stop()
+
+
+def test_a_host_that_speaks_garbage_costs_only_its_own_connection(home, tmp_path):
+    """Something listening at a device's host socket answers the daemon's hello with
+    hostile lines: the daemon keeps answering everyone, and once the impostor is gone it
+    starts a host of its own and runs jobs."""
+    import threading
+
+    (home / "hosts").mkdir(parents=True, mode=0o700)
+    impostor = socket.socket(socket.AF_UNIX)
+    impostor.bind(str(home / "hosts" / "cpu.sock"))
+    impostor.listen(8)
+    impostor.settimeout(0.2)
+    lines = [b'{"op": "state", "version": "' + HOST_VERSION.encode() + b'", "pid": "abc"}\n',
+             b"[" * 100_000 + b"\n",
+             b'{"op": "state", "pid": ' + str(2**70).encode() + b"}\n", b"\xff" * 100 + b"\n"]
+    served, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = impostor.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(1 << 16)
+                conn.sendall(lines[len(served) % len(lines)])
+                served.append(True)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        gq_ok("daemon", "start", "--kill-wait", "1")
+        wait_for(lambda: len(served) >= len(lines), 30, what="every hostile line to be sent")
+        result = gq("status")
+        assert result.code == 0 and "execution host of cpu is restarting" in result.err
+        assert "no state from the execution host of cpu" in (home / "daemon.log").read_text()
+    finally:
+        stop.set()
+        thread.join()
+        impostor.close()
+        os.unlink(home / "hosts" / "cpu.sock")
+    job_id = submit(str(write_script(tmp_path / "s.sh", "echo fine\n")))
+    assert wait_state(job_id, "COMPLETED", timeout=30)["exit_code"] == 0
+
+
+def test_an_exit_that_cannot_be_recorded_fails_its_job_and_is_acknowledged(daemon, tmp_path):
+    """The queue refuses to record one job's COMPLETED (a trigger stands in for whatever
+    may go wrong): the job ends FAILED saying so, the report is acknowledged, and neither
+    this daemon nor the next is stopped by it."""
+    script = write_script(tmp_path / "s.sh", "true\n")
+    job_id = submit("--hold", str(script))
+    db = _db(daemon.root)
+    db.execute(f"CREATE TRIGGER refuse BEFORE UPDATE OF state ON jobs WHEN NEW.id = {job_id} "
+               "AND NEW.state = 'COMPLETED' BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    db.close()
+    gq_ok("release", str(job_id))
+    info = wait_state(job_id, "FAILED", timeout=20)
+    assert info["reason"] == "its exit could not be recorded; see the daemon's log"
+    assert "cannot record the exit of job" in daemon.log()
+    gq_ok("daemon", "restart")
+    assert job(job_id)["state"] == "FAILED"
+    wait_state(submit(str(script)), "COMPLETED")

@@ -1,0 +1,74 @@
+"""The execution host's pure parts: what it makes of a worker's step counts and totals, and
+whether a job would ever run as root by accident."""
+
+from __future__ import annotations
+
+import pytest
+
+from gq.errors import LaunchError
+from gq.exec.host import Resident
+from gq.exec.protocol import LaunchSpec
+from gq.exec.spawn import identity
+from gq.policies import make
+
+
+def resident(declared: int | None = None) -> Resident:
+    return Resident(job_id=1, run=1, user="u", priority=0, submit_time=0.0,
+                    declared_total=declared, lane=0, process=None, channel=None,
+                    started_at=0.0, started_wall=0.0)
+
+
+def test_steps_never_decrease_nor_pass_the_total():
+    job = resident(declared=100)
+    job.record_steps(10)
+    job.record_steps(4)  # a count going back is not believed
+    assert job.steps_done == 10
+    job.record_steps(10**12)  # nor one past the total
+    assert (job.steps_done, job.view().steps_total) == (100, None)  # the total is now doubted
+
+
+def test_a_job_that_claims_to_be_nearly_done_loses_its_place_in_srtf():
+    """A job that declares a tiny total and keeps iterating ranks by attained service,
+    behind every job whose total is known."""
+    gamer, honest = resident(), resident(declared=1000)
+    gamer.job_id, honest.job_id = 1, 2
+    gamer.declare_total(1)
+    gamer.record_steps(50)
+    honest.record_steps(10)
+    for job in (gamer, honest):
+        job.iterations, job.attained = 50, 1.0
+    srtf = make("srtf")
+    assert srtf.pick([gamer.view(), honest.view()], [], 0.0).id == 2
+
+
+def test_a_total_declared_at_submit_is_the_jobs_own_no_longer():
+    job = resident(declared=500)
+    job.declare_total(1)
+    assert job.steps_total == 500 and job.view().steps_total == 500
+    undeclared = resident()
+    undeclared.record_steps(20)
+    undeclared.declare_total(5)  # fewer than it has done already: as wrong as a count past it
+    assert undeclared.view().steps_total is None
+
+
+def _spec(**change) -> LaunchSpec:
+    fields = dict(id=7, run=1, argv=["/bin/true"], worker=False, cwd="/", env={}, stdout="/o",
+                  stderr="/o", user="u", submit_time=1.0, uid=1000, gid=1000, groups=[1000, 27])
+    return LaunchSpec(**{**fields, **change})
+
+
+def test_identity_of_a_job_on_a_root_host(monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    assert identity(_spec()) == (1000, 1000, [1000, 27])
+    assert identity(_spec(uid=0, gid=0)) is None  # root's own job runs as root
+    for missing in ({"uid": None}, {"gid": None}):
+        with pytest.raises(LaunchError, match="refusing to run it as root"):
+            identity(_spec(**missing))
+
+
+def test_a_personal_host_runs_only_its_owners_jobs(monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert identity(_spec()) is None
+    with pytest.raises(LaunchError, match="cannot run it"):
+        identity(_spec(uid=1001))
+

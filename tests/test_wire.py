@@ -1,0 +1,211 @@
+"""The typed wire between client, daemon, host and worker (gq.codec and its two message
+modules): every frame decodes to a checked message or is refused with MessageError, whatever
+a peer sends; hypothesis tries well-formed frames with bad values, and arbitrary bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import socket
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gq import codec, defaults, messages
+from gq.codec import INT64_MAX, FrameTooLarge, MessageError
+from gq.exec import protocol as wire
+
+HOSTILE_VALUES = [None, 2**70, -(2**70), "abc", "", "x" * 70_000, "\x00", "\ud800", 1.5,
+                  True, [], {}, [[[[1]]]], {"a": {"b": 1}}, -1, 0]
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=12)
+TABLES = {"from worker": wire.FROM_WORKER, "to daemon": wire.TO_DAEMON,
+          "to host": wire.TO_HOST, "to worker": wire.TO_WORKER}
+
+
+def _valid(value, hint_owner, name) -> None:
+    """A decoded field holds nothing the codec promised to keep out."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int):
+        assert -(2**63) <= value <= INT64_MAX, (hint_owner, name, value)
+    elif isinstance(value, float):
+        assert math.isfinite(value), (hint_owner, name, value)
+    elif isinstance(value, str):
+        assert "\0" not in value
+        value.encode("utf-8")
+    elif isinstance(value, list):
+        for item in value:
+            _valid(item, hint_owner, name)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _valid(key, hint_owner, name)
+            _valid(item, hint_owner, name)
+    elif dataclasses.is_dataclass(value):
+        for field in dataclasses.fields(value):
+            _valid(getattr(value, field.name), type(value).__name__, field.name)
+
+
+def _decode_or_refuse(line: bytes, kinds: dict[str, type]):
+    try:
+        message = wire.decode(line, kinds)
+    except MessageError:
+        return None
+    _valid(message, type(message).__name__, "")
+    return message
+
+
+@pytest.mark.parametrize("table", TABLES, ids=list(TABLES))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_well_formed_frames_with_any_values_decode_checked_or_are_refused(table, data):
+    kinds = TABLES[table]
+    op = data.draw(st.sampled_from(sorted(kinds)))
+    fields = [f.name for f in dataclasses.fields(kinds[op])] or ["x"]
+    frame = {"op": op}
+    for name in data.draw(st.lists(st.sampled_from(fields), max_size=len(fields))):
+        frame[name] = data.draw(st.sampled_from(HOSTILE_VALUES) | JSON_VALUES)
+    _decode_or_refuse(json.dumps(frame).encode(), kinds)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=st.binary(max_size=400))
+def test_arbitrary_bytes_never_raise_anything_but_message_error(payload):
+    for kinds in TABLES.values():
+        _decode_or_refuse(payload, kinds)
+    try:
+        messages.decode(payload, messages.REQUESTS)
+    except MessageError:
+        pass
+
+
+@pytest.mark.parametrize("frame,fragment", [
+    ({"op": "total", "steps": None}, "total.steps: expected an integer, not null"),
+    ({"op": "total", "steps": 2**70}, "out of range"),
+    ({"op": "total", "steps": 0}, "out of range"),
+    ({"op": "done", "steps": 3, "mem_persistent": "abc"}, "done.mem_persistent"),
+    ({"op": "done", "steps": -1}, "done.steps"),
+    ({"op": "progress", "steps": True}, "expected an integer, not bool"),
+    ({"op": "ready", "extra": 1}, "unknown field 'extra'"),
+    ({"op": "launch"}, "unknown op"),
+    ({"op": 7}, "unknown op"),
+])
+def test_each_hostile_worker_frame_is_named_in_its_refusal(frame, fragment):
+    with pytest.raises(MessageError, match=fragment.replace("(", r"\(")):
+        wire.decode(json.dumps(frame).encode(), wire.FROM_WORKER)
+
+
+@pytest.mark.parametrize("line", [
+    b'{"op": "done", "steps": NaN}', b'{"op": "done", "steps": 1, "mem_peak": Infinity}',
+    b'{"op": "done", "steps": 1e400}', b"[" * 100_000 + b"]" * 100_000,
+    b'{"op": "done", "steps": ' + b"9" * 5000 + b"}", b"\xff\xfe not utf-8",
+])
+def test_frames_that_are_not_json_a_python_process_can_trust(line):
+    with pytest.raises(MessageError):
+        wire.decode(line, wire.FROM_WORKER)
+
+
+def test_strings_are_checked_for_nul_utf8_and_length():
+    spec = dict(id=1, run=1, argv=["/bin/true"], worker=False, cwd="/", env={}, stdout="/o",
+                stderr="/o", user="u", submit_time=1.0)
+    good = wire.encode(wire.Launch(wire.LaunchSpec(**spec)))
+    assert wire.decode(good, wire.TO_HOST).job.argv == ["/bin/true"]
+    for field, value, fragment in (("argv", ["/bin/\x00true"], "NUL"),
+                                   ("env", {"A=B": "1"}, "without '='"),
+                                   ("env", {"A": "\ud800"}, "UTF-8"),
+                                   ("user", "u" * (defaults.MAX_NAME + 1), "longer than"),
+                                   ("cwd", "/" * (defaults.MAX_PATH + 1), "longer than"),
+                                   ("uid", -1, "out of range"),
+                                   ("submit_time", defaults.MAX_TIMESTAMP * 2, "out of range")):
+        frame = json.loads(good)
+        frame["job"][field] = value
+        with pytest.raises(MessageError, match=fragment):
+            wire.decode(json.dumps(frame).encode(), wire.TO_HOST)
+
+
+def test_a_message_over_the_frame_is_refused_by_its_sender():
+    huge = wire.LaunchFailed(1, 1, "x" * defaults.MAX_FRAME)
+    with pytest.raises(FrameTooLarge):
+        wire.encode(huge)
+    left, right = socket.socketpair()
+    try:
+        with pytest.raises(FrameTooLarge):
+            wire.Channel(left, wire.TO_HOST).send(huge)
+    finally:
+        left.close()
+        right.close()
+
+
+def test_a_foreign_hosts_state_is_read_for_what_draining_needs():
+    line = json.dumps({"op": "state", "version": "0.0.1/1", "pid": 42, "residents": "?",
+                       "exited": [{"op": "old"}], "draining": False}).encode()
+    state = wire.decode(line, wire.TO_DAEMON)
+    assert isinstance(state, wire.ForeignState) and (state.pid, state.version) == (42, "0.0.1/1")
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.binary(max_size=300), max_size=8))
+def test_a_channel_yields_checked_messages_or_ends_with_an_error(chunks):
+    left, right = socket.socketpair()
+    channel = wire.Channel(right, wire.FROM_WORKER)
+    right.setblocking(False)
+    try:
+        for chunk in chunks:
+            if chunk:
+                left.sendall(chunk)
+            for message in channel.receive():
+                assert type(message) in wire.FROM_WORKER.values()
+                assert not channel.error
+            if channel.error:
+                assert channel.closed
+                break
+    finally:
+        left.close()
+        right.close()
+
+
+def test_client_requests_bound_every_field():
+    base = messages.Submit("/w/s.sh", b"true\n", [], "/w", {}, 0o022, messages.SubmitOptions())
+    assert messages.decode(messages.encode(base), messages.REQUESTS).script == b"true\n"
+    for change, fragment in (({"priority": 2**40}, "priority"), ({"gpus": -1}, "gpus"),
+                             ({"time_limit": 0}, "time_limit"), ({"steps": -5}, "steps"),
+                             ({"deadline": 1e21}, "deadline"), ({"name": "a\x00b"}, "NUL")):
+        request = dataclasses.replace(base, options=dataclasses.replace(base.options, **change))
+        with pytest.raises(MessageError, match=fragment):
+            messages.decode(messages.encode(request), messages.REQUESTS)
+    deep = b'{"v": 1, "kind": "list", "users": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(MessageError, match="nested too deeply"):
+        messages.decode(deep, messages.REQUESTS)
+
+
+def test_codec_refuses_annotations_it_cannot_check():
+    @codec.message
+    class Odd:
+        op = "odd"
+        value: set[int]
+
+    with pytest.raises(TypeError):
+        codec.build(Odd, {"value": []}, "odd")
+
+
+def test_the_state_of_the_previous_releases_host_is_read_in_full_to_adopt_its_jobs():
+    """What a host of the dict-based protocol (HOST_VERSION .../1) answered a hello with."""
+    figures = {"steps_done": 5, "steps_total": None, "attained": 0.5, "mean_iteration": 0.1,
+               "mean_gap": None, "mem_persistent": 1000, "mem_peak": 2000, "holds_lane": False}
+    line = json.dumps({
+        "op": "state", "version": "0.1.0/1", "pid": 4321, "device": "cpu", "lanes": 1,
+        "policy": ["fifo", "always", "100ms"], "draining": False,
+        "residents": [{"job": 3, "run": 1, **figures, "pid": 99, "started": 1.7e9,
+                       "time_limit": None, "kill_why": None}],
+        "exited": [{"job": 4, "run": 2, **figures, "op": "exited", "code": 0, "signal": None,
+                    "kill_why": "cancel", "end_time": 1.7e9}]}).encode()
+    state = wire.decode(line, wire.TO_DAEMON)
+    assert isinstance(state, wire.State) and state.version == "0.1.0/1"
+    assert [r.job for r in state.residents] == [3]
+    assert (state.exited[0].job, state.exited[0].kill_why) == (4, wire.StopWhy.CANCEL)
