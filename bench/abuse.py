@@ -42,7 +42,17 @@ for _ in range(connections):
         refused_connections += 1
         continue
     idle.append(s)
-counts = {"accepted": 0, "refused": 0, "failed": 0}
+# A refused connection is answered with an error line at once; a kept one has nothing to
+# read (checked now: the daemon drops idle clients after --client-timeout).
+time.sleep(0.5)
+kept = 0
+for s in idle:
+    try:
+        s.recv(1, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        kept += 1
+counts = {"accepted": 0, "refused_pending_limit": 0, "refused_connection_limit": 0,
+          "refused_other": 0, "failed": 0}
 lock = threading.Lock()
 body = base64.b64encode(open(script, "rb").read()).decode()
 line = json.dumps({"v": 1, "kind": "submit", "script_path": script, "script": body,
@@ -61,7 +71,14 @@ def flood():
                     if not chunk:
                         break
                     answer += chunk
-            kind = "accepted" if b'"submitted"' in answer else "refused"
+            if b'"submitted"' in answer:
+                kind = "accepted"
+            elif b"--max-pending" in answer:
+                kind = "refused_pending_limit"
+            elif b"--max-connections" in answer:
+                kind = "refused_connection_limit"
+            else:
+                kind = "refused_other"
         except OSError:
             kind = "failed"
         with lock:
@@ -69,13 +86,6 @@ def flood():
 threads = [threading.Thread(target=flood) for _ in range(submitters)]
 for t in threads: t.start()
 for t in threads: t.join()
-# A refused connection was answered with an error line; a kept one has nothing to read.
-kept = 0
-for s in idle:
-    try:
-        s.recv(1, socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        kept += 1
 print(json.dumps({**counts, "idle_connections_kept": kept,
                   "idle_connections_tried": connections}))
 '''
@@ -151,10 +161,12 @@ def main() -> None:
           f"{result['status_under_abuse']['p95_ms']:.0f}) while one user floods ({ratio:.2f}x), "
           f"{result['status_with_hostile_pending']['p50_ms']:.0f} ms with their "
           f"{len(pending)} pending jobs listed")
-    print(f"the flood: {flood['accepted']} submissions accepted, {flood['refused']} refused "
-          f"(pending limit {info['limits']['max_pending']}), {flood['idle_connections_kept']} "
-          f"of {flood['idle_connections_tried']} idle connections kept (limit "
-          f"{info['limits']['max_connections_per_user']} per user)")
+    print(f"the flood: {flood['idle_connections_kept']} of {flood['idle_connections_tried']} "
+          f"idle connections kept (limit {info['limits']['max_connections_per_user']} per "
+          f"user); {flood['accepted']} submissions accepted, refused for the pending limit "
+          f"({info['limits']['max_pending']}) {flood['refused_pending_limit']}, for the "
+          f"connection limit {flood['refused_connection_limit']}, otherwise "
+          f"{flood['refused_other']}; {flood['failed']} connections failed")
     print(f"an array of 9,999 held tasks: submit {bulk['submit_s']:.2f} s, release "
           f"{bulk['release_s']:.2f} s, hold {bulk['hold_s']:.2f} s, cancel "
           f"{bulk['cancel_s']:.2f} s (whole commands)")

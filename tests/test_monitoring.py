@@ -182,6 +182,25 @@ def test_nvml_discovery_sampling_mig_and_the_jobs_view(monkeypatch):
     sampler.close()
 
 
+def test_the_cpu_sampler_forgets_the_processes_of_ended_jobs():
+    """A month of jobs must not leave a month of pids in the daemon: the sampler keeps the
+    CPU time of the processes it saw in its last sample only."""
+    sampler = sampling.Sampler([d for d in devices.discover()[0] if d.kind == "cpu"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for _ in range(2):
+            reading = sampler.sample({"cpu": [(1, child.pid)]})["cpu"]
+        assert [p.pid for p in reading.processes] == [child.pid]
+        assert child.pid in sampler.host.cpu_seconds
+    finally:
+        child.kill()
+        child.wait()
+    for _ in range(2):  # the job has ended: nothing of it is sampled, nothing kept
+        sampler.sample({})
+    assert sampler.host.cpu_seconds == {}
+    sampler.close()
+
+
 # ----- end to end ---------------------------------------------------------------------
 def device_reading(name: str) -> dict:
     info = json.loads(gq_ok("info", "--json"))

@@ -107,13 +107,17 @@ class _Psutil:
         import psutil
 
         self.psutil = psutil
-        self.cpu_seconds: dict[int, float] = {}  # per process, at the last sample
+        # CPU seconds per process at the last sample, and at this one so far: only the
+        # processes seen in the last sample are kept, so ended jobs' pids do not pile up.
+        self.cpu_seconds: dict[int, float] = {}
+        self._sampled: dict[int, float] = {}
         self.last = time.time()
         self.period = 0.0
         self.temperature: float | None = None
 
     def begin(self, now: float) -> None:
         self.period, self.last = now - self.last, now
+        self.cpu_seconds, self._sampled = self._sampled, {}
         self.temperature = self._package_temperature()
 
     def read(self, device: Device, now: float, jobs: Sequence[tuple[int, int]]) -> DeviceReading:
@@ -130,7 +134,7 @@ class _Psutil:
                     continue
                 seconds = times.user + times.system
                 before = self.cpu_seconds.get(process.pid)
-                self.cpu_seconds[process.pid] = seconds
+                self._sampled[process.pid] = seconds
                 if before is not None:
                     busy += max(0.0, seconds - before)
                 rss += memory
