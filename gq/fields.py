@@ -27,7 +27,9 @@ Text = Annotated[str, MaxLen(defaults.MAX_TEXT)]
 Arg = Annotated[str, MaxLen(defaults.MAX_JOB_PAYLOAD)]
 EnvKey = Annotated[str, MaxLen(defaults.MAX_NAME * 4),
                    Where(lambda key: key != "" and "=" not in key, "a name without '='")]
-EnvValue = Annotated[str, MaxLen(defaults.MAX_JOB_PAYLOAD)]
+# Room beyond what a submission may carry for what gq adds at launch (its own PYTHONPATH
+# entry), so that every job the daemon accepted also fits the host's wire.
+EnvValue = Annotated[str, MaxLen(defaults.MAX_JOB_PAYLOAD + 2 * defaults.MAX_PATH)]
 Environment = Annotated[dict[EnvKey, EnvValue], MaxLen(defaults.MAX_JOB_PAYLOAD // 2)]
 Args = Annotated[list[Arg], MaxLen(defaults.MAX_JOB_PAYLOAD // 2)]
 Groups = Annotated[list[Annotated[int, Bounds(0, (1 << 32) - 2)]], MaxLen(65536)]

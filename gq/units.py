@@ -137,12 +137,17 @@ def parse_deadline(text: str, now: float) -> float:
         raise UserError(f"invalid --deadline {text[:40]!r}: use YYYY-MM-DD[THH:MM[:SS]], "
                         "HH:MM[:SS], now+N[minutes|hours|days], today, tomorrow, midnight or "
                         "noon")
-    return _in_range(text, when.timestamp())
+    try:
+        timestamp = when.timestamp()
+    except (ValueError, OverflowError, OSError):  # year 1 in a zone east of UTC, say
+        timestamp = -1.0
+    return _in_range(text, timestamp)
 
 
 def _in_range(text: str, timestamp: float) -> float:
     if not 0 <= timestamp <= defaults.MAX_TIMESTAMP:
-        raise UserError(f"invalid --deadline {text[:40]!r}: past the year 9999")
+        raise UserError(f"invalid --deadline {text[:40]!r}: give a time between 1970 and "
+                        "the year 9999")
     return timestamp
 
 

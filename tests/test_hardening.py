@@ -191,6 +191,71 @@ def test_a_launch_too_large_for_the_wire_fails_only_its_job(daemon, tmp_path):
     wait_state(submit(str(script)), "COMPLETED")
 
 
+def test_an_output_path_too_long_once_expanded_is_refused_at_submit(daemon, tmp_path):
+    """-o '%x%x...' with a 255-character name resolves past PATH_MAX: refused at submit (it
+    once reached the host, which dropped the daemon over it at every launch)."""
+    script = write_script(tmp_path / "s.sh", "true\n")
+    result = gq("submit", "-J", "N" * 255, "-o", "%x" * 20, str(script))
+    assert result.code == 2 and "output path '%x%x" in result.err and "4096" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert all_jobs() == [] and not list(daemon.root.glob("spool/*"))
+    assert gq("status").code == 0
+
+
+def test_a_launch_the_hosts_wire_would_refuse_fails_only_its_job(daemon, tmp_path):
+    """A stored value past a bound of the host's wire (written behind the daemon's back
+    here) fails its own launch; the host keeps the daemon, its other jobs run on, and a
+    cancel is never lost to a launch that cannot arrive."""
+    script = write_script(tmp_path / "s.sh", "true\n")
+    neighbour = submit(str(write_script(tmp_path / "n.py", NEIGHBOUR)))
+    job_id = submit("--hold", str(script))
+    db = _db(daemon.root)
+    db.execute("UPDATE jobs SET stdout_path = ? WHERE id = ?", ("/tmp/" + "x" * 5000, job_id))
+    db.close()
+    host = host_process(daemon.pid())
+    gq_ok("release", str(job_id))
+    info = wait_state(job_id, "FAILED", timeout=20)
+    assert f"cannot launch job {job_id}" in info["reason"], info["reason"]
+    assert "launch.job.stdout: longer than 4096 characters" in info["reason"], info["reason"]
+    assert wait_state(neighbour, "COMPLETED", timeout=60)["steps_done"] == 40
+    assert host_process(daemon.pid()).pid == host.pid
+    wait_state(submit(str(script)), "COMPLETED")
+
+
+def test_a_workers_memory_claims_are_believed_only_up_to_its_lane(daemon, tmp_path):
+    """A worker that reports 2**63-1 bytes used takes at most its lane, as --mem could have
+    asked: the next job is still admitted and 'gq info' still answers."""
+    claim = write_script(tmp_path / "claim.py", (
+        "import os, time, gq\n"
+        "from gq.exec import runtime, protocol\n"
+        "session = runtime.active\n"
+        "session.acquire()\n"
+        "session.held = False\n"
+        "session.channel.send(protocol.Done(1, 2**63 - 1, 2**63 - 1))\n"
+        "while not os.path.exists('go'):\n"
+        "    time.sleep(0.02)\n"))
+    claimer = submit(str(claim))
+    wait_for(lambda: job(claimer)["mem_persistent"], 20, what="the claimed memory to be flushed")
+    other = submit(str(write_script(tmp_path / "n.py", NEIGHBOUR)))
+    wait_state(other, "RUNNING", timeout=20)  # admitted beside it (fifo runs it after)
+    assert gq("info").code == 0 and gq("info", "--json").code == 0
+    (tmp_path / "go").touch()
+    wait_state(claimer, "COMPLETED", timeout=30)
+    assert wait_state(other, "COMPLETED", timeout=60)["steps_done"] == 40
+
+
+def test_the_daemon_checks_a_new_name_itself(daemon):
+    """The client checks names too, but the daemon trusts no client."""
+    job_id = submit("--hold", str(write_script(daemon.root.parent / "s.sh", "true\n")))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(daemon.root / "gq.sock"))
+        sock.sendall(json.dumps({"v": 1, "kind": "update", "labels": [str(job_id)],
+                                 "name": "\u001b[2Jgone"}).encode() + b"\n")
+        answer = sock.makefile("rb").readline()
+    assert b"printable" in answer and b'"exit_code":2' in answer.replace(b" ", b""), answer
+    assert job(job_id)["name"] == "s.sh"
+
+
 def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
     from gq import messages
 

@@ -41,6 +41,28 @@ def test_a_job_that_claims_to_be_nearly_done_loses_its_place_in_srtf():
     assert srtf.pick([gamer.view(), honest.view()], [], 0.0).id == 2
 
 
+def test_a_job_that_keeps_raising_its_total_loses_its_place_in_srtf():
+    """gq.set_total_steps(n + 1) at every step would keep a job one step from done: a total
+    raised after it was given is not believed, and srtf ranks the job by attained service."""
+    gamer, honest = resident(), resident(declared=1000)
+    gamer.job_id, honest.job_id = 1, 2
+    srtf = make("srtf")
+    picks = []
+    for step in range(1, 20):
+        gamer.declare_total(step + 1)
+        gamer.record_steps(step)
+        honest.record_steps(step)
+        for job in (gamer, honest):
+            job.iterations, job.attained = step, step * 0.01
+        picks.append(srtf.pick([gamer.view(), honest.view()], [], 0.0).id)
+    assert gamer.view().steps_total is None
+    assert picks[-1] == 2 and picks.count(1) <= 1, picks
+    steady = resident()
+    for _ in range(3):  # the same total given again (every epoch, say) is fine
+        steady.declare_total(300)
+    assert steady.view().steps_total == 300
+
+
 def test_a_total_declared_at_submit_is_the_jobs_own_no_longer():
     job = resident(declared=500)
     job.declare_total(1)

@@ -61,20 +61,24 @@ def recover(db: Database, device: str, adopted: set[int], survived: bool,
     killed, then it is FAILED, or PENDING again for --requeue jobs.
     """
     with db.read() as session:
-        stale = [(job.id, job.run_count, job.pid, job.requeue)
+        stale = [(job.id, job.run_count, job.pid, job.requeue, job.stop_request)
                  for job in queries.jobs(session, states=[JobState.RUNNING])
                  if job.id not in adopted and (job.device or "").split(",")[0] == device]
-    for job_id, run, pid, requeue in stale:
+    for job_id, run, pid, requeue, stop_request in stale:
         never_started = pid is None and survived
         if not never_started:
             kill_leftovers(cgroups, device, job_id, run, pid)
         with db.write() as session:
-            if never_started:
+            if never_started and stop_request == transitions.CANCEL:
+                transitions.finish(session, job_id, JobState.CANCELLED, None,
+                                   "cancelled before its launch reached the host")
+            elif never_started:
                 transitions.requeue(session, job_id, LAUNCH_LOST, started=False)
             elif requeue:
                 transitions.requeue(session, job_id, f"{NODE_FAILURE}; requeued")
             else:
                 transitions.finish(session, job_id, JobState.FAILED, None, NODE_FAILURE)
         log.warning("job %d was running on no live host: %s", job_id,
-                    "requeued" if never_started or requeue else "failed")
-    return [job_id for job_id, _, _, _ in stale]
+                    "cancelled" if never_started and stop_request == transitions.CANCEL
+                    else "requeued" if never_started or requeue else "failed")
+    return [job_id for job_id, *_ in stale]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gq import defaults
-from gq.codec import FrameTooLarge
+from gq.codec import FrameTooLarge, MessageError
 from gq.daemon import admission, recovery
 from gq.daemon.devices import Device
 from gq.daemon.hosts import HostHandle, HostSettings, HostUnavailable
@@ -202,9 +202,10 @@ class Supervisor:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))
         try:
             spec = launch_spec(job, payload, devices, lane, running.run, self.home)
-            self.send(running.host, wire.Launch(spec))
-        except (OSError, ValueError, FrameTooLarge) as exc:
-            # FrameTooLarge: a row from before the payload limit
+            self.send(running.host, wire.checked(wire.Launch(spec)))
+        except (OSError, ValueError, FrameTooLarge, MessageError) as exc:
+            # FrameTooLarge, MessageError: what the job carries does not fit the host's wire
+            # (a row from before a limit, or gq's own additions such as its PYTHONPATH)
             self.end(running, None, JobState.FAILED, f"cannot launch job {job.id}: {exc}")
         except Exception:  # noqa: BLE001 - recorded started, it must not stay RUNNING
             log.exception("cannot launch job %d", job.id)
@@ -272,11 +273,18 @@ class Supervisor:
             progress = self.progress[job.job_id] = _progress(item)
             job.holds_lane = progress.holds_lane
             if progress.mem_persistent is not None:
-                job.measured = admission.Footprint(
-                    progress.mem_persistent,
-                    max(0, (progress.mem_peak or 0) - progress.mem_persistent))
+                job.measured = self._plausible_footprint(job, progress)
         if message.switches:
             self.switches[name] = sum(message.switches)
+
+    def _plausible_footprint(self, job: Running, progress: transitions.Progress
+                             ) -> admission.Footprint:
+        """The memory a job's worker reports, believed up to its lane's capacity: as much as
+        the job could have asked for with --mem, never more (the figures are its word)."""
+        lane = min(d.memory_total for d in job.devices) // self.settings.lanes
+        persistent = min(progress.mem_persistent or 0, lane)
+        peak = min(progress.mem_peak or 0, lane)
+        return admission.Footprint(persistent, max(0, peak - persistent))
 
     # ----- job ends -------------------------------------------------------------------
     def _on_exit(self, name: str, report: wire.Exited) -> None:

@@ -110,12 +110,15 @@ class Resident:
 
     def declare_total(self, total: int) -> None:
         """The job's own total (gq.set_total_steps), unless --steps declared one at submit.
-        A total under the steps already done is as wrong as a count past it."""
+        A total under the steps already done is as wrong as a count past it, and so is one
+        raised after it was given: a job that kept raising it would stay "nearly done"
+        under srtf for ever."""
         if self.declared_total is not None or total == self.worker_total:
             return
-        self.worker_total, self.dirty = total, True
-        if total < self.steps_done:
+        if total < self.steps_done or (self.worker_total is not None
+                                       and total > self.worker_total):
             self.past_total = True
+        self.worker_total, self.dirty = total, True
 
     def view(self) -> JobView:
         return JobView(

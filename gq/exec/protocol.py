@@ -290,6 +290,13 @@ def encode(message: Any) -> bytes:
     return codec.dumps(data, defaults.MAX_FRAME)
 
 
+def checked(message: Any) -> Any:
+    """``message`` as its receiver will decode it, every field within its bounds; else
+    MessageError. For messages built from what users gave (a launch): refused here, such a
+    value costs its own job, not the receiver's trust in the whole channel."""
+    return codec.build(type(message), codec.to_wire(message), message.op)
+
+
 def decode(line: bytes, kinds: dict[str, type]) -> Any:
     """The message a line holds, every field checked; MessageError otherwise."""
     data = codec.loads(line)

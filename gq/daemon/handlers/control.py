@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
-from gq import messages
+from gq import messages, validation
 from gq.daemon.access import Caller, check_may_act, check_may_raise
 from gq.daemon.handlers.common import resolve_all
 from gq.errors import Refused, UserError
@@ -131,6 +131,8 @@ def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messag
     a short limit keeps the promise it was admitted on."""
     if request.priority is None and request.time_limit is None and request.name is None:
         raise UserError("nothing to update: give --priority, --time or --name")
+    if request.name is not None:
+        validation.job_name(request.name)
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "update")
         for job in jobs:

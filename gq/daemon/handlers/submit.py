@@ -152,6 +152,11 @@ def _output_resolver(new: transitions.NewJob):
                             ("%A", array_id if array_id is not None else job_id),
                             ("%a", task if task is not None else 0)):
             path = path.replace(code, str(value))
-        return os.path.join(new.workdir, path.replace("\0", "%"))
+        path = os.path.join(new.workdir, path.replace("\0", "%"))
+        if len(path) > defaults.MAX_PATH:
+            raise UserError(f"output path {pattern[:60]!r} is {len(path)} characters long once "
+                            f"%j, %x, %u, %A and %a are filled in, over gq's limit of "
+                            f"{defaults.MAX_PATH}; give a shorter -o/-e")
+        return path
 
     return resolve
