@@ -32,6 +32,7 @@ MAX_PRIORITY = (1 << 31) - 1  # --priority within ±this (Slurm's are 32-bit)
 MAX_TIME_LIMIT = 10 * 365 * 86400  # seconds; omit -t for no limit at all
 MAX_TIMESTAMP = 253402300799.0  # 9999-12-31T23:59:59Z: the latest time a date can say
 MAX_GPUS = 1024
+MAX_SHOWN_JOBS = 100  # tasks of an array 'gq show ARRAY' details (it says how many more)
 
 # Client and daemon connection
 CONNECTION_IDLE = 10.0  # a client that sends nothing for this long is dropped

@@ -67,11 +67,14 @@ class JobInfo:
     array_job_id: int | None
     array_task_id: int | None
     array_max_running: int | None
-    script: str
-    args: Args
-    workdir: str
-    stdout: str
-    stderr: str
+    # The command, its directory and output paths: in answers about one job (show, logs,
+    # export), None in lists (status, history, info), which would otherwise carry up to
+    # 256 KiB of arguments per job to everyone who lists the queue.
+    script: Path | None
+    args: Args | None
+    workdir: Path | None
+    stdout: Path | None
+    stderr: Path | None
     device: str | None
     lane: int | None
     pid: int | None
@@ -291,6 +294,7 @@ class Jobs:
     stale: str | None = None  # why progress figures may be out of date
     retention: float | None = None  # seconds the daemon keeps finished jobs (None: ever)
     kept_since: float | None = None  # when the oldest finished job it still keeps ended
+    more: Count = 0  # jobs the label named beyond those shown (an array's tasks)
 
 
 @dataclass

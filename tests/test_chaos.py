@@ -153,7 +153,7 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
         if info["dependency"] and info["state"] == "CANCELLED":
             assert info["reason"] == "DependencyNeverSatisfied", info
             continue
-        code = int(info["args"][0]) if info["args"] else 0  # the script's exit code
+        code = int(history["args"][0]) if history["args"] else 0  # the script's exit code
         output = users_by_name[info["user"]].workdir / f"gq-{job_id}.out"
         assert (info["state"], info["exit_code"]) == (
             ("COMPLETED", 0) if code == 0 else ("FAILED", code)), (info, output.read_text())

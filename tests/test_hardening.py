@@ -256,6 +256,27 @@ def test_the_daemon_checks_a_new_name_itself(daemon):
     assert job(job_id)["name"] == "s.sh"
 
 
+def test_a_big_array_with_big_arguments_lists_small_and_shows_its_first_tasks(daemon,
+                                                                              tmp_path):
+    """800 tasks that share 240 KB of arguments: listing the queue carries none of them (it
+    once sent 190 MB to everyone who typed 'gq status'), and 'gq show' of the array details
+    its first 100 tasks and says how many more there are."""
+    big = "a" * 120_000
+    array = submit("--hold", "--array", "0-799", str(write_script(tmp_path / "s.sh", "true\n")),
+                   big, big)
+    listing = gq("status", "--json")
+    assert listing.code == 0 and len(listing.out) < 4 << 20, (listing.code, listing.err)
+    jobs = json.loads(listing.out)
+    assert len(jobs) == 800 and "args" not in jobs[0] and jobs[0]["state"] == "PENDING"
+    shown = gq("show", "--json", str(array))
+    assert shown.code == 0, shown.err
+    tasks = json.loads(shown.out)
+    assert [t["array_task_id"] for t in tasks] == list(range(100))
+    assert tasks[0]["args"] == [big, big] and tasks[0]["events"][0]["new_state"] == "PENDING"
+    assert "700 more tasks of array" in shown.err
+    gq_ok("cancel", str(array))
+
+
 def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
     from gq import messages
 

@@ -49,7 +49,7 @@ def test_transitions_are_guarded_and_recorded(db):
         assert not transitions.finish(session, job_id, JobState.FAILED, 1, "again")
     with db.read() as session:
         job = queries.job(session, job_id)
-        events = [(e.old_state, e.new_state) for e in queries.events(session, job_id)]
+        events = [(e.old_state, e.new_state) for e in queries.events(session, [job_id])[job_id]]
     assert job.state == "COMPLETED" and job.exit_code == 0 and job.run_count == 1
     assert events == [(None, "PENDING"), ("PENDING", "RUNNING"), ("RUNNING", "COMPLETED")]
 
@@ -108,7 +108,7 @@ def test_upgrade_from_first_revision_keeps_rows(tmp_path):
         assert job.mean_gap is None and job.mean_iteration is None
         mine = queries.job(session, 8)
         assert (mine.uid, mine.gid, mine.state) == (0, 0, "COMPLETED")
-        assert [e.reason for e in queries.events(session, 7)] == ["submitted"]
+        assert [e.reason for e in queries.events(session, [7])[7]] == ["submitted"]
         from gq.queue import settings
 
         assert settings.get(session, "policy") == "srtf"
@@ -179,7 +179,7 @@ def test_purge_forgets_old_finished_jobs_but_what_pending_jobs_depend_on(db):
     assert retention.purge(db, db.home, retention=500.0, now=1000.0) == 1
     with db.read() as session:
         assert [j.id for j in queries.jobs(session)] == [needed, recent, waiting]
-        assert list(queries.events(session, old)) == []
+        assert queries.events(session, [old]) == {old: []}
     assert not spool.job_dir(db.home, old).exists() and spool.job_dir(db.home, needed).exists()
     assert sqlite3.connect(db.home.db).execute("SELECT count(*) FROM payloads").fetchone() == (3,)
 

@@ -100,6 +100,9 @@ def show(
     """Everything about one job, with its state history (like scontrol show job)."""
     answer = ask(messages.ShowJob(labels([job_id])[0]))
     _note_stale(answer)
+    if answer.more:
+        print(f"gq: note: {answer.more} more tasks of array {job_id} not shown; 'gq show "
+              f"{job_id}_N' shows one, 'gq status --json' lists them all", file=sys.stderr)
     if json_out:
         data = [render.job_json(job) for job in answer.jobs]
         typer.echo(render.dumps(data[0] if len(data) == 1 else data))

@@ -58,11 +58,10 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "steps_done": job.steps_done, "steps_total": job.steps_total, "reason": job.reason,
         "gpus": job.gpus, "mem": job.mem, "time_limit": job.time_limit,
         "deadline": iso(job.deadline), "missed_by": deadline_miss(job),
-        "exclusive": job.exclusive, "requeue": job.requeue, "script": job.script,
+        "exclusive": job.exclusive, "requeue": job.requeue,
         "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
         "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
-        "args": job.args, "workdir": job.workdir, "stdout": job.stdout,
-        "stderr": job.stderr, "pid": job.pid, "run_count": job.run_count,
+        "pid": job.pid, "run_count": job.run_count,
         "holds_lane": job.holds_lane, "attained": job.attained,
         "mean_iteration": job.mean_iteration, "mean_gap": job.mean_gap,
         "mem_persistent": job.mem_persistent,
@@ -72,6 +71,9 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "run_time": elapsed(job),
         "jct": (job.end_time - job.submit_time) if job.end_time is not None else None,
     }
+    if job.script is not None:  # answers about one job carry its command and paths
+        data.update(script=job.script, args=job.args, workdir=job.workdir, stdout=job.stdout,
+                    stderr=job.stderr)
     if job.events is not None:
         data["events"] = [event_json(e) for e in job.events]
     return data

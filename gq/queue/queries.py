@@ -92,10 +92,14 @@ def payload(session: Session, payload_id: int) -> Payload:
                            .where(Payload.id == payload_id)).one()
 
 
-def events(session: Session, job_id: int) -> Sequence[JobEvent]:
-    return session.scalars(
-        select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
-    ).all()
+def events(session: Session, job_ids: Iterable[int]) -> dict[int, list[JobEvent]]:
+    """The state history of each job, oldest first: a few queries however many jobs."""
+    found: dict[int, list[JobEvent]] = {job_id: [] for job_id in job_ids}
+    for part in chunks(sorted(found)):
+        for event in session.scalars(select(JobEvent).where(JobEvent.job_id.in_(part))
+                                     .order_by(JobEvent.id)):
+            found[event.job_id].append(event)
+    return found
 
 
 def running(session: Session) -> Sequence[Job]:

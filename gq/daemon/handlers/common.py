@@ -48,15 +48,20 @@ def event_info(event: JobEvent) -> messages.EventInfo:
                               new_state=event.new_state, reason=event.reason)
 
 
-def job_info(job: Job, events: list[JobEvent] | None = None) -> messages.JobInfo:
+def job_info(job: Job, events: list[JobEvent] | None = None,
+             detail: bool = True) -> messages.JobInfo:
+    """A job as clients see it; ``detail=False`` (lists) leaves out its command, directory
+    and output paths, and needs no payload loaded."""
     return messages.JobInfo(
         id=job.id, label=job.label, name=job.name, user=job.user, uid=job.uid, state=job.state,
         reason=job.reason, priority=job.priority, gpus=job.gpus, mem=job.mem,
         time_limit=job.time_limit, deadline=job.deadline, steps_total=job.steps_total, exclusive=job.exclusive,
         requeue=job.requeue, dependency=job.dependency, held=job.held,
         array_job_id=job.array_job_id, array_task_id=job.array_task_id,
-        array_max_running=job.array_max_running, script=job.script, args=list(job.args),
-        workdir=job.workdir, stdout=job.stdout_path, stderr=job.stderr_path, device=job.device,
+        array_max_running=job.array_max_running,
+        script=job.script if detail else None, args=list(job.args) if detail else None,
+        workdir=job.workdir if detail else None, stdout=job.stdout_path if detail else None,
+        stderr=job.stderr_path if detail else None, device=job.device,
         lane=job.lane, pid=job.pid, submit_time=job.submit_time, start_time=job.start_time,
         end_time=job.end_time, exit_code=job.exit_code, run_count=job.run_count,
         steps_done=job.steps_done, attained=job.attained, mean_iteration=job.mean_iteration,

@@ -49,7 +49,8 @@ def get_policy(daemon: NodeView, caller: Caller, request: messages.GetPolicy) ->
 def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) -> messages.NodeInfo:
     with daemon.db.read() as session:
         config = settings.get_all(session)
-        running = [job_info(job) for job in queries.jobs(session, states=[JobState.RUNNING])]
+        running = [job_info(job, detail=False) for job in
+                   queries.jobs(session, states=[JobState.RUNNING], payloads=False)]
     loads = {load.name: load for load in daemon.loads()}
     devices = []
     for d in daemon.devices:

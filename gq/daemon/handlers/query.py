@@ -25,27 +25,31 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
     """Anyone may list the queue, as squeue lets them."""
     states = None if request.states is None else [JobState.parse(s) for s in request.states]
     with daemon.db.read() as session:
-        jobs = queries.jobs(session, states=states, users=request.users)
+        jobs = queries.jobs(session, states=states, users=request.users, payloads=False)
         kept_since = (queries.oldest_end(session) if states is None or any(
             state.terminal for state in states) else None)
-        return messages.Jobs([job_info(job) for job in jobs], stale=daemon.stale(),
+        return messages.Jobs([job_info(job, detail=False) for job in jobs],
+                             stale=daemon.stale(),
                              retention=None if math.isinf(daemon.options.retention)
                              else daemon.options.retention, kept_since=kept_since)
 
 
 def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> messages.Jobs:
     """One job with its state history (and, running, its processes and host memory); an
-    array's id shows every task."""
+    array's id shows its first tasks (``defaults.MAX_SHOWN_JOBS``), and says how many more
+    there are: each carries its arguments, so all of a big array's would be a huge answer."""
     with daemon.db.read() as session:
         jobs = resolve(session, request.label)
+        shown = jobs[:defaults.MAX_SHOWN_JOBS]
+        history = queries.events(session, [job.id for job in shown])
         infos = []
-        for job in jobs:
-            info = job_info(job, list(queries.events(session, job.id)))
+        for job in shown:
+            info = job_info(job, history[job.id])
             usage = daemon.usage(job)
             if usage is not None:
                 info.host_memory, info.processes = usage.memory, usage.processes
             infos.append(info)
-        return messages.Jobs(infos, stale=daemon.stale())
+        return messages.Jobs(infos, stale=daemon.stale(), more=len(jobs) - len(shown))
 
 
 def open_log(daemon: NodeView, caller: Caller, request: messages.OpenLog):
