@@ -376,6 +376,37 @@ def test_connections_per_user_are_bounded_and_the_daemon_keeps_accepting(home):
     control.stop()
 
 
+def test_the_daemon_raises_its_descriptor_limit_and_bounds_all_connections(home):
+    """Started with systemd's kind of soft limit, the daemon raises it to the hard one; past
+    --max-connections in all, a new client is told so and the daemon keeps serving."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 300:
+        pytest.skip(f"the hard descriptor limit ({hard}) leaves nothing to raise")
+    control = DaemonControl(home)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        pid = control.start("--max-connections", "6")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+    assert line.split()[3] == line.split()[4] != "256", line
+    gq_ok("status")  # served after the start's own connection was dropped: none but ours
+    idle = []
+    for _ in range(6):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(home / "gq.sock"))
+        idle.append(sock)
+    wait_for(lambda: "--max-connections)" in gq("status").err, 10,
+             what="a connection past the total to be refused")
+    for sock in idle:
+        sock.close()
+    wait_for(lambda: gq("status").code == 0, 10, what="the daemon to serve again")
+    control.stop()
+
+
 def test_finished_jobs_are_purged_after_the_retention(home, tmp_path):
     control = DaemonControl(home)
     control.start("--retention", "1s")
