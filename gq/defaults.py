@@ -51,6 +51,7 @@ PROGRESS_PERIOD = 1.0  # the host reports progress to the daemon this often
 # for a whole iteration (anticipatory scheduling). Real idle gaps are longer and are filled.
 ANTICIPATION_LIMIT = 0.002
 HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
+LAUNCH_TIMEOUT = 5.0  # a job's process that has not exec'd by then is killed: a failed launch
 CGROUP = "auto"  # auto | v2 | v1 | off: where each job's processes are kept
 CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its kill
 

@@ -8,6 +8,7 @@ import socket
 from collections.abc import Iterable
 
 _write_ends: list[socket.socket] = []  # signal.set_wakeup_fd needs them open for good
+_handled: set[int] = set()  # the signals signal_socket took over
 
 
 def signal_socket(signums: Iterable[signal.Signals]) -> socket.socket:
@@ -19,8 +20,19 @@ def signal_socket(signums: Iterable[signal.Signals]) -> socket.socket:
     signal.set_wakeup_fd(write_end.fileno(), warn_on_full_buffer=False)
     for signum in signums:
         signal.signal(signum, lambda *_: None)
+        _handled.add(signum)
     _write_ends.append(write_end)
     return read_end
+
+
+def detach_in_child() -> None:
+    """In a forked child that a user may signal (it takes their identity): no signal it
+    gets may reach the parent's loop, whose wakeup socket it shares, and every signal has
+    its default action again (SIGHUP too, which the daemon and hosts ignore). Without
+    this, a SIGTERM to the child would stop its parent."""
+    signal.set_wakeup_fd(-1)
+    for signum in (*_handled, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def received(sock: socket.socket) -> set[int]:

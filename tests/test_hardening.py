@@ -181,7 +181,7 @@ def test_a_launch_too_large_for_the_wire_fails_only_its_job(daemon, tmp_path):
     job_id = submit("--hold", str(script))
     db = _db(daemon.root)
     db.execute("UPDATE payloads SET env = ? WHERE id = (SELECT payload_id FROM jobs WHERE id = ?)",
-               (json.dumps({"HUGE": "x" * (2 << 20)}), job_id))
+               (json.dumps({f"HUGE{i}": "x" * 260_000 for i in range(5)}), job_id))
     db.close()
     host = host_process(daemon.pid())
     gq_ok("release", str(job_id))
@@ -210,13 +210,14 @@ def test_a_launch_the_hosts_wire_would_refuse_fails_only_its_job(daemon, tmp_pat
     neighbour = submit(str(write_script(tmp_path / "n.py", NEIGHBOUR)))
     job_id = submit("--hold", str(script))
     db = _db(daemon.root)
-    db.execute("UPDATE jobs SET stdout_path = ? WHERE id = ?", ("/tmp/" + "x" * 5000, job_id))
+    db.execute("UPDATE payloads SET env = ? WHERE id = (SELECT payload_id FROM jobs WHERE id = ?)",
+               (json.dumps({"A": "x\u0000y"}), job_id))
     db.close()
     host = host_process(daemon.pid())
     gq_ok("release", str(job_id))
     info = wait_state(job_id, "FAILED", timeout=20)
     assert f"cannot launch job {job_id}" in info["reason"], info["reason"]
-    assert "launch.job.stdout: longer than 4096 characters" in info["reason"], info["reason"]
+    assert "launch.job.env['A']: holds a NUL character" in info["reason"], info["reason"]
     assert wait_state(neighbour, "COMPLETED", timeout=60)["steps_done"] == 40
     assert host_process(daemon.pid()).pid == host.pid
     wait_state(submit(str(script)), "COMPLETED")

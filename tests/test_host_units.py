@@ -63,6 +63,23 @@ def test_a_job_that_keeps_raising_its_total_loses_its_place_in_srtf():
     assert steady.view().steps_total == 300
 
 
+def test_a_job_that_claims_its_whole_total_and_goes_on_loses_its_place_in_srtf():
+    """Reporting every step done (--steps 10**6, then a count of 10**6 at once) puts a job
+    at zero remaining time; asking for another iteration then shows the claim false."""
+    gamer, honest = resident(declared=10**6), resident(declared=100)
+    gamer.job_id, honest.job_id = 1, 2
+    gamer.record_steps(10**6)
+    honest.record_steps(90)
+    for job in (gamer, honest):
+        job.iterations, job.attained = 5, 0.5
+    srtf = make("srtf")
+    assert srtf.pick([gamer.view(), honest.view()], [], 0.0).id == 1  # believed, so far
+    gamer.asks_for_iteration()
+    honest.asks_for_iteration()  # 90 of 100: nothing to doubt
+    assert gamer.view().steps_total is None and honest.view().steps_total == 100
+    assert srtf.pick([gamer.view(), honest.view()], [], 0.0).id == 2
+
+
 def test_a_total_declared_at_submit_is_the_jobs_own_no_longer():
     job = resident(declared=500)
     job.declare_total(1)

@@ -20,7 +20,7 @@ import stat
 import time
 from dataclasses import dataclass
 
-from gq import defaults
+from gq import defaults, wakeup
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -46,12 +46,16 @@ def open_as(path: str, owner: Owner, timeout: float = defaults.OPEN_AS_OWNER_TIM
     parent_end, child_end = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # the child: no logging, no locks, nothing but system calls, then _exit
-        parent_end.close()
         code = 0
         try:
+            wakeup.detach_in_child()
+            parent_end.close()
+            # The owner's rights for the open (the file system checks the effective ids),
+            # but root stays its real and saved uid: the owner cannot signal it, so cannot
+            # stop it to hold the daemon up, nor kill it with the daemon's own handlers.
             os.setgroups(list(owner.groups))
-            os.setresgid(owner.gid, owner.gid, owner.gid)
-            os.setresuid(owner.uid, owner.uid, owner.uid)
+            os.setresgid(-1, owner.gid, -1)
+            os.setresuid(-1, owner.uid, -1)
             fd = _open_regular(path)
             socket.send_fds(child_end, [b"ok"], [fd])
         except NotRegular:

@@ -120,6 +120,14 @@ class Resident:
             self.past_total = True
         self.worker_total, self.dirty = total, True
 
+    def asks_for_iteration(self) -> None:
+        """At an acquire: a job that has done all its steps and asks for more has shown its
+        total (or its count) wrong. Believed, it would stay at zero remaining time under
+        srtf for as long as it liked; doubted, it ranks by attained service."""
+        total = self.steps_total
+        if total is not None and self.steps_done >= total:
+            self.past_total = True
+
     def view(self) -> JobView:
         return JobView(
             id=self.job_id, user=self.user, submit_time=self.submit_time, priority=self.priority,
@@ -463,6 +471,7 @@ class Host:
         if resident.released_at is not None:
             resident.gaps += 1
             resident.gap_total += now - resident.released_at
+        resident.asks_for_iteration()
         resident.state = "ready"
         self._schedule(self.lanes[resident.lane])
 

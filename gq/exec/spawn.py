@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 
+from gq import defaults, wakeup
 from gq.errors import LaunchError
 from gq.exec.cgroups import JobCgroup
 from gq.exec.protocol import LaunchSpec
@@ -43,14 +44,22 @@ def identity(spec: LaunchSpec) -> tuple[int, int, list[int]] | None:
 def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[int, ...],
                        cgroup: JobCgroup | None = None) -> subprocess.Popen:
     """Fork the job's process. In the child, still as root: enter the job's cgroup (so that
-    nothing it starts can leave it), then take the submitter's groups, gid and uid, and only
-    then, as them, enter the working directory and open the output files, so that their
-    rights decide where output may go."""
+    nothing it starts can leave it), then take the submitter's groups, gid and effective
+    uid, and only then, with their rights, enter the working directory and open the output
+    files; the real and saved uid become theirs last, just before the exec.
+
+    The host waits for that exec (Popen does), and a user may stop or kill any process
+    whose real or saved uid is theirs: until its last step the child is not theirs to
+    signal, and a child that still has not exec'd after ``defaults.LAUNCH_TIMEOUT`` is
+    killed, so a stopped launch costs its own job and never holds the host up."""
     switch_to = identity(spec)
     error_read, error_write = os.pipe()
+    pid_read, pid_write = os.pipe()
     stdout, stderr, cwd = spec.stdout, spec.stderr, spec.cwd
 
     def in_child() -> None:
+        wakeup.detach_in_child()
+        os.write(pid_write, str(os.getpid()).encode())
         try:
             if cgroup is not None:
                 cgroup.enter()
@@ -58,12 +67,11 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
                 uid, gid, groups = switch_to
                 os.setgroups(groups)
                 os.setresgid(gid, gid, gid)
-                os.setresuid(uid, uid, uid)
+                os.setresuid(0, uid, 0)  # their rights for files, root's for signals
         except OSError as exc:
             os.write(error_write, f"cannot set up job {spec.id}'s process: {exc.strerror}"
                      .encode())
             raise
-        die_with_parent()  # after the uid change, which clears it
         try:
             os.chdir(cwd)
         except OSError as exc:
@@ -74,11 +82,26 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
         err = out if stderr == stdout else _open_output(stderr, error_write)
         os.dup2(out, 1)
         os.dup2(err, 2)
+        if switch_to is not None:
+            os.setresuid(uid, uid, uid)
+        die_with_parent()  # after the uid change, which clears it
 
+    previous = signal.signal(signal.SIGALRM, _stalled)
+    signal.setitimer(signal.ITIMER_REAL, defaults.LAUNCH_TIMEOUT)
+    _watchdog.armed = True
     try:
-        return subprocess.Popen(
-            spec.argv, env=env, stdin=subprocess.DEVNULL, pass_fds=pass_fds,
-            start_new_session=True, umask=spec.umask, preexec_fn=in_child)
+        try:
+            return subprocess.Popen(
+                spec.argv, env=env, stdin=subprocess.DEVNULL, pass_fds=pass_fds,
+                start_new_session=True, umask=spec.umask, preexec_fn=in_child)
+        finally:
+            # Past this line the alarm raises nothing: the handling below and the clean-up
+            # run undisturbed, whenever it comes.
+            _watchdog.armed = False
+    except _Stalled:
+        _kill_stalled(pid_read)
+        raise LaunchError(f"job {spec.id}'s process was stopped or stuck before it could "
+                          f"start, and killed after {defaults.LAUNCH_TIMEOUT:g} s") from None
     except subprocess.SubprocessError:
         os.set_blocking(error_read, False)
         try:
@@ -91,8 +114,45 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
     except ValueError as exc:  # what the wire lets through, the kernel may still refuse
         raise LaunchError(f"cannot start job {spec.id}: {exc}") from None
     finally:
-        os.close(error_read)
-        os.close(error_write)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        for fd in (error_read, error_write, pid_read, pid_write):
+            os.close(fd)
+
+
+class _Stalled(Exception):
+    """A job's process did not exec within the launch timeout."""
+
+
+class _Watchdog:
+    armed = False  # the alarm interrupts a launch only while the host waits in Popen
+
+
+_watchdog = _Watchdog()
+
+
+def _stalled(signum: int, frame: object) -> None:
+    if _watchdog.armed:
+        raise _Stalled
+
+
+def _kill_stalled(pid_read: int) -> None:
+    """Kill and collect the child that never exec'd (it wrote its pid first thing)."""
+    os.set_blocking(pid_read, False)
+    try:
+        pid = int(os.read(pid_read, 32) or 0)
+    except (BlockingIOError, ValueError):
+        return
+    if pid <= 0:  # never kill(0) or kill(-1): the host's own group, or everything
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 def _open_output(path: str, error_write: int) -> int:
