@@ -337,7 +337,10 @@ def test_top_shows_the_node_and_quits_on_q(daemon, tmp_path):
     def drawn():
         nonlocal seen
         if select.select([main], [], [], 0.1)[0]:
-            seen += os.read(main, 65536)
+            try:
+                seen += os.read(main, 65536)
+            except OSError:  # EIO: gq top has exited; say what it printed
+                raise AssertionError(seen.decode(errors="replace")[-3000:]) from None
         return b"JobHeldUser" in seen
 
     try:

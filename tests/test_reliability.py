@@ -11,7 +11,7 @@ import sys
 import time
 
 import psutil
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import (ROOT, DaemonControl, all_jobs, gq, gq_ok, pid_alive, submit, wait_for,
@@ -175,6 +175,7 @@ def _exchange(root, payload: bytes, timeout: float = 10) -> bytes:
                               st.lists(st.text(max_size=5), max_size=3),
                               st.sampled_from([1, "submit", "list", "cancel", "show"])),
                     max_size=6).map(lambda d: json.dumps(d).encode())))
+@example(payload=b'{"v": "\\n"}')  # a version that is a newline: once quoted raw
 def test_fuzzed_requests_get_an_error_answer_and_do_no_harm(daemon, payload):
     from gq import messages
 

@@ -105,3 +105,20 @@ def test_one_users_idle_connections_cost_another_user_nothing(shared_node, users
     wait_for(lambda: shared_node.run(alice, "status").code == 0, 15,
              what="alice to be served once her connections closed")
     assert os.path.exists(shared_node.root / "gq.sock")
+
+
+def test_an_operators_hold_is_released_by_an_operator_only(shared_node, users):
+    """As Slurm's admin hold: carol (an operator) holds alice's job; alice cannot release
+    it, carol can. Alice's own hold stays hers to release."""
+    alice, carol = users["alice"], users["carol"]
+    mine = _submit(shared_node, alice, "--hold", _script(alice, "h.sh", "true\n"))
+    assert shared_node.job(mine)["reason"] == "JobHeldUser"
+    held = _submit(shared_node, alice, "--hold", _script(alice, "h2.sh", "true\n"))
+    shared_node.ok(carol, "hold", held)  # held by alice already: now an operator's hold
+    assert shared_node.job(held)["reason"] == "JobHeldAdmin"
+    assert_refused(shared_node.run(alice, "release", held), "held by an operator")
+    assert shared_node.job(held)["held"] is True
+    shared_node.ok(alice, "release", mine)
+    shared_node.ok(carol, "release", held)
+    for job_id in (mine, held):
+        shared_node.wait_state(job_id, "COMPLETED")

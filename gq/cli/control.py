@@ -15,12 +15,14 @@ IDS = typer.Argument(..., metavar="JOBID", help="Job ids: 17 (a job or a whole a
 
 
 def hold(job_ids: list[str] = IDS) -> None:
-    """Keep pending jobs from starting until 'gq release' (reason JobHeldUser)."""
+    """Keep pending jobs from starting until 'gq release' (reason JobHeldUser; an
+    operator's hold on another user's job is JobHeldAdmin, which only an operator
+    releases)."""
     print_report(ask(messages.Hold(labels(job_ids))))
 
 
 def release(job_ids: list[str] = IDS) -> None:
-    """Let held jobs run again."""
+    """Let held jobs run again (an operator's hold: operators only)."""
     print_report(ask(messages.Release(labels(job_ids))))
 
 

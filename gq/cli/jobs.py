@@ -21,7 +21,7 @@ STATUS_HELP = """List pending and running jobs (like squeue).
 Columns: JOBID (17, or 17_3 for task 3 of array 17), ST (PD pending, R running, CD
 completed, F failed, CA cancelled, TO timeout, DL deadline), TIME (run time), DEVICE, LANE,
 PROGRESS (steps done/total), REASON (why a pending job waits: Resources, Priority,
-Dependency, JobHeldUser, JobArrayTaskLimit; a running job that will miss its deadline at
+Dependency, JobHeldUser, JobHeldAdmin, JobArrayTaskLimit; a running job that will miss its deadline at
 its pace: DeadlineAtRisk).
 
 LANE says what a running job is doing at this moment: 'holds' = it is inside an iteration

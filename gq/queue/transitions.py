@@ -25,6 +25,7 @@ from gq.queue.states import JobState, allowed
 
 
 HELD = "JobHeldUser"  # squeue's reason for a held job
+HELD_ADMIN = "JobHeldAdmin"  # held by an operator for its owner: only an operator releases it
 
 
 @dataclass(frozen=True)
@@ -224,13 +225,16 @@ def requeue_finished(session: Session, job: Job, now: float | None = None) -> bo
                  exit_code=None, holds_lane=False, stop_request=None)
 
 
-def set_held(session: Session, job_ids: list[int], held: bool) -> list[int]:
-    """Hold or release PENDING jobs (squeue's JobHeldUser); the ids that were pending."""
+def set_held(session: Session, job_ids: list[int], held: bool,
+             by_operator: bool = False) -> list[int]:
+    """Hold or release PENDING jobs (squeue's JobHeldUser, or JobHeldAdmin when an operator
+    holds another user's job); the ids that were pending."""
     changed: list[int] = []
     for part in chunks(job_ids):
         result = session.execute(
             update(Job).where(Job.id.in_(part), Job.state == JobState.PENDING.value)
-            .values(held=held, reason=HELD if held else None).returning(Job.id)
+            .values(held=held, reason=(HELD_ADMIN if by_operator else HELD) if held else None)
+            .returning(Job.id)
             .execution_options(synchronize_session=False))
         changed += [row[0] for row in result]
     return changed

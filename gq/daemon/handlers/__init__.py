@@ -121,4 +121,6 @@ def _close(fds: list[int]) -> None:
 
 
 def _error(message: str, exit_code: int = 2) -> bytes:
-    return messages.encode(messages.Error(message, exit_code))
+    """An error answer: one printable line, whatever of the request it quotes."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    return messages.encode(messages.Error(line, exit_code))

@@ -77,9 +77,14 @@ def _outcome(jobs: list[Job], done: list[int], success: str, failure: str) -> li
 
 
 def hold(daemon: NodeView, caller: Caller, request: messages.Hold) -> messages.Report:
+    """An operator's hold on another user's job is an admin hold (JobHeldAdmin), which its
+    owner cannot release, as in Slurm."""
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "hold")
-        held = transitions.set_held(session, [job.id for job in jobs], True)
+        theirs = [job.id for job in jobs if job.uid != caller.uid]
+        held = transitions.set_held(session, [job.id for job in jobs if job.uid == caller.uid],
+                                    True)
+        held += transitions.set_held(session, theirs, True, by_operator=True)
     daemon.rescan()
     return messages.Report(_outcome(jobs, held, "Held job {label}",
                                     "job {label} is {state}; only pending jobs can be held"))
@@ -88,11 +93,17 @@ def hold(daemon: NodeView, caller: Caller, request: messages.Hold) -> messages.R
 def release(daemon: NodeView, caller: Caller, request: messages.Release) -> messages.Report:
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "release")
-        pending = [job for job in jobs if job.state == JobState.PENDING.value]
+        admin = {job.id for job in jobs
+                 if job.reason == transitions.HELD_ADMIN and not caller.operator}
+        pending = [job for job in jobs
+                   if job.state == JobState.PENDING.value and job.id not in admin]
         released = set(transitions.set_held(session, [j.id for j in pending if j.held], False))
     lines = []
     for job in jobs:
-        if job.state != JobState.PENDING.value:
+        if job.id in admin:
+            lines.append(Line(f"job {job.label} was held by an operator (JobHeldAdmin); only "
+                              "an operator may release it", REFUSED))
+        elif job.state != JobState.PENDING.value:
             lines.append(Line(f"job {job.label} is {job.state}; only pending jobs can be "
                               "released", REFUSED))
         elif job.id in released:
