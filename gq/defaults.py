@@ -51,6 +51,10 @@ PROGRESS_PERIOD = 1.0  # the host reports progress to the daemon this often
 # for a whole iteration (anticipatory scheduling). Real idle gaps are longer and are filled.
 ANTICIPATION_LIMIT = 0.002
 HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
+# What a host reads of one worker per turn of its loop: an honest worker has a message or
+# two waiting; one that floods its socket gets this much decoded per turn, as every other
+# worker does, not the 64 KiB (about 10 ms of decoding) that would delay their grants.
+WORKER_READ = 2048
 LAUNCH_TIMEOUT = 5.0  # a job's process that has not exec'd by then is killed: a failed launch
 CGROUP = "auto"  # auto | v2 | v1 | off: where each job's processes are kept
 CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its kill

@@ -170,6 +170,23 @@ def test_a_channel_yields_checked_messages_or_ends_with_an_error(chunks):
         right.close()
 
 
+def test_a_flooding_worker_gets_a_bounded_turn_of_its_host():
+    """A worker that floods its socket has at most WORKER_READ bytes decoded per turn of the
+    host's loop (the rest waits in the socket), and what it sent still arrives in order."""
+    left, right = socket.socketpair()
+    right.setblocking(False)
+    channel = wire.Channel(right, wire.FROM_WORKER, chunk=defaults.WORKER_READ)
+    line = wire.encode(wire.StepsTaken(7))
+    left.sendall(line * 3000)
+    turns = []
+    while sum(turns) < 3000:
+        turns.append(sum(1 for _ in channel.receive()))
+    assert max(turns) <= defaults.WORKER_READ // len(line) + 1 and not channel.error
+    assert sum(turns) == 3000 and len(turns) >= 3000 * len(line) // defaults.WORKER_READ
+    left.close()
+    right.close()
+
+
 def test_client_requests_bound_every_field():
     base = messages.Submit("/w/s.sh", b"true\n", [], "/w", {}, 0o022, messages.SubmitOptions())
     assert messages.decode(messages.encode(base), messages.REQUESTS).script == b"true\n"

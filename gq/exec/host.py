@@ -414,7 +414,7 @@ class Host:
         channel = None
         if host_end is not None:
             host_end.setblocking(False)
-            channel = Channel(host_end, FROM_WORKER)
+            channel = Channel(host_end, FROM_WORKER, chunk=defaults.WORKER_READ)
         lane = spec.lane
         if lane is None or not 0 <= lane < len(self.lanes):
             lane = min(self.lanes, key=lambda l: len(l.residents)).index

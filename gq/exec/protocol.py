@@ -326,9 +326,10 @@ class Channel:
     side and receives ``kinds``. The first line that fails to decode ends the channel
     (``error`` says why): framing, and trust in the peer, are lost with it."""
 
-    def __init__(self, sock: socket.socket, kinds: dict[str, type]):
+    def __init__(self, sock: socket.socket, kinds: dict[str, type], chunk: int = 1 << 16):
         self.sock = sock
         self.kinds = kinds
+        self.chunk = chunk  # bytes read each time the socket polls readable
         self._buffer = bytearray()
         self.closed = False
         self.error: str | None = None
@@ -353,7 +354,7 @@ class Channel:
         Sets ``closed`` on end of file, and ``error`` too on a bad line (after yielding
         what came before it)."""
         try:
-            chunk = self.sock.recv(1 << 16)
+            chunk = self.sock.recv(self.chunk)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
