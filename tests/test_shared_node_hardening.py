@@ -117,6 +117,9 @@ def test_an_operators_hold_is_released_by_an_operator_only(shared_node, users):
     shared_node.ok(carol, "hold", held)  # held by alice already: now an operator's hold
     assert shared_node.job(held)["reason"] == "JobHeldAdmin"
     assert_refused(shared_node.run(alice, "release", held), "held by an operator")
+    shared_node.ok(alice, "hold", held)  # her own hold on it changes nothing
+    assert shared_node.job(held)["reason"] == "JobHeldAdmin"
+    assert_refused(shared_node.run(alice, "release", held), "held by an operator")
     assert shared_node.job(held)["held"] is True
     shared_node.ok(alice, "release", mine)
     shared_node.ok(carol, "release", held)

@@ -573,7 +573,9 @@ class Host:
             if code is None:
                 continue
             if resident.channel is not None:
-                self._from_worker(resident)  # its last messages: a final DONE, say
+                # Its last messages (a final DONE, say), all of them: it sends no more.
+                resident.channel.chunk = defaults.MAX_FRAME
+                self._from_worker(resident)
             if resident.channel is not None:
                 self._drop_channel(resident)
             self._kill_leftovers(resident)

@@ -7,6 +7,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import select
 import signal
 import stat
 import subprocess
@@ -43,15 +44,16 @@ def identity(spec: LaunchSpec) -> tuple[int, int, list[int]] | None:
 
 def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[int, ...],
                        cgroup: JobCgroup | None = None) -> subprocess.Popen:
-    """Fork the job's process. In the child, still as root: enter the job's cgroup (so that
-    nothing it starts can leave it), then take the submitter's groups, gid and effective
-    uid, and only then, with their rights, enter the working directory and open the output
-    files; the real and saved uid become theirs last, just before the exec.
+    """Fork the job's process. In the child, still as root: leave the host's signal
+    handling, enter the job's cgroup (so that nothing it starts can leave it), then take the
+    submitter's groups, gid and uid, and only then, as them, enter the working directory and
+    open the output files, so that their rights decide where output may go (a FUSE mount
+    admits only a process whose ids are all theirs).
 
-    The host waits for that exec (Popen does), and a user may stop or kill any process
-    whose real or saved uid is theirs: until its last step the child is not theirs to
-    signal, and a child that still has not exec'd after ``defaults.LAUNCH_TIMEOUT`` is
-    killed, so a stopped launch costs its own job and never holds the host up."""
+    The host waits for the exec (Popen does), and the user may stop the child once it is
+    theirs: a child that has not exec'd after ``defaults.LAUNCH_TIMEOUT`` is killed with
+    everything it started, and its launch fails. That bounds, but does not remove, what a
+    stopped launch costs the host's other jobs (see the README)."""
     switch_to = identity(spec)
     error_read, error_write = os.pipe()
     pid_read, pid_write = os.pipe()
@@ -67,7 +69,7 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
                 uid, gid, groups = switch_to
                 os.setgroups(groups)
                 os.setresgid(gid, gid, gid)
-                os.setresuid(0, uid, 0)  # their rights for files, root's for signals
+                os.setresuid(uid, uid, uid)
         except OSError as exc:
             os.write(error_write, f"cannot set up job {spec.id}'s process: {exc.strerror}"
                      .encode())
@@ -82,13 +84,11 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
         err = out if stderr == stdout else _open_output(stderr, error_write)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        if switch_to is not None:
-            os.setresuid(uid, uid, uid)
         die_with_parent()  # after the uid change, which clears it
 
     previous = signal.signal(signal.SIGALRM, _stalled)
-    signal.setitimer(signal.ITIMER_REAL, defaults.LAUNCH_TIMEOUT)
     _watchdog.armed = True
+    signal.setitimer(signal.ITIMER_REAL, defaults.LAUNCH_TIMEOUT)
     try:
         try:
             return subprocess.Popen(
@@ -99,7 +99,9 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
             # run undisturbed, whenever it comes.
             _watchdog.armed = False
     except _Stalled:
-        _kill_stalled(pid_read)
+        os.close(pid_write)
+        pid_write = -1
+        _kill_stalled(pid_read, cgroup)
         raise LaunchError(f"job {spec.id}'s process was stopped or stuck before it could "
                           f"start, and killed after {defaults.LAUNCH_TIMEOUT:g} s") from None
     except subprocess.SubprocessError:
@@ -117,7 +119,8 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         for fd in (error_read, error_write, pid_read, pid_write):
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
 
 class _Stalled(Exception):
@@ -136,23 +139,29 @@ def _stalled(signum: int, frame: object) -> None:
         raise _Stalled
 
 
-def _kill_stalled(pid_read: int) -> None:
-    """Kill and collect the child that never exec'd (it wrote its pid first thing)."""
-    os.set_blocking(pid_read, False)
-    try:
-        pid = int(os.read(pid_read, 32) or 0)
-    except (BlockingIOError, ValueError):
-        return
-    if pid <= 0:  # never kill(0) or kill(-1): the host's own group, or everything
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+def _kill_stalled(pid_read: int, cgroup: JobCgroup | None) -> None:
+    """Kill and collect the child that never exec'd, with anything it started. It writes its
+    pid first thing, as root (no user can stop it before that): with the host's write end
+    closed, the pid or the end of the pipe comes at once, the wait is only a bound."""
+    if select.select([pid_read], [], [], 1.0)[0]:
+        try:
+            pid = int(os.read(pid_read, 32) or 0)
+        except ValueError:
+            pid = 0
+    else:
+        pid = 0
+    if pid > 0:  # never kill(0) or kill(-1): the host's own group, or everything
+        kill_group(pid, signal.SIGKILL)  # its own session and group, made before its pid
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    if cgroup is not None:
+        cgroup.kill(defaults.CGROUP_KILL_TIMEOUT)
 
 
 def _open_output(path: str, error_write: int) -> int:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete, insert, or_, update
 from sqlalchemy.orm import Session
 
 from gq.queue.models import Job, JobEvent, Payload
@@ -231,9 +231,12 @@ def set_held(session: Session, job_ids: list[int], held: bool,
     holds another user's job); the ids that were pending."""
     changed: list[int] = []
     for part in chunks(job_ids):
+        query = update(Job).where(Job.id.in_(part), Job.state == JobState.PENDING.value)
+        if held and not by_operator:  # an owner's hold never replaces an operator's
+            query = query.where(or_(Job.reason.is_(None), Job.reason != HELD_ADMIN))
         result = session.execute(
-            update(Job).where(Job.id.in_(part), Job.state == JobState.PENDING.value)
-            .values(held=held, reason=(HELD_ADMIN if by_operator else HELD) if held else None)
+            query.values(held=held, reason=(HELD_ADMIN if by_operator else HELD) if held
+                         else None)
             .returning(Job.id)
             .execution_options(synchronize_session=False))
         changed += [row[0] for row in result]

@@ -85,8 +85,10 @@ def hold(daemon: NodeView, caller: Caller, request: messages.Hold) -> messages.R
         held = transitions.set_held(session, [job.id for job in jobs if job.uid == caller.uid],
                                     True)
         held += transitions.set_held(session, theirs, True, by_operator=True)
+    admin = {job.id for job in jobs if job.reason == transitions.HELD_ADMIN}
     daemon.rescan()
-    return messages.Report(_outcome(jobs, held, "Held job {label}",
+    return messages.Report(_outcome(jobs, held + [j for j in admin if j not in held],
+                                    "Held job {label}",
                                     "job {label} is {state}; only pending jobs can be held"))
 
 
