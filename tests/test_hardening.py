@@ -358,15 +358,22 @@ def test_a_big_array_is_held_released_and_cancelled_in_one_statement_each(home, 
     control.stop()
 
 
-def test_connections_per_user_are_bounded_and_the_daemon_keeps_accepting(home):
-    control = DaemonControl(home)
-    control.start("--max-connections-per-user", "4")
-    gq_ok("status")  # served after the start's own connection was dropped: none but ours
+def _idle_connections(home: Path, count: int) -> list[socket.socket]:
+    """``count`` clients that connect and say nothing, once only the test's own client is
+    left (the daemon start's connection has been dropped when a status is served)."""
+    gq_ok("status")
     idle = []
-    for _ in range(4):
+    for _ in range(count):
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(str(home / "gq.sock"))
         idle.append(sock)
+    return idle
+
+
+def test_connections_per_user_are_bounded_and_the_daemon_keeps_accepting(home):
+    control = DaemonControl(home)
+    control.start("--max-connections-per-user", "4")
+    idle = _idle_connections(home, 4)
     wait_for(lambda: "connections to the daemon open" in gq("status").err, 10,
              what="the fifth connection to be refused")
     result = gq("status")
@@ -394,12 +401,7 @@ def test_the_daemon_raises_its_descriptor_limit_and_bounds_all_connections(home)
     limits = Path(f"/proc/{pid}/limits").read_text()
     line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
     assert line.split()[3] == line.split()[4] != "256", line
-    gq_ok("status")  # served after the start's own connection was dropped: none but ours
-    idle = []
-    for _ in range(6):
-        sock = socket.socket(socket.AF_UNIX)
-        sock.connect(str(home / "gq.sock"))
-        idle.append(sock)
+    idle = _idle_connections(home, 6)
     wait_for(lambda: "--max-connections)" in gq("status").err, 10,
              what="a connection past the total to be refused")
     for sock in idle:
