@@ -74,6 +74,7 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
             os.write(error_write, f"cannot set up job {spec.id}'s process: {exc.strerror}"
                      .encode())
             raise
+        die_with_parent()  # after the uid change, which clears it
         try:
             os.chdir(cwd)
         except OSError as exc:
@@ -84,7 +85,6 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
         err = out if stderr == stdout else _open_output(stderr, error_write)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        die_with_parent()  # after the uid change, which clears it
 
     previous = signal.signal(signal.SIGALRM, _stalled)
     _watchdog.armed = True
