@@ -76,7 +76,10 @@ def _long_and_short(tmp_path, long_steps: int = 300) -> tuple[int, int]:
     long = submit("-J", "long", "--steps", str(long_steps), TRAIN, "--steps", str(long_steps),
                   "--iter-ms", "5",
                   "--start-file", str(start))
-    short = submit("-J", "short", "--steps", "30", TRAIN, "--steps", "30", "--iter-ms", "5",
+    # 100 x 5 ms: under fifo the short job gets the lane when the long script returns, and
+    # must outlast the long process's teardown (torch's exit takes a while on a busy machine)
+    # for the end times to show the order.
+    short = submit("-J", "short", "--steps", "100", TRAIN, "--steps", "100", "--iter-ms", "5",
                    "--start-file", str(start))
     wait_state(long, "RUNNING")
     wait_state(short, "RUNNING")  # both resident on the one device
