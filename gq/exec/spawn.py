@@ -151,11 +151,9 @@ def _kill_stalled(pid_read: int, cgroup: JobCgroup | None) -> None:
     else:
         pid = 0
     if pid > 0:  # never kill(0) or kill(-1): the host's own group, or everything
-        kill_group(pid, signal.SIGKILL)  # its own session and group, made before its pid
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # It leads its own session and group (made before it wrote its pid): one kill ends
+        # it and whatever it started.
+        kill_group(pid, signal.SIGKILL)
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
