@@ -163,6 +163,7 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
     if home.system:
         env = dict(os.environ, GQ_SYSTEM_HOME=str(home.root))
         options = ["--system", *options]
+        home.check_safe()  # before root opens its log there
         home.root.mkdir(mode=0o755, parents=True, exist_ok=True)
     else:
         prepare_personal_home(home)

@@ -24,6 +24,7 @@ DESCRIPTOR_RESERVE = 128  # descriptors kept for the database, hosts, logs and h
 
 # What one job may carry (checked by the client, again by the daemon)
 MAX_SCRIPT = 4 << 20  # bytes of a script snapshot (Slurm's default max_script_size)
+MAX_SPOOL_PER_USER = 1 << 30  # bytes of snapshots the spool keeps for one user's jobs
 MAX_JOB_PAYLOAD = 256 << 10  # bytes of environment plus arguments, as JSON on the wire
 MAX_NAME = 255  # characters of a job name
 MAX_PATH = 4096  # characters of a path (Linux's PATH_MAX)
@@ -55,7 +56,6 @@ HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
 # two waiting; one that floods its socket gets this much decoded per turn, as every other
 # worker does, not the 64 KiB (about 10 ms of decoding) that would delay their grants.
 WORKER_READ = 2048
-LAUNCH_TIMEOUT = 5.0  # a job's process that has not exec'd by then is killed: a failed launch
 CGROUP = "auto"  # auto | v2 | v1 | off: where each job's processes are kept
 CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its kill
 

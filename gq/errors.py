@@ -16,6 +16,10 @@ class UserError(Exception):
             self.exit_code = exit_code
 
 
+class UnsafeStateDirectory(UserError):
+    """The system daemon's state directory, or one above it, is another user's to change."""
+
+
 class Refused(UserError):
     """The caller may not do this (not the job's owner, not an operator)."""
 

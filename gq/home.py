@@ -14,8 +14,11 @@ system; else personal in the default place (see :func:`locate`).
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from gq.errors import UnsafeStateDirectory
 
 PERSONAL, SYSTEM = "personal", "system"
 SYSTEM_ROOT = "/var/lib/gq"
@@ -67,8 +70,40 @@ class Home:
 
         return hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
 
+    def check_safe(self) -> None:
+        """System mode: the state directory, and every directory above it, belong to root
+        (or the daemon's own user) and nobody else may change them, as sshd asks of a user's
+        keys. Otherwise another user could swap its files for links to files that root then
+        writes (its log, its socket, the spool). A sticky directory above it (/tmp) is fine:
+        nobody can rename what root made there."""
+        if not self.system:
+            return
+        me = os.geteuid()
+        given = self.root.absolute()
+        for path in dict.fromkeys([given, Path(os.path.realpath(given))]):
+            for directory in (path, *path.parents):
+                try:
+                    info = os.lstat(directory)
+                except FileNotFoundError:
+                    continue  # made by the daemon, in a directory checked here
+                except OSError as exc:
+                    raise UnsafeStateDirectory(f"cannot check the state directory {given}: "
+                                               f"{directory}: {exc.strerror}") from None
+                problem = None
+                if info.st_uid not in (0, me):
+                    problem = f"is owned by uid {info.st_uid}"
+                elif stat.S_ISDIR(info.st_mode) and info.st_mode & 0o022 and not (
+                        directory != path and info.st_mode & stat.S_ISVTX):
+                    problem = "may be written by other users"
+                if problem:
+                    raise UnsafeStateDirectory(
+                        f"the system daemon keeps its state only where no other user can "
+                        f"change it: {directory} {problem}; choose another GQ_SYSTEM_HOME "
+                        f"than {given}, or fix that directory's owner and mode")
+
     def ensure(self) -> "Home":
         """Create the directories with the mode's permissions (the daemon calls this)."""
+        self.check_safe()
         top = 0o755 if self.system else 0o700
         self.root.mkdir(mode=top, parents=True, exist_ok=True)
         self.spool.mkdir(mode=0o711 if self.system else 0o700, exist_ok=True)

@@ -336,6 +336,7 @@ class NodeLimits:
     """What one user may ask of the node (the daemon's options), and how jobs are kept."""
 
     max_pending: int  # pending jobs per user
+    max_spool: int  # bytes of script snapshots kept per user
     max_array: int  # tasks in one array
     max_connections_per_user: int
     max_connections: int

@@ -3,24 +3,26 @@ daemon's opener of a user's file and a host's job process before its exec. A sig
 child gets must never reach its parent's loop (they share the wakeup socket across the
 fork); the daemon's opener is never the user's to signal at all (a user may signal any
 process whose real or saved uid is theirs), and a job's process that never reaches its
-exec is killed after the launch timeout."""
+exec costs its host no wait (the fork returns before the identity switch)."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+import select
 import signal
+import socket
 import time
 
 import psutil
 import pytest
 
-from gq import defaults, wakeup
+from gq import wakeup
 from gq.daemon import ownerfiles
-from gq.errors import LaunchError
 from gq.exec import spawn
-from gq.exec.protocol import LaunchSpec
+from gq.exec.host import Host
+from gq.exec.protocol import Launch, LaunchSpec, Started, StopWhy
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (takes another uid)")
@@ -81,9 +83,9 @@ def test_a_jobs_process_leaves_the_hosts_signals_before_it_is_its_users(loop_sig
     record = _recorder(write_end)
     open_output = spawn._open_output
 
-    def recorded(path: str, error_write: int) -> int:
+    def recorded(path: str) -> int:
         record()
-        return open_output(path, error_write)
+        return open_output(path)
 
     monkeypatch.setattr(spawn, "_open_output", recorded)
     process = spawn.start_as_submitter(_spec(), {"PATH": "/usr/bin:/bin"}, ())
@@ -95,35 +97,113 @@ def test_a_jobs_process_leaves_the_hosts_signals_before_it_is_its_users(loop_sig
     assert seen == {"uids": [NOBODY] * 3, "wakeup": -1, "term": True}
 
 
-def test_a_launch_that_never_reaches_its_exec_is_killed(monkeypatch):
-    """However it got stuck before its exec (stopped, a hung file system), the child costs
-    its own launch after the launch timeout, never the host's loop, and is collected."""
-    monkeypatch.setattr(defaults, "LAUNCH_TIMEOUT", 0.5)
-    monkeypatch.setattr(spawn, "_open_output", lambda path, error_write: time.sleep(60))
-    spec = _spec(uid=0, gid=0, groups=[]) if os.geteuid() == 0 else _spec(uid=None, gid=None)
-    before = {child.pid for child in psutil.Process().children()}
+def _own_spec(**change) -> LaunchSpec:
+    """A job of the test's own user (root runs root's jobs as root)."""
+    if os.geteuid() == 0:
+        return _spec(uid=0, gid=0, groups=[], **change)
+    return _spec(uid=None, gid=None, **change)
+
+
+def test_a_launch_stuck_before_its_exec_costs_the_host_no_wait(monkeypatch):
+    """However its process gets stuck between its identity switch and its exec (stopped by
+    its user, a hung file system), the fork returns at once: the host's loop, and every
+    other job on its device, never wait for it. It is the user's own stuck job, killed
+    whole like any other."""
+    monkeypatch.setattr(spawn, "_open_output", lambda path: time.sleep(60))
     started = time.monotonic()
-    with pytest.raises(LaunchError, match="stopped or stuck before it could start"):
-        spawn.start_as_submitter(spec, {"PATH": "/usr/bin:/bin"}, ())
-    assert time.monotonic() - started < 5
-    assert {child.pid for child in psutil.Process().children()} <= before
-    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    process = spawn.start_as_submitter(_own_spec(), {"PATH": "/usr/bin:/bin"}, ())
+    assert time.monotonic() - started < 1.0
+    assert process.poll() is None
+    # It leads its own group already: a cancel that comes at once reaches it.
+    assert os.getpgid(process.pid) == process.pid
+    spawn.kill_group(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=10) == -signal.SIGKILL
+    process.read_setup()
+    assert process.setup_failure is None  # killed, not failed: it said nothing
+    assert process.pid not in {child.pid for child in psutil.Process().children()}
 
 
-def test_a_launch_stalled_before_it_names_its_pid_is_still_killed(monkeypatch):
-    """The alarm may come before the child has written its pid: the host still learns it
-    and kills it, instead of leaving a job that runs untracked."""
-    monkeypatch.setattr(defaults, "LAUNCH_TIMEOUT", 0.1)
-    slow = wakeup.detach_in_child
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"cwd": "/no/such/dir"}, "cannot enter working directory /no/such/dir: No such file"),
+    ({"argv": ["/no/such/program"]}, "cannot start /no/such/program: No such file"),
+    ({"stdout": "/"}, "cannot open output file /: Is a directory"),
+])
+def test_a_set_up_that_fails_says_why_through_its_pipe(change, reason):
+    process = spawn.start_as_submitter(_own_spec(**change), {"PATH": "/usr/bin:/bin"}, ())
+    assert process.wait(timeout=10) == spawn.SETUP_FAILED_EXIT
+    process.read_setup()
+    assert process.setup_failure is not None and process.setup_failure.startswith(reason)
 
-    def late_detach() -> None:
-        slow()
-        time.sleep(0.4)
 
-    monkeypatch.setattr(spawn.wakeup, "detach_in_child", late_detach)
-    spec = _spec(uid=0, gid=0, groups=[]) if os.geteuid() == 0 else _spec(uid=None, gid=None)
-    before = {child.pid for child in psutil.Process().children()}
-    with pytest.raises(LaunchError, match="stopped or stuck before it could start"):
-        spawn.start_as_submitter(spec, {"PATH": "/usr/bin:/bin"}, ())
-    assert {child.pid for child in psutil.Process().children()} <= before
+def test_the_jobs_program_gets_no_descriptor_of_the_hosts_but_its_socket():
+    leaked_read, leaked_write = os.pipe()
+    os.set_inheritable(leaked_write, True)  # even one the host left inheritable
+    passed_read, passed_write = os.pipe()
+    process = spawn.start_as_submitter(_own_spec(argv=["sleep", "30"]),
+                                       {"PATH": "/usr/bin:/bin"}, (passed_write,))
+    try:
+        assert select.select([process.setup_pipe], [], [], 10)[0]  # readable at its exec
+        process.read_setup()
+        assert process.setup_failure is None
+        fds = {int(fd) for fd in os.listdir(f"/proc/{process.pid}/fd")}
+        assert fds == {0, 1, 2, passed_write}
+    finally:
+        spawn.kill_group(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        for fd in (leaked_read, leaked_write, passed_read, passed_write):
+            os.close(fd)
+
+
+def _run_chores_until(host: Host, done, timeout: float = 10.0) -> None:
+    """Turn the host's reaping as its loop does, until ``done()``."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the host never saw it"
+        host._reap()
+        time.sleep(0.01)
+
+
+def test_a_launch_stuck_before_its_exec_holds_up_no_other_job_of_its_host(monkeypatch,
+                                                                         tmp_path):
+    """Before, the host waited in the fork for the exec: a user who stopped their job's
+    process in that window stopped the device's host (5 s a launch, then a failed launch).
+    Now the host answers at once, runs the next job, and the stuck one is a job like any
+    other: cancelled, it ends CANCELLED with everything it started."""
+    listener, _other_end = socket.socketpair()
+    host = Host("cpu0", False, 1, listener, kill_grace=1.0)
+    told: list = []
+    monkeypatch.setattr(host, "_tell", told.append)
+    open_output = spawn._open_output
+    monkeypatch.setattr(spawn, "_open_output", lambda path: time.sleep(60)
+                        if path.endswith("stuck.out") else open_output(path))
+    env = {"PATH": "/usr/bin:/bin"}
+    started = time.monotonic()
+    host._on_launch(Launch(_own_spec(id=1, argv=["true"], env=env,
+                                     stdout=str(tmp_path / "stuck.out"),
+                                     stderr=str(tmp_path / "stuck.out"))))
+    host._on_launch(Launch(_own_spec(id=2, argv=["sh", "-c", "echo ran"], env=env,
+                                     stdout=str(tmp_path / "ok.out"),
+                                     stderr=str(tmp_path / "ok.out"))))
+    assert time.monotonic() - started < 1.0
+    assert [(type(m), m.job) for m in told] == [(Started, 1), (Started, 2)]
+    _run_chores_until(host, lambda: 2 in host.exited)
+    assert host.exited[2].code == 0 and (tmp_path / "ok.out").read_text() == "ran\n"
+    stuck = host.residents[1]
+    assert stuck.process.poll() is None
+    host._kill(stuck, StopWhy.CANCEL, grace=0.0)
+    _run_chores_until(host, lambda: 1 in host.exited)
+    assert host.exited[1].kill_why is StopWhy.CANCEL
+    assert host.exited[1].signal in (signal.SIGTERM, signal.SIGKILL)
+    assert not psutil.pid_exists(stuck.process.pid)
+
+
+def test_a_failed_set_up_is_reported_as_its_jobs_exit_with_the_reason(monkeypatch, tmp_path):
+    listener, _other_end = socket.socketpair()
+    host = Host("cpu0", False, 1, listener, kill_grace=1.0)
+    monkeypatch.setattr(host, "_tell", lambda message: None)
+    host._on_launch(Launch(_own_spec(id=3, cwd=str(tmp_path / "gone"))))
+    _run_chores_until(host, lambda: 3 in host.exited)
+    report = host.exited[3]
+    assert report.kill_why is StopWhy.LAUNCH and report.code is None
+    assert report.detail.startswith(f"cannot enter working directory {tmp_path / 'gone'}")
+    assert not host.residents and not host.lanes[0].residents

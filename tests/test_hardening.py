@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
@@ -336,6 +337,39 @@ def test_per_user_limits_are_refused_before_anything_is_stored(home, tmp_path):
     control.stop()
 
 
+def _big_script(path: Path, mib: int) -> Path:
+    return write_script(path, "true\nexit 0\n" + ("x" * 1023 + "\n") * (mib << 10))
+
+
+def test_a_users_spool_is_bounded_and_their_oldest_finished_scripts_go_first(home, tmp_path):
+    """10,000 pending jobs of 4 MiB each would be 40 GB of one user's scripts on the node's
+    disk: the spool keeps at most --max-spool of each user's, the snapshots of their jobs
+    that ended longest ago making room first, and refuses what their unfinished jobs' alone
+    cannot fit, storing nothing."""
+    control = DaemonControl(home)
+    control.start("--max-spool", "6M")
+    spool = home / "spool"
+    done = submit(str(_big_script(tmp_path / "a.sh", 3)))
+    wait_state(done, "COMPLETED")
+    held = submit("--hold", str(_big_script(tmp_path / "b.sh", 2)))  # 5 MiB kept: fits
+    assert (spool / str(done)).exists()
+    newer = submit("--hold", str(_big_script(tmp_path / "c.sh", 2)))  # 7: the old one goes
+    assert not (spool / str(done)).exists() and (spool / str(held)).exists()
+    result = gq("requeue", str(done))
+    assert result.code == 2 and "dropped from the spool" in result.err
+    result = gq("export", "slurm", str(done))
+    assert result.code == 2 and "dropped from the spool" in result.err
+    assert job(done)["state"] == "COMPLETED"
+    before = sorted(os.listdir(spool))
+    result = gq("submit", "--hold", str(_big_script(tmp_path / "d.sh", 3)))
+    assert result.code == 2 and "--max-spool" in result.err and "limit of 6" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert [j["id"] for j in all_jobs()] == [done, held, newer]
+    assert sorted(os.listdir(spool)) == before
+    assert "of them kept per user" in gq_ok("info")
+    control.stop()
+
+
 def test_a_big_array_is_held_released_and_cancelled_in_one_statement_each(home, tmp_path):
     """Linear in the number of tasks (bench/abuse.py times 9,999 of them)."""
     control = DaemonControl(home)
@@ -522,3 +556,37 @@ def test_an_exit_that_cannot_be_recorded_fails_its_job_and_is_acknowledged(daemo
     gq_ok("daemon", "restart")
     assert job(job_id)["state"] == "FAILED"
     wait_state(submit(str(script)), "COMPLETED")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (gives a directory to another uid)")
+def test_the_system_daemon_keeps_no_state_where_another_user_could_change_it(tmp_path,
+                                                                             monkeypatch):
+    """Root would write its log, socket and spool there: a directory on the way that another
+    user owns, or may write, would let them swap those files for links (a root write into
+    any file). Refused by the CLI and by the daemon itself (systemd starts it directly),
+    before anything is written; a sticky directory such as /tmp is fine."""
+    from gq.exec.spawn import gq_python
+
+    owned, shared, sticky = (tmp_path / name for name in ("owned", "shared", "sticky"))
+    for directory, mode in ((owned, 0o755), (shared, 0o777), (sticky, 0o1777)):
+        directory.mkdir()
+        os.chmod(directory, mode)
+    os.chown(owned, 65534, 65534)
+    monkeypatch.delenv("GQ_HOME", raising=False)
+    for parent, problem in ((owned, "is owned by uid 65534"),
+                            (shared, "may be written by other users")):
+        monkeypatch.setenv("GQ_SYSTEM_HOME", str(parent / "state"))
+        result = gq("daemon", "start", "--system")
+        assert result.code == 2 and problem in result.err and "GQ_SYSTEM_HOME" in result.err
+        assert len(result.err.strip().splitlines()) == 1
+        daemon = subprocess.run(gq_python("gq.daemon", "--system"), capture_output=True,
+                                text=True, timeout=60, cwd="/",
+                                env=dict(os.environ, GQ_SYSTEM_HOME=str(parent / "state")))
+        assert daemon.returncode == 1 and problem in daemon.stderr
+        assert list(parent.iterdir()) == []
+    monkeypatch.setenv("GQ_SYSTEM_HOME", str(sticky / "state"))
+    assert gq("daemon", "start", "--system").code == 0
+    try:
+        assert (sticky / "state" / "daemon.pid").exists()
+    finally:
+        assert gq("daemon", "stop").code == 0

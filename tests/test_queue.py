@@ -161,6 +161,40 @@ def test_upgrade_to_0006_moves_payloads_and_clears_what_no_valid_gq_writes(tmp_p
     database.close()
 
 
+def test_upgrade_to_0007_measures_the_snapshots_kept(tmp_path):
+    """Submissions from before the spool bound get their snapshot's size from the disk, so
+    that what a user keeps counts from the first submit after the upgrade."""
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0006")
+    kept = tmp_path / "spool-7" / "s.sh"
+    kept.parent.mkdir()
+    kept.write_bytes(b"x" * 1234)
+    connection = sqlite3.connect(home.db)
+    connection.executemany("INSERT INTO payloads (id, env, args) VALUES (?, '{}', '[]')",
+                           [(1,), (2,)])
+    columns = ("id, name, user, state, priority, gpus, exclusive, requeue, script, spool_path, "
+               "workdir, stdout_path, stderr_path, submit_time, run_count, steps_done, "
+               "attained, holds_lane, held, payload_id, array_job_id, array_task_id")
+    rows = [(7, "a", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", str(kept), "/w", "/w/o", "/w/o",
+             1.0, 0, 0, 0.0, 0, 0, 1, 7, 0),
+            (8, "a", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", str(kept), "/w", "/w/o", "/w/o",
+             1.0, 0, 0, 0.0, 0, 0, 1, 7, 1),
+            (9, "b", "ann", "COMPLETED", 0, 1, 0, 0, "/t.sh", "/gone/9/t.sh", "/w", "/w/o",
+             "/w/o", 2.0, 1, 0, 0.0, 0, 0, 2, None, None)]
+    connection.executemany(f"INSERT INTO jobs ({columns}) VALUES ({', '.join('?' * 22)})", rows)
+    connection.commit()
+    connection.close()
+    database = Database(home)
+    with database.read() as session:
+        assert [j.id for j in queries.jobs(session)] == [7, 8, 9]
+        assert queries.payload(session, 1).script_bytes == 1234  # one array, counted once
+        assert queries.payload(session, 2).script_bytes == 0  # its snapshot is gone
+        assert queries.spool_bytes(session, "ann") == 1234
+        assert [tuple(r) for r in queries.finished_snapshots(session, "ann")] == []
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    database.close()
+
+
 def test_purge_forgets_old_finished_jobs_but_what_pending_jobs_depend_on(db):
     from gq.daemon import retention
     from gq.queue import spool

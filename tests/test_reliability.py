@@ -14,8 +14,8 @@ import psutil
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import (ROOT, DaemonControl, all_jobs, gq, gq_ok, pid_alive, submit, wait_for,
-                      wait_state, write_script)
+from conftest import (ROOT, DaemonControl, all_jobs, gq, gq_ok, job, live_hosts, pid_alive,
+                      submit, wait_for, wait_state, write_script)
 
 
 def host_process(daemon_pid: int) -> psutil.Process:
@@ -227,3 +227,25 @@ def test_protocol_versions_that_differ_say_so_in_one_line(daemon, monkeypatch):
     assert result.code == 2 and result.out == ""
     assert result.err.count("\n") == 1
     assert "the daemon speaks protocol version 1 and this gq speaks 99" in result.err
+
+
+def test_a_stop_ends_the_jobs_of_a_host_the_daemon_has_just_let_go(daemon, tmp_path):
+    """A daemon lets go of a host that hangs up while alive and attaches it again a second
+    later; a `gq daemon stop` in that second used to leave the host and its jobs running."""
+    job_id = submit(str(write_script(tmp_path / "s.sh", "sleep 300\n")))
+    wait_state(job_id, "RUNNING")
+    host = host_process(daemon.pid())
+    intruder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:  # root's own connection: the host takes it for a newer daemon and drops the old
+        intruder.connect(str(daemon.root / "hosts" / "cpu.sock"))
+        wait_for(lambda: "let go of the execution host" in daemon.log(), 10, interval=0.005,
+                 what="the daemon to let its host go")
+        gq_ok("daemon", "stop")
+    finally:
+        intruder.close()
+    assert wait_for(lambda: not host.is_running() or host.status() == psutil.STATUS_ZOMBIE,
+                    15, what="the host to exit")
+    assert live_hosts(daemon.root) == []
+    gq_ok("daemon", "start")
+    info = job(job_id)
+    assert (info["state"], info["reason"]) == ("FAILED", "daemon stopped")

@@ -40,6 +40,7 @@ def start(
     max_connections_per_user: int = typer.Option(defaults.MAX_CONNECTIONS_PER_USER, "--max-connections-per-user", metavar="N", help="Connections one user may hold open."),
     max_connections: int = typer.Option(defaults.MAX_CONNECTIONS, "--max-connections", metavar="N", help="Connections in total (within the descriptor limit)."),
     max_request: str = typer.Option(format_size_exact(defaults.MAX_REQUEST), "--max-request", metavar="SIZE", help="Largest request (a script travels in it)."),
+    max_spool: str = typer.Option(format_size_exact(defaults.MAX_SPOOL_PER_USER), "--max-spool", metavar="SIZE", help="Script snapshots the spool keeps for one user's jobs; the oldest finished jobs' go first."),
 ) -> None:
     """Start the node daemon (detached unless --foreground); its log is daemon.log in its
     state directory. A personal daemon also starts by itself on the first command."""
@@ -61,6 +62,7 @@ def start(
         raise UserError(f"--cgroup {cgroup}: choose one of {', '.join(KINDS)}")
     retention_s = parse_period(retention)
     request_bytes = parse_size(max_request)
+    spool_bytes = parse_size(max_spool)
     for flag, value in (("--max-pending", max_pending), ("--max-array", max_array),
                         ("--max-connections-per-user", max_connections_per_user),
                         ("--max-connections", max_connections)):
@@ -70,6 +72,9 @@ def start(
         raise UserError(f"--max-request must be at least "
                         f"{(defaults.MAX_SCRIPT + defaults.MAX_JOB_PAYLOAD) >> 10}K (a script "
                         "of the largest size must fit)")
+    if spool_bytes < defaults.MAX_SCRIPT:
+        raise UserError(f"--max-spool must be at least {defaults.MAX_SCRIPT >> 20}M (a script "
+                        "of the largest size must fit)")
     target = home.system() if system else home.personal()
     options = ["--lanes", str(lanes), "--max-resident", str(max_resident),
                "--kill-wait", str(kill_wait), "--priority-cap", str(priority_cap),
@@ -77,7 +82,8 @@ def start(
                "--retention", format_period(retention_s), "--max-pending", str(max_pending),
                "--max-array", str(max_array),
                "--max-connections-per-user", str(max_connections_per_user),
-               "--max-connections", str(max_connections), "--max-request", str(request_bytes)]
+               "--max-connections", str(max_connections), "--max-request", str(request_bytes),
+               "--max-spool", str(spool_bytes)]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:

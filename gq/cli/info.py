@@ -58,6 +58,7 @@ def _limits(limits: messages.NodeLimits) -> str:
             f"per array, {limits.max_connections_per_user} connections per user "
             f"({limits.max_connections} in all), requests up to "
             f"{render.size(limits.max_request)} (scripts {render.size(limits.max_script)}, "
+            f"{render.size(limits.max_spool)} of them kept per user, "
             f"environment and arguments {render.size(limits.max_job_payload)}); finished "
             f"jobs kept {_kept(limits.retention)}; jobs kept in "
             f"{limits.containment}")

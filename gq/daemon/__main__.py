@@ -11,7 +11,7 @@ import sys
 
 from gq import defaults, home
 from gq.daemon.control import acquire_pidfile
-from gq.errors import AlreadyRunning, UserError
+from gq.errors import AlreadyRunning, UnsafeStateDirectory, UserError
 from gq.units import parse_period
 
 
@@ -39,6 +39,7 @@ def main() -> None:
                         default=defaults.MAX_CONNECTIONS_PER_USER)
     parser.add_argument("--max-connections", type=int, default=defaults.MAX_CONNECTIONS)
     parser.add_argument("--max-request", type=int, default=defaults.MAX_REQUEST)
+    parser.add_argument("--max-spool", type=int, default=defaults.MAX_SPOOL_PER_USER)
     args = parser.parse_args()
     # A daemon outlives the terminal that started it: no hangup may end it, and its working
     # directory is its own (nothing a user controls is on its path: see spawn.gq_python).
@@ -47,7 +48,10 @@ def main() -> None:
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line each
     if args.system and os.geteuid() != 0:
         sys.exit("gq: error: the system daemon runs as root")
-    where = (home.system() if args.system else home.personal()).ensure()
+    try:
+        where = (home.system() if args.system else home.personal()).ensure()
+    except UnsafeStateDirectory as exc:
+        sys.exit(f"gq: error: {exc}")
     os.chdir(where.root)
     try:
         pidfile = acquire_pidfile(where)  # before the heavy imports: a loser exits at once
@@ -67,7 +71,7 @@ def main() -> None:
                             max_array=args.max_array,
                             max_connections_per_user=args.max_connections_per_user,
                             max_connections=args.max_connections,
-                            max_request=args.max_request)
+                            max_request=args.max_request, max_spool=args.max_spool)
     Daemon(where, options).run(pidfile)
 
 

@@ -54,11 +54,14 @@ class HostHandle:
         return self.version == wire.HOST_VERSION
 
     @classmethod
-    def attach(cls, device: Device, home: Home,
-               settings: HostSettings) -> tuple["HostHandle", wire.State | wire.ForeignState]:
-        """Connect to the device's live host, or start one; return it with its state."""
+    def attach(cls, device: Device, home: Home, settings: HostSettings, start: bool = True
+               ) -> tuple["HostHandle", wire.State | wire.ForeignState]:
+        """Connect to the device's live host, or start one (unless not ``start``); return it
+        with its state."""
         process = None
         sock = _connect(home, device)
+        if sock is None and not start:
+            raise HostUnavailable(f"no execution host of {device.name} is running")
         if sock is None:
             process = _spawn(device, home, settings)
             sock = _wait_for_socket(home, device, process)

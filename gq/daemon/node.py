@@ -62,6 +62,7 @@ class DaemonOptions:
     cgroup: str = defaults.CGROUP  # auto | v2 | v1 | off
     retention: float = defaults.RETENTION  # seconds finished jobs are kept
     max_pending: int = defaults.MAX_PENDING_PER_USER
+    max_spool: int = defaults.MAX_SPOOL_PER_USER  # bytes of snapshots kept per user
     max_array: int = defaults.MAX_ARRAY_SIZE
     max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
     max_connections: int = defaults.MAX_CONNECTIONS
@@ -73,7 +74,7 @@ class DaemonOptions:
                 "--kill-wait", str(self.kill_grace), "--priority-cap", str(self.priority_cap),
                 "--client-timeout", str(self.client_timeout), "--cgroup", self.cgroup,
                 "--retention", format_period(self.retention),
-                "--max-pending", str(self.max_pending),
+                "--max-pending", str(self.max_pending), "--max-spool", str(self.max_spool),
                 "--max-array", str(self.max_array),
                 "--max-connections-per-user", str(self.max_connections_per_user),
                 "--max-connections", str(self.max_connections),
@@ -214,6 +215,8 @@ class Daemon:
             now = time.monotonic()
             _isolated(server.expire, now)
             if self.stopping:
+                if not self.keep_jobs:
+                    _isolated(self.supervisor.end_let_go)
                 if self.keep_jobs or not self.supervisor.running or now > self.stop_deadline:
                     break
                 continue

@@ -6,7 +6,6 @@ finished job that a pending job still depends on is kept."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from gq import defaults
@@ -36,10 +35,7 @@ def purge(db: Database, home: Home, retention: float, now: float | None = None,
         transitions.purge(session, [job_id for job_id, _ in doomed])
         paths = {path for _, path in doomed if path}
         kept = queries.spool_paths_in_use(session, paths)
-    for path in paths - kept:
-        directory = os.path.dirname(path)
-        if os.path.dirname(directory) == str(home.spool):  # never outside the spool
-            spool.discard(home, int(os.path.basename(directory)))
+    spool.discard_snapshots(home, paths - kept)
     if doomed:
         log.info("purged %d job(s) that ended before the retention of %s", len(doomed),
                  _days(retention))

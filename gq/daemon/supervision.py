@@ -97,12 +97,13 @@ class Supervisor:
         }
 
     # ----- attaching ------------------------------------------------------------------
-    def attach(self, device: Device) -> None:
-        """Connect to the device's host (or start one), adopt its jobs, collect its news."""
+    def attach(self, device: Device, start: bool = True) -> None:
+        """Connect to the device's host (or start one, unless not ``start``), adopt its jobs,
+        collect its news."""
         try:
-            host, state = HostHandle.attach(device, self.home, self.settings)
+            host, state = HostHandle.attach(device, self.home, self.settings, start)
         except HostUnavailable as exc:
-            log.error("%s", exc)
+            (log.error if start else log.info)("%s", exc)
             self.down_since[device.name] = time.monotonic()
             return
         self.hosts[device.name] = host
@@ -313,6 +314,9 @@ class Supervisor:
         if why is StopWhy.PROTOCOL:
             self.end(job, exit_code, JobState.FAILED, f"protocol error: {report.detail}",
                      end=end)
+        elif why is StopWhy.LAUNCH:
+            self.end(job, None, JobState.FAILED, report.detail or "its process could not "
+                     "be started", end=end)
         elif why is StopWhy.CANCEL:
             self.end(job, exit_code, JobState.CANCELLED, "cancelled by user", end=end)
         elif why is StopWhy.TIMEOUT:
@@ -383,6 +387,18 @@ class Supervisor:
                 log.warning("attaching the execution host of %s again", name)
                 self.attach(device)
                 self.wake()
+
+    def end_let_go(self) -> None:
+        """A daemon that stops and ends its jobs: the hosts it let go of and has not attached
+        again (alive, their jobs running) are attached now, none started, and their jobs
+        ended too; otherwise they would outlive the stop with their jobs."""
+        for name in list(self.down_since):
+            device = next(d for d in self.devices if d.name == name)
+            del self.down_since[name]
+            self.attach(device, start=False)
+            if name in self.hosts:
+                for job in [r for r in self.running.values() if r.host == name]:
+                    self.kill(job, StopWhy.SHUTDOWN)
 
     def _host_gone(self, name: str, why: str) -> None:
         """Let go of a host's connection. A host that still runs keeps its jobs and is

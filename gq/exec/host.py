@@ -25,7 +25,6 @@ import selectors
 import signal
 import socket
 import struct
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from gq.exec import cgroups
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
-from gq.exec.spawn import kill_group, start_as_submitter
+from gq.exec.spawn import JobProcess, kill_group, start_as_submitter
 from gq.policies.base import JobView, anticipation_window
 from gq.wakeup import received, signal_socket
 
@@ -54,7 +53,7 @@ class Resident:
     submit_time: float
     declared_total: int | None  # --steps at submit: the job cannot change it
     lane: int
-    process: subprocess.Popen
+    process: JobProcess
     channel: Channel | None  # None for plain processes (no iteration boundaries)
     started_at: float  # monotonic
     started_wall: float
@@ -160,6 +159,12 @@ class Resident:
                                   time_limit=self.time_limit, kill_why=self.kill_why)
 
     def exit_report(self, code: int) -> wire.Exited:
+        """How its run ended. A process whose set-up failed before its exec ran nothing of
+        the job's: the report says why (no directory, no output file, no interpreter)."""
+        failure = self.process.setup_failure
+        if failure is not None:
+            return wire.Exited(**self._figures(), kill_why=StopWhy.LAUNCH, detail=failure,
+                               end_time=time.time())
         return wire.Exited(**self._figures(), code=code if code >= 0 else None,
                            signal=-code if code < 0 else None, kill_why=self.kill_why,
                            detail=self.detail, end_time=time.time())
@@ -245,6 +250,8 @@ class Host:
             self._on_signals(wake_read)
         elif isinstance(data, Resident):
             self._from_worker(data)
+        elif isinstance(data, JobProcess):
+            self._set_up(data)
 
     def _isolated(self, action: Callable, *args) -> None:
         """Run one event's handling; an unexpected error is logged and ends at most the job
@@ -388,7 +395,16 @@ class Host:
         self.lanes[resident.lane].residents.append(resident)
         if resident.channel is not None:
             self.selector.register(resident.channel.sock, selectors.EVENT_READ, resident)
+        self.selector.register(resident.process.setup_pipe, selectors.EVENT_READ,
+                               resident.process)
         self._tell(wire.Started(spec.id, resident.run, resident.process.pid))
+
+    def _set_up(self, process: JobProcess) -> None:
+        """A job's process has exec'd, or failed before and says why (it exits then, and
+        its exit report carries the reason)."""
+        if process.setup_pipe is not None:
+            self.selector.unregister(process.setup_pipe)
+            process.read_setup()
 
     def _spawn(self, spec: wire.LaunchSpec) -> Resident:
         """Start the job's process as its submitter, in its own process group and cgroup."""
@@ -572,6 +588,7 @@ class Host:
             code = resident.process.poll()
             if code is None:
                 continue
+            self._set_up(resident.process)  # a failed set-up's words are in the pipe now
             if resident.channel is not None:
                 # Its last messages (a final DONE, say), all of them: it sends no more.
                 resident.channel.chunk = defaults.MAX_FRAME

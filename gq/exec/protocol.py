@@ -36,7 +36,7 @@ from gq.fields import (Args, Count, Environment, Groups, JobId, Lane, Name, Path
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/2"
+HOST_VERSION = f"{__version__}/3"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -51,6 +51,7 @@ class StopWhy(str, enum.Enum):
     SHUTDOWN = "shutdown"
     STRAY = "stray"  # a run the queue does not know
     PROTOCOL = "protocol"  # its worker sent what the protocol does not allow
+    LAUNCH = "launch"  # its process could not be set up before its exec (detail says why)
 
 
 def host_paths(state_dir: str, device: str) -> tuple[str, str]:
@@ -175,7 +176,7 @@ class Exited(JobProgress):
     code: ExitStatus | None = None
     signal: Signal | None = None
     kill_why: StopWhy | None = None
-    detail: Text | None = None  # what its worker did wrong (kill_why PROTOCOL)
+    detail: Text | None = None  # what its worker did wrong (PROTOCOL), why no exec (LAUNCH)
     end_time: Timestamp = 0.0
 
 

@@ -1,5 +1,12 @@
 """Starting and signalling a job's processes: as its submitter, in its own process group
-(and cgroup, where the host has them), dying with its execution host."""
+(and cgroup, where the host has them), dying with its execution host.
+
+A host never waits on a job's process once it is the user's: the fork returns as soon as
+the child leads its own session and sits in its cgroup (still as root, which no user can
+stop), and the rest of its set-up (the identity switch, the working directory, the output
+files, the exec) happens while the host's loop goes on. A set-up that fails writes why to a
+close-on-exec pipe the host reads from its loop; a set-up the user stops is their own job's
+process, stopped, killed by a cancel or the job's time limit like any other."""
 
 from __future__ import annotations
 
@@ -7,11 +14,10 @@ import ctypes
 import errno
 import fcntl
 import os
-import select
 import signal
 import stat
-import subprocess
 import sys
+import time
 
 from gq import defaults, wakeup
 from gq.errors import LaunchError
@@ -21,9 +27,10 @@ from gq.exec.protocol import LaunchSpec
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 # The job's output: never through a link, never a controlling terminal, never a wait for a
-# FIFO's reader (the host would stall with it: Popen waits for the child's exec).
+# FIFO's reader.
 _OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NOCTTY
                  | os.O_NONBLOCK | os.O_CLOEXEC)
+SETUP_FAILED_EXIT = 127  # the child's exit status when its set-up failed before the exec
 
 
 def identity(spec: LaunchSpec) -> tuple[int, int, list[int]] | None:
@@ -42,127 +49,164 @@ def identity(spec: LaunchSpec) -> tuple[int, int, list[int]] | None:
     return spec.uid, spec.gid, list(spec.groups) or [spec.gid]
 
 
+class JobProcess:
+    """A job's process as its host sees it: the pid that leads its process group, and until
+    its exec (or its failure before it) the pipe that says how its set-up went."""
+
+    def __init__(self, pid: int, setup_pipe: int):
+        self.pid = pid
+        self.setup_pipe: int | None = setup_pipe  # closed by the child's exec
+        self.setup_failure: str | None = None  # why it never reached its exec
+        self.returncode: int | None = None
+
+    def read_setup(self) -> None:
+        """Once the pipe is readable (or the child has exited): an empty pipe means the exec
+        happened; anything in it is why the set-up failed. Closes the pipe."""
+        if self.setup_pipe is None:
+            return
+        try:
+            said = os.read(self.setup_pipe, defaults.MAX_TEXT)
+        finally:
+            os.close(self.setup_pipe)
+            self.setup_pipe = None
+        if said:  # the host's own words, but read as any wire text is: printable, no NUL
+            self.setup_failure = said.decode(errors="replace").replace("\0", "?")
+
+    def poll(self) -> int | None:
+        """The exit status once it has exited (negative: the signal that killed it), as
+        :meth:`subprocess.Popen.poll` gives it; None while it runs."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # collected elsewhere: its status is lost
+                pid, status = self.pid, 255 << 8
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        """Poll until it has exited or ``timeout`` has passed (tests and tools; the host
+        never waits)."""
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.returncode
+
+
 def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[int, ...],
-                       cgroup: JobCgroup | None = None) -> subprocess.Popen:
-    """Fork the job's process. In the child, still as root: leave the host's signal
-    handling, enter the job's cgroup (so that nothing it starts can leave it), then take the
-    submitter's groups, gid and uid, and only then, as them, enter the working directory and
-    open the output files, so that their rights decide where output may go (a FUSE mount
-    admits only a process whose ids are all theirs).
-
-    The host waits for the exec (Popen does), and the user may stop the child once it is
-    theirs: a child that has not exec'd after ``defaults.LAUNCH_TIMEOUT`` is killed with
-    everything it started, and its launch fails. That bounds, but does not remove, what a
-    stopped launch costs the host's other jobs (see the README)."""
+                       cgroup: JobCgroup | None = None) -> JobProcess:
+    """Fork the job's process and return once it leads its own session and sits in its
+    cgroup: until then it is root's, and nothing a user does can delay the host. The child
+    then takes the submitter's groups, gid and uid, and only as them enters the working
+    directory and opens the output files (so their rights decide where output may go, and a
+    FUSE mount, which admits only a process whose ids are all theirs, works), then execs.
+    LaunchError only for what fails before the fork."""
     switch_to = identity(spec)
-    error_read, error_write = os.pipe()
-    pid_read, pid_write = os.pipe()
-    stdout, stderr, cwd = spec.stdout, spec.stderr, spec.cwd
+    argv = list(spec.argv)
+    if not argv:
+        raise LaunchError(f"job {spec.id} has no command to run")
+    placed_read, placed_write = os.pipe()
+    setup_read, setup_write = os.pipe()
+    host = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        for fd in (placed_read, placed_write, setup_read, setup_write):
+            os.close(fd)
+        raise LaunchError(f"cannot start job {spec.id}: {exc.strerror}") from None
+    if pid == 0:
+        _become_job(spec, argv, env, pass_fds, cgroup, switch_to, host, placed_write,
+                    setup_write)  # never returns
+    os.close(placed_write)
+    os.close(setup_write)
+    try:
+        os.read(placed_read, 1)  # nothing comes: the child closes it (or dies) when placed
+    finally:
+        os.close(placed_read)
+    return JobProcess(pid, setup_read)
 
-    def in_child() -> None:
-        wakeup.detach_in_child()
-        os.write(pid_write, str(os.getpid()).encode())
-        try:
-            if cgroup is not None:
-                cgroup.enter()
-            if switch_to is not None:
-                uid, gid, groups = switch_to
-                os.setgroups(groups)
-                os.setresgid(gid, gid, gid)
-                os.setresuid(uid, uid, uid)
-        except OSError as exc:
-            os.write(error_write, f"cannot set up job {spec.id}'s process: {exc.strerror}"
-                     .encode())
-            raise
-        die_with_parent()  # after the uid change, which clears it
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            os.write(error_write, f"cannot enter working directory {cwd}: {exc.strerror}"
-                     .encode())
-            raise
-        out = _open_output(stdout, error_write)
-        err = out if stderr == stdout else _open_output(stderr, error_write)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
 
-    previous = signal.signal(signal.SIGALRM, _stalled)
-    _watchdog.armed = True
-    signal.setitimer(signal.ITIMER_REAL, defaults.LAUNCH_TIMEOUT)
+class _SetupFailed(Exception):
+    """Why a job's process cannot reach its exec, in words for its job's reason."""
+
+
+def _become_job(spec: LaunchSpec, argv: list[str], env: dict[str, str],
+                pass_fds: tuple[int, ...], cgroup: JobCgroup | None,
+                switch_to: tuple[int, int, list[int]] | None, host: int, placed_write: int,
+                setup_write: int) -> None:
+    """In the forked child: become the job's process and exec it. Never returns: a failure
+    is written to the set-up pipe and the child exits with ``SETUP_FAILED_EXIT``."""
     try:
         try:
-            return subprocess.Popen(
-                spec.argv, env=env, stdin=subprocess.DEVNULL, pass_fds=pass_fds,
-                start_new_session=True, umask=spec.umask, preexec_fn=in_child)
-        finally:
-            # Past this line the alarm raises nothing: the handling below and the clean-up
-            # run undisturbed, whenever it comes.
-            _watchdog.armed = False
-    except _Stalled:
-        os.close(pid_write)
-        pid_write = -1
-        _kill_stalled(pid_read, cgroup)
-        raise LaunchError(f"job {spec.id}'s process was stopped or stuck before it could "
-                          f"start, and killed after {defaults.LAUNCH_TIMEOUT:g} s") from None
-    except subprocess.SubprocessError:
-        os.set_blocking(error_read, False)
-        try:
-            reason = os.read(error_read, 4096).decode(errors="replace")
-        except BlockingIOError:
-            reason = ""
-        raise LaunchError(reason or "the job's process could not be set up") from None
-    except OSError as exc:
-        raise LaunchError(f"cannot start {spec.argv[0]}: {exc.strerror}") from exc
-    except ValueError as exc:  # what the wire lets through, the kernel may still refuse
-        raise LaunchError(f"cannot start job {spec.id}: {exc}") from None
+            _set_up(spec, argv, env, pass_fds, cgroup, switch_to, host, placed_write,
+                    setup_write)
+        except _SetupFailed as exc:
+            os.write(setup_write, str(exc).encode(errors="replace")[:defaults.MAX_TEXT])
+        except BaseException as exc:  # noqa: BLE001 - nothing may return into the host's code
+            os.write(setup_write, f"cannot start job {spec.id}: {exc}".encode(
+                errors="replace")[:defaults.MAX_TEXT])
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        for fd in (error_read, error_write, pid_read, pid_write):
-            if fd >= 0:
-                os.close(fd)
+        os._exit(SETUP_FAILED_EXIT)
 
 
-class _Stalled(Exception):
-    """A job's process did not exec within the launch timeout."""
-
-
-class _Watchdog:
-    armed = False  # the alarm interrupts a launch only while the host waits in Popen
-
-
-_watchdog = _Watchdog()
-
-
-def _stalled(signum: int, frame: object) -> None:
-    if _watchdog.armed:
-        raise _Stalled
-
-
-def _kill_stalled(pid_read: int, cgroup: JobCgroup | None) -> None:
-    """Kill and collect the child that never exec'd, with anything it started. It writes its
-    pid first thing, as root (no user can stop it before that): with the host's write end
-    closed, the pid or the end of the pipe comes at once, the wait is only a bound."""
-    if select.select([pid_read], [], [], 1.0)[0]:
+def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str],
+            pass_fds: tuple[int, ...], cgroup: JobCgroup | None,
+            switch_to: tuple[int, int, list[int]] | None, host: int, placed_write: int,
+            setup_write: int) -> None:
+    # As root, which no user can signal: leave the host's signal handling (its wakeup
+    # socket is shared across the fork), lead a session of its own, enter the cgroup.
+    wakeup.detach_in_child()
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # as subprocess restores them
+        signal.signal(signum, signal.SIG_DFL)
+    os.setsid()
+    try:
+        if cgroup is not None:
+            cgroup.enter()
+    except OSError as exc:
+        raise _SetupFailed(f"cannot put job {spec.id}'s process in its cgroup: "
+                           f"{exc.strerror}") from None
+    finally:
+        os.close(placed_write)  # the host goes on from here
+    if switch_to is not None:
+        uid, gid, groups = switch_to
         try:
-            pid = int(os.read(pid_read, 32) or 0)
-        except ValueError:
-            pid = 0
-    else:
-        pid = 0
-    if pid > 0:  # never kill(0) or kill(-1): the host's own group, or everything
-        # It leads its own session and group (made before it wrote its pid): one kill ends
-        # it and whatever it started.
-        kill_group(pid, signal.SIGKILL)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    if cgroup is not None:
-        cgroup.kill(defaults.CGROUP_KILL_TIMEOUT)
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        except OSError as exc:
+            raise _SetupFailed(f"cannot take job {spec.id}'s identity: {exc.strerror}") from None
+    die_with_parent()  # after the uid change, which clears it
+    if os.getppid() != host:  # the host died before that: the job must not outlive it
+        os._exit(SETUP_FAILED_EXIT)
+    os.umask(spec.umask)
+    try:
+        os.chdir(spec.cwd)
+    except OSError as exc:
+        raise _SetupFailed(f"cannot enter working directory {spec.cwd}: {exc.strerror}") from None
+    out = _open_output(spec.stdout)
+    err = out if spec.stderr == spec.stdout else _open_output(spec.stderr)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in pass_fds:
+        os.set_inheritable(fd, True)
+    _close_all_but((0, 1, 2, setup_write, *pass_fds))
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        raise _SetupFailed(f"cannot start {argv[0]}: {exc.strerror}") from None
 
 
-def _open_output(path: str, error_write: int) -> int:
+def _close_all_but(keep: tuple[int, ...]) -> None:
+    low = 0
+    for fd in (*sorted(set(keep)), os.sysconf("SC_OPEN_MAX")):
+        if fd > low:  # an empty range may close everything from its start on
+            os.closerange(low, fd)
+        low = fd + 1
+
+
+def _open_output(path: str) -> int:
     """In the child, as the submitter: append to the output file. A FIFO with no reader, a
     link or a directory is refused at once; a terminal never becomes the job's."""
     try:
@@ -174,11 +218,9 @@ def _open_output(path: str, error_write: int) -> int:
             reason = f"output file {path} is a FIFO that nobody reads"
         else:
             reason = f"cannot open output file {path}: {exc.strerror}"
-        os.write(error_write, reason.encode())
-        raise
+        raise _SetupFailed(reason) from None
     if stat.S_ISDIR(os.fstat(fd).st_mode):
-        os.write(error_write, f"output file {path} is a directory".encode())
-        raise IsADirectoryError(path)
+        raise _SetupFailed(f"output file {path} is a directory")
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)  # the job writes as usual
     return fd

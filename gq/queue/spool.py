@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from gq.home import Home
@@ -42,3 +43,12 @@ def snapshot(home: Home, job_id: int, name: str, content: bytes, uid: int | None
 
 def discard(home: Home, job_id: int) -> None:
     shutil.rmtree(job_dir(home, job_id), ignore_errors=True)
+
+
+def discard_snapshots(home: Home, paths: Iterable[str]) -> None:
+    """Delete snapshots by their paths, as the queue stored them (never outside the spool)."""
+    for path in paths:
+        directory = os.path.dirname(path)
+        name = os.path.basename(directory)
+        if os.path.dirname(directory) == str(home.spool) and name.isdigit():
+            discard(home, int(name))

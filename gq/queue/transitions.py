@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, insert, or_, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from gq.queue.models import Job, JobEvent, Payload
@@ -56,6 +56,7 @@ class NewJob:
     held: bool = False
     array_tasks: tuple[int, ...] | None = None
     array_max_running: int | None = None
+    script_bytes: int = 0  # the snapshot's size
     submit_time: float = field(default_factory=time.time)
 
 
@@ -64,7 +65,7 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
     """Insert the PENDING row, or one per task of a job array (the first id names the array,
     and its tasks share one payload): a few statements, however many tasks. Their ids."""
     tasks = new.array_tasks if new.array_tasks is not None else (None,)
-    payload = Payload(env=dict(new.env), args=list(new.args))
+    payload = Payload(env=dict(new.env), args=list(new.args), script_bytes=new.script_bytes)
     session.add(payload)
     session.flush()
     common = dict(
@@ -96,6 +97,20 @@ def set_spool_path(session: Session, job_ids: list[int], path: str) -> None:
     for part in chunks(job_ids):
         session.execute(update(Job).where(Job.id.in_(part)).values(spool_path=path)
                         .execution_options(synchronize_session=False))
+
+
+def drop_snapshots(session: Session, payload_ids: list[int]) -> set[str]:
+    """Forget the snapshots of these submissions (their jobs have all ended): their jobs
+    can no longer be requeued or exported. The paths to delete once this commits."""
+    paths: set[str] = set()
+    for part in chunks(payload_ids):
+        paths.update(session.scalars(select(Job.spool_path).distinct()
+                                     .where(Job.payload_id.in_(part))).all())
+        session.execute(update(Job).where(Job.payload_id.in_(part)).values(spool_path="")
+                        .execution_options(synchronize_session=False))
+        session.execute(update(Payload).where(Payload.id.in_(part)).values(script_bytes=0)
+                        .execution_options(synchronize_session=False))
+    return {path for path in paths if path}
 
 
 def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: str | None,

@@ -129,6 +129,10 @@ def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> mess
             if job.id in stopping:
                 lines.append(Line(f"Requeueing job {job.label} (running; it restarts after "
                                   "it stops)"))
+            elif state.terminal and not job.spool_path:
+                lines.append(Line(f"job {job.label}'s script was dropped from the spool to "
+                                  "make room for newer ones (the daemon's --max-spool); "
+                                  "submit the script again", REFUSED))
             elif state.terminal and transitions.requeue_finished(session, job):
                 lines.append(Line(f"Requeued job {job.label}"))
             else:

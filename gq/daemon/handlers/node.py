@@ -82,7 +82,8 @@ def _finite(seconds: float) -> float | None:
 def _limits(daemon: NodeView) -> messages.NodeLimits:
     connections = daemon.connection_limits
     return messages.NodeLimits(
-        max_pending=daemon.options.max_pending, max_array=daemon.options.max_array,
+        max_pending=daemon.options.max_pending, max_spool=daemon.options.max_spool,
+        max_array=daemon.options.max_array,
         max_connections_per_user=connections.per_user, max_connections=connections.total,
         max_request=connections.request, retention=_finite(daemon.options.retention),
         max_script=defaults.MAX_SCRIPT, max_job_payload=defaults.MAX_JOB_PAYLOAD,

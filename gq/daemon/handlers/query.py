@@ -79,6 +79,9 @@ def export(daemon: NodeView, caller: Caller, request: messages.ExportScript) -> 
         job = resolve_one(session, request.label)
         info = job_info(job)
     check_may_act(caller, job.uid, job.user, "export", job.label)
+    if not job.spool_path:
+        raise UserError(f"job {job.label}'s script was dropped from the spool to make room "
+                        "for newer ones (the daemon's --max-spool); nothing to export")
     try:
         body = ownerfiles.read_as(job.spool_path, _owner(daemon, job), defaults.MAX_SCRIPT)
     except ValueError:

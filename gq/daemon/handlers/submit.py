@@ -37,6 +37,7 @@ def submit(daemon: NodeView, caller: Caller, request: messages.Submit) -> messag
     job_id = None
     try:
         with daemon.db.write() as session:
+            dropped = _make_room_in_spool(daemon, session, caller, new.script_bytes)
             job_ids = transitions.submit(session, new, _output_resolver(new))
             job_id = job_ids[0]  # an array's id is its first task's
             snapshot = spool.snapshot(daemon.home, job_id, script.name, request.script,
@@ -46,6 +47,7 @@ def submit(daemon: NodeView, caller: Caller, request: messages.Submit) -> messag
         if job_id is not None:
             spool.discard(daemon.home, job_id)
         raise
+    spool.discard_snapshots(daemon.home, dropped)
     daemon.rescan()
     return messages.Submitted(job_id)
 
@@ -110,7 +112,8 @@ def _validate(daemon: NodeView, caller: Caller,
         priority=options.priority,
         exclusive=options.exclusive, requeue=options.requeue, dependency=options.dependency,
         held=options.held, array_tasks=tasks.tasks() if tasks else None,
-        array_max_running=tasks.max_running if tasks else None)
+        array_max_running=tasks.max_running if tasks else None,
+        script_bytes=len(request.script))
 
 
 def _name_of(script: PurePosixPath) -> str:
@@ -126,6 +129,33 @@ def _check_pending_limit(daemon: NodeView, session, caller: Caller, adding: int)
         raise UserError(f"{caller.name} has {pending} pending job(s); {adding} more would pass "
                         f"this node's limit of {limit} pending jobs per user (the daemon's "
                         "--max-pending); wait for some to start, or cancel some")
+
+
+def _make_room_in_spool(daemon: NodeView, session, caller: Caller, size: int) -> set[str]:
+    """Room in the spool for a new snapshot within the user's --max-spool. The snapshots of
+    their jobs that ended longest ago go first (those jobs can no longer be requeued or
+    exported); refused when their unfinished jobs' alone leave no room. The paths to delete
+    once the submission commits."""
+    limit = daemon.options.max_spool
+    kept = queries.spool_bytes(session, caller.name)
+    excess = kept + size - limit
+    if excess <= 0:
+        return set()
+    finished = queries.finished_snapshots(session, caller.name)
+    if excess > sum(freed for _, freed in finished):
+        unfinished = kept - sum(freed for _, freed in finished)
+        raise UserError(f"{caller.name}'s pending and running jobs keep "
+                        f"{format_size(unfinished)} of scripts in the spool; this "
+                        f"{format_size(size)} one would pass this node's limit of "
+                        f"{format_size(limit)} per user (the daemon's --max-spool); cancel "
+                        "some pending jobs, or wait for some to end")
+    freeing = []
+    for payload_id, freed in finished:
+        freeing.append(payload_id)
+        excess -= freed
+        if excess <= 0:
+            break
+    return transitions.drop_snapshots(session, freeing)
 
 
 def _local(timestamp: float) -> str:
