@@ -165,17 +165,19 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
         options = ["--system", *options]
         home.check_safe()  # before root opens its log there
         home.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        home.check_safe()  # made by another user in the meantime (under /tmp, say)?
     else:
         prepare_personal_home(home)
         env = dict(os.environ, GQ_HOME=str(home.root))
 
     def spawn() -> subprocess.Popen:
         try:
-            log = open(home.daemon_log, "ab")
+            fd = os.open(home.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise UserError(f"cannot use {home.root}: {exc.strerror}") from None
-        with log:
-            os.chmod(home.daemon_log, 0o600)
+        with os.fdopen(fd, "ab") as log:
+            os.fchmod(fd, 0o600)
             return subprocess.Popen(gq_python("gq.daemon", *options), env=env, cwd=home.root,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True)

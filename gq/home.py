@@ -106,6 +106,7 @@ class Home:
         self.check_safe()
         top = 0o755 if self.system else 0o700
         self.root.mkdir(mode=top, parents=True, exist_ok=True)
+        self.check_safe()  # another user may have made it in the meantime (under /tmp, say)
         self.spool.mkdir(mode=0o711 if self.system else 0o700, exist_ok=True)
         self.hosts.mkdir(mode=0o700, exist_ok=True)
         if self.system:  # an existing directory keeps its mode through mkdir: set it

@@ -17,6 +17,14 @@ EXPECTED = {
     # 4 threads x 300 module calls under no_grad: no deadlock, every call an iteration
     ("threaded_inference.py",): ("COMPLETED", 0, 1200, "threads done"),
     ("no_optimizer.py",): ("COMPLETED", 0, 0, "no optimizer done"),
+    # weights updated by hand: a backward, then the model's next call, ends a step; the 10
+    # evaluation batches after them are not training steps
+    ("hand_written_sgd.py",): ("COMPLETED", 0, 40, "hand-written sgd done"),
+    # two optimizers a step: 25 iterations, not 50
+    ("gan_two_optimizers.py",): ("COMPLETED", 0, 25, "gan done"),
+    # a loss module called at top level is no second batch
+    ("evaluation_with_loss.py",): ("COMPLETED", 0, 30, "evaluation done"),
+    ("compiled.py",): ("COMPLETED", 0, 20, "compiled done"),
     ("exits_three.py",): ("FAILED", 3, 0, "exiting 3"),
 }
 
@@ -41,6 +49,7 @@ def test_zoo_scripts_run_under_gq_as_they_do_bare(home, tmp_path):
         assert (info["state"], info["exit_code"]) == (state, code), (key, output)
         assert info["steps_done"] == steps, (key, info["steps_done"], output)
         assert line in output, (key, output)
+        assert "global hooks" not in output, (key, output)  # gq's hooks are not the script's
 
 
 def test_the_script_sees_its_own_path_and_reads_data_beside_it(daemon, tmp_path):

@@ -79,22 +79,39 @@ def _spec(**change) -> LaunchSpec:
 @root_only
 def test_a_jobs_process_leaves_the_hosts_signals_before_it_is_its_users(loop_signals,
                                                                          monkeypatch):
+    """Where it touches the user's files it is theirs: by then it holds nothing of the
+    host's (no socket, no pidfile lock, only its own descriptors and the set-up pipe), and
+    no signal disposition or mask of the host's (an ignored SIGQUIT, a blocked SIGUSR1)."""
     read_end, write_end = os.pipe()
-    record = _recorder(write_end)
     open_output = spawn._open_output
 
     def recorded(path: str) -> int:
-        record()
+        os.write(5, json.dumps({  # the job's descriptor 5 is the pipe
+            "uids": os.getresuid(), "wakeup": signal.set_wakeup_fd(-1),
+            "term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+            "quit": signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL,
+            "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}).encode())
         return open_output(path)
 
     monkeypatch.setattr(spawn, "_open_output", recorded)
-    process = spawn.start_as_submitter(_spec(), {"PATH": "/usr/bin:/bin"}, ())
+    quit_was = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    try:
+        process = spawn.start_as_submitter(_spec(), {"PATH": "/usr/bin:/bin"}, {5: write_end})
+    finally:
+        signal.signal(signal.SIGQUIT, quit_was)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
     assert process.wait(timeout=10) == 0
     seen = json.loads(os.read(read_end, 4096).split(b"}")[0] + b"}")
     os.close(read_end)
     os.close(write_end)
     # All its ids are the user's where it touches their files (a FUSE mount asks that).
-    assert seen == {"uids": [NOBODY] * 3, "wakeup": -1, "term": True}
+    assert {k: seen[k] for k in ("uids", "wakeup", "term", "quit", "mask")} == {
+        "uids": [NOBODY] * 3, "wakeup": -1, "term": True, "quit": True, "mask": []}
+    # 0-2, its descriptor 5, the set-up pipe (10 and up), and listdir's own (the lowest)
+    rest = set(seen["fds"]) - {0, 1, 2, 5}
+    assert len(rest) == 2 and min(rest) == 3 and max(rest) >= 10, seen["fds"]
 
 
 def _own_spec(**change) -> LaunchSpec:
@@ -111,7 +128,7 @@ def test_a_launch_stuck_before_its_exec_costs_the_host_no_wait(monkeypatch):
     whole like any other."""
     monkeypatch.setattr(spawn, "_open_output", lambda path: time.sleep(60))
     started = time.monotonic()
-    process = spawn.start_as_submitter(_own_spec(), {"PATH": "/usr/bin:/bin"}, ())
+    process = spawn.start_as_submitter(_own_spec(), {"PATH": "/usr/bin:/bin"}, {})
     assert time.monotonic() - started < 1.0
     assert process.poll() is None
     # It leads its own group already: a cancel that comes at once reaches it.
@@ -129,7 +146,7 @@ def test_a_launch_stuck_before_its_exec_costs_the_host_no_wait(monkeypatch):
     ({"stdout": "/"}, "cannot open output file /: Is a directory"),
 ])
 def test_a_set_up_that_fails_says_why_through_its_pipe(change, reason):
-    process = spawn.start_as_submitter(_own_spec(**change), {"PATH": "/usr/bin:/bin"}, ())
+    process = spawn.start_as_submitter(_own_spec(**change), {"PATH": "/usr/bin:/bin"}, {})
     assert process.wait(timeout=10) == spawn.SETUP_FAILED_EXIT
     process.read_setup()
     assert process.setup_failure is not None and process.setup_failure.startswith(reason)
@@ -140,13 +157,15 @@ def test_the_jobs_program_gets_no_descriptor_of_the_hosts_but_its_socket():
     os.set_inheritable(leaked_write, True)  # even one the host left inheritable
     passed_read, passed_write = os.pipe()
     process = spawn.start_as_submitter(_own_spec(argv=["sleep", "30"]),
-                                       {"PATH": "/usr/bin:/bin"}, (passed_write,))
+                                       {"PATH": "/usr/bin:/bin"}, {4: passed_write})
     try:
         assert select.select([process.setup_pipe], [], [], 10)[0]  # readable at its exec
         process.read_setup()
         assert process.setup_failure is None
         fds = {int(fd) for fd in os.listdir(f"/proc/{process.pid}/fd")}
-        assert fds == {0, 1, 2, passed_write}
+        assert fds == {0, 1, 2, 4}
+        os.write(passed_write, b"x")  # descriptor 4 of the job is the one it was given
+        assert os.read(passed_read, 1) == b"x"
     finally:
         spawn.kill_group(process.pid, signal.SIGKILL)
         process.wait(timeout=10)

@@ -590,3 +590,42 @@ def test_the_system_daemon_keeps_no_state_where_another_user_could_change_it(tmp
         assert (sticky / "state" / "daemon.pid").exists()
     finally:
         assert gq("daemon", "stop").code == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (gives a directory to another uid)")
+def test_a_state_directory_made_by_another_user_in_the_meantime_is_refused(tmp_path,
+                                                                           monkeypatch):
+    """Under a sticky /tmp, a missing state directory passes the first check; a user who
+    makes it before root does would own it: the check after mkdir refuses it."""
+    from gq import home as home_module
+
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    node = home_module.Home(sticky / "state", home_module.SYSTEM)
+    made = node.root.mkdir
+
+    def raced_mkdir(*args, **kwargs):
+        os.mkdir(node.root)  # the other user's
+        os.chown(node.root, 65534, 65534)
+        made(*args, **kwargs)
+
+    monkeypatch.setattr(type(node.root), "mkdir", lambda self, *a, **k: raced_mkdir(*a, **k)
+                        if self == node.root else made.__func__(self, *a, **k))
+    with pytest.raises(home_module.UnsafeStateDirectory, match="is owned by uid 65534"):
+        node.ensure()
+    assert list(node.root.iterdir()) == []
+
+
+def test_a_value_a_user_chose_cannot_forge_a_line_of_the_daemons_log():
+    import logging
+
+    from gq import log
+
+    formatter = log._OneLine("%(levelname)s %(message)s")
+    record = logging.LogRecord("gq", logging.INFO, __file__, 1, "job %d: %s", (
+        7, "cannot enter working directory /w/x\n2026-01-01 daemon INFO forged\x1b[2J"), None)
+    line = formatter.format(record)
+    assert "\n" not in line and "\x1b" not in line
+    assert line == ("INFO job 7: cannot enter working directory /w/x\\n2026-01-01 daemon INFO "
+                    "forged\\x1b[2J")

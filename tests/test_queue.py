@@ -174,25 +174,31 @@ def test_upgrade_to_0007_measures_the_snapshots_kept(tmp_path):
                            [(1,), (2,)])
     columns = ("id, name, user, state, priority, gpus, exclusive, requeue, script, spool_path, "
                "workdir, stdout_path, stderr_path, submit_time, run_count, steps_done, "
-               "attained, holds_lane, held, payload_id, array_job_id, array_task_id")
+               "attained, holds_lane, held, payload_id, array_job_id, array_task_id, uid")
     rows = [(7, "a", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", str(kept), "/w", "/w/o", "/w/o",
-             1.0, 0, 0, 0.0, 0, 0, 1, 7, 0),
+             1.0, 0, 0, 0.0, 0, 0, 1, 7, 0, 1000),
             (8, "a", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", str(kept), "/w", "/w/o", "/w/o",
-             1.0, 0, 0, 0.0, 0, 0, 1, 7, 1),
+             1.0, 0, 0, 0.0, 0, 0, 1, 7, 1, 1000),
             (9, "b", "ann", "COMPLETED", 0, 1, 0, 0, "/t.sh", "/gone/9/t.sh", "/w", "/w/o",
-             "/w/o", 2.0, 1, 0, 0.0, 0, 0, 2, None, None)]
-    connection.executemany(f"INSERT INTO jobs ({columns}) VALUES ({', '.join('?' * 22)})", rows)
+             "/w/o", 2.0, 1, 0, 0.0, 0, 0, 2, None, None, 1000)]
+    connection.executemany(f"INSERT INTO jobs ({columns}) VALUES ({', '.join('?' * 23)})", rows)
     connection.commit()
     connection.close()
     database = Database(home)
     with database.read() as session:
         assert [j.id for j in queries.jobs(session)] == [7, 8, 9]
-        assert queries.payload(session, 1).script_bytes == 1234  # one array, counted once
-        assert queries.payload(session, 2).script_bytes == 0  # its snapshot is gone
-        assert queries.spool_bytes(session, "ann") == 1234
-        assert [tuple(r) for r in queries.finished_snapshots(session, "ann")] == []
+        assert queries.payload(session, 1).spool_bytes == 3 * 4096  # an array counts once
+        assert queries.payload(session, 2).spool_bytes == 0  # its snapshot is gone
+        assert queries.spool_bytes(session, 1000) == 3 * 4096
+        assert [tuple(r) for r in queries.finished_snapshots(session, 1000)] == []
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
+
+
+def test_a_snapshot_costs_its_blocks_and_two_inodes_even_when_empty():
+    from gq.queue import spool
+
+    assert [spool.footprint(n) for n in (0, 1, 4096, 4097)] == [8192, 12288, 12288, 16384]
 
 
 def test_purge_forgets_old_finished_jobs_but_what_pending_jobs_depend_on(db):
@@ -207,7 +213,7 @@ def test_purge_forgets_old_finished_jobs_but_what_pending_jobs_depend_on(db):
             assert transitions.finish(session, job_id, JobState.COMPLETED, 0, None, now=end)
         queries.job(session, waiting).dependency = f"afterok:{needed}"
     for job_id in (old, needed):
-        path = spool.snapshot(db.home, job_id, "s.sh", b"true\n", None, None)
+        path = spool.snapshot(db.home, job_id, "s.sh", b"true\n")
         with db.write() as session:
             transitions.set_spool_path(session, [job_id], str(path))
     assert retention.purge(db, db.home, retention=500.0, now=1000.0) == 1

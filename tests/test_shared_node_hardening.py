@@ -125,3 +125,30 @@ def test_an_operators_hold_is_released_by_an_operator_only(shared_node, users):
     shared_node.ok(carol, "release", held)
     for job_id in (mine, held):
         shared_node.wait_state(job_id, "COMPLETED")
+
+
+def test_a_snapshot_is_roots_out_of_reach_of_its_user_and_read_by_the_job(shared_node, users):
+    """A snapshot its user owned could be made writable and grown after submit, to
+    gigabytes on the node's state disk, past --max-spool; and another user who guessed its
+    path could read it. Now it is root's, in a directory closed to everyone, and the job
+    reads it through the descriptor its host opened: Python and shell jobs alike, with
+    their script named as submitted."""
+    alice, bob = users["alice"], users["bob"]
+    shell = _script(alice, "launch.sh", 'cd "$(dirname "$0")" && cat beside.txt\n')
+    (alice.workdir / "beside.txt").write_text("found beside\n")
+    python = _script(alice, "t.py", "import sys; print('argv0', sys.argv[0])\n")
+    held = _submit(shared_node, alice, "--hold", str(shell))
+    snapshot = shared_node.root / "spool" / str(held) / "launch.sh"
+    assert snapshot.stat().st_uid == 0 and stat.S_IMODE(snapshot.parent.stat().st_mode) == 0o700
+    for user in (alice, bob):
+        tried = subprocess.run(["runuser", "-u", user.name, "--", "sh", "-c",
+                                f"echo more >> {snapshot} || cat {snapshot}"],
+                               capture_output=True, text=True)
+        assert tried.returncode != 0 and "Permission denied" in tried.stderr
+    assert snapshot.read_text() == shell.read_text()
+    shared_node.ok(alice, "release", held)
+    assert shared_node.wait_state(held, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert (alice.workdir / f"gq-{held}.out").read_text() == "found beside\n"
+    ran = _submit(shared_node, alice, str(python))
+    assert shared_node.wait_state(ran, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert (alice.workdir / f"gq-{ran}.out").read_text() == f"argv0 {python}\n"

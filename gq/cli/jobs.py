@@ -131,7 +131,9 @@ def _print_job(job: messages.JobInfo) -> None:
         ("EndTime", render.short_time(job.end_time)),
         ("RunTime", render.duration(render.elapsed(job))),
         ("ExitCode", "-" if job.exit_code is None else job.exit_code),
-        ("Steps", f"{job.steps_done}/{job.steps_total or '?'}"),
+        ("Steps", f"{job.steps_done}/{job.steps_total or '?'}" + (
+            f" (counted by run {job.run_count}; the job completed)"
+            if render.resumed_and_done(job) else "")),
         ("MeanIteration", f"{job.mean_iteration * 1000:.2f} ms" if job.mean_iteration else "-"),
         ("MeanGap", f"{job.mean_gap * 1000:.2f} ms" if job.mean_gap is not None else "-"),
         ("AttainedDeviceTime", f"{job.attained:.2f} s"),

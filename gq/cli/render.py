@@ -111,9 +111,18 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def progress(job: JobInfo, width: int = 10) -> str:
     if not job.steps_total:
         return str(job.steps_done) if job.steps_done else "-"
+    if resumed_and_done(job):
+        return f"{'█' * width} done ({job.steps_done} in run {job.run_count})"
     fraction = min(1.0, job.steps_done / job.steps_total)
     filled = int(round(fraction * width))
     return f"{'█' * filled}{'░' * (width - filled)} {job.steps_done}/{job.steps_total}"
+
+
+def resumed_and_done(job: JobInfo) -> bool:
+    """A job completed by a later run (resumed from a checkpoint, say), which counted only
+    its own steps: fewer than the total, and done all the same."""
+    return (job.state == "COMPLETED" and job.steps_total is not None
+            and job.steps_done < job.steps_total)
 
 
 def lane_state(job: JobInfo) -> str:

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-from gq import defaults, home
+from gq import defaults, home, log
 from gq.daemon.control import acquire_pidfile
 from gq.errors import AlreadyRunning, UnsafeStateDirectory, UserError
 from gq.units import parse_period
@@ -44,7 +44,7 @@ def main() -> None:
     # A daemon outlives the terminal that started it: no hangup may end it, and its working
     # directory is its own (nothing a user controls is on its path: see spawn.gq_python).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s daemon %(levelname)s %(message)s")
+    log.configure("daemon")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line each
     if args.system and os.geteuid() != 0:
         sys.exit("gq: error: the system daemon runs as root")

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
-from gq.exec.protocol import LaunchSpec
+from gq.exec.protocol import SCRIPT_PATH, LaunchSpec
 from gq.home import Home
+from gq.queue import spool
 from gq.queue.models import Job, Payload
 
 _GQ_PACKAGE = Path(__file__).resolve().parents[1]
@@ -36,20 +37,37 @@ def is_python(script: str) -> bool:
 
 
 def command(job: Job, args: list[str]) -> tuple[list[str], bool]:
-    """The argv to run, and whether it speaks the worker protocol (Python scripts do)."""
+    """The argv to run, and whether it speaks the worker protocol (Python scripts do). The
+    snapshot is the job's descriptor SCRIPT_FD, named SCRIPT_PATH: the worker reads it; a
+    shell script is read by its shell as ``SHELL -c '. SCRIPT_PATH' SUBMITTED ARGS...``, so
+    that ``$0`` names the submitted script (``"$(dirname "$0")"`` finds the files beside
+    it); any other ``#!`` script is run through the kernel, as ``SCRIPT_PATH``."""
     if job.interpreter is not None:
-        return [job.interpreter, "-m", "gq.exec.worker", job.spool_path, *args], True
-    # The snapshot lies in the daemon's own spool directory, but its owner may chmod it:
-    # open it so that nothing there can block or redirect the daemon.
-    fd = os.open(job.spool_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                 | os.O_CLOEXEC)
-    try:
-        has_shebang = os.read(fd, 2) == b"#!"
-    finally:
-        os.close(fd)
-    if has_shebang:
-        return [job.spool_path, *args], False
-    return ["bash", job.spool_path, *args], False
+        return [job.interpreter, "-m", "gq.exec.worker", SCRIPT_PATH, *args], True
+    first = spool.first_line(job.spool_path)
+    if first.startswith(b"#!"):
+        shell = shell_of(first[2:].decode(errors="replace"))
+        if shell is None:
+            return [SCRIPT_PATH, *args], False
+    else:
+        shell = ["bash"]
+    return [*shell, "-c", f". {SCRIPT_PATH}", job.script, *args], False
+
+
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
+
+
+def shell_of(shebang: str) -> list[str] | None:
+    """The command that starts the shell a ``#!`` line names, with its option (as the
+    kernel passes it: the rest of the line, one argument), or None for another program.
+    ``/usr/bin/env bash`` is bash found on the job's PATH."""
+    program, _, option = shebang.strip().partition(" ")
+    option = option.strip()
+    if os.path.basename(program) == "env" and option and " " not in option:
+        program, option = option, ""
+    if os.path.basename(program) not in _SHELLS:
+        return None
+    return [program, option] if option else [program]
 
 
 def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, run: int,
@@ -90,4 +108,4 @@ def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, ru
         stdout=job.stdout_path, stderr=job.stderr_path, lane=lane, user=job.user,
         priority=job.priority, submit_time=job.submit_time, steps_total=job.steps_total,
         time_limit=job.time_limit, deadline=job.deadline, uid=job.uid, gid=job.gid,
-        groups=groups, umask=job.umask)
+        groups=groups, umask=job.umask, snapshot=job.spool_path or None)

@@ -1,5 +1,5 @@
-"""Files the daemon opens on a user's behalf (a job's output for an operator's ``gq logs``,
-a job's snapshot for ``gq export``), opened with the job owner's rights, never root's.
+"""Files the daemon opens on a user's behalf (a job's output for an operator's ``gq logs``),
+opened with the job owner's rights, never root's. (Snapshots are the daemon's own files.)
 
 A root daemon forks a short-lived child that takes the owner's groups, gid and uid, opens
 the path with ``O_NOFOLLOW | O_NOCTTY | O_NONBLOCK`` (no link is followed at its last
@@ -72,18 +72,6 @@ def open_as(path: str, owner: Owner, timeout: float = defaults.OPEN_AS_OWNER_TIM
     finally:
         parent_end.close()
         _reap(pid)
-
-
-def read_as(path: str, owner: Owner, limit: int,
-            timeout: float = defaults.OPEN_AS_OWNER_TIMEOUT) -> bytes:
-    """At most ``limit`` bytes of the regular file at ``path``, as ``owner`` reads them;
-    ValueError if the file holds more."""
-    fd = open_as(path, owner, timeout)
-    with os.fdopen(fd, "rb") as handle:
-        body = handle.read(limit + 1)
-    if len(body) > limit:
-        raise ValueError(f"{path} holds more than {limit} bytes")
-    return body
 
 
 def _open_regular(path: str) -> int:

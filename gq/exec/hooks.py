@@ -1,26 +1,34 @@
-"""Finding iteration boundaries in unmodified PyTorch scripts.
+"""The hooks that find iteration boundaries in unmodified PyTorch scripts.
 
 Installed once the script imports torch (a meta-path finder watches for it, so scripts
-that never import torch pay nothing):
-- at a module call while released: acquire (later calls see the lane held and return);
-- after every ``optimizer.step()``: release, one training step done;
-- when grad is disabled, the end of an outermost module call: release, one inference step.
+that never import torch pay nothing): a global forward pre-hook and hook on every module
+call, a post-hook on every optimizer step, and a wrapper around ``torch.autograd.backward``.
+They keep each thread's nesting depth and tell :class:`gq.exec.boundaries.LoopShape` what
+happened at top level; it decides where iterations end (its docstring states the rule).
+A module call while released acquires the lane (later calls see it held and return at once).
 
-Several threads may call modules at once (inference servers, thread pools): each thread
-keeps its own nesting depth, the device is held while any thread is inside a module call,
-and it is released when the last one leaves. A module call that raises still counts as
-left (the forward hook is registered with ``always_call``).
+Several threads may call modules at once (inference servers, thread pools): the device is
+held while any thread is inside a module call and released when the last one leaves. A
+module call that raises still counts as left (the forward hook is registered with
+``always_call``). Calls traced by ``torch.compile`` are left alone (the compiled module's
+own call is the outermost one), and the warning torch gives about global hooks on a
+compiled module is not shown: the hooks are gq's, not the script's.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
 import sys
 import threading
+import warnings
 
-from gq.exec.runtime import INFER, TRAIN, JobSession
+from gq.exec.boundaries import Boundary, LoopShape
+from gq.exec.runtime import JobSession
+
+_COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
 class _Boundaries:
@@ -31,19 +39,33 @@ class _Boundaries:
     def __init__(self, session: JobSession, torch):
         self.session = session
         self.torch = torch
+        self.compiling = torch.compiler.is_compiling
         self.local = threading.local()  # .depth: this thread's nesting of module calls
         self.lock = threading.Lock()
         self.inside = 0  # threads now inside an outermost module call
+        self.shape = LoopShape()
 
-    def before_forward(self, _module, _inputs):
+    def _apply(self, boundary: Boundary) -> None:
+        """Under the lock: count and release as the loop's shape says."""
+        if boundary.count is not None:
+            self.session.count_step(boundary.count)
+        if boundary.release and self.inside == 0:
+            self.session.release()
+
+    def before_forward(self, module, _inputs):
+        if self.compiling():
+            return
         depth = getattr(self.local, "depth", 0)
         self.local.depth = depth + 1
         if depth == 0:
             with self.lock:
+                self._apply(self.shape.forward_begins(id(module), _has_parameters(module)))
                 self.inside += 1
                 self.session.acquire()  # at once while the lane is held
 
-    def after_forward(self, _module, _inputs, _output):
+    def after_forward(self, module, _inputs, _output):
+        if self.compiling():
+            return
         depth = getattr(self.local, "depth", 0)
         if depth == 0:
             return  # a call that began before the hooks were installed
@@ -51,26 +73,50 @@ class _Boundaries:
         if depth == 1:
             with self.lock:
                 self.inside -= 1
-                if not self.torch.is_grad_enabled():
-                    self.session.count_step(INFER)
-                    if self.inside == 0:
-                        self.session.release()
+                self._apply(self.shape.forward_ends(_has_parameters(module),
+                                                    self.torch.is_grad_enabled()))
 
-    def after_optimizer_step(self, _optimizer, _args, _kwargs):
+    def after_backward(self) -> None:
+        with self.lock:
+            self.shape.backward()
+
+    def after_optimizer_step(self, optimizer, _args, _kwargs):
         self.local.depth = 0
         with self.lock:
-            self.session.count_step(TRAIN)
-            if self.inside == 0:
-                self.session.release()
+            self._apply(self.shape.optimizer_steps(id(optimizer)))
+
+    def script_ends(self) -> None:
+        with self.lock:
+            self._apply(self.shape.script_ends())
+
+
+def _has_parameters(module) -> bool:
+    return next(module.parameters(), None) is not None
 
 
 def install(session: JobSession, torch) -> None:
     module_hooks = importlib.import_module("torch.nn.modules.module")
     optimizer_hooks = importlib.import_module("torch.optim.optimizer")
+    autograd = importlib.import_module("torch.autograd")
     boundaries = _Boundaries(session, torch)
     module_hooks.register_module_forward_pre_hook(boundaries.before_forward)
     module_hooks.register_module_forward_hook(boundaries.after_forward, always_call=True)
     optimizer_hooks.register_optimizer_step_post_hook(boundaries.after_optimizer_step)
+    autograd.backward = _noting_backward(autograd.backward, boundaries)  # Tensor.backward too
+    warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+    at_finish = getattr(session, "at_finish", None)
+    if at_finish is not None:
+        at_finish.append(boundaries.script_ends)
+
+
+def _noting_backward(backward, boundaries: _Boundaries):
+    @functools.wraps(backward)
+    def noted(*args, **kwargs):
+        result = backward(*args, **kwargs)
+        boundaries.after_backward()
+        return result
+
+    return noted
 
 
 class _TorchWatcher(importlib.abc.MetaPathFinder):

@@ -24,12 +24,14 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gq import defaults, policies
+from gq import log as gq_log
 from gq.errors import AlreadyRunning, LaunchError
 from gq.exec import cgroups
 from gq.exec import protocol as wire
@@ -147,8 +149,13 @@ class Resident:
         return wire.JobProgress(**self._figures())
 
     def _figures(self) -> dict:
+        """What the daemon is told: attained time counts the iteration in progress, so it
+        grows while a long iteration runs."""
+        attained = self.attained
+        if self.state == "running":
+            attained += max(0.0, time.monotonic() - self.granted_at)
         return dict(job=self.job_id, run=self.run, steps_done=self.steps_done,
-                    steps_total=self.steps_total, attained=self.attained,
+                    steps_total=self.steps_total, attained=attained,
                     mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
                     mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
                     holds_lane=self.state == "running")
@@ -407,26 +414,35 @@ class Host:
             process.read_setup()
 
     def _spawn(self, spec: wire.LaunchSpec) -> Resident:
-        """Start the job's process as its submitter, in its own process group and cgroup."""
+        """Start the job's process as its submitter, in its own process group and cgroup,
+        with its snapshot open as SCRIPT_FD and, for a Python job, its socket as WORKER_FD."""
         env = dict(spec.env)
+        fds: dict[int, int] = {}
+        script = _open_snapshot(spec)
         worker_end = host_end = None
-        pass_fds: tuple[int, ...] = ()
-        if spec.worker:
-            host_end, worker_end = socket.socketpair()
-            env["GQ_WORKER_FD"] = str(worker_end.fileno())
-            pass_fds = (worker_end.fileno(),)
-        cgroup = self._make_cgroup(spec)
         try:
-            process = start_as_submitter(spec, env, pass_fds, cgroup)
+            if script is not None:
+                fds[wire.SCRIPT_FD] = script
+            if spec.worker:
+                host_end, worker_end = socket.socketpair()
+                env["GQ_WORKER_FD"] = str(wire.WORKER_FD)
+                fds[wire.WORKER_FD] = worker_end.fileno()
+            cgroup = self._make_cgroup(spec)
+            try:
+                process = start_as_submitter(spec, env, fds, cgroup)
+            except LaunchError:
+                if cgroup is not None:
+                    cgroup.remove()
+                raise
         except LaunchError:
             if host_end is not None:
                 host_end.close()
-            if cgroup is not None:
-                cgroup.remove()
             raise
         finally:
             if worker_end is not None:
                 worker_end.close()
+            if script is not None:
+                os.close(script)
         channel = None
         if host_end is not None:
             host_end.setblocking(False)
@@ -549,6 +565,7 @@ class Host:
             return
         chosen.state = "running"
         chosen.granted_at = time.monotonic()
+        chosen.dirty = True  # the daemon hears of the grant with the next progress
         lane.holder = chosen
         if lane.last_job not in (None, chosen.job_id):
             lane.switches += 1
@@ -674,13 +691,29 @@ class Host:
         if self.daemon is None or now - self._last_progress < defaults.PROGRESS_PERIOD:
             return
         self._last_progress = now
-        changed = [r for r in self.residents.values() if r.dirty]
+        # A job inside an iteration is reported each time: its attained time grows.
+        changed = [r for r in self.residents.values() if r.dirty or r.state == "running"]
         for resident in changed:
             resident.dirty = False
         switches = [lane.switches for lane in self.lanes]
         if changed or switches != self._reported_switches:
             self._reported_switches = switches
             self._tell(wire.Progress([r.progress() for r in changed], switches))
+
+
+def _open_snapshot(spec: wire.LaunchSpec) -> int | None:
+    """The job's snapshot, opened by the host: the job's user cannot reach the spool."""
+    if spec.snapshot is None:
+        return None
+    try:
+        fd = os.open(spec.snapshot, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LaunchError(f"cannot open job {spec.id}'s script snapshot: {exc.strerror}; "
+                          "submit the script again") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LaunchError(f"job {spec.id}'s script snapshot is not a regular file")
+    return fd
 
 
 def _peer_uid(sock: socket.socket) -> int:
@@ -730,8 +763,7 @@ def main() -> None:
     parser.add_argument("--scope", required=True, help="this gq instance's cgroup tag")
     args = parser.parse_args()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s host[{args.device}] %(levelname)s %(message)s")
+    gq_log.configure(f"host[{args.device}]")
     try:
         pidfile, listener = listen(args.state_dir, args.device)
     except AlreadyRunning:

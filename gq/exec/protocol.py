@@ -83,6 +83,15 @@ class LaunchSpec:
     steps_total: Positive | None = None
     time_limit: TimeLimit | None = None
     deadline: Timestamp | None = None
+    # The script's snapshot: the host opens it (the job's user cannot reach the spool) and
+    # the job's process gets it as descriptor SCRIPT_FD, named in argv as SCRIPT_PATH.
+    snapshot: Path | None = None
+
+
+# The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
+# only), and a Python job's socket to its host.
+SCRIPT_FD, WORKER_FD = 3, 4
+SCRIPT_PATH = f"/dev/fd/{SCRIPT_FD}"
 
 
 @message

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Protocol
 
 # What a step was: the reported count is the explicit steps if the script marks any (gq.steps,
-# gq.step), else its optimizer steps, else its inference calls, so evaluation forwards in a
-# training loop do not count as training steps.
-EXPLICIT, TRAIN, INFER = "explicit", "train", "infer"
+# gq.step), else its optimizer steps, else its hand-written training steps (a backward, then
+# the model's next call), else its evaluation batches, so evaluation forwards in a training
+# loop do not count as training steps (see gq.exec.boundaries).
+EXPLICIT, TRAIN, MANUAL, INFER = "explicit", "train", "manual", "infer"
+COUNTED_FIRST = (EXPLICIT, TRAIN, MANUAL, INFER)
 
 
 class JobSession(Protocol):

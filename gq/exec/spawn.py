@@ -93,13 +93,15 @@ class JobProcess:
         return self.returncode
 
 
-def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[int, ...],
+def start_as_submitter(spec: LaunchSpec, env: dict[str, str], fds: dict[int, int],
                        cgroup: JobCgroup | None = None) -> JobProcess:
     """Fork the job's process and return once it leads its own session and sits in its
-    cgroup: until then it is root's, and nothing a user does can delay the host. The child
-    then takes the submitter's groups, gid and uid, and only as them enters the working
-    directory and opens the output files (so their rights decide where output may go, and a
-    FUSE mount, which admits only a process whose ids are all theirs, works), then execs.
+    cgroup: until then it is root's, and nothing a user does can delay the host. Still as
+    root, the child then keeps only the descriptors the job gets (``fds``: its number in the
+    job's process -> the host's descriptor) and resets every signal; it takes the
+    submitter's groups, gid and uid, and only as them enters the working directory and opens
+    the output files (so their rights decide where output may go, and a FUSE mount, which
+    admits only a process whose ids are all theirs, works), then execs.
     LaunchError only for what fails before the fork."""
     switch_to = identity(spec)
     argv = list(spec.argv)
@@ -107,6 +109,10 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
         raise LaunchError(f"job {spec.id} has no command to run")
     placed_read, placed_write = os.pipe()
     setup_read, setup_write = os.pipe()
+    # Above every number a job's descriptor may be given: placing those never closes it.
+    setup_write, unplaced = fcntl.fcntl(setup_write, fcntl.F_DUPFD_CLOEXEC, _ABOVE_PLACED), \
+        setup_write
+    os.close(unplaced)
     host = os.getpid()
     try:
         pid = os.fork()
@@ -115,7 +121,7 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], pass_fds: tuple[in
             os.close(fd)
         raise LaunchError(f"cannot start job {spec.id}: {exc.strerror}") from None
     if pid == 0:
-        _become_job(spec, argv, env, pass_fds, cgroup, switch_to, host, placed_write,
+        _become_job(spec, argv, env, fds, cgroup, switch_to, host, placed_write,
                     setup_write)  # never returns
     os.close(placed_write)
     os.close(setup_write)
@@ -130,16 +136,14 @@ class _SetupFailed(Exception):
     """Why a job's process cannot reach its exec, in words for its job's reason."""
 
 
-def _become_job(spec: LaunchSpec, argv: list[str], env: dict[str, str],
-                pass_fds: tuple[int, ...], cgroup: JobCgroup | None,
-                switch_to: tuple[int, int, list[int]] | None, host: int, placed_write: int,
-                setup_write: int) -> None:
+def _become_job(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[int, int],
+                cgroup: JobCgroup | None, switch_to: tuple[int, int, list[int]] | None,
+                host: int, placed_write: int, setup_write: int) -> None:
     """In the forked child: become the job's process and exec it. Never returns: a failure
     is written to the set-up pipe and the child exits with ``SETUP_FAILED_EXIT``."""
     try:
         try:
-            _set_up(spec, argv, env, pass_fds, cgroup, switch_to, host, placed_write,
-                    setup_write)
+            _set_up(spec, argv, env, fds, cgroup, switch_to, host, placed_write, setup_write)
         except _SetupFailed as exc:
             os.write(setup_write, str(exc).encode(errors="replace")[:defaults.MAX_TEXT])
         except BaseException as exc:  # noqa: BLE001 - nothing may return into the host's code
@@ -149,15 +153,12 @@ def _become_job(spec: LaunchSpec, argv: list[str], env: dict[str, str],
         os._exit(SETUP_FAILED_EXIT)
 
 
-def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str],
-            pass_fds: tuple[int, ...], cgroup: JobCgroup | None,
-            switch_to: tuple[int, int, list[int]] | None, host: int, placed_write: int,
-            setup_write: int) -> None:
+def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[int, int],
+            cgroup: JobCgroup | None, switch_to: tuple[int, int, list[int]] | None,
+            host: int, placed_write: int, setup_write: int) -> None:
     # As root, which no user can signal: leave the host's signal handling (its wakeup
     # socket is shared across the fork), lead a session of its own, enter the cgroup.
     wakeup.detach_in_child()
-    for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # as subprocess restores them
-        signal.signal(signum, signal.SIG_DFL)
     os.setsid()
     try:
         if cgroup is not None:
@@ -167,6 +168,12 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str],
                            f"{exc.strerror}") from None
     finally:
         os.close(placed_write)  # the host goes on from here
+    # Still root's: nothing of the host's may be open once the user can reach the process
+    # (its sockets, its pidfile's lock), and no signal disposition or mask of the host's
+    # may reach the job.
+    _place(fds)
+    _close_all_but((0, 1, 2, setup_write, *fds))
+    _default_signals()
     if switch_to is not None:
         uid, gid, groups = switch_to
         try:
@@ -186,24 +193,48 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str],
     out = _open_output(spec.stdout)
     err = out if spec.stderr == spec.stdout else _open_output(spec.stderr)
     null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(err, 2)
-    for fd in pass_fds:
-        os.set_inheritable(fd, True)
-    _close_all_but((0, 1, 2, setup_write, *pass_fds))
+    for source, target in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(source, target)
+    for fd in {null, out, err} - {0, 1, 2}:
+        os.close(fd)
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
         raise _SetupFailed(f"cannot start {argv[0]}: {exc.strerror}") from None
 
 
+def _place(fds: dict[int, int]) -> None:
+    """Give the job's descriptors their numbers, inheritable (any of them may sit where
+    another must go, so all move above those first)."""
+    low = max((2, *fds)) + 1
+    moved = {target: fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, low)
+             for target, source in fds.items()}
+    for target, source in moved.items():
+        os.dup2(source, target, inheritable=True)
+
+
 def _close_all_but(keep: tuple[int, ...]) -> None:
+    """Close every other descriptor, whatever the process's limit says now (the user may
+    lower it once the process is theirs, but this runs before)."""
     low = 0
-    for fd in (*sorted(set(keep)), os.sysconf("SC_OPEN_MAX")):
+    for fd in (*sorted(set(keep)), _ALL_DESCRIPTORS):
         if fd > low:  # an empty range may close everything from its start on
             os.closerange(low, fd)
         low = fd + 1
+
+
+_ALL_DESCRIPTORS = 1 << 30  # past any descriptor (closerange uses close_range(2))
+_ABOVE_PLACED = 10  # job descriptors are SCRIPT_FD and WORKER_FD
+
+
+def _default_signals() -> None:
+    for signum in signal.valid_signals():
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(signum, signal.SIG_DFL)
+            except (OSError, ValueError):  # real-time signals Python does not manage
+                pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def _open_output(path: str) -> int:

@@ -23,7 +23,8 @@ import types
 from gq import defaults
 from gq.codec import INT64_MAX
 from gq.exec import hooks, memory, runtime
-from gq.exec.protocol import TO_WORKER, Channel, Done, Finished, Ready, StepsTaken, Total, encode
+from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, TO_WORKER, Channel, Done, Finished, Ready,
+                              StepsTaken, Total, encode)
 
 READY = encode(Ready())
 
@@ -37,11 +38,12 @@ class WorkerSession:
         self.lock = threading.RLock()
         self.held = False
         self.empty_cache_after = False
-        self.counts = {runtime.EXPLICIT: 0, runtime.TRAIN: 0, runtime.INFER: 0}
+        self.counts = dict.fromkeys(runtime.COUNTED_FIRST, 0)
         self.reported = 0
         self.sample = memory.MemorySample(0, 0)
         self.sampled_at = 0.0
         self.detached = False
+        self.at_finish: list = []  # what runs as the script ends (the hooks' last boundary)
         # A forked child (a DataLoader worker, say) must not speak on its parent's socket.
         os.register_at_fork(after_in_child=self._detach)
 
@@ -51,8 +53,9 @@ class WorkerSession:
 
     @property
     def steps(self) -> int:
-        """Explicit steps if any, else optimizer steps, else inference calls."""
-        for kind in (runtime.EXPLICIT, runtime.TRAIN, runtime.INFER):
+        """Explicit steps if any, else optimizer steps, else hand-written training steps,
+        else evaluation batches."""
+        for kind in runtime.COUNTED_FIRST:
             if self.counts[kind]:
                 return self.counts[kind]
         return 0
@@ -104,6 +107,8 @@ class WorkerSession:
         """The script is over: free the lane now, not after the interpreter's teardown."""
         if self.detached:
             return
+        for action in self.at_finish:
+            action()
         with self.lock:
             if self.held:
                 self.release()
@@ -111,9 +116,14 @@ class WorkerSession:
 
 
 def run_script(snapshot: str, submitted: str) -> None:
-    """Run the snapshot as ``__main__`` as if ``python SUBMITTED`` ran it."""
-    with open(snapshot, "rb") as handle:
-        source = handle.read()
+    """Run the snapshot as ``__main__`` as if ``python SUBMITTED`` ran it. The snapshot is
+    the descriptor the host opened (SCRIPT_PATH), closed once read, or a file."""
+    if snapshot == SCRIPT_PATH:
+        with os.fdopen(SCRIPT_FD, "rb") as handle:
+            source = handle.read()
+    else:
+        with open(snapshot, "rb") as handle:
+            source = handle.read()
     code = compile(source, submitted, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=submitted, __cached__=None, __loader__=None,

@@ -20,9 +20,9 @@ class Payload(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     env: Mapped[dict[str, str]] = mapped_column(JSON, deferred=True)  # read at launch only
     args: Mapped[list[str]] = mapped_column(JSON)
-    # The size of its script snapshot while the spool keeps it (0 once dropped): what counts
-    # against its user's --max-spool.
-    script_bytes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # What its snapshot costs the spool while kept (spool.footprint; 0 once dropped): what
+    # counts against its user's --max-spool.
+    spool_bytes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Job(Base):

@@ -112,21 +112,22 @@ def pending_count(session: Session, user: str) -> int:
         Job.user == user, Job.state == JobState.PENDING.value)) or 0
 
 
-def spool_bytes(session: Session, user: str) -> int:
-    """Bytes of snapshots the spool keeps for the user's jobs (an array's counts once)."""
-    submissions = select(Job.payload_id).where(Job.user == user).distinct()
-    return session.scalar(select(func.coalesce(func.sum(Payload.script_bytes), 0))
+def spool_bytes(session: Session, uid: int) -> int:
+    """What the snapshots the spool keeps for the user's jobs cost (an array's counts
+    once)."""
+    submissions = select(Job.payload_id).where(Job.uid == uid).distinct()
+    return session.scalar(select(func.coalesce(func.sum(Payload.spool_bytes), 0))
                           .where(Payload.id.in_(submissions))) or 0
 
 
-def finished_snapshots(session: Session, user: str) -> Sequence[tuple[int, int]]:
+def finished_snapshots(session: Session, uid: int) -> Sequence[tuple[int, int]]:
     """The user's submissions whose jobs have all ended and whose snapshot is still kept,
-    as (payload id, bytes), the one that ended longest ago first."""
+    as (payload id, what it costs), the one that ended longest ago first."""
     terminal = [s.value for s in JobState if s.terminal]
     unfinished = func.sum(case((Job.state.in_(terminal), 0), else_=1))
     return session.execute(
-        select(Payload.id, Payload.script_bytes).join(Job, Job.payload_id == Payload.id)
-        .where(Job.user == user, Payload.script_bytes > 0)
+        select(Payload.id, Payload.spool_bytes).join(Job, Job.payload_id == Payload.id)
+        .where(Job.uid == uid, Payload.spool_bytes > 0)
         .group_by(Payload.id).having(unfinished == 0)
         .order_by(func.max(Job.end_time), Payload.id)).all()
 

@@ -1,44 +1,83 @@
 """Snapshots of submitted scripts, so editing or deleting the original changes no queued job.
 
 The client reads the script with its own rights and sends the bytes; the daemon writes them
-here and never opens a user's path itself. Each job's directory belongs to the daemon (so
-nobody can swap the snapshot for a link), and the snapshot to the job's owner, mode 0500:
-readable by its owner and root only, runnable by the owner's job.
+here and never opens a user's path itself. Each job's directory and snapshot belong to the
+daemon: the directory is closed to everyone else (0700), so nobody can read another user's
+script, swap it for a link, or grow it past what was counted against their --max-spool; the
+snapshot itself is 0555, so that the job's process, which gets it from its host as an open
+descriptor, can read and run it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from gq.home import Home
 
 
+_BLOCK = 4096
+
+
+def footprint(size: int) -> int:
+    """What a snapshot of ``size`` bytes costs the spool's disk: its blocks, and a block
+    each for the file's and its directory's inodes (so that empty scripts cost something
+    too, and a user's millions of them meet --max-spool)."""
+    return -(-size // _BLOCK) * _BLOCK + 2 * _BLOCK
+
+
 def job_dir(home: Home, job_id: int) -> Path:
     return home.spool / str(job_id)
 
 
-def snapshot(home: Home, job_id: int, name: str, content: bytes, uid: int | None,
-             gid: int | None) -> Path:
+def snapshot(home: Home, job_id: int, name: str, content: bytes) -> Path:
     """Write a new job's snapshot. A directory already there for this id is a leftover of a
     submission whose row never committed (the daemon died in between): it goes first."""
     target_dir = job_dir(home, job_id)
     if target_dir.exists() or target_dir.is_symlink():
         discard(home, job_id)
-    target_dir.mkdir(mode=0o711 if home.system else 0o700)
+    target_dir.mkdir(mode=0o700)
     target = target_dir / name
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o555)
     try:
         written = memoryview(content)
         while written:
             written = written[os.write(fd, written):]
-        if uid is not None and gid is not None and (uid, gid) != (os.geteuid(), os.getegid()):
-            os.fchown(fd, uid, gid)
     finally:
         os.close(fd)
     return target
+
+
+def first_line(path: str, limit: int = 256) -> bytes:
+    """The start of a snapshot's first line (a ``#!`` line is at most 256 bytes long)."""
+    return read(path, limit, whole=False).split(b"\n")[0]
+
+
+def read(path: str, limit: int, whole: bool = True) -> bytes:
+    """A snapshot's content, at most ``limit`` bytes (past it: ValueError, or its first
+    ``limit`` bytes if not ``whole``). Snapshots of
+    gq versions before 0007 belong to their user, who may have made them anything: opened
+    so that nothing there blocks or redirects the daemon."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        content = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if len(content) > limit:
+        if whole:
+            raise ValueError(f"{path} is over {limit} bytes")
+        content = content[:limit]
+    return content
 
 
 def discard(home: Home, job_id: int) -> None:

@@ -56,7 +56,7 @@ class NewJob:
     held: bool = False
     array_tasks: tuple[int, ...] | None = None
     array_max_running: int | None = None
-    script_bytes: int = 0  # the snapshot's size
+    spool_bytes: int = 0  # what the snapshot costs the spool (spool.footprint)
     submit_time: float = field(default_factory=time.time)
 
 
@@ -65,7 +65,7 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
     """Insert the PENDING row, or one per task of a job array (the first id names the array,
     and its tasks share one payload): a few statements, however many tasks. Their ids."""
     tasks = new.array_tasks if new.array_tasks is not None else (None,)
-    payload = Payload(env=dict(new.env), args=list(new.args), script_bytes=new.script_bytes)
+    payload = Payload(env=dict(new.env), args=list(new.args), spool_bytes=new.spool_bytes)
     session.add(payload)
     session.flush()
     common = dict(
@@ -108,7 +108,7 @@ def drop_snapshots(session: Session, payload_ids: list[int]) -> set[str]:
                                      .where(Job.payload_id.in_(part))).all())
         session.execute(update(Job).where(Job.payload_id.in_(part)).values(spool_path="")
                         .execution_options(synchronize_session=False))
-        session.execute(update(Payload).where(Payload.id.in_(part)).values(script_bytes=0)
+        session.execute(update(Payload).where(Payload.id.in_(part)).values(spool_bytes=0)
                         .execution_options(synchronize_session=False))
     return {path for path in paths if path}
 

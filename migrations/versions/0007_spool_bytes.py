@@ -1,5 +1,6 @@
-"""Each submission records the size of its script snapshot (``payloads.script_bytes``), so
-that the spool a user's jobs keep can be bounded (the daemon's ``--max-spool``).
+"""Each submission records what its script snapshot costs the spool
+(``payloads.spool_bytes``: its blocks and two inodes' worth), so that the spool a user's
+jobs keep can be bounded (the daemon's ``--max-spool``).
 
 Submissions from before are measured from their snapshots on disk, where still there.
 
@@ -16,11 +17,12 @@ revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
+_BLOCK = 4096
 
 
 def upgrade() -> None:
     with op.batch_alter_table("payloads") as batch:
-        batch.add_column(sa.Column("script_bytes", sa.Integer, nullable=False,
+        batch.add_column(sa.Column("spool_bytes", sa.Integer, nullable=False,
                                    server_default="0"))
     connection = op.get_bind()
     rows = connection.execute(sa.text(
@@ -31,10 +33,11 @@ def upgrade() -> None:
             size = os.lstat(path).st_size
         except OSError:
             continue
-        connection.execute(sa.text("UPDATE payloads SET script_bytes = :size WHERE id = :id"),
+        size = -(-size // _BLOCK) * _BLOCK + 2 * _BLOCK  # as gq.queue.spool.footprint
+        connection.execute(sa.text("UPDATE payloads SET spool_bytes = :size WHERE id = :id"),
                            {"size": size, "id": payload_id})
 
 
 def downgrade() -> None:
     with op.batch_alter_table("payloads") as batch:
-        batch.drop_column("script_bytes")
+        batch.drop_column("spool_bytes")

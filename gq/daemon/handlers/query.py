@@ -13,7 +13,7 @@ from gq.daemon import ownerfiles
 from gq.daemon.access import Caller, check_may_act
 from gq.daemon.handlers.common import job_info, resolve, resolve_one
 from gq.errors import UserError
-from gq.queue import queries
+from gq.queue import queries, spool
 from gq.queue.models import Job
 from gq.queue.states import JobState
 
@@ -83,7 +83,7 @@ def export(daemon: NodeView, caller: Caller, request: messages.ExportScript) -> 
         raise UserError(f"job {job.label}'s script was dropped from the spool to make room "
                         "for newer ones (the daemon's --max-spool); nothing to export")
     try:
-        body = ownerfiles.read_as(job.spool_path, _owner(daemon, job), defaults.MAX_SCRIPT)
+        body = spool.read(job.spool_path, defaults.MAX_SCRIPT)
     except ValueError:
         raise UserError(f"the snapshot of job {job.label} has grown past "
                         f"{defaults.MAX_SCRIPT >> 20} MiB since it was submitted; not "

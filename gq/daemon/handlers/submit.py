@@ -37,11 +37,10 @@ def submit(daemon: NodeView, caller: Caller, request: messages.Submit) -> messag
     job_id = None
     try:
         with daemon.db.write() as session:
-            dropped = _make_room_in_spool(daemon, session, caller, new.script_bytes)
+            dropped = _make_room_in_spool(daemon, session, caller, new.spool_bytes)
             job_ids = transitions.submit(session, new, _output_resolver(new))
             job_id = job_ids[0]  # an array's id is its first task's
-            snapshot = spool.snapshot(daemon.home, job_id, script.name, request.script,
-                                      caller.uid, caller.gid)
+            snapshot = spool.snapshot(daemon.home, job_id, script.name, request.script)
             transitions.set_spool_path(session, job_ids, str(snapshot))
     except BaseException:
         if job_id is not None:
@@ -113,7 +112,7 @@ def _validate(daemon: NodeView, caller: Caller,
         exclusive=options.exclusive, requeue=options.requeue, dependency=options.dependency,
         held=options.held, array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None,
-        script_bytes=len(request.script))
+        spool_bytes=spool.footprint(len(request.script)))
 
 
 def _name_of(script: PurePosixPath) -> str:
@@ -132,16 +131,17 @@ def _check_pending_limit(daemon: NodeView, session, caller: Caller, adding: int)
 
 
 def _make_room_in_spool(daemon: NodeView, session, caller: Caller, size: int) -> set[str]:
-    """Room in the spool for a new snapshot within the user's --max-spool. The snapshots of
+    """Room in the spool for a new snapshot (of ``size``, its footprint) within the user's
+    --max-spool, counted by uid. The snapshots of
     their jobs that ended longest ago go first (those jobs can no longer be requeued or
     exported); refused when their unfinished jobs' alone leave no room. The paths to delete
     once the submission commits."""
     limit = daemon.options.max_spool
-    kept = queries.spool_bytes(session, caller.name)
+    kept = queries.spool_bytes(session, caller.uid)
     excess = kept + size - limit
     if excess <= 0:
         return set()
-    finished = queries.finished_snapshots(session, caller.name)
+    finished = queries.finished_snapshots(session, caller.uid)
     if excess > sum(freed for _, freed in finished):
         unfinished = kept - sum(freed for _, freed in finished)
         raise UserError(f"{caller.name}'s pending and running jobs keep "

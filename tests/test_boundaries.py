@@ -1,0 +1,121 @@
+"""Where iterations begin and end, for the loop shapes people write (gq.exec.boundaries)."""
+
+from __future__ import annotations
+
+from gq.exec.boundaries import Boundary, LoopShape
+from gq.exec.runtime import INFER, MANUAL, TRAIN
+
+MODEL, LOSS, D, G, OPT, OPT_D, OPT_G = "model", "loss", "D", "G", "opt", "optD", "optG"
+
+
+def _counts(events: list[Boundary]) -> dict[str | None, int]:
+    found: dict[str | None, int] = {}
+    for boundary in events:
+        if boundary.count is not None:
+            found[boundary.count] = found.get(boundary.count, 0) + 1
+    return found
+
+
+def _releases(events: list[Boundary]) -> int:
+    return sum(boundary.release for boundary in events)
+
+
+def test_one_optimizer_one_iteration_a_step():
+    shape, seen = LoopShape(), []
+    for _ in range(10):
+        seen += [shape.forward_begins(MODEL, True), shape.forward_ends(True, True),
+                 shape.forward_begins(LOSS, False), shape.forward_ends(False, True)]
+        shape.backward()
+        seen.append(shape.optimizer_steps(OPT))
+    seen.append(shape.script_ends())
+    assert _counts(seen) == {TRAIN: 10} and _releases(seen) == 10
+
+
+def test_two_optimizers_a_step_are_one_iteration_once_the_cycle_is_known():
+    """dcgan: D's forward twice, its step, then G through D, G's step."""
+    shape, seen = LoopShape(), []
+    per_iteration = []
+    for _ in range(25):
+        before = len(seen)
+        seen += [shape.forward_begins(D, True), shape.forward_ends(True, True)]
+        shape.backward()
+        seen += [shape.forward_begins(G, True), shape.forward_ends(True, True),
+                 shape.forward_begins(D, True), shape.forward_ends(True, True)]
+        shape.backward()
+        seen.append(shape.optimizer_steps(OPT_D))
+        seen += [shape.forward_begins(D, True), shape.forward_ends(True, True)]
+        shape.backward()
+        seen.append(shape.optimizer_steps(OPT_G))
+        per_iteration.append(_releases(seen[before:]))
+    assert _counts(seen)[TRAIN] == 25
+    # The first iteration: before any step, D's second forward follows a backward (a
+    # hand-written step, as far as anyone can tell), and both steps release; from the
+    # second, once D has stepped again, only G's step does.
+    assert per_iteration[0] == 3 and per_iteration[1] == 1 and set(per_iteration[2:]) == {1}
+
+
+def test_weights_updated_by_hand_end_a_step_at_the_models_next_call():
+    """word_language_model: no optimizer; 40 training batches, then 10 evaluation batches
+    with a loss module under no_grad."""
+    shape, seen = LoopShape(), []
+    for _ in range(40):
+        seen += [shape.forward_begins(MODEL, True), shape.forward_ends(True, True),
+                 shape.forward_begins(LOSS, False), shape.forward_ends(False, True)]
+        shape.backward()
+    evaluation = []
+    for _ in range(10):
+        evaluation += [shape.forward_begins(MODEL, True), shape.forward_ends(True, False),
+                       shape.forward_begins(LOSS, False), shape.forward_ends(False, False)]
+    seen += evaluation + [shape.script_ends()]
+    # 39 steps end at the next training call, the 40th at the first evaluation call.
+    assert _counts(seen) == {MANUAL: 40, INFER: 10}
+    assert evaluation[0] == Boundary(count=MANUAL, release=True)
+
+
+def test_the_last_hand_written_step_ends_with_the_script():
+    shape = LoopShape()
+    for _ in range(3):
+        shape.forward_begins(MODEL, True)
+        shape.backward()
+    assert shape.script_ends() == Boundary(count=MANUAL, release=True)
+    assert shape.script_ends() == Boundary()
+
+
+def test_a_forward_after_backward_of_another_module_is_no_boundary():
+    """The iteration's model is its first module with parameters; a parameterless module or
+    another model called after the backward is not its next call."""
+    shape = LoopShape()
+    shape.forward_begins(MODEL, True)
+    shape.backward()
+    assert shape.forward_begins(LOSS, False) == Boundary()
+    assert shape.forward_begins(G, True) == Boundary()
+    assert shape.forward_begins(MODEL, True) == Boundary(count=MANUAL, release=True)
+
+
+def test_evaluation_counts_modules_with_parameters_and_releases_at_every_end():
+    shape = LoopShape()
+    assert shape.forward_ends(True, False) == Boundary(count=INFER, release=True)
+    assert shape.forward_ends(False, False) == Boundary(release=True)
+    assert shape.forward_ends(True, True) == Boundary()
+
+
+def test_no_backward_no_optimizer_no_step():
+    """Feature extraction with grad enabled: no training step to count."""
+    shape, seen = LoopShape(), []
+    for _ in range(20):
+        seen += [shape.forward_begins(MODEL, True), shape.forward_ends(True, True)]
+    seen.append(shape.script_ends())
+    assert _counts(seen) == {} and _releases(seen) == 0
+
+
+def test_once_an_optimizer_steps_backward_and_forward_are_its_business():
+    """Gradient accumulation: two backwards a step; the optimizer's steps count."""
+    shape, seen = LoopShape(), []
+    for micro in range(20):
+        seen.append(shape.forward_begins(MODEL, True))
+        shape.backward()
+        if micro % 2 == 1:
+            seen.append(shape.optimizer_steps(OPT))
+    seen.append(shape.script_ends())
+    assert _counts(seen)[TRAIN] == 10
+    assert _counts(seen).get(MANUAL, 0) == 1  # micro-batch 2, before the first step

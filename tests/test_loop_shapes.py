@@ -1,0 +1,104 @@
+"""Loop shapes end to end: what gq reports while a job runs, and how jobs of a shape with
+no optimizer share a lane (the boundary rule itself: tests/test_boundaries.py)."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state, write_script
+
+HAND_WRITTEN_SGD = str(ROOT / "tests" / "zoo" / "hand_written_sgd.py")
+
+
+def test_a_long_iteration_shows_its_lane_held_and_its_service_growing(daemon, tmp_path):
+    """Before, the daemon heard of a grant only at the iteration's end: a job inside a long
+    iteration showed `waits` and 0 s of service until it left it."""
+    script = write_script(tmp_path / "long.py", (
+        "import gq, time\n"
+        "for _ in gq.steps(range(2)):\n"
+        "    time.sleep(8)\n"))
+    job_id = submit(str(script))
+    wait_state(job_id, "RUNNING")
+    started = time.monotonic()
+    seen = wait_for(lambda: (lambda info: info if info["holds_lane"] and info["attained"] >= 1.0
+                             else None)(job(job_id)), 6, interval=0.1,
+                    what="the lane held and service counted inside the first iteration")
+    assert time.monotonic() - started < 7 and seen["steps_done"] == 0
+    assert "holds" in gq_ok("status")
+    later = wait_for(lambda: (lambda info: info if info["attained"] >= seen["attained"] + 1.0
+                              else None)(job(job_id)), 5, interval=0.1, what="service to grow")
+    assert later["steps_done"] == 0 and later["holds_lane"]
+    gq_ok("cancel", str(job_id))
+
+
+def test_two_jobs_that_update_weights_by_hand_take_turns_under_rr(daemon):
+    """Without an optimizer, the whole training phase was one iteration: the first job held
+    the lane to its end and the second made no progress meanwhile."""
+    gq_ok("policy", "set", "rr", "--quantum", "1it")
+    first, second = (submit(HAND_WRITTEN_SGD, "0.05") for _ in range(2))
+
+    def both_progress():
+        infos = [job(first), job(second)]
+        if any(info["state"] != "RUNNING" for info in infos):
+            return "ended"
+        return all(info["steps_done"] >= 5 for info in infos)
+
+    assert wait_for(both_progress, 60, interval=0.1, what="both jobs to make progress") is True
+    for job_id in (first, second):
+        assert wait_state(job_id, "COMPLETED", timeout=60)["steps_done"] == 40
+
+
+def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):
+    """HERE=$(cd "$(dirname "$0")" && pwd): $0 named the spool copy, so launchers that
+    find their files beside them failed; it names the submitted script now, whatever its
+    first line, while the snapshot is what runs (an edit after submit changes nothing)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.txt").write_text("lr=3e-4\n")
+    body = ('HERE=$(cd "$(dirname "$0")" && pwd)\n'
+            'echo "$0 $HERE $(cat "$HERE/config.txt") args=$*"\n')
+    firsts = {"plain.sh": "", "bash.sh": "#!/bin/bash\n", "env.sh": "#!/usr/bin/env bash\n",
+              "sh.sh": "#!/bin/sh -e\n"}
+    ids = {}
+    for name, first in firsts.items():
+        script = write_script(project / name, first + body)
+        ids[name] = submit("-o", str(tmp_path / "%x.out"), str(script), "a b", "c")
+        script.write_text("echo edited\n")
+    for name, job_id in ids.items():
+        assert wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED", name
+        assert (tmp_path / f"{name}.out").read_text() == (
+            f"{project / name} {project} lr=3e-4 args=a b c\n"), name
+
+
+def test_shells_named_by_a_first_line():
+    from gq.daemon.launch import shell_of
+
+    assert shell_of("/bin/bash") == ["/bin/bash"]
+    assert shell_of("/bin/bash -e") == ["/bin/bash", "-e"]
+    assert shell_of(" /usr/bin/env bash ") == ["bash"]
+    assert shell_of("/bin/sh -eu") == ["/bin/sh", "-eu"]
+    assert shell_of("/usr/bin/env -S bash -e") is None  # the kernel runs it as it is
+    assert shell_of("/usr/bin/perl -w") is None
+    assert shell_of("/usr/bin/env python3") is None
+
+
+def test_a_job_completed_by_a_resumed_run_shows_as_done(daemon, tmp_path):
+    """A requeued job that resumes from its checkpoint counts only its last run's steps:
+    it showed `Steps: 20/30` and a two-thirds bar once COMPLETED."""
+    checkpoint, waiting = tmp_path / "checkpoint", tmp_path / "waiting"
+    script = write_script(tmp_path / "resume.py", (
+        "import gq, os, sys, time\n"
+        f"done = int(open({str(checkpoint)!r}).read()) if os.path.exists({str(checkpoint)!r})"
+        " else 0\n"
+        "for step in gq.steps(range(done, 30)):\n"
+        f"    open({str(checkpoint)!r}, 'w').write(str(step + 1))\n"
+        "    if step == 9 and done == 0:\n"
+        f"        open({str(waiting)!r}, 'w').close()\n"
+        "        time.sleep(300)\n"))
+    job_id = submit("--steps", "30", str(script))
+    wait_for(waiting.exists, 60, what="the first run to reach its checkpoint")
+    gq_ok("requeue", str(job_id))
+    info = wait_state(job_id, "COMPLETED", timeout=60)
+    assert (info["steps_done"], info["steps_total"], info["run_count"]) == (20, 30, 2)
+    assert "██████████ done (20 in run 2)" in gq_ok("status", "--all")
+    assert "20/30 (counted by run 2; the job completed)" in gq_ok("show", str(job_id))
