@@ -3,6 +3,7 @@ no optimizer share a lane (the boundary rule itself: tests/test_boundaries.py)."
 
 from __future__ import annotations
 
+import os
 import time
 
 from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state, write_script
@@ -51,12 +52,15 @@ def test_two_jobs_that_update_weights_by_hand_take_turns_under_rr(daemon):
 def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):
     """HERE=$(cd "$(dirname "$0")" && pwd): $0 named the spool copy, so launchers that
     find their files beside them failed; it names the submitted script now, whatever its
-    first line, while the snapshot is what runs (an edit after submit changes nothing)."""
+    first line, and so does BASH_SOURCE where the host shows the snapshot there (a root
+    host, as here), while the snapshot is what runs: an edit after submit changes nothing,
+    and nothing outside the job sees the snapshot at the script's path."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "config.txt").write_text("lr=3e-4\n")
     body = ('HERE=$(cd "$(dirname "$0")" && pwd)\n'
-            'echo "$0 $HERE $(cat "$HERE/config.txt") args=$*"\n')
+            'echo "$0 $HERE $(cat "$HERE/config.txt") args=$*"\n'
+            'echo "source=${BASH_SOURCE:-none}"\n')
     firsts = {"plain.sh": "", "bash.sh": "#!/bin/bash\n", "env.sh": "#!/usr/bin/env bash\n",
               "sh.sh": "#!/bin/sh -e\n"}
     ids = {}
@@ -66,8 +70,13 @@ def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):
         script.write_text("echo edited\n")
     for name, job_id in ids.items():
         assert wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED", name
+        source = "none" if name == "sh.sh" else project / name  # dash has no BASH_SOURCE
+        if os.geteuid() != 0:
+            source = "none" if name == "sh.sh" else "/dev/fd/3"
         assert (tmp_path / f"{name}.out").read_text() == (
-            f"{project / name} {project} lr=3e-4 args=a b c\n"), name
+            f"{project / name} {project} lr=3e-4 args=a b c\nsource={source}\n"), name
+        assert (project / name).read_text() == "echo edited\n"
+    assert str(project) not in open("/proc/self/mountinfo").read()
 
 
 def test_shells_named_by_a_first_line():

@@ -39,9 +39,11 @@ def is_python(script: str) -> bool:
 def command(job: Job, args: list[str]) -> tuple[list[str], bool]:
     """The argv to run, and whether it speaks the worker protocol (Python scripts do). The
     snapshot is the job's descriptor SCRIPT_FD, named SCRIPT_PATH: the worker reads it; a
-    shell script is read by its shell as ``SHELL -c '. SCRIPT_PATH' SUBMITTED ARGS...``, so
-    that ``$0`` names the submitted script (``"$(dirname "$0")"`` finds the files beside
-    it); any other ``#!`` script is run through the kernel, as ``SCRIPT_PATH``."""
+    shell script is read by its shell as ``SHELL -c '. "$GQ_SCRIPT_SOURCE"' SUBMITTED
+    ARGS...``, so that ``$0`` names the submitted script (``"$(dirname "$0")"`` finds the
+    files beside it), and where its host could show the snapshot at the submitted path
+    (see :func:`gq.exec.spawn.start_as_submitter`), ``BASH_SOURCE`` too; any other ``#!``
+    script is run through the kernel, as that path or SCRIPT_PATH."""
     if job.interpreter is not None:
         return [job.interpreter, "-m", "gq.exec.worker", SCRIPT_PATH, *args], True
     first = spool.first_line(job.spool_path)
@@ -51,7 +53,7 @@ def command(job: Job, args: list[str]) -> tuple[list[str], bool]:
             return [SCRIPT_PATH, *args], False
     else:
         shell = ["bash"]
-    return [*shell, "-c", f". {SCRIPT_PATH}", job.script, *args], False
+    return [*shell, "-c", '. "$GQ_SCRIPT_SOURCE"', job.script, *args], False
 
 
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
@@ -108,4 +110,5 @@ def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, ru
         stdout=job.stdout_path, stderr=job.stderr_path, lane=lane, user=job.user,
         priority=job.priority, submit_time=job.submit_time, steps_total=job.steps_total,
         time_limit=job.time_limit, deadline=job.deadline, uid=job.uid, gid=job.gid,
-        groups=groups, umask=job.umask, snapshot=job.spool_path or None)
+        groups=groups, umask=job.umask, snapshot=job.spool_path or None,
+        script_name=None if worker else job.script)

@@ -86,6 +86,9 @@ class LaunchSpec:
     # The script's snapshot: the host opens it (the job's user cannot reach the spool) and
     # the job's process gets it as descriptor SCRIPT_FD, named in argv as SCRIPT_PATH.
     snapshot: Path | None = None
+    # A plain script's submitted path: where a root host shows the snapshot to the job, in
+    # a mount namespace of its own; GQ_SCRIPT_SOURCE says where the shell reads it from.
+    script_name: Path | None = None
 
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read

@@ -22,9 +22,11 @@ import time
 from gq import defaults, wakeup
 from gq.errors import LaunchError
 from gq.exec.cgroups import JobCgroup
-from gq.exec.protocol import LaunchSpec
+from gq.exec.protocol import SCRIPT_FD, SCRIPT_PATH, LaunchSpec
 
 _PR_SET_PDEATHSIG = 1
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
 _libc = ctypes.CDLL(None, use_errno=True)
 # The job's output: never through a link, never a controlling terminal, never a wait for a
 # FIFO's reader.
@@ -174,6 +176,12 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[in
     _place(fds)
     _close_all_but((0, 1, 2, setup_write, *fds))
     _default_signals()
+    if spec.script_name is not None:
+        shown = (spec.snapshot is not None and SCRIPT_FD in fds
+                 and _show_snapshot_at(spec.snapshot, spec.script_name, switch_to))
+        env = {**env, "GQ_SCRIPT_SOURCE": spec.script_name if shown else SCRIPT_PATH}
+        if shown and argv[0] == SCRIPT_PATH:
+            argv = [spec.script_name, *argv[1:]]
     if switch_to is not None:
         uid, gid, groups = switch_to
         try:
@@ -201,6 +209,61 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[in
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
         raise _SetupFailed(f"cannot start {argv[0]}: {exc.strerror}") from None
+
+
+def _show_snapshot_at(snapshot: str, path: str,
+                      switch_to: tuple[int, int, list[int]] | None) -> bool:
+    """Still root, in a mount namespace of the job's own: bind the snapshot over ``path``,
+    the script it was submitted as, so that the script runs under its own name (``$0`` and
+    ``BASH_SOURCE`` name it, the files beside it are found) while what runs is the snapshot.
+    Nothing outside the job sees it (the namespace is a slave of the host's: mounts come in,
+    none go out). Only over a regular file the user owns, found with their rights: the
+    bind shows them nothing they could not write there themselves. False where it cannot
+    be done (not root, no namespaces, the file gone or not theirs, a FUSE mount that wants
+    all their ids): the script then runs as SCRIPT_PATH."""
+    if os.geteuid() != 0 or _libc.unshare(_CLONE_NEWNS) != 0:
+        return False
+    if _libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+        return False  # never bind where it could reach the host's namespace
+    # Both ends are found anew inside the namespace: a mount takes none from another.
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        target = _open_path_as(path, switch_to)
+    except OSError:
+        return False
+    try:
+        source = os.open(snapshot, flags)
+    except OSError:
+        os.close(target)
+        return False
+    try:
+        info = os.fstat(target)
+        if not stat.S_ISREG(info.st_mode) or (switch_to is not None
+                                               and info.st_uid != switch_to[0]):
+            return False
+        return _libc.mount(f"/proc/self/fd/{source}".encode(),
+                           f"/proc/self/fd/{target}".encode(), None, _MS_BIND, None) == 0
+    finally:
+        os.close(source)
+        os.close(target)
+
+
+def _open_path_as(path: str, switch_to: tuple[int, int, list[int]] | None) -> int:
+    """An O_PATH descriptor of ``path`` (never through a link at its end), found with the
+    user's effective ids; root's real and saved ids stay, so the user cannot signal the
+    process meanwhile, and root's come back after."""
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    if switch_to is None:
+        return os.open(path, flags)
+    uid, gid, groups = switch_to
+    os.setgroups(groups)
+    os.setresgid(-1, gid, -1)
+    os.setresuid(-1, uid, -1)
+    try:
+        return os.open(path, flags)
+    finally:
+        os.setresuid(-1, 0, -1)
+        os.setresgid(-1, 0, -1)
 
 
 def _place(fds: dict[int, int]) -> None:
