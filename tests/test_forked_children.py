@@ -226,3 +226,55 @@ def test_a_failed_set_up_is_reported_as_its_jobs_exit_with_the_reason(monkeypatc
     assert report.kill_why is StopWhy.LAUNCH and report.code is None
     assert report.detail.startswith(f"cannot enter working directory {tmp_path / 'gone'}")
     assert not host.residents and not host.lanes[0].residents
+
+
+class _SlowToEmpty:
+    """A job's cgroup whose last process takes a while to die (stuck in the kernel, say):
+    not empty for its first ``passes`` looks, each taking as long as it was allowed."""
+
+    name = "cpu/job-5.1"
+
+    def __init__(self, passes: int):
+        self.passes = passes
+        self.removed = False
+
+    def enter(self) -> None:
+        pass
+
+    def kill(self, timeout: float) -> bool:
+        if self.passes > 0:
+            self.passes -= 1
+            time.sleep(timeout)
+            return False
+        return True
+
+    def remove(self) -> None:
+        self.removed = True
+
+    def pids(self) -> list[int]:
+        return []
+
+
+def test_an_exited_jobs_leftovers_never_hold_up_its_host(monkeypatch):
+    """The host waited up to a second in each reap for a killed job's cgroup to empty: a
+    user whose jobs left a process stuck in the kernel stalled every job on the device,
+    once per exit. Now each turn looks once, and the exit is reported once it is empty."""
+    listener, _other_end = socket.socketpair()
+    host = Host("cpu0", False, 1, listener, kill_grace=1.0)
+    told: list = []
+    monkeypatch.setattr(host, "_tell", told.append)
+    cgroup = _SlowToEmpty(passes=3)
+    monkeypatch.setattr(host, "_make_cgroup", lambda spec: cgroup)
+    host._on_launch(Launch(_own_spec(id=5, argv=["true"], env={"PATH": "/usr/bin:/bin"})))
+    resident = host.residents[5]
+    assert resident.process.wait(timeout=10) == 0
+    turns = []
+    while 5 not in host.exited:
+        started = time.monotonic()
+        host._reap()
+        turns.append(time.monotonic() - started)
+        assert len(turns) < 100
+    assert max(turns) < 0.1 and len(turns) == 4  # three looks at leftovers, then reported
+    assert host.exited[5].code == 0 and cgroup.removed and not host.lanes[0].residents
+    host._kill(resident, StopWhy.CANCEL, grace=0.0)  # a cancel that comes too late
+    assert host.exited[5].kill_why is None

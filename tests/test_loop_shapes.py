@@ -32,11 +32,13 @@ def test_a_long_iteration_shows_its_lane_held_and_its_service_growing(daemon, tm
     gq_ok("cancel", str(job_id))
 
 
-def test_two_jobs_that_update_weights_by_hand_take_turns_under_rr(daemon):
+def test_two_jobs_that_update_weights_by_hand_take_turns_under_rr(daemon, tmp_path):
     """Without an optimizer, the whole training phase was one iteration: the first job held
-    the lane to its end and the second made no progress meanwhile."""
+    the lane to its end and the second made no progress meanwhile. Each counts its 40
+    training steps (a backward, then the model's next call), not its 10 evaluation
+    batches after them."""
     gq_ok("policy", "set", "rr", "--quantum", "1it")
-    first, second = (submit(HAND_WRITTEN_SGD, "0.05") for _ in range(2))
+    first, second = (submit(HAND_WRITTEN_SGD, "0.02") for _ in range(2))
 
     def both_progress():
         infos = [job(first), job(second)]
@@ -46,7 +48,9 @@ def test_two_jobs_that_update_weights_by_hand_take_turns_under_rr(daemon):
 
     assert wait_for(both_progress, 60, interval=0.1, what="both jobs to make progress") is True
     for job_id in (first, second):
-        assert wait_state(job_id, "COMPLETED", timeout=60)["steps_done"] == 40
+        info = wait_state(job_id, "COMPLETED", timeout=60)
+        assert info["steps_done"] == 40 and info["exit_code"] == 0
+        assert "hand-written sgd done" in (tmp_path / f"gq-{job_id}.out").read_text()
 
 
 def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):

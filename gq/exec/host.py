@@ -43,7 +43,9 @@ from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.host")
 HOUSEKEEPING_PERIOD = defaults.HOUSEKEEPING_PERIOD
-_REAP_WAIT = 1.0  # how long a reap waits for a killed cgroup to empty before moving on
+# How long an exited job's leftovers may take to die before its exit is reported all the
+# same (they are killed on after); the host never waits for them meanwhile.
+_REAP_WAIT = 1.0
 
 
 @dataclass
@@ -78,6 +80,8 @@ class Resident:
     mem_persistent: int | None = None
     mem_peak: int | None = None
     kill_deadline: float | None = None
+    exit_status: int | None = None  # its process's, once collected (Popen's convention)
+    exited_at: float = 0.0  # monotonic: when it was collected
     dirty: bool = True
 
     @property
@@ -276,6 +280,8 @@ class Host:
 
     def _timeout(self) -> float:
         timeout = 0.25 if self.residents else defaults.PROGRESS_PERIOD
+        if any(r.exit_status is not None for r in self.residents.values()):
+            timeout = HOUSEKEEPING_PERIOD  # an exited job's leftovers, looked at again soon
         for lane in self.lanes:
             if lane.holder is not None or not any(r.state == "ready" for r in lane.residents):
                 continue
@@ -601,38 +607,54 @@ class Host:
 
     # ----- exits and kills ------------------------------------------------------------
     def _reap(self) -> None:
+        """Collect jobs whose process has exited. Whatever a job started dies with it (its
+        process group, and its cgroup, which holds what left the group) before its exit is
+        reported, so that a requeued run never overlaps the last one; the host never waits
+        for that (a process stuck in the kernel would hold every other job up), it looks
+        again at its next turns, and after ``_REAP_WAIT`` reports all the same and keeps
+        killing what is left."""
+        now = time.monotonic()
         for resident in list(self.residents.values()):
-            code = resident.process.poll()
-            if code is None:
+            if resident.exit_status is None:
+                code = resident.process.poll()
+                if code is None:
+                    continue
+                self._collect(resident, code, now)
+            if not self._emptied(resident, now):
                 continue
-            self._set_up(resident.process)  # a failed set-up's words are in the pipe now
-            if resident.channel is not None:
-                # Its last messages (a final DONE, say), all of them: it sends no more.
-                resident.channel.chunk = defaults.MAX_FRAME
-                self._from_worker(resident)
-            if resident.channel is not None:
-                self._drop_channel(resident)
-            self._kill_leftovers(resident)
             del self.residents[resident.job_id]
-            self._leave_lane(resident)
-            report = resident.exit_report(code)
+            report = resident.exit_report(resident.exit_status)
             self.exited[resident.job_id] = report  # until a daemon acknowledges it
             self._tell(report)
 
-    def _kill_leftovers(self, resident: Resident) -> None:
-        """Whatever the job started dies with it: its process group, and its cgroup (which
-        holds what left the group), before its exit is reported, so that a requeued run
-        never overlaps the last one."""
+    def _collect(self, resident: Resident, code: int, now: float) -> None:
+        """Its process has exited: read what it said last, free its lane, kill its group."""
+        self._set_up(resident.process)  # a failed set-up's words are in the pipe now
+        if resident.channel is not None:
+            # Its last messages (a final DONE, say), all of them: it sends no more. A
+            # protocol error among them still ends the job as one.
+            resident.channel.chunk = defaults.MAX_FRAME
+            self._from_worker(resident)
+        if resident.channel is not None:
+            self._drop_channel(resident)
+        resident.exit_status, resident.exited_at = code, now
+        self._leave_lane(resident)
         kill_group(resident.process.pid, signal.SIGKILL)
+
+    def _emptied(self, resident: Resident, now: float) -> bool:
+        """Whether nothing of an exited job is left (killing what is, without waiting)."""
         cgroup = resident.cgroup
         if cgroup is None:
-            return
-        if cgroup.kill(_REAP_WAIT):
+            return True
+        if cgroup.kill(0.0):
             cgroup.remove()
-        else:
-            log.warning("job %d: processes left in %s after SIGKILL; killing them again",
-                        resident.job_id, cgroup.name)
-            self.lingering.append(cgroup)
+            return True
+        if now - resident.exited_at < _REAP_WAIT:
+            return False
+        log.warning("job %d: processes left in %s after SIGKILL; killing them again",
+                    resident.job_id, cgroup.name)
+        self.lingering.append(cgroup)
+        return True
 
     def _kill_lingering(self) -> None:
         for cgroup in list(self.lingering):
@@ -642,7 +664,9 @@ class Host:
 
     def _kill(self, resident: Resident, why: StopWhy, grace: float | None = None) -> None:
         """SIGTERM to every process of the job now, SIGKILL after the kill wait (or
-        ``grace``)."""
+        ``grace``). A job whose process has exited already is ended as it ended."""
+        if resident.exit_status is not None:
+            return
         if resident.kill_deadline is not None and grace is None:
             return
         if resident.kill_why is None or why is StopWhy.PROTOCOL:
@@ -668,7 +692,7 @@ class Host:
     def _enforce_time_limits(self) -> None:
         now, wall = time.monotonic(), time.time()
         for resident in list(self.residents.values()):
-            if resident.kill_deadline is not None:
+            if resident.kill_deadline is not None or resident.exit_status is not None:
                 continue
             if resident.time_limit is not None and now - resident.started_at >= resident.time_limit:
                 self._kill(resident, StopWhy.TIMEOUT)
@@ -678,7 +702,8 @@ class Host:
     def _enforce_kills(self) -> None:
         now = time.monotonic()
         for resident in self.residents.values():
-            if resident.kill_deadline is not None and now >= resident.kill_deadline:
+            if (resident.kill_deadline is not None and now >= resident.kill_deadline
+                    and resident.exit_status is None):
                 self._signal_job(resident, signal.SIGKILL)
 
     def _shutdown(self) -> None:
