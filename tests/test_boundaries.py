@@ -119,3 +119,46 @@ def test_once_an_optimizer_steps_backward_and_forward_are_its_business():
     seen.append(shape.script_ends())
     assert _counts(seen)[TRAIN] == 10
     assert _counts(seen).get(MANUAL, 0) == 1  # micro-batch 2, before the first step
+
+
+def test_the_hooks_never_fail_a_module_that_overrides_parameters():
+    """A module whose parameters() returns a list (some research code does) failed its own
+    forward call under gq: the hooks asked it for an iterator."""
+    import torch
+
+    from gq.exec import hooks
+
+    class ListParameters(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 2)
+
+        def parameters(self, recurse=True):
+            return list(super().parameters(recurse))
+
+        def forward(self, x):
+            return self.layer(x)
+
+    class Session:
+        def __init__(self):
+            self.calls = []
+
+        def acquire(self):
+            self.calls.append("acquire")
+
+        def release(self):
+            self.calls.append("release")
+
+        def count_step(self, kind):
+            self.calls.append(kind)
+
+    session = Session()
+    boundaries = hooks._Boundaries(session, torch)
+    module = ListParameters()
+    boundaries.before_forward(module, ())
+    boundaries.after_forward(module, (), None)
+    with torch.no_grad():
+        boundaries.before_forward(module, ())
+        boundaries.after_forward(module, (), None)
+    assert hooks._has_parameters(module) and hooks._has_parameters(torch.nn.ReLU()) is False
+    assert session.calls == ["acquire", "acquire", INFER, "release"]

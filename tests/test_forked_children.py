@@ -278,3 +278,43 @@ def test_an_exited_jobs_leftovers_never_hold_up_its_host(monkeypatch):
     assert host.exited[5].code == 0 and cgroup.removed and not host.lanes[0].residents
     host._kill(resident, StopWhy.CANCEL, grace=0.0)  # a cancel that comes too late
     assert host.exited[5].kill_why is None
+
+
+@root_only
+def test_a_snapshot_is_shown_only_over_a_regular_file_its_user_owns(tmp_path):
+    """In a child whose root mount is shared (as under systemd), the bind that shows a
+    snapshot under the script's name: over nobody's own file, yes; over root's file, a
+    link, or a directory that nobody submitted, never."""
+    snapshot = tmp_path / "snapshot.sh"
+    snapshot.write_text("echo snapshot\n")
+    theirs, roots, link = tmp_path / "theirs.sh", tmp_path / "roots.sh", tmp_path / "link.sh"
+    for path in (theirs, roots):
+        path.write_text("echo original\n")
+    os.chown(theirs, NOBODY, NOBODY)
+    link.symlink_to(theirs)
+    os.lchown(link, NOBODY, NOBODY)
+    for directory in (tmp_path, *tmp_path.parents):  # nobody finds their script, as users do
+        if directory == directory.parent:
+            break
+        os.chmod(directory, os.stat(directory).st_mode | 0o011)
+    nobody = (NOBODY, NOBODY, [NOBODY])
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            libc = spawn._libc
+            assert libc.unshare(spawn._CLONE_NEWNS) == 0
+            assert libc.mount(b"none", b"/", None, spawn._MS_REC | 0x100000, None) == 0  # shared
+            shown = {path.name: spawn._show_snapshot_at(str(snapshot), str(path), nobody)
+                     for path in (roots, link, tmp_path, theirs)}
+            shown["seen"] = theirs.read_text()
+            os.write(write_end, json.dumps(shown).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    shown = json.loads(os.read(read_end, 4096) or b"{}")
+    os.close(read_end)
+    assert shown == {"roots.sh": False, "link.sh": False, tmp_path.name: False,
+                     "theirs.sh": True, "seen": "echo snapshot\n"}
+    assert theirs.read_text() == "echo original\n"  # outside that child, nothing changed

@@ -4,7 +4,12 @@ no optimizer share a lane (the boundary rule itself: tests/test_boundaries.py)."
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import time
+
+import pytest
 
 from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state, write_script
 
@@ -53,12 +58,9 @@ def test_two_jobs_that_update_weights_by_hand_take_turns_under_rr(daemon, tmp_pa
         assert "hand-written sgd done" in (tmp_path / f"gq-{job_id}.out").read_text()
 
 
-def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):
-    """HERE=$(cd "$(dirname "$0")" && pwd): $0 named the spool copy, so launchers that
-    find their files beside them failed; it names the submitted script now, whatever its
-    first line, and so does BASH_SOURCE where the host shows the snapshot there (a root
-    host, as here), while the snapshot is what runs: an edit after submit changes nothing,
-    and nothing outside the job sees the snapshot at the script's path."""
+def _run_launchers(tmp_path) -> dict[str, str]:
+    """Four shell launchers that find their files through $0, each edited after submit;
+    what each printed."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "config.txt").write_text("lr=3e-4\n")
@@ -72,15 +74,46 @@ def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):
         script = write_script(project / name, first + body)
         ids[name] = submit("-o", str(tmp_path / "%x.out"), str(script), "a b", "c")
         script.write_text("echo edited\n")
+    printed = {}
     for name, job_id in ids.items():
         assert wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED", name
-        source = "none" if name == "sh.sh" else project / name  # dash has no BASH_SOURCE
-        if os.geteuid() != 0:
-            source = "none" if name == "sh.sh" else "/dev/fd/3"
-        assert (tmp_path / f"{name}.out").read_text() == (
-            f"{project / name} {project} lr=3e-4 args=a b c\nsource={source}\n"), name
+        first, source = (tmp_path / f"{name}.out").read_text().splitlines()
+        assert first == f"{project / name} {project} lr=3e-4 args=a b c", name
         assert (project / name).read_text() == "echo edited\n"
+        printed[name] = source
     assert str(project) not in open("/proc/self/mountinfo").read()
+    return printed
+
+
+def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):
+    """HERE=$(cd "$(dirname "$0")" && pwd): $0 named the spool copy, so launchers that
+    find their files beside them failed; it names the submitted script now, whatever its
+    first line, while the snapshot is what runs (an edit after submit changes nothing).
+    BASH_SOURCE names it too where the host may show the snapshot there (a root host whose
+    root mount is shared, see the next test), else /dev/fd/3."""
+    from gq.exec.spawn import root_mount_shared
+
+    project = tmp_path / "project"
+    bound = os.geteuid() == 0 and root_mount_shared()
+    expected = {name: f"source={project / name}" if bound else "source=/dev/fd/3"
+                for name in ("plain.sh", "bash.sh", "env.sh")}
+    assert _run_launchers(tmp_path) == {**expected, "sh.sh": "source=none"}  # dash has none
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare(1)")
+def test_a_root_host_with_a_shared_root_shows_the_snapshot_under_the_scripts_name(
+        home, tmp_path):
+    """As under systemd: the daemon and its hosts in a mount namespace whose root is shared.
+    Each job's namespace is a slave of it, and the snapshot is bound over the script there:
+    BASH_SOURCE names the script, and nothing outside the job sees the bind."""
+    subprocess.run(["unshare", "--mount", "--propagation", "shared", sys.executable, "-m",
+                    "gq", "daemon", "start", "--kill-wait", "1"], check=True,
+                   capture_output=True, timeout=60)
+    project = tmp_path / "project"
+    assert _run_launchers(tmp_path) == {
+        "plain.sh": f"source={project / 'plain.sh'}", "bash.sh": f"source={project / 'bash.sh'}",
+        "env.sh": f"source={project / 'env.sh'}", "sh.sh": "source=none"}
 
 
 def test_shells_named_by_a_first_line():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 
@@ -252,3 +253,33 @@ def test_a_new_database_has_the_schema_the_migrations_build(tmp_path):
     migrate(upgraded)
     assert engine.current_revision(fresh.db) == engine.current_revision(upgraded.db)
     assert schema(fresh.db) == schema(upgraded.db)
+
+
+def test_a_discarded_snapshot_keeps_no_blocks_for_whoever_holds_it_open(db):
+    """A job's descriptor 3, passed on to another process, would keep a deleted snapshot's
+    blocks on the state disk where --max-spool no longer counts them."""
+    from gq.queue import spool
+
+    path = spool.snapshot(db.home, 41, "s.sh", b"x" * 100_000)
+    held = os.open(path, os.O_RDONLY)
+    try:
+        spool.discard(db.home, 41)
+        assert not path.exists() and os.fstat(held).st_size == 0
+    finally:
+        os.close(held)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (gives files to another uid)")
+def test_snapshots_of_an_older_gq_become_the_daemons_own(db):
+    from gq.queue import spool
+
+    old = db.home.spool / "42"
+    old.mkdir(mode=0o711)
+    (old / "s.sh").write_text("echo old\n")
+    os.chown(old / "s.sh", 65534, 65534)
+    os.chmod(old / "s.sh", 0o500)
+    assert spool.make_private(db.home) == 1
+    assert (stat.S_IMODE(old.stat().st_mode), old.stat().st_uid) == (0o700, 0)
+    assert (stat.S_IMODE((old / "s.sh").stat().st_mode), (old / "s.sh").stat().st_uid) == (
+        0o555, 0)
+    assert spool.make_private(db.home) == 0

@@ -65,6 +65,8 @@ def shell_of(shebang: str) -> list[str] | None:
     ``/usr/bin/env bash`` is bash found on the job's PATH."""
     program, _, option = shebang.strip().partition(" ")
     option = option.strip()
+    if option in ("-", "--"):  # "no more options": the -c gq adds must still be read
+        option = ""
     if os.path.basename(program) == "env" and option and " " not in option:
         program, option = option, ""
     if os.path.basename(program) not in _SHELLS:

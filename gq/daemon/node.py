@@ -38,6 +38,7 @@ from gq.daemon.supervision import Supervisor
 from gq.exec.protocol import StopWhy
 from gq.home import Home
 from gq.queue import settings as queue_settings
+from gq.queue import spool
 from gq.queue.engine import Database
 from gq.units import format_period
 from gq.wakeup import received, signal_socket
@@ -166,6 +167,8 @@ class Daemon:
             self.selector.register(wake_read, selectors.EVENT_READ, "signal")
             with self.db.read() as session:
                 self.scheduler.apply_policy(queue_settings.get_all(session))
+            if changed := spool.make_private(self.home):
+                log.info("made %d snapshot(s) of an older gq the daemon's own", changed)
             if self.options.metrics:
                 self.monitor.serve_metrics(self.options.metrics)
             for device in self.devices:

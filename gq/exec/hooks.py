@@ -39,7 +39,8 @@ class _Boundaries:
     def __init__(self, session: JobSession, torch):
         self.session = session
         self.torch = torch
-        self.compiling = torch.compiler.is_compiling
+        compiler = getattr(torch, "compiler", None)  # torch.compiler.is_compiling from 2.3 on
+        self.compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
         self.local = threading.local()  # .depth: this thread's nesting of module calls
         self.lock = threading.Lock()
         self.inside = 0  # threads now inside an outermost module call
@@ -91,7 +92,19 @@ class _Boundaries:
 
 
 def _has_parameters(module) -> bool:
-    return next(module.parameters(), None) is not None
+    """Whether a module (or one inside it) has parameters, asked of nn.Module itself: a
+    module may override ``parameters()`` (to return a list, say). Unanswerable counts as
+    yes: the hooks must never fail the script's own call."""
+    try:
+        return next(_module_parameters(module), None) is not None
+    except Exception:  # noqa: BLE001 - whatever a user's module does
+        return True
+
+
+def _module_parameters(module):
+    from torch.nn import Module
+
+    return Module.parameters(module)
 
 
 def install(session: JobSession, torch) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import os
 import signal
 import stat
@@ -109,6 +110,7 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], fds: dict[int, int
     argv = list(spec.argv)
     if not argv:
         raise LaunchError(f"job {spec.id} has no command to run")
+    may_show = spec.script_name is not None and root_mount_shared()
     placed_read, placed_write = os.pipe()
     setup_read, setup_write = os.pipe()
     # Above every number a job's descriptor may be given: placing those never closes it.
@@ -124,7 +126,7 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], fds: dict[int, int
         raise LaunchError(f"cannot start job {spec.id}: {exc.strerror}") from None
     if pid == 0:
         _become_job(spec, argv, env, fds, cgroup, switch_to, host, placed_write,
-                    setup_write)  # never returns
+                    setup_write, may_show)  # never returns
     os.close(placed_write)
     os.close(setup_write)
     try:
@@ -140,12 +142,13 @@ class _SetupFailed(Exception):
 
 def _become_job(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[int, int],
                 cgroup: JobCgroup | None, switch_to: tuple[int, int, list[int]] | None,
-                host: int, placed_write: int, setup_write: int) -> None:
+                host: int, placed_write: int, setup_write: int, may_show: bool) -> None:
     """In the forked child: become the job's process and exec it. Never returns: a failure
     is written to the set-up pipe and the child exits with ``SETUP_FAILED_EXIT``."""
     try:
         try:
-            _set_up(spec, argv, env, fds, cgroup, switch_to, host, placed_write, setup_write)
+            _set_up(spec, argv, env, fds, cgroup, switch_to, host, placed_write, setup_write,
+                    may_show)
         except _SetupFailed as exc:
             os.write(setup_write, str(exc).encode(errors="replace")[:defaults.MAX_TEXT])
         except BaseException as exc:  # noqa: BLE001 - nothing may return into the host's code
@@ -157,7 +160,7 @@ def _become_job(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dic
 
 def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[int, int],
             cgroup: JobCgroup | None, switch_to: tuple[int, int, list[int]] | None,
-            host: int, placed_write: int, setup_write: int) -> None:
+            host: int, placed_write: int, setup_write: int, may_show: bool) -> None:
     # As root, which no user can signal: leave the host's signal handling (its wakeup
     # socket is shared across the fork), lead a session of its own, enter the cgroup.
     wakeup.detach_in_child()
@@ -177,7 +180,7 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[in
     _close_all_but((0, 1, 2, setup_write, *fds))
     _default_signals()
     if spec.script_name is not None:
-        shown = (spec.snapshot is not None and SCRIPT_FD in fds
+        shown = (may_show and spec.snapshot is not None and SCRIPT_FD in fds
                  and _show_snapshot_at(spec.snapshot, spec.script_name, switch_to))
         env = {**env, "GQ_SCRIPT_SOURCE": spec.script_name if shown else SCRIPT_PATH}
         if shown and argv[0] == SCRIPT_PATH:
@@ -211,13 +214,30 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[in
         raise _SetupFailed(f"cannot start {argv[0]}: {exc.strerror}") from None
 
 
+@functools.cache
+def root_mount_shared() -> bool:
+    """Whether this process's root mount propagates mounts (systemd makes it so): only then
+    does a job's namespace, a slave of it, see what is mounted and unmounted after it
+    starts. Elsewhere a job's namespace would keep filesystems the admin unmounts busy and
+    miss new ones (autofs, NFS), so none is made."""
+    try:
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split(" - ")[0].split()
+                if len(fields) > 4 and fields[4] == "/":
+                    return any(field.startswith("shared:") for field in fields[6:])
+    except OSError:
+        pass
+    return False
+
+
 def _show_snapshot_at(snapshot: str, path: str,
                       switch_to: tuple[int, int, list[int]] | None) -> bool:
     """Still root, in a mount namespace of the job's own: bind the snapshot over ``path``,
     the script it was submitted as, so that the script runs under its own name (``$0`` and
     ``BASH_SOURCE`` name it, the files beside it are found) while what runs is the snapshot.
-    Nothing outside the job sees it (the namespace is a slave of the host's: mounts come in,
-    none go out). Only over a regular file the user owns, found with their rights: the
+    Nothing outside the job sees it (the namespace is a slave of the host's, whose root is
+    shared: mounts come in, none go out). Only over a regular file the user owns, found with their rights: the
     bind shows them nothing they could not write there themselves. False where it cannot
     be done (not root, no namespaces, the file gone or not theirs, a FUSE mount that wants
     all their ids): the script then runs as SCRIPT_PATH."""

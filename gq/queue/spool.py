@@ -81,7 +81,57 @@ def read(path: str, limit: int, whole: bool = True) -> bytes:
 
 
 def discard(home: Home, job_id: int) -> None:
-    shutil.rmtree(job_dir(home, job_id), ignore_errors=True)
+    """Delete a job's snapshot. It is emptied first: a process that still holds it open
+    (a job's own descriptor 3, passed on) would otherwise keep its blocks after the
+    unlink, where --max-spool no longer counts them."""
+    directory = job_dir(home, job_id)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            fd = os.open(directory / name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def make_private(home: Home) -> int:
+    """Snapshots written by gq before 0007 belong to their user, who could make them
+    writable and grow them, in directories others may enter: make them the daemon's, 0555
+    in 0700 directories, as new ones are. How many it changed (the daemon runs it at
+    start; a second run changes nothing)."""
+    changed = 0
+    me = os.geteuid()
+    for entry in os.scandir(home.spool):
+        if not entry.is_dir(follow_symlinks=False) or not entry.name.isdigit():
+            continue
+        info = entry.stat(follow_symlinks=False)
+        if info.st_uid == me and stat.S_IMODE(info.st_mode) == 0o700:
+            continue
+        os.chmod(entry.path, 0o700, follow_symlinks=False)
+        os.chown(entry.path, me, os.getegid(), follow_symlinks=False)
+        for name in os.listdir(entry.path):
+            try:
+                fd = os.open(os.path.join(entry.path, name), os.O_RDONLY | os.O_NOFOLLOW
+                             | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.fchown(fd, me, os.getegid())
+                    os.fchmod(fd, 0o555)
+            finally:
+                os.close(fd)
+        changed += 1
+    return changed
 
 
 def discard_snapshots(home: Home, paths: Iterable[str]) -> None:
