@@ -28,6 +28,7 @@ class Payload(Base):
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (Index("ix_jobs_user_state", "user", "state"),
+                      Index("ix_jobs_uid_payload", "uid", "payload_id"),  # a user's spool
                       {"sqlite_autoincrement": True})  # ids are never given twice
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

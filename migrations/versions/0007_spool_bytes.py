@@ -1,6 +1,7 @@
 """Each submission records what its script snapshot costs the spool
 (``payloads.spool_bytes``: its blocks and two inodes' worth), so that the spool a user's
-jobs keep can be bounded (the daemon's ``--max-spool``).
+jobs keep can be bounded (the daemon's ``--max-spool``); an index on the jobs' uid and
+payload answers that sum at each submit.
 
 Submissions from before are measured from their snapshots on disk, where still there.
 
@@ -24,6 +25,7 @@ def upgrade() -> None:
     with op.batch_alter_table("payloads") as batch:
         batch.add_column(sa.Column("spool_bytes", sa.Integer, nullable=False,
                                    server_default="0"))
+    op.create_index("ix_jobs_uid_payload", "jobs", ["uid", "payload_id"])
     connection = op.get_bind()
     rows = connection.execute(sa.text(
         "SELECT payload_id, min(spool_path) FROM jobs WHERE spool_path != '' "
@@ -39,5 +41,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_jobs_uid_payload", "jobs")
     with op.batch_alter_table("payloads") as batch:
         batch.drop_column("spool_bytes")
