@@ -283,3 +283,42 @@ def test_snapshots_of_an_older_gq_become_the_daemons_own(db):
     assert (stat.S_IMODE((old / "s.sh").stat().st_mode), (old / "s.sh").stat().st_uid) == (
         0o555, 0)
     assert spool.make_private(db.home) == 0
+
+
+def test_what_the_spool_keeps_per_user_is_tallied_through_submit_drop_and_purge(db):
+    """A submit reads one row for --max-spool: the tally must equal the sum over the
+    user's payloads however they come and go (an array counts once)."""
+    from dataclasses import replace
+
+    def submit(uid: int, size: int, tasks=None) -> list[int]:
+        new = replace(_new_job("s"), uid=uid, gid=uid, spool_bytes=size, array_tasks=tasks)
+        with db.write() as session:
+            return transitions.submit(session, new, lambda p, i, a, t: f"{p}-{i}")
+
+    def recomputed(uid: int) -> int:
+        connection = sqlite3.connect(db.home.db)
+        row = connection.execute(
+            "SELECT coalesce(sum(spool_bytes), 0) FROM payloads WHERE id IN "
+            "(SELECT payload_id FROM jobs WHERE uid = ?)", (uid,)).fetchone()
+        connection.close()
+        return row[0]
+
+    alice = [submit(1001, 8192), submit(1001, 12288, tasks=(0, 1, 2)), submit(1001, 16384)]
+    bob = submit(1002, 8192)
+    with db.read() as session:
+        assert queries.spool_bytes(session, 1001) == 8192 + 12288 + 16384 == recomputed(1001)
+        assert queries.spool_bytes(session, 1002) == 8192
+    with db.write() as session:
+        first = queries.job(session, alice[0][0]).payload_id
+        transitions.drop_snapshots(session, 1001, [first])
+    with db.read() as session:
+        assert queries.spool_bytes(session, 1001) == 12288 + 16384 == recomputed(1001)
+    with db.write() as session:
+        transitions.purge(session, alice[1][:2])  # the array's payload is still used
+    with db.read() as session:
+        assert queries.spool_bytes(session, 1001) == 12288 + 16384
+    with db.write() as session:
+        transitions.purge(session, alice[1][2:] + alice[2] + bob)
+    with db.read() as session:
+        assert queries.spool_bytes(session, 1001) == 0 == recomputed(1001)
+        assert queries.spool_bytes(session, 1002) == 0

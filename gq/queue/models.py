@@ -25,10 +25,20 @@ class Payload(Base):
     spool_bytes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
+class SpoolUsage(Base):
+    """What the spool keeps for each user's jobs (the sum of their payloads' spool_bytes),
+    kept up to date by transitions.py so that a submit checks --max-spool in one read."""
+
+    __tablename__ = "spool_usage"
+
+    uid: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    bytes: Mapped[int] = mapped_column(Integer, default=0)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (Index("ix_jobs_user_state", "user", "state"),
-                      Index("ix_jobs_uid_payload", "uid", "payload_id"),  # a user's spool
+                      Index("ix_jobs_uid_payload", "uid", "payload_id"),  # old snapshots
                       {"sqlite_autoincrement": True})  # ids are never given twice
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, noload, undefer
 
-from gq.queue.models import Job, JobEvent, Payload
+from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
 from gq.queue.states import JobState
 
 # SQLite allows 32766 bound parameters a statement: long id lists go in chunks of this.
@@ -114,10 +114,8 @@ def pending_count(session: Session, user: str) -> int:
 
 def spool_bytes(session: Session, uid: int) -> int:
     """What the snapshots the spool keeps for the user's jobs cost (an array's counts
-    once)."""
-    submissions = select(Job.payload_id).where(Job.uid == uid).distinct()
-    return session.scalar(select(func.coalesce(func.sum(Payload.spool_bytes), 0))
-                          .where(Payload.id.in_(submissions))) or 0
+    once): one row, kept up to date by transitions.py."""
+    return session.scalar(select(SpoolUsage.bytes).where(SpoolUsage.uid == uid)) or 0
 
 
 def finished_snapshots(session: Session, uid: int) -> Sequence[tuple[int, int]]:

@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from gq.queue.models import Job, JobEvent, Payload
+from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
 from gq.queue.queries import chunks
 from gq.queue.states import JobState, allowed
 
@@ -68,6 +69,8 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
     payload = Payload(env=dict(new.env), args=list(new.args), spool_bytes=new.spool_bytes)
     session.add(payload)
     session.flush()
+    if new.uid is not None:
+        _count_spool(session, {new.uid: new.spool_bytes})
     common = dict(
         name=new.name, user=new.user, uid=new.uid, gid=new.gid, umask=new.umask,
         state=JobState.PENDING.value, reason=HELD if new.held else None,
@@ -99,18 +102,32 @@ def set_spool_path(session: Session, job_ids: list[int], path: str) -> None:
                         .execution_options(synchronize_session=False))
 
 
-def drop_snapshots(session: Session, payload_ids: list[int]) -> set[str]:
-    """Forget the snapshots of these submissions (their jobs have all ended): their jobs
-    can no longer be requeued or exported. The paths to delete once this commits."""
+def drop_snapshots(session: Session, uid: int, payload_ids: list[int]) -> set[str]:
+    """Forget the snapshots of these submissions of ``uid``'s (their jobs have all ended):
+    their jobs can no longer be requeued or exported. The paths to delete once this
+    commits."""
     paths: set[str] = set()
+    freed = 0
     for part in chunks(payload_ids):
+        freed += session.scalar(select(func.coalesce(func.sum(Payload.spool_bytes), 0))
+                                .where(Payload.id.in_(part))) or 0
         paths.update(session.scalars(select(Job.spool_path).distinct()
                                      .where(Job.payload_id.in_(part))).all())
         session.execute(update(Job).where(Job.payload_id.in_(part)).values(spool_path="")
                         .execution_options(synchronize_session=False))
         session.execute(update(Payload).where(Payload.id.in_(part)).values(spool_bytes=0)
                         .execution_options(synchronize_session=False))
+    _count_spool(session, {uid: -freed})
     return {path for path in paths if path}
+
+
+def _count_spool(session: Session, change: dict[int, int]) -> None:
+    """Add to (or take from) what the spool keeps for each uid."""
+    for uid, delta in change.items():
+        if delta:
+            session.execute(sqlite_insert(SpoolUsage).values(uid=uid, bytes=delta)
+                            .on_conflict_do_update(index_elements=[SpoolUsage.uid],
+                                                   set_={"bytes": SpoolUsage.bytes + delta}))
 
 
 def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: str | None,
@@ -308,14 +325,20 @@ def record_progress(session: Session, job_id: int, progress: Progress) -> None:
 
 def purge(session: Session, job_ids: list[int]) -> None:
     """Forget finished jobs: their rows, their events, and payloads no job uses any more."""
-    payloads: set[int] = set()
+    owners: dict[int, int | None] = {}  # payload -> its submitter's uid
     for part in chunks(job_ids):
-        payloads.update(row[0] for row in session.execute(
-            delete(Job).where(Job.id.in_(part)).returning(Job.payload_id)
+        owners.update((payload, uid) for payload, uid in session.execute(
+            delete(Job).where(Job.id.in_(part)).returning(Job.payload_id, Job.uid)
             .execution_options(synchronize_session=False)))
-    for part in chunks(sorted(payloads)):
-        session.execute(delete(Payload).where(
-            Payload.id.in_(part), ~Payload.id.in_(Job.__table__.select()
-                                                    .with_only_columns(Job.payload_id)
-                                                    .where(Job.payload_id.in_(part))))
-            .execution_options(synchronize_session=False))
+    freed: dict[int, int] = {}
+    for part in chunks(sorted(owners)):
+        for payload, size in session.execute(delete(Payload).where(
+                Payload.id.in_(part), ~Payload.id.in_(Job.__table__.select()
+                                                        .with_only_columns(Job.payload_id)
+                                                        .where(Job.payload_id.in_(part))))
+                .returning(Payload.id, Payload.spool_bytes)
+                .execution_options(synchronize_session=False)):
+            uid = owners[payload]
+            if uid is not None:
+                freed[uid] = freed.get(uid, 0) - size
+    _count_spool(session, freed)

@@ -1,7 +1,7 @@
 """Each submission records what its script snapshot costs the spool
 (``payloads.spool_bytes``: its blocks and two inodes' worth), so that the spool a user's
-jobs keep can be bounded (the daemon's ``--max-spool``); an index on the jobs' uid and
-payload answers that sum at each submit.
+jobs keep can be bounded (the daemon's ``--max-spool``); ``spool_usage`` keeps each
+user's sum, so that a submit reads one row.
 
 Submissions from before are measured from their snapshots on disk, where still there.
 
@@ -26,6 +26,9 @@ def upgrade() -> None:
         batch.add_column(sa.Column("spool_bytes", sa.Integer, nullable=False,
                                    server_default="0"))
     op.create_index("ix_jobs_uid_payload", "jobs", ["uid", "payload_id"])
+    op.create_table("spool_usage",
+                    sa.Column("uid", sa.Integer, primary_key=True, autoincrement=False),
+                    sa.Column("bytes", sa.Integer, nullable=False))
     connection = op.get_bind()
     rows = connection.execute(sa.text(
         "SELECT payload_id, min(spool_path) FROM jobs WHERE spool_path != '' "
@@ -38,9 +41,14 @@ def upgrade() -> None:
         size = -(-size // _BLOCK) * _BLOCK + 2 * _BLOCK  # as gq.queue.spool.footprint
         connection.execute(sa.text("UPDATE payloads SET spool_bytes = :size WHERE id = :id"),
                            {"size": size, "id": payload_id})
+    connection.execute(sa.text(
+        "INSERT INTO spool_usage (uid, bytes) SELECT owners.uid, sum(payloads.spool_bytes) "
+        "FROM (SELECT DISTINCT payload_id, uid FROM jobs WHERE uid IS NOT NULL) AS owners "
+        "JOIN payloads ON payloads.id = owners.payload_id GROUP BY owners.uid"))
 
 
 def downgrade() -> None:
+    op.drop_table("spool_usage")
     op.drop_index("ix_jobs_uid_payload", "jobs")
     with op.batch_alter_table("payloads") as batch:
         batch.drop_column("spool_bytes")

@@ -155,7 +155,7 @@ def _make_room_in_spool(daemon: NodeView, session, caller: Caller, size: int) ->
         excess -= freed
         if excess <= 0:
             break
-    return transitions.drop_snapshots(session, freeing)
+    return transitions.drop_snapshots(session, caller.uid, freeing)
 
 
 def _local(timestamp: float) -> str:
