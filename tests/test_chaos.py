@@ -104,6 +104,10 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
                        "--operators", users["operators"], "--priority-cap", "5")
 
     def kill_host() -> None:
+        """While it runs a job: the submitters may be slower than the jobs."""
+        wait_for(lambda: any(j["state"] == "RUNNING" for j in json.loads(
+            shared_node.ok(None, "status", "--json"))), 120, interval=0.05,
+            what="a job to run on the host")
         pid = int((shared_node.root / "hosts" / "cpu.pid").read_text().split()[0])
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not pid_alive(pid), 10, what="the host to die")

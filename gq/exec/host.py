@@ -82,6 +82,7 @@ class Resident:
     kill_deadline: float | None = None
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
     exited_at: float = 0.0  # monotonic: when it was collected
+    ended_wall: float = 0.0  # wall clock: the same moment, the job's end time
     dirty: bool = True
 
     @property
@@ -169,16 +170,19 @@ class Resident:
                                   started=self.started_wall,
                                   time_limit=self.time_limit, kill_why=self.kill_why)
 
-    def exit_report(self, code: int) -> wire.Exited:
-        """How its run ended. A process whose set-up failed before its exec ran nothing of
-        the job's: the report says why (no directory, no output file, no interpreter)."""
+    def exit_report(self) -> wire.Exited:
+        """How its run ended, and when its process was collected. A process whose set-up
+        failed before its exec ran nothing of the job's: the report says why (no directory,
+        no output file, no interpreter)."""
+        code = self.exit_status
+        assert code is not None, "reported before its process was collected"
         failure = self.process.setup_failure
         if failure is not None:
             return wire.Exited(**self._figures(), kill_why=StopWhy.LAUNCH, detail=failure,
-                               end_time=time.time())
+                               end_time=self.ended_wall)
         return wire.Exited(**self._figures(), code=code if code >= 0 else None,
                            signal=-code if code < 0 else None, kill_why=self.kill_why,
-                           detail=self.detail, end_time=time.time())
+                           detail=self.detail, end_time=self.ended_wall)
 
 
 @dataclass
@@ -623,7 +627,7 @@ class Host:
             if not self._emptied(resident, now):
                 continue
             del self.residents[resident.job_id]
-            report = resident.exit_report(resident.exit_status)
+            report = resident.exit_report()
             self.exited[resident.job_id] = report  # until a daemon acknowledges it
             self._tell(report)
 
@@ -637,7 +641,7 @@ class Host:
             self._from_worker(resident)
         if resident.channel is not None:
             self._drop_channel(resident)
-        resident.exit_status, resident.exited_at = code, now
+        resident.exit_status, resident.exited_at, resident.ended_wall = code, now, time.time()
         self._leave_lane(resident)
         kill_group(resident.process.pid, signal.SIGKILL)
 

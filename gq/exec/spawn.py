@@ -101,7 +101,8 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], fds: dict[int, int
     """Fork the job's process and return once it leads its own session and sits in its
     cgroup: until then it is root's, and nothing a user does can delay the host. Still as
     root, the child then keeps only the descriptors the job gets (``fds``: its number in the
-    job's process -> the host's descriptor) and resets every signal; it takes the
+    job's process -> the host's descriptor), resets every signal and, where it may, shows
+    the snapshot under the script's name (:func:`_show_snapshot_at`); it takes the
     submitter's groups, gid and uid, and only as them enters the working directory and opens
     the output files (so their rights decide where output may go, and a FUSE mount, which
     admits only a process whose ids are all theirs, works), then execs.
@@ -112,11 +113,10 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], fds: dict[int, int
         raise LaunchError(f"job {spec.id} has no command to run")
     may_show = spec.script_name is not None and root_mount_shared()
     placed_read, placed_write = os.pipe()
-    setup_read, setup_write = os.pipe()
+    setup_read, low_setup_write = os.pipe()
     # Above every number a job's descriptor may be given: placing those never closes it.
-    setup_write, unplaced = fcntl.fcntl(setup_write, fcntl.F_DUPFD_CLOEXEC, _ABOVE_PLACED), \
-        setup_write
-    os.close(unplaced)
+    setup_write = fcntl.fcntl(low_setup_write, fcntl.F_DUPFD_CLOEXEC, _ABOVE_PLACED)
+    os.close(low_setup_write)
     host = os.getpid()
     try:
         pid = os.fork()
