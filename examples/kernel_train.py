@@ -19,7 +19,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=100)
 parser.add_argument("--iter-ms", type=float, default=5.0)
 parser.add_argument("--gap-ms", type=float, default=0.0)
-parser.add_argument("--start-file", help="wait for this file before the loop")
+parser.add_argument("--start-file", help="wait for this file before the loop (saying so in "
+                    "FILE.waiting)")
 parser.add_argument("--infer", action="store_true", help="forward passes under no_grad only")
 parser.add_argument("--crash-at", type=int, default=-1)
 parser.add_argument("--spans-out", help="append each iteration's device-time span here")
@@ -60,6 +61,10 @@ optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 x, y = torch.randn(32, 32), torch.randn(32, 1)
 startup = time.time() - psutil.Process().create_time()
 if args.start_file:
+    # One line per job that waits, model built and torch imported: a test starts them
+    # together only once all are here (resident is not enough: importing torch takes long).
+    with open(f"{args.start_file}.waiting", "a") as waiting:
+        waiting.write(f"{os.getpid()}\n")
     while not Path(args.start_file).exists():
         time.sleep(0.01)
 start = time.perf_counter()

@@ -92,13 +92,26 @@ def wait_state(job_id: int, *states: str, timeout: float = 30.0) -> dict:
 
 
 def submit_resident(go: Path, count: int, *args: str) -> list[int]:
-    """Submit ``count`` jobs of ``args`` (a script and options such as --start-file) and
-    return their ids once all of them are resident (have a process); ``go`` is the file
-    they wait for before their loops, not yet created."""
+    """Submit ``count`` jobs of examples/kernel_train.py (``args``: it and its options) and
+    return their ids once all of them wait for ``go`` before their loops (not yet made)."""
     ids = [submit(*args, "--start-file", str(go)) for _ in range(count)]
-    for job_id in ids:
-        wait_for(lambda job_id=job_id: job(job_id)["pid"], 60, what="the jobs to be resident")
+    wait_until_waiting(go, count)
     return ids
+
+
+def wait_until_waiting(go: Path, count: int) -> None:
+    """Until ``count`` kernel_train.py jobs wait for ``go``: torch imported, model built.
+    A job that is merely resident may be seconds from its loop, and one started before the
+    others would run alone."""
+    waiting = Path(f"{go}.waiting")
+    wait_for(lambda: waiting.exists() and len(waiting.read_text().split()) >= count, 60,
+             what=f"{count} jobs to wait for {go.name}")
+
+
+def start_together(go: Path, count: int) -> None:
+    """Start ``count`` kernel_train.py jobs waiting for ``go`` at once."""
+    wait_until_waiting(go, count)
+    go.touch()
 
 
 def pid_alive(pid: int) -> bool:

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from conftest import (ROOT, all_jobs, gq, gq_ok, job, live_hosts, pid_alive, submit,
-                      wait_for, wait_state, write_script)
+from conftest import (ROOT, all_jobs, gq, gq_ok, job, live_hosts, pid_alive, start_together,
+                      submit, wait_for, wait_state, write_script)
 
 TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
@@ -27,7 +27,7 @@ def test_kill9_with_four_resident_srtf_jobs_loses_and_repeats_nothing(daemon, tm
                   "--start-file", str(go)) for n in steps]
     workers = {i: wait_for(lambda i=i: job(i)["pid"], 60, what="four resident jobs")
                for i in ids}
-    go.touch()
+    start_together(go, len(ids))
     wait_for(lambda: any(job(i)["steps_done"] > 0 for i in ids), 30, what="iterations")
     old = daemon.kill9()
     hosts = live_hosts(daemon.root)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from conftest import (ROOT, gq, gq_ok, job, submit, submit_resident, wait_for, wait_state,
-                      write_script)
+from conftest import (ROOT, gq, gq_ok, job, start_together, submit, submit_resident, wait_for,
+                      wait_state, write_script)
 
 TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
@@ -94,9 +94,7 @@ def test_deadlines_met_missed_and_impossible(daemon, tmp_path):
                      "--iter-ms", "4", "--start-file", str(go))
     urgent = submit("--deadline", "now+2minutes", "--steps", "100", TRAIN, "--steps", "100",
                     "--iter-ms", "4", "--start-file", str(go))
-    for job_id in (relaxed, urgent):
-        wait_for(lambda job_id=job_id: job(job_id)["pid"], 60, what="both resident")
-    go.touch()
+    start_together(go, 2)
     urgent_info = wait_state(urgent, "COMPLETED", timeout=60)
     relaxed_info = wait_state(relaxed, "COMPLETED", timeout=60)
     assert ts(urgent_info["end_time"]) < ts(relaxed_info["end_time"])  # earliest deadline first

@@ -7,7 +7,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from conftest import PYTHON, gq_ok, job, submit, wait_for, wait_state, write_script
+from conftest import (PYTHON, gq_ok, job, start_together, submit, wait_for, wait_state,
+                      write_script)
 
 TRAIN = str(Path(__file__).resolve().parents[1] / "examples" / "kernel_train.py")
 
@@ -86,7 +87,7 @@ def _long_and_short(tmp_path, long_steps: int = 300) -> tuple[int, int]:
                    "--start-file", str(start))
     wait_state(long, "RUNNING")
     wait_state(short, "RUNNING")  # both resident on the one device
-    start.touch()
+    start_together(start, 2)
     return long, short
 
 
@@ -130,7 +131,7 @@ def test_fair_share_between_two_equal_jobs(daemon, tmp_path):
                   "--start-file", str(start)) for _ in range(2)]
     for job_id in ids:
         wait_state(job_id, "RUNNING")
-    start.touch()
+    start_together(start, 2)
     samples = []
     while True:
         rows = {r["id"]: r for r in json.loads(gq_ok("status", "--json"))}
@@ -316,7 +317,7 @@ def test_two_lanes_run_iterations_in_parallel(home, tmp_path):
         for job_id in ids:
             wait_state(job_id, "RUNNING")
         assert sorted(job(i)["lane"] for i in ids) == [0, 1]
-        start.touch()
+        start_together(start, 2)
         both = wait_for(lambda: all(job(i)["steps_done"] > 0 for i in ids)
                         and [job(i) for i in ids], 30, what="both lanes to progress")
         assert all(j["state"] == "RUNNING" for j in both)
