@@ -122,7 +122,11 @@ def test_strings_are_checked_for_nul_utf8_and_length():
                                    ("user", "u" * (defaults.MAX_NAME + 1), "longer than"),
                                    ("cwd", "/" * (defaults.MAX_PATH + 1), "longer than"),
                                    ("uid", -1, "out of range"),
-                                   ("submit_time", defaults.MAX_TIMESTAMP * 2, "out of range")):
+                                   ("submit_time", defaults.MAX_TIMESTAMP * 2, "out of range"),
+                                   ("snapshot", "/spool/1/\x00s.sh", "NUL"),
+                                   ("snapshot", 2**70, "snapshot"),
+                                   ("script_name", "/" * (defaults.MAX_PATH + 1), "longer than"),
+                                   ("script_name", ["/a.sh"], "script_name")):
         frame = json.loads(good)
         frame["job"][field] = value
         with pytest.raises(MessageError, match=fragment):

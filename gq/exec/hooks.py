@@ -41,7 +41,9 @@ class _Boundaries:
         self.torch = torch
         compiler = getattr(torch, "compiler", None)  # torch.compiler.is_compiling from 2.3 on
         self.compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
-        self.local = threading.local()  # .depth: this thread's nesting of module calls
+        # .depth: this thread's nesting of module calls; .with_parameters: whether its
+        # outermost call's module has parameters (asked once, at the call's start)
+        self.local = threading.local()
         self.lock = threading.Lock()
         self.inside = 0  # threads now inside an outermost module call
         self.shape = LoopShape()
@@ -59,12 +61,13 @@ class _Boundaries:
         depth = getattr(self.local, "depth", 0)
         self.local.depth = depth + 1
         if depth == 0:
+            self.local.with_parameters = self._has_parameters(module)
             with self.lock:
-                self._apply(self.shape.forward_begins(id(module), _has_parameters(module)))
+                self._apply(self.shape.forward_begins(id(module), self.local.with_parameters))
                 self.inside += 1
                 self.session.acquire()  # at once while the lane is held
 
-    def after_forward(self, module, _inputs, _output):
+    def after_forward(self, _module, _inputs, _output):
         if self.compiling():
             return
         depth = getattr(self.local, "depth", 0)
@@ -74,7 +77,7 @@ class _Boundaries:
         if depth == 1:
             with self.lock:
                 self.inside -= 1
-                self._apply(self.shape.forward_ends(_has_parameters(module),
+                self._apply(self.shape.forward_ends(self.local.with_parameters,
                                                     self.torch.is_grad_enabled()))
 
     def after_backward(self) -> None:
@@ -90,21 +93,14 @@ class _Boundaries:
         with self.lock:
             self._apply(self.shape.script_ends())
 
-
-def _has_parameters(module) -> bool:
-    """Whether a module (or one inside it) has parameters, asked of nn.Module itself: a
-    module may override ``parameters()`` (to return a list, say). Unanswerable counts as
-    yes: the hooks must never fail the script's own call."""
-    try:
-        return next(_module_parameters(module), None) is not None
-    except Exception:  # noqa: BLE001 - whatever a user's module does
-        return True
-
-
-def _module_parameters(module):
-    from torch.nn import Module
-
-    return Module.parameters(module)
+    def _has_parameters(self, module) -> bool:
+        """Whether a module (or one inside it) has parameters, asked of nn.Module itself: a
+        module may override ``parameters()`` (to return a list, say). Unanswerable counts
+        as yes: the hooks must never fail the script's own call."""
+        try:
+            return next(self.torch.nn.Module.parameters(module), None) is not None
+        except Exception:  # noqa: BLE001 - whatever a user's module does
+            return True
 
 
 def install(session: JobSession, torch) -> None:

@@ -24,7 +24,6 @@ import os
 import selectors
 import signal
 import socket
-import stat
 import struct
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from gq.exec.cgroups import JobCgroup
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.spawn import JobProcess, kill_group, start_as_submitter
 from gq.policies.base import JobView, anticipation_window
+from gq.queue import spool
 from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.host")
@@ -735,14 +735,10 @@ def _open_snapshot(spec: wire.LaunchSpec) -> int | None:
     if spec.snapshot is None:
         return None
     try:
-        fd = os.open(spec.snapshot, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return spool.open_regular(spec.snapshot)
     except OSError as exc:
         raise LaunchError(f"cannot open job {spec.id}'s script snapshot: {exc.strerror}; "
                           "submit the script again") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise LaunchError(f"job {spec.id}'s script snapshot is not a regular file")
-    return fd
 
 
 def _peer_uid(sock: socket.socket) -> int:

@@ -57,15 +57,23 @@ def first_line(path: str, limit: int = 256) -> bytes:
     return read(path, limit, whole=False).split(b"\n")[0]
 
 
+def open_regular(path: str | os.PathLike, access: int = os.O_RDONLY) -> int:
+    """A snapshot opened so that nothing at its path blocks or redirects root (no link
+    followed, no terminal taken, no FIFO waited for), and only if it is a regular file
+    (OSError otherwise). Snapshots of gq versions before 0007 belong to their user, who
+    may have made them anything."""
+    fd = os.open(path, access | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
 def read(path: str, limit: int, whole: bool = True) -> bytes:
     """A snapshot's content, at most ``limit`` bytes (past it: ValueError, or its first
-    ``limit`` bytes if not ``whole``). Snapshots of
-    gq versions before 0007 belong to their user, who may have made them anything: opened
-    so that nothing there blocks or redirects the daemon."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    ``limit`` bytes if not ``whole``)."""
+    fd = open_regular(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
         chunks, size = [], 0
         while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
             chunks.append(chunk)
@@ -85,22 +93,26 @@ def discard(home: Home, job_id: int) -> None:
     (a job's own descriptor 3, passed on) would otherwise keep its blocks after the
     unlink, where --max-spool no longer counts them."""
     directory = job_dir(home, job_id)
+    _each_snapshot_in(directory, os.O_WRONLY, lambda fd: os.ftruncate(fd, 0))
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _each_snapshot_in(directory: str | os.PathLike, access: int, action) -> None:
+    """``action(fd)`` on each regular file of a job's directory, opened as open_regular
+    does; what cannot be opened so is left alone."""
     try:
         names = os.listdir(directory)
     except OSError:
-        names = []
+        return
     for name in names:
         try:
-            fd = os.open(directory / name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-                         | os.O_NOCTTY | os.O_CLOEXEC)
+            fd = open_regular(os.path.join(directory, name), access)
         except OSError:
             continue
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.ftruncate(fd, 0)
+            action(fd)
         finally:
             os.close(fd)
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def make_private(home: Home) -> int:
@@ -109,7 +121,12 @@ def make_private(home: Home) -> int:
     in 0700 directories, as new ones are. How many it changed (the daemon runs it at
     start; a second run changes nothing)."""
     changed = 0
-    me = os.geteuid()
+    me, my_group = os.geteuid(), os.getegid()
+
+    def make_mine(fd: int) -> None:
+        os.fchown(fd, me, my_group)
+        os.fchmod(fd, 0o555)
+
     for entry in os.scandir(home.spool):
         if not entry.is_dir(follow_symlinks=False) or not entry.name.isdigit():
             continue
@@ -117,19 +134,8 @@ def make_private(home: Home) -> int:
         if info.st_uid == me and stat.S_IMODE(info.st_mode) == 0o700:
             continue
         os.chmod(entry.path, 0o700, follow_symlinks=False)
-        os.chown(entry.path, me, os.getegid(), follow_symlinks=False)
-        for name in os.listdir(entry.path):
-            try:
-                fd = os.open(os.path.join(entry.path, name), os.O_RDONLY | os.O_NOFOLLOW
-                             | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
-                    os.fchown(fd, me, os.getegid())
-                    os.fchmod(fd, 0o555)
-            finally:
-                os.close(fd)
+        os.chown(entry.path, me, my_group, follow_symlinks=False)
+        _each_snapshot_in(entry.path, os.O_RDONLY, make_mine)
         changed += 1
     return changed
 

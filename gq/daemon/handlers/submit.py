@@ -142,8 +142,9 @@ def _make_room_in_spool(daemon: NodeView, session, caller: Caller, size: int) ->
     if excess <= 0:
         return set()
     finished = queries.finished_snapshots(session, caller.uid)
-    if excess > sum(freed for _, freed in finished):
-        unfinished = kept - sum(freed for _, freed in finished)
+    droppable = sum(freed for _, freed in finished)
+    if excess > droppable:
+        unfinished = kept - droppable
         raise UserError(f"{caller.name}'s pending and running jobs keep "
                         f"{format_size(unfinished)} of scripts in the spool; this "
                         f"{format_size(size)} one would pass this node's limit of "
