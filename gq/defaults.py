@@ -33,6 +33,8 @@ MAX_PRIORITY = (1 << 31) - 1  # --priority within ±this (Slurm's are 32-bit)
 MAX_TIME_LIMIT = 10 * 365 * 86400  # seconds; omit -t for no limit at all
 MAX_TIMESTAMP = 253402300799.0  # 9999-12-31T23:59:59Z: the latest time a date can say
 MAX_GPUS = 1024
+MAX_CPUS = 1 << 16  # --cpus-per-task
+MAX_HOST_MEM = 1 << 50  # bytes of --host-mem (a pebibyte)
 MAX_SHOWN_JOBS = 100  # tasks of an array 'gq show ARRAY' details (it says how many more)
 
 # Client and daemon connection

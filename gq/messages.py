@@ -17,8 +17,8 @@ from typing import Annotated, Any, ClassVar
 
 from gq import codec, defaults
 from gq.codec import MaxLen, MessageError, message
-from gq.fields import (Args, Count, Environment, Gpus, Name, Path, Priority, Text, TimeLimit,
-                       Timestamp, Umask)
+from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, Name, Path, Priority,
+                       Text, TimeLimit, Timestamp, Umask)
 
 __all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
@@ -93,6 +93,13 @@ class JobInfo:
     mean_gap: float | None = None
     host_memory: int | None = None  # bytes its processes hold on the host (its cgroup)
     processes: int | None = None  # how many processes it has (its cgroup), while it runs
+    host_mem: int | None = None  # what it asked for: host memory (bytes), CPUs, GPU type,
+    cpus: int | None = None  # begin time
+    gpu_type: str | None = None
+    begin_time: float | None = None
+    output_pattern: Path | None = None  # -o/-e as given (%x-%j.out); None for jobs from
+    error_pattern: Path | None = None  # before they were kept, and in lists
+    interpreter: Path | None = None  # a Python job's, in answers about one job
 
 
 @dataclass
@@ -159,7 +166,7 @@ class SubmitOptions:
 
     name: Name | None = None
     gpus: Gpus = 1
-    mem: Count | None = None
+    mem: Count | None = None  # device memory, bytes
     time_limit: TimeLimit | None = None
     deadline: Timestamp | None = None
     priority: Priority = 0
@@ -172,6 +179,10 @@ class SubmitOptions:
     array: Text | None = None
     dependency: Text | None = None
     held: bool = False
+    gpu_type: Name | None = None  # --gpus TYPE:N: a device whose model names TYPE
+    host_mem: HostMemory | None = None  # bytes: the limit of the job's cgroup
+    cpus: Cpus | None = None  # --cpus-per-task
+    begin: Timestamp | None = None  # not started before
 
 
 @dataclass
@@ -315,6 +326,8 @@ class Script:
     kind: ClassVar[str] = "script"
     job: JobInfo
     body: bytes
+    # An export of a whole job array (its id, not ID_TASK): every task id, in order.
+    array_tasks: Annotated[list[int], MaxLen(defaults.MAX_ARRAY_SIZE)] | None = None
 
 
 @dataclass

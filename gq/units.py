@@ -101,26 +101,28 @@ _ABSOLUTE = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})(?:T(?P<time>\d{1,2}:\d{2}(
 _CLOCK = re.compile(r"^(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?$")
 
 
-def parse_deadline(text: str, now: float) -> float:
+def parse_when(text: str, now: float, flag: str = "--deadline") -> float:
     """Seconds since the epoch from sbatch's --deadline spellings: ``YYYY-MM-DD[THH:MM[:SS]]``,
     ``HH:MM[:SS]`` (the next such time), ``now+N[units]`` (seconds, minutes, hours, days,
-    weeks), ``today``, ``tomorrow``, ``midnight``, ``noon``. Local time."""
+    weeks), ``today``, ``tomorrow``, ``midnight``, ``noon``, ``teatime`` (16:00). Local time.
+    Also sbatch's --begin (``flag`` names the option in errors)."""
     from datetime import datetime, timedelta
 
     stripped = text.strip().lower()
     current = datetime.fromtimestamp(now)
     today = current.replace(hour=0, minute=0, second=0, microsecond=0)
     named = {"today": today, "midnight": today + timedelta(days=1),
-             "tomorrow": today + timedelta(days=1), "noon": today.replace(hour=12)}
+             "tomorrow": today + timedelta(days=1), "noon": today.replace(hour=12),
+             "teatime": today.replace(hour=16)}
     when = None
     if stripped in named:
         when = named[stripped]
-        if stripped == "noon" and when <= current:
+        if stripped in ("noon", "teatime") and when <= current:
             when += timedelta(days=1)
     elif match := _RELATIVE.match(stripped):
         unit = _UNITS.get(match.group("unit"))
         if unit is not None:
-            return _in_range(text, now + int(match.group("n") or 0) * unit)
+            return _in_range(text, now + int(match.group("n") or 0) * unit, flag)
     elif match := _ABSOLUTE.match(text.strip()):
         try:
             when = datetime.fromisoformat(match.group("date") + "T" + (match.group("time")
@@ -134,19 +136,19 @@ def parse_deadline(text: str, now: float) -> float:
             if when <= current:
                 when += timedelta(days=1)
     if when is None:
-        raise UserError(f"invalid --deadline {text[:40]!r}: use YYYY-MM-DD[THH:MM[:SS]], "
+        raise UserError(f"invalid {flag} {text[:40]!r}: use YYYY-MM-DD[THH:MM[:SS]], "
                         "HH:MM[:SS], now+N[minutes|hours|days], today, tomorrow, midnight or "
                         "noon")
     try:
         timestamp = when.timestamp()
     except (ValueError, OverflowError, OSError):  # year 1 in a zone east of UTC, say
         timestamp = -1.0
-    return _in_range(text, timestamp)
+    return _in_range(text, timestamp, flag)
 
 
-def _in_range(text: str, timestamp: float) -> float:
+def _in_range(text: str, timestamp: float, flag: str) -> float:
     if not 0 <= timestamp <= defaults.MAX_TIMESTAMP:
-        raise UserError(f"invalid --deadline {text[:40]!r}: give a time between 1970 and "
+        raise UserError(f"invalid {flag} {text[:40]!r}: give a time between 1970 and "
                         "the year 9999")
     return timestamp
 

@@ -114,7 +114,7 @@ def test_export_never_asks_slurm_for_an_administrators_nice(daemon, tmp_path):
     script = str(write_script(tmp_path / "s.sh", "true\n"))
     high = gq_ok("export", "slurm", str(submit("--hold", "--priority", "5", script)))
     low = gq_ok("export", "slurm", str(submit("--hold", "--priority", "-3", script)))
-    assert "--nice" not in high and "# gq priority 5" in high
+    assert "--nice" not in high and "# gq --priority 5:" in high
     assert "#SBATCH --nice=3" in low
 
 

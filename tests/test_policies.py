@@ -151,18 +151,18 @@ def test_deadline_spellings():
     from datetime import datetime
 
     from gq.errors import UserError
-    from gq.units import parse_deadline
+    from gq.units import parse_when
 
     now = datetime(2026, 11, 21, 15, 30).timestamp()
-    assert parse_deadline("now+90", now) == now + 90
-    assert parse_deadline("now+2hours", now) == now + 7200
-    assert parse_deadline("2026-12-01T10:00", now) == datetime(2026, 12, 1, 10).timestamp()
-    assert parse_deadline("16:00", now) == datetime(2026, 11, 21, 16).timestamp()
-    assert parse_deadline("09:00", now) == datetime(2026, 11, 22, 9).timestamp()
-    assert parse_deadline("midnight", now) == datetime(2026, 11, 22).timestamp()
+    assert parse_when("now+90", now) == now + 90
+    assert parse_when("now+2hours", now) == now + 7200
+    assert parse_when("2026-12-01T10:00", now) == datetime(2026, 12, 1, 10).timestamp()
+    assert parse_when("16:00", now) == datetime(2026, 11, 21, 16).timestamp()
+    assert parse_when("09:00", now) == datetime(2026, 11, 22, 9).timestamp()
+    assert parse_when("midnight", now) == datetime(2026, 11, 22).timestamp()
     for bad in ("soon", "now+5parsecs", "2026-13-01", "25:00"):
         with pytest.raises(UserError, match="invalid --deadline"):
-            parse_deadline(bad, now)
+            parse_when(bad, now)
 
 
 @pytest.mark.parametrize("name,quantum", [("priority", "100ms"), ("fair", "100ms"),

@@ -322,3 +322,30 @@ def test_what_the_spool_keeps_per_user_is_tallied_through_submit_drop_and_purge(
     with db.read() as session:
         assert queries.spool_bytes(session, 1001) == 0 == recomputed(1001)
         assert queries.spool_bytes(session, 1002) == 0
+
+
+def test_upgrade_to_0008_keeps_jobs_with_no_sbatch_extras(tmp_path):
+    """Jobs from before host memory, CPUs, GPU types, begin times and kept output patterns
+    come through with none of them (no limit, any device, patterns rebuilt on export)."""
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0007")
+    connection = sqlite3.connect(home.db)
+    connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) "
+                       "VALUES (1, '{}', '[\"--lr\"]', 0)")
+    connection.execute(
+        "INSERT INTO jobs (id, name, user, state, priority, gpus, mem, exclusive, requeue, "
+        "script, spool_path, workdir, stdout_path, stderr_path, submit_time, run_count, "
+        "steps_done, attained, holds_lane, held, payload_id, uid) VALUES (5, 'run12', 'ann', "
+        "'PENDING', 0, 1, 1024, 0, 0, '/s.sh', '', '/w', '/w/run12-5.out', '/w/run12-5.out', "
+        "1.0, 0, 0, 0.0, 0, 0, 1, 1000)")
+    connection.commit()
+    connection.close()
+    database = Database(home)
+    with database.read() as session:
+        job = queries.job(session, 5)
+        assert (job.name, job.mem, job.args, job.stdout_path) == ("run12", 1024, ["--lr"],
+                                                                  "/w/run12-5.out")
+        assert (job.host_mem, job.cpus, job.gpu_type, job.begin_time, job.output_pattern,
+                job.error_pattern) == (None,) * 6
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    database.close()

@@ -74,7 +74,7 @@ def test_others_cannot_act_on_a_job_but_its_owner_operators_and_root_can(shared_
     info = shared_node.job(job_id)
     assert (info["state"], info["priority"], info["run_count"]) == ("RUNNING", 1, 1)
     assert str(job_id) in shared_node.ok(bob, "status")  # anyone may list the queue
-    assert "sleep 300" in shared_node.ok(alice, "export", "slurm", job_id)
+    assert "long.sh" in shared_node.ok(alice, "export", "slurm", job_id)  # her script, in place
     shared_node.ok(carol, "update", job_id, "--priority", "3")  # an operator by group
     assert shared_node.job(job_id)["priority"] == 3
     shared_node.ok(None, "cancel", job_id)  # root

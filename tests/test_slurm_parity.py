@@ -35,8 +35,9 @@ def test_array_never_runs_more_than_its_limit_and_each_task_sees_its_index(daemo
     for task in tasks:
         index = task["array_task_id"]
         out = (tmp_path / f"arr-{array_id}_{index}.out").read_text()
-        assert out.strip() == (f"task={index} slurm={index} array={array_id} sarray={array_id} "
-                               f"jobid={task['id']}")
+        # Slurm's ids are gq's plus 10^10: no real cluster holds such an id.
+        assert out.strip() == (f"task={index} slurm={index} array={array_id} "
+                               f"sarray={10**10 + array_id} jobid={10**10 + task['id']}")
         assert task["job_id"] == f"{array_id}_{index}"
 
 
@@ -146,7 +147,7 @@ def test_sbatch_script_runs_with_its_name_memory_and_time_limit(daemon, tmp_path
     script = write_script(tmp_path / "slurm_job.sh", (
         "#!/bin/bash\n"
         "#SBATCH --job-name=from-slurm\n"
-        "#SBATCH --mem=2G\n"
+        "#SBATCH --mem=2G --gres=gpu:1\n"
         "#SBATCH --time=0:02\n"
         "#SBATCH --nodes=1 --ntasks=1\n"
         "#SBATCH --partition=gpu\n"
@@ -156,36 +157,41 @@ def test_sbatch_script_runs_with_its_name_memory_and_time_limit(daemon, tmp_path
     ), 0o755)
     result = gq("submit", "--parsable", str(script))
     assert result.code == 0
+    # -N 1 and -n 1 are what gq runs anyway; --partition is said, once.
     warnings = result.err.strip().splitlines()
-    assert len(warnings) == 3 and all("ignored" in w for w in warnings)
-    assert {w.split("#SBATCH ")[1].split()[0] for w in warnings} == {"--nodes", "--ntasks",
-                                                                   "--partition"}
+    assert len(warnings) == 1 and "#SBATCH --partition is not used by gq" in warnings[0]
     job_id = int(result.out)
     info = wait_state(job_id, "TIMEOUT", timeout=15)
-    assert info["name"] == "from-slurm" and info["mem"] == 2 << 30 and info["time_limit"] == 2
+    # In #SBATCH lines --mem is host memory, as on a cluster: no device memory asked for.
+    assert (info["name"], info["host_mem"], info["mem"], info["gpus"], info["time_limit"]) == (
+        "from-slurm", 2 << 30, None, 1, 2)
     assert "running as from-slurm" in (tmp_path / f"slurm-{job_id}.out").read_text()
 
 
 def test_gq_directives_win_over_sbatch_and_command_line_over_both(home, tmp_path):
     script = write_script(tmp_path / "both.sh", (
-        "#SBATCH -J slurm-name --mem=1G --time=10\n"
-        "#GQ -J gq-name\n"
+        "#SBATCH -J slurm-name --mem=1G --time=10 --gpus=2\n"
+        "#GQ -J gq-name --gpu-mem 2G\n"
         "true\n"
     ))
-    info = job(submit("--mem", "3G", str(script)))
-    assert (info["name"], info["mem"], info["time_limit"]) == ("gq-name", 3 << 30, 600)
+    info = job(submit("--gpu-mem", "3G", "--gres", "gpu:1", str(script)))
+    assert (info["name"], info["mem"], info["host_mem"], info["time_limit"], info["gpus"]) == (
+        "gq-name", 3 << 30, 1 << 30, 600, 1)
 
 
 def test_export_slurm_inlines_the_snapshot_and_translates_options(home, tmp_path):
     script = write_script(tmp_path / "exp.py", "import sys\nprint('args', sys.argv[1:])\n")
-    job_id = submit("-J", "exported", "--mem", "512M", "-t", "1:30:00", "--requeue",
-                    str(script), "--lr", "3e-4")
+    job_id = submit("-J", "exported", "--gpu-mem", "512M", "--host-mem", "1G", "-t", "1:30:00",
+                    "--requeue", "-o", "%x-%j.out", str(script), "--lr", "3e-4")
     script.write_text("print('edited later')\n")
-    text = gq_ok("export", "slurm", str(job_id))
-    assert text.startswith("#!/bin/bash\n")
-    for line in ("#SBATCH --job-name=exported", "#SBATCH --gres=gpu:1", "#SBATCH --mem=512M",
-                 "#SBATCH --time=1:30:00", "#SBATCH --requeue", "#SBATCH --output="):
+    result = gq("export", "slurm", str(job_id))
+    text = result.out
+    assert result.code == 0 and text.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --job-name=exported", "#SBATCH --gres=gpu:1", "#SBATCH --mem=1024M",
+                 "# gq --gpu-mem 512.0M", "#SBATCH --time=1:30:00", "#SBATCH --requeue",
+                 "#SBATCH --output=%x-%j.out"):
         assert line in text
+    assert "changed since it was submitted; its snapshot is inlined" in result.err
     assert "print('args', sys.argv[1:])" in text and "edited later" not in text
     exported = tmp_path / "exported.sbatch"
     exported.write_text(text)
@@ -215,3 +221,38 @@ def test_status_json_for_arrays(home, tmp_path):
     assert [(r["job_id"], r["array_task_id"]) for r in rows] == [
         (f"{array_id}_1", 1), (f"{array_id}_3", 3)]
     assert gq_ok("show", f"{array_id}_3").splitlines()[0].endswith(f"{array_id}_3")
+
+
+def test_sbatch_spellings_gq_takes_and_those_it_refuses(daemon, tmp_path):
+    import socket
+    import time
+
+    script = write_script(tmp_path / "b.sh", "echo ran\n")
+    asked = time.time()
+    begun = submit("--begin", "now+2", "-t", "UNLIMITED", "--host-mem", "0", "-o", "b-%N.out",
+                   str(script))
+    waiting = wait_for(lambda: job(begun)["reason"] == "BeginTime" and job(begun), 10,
+                       what="the BeginTime reason")
+    assert waiting["state"] == "PENDING" and waiting["time_limit"] is None
+    assert waiting["host_mem"] is None  # --mem=0: no limit, as sbatch's
+    info = wait_state(begun, "COMPLETED", timeout=20)
+    from datetime import datetime
+
+    assert datetime.fromisoformat(info["start_time"]).timestamp() >= asked + 1.5
+    node = socket.gethostname().split(".")[0]
+    assert (tmp_path / f"b-{node}.out").read_text() == "ran\n"
+    result = gq("submit", "--mem", "64M", "--parsable", str(script))
+    assert result.code == 0 and "write --gpu-mem" in result.err
+    assert job(int(result.out))["gpu_mem"] == 64 << 20
+    before = len(all_jobs())
+    for args, words in (
+            (["--gpus", "a100:1"], "this node has no device(s) of type 'a100'"),
+            (["--gres", "gpu:1,tmpfs:1"], "gq has only gpu"),
+            (["--gpus", "two"], "invalid --gpus two"),
+            (["--begin", "soonish"], "invalid --begin 'soonish'"),
+            (["--host-mem", "100T"], "is more than this node has"),
+            (["-c", "0"], "invalid --cpus-per-task 0")):
+        result = gq("submit", *args, str(script))
+        assert result.code == 2 and words in result.err and len(result.err.splitlines()) == 1, \
+            (args, result.err)
+    assert len(all_jobs()) == before

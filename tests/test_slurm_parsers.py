@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gq.cli.sbatch import translate
+from gq.slurm.options import translate
 from gq.errors import UserError
 from gq.queue import arrays, dependencies
 from gq.queue.dependencies import Outcome, evaluate, parse
@@ -74,18 +74,117 @@ def test_dependency_outcomes(spec, runs, outcome):
     assert evaluate(dependencies.parse(spec), runs) is outcome
 
 
-@pytest.mark.parametrize("tokens,gq_tokens,ignored", [
-    (["--mem=4G"], ["--mem", "4G"], []),
+@pytest.mark.parametrize("tokens,gq_tokens,noticed", [
+    (["--mem=4G"], ["--host-mem", "4G"], []),  # host memory, as on a cluster
+    (["--mem=0"], ["--host-mem", "0"], []),
+    (["--mem-per-cpu", "2G", "-c4"], ["--mem-per-cpu", "2G", "--cpus-per-task", "4"], []),
     (["-J", "train"], ["--job-name", "train"], []),
     (["-Jtrain"], ["--job-name", "train"], []),
-    (["--gres=gpu:2"], ["--gpus", "2"], []),
-    (["--gres=gpu:a100:3"], ["--gpus", "3"], []),
+    (["--gres=gpu:2"], ["--gres", "gpu:2"], []),
+    (["--gres=gpu:a100:3,tmpfs:10G"], ["--gres", "gpu:a100:3"], ["--gres=tmpfs:10G"]),
+    (["--gpus=a100:1", "--gpus-per-node", "2"], ["--gpus", "a100:1", "--gpus-per-node", "2"], []),
     (["--nice=5"], ["--priority", "-5"], []),
-    (["--time=1:00:00", "--partition", "gpu"], ["--time", "1:00:00"], ["--partition"]),
-    (["--nodes=2"], [], ["--nodes"]),
+    (["--nice"], ["--priority", "-100"], []),
+    (["--time=UNLIMITED", "--partition", "gpu"], ["--time", "UNLIMITED"], ["--partition"]),
+    (["--begin=now+1hour"], ["--begin", "now+1hour"], []),
+    (["--nodes=1", "-n", "1", "--ntasks-per-node=1"], [], []),  # what gq runs anyway
+    (["--nodes=2"], [], ["--nodes=2"]),
+    (["--exclusive=user"], ["--exclusive"], []),
     (["--requeue"], ["--requeue"], []),
     (["-d", "afterok:4"], ["--dependency", "afterok:4"], []),
     (["--array=0-3%2"], ["--array", "0-3%2"], []),
 ])
-def test_sbatch_translation(tokens, gq_tokens, ignored):
-    assert translate(tokens) == (gq_tokens, ignored)
+def test_sbatch_translation(tokens, gq_tokens, noticed):
+    out, notices = translate(tokens)
+    assert out == gq_tokens
+    assert [n.split(" ")[0].rstrip(":") for n in notices] == noticed
+
+
+def test_the_option_map_names_only_options_gq_submit_has():
+    """Every gq option the map translates to is one of gq submit's, and every sbatch option
+    gq submit shares by name means what the map says (the map is the one place)."""
+    import typer.main
+
+    from gq.cli.main import make_app
+    from gq.slurm.options import BY_GQ, BY_SBATCH, OPTIONS
+
+    command = typer.main.get_command(make_app("submit")).commands["submit"]
+    flags = {flag for param in command.params for flag in param.opts}
+    assert {option.gq for option in OPTIONS if option.gq} <= flags
+    for flag in flags & set(BY_SBATCH):
+        if flag != "--mem":  # gq's own --mem: the deprecated spelling of --gpu-mem
+            assert BY_SBATCH[flag].gq is not None, flag
+            assert flag in BY_SBATCH[flag].sbatch
+    assert BY_SBATCH["--mem"].gq == "--host-mem" and BY_GQ["--host-mem"].sbatch == ("--mem",)
+
+
+def test_sbatch_environment_on_one_node():
+    from gq.slurm.environment import BatchJob, for_job, variables
+
+    job = BatchJob(id=17, name="a b", user="ann", uid=1000, gid=1000, workdir="/w", run=2,
+                   cpus=4, host_mem=3 << 30, time_limit=60, devices=(0, 2),
+                   array_job_id=15, array_task_id=10, array_span=(3, 0, 10))
+    env = variables(job, "node1")
+    assert env["SLURM_JOB_ID"] == "10000000017" and env["SLURM_ARRAY_JOB_ID"] == "10000000015"
+    assert (env["SLURM_ARRAY_TASK_COUNT"], env["SLURM_ARRAY_TASK_MIN"],
+            env["SLURM_ARRAY_TASK_MAX"], env["SLURM_ARRAY_TASK_STEP"]) == ("3", "0", "10", "5")
+    assert (env["SLURM_CPUS_PER_TASK"], env["SLURM_MEM_PER_NODE"], env["SLURM_JOB_GPUS"],
+            env["SLURM_RESTART_COUNT"], env["SLURM_JOB_NODELIST"]) == ("4", "3072", "0,2", "1",
+                                                                      "node1")
+    inherited = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_SUBMIT_DIR": "/sub",
+                 "PATH": "/usr/bin", "HOME": "/h"}
+    full = for_job(inherited, job, "node1", "/state/bin")
+    assert "SLURM_STEP_ID" not in full and full["SLURM_JOB_ID"] == "10000000017"
+    assert full["SLURM_SUBMIT_DIR"] == "/sub" and full["PATH"] == "/state/bin:/usr/bin"
+    uneven = variables(BatchJob(**{**job.__dict__, "array_span": (3, 0, 7)}), "n")
+    assert uneven["SLURM_ARRAY_TASK_STEP"] == "1"
+
+
+def _info(**fields):
+    from gq.messages import JobInfo
+
+    base = dict(id=17, label="17", name="run12", user="ann", uid=1000, state="PENDING",
+                reason=None, priority=0, gpus=1, mem=None, time_limit=None, deadline=None,
+                steps_total=None, exclusive=False, requeue=False, dependency=None, held=False,
+                array_job_id=None, array_task_id=None, array_max_running=None,
+                script="/w/run.sh", args=["a b"], workdir="/w", stdout="/w/run12-17.out",
+                stderr="/w/run12-17.out", device=None, lane=None, pid=None, submit_time=1.0,
+                start_time=None, end_time=None, exit_code=None, run_count=0, steps_done=0,
+                attained=0.0, mean_iteration=None, mem_persistent=None, mem_peak=None,
+                holds_lane=False)
+    return JobInfo(**{**base, **fields})
+
+
+def test_export_quotes_values_and_rebuilds_old_patterns_where_the_id_stands_alone():
+    from gq.slurm.export import Exported, sbatch_script
+
+    text, notes = sbatch_script(Exported(_info(), "echo hi\n"))
+    assert "#SBATCH --output=run12-%j.out" in text  # not run%j-12 (the 12 is the name's)
+    text, _ = sbatch_script(Exported(_info(name='my "job"', workdir="/dir with space",
+                                           output_pattern="%x-%j.out"), "echo\n"))
+    assert '#SBATCH --job-name="my \\"job\\""' in text
+    assert '#SBATCH --chdir="/dir with space"' in text and "--output=%x-%j.out" in text
+    assert "bash \"$script\" 'a b'" in text and any("inlined" in n for n in notes)
+    text, _ = sbatch_script(Exported(_info(output_pattern="gq-%j.out"), "echo\n",
+                                     script_unchanged=True))
+    assert "--output" not in text  # Slurm's own default, never gq's files of the same id
+    assert "exec bash /w/run.sh 'a b'" in text
+    text, _ = sbatch_script(Exported(_info(), "#!/usr/bin/env bash\necho\n",
+                                     script_unchanged=True))
+    assert "exec /usr/bin/env bash /w/run.sh 'a b'" in text  # as the kernel would run it
+
+
+def test_export_of_a_chain_needs_every_prerequisite():
+    from gq.errors import UserError
+    from gq.slurm.export import Exported, submitter
+
+    first = Exported(_info(id=3, label="3"), "true\n", script_unchanged=True)
+    second = Exported(_info(id=4, label="4", dependency="afterok:3?afterany:9"), "true\n",
+                      script_unchanged=True)
+    with pytest.raises(UserError, match=r"depends on job\(s\) 9"):
+        submitter([first, second])
+    second = Exported(_info(id=4, label="4", dependency="afterok:3"), "true\n",
+                      script_unchanged=True)
+    text, _ = submitter([second, first])
+    assert text.index("job_3=$(sbatch") < text.index("job_4=$(sbatch --parsable "
+                                                     "--dependency=afterok:${job_3}")

@@ -26,6 +26,7 @@ def start(
     kill_wait: float = typer.Option(defaults.KILL_WAIT, "--kill-wait", metavar="SECONDS", help="Seconds between SIGTERM and SIGKILL."),
     cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory", metavar="SIZE", help="Memory the cpu device offers jobs (e.g. 8G) [all RAM]."),
     cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
+    device_model: Optional[str] = typer.Option(None, "--device-model", metavar="NAME", help="Model name of the emulated devices, which --gpus TYPE:N matches (tests, demos)."),
     operators: Optional[str] = typer.Option(None, "--operators", metavar="GROUP", help="Members of GROUP act on every job and the node, like root."),
     priority_cap: int = typer.Option(defaults.PRIORITY_CAP, "--priority-cap", metavar="N", help="System mode: the highest --priority users may ask for."),
     max_temp: Optional[float] = typer.Option(None, "--max-temp", metavar="C", help=f"Admit no job to a device hotter than C degrees, until {defaults.TEMP_HYSTERESIS:g} under."),
@@ -88,6 +89,13 @@ def start(
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:
         options += ["--cpu-devices", str(cpu_devices)]
+    if device_model is not None:
+        if cpu_devices is None:
+            raise UserError("--device-model names emulated devices; give --cpu-devices too")
+        if not device_model.isprintable() or not 0 < len(device_model) <= defaults.MAX_NAME:
+            raise UserError(f"--device-model {device_model[:60]!r}: give a printable name of "
+                            f"1 to {defaults.MAX_NAME} characters")
+        options += ["--device-model", device_model]
     if operators is not None:
         options += ["--operators", operators]
     for flag, value in (("--max-temp", max_temp), ("--max-power", max_power),

@@ -36,6 +36,6 @@ def read(text: str, source: str) -> list[Directive]:
             raise UserError(f"{source}:{number}: malformed {prefix} directive: {exc}") from None
         if not tokens or not tokens[0].startswith("-"):
             raise UserError(f"{source}:{number}: malformed {prefix} directive {line!r}: "
-                            f"expected options such as '{prefix} --mem 6G'")
+                            f"expected options such as '{prefix} -t 1:00:00'")
         found.append(Directive(number, tokens, prefix))
     return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -11,25 +12,30 @@ from typing import Any, Optional
 import typer
 
 from gq import defaults, messages, validation
-from gq.cli import directives, sbatch
+from gq.cli import directives
+from gq.slurm import options as slurm_options
 from gq.codec import INT64_MAX
 from gq.cli.common import ask, usage_message
 from gq.errors import UserError
 from gq.queue import arrays, dependencies
-from gq.units import parse_deadline, parse_duration, parse_size
+from gq.units import parse_when, parse_duration, parse_size
 
 DEFAULT_OUTPUT = "gq-%j.out"
 
 SUBMIT_HELP = """Queue SCRIPT to run with ARGS on the node's devices (like sbatch).
 
 Prints "Submitted job ID". Options may also be written in the script's first comment
-block as '#GQ --mem 6G' lines, or as '#SBATCH' lines for the options gq shares with
-sbatch; the command line wins, then #GQ, then #SBATCH. The script is copied into the queue
-now, so later edits do not change this job. .py scripts run with this Python (or --python)
-and are swapped at iteration boundaries; other scripts run via their shebang or bash.
+block as '#GQ --gpu-mem 6G' lines, or as '#SBATCH' lines as for sbatch (there --mem is host
+memory, as on a cluster); the command line wins, then #GQ, then #SBATCH. The script is
+copied into the queue now, so later edits do not change this job. .py scripts run with this
+Python (or --python) and are swapped at iteration boundaries; other scripts run via their
+shebang or bash. Jobs see sbatch's SLURM_* variables, and srun runs its command in the job.
 
-Example: gq submit -G 1 --mem 6G -t 2:00:00 --steps 5000 train.py --lr 3e-4
+Example: gq submit -G 1 --gpu-mem 6G -t 2:00:00 --steps 5000 train.py --lr 3e-4
 """
+# Options that set one thing between them: the first source that gives one decides it.
+_SAME_SETTING = ({"gpus", "gpus_per_node", "gres"}, {"gpu_mem", "mem"},
+                 {"host_mem", "mem_per_cpu", "mem_per_gpu"})
 
 
 def submit(
@@ -37,13 +43,21 @@ def submit(
     script: str = typer.Argument(..., metavar="SCRIPT", help="The script to run (snapshotted at submit)."),
     args: Optional[list[str]] = typer.Argument(None, metavar="ARGS", help="Arguments passed to the script."),
     job_name: Optional[str] = typer.Option(None, "-J", "--job-name", help="Job name [script name]."),
-    gpus: int = typer.Option(1, "-G", "--gpus", help="0 = CPU only, 1 = one shared device, N = N whole devices."),
-    mem: Optional[str] = typer.Option(None, "--mem", help="Device memory the job needs: 512M, 6G, ..."),
-    time_limit: Optional[str] = typer.Option(None, "-t", "--time", help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."),
+    gpus: Optional[str] = typer.Option(None, "-G", "--gpus", metavar="[TYPE:]N", help="Devices: 0 = CPU only, 1 = one shared device [default], N = N whole devices; TYPE (a100) must match the device model."),
+    gpus_per_node: Optional[str] = typer.Option(None, "--gpus-per-node", metavar="[TYPE:]N", help="As --gpus (sbatch's spelling; one node)."),
+    gres: Optional[str] = typer.Option(None, "--gres", metavar="gpu[:TYPE][:N]", help="As --gpus (sbatch's spelling)."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", metavar="SIZE", help="Device memory the job needs: 512M, 6G, ..."),
+    mem: Optional[str] = typer.Option(None, "--mem", metavar="SIZE", help="Deprecated: device memory, as --gpu-mem (in #SBATCH lines --mem is host memory, as --host-mem)."),
+    host_mem: Optional[str] = typer.Option(None, "--host-mem", metavar="SIZE", help="Host memory (RAM) for the job, its cgroup's limit; 0 = no limit (#SBATCH --mem)."),
+    mem_per_cpu: Optional[str] = typer.Option(None, "--mem-per-cpu", metavar="SIZE", help="Host memory per CPU (times --cpus-per-task)."),
+    mem_per_gpu: Optional[str] = typer.Option(None, "--mem-per-gpu", metavar="SIZE", help="Host memory per device (times --gpus)."),
+    cpus_per_task: Optional[int] = typer.Option(None, "-c", "--cpus-per-task", metavar="N", help="CPUs the job uses (SLURM_CPUS_PER_TASK)."),
+    time_limit: Optional[str] = typer.Option(None, "-t", "--time", help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED."),
+    begin: Optional[str] = typer.Option(None, "--begin", metavar="TIME", help="Start no earlier (REASON BeginTime): now+1hour, 16:00, tomorrow, YYYY-MM-DD[THH:MM]."),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="End by then or be removed (state DEADLINE): YYYY-MM-DD[THH:MM[:SS]], HH:MM, now+2hours, ..."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first under the priority policy."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Total iterations (lets srtf estimate remaining time)."),
-    output: str = typer.Option(DEFAULT_OUTPUT, "-o", "--output", help="stdout file; %j = job id, %x = job name."),
+    output: str = typer.Option(DEFAULT_OUTPUT, "-o", "--output", help="stdout file; %j job id, %x name, %u user, %N node, %A array id, %a task."),
     error: Optional[str] = typer.Option(None, "-e", "--error", help="stderr file [same as --output]."),
     chdir: Optional[str] = typer.Option(None, "-D", "--chdir", help="Working directory [the current one]."),
     exclusive: bool = typer.Option(False, "--exclusive", help="Take the whole device; share it with no job."),
@@ -58,6 +72,8 @@ def submit(
     content = _read_script(Path(script))
     options = _with_directives(ctx, Path(script), content)
     answer = ask(_request(options, content))
+    if options["old_mem"]:  # once it was accepted: a refusal says one line, its reason
+        typer.echo(f"gq: warning: {slurm_options.DEPRECATED_MEM}", err=True)
     typer.echo(str(answer.job_id) if options["parsable"] else f"Submitted job {answer.job_id}")
 
 
@@ -85,19 +101,23 @@ def _with_directives(ctx: typer.Context, script: Path, content: bytes) -> dict[s
     options = dict(ctx.params)
     text = content.decode("utf-8", errors="replace")
     found = directives.read(text, str(script))
-    decided = {name for name in options if ctx.get_parameter_source(name).name == "COMMANDLINE"}
+    decided = _with_same_setting(
+        {name for name in options if ctx.get_parameter_source(name).name == "COMMANDLINE"})
+    old_mem = "mem" in decided
     warned: set[str] = set()
     for prefix in ("#GQ", "#SBATCH"):
         chosen: dict[str, Any] = {}
         for directive in (d for d in found if d.prefix == prefix):
             tokens = directive.tokens
             if prefix == "#SBATCH":
-                tokens, ignored = sbatch.translate(tokens)
-                for option in ignored:
-                    if option not in warned:
-                        warned.add(option)
-                        typer.echo(f"gq: warning: {script}:{directive.line}: #SBATCH {option} "
-                                   "is not used by gq (one node, its own devices); ignored",
+                try:
+                    tokens, notices = slurm_options.translate(tokens)
+                except UserError as exc:
+                    raise UserError(f"{script}:{directive.line}: {exc}") from None
+                for notice in notices:
+                    if notice not in warned:
+                        warned.add(notice)
+                        typer.echo(f"gq: warning: {script}:{directive.line}: #SBATCH {notice}",
                                    err=True)
                 if not tokens:
                     continue
@@ -105,8 +125,17 @@ def _with_directives(ctx: typer.Context, script: Path, content: bytes) -> dict[s
         for name, value in chosen.items():
             if name not in decided:
                 options[name] = value
-        decided |= set(chosen)
+                old_mem |= name == "mem"
+        decided |= _with_same_setting(set(chosen))
+    options["old_mem"] = old_mem
+    if any(d.prefix == "#SBATCH" for d in found) and not decided & _SAME_SETTING[0]:
+        options["gpus"] = "0"  # a cluster's script that asks for no GPU gets none there
     return options
+
+
+def _with_same_setting(names: set[str]) -> set[str]:
+    """``names`` and the options that set the same thing as one of them."""
+    return names.union(*(group for group in _SAME_SETTING if group & names))
 
 
 def _parse_directive(ctx: typer.Context, tokens: list[str], script: Path, line: int,
@@ -128,10 +157,8 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
     the request; the daemon checks the rest against the node."""
     script = Path(options["script"]).absolute()
     validation.text(str(script), f"script path {str(script)[:60]!r}", defaults.MAX_PATH)
-    gpus = options["gpus"]
-    if gpus < 0:
-        raise UserError(f"invalid --gpus {gpus}: must be 0 or more")
-    validation.integer(gpus, "--gpus", 0, defaults.MAX_GPUS)
+    gpus = _devices(options)
+    validation.integer(gpus.count, "--gpus", 0, defaults.MAX_GPUS)
     steps = options["steps"]
     if steps is not None and steps <= 0:
         raise UserError(f"invalid --steps {steps}: must be a positive number of iterations")
@@ -144,10 +171,19 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
     for flag in ("output", "error"):
         if options[flag] is not None:
             validation.text(options[flag], f"--{flag} {options[flag][:60]!r}", defaults.MAX_PATH)
-    mem = parse_size(options["mem"]) if options["mem"] is not None else None
-    limit = parse_duration(options["time_limit"]) if options["time_limit"] is not None else None
-    deadline = (parse_deadline(options["deadline"], time.time())
-                if options["deadline"] is not None else None)
+    device_mem = options["gpu_mem"] if options["gpu_mem"] is not None else options["mem"]
+    mem = parse_size(device_mem) if device_mem is not None else None
+    cpus = options["cpus_per_task"]
+    if cpus is not None:
+        validation.integer(cpus, "--cpus-per-task", 1, defaults.MAX_CPUS)
+    host_mem = _host_memory(options, gpus.count, cpus)
+    limit = options["time_limit"]
+    limit = (None if limit is None or slurm_options.is_unlimited(limit)
+             else parse_duration(limit))
+    now = time.time()
+    deadline = parse_when(options["deadline"], now) if options["deadline"] is not None else None
+    begin = (parse_when(options["begin"], now, "--begin") if options["begin"] is not None
+             else None)
     workdir = Path(options["chdir"]).absolute() if options["chdir"] else Path.cwd()
     validation.text(str(workdir), f"working directory {str(workdir)[:60]!r}", defaults.MAX_PATH)
     if not workdir.is_dir():
@@ -170,6 +206,8 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
         arrays.parse(options["array"])
     args = list(options["args"] or [])
     env = dict(os.environ)
+    # What sbatch records of the submission (the job's other SLURM_* come from the daemon).
+    env.update(SLURM_SUBMIT_DIR=os.getcwd(), SLURM_SUBMIT_HOST=socket.gethostname())
     validation.payload(env, args)
     umask = os.umask(0o022)
     os.umask(umask)
@@ -177,8 +215,35 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
         script_path=str(script), script=content, args=args,
         workdir=str(workdir), env=env, umask=umask,
         options=messages.SubmitOptions(
-            name=options["job_name"], gpus=gpus, mem=mem, time_limit=limit, deadline=deadline,
+            name=options["job_name"], gpus=gpus.count, gpu_type=gpus.type, mem=mem,
+            host_mem=host_mem, cpus=cpus, time_limit=limit, deadline=deadline, begin=begin,
             priority=options["priority"], steps=steps, output=options["output"],
             error=options["error"], exclusive=options["exclusive"],
             requeue=options["requeue"], interpreter=interpreter, array=options["array"],
             dependency=dependency, held=options["hold"]))
+
+
+def _devices(options: dict[str, Any]) -> slurm_options.Gpus:
+    """-G/--gpus, --gpus-per-node or --gres, whichever was given (1 shared device if none)."""
+    if options["gres"] is not None:
+        return slurm_options.parse_gres(options["gres"])
+    for name, flag in (("gpus", "--gpus"), ("gpus_per_node", "--gpus-per-node")):
+        if options[name] is not None:
+            return slurm_options.parse_gpus(options[name], flag)
+    return slurm_options.Gpus(1)
+
+
+def _host_memory(options: dict[str, Any], gpus: int, cpus: int | None) -> int | None:
+    """Host memory in bytes from --host-mem (#SBATCH --mem), --mem-per-cpu or --mem-per-gpu;
+    None for no limit (none given, or 0 as sbatch's --mem=0)."""
+    for name, times in (("host_mem", 1), ("mem_per_cpu", cpus or 1),
+                        ("mem_per_gpu", max(gpus, 1))):
+        text = options[name]
+        if text is None:
+            continue
+        if text.strip() in ("0", "0M", "0G"):
+            return None
+        size = parse_size(text) * times
+        validation.integer(size, f"--{name.replace('_', '-')}", 1, defaults.MAX_HOST_MEM)
+        return size
+    return None

@@ -78,6 +78,7 @@ class Request:
     footprint: Footprint
     exclusive: bool = False
     time_limit: float | None = None  # seconds
+    only: frozenset[str] | None = None  # the devices it may use (a GPU type); None: any
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
     for request in ordered:
         candidates = [d for d in devices if d.gpu == (has_whole and request.gpus > 0)] or \
             list(devices)  # -G 0 where only whole devices exist: share one of them
+        if request.only is not None:
+            candidates = [d for d in candidates if d.name in request.only]
         placement = _choose(request, candidates)
         if outcome.reserved_start is None:
             if placement is not None:

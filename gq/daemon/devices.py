@@ -120,10 +120,27 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def emulated(count: int, memory_total: int) -> list[Device]:
-    """``count`` devices that stand in for GPUs on the cpu, sharing ``memory_total``."""
+def emulated(count: int, memory_total: int, model: str | None = None) -> list[Device]:
+    """``count`` devices that stand in for GPUs on the cpu, sharing ``memory_total``;
+    ``model`` names them for ``--gpus TYPE:N`` (tests, demos of a typed node)."""
     return [Device(name=f"cpu{i}", kind="emulated", index=i, memory_total=memory_total // count,
-                   model=f"emulated device {i + 1} of {count}") for i in range(count)]
+                   model=model or f"emulated device {i + 1} of {count}") for i in range(count)]
+
+
+def _letters(text: str) -> str:
+    return "".join(c for c in text.lower() if c.isalnum())
+
+
+def of_type(devices: list[Device], gpu_type: str) -> list[Device]:
+    """The whole devices whose model names the type, as Slurm's gres types name models
+    (``a100`` is an "NVIDIA A100-SXM4-80GB"): letters and digits, case ignored."""
+    wanted = _letters(gpu_type)
+    return [d for d in devices if d.whole and wanted and wanted in _letters(d.model)]
+
+
+def types(devices: list[Device]) -> list[str]:
+    """The models of the node's whole devices, each once, for messages."""
+    return sorted({d.model for d in devices if d.whole})
 
 
 def gpu_capacity(devices: list[Device]) -> int:

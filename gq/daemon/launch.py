@@ -14,6 +14,7 @@ from gq.exec.protocol import SCRIPT_PATH, LaunchSpec
 from gq.home import Home
 from gq.queue import spool
 from gq.queue.models import Job, Payload
+from gq.slurm import environment as slurm_env
 
 _GQ_PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,29 @@ def gq_only_path(home: Home) -> str:
     if not link.is_symlink() or link.resolve() != _GQ_PACKAGE:
         link.unlink(missing_ok=True)
         link.symlink_to(_GQ_PACKAGE, target_is_directory=True)
+    return str(directory)
+
+
+@functools.cache
+def shim_directory(home: Home) -> str:
+    """A directory holding gq's ``srun`` (see :mod:`gq.slurm.environment`), in the state
+    directory where every job's user can reach it (gq's own install may be out of their
+    reach), for the front of jobs' PATH. Written once per daemon, whole or not at all."""
+    directory = home.root / "bin"
+    directory.mkdir(mode=0o755, exist_ok=True)
+    content = slurm_env.SHIM.read_bytes()
+    target = directory / "srun"
+    try:
+        if target.read_bytes() == content:
+            return str(directory)
+    except OSError:
+        pass
+    partial = directory / ".srun.new"
+    partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(content)
+    os.replace(partial, target)
     return str(directory)
 
 
@@ -75,13 +99,21 @@ def shell_of(shebang: str) -> list[str] | None:
 
 
 def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, run: int,
-                home: Home) -> LaunchSpec:
-    """Everything the host needs to start this run of the job as its submitter. ValueError
-    when the job cannot run as anyone but root by accident: in system mode a job must name
-    its submitter's uid and gid, and their account must exist."""
+                home: Home, array_span: tuple[int, int, int] | None = None) -> LaunchSpec:
+    """Everything the host needs to start this run of the job as its submitter (an array
+    task's ``array_span``: its array's task count, lowest and highest task id). ValueError when the job cannot run
+    as anyone but root by accident: in system mode a job must name its submitter's uid and
+    gid, and their account must exist."""
     system = home.system
     argv, worker = command(job, list(payload.args))
-    env = dict(payload.env)
+    batch = slurm_env.BatchJob(
+        id=job.id, name=job.name, user=job.user, uid=job.uid, gid=job.gid,
+        workdir=job.workdir, run=run, cpus=job.cpus, host_mem=job.host_mem,
+        time_limit=job.time_limit, devices=tuple(d.index for d in devices
+                                                 if d.whole and d.index is not None),
+        array_job_id=job.array_job_id, array_task_id=job.array_task_id,
+        array_span=array_span)
+    env = slurm_env.for_job(dict(payload.env), batch, slurm_env.node_name(), shim_directory(home))
     groups: list[int] = []
     if system:
         if job.uid is None or job.gid is None:
@@ -98,11 +130,7 @@ def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, ru
     if worker:
         env["GQ_SCRIPT"] = job.script  # the worker runs the snapshot under this name
     if job.array_job_id is not None:
-        array = {"ARRAY_JOB_ID": str(job.array_job_id), "ARRAY_TASK_ID": str(job.array_task_id)}
-        env.update({f"GQ_{key}": value for key, value in array.items()})
-        # Slurm's names too, so array scripts written for sbatch run unchanged.
-        env.update({f"SLURM_{key}": value for key, value in array.items()})
-        env["SLURM_JOB_ID"] = str(job.id)
+        env.update(GQ_ARRAY_JOB_ID=str(job.array_job_id), GQ_ARRAY_TASK_ID=str(job.array_task_id))
     if worker and job.interpreter != sys.executable:
         # Another interpreter may not have gq installed: let it find this one.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"),
@@ -113,4 +141,5 @@ def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, ru
         priority=job.priority, submit_time=job.submit_time, steps_total=job.steps_total,
         time_limit=job.time_limit, deadline=job.deadline, uid=job.uid, gid=job.gid,
         groups=groups, umask=job.umask, snapshot=job.spool_path or None,
-        script_name=None if worker else job.script)
+        script_name=None if worker else job.script, host_mem=job.host_mem, cpus=job.cpus)
+

@@ -53,6 +53,7 @@ class DaemonOptions:
     kill_grace: float = defaults.KILL_WAIT
     cpu_memory: int | None = None  # bytes the cpu device offers jobs [all of RAM]
     cpu_devices: int | None = None  # emulate this many devices on the cpu instead
+    device_model: str | None = None  # the emulated devices' model (for --gpus TYPE:N)
     operator_group: str | None = None  # its members may act on every job and the node
     priority_cap: int = defaults.PRIORITY_CAP  # system mode: highest priority for users
     max_temp: float | None = None  # the guard: no new job onto a device hotter than this
@@ -84,6 +85,8 @@ class DaemonOptions:
             argv += ["--cpu-memory", str(self.cpu_memory)]
         if self.cpu_devices is not None:
             argv += ["--cpu-devices", str(self.cpu_devices)]
+        if self.device_model is not None:
+            argv += ["--device-model", self.device_model]
         if self.operator_group is not None:
             argv += ["--operators", self.operator_group]
         for flag, value in (("--max-temp", self.max_temp), ("--max-power", self.max_power),
@@ -102,7 +105,7 @@ class Daemon:
         if options.cpu_devices:
             memory = options.cpu_memory or next(d for d in self.devices
                                                 if d.kind == "cpu").memory_total
-            self.devices = emulated(options.cpu_devices, memory)
+            self.devices = emulated(options.cpu_devices, memory, options.device_model)
             self.device_note = (f"{options.cpu_devices} devices emulated on the cpu "
                                 "(--cpu-devices), each with its own execution host")
         elif options.cpu_memory is not None:

@@ -19,6 +19,7 @@ from sqlalchemy import Row
 
 from gq import policies
 from gq.daemon import admission
+from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
 from gq.daemon.monitoring import Monitor
 from gq.daemon.supervision import Supervisor, footprint
@@ -35,6 +36,7 @@ log = logging.getLogger("gq.daemon")
 DEPENDENCY = "Dependency"
 ARRAY_LIMIT = "JobArrayTaskLimit"
 NEVER_SATISFIED = "DependencyNeverSatisfied"
+BEGIN_TIME = "BeginTime"
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,10 @@ class Scheduler:
             if job.deadline is not None and now + (job.time_limit or 0) > job.deadline:
                 late.append(job)  # as Slurm: removed once it can no longer end in time
                 continue
+            if job.begin_time is not None and job.begin_time > now:
+                if job.reason != BEGIN_TIME:
+                    reasons[job.id] = BEGIN_TIME
+                continue
             need = needs.get(job.id)
             outcome = (dependencies.evaluate(need, runs) if need is not None
                        else dependencies.Outcome.SATISFIED)
@@ -166,7 +172,8 @@ class Scheduler:
                     continue
                 admitted[job.array_job_id] = admitted.get(job.array_job_id, 0) + 1
             requests.append(admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
-                                              time_limit=job.time_limit))
+                                              time_limit=job.time_limit,
+                                              only=self._of_type(job.gpu_type)))
         outcome = admission.place(requests, self.loads(), now=time.time())
         reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
         reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
@@ -178,6 +185,12 @@ class Scheduler:
         for placement in outcome.placements:
             devices = [d for d in self.devices if d.name in placement.devices]
             self.supervisor.launch(placement.job_id, devices, placement.lane)
+
+    def _of_type(self, gpu_type: str | None) -> frozenset[str] | None:
+        """The devices a job asking for GPUs of this type may use (None: any)."""
+        if gpu_type is None:
+            return None
+        return frozenset(d.name for d in devices_mod.of_type(self.devices, gpu_type))
 
     def loads(self) -> list[admission.DeviceLoad]:
         """Each available device as admission sees it: lanes, memory (less what processes

@@ -60,7 +60,7 @@ class Running:
     kill_why: StopWhy | None = None
 
     def footprint_now(self) -> admission.Footprint:
-        """What the job asked for (--mem), or what it was measured to use, if more."""
+        """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
         if self.measured is None:
             return self.footprint
         return max(self.footprint, self.measured, key=lambda f: f.persistent + f.ephemeral)
@@ -193,6 +193,8 @@ class Supervisor:
                 return  # cancelled or held meanwhile
             job = queries.job(session, job_id)
             payload = queries.payload(session, job.payload_id)
+            span = (queries.array_span(session, job.array_job_id)
+                    if job.array_job_id is not None else None)
         running = Running(job_id=job.id, run=job.run_count, started=job.start_time,
                           devices=devices, lane=lane, host=names[0],
                           time_limit=job.time_limit, requeue=job.requeue,
@@ -202,7 +204,7 @@ class Supervisor:
         if (metrics := self.metrics()) is not None:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))
         try:
-            spec = launch_spec(job, payload, devices, lane, running.run, self.home)
+            spec = launch_spec(job, payload, devices, lane, running.run, self.home, span)
             self.send(running.host, wire.checked(wire.Launch(spec)))
         except (OSError, ValueError, FrameTooLarge, MessageError) as exc:
             # FrameTooLarge, MessageError: what the job carries does not fit the host's wire
@@ -281,7 +283,7 @@ class Supervisor:
     def _plausible_footprint(self, job: Running, progress: transitions.Progress
                              ) -> admission.Footprint:
         """The memory a job's worker reports, believed up to its lane's capacity: as much as
-        the job could have asked for with --mem, never more (the figures are its word)."""
+        the job could have asked for with --gpu-mem, never more (the figures are its word)."""
         lane = min(d.memory_total for d in job.devices) // self.settings.lanes
         persistent = min(progress.mem_persistent or 0, lane)
         peak = min(progress.mem_peak or 0, lane)

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 KINDS = ("auto", "v2", "v1", "off")
 V2 = "unified"  # the v2 hierarchy's key in a backend's bases and a job's paths
-_V1_HIERARCHIES = ("freezer", "memory", "pids")
-_V2_CONTROLLERS = ("memory", "pids")
+_V1_HIERARCHIES = ("freezer", "memory", "pids", "cpu")
+_V2_CONTROLLERS = ("memory", "pids", "cpu")
+_CPU_PERIOD = 100_000  # microseconds of the CPU quota's period (the kernel's default)
 _MEMORY_FILES = {V2: "memory.current", "memory": "memory.usage_in_bytes"}
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _POLL = 0.01  # kill() looks whether the cgroup is empty this often
@@ -54,6 +55,35 @@ class JobCgroup:
         pid = str(os.getpid()).encode()
         for procs in self._procs:
             _put(procs, pid)
+
+    def limit(self, memory: int | None, cpus: int | None) -> list[str]:
+        """Cap its memory (bytes, swap included where v1 counts it) and its CPU time (``cpus``
+        CPUs' worth per period), as Slurm's task/cgroup does; what it asks for and cannot
+        cap here (no such controller) is returned, for the log."""
+        unenforced = []
+        if memory is not None and not self._limit_memory(memory):
+            unenforced.append("its host-memory limit")
+        if cpus is not None:
+            quota = f"{cpus * _CPU_PERIOD} {_CPU_PERIOD}"
+            done = (_write(self.paths[V2], "cpu.max", quota) if self.v2 else
+                    "cpu" in self.paths and
+                    _write(self.paths["cpu"], "cpu.cfs_period_us", str(_CPU_PERIOD)) and
+                    _write(self.paths["cpu"], "cpu.cfs_quota_us", str(cpus * _CPU_PERIOD)))
+            if not done:
+                unenforced.append("its CPU count")
+        return unenforced
+
+    def _limit_memory(self, memory: int) -> bool:
+        if self.v2:
+            # No swapping past the limit either: the job is killed there, as on a cluster.
+            done = _write(self.paths[V2], "memory.max", str(memory))
+            _write(self.paths[V2], "memory.swap.max", "0")
+            return done
+        if "memory" not in self.paths:
+            return False
+        done = _write(self.paths["memory"], "memory.limit_in_bytes", str(memory))
+        _write(self.paths["memory"], "memory.memsw.limit_in_bytes", str(memory))
+        return done
 
     def pids(self) -> list[int]:
         """The processes in it now, in any of its hierarchies (none where it does not exist)."""

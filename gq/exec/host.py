@@ -472,9 +472,14 @@ class Host:
         if self.cgroups is None:
             return None
         try:
-            return self.cgroups.create(self.device, spec.id, spec.run)
+            cgroup = self.cgroups.create(self.device, spec.id, spec.run)
         except OSError as exc:
             raise LaunchError(f"cannot make job {spec.id}'s cgroup: {exc.strerror}") from None
+        unenforced = cgroup.limit(spec.host_mem, spec.cpus)
+        if unenforced:
+            log.warning("job %d: its cgroup cannot enforce %s here", spec.id,
+                        " or ".join(unenforced))
+        return cgroup
 
     # ----- worker messages: the hot path ----------------------------------------------
     def _from_worker(self, resident: Resident) -> None:

@@ -30,13 +30,13 @@ from typing import Annotated, Any, ClassVar
 
 from gq import __version__, codec, defaults
 from gq.codec import MaxLen, MessageError, message
-from gq.fields import (Args, Count, Environment, Groups, JobId, Lane, Name, Path, Pid,
-                       Positive, Priority, Seconds, Signal, Text, TimeLimit, Timestamp, Uid,
-                       Umask)
+from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId, Lane, Name,
+                       Path, Pid, Positive, Priority, Seconds, Signal, Text, TimeLimit,
+                       Timestamp, Uid, Umask)
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/3"
+HOST_VERSION = f"{__version__}/4"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -89,6 +89,8 @@ class LaunchSpec:
     # A plain script's submitted path: where a root host shows the snapshot to the job, in
     # a mount namespace of its own; GQ_SCRIPT_SOURCE says where the shell reads it from.
     script_name: Path | None = None
+    host_mem: HostMemory | None = None  # bytes: its cgroup's memory limit
+    cpus: Cpus | None = None  # its cgroup's CPU quota (where the cpu controller serves)
 
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read

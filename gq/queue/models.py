@@ -52,7 +52,11 @@ class Job(Base):
 
     # What the job asked for.
     gpus: Mapped[int] = mapped_column(Integer, default=1)
-    mem: Mapped[int | None] = mapped_column(Integer)
+    mem: Mapped[int | None] = mapped_column(Integer)  # device memory (--gpu-mem)
+    host_mem: Mapped[int | None] = mapped_column(Integer)  # bytes; its cgroup's limit
+    cpus: Mapped[int | None] = mapped_column(Integer)  # --cpus-per-task
+    gpu_type: Mapped[str | None] = mapped_column(Text)  # --gpus TYPE:N, matched to models
+    begin_time: Mapped[float | None] = mapped_column(Float)  # not started before (--begin)
     time_limit: Mapped[int | None] = mapped_column(Integer)
     deadline: Mapped[float | None] = mapped_column(Float)  # seconds since the epoch
     steps_total: Mapped[int | None] = mapped_column(Integer)
@@ -75,6 +79,8 @@ class Job(Base):
     workdir: Mapped[str] = mapped_column(Text)
     stdout_path: Mapped[str] = mapped_column(Text)
     stderr_path: Mapped[str] = mapped_column(Text)
+    output_pattern: Mapped[str | None] = mapped_column(Text)  # -o as given (%x-%j.out)
+    error_pattern: Mapped[str | None] = mapped_column(Text)
     umask: Mapped[int] = mapped_column(Integer, default=0o022)
 
     # What happened.

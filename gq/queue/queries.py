@@ -48,7 +48,8 @@ def jobs(session: Session, *, states: Iterable[JobState] | None = None,
 # many thousands of pending jobs costs the daemon little each pass.
 _SCHEDULING = (Job.id, Job.user, Job.submit_time, Job.priority, Job.steps_total, Job.deadline,
                Job.time_limit, Job.dependency, Job.reason, Job.gpus, Job.mem, Job.exclusive,
-               Job.array_job_id, Job.array_max_running, Job.stop_request, Job.held)
+               Job.array_job_id, Job.array_max_running, Job.stop_request, Job.held,
+               Job.begin_time, Job.gpu_type)
 
 
 def for_scheduling(session: Session, state: JobState, held: bool | None = None) -> Sequence:
@@ -80,6 +81,21 @@ def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple
             elif job_id in found and array_id is None:
                 found[job_id].append((state, start is not None))
     return found
+
+
+def array_task_ids(session: Session, array_job_id: int) -> list[int]:
+    """The task ids of a job array, in order."""
+    return list(session.scalars(select(Job.array_task_id).where(
+        Job.array_job_id == array_job_id).order_by(Job.array_task_id)))
+
+
+def array_span(session: Session, array_job_id: int) -> tuple[int, int, int]:
+    """How many tasks a job array has, its lowest task id and its highest (one row read,
+    however large the array)."""
+    count, low, high = session.execute(
+        select(func.count(), func.min(Job.array_task_id), func.max(Job.array_task_id))
+        .where(Job.array_job_id == array_job_id)).one()
+    return int(count), int(low or 0), int(high or 0)
 
 
 def job(session: Session, job_id: int) -> Job | None:

@@ -47,8 +47,12 @@ class NewJob:
     umask: int = 0o022
     gpus: int = 1
     mem: int | None = None
+    host_mem: int | None = None
+    cpus: int | None = None
+    gpu_type: str | None = None
     time_limit: int | None = None
     deadline: float | None = None
+    begin_time: float | None = None
     steps_total: int | None = None
     priority: int = 0
     exclusive: bool = False
@@ -74,11 +78,13 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
     common = dict(
         name=new.name, user=new.user, uid=new.uid, gid=new.gid, umask=new.umask,
         state=JobState.PENDING.value, reason=HELD if new.held else None,
-        priority=new.priority, gpus=new.gpus, mem=new.mem, time_limit=new.time_limit,
-        deadline=new.deadline, steps_total=new.steps_total, exclusive=new.exclusive,
+        priority=new.priority, gpus=new.gpus, mem=new.mem, host_mem=new.host_mem,
+        cpus=new.cpus, gpu_type=new.gpu_type, time_limit=new.time_limit,
+        deadline=new.deadline, begin_time=new.begin_time, steps_total=new.steps_total, exclusive=new.exclusive,
         requeue=new.requeue, dependency=new.dependency, held=new.held, script=new.script,
         spool_path="", payload_id=payload.id, interpreter=new.interpreter,
         workdir=new.workdir, stdout_path="", stderr_path="", submit_time=new.submit_time,
+        output_pattern=new.output_pattern, error_pattern=new.error_pattern,
         stop_request=None, run_count=0, steps_done=0, attained=0.0, holds_lane=False,
         array_max_running=new.array_max_running if new.array_tasks is not None else None)
     ids = list(session.scalars(

@@ -67,4 +67,8 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         steps_done=job.steps_done, attained=job.attained, mean_iteration=job.mean_iteration,
         mean_gap=job.mean_gap,
         mem_persistent=job.mem_persistent, mem_peak=job.mem_peak, holds_lane=job.holds_lane,
-        events=None if events is None else [event_info(e) for e in events])
+        events=None if events is None else [event_info(e) for e in events],
+        host_mem=job.host_mem, cpus=job.cpus, gpu_type=job.gpu_type, begin_time=job.begin_time,
+        output_pattern=job.output_pattern if detail else None,
+        error_pattern=job.error_pattern if detail else None,
+        interpreter=job.interpreter if detail else None)

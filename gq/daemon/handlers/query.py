@@ -74,10 +74,14 @@ def open_log(daemon: NodeView, caller: Caller, request: messages.OpenLog):
 
 
 def export(daemon: NodeView, caller: Caller, request: messages.ExportScript) -> messages.Script:
-    """A job's snapshot, read with its owner's rights and at most the script size limit."""
+    """A job's snapshot, read with its owner's rights and at most the script size limit; for
+    a whole job array, its task ids too."""
     with daemon.db.read() as session:
         job = resolve_one(session, request.label)
         info = job_info(job)
+        tasks = None
+        if job.array_job_id is not None and request.label == str(job.array_job_id):
+            tasks = list(queries.array_task_ids(session, job.array_job_id))
     check_may_act(caller, job.uid, job.user, "export", job.label)
     if not job.spool_path:
         raise UserError(f"job {job.label}'s script was dropped from the spool to make room "
@@ -90,7 +94,7 @@ def export(daemon: NodeView, caller: Caller, request: messages.ExportScript) -> 
                         "exported") from None
     except OSError as exc:
         raise UserError(f"cannot read the snapshot of job {job.label}: {exc.strerror}") from None
-    return messages.Script(info, body)
+    return messages.Script(info, body, tasks)
 
 
 def _owner(daemon: NodeView, job: Job) -> ownerfiles.Owner:

@@ -12,11 +12,15 @@ import time
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
+import psutil
+
 from gq import defaults, messages, validation
+from gq.daemon import devices as devices_mod
 from gq.daemon.access import Caller, check_priority
 from gq.daemon.devices import gpu_capacity
 from gq.errors import Refused, UserError
 from gq.queue import arrays, dependencies, queries, spool, transitions
+from gq.slurm.environment import node_name
 from gq.units import format_size
 
 if TYPE_CHECKING:
@@ -72,7 +76,7 @@ def _validate(daemon: NodeView, caller: Caller,
     if options.steps is not None and options.steps <= 0:
         raise UserError(f"invalid --steps {options.steps}: must be a positive number of "
                         "iterations")
-    for name, value in (("--mem", options.mem), ("--time", options.time_limit)):
+    for name, value in (("--gpu-mem", options.mem), ("--time", options.time_limit)):
         if value is not None and value <= 0:
             raise UserError(f"invalid {name} {value}: must be greater than zero")
     if options.deadline is not None and options.deadline <= time.time():
@@ -84,11 +88,17 @@ def _validate(daemon: NodeView, caller: Caller,
                         "see 'gq info'")
     on_gpus = options.gpus > 0 and any(d.kind == "cuda" for d in daemon.devices)
     usable = [d for d in daemon.devices if (d.kind == "cuda") == on_gpus]
+    if options.gpu_type is not None:
+        usable = _of_type(daemon, options.gpu_type, options.gpus)
     largest = max(daemon.lane_memory(d) for d in usable)
     if options.mem is not None and options.mem > largest:
         lanes = f" per lane ({daemon.options.lanes} lanes)" if daemon.options.lanes > 1 else ""
-        raise UserError(f"--mem {format_size(options.mem)} is more than any device of this "
-                        f"node has{lanes} ({format_size(largest)}); see 'gq info'")
+        raise UserError(f"--gpu-mem {format_size(options.mem)} is more than any device of "
+                        f"this node has{lanes} ({format_size(largest)}); see 'gq info'")
+    ram = psutil.virtual_memory().total
+    if options.host_mem is not None and options.host_mem > ram:
+        raise UserError(f"host memory {format_size(options.host_mem)} (--mem in #SBATCH "
+                        f"lines, --host-mem) is more than this node has ({format_size(ram)})")
     is_python = script.suffix == ".py"
     if is_python and not (options.interpreter and os.path.isabs(options.interpreter)):
         raise UserError("a .py script needs an interpreter given by its absolute path")
@@ -108,11 +118,24 @@ def _validate(daemon: NodeView, caller: Caller,
         error_pattern=options.error or options.output, env=dict(request.env),
         umask=request.umask & 0o777, gpus=options.gpus, mem=options.mem,
         time_limit=options.time_limit, deadline=options.deadline, steps_total=options.steps,
-        priority=options.priority,
+        priority=options.priority, host_mem=options.host_mem, cpus=options.cpus,
+        gpu_type=options.gpu_type, begin_time=options.begin,
         exclusive=options.exclusive, requeue=options.requeue, dependency=options.dependency,
         held=options.held, array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None,
         spool_bytes=spool.footprint(len(request.script)))
+
+
+def _of_type(daemon: NodeView, gpu_type: str, count: int) -> list:
+    """The devices of that type, enough of them for the job; else refused, naming the
+    node's types."""
+    matching = devices_mod.of_type(daemon.devices, gpu_type)
+    if len(matching) < max(count, 1):
+        have = ", ".join(devices_mod.types(daemon.devices)) or "none: jobs run on its cpu"
+        raise UserError(f"--gpus {gpu_type}:{count}: this node has "
+                        f"{len(matching) or 'no'} device(s) of type {gpu_type!r} (its "
+                        f"models: {have}); give a type they name, or no type")
+    return matching
 
 
 def _name_of(script: PurePosixPath) -> str:
@@ -176,17 +199,21 @@ def _check_dependency(session, text: str | None) -> None:
 
 
 def _output_resolver(new: transitions.NewJob):
-    """Fill in %j (job id), %x (name), %u (user), %A (array id), %a (task) for one row."""
+    """Fill in %j (job id), %x (name), %u (user), %N (node), %A (array id), %a (task), and
+    %n, %t (node and task number: 0 on one node) for one row."""
+    node = node_name()
+
     def resolve(pattern: str, job_id: int, array_id: int | None, task: int | None) -> str:
         path = pattern.replace("%%", "\0")
-        for code, value in (("%j", job_id), ("%x", new.name), ("%u", new.user),
+        for code, value in (("%j", job_id), ("%x", new.name), ("%u", new.user), ("%N", node),
+                            ("%n", 0), ("%t", 0),
                             ("%A", array_id if array_id is not None else job_id),
                             ("%a", task if task is not None else 0)):
             path = path.replace(code, str(value))
         path = os.path.join(new.workdir, path.replace("\0", "%"))
         if len(path) > defaults.MAX_PATH:
             raise UserError(f"output path {pattern[:60]!r} is {len(path)} characters long once "
-                            f"%j, %x, %u, %A and %a are filled in, over gq's limit of "
+                            f"%j, %x, %u, %N, %A and %a are filled in, over gq's limit of "
                             f"{defaults.MAX_PATH}; give a shorter -o/-e")
         return path
 

@@ -1,0 +1,104 @@
+"""The environment sbatch gives a batch job, with values that hold on one node (pure).
+
+``SLURM_JOB_ID`` is the gq id plus :data:`JOB_ID_OFFSET`: over 2^32, so no real Slurm
+cluster can hold it (its job ids are 32-bit), and Slurm's own tools refuse it instead of
+acting on someone else's job; the gq id is ``GQ_JOB_ID``. ``srun`` in the job is gq's shim
+(:data:`SHIM`), first on its PATH.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+JOB_ID_OFFSET = 10_000_000_000  # SLURM_JOB_ID 10000000017 is gq job 17
+SHIM = Path(__file__).with_name("bin") / "srun"
+PARTITION = "gq"
+# Kept from the submitter's environment: what the client recorded of the submission.
+SUBMISSION = ("SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST")
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """What the variables are made of: one run of a job, as the daemon knows it."""
+
+    id: int
+    name: str
+    user: str
+    uid: int | None
+    gid: int | None
+    workdir: str
+    run: int  # 1 for the first run; a requeued job's later runs count restarts
+    cpus: int | None
+    host_mem: int | None  # bytes
+    time_limit: int | None
+    devices: tuple[int, ...]  # the indices of its whole devices (GPUs or emulated)
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_span: tuple[int, int, int] | None = None  # its array's task count, min and max
+
+
+@functools.cache
+def node_name() -> str:
+    """This node's short host name: SLURM_JOB_NODELIST, and %N in output names."""
+    return socket.gethostname().split(".")[0]
+
+
+def slurm_id(job_id: int) -> str:
+    return str(JOB_ID_OFFSET + job_id)
+
+
+def variables(job: BatchJob, node: str) -> dict[str, str]:
+    """sbatch's SLURM_* variables for the job on ``node`` (its short host name)."""
+    cpus = str(job.cpus or 1)
+    env = {
+        "SLURM_JOB_ID": slurm_id(job.id), "SLURM_JOBID": slurm_id(job.id),
+        "SLURM_JOB_NAME": job.name, "SLURM_JOB_USER": job.user,
+        "SLURM_CLUSTER_NAME": PARTITION, "SLURM_JOB_PARTITION": PARTITION,
+        "SLURM_JOB_NODELIST": node, "SLURM_NODELIST": node, "SLURMD_NODENAME": node,
+        "SLURM_TOPOLOGY_ADDR": node,
+        "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+        "SLURM_NTASKS": "1", "SLURM_NPROCS": "1", "SLURM_TASKS_PER_NODE": "1",
+        "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_GTIDS": "0",
+        "SLURM_JOB_CPUS_PER_NODE": cpus, "SLURM_CPUS_ON_NODE": cpus,
+    }
+    if job.uid is not None:
+        env["SLURM_JOB_UID"] = str(job.uid)
+    if job.gid is not None:
+        env["SLURM_JOB_GID"] = str(job.gid)
+    if job.cpus is not None:
+        env["SLURM_CPUS_PER_TASK"] = cpus
+    if job.host_mem is not None:
+        env["SLURM_MEM_PER_NODE"] = str(max(1, job.host_mem >> 20))  # MiB, as Slurm
+    if job.devices:
+        listed = ",".join(map(str, job.devices))
+        env.update(SLURM_GPUS_ON_NODE=str(len(job.devices)), SLURM_JOB_GPUS=listed,
+                   GPU_DEVICE_ORDINAL=listed)
+    if job.run > 1:
+        env["SLURM_RESTART_COUNT"] = str(job.run - 1)
+    if job.array_job_id is not None and job.array_task_id is not None:
+        count, low, high = job.array_span or (1, job.array_task_id, job.array_task_id)
+        # An evenly spaced array (0-20:5) has its step; any other, 1 (as Slurm's lists).
+        step = (high - low) // (count - 1) if count > 1 else 1
+        if step * (count - 1) != high - low:
+            step = 1
+        env.update(SLURM_ARRAY_JOB_ID=slurm_id(job.array_job_id),
+                   SLURM_ARRAY_TASK_ID=str(job.array_task_id),
+                   SLURM_ARRAY_TASK_COUNT=str(count), SLURM_ARRAY_TASK_MIN=str(low),
+                   SLURM_ARRAY_TASK_MAX=str(high), SLURM_ARRAY_TASK_STEP=str(step))
+    return env
+
+
+def for_job(inherited: dict[str, str], job: BatchJob, node: str, shim_dir: str) -> dict[str, str]:
+    """The submitter's environment with sbatch's variables for this job in place of any it
+    carried (from a Slurm job it was submitted in, say), and ``shim_dir`` (where gq's srun
+    is) first on PATH."""
+    env = {key: value for key, value in inherited.items()
+           if not key.startswith(("SLURM_", "SLURMD_")) or key in SUBMISSION}
+    env.setdefault("SLURM_SUBMIT_DIR", job.workdir)
+    env.update(variables(job, node))
+    env["PATH"] = os.pathsep.join(filter(None, [shim_dir, inherited.get("PATH", os.defpath)]))
+    return env
