@@ -100,6 +100,7 @@ class JobInfo:
     output_pattern: Path | None = None  # -o/-e as given (%x-%j.out); None for jobs from
     error_pattern: Path | None = None  # before they were kept, and in lists
     interpreter: Path | None = None  # a Python job's, in answers about one job
+    warn_signal: str | None = None  # --signal, as [B:]NUMBER@SECONDS
 
 
 @dataclass
@@ -183,6 +184,7 @@ class SubmitOptions:
     host_mem: HostMemory | None = None  # bytes: the limit of the job's cgroup
     cpus: Cpus | None = None  # --cpus-per-task
     begin: Timestamp | None = None  # not started before
+    warn_signal: Annotated[str, MaxLen(32)] | None = None  # --signal: [B:]NUMBER@SECONDS
 
 
 @dataclass

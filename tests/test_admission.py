@@ -152,3 +152,27 @@ def test_a_job_placed_in_the_same_pass_counts_in_the_reservation():
     assert outcome.reserved_start == now + 100
     assert [(p.job_id, p.devices) for p in outcome.placements] == [(1, ("gpu0",)),
                                                                   (3, ("gpu1",))]
+
+
+def test_host_memory_and_cpus_are_reserved_on_the_node_as_slurm_counts_them():
+    devices = [DeviceLoad("gpu0", True, [LaneLoad(8 << 30)], max_resident=8, index=0),
+               DeviceLoad("gpu1", True, [LaneLoad(8 << 30)], max_resident=8, index=1)]
+    node = admission.NodeRoom(memory=10 << 30, cpus=4)
+    requests = [Request(1, 1, Footprint(), host_mem=6 << 30, cpus=2),
+                Request(2, 1, Footprint(), host_mem=6 << 30),  # 12G of 10G: waits
+                Request(3, 1, Footprint(), cpus=2),
+                Request(4, 1, Footprint(), cpus=1),  # 5 of 4 CPUs: waits
+                Request(5, 1, Footprint())]  # reserves neither: never held by them
+    outcome = admission.place(requests, devices, node=node)
+    assert [p.job_id for p in outcome.placements] == [1, 3, 5]
+    assert outcome.reasons == {2: admission.NODE_ROOM, 4: admission.NODE_ROOM}
+    assert (node.memory, node.cpus) == (4 << 30, 0)
+    # Its devices are not what a job held by the node waits for: nothing is reserved.
+    assert outcome.reserved == ()
+
+
+def test_a_gpu_type_keeps_a_job_to_its_devices():
+    devices = [DeviceLoad("gpu0", True, [LaneLoad(8 << 30)], max_resident=8, index=0),
+               DeviceLoad("gpu1", True, [LaneLoad(8 << 30)], max_resident=8, index=1)]
+    outcome = admission.place([Request(1, 1, Footprint(), only=frozenset({"gpu1"}))], devices)
+    assert [p.devices for p in outcome.placements] == [("gpu1",)]

@@ -30,7 +30,8 @@ def assert_refused(result, *fragments: str) -> None:
 
 def test_job_runs_as_its_submitter_with_its_groups_umask_and_home(shared_node, users):
     alice = users["alice"]
-    script = _script(alice, "who.sh", "id -u; id -g; umask; echo $HOME $USER; pwd; touch made\n")
+    script = _script(alice, "who.sh", "id -u; id -g; umask; echo $HOME $USER; pwd; touch made\n"
+                                      "srun id -u; echo $SLURM_JOB_USER $SLURM_JOB_UID\n")
     job_id = _submit(shared_node, alice, script)
     info = shared_node.wait_state(job_id, "COMPLETED")
     assert (info["user"], info["uid"]) == (alice.name, alice.uid)
@@ -40,6 +41,8 @@ def test_job_runs_as_its_submitter_with_its_groups_umask_and_home(shared_node, u
     assert lines[2] == "0022"
     assert lines[3] == f"{alice.workdir.parent} {alice.name}"  # the home useradd made
     assert lines[4] == str(alice.workdir)
+    # gq's srun, which every user's job reaches, runs as the job's user too.
+    assert lines[5:7] == [str(alice.uid), f"{alice.name} {alice.uid}"]
     for made in (out, alice.workdir / "made"):
         assert (made.stat().st_uid, made.stat().st_gid) == (alice.uid, alice.gid)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
-from conftest import all_jobs, gq, gq_ok, job, submit, wait_for, wait_state, write_script
+from conftest import (DaemonControl, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state,
+                      write_script)
 
 
 def test_array_never_runs_more_than_its_limit_and_each_task_sees_its_index(daemon, tmp_path):
@@ -223,10 +225,11 @@ def test_status_json_for_arrays(home, tmp_path):
     assert gq_ok("show", f"{array_id}_3").splitlines()[0].endswith(f"{array_id}_3")
 
 
-def test_sbatch_spellings_gq_takes_and_those_it_refuses(daemon, tmp_path):
+def test_sbatch_spellings_gq_takes_and_those_it_refuses(home, tmp_path):
     import socket
     import time
 
+    DaemonControl(home).start("--cpu-devices", "2", "--device-model", "Fake GPU")
     script = write_script(tmp_path / "b.sh", "echo ran\n")
     asked = time.time()
     begun = submit("--begin", "now+2", "-t", "UNLIMITED", "--host-mem", "0", "-o", "b-%N.out",
@@ -244,9 +247,13 @@ def test_sbatch_spellings_gq_takes_and_those_it_refuses(daemon, tmp_path):
     result = gq("submit", "--mem", "64M", "--parsable", str(script))
     assert result.code == 0 and "write --gpu-mem" in result.err
     assert job(int(result.out))["gpu_mem"] == 64 << 20
+    typed = job(submit("--gres", "gpu:fake:2", str(script)))
+    assert (typed["gpus"], typed["gpu_type"]) == (2, "fake")
     before = len(all_jobs())
     for args, words in (
-            (["--gpus", "a100:1"], "this node has no device(s) of type 'a100'"),
+            (["--gpus", "a100:1"], "no device(s) of type 'a100' (its models: Fake GPU)"),
+            (["--gres", "gpu:fake:3"], "--gpus 3 is more than this node has (2)"),
+            (["-c", "1000"], "--cpus-per-task 1000 is more than this node has"),
             (["--gres", "gpu:1,tmpfs:1"], "gq has only gpu"),
             (["--gpus", "two"], "invalid --gpus two"),
             (["--begin", "soonish"], "invalid --begin 'soonish'"),
@@ -256,3 +263,47 @@ def test_sbatch_spellings_gq_takes_and_those_it_refuses(daemon, tmp_path):
         assert result.code == 2 and words in result.err and len(result.err.splitlines()) == 1, \
             (args, result.err)
     assert len(all_jobs()) == before
+
+
+def test_signal_before_the_time_limit_reaches_the_batch_shell_or_its_steps(daemon, tmp_path):
+    """sbatch's --signal: B: to the job's main process alone; else to its other processes
+    (what srun started), never to the batch shell, which would die of an untrapped USR2."""
+    batch = write_script(tmp_path / "batch.sh", (
+        "trap 'echo warned; exit 0' USR1\n"
+        "for i in $(seq 1 300); do sleep 0.1; done\necho never\n"))
+    step = write_script(tmp_path / "step.sh", (
+        f"srun {sys.executable} -c \"import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR2, lambda *a: (print('step warned', flush=True), "
+        "sys.exit(0)))\n"
+        "time.sleep(30)\"\n"
+        "echo \"shell lived on: $?\"\n"))
+    warned = submit("-t", "1", "--signal", "B:USR1@58", str(batch))
+    stepped = submit("-t", "1", "--signal", "SIGUSR2@58", str(step))
+    for job_id in (warned, stepped):
+        assert wait_state(job_id, "COMPLETED", "FAILED", "TIMEOUT", timeout=30)["state"] == \
+            "COMPLETED"
+    assert (tmp_path / f"gq-{warned}.out").read_text() == "warned\n"
+    assert (tmp_path / f"gq-{stepped}.out").read_text() == "step warned\nshell lived on: 0\n"
+    assert "Signal: B:10@58" in gq_ok("show", str(warned))
+    result = gq("submit", "--signal", "USR9@5", str(batch))
+    assert result.code == 2 and "invalid --signal USR9@5" in result.err
+
+
+def test_host_memory_is_reserved_on_the_node_until_the_job_ends(daemon, tmp_path):
+    import psutil
+
+    go = tmp_path / "go"
+    script = write_script(tmp_path / "hold.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n")
+    most = f"{psutil.virtual_memory().total * 6 // 10 >> 20}M"
+    first = submit("--host-mem", most, str(script))
+    second = submit("--host-mem", most, str(script))
+    unlimited = submit(str(script))  # reserves nothing: never held by the two
+    for job_id in (first, unlimited):
+        wait_state(job_id, "RUNNING")
+    waiting = wait_for(lambda: job(second)["reason"] is not None and job(second), 10,
+                       what="the second job's reason")
+    assert waiting["state"] == "PENDING"
+    assert waiting["reason"] == "Resources (the node's host memory or CPUs)"
+    go.touch()
+    for job_id in (first, second, unlimited):
+        wait_state(job_id, "COMPLETED", timeout=20)

@@ -125,6 +125,7 @@ def _print_job(job: messages.JobInfo) -> None:
         ("CpusPerTask", job.cpus or "-"),
         ("TimeLimit", render.duration(job.time_limit) if job.time_limit else "UNLIMITED"),
         ("BeginTime", render.short_time(job.begin_time) if job.begin_time else "-"),
+        ("Signal", job.warn_signal or "-"),
         ("Deadline", _deadline_line(job)),
         ("Exclusive", "yes" if job.exclusive else "no"),
         ("Requeue", "yes" if job.requeue else "no"),

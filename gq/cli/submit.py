@@ -53,6 +53,7 @@ def submit(
     mem_per_gpu: Optional[str] = typer.Option(None, "--mem-per-gpu", metavar="SIZE", help="Host memory per device (times --gpus)."),
     cpus_per_task: Optional[int] = typer.Option(None, "-c", "--cpus-per-task", metavar="N", help="CPUs the job uses (SLURM_CPUS_PER_TASK)."),
     time_limit: Optional[str] = typer.Option(None, "-t", "--time", help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED."),
+    warn_signal: Optional[str] = typer.Option(None, "--signal", metavar="[B:]SIG[@SECONDS]", help="Send SIG that long (60) before the time limit: B: to the job's main process, else to its other processes (as sbatch)."),
     begin: Optional[str] = typer.Option(None, "--begin", metavar="TIME", help="Start no earlier (REASON BeginTime): now+1hour, 16:00, tomorrow, YYYY-MM-DD[THH:MM]."),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="End by then or be removed (state DEADLINE): YYYY-MM-DD[THH:MM[:SS]], HH:MM, now+2hours, ..."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first under the priority policy."),
@@ -184,6 +185,8 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
     deadline = parse_when(options["deadline"], now) if options["deadline"] is not None else None
     begin = (parse_when(options["begin"], now, "--begin") if options["begin"] is not None
              else None)
+    warn = (str(slurm_options.parse_signal(options["warn_signal"]))
+            if options["warn_signal"] is not None else None)
     workdir = Path(options["chdir"]).absolute() if options["chdir"] else Path.cwd()
     validation.text(str(workdir), f"working directory {str(workdir)[:60]!r}", defaults.MAX_PATH)
     if not workdir.is_dir():
@@ -217,6 +220,7 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
         options=messages.SubmitOptions(
             name=options["job_name"], gpus=gpus.count, gpu_type=gpus.type, mem=mem,
             host_mem=host_mem, cpus=cpus, time_limit=limit, deadline=deadline, begin=begin,
+            warn_signal=warn,
             priority=options["priority"], steps=steps, output=options["output"],
             error=options["error"], exclusive=options["exclusive"],
             requeue=options["requeue"], interpreter=interpreter, array=options["array"],

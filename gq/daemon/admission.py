@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 RESOURCES = "Resources"  # squeue's reason: next in line, no room yet
+NODE_ROOM = "Resources (the node's host memory or CPUs)"
 PRIORITY = "Priority"  # behind a blocked job
 NO_LIMIT = "Priority (no --time: not backfilled)"
 
@@ -79,6 +80,24 @@ class Request:
     exclusive: bool = False
     time_limit: float | None = None  # seconds
     only: frozenset[str] | None = None  # the devices it may use (a GPU type); None: any
+    host_mem: int = 0  # bytes of the node's RAM it reserves (--host-mem, #SBATCH --mem)
+    cpus: int = 0  # CPUs it reserves (-c)
+
+
+@dataclass
+class NodeRoom:
+    """What the node has left for jobs that reserve host memory or CPUs (as Slurm's
+    CR_Core_Memory counts them); jobs that name neither reserve nothing."""
+
+    memory: int
+    cpus: int
+
+    def fits(self, request: Request) -> bool:
+        return request.host_mem <= self.memory and request.cpus <= self.cpus
+
+    def take(self, request: Request) -> None:
+        self.memory -= request.host_mem
+        self.cpus -= request.cpus
 
 
 @dataclass(frozen=True)
@@ -97,7 +116,7 @@ class Outcome:
 
 
 def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float = 0.0,
-          backfill: bool = True) -> Outcome:
+          backfill: bool = True, node: NodeRoom | None = None) -> Outcome:
     has_whole = any(d.gpu for d in devices)
     outcome = Outcome([], {})
     reserved: set[str] = set()
@@ -106,10 +125,14 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
             list(devices)  # -G 0 where only whole devices exist: share one of them
         if request.only is not None:
             candidates = [d for d in candidates if d.name in request.only]
+        if node is not None and not node.fits(request):
+            # Its devices are not what it waits for: it reserves none, and delays no one.
+            outcome.reasons[request.job_id] = NODE_ROOM
+            continue
         placement = _choose(request, candidates)
         if outcome.reserved_start is None:
             if placement is not None:
-                _commit(placement, request, devices, now)
+                _commit(placement, request, devices, now, node)
                 outcome.placements.append(placement)
                 continue
             outcome.reasons[request.job_id] = _why(RESOURCES, request, candidates)
@@ -133,7 +156,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
         if placement is None:
             outcome.reasons[request.job_id] = _why(PRIORITY, request, candidates)
             continue
-        _commit(placement, request, devices, now)
+        _commit(placement, request, devices, now, node)
         outcome.placements.append(placement)
     return outcome
 
@@ -205,8 +228,10 @@ def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
 
 
 def _commit(placement: Placement, request: Request, devices: Sequence[DeviceLoad],
-            now: float) -> None:
+            now: float, node: NodeRoom | None = None) -> None:
     """Take the room: later jobs of the same pass see the job there, and until when."""
+    if node is not None:
+        node.take(request)
     by_name = {d.name: d for d in devices}
     whole = request.exclusive or request.gpus > 1
     ends = now + request.time_limit if request.time_limit is not None else math.inf

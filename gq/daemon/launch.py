@@ -15,6 +15,7 @@ from gq.home import Home
 from gq.queue import spool
 from gq.queue.models import Job, Payload
 from gq.slurm import environment as slurm_env
+from gq.slurm.options import parse_signal
 
 _GQ_PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -135,11 +136,14 @@ def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, ru
         # Another interpreter may not have gq installed: let it find this one.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"),
                                                           gq_only_path(home)]))
+    warn = parse_signal(job.warn_signal) if job.warn_signal else None
     return LaunchSpec(
         id=job.id, run=run, argv=argv, worker=worker, cwd=job.workdir, env=env,
         stdout=job.stdout_path, stderr=job.stderr_path, lane=lane, user=job.user,
         priority=job.priority, submit_time=job.submit_time, steps_total=job.steps_total,
         time_limit=job.time_limit, deadline=job.deadline, uid=job.uid, gid=job.gid,
         groups=groups, umask=job.umask, snapshot=job.spool_path or None,
-        script_name=None if worker else job.script, host_mem=job.host_mem, cpus=job.cpus)
+        script_name=None if worker else job.script, host_mem=job.host_mem, cpus=job.cpus,
+        warn_signal=warn.number if warn else None, warn_before=warn.before if warn else 60,
+        warn_main=warn.batch if warn else False)
 

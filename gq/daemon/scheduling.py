@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import psutil
 from sqlalchemy import Row
 
 from gq import policies
@@ -59,6 +61,8 @@ class Scheduler:
         self.policy_setting: tuple[str, str, str] | None = None  # name, fill, quantum
         self.policy = policies.make("fifo")
         self._dependencies: dict[str, dependencies.Dependency] = {}
+        self.node_memory = psutil.virtual_memory().total
+        self.node_cpus = os.cpu_count() or 1
 
     def lane_memory(self, device: Device) -> int:
         """What one lane of the device offers: its memory split evenly between lanes."""
@@ -173,8 +177,10 @@ class Scheduler:
                 admitted[job.array_job_id] = admitted.get(job.array_job_id, 0) + 1
             requests.append(admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
                                               time_limit=job.time_limit,
-                                              only=self._of_type(job.gpu_type)))
-        outcome = admission.place(requests, self.loads(), now=time.time())
+                                              only=self._of_type(job.gpu_type),
+                                              host_mem=job.host_mem or 0, cpus=job.cpus or 0))
+        outcome = admission.place(requests, self.loads(), now=time.time(),
+                                  node=self._node_room())
         reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
         reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
         changed = {job_id: reason for job_id, reason in reasons.items()
@@ -191,6 +197,13 @@ class Scheduler:
         if gpu_type is None:
             return None
         return frozenset(d.name for d in devices_mod.of_type(self.devices, gpu_type))
+
+    def _node_room(self) -> admission.NodeRoom:
+        """The node's RAM and CPUs less what running jobs reserved."""
+        running = self.supervisor.running.values()
+        return admission.NodeRoom(
+            memory=self.node_memory - sum(job.host_mem or 0 for job in running),
+            cpus=self.node_cpus - sum(job.cpus or 0 for job in running))
 
     def loads(self) -> list[admission.DeviceLoad]:
         """Each available device as admission sees it: lanes, memory (less what processes

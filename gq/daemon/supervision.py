@@ -54,6 +54,8 @@ class Running:
     footprint: admission.Footprint
     exclusive: bool
     priority: int
+    host_mem: int | None = None  # what it holds of the node's RAM and CPUs (admission counts)
+    cpus: int | None = None
     measured: admission.Footprint | None = None  # from the job's own memory reports
     pid: int | None = None  # its process, once its host has started it
     holds_lane: bool = False  # as its host last reported
@@ -175,7 +177,8 @@ class Supervisor:
                        devices=[d for d in self.devices if d.name in names],
                        lane=row.lane or 0, host=host, time_limit=row.time_limit,
                        requeue=row.requeue, footprint=footprint(row),
-                       exclusive=row.exclusive, priority=row.priority, pid=row.pid)
+                       exclusive=row.exclusive, priority=row.priority, pid=row.pid,
+                       host_mem=row.host_mem, cpus=row.cpus)
 
     # ----- talking to hosts -----------------------------------------------------------
     def send(self, name: str, message: object) -> None:
@@ -199,7 +202,7 @@ class Supervisor:
                           devices=devices, lane=lane, host=names[0],
                           time_limit=job.time_limit, requeue=job.requeue,
                           footprint=footprint(job), exclusive=job.exclusive,
-                          priority=job.priority)
+                          priority=job.priority, host_mem=job.host_mem, cpus=job.cpus)
         self.running[job.id] = running
         if (metrics := self.metrics()) is not None:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))

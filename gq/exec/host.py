@@ -36,7 +36,7 @@ from gq.exec import cgroups
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
-from gq.exec.spawn import JobProcess, kill_group, start_as_submitter
+from gq.exec.spawn import JobProcess, group_members, kill_group, start_as_submitter
 from gq.policies.base import JobView, anticipation_window
 from gq.queue import spool
 from gq.wakeup import received, signal_socket
@@ -64,6 +64,7 @@ class Resident:
     cgroup: JobCgroup | None = None
     time_limit: int | None = None  # seconds; the host enforces it, daemon or not
     deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
+    warning: tuple[int, int, bool] | None = None  # --signal: number, seconds before, main only
     kill_why: StopWhy | None = None
     detail: str | None = None  # what its worker did wrong, for its exit report
     state: str = "idle"  # idle (released) | ready (waiting for GO) | running (holds lane)
@@ -466,6 +467,8 @@ class Host:
             process=process, channel=channel, started_at=time.monotonic(),
             started_wall=time.time(), cgroup=cgroup, time_limit=spec.time_limit,
             deadline=spec.deadline,
+            warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
+            if spec.warn_signal is not None else None,
         )
 
     def _make_cgroup(self, spec: wire.LaunchSpec) -> JobCgroup | None:
@@ -703,10 +706,31 @@ class Host:
         for resident in list(self.residents.values()):
             if resident.kill_deadline is not None or resident.exit_status is not None:
                 continue
-            if resident.time_limit is not None and now - resident.started_at >= resident.time_limit:
+            ran = now - resident.started_at
+            if resident.time_limit is not None and ran >= resident.time_limit:
                 self._kill(resident, StopWhy.TIMEOUT)
+            elif (resident.warning is not None and resident.time_limit is not None
+                  and ran >= resident.time_limit - resident.warning[1]):
+                self._warn(resident, *resident.warning)
+                resident.warning = None  # once, as sbatch's
             elif resident.deadline is not None and wall >= resident.deadline:
                 self._kill(resident, StopWhy.DEADLINE)
+
+    def _warn(self, resident: Resident, signum: int, _before: int, main_only: bool) -> None:
+        """sbatch's --signal: to the job's main process (B:), or to every other process of
+        the job (what srun started), as Slurm sends it to the steps and not the batch shell."""
+        main = resident.process.pid
+        others = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
+        if not others:  # no cgroup: its process group
+            others = group_members(main)
+        targets = {main} if main_only else others - {main}
+        log.info("job %d: signal %d before its time limit to %s", resident.job_id, signum,
+                 "its main process" if main_only else f"{len(targets)} process(es)")
+        for pid in targets:
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()

@@ -29,7 +29,7 @@ from dataclasses import field
 from typing import Annotated, Any, ClassVar
 
 from gq import __version__, codec, defaults
-from gq.codec import MaxLen, MessageError, message
+from gq.codec import Bounds, MaxLen, MessageError, message
 from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId, Lane, Name,
                        Path, Pid, Positive, Priority, Seconds, Signal, Text, TimeLimit,
                        Timestamp, Uid, Umask)
@@ -91,6 +91,11 @@ class LaunchSpec:
     script_name: Path | None = None
     host_mem: HostMemory | None = None  # bytes: its cgroup's memory limit
     cpus: Cpus | None = None  # its cgroup's CPU quota (where the cpu controller serves)
+    # sbatch's --signal: this signal, warn_before seconds before the time limit, to the
+    # job's main process alone (warn_main) or to all its other processes.
+    warn_signal: Signal | None = None
+    warn_before: Annotated[int, Bounds(0, 65535)] = 60
+    warn_main: bool = False
 
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read

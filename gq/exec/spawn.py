@@ -347,6 +347,24 @@ def kill_group(pgid: int, signum: int) -> None:
         pass
 
 
+def group_members(pgid: int) -> set[int]:
+    """The processes of a process group now (read from /proc; those that are gone or
+    cannot be read are left out)."""
+    members = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "(comm)": state, ppid, pgrp
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            members.add(int(entry))
+    return members
+
+
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL the calling process when its parent dies."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -57,6 +57,7 @@ class Job(Base):
     cpus: Mapped[int | None] = mapped_column(Integer)  # --cpus-per-task
     gpu_type: Mapped[str | None] = mapped_column(Text)  # --gpus TYPE:N, matched to models
     begin_time: Mapped[float | None] = mapped_column(Float)  # not started before (--begin)
+    warn_signal: Mapped[str | None] = mapped_column(String(32))  # --signal, [B:]NUM@SECONDS
     time_limit: Mapped[int | None] = mapped_column(Integer)
     deadline: Mapped[float | None] = mapped_column(Float)  # seconds since the epoch
     steps_total: Mapped[int | None] = mapped_column(Integer)

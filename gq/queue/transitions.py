@@ -53,6 +53,7 @@ class NewJob:
     time_limit: int | None = None
     deadline: float | None = None
     begin_time: float | None = None
+    warn_signal: str | None = None
     steps_total: int | None = None
     priority: int = 0
     exclusive: bool = False
@@ -80,7 +81,7 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
         state=JobState.PENDING.value, reason=HELD if new.held else None,
         priority=new.priority, gpus=new.gpus, mem=new.mem, host_mem=new.host_mem,
         cpus=new.cpus, gpu_type=new.gpu_type, time_limit=new.time_limit,
-        deadline=new.deadline, begin_time=new.begin_time, steps_total=new.steps_total, exclusive=new.exclusive,
+        deadline=new.deadline, begin_time=new.begin_time, warn_signal=new.warn_signal, steps_total=new.steps_total, exclusive=new.exclusive,
         requeue=new.requeue, dependency=new.dependency, held=new.held, script=new.script,
         spool_path="", payload_id=payload.id, interpreter=new.interpreter,
         workdir=new.workdir, stdout_path="", stderr_path="", submit_time=new.submit_time,

@@ -108,6 +108,8 @@ def _options(item: Exported, notes: list[str]) -> list[str]:
         options.append(f"--time={format_duration(job.time_limit)}")  # sbatch reads M:SS too
     if job.begin_time:
         options.append(f"--begin={_iso(job.begin_time)}")
+    if job.warn_signal:
+        options.append(f"--signal={job.warn_signal}")
     if job.deadline:
         options.append(f"--deadline={_iso(job.deadline)}")
     output = job.output_pattern or _pattern(job, job.stdout or "")

@@ -46,6 +46,9 @@ OPTIONS: tuple[Option, ...] = (
            "pending (BeginTime) until this time"),
     Option(("--deadline",), "--deadline", True, "removed if it cannot end by then",
            "removed (DEADLINE) if it cannot end by then"),
+    Option(("--signal",), "--signal", True, "[B:]SIG[@SECONDS]: SIG that long (60) before "
+           "the time limit, to the job's steps (B: its batch shell alone)",
+           "the same: B: the job's main process, else its other processes (srun's)"),
     Option(("-o", "--output"), "--output", True, "stdout file pattern", "stdout file pattern"),
     Option(("-e", "--error"), "--error", True, "stderr file pattern", "stderr file pattern"),
     Option(("-D", "--chdir"), "--chdir", True, "working directory", "working directory"),
@@ -164,3 +167,40 @@ def parse_gres(text: str) -> Gpus:
 def is_unlimited(text: str) -> bool:
     """sbatch's spellings of no time limit."""
     return text.strip().lower() in ("unlimited", "infinite", "-1")
+
+
+@dataclass(frozen=True)
+class WarnSignal:
+    """sbatch's --signal: ``number`` sent ``before`` seconds before the time limit, to the
+    job's main process alone (``batch``), or else to every other process of the job."""
+
+    number: int
+    before: int = 60
+    batch: bool = False
+
+    def __str__(self) -> str:
+        return f"{'B:' if self.batch else ''}{self.number}@{self.before}"
+
+
+_SIGNAL = re.compile(r"^(?:(?P<where>[BR]{1,2}):)?(?P<sig>[A-Za-z0-9]{1,12})(?:@(?P<time>\d{1,5}))?$")
+
+
+def parse_signal(text: str) -> WarnSignal:
+    """``[{R|B}:]SIG[@SECONDS]`` as sbatch takes it: SIG a name (USR1, SIGUSR1) or number,
+    SECONDS 0 to 65535 (60 when left out); R (a reservation's end) means nothing here."""
+    import signal as signals
+
+    match = _SIGNAL.match(text.strip())
+    number = None
+    if match:
+        name = match["sig"].upper()
+        if name.isdigit():
+            number = int(name)
+        else:
+            known = getattr(signals, name if name.startswith("SIG") else f"SIG{name}", None)
+            number = int(known) if isinstance(known, signals.Signals) else None
+    if match is None or number is None or not 1 <= number < signals.NSIG \
+            or int(match["time"] or 60) > 65535:
+        raise UserError(f"invalid --signal {text[:40]}: use [B:]SIG[@SECONDS], such as "
+                        "B:USR1@120 (SIG a name or number, SECONDS up to 65535)")
+    return WarnSignal(number, int(match["time"] or 60), "B" in (match["where"] or ""))

@@ -21,6 +21,7 @@ from gq.daemon.devices import gpu_capacity
 from gq.errors import Refused, UserError
 from gq.queue import arrays, dependencies, queries, spool, transitions
 from gq.slurm.environment import node_name
+from gq.slurm.options import parse_signal
 from gq.units import format_size
 
 if TYPE_CHECKING:
@@ -95,6 +96,9 @@ def _validate(daemon: NodeView, caller: Caller,
         lanes = f" per lane ({daemon.options.lanes} lanes)" if daemon.options.lanes > 1 else ""
         raise UserError(f"--gpu-mem {format_size(options.mem)} is more than any device of "
                         f"this node has{lanes} ({format_size(largest)}); see 'gq info'")
+    cores = os.cpu_count() or 1
+    if options.cpus is not None and options.cpus > cores:
+        raise UserError(f"--cpus-per-task {options.cpus} is more than this node has ({cores})")
     ram = psutil.virtual_memory().total
     if options.host_mem is not None and options.host_mem > ram:
         raise UserError(f"host memory {format_size(options.host_mem)} (--mem in #SBATCH "
@@ -120,6 +124,7 @@ def _validate(daemon: NodeView, caller: Caller,
         time_limit=options.time_limit, deadline=options.deadline, steps_total=options.steps,
         priority=options.priority, host_mem=options.host_mem, cpus=options.cpus,
         gpu_type=options.gpu_type, begin_time=options.begin,
+        warn_signal=str(parse_signal(options.warn_signal)) if options.warn_signal else None,
         exclusive=options.exclusive, requeue=options.requeue, dependency=options.dependency,
         held=options.held, array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None,
