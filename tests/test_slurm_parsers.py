@@ -174,6 +174,17 @@ def test_export_quotes_values_and_rebuilds_old_patterns_where_the_id_stands_alon
     assert "exec /usr/bin/env bash /w/run.sh 'a b'" in text  # as the kernel would run it
 
 
+def test_export_refuses_a_value_that_would_end_its_sbatch_line():
+    from gq.errors import UserError
+    from gq.slurm.export import Exported, sbatch_script
+
+    with pytest.raises(UserError, match="no #SBATCH line can carry"):
+        sbatch_script(Exported(_info(workdir="/w\nrm -rf ~"), "echo\n"))
+    text, _ = sbatch_script(Exported(_info(script="/w/a\nrm -rf ~.sh"), "echo\n",
+                                     script_unchanged=True))
+    assert "\nrm -rf" not in text.replace("'/w/a\nrm -rf ~.sh'", "")  # only quoted, as an arg
+
+
 def test_export_of_a_chain_needs_every_prerequisite():
     from gq.errors import UserError
     from gq.slurm.export import Exported, submitter

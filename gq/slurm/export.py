@@ -41,7 +41,7 @@ def sbatch_script(item: Exported) -> tuple[str, list[str]]:
     :func:`submitter`)."""
     job = item.job
     notes: list[str] = []
-    lines = ["#!/bin/bash", f"# Exported from gq job {job.label} ({job.script})"]
+    lines = ["#!/bin/bash", f"# Exported from gq job {job.label} ({_printable(job.script)})"]
     lines += [f"#SBATCH {option}" for option in _options(item, notes)]
     lines += _comments(job, notes)
     lines += [""] + _command(item, notes)
@@ -201,9 +201,18 @@ def _runner(body: str, interpreter: str | None) -> str:
     return "bash "
 
 
+def _printable(text: str | None) -> str:
+    """Text for a comment line: a newline in a path must not end the comment."""
+    return "".join(c if c.isprintable() else "?" for c in text or "")
+
+
 def _pair(option: str, value: str) -> str:
     """``--option=value``, in double quotes where sbatch's directive reader needs them
-    (blanks, quotes, backslashes, #)."""
+    (blanks, quotes, backslashes, #). A value no #SBATCH line can hold (a newline in a
+    directory's name) is refused: the rest of it would run as a command on the cluster."""
+    if not value.isprintable():
+        raise UserError(f"{option} {value[:60]!r} holds a newline or another control "
+                        "character, which no #SBATCH line can carry; not exported")
     if re.fullmatch(r"[\w@%+=:,./-]+", value):
         return f"{option}={value}"
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
