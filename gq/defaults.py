@@ -35,6 +35,7 @@ MAX_TIMESTAMP = 253402300799.0  # 9999-12-31T23:59:59Z: the latest time a date c
 MAX_GPUS = 1024
 MAX_CPUS = 1 << 16  # --cpus-per-task
 MAX_HOST_MEM = 1 << 50  # bytes of --host-mem (a pebibyte)
+MAX_RETRIES = 100  # --retries
 MAX_SHOWN_JOBS = 100  # tasks of an array 'gq show ARRAY' details (it says how many more)
 
 # Client and daemon connection

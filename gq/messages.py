@@ -16,7 +16,7 @@ from dataclasses import field
 from typing import Annotated, Any, ClassVar
 
 from gq import codec, defaults
-from gq.codec import MaxLen, MessageError, message
+from gq.codec import Bounds, MaxLen, MessageError, message
 from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, Name, Path, Priority,
                        Text, TimeLimit, Timestamp, Umask)
 
@@ -101,6 +101,11 @@ class JobInfo:
     error_pattern: Path | None = None  # before they were kept, and in lists
     interpreter: Path | None = None  # a Python job's, in answers about one job
     warn_signal: str | None = None  # --signal, as [B:]NUMBER@SECONDS
+    nodelist: str | None = None  # -w: the devices it may run on, comma-separated
+    retries: int | None = None  # --retries and --retry-delay
+    retries_left: int | None = None
+    ntasks: int | None = None
+    retry_delay: float | None = None
 
 
 @dataclass
@@ -185,6 +190,10 @@ class SubmitOptions:
     cpus: Cpus | None = None  # --cpus-per-task
     begin: Timestamp | None = None  # not started before
     warn_signal: Annotated[str, MaxLen(32)] | None = None  # --signal: [B:]NUMBER@SECONDS
+    nodelist: Annotated[list[Annotated[str, MaxLen(64)]], MaxLen(defaults.MAX_GPUS)] | None = None
+    retries: Annotated[int, Bounds(0, defaults.MAX_RETRIES)] | None = None
+    retry_delay: Annotated[float, Bounds(0.0, float(defaults.MAX_TIME_LIMIT))] | None = None
+    ntasks: Cpus | None = None  # -n: the copies srun starts
 
 
 @dataclass
@@ -256,6 +265,8 @@ class Release:
 class Requeue:
     kind: ClassVar[str] = "requeue"
     labels: Labels
+    state: Name | None = None  # or every job of the caller's (--user's) in this state
+    user: Name | None = None
 
 
 @dataclass
@@ -265,6 +276,7 @@ class Update:
     priority: Priority | None = None
     time_limit: TimeLimit | None = None
     name: Name | None = None
+    begin: Timestamp | None = None  # pending jobs: not started before
 
 
 @dataclass

@@ -120,7 +120,7 @@ def parse_when(text: str, now: float, flag: str = "--deadline") -> float:
         if stripped in ("noon", "teatime") and when <= current:
             when += timedelta(days=1)
     elif match := _RELATIVE.match(stripped):
-        unit = _UNITS.get(match.group("unit"))
+        unit = _UNITS.get(match.group("unit") or "")
         if unit is not None:
             return _in_range(text, now + int(match.group("n") or 0) * unit, flag)
     elif match := _ABSOLUTE.match(text.strip()):

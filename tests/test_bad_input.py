@@ -34,7 +34,7 @@ BAD_SUBMITS = [
     (["--mem", "0"], "must be greater than zero"),
     (["--time", "abc"], "invalid time limit 'abc'"),
     (["--time", "1:2:3:4"], "invalid time limit '1:2:3:4'"),
-    (["--time", "0"], "must be greater than zero"),
+    (["--time", "0:00"], "must be greater than zero"),  # (a bare 0 is no limit, as in sbatch)
     (["--steps", "0"], "invalid --steps 0"),
     (["--steps", "-5"], "invalid --steps -5"),
     (["--gpus", "5"], "more than this node has"),

@@ -87,7 +87,10 @@ def test_dependency_outcomes(spec, runs, outcome):
     (["--nice"], ["--priority", "-100"], []),
     (["--time=UNLIMITED", "--partition", "gpu"], ["--time", "UNLIMITED"], ["--partition"]),
     (["--begin=now+1hour"], ["--begin", "now+1hour"], []),
-    (["--nodes=1", "-n", "1", "--ntasks-per-node=1"], [], []),  # what gq runs anyway
+    (["--nodes=1", "-w", "thisnode"], [], []),  # what gq runs anyway
+    (["-w", "node07"], [], ["-w=node07"]),  # another node of a cluster: said, ignored
+    (["-n", "4", "--ntasks-per-node=2"], ["--ntasks", "4", "--ntasks", "2"], []),
+    (["--gpus-per-task=a100:1"], ["--gpus", "a100:1"], []),
     (["--nodes=2"], [], ["--nodes=2"]),
     (["--exclusive=user"], ["--exclusive"], []),
     (["--requeue"], ["--requeue"], []),
@@ -95,7 +98,7 @@ def test_dependency_outcomes(spec, runs, outcome):
     (["--array=0-3%2"], ["--array", "0-3%2"], []),
 ])
 def test_sbatch_translation(tokens, gq_tokens, noticed):
-    out, notices = translate(tokens)
+    out, notices = translate(tokens, node="thisnode")
     assert out == gq_tokens
     assert [n.split(" ")[0].rstrip(":") for n in notices] == noticed
 
@@ -112,7 +115,9 @@ def test_the_option_map_names_only_options_gq_submit_has():
     flags = {flag for param in command.params for flag in param.opts}
     assert {option.gq for option in OPTIONS if option.gq} <= flags
     for flag in flags & set(BY_SBATCH):
-        if flag != "--mem":  # gq's own --mem: the deprecated spelling of --gpu-mem
+        # gq's own --mem is the deprecated spelling of --gpu-mem; its -w names devices, where
+        # sbatch's names a cluster's nodes.
+        if flag not in ("--mem", "-w", "--nodelist"):
             assert BY_SBATCH[flag].gq is not None, flag
             assert flag in BY_SBATCH[flag].sbatch
     assert BY_SBATCH["--mem"].gq == "--host-mem" and BY_GQ["--host-mem"].sbatch == ("--mem",)
@@ -123,7 +128,7 @@ def test_sbatch_environment_on_one_node():
 
     job = BatchJob(id=17, name="a b", user="ann", uid=1000, gid=1000, workdir="/w", run=2,
                    cpus=4, host_mem=3 << 30, time_limit=60, devices=(0, 2),
-                   array_job_id=15, array_task_id=10, array_span=(3, 0, 10))
+                   array_job_id=15, array_task_id=10, array_span=(3, 0, 10, 5))
     env = variables(job, "node1")
     assert env["SLURM_JOB_ID"] == "10000000017" and env["SLURM_ARRAY_JOB_ID"] == "10000000015"
     assert (env["SLURM_ARRAY_TASK_COUNT"], env["SLURM_ARRAY_TASK_MIN"],
@@ -136,8 +141,28 @@ def test_sbatch_environment_on_one_node():
     full = for_job(inherited, job, "node1", "/state/bin")
     assert "SLURM_STEP_ID" not in full and full["SLURM_JOB_ID"] == "10000000017"
     assert full["SLURM_SUBMIT_DIR"] == "/sub" and full["PATH"] == "/state/bin:/usr/bin"
-    uneven = variables(BatchJob(**{**job.__dict__, "array_span": (3, 0, 7)}), "n")
-    assert uneven["SLURM_ARRAY_TASK_STEP"] == "1"
+
+
+
+def test_an_arrays_step_is_known_only_when_its_tasks_are_evenly_spaced(tmp_path):
+    from gq.home import Home
+    from gq.queue import queries, transitions
+    from gq.queue.engine import Database
+
+    database = Database(Home(tmp_path / "q").ensure())
+    spans = {}
+    for spec in ("0-20:5", "1,2,5", "1,3,5", "7", "2,4"):
+        new = transitions.NewJob(name="a", user="u", uid=1, gid=1, script="/s.sh", args=[],
+                                 interpreter=None, workdir="/w", output_pattern="o",
+                                 error_pattern="o", env={},
+                                 array_tasks=arrays.parse(spec).tasks())
+        with database.write() as session:
+            first = transitions.submit(session, new, lambda *a: "/w/o")[0]
+        with database.read() as session:
+            spans[spec] = queries.array_span(session, first)
+    database.close()
+    assert spans == {"0-20:5": (5, 0, 20, 5), "1,2,5": (3, 1, 5, 1), "1,3,5": (3, 1, 5, 2),
+                     "7": (1, 7, 7, 1), "2,4": (2, 2, 4, 2)}
 
 
 def _info(**fields):
@@ -198,4 +223,4 @@ def test_export_of_a_chain_needs_every_prerequisite():
                       script_unchanged=True)
     text, _ = submitter([second, first])
     assert text.index("job_3=$(sbatch") < text.index("job_4=$(sbatch --parsable "
-                                                     "--dependency=afterok:${job_3}")
+                                                     '"--dependency=afterok:${job_3}"')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import typer
@@ -9,7 +10,8 @@ import typer
 from gq import defaults, messages, validation
 from gq.cli.common import ask, labels, print_report
 from gq.errors import UserError
-from gq.units import parse_duration
+from gq.queue.states import JobState
+from gq.units import parse_duration, parse_when
 
 IDS = typer.Argument(..., metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task).")
 
@@ -26,10 +28,21 @@ def release(job_ids: list[str] = IDS) -> None:
     print_report(ask(messages.Release(labels(job_ids))))
 
 
-def requeue(job_ids: list[str] = IDS) -> None:
+def requeue(
+    job_ids: Optional[list[str]] = typer.Argument(None, metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task)."),
+    state: Optional[str] = typer.Option(None, "-t", "--state", metavar="STATE", help="Every job of yours in this state (F, say), or of the given ids."),
+    user: Optional[str] = typer.Option(None, "-u", "--user", metavar="USER", help="With --state: this user's jobs (others' need an operator)."),
+) -> None:
     """Put jobs back in the queue under the same id: running ones are stopped first
-    (SIGTERM, then SIGKILL after the kill wait); ended ones run again."""
-    print_report(ask(messages.Requeue(labels(job_ids))))
+    (SIGTERM, then SIGKILL after the kill wait); ended ones run again
+    (gq requeue --state FAILED restarts every failed job of yours)."""
+    if not job_ids and state is None:
+        raise UserError("nothing to requeue: give job ids or --state (FAILED, say)")
+    if user is not None and state is None:
+        raise UserError("--user applies with --state")
+    if state is not None:
+        state = JobState.parse(state).value
+    print_report(ask(messages.Requeue(labels(job_ids or []), state=state, user=user)))
 
 
 def update(
@@ -37,14 +50,16 @@ def update(
     priority: Optional[int] = typer.Option(None, "--priority", help="New priority (pending or running)."),
     time_limit: Optional[str] = typer.Option(None, "-t", "--time", metavar="TIME", help="New time limit (pending or running)."),
     name: Optional[str] = typer.Option(None, "-J", "--name", help="New name (pending jobs only)."),
+    begin: Optional[str] = typer.Option(None, "--begin", metavar="TIME", help="Start no earlier (pending jobs only): now+1hour, 16:00, now."),
 ) -> None:
-    """Change a job's priority, time limit or name (like scontrol update)."""
-    if priority is None and time_limit is None and name is None:
-        raise UserError("nothing to update: give --priority, --time or --name")
+    """Change a job's priority, time limit, name or begin time (like scontrol update)."""
+    if priority is None and time_limit is None and name is None and begin is None:
+        raise UserError("nothing to update: give --priority, --time, --name or --begin")
+    when = parse_when(begin, time.time(), "--begin") if begin is not None else None
     limit = parse_duration(time_limit) if time_limit is not None else None
     if priority is not None:
         validation.integer(priority, "--priority", -defaults.MAX_PRIORITY, defaults.MAX_PRIORITY)
     if name is not None:
         validation.job_name(name)
     print_report(ask(messages.Update(labels(job_ids), priority=priority, time_limit=limit,
-                                     name=name)))
+                                     name=name, begin=when)))

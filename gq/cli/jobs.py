@@ -126,6 +126,9 @@ def _print_job(job: messages.JobInfo) -> None:
         ("TimeLimit", render.duration(job.time_limit) if job.time_limit else "UNLIMITED"),
         ("BeginTime", render.short_time(job.begin_time) if job.begin_time else "-"),
         ("Signal", job.warn_signal or "-"),
+        ("NodeList", job.nodelist or "-"),
+        ("Retries", f"{job.retries - (job.retries_left or 0)} of {job.retries} used"
+         if job.retries else "-"),
         ("Deadline", _deadline_line(job)),
         ("Exclusive", "yes" if job.exclusive else "no"),
         ("Requeue", "yes" if job.requeue else "no"),

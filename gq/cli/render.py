@@ -59,6 +59,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "gpus": job.gpus, "gpu_type": job.gpu_type, "mem": job.mem, "gpu_mem": job.mem,
         "host_mem": job.host_mem, "cpus_per_task": job.cpus, "time_limit": job.time_limit,
         "begin_time": iso(job.begin_time), "signal": job.warn_signal,
+        "nodelist": job.nodelist, "retries": job.retries, "retry_delay": job.retry_delay,
         "deadline": iso(job.deadline), "missed_by": deadline_miss(job),
         "exclusive": job.exclusive, "requeue": job.requeue,
         "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,

@@ -14,11 +14,12 @@ import typer
 from gq import defaults, messages, validation
 from gq.cli import directives
 from gq.slurm import options as slurm_options
+from gq.slurm.environment import node_name
 from gq.codec import INT64_MAX
 from gq.cli.common import ask, usage_message
 from gq.errors import UserError
 from gq.queue import arrays, dependencies
-from gq.units import parse_when, parse_duration, parse_size
+from gq.units import parse_duration, parse_period, parse_size, parse_when
 
 DEFAULT_OUTPUT = "gq-%j.out"
 
@@ -52,6 +53,8 @@ def submit(
     mem_per_cpu: Optional[str] = typer.Option(None, "--mem-per-cpu", metavar="SIZE", help="Host memory per CPU (times --cpus-per-task)."),
     mem_per_gpu: Optional[str] = typer.Option(None, "--mem-per-gpu", metavar="SIZE", help="Host memory per device (times --gpus)."),
     cpus_per_task: Optional[int] = typer.Option(None, "-c", "--cpus-per-task", metavar="N", help="CPUs the job uses (SLURM_CPUS_PER_TASK)."),
+    ntasks: Optional[int] = typer.Option(None, "-n", "--ntasks", metavar="N", help="Tasks: SLURM_NTASKS, the copies 'srun CMD' starts in the job [1]."),
+    nodelist: Optional[str] = typer.Option(None, "-w", "--nodelist", metavar="DEVICES", help="Run only on these devices: gpu0,gpu2 (see 'gq info')."),
     time_limit: Optional[str] = typer.Option(None, "-t", "--time", help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED."),
     warn_signal: Optional[str] = typer.Option(None, "--signal", metavar="[B:]SIG[@SECONDS]", help="Send SIG that long (60) before the time limit: B: to the job's main process, else to its other processes (as sbatch)."),
     begin: Optional[str] = typer.Option(None, "--begin", metavar="TIME", help="Start no earlier (REASON BeginTime): now+1hour, 16:00, tomorrow, YYYY-MM-DD[THH:MM]."),
@@ -63,6 +66,8 @@ def submit(
     chdir: Optional[str] = typer.Option(None, "-D", "--chdir", help="Working directory [the current one]."),
     exclusive: bool = typer.Option(False, "--exclusive", help="Take the whole device; share it with no job."),
     requeue: bool = typer.Option(False, "--requeue", help="Requeue instead of failing if the node fails."),
+    retries: Optional[int] = typer.Option(None, "--retries", metavar="N", help="Run a failed job (non-zero exit; not a cancel or a timeout) again, up to N times."),
+    retry_delay: Optional[str] = typer.Option(None, "--retry-delay", metavar="PERIOD", help="Wait this long before each retry: 30s, 5min [0]."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter for .py scripts [this one]."),
     array: Optional[str] = typer.Option(None, "-a", "--array", help="Job array: 0-99%8, 1,3,5, 0-20:5 (%N: at most N at once)."),
     dependency: Optional[str] = typer.Option(None, "-d", "--dependency", help="afterok|afterany|afternotok|after:ID[:ID] joined by , (all) or ? (any)."),
@@ -102,9 +107,9 @@ def _with_directives(ctx: typer.Context, script: Path, content: bytes) -> dict[s
     options = dict(ctx.params)
     text = content.decode("utf-8", errors="replace")
     found = directives.read(text, str(script))
-    decided = _with_same_setting(
-        {name for name in options if ctx.get_parameter_source(name).name == "COMMANDLINE"})
-    old_mem = "mem" in decided
+    given = {name for name in options if ctx.get_parameter_source(name).name == "COMMANDLINE"}
+    old_mem = "mem" in given
+    decided = _with_same_setting(given)
     warned: set[str] = set()
     for prefix in ("#GQ", "#SBATCH"):
         chosen: dict[str, Any] = {}
@@ -112,7 +117,7 @@ def _with_directives(ctx: typer.Context, script: Path, content: bytes) -> dict[s
             tokens = directive.tokens
             if prefix == "#SBATCH":
                 try:
-                    tokens, notices = slurm_options.translate(tokens)
+                    tokens, notices = slurm_options.translate(tokens, node_name())
                 except UserError as exc:
                     raise UserError(f"{script}:{directive.line}: {exc}") from None
                 for notice in notices:
@@ -123,14 +128,17 @@ def _with_directives(ctx: typer.Context, script: Path, content: bytes) -> dict[s
                 if not tokens:
                     continue
             chosen.update(_parse_directive(ctx, tokens, script, directive.line, prefix))
+        old_mem |= "mem" in chosen and not decided & {"mem", "gpu_mem"}
         for name, value in chosen.items():
             if name not in decided:
                 options[name] = value
-                old_mem |= name == "mem"
         decided |= _with_same_setting(set(chosen))
     options["old_mem"] = old_mem
     if any(d.prefix == "#SBATCH" for d in found) and not decided & _SAME_SETTING[0]:
         options["gpus"] = "0"  # a cluster's script that asks for no GPU gets none there
+        typer.echo(f"gq: note: {script}: its #SBATCH lines ask for no GPU, so it runs with "
+                   "-G 0, as on a cluster; give -G 1 (or #SBATCH --gres=gpu:1) for a device",
+                   err=True)
     return options
 
 
@@ -174,9 +182,7 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
             validation.text(options[flag], f"--{flag} {options[flag][:60]!r}", defaults.MAX_PATH)
     device_mem = options["gpu_mem"] if options["gpu_mem"] is not None else options["mem"]
     mem = parse_size(device_mem) if device_mem is not None else None
-    cpus = options["cpus_per_task"]
-    if cpus is not None:
-        validation.integer(cpus, "--cpus-per-task", 1, defaults.MAX_CPUS)
+    cpus = _count(options["cpus_per_task"], "--cpus-per-task")
     host_mem = _host_memory(options, gpus.count, cpus)
     limit = options["time_limit"]
     limit = (None if limit is None or slurm_options.is_unlimited(limit)
@@ -220,7 +226,9 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
         options=messages.SubmitOptions(
             name=options["job_name"], gpus=gpus.count, gpu_type=gpus.type, mem=mem,
             host_mem=host_mem, cpus=cpus, time_limit=limit, deadline=deadline, begin=begin,
-            warn_signal=warn,
+            warn_signal=warn, nodelist=_device_names(options["nodelist"]),
+            ntasks=_count(options["ntasks"], "--ntasks"),
+            retries=_retries(options), retry_delay=_retry_delay(options["retry_delay"]),
             priority=options["priority"], steps=steps, output=options["output"],
             error=options["error"], exclusive=options["exclusive"],
             requeue=options["requeue"], interpreter=interpreter, array=options["array"],
@@ -251,3 +259,39 @@ def _host_memory(options: dict[str, Any], gpus: int, cpus: int | None) -> int | 
         validation.integer(size, f"--{name.replace('_', '-')}", 1, defaults.MAX_HOST_MEM)
         return size
     return None
+
+
+def _device_names(text: str | None) -> list[str] | None:
+    """-w gpu0,gpu2: the names, each once (the daemon checks that they exist)."""
+    if text is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names or any(not n.isprintable() or len(n) > 64 for n in names):
+        raise UserError(f"invalid --nodelist {text[:60]!r}: give device names such as "
+                        "gpu0,gpu2 (see 'gq info')")
+    return names
+
+
+def _retries(options: dict[str, Any]) -> int | None:
+    retries = options["retries"]
+    if retries is not None:
+        validation.integer(retries, "--retries", 0, defaults.MAX_RETRIES)
+    elif options["retry_delay"] is not None:
+        raise UserError("--retry-delay applies with --retries N")
+    return retries
+
+
+def _retry_delay(text: str | None) -> float | None:
+    """Seconds: 30 (a bare number is seconds), 30s, 5min, 2hours."""
+    if text is None:
+        return None
+    seconds = float(text) if text.strip().isdigit() else parse_period(text)
+    if not 0 <= seconds <= defaults.MAX_TIME_LIMIT:
+        raise UserError(f"invalid --retry-delay {text[:40]}: give a time such as 30s or 5min")
+    return seconds
+
+
+def _count(value: int | None, flag: str) -> int | None:
+    if value is not None:
+        validation.integer(value, flag, 1, defaults.MAX_CPUS)
+    return value

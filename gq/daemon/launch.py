@@ -100,16 +100,16 @@ def shell_of(shebang: str) -> list[str] | None:
 
 
 def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, run: int,
-                home: Home, array_span: tuple[int, int, int] | None = None) -> LaunchSpec:
+                home: Home, array_span: tuple[int, int, int, int] | None = None) -> LaunchSpec:
     """Everything the host needs to start this run of the job as its submitter (an array
-    task's ``array_span``: its array's task count, lowest and highest task id). ValueError when the job cannot run
-    as anyone but root by accident: in system mode a job must name its submitter's uid and
-    gid, and their account must exist."""
+    task's ``array_span``: its array's task count, lowest and highest task id, step).
+    ValueError when the job cannot run as anyone but root by accident: in system mode a job
+    must name its submitter's uid and gid, and their account must exist."""
     system = home.system
     argv, worker = command(job, list(payload.args))
     batch = slurm_env.BatchJob(
         id=job.id, name=job.name, user=job.user, uid=job.uid, gid=job.gid,
-        workdir=job.workdir, run=run, cpus=job.cpus, host_mem=job.host_mem,
+        workdir=job.workdir, run=run, cpus=job.cpus, host_mem=job.host_mem, ntasks=job.ntasks,
         time_limit=job.time_limit, devices=tuple(d.index for d in devices
                                                  if d.whole and d.index is not None),
         array_job_id=job.array_job_id, array_task_id=job.array_task_id,

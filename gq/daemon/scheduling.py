@@ -89,7 +89,7 @@ class Scheduler:
             for row in running:
                 if row.array_job_id is not None:
                     array_running[row.array_job_id] = array_running.get(row.array_job_id, 0) + 1
-            self._admit(eligible, array_running)
+            self._admit(eligible, array_running, self._node_room(running))
 
     def _parsed(self, text: str) -> dependencies.Dependency:
         """A dependency's parse, kept: the same few texts recur in every pass."""
@@ -160,7 +160,8 @@ class Scheduler:
             self.wake()  # their dependants may now be unsatisfiable too
         return eligible
 
-    def _admit(self, pending: list[Row], array_running: dict[int, int]) -> None:
+    def _admit(self, pending: list[Row], array_running: dict[int, int],
+               node: admission.NodeRoom) -> None:
         by_id = {job.id: job for job in pending}
         views = [policies.JobView(id=j.id, user=j.user, submit_time=j.submit_time,
                                   priority=j.priority, steps_total=j.steps_total,
@@ -177,10 +178,9 @@ class Scheduler:
                 admitted[job.array_job_id] = admitted.get(job.array_job_id, 0) + 1
             requests.append(admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
                                               time_limit=job.time_limit,
-                                              only=self._of_type(job.gpu_type),
+                                              only=self._allowed(job.gpu_type, job.nodelist),
                                               host_mem=job.host_mem or 0, cpus=job.cpus or 0))
-        outcome = admission.place(requests, self.loads(), now=time.time(),
-                                  node=self._node_room())
+        outcome = admission.place(requests, self.loads(), now=time.time(), node=node)
         reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
         reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
         changed = {job_id: reason for job_id, reason in reasons.items()
@@ -192,15 +192,18 @@ class Scheduler:
             devices = [d for d in self.devices if d.name in placement.devices]
             self.supervisor.launch(placement.job_id, devices, placement.lane)
 
-    def _of_type(self, gpu_type: str | None) -> frozenset[str] | None:
-        """The devices a job asking for GPUs of this type may use (None: any)."""
-        if gpu_type is None:
+    def _allowed(self, gpu_type: str | None, nodelist: str | None) -> frozenset[str] | None:
+        """The devices a job may use, by the GPU type and the devices it named (None: any)."""
+        if gpu_type is None and nodelist is None:
             return None
-        return frozenset(d.name for d in devices_mod.of_type(self.devices, gpu_type))
+        allowed = self.devices if gpu_type is None else devices_mod.of_type(self.devices,
+                                                                            gpu_type)
+        names = frozenset(d.name for d in allowed)
+        return names & frozenset(nodelist.split(",")) if nodelist else names
 
-    def _node_room(self) -> admission.NodeRoom:
-        """The node's RAM and CPUs less what running jobs reserved."""
-        running = self.supervisor.running.values()
+    def _node_room(self, running: Sequence[Row]) -> admission.NodeRoom:
+        """The node's RAM and CPUs less what the RUNNING jobs reserved (as the queue says:
+        a job whose host has not been heard from yet holds its share too)."""
         return admission.NodeRoom(
             memory=self.node_memory - sum(job.host_mem or 0 for job in running),
             cpus=self.node_cpus - sum(job.cpus or 0 for job in running))

@@ -354,6 +354,9 @@ class Supervisor:
                 transitions.requeue(session, job.job_id,
                                     reason if state is JobState.PENDING else f"{reason}; requeued",
                                     now=end)
+            elif state is JobState.FAILED and transitions.retry(
+                    session, job.job_id, exit_code, f"{reason or 'failed'}; retried", now=end):
+                requeue = True  # --retries: it had runs left
             else:
                 transitions.finish(session, job.job_id, state, exit_code, reason, now=end)
         if (metrics := self.metrics()) is not None:

@@ -309,15 +309,16 @@ def _make(path: str) -> None:
 
 
 def _offer_controllers(*parents: str) -> None:
-    """Offer memory and pids to the cgroups below each parent, top down, best effort: a
-    cgroup with processes of its own may not pass controllers on (v2's no-internal-processes
-    rule), nor one not delegated to us; kill, freeze and the process list work without."""
+    """Offer memory, pids and cpu to the cgroups below each parent, top down, best effort,
+    one by one (one the kernel refuses takes no other with it): a cgroup with processes of
+    its own may not pass controllers on (v2's no-internal-processes rule), nor one not
+    delegated to us; kill, freeze and the process list work without."""
     for parent in parents:
         available = _read(parent, "cgroup.controllers").split()
         enabled = _read(parent, "cgroup.subtree_control").split()
-        wanted = [c for c in _V2_CONTROLLERS if c in available and c not in enabled]
-        if wanted:
-            _write(parent, "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+        for controller in _V2_CONTROLLERS:
+            if controller in available and controller not in enabled:
+                _write(parent, "cgroup.subtree_control", f"+{controller}")
 
 
 def _plain(name: str) -> str:

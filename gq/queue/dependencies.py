@@ -33,6 +33,11 @@ class Dependency:
     clauses: tuple[Clause, ...]
     any_of: bool  # '?' between clauses: one satisfied clause is enough
 
+    def __str__(self) -> str:
+        """sbatch's spelling, without the blanks a user may have typed: afterok:3:4,after:5."""
+        return ("?" if self.any_of else ",").join(
+            f"{c.kind}:{':'.join(map(str, c.job_ids))}" for c in self.clauses)
+
     @property
     def job_ids(self) -> set[int]:
         return {job_id for clause in self.clauses for job_id in clause.job_ids}

@@ -58,6 +58,11 @@ class Job(Base):
     gpu_type: Mapped[str | None] = mapped_column(Text)  # --gpus TYPE:N, matched to models
     begin_time: Mapped[float | None] = mapped_column(Float)  # not started before (--begin)
     warn_signal: Mapped[str | None] = mapped_column(String(32))  # --signal, [B:]NUM@SECONDS
+    nodelist: Mapped[str | None] = mapped_column(Text)  # -w: the devices it may run on
+    retries: Mapped[int | None] = mapped_column(Integer)  # a failed run is run again so often
+    retries_left: Mapped[int | None] = mapped_column(Integer)  # again from a gq requeue
+    retry_delay: Mapped[float | None] = mapped_column(Float)  # seconds before each retry
+    ntasks: Mapped[int | None] = mapped_column(Integer)  # -n: the tasks its srun starts
     time_limit: Mapped[int | None] = mapped_column(Integer)
     deadline: Mapped[float | None] = mapped_column(Float)  # seconds since the epoch
     steps_total: Mapped[int | None] = mapped_column(Integer)

@@ -49,7 +49,7 @@ def jobs(session: Session, *, states: Iterable[JobState] | None = None,
 _SCHEDULING = (Job.id, Job.user, Job.submit_time, Job.priority, Job.steps_total, Job.deadline,
                Job.time_limit, Job.dependency, Job.reason, Job.gpus, Job.mem, Job.exclusive,
                Job.array_job_id, Job.array_max_running, Job.stop_request, Job.held,
-               Job.begin_time, Job.gpu_type, Job.host_mem, Job.cpus)
+               Job.begin_time, Job.gpu_type, Job.host_mem, Job.cpus, Job.nodelist)
 
 
 def for_scheduling(session: Session, state: JobState, held: bool | None = None) -> Sequence:
@@ -89,13 +89,26 @@ def array_task_ids(session: Session, array_job_id: int) -> list[int]:
         Job.array_job_id == array_job_id).order_by(Job.array_task_id)))
 
 
-def array_span(session: Session, array_job_id: int) -> tuple[int, int, int]:
-    """How many tasks a job array has, its lowest task id and its highest (one row read,
-    however large the array)."""
-    count, low, high = session.execute(
-        select(func.count(), func.min(Job.array_task_id), func.max(Job.array_task_id))
-        .where(Job.array_job_id == array_job_id)).one()
-    return int(count), int(low or 0), int(high or 0)
+def array_span(session: Session, array_job_id: int) -> tuple[int, int, int, int]:
+    """How many tasks a job array has, its lowest task id, its highest, and its step: the
+    spacing of an evenly spaced array (0-20:5), else 1 (one row read, however large)."""
+    task = Job.array_task_id
+    count, low, high, total, squares = session.execute(
+        select(func.count(), func.min(task), func.max(task), func.sum(task),
+               func.sum(task * task)).where(Job.array_job_id == array_job_id)).one()
+    count, low, high = int(count), int(low or 0), int(high or 0)
+    if count <= 1:
+        return count, low, high, 1
+    step, rest = divmod(high - low, count - 1)
+    # Evenly spaced ids have these sums (of ids, of their squares); ids that merely share
+    # the ends and the count with such an array (1,2,5 and 1,3,5) do not.
+    n, pairs = count, count * (count - 1) // 2
+    even_total = n * low + step * pairs
+    even_squares = (n * low * low + 2 * low * step * pairs
+                    + step * step * (n - 1) * n * (2 * n - 1) // 6)
+    if rest or step == 0 or (total, squares) != (even_total, even_squares):
+        step = 1
+    return count, low, high, step
 
 
 def job(session: Session, job_id: int) -> Job | None:

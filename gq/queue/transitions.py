@@ -54,6 +54,10 @@ class NewJob:
     deadline: float | None = None
     begin_time: float | None = None
     warn_signal: str | None = None
+    nodelist: str | None = None
+    retries: int | None = None
+    retry_delay: float | None = None
+    ntasks: int | None = None
     steps_total: int | None = None
     priority: int = 0
     exclusive: bool = False
@@ -81,7 +85,9 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
         state=JobState.PENDING.value, reason=HELD if new.held else None,
         priority=new.priority, gpus=new.gpus, mem=new.mem, host_mem=new.host_mem,
         cpus=new.cpus, gpu_type=new.gpu_type, time_limit=new.time_limit,
-        deadline=new.deadline, begin_time=new.begin_time, warn_signal=new.warn_signal, steps_total=new.steps_total, exclusive=new.exclusive,
+        deadline=new.deadline, begin_time=new.begin_time, warn_signal=new.warn_signal,
+        nodelist=new.nodelist, retries=new.retries, retries_left=new.retries,
+        retry_delay=new.retry_delay, ntasks=new.ntasks, steps_total=new.steps_total, exclusive=new.exclusive,
         requeue=new.requeue, dependency=new.dependency, held=new.held, script=new.script,
         spool_path="", payload_id=payload.id, interpreter=new.interpreter,
         workdir=new.workdir, stdout_path="", stderr_path="", submit_time=new.submit_time,
@@ -201,6 +207,19 @@ def requeue(session: Session, job_id: int, reason: str, now: float | None = None
                  start_time=None, **({} if started else {"run_count": Job.run_count - 1}))
 
 
+def retry(session: Session, job_id: int, exit_code: int | None, reason: str,
+          now: float | None = None) -> bool:
+    """Put a RUNNING job whose run failed back in the queue when it has retries left
+    (``--retries N``: N more runs, counted again from a ``gq requeue``), to start no earlier than its ``--retry-delay`` from now.
+    False (nothing changed) when it has none left."""
+    now = time.time() if now is None else now
+    return _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now,
+                 guard=Job.retries_left > 0, retries_left=Job.retries_left - 1,
+                 device=None, lane=None, pid=None, holds_lane=False, stop_request=None,
+                 start_time=None, exit_code=exit_code,
+                 begin_time=now + func.coalesce(Job.retry_delay, 0.0))
+
+
 def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None,
                    state: JobState = JobState.CANCELLED) -> bool:
     """End a PENDING job that will never run: CANCELLED, or DEADLINE when it cannot end in
@@ -261,7 +280,8 @@ def requeue_finished(session: Session, job: Job, now: float | None = None) -> bo
         return False
     return _move(session, job.id, state, JobState.PENDING, "requeued by user", now,
                  device=None, lane=None, pid=None, start_time=None, end_time=None,
-                 exit_code=None, holds_lane=False, stop_request=None)
+                 exit_code=None, holds_lane=False, stop_request=None,
+                 retries_left=job.retries)  # its --retries count again
 
 
 def set_held(session: Session, job_ids: list[int], held: bool,
@@ -283,14 +303,18 @@ def set_held(session: Session, job_ids: list[int], held: bool,
 
 
 def modify(session: Session, job_ids: list[int], *, name: str | None = None,
-           priority: int | None = None, time_limit: int | None = None) -> list[int]:
-    """gq update: priority and time limit of PENDING or RUNNING jobs, the name of PENDING
-    ones (all of the given jobs must be pending then). The ids changed."""
+           priority: int | None = None, time_limit: int | None = None,
+           begin: float | None = None) -> list[int]:
+    """gq update: priority and time limit of PENDING or RUNNING jobs, the name and begin
+    time of PENDING ones (all of the given jobs must be pending then). The ids changed."""
     values: dict[str, Any] = {}
     states = [JobState.PENDING.value, JobState.RUNNING.value]
+    if name is not None or begin is not None:
+        states = [JobState.PENDING.value]
     if name is not None:
         values["name"] = name
-        states = [JobState.PENDING.value]
+    if begin is not None:
+        values["begin_time"] = begin
     if priority is not None:
         values["priority"] = priority
     if time_limit is not None:

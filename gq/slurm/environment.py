@@ -36,9 +36,10 @@ class BatchJob:
     host_mem: int | None  # bytes
     time_limit: int | None
     devices: tuple[int, ...]  # the indices of its whole devices (GPUs or emulated)
+    ntasks: int | None = None  # -n
     array_job_id: int | None = None
     array_task_id: int | None = None
-    array_span: tuple[int, int, int] | None = None  # its array's task count, min and max
+    array_span: tuple[int, int, int, int] | None = None  # its array's count, min, max, step
 
 
 @functools.cache
@@ -53,7 +54,9 @@ def slurm_id(job_id: int) -> str:
 
 def variables(job: BatchJob, node: str) -> dict[str, str]:
     """sbatch's SLURM_* variables for the job on ``node`` (its short host name)."""
-    cpus = str(job.cpus or 1)
+    # Without -c the job is held to no CPU count: it sees the node's.
+    cpus = str(job.cpus or os.cpu_count() or 1)
+    tasks = str(job.ntasks or 1)
     env = {
         "SLURM_JOB_ID": slurm_id(job.id), "SLURM_JOBID": slurm_id(job.id),
         "SLURM_JOB_NAME": job.name, "SLURM_JOB_USER": job.user,
@@ -61,7 +64,7 @@ def variables(job: BatchJob, node: str) -> dict[str, str]:
         "SLURM_JOB_NODELIST": node, "SLURM_NODELIST": node, "SLURMD_NODENAME": node,
         "SLURM_TOPOLOGY_ADDR": node,
         "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
-        "SLURM_NTASKS": "1", "SLURM_NPROCS": "1", "SLURM_TASKS_PER_NODE": "1",
+        "SLURM_NTASKS": tasks, "SLURM_NPROCS": tasks, "SLURM_TASKS_PER_NODE": tasks,
         "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_GTIDS": "0",
         "SLURM_JOB_CPUS_PER_NODE": cpus, "SLURM_CPUS_ON_NODE": cpus,
     }
@@ -80,11 +83,7 @@ def variables(job: BatchJob, node: str) -> dict[str, str]:
     if job.run > 1:
         env["SLURM_RESTART_COUNT"] = str(job.run - 1)
     if job.array_job_id is not None and job.array_task_id is not None:
-        count, low, high = job.array_span or (1, job.array_task_id, job.array_task_id)
-        # An evenly spaced array (0-20:5) has its step; any other, 1 (as Slurm's lists).
-        step = (high - low) // (count - 1) if count > 1 else 1
-        if step * (count - 1) != high - low:
-            step = 1
+        count, low, high, step = job.array_span or (1, job.array_task_id, job.array_task_id, 1)
         env.update(SLURM_ARRAY_JOB_ID=slurm_id(job.array_job_id),
                    SLURM_ARRAY_TASK_ID=str(job.array_task_id),
                    SLURM_ARRAY_TASK_COUNT=str(count), SLURM_ARRAY_TASK_MIN=str(low),

@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 from gq.errors import UserError
 from gq.messages import JobInfo
 from gq.queue import arrays, dependencies
-from gq.slurm.options import sbatch_name
+from gq.slurm.options import GPU_TYPE, sbatch_name
 from gq.units import format_duration, format_size
 
 END = "GQ_SCRIPT_EOF"
@@ -68,7 +68,7 @@ def submitter(items: list[Exported]) -> tuple[str, list[str]]:
         notes += more
         depend = ""
         if job.dependency:
-            depend = " --dependency=" + _chained(job, exported)
+            depend = f' "--dependency={_chained(job, exported)}"'
         marker = f"GQ_JOB_{job.label}_EOF"
         if marker in text.splitlines():
             raise UserError(f"job {job.label}'s script contains the line {marker}; cannot "
@@ -86,7 +86,11 @@ def _chained(job: JobInfo, exported: set[int]) -> str:
     if missing:
         raise UserError(f"job {job.label} depends on job(s) {', '.join(map(str, missing))}, "
                         "which are not exported with it; add them to the command")
-    return re.sub(r"(?<=:)(\d+)", lambda m: f"${{job_{m.group(1)}}}", job.dependency or "")
+    text = re.sub(r"\s", "", job.dependency or "")  # blanks the parser let pass
+    if not re.fullmatch(r"[a-z]+(?::\d+)+(?:[,?][a-z]+(?::\d+)+)*", text):
+        raise UserError(f"job {job.label}'s dependency {text[:60]!r} cannot be written for "
+                        "sbatch; not exported")
+    return re.sub(r"(?<=:)(\d+)", lambda m: f"${{job_{m.group(1)}}}", text)
 
 
 def _options(item: Exported, notes: list[str]) -> list[str]:
@@ -98,12 +102,16 @@ def _options(item: Exported, notes: list[str]) -> list[str]:
     elif job.array_task_id is not None:
         options.append(f"--array={job.array_task_id}")  # one task, as its own array
     if job.gpus:
-        kind = f"{job.gpu_type}:" if job.gpu_type else ""
+        kind = f"{job.gpu_type}:" if job.gpu_type and GPU_TYPE.fullmatch(job.gpu_type) else ""
         options.append(f"--gres=gpu:{kind}{job.gpus}")
     if job.host_mem:
         options.append(f"{sbatch_name('--host-mem')}={max(1, job.host_mem >> 20)}M")
     if job.cpus:
         options.append(f"{sbatch_name('--cpus-per-task')}={job.cpus}")
+    if job.ntasks:
+        options.append(f"{sbatch_name('--ntasks')}={job.ntasks}")
+    if job.nodelist:
+        notes.append(f"job {job.label}: -w {job.nodelist} names gq devices; not carried")
     if job.time_limit:
         options.append(f"--time={format_duration(job.time_limit)}")  # sbatch reads M:SS too
     if job.begin_time:
@@ -171,7 +179,8 @@ def _command(item: Exported, notes: list[str]) -> list[str]:
                  "snapshot is inlined")
     if END in item.body.splitlines():
         raise UserError(f"job {job.label}'s script contains the line {END}; cannot inline it")
-    copy = f'"${{TMPDIR:-/tmp}}/gq-export-{job.label}-$SLURM_JOB_ID{PurePosixPath(script).suffix}"'
+    suffix = re.sub(r"[^A-Za-z0-9._-]", "", PurePosixPath(script).suffix)
+    copy = f'"${{TMPDIR:-/tmp}}/gq-export-{job.label}-$SLURM_JOB_ID{suffix}"'
     run = (f'{interpreter} "$script"' if python else
            '"$script"' if item.body.startswith("#!") else 'bash "$script"')
     if python:  # its sibling modules, where they still are

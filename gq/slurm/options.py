@@ -62,13 +62,20 @@ OPTIONS: tuple[Option, ...] = (
     Option(("-H", "--hold"), "--hold", False, "submitted held", "submitted held"),
     Option(("--nice",), "--priority", True, "lower priority by N (negative: admins only)",
            "--priority -N"),
+    Option(("-w", "--nodelist"), None, True, "the nodes to run on",
+           "this node (gq's own -w names devices)", single=""),
     Option(("-N", "--nodes"), None, True, "nodes", "one node", single="1"),
-    Option(("-n", "--ntasks"), None, True, "tasks", "one task (srun -n N starts N)",
-           single="1"),
-    Option(("--ntasks-per-node",), None, True, "tasks per node", "one task", single="1"),
+    Option(("-n", "--ntasks"), "--ntasks", True, "tasks (srun starts as many)",
+           "the same: SLURM_NTASKS, the copies the job's srun starts"),
+    Option(("--ntasks-per-node",), "--ntasks", True, "tasks per node", "as --ntasks (one node)"),
+    Option(("--gpus-per-task",), "--gpus", True, "GPUs per task, [TYPE:]N",
+           "as --gpus (for one task)"),
 )
 BY_SBATCH: dict[str, Option] = {name: option for option in OPTIONS for name in option.sbatch}
-BY_GQ: dict[str, Option] = {option.gq: option for option in OPTIONS if option.gq}
+BY_GQ: dict[str, Option] = {}  # the first option of each gq name: its own sbatch spelling
+for _option in OPTIONS:
+    if _option.gq:
+        BY_GQ.setdefault(_option.gq, _option)
 DEPRECATED_MEM = ("--mem on gq's command line and in #GQ lines is device memory, as before; "
                   "write --gpu-mem (in #SBATCH lines and on a cluster --mem is host memory)")
 _NICE_DEFAULT = "100"  # sbatch's adjustment for a bare --nice
@@ -79,9 +86,10 @@ def sbatch_name(gq_option: str) -> str:
     return BY_GQ[gq_option].sbatch[-1]
 
 
-def translate(tokens: list[str]) -> tuple[list[str], list[str]]:
+def translate(tokens: list[str], node: str = "") -> tuple[list[str], list[str]]:
     """gq submit's tokens for one ``#SBATCH`` line, and one notice per option gq does not
-    use (``--partition``, ``--gres=tmpfs:10G``): it says what is ignored and why."""
+    use (``--partition``, ``--gres=tmpfs:10G``): it says what is ignored and why. ``node``
+    is this node's name, which ``-w`` may name without a word."""
     out: list[str] = []
     notices: list[str] = []
     index = 0
@@ -105,7 +113,8 @@ def translate(tokens: list[str]) -> tuple[list[str], list[str]]:
             else:
                 raise UserError(f"#SBATCH {name} needs a value")
         if option.gq is None:
-            if value.strip() != option.single:
+            if value.strip() not in (option.single, node if name in ("-w", "--nodelist")
+                                     else None):
                 notices.append(f"{name}={value}: gq runs {option.gq_meaning}; ignored")
         elif name == "--gres":
             gpus, others = split_gres(value)
@@ -123,8 +132,9 @@ def translate(tokens: list[str]) -> tuple[list[str], list[str]]:
     return out, notices
 
 
-_GPUS = re.compile(r"^(?:(?P<type>[A-Za-z][\w.-]{0,63}):)?(?P<count>\d{1,6})$")
-_GRES_GPU = re.compile(r"^gpu(?::(?P<type>[A-Za-z][\w.-]{0,63}))?(?::(?P<count>\d{1,6}))?$")
+GPU_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")  # what a type may be: a100, rtx_4090
+_GPUS = re.compile(rf"^(?:(?P<type>{GPU_TYPE.pattern}):)?(?P<count>\d{{1,6}})$")
+_GRES_GPU = re.compile(rf"^gpu(?::(?P<type>{GPU_TYPE.pattern}))?(?::(?P<count>\d{{1,6}}))?$")
 
 
 def split_gres(text: str) -> tuple[str | None, list[str]]:
@@ -165,8 +175,8 @@ def parse_gres(text: str) -> Gpus:
 
 
 def is_unlimited(text: str) -> bool:
-    """sbatch's spellings of no time limit."""
-    return text.strip().lower() in ("unlimited", "infinite", "-1")
+    """sbatch's spellings of no time limit (0 among them)."""
+    return text.strip().lower() in ("unlimited", "infinite", "-1", "0")
 
 
 @dataclass(frozen=True)

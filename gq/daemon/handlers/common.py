@@ -71,4 +71,6 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         host_mem=job.host_mem, cpus=job.cpus, gpu_type=job.gpu_type, begin_time=job.begin_time,
         output_pattern=job.output_pattern if detail else None,
         error_pattern=job.error_pattern if detail else None,
-        interpreter=job.interpreter if detail else None, warn_signal=job.warn_signal)
+        interpreter=job.interpreter if detail else None, warn_signal=job.warn_signal,
+        nodelist=job.nodelist, retries=job.retries, retry_delay=job.retry_delay,
+        retries_left=job.retries_left, ntasks=job.ntasks)

@@ -117,10 +117,24 @@ def release(daemon: NodeView, caller: Caller, request: messages.Release) -> mess
 
 
 def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> messages.Report:
-    """Running jobs are stopped first and go back to the queue; ended ones run again."""
+    """Running jobs are stopped first and go back to the queue; ended ones run again. By
+    ``--state`` (and ``--user``): every such job of the caller's (of that user's: operators)."""
+    if not request.labels and request.state is None:
+        raise UserError("nothing to requeue: give job ids or --state (FAILED, say)")
+    if request.user is not None and request.user != caller.name and not caller.operator:
+        raise Refused(f"only an operator may requeue {request.user}'s jobs; "
+                      f"{caller.name} is not one")
     lines = []
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "requeue")
+        if request.state is not None:
+            chosen = queries.jobs(session, ids=[job.id for job in jobs] if jobs else None,
+                                  states=[JobState.parse(request.state)],
+                                  users=[request.user or caller.name])
+            jobs = [job for job in chosen if caller.operator or job.uid == caller.uid]
+            if not jobs:
+                raise UserError(f"no {request.state} job of {request.user or caller.name}'s "
+                                "to requeue")
         running = [job for job in jobs if job.state == JobState.RUNNING.value]
         stopping = set(transitions.request_stop(session, [j.id for j in running],
                                                 transitions.REQUEUE))
@@ -146,8 +160,9 @@ def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messag
     """Priority and time limit of pending or running jobs; the name of pending ones. Only
     operators raise a limit or a priority (a user may lower their own): a job backfilled on
     a short limit keeps the promise it was admitted on."""
-    if request.priority is None and request.time_limit is None and request.name is None:
-        raise UserError("nothing to update: give --priority, --time or --name")
+    if request.priority is None and request.time_limit is None and request.name is None \
+            and request.begin is None:
+        raise UserError("nothing to update: give --priority, --time, --name or --begin")
     if request.name is not None:
         validation.job_name(request.name)
     with daemon.db.write() as session:
@@ -160,9 +175,10 @@ def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messag
                 check_may_raise(daemon.rules, caller, "--time", request.time_limit,
                                 job.time_limit, job.label)
         changed = transitions.modify(session, [job.id for job in jobs], name=request.name,
-                                     priority=request.priority, time_limit=request.time_limit)
-    failure = ("job {label} is {state}; only a pending job can be renamed"
-               if request.name is not None else
+                                     priority=request.priority, time_limit=request.time_limit,
+                                     begin=request.begin)
+    failure = ("job {label} is {state}; only a pending job can be renamed or given a begin "
+               "time" if request.name is not None or request.begin is not None else
                "job {label} is {state}; only pending or running jobs can be updated")
     daemon.rescan()
     return messages.Report(_outcome(jobs, changed, "Updated job {label}", failure))

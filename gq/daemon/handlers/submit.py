@@ -8,6 +8,7 @@ rights: the daemon never opens the user's path (no confused deputy).
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ from gq.daemon.devices import gpu_capacity
 from gq.errors import Refused, UserError
 from gq.queue import arrays, dependencies, queries, spool, transitions
 from gq.slurm.environment import node_name
-from gq.slurm.options import parse_signal
+from gq.slurm.options import GPU_TYPE, parse_signal
 from gq.units import format_size
 
 if TYPE_CHECKING:
@@ -90,7 +91,12 @@ def _validate(daemon: NodeView, caller: Caller,
     on_gpus = options.gpus > 0 and any(d.kind == "cuda" for d in daemon.devices)
     usable = [d for d in daemon.devices if (d.kind == "cuda") == on_gpus]
     if options.gpu_type is not None:
+        if not GPU_TYPE.fullmatch(options.gpu_type) or options.gpus == 0:
+            raise UserError(f"invalid --gpus type {options.gpu_type[:40]!r}: a type names "
+                            "one or more devices, such as a100:1")
         usable = _of_type(daemon, options.gpu_type, options.gpus)
+    if options.nodelist is not None:
+        usable = _pinned(daemon, options.nodelist, usable, options.gpus)
     largest = max(daemon.lane_memory(d) for d in usable)
     if options.mem is not None and options.mem > largest:
         lanes = f" per lane ({daemon.options.lanes} lanes)" if daemon.options.lanes > 1 else ""
@@ -108,8 +114,8 @@ def _validate(daemon: NodeView, caller: Caller,
         raise UserError("a .py script needs an interpreter given by its absolute path")
     if not is_python and options.interpreter:
         raise UserError("--python applies only to .py scripts")
-    if options.dependency is not None:
-        dependencies.parse(options.dependency)
+    dependency = (str(dependencies.parse(options.dependency))
+                  if options.dependency is not None else None)
     tasks = arrays.parse(options.array) if options.array else None
     if tasks is not None and tasks.size > daemon.options.max_array:
         raise UserError(f"--array {options.array}: {tasks.size} tasks is more than this node "
@@ -125,7 +131,10 @@ def _validate(daemon: NodeView, caller: Caller,
         priority=options.priority, host_mem=options.host_mem, cpus=options.cpus,
         gpu_type=options.gpu_type, begin_time=options.begin,
         warn_signal=str(parse_signal(options.warn_signal)) if options.warn_signal else None,
-        exclusive=options.exclusive, requeue=options.requeue, dependency=options.dependency,
+        nodelist=",".join(options.nodelist) if options.nodelist else None,
+        retries=options.retries or None, retry_delay=options.retry_delay,
+        ntasks=options.ntasks,
+        exclusive=options.exclusive, requeue=options.requeue, dependency=dependency,
         held=options.held, array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None,
         spool_bytes=spool.footprint(len(request.script)))
@@ -141,6 +150,21 @@ def _of_type(daemon: NodeView, gpu_type: str, count: int) -> list:
                         f"{len(matching) or 'no'} device(s) of type {gpu_type!r} (its "
                         f"models: {have}); give a type they name, or no type")
     return matching
+
+
+def _pinned(daemon: NodeView, names: list[str], usable: list, count: int) -> list:
+    """-w: the named devices, which must exist and be of the kind (and type) the job asks
+    for, enough of them."""
+    known = {d.name for d in daemon.devices}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(f"--nodelist names no device {', '.join(unknown)} of this node (its "
+                        f"devices: {', '.join(sorted(known))})")
+    pinned = [d for d in usable if d.name in names]
+    if len(pinned) < max(count, 1):
+        raise UserError(f"--nodelist {','.join(names)} leaves {len(pinned)} device(s) this "
+                        f"job may use; it asks for {max(count, 1)} (see 'gq info')")
+    return pinned
 
 
 def _name_of(script: PurePosixPath) -> str:
@@ -203,19 +227,28 @@ def _check_dependency(session, text: str | None) -> None:
                         "(see 'gq status --all')")
 
 
+_CODE = re.compile(r"%%|%(\d?)([jxuNntAa])")
+
+
 def _output_resolver(new: transitions.NewJob):
     """Fill in %j (job id), %x (name), %u (user), %N (node), %A (array id), %a (task), and
-    %n, %t (node and task number: 0 on one node) for one row."""
+    %n, %t (node and task number: 0 on one node) for one row, in one pass (a name holding
+    "%a" stays as it is); a digit zero-pads a number, as in sbatch's %4a."""
     node = node_name()
 
     def resolve(pattern: str, job_id: int, array_id: int | None, task: int | None) -> str:
-        path = pattern.replace("%%", "\0")
-        for code, value in (("%j", job_id), ("%x", new.name), ("%u", new.user), ("%N", node),
-                            ("%n", 0), ("%t", 0),
-                            ("%A", array_id if array_id is not None else job_id),
-                            ("%a", task if task is not None else 0)):
-            path = path.replace(code, str(value))
-        path = os.path.join(new.workdir, path.replace("\0", "%"))
+        values = {"j": job_id, "x": new.name, "u": new.user, "N": node, "n": 0, "t": 0,
+                  "A": array_id if array_id is not None else job_id,
+                  "a": task if task is not None else 0}
+
+        def fill(code: re.Match) -> str:
+            if code.group(0) == "%%":
+                return "%"
+            value = values[code.group(2)]
+            width = int(code.group(1) or 0) if isinstance(value, int) else 0
+            return str(value).zfill(width)
+
+        path = os.path.join(new.workdir, _CODE.sub(fill, pattern))
         if len(path) > defaults.MAX_PATH:
             raise UserError(f"output path {pattern[:60]!r} is {len(path)} characters long once "
                             f"%j, %x, %u, %N, %A and %a are filled in, over gq's limit of "
