@@ -349,3 +349,26 @@ def test_upgrade_to_0008_keeps_jobs_with_no_sbatch_extras(tmp_path):
                 job.error_pattern) == (None,) * 6
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
+
+
+def test_upgrade_to_0009_keeps_jobs_unpinned_without_retries(tmp_path):
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0008")
+    connection = sqlite3.connect(home.db)
+    connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)")
+    connection.execute(
+        "INSERT INTO jobs (id, name, user, state, priority, gpus, exclusive, requeue, script, "
+        "spool_path, workdir, stdout_path, stderr_path, submit_time, run_count, steps_done, "
+        "attained, holds_lane, held, payload_id, uid, host_mem, warn_signal) VALUES (4, 'a', "
+        "'ann', 'FAILED', 0, 1, 0, 0, '/s.sh', '', '/w', '/w/o', '/w/o', 1.0, 1, 0, 0.0, 0, 0, "
+        "1, 1000, 1048576, 'B:10@60')")
+    connection.commit()
+    connection.close()
+    database = Database(home)
+    with database.read() as session:
+        job = queries.job(session, 4)
+        assert (job.host_mem, job.warn_signal, job.state) == (1 << 20, "B:10@60", "FAILED")
+        assert (job.nodelist, job.retries, job.retries_left, job.retry_delay, job.ntasks) == \
+            (None,) * 5
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    database.close()

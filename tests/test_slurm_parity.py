@@ -309,3 +309,38 @@ def test_host_memory_is_reserved_on_the_node_until_the_job_ends(daemon, tmp_path
     go.touch()
     for job_id in (first, second, unlimited):
         wait_state(job_id, "COMPLETED", timeout=20)
+
+
+def test_retries_pinning_and_a_begin_time_moved_to_now(home, tmp_path):
+    DaemonControl(home).start("--cpu-devices", "2")
+    failing = write_script(tmp_path / "fail.sh", (
+        'echo "run ${SLURM_RESTART_COUNT:-0} on $GQ_VISIBLE_DEVICES tasks $SLURM_NTASKS"\n'
+        "exit 3\n"))
+    retried = submit("--retries", "2", "--retry-delay", "1", "-w", "cpu1", "-n", "2",
+                     str(failing))
+    info = wait_state(retried, "FAILED", timeout=30)
+    assert (info["run_count"], info["exit_code"], info["device"]) == (3, 3, "cpu1")
+    runs = (tmp_path / f"gq-{retried}.out").read_text().splitlines()
+    assert runs == ["run 0 on 1 tasks 2", "run 1 on 1 tasks 2", "run 2 on 1 tasks 2"]
+    starts = [e["time"] for e in job(retried)["events"] if e["new_state"] == "RUNNING"]
+    from datetime import datetime
+
+    gaps = [datetime.fromisoformat(b).timestamp() - datetime.fromisoformat(a).timestamp()
+            for a, b in zip(starts, starts[1:])]
+    assert all(gap >= 0.9 for gap in gaps), gaps  # --retry-delay 1
+    assert "Retries: 2 of 2 used" in gq_ok("show", str(retried))
+    # gq requeue --state F: every failed job of the caller's, its retries counted again.
+    assert gq_ok("requeue", "--state", "F").strip() == f"Requeued job {retried}"
+    assert wait_state(retried, "FAILED", timeout=30)["run_count"] == 6
+    later = submit("--begin", "now+1hour", str(failing))
+    wait_for(lambda: job(later)["reason"] == "BeginTime", 10, what="BeginTime")
+    assert gq_ok("update", str(later), "--begin", "now").strip() == f"Updated job {later}"
+    wait_state(later, "FAILED", timeout=20)
+    for args, words in ((["-w", "gpu7"], "--nodelist names no device gpu7"),
+                        (["-w", "cpu0", "-G", "2"], "leaves 1 device(s)"),
+                        (["--retry-delay", "5"], "--retry-delay applies with --retries"),
+                        (["--retries", "1000"], "invalid --retries 1000")):
+        result = gq("submit", *args, str(failing))
+        assert result.code == 2 and words in result.err, (args, result.err)
+    result = gq("update", str(retried), "--begin", "now+1hour")
+    assert result.code == 2 and "only a pending job can be renamed or given a begin" in result.err
