@@ -270,3 +270,47 @@ def test_python_interpreter_option(daemon, tmp_path):
     wait_state(job_id, "COMPLETED")
     assert (tmp_path / f"gq-{job_id}.out").read_text().strip() == os.path.realpath(
         sys.executable) or sys.executable in (tmp_path / f"gq-{job_id}.out").read_text()
+
+
+def test_a_command_line_instead_of_a_script(daemon, tmp_path, monkeypatch):
+    """gq run -- CMD and gq submit --wrap: a Python command is a Python job (its steps
+    counted, by the python on the submitter's PATH); any other runs as it is."""
+    monkeypatch.setenv("PATH", f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__main__.py").write_text("import sys\nprint('module', sys.argv[1:])\n")
+    write_script(tmp_path / "train.py", (
+        "import sys\nimport gq\nfor _ in gq.steps(range(3), total=3):\n    pass\n"
+        "print('train', sys.argv[1:])\n"))
+    python = os.path.basename(PYTHON)
+    jobs = {
+        "script": submit_via("run", "--", python, "train.py", "--lr", "3e-4"),
+        "module": submit_via("run", "-J", "mod", "--", python, "-m", "pkg", "a b"),
+        "plain": submit_via("run", "--", "printf", "%s|", "one two", "three"),
+        "wrapped": submit_via("submit", "--wrap", f"{python} train.py --wrapped"),
+        "shell": submit_via("submit", "--wrap", "echo $SLURM_JOB_NAME; echo done"),
+    }
+    for job_id in jobs.values():
+        wait_state(job_id, "COMPLETED", timeout=30)
+    out = {name: (tmp_path / f"gq-{job_id}.out").read_text() for name, job_id in jobs.items()}
+    assert out == {"script": "train ['--lr', '3e-4']\n", "module": "module ['a b']\n",
+                   "plain": "one two|three|", "wrapped": "train ['--wrapped']\n",
+                   "shell": "wrap\ndone\n"}
+    shown = {name: job(job_id) for name, job_id in jobs.items()}
+    assert (shown["script"]["steps_done"], shown["wrapped"]["steps_done"]) == (3, 3)
+    assert [shown[n]["name"] for n in ("script", "module", "plain", "shell")] == [
+        "train.py", "mod", "printf", "wrap"]
+    count = len(all_jobs())
+    for args, words in ((["run"], "give the command to run"),
+                        (["submit", "--wrap", "true", "train.py"], "either a SCRIPT or --wrap"),
+                        (["run", "--", "python9.9", "train.py"], "python9.9: not found on your"),
+                        (["run", "--wrap", "x", "--", "true"], "--wrap is gq submit's")):
+        result = gq(*args)
+        assert result.code == 2 and words in result.err and len(result.err.splitlines()) == 1
+    assert len(all_jobs()) == count
+
+
+def submit_via(*args: str) -> int:
+    result = gq(*args[:1], "--parsable", *args[1:])
+    assert result.code == 0, result.err
+    return int(result.out)

@@ -28,6 +28,7 @@ HELP = (
 # name -> (module in gq.cli, attribute, is a group of subcommands)
 COMMANDS: dict[str, tuple[str, str, bool]] = {
     "submit": ("submit", "submit", False),
+    "run": ("submit", "submit", False),
     "status": ("jobs", "status", False),
     "show": ("jobs", "show", False),
     "history": ("jobs", "history", False),
@@ -44,7 +45,8 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "daemon": ("daemon", "app", True),
     "export": ("export", "app", True),
 }
-_EXTRA = {"submit": {"context_settings": {"allow_interspersed_args": False}}}
+_EXTRA = {name: {"context_settings": {"allow_interspersed_args": False}}
+          for name in ("submit", "run")}
 
 
 def _version(value: bool) -> None:
@@ -76,7 +78,7 @@ def make_app(only: str | None = None) -> typer.Typer:
             app.add_typer(target, name=name)
         else:
             extra = dict(_EXTRA.get(name, {}))
-            if doc := getattr(module, f"{attribute.upper()}_HELP", None):
+            if doc := getattr(module, f"{name.upper()}_HELP", None):
                 extra["help"] = doc
             app.command(name, **extra)(target)
     return app

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import typer
 
 from gq import defaults, messages, validation
-from gq.cli import directives
+from gq.cli import commands, directives
 from gq.slurm import options as slurm_options
 from gq.slurm.environment import node_name
 from gq.codec import INT64_MAX
@@ -34,6 +34,14 @@ shebang or bash. Jobs see sbatch's SLURM_* variables, and srun runs its command 
 
 Example: gq submit -G 1 --gpu-mem 6G -t 2:00:00 --steps 5000 train.py --lr 3e-4
 """
+RUN_HELP = """Queue a command line, with gq submit's options (like ts, pueue add).
+
+gq run [OPTIONS] -- COMMAND [ARGS]...  A Python command (python train.py ..., python -m
+pkg ...) runs as a Python job, with iteration boundaries, by the python your PATH finds
+now; any other command runs as it is, from sh. Prints "Submitted job ID".
+
+Example: gq run -G 1 -t 1:00:00 -- python train.py --lr 3e-4
+"""
 # Options that set one thing between them: the first source that gives one decides it.
 _SAME_SETTING = ({"gpus", "gpus_per_node", "gres"}, {"gpu_mem", "mem"},
                  {"host_mem", "mem_per_cpu", "mem_per_gpu"})
@@ -41,8 +49,9 @@ _SAME_SETTING = ({"gpus", "gpus_per_node", "gres"}, {"gpu_mem", "mem"},
 
 def submit(
     ctx: typer.Context,
-    script: str = typer.Argument(..., metavar="SCRIPT", help="The script to run (snapshotted at submit)."),
+    script: Optional[str] = typer.Argument(None, metavar="SCRIPT", help="The script to run (snapshotted at submit)."),
     args: Optional[list[str]] = typer.Argument(None, metavar="ARGS", help="Arguments passed to the script."),
+    wrap: Optional[str] = typer.Option(None, "--wrap", metavar="CMD", help="Run this command line instead of a script (as sbatch); a Python one gets iteration boundaries."),
     job_name: Optional[str] = typer.Option(None, "-J", "--job-name", help="Job name [script name]."),
     gpus: Optional[str] = typer.Option(None, "-G", "--gpus", metavar="[TYPE:]N", help="Devices: 0 = CPU only, 1 = one shared device [default], N = N whole devices; TYPE (a100) must match the device model."),
     gpus_per_node: Optional[str] = typer.Option(None, "--gpus-per-node", metavar="[TYPE:]N", help="As --gpus (sbatch's spelling; one node)."),
@@ -75,12 +84,35 @@ def submit(
     hold: bool = typer.Option(False, "-H", "--hold", help="Queue held; 'gq release' lets it run."),
     parsable: bool = typer.Option(False, "--parsable", help="Print only the job id."),
 ) -> None:
-    content = _read_script(Path(script))
-    options = _with_directives(ctx, Path(script), content)
+    queued = _what_to_queue(ctx.info_name == "run", script, list(args or []), wrap)
+    content = queued.content if queued.content is not None else _read_script(queued.path)
+    options = _with_directives(ctx, queued.path, content)
+    options.update(script=str(queued.path), args=queued.args)
+    if queued.interpreter is not None and not options["python"]:
+        options["python"] = queued.interpreter
+    if options["job_name"] is None and queued.content is not None:
+        options["job_name"] = queued.name
     answer = ask(_request(options, content))
     if options["old_mem"]:  # once it was accepted: a refusal says one line, its reason
         typer.echo(f"gq: warning: {slurm_options.DEPRECATED_MEM}", err=True)
     typer.echo(str(answer.job_id) if options["parsable"] else f"Submitted job {answer.job_id}")
+
+
+def _what_to_queue(run: bool, script: str | None, args: list[str],
+                   wrap: str | None) -> commands.Queued:
+    """gq run's command line, --wrap's, or the script named."""
+    if run:
+        if wrap is not None:
+            raise UserError("gq run takes its command after its options (gq run [OPTIONS] -- "
+                            "COMMAND [ARGS]...); --wrap is gq submit's")
+        return commands.from_argv([script, *args] if script is not None else [])
+    if wrap is not None:
+        if script is not None:
+            raise UserError("give either a SCRIPT or --wrap CMD, not both")
+        return commands.from_wrap(wrap)
+    if script is None:
+        raise UserError("give the script to run (or --wrap CMD; gq run -- CMD runs a command)")
+    return commands.Queued(Path(script), None, args, None, Path(script).name)
 
 
 def _read_script(path: Path) -> bytes:
