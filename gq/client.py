@@ -4,6 +4,7 @@ send one request, return the answer. Imports nothing heavy: every command goes t
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 from gq import defaults, messages
 from gq.daemon.control import running_pid
-from gq.errors import UserError
+from gq.errors import UserError, WaitTimedOut
 from gq.home import Home, locate
 
 
@@ -21,17 +22,21 @@ class Unreachable(UserError):
     exit_code = 1
 
 
-def ask(request: Any, home: Home | None = None) -> Any:
-    """Send ``request`` and return the daemon's answer; an Error answer raises UserError."""
-    answer, _ = ask_with_fds(request, home)
+def ask(request: Any, home: Home | None = None, wait: float | None = None) -> Any:
+    """Send ``request`` and return the daemon's answer; an Error answer raises UserError.
+    ``wait``: the answer may take that long (math.inf: as long as it takes; gq wait), after
+    which WaitTimedOut is raised."""
+    answer, _ = ask_with_fds(request, home, wait)
     return answer
 
 
-def ask_with_fds(request: Any, home: Home | None = None) -> tuple[Any, list[int]]:
+def ask_with_fds(request: Any, home: Home | None = None,
+                 wait: float | None = None) -> tuple[Any, list[int]]:
     line = _checked(request)
     home = home or locate()
     with _connect(home) as sock:
-        sock.settimeout(defaults.CLIENT_TIMEOUT)
+        sock.settimeout(defaults.CLIENT_TIMEOUT if wait is None else
+                        None if math.isinf(wait) else wait)
         try:
             sock.sendall(line)
         except OSError as exc:
@@ -42,7 +47,7 @@ def ask_with_fds(request: Any, home: Home | None = None) -> tuple[Any, list[int]
                 raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
                                   f"see {home.daemon_log}") from None
         else:
-            line, fds = _read_line(sock, home)
+            line, fds = _read_line(sock, home, wait)
     try:
         answer = messages.decode(line, messages.ANSWERS)
     except messages.VersionMismatch as exc:
@@ -69,12 +74,15 @@ def _checked(request: Any) -> bytes:
     return line
 
 
-def _read_line(sock: socket.socket, home: Home) -> tuple[bytes, list[int]]:
+def _read_line(sock: socket.socket, home: Home,
+               wait: float | None = None) -> tuple[bytes, list[int]]:
     buffer, fds = bytearray(), []
     while b"\n" not in buffer:
         try:
             data, received, _, _ = socket.recv_fds(sock, 1 << 16, 4)
         except TimeoutError:
+            if wait is not None:
+                raise WaitTimedOut(f"the jobs had not all ended after {wait:g} s") from None
             raise Unreachable(f"the daemon did not answer within {defaults.CLIENT_TIMEOUT:g} s; "
                               f"see {home.daemon_log}") from None
         except OSError as exc:

@@ -16,6 +16,7 @@ PURGE_BATCH = 2000  # jobs purged in one transaction (the loop serves clients in
 # What one user may ask of a shared node (daemon options; 'gq info' shows them)
 MAX_PENDING_PER_USER = 10_000  # jobs a user may have pending (array tasks count one each)
 MAX_ARRAY_SIZE = 10_000  # tasks in one array, checked before the spec is expanded
+MAX_WAITED = 100_000  # jobs one gq wait waits for
 MAX_CONNECTIONS_PER_USER = 64  # open connections of one uid
 MAX_CONNECTIONS = 1024  # open connections in total (less than the descriptor limit allows)
 MAX_REQUEST = 8 << 20  # bytes in one request line (a script snapshot travels in it)

@@ -16,6 +16,12 @@ class UserError(Exception):
             self.exit_code = exit_code
 
 
+class WaitTimedOut(UserError):
+    """gq wait --timeout passed before the jobs ended (exit status 124, as timeout(1))."""
+
+    exit_code = 124
+
+
 class UnsafeStateDirectory(UserError):
     """The system daemon's state directory, or one above it, is another user's to change."""
 

@@ -241,6 +241,16 @@ class ExportScript:
 
 
 @dataclass
+class Wait:
+    """Answered (with the jobs, as a list) once every one of them has ended: the jobs named,
+    or else the caller's (``user``'s) pending and running ones."""
+
+    kind: ClassVar[str] = "wait"
+    labels: Labels
+    user: Name | None = None
+
+
+@dataclass
 class Cancel:
     kind: ClassVar[str] = "cancel"
     labels: Labels
@@ -345,6 +355,21 @@ class Script:
 
 
 @dataclass
+class EndedJob:
+    label: Label
+    state: Name
+    exit_code: int | None
+
+
+@dataclass
+class WaitOver:
+    """The answer to a Wait: how each job ended, in id order."""
+
+    kind: ClassVar[str] = "wait-over"
+    jobs: Annotated[list[EndedJob], MaxLen(defaults.MAX_WAITED)]
+
+
+@dataclass
 class Report:
     kind: ClassVar[str] = "report"
     lines: list[Line]
@@ -409,10 +434,10 @@ class Error:
 
 
 REQUESTS: dict[str, type] = {cls.kind: cls for cls in (
-    Submit, ListJobs, ShowJob, OpenLog, ExportScript, Cancel, Hold, Release, Requeue, Update,
+    Submit, ListJobs, ShowJob, OpenLog, ExportScript, Wait, Cancel, Hold, Release, Requeue, Update,
     SetPolicy, GetPolicy, NodeInfoRequest, Stop)}
 ANSWERS: dict[str, type] = {cls.kind: cls for cls in (
-    Submitted, Jobs, LogFile, Script, Report, PolicyInfo, NodeInfo, Done, Error)}
+    WaitOver, Submitted, Jobs, LogFile, Script, Report, PolicyInfo, NodeInfo, Done, Error)}
 
 
 # ----- the codec ----------------------------------------------------------------------

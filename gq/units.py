@@ -179,6 +179,20 @@ def parse_period(text: str) -> float:
     return float(match.group("n")) * unit
 
 
+def parse_seconds(text: str, flag: str) -> float:
+    """A short wait: seconds (a bare number, 2.5 too) or 30s, 5min, 2hours."""
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            value = parse_period(text) if text.strip().lower() != "never" else -1.0
+        except UserError:
+            value = -1.0
+    if not 0 <= value <= defaults.MAX_TIME_LIMIT:
+        raise UserError(f"invalid {flag} {text[:40]}: give a time such as 30, 30s or 5min")
+    return value
+
+
 def format_period(seconds: float) -> str:
     """``30days``, ``12hours``, ``90s``, ``never``: what :func:`parse_period` reads back."""
     if math.isinf(seconds):

@@ -314,3 +314,29 @@ def submit_via(*args: str) -> int:
     result = gq(*args[:1], "--parsable", *args[1:])
     assert result.code == 0, result.err
     return int(result.out)
+
+
+def test_wait_blocks_on_one_connection_until_the_jobs_end(daemon, tmp_path):
+    import subprocess
+    import sys
+
+    go = tmp_path / "go"
+    held = write_script(tmp_path / "held.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n"
+                                              "exit ${1:-0}\n")
+    first, second = submit(str(held)), submit(str(held), "7")
+    waiter = subprocess.Popen([sys.executable, "-m", "gq", "wait"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    wait_state(first, "RUNNING")
+    timed_out = gq("wait", str(first), "--timeout", "0.2")
+    assert timed_out.code == 124 and "had not all ended after 0.2 s" in timed_out.err
+    assert waiter.poll() is None  # both still run: the waiter has had no answer
+    go.touch()
+    out, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 7, err  # the first failure's exit code
+    assert out.splitlines() == [f"Job {first} COMPLETED (exit code 0)",
+                                f"Job {second} FAILED (exit code 7)"]
+    done = gq("submit", "--wait", str(held), "3")
+    assert done.code == 3 and done.out.splitlines()[-1].endswith("FAILED (exit code 3)")
+    assert gq("wait", str(first)).code == 0  # already ended: answered at once
+    nothing = gq("wait")
+    assert nothing.code == 2 and "no pending or running job to wait for" in nothing.err

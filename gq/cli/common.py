@@ -9,8 +9,8 @@ import typer
 
 from gq import client, messages
 
-def ask(request: Any) -> Any:
-    return client.ask(request)
+def ask(request: Any, wait: float | None = None) -> Any:
+    return client.ask(request, wait=wait)
 
 
 def labels(texts: list[str]) -> list[str]:

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "show": ("jobs", "show", False),
     "history": ("jobs", "history", False),
     "logs": ("jobs", "logs", False),
+    "wait": ("wait", "wait", False),
     "cancel": ("cancel", "cancel", False),
     "hold": ("control", "hold", False),
     "release": ("control", "release", False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -13,13 +14,14 @@ import typer
 
 from gq import defaults, messages, validation
 from gq.cli import commands, directives
+from gq.cli.wait import until_ended
 from gq.slurm import options as slurm_options
 from gq.slurm.environment import node_name
 from gq.codec import INT64_MAX
 from gq.cli.common import ask, usage_message
 from gq.errors import UserError
 from gq.queue import arrays, dependencies
-from gq.units import parse_duration, parse_period, parse_size, parse_when
+from gq.units import parse_duration, parse_seconds, parse_size, parse_when
 
 DEFAULT_OUTPUT = "gq-%j.out"
 
@@ -83,6 +85,7 @@ def submit(
     after: Optional[str] = typer.Option(None, "--after", help="Short for --dependency afterok:ID."),
     hold: bool = typer.Option(False, "-H", "--hold", help="Queue held; 'gq release' lets it run."),
     parsable: bool = typer.Option(False, "--parsable", help="Print only the job id."),
+    wait: bool = typer.Option(False, "-W", "--wait", help="Then wait until it has ended and exit with its exit code (as sbatch --wait)."),
 ) -> None:
     queued = _what_to_queue(ctx.info_name == "run", script, list(args or []), wrap)
     content = queued.content if queued.content is not None else _read_script(queued.path)
@@ -96,6 +99,8 @@ def submit(
     if options["old_mem"]:  # once it was accepted: a refusal says one line, its reason
         typer.echo(f"gq: warning: {slurm_options.DEPRECATED_MEM}", err=True)
     typer.echo(str(answer.job_id) if options["parsable"] else f"Submitted job {answer.job_id}")
+    if options["wait"]:
+        raise typer.Exit(until_ended(messages.Wait([str(answer.job_id)]), math.inf))
 
 
 def _what_to_queue(run: bool, script: str | None, args: list[str],
@@ -314,13 +319,7 @@ def _retries(options: dict[str, Any]) -> int | None:
 
 
 def _retry_delay(text: str | None) -> float | None:
-    """Seconds: 30 (a bare number is seconds), 30s, 5min, 2hours."""
-    if text is None:
-        return None
-    seconds = float(text) if text.strip().isdigit() else parse_period(text)
-    if not 0 <= seconds <= defaults.MAX_TIME_LIMIT:
-        raise UserError(f"invalid --retry-delay {text[:40]}: give a time such as 30s or 5min")
-    return seconds
+    return parse_seconds(text, "--retry-delay") if text is not None else None
 
 
 def _count(value: int | None, flag: str) -> int | None:

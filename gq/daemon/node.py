@@ -35,6 +35,7 @@ from gq.daemon.monitoring import Monitor
 from gq.daemon.scheduling import Capacity, Scheduler
 from gq.daemon.server import Connection, ConnectionLimits, Server
 from gq.daemon.supervision import Supervisor
+from gq.daemon.waiting import Waiters, Waiting
 from gq.exec.protocol import StopWhy
 from gq.home import Home
 from gq.queue import settings as queue_settings
@@ -130,6 +131,7 @@ class Daemon:
         self.scheduler = Scheduler(self.db, self.devices, Capacity(lanes, options.max_resident),
                                    self.supervisor, self.monitor, self.rescan)
         self.server: Server | None = None
+        self.waiters = Waiters(self.db)
 
     # ----- what handlers see (gq.daemon.handlers.NodeView) ----------------------------
     def rescan(self) -> None:
@@ -183,7 +185,7 @@ class Daemon:
                                  descriptors - defaults.DESCRIPTOR_RESERVE)),
                 request=self.options.max_request, idle=self.options.client_timeout)
             self.server = Server(self.home, self.selector, self._dispatch, self._identify,
-                                 limits)
+                                 limits, park=self.waiters.add)
             log.info("daemon %d up (%s mode) on %s; %d descriptors, at most %d clients "
                      "(%d per user)", os.getpid(), self.home.mode,
                      ", ".join(d.name for d in self.devices), descriptors, limits.total,
@@ -198,7 +200,7 @@ class Daemon:
             pidfile.close()
             self.db.close()
 
-    def _dispatch(self, caller: Caller, line: bytes) -> tuple[bytes, list[int]]:
+    def _dispatch(self, caller: Caller, line: bytes) -> tuple[bytes, list[int]] | Waiting:
         return handlers.dispatch(self, caller, line)
 
     def _identify(self, pid: int, uid: int, gid: int) -> Caller:
@@ -235,6 +237,7 @@ class Daemon:
                 self.woken = False
                 last_scan = now
                 _isolated(self.scheduler.scan)
+                _isolated(self.waiters.answer_ended, server)
             if now - last_flush >= defaults.FLUSH_PERIOD:
                 last_flush = now
                 _isolated(self.supervisor.flush)

@@ -12,6 +12,7 @@ accepting, so nobody else waits behind them). None of them delays other clients.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import selectors
 import socket
@@ -22,13 +23,15 @@ from dataclasses import dataclass, field
 
 from gq import defaults, messages
 from gq.daemon.access import Caller
+from gq.daemon.waiting import Waiting
 from gq.home import Home
 
 log = logging.getLogger("gq.daemon")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
-# dispatch(caller, line) -> (answer line, descriptors to pass with it)
-Dispatch = Callable[[Caller, bytes], tuple[bytes, list[int]]]
+# dispatch(caller, line) -> (answer line, descriptors to pass with it), or Waiting: the
+# answer comes later (gq wait), through Server.reply.
+Dispatch = Callable[[Caller, bytes], "tuple[bytes, list[int]] | Waiting"]
 
 
 @dataclass(frozen=True)
@@ -48,18 +51,21 @@ class Connection:
     outbox: bytes = b""
     fds: list[int] = field(default_factory=list)
     answered: bool = False
+    waiting: bool = False  # its answer comes later: no deadline, nothing more is read
 
 
 class Server:
     def __init__(self, home: Home, selector: selectors.BaseSelector, dispatch: Dispatch,
                  identify: Callable[[int, int, int], Caller],
-                 limits: ConnectionLimits = ConnectionLimits()):
+                 limits: ConnectionLimits = ConnectionLimits(),
+                 park: Callable[[Connection, Waiting], None] | None = None):
         self.home = home
         self.limits = limits
         self.idle = limits.idle
         self.selector = selector
         self.dispatch = dispatch
         self.identify = identify
+        self.park = park  # takes the connections whose answer comes later
         self.connections: set[Connection] = set()
         self.per_uid: dict[int, int] = {}
         self.listener = _listen(home)
@@ -131,6 +137,12 @@ class Server:
     def next_deadline(self) -> float | None:
         return min((c.deadline for c in self.connections), default=None)
 
+    def reply(self, connection: Connection, line: bytes) -> None:
+        """The answer to a waiting connection's request."""
+        if connection in self.connections:
+            connection.waiting = False
+            self._answer(connection, line, [])
+
     def _read(self, connection: Connection) -> None:
         try:
             chunk = connection.sock.recv(1 << 16)
@@ -138,7 +150,7 @@ class Server:
             return
         except OSError:
             chunk = b""
-        if not chunk:
+        if not chunk or connection.waiting:  # gone, or saying more than its one request
             self._drop(connection)
             return
         connection.inbox += chunk
@@ -158,7 +170,14 @@ class Server:
             return
         line = bytes(connection.inbox[:newline])
         connection.inbox.clear()
-        self._answer(connection, *self.dispatch(connection.caller, line))
+        result = self.dispatch(connection.caller, line)
+        if isinstance(result, Waiting) and self.park is not None:
+            connection.waiting, connection.deadline = True, math.inf
+            self.park(connection, result)
+            return
+        if isinstance(result, Waiting):
+            result = messages.encode(messages.Error("this daemon answers no wait", 1)), []
+        self._answer(connection, *result)
 
     def _answer(self, connection: Connection, line: bytes, fds: list[int]) -> None:
         connection.answered = True

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gq import messages
 from gq.daemon.access import Caller, Rules, check_operator
 from gq.daemon.handlers import control, node, query, submit
+from gq.daemon.waiting import Waiting
 from gq.errors import UserError
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     messages.ShowJob: query.show,
     messages.OpenLog: query.open_log,
     messages.ExportScript: query.export,
+    messages.Wait: query.wait,
     messages.Cancel: control.cancel,
     messages.Hold: control.hold,
     messages.Release: control.release,
@@ -87,9 +89,11 @@ HANDLERS: dict[type, Callable[..., Any]] = {
 OPERATORS_ONLY = {messages.SetPolicy: "change the policy", messages.Stop: "stop the daemon"}
 
 
-def dispatch(daemon: NodeView, caller: Caller, line: bytes) -> tuple[bytes, list[int]]:
+def dispatch(daemon: NodeView, caller: Caller,
+             line: bytes) -> tuple[bytes, list[int]] | Waiting:
     """Decode one request line, authorize it, run its handler; always an answer line,
-    whatever the line held and whatever the handler did."""
+    whatever the line held and whatever the handler did, or a :class:`Waiting` (gq wait:
+    the answer comes once the jobs have ended)."""
     try:
         request = messages.decode(line, messages.REQUESTS)
     except messages.VersionMismatch as exc:
@@ -103,6 +107,8 @@ def dispatch(daemon: NodeView, caller: Caller, line: bytes) -> tuple[bytes, list
         if type(request) in OPERATORS_ONLY:
             check_operator(caller, OPERATORS_ONLY[type(request)])
         answer = HANDLERS[type(request)](daemon, caller, request)
+        if isinstance(answer, Waiting):
+            return answer
         answer, fds = answer if isinstance(answer, tuple) else (answer, [])
         return messages.encode(answer), fds
     except UserError as exc:

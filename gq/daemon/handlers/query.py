@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 from gq import defaults, messages
 from gq.daemon import ownerfiles
 from gq.daemon.access import Caller, check_may_act
-from gq.daemon.handlers.common import job_info, resolve, resolve_one
+from gq.daemon import waiting
+from gq.daemon.handlers.common import job_info, resolve, resolve_all, resolve_one
+from gq.daemon.waiting import Waiting
 from gq.errors import UserError
 from gq.queue import queries, spool
 from gq.queue.models import Job
@@ -32,6 +34,30 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
                              stale=daemon.stale(),
                              retention=None if math.isinf(daemon.options.retention)
                              else daemon.options.retention, kept_since=kept_since)
+
+
+def wait(daemon: NodeView, caller: Caller,
+         request: messages.Wait) -> messages.WaitOver | Waiting:
+    """The jobs named (a whole array for its id), or the caller's (``user``'s) pending and
+    running ones: how they ended, now or once the last has (anyone may wait, as anyone may
+    list the queue)."""
+    with daemon.db.read() as session:
+        if request.labels:
+            jobs = resolve_all(session, request.labels)
+        else:
+            jobs = queries.jobs(session, states=[JobState.PENDING, JobState.RUNNING],
+                                users=[request.user or caller.name], payloads=False)
+            if not jobs:
+                raise UserError(f"{request.user or caller.name} has no pending or running job "
+                                "to wait for")
+        if len(jobs) > defaults.MAX_WAITED:
+            raise UserError(f"{len(jobs)} jobs is more than one gq wait waits for "
+                            f"({defaults.MAX_WAITED}); wait for fewer")
+        ids = [job.id for job in jobs]
+        unfinished = {job.id for job in jobs if not JobState(job.state).terminal}
+        if not unfinished:
+            return waiting.ended(session, ids)
+    return Waiting(ids, unfinished)
 
 
 def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> messages.Jobs:
