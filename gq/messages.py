@@ -290,6 +290,23 @@ class Update:
 
 
 @dataclass
+class Drain:
+    """Admit no new job to these devices (none named: to the node); operators only."""
+
+    kind: ClassVar[str] = "drain"
+    devices: Annotated[list[Name], MaxLen(defaults.MAX_GPUS)]
+    reason: Text | None = None
+
+
+@dataclass
+class ResumeDevices:
+    """Undo a drain of these devices (none named: of the node and every device)."""
+
+    kind: ClassVar[str] = "resume-devices"
+    devices: Annotated[list[Name], MaxLen(defaults.MAX_GPUS)]
+
+
+@dataclass
 class SetPolicy:
     kind: ClassVar[str] = "policy-set"
     name: Name
@@ -416,6 +433,7 @@ class NodeInfo:
     priority_cap: int | None
     options: list[str]  # the daemon's command-line options: a restart reuses them
     limits: NodeLimits | None = None
+    drained: dict[Name, Text] = field(default_factory=dict)  # device ("*": node) -> reason
 
 
 @dataclass
@@ -435,7 +453,7 @@ class Error:
 
 REQUESTS: dict[str, type] = {cls.kind: cls for cls in (
     Submit, ListJobs, ShowJob, OpenLog, ExportScript, Wait, Cancel, Hold, Release, Requeue, Update,
-    SetPolicy, GetPolicy, NodeInfoRequest, Stop)}
+    SetPolicy, GetPolicy, NodeInfoRequest, Stop, Drain, ResumeDevices)}
 ANSWERS: dict[str, type] = {cls.kind: cls for cls in (
     WaitOver, Submitted, Jobs, LogFile, Script, Report, PolicyInfo, NodeInfo, Done, Error)}
 

@@ -105,18 +105,19 @@ def test_jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, home, t
     over_script = tmp_path / "over.sbatch"
     over_script.write_text(gq_ok("export", "slurm", str(over)))
     over_id = slurm.sbatch(over_script, cwd=tmp_path)
+    submitted = []
     for name, result in exported.items():
         script = tmp_path / f"{name}.sbatch"
         script.write_text(result.out)
-        slurm.wait_done(slurm.sbatch(script, cwd=tmp_path))
-    assert slurm.wait_done(over_id)[0][1] in ("OUT_OF_MEMORY", "FAILED", "CANCELLED")
+        submitted.append(slurm.sbatch(script, cwd=tmp_path))
     chain = gq("export", "slurm", str(third), str(first), str(second))
     assert chain.code == 0, chain.err
     (tmp_path / "chain.sh").write_text(chain.out)
     ran = slurm.run("bash", str(tmp_path / "chain.sh"), cwd=tmp_path)
     slurm_ids = re.findall(r"\d+", ran.stdout.split("are Slurm jobs")[1])
-    for slurm_id in slurm_ids:
+    for slurm_id in [*submitted, *slurm_ids]:
         slurm.wait_done(slurm_id)
+    assert slurm.wait_done(over_id)[0][1] in ("OUT_OF_MEMORY", "FAILED", "CANCELLED")
     on_slurm = {
         "array": _outputs(spaced, r"arr-\d+_(\d)\.out"),
         "venv": _outputs(project, r"(venv)-\d+\.out"),
@@ -150,12 +151,14 @@ CLUSTER_SCRIPTS = {
         "#!/bin/bash\n#SBATCH -J cpu -c 2 --mem-per-cpu=200M -t 5 -o %x-%j.out\n"
         '#SBATCH --partition=debug --account=lab --mail-type=END\n'
         'echo "cpus=$SLURM_CPUS_PER_TASK gpus=${CUDA_VISIBLE_DEVICES:-none}"\n'),
-    # Checkpoints when warned before its time limit (Slurm may warn up to a minute early).
+    # Resumable: requeued on a node failure, warned before its limit (which it does not
+    # reach here: Slurm may send the warning only at its next half-minute check).
     "resume.sbatch": (
-        "#!/bin/bash\n#SBATCH -J resume --requeue --signal=B:USR1@57 -t 1 -o %x-%j.out\n"
-        "trap 'echo \"checkpointed on USR1, restarts=${SLURM_RESTART_COUNT:-0}\"; exit 0' USR1\n"
-        "for i in $(seq 1 250); do sleep 0.2; done\n"
-        'echo "never warned"\n'),
+        "#!/bin/bash\n#SBATCH -J resume --requeue --signal=B:USR1@30 -t 2 -o %x-%j.out\n"
+        "trap 'echo \"checkpointed on USR1\"; exit 0' USR1\n"
+        "start=$(cat ckpt 2>/dev/null || echo 0)\n"
+        "for i in $(seq $start 4); do sleep 0.1; done\n"
+        'echo "steps $start-4, restarts=${SLURM_RESTART_COUNT:-0}"\n'),
 }
 TRAIN = ("import os, sys\n"
          "print('train', sys.argv[1:], 'proc', os.environ['SLURM_PROCID'], 'of',\n"

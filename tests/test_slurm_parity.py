@@ -344,3 +344,31 @@ def test_retries_pinning_and_a_begin_time_moved_to_now(home, tmp_path):
         assert result.code == 2 and words in result.err, (args, result.err)
     result = gq("update", str(retried), "--begin", "now+1hour")
     assert result.code == 2 and "only a pending job can be renamed or given a begin" in result.err
+
+
+def test_drain_stops_new_jobs_on_the_node_or_a_device_and_resume_undoes_it(home, tmp_path):
+    DaemonControl(home).start("--cpu-devices", "2")
+    go = tmp_path / "go"
+    held = write_script(tmp_path / "held.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n")
+    running = submit(str(held))
+    wait_state(running, "RUNNING")
+    assert "Draining the node (maintenance)" in gq_ok("drain", "--reason", "maintenance")
+    queued = submit(str(held))
+    waiting = wait_for(lambda: job(queued)["reason"] and job(queued), 10, what="a reason")
+    assert waiting["reason"] == "ReqNodeNotAvail: draining (maintenance)"
+    assert "node: draining (maintenance)" in gq_ok("info")
+    assert job(running)["state"] == "RUNNING"  # what runs goes on
+    gq_ok("resume")
+    wait_state(queued, "RUNNING")
+    gq_ok("drain", "cpu0", "cpu1", "--reason", "fan")
+    pinned = submit("-w", "cpu1", str(held))
+    wait_for(lambda: job(pinned)["reason"] == "ReqNodeNotAvail: draining (fan)", 10,
+             what="the device's drain reason")
+    assert "draining (fan); no new job starts here; 'gq resume cpu1'" in gq_ok("info")
+    gq_ok("resume", "cpu1")
+    wait_state(pinned, "RUNNING")
+    result = gq("drain", "gpu9")
+    assert result.code == 2 and "no device gpu9 on this node" in result.err
+    go.touch()
+    for job_id in (running, queued, pinned):
+        wait_state(job_id, "COMPLETED", timeout=20)

@@ -63,3 +63,19 @@ def update(
         validation.job_name(name)
     print_report(ask(messages.Update(labels(job_ids), priority=priority, time_limit=limit,
                                      name=name, begin=when)))
+
+
+def drain(
+    devices: Optional[list[str]] = typer.Argument(None, metavar="DEVICE", help="Devices to drain (as 'gq info' names them) [the whole node]."),
+    reason: Optional[str] = typer.Option(None, "--reason", metavar="TEXT", help="Why, shown in 'gq info' and pending jobs' REASON."),
+) -> None:
+    """Admit no new job to the node, or to some devices (like scontrol update
+    state=drain); running and resident jobs go on. Operators only; 'gq resume' undoes it."""
+    typer.echo(ask(messages.Drain(list(devices or []), reason=reason)).message)
+
+
+def resume(
+    targets: Optional[list[str]] = typer.Argument(None, metavar="DEVICE", help="Devices to resume [the node and every device]."),
+) -> None:
+    """Undo 'gq drain': jobs start on the node (or those devices) again. Operators only."""
+    typer.echo(ask(messages.ResumeDevices(list(targets or []))).message)

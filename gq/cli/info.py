@@ -36,6 +36,9 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
         typer.echo(_limits(node.limits))
     if node.note:
         typer.echo(node.note)
+    if "*" in node.drained:
+        typer.echo(render.printable(f"node: draining ({node.drained['*']}); no new job starts; "
+                                    "'gq resume' undoes it"))
     for device in node.devices:
         free = ("now" if not device.residents else "unknown (a job has no time limit)"
                 if device.free_at is None else render.short_time(device.free_at))
@@ -47,6 +50,9 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
             typer.echo(f"  now: {_figures(device.reading)}")
         if device.held:
             typer.echo(f"  guard: {device.held}; no new job starts here")
+        if device.name in node.drained:
+            typer.echo(render.printable(f"  draining ({node.drained[device.name]}); no new job "
+                                        f"starts here; 'gq resume {device.name}' undoes it"))
         for job in device.jobs:
             lane = "holds" if job.holds_lane else "waits for"
             typer.echo(render.printable(f"  job {job.label} ({job.name}, {job.user}) {lane} "

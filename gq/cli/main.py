@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "release": ("control", "release", False),
     "requeue": ("control", "requeue", False),
     "update": ("control", "update", False),
+    "drain": ("control", "drain", False),
+    "resume": ("control", "resume", False),
     "info": ("info", "info", False),
     "top": ("top", "top", False),
     "simulate": ("simulate", "simulate", False),

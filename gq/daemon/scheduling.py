@@ -39,6 +39,7 @@ DEPENDENCY = "Dependency"
 ARRAY_LIMIT = "JobArrayTaskLimit"
 NEVER_SATISFIED = "DependencyNeverSatisfied"
 BEGIN_TIME = "BeginTime"
+DRAINING = "ReqNodeNotAvail"
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Scheduler:
         self.policy_setting: tuple[str, str, str] | None = None  # name, fill, quantum
         self.policy = policies.make("fifo")
         self._dependencies: dict[str, dependencies.Dependency] = {}
+        self.drained: dict[str, str] = {}  # device (or the node) -> the operator's reason
         self.node_memory = psutil.virtual_memory().total
         self.node_cpus = os.cpu_count() or 1
 
@@ -83,13 +85,24 @@ class Scheduler:
                     for job_id, states in queries.run_states(session, referenced).items()}
         self.apply_policy(config)
         self._follow_running(running)
+        self.drained = dict(config[queue_settings.DRAINED])
         eligible = self._eligible(pending, late_held, needs, runs)
-        if eligible:
+        if eligible and queue_settings.NODE in self.drained:
+            self._hold_for_drain(eligible, self.drained[queue_settings.NODE])
+        elif eligible:
             array_running: dict[int, int] = {}
             for row in running:
                 if row.array_job_id is not None:
                     array_running[row.array_job_id] = array_running.get(row.array_job_id, 0) + 1
             self._admit(eligible, array_running, self._node_room(running))
+
+    def _hold_for_drain(self, eligible: list[Row], why: str) -> None:
+        """The node is drained: every job that could start waits, saying so."""
+        reason = f"{DRAINING}: draining ({why})"
+        changed = {job.id: reason for job in eligible if job.reason != reason}
+        if changed:
+            with self.db.write() as session:
+                transitions.set_pending_reasons(session, changed)
 
     def _parsed(self, text: str) -> dependencies.Dependency:
         """A dependency's parse, kept: the same few texts recur in every pass."""
@@ -182,6 +195,13 @@ class Scheduler:
                                               host_mem=job.host_mem or 0, cpus=job.cpus or 0))
         outcome = admission.place(requests, self.loads(), now=time.time(), node=node)
         reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
+        if self.drained:  # a job that may run only where an operator drains says so
+            every = frozenset(d.name for d in self.devices)
+            for request in requests:
+                allowed = request.only if request.only is not None else every
+                if request.job_id in reasons and allowed and allowed <= set(self.drained):
+                    why = "; ".join(sorted(set(self.drained[name] for name in allowed)))
+                    reasons[request.job_id] = f"{DRAINING}: draining ({why})"
         reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
         changed = {job_id: reason for job_id, reason in reasons.items()
                    if by_id[job_id].reason != reason}
@@ -215,8 +235,8 @@ class Scheduler:
         lanes = self.capacity.lanes
         for device in self.devices:
             host = self.supervisor.hosts.get(device.name)
-            if host is None or host.draining:
-                continue  # its host is restarting, or being replaced
+            if host is None or host.draining or device.name in self.drained:
+                continue  # its host is restarting, or being replaced; or an operator drains it
             reading = self.monitor.readings.get(device.name)
             outside = reading.external_memory // lanes if reading is not None else 0
             loads[device.name] = admission.DeviceLoad(

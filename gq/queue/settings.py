@@ -13,8 +13,10 @@ POLICY = "policy"
 FILL = "fill"
 QUANTUM = "quantum"
 DAEMON = "daemon"  # pid, start time, devices: written by the running daemon for `gq info`
+DRAINED = "drained"  # device name (or NODE for all of them) -> the operator's reason
+NODE = "*"
 
-DEFAULTS: dict[str, Any] = {POLICY: "fifo", FILL: "always", QUANTUM: "100ms"}
+DEFAULTS: dict[str, Any] = {POLICY: "fifo", FILL: "always", QUANTUM: "100ms", DRAINED: {}}
 
 
 def get(session: Session, key: str) -> Any:

@@ -76,6 +76,8 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     messages.OpenLog: query.open_log,
     messages.ExportScript: query.export,
     messages.Wait: query.wait,
+    messages.Drain: node.drain,
+    messages.ResumeDevices: node.resume_devices,
     messages.Cancel: control.cancel,
     messages.Hold: control.hold,
     messages.Release: control.release,
@@ -86,7 +88,8 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     messages.NodeInfoRequest: node.info,
     messages.Stop: node.stop,
 }
-OPERATORS_ONLY = {messages.SetPolicy: "change the policy", messages.Stop: "stop the daemon"}
+OPERATORS_ONLY = {messages.SetPolicy: "change the policy", messages.Stop: "stop the daemon",
+                  messages.Drain: "drain devices", messages.ResumeDevices: "resume devices"}
 
 
 def dispatch(daemon: NodeView, caller: Caller,

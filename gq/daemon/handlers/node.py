@@ -7,7 +7,7 @@ import os
 import pwd
 from typing import TYPE_CHECKING
 
-from gq import defaults, messages, policies
+from gq import defaults, messages, policies, validation
 from gq.daemon.access import Caller
 from gq.daemon.handlers.common import job_info
 from gq.errors import UserError
@@ -37,6 +37,42 @@ def set_policy(daemon: NodeView, caller: Caller, request: messages.SetPolicy) ->
     daemon.rescan()
     return messages.Done(f"Policy set to "
                          f"{policies.label(request.name, request.fill, request.quantum)}")
+
+
+def drain(daemon: NodeView, caller: Caller, request: messages.Drain) -> messages.Done:
+    """No new job is admitted to the devices (or the node); running and resident jobs go on."""
+    names = _device_names(daemon, request.devices)
+    reason = validation.text(request.reason or "drained by an operator", "--reason", 200)
+    if not reason.isprintable():
+        raise UserError("--reason must be printable text on one line")
+    with daemon.db.write() as session:
+        drained = dict(settings.get(session, settings.DRAINED))
+        drained.update({name: reason for name in names or [settings.NODE]})
+        settings.put(session, settings.DRAINED, drained)
+    daemon.rescan()
+    return messages.Done(f"Draining {', '.join(names) or 'the node'} ({reason}): no new job "
+                         "starts there; running jobs go on")
+
+
+def resume_devices(daemon: NodeView, caller: Caller,
+                   request: messages.ResumeDevices) -> messages.Done:
+    names = _device_names(daemon, request.devices)
+    with daemon.db.write() as session:
+        drained = dict(settings.get(session, settings.DRAINED))
+        for name in names or list(drained):
+            drained.pop(name, None)
+        settings.put(session, settings.DRAINED, drained)
+    daemon.rescan()
+    return messages.Done(f"Resumed {', '.join(names) or 'the node'}: jobs start there again")
+
+
+def _device_names(daemon: NodeView, names: list[str]) -> list[str]:
+    known = {d.name for d in daemon.devices}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UserError(f"no device {', '.join(n[:40] for n in unknown)} on this node (its "
+                        f"devices: {', '.join(sorted(known))})")
+    return list(dict.fromkeys(names))
 
 
 def get_policy(daemon: NodeView, caller: Caller, request: messages.GetPolicy) -> messages.PolicyInfo:
@@ -72,7 +108,8 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
         quantum=config[settings.QUANTUM], note=daemon.device_note,
         devices=devices,
         operators=_operators(daemon), priority_cap=rules.priority_cap,
-        options=daemon.options.to_argv(), limits=_limits(daemon))
+        options=daemon.options.to_argv(), limits=_limits(daemon),
+        drained=dict(config[settings.DRAINED]))
 
 
 def _finite(seconds: float) -> float | None:
