@@ -215,6 +215,7 @@ class ListJobs:
     kind: ClassVar[str] = "list"
     states: Annotated[list[Name], MaxLen(16)] | None = None
     users: Annotated[list[Name], MaxLen(1024)] | None = None
+    ended_since: Timestamp | None = None  # history --since: jobs that ended since then
 
 
 @dataclass

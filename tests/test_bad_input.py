@@ -92,7 +92,7 @@ def test_binary_script(home, tmp_path):
 
 
 def test_missing_script_argument(home):
-    assert_refused(gq("submit"), "Missing")
+    assert_refused(gq("submit"), "give the script to run (or --wrap CMD")
     assert_nothing_written(home)
 
 

@@ -163,3 +163,30 @@ def test_another_interpreter_gets_gq_and_none_of_the_daemons_packages(daemon, tm
     from gq import __version__
 
     assert (tmp_path / f"gq-{job_id}.out").read_text() == f"gq {__version__} typer False\n"
+
+
+def test_squeue_formats_and_sort_keys():
+    from dataclasses import replace
+
+    from gq.cli import formats
+    from gq.errors import UserError
+    from gq.messages import JobInfo
+
+    base = JobInfo(id=1, label="1", name="train", user="ann", uid=1, state="RUNNING",
+                   reason=None, priority=1, gpus=1, mem=None, time_limit=3600, deadline=None,
+                   steps_total=None, exclusive=False, requeue=False, dependency=None,
+                   held=False, array_job_id=None, array_task_id=None, array_max_running=None,
+                   script=None, args=None, workdir=None, stdout=None, stderr=None,
+                   device="gpu0", lane=0, pid=None, submit_time=1.0, start_time=None,
+                   end_time=None, exit_code=None, run_count=1, steps_done=0, attained=0.0,
+                   mean_iteration=None, mem_persistent=None, mem_peak=None, holds_lane=False)
+    jobs = [base, replace(base, id=2, label="2", name="eval", priority=5, state="PENDING",
+                          device=None), replace(base, id=3, label="3", priority=5)]
+    ordered = formats.sort("-p,-i", jobs)
+    assert [job.id for job in ordered] == [3, 2, 1]
+    text = formats.table("%.4i %-6j %t %l|%N", [(j.label, j, "Resources") for j in ordered])
+    assert text.splitlines() == ["JOBI NAME   ST TIME_LIMIT|DEVICE", "   3 train  R 1:00:00|gpu0",
+                                 "   2 eval   PD 1:00:00|", "   1 train  R 1:00:00|gpu0"]
+    for bad in ("%z", "plain text", "-q"):
+        with pytest.raises(UserError):
+            formats.table(bad, []) if bad != "-q" else formats.sort(bad, jobs)

@@ -203,7 +203,7 @@ def test_cluster_scripts_run_under_gq_unchanged(slurm, home, tmp_path, monkeypat
     # What gq cannot do as Slurm would is said, one line each; nothing else.
     assert submitted["train.sbatch"].err == ""
     assert submitted["cpu.sbatch"].err.count("ignored") == 3
-    assert submitted["resume.sbatch"].err == ""
+    assert "asks for no GPU, so it runs with -G 0" in submitted["resume.sbatch"].err
     for name, result in submitted.items():
         info = wait_state(int(result.out), "COMPLETED", "FAILED", timeout=90)
         assert info["state"] == "COMPLETED", (name, info, gq_ok("logs", result.out.strip()))

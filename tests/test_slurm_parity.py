@@ -272,8 +272,8 @@ def test_signal_before_the_time_limit_reaches_the_batch_shell_or_its_steps(daemo
         "trap 'echo warned; exit 0' USR1\n"
         "for i in $(seq 1 300); do sleep 0.1; done\necho never\n"))
     step = write_script(tmp_path / "step.sh", (
-        f"srun -n 2 {sys.executable} -c \"import signal, sys, time\n"
-        "signal.signal(signal.SIGUSR2, lambda *a: (print('step warned', flush=True), "
+        f"srun -n 2 {sys.executable} -c \"import os, signal, sys, time\n"
+        "signal.signal(signal.SIGUSR2, lambda *a: (os.write(1, b'step warned\\\\n'), "
         "sys.exit(0)))\n"
         "time.sleep(30)\"\n"
         "echo \"shell lived on: $?\"\n"))

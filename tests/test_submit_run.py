@@ -194,6 +194,8 @@ def test_status_filters_and_json_fields(daemon, tmp_path):
     assert json.loads(gq_ok("status", "--json", "--user", "nobody-else")) == []
     text = gq_ok("status")
     assert "waiting" in text and " PD " in text and " R " in text
+    assert gq_ok("status", "-S", "-i", "-o", "%i:%t:%R").splitlines() == [
+        "JOBID:ST:REASON", f"{pending}:PD:Resources", f"{running}:R:"]
     gq_ok("cancel", str(running), str(pending))
     wait_state(running, "CANCELLED")
 
@@ -210,6 +212,9 @@ def test_history_reports_wait_run_and_jct(daemon, tmp_path):
     assert row["jct"] >= row["run_time"]
     assert abs(row["jct"] - (row["wait_time"] + row["run_time"])) < 0.05
     assert str(job_id) in gq_ok("history")
+    assert [r["id"] for r in json.loads(gq_ok("history", "--json", "--since", "1hour"))] == [
+        job_id]
+    assert json.loads(gq_ok("history", "--json", "--since", "2099-01-01")) == []
 
 
 def test_show_has_state_history(daemon, tmp_path):

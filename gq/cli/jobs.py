@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import time
@@ -11,10 +12,11 @@ from typing import Optional
 import typer
 
 from gq import messages
-from gq.cli import render
+from gq.cli import formats, render
 from gq.cli.common import ask, labels
 from gq.errors import UserError
 from gq.queue.states import ACTIVE, TERMINAL, JobState
+from gq.units import parse_period, parse_when
 
 STATUS_HELP = """List pending and running jobs (like squeue).
 
@@ -46,19 +48,27 @@ def status(
     json_out: bool = typer.Option(False, "--json", help="Print JSON objects."),
     user: Optional[list[str]] = typer.Option(None, "-u", "--user", metavar="USER", help="Only these users' jobs."),
     state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these states (PD, R, CD, ...; comma-separated)."),
+    format_spec: Optional[str] = typer.Option(None, "-o", "--format", metavar="FORMAT", help="Columns as squeue's: '%.18i %.9P %.8j %.8u %.2t %.10M %R' (also GQ_STATUS_FORMAT)."),
+    sort_spec: Optional[str] = typer.Option(None, "-S", "--sort", metavar="KEYS", help="Order by squeue's keys: -p,i (priority down, then id)."),
 ) -> None:
     states = _states(state) or (None if all_jobs else sorted(ACTIVE))
     answer = ask(messages.ListJobs(states=None if states is None else [s.value for s in states],
                                    users=user or None))
     _note_stale(answer)
+    jobs = formats.sort(sort_spec, answer.jobs) if sort_spec else answer.jobs
     if json_out:
-        typer.echo(render.dumps([render.job_json(j) for j in answer.jobs]))
+        typer.echo(render.dumps([render.job_json(j) for j in jobs]))
+        return
+    format_spec = format_spec or os.environ.get("GQ_STATUS_FORMAT")
+    if format_spec:
+        typer.echo(formats.table(format_spec, [(label, job, _reason(job)) for label, job
+                                               in _fold_pending_arrays(jobs)]))
         return
     now = time.time()
     rows = [[label, job.name, job.user, render.state_label(job),
              render.duration(render.elapsed(job, now)), job.device or "-",
              render.lane_state(job), render.progress(job), _reason(job)]
-            for label, job in _fold_pending_arrays(answer.jobs)]
+            for label, job in _fold_pending_arrays(jobs)]
     typer.echo(render.table(["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE",
                              "PROGRESS", "REASON"], rows))
 
@@ -186,6 +196,7 @@ def history(
     user: Optional[list[str]] = typer.Option(None, "-u", "--user", metavar="USER", help="Only these users' jobs."),
     state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these end states."),
     csv_out: bool = typer.Option(False, "--csv", help="Print a trace for 'gq simulate'."),
+    since: Optional[str] = typer.Option(None, "-S", "--since", metavar="WHEN", help="Only jobs that ended since then: 2days, 12hours (ago), or a time as --begin takes it."),
 ) -> None:
     """Finished jobs (like sacct): wait time, run time, JCT, exit code, and what each
     measured: iterations per second, the share of its lane it held, peak memory.
@@ -193,7 +204,8 @@ def history(
     --csv writes gq's trace layout, so 'gq simulate --trace' can replay the jobs.
     """
     states = _states(state) or sorted(TERMINAL)
-    answer = ask(messages.ListJobs(states=[s.value for s in states], users=user or None))
+    answer = ask(messages.ListJobs(states=[s.value for s in states], users=user or None,
+                                   ended_since=_since(since) if since is not None else None))
     if csv_out:
         _write_trace(answer.jobs)
         return
@@ -217,6 +229,15 @@ def history(
     typer.echo(render.table(["JOBID", "NAME", "USER", "STATE", "EXIT", "WAIT", "RUN", "JCT",
                              "IT/S", "SHARE", "PEAK MEM", "END", "MISSED BY"], rows))
     _note_reach(answer)
+
+
+def _since(text: str) -> float:
+    """--since as a time: a period ago (2days, 12hours), else a time (16:00 today, ISO)."""
+    now = time.time()
+    if re.fullmatch(r"\s*\d+(\.\d+)?\s*[a-z]+\s*", text.lower()):
+        return now - parse_period(text)
+    when = parse_when(text, now, "--since")
+    return when - 86400 if when > now else when  # 16:00 means today's, once passed
 
 
 def _note_reach(answer: messages.Jobs) -> None:

@@ -194,6 +194,8 @@ def _parse_directive(ctx: typer.Context, tokens: list[str], script: Path, line: 
     if parsed.params.get("args"):
         raise UserError(f"{where}: malformed {prefix} directive: unexpected "
                         f"{' '.join(parsed.params['args'])!r}")
+    if parsed.params.get("script") != str(script):  # the last option took it as its value
+        raise UserError(f"{where}: malformed {prefix} directive: {tokens[-1]} needs a value")
     return {name: value for name, value in parsed.params.items()
             if name != "script" and parsed.get_parameter_source(name).name == "COMMANDLINE"}
 

@@ -36,7 +36,8 @@ from gq.exec import cgroups
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
-from gq.exec.spawn import JobProcess, group_members, kill_group, start_as_submitter
+from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
+                           start_as_submitter)
 from gq.policies.base import JobView, anticipation_window
 from gq.queue import spool
 from gq.wakeup import received, signal_socket
@@ -718,12 +719,14 @@ class Host:
 
     def _warn(self, resident: Resident, signum: int, _before: int, main_only: bool) -> None:
         """sbatch's --signal: to the job's main process (B:), or to every other process of
-        the job (what srun started), as Slurm sends it to the steps and not the batch shell."""
+        the job (what srun started), as Slurm sends it to the steps and not the batch shell,
+        nor srun (gq's srun passes it on to its tasks: they get it once)."""
         main = resident.process.pid
         others = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
         if not others:  # no cgroup: its process group
             others = group_members(main)
-        targets = {main} if main_only else others - {main}
+        targets = {main} if main_only else {pid for pid in others - {main}
+                                             if not is_srun_shim(pid)}
         log.info("job %d: signal %d before its time limit to %s", resident.job_id, signum,
                  "its main process" if main_only else f"{len(targets)} process(es)")
         for pid in targets:

@@ -365,6 +365,15 @@ def group_members(pgid: int) -> set[int]:
     return members
 
 
+def is_srun_shim(pid: int) -> bool:
+    """Whether the process runs gq's srun (the kernel names a script's process after it)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as handle:
+            return handle.read().strip() == b"srun"
+    except OSError:
+        return False
+
+
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL the calling process when its parent dies."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

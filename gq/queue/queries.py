@@ -22,9 +22,9 @@ def chunks(values: Sequence[int]) -> Iterable[list[int]]:
 def jobs(session: Session, *, states: Iterable[JobState] | None = None,
          users: Iterable[str] | None = None, names: Iterable[str] | None = None,
          ids: Iterable[int] | None = None, held: bool | None = None,
-         payloads: bool = True) -> Sequence[Job]:
-    """Jobs by id, filtered; ``payloads=False`` leaves their arguments unread (the
-    scheduling pass needs none)."""
+         payloads: bool = True, ended_since: float | None = None) -> Sequence[Job]:
+    """Jobs by id, filtered (``ended_since``: those that ended since then); ``payloads=False``
+    leaves their arguments unread (the scheduling pass needs none)."""
     query = select(Job).order_by(Job.id)
     if not payloads:
         query = query.options(noload(Job.payload))
@@ -36,6 +36,8 @@ def jobs(session: Session, *, states: Iterable[JobState] | None = None,
         query = query.where(Job.name.in_(list(names)))
     if held is not None:
         query = query.where(Job.held.is_(held))
+    if ended_since is not None:
+        query = query.where(Job.end_time >= ended_since)
     if ids is None:
         return session.scalars(query).all()
     found: list[Job] = []

@@ -27,7 +27,8 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
     """Anyone may list the queue, as squeue lets them."""
     states = None if request.states is None else [JobState.parse(s) for s in request.states]
     with daemon.db.read() as session:
-        jobs = queries.jobs(session, states=states, users=request.users, payloads=False)
+        jobs = queries.jobs(session, states=states, users=request.users, payloads=False,
+                            ended_since=request.ended_since)
         kept_since = (queries.oldest_end(session) if states is None or any(
             state.terminal for state in states) else None)
         return messages.Jobs([job_info(job, detail=False) for job in jobs],
