@@ -288,6 +288,12 @@ class Update:
     time_limit: TimeLimit | None = None
     name: Name | None = None
     begin: Timestamp | None = None  # pending jobs: not started before
+    # Pending jobs only (their script snapshot stays), as pueue edit:
+    args: Args | None = None  # the script's arguments, every task of an array at once
+    workdir: Path | None = None  # absolute
+    output: Path | None = None  # patterns, %j and the like filled in again
+    error: Path | None = None
+    dependency: Text | None = None  # "" removes it
 
 
 @dataclass

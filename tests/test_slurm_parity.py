@@ -141,8 +141,36 @@ def test_update_pending_and_running_jobs(daemon, tmp_path):
     info = wait_state(running, "TIMEOUT", timeout=15)
     assert info["time_limit"] == 1
     result = gq("update", str(running), "-J", "late")
-    assert result.code == 2 and "only a pending job can be renamed" in result.err
+    assert result.code == 2 and "only a pending job can have its name changed" in result.err
     gq_ok("cancel", str(pending))
+
+
+def test_a_pending_jobs_command_line_is_edited_and_its_snapshot_stays(daemon, tmp_path):
+    """As pueue edit: arguments, directory, outputs and dependency of a pending job."""
+    script = write_script(tmp_path / "e.sh", 'echo "args: $*; in $(pwd)"\n')
+    other = tmp_path / "other dir"
+    other.mkdir()
+    first = submit("--hold", str(script), "old")
+    array = submit("--hold", "--array", "0-1", "-o", "arr-%a.out", str(script), "x")
+    assert gq_ok("update", str(first), "--args", "--lr '3 e'", "-D", str(other), "-o",
+                 "%x-%j.txt", "-d", f"afterok:{array}").strip() == f"Updated job {first}"
+    refused = gq("update", f"{array}_1", "--args", "y")
+    assert refused.code == 2 and "shares its arguments with the rest of its array" in refused.err
+    gq_ok("update", str(array), "--args", "y z")
+    script.write_text("echo edited\n")  # the snapshot stays as submitted
+    gq_ok("release", str(first), str(array))
+    wait_state(first, "COMPLETED", timeout=20)
+    assert (other / f"e.sh-{first}.txt").read_text() == f"args: --lr 3 e; in {other}\n"
+    assert job(first)["events"][-1]["time"] >= job(array)["end_time"]  # after its prerequisite
+    for task in (0, 1):
+        assert (tmp_path / f"arr-{task}.out").read_text() == f"args: y z; in {tmp_path}\n"
+    for args, words in ((["--args", "'open"], "invalid --args"),
+                        (["-D", str(tmp_path / "nowhere")], "is not a directory"),
+                        (["-d", "afterok:99999"], "which does not exist")):
+        result = gq("update", str(first), *args)
+        assert result.code == 2 and words in result.err, (args, result.err)
+    ended = gq("update", str(first), "--args", "q")
+    assert ended.code == 2 and "only a pending job can have its arguments changed" in ended.err
 
 
 def test_sbatch_script_runs_with_its_name_memory_and_time_limit(daemon, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import time
 from typing import Optional
 
@@ -10,6 +12,7 @@ import typer
 from gq import defaults, messages, validation
 from gq.cli.common import ask, labels, print_report
 from gq.errors import UserError
+from gq.queue import dependencies
 from gq.queue.states import JobState
 from gq.units import parse_duration, parse_when
 
@@ -49,20 +52,44 @@ def update(
     job_ids: list[str] = IDS,
     priority: Optional[int] = typer.Option(None, "--priority", help="New priority (pending or running)."),
     time_limit: Optional[str] = typer.Option(None, "-t", "--time", metavar="TIME", help="New time limit (pending or running)."),
-    name: Optional[str] = typer.Option(None, "-J", "--name", help="New name (pending jobs only)."),
-    begin: Optional[str] = typer.Option(None, "--begin", metavar="TIME", help="Start no earlier (pending jobs only): now+1hour, 16:00, now."),
+    name: Optional[str] = typer.Option(None, "-J", "--name", help="New name (pending jobs only, as the rest below)."),
+    begin: Optional[str] = typer.Option(None, "--begin", metavar="TIME", help="Start no earlier: now+1hour, 16:00, now."),
+    args: Optional[str] = typer.Option(None, "--args", metavar="ARGS", help="New arguments for the script, as a shell would split them: --args '--lr 3e-4'."),
+    chdir: Optional[str] = typer.Option(None, "-D", "--chdir", metavar="DIR", help="New working directory."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="PATTERN", help="New stdout file (%j, %x, ... as at submit)."),
+    error: Optional[str] = typer.Option(None, "-e", "--error", metavar="PATTERN", help="New stderr file."),
+    dependency: Optional[str] = typer.Option(None, "-d", "--dependency", metavar="SPEC", help="New dependency (afterok:17, ...); '' removes it."),
 ) -> None:
-    """Change a job's priority, time limit, name or begin time (like scontrol update)."""
-    if priority is None and time_limit is None and name is None and begin is None:
-        raise UserError("nothing to update: give --priority, --time, --name or --begin")
+    """Change a job's priority or time limit (pending or running), or a pending job's name,
+    begin time, arguments, directory, output files or dependency, its script staying as
+    it was submitted (like scontrol update, pueue edit)."""
+    if all(value is None for value in (priority, time_limit, name, begin, args, chdir, output,
+                                       error, dependency)):
+        raise UserError("nothing to update: give --priority, --time, --name, --begin, --args, "
+                        "--chdir, --output, --error or --dependency")
     when = parse_when(begin, time.time(), "--begin") if begin is not None else None
     limit = parse_duration(time_limit) if time_limit is not None else None
     if priority is not None:
         validation.integer(priority, "--priority", -defaults.MAX_PRIORITY, defaults.MAX_PRIORITY)
     if name is not None:
         validation.job_name(name)
+    words = None
+    if args is not None:
+        try:
+            words = shlex.split(args)
+        except ValueError as exc:
+            raise UserError(f"invalid --args {args[:60]!r}: {exc}") from None
+        validation.payload({}, words)
+    workdir = None
+    if chdir is not None:
+        workdir = os.path.abspath(chdir)
+        if not os.path.isdir(workdir):  # looked at with the caller's own rights
+            raise UserError(f"--chdir {workdir} is not a directory")
+    if dependency:
+        dependencies.parse(dependency)
     print_report(ask(messages.Update(labels(job_ids), priority=priority, time_limit=limit,
-                                     name=name, begin=when)))
+                                     name=name, begin=when, args=words, workdir=workdir,
+                                     output=output, error=error, dependency=dependency)))
 
 
 def drain(

@@ -85,6 +85,11 @@ def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple
     return found
 
 
+def payload_job_ids(session: Session, payload_id: int) -> list[int]:
+    """The jobs of one submission (one, or an array's tasks)."""
+    return list(session.scalars(select(Job.id).where(Job.payload_id == payload_id)))
+
+
 def array_task_ids(session: Session, array_job_id: int) -> list[int]:
     """The task ids of a job array, in order."""
     return list(session.scalars(select(Job.array_task_id).where(

@@ -304,28 +304,50 @@ def set_held(session: Session, job_ids: list[int], held: bool,
 
 def modify(session: Session, job_ids: list[int], *, name: str | None = None,
            priority: int | None = None, time_limit: int | None = None,
-           begin: float | None = None) -> list[int]:
-    """gq update: priority and time limit of PENDING or RUNNING jobs, the name and begin
-    time of PENDING ones (all of the given jobs must be pending then). The ids changed."""
+           begin: float | None = None, dependency: str | None = None,
+           workdir: str | None = None, pending_only: bool = False) -> list[int]:
+    """gq update: priority and time limit of PENDING or RUNNING jobs; the name, begin time,
+    dependency ("" removes it) and working directory of PENDING ones (all of the given jobs
+    must be pending then, as with ``pending_only``: what the caller changes itself). The
+    ids changed."""
     values: dict[str, Any] = {}
     states = [JobState.PENDING.value, JobState.RUNNING.value]
-    if name is not None or begin is not None:
+    of_pending = {"name": name, "begin_time": begin, "workdir": workdir,
+                  "dependency": None if dependency == "" else dependency}
+    given = {key: value for key, value in of_pending.items()
+             if value is not None or (key == "dependency" and dependency is not None)}
+    if given or pending_only:
         states = [JobState.PENDING.value]
-    if name is not None:
-        values["name"] = name
-    if begin is not None:
-        values["begin_time"] = begin
+        values.update(given)
     if priority is not None:
         values["priority"] = priority
     if time_limit is not None:
         values["time_limit"] = time_limit
     changed: list[int] = []
+    if not values:  # nothing here to change: the jobs that may be changed
+        for part in chunks(job_ids):
+            changed += session.scalars(select(Job.id).where(Job.id.in_(part),
+                                                            Job.state.in_(states)))
+        return changed
     for part in chunks(job_ids):
         result = session.execute(
             update(Job).where(Job.id.in_(part), Job.state.in_(states)).values(**values)
             .returning(Job.id).execution_options(synchronize_session=False))
         changed += [row[0] for row in result]
     return changed
+
+
+def set_args(session: Session, payload_id: int, args: list[str]) -> None:
+    """New arguments for every (pending) job of one submission."""
+    session.execute(update(Payload).where(Payload.id == payload_id).values(args=list(args)))
+
+
+def set_outputs(session: Session, paths: dict[int, tuple[str, str, str, str]]) -> None:
+    """Each PENDING job's output and error patterns and the paths filled in from them."""
+    session.execute(update(Job), [
+        {"id": job_id, "output_pattern": output, "error_pattern": error,
+         "stdout_path": stdout, "stderr_path": stderr}
+        for job_id, (output, error, stdout, stderr) in paths.items()])
 
 
 @dataclass(frozen=True)

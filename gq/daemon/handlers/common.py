@@ -1,14 +1,19 @@
-"""What the handlers share: naming jobs by label, and a job as clients see it."""
+"""What the handlers share: naming jobs by label, a job as clients see it, and output
+patterns made paths."""
 
 from __future__ import annotations
 
+import os
+import re
+
 from sqlalchemy.orm import Session
 
-from gq import messages
+from gq import defaults, messages
 from gq.errors import UserError
-from gq.queue import queries
+from gq.queue import dependencies, queries
 from gq.queue.arrays import parse_label
 from gq.queue.models import Job, JobEvent
+from gq.slurm.environment import node_name
 
 
 def resolve(session: Session, label: str) -> list[Job]:
@@ -74,3 +79,45 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         interpreter=job.interpreter if detail else None, warn_signal=job.warn_signal,
         nodelist=job.nodelist, retries=job.retries, retry_delay=job.retry_delay,
         retries_left=job.retries_left, ntasks=job.ntasks)
+
+
+_CODE = re.compile(r"%%|%(\d?)([jxuNntAa])")
+
+
+def output_resolver(name: str, user: str, workdir: str):
+    """Fill in %j (job id), %x (name), %u (user), %N (node), %A (array id), %a (task), and
+    %n, %t (node and task number: 0 on one node) for one row, in one pass (a name holding
+    "%a" stays as it is); a digit zero-pads a number, as in sbatch's %4a."""
+    node = node_name()
+
+    def resolve(pattern: str, job_id: int, array_id: int | None, task: int | None) -> str:
+        values = {"j": job_id, "x": name, "u": user, "N": node, "n": 0, "t": 0,
+                  "A": array_id if array_id is not None else job_id,
+                  "a": task if task is not None else 0}
+
+        def fill(code: re.Match) -> str:
+            if code.group(0) == "%%":
+                return "%"
+            value = values[code.group(2)]
+            width = int(code.group(1) or 0) if isinstance(value, int) else 0
+            return str(value).zfill(width)
+
+        path = os.path.join(workdir, _CODE.sub(fill, pattern))
+        if len(path) > defaults.MAX_PATH:
+            raise UserError(f"output path {pattern[:60]!r} is {len(path)} characters long once "
+                            f"%j, %x, %u, %N, %A and %a are filled in, over gq's limit of "
+                            f"{defaults.MAX_PATH}; give a shorter -o/-e")
+        return path
+
+    return resolve
+
+
+def check_dependency(session: Session, text: str | None) -> None:
+    """Every job a dependency names exists (or existed: its row is kept)."""
+    if text is None:
+        return
+    runs = queries.runs_of(session, dependencies.parse(text).job_ids)
+    missing = sorted(job_id for job_id, found in runs.items() if not found)
+    if missing:
+        raise UserError(f"dependency on job {', '.join(map(str, missing))}, which does not exist "
+                        "(see 'gq status --all')")

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
-from gq import messages, validation
+from gq import defaults, messages, validation
 from gq.daemon.access import Caller, check_may_act, check_may_raise
-from gq.daemon.handlers.common import resolve_all
+from gq.daemon.handlers.common import check_dependency, output_resolver, resolve_all
 from gq.errors import Refused, UserError
 from gq.messages import REFUSED, WARNING, Line
-from gq.queue import queries, transitions
+from gq.queue import dependencies, queries, transitions
 from gq.queue.models import Job
 from gq.queue.states import JobState
 
@@ -157,14 +157,19 @@ def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> mess
 
 
 def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messages.Report:
-    """Priority and time limit of pending or running jobs; the name of pending ones. Only
-    operators raise a limit or a priority (a user may lower their own): a job backfilled on
-    a short limit keeps the promise it was admitted on."""
-    if request.priority is None and request.time_limit is None and request.name is None \
-            and request.begin is None:
-        raise UserError("nothing to update: give --priority, --time, --name or --begin")
+    """Priority and time limit of pending or running jobs; name, begin time, arguments,
+    working directory, output paths and dependency of pending ones (the script snapshot
+    stays, as pueue edit keeps it). Only operators raise a limit or a priority (a user may
+    lower their own): a job backfilled on a short limit keeps the promise it was admitted on."""
+    edits = [key for key in _PENDING_ONLY if getattr(request, key) is not None]
+    if request.priority is None and request.time_limit is None and not edits:
+        raise UserError("nothing to update: give --priority, --time, --name, --begin, --args, "
+                        "--chdir, --output, --error or --dependency")
     if request.name is not None:
         validation.job_name(request.name)
+    if request.workdir is not None and not request.workdir.startswith("/"):
+        raise UserError("the working directory must be an absolute path")
+    dependency = _dependency(request.dependency)
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "update")
         for job in jobs:
@@ -174,11 +179,70 @@ def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messag
             if request.time_limit is not None:
                 check_may_raise(daemon.rules, caller, "--time", request.time_limit,
                                 job.time_limit, job.label)
-        changed = transitions.modify(session, [job.id for job in jobs], name=request.name,
-                                     priority=request.priority, time_limit=request.time_limit,
-                                     begin=request.begin)
-    failure = ("job {label} is {state}; only a pending job can be renamed or given a begin "
-               "time" if request.name is not None or request.begin is not None else
+        if dependency:
+            check_dependency(session, dependency)
+        if request.args is not None:
+            _check_whole_payloads(session, jobs)
+        changed = set(transitions.modify(
+            session, [job.id for job in jobs], name=request.name, priority=request.priority,
+            time_limit=request.time_limit, begin=request.begin, dependency=dependency,
+            workdir=request.workdir, pending_only=bool(edits)))
+        pending = [job for job in jobs if job.id in changed]
+        if request.args is not None:
+            _set_args(session, pending, list(request.args))
+        if request.output is not None or request.error is not None or \
+                request.workdir is not None:
+            _set_outputs(session, pending, request)
+    failure = ("job {label} is {state}; only a pending job can have its "
+               f"{', '.join(_PENDING_ONLY[key] for key in edits)} changed" if edits else
                "job {label} is {state}; only pending or running jobs can be updated")
     daemon.rescan()
-    return messages.Report(_outcome(jobs, changed, "Updated job {label}", failure))
+    return messages.Report(_outcome(jobs, list(changed), "Updated job {label}", failure))
+
+
+_PENDING_ONLY = {"name": "name", "begin": "begin time", "args": "arguments",
+                 "workdir": "working directory", "output": "output", "error": "error output",
+                 "dependency": "dependency"}
+
+
+def _dependency(text: str | None) -> str | None:
+    """The new dependency in sbatch's spelling; "" to remove it; None: unchanged."""
+    if text is None:
+        return None
+    return str(dependencies.parse(text)) if text.strip() else ""
+
+
+def _check_whole_payloads(session: Session, jobs: list[Job]) -> None:
+    """New arguments go to every job that shares them (an array's tasks), or to none."""
+    named = {job.id for job in jobs}
+    for payload_id in {job.payload_id for job in jobs}:
+        if not set(queries.payload_job_ids(session, payload_id)) <= named:
+            label = next(job.label for job in jobs if job.payload_id == payload_id)
+            raise UserError(f"job {label} shares its arguments with the rest of its array; "
+                            "give the array's id to update them all")
+
+
+def _set_args(session: Session, jobs: list[Job], args: list[str]) -> None:
+    for payload_id in {job.payload_id for job in jobs}:
+        validation.payload(queries.payload(session, payload_id).env, args)
+        transitions.set_args(session, payload_id, args)
+
+
+def _set_outputs(session: Session, jobs: list[Job], request: messages.Update) -> None:
+    """Output paths filled in again for each job, as at submit (%j, %x, %A_%a, ...): from
+    new patterns, or the old ones in a new working directory."""
+    for flag, value in (("--output", request.output), ("--error", request.error)):
+        if value is not None:
+            validation.text(value, f"{flag} {value[:60]!r}", defaults.MAX_PATH)
+    paths = {}
+    for job in jobs:
+        workdir = request.workdir or job.workdir
+        resolve = output_resolver(job.name, job.user, workdir)
+        output = request.output or job.output_pattern
+        error = request.error or (job.error_pattern if request.output is None else output)
+        if output is None or error is None:  # a job from before patterns were kept
+            continue
+        paths[job.id] = (output, error,
+                         resolve(output, job.id, job.array_job_id, job.array_task_id),
+                         resolve(error, job.id, job.array_job_id, job.array_task_id))
+    transitions.set_outputs(session, paths)

@@ -8,7 +8,6 @@ rights: the daemon never opens the user's path (no confused deputy).
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
@@ -18,10 +17,10 @@ import psutil
 from gq import defaults, messages, validation
 from gq.daemon import devices as devices_mod
 from gq.daemon.access import Caller, check_priority
+from gq.daemon.handlers.common import check_dependency, output_resolver
 from gq.daemon.devices import gpu_capacity
 from gq.errors import Refused, UserError
 from gq.queue import arrays, dependencies, queries, spool, transitions
-from gq.slurm.environment import node_name
 from gq.slurm.options import GPU_TYPE, parse_signal
 from gq.units import format_size
 
@@ -38,13 +37,14 @@ def submit(daemon: NodeView, caller: Caller, request: messages.Submit) -> messag
     new = _validate(daemon, caller, request)
     script = PurePosixPath(request.script_path)
     with daemon.db.read() as session:
-        _check_dependency(session, new.dependency)
+        check_dependency(session, new.dependency)
         _check_pending_limit(daemon, session, caller, len(new.array_tasks or (None,)))
     job_id = None
     try:
         with daemon.db.write() as session:
             dropped = _make_room_in_spool(daemon, session, caller, new.spool_bytes)
-            job_ids = transitions.submit(session, new, _output_resolver(new))
+            job_ids = transitions.submit(session, new,
+                                         output_resolver(new.name, new.user, new.workdir))
             job_id = job_ids[0]  # an array's id is its first task's
             snapshot = spool.snapshot(daemon.home, job_id, script.name, request.script)
             transitions.set_spool_path(session, job_ids, str(snapshot))
@@ -215,44 +215,3 @@ def _local(timestamp: float) -> str:
     from datetime import datetime
 
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%dT%H:%M:%S")
-
-
-def _check_dependency(session, text: str | None) -> None:
-    if text is None:
-        return
-    runs = queries.runs_of(session, dependencies.parse(text).job_ids)
-    missing = sorted(job_id for job_id, found in runs.items() if not found)
-    if missing:
-        raise UserError(f"dependency on job {', '.join(map(str, missing))}, which does not exist "
-                        "(see 'gq status --all')")
-
-
-_CODE = re.compile(r"%%|%(\d?)([jxuNntAa])")
-
-
-def _output_resolver(new: transitions.NewJob):
-    """Fill in %j (job id), %x (name), %u (user), %N (node), %A (array id), %a (task), and
-    %n, %t (node and task number: 0 on one node) for one row, in one pass (a name holding
-    "%a" stays as it is); a digit zero-pads a number, as in sbatch's %4a."""
-    node = node_name()
-
-    def resolve(pattern: str, job_id: int, array_id: int | None, task: int | None) -> str:
-        values = {"j": job_id, "x": new.name, "u": new.user, "N": node, "n": 0, "t": 0,
-                  "A": array_id if array_id is not None else job_id,
-                  "a": task if task is not None else 0}
-
-        def fill(code: re.Match) -> str:
-            if code.group(0) == "%%":
-                return "%"
-            value = values[code.group(2)]
-            width = int(code.group(1) or 0) if isinstance(value, int) else 0
-            return str(value).zfill(width)
-
-        path = os.path.join(new.workdir, _CODE.sub(fill, pattern))
-        if len(path) > defaults.MAX_PATH:
-            raise UserError(f"output path {pattern[:60]!r} is {len(path)} characters long once "
-                            f"%j, %x, %u, %N, %A and %a are filled in, over gq's limit of "
-                            f"{defaults.MAX_PATH}; give a shorter -o/-e")
-        return path
-
-    return resolve
