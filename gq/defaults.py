@@ -17,6 +17,12 @@ PURGE_BATCH = 2000  # jobs purged in one transaction (the loop serves clients in
 MAX_PENDING_PER_USER = 10_000  # jobs a user may have pending (array tasks count one each)
 MAX_ARRAY_SIZE = 10_000  # tasks in one array, checked before the spec is expanded
 MAX_WAITED = 100_000  # jobs one gq wait waits for
+
+# Hooks (--notify, --on-finish, mail), run as the job's owner when its state changes
+HOOK_TIMEOUT = 60.0  # seconds a hook may run; then it is killed
+MAX_RUNNING_HOOKS = 16  # at once, node-wide
+MAX_QUEUED_HOOKS = 10_000  # waiting to run; past it, more are dropped (logged)
+HOOK_EVENTS_PER_PASS = 1_000  # job events looked at per scheduling pass
 MAX_CONNECTIONS_PER_USER = 64  # open connections of one uid
 MAX_CONNECTIONS = 1024  # open connections in total (less than the descriptor limit allows)
 MAX_REQUEST = 8 << 20  # bytes in one request line (a script snapshot travels in it)

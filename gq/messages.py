@@ -105,6 +105,10 @@ class JobInfo:
     retries: int | None = None  # --retries and --retry-delay
     retries_left: int | None = None
     ntasks: int | None = None
+    notify: str | None = None
+    mail_type: str | None = None
+    mail_user: str | None = None
+    suspended: bool = False
     retry_delay: float | None = None
 
 
@@ -194,6 +198,9 @@ class SubmitOptions:
     retries: Annotated[int, Bounds(0, defaults.MAX_RETRIES)] | None = None
     retry_delay: Annotated[float, Bounds(0.0, float(defaults.MAX_TIME_LIMIT))] | None = None
     ntasks: Cpus | None = None  # -n: the copies srun starts
+    notify: Text | None = None  # a command run as the submitter once the job has ended
+    mail_type: Annotated[str, MaxLen(64)] | None = None  # sbatch's: BEGIN,END,FAIL,...
+    mail_user: Name | None = None
 
 
 @dataclass

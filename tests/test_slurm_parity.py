@@ -4,6 +4,7 @@ update, #SBATCH scripts and export to sbatch."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -400,3 +401,48 @@ def test_drain_stops_new_jobs_on_the_node_or_a_device_and_resume_undoes_it(home,
     go.touch()
     for job_id in (running, queued, pinned):
         wait_state(job_id, "COMPLETED", timeout=20)
+
+
+def test_notify_on_finish_and_mail_run_as_the_owner_once_the_job_ends(home, tmp_path,
+                                                                      monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    mailed = tmp_path / "mailed.log"
+    write_script(bin_dir / "mail", f'#!/bin/sh\necho "to=$3 subject=$2 body=$(cat)" >> {mailed}\n',
+                 0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # the node's mail command
+    finished = tmp_path / "finished.log"
+    DaemonControl(home).start("--on-finish",
+                              f'echo "$GQ_JOB_ID $GQ_JOB_STATE $(id -u)" >> {finished}')
+    notified = tmp_path / "notified.log"
+    script = write_script(tmp_path / "n.sh", "exit ${1:-0}\n")
+    failing = submit("--notify", f'echo "$GQ_JOB_ID $GQ_JOB_STATE exit=$GQ_JOB_EXIT_CODE '
+                     f'out=$GQ_JOB_OUTPUT" >> {notified}', "--mail-type", "FAIL",
+                     "--mail-user", "ann@example.org", str(script), "3")
+    fine = submit("--mail-type", "BEGIN,END", str(script))
+    held = submit("--hold", "--notify", "exit 4", str(script))  # a failing hook: logged
+    gq_ok("cancel", str(held))
+    for job_id in (failing, fine):
+        wait_state(job_id, "COMPLETED", "FAILED")
+    wait_for(lambda: finished.exists() and len(finished.read_text().splitlines()) == 3, 15,
+             what="three --on-finish hooks")
+    assert sorted(finished.read_text().splitlines()) == sorted(
+        [f"{failing} FAILED {os.geteuid()}", f"{fine} COMPLETED {os.geteuid()}",
+         f"{held} CANCELLED {os.geteuid()}"])
+    wait_for(lambda: notified.exists() and mailed.exists()
+             and len(mailed.read_text().splitlines()) == 3, 15, what="the hooks and mails")
+    assert notified.read_text() == (f"{failing} FAILED exit=3 "
+                                    f"out={tmp_path}/gq-{failing}.out\n")
+    mails = sorted(mailed.read_text().splitlines())
+    assert f"to=ann@example.org subject=gq job {failing} (n.sh) FAILED body=gq job {failing} " \
+           f"(n.sh) of {job(failing)['user']}: FAILED, exit code 3" in mails[0]
+    user = job(fine)["user"]
+    assert [m.split(" body=")[0] for m in mails[1:]] == sorted(
+        [f"to={user} subject=gq job {fine} (n.sh) RUNNING",
+         f"to={user} subject=gq job {fine} (n.sh) COMPLETED"])
+    wait_for(lambda: f"job {held}: its --notify hook failed (exit status 4)" in
+             DaemonControl(home).log(), 10, what="the failed hook in the log")
+    for args, words in ((["--mail-type", "SOMETIMES"], "invalid --mail-type 'SOMETIMES'"),
+                        (["--notify", " "], "--notify needs a command")):
+        result = gq("submit", *args, str(script))
+        assert result.code == 2 and words in result.err, (args, result.err)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from gq import client, defaults, home, messages
+from gq import client, defaults, home, messages, validation
 from gq.errors import UserError
 from gq.exec.cgroups import KINDS
 from gq.units import format_period, format_size_exact, parse_address, parse_period, parse_size
@@ -27,6 +27,7 @@ def start(
     cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory", metavar="SIZE", help="Memory the cpu device offers jobs (e.g. 8G) [all RAM]."),
     cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
     device_model: Optional[str] = typer.Option(None, "--device-model", metavar="NAME", help="Model name of the emulated devices, which --gpus TYPE:N matches (tests, demos)."),
+    on_finish: Optional[str] = typer.Option(None, "--on-finish", metavar="CMD", help="Run CMD (sh) as each job's owner once it has ended, with GQ_JOB_ID, GQ_JOB_STATE, GQ_JOB_EXIT_CODE, ... set (at most a minute)."),
     operators: Optional[str] = typer.Option(None, "--operators", metavar="GROUP", help="Members of GROUP act on every job and the node, like root."),
     priority_cap: int = typer.Option(defaults.PRIORITY_CAP, "--priority-cap", metavar="N", help="System mode: the highest --priority users may ask for."),
     max_temp: Optional[float] = typer.Option(None, "--max-temp", metavar="C", help=f"Admit no job to a device hotter than C degrees, until {defaults.TEMP_HYSTERESIS:g} under."),
@@ -98,6 +99,9 @@ def start(
         options += ["--device-model", device_model]
     if operators is not None:
         options += ["--operators", operators]
+    if on_finish is not None:
+        validation.text(on_finish, "--on-finish", defaults.MAX_TEXT)
+        options += ["--on-finish", on_finish]
     for flag, value in (("--max-temp", max_temp), ("--max-power", max_power),
                         ("--metrics", metrics),
                         ("--readings", readings and os.path.abspath(readings))):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import socket
 import sys
 import time
@@ -84,6 +85,9 @@ def submit(
     dependency: Optional[str] = typer.Option(None, "-d", "--dependency", help="afterok|afterany|afternotok|after:ID[:ID] joined by , (all) or ? (any)."),
     after: Optional[str] = typer.Option(None, "--after", help="Short for --dependency afterok:ID."),
     hold: bool = typer.Option(False, "-H", "--hold", help="Queue held; 'gq release' lets it run."),
+    notify: Optional[str] = typer.Option(None, "--notify", metavar="CMD", help="Run CMD (sh) as you once the job has ended, with GQ_JOB_ID, GQ_JOB_STATE, GQ_JOB_EXIT_CODE, ... set."),
+    mail_type: Optional[str] = typer.Option(None, "--mail-type", metavar="TYPES", help="Mail at BEGIN, END, FAIL, REQUEUE or ALL (comma-separated), through this node's mail."),
+    mail_user: Optional[str] = typer.Option(None, "--mail-user", metavar="ADDRESS", help="Whom --mail-type mails [you]."),
     parsable: bool = typer.Option(False, "--parsable", help="Print only the job id."),
     wait: bool = typer.Option(False, "-W", "--wait", help="Then wait until it has ended and exit with its exit code (as sbatch --wait)."),
 ) -> None:
@@ -96,6 +100,9 @@ def submit(
     if options["job_name"] is None and queued.content is not None:
         options["job_name"] = queued.name
     answer = ask(_request(options, content))
+    if options["mail_type"] and shutil.which("mail") is None:
+        typer.echo("gq: warning: --mail-type: this node has no mail command; no mail will be "
+                   "sent for it (--notify runs a command of yours instead)", err=True)
     if options["old_mem"]:  # once it was accepted: a refusal says one line, its reason
         typer.echo(f"gq: warning: {slurm_options.DEPRECATED_MEM}", err=True)
     typer.echo(str(answer.job_id) if options["parsable"] else f"Submitted job {answer.job_id}")
@@ -266,7 +273,8 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
             name=options["job_name"], gpus=gpus.count, gpu_type=gpus.type, mem=mem,
             host_mem=host_mem, cpus=cpus, time_limit=limit, deadline=deadline, begin=begin,
             warn_signal=warn, nodelist=_device_names(options["nodelist"]),
-            ntasks=_count(options["ntasks"], "--ntasks"),
+            ntasks=_count(options["ntasks"], "--ntasks"), notify=options["notify"],
+            mail_type=options["mail_type"], mail_user=options["mail_user"],
             retries=_retries(options), retry_delay=_retry_delay(options["retry_delay"]),
             priority=options["priority"], steps=steps, output=options["output"],
             error=options["error"], exclusive=options["exclusive"],

@@ -32,6 +32,7 @@ from gq.daemon.devices import Device, discover, emulated
 from gq.daemon.guard import Limits
 from gq.daemon.hosts import HostSettings
 from gq.daemon.monitoring import Monitor
+from gq.daemon.notify import Notifier
 from gq.daemon.scheduling import Capacity, Scheduler
 from gq.daemon.server import Connection, ConnectionLimits, Server
 from gq.daemon.supervision import Supervisor
@@ -70,6 +71,7 @@ class DaemonOptions:
     max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
     max_connections: int = defaults.MAX_CONNECTIONS
     max_request: int = defaults.MAX_REQUEST
+    on_finish: str | None = None  # a command run as each job's owner once it has ended
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
@@ -90,6 +92,8 @@ class DaemonOptions:
             argv += ["--device-model", self.device_model]
         if self.operator_group is not None:
             argv += ["--operators", self.operator_group]
+        if self.on_finish is not None:
+            argv += ["--on-finish", self.on_finish]
         for flag, value in (("--max-temp", self.max_temp), ("--max-power", self.max_power),
                             ("--readings", self.readings), ("--metrics", self.metrics)):
             if value is not None:
@@ -132,6 +136,7 @@ class Daemon:
                                    self.supervisor, self.monitor, self.rescan)
         self.server: Server | None = None
         self.waiters = Waiters(self.db)
+        self.notifier = Notifier(self.db, home, options.on_finish)
 
     # ----- what handlers see (gq.daemon.handlers.NodeView) ----------------------------
     def rescan(self) -> None:
@@ -238,6 +243,9 @@ class Daemon:
                 last_scan = now
                 _isolated(self.scheduler.scan)
                 _isolated(self.waiters.answer_ended, server)
+                _isolated(self.notifier.look)
+            elif self.notifier.running:
+                _isolated(self.notifier.tend)
             if now - last_flush >= defaults.FLUSH_PERIOD:
                 last_flush = now
                 _isolated(self.supervisor.flush)

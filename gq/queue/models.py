@@ -63,6 +63,10 @@ class Job(Base):
     retries_left: Mapped[int | None] = mapped_column(Integer)  # again from a gq requeue
     retry_delay: Mapped[float | None] = mapped_column(Float)  # seconds before each retry
     ntasks: Mapped[int | None] = mapped_column(Integer)  # -n: the tasks its srun starts
+    notify: Mapped[str | None] = mapped_column(Text)  # --notify: run as its owner at its end
+    mail_type: Mapped[str | None] = mapped_column(String(64))  # BEGIN,END,FAIL,REQUEUE,ALL
+    mail_user: Mapped[str | None] = mapped_column(Text)
+    suspended: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     time_limit: Mapped[int | None] = mapped_column(Integer)
     deadline: Mapped[float | None] = mapped_column(Float)  # seconds since the epoch
     steps_total: Mapped[int | None] = mapped_column(Integer)

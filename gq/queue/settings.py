@@ -15,6 +15,7 @@ QUANTUM = "quantum"
 DAEMON = "daemon"  # pid, start time, devices: written by the running daemon for `gq info`
 DRAINED = "drained"  # device name (or NODE for all of them) -> the operator's reason
 NODE = "*"
+NOTIFIED = "notified_event"  # the last job event whose hooks have been queued
 
 DEFAULTS: dict[str, Any] = {POLICY: "fifo", FILL: "always", QUANTUM: "100ms", DRAINED: {}}
 

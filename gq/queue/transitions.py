@@ -58,6 +58,9 @@ class NewJob:
     retries: int | None = None
     retry_delay: float | None = None
     ntasks: int | None = None
+    notify: str | None = None
+    mail_type: str | None = None
+    mail_user: str | None = None
     steps_total: int | None = None
     priority: int = 0
     exclusive: bool = False
@@ -87,7 +90,8 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
         cpus=new.cpus, gpu_type=new.gpu_type, time_limit=new.time_limit,
         deadline=new.deadline, begin_time=new.begin_time, warn_signal=new.warn_signal,
         nodelist=new.nodelist, retries=new.retries, retries_left=new.retries,
-        retry_delay=new.retry_delay, ntasks=new.ntasks, steps_total=new.steps_total, exclusive=new.exclusive,
+        retry_delay=new.retry_delay, ntasks=new.ntasks, notify=new.notify,
+        mail_type=new.mail_type, mail_user=new.mail_user, suspended=False, steps_total=new.steps_total, exclusive=new.exclusive,
         requeue=new.requeue, dependency=new.dependency, held=new.held, script=new.script,
         spool_path="", payload_id=payload.id, interpreter=new.interpreter,
         workdir=new.workdir, stdout_path="", stderr_path="", submit_time=new.submit_time,

@@ -78,7 +78,9 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         error_pattern=job.error_pattern if detail else None,
         interpreter=job.interpreter if detail else None, warn_signal=job.warn_signal,
         nodelist=job.nodelist, retries=job.retries, retry_delay=job.retry_delay,
-        retries_left=job.retries_left, ntasks=job.ntasks)
+        retries_left=job.retries_left, ntasks=job.ntasks,
+        notify=job.notify if detail else None, mail_type=job.mail_type,
+        mail_user=job.mail_user if detail else None, suspended=job.suspended)
 
 
 _CODE = re.compile(r"%%|%(\d?)([jxuNntAa])")

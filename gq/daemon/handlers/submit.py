@@ -18,6 +18,7 @@ from gq import defaults, messages, validation
 from gq.daemon import devices as devices_mod
 from gq.daemon.access import Caller, check_priority
 from gq.daemon.handlers.common import check_dependency, output_resolver
+from gq.daemon.notify import MAIL_TYPES, SBATCH_ONLY_MAIL_TYPES
 from gq.daemon.devices import gpu_capacity
 from gq.errors import Refused, UserError
 from gq.queue import arrays, dependencies, queries, spool, transitions
@@ -133,7 +134,8 @@ def _validate(daemon: NodeView, caller: Caller,
         warn_signal=str(parse_signal(options.warn_signal)) if options.warn_signal else None,
         nodelist=",".join(options.nodelist) if options.nodelist else None,
         retries=options.retries or None, retry_delay=options.retry_delay,
-        ntasks=options.ntasks,
+        ntasks=options.ntasks, notify=_notify(options.notify),
+        mail_type=_mail_type(options.mail_type), mail_user=options.mail_user,
         exclusive=options.exclusive, requeue=options.requeue, dependency=dependency,
         held=options.held, array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None,
@@ -165,6 +167,28 @@ def _pinned(daemon: NodeView, names: list[str], usable: list, count: int) -> lis
         raise UserError(f"--nodelist {','.join(names)} leaves {len(pinned)} device(s) this "
                         f"job may use; it asks for {max(count, 1)} (see 'gq info')")
     return pinned
+
+
+def _notify(command: str | None) -> str | None:
+    if command is None:
+        return None
+    validation.text(command, "--notify", defaults.MAX_TEXT)
+    if not command.strip():
+        raise UserError("--notify needs a command, such as --notify 'notify-send done'")
+    return command
+
+
+def _mail_type(text: str | None) -> str | None:
+    """sbatch's --mail-type, checked: NONE, BEGIN, END, FAIL, REQUEUE, ALL, comma-separated;
+    sbatch's other kinds (TIME_LIMIT_80, ARRAY_TASKS, ...) are taken and send nothing."""
+    if text is None:
+        return None
+    kinds = [kind.strip().upper() for kind in text.split(",") if kind.strip()]
+    unknown = [kind for kind in kinds if kind not in MAIL_TYPES + SBATCH_ONLY_MAIL_TYPES]
+    if not kinds or unknown:
+        raise UserError(f"invalid --mail-type {text[:40]!r}: use {', '.join(MAIL_TYPES)}")
+    kept = [kind for kind in kinds if kind in MAIL_TYPES and kind != "NONE"]
+    return ",".join(kept) or None
 
 
 def _name_of(script: PurePosixPath) -> str:

@@ -1,0 +1,192 @@
+"""What runs when jobs change state: a job's ``--notify CMD``, the daemon's ``--on-finish
+CMD`` (both once the job has ended) and sbatch's ``--mail-type``/``--mail-user`` (through the
+node's ``mail``), each run as the job's owner, with what happened in ``GQ_*`` variables,
+for at most ``defaults.HOOK_TIMEOUT`` seconds, a bounded number at once.
+
+The job events are the outbox: each pass reads the events after the last one it handled
+(kept in the queue's settings, so a restarted daemon neither repeats nor skips any), so
+every way a job ends (its process exits, a cancel while pending, a deadline, a dependency
+never met) is seen in one place. A hook that fails is logged; it never changes the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from gq import defaults
+from gq.errors import LaunchError
+from gq.exec.protocol import LaunchSpec
+from gq.exec.spawn import JobProcess, kill_group, start_as_submitter
+from gq.home import Home
+from gq.queue import queries
+from gq.queue import settings as queue_settings
+from gq.queue.engine import Database
+from gq.queue.models import Job, JobEvent
+from gq.queue.states import JobState
+
+log = logging.getLogger("gq.daemon")
+FAILURES = frozenset({JobState.FAILED.value, JobState.TIMEOUT.value, JobState.DEADLINE.value})
+MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL")
+SBATCH_ONLY_MAIL_TYPES = ("INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90",
+                          "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+_MAIL = ('printf "%s\\n" "$GQ_MAIL_BODY" | "$GQ_MAIL_PROGRAM" -s "$GQ_MAIL_SUBJECT" '
+         '"$GQ_MAIL_USER"')
+
+
+@dataclass(frozen=True)
+class Hook:
+    job_id: int
+    what: str  # for the log: "--notify", "--on-finish", "mail"
+    spec: LaunchSpec
+
+
+@dataclass
+class Running:
+    hook: Hook
+    process: JobProcess
+    deadline: float
+
+
+def mail_events(mail_type: str | None, old: str | None, new: str) -> bool:
+    """Whether a change from ``old`` to ``new`` is one the job asked mail for."""
+    wanted = set((mail_type or "NONE").split(","))
+    if "ALL" in wanted:
+        wanted |= {"BEGIN", "END", "FAIL", "REQUEUE"}
+    terminal = JobState(new).terminal
+    return (("BEGIN" in wanted and new == JobState.RUNNING.value)
+            or ("END" in wanted and terminal)
+            or ("FAIL" in wanted and new in FAILURES)
+            or ("REQUEUE" in wanted and old == JobState.RUNNING.value
+                and new == JobState.PENDING.value))
+
+
+class Notifier:
+    def __init__(self, db: Database, home: Home, on_finish: str | None):
+        self.db = db
+        self.home = home
+        self.on_finish = on_finish
+        self.mail = shutil.which("mail")
+        self.queued: deque[Hook] = deque()
+        self.running: list[Running] = []
+        self.last_event: int | None = None
+
+    def look(self) -> None:
+        """Queue the hooks of the events since the last look, and start what may start."""
+        with self.db.read() as session:
+            if self.last_event is None:
+                self.last_event = queue_settings.get(session, queue_settings.NOTIFIED)
+                if self.last_event is None:  # a new queue, or one from before: from now on
+                    self.last_event = session.scalar(select(func.max(JobEvent.id))) or 0
+            rows = session.execute(
+                select(JobEvent, Job).join(Job, Job.id == JobEvent.job_id)
+                .where(JobEvent.id > self.last_event).order_by(JobEvent.id)
+                .limit(defaults.HOOK_EVENTS_PER_PASS)).all()
+            for event, job in rows:
+                for hook in self._hooks(session, event, job):
+                    if len(self.queued) >= defaults.MAX_QUEUED_HOOKS:
+                        log.warning("job %d: %s not run: %d hooks wait already", job.id,
+                                    hook.what, len(self.queued))
+                        continue
+                    self.queued.append(hook)
+        if rows:
+            self.last_event = rows[-1][0].id
+            with self.db.write() as session:
+                queue_settings.put(session, queue_settings.NOTIFIED, self.last_event)
+        self.tend()
+
+    def tend(self) -> None:
+        """Collect hooks that ended, kill those past their time, start queued ones."""
+        now = time.monotonic()
+        for running in list(self.running):
+            status = running.process.poll()
+            if status is None and now < running.deadline:
+                continue
+            if status is None:
+                kill_group(running.process.pid, signal.SIGKILL)
+                running.process.wait(1.0)
+                log.warning("job %d: its %s hook ran past %g s; killed", running.hook.job_id,
+                            running.hook.what, defaults.HOOK_TIMEOUT)
+            elif status != 0:
+                running.process.read_setup()
+                why = running.process.setup_failure or f"exit status {status}"
+                log.warning("job %d: its %s hook failed (%s)", running.hook.job_id,
+                            running.hook.what, why)
+            self.running.remove(running)
+        while self.queued and len(self.running) < defaults.MAX_RUNNING_HOOKS:
+            hook = self.queued.popleft()
+            try:
+                process = start_as_submitter(hook.spec, dict(hook.spec.env), {})
+            except LaunchError as exc:
+                log.warning("job %d: cannot run its %s hook: %s", hook.job_id, hook.what, exc)
+                continue
+            self.running.append(Running(hook, process, now + defaults.HOOK_TIMEOUT))
+
+    def _hooks(self, session, event: JobEvent, job: Job) -> list[Hook]:
+        """The hooks one state change sets off."""
+        hooks = []
+        ended = JobState(event.new_state).terminal
+        if ended and job.notify:
+            hooks.append(("--notify", job.notify))
+        if ended and self.on_finish:
+            hooks.append(("--on-finish", self.on_finish))
+        if job.mail_type and mail_events(job.mail_type, event.old_state, event.new_state):
+            if self.mail is None:
+                log.warning("job %d: no mail command on this node; its mail is not sent",
+                            job.id)
+            else:
+                hooks.append(("mail", _MAIL))
+        if not hooks:
+            return []
+        env = self._environment(session, job, event)
+        return [Hook(job.id, what, self._spec(job, command, env)) for what, command in hooks]
+
+    def _environment(self, session, job: Job, event: JobEvent) -> dict[str, str]:
+        env = {key: value for key, value in queries.payload(session, job.payload_id).env.items()
+               if key == "PATH" or key.startswith("LANG") or key.startswith("LC_")}
+        ran = (job.end_time or event.time) - job.start_time if job.start_time else 0.0
+        state = event.new_state
+        env.update(
+            GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name, GQ_JOB_STATE=state,
+            GQ_JOB_USER=job.user, GQ_JOB_EXIT_CODE="" if job.exit_code is None or
+            not JobState(state).terminal else str(job.exit_code),
+            GQ_JOB_RUN_TIME=f"{max(0.0, ran):.0f}", GQ_JOB_OUTPUT=job.stdout_path,
+            GQ_JOB_ERROR=job.stderr_path, GQ_MAIL_PROGRAM=self.mail or "mail",
+            GQ_MAIL_USER=job.mail_user or job.user,
+            GQ_MAIL_SUBJECT=f"gq job {job.label} ({job.name}) {state}",
+            GQ_MAIL_BODY=(f"gq job {job.label} ({job.name}) of {job.user}: {state}"
+                          f"{'' if job.exit_code is None else f', exit code {job.exit_code}'}"
+                          f", run time {max(0.0, ran):.0f} s; output {job.stdout_path}"))
+        env.setdefault("PATH", os.defpath)
+        if self.home.system and job.uid is not None:
+            try:
+                entry = pwd.getpwuid(job.uid)
+                env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+            except KeyError:
+                pass
+        return env
+
+    def _spec(self, job: Job, command: str, env: dict[str, str]) -> LaunchSpec:
+        groups: list[int] = []
+        if self.home.system and job.uid is not None and job.gid is not None:
+            try:
+                groups = os.getgrouplist(pwd.getpwuid(job.uid).pw_name, job.gid)
+            except KeyError:
+                groups = [job.gid]
+        return LaunchSpec(
+            id=job.id, run=max(1, job.run_count), argv=["/bin/sh", "-c", command],
+            worker=False, cwd=job.workdir if os.path.isabs(job.workdir) else "/", env=env,
+            stdout="/dev/null", stderr="/dev/null", user=job.user, submit_time=job.submit_time,
+            uid=job.uid, gid=job.gid, groups=groups, umask=job.umask)
+
+    def close(self) -> None:
+        """Hooks still running are left to finish alone (they die with nothing of ours)."""
+        self.queued.clear()
