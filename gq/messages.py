@@ -304,6 +304,15 @@ class Update:
 
 
 @dataclass
+class Suspend:
+    """Stop running jobs in place (``suspended``), or let them go on."""
+
+    kind: ClassVar[str] = "suspend"
+    labels: Labels
+    suspended: bool = True
+
+
+@dataclass
 class Drain:
     """Admit no new job to these devices (none named: to the node); operators only."""
 
@@ -467,7 +476,7 @@ class Error:
 
 REQUESTS: dict[str, type] = {cls.kind: cls for cls in (
     Submit, ListJobs, ShowJob, OpenLog, ExportScript, Wait, Cancel, Hold, Release, Requeue, Update,
-    SetPolicy, GetPolicy, NodeInfoRequest, Stop, Drain, ResumeDevices)}
+    SetPolicy, GetPolicy, NodeInfoRequest, Stop, Drain, ResumeDevices, Suspend)}
 ANSWERS: dict[str, type] = {cls.kind: cls for cls in (
     WaitOver, Submitted, Jobs, LogFile, Script, Report, PolicyInfo, NodeInfo, Done, Error)}
 

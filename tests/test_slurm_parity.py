@@ -446,3 +446,38 @@ def test_notify_on_finish_and_mail_run_as_the_owner_once_the_job_ends(home, tmp_
                         (["--notify", " "], "--notify needs a command")):
         result = gq("submit", *args, str(script))
         assert result.code == 2 and words in result.err, (args, result.err)
+
+
+def test_a_suspended_job_holds_no_lane_and_its_time_limit_stops(daemon, tmp_path):
+    """Under fifo a later job waits for the earlier one; suspended, the earlier one counts
+    for nothing, so the later one runs (and ends) meanwhile; resumed, the earlier one ends
+    within its time limit, which the suspension did not count against."""
+    go = tmp_path / "go"
+    loop = write_script(tmp_path / "loop.py", (
+        "import os, sys, time\nimport gq\n"
+        "for step in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
+        "    time.sleep(0.03)\n"
+        f"    while step == 5 and sys.argv[2:] and not os.path.exists({str(go)!r}):\n"
+        "        time.sleep(0.02)  # inside its iteration: it holds the lane\n"))
+    first = submit("-t", "0:03", str(loop), "30", "gated")
+    later = submit(str(loop), "100")
+    wait_for(lambda: job(first)["steps_done"] >= 5, 20, what="the first job's steps")
+    assert gq_ok("suspend", str(first)).strip() == f"Suspended job {first}"
+    shown = job(first)
+    assert (shown["state"], shown["suspended"]) == ("SUSPENDED", True)
+    assert f"{first}  " in gq_ok("status") and " S " in gq_ok("status")
+    wait_state(later, "COMPLETED", timeout=30)  # the lane was the later job's meanwhile
+    assert job(first)["state"] == "SUSPENDED"
+    assert gq_ok("resume", str(first)).strip() == f"Resumed job {first}"
+    go.touch()
+    info = wait_state(first, "COMPLETED", "TIMEOUT", timeout=30)
+    assert info["state"] == "COMPLETED" and info["steps_done"] == 30
+    from datetime import datetime
+
+    wall = (datetime.fromisoformat(info["end_time"]).timestamp()
+            - datetime.fromisoformat(info["start_time"]).timestamp())
+    assert wall > 3  # longer than its limit, suspended for part of it
+    for verb, words in (("suspend", "only a running job can be suspended"),
+                        ("resume", "is not suspended; nothing to resume")):
+        result = gq(verb, str(first))
+        assert result.code == 2 and words in result.err, (verb, result.err)

@@ -101,8 +101,26 @@ def drain(
     typer.echo(ask(messages.Drain(list(devices or []), reason=reason)).message)
 
 
+def suspend(job_ids: list[str] = IDS) -> None:
+    """Stop running jobs in place (SIGSTOP, or their cgroup's freezer), as scontrol
+    suspend: they keep their memory but hold no lane, and their time limit stops; ST shows
+    S. 'gq resume JOBID' lets them go on."""
+    print_report(ask(messages.Suspend(labels(job_ids), suspended=True)))
+
+
 def resume(
-    targets: Optional[list[str]] = typer.Argument(None, metavar="DEVICE", help="Devices to resume [the node and every device]."),
+    targets: Optional[list[str]] = typer.Argument(None, metavar="JOBID|DEVICE", help="Suspended jobs to go on, or drained devices [the node and every device]."),
 ) -> None:
-    """Undo 'gq drain': jobs start on the node (or those devices) again. Operators only."""
-    typer.echo(ask(messages.ResumeDevices(list(targets or []))).message)
+    """Let suspended jobs go on (gq resume 17), or undo 'gq drain' (gq resume, gq resume
+    gpu1: operators only)."""
+    targets = list(targets or [])
+    if targets and all(_is_label(target) for target in targets):
+        print_report(ask(messages.Suspend(labels(targets), suspended=False)))
+    elif any(_is_label(target) for target in targets):
+        raise UserError("give job ids or device names, not both")
+    else:
+        typer.echo(ask(messages.ResumeDevices(targets)).message)
+
+
+def _is_label(text: str) -> bool:
+    return text.replace("_", "", 1).isdigit()

@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "release": ("control", "release", False),
     "requeue": ("control", "requeue", False),
     "update": ("control", "update", False),
+    "suspend": ("control", "suspend", False),
     "drain": ("control", "drain", False),
     "resume": ("control", "resume", False),
     "info": ("info", "info", False),

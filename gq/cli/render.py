@@ -52,7 +52,8 @@ def lane_share(job: JobInfo) -> float | None:
 def job_json(job: JobInfo) -> dict[str, Any]:
     data = {
         "id": job.id, "job_id": job.label, "name": job.name, "user": job.user, "uid": job.uid,
-        "state": job.state, "priority": job.priority, "device": job.device, "lane": job.lane,
+        "state": "SUSPENDED" if job.suspended else job.state, "suspended": job.suspended,
+        "priority": job.priority, "device": job.device, "lane": job.lane,
         "submit_time": iso(job.submit_time), "start_time": iso(job.start_time),
         "end_time": iso(job.end_time), "exit_code": job.exit_code,
         "steps_done": job.steps_done, "steps_total": job.steps_total, "reason": job.reason,
@@ -129,13 +130,14 @@ def resumed_and_done(job: JobInfo) -> bool:
 
 
 def lane_state(job: JobInfo) -> str:
-    if job.state != "RUNNING":
+    if job.state != "RUNNING" or job.suspended:
         return ""
     return "holds" if job.holds_lane else "waits"
 
 
 def state_label(job: JobInfo) -> str:
-    return JobState(job.state).short
+    """squeue's ST: S for a suspended job (it is RUNNING, stopped in place)."""
+    return "S" if job.suspended else JobState(job.state).short
 
 
 def predicted_end(job: JobInfo, now: float | None = None) -> float | None:

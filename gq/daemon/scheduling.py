@@ -133,6 +133,8 @@ class Scheduler:
                 self.supervisor.kill(job, StopWhy(row.stop_request))
             if (row.priority, row.time_limit) != (job.priority, job.time_limit):
                 self.supervisor.update(job, row.priority, row.time_limit)
+            if bool(row.suspended) != job.suspended and job.kill_why is None:
+                self.supervisor.suspend(job, bool(row.suspended))
 
     def _eligible(self, pending: Sequence[Row], late_held: Sequence[Row],
                   needs: dict[int, dependencies.Dependency],

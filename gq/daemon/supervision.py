@@ -56,6 +56,7 @@ class Running:
     priority: int
     host_mem: int | None = None  # what it holds of the node's RAM and CPUs (admission counts)
     cpus: int | None = None
+    suspended: bool | None = None  # as its host was last told (None: not told since attach)
     measured: admission.Footprint | None = None  # from the job's own memory reports
     pid: int | None = None  # its process, once its host has started it
     holds_lane: bool = False  # as its host last reported
@@ -202,7 +203,8 @@ class Supervisor:
                           devices=devices, lane=lane, host=names[0],
                           time_limit=job.time_limit, requeue=job.requeue,
                           footprint=footprint(job), exclusive=job.exclusive,
-                          priority=job.priority, host_mem=job.host_mem, cpus=job.cpus)
+                          priority=job.priority, host_mem=job.host_mem, cpus=job.cpus,
+                          suspended=False)
         self.running[job.id] = running
         if (metrics := self.metrics()) is not None:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))
@@ -221,6 +223,10 @@ class Supervisor:
     def kill(self, job: Running, why: StopWhy) -> None:
         job.kill_why = why
         self.send(job.host, wire.Kill(job.job_id, why))
+
+    def suspend(self, job: Running, suspended: bool) -> None:
+        job.suspended = suspended
+        self.send(job.host, wire.Suspend(job.job_id, suspended))
 
     def update(self, job: Running, priority: int, time_limit: int | None) -> None:
         job.priority, job.time_limit = priority, time_limit

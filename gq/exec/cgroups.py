@@ -126,6 +126,11 @@ class JobCgroup:
             if frozen:
                 self._freeze(False)  # a frozen process dies of its SIGKILL once thawed
 
+    def freeze(self, frozen: bool) -> bool:
+        """Freeze every process in it (suspend), or thaw them; False where no freezer
+        serves it (the caller stops the processes with signals instead)."""
+        return self._freeze(frozen)
+
     def _freeze(self, frozen: bool) -> bool:
         """Freeze (waiting until it holds) or thaw it; False where no freezer serves it."""
         if self.v2:

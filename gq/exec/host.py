@@ -66,6 +66,11 @@ class Resident:
     time_limit: int | None = None  # seconds; the host enforces it, daemon or not
     deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
     warning: tuple[int, int, bool] | None = None  # --signal: number, seconds before, main only
+    suspended: bool = False  # gq suspend: its processes stopped; it is granted nothing
+    frozen: bool = False  # its processes are stopped now (from a suspend until it is thawed)
+    thaw_on_grant: bool = False  # suspended inside an iteration: thawed once granted again
+    suspended_at: float | None = None  # monotonic, while suspended
+    paused: float = 0.0  # seconds it spent suspended: its time limit does not count them
     kill_why: StopWhy | None = None
     detail: str | None = None  # what its worker did wrong, for its exit report
     state: str = "idle"  # idle (released) | ready (waiting for GO) | running (holds lane)
@@ -225,7 +230,7 @@ class Host:
             wire.Hello: self._on_hello, wire.Launch: self._on_launch,
             wire.Kill: self._on_kill, wire.Ack: self._on_ack, wire.Update: self._on_update,
             wire.SetPolicy: self._on_policy, wire.Shutdown: lambda _: self._shutdown(),
-            wire.Drain: self._on_drain,
+            wire.Drain: self._on_drain, wire.Suspend: self._on_suspend,
         }
 
     # ----- the loop -------------------------------------------------------------------
@@ -289,7 +294,7 @@ class Host:
         if any(r.exit_status is not None for r in self.residents.values()):
             timeout = HOUSEKEEPING_PERIOD  # an exited job's leftovers, looked at again soon
         for lane in self.lanes:
-            if lane.holder is not None or not any(r.state == "ready" for r in lane.residents):
+            if lane.holder is not None or not _ready(lane):
                 continue
             if lane.anticipating is not None:
                 timeout = min(timeout, max(0.0, lane.anticipate_until - time.monotonic()))
@@ -366,6 +371,37 @@ class Host:
         if resident is not None:
             resident.priority = message.priority
             resident.time_limit = message.time_limit
+
+    def _on_suspend(self, message: wire.Suspend) -> None:
+        resident = self.residents.get(message.job)
+        if resident is None or resident.exit_status is not None \
+                or resident.suspended == message.suspended:
+            return
+        now = time.monotonic()
+        lane = self.lanes[resident.lane]
+        if message.suspended:
+            resident.suspended, resident.suspended_at = True, now
+            if lane.holder is resident:  # inside an iteration: the lane goes to others
+                resident.attained += now - resident.granted_at
+                lane.holder = None
+                resident.state, resident.thaw_on_grant = "ready", True
+            self._stop_processes(resident, True)
+            log.info("job %d suspended", resident.job_id)
+        else:
+            resident.suspended = False
+            resident.paused += now - (resident.suspended_at or now)
+            resident.suspended_at = None
+            if not resident.thaw_on_grant:
+                self._stop_processes(resident, False)
+            log.info("job %d resumed", resident.job_id)
+        resident.dirty = True
+        self._schedule(lane)
+
+    def _stop_processes(self, resident: Resident, stop: bool) -> None:
+        """Freeze (or thaw) the job: its cgroup's freezer, else SIGSTOP (SIGCONT)."""
+        resident.frozen = stop
+        if resident.cgroup is None or not resident.cgroup.freeze(stop):
+            self._signal_job(resident, signal.SIGSTOP if stop else signal.SIGCONT)
 
     def _on_policy(self, message: wire.SetPolicy) -> None:
         try:
@@ -528,6 +564,14 @@ class Host:
 
     def _on_done(self, resident: Resident, message: wire.Done, now: float) -> None:
         lane = self.lanes[resident.lane]
+        if resident.thaw_on_grant:  # its iteration ended as it was being suspended
+            resident.thaw_on_grant = False
+            resident.iterations += 1
+            resident.record_steps(message.steps)
+            resident.state, resident.released_at = "idle", now
+            if not resident.suspended:
+                self._stop_processes(resident, False)
+            return
         if lane.holder is not resident:
             return
         resident.iterations += 1
@@ -549,10 +593,10 @@ class Host:
         window = anticipation_window(view.mean_gap)
         if window is None:
             return
-        ready = [r.view() for r in lane.residents if r.state == "ready"]
+        ready = [r.view() for r in _ready(lane)]
         if not ready:
             return
-        preferred = self.policy.pick(ready + [view], [r.view() for r in lane.residents], now)
+        preferred = self.policy.pick(ready + [view], _views(lane), now)
         if preferred is not None and preferred.id == released.job_id:
             lane.anticipating = released.job_id
             lane.anticipate_until = now + window
@@ -560,7 +604,7 @@ class Host:
     def _schedule(self, lane: Lane) -> None:
         if lane.holder is not None:
             return
-        ready = [r for r in lane.residents if r.state == "ready"]
+        ready = _ready(lane)
         if not ready:
             return
         now = time.monotonic()
@@ -570,14 +614,17 @@ class Host:
                 return
             lane.anticipating = None
         chosen_view = self.policy.pick([r.view() for r in ready],
-                                       [r.view() for r in lane.residents], now)
+                                       _views(lane), now)
         if chosen_view is None:
             return
         chosen = self.residents[chosen_view.id]
         shared = self.cuda and len(lane.residents) > 1
         if chosen.channel is None:
             return
-        if not chosen.channel.send(wire.Go(empty_cache=shared)):
+        if chosen.thaw_on_grant:  # resumed inside its iteration: it goes on with the lane
+            chosen.thaw_on_grant = False
+            self._stop_processes(chosen, False)
+        elif not chosen.channel.send(wire.Go(empty_cache=shared)):
             log.warning("job %d's worker hung up before its grant; the lane goes on",
                         chosen.job_id)
             self._drop_channel(chosen)  # its exit is reaped and reported as usual
@@ -684,6 +731,9 @@ class Host:
             return
         if resident.kill_why is None or why is StopWhy.PROTOCOL:
             resident.kill_why = why
+        if resident.frozen:  # stopped processes must go on to see their signal
+            resident.thaw_on_grant = False
+            self._stop_processes(resident, False)
         self._signal_job(resident, signal.SIGTERM)
         resident.kill_deadline = time.monotonic() + (self.kill_grace if grace is None else grace)
         if grace == 0.0:
@@ -707,7 +757,9 @@ class Host:
         for resident in list(self.residents.values()):
             if resident.kill_deadline is not None or resident.exit_status is not None:
                 continue
-            ran = now - resident.started_at
+            if resident.suspended:
+                continue  # its time limit does not run meanwhile
+            ran = now - resident.started_at - resident.paused
             if resident.time_limit is not None and ran >= resident.time_limit:
                 self._kill(resident, StopWhy.TIMEOUT)
             elif (resident.warning is not None and resident.time_limit is not None
@@ -760,6 +812,16 @@ class Host:
         if changed or switches != self._reported_switches:
             self._reported_switches = switches
             self._tell(wire.Progress([r.progress() for r in changed], switches))
+
+
+def _views(lane: Lane) -> list[JobView]:
+    """The lane's residents as policies see them: a suspended job counts for none."""
+    return [r.view() for r in lane.residents if not r.suspended]
+
+
+def _ready(lane: Lane) -> list[Resident]:
+    """The lane's residents that wait for an iteration and may be granted one."""
+    return [r for r in lane.residents if r.state == "ready" and not r.suspended]
 
 
 def _open_snapshot(spec: wire.LaunchSpec) -> int | None:

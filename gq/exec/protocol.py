@@ -36,7 +36,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/4"
+HOST_VERSION = f"{__version__}/5"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -157,6 +157,16 @@ class Update:
     job: JobId
     priority: Priority
     time_limit: TimeLimit | None = None
+
+
+@message
+class Suspend:
+    """Stop a job's processes in place (``suspended``), or let them go on: it keeps its
+    memory, holds no lane meanwhile, and its time limit does not run."""
+
+    op: ClassVar[str] = "suspend"
+    job: JobId
+    suspended: bool
 
 
 @message
@@ -296,7 +306,7 @@ def _table(*classes: type) -> dict[str, type]:
     return {cls.op: cls for cls in classes}
 
 
-TO_HOST = _table(Hello, Launch, Kill, Update, SetPolicy, Ack, Drain, Shutdown)
+TO_HOST = _table(Hello, Launch, Kill, Update, Suspend, SetPolicy, Ack, Drain, Shutdown)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, Finished)
 TO_WORKER = _table(Go)

@@ -151,6 +151,8 @@ def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: s
           now: float | None = None, guard: Any = None, **values: Any) -> bool:
     assert allowed(old, new), f"{old} -> {new} is not a job transition"
     now = time.time() if now is None else now
+    if old is JobState.RUNNING:
+        values.setdefault("suspended", False)  # a suspend ends with the run
     query = update(Job).where(Job.id == job_id, Job.state == old.value)
     if guard is not None:
         query = query.where(guard)
@@ -238,6 +240,8 @@ def _move_many(session: Session, job_ids: list[int], old: JobState, new: JobStat
     Returns the ids that moved."""
     assert allowed(old, new), f"{old} -> {new} is not a job transition"
     now = time.time() if now is None else now
+    if old is JobState.RUNNING:
+        values.setdefault("suspended", False)  # a suspend ends with the run
     moved: list[int] = []
     for part in chunks(job_ids):
         result = session.execute(
@@ -337,6 +341,20 @@ def modify(session: Session, job_ids: list[int], *, name: str | None = None,
         result = session.execute(
             update(Job).where(Job.id.in_(part), Job.state.in_(states)).values(**values)
             .returning(Job.id).execution_options(synchronize_session=False))
+        changed += [row[0] for row in result]
+    return changed
+
+
+def set_suspended(session: Session, job_ids: list[int], suspended: bool) -> list[int]:
+    """gq suspend / gq resume: RUNNING jobs stopped in place, or let go on (their hosts
+    are told by the next scheduling pass). The ids changed."""
+    changed: list[int] = []
+    for part in chunks(job_ids):
+        result = session.execute(
+            update(Job).where(Job.id.in_(part), Job.state == JobState.RUNNING.value,
+                              Job.suspended.is_(not suspended))
+            .values(suspended=suspended).returning(Job.id)
+            .execution_options(synchronize_session=False))
         changed += [row[0] for row in result]
     return changed
 

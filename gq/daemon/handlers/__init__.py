@@ -76,6 +76,7 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     messages.OpenLog: query.open_log,
     messages.ExportScript: query.export,
     messages.Wait: query.wait,
+    messages.Suspend: control.suspend,
     messages.Drain: node.drain,
     messages.ResumeDevices: node.resume_devices,
     messages.Cancel: control.cancel,

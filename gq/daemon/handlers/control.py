@@ -156,6 +156,21 @@ def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> mess
     return messages.Report(lines)
 
 
+def suspend(daemon: NodeView, caller: Caller, request: messages.Suspend) -> messages.Report:
+    """Running jobs are stopped in place (they keep their memory, hold no lane, their time
+    limit stops), or go on again; their hosts are told by the next scheduling pass."""
+    verb = "suspend" if request.suspended else "resume"
+    with daemon.db.write() as session:
+        jobs = _named(session, caller, request.labels, verb)
+        changed = transitions.set_suspended(session, [job.id for job in jobs],
+                                            request.suspended)
+    daemon.rescan()
+    done = "Suspended job {label}" if request.suspended else "Resumed job {label}"
+    failure = ("job {label} is {state}; only a running job can be suspended"
+               if request.suspended else "job {label} is not suspended; nothing to resume")
+    return messages.Report(_outcome(jobs, changed, done, failure))
+
+
 def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messages.Report:
     """Priority and time limit of pending or running jobs; name, begin time, arguments,
     working directory, output paths and dependency of pending ones (the script snapshot
