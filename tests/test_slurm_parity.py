@@ -372,7 +372,7 @@ def test_retries_pinning_and_a_begin_time_moved_to_now(home, tmp_path):
         result = gq("submit", *args, str(failing))
         assert result.code == 2 and words in result.err, (args, result.err)
     result = gq("update", str(retried), "--begin", "now+1hour")
-    assert result.code == 2 and "only a pending job can be renamed or given a begin" in result.err
+    assert result.code == 2 and "only a pending job can have its begin time changed" in result.err
 
 
 def test_drain_stops_new_jobs_on_the_node_or_a_device_and_resume_undoes_it(home, tmp_path):

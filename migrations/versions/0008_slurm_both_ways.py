@@ -13,7 +13,8 @@ Revises: 0007
 """
 
 import sqlalchemy as sa
-from alembic import op
+
+from gq.migrations import columns
 
 revision = "0008"
 down_revision = "0007"
@@ -25,12 +26,8 @@ _COLUMNS = (("host_mem", sa.Integer), ("cpus", sa.Integer), ("begin_time", sa.Fl
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        for name, kind in _COLUMNS:
-            batch.add_column(sa.Column(name, kind, nullable=True))
+    columns.add("jobs", _COLUMNS)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        for name, _ in reversed(_COLUMNS):
-            batch.drop_column(name)
+    columns.drop("jobs", _COLUMNS)

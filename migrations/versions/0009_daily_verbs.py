@@ -10,7 +10,8 @@ Revises: 0008
 """
 
 import sqlalchemy as sa
-from alembic import op
+
+from gq.migrations import columns
 
 revision = "0009"
 down_revision = "0008"
@@ -21,12 +22,8 @@ _COLUMNS = (("nodelist", sa.Text), ("retries", sa.Integer), ("retries_left", sa.
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        for name, kind in _COLUMNS:
-            batch.add_column(sa.Column(name, kind, nullable=True))
+    columns.add("jobs", _COLUMNS)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        for name, _ in reversed(_COLUMNS):
-            batch.drop_column(name)
+    columns.drop("jobs", _COLUMNS)

@@ -11,6 +11,8 @@ Revises: 0009
 import sqlalchemy as sa
 from alembic import op
 
+from gq.migrations import columns
+
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
@@ -19,15 +21,10 @@ _COLUMNS = (("notify", sa.Text), ("mail_type", sa.String(64)), ("mail_user", sa.
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        for name, kind in _COLUMNS:
-            batch.add_column(sa.Column(name, kind, nullable=True))
-        batch.add_column(sa.Column("suspended", sa.Boolean, nullable=False,
-                                   server_default=sa.false()))
+    columns.add("jobs", _COLUMNS)
+    op.add_column("jobs", sa.Column("suspended", sa.Boolean, nullable=False,
+                                    server_default=sa.false()))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("suspended")
-        for name, _ in reversed(_COLUMNS):
-            batch.drop_column(name)
+    columns.drop("jobs", (*_COLUMNS, ("suspended", sa.Boolean)))
