@@ -17,6 +17,9 @@ PURGE_BATCH = 2000  # jobs purged in one transaction (the loop serves clients in
 MAX_PENDING_PER_USER = 10_000  # jobs a user may have pending (array tasks count one each)
 MAX_ARRAY_SIZE = 10_000  # tasks in one array, checked before the spec is expanded
 MAX_WAITED = 100_000  # jobs one gq wait waits for
+# A resident that has run no iteration moves to another device that would start it this
+# many seconds sooner (fifo: behind residents that end later); the daemon's --move-margin.
+MOVE_MARGIN = 5.0
 
 # Hooks (--notify, --on-finish, mail), run as the job's owner when its state changes
 HOOK_TIMEOUT = 60.0  # seconds a hook may run; then it is killed

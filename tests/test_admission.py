@@ -176,3 +176,35 @@ def test_a_gpu_type_keeps_a_job_to_its_devices():
                DeviceLoad("gpu1", True, [LaneLoad(8 << 30)], max_resident=8, index=1)]
     outcome = admission.place([Request(1, 1, Footprint(), only=frozenset({"gpu1"}))], devices)
     assert [p.devices for p in outcome.placements] == [("gpu1",)]
+
+
+def test_a_shared_job_goes_where_it_starts_soonest_or_waits_for_a_device_that_frees_first():
+    """fifo: a newcomer waits for the residents before it. Bound behind a long job while
+    another device's short job ends first, it would start later than in the queue."""
+    long_lane = LaneLoad(80 * G, [Footprint()], starts_in=99.0)
+    short_lane = LaneLoad(80 * G, [Footprint()], starts_in=9.0)
+    devices = [DeviceLoad("gpu0", True, [long_lane], 4, index=0, residents=1),
+               DeviceLoad("gpu1", True, [short_lane], 4, index=1, residents=1)]
+    assert [p.devices for p in place([Request(3, 1, Footprint())], devices)] == [("gpu1",)]
+    full = [DeviceLoad("gpu0", True, [LaneLoad(80 * G, [Footprint()], 99.0)], 4, index=0,
+                       residents=1),
+            DeviceLoad("gpu1", True, [LaneLoad(80 * G, [Footprint()] * 4, 9.0)], 4,
+                       index=1, residents=4)]  # at its resident cap, its jobs end first
+    outcome = admission.place([Request(3, 1, Footprint())], full)
+    assert outcome.placements == [] and outcome.reasons == {3: admission.RESOURCES}
+    unknown = [DeviceLoad(f"gpu{i}", True, [LaneLoad(80 * G, [Footprint()], math.inf)], 4,
+                          index=i, residents=1) for i in range(2)]
+    assert [p.devices for p in place([Request(3, 1, Footprint())], unknown)] == [("gpu0",)]
+
+
+def test_an_unstarted_resident_moves_only_for_a_start_sooner_by_the_margin():
+    devices = [DeviceLoad("gpu0", True, [LaneLoad(80 * G, [Footprint()] * 2, 99.0)], 4,
+                          index=0, residents=2),
+               DeviceLoad("gpu1", True, [LaneLoad(80 * G, [Footprint()], 3.0)], 4, index=1,
+                          residents=1)]
+    behind = admission.Unstarted(7, "gpu0", Footprint(), starts_in=90.0)
+    near = admission.Unstarted(8, "gpu0", Footprint(), starts_in=6.0)
+    assert admission.move([near, behind], devices, margin=5.0) == 7  # gains 87 s
+    assert admission.move([near], devices, margin=5.0) is None  # 3 s sooner: stays
+    devices[1].residents = 4  # no room there now
+    assert admission.move([behind], devices, margin=5.0) is None

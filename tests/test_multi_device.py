@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from conftest import (ROOT, gq, gq_ok, job, start_together, submit, submit_resident, wait_for,
-                      wait_state, write_script)
+from conftest import (ROOT, DaemonControl, gq, gq_ok, job, start_together, submit,
+                      submit_resident, wait_for, wait_state, write_script)
 
 TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
@@ -125,3 +125,27 @@ def test_deadline_spellings_and_refusals(daemon, tmp_path):
     directive = write_script(tmp_path / "d.sh", "#!/bin/sh\n#SBATCH --deadline=now+2hours\ntrue\n")
     other = submit("--hold", str(directive))
     assert abs(ts(job(other)["deadline"]) - ts(job(other)["submit_time"]) - 7200) < 5
+
+
+def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home, tmp_path):
+    """fifo on two devices: a job bound before anyone's pace was known, behind the long job,
+    moves (its worker restarted, the run not counted) once the other device's short job is
+    seen to end first; the jobs that run iterations stay where they are."""
+    DaemonControl(home).start("--cpu-devices", "2", "--move-margin", "1")
+    loop = write_script(tmp_path / "loop.py", (
+        "import sys, time\nimport gq\n"
+        "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
+        "    time.sleep(0.05)\n"))
+    long = submit(str(loop), "100")
+    short = submit("--gpu-mem", "1G", str(loop), "20")  # less room left there: early goes
+    early = submit(str(loop), "10")                      # behind long, by the usual keys
+    first = job(early)["device"] or wait_state(early, "RUNNING")["device"]
+    assert first == job(long)["device"]  # no pace known yet: bound by the usual keys
+    info = wait_state(early, "COMPLETED", timeout=60)
+    assert info["device"] == job(short)["device"] != job(long)["device"]
+    assert "moved: another device starts it sooner" in [e["reason"] for e in info["events"]]
+    assert info["run_count"] == 1  # the run that ran no iteration is not counted
+    ended = wait_state(long, "COMPLETED", timeout=60)
+    assert info["end_time"] < ended["end_time"]
+    assert all("moved" not in (e["reason"] or "") for j in (long, short)
+               for e in job(j)["events"])

@@ -28,6 +28,7 @@ def start(
     cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
     device_model: Optional[str] = typer.Option(None, "--device-model", metavar="NAME", help="Model name of the emulated devices, which --gpus TYPE:N matches (tests, demos)."),
     on_finish: Optional[str] = typer.Option(None, "--on-finish", metavar="CMD", help="Run CMD (sh) as each job's owner once it has ended, with GQ_JOB_ID, GQ_JOB_STATE, GQ_JOB_EXIT_CODE, ... set (at most a minute)."),
+    move_margin: float = typer.Option(defaults.MOVE_MARGIN, "--move-margin", metavar="SECONDS", help="Under fifo, a resident that has run no iteration moves to a device that would start it this much sooner."),
     operators: Optional[str] = typer.Option(None, "--operators", metavar="GROUP", help="Members of GROUP act on every job and the node, like root."),
     priority_cap: int = typer.Option(defaults.PRIORITY_CAP, "--priority-cap", metavar="N", help="System mode: the highest --priority users may ask for."),
     max_temp: Optional[float] = typer.Option(None, "--max-temp", metavar="C", help=f"Admit no job to a device hotter than C degrees, until {defaults.TEMP_HYSTERESIS:g} under."),
@@ -51,8 +52,9 @@ def start(
         raise UserError("--lanes and --max-resident must be at least 1, --cpu-devices 1 to "
                         "64, --kill-wait not negative")
     if (max_temp is not None and max_temp <= 0) or (max_power is not None and max_power <= 0) \
-            or client_timeout <= 0:
-        raise UserError("--max-temp, --max-power and --client-timeout must be positive")
+            or client_timeout <= 0 or not 0 <= move_margin < 1e9:
+        raise UserError("--max-temp, --max-power and --client-timeout must be positive, "
+                        "--move-margin not negative")
     if metrics is not None:
         parse_address(metrics)
     if readings is not None and not os.path.isfile(readings):
@@ -85,7 +87,7 @@ def start(
                "--max-array", str(max_array),
                "--max-connections-per-user", str(max_connections_per_user),
                "--max-connections", str(max_connections), "--max-request", str(request_bytes),
-               "--max-spool", str(spool_bytes)]
+               "--max-spool", str(spool_bytes), "--move-margin", str(move_margin)]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from gq import defaults
 from gq.errors import UserError
 
 
@@ -20,6 +21,7 @@ def simulate(
     switch_cost: float = typer.Option(0.0, "--switch-cost", help="Seconds a device pays to change job."),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
     quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms) or iterations (10it) per turn."),
+    move_margin: float = typer.Option(defaults.MOVE_MARGIN, "--move-margin", metavar="SECONDS", help="As the daemon's: under fifo, a job that has run no iteration moves to a device that would start it this much sooner."),
     backfill: bool = typer.Option(True, "--backfill/--no-backfill", help="EASY backfill of jobs whose time limit (the trace's, else their duration) ends before a blocked job's start."),
     share_slice: Optional[float] = typer.Option(None, "--share-slice", metavar="FRACTION", help="Jobs that would take turns every iteration take them in slices of this share of their iterations (fewer events, approximate) [0: exact; 0.001 for fair with --switch-cost]."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON, one object per policy."),
@@ -31,7 +33,7 @@ def simulate(
     Prints average, median and p95 job completion time (JCT = end - submit), makespan and
     device utilization. Example: gq simulate --trace jobs.csv --compare fifo,srtf,fair
     """
-    from gq import policies
+    from gq import defaults, policies
     from gq.cli import render
     from gq.sim.simulator import simulate as run_simulation
     from gq.sim.traces import load
@@ -52,6 +54,8 @@ def simulate(
         raise UserError(f"invalid --lanes {lanes}: a device has at least 1 lane")
     if switch_cost < 0:
         raise UserError(f"invalid --switch-cost {switch_cost}: must not be negative")
+    if not 0 <= move_margin < 1e9:
+        raise UserError(f"invalid --move-margin {move_margin}: seconds, 0 or more")
     if share_slice is not None and not 0 <= share_slice <= 1:
         raise UserError(f"invalid --share-slice {share_slice}: a fraction from 0 to 1")
     if plot is not None:
@@ -62,7 +66,7 @@ def simulate(
         for name in names:
             results.append(run_simulation(
                 jobs, policies.make(name, fill, quantum), gpus=gpus, switch_cost=switch_cost,
-                backfill=backfill, share_slice=share_slice, lanes=lanes,
+                backfill=backfill, share_slice=share_slice, lanes=lanes, move_margin=move_margin,
                 progress=lambda done, total, before=len(results) * len(jobs): bar(before + done)))
     summaries = [r.summary() for r in results]
     if jobs_csv is not None:

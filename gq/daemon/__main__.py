@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--device-model", help="the emulated devices' model name")
     parser.add_argument("--operators", help="group whose members are operators")
     parser.add_argument("--on-finish", help="command run as each job's owner once it ends")
+    parser.add_argument("--move-margin", type=float, default=defaults.MOVE_MARGIN)
     parser.add_argument("--priority-cap", type=int, default=defaults.PRIORITY_CAP)
     parser.add_argument("--max-temp", type=float, help="admit nothing to a device hotter (C)")
     parser.add_argument("--max-power", type=float, help="... or drawing more (W)")
@@ -65,7 +66,7 @@ def main() -> None:
     options = DaemonOptions(lanes=args.lanes, max_resident=args.max_resident,
                             kill_grace=args.kill_wait, cpu_memory=args.cpu_memory,
                             cpu_devices=args.cpu_devices, device_model=args.device_model,
-                            on_finish=args.on_finish,
+                            on_finish=args.on_finish, move_margin=args.move_margin,
                             operator_group=args.operators, priority_cap=args.priority_cap,
                             max_temp=args.max_temp, max_power=args.max_power,
                             readings=args.readings, metrics=args.metrics,

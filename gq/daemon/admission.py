@@ -27,6 +27,7 @@ RESOURCES = "Resources"  # squeue's reason: next in line, no room yet
 NODE_ROOM = "Resources (the node's host memory or CPUs)"
 PRIORITY = "Priority"  # behind a blocked job
 NO_LIMIT = "Priority (no --time: not backfilled)"
+START_SLACK = 1.0  # seconds a predicted start may lose to bind a job now rather than wait
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class Footprint:
 class LaneLoad:
     capacity: int
     footprints: list[Footprint] = field(default_factory=list)
+    # Seconds until a job placed here now would get its first iteration, as the policy
+    # runs the lane (fifo: once the residents before it have ended; 0 where the policy lets
+    # a newcomer in within their idle time or by its turn; infinity: unknown).
+    starts_in: float = 0.0
 
     def need(self, extra: Footprint | None = None) -> int:
         every = self.footprints + ([extra] if extra is not None else [])
@@ -161,6 +166,33 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
     return outcome
 
 
+@dataclass(frozen=True)
+class Unstarted:
+    """A resident job that has run no iteration yet (so nothing of it is lost if it moves):
+    where it is, and when it is predicted to get its first iteration there."""
+
+    job_id: int
+    device: str
+    footprint: Footprint
+    starts_in: float
+
+
+def move(waiting: Sequence[Unstarted], devices: Sequence[DeviceLoad],
+         margin: float) -> int | None:
+    """The job to move (one per pass: the one that gains most), where another device with
+    room would start it sooner by more than ``margin`` seconds; None if none would."""
+    best_gain, chosen = margin, None
+    for job in waiting:
+        elsewhere = [lane.starts_in for device in devices if device.name != job.device
+                     and not device.exclusive and device.residents < device.max_resident
+                     and device.held is None
+                     for lane in device.lanes if lane.fits(job.footprint)]
+        gain = job.starts_in - min(elsewhere, default=math.inf)
+        if gain > best_gain:
+            best_gain, chosen = gain, job.job_id
+    return chosen
+
+
 def _reservation(request: Request, candidates: list[DeviceLoad],
                  now: float) -> tuple[float, set[str]]:
     """When, and on which devices, the blocked job will start at the latest."""
@@ -195,13 +227,25 @@ def _choose(request: Request, devices: list[DeviceLoad], guarded: bool = True) -
             continue
         for index, lane in enumerate(device.lanes):
             if lane.fits(request.footprint):
-                options.append((-lane.headroom(request.footprint), device.residents,
-                                device.utilization, len(lane.footprints), device.index,
-                                device.name, index))
+                options.append((lane.starts_in, -lane.headroom(request.footprint),
+                                device.residents, device.utilization, len(lane.footprints),
+                                device.index, device.name, index))
     if not options:
         return None
     best = min(options)
+    # Bound now behind residents that end later than those of a device it cannot enter
+    # yet, it would wait longer than in the queue: it waits there, free to go either way.
+    if best[0] > _soonest_start(request, devices) + START_SLACK:
+        return None
     return Placement(request.job_id, (best[-2],), best[-1])
+
+
+def _soonest_start(request: Request, devices: list[DeviceLoad]) -> float:
+    """When the job could get its first iteration at the soonest on any of the devices, full
+    ones included (once what is resident there before it has ended)."""
+    return min((lane.starts_in for device in devices for lane in device.lanes
+                if lane.capacity >= request.footprint.persistent + request.footprint.ephemeral),
+               default=math.inf)
 
 
 def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:

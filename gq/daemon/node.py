@@ -72,6 +72,7 @@ class DaemonOptions:
     max_connections: int = defaults.MAX_CONNECTIONS
     max_request: int = defaults.MAX_REQUEST
     on_finish: str | None = None  # a command run as each job's owner once it has ended
+    move_margin: float = defaults.MOVE_MARGIN  # seconds sooner that move an unstarted job
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
@@ -83,7 +84,7 @@ class DaemonOptions:
                 "--max-array", str(self.max_array),
                 "--max-connections-per-user", str(self.max_connections_per_user),
                 "--max-connections", str(self.max_connections),
-                "--max-request", str(self.max_request)]
+                "--max-request", str(self.max_request), "--move-margin", str(self.move_margin)]
         if self.cpu_memory is not None:
             argv += ["--cpu-memory", str(self.cpu_memory)]
         if self.cpu_devices is not None:
@@ -133,7 +134,8 @@ class Daemon:
             HostSettings(lanes=lanes, kill_grace=options.kill_grace, cgroup=options.cgroup),
             self.selector, self.rescan, lambda: self.monitor.metrics)
         self.scheduler = Scheduler(self.db, self.devices, Capacity(lanes, options.max_resident),
-                                   self.supervisor, self.monitor, self.rescan)
+                                   self.supervisor, self.monitor, self.rescan,
+                                   options.move_margin)
         self.server: Server | None = None
         self.waiters = Waiters(self.db)
         self.notifier = Notifier(self.db, home, options.on_finish)

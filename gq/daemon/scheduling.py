@@ -19,12 +19,13 @@ from dataclasses import dataclass
 import psutil
 from sqlalchemy import Row
 
-from gq import policies
+from gq import defaults, policies
 from gq.daemon import admission
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
 from gq.daemon.monitoring import Monitor
 from gq.daemon.supervision import Supervisor, footprint
+from gq.policies.base import time_left
 from gq.exec import protocol as wire
 from gq.exec.protocol import StopWhy
 from gq.queue import dependencies, queries, transitions
@@ -52,7 +53,8 @@ class Capacity:
 
 class Scheduler:
     def __init__(self, db: Database, devices: list[Device], capacity: Capacity,
-                 supervisor: Supervisor, monitor: Monitor, wake: Callable[[], None]):
+                 supervisor: Supervisor, monitor: Monitor, wake: Callable[[], None],
+                 move_margin: float = defaults.MOVE_MARGIN):
         self.db = db
         self.devices = devices
         self.capacity = capacity
@@ -63,6 +65,7 @@ class Scheduler:
         self.policy = policies.make("fifo")
         self._dependencies: dict[str, dependencies.Dependency] = {}
         self.drained: dict[str, str] = {}  # device (or the node) -> the operator's reason
+        self.move_margin = move_margin  # seconds sooner elsewhere that move an unstarted job
         self.node_memory = psutil.virtual_memory().total
         self.node_cpus = os.cpu_count() or 1
 
@@ -94,7 +97,37 @@ class Scheduler:
             for row in running:
                 if row.array_job_id is not None:
                     array_running[row.array_job_id] = array_running.get(row.array_job_id, 0) + 1
-            self._admit(eligible, array_running, self._node_room(running))
+            self._admit(eligible, array_running, self._node_room(running), running)
+        if self.policy.waits_behind and len(self.devices) > 1:
+            self._move_unstarted(running)
+
+    def _move_unstarted(self, rows: Sequence[Row]) -> None:
+        """A resident that has run no iteration, waiting behind jobs that end later than
+        another device would start it, goes back to the queue (its process ended, the run
+        not counted), and admission places it there: one a pass."""
+        now = time.time()
+        waiting = []
+        lane_rows: dict[tuple[str, int], list[Row]] = {}
+        for row in rows:
+            job = self.supervisor.running.get(row.id)
+            if job is not None and len(job.devices) == 1:
+                lane_rows.setdefault((job.devices[0].name, job.lane), []).append(row)
+        for (device, lane), residents in lane_rows.items():
+            for row in residents:
+                job = self.supervisor.running[row.id]
+                if (row.steps_done or row.attained or row.holds_lane or row.interpreter is None
+                        or job.exclusive or job.kill_why is not None or job.suspended):
+                    continue
+                ahead = [other for other in residents
+                         if (other.submit_time, other.id) < (row.submit_time, row.id)]
+                starts_in = sum(time_left(_view(other), now - self.supervisor.running[
+                    other.id].started, other.time_limit) for other in ahead)
+                waiting.append(admission.Unstarted(row.id, device, job.footprint_now(),
+                                                   starts_in))
+        chosen = admission.move(waiting, self.loads(rows), self.move_margin)
+        if chosen is not None:
+            log.info("job %d: moving it to a device that starts it sooner", chosen)
+            self.supervisor.kill(self.supervisor.running[chosen], StopWhy.MOVE)
 
     def _hold_for_drain(self, eligible: list[Row], why: str) -> None:
         """The node is drained: every job that could start waits, saying so."""
@@ -176,7 +209,7 @@ class Scheduler:
         return eligible
 
     def _admit(self, pending: list[Row], array_running: dict[int, int],
-               node: admission.NodeRoom) -> None:
+               node: admission.NodeRoom, running: Sequence[Row]) -> None:
         by_id = {job.id: job for job in pending}
         views = [policies.JobView(id=j.id, user=j.user, submit_time=j.submit_time,
                                   priority=j.priority, steps_total=j.steps_total,
@@ -195,7 +228,7 @@ class Scheduler:
                                               time_limit=job.time_limit,
                                               only=self._allowed(job.gpu_type, job.nodelist),
                                               host_mem=job.host_mem or 0, cpus=job.cpus or 0))
-        outcome = admission.place(requests, self.loads(), now=time.time(), node=node)
+        outcome = admission.place(requests, self.loads(running), now=time.time(), node=node)
         reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
         if self.drained:  # a job that may run only where an operator drains says so
             every = frozenset(d.name for d in self.devices)
@@ -230,9 +263,11 @@ class Scheduler:
             memory=self.node_memory - sum(job.host_mem or 0 for job in running),
             cpus=self.node_cpus - sum(job.cpus or 0 for job in running))
 
-    def loads(self) -> list[admission.DeviceLoad]:
+    def loads(self, running: Sequence[Row] = ()) -> list[admission.DeviceLoad]:
         """Each available device as admission sees it: lanes, memory (less what processes
-        outside gq hold), residents, free time, utilization, the guard, topology."""
+        outside gq hold), residents, free time, utilization, the guard, topology; and, where
+        the policy makes a newcomer wait behind the residents (fifo), when each lane's end,
+        from the ``running`` jobs' rows (their progress as last flushed)."""
         loads = {}
         lanes = self.capacity.lanes
         for device in self.devices:
@@ -258,7 +293,29 @@ class Scheduler:
                 load.residents += 1
                 load.exclusive |= job.exclusive or len(job.devices) > 1
                 load.lanes[job.lane].footprints.append(job.footprint_now())
+        if self.policy.waits_behind:
+            self._add_time_left(loads, running)
         return list(loads.values())
+
+    def _add_time_left(self, loads: dict[str, admission.DeviceLoad],
+                       rows: Sequence[Row]) -> None:
+        now = time.time()
+        for row in rows:
+            job = self.supervisor.running.get(row.id)
+            if job is None:
+                continue
+            left = time_left(_view(row), now - job.started, job.time_limit)
+            for device in job.devices:
+                if (load := loads.get(device.name)) is not None:
+                    load.lanes[job.lane].starts_in += left
+
+
+def _view(row: Row) -> policies.JobView:
+    """A running job's progress as policies see it."""
+    return policies.JobView(id=row.id, user=row.user, submit_time=row.submit_time,
+                            priority=row.priority, steps_done=row.steps_done,
+                            steps_total=row.steps_total, attained=row.attained,
+                            mean_iteration=row.mean_iteration, mean_gap=row.mean_gap)
 
 
 def _too_late(job: Row, now: float) -> str:

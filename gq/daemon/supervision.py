@@ -338,6 +338,9 @@ class Supervisor:
         elif why is StopWhy.REQUEUE:
             self.end(job, exit_code, JobState.PENDING, "requeued by user", requeue=True,
                      end=end)
+        elif why is StopWhy.MOVE:
+            self.end(job, exit_code, JobState.PENDING, "moved: another device starts it "
+                     "sooner", requeue=True, end=end, counted=False)
         elif why is StopWhy.SHUTDOWN:
             self.end(job, exit_code, JobState.FAILED, "daemon stopped",
                      requeue=job.requeue, end=end)
@@ -350,7 +353,9 @@ class Supervisor:
             self.end(job, code, JobState.FAILED, f"exit code {code}", end=end)
 
     def end(self, job: Running, exit_code: int | None, state: JobState, reason: str | None,
-            requeue: bool = False, end: float | None = None) -> None:
+            requeue: bool = False, end: float | None = None, counted: bool = True) -> None:
+        """Record the run's end: the job's end state, or back to the queue (``requeue``;
+        ``counted=False``: a run that ran no iteration, not counted among its runs)."""
         self.running.pop(job.job_id, None)
         progress = self.progress.pop(job.job_id, None)
         with self.db.write() as session:
@@ -359,7 +364,7 @@ class Supervisor:
             if requeue:
                 transitions.requeue(session, job.job_id,
                                     reason if state is JobState.PENDING else f"{reason}; requeued",
-                                    now=end)
+                                    now=end, started=counted)
             elif state is JobState.FAILED and transitions.retry(
                     session, job.job_id, exit_code, f"{reason or 'failed'}; retried", now=end):
                 requeue = True  # --retries: it had runs left

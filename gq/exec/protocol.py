@@ -52,6 +52,7 @@ class StopWhy(str, enum.Enum):
     STRAY = "stray"  # a run the queue does not know
     PROTOCOL = "protocol"  # its worker sent what the protocol does not allow
     LAUNCH = "launch"  # its process could not be set up before its exec (detail says why)
+    MOVE = "move"  # it ran no iteration and another device starts it sooner: requeued
 
 
 def host_paths(state_dir: str, device: str) -> tuple[str, str]:

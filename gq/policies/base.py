@@ -35,11 +35,28 @@ class JobView:
         return left * (self.mean_iteration or 0.0)
 
 
+def time_left(job: JobView, ran: float, time_limit: float | None) -> float:
+    """How long a running job will still hold its lane at most, as far as anyone can tell:
+    its steps left at its measured pace (iteration and gap), capped by what its time limit
+    leaves; infinity where neither is known."""
+    left = math.inf
+    if time_limit is not None and math.isfinite(time_limit):
+        left = max(0.0, time_limit - ran)
+    if job.steps_total is not None and job.mean_iteration is not None:
+        steps = max(0, job.steps_total - job.steps_done)
+        left = min(left, steps * (job.mean_iteration + (job.mean_gap or 0.0)))
+    return left
+
+
 class Policy(Protocol):
     name: str
     # Whether its pick may pass from one job to another after every iteration while nothing
     # else changes (jobs sharing by attained time): a simulator may then batch turns.
     alternates: bool
+    # Whether a job placed on a lane gets no iteration until the residents before it have
+    # ended (fifo), rather than within their idle time or by its turn: admission then places
+    # a job where those residents end soonest.
+    waits_behind: bool
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         """Admission order of pending jobs, best first."""

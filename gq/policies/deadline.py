@@ -27,6 +27,7 @@ def feasible(job: JobView, now: float) -> bool:
 class Deadline:
     name = "deadline"
     alternates = False
+    waits_behind = False
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=lambda job: (_due(job), *by_submission(job)))

@@ -12,6 +12,7 @@ from gq.policies.base import JobView
 class Fair:
     name = "fair"
     alternates = True  # equal shares: the least served job is picked after every iteration
+    waits_behind = False
     quantum = 0.0  # shares count attained device time exactly
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:

@@ -11,6 +11,7 @@ from gq.policies.base import JobView, by_submission
 class Fifo:
     name = "fifo"
     alternates = False
+    waits_behind = True  # a job placed behind residents waits until they have ended
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=by_submission)

@@ -27,6 +27,7 @@ def _grant_rank(job: JobView) -> tuple[int, float, float, int]:
 class Priority:
     name = "priority"
     alternates = False
+    waits_behind = False
     quantum = 0.0  # equal priorities take turns by attained time exactly
 
     def __init__(self, fill: str = "always"):

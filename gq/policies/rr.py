@@ -31,6 +31,7 @@ def parse_quantum(text: str) -> tuple[float, bool]:
 class RoundRobin:
     name = "rr"
     alternates = False
+    waits_behind = False
 
     def __init__(self, quantum: str = DEFAULT_QUANTUM):
         self.amount, self.in_iterations = parse_quantum(quantum)

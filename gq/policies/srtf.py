@@ -22,6 +22,7 @@ def _urgency(job: JobView) -> tuple[int, float, float, int]:
 class Srtf:
     name = "srtf"
     alternates = False
+    waits_behind = False
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         # Iteration times are not known before a job runs, so admit by total steps.

@@ -52,7 +52,8 @@ _SCHEDULING = (Job.id, Job.user, Job.submit_time, Job.priority, Job.steps_total,
                Job.time_limit, Job.dependency, Job.reason, Job.gpus, Job.mem, Job.exclusive,
                Job.array_job_id, Job.array_max_running, Job.stop_request, Job.held,
                Job.begin_time, Job.gpu_type, Job.host_mem, Job.cpus, Job.nodelist,
-               Job.suspended)
+               Job.suspended, Job.steps_done, Job.attained, Job.mean_iteration, Job.mean_gap,
+               Job.holds_lane, Job.interpreter)
 
 
 def for_scheduling(session: Session, state: JobState, held: bool | None = None) -> Sequence:

@@ -41,9 +41,10 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gq import defaults
 from gq.daemon import admission
 from gq.policies import JobView, Policy
-from gq.policies.base import TakesTurns, anticipation_window, run_length
+from gq.policies.base import TakesTurns, anticipation_window, run_length, time_left
 from gq.sim import turns
 from gq.sim.traces import TraceJob
 
@@ -201,24 +202,25 @@ def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: f
              capacity: int | None = None, max_resident: int | None = None,
              backfill: bool = True, step_by_step: bool = False,
              share_slice: float | None = None, lanes: int = 1,
-             progress: Callable[[int, int], None] | None = None) -> Result:
+             progress: Callable[[int, int], None] | None = None,
+             move_margin: float = defaults.MOVE_MARGIN) -> Result:
     """Run the trace through ``policy`` on ``gpus`` devices of ``lanes`` lanes each (a lane
     runs one iteration at a time, lanes of a device at once; ``capacity``, a device's
     memory, is split between them; a multi-GPU job takes whole devices and runs on one lane
     of each). For backfill a job's time limit is its trace limit, else its run time alone
     (a perfect estimate). ``step_by_step`` asks the policy after every iteration (the
     reference the bulk advance is tested against); ``progress`` is called with (jobs
-    finished, jobs) as jobs end."""
+    finished, jobs) as jobs end; ``move_margin`` is the daemon's --move-margin."""
     if gpus < 1 or lanes < 1:
         raise ValueError("gpus and lanes must be at least 1")
     simulation = _Simulation(jobs, policy, gpus, switch_cost, capacity, max_resident,
-                             backfill, step_by_step, share_slice, lanes, progress)
+                             backfill, step_by_step, share_slice, lanes, progress, move_margin)
     return simulation.run()
 
 
 class _Simulation:
     def __init__(self, jobs, policy, gpus, switch_cost, capacity, max_resident, backfill,
-                 step_by_step, share_slice, lanes, progress):
+                 step_by_step, share_slice, lanes, progress, move_margin):
         self.policy = policy
         self.gpus = gpus
         self.lanes_per_device = lanes
@@ -231,6 +233,7 @@ class _Simulation:
             share_slice = DEFAULT_SHARE_SLICE if policy.alternates and switch_cost else 0.0
         self.share_slice = share_slice
         self.progress = progress
+        self.move_margin = move_margin
         self.lanes = [Lane(i, i // lanes) for i in range(gpus * lanes)]
         self.runs = {job.id: JobRun(job, min(job.gpus, gpus)) for job in jobs}
         if len(self.runs) != len(jobs):
@@ -262,6 +265,8 @@ class _Simulation:
                         admissible = True
                 else:
                     admissible |= self._end_stretch(payload, now)
+            if admissible and self.policy.waits_behind and self.gpus > 1:
+                touched.update(self._move_unstarted(now))
             if admissible and self.pending and self._room():
                 touched.update(self._place(now))
             for index in touched:
@@ -292,6 +297,53 @@ class _Simulation:
         return any(len(jobs) < self.max_resident and not any(r.gpus > 1 for r in jobs)
                    for jobs in self._device_residents())
 
+    def _loads(self, now: float) -> list[admission.DeviceLoad]:
+        """Each device as admission sees it (the daemon's Scheduler.loads)."""
+        per_lane = self.lanes_per_device
+        return [admission.DeviceLoad(
+            name=str(device), gpu=True, index=device,
+            lanes=[admission.LaneLoad(self.lane_capacity,
+                                      [admission.Footprint(r.job.mem or 0)
+                                       for r in self.lanes[device * per_lane + k].residents],
+                                      self._starts_in(self.lanes[device * per_lane + k], now))
+                   for k in range(per_lane)],
+            max_resident=self.max_resident, residents=len(jobs),
+            exclusive=any(r.gpus > 1 for r in jobs),
+            free_at=max((r.start + r.job.limit for r in jobs), default=0.0))
+            for device, jobs in enumerate(self._device_residents())]
+
+    def _move_unstarted(self, now: float) -> set[int]:
+        """Residents that have run no iteration go back to the queue where another device
+        would start them sooner (admission.move, as the daemon's scheduler asks it at each
+        of its passes); the lanes they left."""
+        left: set[int] = set()
+        while moved := self._move_one(now):
+            left.update(moved)
+        return left
+
+    def _move_one(self, now: float) -> tuple[int, ...]:
+        waiting = []
+        for lane in self.lanes:
+            current = lane.stretch.run if isinstance(lane.stretch, Stretch) else None
+            for run in lane.residents:
+                if run.done or run.gpus > 1 or run is current or run.start is None:
+                    continue
+                ahead = [other for other in lane.residents if (other.job.submit_time,
+                         other.job.id) < (run.job.submit_time, run.job.id)]
+                waiting.append(admission.Unstarted(
+                    run.job.id, str(lane.device), admission.Footprint(run.job.mem or 0),
+                    self._time_left(lane, ahead, now)))
+        chosen = admission.move(waiting, self._loads(now), self.move_margin)
+        if chosen is None:
+            return ()
+        run = self.runs[chosen]
+        left = run.lanes
+        for index in left:
+            self.lanes[index].residents.remove(run)
+        run.lanes, run.start, run.ready_at = (), None, 0.0
+        self.pending[chosen] = run
+        return left
+
     def _place(self, now: float) -> set[int]:
         """Admit pending jobs; the lanes that got one."""
         runs = self.runs
@@ -301,16 +353,7 @@ class _Simulation:
                                       exclusive=runs[v.id].gpus > 1,
                                       time_limit=runs[v.id].job.limit) for v in order]
         per_lane = self.lanes_per_device
-        loads = [admission.DeviceLoad(
-            name=str(device), gpu=True, index=device,
-            lanes=[admission.LaneLoad(self.lane_capacity,
-                                      [admission.Footprint(r.job.mem or 0)
-                                       for r in self.lanes[device * per_lane + k].residents])
-                   for k in range(per_lane)],
-            max_resident=self.max_resident, residents=len(jobs),
-            exclusive=any(r.gpus > 1 for r in jobs),
-            free_at=max((r.start + r.job.limit for r in jobs), default=0.0))
-            for device, jobs in enumerate(self._device_residents())]
+        loads = self._loads(now)
         outcome = admission.place(requests, loads, now=now, backfill=self.backfill)
         touched = set()
         for placement in outcome.placements:
@@ -325,6 +368,26 @@ class _Simulation:
             if run.job.startup:
                 self._push(run.ready_at, READY, run.job.id)
         return touched
+
+    def _starts_in(self, lane: Lane, now: float) -> float:
+        """When a job placed on the lane now would get its first iteration, as the daemon
+        predicts it: 0 unless the policy makes a newcomer wait behind the residents."""
+        if not self.policy.waits_behind:
+            return 0.0
+        return self._time_left(lane, lane.residents, now)
+
+    def _time_left(self, lane: Lane, runs: list[JobRun], now: float) -> float:
+        """How long ``runs`` of the lane will still hold it, as the daemon predicts it
+        (:func:`gq.policies.base.time_left`, from the progress they show by now)."""
+        total = 0.0
+        for run in runs:
+            done = 0
+            stretch = lane.stretch
+            if isinstance(stretch, Stretch) and stretch.run is run and now > stretch.begin:
+                done = min(stretch.count, int((now - stretch.begin) / run.period))
+            view = run.projected(done, run.released_at) if done else run.view()
+            total += time_left(view, now - (run.start or now), run.job.limit)
+        return total
 
     # ----- stretches ------------------------------------------------------------------
     def _cut(self, lane: Lane, now: float) -> None:
