@@ -136,7 +136,7 @@ def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home
         "import sys, time\nimport gq\n"
         "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
         "    time.sleep(0.05)\n"))
-    long = submit(str(loop), "100")
+    long = submit(str(loop), "60")
     short = submit("--gpu-mem", "1G", str(loop), "20")  # less room left there: early goes
     early = submit(str(loop), "10")                      # behind long, by the usual keys
     first = job(early)["device"] or wait_state(early, "RUNNING")["device"]

@@ -54,13 +54,25 @@ def _results(tmp_path: Path, spaced: Path, project: Path) -> dict:
     return results
 
 
-def test_jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, home, tmp_path):
+def test_scripts_move_both_ways_between_gq_and_a_real_slurm(slurm, home, tmp_path,
+                                                            monkeypatch):
+    """Both directions in one test, so that one xdist worker alone starts a Slurm."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "in").mkdir()
+    monkeypatch.chdir(tmp_path / "out")
+    _jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, tmp_path / "out")
+    gq_ok("daemon", "stop")
+    _cluster_scripts_run_under_gq_unchanged(slurm, home, tmp_path / "in", monkeypatch)
+
+
+def _jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, tmp_path):
     spaced = tmp_path / "dir with space"
     spaced.mkdir()
     array = write_script(spaced / "task.sh", (
         'echo "task=$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT name=$SLURM_JOB_NAME '
         'gq=$GQ_ARRAY_TASK_ID"\n'))
-    step = write_script(tmp_path / "step.sh", f'sleep 0.5\necho "$SLURM_JOB_NAME" >> "{tmp_path}/order.log"\n')
+    step = write_script(tmp_path / "step.sh", (
+        f'sleep 0.2\necho "$SLURM_JOB_NAME" >> "{tmp_path}/order.log"\n'))
     project = tmp_path / "project"
     project.mkdir()
     (project / "helper.py").write_text("VALUE = 'from the sibling module'\n")
@@ -72,7 +84,7 @@ def test_jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, home, t
         "print(helper.VALUE, sys.prefix == sys.base_prefix and 'system' or 'venv', "
         "sys.argv[1:])\n"))
     memory = write_script(tmp_path / "mem.sh", (
-        f'{sys.executable} -c "b = bytearray($1 << 20); import time; time.sleep(3); '
+        f'{sys.executable} -c "b = bytearray($1 << 20); import time; time.sleep($2); '
         'print(\'held\', len(b) >> 20)"\n'))
     plain = write_script(tmp_path / "plain.sh", 'echo "exclusive ran"\n')
 
@@ -82,13 +94,14 @@ def test_jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, home, t
         "venv": submit("--python", str(venv / "bin" / "python"), "-o", "venv-%j.out",
                        "-D", str(project), str(main), "--lr", "3e-4"),
         "fits": submit("--gpu-mem", "64M", "--host-mem", "300M", "-o", "fits-%j.out",
-                       "--deadline", "now+1day", "-t", "5:00", str(memory), "100"),
+                       "--deadline", "now+1day", "-t", "5:00", str(memory), "100", "0"),
         "exclusive": submit("-G", "1", "--exclusive", "-o", "excl-%j.out", str(plain)),
     }
     first = submit("-J", "one", str(step))
     second = submit("-J", "two", "--dependency", f"afterok:{first}", str(step))
     third = submit("-J", "three", "--dependency", f"afterany:{second}", str(step))
-    over = submit("--host-mem", "150M", "-o", "over-%j.out", str(memory), "400")
+    # Slurm samples memory each second (OverMemoryKill): held long enough to be seen.
+    over = submit("--host-mem", "150M", "-o", "over-%j.out", str(memory), "400", "3")
     for job_id in [*jobs.values(), first, second, third]:
         wait_state(job_id, "COMPLETED", timeout=60)
     assert wait_state(over, "FAILED", timeout=30)["exit_code"] != 0  # its cgroup's limit
@@ -184,7 +197,7 @@ def _normalised(directory: Path) -> dict[str, str]:
     return found
 
 
-def test_cluster_scripts_run_under_gq_unchanged(slurm, home, tmp_path, monkeypatch):
+def _cluster_scripts_run_under_gq_unchanged(slurm, home, tmp_path, monkeypatch):
     DaemonControl(home).start("--cpu-devices", "2", "--device-model", "Fake GPU")
     sides = {}
     for side in ("slurm", "gq"):
