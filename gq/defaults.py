@@ -24,7 +24,8 @@ MOVE_MARGIN = 5.0
 # Hooks (--notify, --on-finish, mail), run as the job's owner when its state changes
 HOOK_TIMEOUT = 60.0  # seconds a hook may run; then it is killed
 MAX_RUNNING_HOOKS = 16  # at once, node-wide
-MAX_QUEUED_HOOKS = 10_000  # waiting to run; past it, more are dropped (logged)
+MAX_RUNNING_HOOKS_PER_USER = 4  # at once, of one user's jobs: the others' go on meanwhile
+MAX_QUEUED_HOOKS_PER_USER = 1_000  # waiting to run; past it, more are dropped (logged)
 HOOK_EVENTS_PER_PASS = 1_000  # job events looked at per scheduling pass
 MAX_CONNECTIONS_PER_USER = 64  # open connections of one uid
 MAX_CONNECTIONS = 1024  # open connections in total (less than the descriptor limit allows)

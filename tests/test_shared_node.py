@@ -91,6 +91,7 @@ def test_only_operators_change_the_node_and_raise_priorities(shared_node, users)
     assert_refused(shared_node.run(bob, "daemon", "stop"), "only an operator")
     assert_refused(shared_node.run(bob, "drain", "--reason", "mine"), "only an operator")
     assert_refused(shared_node.run(bob, "resume"), "only an operator")
+    assert_refused(shared_node.run(bob, "suspend", "1"), "only an operator")
     assert shared_node.run(None, "daemon", "status").code == 0
     script = _script(alice, "p.sh", "true\n")
     assert_refused(shared_node.run(alice, "submit", "--priority", "9", script), "cap of 5")

@@ -4,6 +4,7 @@ update, #SBATCH scripts and export to sbatch."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -167,11 +168,26 @@ def test_a_pending_jobs_command_line_is_edited_and_its_snapshot_stays(daemon, tm
         assert (tmp_path / f"arr-{task}.out").read_text() == f"args: y z; in {tmp_path}\n"
     for args, words in ((["--args", "'open"], "invalid --args"),
                         (["-D", str(tmp_path / "nowhere")], "is not a directory"),
-                        (["-d", "afterok:99999"], "which does not exist")):
+                        (["-d", "afterok:99999"], "which does not exist"),
+                        (["-d", f"afterok:{first}"], "cannot depend on itself")):
         result = gq("update", str(first), *args)
         assert result.code == 2 and words in result.err, (args, result.err)
     ended = gq("update", str(first), "--args", "q")
     assert ended.code == 2 and "only a pending job can have its arguments changed" in ended.err
+    separate = submit("--hold", "-o", "o-%j.out", "-e", "e-%j.err", str(script))
+    gq_ok("update", str(separate), "-o", "new-%j.out")
+    shown = job(separate)
+    assert (Path(shown["stdout"]).name, Path(shown["stderr"]).name) == (
+        f"new-{separate}.out", f"e-{separate}.err")  # its own -e stays
+    go = tmp_path / "go"
+    gated = write_script(tmp_path / "g.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n")
+    partly = submit("--hold", "--array", "0-1", str(gated))
+    gq_ok("release", f"{partly}_0")
+    wait_state(partly, "RUNNING")
+    refused = gq("update", str(partly), "--args", "new")
+    assert refused.code == 2 and "can change only while every task is pending" in refused.err
+    go.touch()
+    gq_ok("cancel", str(partly), str(separate))
 
 
 def test_sbatch_script_runs_with_its_name_memory_and_time_limit(daemon, tmp_path):
@@ -416,6 +432,8 @@ def test_notify_on_finish_and_mail_run_as_the_owner_once_the_job_ends(home, tmp_
                               f'echo "$GQ_JOB_ID $GQ_JOB_STATE $(id -u)" >> {finished}')
     notified = tmp_path / "notified.log"
     script = write_script(tmp_path / "n.sh", "exit ${1:-0}\n")
+    daemon_fds = Path(f"/proc/{DaemonControl(home).pid()}/fd")
+    fds_before = len(list(daemon_fds.iterdir()))
     failing = submit("--notify", f'echo "$GQ_JOB_ID $GQ_JOB_STATE exit=$GQ_JOB_EXIT_CODE '
                      f'out=$GQ_JOB_OUTPUT" >> {notified}', "--mail-type", "FAIL",
                      "--mail-user", "ann@example.org", str(script), "3")
@@ -442,6 +460,11 @@ def test_notify_on_finish_and_mail_run_as_the_owner_once_the_job_ends(home, tmp_
          f"to={user} subject=gq job {fine} (n.sh) COMPLETED"])
     wait_for(lambda: f"job {held}: its --notify hook failed (exit status 4)" in
              DaemonControl(home).log(), 10, what="the failed hook in the log")
+    for _ in range(8):  # hooks that succeed leave the daemon no descriptor
+        submit("--notify", "true", str(script))
+    wait_for(lambda: len(finished.read_text().splitlines()) == 11, 20, what="eight more hooks")
+    wait_for(lambda: len(list(daemon_fds.iterdir())) <= fds_before + 2, 10,
+             what="the hooks' descriptors closed")
     for args, words in ((["--mail-type", "SOMETIMES"], "invalid --mail-type 'SOMETIMES'"),
                         (["--notify", " "], "--notify needs a command")):
         result = gq("submit", *args, str(script))

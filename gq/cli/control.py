@@ -104,7 +104,8 @@ def drain(
 def suspend(job_ids: list[str] = IDS) -> None:
     """Stop running jobs in place (SIGSTOP, or their cgroup's freezer), as scontrol
     suspend: they keep their memory but hold no lane, and their time limit stops; ST shows
-    S. 'gq resume JOBID' lets them go on."""
+    S. 'gq resume JOBID' lets them go on. Operators only, as in Slurm (a suspended job
+    holds its device for as long as it stays suspended)."""
     print_report(ask(messages.Suspend(labels(job_ids), suspended=True)))
 
 
@@ -112,7 +113,7 @@ def resume(
     targets: Optional[list[str]] = typer.Argument(None, metavar="JOBID|DEVICE", help="Suspended jobs to go on, or drained devices [the node and every device]."),
 ) -> None:
     """Let suspended jobs go on (gq resume 17), or undo 'gq drain' (gq resume, gq resume
-    gpu1: operators only)."""
+    gpu1). Operators only."""
     targets = list(targets or [])
     if targets and all(_is_label(target) for target in targets):
         print_report(ask(messages.Suspend(labels(targets), suspended=False)))

@@ -121,7 +121,11 @@ class Outcome:
 
 
 def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float = 0.0,
-          backfill: bool = True, node: NodeRoom | None = None) -> Outcome:
+          backfill: bool = True, node: NodeRoom | None = None,
+          waits_behind: bool = False) -> Outcome:
+    """Place the jobs in order (see the module's text). ``waits_behind``: the policy makes
+    a newcomer wait for the residents before it (fifo), so a job placed on a lane in this
+    pass adds its time limit (unknown: forever) to the wait of the ones placed after it."""
     has_whole = any(d.gpu for d in devices)
     outcome = Outcome([], {})
     reserved: set[str] = set()
@@ -137,7 +141,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
         placement = _choose(request, candidates)
         if outcome.reserved_start is None:
             if placement is not None:
-                _commit(placement, request, devices, now, node)
+                _commit(placement, request, devices, now, node, waits_behind)
                 outcome.placements.append(placement)
                 continue
             outcome.reasons[request.job_id] = _why(RESOURCES, request, candidates)
@@ -161,7 +165,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
         if placement is None:
             outcome.reasons[request.job_id] = _why(PRIORITY, request, candidates)
             continue
-        _commit(placement, request, devices, now, node)
+        _commit(placement, request, devices, now, node, waits_behind)
         outcome.placements.append(placement)
     return outcome
 
@@ -227,7 +231,8 @@ def _choose(request: Request, devices: list[DeviceLoad], guarded: bool = True) -
             continue
         for index, lane in enumerate(device.lanes):
             if lane.fits(request.footprint):
-                options.append((lane.starts_in, -lane.headroom(request.footprint),
+                # to the millisecond: predictions that differ by rounding are a tie
+                options.append((round(lane.starts_in, 3), -lane.headroom(request.footprint),
                                 device.residents, device.utilization, len(lane.footprints),
                                 device.index, device.name, index))
     if not options:
@@ -272,18 +277,25 @@ def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
 
 
 def _commit(placement: Placement, request: Request, devices: Sequence[DeviceLoad],
-            now: float, node: NodeRoom | None = None) -> None:
+            now: float, node: NodeRoom | None = None, waits_behind: bool = False) -> None:
     """Take the room: later jobs of the same pass see the job there, and until when."""
     if node is not None:
         node.take(request)
     by_name = {d.name: d for d in devices}
     whole = request.exclusive or request.gpus > 1
     ends = now + request.time_limit if request.time_limit is not None else math.inf
+    holds = request.time_limit if request.time_limit else math.inf
     for name in placement.devices:
         device = by_name[name]
         device.residents += 1
         device.free_at = max(device.free_at, ends)
         if whole:
             device.exclusive = True
+            if waits_behind:  # every lane of its devices waits for it
+                for lane in device.lanes:
+                    lane.starts_in += holds
         else:
-            device.lanes[placement.lane].footprints.append(request.footprint)
+            lane = device.lanes[placement.lane]
+            lane.footprints.append(request.footprint)
+            if waits_behind:
+                lane.starts_in += holds

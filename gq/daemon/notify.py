@@ -76,6 +76,7 @@ class Notifier:
         self.on_finish = on_finish
         self.mail = shutil.which("mail")
         self.queued: deque[Hook] = deque()
+        self.queued_by_user: dict[str, int] = {}
         self.running: list[Running] = []
         self.last_event: int | None = None
 
@@ -92,11 +93,13 @@ class Notifier:
                 .limit(defaults.HOOK_EVENTS_PER_PASS)).all()
             for event, job in rows:
                 for hook in self._hooks(session, event, job):
-                    if len(self.queued) >= defaults.MAX_QUEUED_HOOKS:
-                        log.warning("job %d: %s not run: %d hooks wait already", job.id,
-                                    hook.what, len(self.queued))
+                    mine = self.queued_by_user.get(job.user, 0)
+                    if mine >= defaults.MAX_QUEUED_HOOKS_PER_USER:
+                        log.warning("job %d: %s not run: %d hooks of %s's wait already",
+                                    job.id, hook.what, mine, job.user)
                         continue
                     self.queued.append(hook)
+                    self.queued_by_user[job.user] = mine + 1
         if rows:
             self.last_event = rows[-1][0].id
             with self.db.write() as session:
@@ -104,7 +107,9 @@ class Notifier:
         self.tend()
 
     def tend(self) -> None:
-        """Collect hooks that ended, kill those past their time, start queued ones."""
+        """Collect hooks that ended, kill those past their time, start queued ones: at most
+        ``defaults.MAX_RUNNING_HOOKS`` at once, and of those at most
+        ``defaults.MAX_RUNNING_HOOKS_PER_USER`` of one user's, taken in turn."""
         now = time.monotonic()
         for running in list(self.running):
             status = running.process.poll()
@@ -115,20 +120,31 @@ class Notifier:
                 running.process.wait(1.0)
                 log.warning("job %d: its %s hook ran past %g s; killed", running.hook.job_id,
                             running.hook.what, defaults.HOOK_TIMEOUT)
-            elif status != 0:
-                running.process.read_setup()
+            running.process.read_setup()  # closes its set-up pipe, whatever the outcome
+            if status not in (None, 0):
                 why = running.process.setup_failure or f"exit status {status}"
                 log.warning("job %d: its %s hook failed (%s)", running.hook.job_id,
                             running.hook.what, why)
             self.running.remove(running)
+        busy: dict[str, int] = {}
+        for running in self.running:
+            busy[running.hook.spec.user] = busy.get(running.hook.spec.user, 0) + 1
+        waiting: deque[Hook] = deque()
         while self.queued and len(self.running) < defaults.MAX_RUNNING_HOOKS:
             hook = self.queued.popleft()
+            user = hook.spec.user
+            if busy.get(user, 0) >= defaults.MAX_RUNNING_HOOKS_PER_USER:
+                waiting.append(hook)  # its user's turn comes again when one of theirs ends
+                continue
+            self.queued_by_user[user] -= 1
             try:
                 process = start_as_submitter(hook.spec, dict(hook.spec.env), {})
             except LaunchError as exc:
                 log.warning("job %d: cannot run its %s hook: %s", hook.job_id, hook.what, exc)
                 continue
+            busy[user] = busy.get(user, 0) + 1
             self.running.append(Running(hook, process, now + defaults.HOOK_TIMEOUT))
+        self.queued.extendleft(reversed(waiting))
 
     def _hooks(self, session, event: JobEvent, job: Job) -> list[Hook]:
         """The hooks one state change sets off."""
@@ -186,7 +202,3 @@ class Notifier:
             worker=False, cwd=job.workdir if os.path.isabs(job.workdir) else "/", env=env,
             stdout="/dev/null", stderr="/dev/null", user=job.user, submit_time=job.submit_time,
             uid=job.uid, gid=job.gid, groups=groups, umask=job.umask)
-
-    def close(self) -> None:
-        """Hooks still running are left to finish alone (they die with nothing of ours)."""
-        self.queued.clear()

@@ -97,8 +97,11 @@ class Scheduler:
             for row in running:
                 if row.array_job_id is not None:
                     array_running[row.array_job_id] = array_running.get(row.array_job_id, 0) + 1
-            self._admit(eligible, array_running, self._node_room(running), running)
-        if self.policy.waits_behind and len(self.devices) > 1:
+            placed = self._admit(eligible, array_running, self._node_room(running), running)
+        else:
+            placed = 0
+        # Not in a pass that launched jobs: their lanes' waits are not in the rows read.
+        if self.policy.waits_behind and len(self.devices) > 1 and not placed:
             self._move_unstarted(running)
 
     def _move_unstarted(self, rows: Sequence[Row]) -> None:
@@ -115,8 +118,9 @@ class Scheduler:
         for (device, lane), residents in lane_rows.items():
             for row in residents:
                 job = self.supervisor.running[row.id]
-                if (row.steps_done or row.attained or row.holds_lane or row.interpreter is None
-                        or job.exclusive or job.kill_why is not None or job.suspended):
+                if (row.steps_done or row.attained or row.holds_lane or job.holds_lane
+                        or row.interpreter is None or job.exclusive or job.kill_why is not None
+                        or job.suspended):
                     continue
                 ahead = [other for other in residents
                          if (other.submit_time, other.id) < (row.submit_time, row.id)]
@@ -126,8 +130,10 @@ class Scheduler:
                                                    starts_in))
         chosen = admission.move(waiting, self.loads(rows), self.move_margin)
         if chosen is not None:
+            # Not marked as being killed: its host refuses if it was granted an iteration
+            # meanwhile, and then its run goes on as if nothing had been asked.
             log.info("job %d: moving it to a device that starts it sooner", chosen)
-            self.supervisor.kill(self.supervisor.running[chosen], StopWhy.MOVE)
+            self.supervisor.ask_to_move(self.supervisor.running[chosen])
 
     def _hold_for_drain(self, eligible: list[Row], why: str) -> None:
         """The node is drained: every job that could start waits, saying so."""
@@ -209,7 +215,8 @@ class Scheduler:
         return eligible
 
     def _admit(self, pending: list[Row], array_running: dict[int, int],
-               node: admission.NodeRoom, running: Sequence[Row]) -> None:
+               node: admission.NodeRoom, running: Sequence[Row]) -> int:
+        """Start what may start; how many jobs were placed."""
         by_id = {job.id: job for job in pending}
         views = [policies.JobView(id=j.id, user=j.user, submit_time=j.submit_time,
                                   priority=j.priority, steps_total=j.steps_total,
@@ -228,7 +235,8 @@ class Scheduler:
                                               time_limit=job.time_limit,
                                               only=self._allowed(job.gpu_type, job.nodelist),
                                               host_mem=job.host_mem or 0, cpus=job.cpus or 0))
-        outcome = admission.place(requests, self.loads(running), now=time.time(), node=node)
+        outcome = admission.place(requests, self.loads(running), now=time.time(), node=node,
+                                  waits_behind=self.policy.waits_behind)
         reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
         if self.drained:  # a job that may run only where an operator drains says so
             every = frozenset(d.name for d in self.devices)
@@ -246,6 +254,7 @@ class Scheduler:
         for placement in outcome.placements:
             devices = [d for d in self.devices if d.name in placement.devices]
             self.supervisor.launch(placement.job_id, devices, placement.lane)
+        return len(outcome.placements)
 
     def _allowed(self, gpu_type: str | None, nodelist: str | None) -> frozenset[str] | None:
         """The devices a job may use, by the GPU type and the devices it named (None: any)."""

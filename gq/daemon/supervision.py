@@ -224,6 +224,10 @@ class Supervisor:
         job.kill_why = why
         self.send(job.host, wire.Kill(job.job_id, why))
 
+    def ask_to_move(self, job: Running) -> None:
+        """End a run that has had no iteration, to place the job again (StopWhy.MOVE)."""
+        self.send(job.host, wire.Kill(job.job_id, StopWhy.MOVE))
+
     def suspend(self, job: Running, suspended: bool) -> None:
         job.suspended = suspended
         self.send(job.host, wire.Suspend(job.job_id, suspended))

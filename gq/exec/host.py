@@ -375,8 +375,9 @@ class Host:
     def _on_suspend(self, message: wire.Suspend) -> None:
         resident = self.residents.get(message.job)
         if resident is None or resident.exit_status is not None \
-                or resident.suspended == message.suspended:
-            return
+                or resident.suspended == message.suspended \
+                or (message.suspended and resident.kill_deadline is not None):
+            return  # gone, as asked already, or being ended: its SIGTERM must be seen
         now = time.monotonic()
         lane = self.lanes[resident.lane]
         if message.suspended:
@@ -419,8 +420,11 @@ class Host:
 
     def _on_kill(self, message: wire.Kill) -> None:
         resident = self.residents.get(message.job)
-        if resident is not None:
-            self._kill(resident, message.why)
+        if resident is None:
+            return
+        if message.why is StopWhy.MOVE and (resident.granted_at or resident.iterations):
+            return  # it has been granted an iteration since the daemon looked: it stays
+        self._kill(resident, message.why)
 
     def _state(self) -> wire.State:
         """Everything a daemon that (re)connects must know."""

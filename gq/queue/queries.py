@@ -87,9 +87,10 @@ def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple
     return found
 
 
-def payload_job_ids(session: Session, payload_id: int) -> list[int]:
-    """The jobs of one submission (one, or an array's tasks)."""
-    return list(session.scalars(select(Job.id).where(Job.payload_id == payload_id)))
+def payload_jobs(session: Session, payload_id: int) -> list[tuple[int, str]]:
+    """The jobs of one submission (one, or an array's tasks): id and state."""
+    return [(job_id, state) for job_id, state in session.execute(
+        select(Job.id, Job.state).where(Job.payload_id == payload_id))]
 
 
 def array_task_ids(session: Session, array_job_id: int) -> list[int]:

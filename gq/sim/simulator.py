@@ -354,7 +354,8 @@ class _Simulation:
                                       time_limit=runs[v.id].job.limit) for v in order]
         per_lane = self.lanes_per_device
         loads = self._loads(now)
-        outcome = admission.place(requests, loads, now=now, backfill=self.backfill)
+        outcome = admission.place(requests, loads, now=now, backfill=self.backfill,
+                                  waits_behind=self.policy.waits_behind)
         touched = set()
         for placement in outcome.placements:
             run = self.pending.pop(placement.job_id)
@@ -384,7 +385,10 @@ class _Simulation:
             done = 0
             stretch = lane.stretch
             if isinstance(stretch, Stretch) and stretch.run is run and now > stretch.begin:
-                done = min(stretch.count, int((now - stretch.begin) / run.period))
+                # iterations of the stretch released by now (the k-th at begin + k periods
+                # less a gap): what a stretch of one at a time would have counted
+                done = min(stretch.count, max(0, math.floor(
+                    (now - stretch.begin + run.job.gap) / run.period + EPSILON)))
             view = run.projected(done, run.released_at) if done else run.view()
             total += time_left(view, now - (run.start or now), run.job.limit)
         return total

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gq import messages
 from gq.daemon.access import Caller, Rules, check_operator
 from gq.daemon.handlers import control, node, query, submit
-from gq.daemon.waiting import Waiting
+from gq.daemon.waiting import Waiters, Waiting
 from gq.errors import UserError
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class NodeView(Protocol):
     started_at: float
     stopping: bool
     monitor: Monitor  # readings and the guard's holds, for 'gq info'
+    waiters: Waiters  # the clients gq wait holds (what one user may wait for is bounded)
 
     @property
     def connection_limits(self) -> ConnectionLimits: ...
@@ -90,7 +91,9 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     messages.Stop: node.stop,
 }
 OPERATORS_ONLY = {messages.SetPolicy: "change the policy", messages.Stop: "stop the daemon",
-                  messages.Drain: "drain devices", messages.ResumeDevices: "resume devices"}
+                  messages.Drain: "drain devices", messages.ResumeDevices: "resume devices",
+                  # A suspended job's time limit stops: a user could hold a device forever.
+                  messages.Suspend: "suspend or resume jobs"}
 
 
 def dispatch(daemon: NodeView, caller: Caller,

@@ -196,6 +196,10 @@ def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messag
                                 job.time_limit, job.label)
         if dependency:
             check_dependency(session, dependency)
+            named = {job.id for job in jobs} | {job.array_job_id for job in jobs}
+            if set(dependencies.parse(dependency).job_ids) & named:
+                raise UserError("a job cannot depend on itself (nor an array's task on its "
+                                "array)")
         if request.args is not None:
             _check_whole_payloads(session, jobs)
         changed = set(transitions.modify(
@@ -228,13 +232,19 @@ def _dependency(text: str | None) -> str | None:
 
 
 def _check_whole_payloads(session: Session, jobs: list[Job]) -> None:
-    """New arguments go to every job that shares them (an array's tasks), or to none."""
+    """New arguments go to every job that shares them (an array's tasks), all pending, or
+    to none: a task that runs, or will run again, must not take arguments it was told it
+    kept."""
     named = {job.id for job in jobs}
     for payload_id in {job.payload_id for job in jobs}:
-        if not set(queries.payload_job_ids(session, payload_id)) <= named:
-            label = next(job.label for job in jobs if job.payload_id == payload_id)
+        label = next(job.label for job in jobs if job.payload_id == payload_id)
+        sharing = queries.payload_jobs(session, payload_id)
+        if not {job_id for job_id, _ in sharing} <= named:
             raise UserError(f"job {label} shares its arguments with the rest of its array; "
                             "give the array's id to update them all")
+        if len(sharing) > 1 and any(state != JobState.PENDING.value for _, state in sharing):
+            raise UserError(f"job {label}'s arguments are shared with tasks that are not "
+                            "pending; they can change only while every task is pending")
 
 
 def _set_args(session: Session, jobs: list[Job], args: list[str]) -> None:
@@ -254,7 +264,9 @@ def _set_outputs(session: Session, jobs: list[Job], request: messages.Update) ->
         workdir = request.workdir or job.workdir
         resolve = output_resolver(job.name, job.user, workdir)
         output = request.output or job.output_pattern
-        error = request.error or (job.error_pattern if request.output is None else output)
+        separate = job.error_pattern is not None and job.error_pattern != job.output_pattern
+        error = request.error or (job.error_pattern if separate or request.output is None
+                                  else output)
         if output is None or error is None:  # a job from before patterns were kept
             continue
         paths[job.id] = (output, error,

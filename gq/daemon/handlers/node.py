@@ -108,8 +108,18 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
         quantum=config[settings.QUANTUM], note=daemon.device_note,
         devices=devices,
         operators=_operators(daemon), priority_cap=rules.priority_cap,
-        options=daemon.options.to_argv(), limits=_limits(daemon),
+        options=_shown_options(daemon.options.to_argv(), caller), limits=_limits(daemon),
         drained=dict(config[settings.DRAINED]))
+
+
+def _shown_options(argv: list[str], caller: Caller) -> list[str]:
+    """The daemon's options, but the --on-finish command only to operators (it may hold a
+    webhook's token)."""
+    if caller.operator or "--on-finish" not in argv:
+        return argv
+    shown = list(argv)
+    shown[shown.index("--on-finish") + 1] = "(hidden)"
+    return shown
 
 
 def _finite(seconds: float) -> float | None:

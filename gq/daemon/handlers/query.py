@@ -58,7 +58,8 @@ def wait(daemon: NodeView, caller: Caller,
         unfinished = {job.id for job in jobs if not JobState(job.state).terminal}
         if not unfinished:
             return waiting.ended(session, ids)
-    return Waiting(ids, unfinished)
+    daemon.waiters.check_room(caller.uid, len(unfinished))
+    return Waiting(ids, unfinished, caller.uid)
 
 
 def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> messages.Jobs:
