@@ -129,13 +129,18 @@ def pid_alive(pid: int) -> bool:
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     """A personal GQ_HOME; the first command that needs a daemon starts one there, and it
-    is stopped (its jobs ended) when the test is over."""
+    is stopped (its jobs ended) when the test is over. An event of the daemon's loop that
+    failed (it logs it and goes on) fails the test: nothing a test does should cause one."""
     root = tmp_path / "gqhome"
     monkeypatch.setenv("GQ_HOME", str(root))
     monkeypatch.chdir(tmp_path)
     yield root
     if gq("daemon", "status").code == 0 or live_hosts(root):
         gq_ok("daemon", "stop")  # a daemon started to stop re-adopted hosts and their jobs
+    log = root / "daemon.log"
+    failed = [line for line in (log.read_text().splitlines() if log.exists() else [])
+              if "(the daemon goes on)" in line]
+    assert not failed, f"the daemon's loop failed: {failed[0]} (see {log})"
 
 
 def live_hosts(root: Path) -> list[int]:

@@ -90,6 +90,7 @@ class Scheduler:
         self._follow_running(running)
         self.drained = dict(config[queue_settings.DRAINED])
         eligible = self._eligible(pending, late_held, needs, runs)
+        placed = 0
         if eligible and queue_settings.NODE in self.drained:
             self._hold_for_drain(eligible, self.drained[queue_settings.NODE])
         elif eligible:
@@ -98,8 +99,6 @@ class Scheduler:
                 if row.array_job_id is not None:
                     array_running[row.array_job_id] = array_running.get(row.array_job_id, 0) + 1
             placed = self._admit(eligible, array_running, self._node_room(running), running)
-        else:
-            placed = 0
         # Not in a pass that launched jobs: their lanes' waits are not in the rows read.
         if self.policy.waits_behind and len(self.devices) > 1 and not placed:
             self._move_unstarted(running)
