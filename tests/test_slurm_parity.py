@@ -175,10 +175,10 @@ def test_a_pending_jobs_command_line_is_edited_and_its_snapshot_stays(daemon, tm
     ended = gq("update", str(first), "--args", "q")
     assert ended.code == 2 and "only a pending job can have its arguments changed" in ended.err
     separate = submit("--hold", "-o", "o-%j.out", "-e", "e-%j.err", str(script))
-    gq_ok("update", str(separate), "-o", "new-%j.out")
+    gq_ok("update", str(separate), "-J", "renamed", "-o", "%x-%j.out")
     shown = job(separate)
     assert (Path(shown["stdout"]).name, Path(shown["stderr"]).name) == (
-        f"new-{separate}.out", f"e-{separate}.err")  # its own -e stays
+        f"renamed-{separate}.out", f"e-{separate}.err")  # its own -e stays; %x the new name
     go = tmp_path / "go"
     gated = write_script(tmp_path / "g.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n")
     partly = submit("--hold", "--array", "0-1", str(gated))

@@ -261,8 +261,9 @@ def _set_outputs(session: Session, jobs: list[Job], request: messages.Update) ->
             validation.text(value, f"{flag} {value[:60]!r}", defaults.MAX_PATH)
     paths = {}
     for job in jobs:
-        workdir = request.workdir or job.workdir
-        resolve = output_resolver(job.name, job.user, workdir)
+        # The name and directory as this very update leaves them (the rows were read before).
+        resolve = output_resolver(request.name or job.name, job.user,
+                                  request.workdir or job.workdir)
         output = request.output or job.output_pattern
         separate = job.error_pattern is not None and job.error_pattern != job.output_pattern
         error = request.error or (job.error_pattern if separate or request.output is None
