@@ -188,8 +188,7 @@ def move(waiting: Sequence[Unstarted], devices: Sequence[DeviceLoad],
     best_gain, chosen = margin, None
     for job in waiting:
         elsewhere = [lane.starts_in for device in devices if device.name != job.device
-                     and not device.exclusive and device.residents < device.max_resident
-                     and device.held is None
+                     and _takes_shared(device) and device.held is None
                      for lane in device.lanes if lane.fits(job.footprint)]
         gain = job.starts_in - min(elsewhere, default=math.inf)
         if gain > best_gain:
@@ -227,7 +226,7 @@ def _choose(request: Request, devices: list[DeviceLoad], guarded: bool = True) -
         return Placement(request.job_id, tuple(d.name for d in chosen), 0)
     options = []
     for device in devices:
-        if device.exclusive or device.residents >= device.max_resident:
+        if not _takes_shared(device):
             continue
         for index, lane in enumerate(device.lanes):
             if lane.fits(request.footprint):
@@ -243,6 +242,11 @@ def _choose(request: Request, devices: list[DeviceLoad], guarded: bool = True) -
     if best[0] > _soonest_start(request, devices) + START_SLACK:
         return None
     return Placement(request.job_id, (best[-2],), best[-1])
+
+
+def _takes_shared(device: DeviceLoad) -> bool:
+    """Whether a job sharing a device may become resident there now (a lane permitting)."""
+    return not device.exclusive and device.residents < device.max_resident
 
 
 def _soonest_start(request: Request, devices: list[DeviceLoad]) -> float:

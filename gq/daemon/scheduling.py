@@ -121,10 +121,8 @@ class Scheduler:
                         or row.interpreter is None or job.exclusive or job.kill_why is not None
                         or job.suspended):
                     continue
-                ahead = [other for other in residents
-                         if (other.submit_time, other.id) < (row.submit_time, row.id)]
-                starts_in = sum(time_left(_view(other), now - self.supervisor.running[
-                    other.id].started, other.time_limit) for other in ahead)
+                starts_in = sum(self._time_left(other, now) for other in residents
+                                if (other.submit_time, other.id) < (row.submit_time, row.id))
                 waiting.append(admission.Unstarted(row.id, device, job.footprint_now(),
                                                    starts_in))
         chosen = admission.move(waiting, self.loads(rows), self.move_margin)
@@ -136,7 +134,7 @@ class Scheduler:
 
     def _hold_for_drain(self, eligible: list[Row], why: str) -> None:
         """The node is drained: every job that could start waits, saying so."""
-        reason = f"{DRAINING}: draining ({why})"
+        reason = _draining(why)
         changed = {job.id: reason for job in eligible if job.reason != reason}
         if changed:
             with self.db.write() as session:
@@ -243,7 +241,7 @@ class Scheduler:
                 allowed = request.only if request.only is not None else every
                 if request.job_id in reasons and allowed and allowed <= set(self.drained):
                     why = "; ".join(sorted(set(self.drained[name] for name in allowed)))
-                    reasons[request.job_id] = f"{DRAINING}: draining ({why})"
+                    reasons[request.job_id] = _draining(why)
         reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
         changed = {job_id: reason for job_id, reason in reasons.items()
                    if by_id[job_id].reason != reason}
@@ -312,10 +310,15 @@ class Scheduler:
             job = self.supervisor.running.get(row.id)
             if job is None:
                 continue
-            left = time_left(_view(row), now - job.started, job.time_limit)
+            left = self._time_left(row, now)
             for device in job.devices:
                 if (load := loads.get(device.name)) is not None:
                     load.lanes[job.lane].starts_in += left
+
+    def _time_left(self, row: Row, now: float) -> float:
+        """How long a running job will still hold its lane, as far as its row tells."""
+        job = self.supervisor.running[row.id]
+        return time_left(_view(row), now - job.started, job.time_limit)
 
 
 def _view(row: Row) -> policies.JobView:
@@ -324,6 +327,10 @@ def _view(row: Row) -> policies.JobView:
                             priority=row.priority, steps_done=row.steps_done,
                             steps_total=row.steps_total, attained=row.attained,
                             mean_iteration=row.mean_iteration, mean_gap=row.mean_gap)
+
+
+def _draining(why: str) -> str:
+    return f"{DRAINING}: draining ({why})"
 
 
 def _too_late(job: Row, now: float) -> str:
