@@ -466,6 +466,7 @@ def test_notify_on_finish_and_mail_run_as_the_owner_once_the_job_ends(home, tmp_
     wait_for(lambda: len(list(daemon_fds.iterdir())) <= fds_before + 2, 10,
              what="the hooks' descriptors closed")
     for args, words in ((["--mail-type", "SOMETIMES"], "invalid --mail-type 'SOMETIMES'"),
+                        (["--mail-user", "-E reboot"], "invalid --mail-user '-E reboot'"),
                         (["--notify", " "], "--notify needs a command")):
         result = gq("submit", *args, str(script))
         assert result.code == 2 and words in result.err, (args, result.err)

@@ -196,10 +196,21 @@ def test_client_requests_bound_every_field():
     assert messages.decode(messages.encode(base), messages.REQUESTS).script == b"true\n"
     for change, fragment in (({"priority": 2**40}, "priority"), ({"gpus": -1}, "gpus"),
                              ({"time_limit": 0}, "time_limit"), ({"steps": -5}, "steps"),
-                             ({"deadline": 1e21}, "deadline"), ({"name": "a\x00b"}, "NUL")):
+                             ({"deadline": 1e21}, "deadline"), ({"name": "a\x00b"}, "NUL"),
+                             ({"host_mem": 2**70}, "host_mem"), ({"cpus": 0}, "cpus"),
+                             ({"ntasks": 2**70}, "ntasks"), ({"retries": -1}, "retries"),
+                             ({"warn_signal": "B:" * 40}, "warn_signal"),
+                             ({"nodelist": ["gpu0\x00"]}, "NUL"),
+                             ({"mail_user": "x" * 10_000}, "mail_user"),
+                             ({"gpu_type": 7}, "gpu_type")):
         request = dataclasses.replace(base, options=dataclasses.replace(base.options, **change))
         with pytest.raises(MessageError, match=fragment):
             messages.decode(messages.encode(request), messages.REQUESTS)
+    for name, raw in (("retry_delay", b"NaN"), ("begin", b"Infinity"), ("retry_delay", b"-1e999")):
+        options = dataclasses.replace(base.options, **{name: 12345.5})
+        line = messages.encode(dataclasses.replace(base, options=options))
+        with pytest.raises(MessageError):  # what no client of ours sends, a hostile one may
+            messages.decode(line.replace(b"12345.5", raw), messages.REQUESTS)
     deep = b'{"v": 1, "kind": "list", "users": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     with pytest.raises(MessageError, match="nested too deeply"):
         messages.decode(deep, messages.REQUESTS)

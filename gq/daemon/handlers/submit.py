@@ -135,7 +135,7 @@ def _validate(daemon: NodeView, caller: Caller,
         nodelist=",".join(options.nodelist) if options.nodelist else None,
         retries=options.retries or None, retry_delay=options.retry_delay,
         ntasks=options.ntasks, notify=_notify(options.notify),
-        mail_type=_mail_type(options.mail_type), mail_user=options.mail_user,
+        mail_type=_mail_type(options.mail_type), mail_user=_mail_user(options.mail_user),
         exclusive=options.exclusive, requeue=options.requeue, dependency=dependency,
         held=options.held, array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None,
@@ -189,6 +189,16 @@ def _mail_type(text: str | None) -> str | None:
         raise UserError(f"invalid --mail-type {text[:40]!r}: use {', '.join(MAIL_TYPES)}")
     kept = [kind for kind in kinds if kind in MAIL_TYPES and kind != "NONE"]
     return ",".join(kept) or None
+
+
+def _mail_user(address: str | None) -> str | None:
+    """An address for the mail command's last argument: one printable word that no mail
+    program could take for an option."""
+    if address is not None and (not address or address.startswith("-")
+                                or not address.isprintable() or " " in address):
+        raise UserError(f"invalid --mail-user {address[:60]!r}: give one address, such as "
+                        "ann@example.org")
+    return address
 
 
 def _name_of(script: PurePosixPath) -> str:
