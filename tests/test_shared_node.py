@@ -32,9 +32,15 @@ def test_job_runs_as_its_submitter_with_its_groups_umask_and_home(shared_node, u
     alice = users["alice"]
     script = _script(alice, "who.sh", "id -u; id -g; umask; echo $HOME $USER; pwd; touch made\n"
                                       "srun id -u; echo $SLURM_JOB_USER $SLURM_JOB_UID\n")
-    job_id = _submit(shared_node, alice, script)
+    job_id = _submit(shared_node, alice, "--notify", "id -u > hooked; echo $HOME >> hooked",
+                     script)
     info = shared_node.wait_state(job_id, "COMPLETED")
     assert (info["user"], info["uid"]) == (alice.name, alice.uid)
+    hooked = alice.workdir / "hooked"  # its --notify ran as alice, in her directory
+    wait_for(lambda: hooked.exists() and len(hooked.read_text().splitlines()) == 2, 15,
+             what="the --notify hook")
+    assert hooked.read_text().split() == [str(alice.uid), str(alice.workdir.parent)]
+    assert hooked.stat().st_uid == alice.uid
     out = alice.workdir / f"gq-{job_id}.out"
     lines = out.read_text().split("\n")
     assert lines[0] == str(alice.uid) and lines[1] == str(alice.gid)

@@ -99,6 +99,20 @@ def shell_of(shebang: str) -> list[str] | None:
     return [program, option] if option else [program]
 
 
+def account(job: Job) -> tuple[dict[str, str], list[int]]:
+    """What a root process takes on to act as the job's submitter: their HOME, USER and
+    LOGNAME, and their groups. ValueError where the job names no uid and gid, or their
+    account no longer exists (nothing then runs as them)."""
+    if job.uid is None or job.gid is None:
+        raise ValueError("it names no submitter uid and gid; refusing to run it as root")
+    try:
+        entry = pwd.getpwuid(job.uid)
+    except KeyError:
+        raise ValueError(f"its submitter's account (uid {job.uid}) no longer exists") from None
+    return ({"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name},
+            os.getgrouplist(entry.pw_name, job.gid))
+
+
 def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, run: int,
                 home: Home, array_span: tuple[int, int, int, int] | None = None) -> LaunchSpec:
     """Everything the host needs to start this run of the job as its submitter (an array
@@ -117,15 +131,8 @@ def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, ru
     env = slurm_env.for_job(dict(payload.env), batch, slurm_env.node_name(), shim_directory(home))
     groups: list[int] = []
     if system:
-        if job.uid is None or job.gid is None:
-            raise ValueError("it names no submitter uid and gid; refusing to run it as root")
-        try:
-            entry = pwd.getpwuid(job.uid)
-        except KeyError:
-            raise ValueError(f"its submitter's account (uid {job.uid}) no longer "
-                             "exists") from None
-        env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
-        groups = os.getgrouplist(entry.pw_name, job.gid)
+        identity, groups = account(job)
+        env.update(identity)
     env.update(devices_mod.environment(devices))
     env.update(GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name)
     if worker:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import shutil
 import signal
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 
 from gq import defaults
+from gq.daemon.launch import account
 from gq.errors import LaunchError
 from gq.exec.protocol import LaunchSpec
 from gq.exec.spawn import JobProcess, kill_group, start_as_submitter
@@ -162,8 +162,17 @@ class Notifier:
                 hooks.append(("mail", _MAIL))
         if not hooks:
             return []
-        env = self._environment(session, job, event)
-        return [Hook(job.id, what, self._spec(job, command, env)) for what, command in hooks]
+        identity: dict[str, str] = {}
+        groups: list[int] = []
+        if self.home.system:
+            try:
+                identity, groups = account(job)
+            except ValueError as exc:
+                log.warning("job %d: its hooks are not run: %s", job.id, exc)
+                return []
+        env = {**self._environment(session, job, event), **identity}
+        return [Hook(job.id, what, self._spec(job, command, env, groups))
+                for what, command in hooks]
 
     def _environment(self, session, job: Job, event: JobEvent) -> dict[str, str]:
         env = {key: value for key, value in queries.payload(session, job.payload_id).env.items()
@@ -182,21 +191,10 @@ class Notifier:
                           f"{'' if job.exit_code is None else f', exit code {job.exit_code}'}"
                           f", run time {max(0.0, ran):.0f} s; output {job.stdout_path}"))
         env.setdefault("PATH", os.defpath)
-        if self.home.system and job.uid is not None:
-            try:
-                entry = pwd.getpwuid(job.uid)
-                env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
-            except KeyError:
-                pass
         return env
 
-    def _spec(self, job: Job, command: str, env: dict[str, str]) -> LaunchSpec:
-        groups: list[int] = []
-        if self.home.system and job.uid is not None and job.gid is not None:
-            try:
-                groups = os.getgrouplist(pwd.getpwuid(job.uid).pw_name, job.gid)
-            except KeyError:
-                groups = [job.gid]
+    def _spec(self, job: Job, command: str, env: dict[str, str],
+              groups: list[int]) -> LaunchSpec:
         return LaunchSpec(
             id=job.id, run=max(1, job.run_count), argv=["/bin/sh", "-c", command],
             worker=False, cwd=job.workdir if os.path.isabs(job.workdir) else "/", env=env,
