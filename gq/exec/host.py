@@ -750,11 +750,7 @@ class Host:
         if signum == signal.SIGKILL:
             resident.cgroup.kill(0.0)
             return
-        for pid in resident.cgroup.pids():
-            try:
-                os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _send(resident.cgroup.pids(), signum)
 
     def _enforce_time_limits(self) -> None:
         now, wall = time.monotonic(), time.time()
@@ -778,18 +774,16 @@ class Host:
         the job (what srun started), as Slurm sends it to the steps and not the batch shell,
         nor srun (gq's srun passes it on to its tasks: they get it once)."""
         main = resident.process.pid
-        others = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
-        if not others:  # no cgroup: its process group
-            others = group_members(main)
-        targets = {main} if main_only else {pid for pid in others - {main}
-                                             if not is_srun_shim(pid)}
+        if main_only:
+            targets = {main}
+        else:
+            others = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
+            if not others:  # no cgroup: its process group
+                others = group_members(main)
+            targets = {pid for pid in others - {main} if not is_srun_shim(pid)}
         log.info("job %d: signal %d before its time limit to %s", resident.job_id, signum,
                  "its main process" if main_only else f"{len(targets)} process(es)")
-        for pid in targets:
-            try:
-                os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _send(targets, signum)
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()
@@ -816,6 +810,15 @@ class Host:
         if changed or switches != self._reported_switches:
             self._reported_switches = switches
             self._tell(wire.Progress([r.progress() for r in changed], switches))
+
+
+def _send(pids, signum: int) -> None:
+    """Signal each process that is still there to be signalled."""
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _views(lane: Lane) -> list[JobView]:
