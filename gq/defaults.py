@@ -2,6 +2,14 @@
 
 # Daemon
 POLL_PERIOD = 1.0  # rescan the queue this often even when no request changed it
+# Rescan at most this often when requests and exits keep changing it: a burst of them is
+# scanned once (the scan reads every pending job), a lone change at once.
+SCAN_GAP = 0.002
+# Finished jobs a status or history request gets at most (newest first; the client asks for
+# older pages): a node that has run a month of jobs answers as fast as a new one, and no
+# request holds the daemon's loop for long.
+LIST_PAGE = 2_000
+LISTED_FINISHED = 100  # what gq status --all and gq history show unless given --limit
 FLUSH_PERIOD = 1.0  # write jobs' progress to the queue this often
 HOST_RESTART_DELAY = 1.0  # wait before replacing an execution host that died
 LANES = 1  # iterations that may run at once on one device
@@ -11,6 +19,7 @@ STOP_GRACE = 5.0  # beyond the kill wait, how long a stopping daemon waits for i
 PRIORITY_CAP = 0  # in system mode, the highest --priority a non-operator may ask for
 RETENTION = 30 * 86400.0  # finished jobs, their events and snapshots are kept this long
 PURGE_PERIOD = 60.0  # look for finished jobs past the retention this often
+HEAP_TRIM_PERIOD = 10.0  # hand the daemon's freed heap pages back to the system this often
 PURGE_BATCH = 2000  # jobs purged in one transaction (the loop serves clients in between)
 
 # What one user may ask of a shared node (daemon options; 'gq info' shows them)
@@ -27,6 +36,7 @@ MAX_RUNNING_HOOKS = 16  # at once, node-wide
 MAX_RUNNING_HOOKS_PER_USER = 4  # at once, of one user's jobs: the others' go on meanwhile
 MAX_QUEUED_HOOKS_PER_USER = 1_000  # waiting to run; past it, more are dropped (logged)
 HOOK_EVENTS_PER_PASS = 1_000  # job events looked at per scheduling pass
+HOOK_LOOK_PERIOD = 0.1  # look for events that set hooks off at most this often
 MAX_CONNECTIONS_PER_USER = 64  # open connections of one uid
 MAX_CONNECTIONS = 1024  # open connections in total (less than the descriptor limit allows)
 MAX_REQUEST = 8 << 20  # bytes in one request line (a script snapshot travels in it)

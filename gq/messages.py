@@ -17,8 +17,8 @@ from typing import Annotated, Any, ClassVar
 
 from gq import codec, defaults
 from gq.codec import Bounds, MaxLen, MessageError, message
-from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, Name, Path, Priority,
-                       Text, TimeLimit, Timestamp, Umask)
+from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, JobId, Name, Path,
+                       Positive, Priority, Text, TimeLimit, Timestamp, Umask)
 
 __all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
@@ -223,6 +223,10 @@ class ListJobs:
     states: Annotated[list[Name], MaxLen(16)] | None = None
     users: Annotated[list[Name], MaxLen(1024)] | None = None
     ended_since: Timestamp | None = None  # history --since: jobs that ended since then
+    # Finished jobs come a page at a time, newest first: at most ``limit`` of them (and never
+    # more than the daemon's page size), older than job ``before`` when given.
+    limit: Positive | None = None
+    before: JobId | None = None
 
 
 @dataclass
@@ -370,6 +374,7 @@ class Jobs:
     retention: float | None = None  # seconds the daemon keeps finished jobs (None: ever)
     kept_since: float | None = None  # when the oldest finished job it still keeps ended
     more: Count = 0  # jobs the label named beyond those shown (an array's tasks)
+    older: JobId | None = None  # finished jobs left out: ask again with before=older
 
 
 @dataclass

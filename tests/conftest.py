@@ -62,7 +62,7 @@ def job(job_id: int) -> dict:
 
 
 def all_jobs() -> list[dict]:
-    return json.loads(gq_ok("status", "--all", "--json"))
+    return json.loads(gq_ok("status", "--all", "--limit", "0", "--json"))
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):

@@ -29,9 +29,10 @@ def db(tmp_path) -> Database:
     database.close()
 
 
-def _add(db, name="j") -> int:
+def _add(db, name="j", snapshot=lambda job_id: "") -> int:
     with db.write() as session:
-        return transitions.submit(session, _new_job(name), lambda p, i, a, t: f"{p}-{i}")[0]
+        return transitions.submit(session, _new_job(name), lambda p, i, a, t: f"{p}-{i}",
+                                  snapshot)[0]
 
 
 def test_head_revision_constant_matches_migrations():
@@ -206,17 +207,17 @@ def test_purge_forgets_old_finished_jobs_but_what_pending_jobs_depend_on(db):
     from gq.daemon import retention
     from gq.queue import spool
 
-    old, needed, recent = (_add(db, name) for name in ("old", "needed", "recent"))
+    def snapshot(job_id: int) -> str:
+        return str(spool.snapshot(db.home, job_id, "s.sh", b"true\n"))
+
+    old, needed = (_add(db, name, snapshot) for name in ("old", "needed"))
+    recent = _add(db, "recent")
     waiting = _add(db, "waiting")
     with db.write() as session:
         for job_id, end in ((old, 100.0), (needed, 100.0), (recent, 990.0)):
             assert transitions.start(session, job_id, "cpu", 0, now=end - 1)
             assert transitions.finish(session, job_id, JobState.COMPLETED, 0, None, now=end)
         queries.job(session, waiting).dependency = f"afterok:{needed}"
-    for job_id in (old, needed):
-        path = spool.snapshot(db.home, job_id, "s.sh", b"true\n")
-        with db.write() as session:
-            transitions.set_spool_path(session, [job_id], str(path))
     assert retention.purge(db, db.home, retention=500.0, now=1000.0) == 1
     with db.read() as session:
         assert [j.id for j in queries.jobs(session)] == [needed, recent, waiting]
@@ -370,5 +371,36 @@ def test_upgrade_to_0009_keeps_jobs_unpinned_without_retries(tmp_path):
         assert (job.host_mem, job.warn_signal, job.state) == (1 << 20, "B:10@60", "FAILED")
         assert (job.nodelist, job.retries, job.retries_left, job.retry_delay, job.ntasks) == \
             (None,) * 5
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    database.close()
+
+
+def test_upgrade_to_0011_indexes_end_times_and_keeps_finished_jobs(tmp_path):
+    """History reads finished jobs by id and by end time: a queue from before gets the
+    index, its jobs intact and paged newest first."""
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0010")
+    connection = sqlite3.connect(home.db)
+    connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)")
+    for job_id, end in ((3, 10.0), (4, 20.0), (5, 30.0)):
+        connection.execute(
+            "INSERT INTO jobs (id, name, user, state, priority, gpus, exclusive, requeue, "
+            "script, spool_path, workdir, stdout_path, stderr_path, submit_time, end_time, "
+            "run_count, steps_done, attained, holds_lane, held, payload_id, uid, suspended) "
+            f"VALUES ({job_id}, 'a', 'ann', 'COMPLETED', 0, 1, 0, 0, '/s.sh', '', '/w', '/w/o', "
+            f"'/w/o', 1.0, {end}, 1, 0, 0.0, 0, 0, 1, 1000, 0)")
+    connection.commit()
+    connection.close()
+    database = Database(home)
+    indexes = {row[1] for row in sqlite3.connect(home.db).execute("PRAGMA index_list(jobs)")}
+    assert "ix_jobs_end_time" in indexes
+    with database.read() as session:
+        page, older = queries.finished_page(session, [JobState.COMPLETED], 2)
+        assert ([job.id for job in page], older) == ([5, 4], 4)
+        page, older = queries.finished_page(session, [JobState.COMPLETED], 2, before=older)
+        assert ([job.id for job in page], older) == ([3], None)
+        page, _ = queries.finished_page(session, [JobState.COMPLETED], 5, ended_since=15.0)
+        assert [job.id for job in page] == [5, 4]
+        assert queries.oldest_end(session) == 10.0
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()

@@ -6,6 +6,7 @@ command costs a few times Python's own start-up); ``gq --help`` loads them all.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
@@ -93,10 +94,18 @@ def _invoked(args: list[str]) -> str | None:
     return args[0] if args and args[0] in COMMANDS else None
 
 
+@functools.lru_cache(maxsize=None)
+def _command(invoked: str | None):
+    """The click command for the app with ``invoked`` (or every command): built once a
+    process, since building one costs more than most commands take to run (a script that
+    calls main() in a loop, the tests)."""
+    return typer.main.get_command(make_app(invoked))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; bad input is one line on stderr and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
-    command = typer.main.get_command(make_app(_invoked(args)))
+    command = _command(_invoked(args))
     try:
         result = command(args, prog_name="gq", standalone_mode=False)
     except UserError as exc:

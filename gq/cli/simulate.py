@@ -33,7 +33,7 @@ def simulate(
     Prints average, median and p95 job completion time (JCT = end - submit), makespan and
     device utilization. Example: gq simulate --trace jobs.csv --compare fifo,srtf,fair
     """
-    from gq import defaults, policies
+    from gq import policies
     from gq.cli import render
     from gq.sim.simulator import simulate as run_simulation
     from gq.sim.traces import load

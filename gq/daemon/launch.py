@@ -8,6 +8,8 @@ import pwd
 import sys
 from pathlib import Path
 
+from sqlalchemy import Row
+
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
 from gq.exec.protocol import SCRIPT_PATH, LaunchSpec
@@ -113,10 +115,12 @@ def account(job: Job) -> tuple[dict[str, str], list[int]]:
             os.getgrouplist(entry.pw_name, job.gid))
 
 
-def launch_spec(job: Job, payload: Payload, devices: list[Device], lane: int, run: int,
-                home: Home, array_span: tuple[int, int, int, int] | None = None) -> LaunchSpec:
+def launch_spec(job: Job | Row, payload: Payload | Row, devices: list[Device], lane: int,
+                run: int, home: Home,
+                array_span: tuple[int, int, int, int] | None = None) -> LaunchSpec:
     """Everything the host needs to start this run of the job as its submitter (an array
-    task's ``array_span``: its array's task count, lowest and highest task id, step).
+    task's ``array_span``: its array's task count, lowest and highest task id, step); from
+    the job's and its payload's columns (ORM objects or plain rows).
     ValueError when the job cannot run as anyone but root by accident: in system mode a job
     must name its submitter's uid and gid, and their account must exist."""
     system = home.system

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import IO
 
 from gq import defaults
-from gq.daemon import handlers, retention
+from gq.daemon import handlers, heap, retention
 from gq.daemon.access import Caller, Rules
 from gq.daemon.devices import Device, discover, emulated
 from gq.daemon.guard import Limits
@@ -216,7 +216,7 @@ class Daemon:
     def _loop(self, wake_read: socket.socket) -> None:
         server = self.server
         assert server is not None
-        last_scan = last_flush = last_sample = last_purge = 0.0
+        last_scan = last_flush = last_sample = last_purge = last_trim = 0.0
         while True:
             for key, mask in self.selector.select(self._timeout(last_scan)):
                 if isinstance(key.data, Connection):
@@ -240,7 +240,8 @@ class Daemon:
                 last_sample = now
                 _isolated(self.monitor.sample, self.supervisor.running,
                           self.supervisor.switches)
-            if self.woken or now - last_scan >= defaults.POLL_PERIOD:
+            if ((self.woken and now - last_scan >= defaults.SCAN_GAP)
+                    or now - last_scan >= defaults.POLL_PERIOD):
                 self.woken = False
                 last_scan = now
                 _isolated(self.scheduler.scan)
@@ -254,6 +255,9 @@ class Daemon:
             if now - last_purge >= defaults.PURGE_PERIOD:
                 last_purge = now
                 _isolated(retention.purge, self.db, self.home, self.options.retention)
+            if now - last_trim >= defaults.HEAP_TRIM_PERIOD:
+                last_trim = now
+                _isolated(heap.give_back)
         _isolated(self.supervisor.flush)
         self.supervisor.close(self.keep_jobs)
 
@@ -263,7 +267,7 @@ class Daemon:
         if self.stopping:  # only exits (events) and the stop deadline matter now
             deadlines = [self.stop_deadline]
         else:
-            deadlines = [last_scan + defaults.POLL_PERIOD]
+            deadlines = [last_scan + (defaults.SCAN_GAP if self.woken else defaults.POLL_PERIOD)]
         assert self.server is not None
         if (connection_deadline := self.server.next_deadline()) is not None:
             deadlines.append(connection_deadline)

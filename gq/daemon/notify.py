@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, or_, select
 
 from gq import defaults
 from gq.daemon.launch import account
@@ -34,6 +34,7 @@ from gq.queue.models import Job, JobEvent
 from gq.queue.states import JobState
 
 log = logging.getLogger("gq.daemon")
+_NEWEST_EVENT = select(func.max(JobEvent.id))
 FAILURES = frozenset({JobState.FAILED.value, JobState.TIMEOUT.value, JobState.DEADLINE.value})
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL")
 SBATCH_ONLY_MAIL_TYPES = ("INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90",
@@ -79,18 +80,33 @@ class Notifier:
         self.queued_by_user: dict[str, int] = {}
         self.running: list[Running] = []
         self.last_event: int | None = None
+        self.writes_seen = -1  # the queue's write count at the last look
+        self.next_look = 0.0  # monotonic: no look before (many passes a second may run)
+        self._events = self._events_worth_reading()  # read each pass: constructed once
 
     def look(self) -> None:
-        """Queue the hooks of the events since the last look, and start what may start."""
+        """Queue the hooks of the events since the last look, and start what may start.
+        Only the events that can set a hook off are read (most jobs have none), and the
+        position is written to the queue only when hooks were queued: a restarted daemon
+        that reads a stretch again finds no hook in it."""
+        now = time.monotonic()
+        if (self.db.writes == self.writes_seen or now < self.next_look) and \
+                self.last_event is not None:
+            self.tend()  # no transaction since the last look (no new event), or too soon
+            return
+        self.next_look = now + defaults.HOOK_LOOK_PERIOD
+        self.writes_seen = self.db.writes
         with self.db.read() as session:
             if self.last_event is None:
                 self.last_event = queue_settings.get(session, queue_settings.NOTIFIED)
                 if self.last_event is None:  # a new queue, or one from before: from now on
-                    self.last_event = session.scalar(select(func.max(JobEvent.id))) or 0
-            rows = session.execute(
-                select(JobEvent, Job).join(Job, Job.id == JobEvent.job_id)
-                .where(JobEvent.id > self.last_event).order_by(JobEvent.id)
-                .limit(defaults.HOOK_EVENTS_PER_PASS)).all()
+                    self.last_event = session.scalar(_NEWEST_EVENT) or 0
+            newest = session.connection().execute(_NEWEST_EVENT).scalar() or 0
+            if newest <= self.last_event:
+                self.tend()
+                return
+            rows = session.execute(self._events, {"after": self.last_event,
+                                                  "newest": newest}).all()
             for event, job in rows:
                 for hook in self._hooks(session, event, job):
                     mine = self.queued_by_user.get(job.user, 0)
@@ -100,11 +116,24 @@ class Notifier:
                         continue
                     self.queued.append(hook)
                     self.queued_by_user[job.user] = mine + 1
+        self.last_event = (rows[-1][0].id if len(rows) == defaults.HOOK_EVENTS_PER_PASS
+                           else newest)
         if rows:
-            self.last_event = rows[-1][0].id
             with self.db.write() as session:
                 queue_settings.put(session, queue_settings.NOTIFIED, self.last_event)
         self.tend()
+
+    def _events_worth_reading(self):
+        """The events after one and up to another that may set off a hook: of jobs that
+        asked for one, or any job's end when the daemon has --on-finish."""
+        wanted = or_(Job.notify.is_not(None), Job.mail_type.is_not(None))
+        if self.on_finish:
+            terminal = [state.value for state in JobState if state.terminal]
+            wanted = or_(wanted, JobEvent.new_state.in_(terminal))
+        return (select(JobEvent, Job).join(Job, Job.id == JobEvent.job_id)
+                .where(JobEvent.id > bindparam("after"), JobEvent.id <= bindparam("newest"),
+                       wanted)
+                .order_by(JobEvent.id).limit(defaults.HOOK_EVENTS_PER_PASS))
 
     def tend(self) -> None:
         """Collect hooks that ended, kill those past their time, start queued ones: at most

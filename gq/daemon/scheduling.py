@@ -248,9 +248,10 @@ class Scheduler:
         if changed:
             with self.db.write() as session:
                 transitions.set_pending_reasons(session, changed)
-        for placement in outcome.placements:
-            devices = [d for d in self.devices if d.name in placement.devices]
-            self.supervisor.launch(placement.job_id, devices, placement.lane)
+        if outcome.placements:
+            self.supervisor.launch([
+                (placement.job_id, [d for d in self.devices if d.name in placement.devices],
+                 placement.lane) for placement in outcome.placements])
         return len(outcome.placements)
 
     def _allowed(self, gpu_type: str | None, nodelist: str | None) -> frozenset[str] | None:

@@ -11,12 +11,15 @@ and their leftover processes are killed before the jobs are ended or requeued.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import selectors
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from sqlalchemy import Row
 
 from gq import defaults
 from gq.codec import FrameTooLarge, MessageError
@@ -98,6 +101,8 @@ class Supervisor:
             wire.State: lambda name, _: log.warning("host %s sent its state unasked", name),
             wire.ForeignState: lambda name, _: None,
         }
+        self._together: dict[type, Callable] = {wire.Started: self._on_starts,
+                                                wire.Exited: self._on_exits}
 
     # ----- attaching ------------------------------------------------------------------
     def attach(self, device: Device, start: bool = True) -> None:
@@ -189,18 +194,27 @@ class Supervisor:
         if host is not None and not host.send(message):
             self._host_gone(name, "it stopped reading")
 
-    def launch(self, job_id: int, devices: list[Device], lane: int) -> None:
-        """Record the start and send the launch (the queue first: never run twice)."""
-        names = [d.name for d in devices]
+    def launch(self, placements: list[tuple[int, list[Device], int]]) -> None:
+        """Record the starts of a pass's placements (job, devices, lane) in one transaction,
+        then send the launches (the queue first: never run twice)."""
+        started = []
         with self.db.write() as session:
-            if not transitions.start(session, job_id, ",".join(names), lane):
-                return  # cancelled or held meanwhile
-            job = queries.job(session, job_id)
-            payload = queries.payload(session, job.payload_id)
-            span = (queries.array_span(session, job.array_job_id)
-                    if job.array_job_id is not None else None)
+            for job_id, devices, lane in placements:
+                if transitions.start(session, job_id, ",".join(d.name for d in devices), lane):
+                    started.append((job_id, devices, lane))  # else cancelled or held meanwhile
+            jobs, payloads = queries.launching(session, [job_id for job_id, _, _ in started])
+            spans = {array_id: queries.array_span(session, array_id)
+                     for array_id in {job.array_job_id for job in jobs.values()} - {None}}
+        for job_id, devices, lane in started:
+            job = jobs[job_id]
+            self._send_launch(job, payloads[job.payload_id], devices, lane,
+                              spans.get(job.array_job_id))
+
+    def _send_launch(self, job: Row, payload: Row, devices: list[Device], lane: int,
+                     span: tuple[int, int, int, int] | None) -> None:
+        """Launch one started job (its row and its payload's, as read in its transaction)."""
         running = Running(job_id=job.id, run=job.run_count, started=job.start_time,
-                          devices=devices, lane=lane, host=names[0],
+                          devices=devices, lane=lane, host=devices[0].name,
                           time_limit=job.time_limit, requeue=job.requeue,
                           footprint=footprint(job), exclusive=job.exclusive,
                           priority=job.priority, host_mem=job.host_mem, cpus=job.cpus,
@@ -243,12 +257,27 @@ class Supervisor:
                 self.send(name, message)
 
     def receive(self, name: str) -> None:
-        """Whatever the device's host has sent (its socket polled readable)."""
+        """Whatever the device's host has sent (its socket polled readable). A run of
+        starts or of exits is recorded in one transaction (a host reports many at once when
+        jobs are short); should that fail, each is handled on its own."""
         host = self.hosts.get(name)
         if host is None:
             return
-        for message in host.channel.receive():
-            self._isolated(name, self._handlers[type(message)], message)
+        for kind, group in itertools.groupby(host.channel.receive(), type):
+            messages = list(group)
+            together = self._together.get(kind)
+            if together is not None and len(messages) > 1:
+                try:
+                    together(name, messages)
+                    messages = []
+                except Exception:  # noqa: BLE001 - each on its own below
+                    log.exception("cannot record %d %s reports from the host of %s together; "
+                                  "recording them one by one", len(messages), kind.__name__,
+                                  name)
+            for message in messages:
+                self._isolated(name, self._handlers[type(message)], message)
+                if self.hosts.get(name) is not host:
+                    return
             if self.hosts.get(name) is not host:
                 return
         if host.channel.error:
@@ -270,11 +299,18 @@ class Supervisor:
         return job if job is not None and job.run == message.run else None
 
     def _on_started(self, name: str, message: wire.Started) -> None:
-        job = self._this_run(message)
-        if job is not None:
-            job.pid = message.pid
-            with self.db.write() as session:
-                transitions.record_pid(session, job.job_id, message.pid)
+        self._on_starts(name, [message])
+
+    def _on_starts(self, name: str, messages: list[wire.Started]) -> None:
+        started = [(job, message.pid) for message in messages
+                   if (job := self._this_run(message)) is not None]
+        if not started:
+            return
+        with self.db.write() as session:
+            for job, pid in started:
+                transitions.record_pid(session, job.job_id, pid)
+        for job, pid in started:
+            job.pid = pid
 
     def _on_launch_failed(self, name: str, message: wire.LaunchFailed) -> None:
         job = self._this_run(message)
@@ -311,8 +347,8 @@ class Supervisor:
         job = self.running.get(report.job)
         if job is not None and job.run == report.run:
             try:
-                self.progress[job.job_id] = _progress(report)
-                self._record_exit(job, report)
+                self._record_ends([(job, _ending(job, report), report.end_time or None,
+                                    _progress(report))])
             except Exception:  # noqa: BLE001 - recorded as a failure below
                 log.exception("cannot record the exit of job %d (run %d): %r", job.job_id,
                               job.run, report)
@@ -321,64 +357,55 @@ class Supervisor:
                          "its exit could not be recorded; see the daemon's log")
         self.send(name, wire.Ack(report.job, report.run))
 
-    def _record_exit(self, job: Running, report: wire.Exited) -> None:
-        code, signum = report.code, report.signal
-        exit_code = code if signum is None else 128 + signum
-        why = report.kill_why or job.kill_why
-        end = report.end_time or None
-        if why is StopWhy.PROTOCOL:
-            self.end(job, exit_code, JobState.FAILED, f"protocol error: {report.detail}",
-                     end=end)
-        elif why is StopWhy.LAUNCH:
-            self.end(job, None, JobState.FAILED, report.detail or "its process could not "
-                     "be started", end=end)
-        elif why is StopWhy.CANCEL:
-            self.end(job, exit_code, JobState.CANCELLED, "cancelled by user", end=end)
-        elif why is StopWhy.TIMEOUT:
-            limit = format_duration(job.time_limit)
-            self.end(job, exit_code, JobState.TIMEOUT, f"time limit {limit} reached", end=end)
-        elif why is StopWhy.DEADLINE:
-            self.end(job, exit_code, JobState.DEADLINE, "deadline reached", end=end)
-        elif why is StopWhy.REQUEUE:
-            self.end(job, exit_code, JobState.PENDING, "requeued by user", requeue=True,
-                     end=end)
-        elif why is StopWhy.MOVE:
-            self.end(job, exit_code, JobState.PENDING, "moved: another device starts it "
-                     "sooner", requeue=True, end=end, counted=False)
-        elif why is StopWhy.SHUTDOWN:
-            self.end(job, exit_code, JobState.FAILED, "daemon stopped",
-                     requeue=job.requeue, end=end)
-        elif signum is not None:
-            name = signal.Signals(signum).name if signum in _SIGNALS else str(signum)
-            self.end(job, exit_code, JobState.FAILED, f"killed by signal {name}", end=end)
-        elif code == 0:
-            self.end(job, 0, JobState.COMPLETED, None, end=end)
-        else:
-            self.end(job, code, JobState.FAILED, f"exit code {code}", end=end)
+    def _on_exits(self, name: str, reports: list[wire.Exited]) -> None:
+        """Several exits in one transaction, acknowledged once it has committed."""
+        self._record_ends([(job, _ending(job, report), report.end_time or None,
+                            _progress(report)) for report in reports
+                           if (job := self.running.get(report.job)) is not None
+                           and job.run == report.run])
+        for report in reports:
+            self.send(name, wire.Ack(report.job, report.run))
 
     def end(self, job: Running, exit_code: int | None, state: JobState, reason: str | None,
             requeue: bool = False, end: float | None = None, counted: bool = True) -> None:
         """Record the run's end: the job's end state, or back to the queue (``requeue``;
         ``counted=False``: a run that ran no iteration, not counted among its runs)."""
-        self.running.pop(job.job_id, None)
-        progress = self.progress.pop(job.job_id, None)
+        self._record_ends([(job, Ending(state, exit_code, reason, requeue, counted), end,
+                            None)])
+
+    def _record_ends(self, ends: list[tuple[Running, Ending, float | None,
+                                            transitions.Progress | None]]) -> None:
+        """Record runs' ends (each with its end time, and its last progress if its exit
+        report carried one) in one transaction; forget the runs once it has committed."""
+        requeued = set()
         with self.db.write() as session:
-            if progress is not None:
-                transitions.record_progress(session, job.job_id, progress)
-            if requeue:
-                transitions.requeue(session, job.job_id,
-                                    reason if state is JobState.PENDING else f"{reason}; requeued",
-                                    now=end, started=counted)
-            elif state is JobState.FAILED and transitions.retry(
-                    session, job.job_id, exit_code, f"{reason or 'failed'}; retried", now=end):
-                requeue = True  # --retries: it had runs left
-            else:
-                transitions.finish(session, job.job_id, state, exit_code, reason, now=end)
-        if (metrics := self.metrics()) is not None:
-            metrics.run_time.labels("REQUEUED" if requeue else state.value).observe(
-                max(0.0, (end or time.time()) - job.started))
-        log.info("job %d %s%s", job.job_id, "requeued" if requeue else state.value,
-                 f" ({reason})" if reason else "")
+            for job, ending, end, last in ends:
+                progress = last or self.progress.get(job.job_id)
+                if progress is not None:
+                    transitions.record_progress(session, job.job_id, progress)
+                reason = ending.reason
+                if ending.requeue:
+                    transitions.requeue(session, job.job_id, reason if ending.state is
+                                        JobState.PENDING else f"{reason}; requeued",
+                                        now=end, started=ending.counted)
+                    requeued.add(job.job_id)
+                elif ending.state is JobState.FAILED and transitions.retry(
+                        session, job.job_id, ending.exit_code, f"{reason or 'failed'}; retried",
+                        now=end):
+                    requeued.add(job.job_id)  # --retries: it had runs left
+                else:
+                    transitions.finish(session, job.job_id, ending.state, ending.exit_code,
+                                       reason, now=end)
+        metrics = self.metrics()
+        for job, ending, end, _ in ends:
+            self.running.pop(job.job_id, None)
+            self.progress.pop(job.job_id, None)
+            again = job.job_id in requeued
+            if metrics is not None:
+                metrics.run_time.labels("REQUEUED" if again else ending.state.value).observe(
+                    max(0.0, (end or time.time()) - job.started))
+            log.info("job %d %s%s", job.job_id, "requeued" if again else ending.state.value,
+                     f" ({ending.reason})" if ending.reason else "")
         self.wake()
 
     def flush(self) -> None:
@@ -459,6 +486,50 @@ class Supervisor:
         if self.cgroups is None or job.state != JobState.RUNNING.value or not job.device:
             return None
         return self.cgroups.job(job.device.split(",")[0], job.id, job.run_count).usage()
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run ends in the queue."""
+
+    state: JobState
+    exit_code: int | None
+    reason: str | None
+    requeue: bool = False  # back to the queue, PENDING
+    counted: bool = True  # False: a run that ran no iteration, not counted among its runs
+
+
+def _ending(job: Running, report: wire.Exited) -> Ending:
+    """What a host's exit report means for the job: why it was stopped, if it was; else its
+    exit status."""
+    code, signum = report.code, report.signal
+    exit_code = code if signum is None else 128 + signum
+    why = report.kill_why or job.kill_why
+    if why is StopWhy.PROTOCOL:
+        return Ending(JobState.FAILED, exit_code, f"protocol error: {report.detail}")
+    if why is StopWhy.LAUNCH:
+        return Ending(JobState.FAILED, None, report.detail or "its process could not be "
+                      "started")
+    if why is StopWhy.CANCEL:
+        return Ending(JobState.CANCELLED, exit_code, "cancelled by user")
+    if why is StopWhy.TIMEOUT:
+        return Ending(JobState.TIMEOUT, exit_code,
+                      f"time limit {format_duration(job.time_limit)} reached")
+    if why is StopWhy.DEADLINE:
+        return Ending(JobState.DEADLINE, exit_code, "deadline reached")
+    if why is StopWhy.REQUEUE:
+        return Ending(JobState.PENDING, exit_code, "requeued by user", requeue=True)
+    if why is StopWhy.MOVE:
+        return Ending(JobState.PENDING, exit_code, "moved: another device starts it sooner",
+                      requeue=True, counted=False)
+    if why is StopWhy.SHUTDOWN:
+        return Ending(JobState.FAILED, exit_code, "daemon stopped", requeue=job.requeue)
+    if signum is not None:
+        name = signal.Signals(signum).name if signum in _SIGNALS else str(signum)
+        return Ending(JobState.FAILED, exit_code, f"killed by signal {name}")
+    if code == 0:
+        return Ending(JobState.COMPLETED, 0, None)
+    return Ending(JobState.FAILED, code, f"exit code {code}")
 
 
 def _progress(item: wire.JobProgress) -> transitions.Progress:

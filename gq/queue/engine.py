@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gq.home import Home
 
 # The newest Alembic revision; a test keeps it equal to the head of migrations/.
-HEAD_REVISION = "0010"
+HEAD_REVISION = "0011"
 BUSY_TIMEOUT_MS = 60_000
 
 
@@ -29,6 +29,7 @@ class Database:
         self.home = home
         migrate(home)
         self.engine = _engine(home.db)
+        self.writes = 0  # transactions committed through write(): whether anything changed
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write = sessionmaker(
             self.engine.execution_options(gq_immediate=True), expire_on_commit=False
@@ -43,6 +44,7 @@ class Database:
     def write(self) -> Iterator[Session]:
         with self._write() as session, session.begin():
             yield session
+        self.writes += 1
 
     def close(self) -> None:
         self.engine.dispose()

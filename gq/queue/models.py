@@ -99,7 +99,7 @@ class Job(Base):
     pid: Mapped[int | None] = mapped_column(Integer)
     submit_time: Mapped[float] = mapped_column(Float)
     start_time: Mapped[float | None] = mapped_column(Float)
-    end_time: Mapped[float | None] = mapped_column(Float)
+    end_time: Mapped[float | None] = mapped_column(Float, index=True)  # history, retention
     exit_code: Mapped[int | None] = mapped_column(Integer)
     stop_request: Mapped[str | None] = mapped_column(String(16))  # cancel | requeue
     run_count: Mapped[int] = mapped_column(Integer, default=0)

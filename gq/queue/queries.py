@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import case, func, select
-from sqlalchemy.orm import Session, noload, undefer
+from sqlalchemy import Row, bindparam, case, func, select
+from sqlalchemy.orm import Session, lazyload, undefer
 
 from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
 from gq.queue.states import JobState
@@ -27,7 +27,7 @@ def jobs(session: Session, *, states: Iterable[JobState] | None = None,
     leaves their arguments unread (the scheduling pass needs none)."""
     query = select(Job).order_by(Job.id)
     if not payloads:
-        query = query.options(noload(Job.payload))
+        query = query.options(lazyload(Job.payload))
     if states is not None:
         query = query.where(Job.state.in_([s.value for s in states]))
     if users is not None:
@@ -46,6 +46,26 @@ def jobs(session: Session, *, states: Iterable[JobState] | None = None,
     return sorted(found, key=lambda job: job.id)
 
 
+def finished_page(session: Session, states: Iterable[JobState], limit: int, *,
+                  users: Iterable[str] | None = None, before: int | None = None,
+                  ended_since: float | None = None) -> tuple[list[Job], int | None]:
+    """Finished jobs in ``states``, newest (highest id) first, at most ``limit``; and the id
+    to ask ``before`` for the next, older page (None: there is none). Walks the id index
+    backwards and stops at the page's end, however many jobs the queue keeps."""
+    query = (select(Job).options(lazyload(Job.payload))
+             .where(Job.state.in_([s.value for s in states])).order_by(Job.id.desc()))
+    if users is not None:
+        query = query.where(Job.user.in_(list(users)))
+    if before is not None:
+        query = query.where(Job.id < before)
+    if ended_since is not None:
+        query = query.where(Job.end_time >= ended_since)
+    found = list(session.scalars(query.limit(limit + 1)))
+    if len(found) > limit:
+        return found[:limit], found[limit - 1].id
+    return found, None
+
+
 # What the scheduling pass reads of a job: plain rows, not ORM objects, so that a queue of
 # many thousands of pending jobs costs the daemon little each pass.
 _SCHEDULING = (Job.id, Job.user, Job.submit_time, Job.priority, Job.steps_total, Job.deadline,
@@ -56,19 +76,24 @@ _SCHEDULING = (Job.id, Job.user, Job.submit_time, Job.priority, Job.steps_total,
                Job.holds_lane, Job.interpreter)
 
 
+# Read every pass: constructed once (constructing a statement costs more than running it).
+_FOR_SCHEDULING = {
+    (state, held): (select(*_SCHEDULING).where(Job.state == state.value).order_by(Job.id)
+                    .where(*([] if held is None else [Job.held.is_(held)])))
+    for state in (JobState.PENDING, JobState.RUNNING) for held in (None, False, True)}
+_HELD_WITH_DEADLINE = select(*_SCHEDULING).where(
+    Job.state == JobState.PENDING.value, Job.held.is_(True), Job.deadline.is_not(None))
+
+
 def for_scheduling(session: Session, state: JobState, held: bool | None = None) -> Sequence:
-    """Rows of the jobs in ``state`` (held or not) with what scheduling needs of them."""
-    query = select(*_SCHEDULING).where(Job.state == state.value).order_by(Job.id)
-    if held is not None:
-        query = query.where(Job.held.is_(held))
-    return session.execute(query).all()
+    """Rows of the jobs in ``state`` (PENDING or RUNNING; held or not) with what scheduling
+    needs of them."""
+    return session.connection().execute(_FOR_SCHEDULING[state, held]).all()
 
 
 def held_with_deadline(session: Session) -> Sequence:
     """Held pending jobs that have a deadline (they are removed once they cannot meet it)."""
-    return session.execute(select(*_SCHEDULING).where(
-        Job.state == JobState.PENDING.value, Job.held.is_(True),
-        Job.deadline.is_not(None))).all()
+    return session.connection().execute(_HELD_WITH_DEADLINE).all()
 
 
 def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple[str, bool]]]:
@@ -131,6 +156,24 @@ def payload(session: Session, payload_id: int) -> Payload:
                            .where(Payload.id == payload_id)).one()
 
 
+_JOB_ROWS = select(Job.__table__).where(Job.__table__.c.id.in_(bindparam("ids", expanding=True)))
+_PAYLOAD_ROWS = select(Payload.__table__).where(
+    Payload.__table__.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def launching(session: Session, job_ids: Sequence[int]) -> tuple[dict[int, Row], dict[int, Row]]:
+    """What launching these jobs reads: their rows, and their payloads' rows (environment and
+    arguments) by payload id. Plain rows, with the columns as attributes: a pass that starts
+    many short jobs costs the daemon little."""
+    connection = session.connection()
+    jobs = {row.id: row for part in chunks(list(job_ids))
+            for row in connection.execute(_JOB_ROWS, {"ids": part})}
+    wanted = sorted({row.payload_id for row in jobs.values()})
+    payloads = {row.id: row for part in chunks(wanted)
+                for row in connection.execute(_PAYLOAD_ROWS, {"ids": part})}
+    return jobs, payloads
+
+
 def events(session: Session, job_ids: Iterable[int]) -> dict[int, list[JobEvent]]:
     """The state history of each job, oldest first: a few queries however many jobs."""
     found: dict[int, list[JobEvent]] = {job_id: [] for job_id in job_ids}
@@ -142,19 +185,23 @@ def events(session: Session, job_ids: Iterable[int]) -> dict[int, list[JobEvent]
 
 
 def running(session: Session) -> Sequence[Job]:
-    return session.scalars(select(Job).options(noload(Job.payload))
+    return session.scalars(select(Job).options(lazyload(Job.payload))
                            .where(Job.state == JobState.RUNNING.value)).all()
 
 
+_PENDING_COUNT = select(func.count()).select_from(Job).where(
+    Job.user == bindparam("user"), Job.state == JobState.PENDING.value)
+_SPOOL_BYTES = select(SpoolUsage.bytes).where(SpoolUsage.uid == bindparam("uid"))
+
+
 def pending_count(session: Session, user: str) -> int:
-    return session.scalar(select(func.count()).select_from(Job).where(
-        Job.user == user, Job.state == JobState.PENDING.value)) or 0
+    return session.connection().execute(_PENDING_COUNT, {"user": user}).scalar() or 0
 
 
 def spool_bytes(session: Session, uid: int) -> int:
     """What the snapshots the spool keeps for the user's jobs cost (an array's counts
     once): one row, kept up to date by transitions.py."""
-    return session.scalar(select(SpoolUsage.bytes).where(SpoolUsage.uid == uid)) or 0
+    return session.connection().execute(_SPOOL_BYTES, {"uid": uid}).scalar() or 0
 
 
 def finished_snapshots(session: Session, uid: int) -> Sequence[tuple[int, int]]:

@@ -13,17 +13,26 @@ handlers), so that no row can break a query for anyone.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy import (
+    ClauseElement,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
 from gq.queue.queries import chunks
 from gq.queue.states import JobState, allowed
-
 
 HELD = "JobHeldUser"  # squeue's reason for a held job
 HELD_ADMIN = "JobHeldAdmin"  # held by an operator for its owner: only an operator releases it
@@ -74,13 +83,17 @@ class NewJob:
 
 
 # resolve_output(pattern, job_id, array_id, task) -> path: fills in %j, %x, %A, %a.
-def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
+# snapshot(job_id) -> path: writes the script's snapshot for the submission's first id.
+def submit(session: Session, new: NewJob, resolve_output,
+           snapshot: Callable[[int], str] = lambda job_id: "") -> list[int]:
     """Insert the PENDING row, or one per task of a job array (the first id names the array,
-    and its tasks share one payload): a few statements, however many tasks. Their ids."""
+    and its tasks share one payload and snapshot): a few statements, however many tasks.
+    Their ids."""
     tasks = new.array_tasks if new.array_tasks is not None else (None,)
-    payload = Payload(env=dict(new.env), args=list(new.args), spool_bytes=new.spool_bytes)
-    session.add(payload)
-    session.flush()
+    connection = session.connection()
+    payload_id = connection.execute(_NEW_PAYLOAD, {
+        "env": dict(new.env), "args": list(new.args),
+        "spool_bytes": new.spool_bytes}).scalar_one()
     if new.uid is not None:
         _count_spool(session, {new.uid: new.spool_bytes})
     common = dict(
@@ -91,32 +104,34 @@ def submit(session: Session, new: NewJob, resolve_output) -> list[int]:
         deadline=new.deadline, begin_time=new.begin_time, warn_signal=new.warn_signal,
         nodelist=new.nodelist, retries=new.retries, retries_left=new.retries,
         retry_delay=new.retry_delay, ntasks=new.ntasks, notify=new.notify,
-        mail_type=new.mail_type, mail_user=new.mail_user, suspended=False, steps_total=new.steps_total, exclusive=new.exclusive,
+        mail_type=new.mail_type, mail_user=new.mail_user, suspended=False,
+        steps_total=new.steps_total, exclusive=new.exclusive,
         requeue=new.requeue, dependency=new.dependency, held=new.held, script=new.script,
-        spool_path="", payload_id=payload.id, interpreter=new.interpreter,
+        spool_path="", payload_id=payload_id, interpreter=new.interpreter,
         workdir=new.workdir, stdout_path="", stderr_path="", submit_time=new.submit_time,
         output_pattern=new.output_pattern, error_pattern=new.error_pattern,
         stop_request=None, run_count=0, steps_done=0, attained=0.0, holds_lane=False,
         array_max_running=new.array_max_running if new.array_tasks is not None else None)
-    ids = list(session.scalars(
-        insert(Job).returning(Job.id, sort_by_parameter_order=True),
-        [dict(common, array_task_id=task) for task in tasks]))
+    ids = list(connection.execute(_NEW_JOBS, [dict(common, array_task_id=task)
+                                              for task in tasks]).scalars())
     array_id = ids[0] if new.array_tasks is not None else None
-    session.execute(update(Job), [
-        {"id": job_id, "array_job_id": array_id,
-         "stdout_path": resolve_output(new.output_pattern, job_id, array_id, task),
-         "stderr_path": resolve_output(new.error_pattern, job_id, array_id, task)}
+    spool_path = snapshot(ids[0])
+    connection.execute(_SET_PATHS, [
+        {"b_id": job_id, "b_array": array_id, "b_spool": spool_path,
+         "b_out": resolve_output(new.output_pattern, job_id, array_id, task),
+         "b_err": resolve_output(new.error_pattern, job_id, array_id, task)}
         for job_id, task in zip(ids, tasks)])
-    session.execute(insert(JobEvent), [
+    connection.execute(_NEW_EVENT, [
         {"job_id": job_id, "time": new.submit_time, "old_state": None,
          "new_state": JobState.PENDING.value, "reason": "submitted"} for job_id in ids])
     return ids
 
 
-def set_spool_path(session: Session, job_ids: list[int], path: str) -> None:
-    for part in chunks(job_ids):
-        session.execute(update(Job).where(Job.id.in_(part)).values(spool_path=path)
-                        .execution_options(synchronize_session=False))
+_NEW_PAYLOAD = insert(Payload.__table__).returning(Payload.__table__.c.id)
+_NEW_JOBS = insert(Job.__table__).returning(Job.__table__.c.id, sort_by_parameter_order=True)
+_SET_PATHS = (update(Job.__table__).where(Job.__table__.c.id == bindparam("b_id"))
+              .values(array_job_id=bindparam("b_array"), spool_path=bindparam("b_spool"),
+                      stdout_path=bindparam("b_out"), stderr_path=bindparam("b_err")))
 
 
 def drop_snapshots(session: Session, uid: int, payload_ids: list[int]) -> set[str]:
@@ -138,13 +153,17 @@ def drop_snapshots(session: Session, uid: int, payload_ids: list[int]) -> set[st
     return {path for path in paths if path}
 
 
+_ADD_TO_SPOOL = (sqlite_insert(SpoolUsage.__table__)
+                 .values(uid=bindparam("b_uid"), bytes=bindparam("b_delta"))
+                 .on_conflict_do_update(index_elements=[SpoolUsage.uid],
+                                        set_={"bytes": SpoolUsage.bytes + bindparam("b_delta")}))
+
+
 def _count_spool(session: Session, change: dict[int, int]) -> None:
     """Add to (or take from) what the spool keeps for each uid."""
     for uid, delta in change.items():
         if delta:
-            session.execute(sqlite_insert(SpoolUsage).values(uid=uid, bytes=delta)
-                            .on_conflict_do_update(index_elements=[SpoolUsage.uid],
-                                                   set_={"bytes": SpoolUsage.bytes + delta}))
+            session.connection().execute(_ADD_TO_SPOOL, {"b_uid": uid, "b_delta": delta})
 
 
 def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: str | None,
@@ -153,15 +172,49 @@ def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: s
     now = time.time() if now is None else now
     if old is JobState.RUNNING:
         values.setdefault("suspended", False)  # a suspend ends with the run
-    query = update(Job).where(Job.id == job_id, Job.state == old.value)
-    if guard is not None:
-        query = query.where(guard)
-    result = session.execute(query.values(state=new.value, reason=reason, **values))
+    statement, plain = _state_change(old, new, guard, values)
+    connection = session.connection()
+    result = connection.execute(statement, {"b_id": job_id, "b_reason": reason,
+                                            **{f"b_{name}": values[name] for name in plain}})
     if result.rowcount != 1:
         return False
-    session.add(JobEvent(job_id=job_id, time=now, old_state=old.value, new_state=new.value,
-                         reason=reason))
+    connection.execute(_NEW_EVENT, {"job_id": job_id, "time": now, "old_state": old.value,
+                                    "new_state": new.value, "reason": reason})
     return True
+
+
+# A statement costs more to construct than to run: the common ones are kept, their values
+# bound as parameters. Expressions in them must be these, made once.
+_NOT_HELD = Job.held.is_(False)
+_NEXT_RUN = Job.run_count + 1
+_SHARED = frozenset({id(_NOT_HELD), id(_NEXT_RUN)})
+_JOBS = Job.__table__
+_NEW_EVENT = insert(JobEvent.__table__)
+_kept: dict[tuple, Any] = {}
+
+
+def _state_change(old: JobState, new: JobState, guard: Any,
+                  values: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The UPDATE that moves a job from ``old`` to ``new`` setting ``values``, and the names
+    of the values it takes as parameters (``b_<name>``, with ``b_id`` and ``b_reason``)."""
+    plain = sorted(name for name, value in values.items() if not isinstance(value, ClauseElement))
+    expressions = tuple(sorted((name, id(value)) for name, value in values.items()
+                               if isinstance(value, ClauseElement)))
+    reusable = (guard is None or id(guard) in _SHARED) and all(
+        identity in _SHARED for _, identity in expressions)
+    key = (old, new, id(guard), tuple(plain), expressions)
+    statement = _kept.get(key) if reusable else None
+    if statement is None:
+        statement = (update(_JOBS)
+                     .where(_JOBS.c.id == bindparam("b_id"), _JOBS.c.state == old.value)
+                     .values(state=new.value, reason=bindparam("b_reason"),
+                             **{name: bindparam(f"b_{name}") if name in plain else value
+                                for name, value in values.items()}))
+        if guard is not None:
+            statement = statement.where(guard)
+        if reusable:
+            _kept[key] = statement
+    return statement, plain
 
 
 def start(session: Session, job_id: int, device: str, lane: int,
@@ -169,9 +222,9 @@ def start(session: Session, job_id: int, device: str, lane: int,
     """PENDING to RUNNING, unless the job was held (or cancelled) since admission read it."""
     now = time.time() if now is None else now
     return _move(session, job_id, JobState.PENDING, JobState.RUNNING, None, now,
-                 guard=Job.held.is_(False), device=device, lane=lane, pid=None,
+                 guard=_NOT_HELD, device=device, lane=lane, pid=None,
                  stop_request=None, start_time=now, end_time=None, exit_code=None,
-                 run_count=Job.run_count + 1, steps_done=0, attained=0.0)
+                 run_count=_NEXT_RUN, steps_done=0, attained=0.0)
 
 
 def set_pending_reasons(session: Session, reasons: dict[int, str | None]) -> None:
@@ -180,17 +233,24 @@ def set_pending_reasons(session: Session, reasons: dict[int, str | None]) -> Non
     by_reason: dict[str | None, list[int]] = {}
     for job_id, reason in reasons.items():
         by_reason.setdefault(reason, []).append(job_id)
+    connection = session.connection()
     for reason, job_ids in by_reason.items():
         for part in chunks(job_ids):
-            session.execute(update(Job).where(Job.id.in_(part),
-                                              Job.state == JobState.PENDING.value)
-                            .values(reason=reason).execution_options(synchronize_session=False))
+            connection.execute(_SET_REASON, {"ids": part, "b_reason": reason})
+
+
+_SET_REASON = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)),
+                                   _JOBS.c.state == JobState.PENDING.value)
+               .values(reason=bindparam("b_reason")))
+
+
+_RECORD_PID = (update(_JOBS).where(_JOBS.c.id == bindparam("b_id"),
+                                   _JOBS.c.state == JobState.RUNNING.value)
+               .values(pid=bindparam("b_pid")))
 
 
 def record_pid(session: Session, job_id: int, pid: int) -> None:
-    session.execute(
-        update(Job).where(Job.id == job_id, Job.state == JobState.RUNNING.value).values(pid=pid)
-    )
+    session.connection().execute(_RECORD_PID, {"b_id": job_id, "b_pid": pid})
 
 
 def finish(session: Session, job_id: int, state: JobState, exit_code: int | None,
@@ -393,9 +453,14 @@ def record_progress(session: Session, job_id: int, progress: Progress) -> None:
     }
     if progress.steps_total is not None:
         values["steps_total"] = progress.steps_total
-    session.execute(
-        update(Job).where(Job.id == job_id, Job.state == JobState.RUNNING.value).values(**values)
-    )
+    statement = _kept.get(("progress", *values))
+    if statement is None:
+        statement = _kept["progress", *values] = (
+            update(_JOBS).where(_JOBS.c.id == bindparam("b_id"),
+                                _JOBS.c.state == JobState.RUNNING.value)
+            .values(**{name: bindparam(f"b_{name}") for name in values}))
+    session.connection().execute(statement, {"b_id": job_id, **{
+        f"b_{name}": value for name, value in values.items()}})
 
 
 def purge(session: Session, job_ids: list[int]) -> None:

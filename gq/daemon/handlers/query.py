@@ -24,17 +24,27 @@ if TYPE_CHECKING:
 
 
 def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> messages.Jobs:
-    """Anyone may list the queue, as squeue lets them."""
-    states = None if request.states is None else [JobState.parse(s) for s in request.states]
+    """Anyone may list the queue, as squeue lets them: every pending and running job, and
+    finished ones a page at a time, newest first."""
+    states = (list(JobState) if request.states is None
+              else [JobState.parse(s) for s in request.states])
+    active = [state for state in states if not state.terminal]
+    finished = [state for state in states if state.terminal]
+    limit = min(request.limit or defaults.LIST_PAGE, defaults.LIST_PAGE)
     with daemon.db.read() as session:
-        jobs = queries.jobs(session, states=states, users=request.users, payloads=False,
-                            ended_since=request.ended_since)
-        kept_since = (queries.oldest_end(session) if states is None or any(
-            state.terminal for state in states) else None)
+        jobs = list(queries.jobs(session, states=active, users=request.users, payloads=False,
+                                 ended_since=request.ended_since)) if active else []
+        older = None
+        if finished:
+            page, older = queries.finished_page(session, finished, limit, users=request.users,
+                                                before=request.before,
+                                                ended_since=request.ended_since)
+            jobs += reversed(page)
+        kept_since = queries.oldest_end(session) if finished else None
         return messages.Jobs([job_info(job, detail=False) for job in jobs],
                              stale=daemon.stale(),
                              retention=None if math.isinf(daemon.options.retention)
-                             else daemon.options.retention, kept_since=kept_since)
+                             else daemon.options.retention, kept_since=kept_since, older=older)
 
 
 def wait(daemon: NodeView, caller: Caller,

@@ -37,21 +37,22 @@ def submit(daemon: NodeView, caller: Caller, request: messages.Submit) -> messag
                       f"{caller.name}")
     new = _validate(daemon, caller, request)
     script = PurePosixPath(request.script_path)
-    with daemon.db.read() as session:
-        check_dependency(session, new.dependency)
-        _check_pending_limit(daemon, session, caller, len(new.array_tasks or (None,)))
-    job_id = None
+    written: list[int] = []  # a snapshot written for a submission that may not commit
+
+    def snapshot(first_id: int) -> str:  # an array's id is its first task's
+        written.append(first_id)
+        return str(spool.snapshot(daemon.home, first_id, script.name, request.script))
+
     try:
         with daemon.db.write() as session:
+            check_dependency(session, new.dependency)
+            _check_pending_limit(daemon, session, caller, len(new.array_tasks or (None,)))
             dropped = _make_room_in_spool(daemon, session, caller, new.spool_bytes)
-            job_ids = transitions.submit(session, new,
-                                         output_resolver(new.name, new.user, new.workdir))
-            job_id = job_ids[0]  # an array's id is its first task's
-            snapshot = spool.snapshot(daemon.home, job_id, script.name, request.script)
-            transitions.set_spool_path(session, job_ids, str(snapshot))
+            job_id = transitions.submit(session, new, output_resolver(new.name, new.user,
+                                                                      new.workdir), snapshot)[0]
     except BaseException:
-        if job_id is not None:
-            spool.discard(daemon.home, job_id)
+        for first_id in written:
+            spool.discard(daemon.home, first_id)
         raise
     spool.discard_snapshots(daemon.home, dropped)
     daemon.rescan()
