@@ -1,6 +1,6 @@
 """Soak: many tiny jobs through the real daemon; throughput and the daemon's memory.
 
-  python bench/soak.py [--jobs 20000] [--batch 1000] [--prefill 10000]
+  python bench/soak.py [--jobs 20000] [--batch 1000] [--prefill 10000] [-- DAEMON_OPTIONS]
 
 First fills the queue with --prefill finished jobs (written to it directly, as a month of
 use leaves it), so that turnover is measured against a queue that holds them. Then submits
@@ -37,8 +37,11 @@ def main() -> None:
                         help="submit this many, wait for them to end, read the RSS; again")
     parser.add_argument("--prefill", type=int, default=10000,
                         help="finished jobs in the queue before the soak begins")
+    parser.add_argument("daemon_args", nargs="*", metavar="-- DAEMON_OPTION",
+                        help="options for the daemon, such as -- --max-resident 16")
     args = parser.parse_args()
-    with Node("--kill-wait", "1", "--max-pending", str(max(args.batch, 1000))) as node:
+    with Node("--kill-wait", "1", "--max-pending", str(max(args.batch, 1000)),
+              *args.daemon_args) as node:
         os.environ["GQ_HOME"] = node.env["GQ_HOME"]
         os.chdir(node.dir)
         from gq.cli.main import main as gq_main
@@ -77,6 +80,7 @@ def main() -> None:
     rss_end = rss_at[done]
     result = {
         "jobs": args.jobs, "prefilled_finished_jobs": args.prefill, "states": states,
+        "daemon_options": args.daemon_args,
         "total_seconds": finished - started, "jobs_per_second": args.jobs / (finished - started),
         "jobs_per_second_by_batch": per_batch,
         "daemon_rss_start_mb": rss_start / 2**20,
