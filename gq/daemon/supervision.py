@@ -381,17 +381,20 @@ class Supervisor:
         with self.db.write() as session:
             for job, ending, end, last in ends:
                 progress = last or self.progress.get(job.job_id)
+                reason = ending.reason
+                if not ending.requeue and ending.state is not JobState.FAILED:
+                    transitions.finish(session, job.job_id, ending.state, ending.exit_code,
+                                       reason, now=end, progress=progress)
+                    continue  # the common case: one statement and its event
                 if progress is not None:
                     transitions.record_progress(session, job.job_id, progress)
-                reason = ending.reason
                 if ending.requeue:
                     transitions.requeue(session, job.job_id, reason if ending.state is
                                         JobState.PENDING else f"{reason}; requeued",
                                         now=end, started=ending.counted)
                     requeued.add(job.job_id)
-                elif ending.state is JobState.FAILED and transitions.retry(
-                        session, job.job_id, ending.exit_code, f"{reason or 'failed'}; retried",
-                        now=end):
+                elif transitions.retry(session, job.job_id, ending.exit_code,
+                                       f"{reason or 'failed'}; retried", now=end):
                     requeued.add(job.job_id)  # --retries: it had runs left
                 else:
                     transitions.finish(session, job.job_id, ending.state, ending.exit_code,

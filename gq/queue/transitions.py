@@ -254,12 +254,15 @@ def record_pid(session: Session, job_id: int, pid: int) -> None:
 
 
 def finish(session: Session, job_id: int, state: JobState, exit_code: int | None,
-           reason: str | None, now: float | None = None) -> bool:
-    """End a RUNNING job in a terminal state."""
+           reason: str | None, now: float | None = None,
+           progress: Progress | None = None) -> bool:
+    """End a RUNNING job in a terminal state (with its last ``progress``, in the same
+    statement)."""
     now = time.time() if now is None else now
     assert state.terminal
+    last = _progress_values(progress) if progress is not None else {}
     return _move(session, job_id, JobState.RUNNING, state, reason, now,
-                 end_time=now, exit_code=exit_code, holds_lane=False)
+                 **{**last, "end_time": now, "exit_code": exit_code, "holds_lane": False})
 
 
 def requeue(session: Session, job_id: int, reason: str, now: float | None = None,
@@ -444,7 +447,7 @@ class Progress:
     mean_gap: float | None = None  # hosts before it was reported send none
 
 
-def record_progress(session: Session, job_id: int, progress: Progress) -> None:
+def _progress_values(progress: Progress) -> dict[str, Any]:
     values: dict[str, Any] = {
         "steps_done": progress.steps_done, "attained": progress.attained,
         "mean_iteration": progress.mean_iteration, "mean_gap": progress.mean_gap,
@@ -453,6 +456,11 @@ def record_progress(session: Session, job_id: int, progress: Progress) -> None:
     }
     if progress.steps_total is not None:
         values["steps_total"] = progress.steps_total
+    return values
+
+
+def record_progress(session: Session, job_id: int, progress: Progress) -> None:
+    values = _progress_values(progress)
     statement = _kept.get(("progress", *values))
     if statement is None:
         statement = _kept["progress", *values] = (
