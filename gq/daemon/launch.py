@@ -8,14 +8,13 @@ import pwd
 import sys
 from pathlib import Path
 
-from sqlalchemy import Row
-
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
 from gq.exec.protocol import SCRIPT_PATH, LaunchSpec
 from gq.home import Home
 from gq.queue import spool
 from gq.queue.models import Job, Payload
+from gq.queue.queries import JobRow, PayloadRow
 from gq.slurm import environment as slurm_env
 from gq.slurm.options import parse_signal
 
@@ -115,7 +114,7 @@ def account(job: Job) -> tuple[dict[str, str], list[int]]:
             os.getgrouplist(entry.pw_name, job.gid))
 
 
-def launch_spec(job: Job | Row, payload: Payload | Row, devices: list[Device], lane: int,
+def launch_spec(job: Job | JobRow, payload: Payload | PayloadRow, devices: list[Device], lane: int,
                 run: int, home: Home,
                 array_span: tuple[int, int, int, int] | None = None) -> LaunchSpec:
     """Everything the host needs to start this run of the job as its submitter (an array

@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psutil
-from sqlalchemy import Row
 
 from gq import defaults, policies
 from gq.daemon import admission
@@ -29,6 +28,7 @@ from gq.policies.base import time_left
 from gq.exec import protocol as wire
 from gq.exec.protocol import StopWhy
 from gq.queue import dependencies, queries, transitions
+from gq.queue.queries import SchedulingRow as Row
 from gq.queue import settings as queue_settings
 from gq.queue.engine import Database
 from gq.queue.states import JobState

@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Row
-
 from gq import defaults
 from gq.codec import FrameTooLarge, MessageError
 from gq.daemon import admission, recovery
@@ -210,7 +208,7 @@ class Supervisor:
             self._send_launch(job, payloads[job.payload_id], devices, lane,
                               spans.get(job.array_job_id))
 
-    def _send_launch(self, job: Row, payload: Row, devices: list[Device], lane: int,
+    def _send_launch(self, job: queries.JobRow, payload: queries.PayloadRow, devices: list[Device], lane: int,
                      span: tuple[int, int, int, int] | None) -> None:
         """Launch one started job (its row and its payload's, as read in its transaction)."""
         running = Running(job_id=job.id, run=job.run_count, started=job.start_time,

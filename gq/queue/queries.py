@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import Row, bindparam, case, func, select
+from sqlalchemy import bindparam, case, func, select
 from sqlalchemy.orm import Session, lazyload, undefer
 
 from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
@@ -76,6 +77,12 @@ _SCHEDULING = (Job.id, Job.user, Job.submit_time, Job.priority, Job.steps_total,
                Job.holds_lane, Job.interpreter)
 
 
+# Plain records of those rows: SQLAlchemy's Row reads a column by name in microseconds, and a
+# pass reads a dozen of every pending job's.
+SchedulingRow = namedtuple("SchedulingRow", [column.key for column in _SCHEDULING])
+JobRow = namedtuple("JobRow", Job.__table__.columns.keys())
+PayloadRow = namedtuple("PayloadRow", Payload.__table__.columns.keys())
+
 # Read every pass: constructed once (constructing a statement costs more than running it).
 _FOR_SCHEDULING = {
     (state, held): (select(*_SCHEDULING).where(Job.state == state.value).order_by(Job.id)
@@ -88,12 +95,14 @@ _HELD_WITH_DEADLINE = select(*_SCHEDULING).where(
 def for_scheduling(session: Session, state: JobState, held: bool | None = None) -> Sequence:
     """Rows of the jobs in ``state`` (PENDING or RUNNING; held or not) with what scheduling
     needs of them."""
-    return session.connection().execute(_FOR_SCHEDULING[state, held]).all()
+    return [SchedulingRow._make(row)
+            for row in session.connection().execute(_FOR_SCHEDULING[state, held])]
 
 
 def held_with_deadline(session: Session) -> Sequence:
     """Held pending jobs that have a deadline (they are removed once they cannot meet it)."""
-    return session.connection().execute(_HELD_WITH_DEADLINE).all()
+    return [SchedulingRow._make(row)
+            for row in session.connection().execute(_HELD_WITH_DEADLINE)]
 
 
 def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple[str, bool]]]:
@@ -161,16 +170,17 @@ _PAYLOAD_ROWS = select(Payload.__table__).where(
     Payload.__table__.c.id.in_(bindparam("ids", expanding=True)))
 
 
-def launching(session: Session, job_ids: Sequence[int]) -> tuple[dict[int, Row], dict[int, Row]]:
+def launching(session: Session,
+              job_ids: Sequence[int]) -> tuple[dict[int, JobRow], dict[int, PayloadRow]]:
     """What launching these jobs reads: their rows, and their payloads' rows (environment and
-    arguments) by payload id. Plain rows, with the columns as attributes: a pass that starts
-    many short jobs costs the daemon little."""
+    arguments) by payload id. Plain records, with the columns as attributes: a pass that
+    starts many short jobs costs the daemon little."""
     connection = session.connection()
     jobs = {row.id: row for part in chunks(list(job_ids))
-            for row in connection.execute(_JOB_ROWS, {"ids": part})}
+            for row in map(JobRow._make, connection.execute(_JOB_ROWS, {"ids": part}))}
     wanted = sorted({row.payload_id for row in jobs.values()})
-    payloads = {row.id: row for part in chunks(wanted)
-                for row in connection.execute(_PAYLOAD_ROWS, {"ids": part})}
+    payloads = {row.id: row for part in chunks(wanted) for row in
+                map(PayloadRow._make, connection.execute(_PAYLOAD_ROWS, {"ids": part}))}
     return jobs, payloads
 
 
