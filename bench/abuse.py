@@ -55,7 +55,7 @@ counts = {"accepted": 0, "refused_pending_limit": 0, "refused_connection_limit":
           "refused_other": 0, "failed": 0}
 lock = threading.Lock()
 body = base64.b64encode(open(script, "rb").read()).decode()
-line = json.dumps({"v": 1, "kind": "submit", "script_path": script, "script": body,
+line = json.dumps({"v": 2, "kind": "submit", "script_path": script, "script": body,
                    "args": [], "workdir": workdir, "env": {"PATH": "/usr/bin:/bin"},
                    "umask": 18, "options": {"held": True}}).encode() + b"\n"
 def flood():

@@ -37,6 +37,7 @@ MAX_RUNNING_HOOKS_PER_USER = 4  # at once, of one user's jobs: the others' go on
 MAX_QUEUED_HOOKS_PER_USER = 1_000  # waiting to run; past it, more are dropped (logged)
 HOOK_EVENTS_PER_PASS = 1_000  # job events looked at per scheduling pass
 HOOK_LOOK_PERIOD = 0.1  # look for events that set hooks off at most this often
+HOOK_SAVE_PERIOD = 1.0  # write how far events were read at most this often (no hook queued)
 MAX_CONNECTIONS_PER_USER = 64  # open connections of one uid
 MAX_CONNECTIONS = 1024  # open connections in total (less than the descriptor limit allows)
 MAX_REQUEST = 8 << 20  # bytes in one request line (a script snapshot travels in it)

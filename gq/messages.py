@@ -22,7 +22,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, JobId, 
 
 __all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
-VERSION = 1
+VERSION = 2
 dataclass = message
 Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
 Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
@@ -223,9 +223,11 @@ class ListJobs:
     states: Annotated[list[Name], MaxLen(16)] | None = None
     users: Annotated[list[Name], MaxLen(1024)] | None = None
     ended_since: Timestamp | None = None  # history --since: jobs that ended since then
-    # Finished jobs come a page at a time, newest first: at most ``limit`` of them (and never
-    # more than the daemon's page size), older than job ``before`` when given.
+    # Finished jobs come a page at a time, the most recently ended first: at most ``limit`` of
+    # them (never more than the daemon's page size), and only those that ended before
+    # ``before_end``, or at that time with ids below ``before``, when given.
     limit: Positive | None = None
+    before_end: Timestamp | None = None
     before: JobId | None = None
 
 
@@ -374,7 +376,9 @@ class Jobs:
     retention: float | None = None  # seconds the daemon keeps finished jobs (None: ever)
     kept_since: float | None = None  # when the oldest finished job it still keeps ended
     more: Count = 0  # jobs the label named beyond those shown (an array's tasks)
-    older: JobId | None = None  # finished jobs left out: ask again with before=older
+    # Finished jobs were left out: ask again with before_end=older_end, before=older.
+    older_end: Timestamp | None = None
+    older: JobId | None = None
 
 
 @dataclass

@@ -4,6 +4,7 @@ others."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 
@@ -33,31 +34,61 @@ def _ids(out: str) -> list[int]:
     return [entry["id"] for entry in json.loads(out)]
 
 
-def test_finished_jobs_are_listed_newest_first_a_page_at_a_time(daemon, tmp_path):
+def test_finished_jobs_are_listed_a_page_at_a_time_the_last_ended_first(daemon, tmp_path):
     script = write_script(tmp_path / "s.sh", "true\n")
+    go = tmp_path / "go"
+    slow = submit(str(write_script(tmp_path / "slow.sh",
+                                   f"while [ ! -e {go} ]; do sleep 0.02; done\n")))
     first = submit(str(script))
     wait_state(first, "COMPLETED")
     _copies_of(daemon.root, first, FINISHED)
     pending = submit("--hold", str(script))
     newest = pending - 1
+    go.touch()
+    wait_state(slow, "COMPLETED")  # submitted first, it ended last: listed as the newest
+    assert _ids(gq_ok("history", "--limit", "1", "--json")) == [slow]
+    listed = gq("history", "--limit", "3")
+    assert [int(row.split()[0]) for row in listed.out.splitlines()[1:]] == [
+        newest - 1, newest, slow]  # the last ended at the bottom
 
     table = gq("history")
     assert table.code == 0, table.err
     rows = table.out.splitlines()[1:]
-    shown = defaults.LISTED_FINISHED  # the newest, oldest of them first
+    shown = defaults.LISTED_FINISHED
     assert len(rows) == shown
-    assert [int(row.split()[0]) for row in (rows[0], rows[-1])] == [newest - shown + 1, newest]
-    assert f"the newest {shown} finished jobs shown; --limit N for more" in table.err
+    assert [int(row.split()[0]) for row in (rows[0], rows[-1])] == [newest - shown + 2, slow]
+    assert f"the {shown} finished jobs that ended last shown; --limit N for more" in table.err
 
-    assert _ids(gq_ok("history", "--limit", "3", "--json")) == [newest - 2, newest - 1, newest]
-    everything = gq("history", "--limit", "0", "--json")  # two of the daemon's pages
-    assert _ids(everything.out) == list(range(first, newest + 1))
-    assert "newest" not in everything.err
+    everything = gq("history", "--json")  # for programs, every job: several daemon pages
+    assert sorted(_ids(everything.out)) == [slow, *range(first, newest + 1)]
+    assert "ended last shown" not in everything.err
+    assert _ids(gq_ok("history", "--limit", "0", "--json")) == _ids(everything.out)
 
     listed = _ids(gq_ok("status", "--all", "--limit", "2", "--json"))
-    assert listed == [newest - 1, newest, pending]  # pending jobs are always listed
+    assert listed == [slow, newest, pending]  # in id order; pending jobs are always listed
     assert _ids(gq_ok("status", "--json")) == [pending]
     assert _ids(gq_ok("history", "--limit", "2", "-t", "F", "--json")) == []
+
+
+def test_a_job_that_ends_between_two_pages_is_listed_once_as_it_ended(monkeypatch):
+    """The first page lists job 1 running; it ends before the second page is read, which
+    lists it again: the listing has it once, ended."""
+    from gq import messages
+    from gq.cli import jobs
+
+    def info(job_id: int, state: str) -> messages.JobInfo:
+        fields = {f.name: None for f in dataclasses.fields(messages.JobInfo)}
+        return messages.JobInfo(**{**fields, "id": job_id, "state": state})
+
+    pages = [messages.Jobs([info(1, "RUNNING"), info(9, "COMPLETED")], older_end=5.0, older=9),
+             messages.Jobs([info(1, "CANCELLED"), info(8, "COMPLETED")])]
+    asked = []
+    monkeypatch.setattr(jobs, "ask", lambda request: asked.append(request) or pages.pop(0))
+    listed = jobs._listed(None, None, 0)
+    assert [(job.id, job.state) for job in listed.jobs] == [(1, "CANCELLED"), (8, "COMPLETED"),
+                                                            (9, "COMPLETED")]
+    assert (asked[1].before_end, asked[1].before) == (5.0, 9)
+    assert asked[1].states == [s.value for s in jobs.JobState if s.terminal]
 
 
 def test_a_bad_page_request_is_refused(daemon):
@@ -66,8 +97,9 @@ def test_a_bad_page_request_is_refused(daemon):
     for args in (("history", "--limit", "-1"), ("status", "--all", "--limit", "x")):
         result = gq(*args)
         assert result.code == 2 and "--limit" in result.err, result
-    for bad in ({"limit": 0}, {"before": 0}, {"limit": 2**70}, {"before": "7"}):
-        line = json.dumps({"v": 1, "kind": "list", **bad}).encode()
+    for bad in ({"limit": 0}, {"before": 0}, {"limit": 2**70}, {"before": "7"},
+                {"before_end": -1.0}, {"before_end": "NaN"}):
+        line = json.dumps({"v": messages.VERSION, "kind": "list", **bad}).encode()
         with pytest.raises(messages.MessageError):
             messages.decode(line, messages.REQUESTS)
 

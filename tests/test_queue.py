@@ -376,13 +376,13 @@ def test_upgrade_to_0009_keeps_jobs_unpinned_without_retries(tmp_path):
 
 
 def test_upgrade_to_0011_indexes_end_times_and_keeps_finished_jobs(tmp_path):
-    """History reads finished jobs by id and by end time: a queue from before gets the
-    index, its jobs intact and paged newest first."""
+    """History reads finished jobs by end time: a queue from before gets the index, its
+    jobs intact (one without an end time gets one) and paged, the last ended first."""
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0010")
     connection = sqlite3.connect(home.db)
     connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)")
-    for job_id, end in ((3, 10.0), (4, 20.0), (5, 30.0)):
+    for job_id, end in ((3, 10.0), (4, 30.0), (5, 20.0), (6, "NULL")):
         connection.execute(
             "INSERT INTO jobs (id, name, user, state, priority, gpus, exclusive, requeue, "
             "script, spool_path, workdir, stdout_path, stderr_path, submit_time, end_time, "
@@ -395,12 +395,31 @@ def test_upgrade_to_0011_indexes_end_times_and_keeps_finished_jobs(tmp_path):
     indexes = {row[1] for row in sqlite3.connect(home.db).execute("PRAGMA index_list(jobs)")}
     assert "ix_jobs_end_time" in indexes
     with database.read() as session:
+        assert queries.job(session, 6).end_time == 1.0  # a first version's: its submission
         page, older = queries.finished_page(session, [JobState.COMPLETED], 2)
-        assert ([job.id for job in page], older) == ([5, 4], 4)
+        assert ([job.id for job in page], older) == ([4, 5], (20.0, 5))  # the last ended first
         page, older = queries.finished_page(session, [JobState.COMPLETED], 2, before=older)
-        assert ([job.id for job in page], older) == ([3], None)
+        assert ([job.id for job in page], older) == ([3, 6], None)
         page, _ = queries.finished_page(session, [JobState.COMPLETED], 5, ended_since=15.0)
-        assert [job.id for job in page] == [5, 4]
-        assert queries.oldest_end(session) == 10.0
+        assert [job.id for job in page] == [4, 5]
+        assert queries.oldest_end(session) == 1.0
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
+
+
+def test_settings_are_read_again_after_a_write_that_changed_one(db):
+    from gq.queue import settings
+
+    assert db.settings()[settings.POLICY] == "fifo"
+    with db.write() as session:
+        settings.put(session, settings.POLICY, "srtf")
+    assert db.settings()[settings.POLICY] == "srtf"
+    with pytest.raises(RuntimeError), db.write() as session:  # rolled back: still srtf
+        settings.put(session, settings.POLICY, "fair")
+        raise RuntimeError
+    assert db.settings()[settings.POLICY] == "srtf"
+    db.settings()[settings.POLICY] = "rr"  # a copy: the kept settings do not change
+    assert db.settings()[settings.POLICY] == "srtf"
+    other = Database(db.home)  # another daemon's object reads the queue itself
+    assert other.settings()[settings.POLICY] == "srtf"
+    other.close()

@@ -472,6 +472,27 @@ def test_notify_on_finish_and_mail_run_as_the_owner_once_the_job_ends(home, tmp_
         assert result.code == 2 and words in result.err, (args, result.err)
 
 
+def test_a_daemon_restarted_with_on_finish_runs_it_only_for_jobs_that_end_afterwards(
+        home, tmp_path):
+    """Jobs that ended under a daemon without --on-finish (after the last hook it ran) are
+    not taken for unread by a daemon restarted with it."""
+    control = DaemonControl(home)
+    control.start()
+    script = write_script(tmp_path / "s.sh", "true\n")
+    notified = submit("--notify", "true", str(script))
+    earlier = [submit(str(script)) for _ in range(5)]
+    for job_id in (notified, *earlier):
+        wait_state(job_id, "COMPLETED")
+    control.stop()
+    finished = tmp_path / "finished.log"
+    control.start("--on-finish", f'echo "$GQ_JOB_ID" >> {finished}')
+    later = submit(str(script))
+    wait_for(lambda: finished.exists() and finished.read_text().strip(), 15,
+             what="the --on-finish hook of the job that ended afterwards")
+    assert finished.read_text().split() == [str(later)]
+    control.stop()
+
+
 def test_a_suspended_job_holds_no_lane_and_its_time_limit_stops(daemon, tmp_path):
     """Under fifo a later job waits for the earlier one; suspended, the earlier one counts
     for nothing, so the later one runs (and ends) meanwhile; resumed, the earlier one ends

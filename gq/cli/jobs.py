@@ -38,30 +38,41 @@ def _states(values: Optional[list[str]]) -> list[JobState] | None:
     return [JobState.parse(part) for value in values for part in value.split(",")]
 
 
-LIMIT_HELP = ("Show at most N finished jobs, the newest (default {default}; 0: all of them, "
-              "fetched a page at a time).")
+LIMIT_HELP = (f"Show at most N finished jobs, those that ended last (default "
+              f"{defaults.LISTED_FINISHED}, or all of them with --json or --csv; 0: all of "
+              "them, fetched a page at a time).")
+
+
+def _limit(given: int | None, whole: bool) -> int:
+    """--limit, or its default: every finished job for output read by programs."""
+    if given is not None:
+        return given
+    return 0 if whole else defaults.LISTED_FINISHED
 
 
 def _listed(states: list[JobState] | None, users: list[str] | None, limit: int,
             ended_since: float | None = None) -> messages.Jobs:
-    """Pending and running jobs in ``states``, and the newest ``limit`` finished ones (0:
-    every one), in id order: the daemon sends finished jobs a page at a time."""
+    """Pending and running jobs in ``states``, and the ``limit`` finished ones that ended
+    last (0: every one): the daemon sends finished jobs a page at a time. A job listed on
+    more than one page (it ended, or was requeued, meanwhile) is listed as the last page
+    saw it. In id order."""
     names = None if states is None else [s.value for s in states]
     answer = ask(messages.ListJobs(states=names, users=users, ended_since=ended_since,
                                    limit=limit or None))
-    jobs = answer.jobs
-    finished = sum(1 for job in jobs if JobState(job.state).terminal)
+    jobs = {job.id: job for job in answer.jobs}
+    finished = sum(1 for job in answer.jobs if JobState(job.state).terminal)
     older_states = [s.value for s in (states or list(JobState)) if s.terminal]
     while answer.older is not None and (limit == 0 or finished < limit):
         answer = ask(messages.ListJobs(states=older_states, users=users,
-                                       ended_since=ended_since, before=answer.older,
+                                       ended_since=ended_since, before_end=answer.older_end,
+                                       before=answer.older,
                                        limit=limit - finished if limit else None))
-        jobs = answer.jobs + jobs
+        jobs.update((job.id, job) for job in answer.jobs)
         finished += len(answer.jobs)
-    answer.jobs = sorted(jobs, key=lambda job: job.id)
+    answer.jobs = sorted(jobs.values(), key=lambda job: job.id)
     if answer.older is not None:
-        print(f"gq: note: the newest {finished} finished jobs shown; --limit N for more, "
-              "--limit 0 for all", file=sys.stderr)
+        print(f"gq: note: the {finished} finished jobs that ended last shown; --limit N for "
+              "more, --limit 0 for all", file=sys.stderr)
     return answer
 
 
@@ -77,10 +88,10 @@ def status(
     state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these states (PD, R, CD, ...; comma-separated)."),
     format_spec: Optional[str] = typer.Option(None, "-o", "--format", metavar="FORMAT", help="Columns as squeue's: '%.18i %.9P %.8j %.8u %.2t %.10M %R' (also GQ_STATUS_FORMAT)."),
     sort_spec: Optional[str] = typer.Option(None, "-S", "--sort", metavar="KEYS", help="Order by squeue's keys: -p,i (priority down, then id)."),
-    limit: int = typer.Option(defaults.LISTED_FINISHED, "--limit", min=0, metavar="N", help=LIMIT_HELP.format(default=defaults.LISTED_FINISHED)),
+    limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N", help=LIMIT_HELP),
 ) -> None:
     states = _states(state) or (None if all_jobs else sorted(ACTIVE))
-    answer = _listed(states, user or None, limit)
+    answer = _listed(states, user or None, _limit(limit, json_out))
     _note_stale(answer)
     jobs = formats.sort(sort_spec, answer.jobs) if sort_spec else answer.jobs
     if json_out:
@@ -224,16 +235,18 @@ def history(
     state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these end states."),
     csv_out: bool = typer.Option(False, "--csv", help="Print a trace for 'gq simulate'."),
     since: Optional[str] = typer.Option(None, "-S", "--since", metavar="WHEN", help="Only jobs that ended since then: 2days, 12hours (ago), or a time as --begin takes it."),
-    limit: int = typer.Option(defaults.LISTED_FINISHED, "--limit", min=0, metavar="N", help=LIMIT_HELP.format(default=defaults.LISTED_FINISHED)),
+    limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N", help=LIMIT_HELP),
 ) -> None:
     """Finished jobs (like sacct): wait time, run time, JCT, exit code, and what each
     measured: iterations per second, the share of its lane it held, peak memory.
 
-    Newest last; at most --limit of them, the newest. --csv writes gq's trace layout, so
-    'gq simulate --trace' can replay the jobs.
+    The jobs that ended last (--limit), the last of them at the bottom. --csv writes gq's
+    trace layout, so 'gq simulate --trace' can replay the jobs.
     """
     states = _states(state) or sorted(TERMINAL)
-    answer = _listed(states, user or None, limit, _since(since) if since is not None else None)
+    answer = _listed(states, user or None, _limit(limit, json_out or csv_out),
+                     _since(since) if since is not None else None)
+    answer.jobs.sort(key=lambda job: (job.end_time or 0.0, job.id))  # the last ended last
     if csv_out:
         _write_trace(answer.jobs)
         return

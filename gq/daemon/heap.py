@@ -10,17 +10,15 @@ the RSS stays where it was once warm (bench/soak.py). Elsewhere than glibc this 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 
 def _trim():
-    name = ctypes.util.find_library("c")
+    """glibc's malloc_trim, from the C library the interpreter runs on (None elsewhere)."""
     try:
-        function = ctypes.CDLL(name).malloc_trim if name else None
+        function = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
-    if function is not None:
-        function.argtypes, function.restype = [ctypes.c_size_t], ctypes.c_int
+    function.argtypes, function.restype = [ctypes.c_size_t], ctypes.c_int
     return function
 
 

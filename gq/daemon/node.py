@@ -259,6 +259,7 @@ class Daemon:
                 last_trim = now
                 _isolated(heap.give_back)
         _isolated(self.supervisor.flush)
+        _isolated(self.notifier.close)
         self.supervisor.close(self.keep_jobs)
 
     def _timeout(self, last_scan: float) -> float:

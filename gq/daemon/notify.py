@@ -82,6 +82,8 @@ class Notifier:
         self.last_event: int | None = None
         self.writes_seen = -1  # the queue's write count at the last look
         self.next_look = 0.0  # monotonic: no look before (many passes a second may run)
+        self.saved: int | None = None  # the position last written to the queue
+        self.next_save = 0.0  # monotonic: the position is written again no sooner
         self._events = self._events_worth_reading()  # read each pass: constructed once
 
     def look(self) -> None:
@@ -98,7 +100,8 @@ class Notifier:
         self.writes_seen = self.db.writes
         with self.db.read() as session:
             if self.last_event is None:
-                self.last_event = queue_settings.get(session, queue_settings.NOTIFIED)
+                self.last_event = self.saved = queue_settings.get(session,
+                                                                  queue_settings.NOTIFIED)
                 if self.last_event is None:  # a new queue, or one from before: from now on
                     self.last_event = session.scalar(_NEWEST_EVENT) or 0
             newest = session.connection().execute(_NEWEST_EVENT).scalar() or 0
@@ -118,10 +121,35 @@ class Notifier:
                     self.queued_by_user[job.user] = mine + 1
         self.last_event = (rows[-1][0].id if len(rows) == defaults.HOOK_EVENTS_PER_PASS
                            else newest)
-        if rows:
-            with self.db.write() as session:
-                queue_settings.put(session, queue_settings.NOTIFIED, self.last_event)
+        if rows or now >= self.next_save:
+            self.save_position()
         self.tend()
+
+    def close(self) -> None:
+        """At stop: move the position over the events since the last look that set no hook
+        off, up to the first that would (its hooks are the next daemon's to run), and write
+        it."""
+        if self.last_event is None:
+            return
+        with self.db.read() as session:
+            newest = session.connection().execute(_NEWEST_EVENT).scalar() or 0
+            first = session.execute(self._events, {"after": self.last_event,
+                                                   "newest": newest}).first()
+        self.last_event = first[0].id - 1 if first is not None else max(newest,
+                                                                         self.last_event)
+        self.save_position()
+
+    def save_position(self) -> None:
+        """Write how far the events have been read: at once when hooks were queued (so that
+        a restarted daemon does not run them again), else at most every
+        ``defaults.HOOK_SAVE_PERIOD`` and when the daemon stops (so that one restarted with
+        another --on-finish does not take a stretch read under this one for unread)."""
+        if self.last_event is None or self.last_event == self.saved:
+            return
+        with self.db.write() as session:
+            queue_settings.put(session, queue_settings.NOTIFIED, self.last_event)
+        self.saved = self.last_event
+        self.next_save = time.monotonic() + defaults.HOOK_SAVE_PERIOD
 
     def _events_worth_reading(self):
         """The events after one and up to another that may set off a hook: of jobs that

@@ -74,8 +74,8 @@ class Scheduler:
         return device.memory_total // self.capacity.lanes
 
     def scan(self) -> None:
+        config = self.db.settings()
         with self.db.read() as session:
-            config = queue_settings.get_all(session)
             pending = queries.for_scheduling(session, JobState.PENDING, held=False)
             late_held = queries.held_with_deadline(session)
             running = queries.for_scheduling(session, JobState.RUNNING)

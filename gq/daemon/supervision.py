@@ -205,12 +205,14 @@ class Supervisor:
                      for array_id in {job.array_job_id for job in jobs.values()} - {None}}
         for job_id, devices, lane in started:
             job = jobs[job_id]
-            self._send_launch(job, payloads[job.payload_id], devices, lane,
+            self._send_launch(job, payloads.get(job.payload_id), devices, lane,
                               spans.get(job.array_job_id))
 
-    def _send_launch(self, job: queries.JobRow, payload: queries.PayloadRow, devices: list[Device], lane: int,
+    def _send_launch(self, job: queries.JobRow, payload: queries.PayloadRow | None,
+                     devices: list[Device], lane: int,
                      span: tuple[int, int, int, int] | None) -> None:
-        """Launch one started job (its row and its payload's, as read in its transaction)."""
+        """Launch one started job (its row and its payload's, as read in its transaction;
+        a job whose payload is missing fails, as any job gq cannot launch)."""
         running = Running(job_id=job.id, run=job.run_count, started=job.start_time,
                           devices=devices, lane=lane, host=devices[0].name,
                           time_limit=job.time_limit, requeue=job.requeue,
@@ -221,6 +223,8 @@ class Supervisor:
         if (metrics := self.metrics()) is not None:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))
         try:
+            if payload is None:
+                raise ValueError("its environment and arguments are missing from the queue")
             spec = launch_spec(job, payload, devices, lane, running.run, self.home, span)
             self.send(running.host, wire.checked(wire.Launch(spec)))
         except (OSError, ValueError, FrameTooLarge, MessageError) as exc:

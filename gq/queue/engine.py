@@ -13,11 +13,13 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from gq.home import Home
+from gq.queue import settings
 
 # The newest Alembic revision; a test keeps it equal to the head of migrations/.
 HEAD_REVISION = "0011"
@@ -30,6 +32,7 @@ class Database:
         migrate(home)
         self.engine = _engine(home.db)
         self.writes = 0  # transactions committed through write(): whether anything changed
+        self._settings: dict[str, Any] | None = None  # as last read
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write = sessionmaker(
             self.engine.execution_options(gq_immediate=True), expire_on_commit=False
@@ -42,9 +45,21 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        with self._write() as session, session.begin():
-            yield session
-        self.writes += 1
+        with self._write() as session:
+            with session.begin():
+                yield session
+            self.writes += 1
+            if session.info.get(settings.CHANGED):
+                self._settings = None
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting, as :func:`gq.queue.settings.get_all` reads them: read again only
+        after a write through this object changed one (the daemon's every pass reads them,
+        and only it writes the queue)."""
+        if self._settings is None:
+            with self.read() as session:
+                self._settings = settings.get_all(session)
+        return dict(self._settings)
 
     def close(self) -> None:
         self.engine.dispose()

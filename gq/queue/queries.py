@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import bindparam, case, func, select
+from sqlalchemy import and_, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session, lazyload, undefer
 
 from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
@@ -48,22 +48,27 @@ def jobs(session: Session, *, states: Iterable[JobState] | None = None,
 
 
 def finished_page(session: Session, states: Iterable[JobState], limit: int, *,
-                  users: Iterable[str] | None = None, before: int | None = None,
-                  ended_since: float | None = None) -> tuple[list[Job], int | None]:
-    """Finished jobs in ``states``, newest (highest id) first, at most ``limit``; and the id
-    to ask ``before`` for the next, older page (None: there is none). Walks the id index
-    backwards and stops at the page's end, however many jobs the queue keeps."""
+                  users: Iterable[str] | None = None,
+                  before: tuple[float, int] | None = None,
+                  ended_since: float | None = None) -> tuple[list[Job], tuple[float, int] | None]:
+    """Finished jobs in ``states``, the most recently ended first (then the highest id), at
+    most ``limit``; and the (end time, id) to ask ``before`` for the next, older page (None:
+    there is none). Walks the end-time index backwards and stops at the page's end, however
+    many jobs the queue keeps."""
     query = (select(Job).options(lazyload(Job.payload))
-             .where(Job.state.in_([s.value for s in states])).order_by(Job.id.desc()))
+             .where(Job.state.in_([s.value for s in states]), Job.end_time.is_not(None))
+             .order_by(Job.end_time.desc(), Job.id.desc()))
     if users is not None:
         query = query.where(Job.user.in_(list(users)))
     if before is not None:
-        query = query.where(Job.id < before)
+        end, job_id = before
+        query = query.where(or_(Job.end_time < end, and_(Job.end_time == end, Job.id < job_id)))
     if ended_since is not None:
         query = query.where(Job.end_time >= ended_since)
     found = list(session.scalars(query.limit(limit + 1)))
     if len(found) > limit:
-        return found[:limit], found[limit - 1].id
+        last = found[limit - 1]
+        return found[:limit], (last.end_time, last.id)
     return found, None
 
 

@@ -26,24 +26,18 @@ def get(session: Session, key: str) -> Any:
 
 
 _ALL = select(Setting.__table__.c.key, Setting.__table__.c.value)
-# The daemon alone writes the queue, so what put() wrote since it last read them tells
-# whether the settings every scheduling pass reads can have changed.
-_read: dict[str, tuple[int, dict[str, Any]]] = {}  # database -> puts then, what was read
-_puts = 0
 
 
 def get_all(session: Session) -> dict[str, Any]:
-    """Every setting (defaults where none is stored); read again only after a put()."""
-    database = str(session.get_bind().url)
-    kept = _read.get(database)
-    if kept is None or kept[0] != _puts:
-        values = dict(DEFAULTS)
-        values.update({key: value for key, value in session.execute(_ALL)})
-        kept = _read[database] = (_puts, values)
-    return dict(kept[1])
+    """Every setting (defaults where none is stored)."""
+    values = dict(DEFAULTS)
+    values.update({key: value for key, value in session.execute(_ALL)})
+    return values
 
 
 def put(session: Session, key: str, value: Any) -> None:
-    global _puts
-    _puts += 1
+    session.info[CHANGED] = True
     session.merge(Setting(key=key, value=value))
+
+
+CHANGED = "gq_settings_changed"  # in a session's info: it wrote a setting

@@ -36,15 +36,18 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
                                  ended_since=request.ended_since)) if active else []
         older = None
         if finished:
+            before = (None if request.before_end is None or request.before is None
+                      else (request.before_end, request.before))
             page, older = queries.finished_page(session, finished, limit, users=request.users,
-                                                before=request.before,
-                                                ended_since=request.ended_since)
+                                                before=before, ended_since=request.ended_since)
             jobs += reversed(page)
         kept_since = queries.oldest_end(session) if finished else None
         return messages.Jobs([job_info(job, detail=False) for job in jobs],
                              stale=daemon.stale(),
                              retention=None if math.isinf(daemon.options.retention)
-                             else daemon.options.retention, kept_since=kept_since, older=older)
+                             else daemon.options.retention, kept_since=kept_since,
+                             older_end=older[0] if older else None,
+                             older=older[1] if older else None)
 
 
 def wait(daemon: NodeView, caller: Caller,
