@@ -26,6 +26,8 @@ STEPS = ("import gq, os, sys, time\n"
          "open('starts', 'a').write(os.environ['GQ_JOB_ID'] + '\\n')\n"
          "for _ in gq.steps(range(20)):\n    time.sleep(0.01)\n"
          "sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)\n")
+# One job runs until the host has been killed under it (then its rerun ends at once).
+UNTIL_HOST_KILLED = "echo $GQ_JOB_ID >> starts\nwhile [ ! -e host-killed ]; do sleep 0.05; done\n"
 TORCH = ("import os, torch\n"
          "open('starts', 'a').write(os.environ['GQ_JOB_ID'] + '\\n')\n"
          "model = torch.nn.Linear(8, 1)\n"
@@ -53,7 +55,8 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
     for user in (alice, bob):
         scripts[user.name] = {"sh": _script(user, "job.sh", SHELL),
                               "steps": _script(user, "steps.py", STEPS),
-                              "torch": _script(user, "train_linear.py", TORCH)}
+                              "torch": _script(user, "train_linear.py", TORCH),
+                              "until": _script(user, "until.sh", UNTIL_HOST_KILLED)}
 
     def plan(user) -> list[list[str]]:
         """Each job's submit arguments; a script's first argument is its exit code."""
@@ -63,6 +66,8 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
             extra = ["--requeue"] if index % 5 == 0 else []
             jobs.append([*extra, mine[rng.choice(["sh", "sh", "steps"])],
                          str(rng.choice([0, 0, 0, 3]))])
+        if user is alice:
+            jobs.insert(20, ["--requeue", mine["until"]])
         return jobs + [["--python", torch_for_all, mine["torch"]],
                        ["--array", "0-4", mine["sh"]]]
 
@@ -104,13 +109,15 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
                        "--operators", users["operators"], "--priority-cap", "5")
 
     def kill_host() -> None:
-        """While it runs a job: the submitters may be slower than the jobs."""
-        wait_for(lambda: any(j["state"] == "RUNNING" for j in json.loads(
-            shared_node.ok(None, "status", "--json"))), 120, interval=0.05,
-            what="a job to run on the host")
+        """While it runs the job that waits for it (the others may be too short to be
+        caught running); that job's rerun then ends."""
+        wait_for(lambda: any(j["state"] == "RUNNING" and j["name"] == "until.sh"
+                             for j in json.loads(shared_node.ok(None, "status", "--json"))),
+                 120, interval=0.05, what="the job that waits for the host kill to run")
         pid = int((shared_node.root / "hosts" / "cpu.pid").read_text().split()[0])
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not pid_alive(pid), 10, what="the host to die")
+        (alice.workdir / "host-killed").touch()
 
     stopped = threading.Event()  # a failing test stops its submitters with it
     threads = [threading.Thread(target=submit_all, args=(user,), daemon=True)
@@ -129,7 +136,7 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
         stopped.set()
     assert not problems, problems
     total = len(json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "--json")))
-    assert total >= 2 * 48  # 42 jobs, 5 array tasks and 3 in a chain each, at least
+    assert total >= 2 * 48 + 1  # 42 jobs, 5 array tasks and 3 in a chain each; one more
     wait_for(lambda: finished() == total, 300, interval=0.5, what="every job to end")
 
     jobs = {j["id"]: j for j in json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "--json"))}

@@ -220,13 +220,14 @@ def test_protocol_versions_that_differ_say_so_in_one_line(daemon, monkeypatch):
     answer = messages.decode(_exchange(daemon.root, b'{"v": 99, "kind": "list"}\n').strip(),
                              messages.ANSWERS)
     assert isinstance(answer, messages.Error)
-    assert "protocol version 1 and the client 99" in answer.message
+    assert f"protocol version {messages.VERSION} and the client 99" in answer.message
+    ours = messages.VERSION
     with monkeypatch.context() as patch:
         patch.setattr(messages, "VERSION", 99)
         result = gq("status")
     assert result.code == 2 and result.out == ""
     assert result.err.count("\n") == 1
-    assert "the daemon speaks protocol version 1 and this gq speaks 99" in result.err
+    assert f"the daemon speaks protocol version {ours} and this gq speaks 99" in result.err
 
 
 def test_a_stop_ends_the_jobs_of_a_host_the_daemon_has_just_let_go(daemon, tmp_path):

@@ -479,10 +479,12 @@ def test_a_daemon_restarted_with_on_finish_runs_it_only_for_jobs_that_end_afterw
     control = DaemonControl(home)
     control.start()
     script = write_script(tmp_path / "s.sh", "true\n")
-    notified = submit("--notify", "true", str(script))
+    notified_log = tmp_path / "notified.log"
+    notified = submit("--notify", f"echo $GQ_JOB_ID >> {notified_log}", str(script))
     earlier = [submit(str(script)) for _ in range(5)]
     for job_id in (notified, *earlier):
         wait_state(job_id, "COMPLETED")
+    wait_for(notified_log.exists, 15, what="the --notify hook")  # the last hook it ran
     control.stop()
     finished = tmp_path / "finished.log"
     control.start("--on-finish", f'echo "$GQ_JOB_ID" >> {finished}')

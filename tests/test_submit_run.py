@@ -335,6 +335,8 @@ def test_wait_blocks_on_one_connection_until_the_jobs_end(daemon, tmp_path):
     timed_out = gq("wait", str(first), "--timeout", "0.2")
     assert timed_out.code == 124 and "had not all ended after 0.2 s" in timed_out.err
     assert waiter.poll() is None  # both still run: the waiter has had no answer
+    wait_for(lambda: "waits for 2 job(s) to end" in daemon.log(), 30,
+             what="the waiter to be waiting")  # it may start slowly on a busy machine
     go.touch()
     out, err = waiter.communicate(timeout=30)
     assert waiter.returncode == 7, err  # the first failure's exit code

@@ -65,6 +65,7 @@ class Waiters:
             with self.db.read() as session:
                 self.last_event = session.scalar(select(func.max(JobEvent.id))) or 0
         self.waiting[connection] = waiting
+        log.info("uid %s waits for %d job(s) to end", waiting.uid, len(waiting.unfinished))
 
     def answer_ended(self, server: Server) -> None:
         """Answer every client whose jobs have all ended; forget those that left."""
