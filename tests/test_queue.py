@@ -423,3 +423,65 @@ def test_settings_are_read_again_after_a_write_that_changed_one(db):
     other = Database(db.home)  # another daemon's object reads the queue itself
     assert other.settings()[settings.POLICY] == "srtf"
     other.close()
+
+
+def test_prepared_statements_read_and_write_what_sqlalchemy_would(db):
+    from sqlalchemy import bindparam, insert, select
+
+    from gq.queue.models import Job, Payload
+    from gq.queue.prepared import Prepared
+
+    first, second, third = (_add(db, name) for name in ("a", "b", "c"))
+    with db.write() as session:
+        assert transitions.start(session, second, "cpu", 0)
+        transitions.set_pending_reasons(session, {first: "Resources", third: None})
+        transitions.submit(session, transitions.NewJob(**{
+            **_new_job("d").__dict__, "env": {"K": "v w"}, "args": ["--x", "ü"],
+            "exclusive": True, "held": True}), lambda p, i, a, t: "o")
+    by_ids = Prepared(select(Job.__table__).where(
+        Job.__table__.c.id.in_(bindparam("ids", expanding=True))).order_by(Job.__table__.c.id))
+    payloads = Prepared(select(Payload.__table__).order_by(Payload.__table__.c.id))
+    with db.read() as session:
+        for ids in ([], [first], [first, second, third, first + 99], list(range(1, 5))):
+            core = [tuple(row) for row in session.connection().execute(
+                by_ids.statement, {"ids": ids})]
+            assert [tuple(row) for row in by_ids.rows(session, {"ids": ids})] == core
+        assert [tuple(row) for row in payloads.rows(session)] == [
+            tuple(row) for row in session.connection().execute(payloads.statement)]
+        held = queries.for_scheduling(session, JobState.PENDING, held=True)
+        pending = queries.for_scheduling(session, JobState.PENDING, held=False)
+        running = queries.for_scheduling(session, JobState.RUNNING)
+    assert [row.id for row in pending] == [first, third] and pending[0].reason == "Resources"
+    assert running[0].id == second and running[0].held is False
+    assert held[0].held is True and held[0].exclusive is True  # booleans, not 0 and 1
+    with db.read() as session:
+        assert session.get(Payload, 4).env == {"K": "v w"}
+        assert session.get(Payload, 4).args == ["--x", "ü"]
+    with pytest.raises(TypeError, match="every column with a default"):
+        with db.write() as session:  # a default SQLAlchemy would fill in is refused
+            Prepared(insert(Job.__table__)).execute(session, {"name": "x"})
+
+
+def test_a_transaction_commits_or_rolls_back_prepared_and_session_work_as_one(db):
+    from gq.queue import settings
+
+    job_id = _add(db)
+    with pytest.raises(RuntimeError, match="boom"):
+        with db.write() as session:
+            assert transitions.start(session, job_id, "cpu", 0)  # a prepared statement
+            settings.put(session, settings.POLICY, "srtf")  # through the session
+            raise RuntimeError("boom")
+    with db.read() as session:
+        assert queries.job(session, job_id).state == JobState.PENDING.value
+        assert settings.get(session, settings.POLICY) != "srtf"
+        assert queries.events(session, [job_id])[job_id][-1].new_state == "PENDING"
+    writes = db.writes
+    with db.write() as session:
+        assert transitions.start(session, job_id, "cpu", 0)
+        settings.put(session, settings.POLICY, "srtf")
+    assert db.writes == writes + 1 and db.settings()[settings.POLICY] == "srtf"
+    with db.read() as session:
+        assert queries.job(session, job_id).state == JobState.RUNNING.value
+        with pytest.raises(RuntimeError, match="inside another"):
+            with db.write():
+                pass

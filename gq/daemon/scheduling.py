@@ -68,6 +68,7 @@ class Scheduler:
         self.move_margin = move_margin  # seconds sooner elsewhere that move an unstarted job
         self.node_memory = psutil.virtual_memory().total
         self.node_cpus = os.cpu_count() or 1
+        self._per_row: dict[Row, tuple[policies.JobView, admission.Request]] = {}
 
     def lane_memory(self, device: Device) -> int:
         """What one lane of the device offers: its memory split evenly between lanes."""
@@ -215,23 +216,17 @@ class Scheduler:
                node: admission.NodeRoom, running: Sequence[Row]) -> int:
         """Start what may start; how many jobs were placed."""
         by_id = {job.id: job for job in pending}
-        views = [policies.JobView(id=j.id, user=j.user, submit_time=j.submit_time,
-                                  priority=j.priority, steps_total=j.steps_total,
-                                  deadline=j.deadline)
-                 for j in pending]
+        derived = self._derived(pending)
         requests, throttled = [], []
         admitted = dict(array_running)
-        for view in self.policy.order(views):
+        for view in self.policy.order([view for view, _ in derived.values()]):
             job = by_id[view.id]
             if job.array_job_id is not None and job.array_max_running is not None:
                 if admitted.get(job.array_job_id, 0) >= job.array_max_running:
                     throttled.append(job.id)
                     continue
                 admitted[job.array_job_id] = admitted.get(job.array_job_id, 0) + 1
-            requests.append(admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
-                                              time_limit=job.time_limit,
-                                              only=self._allowed(job.gpu_type, job.nodelist),
-                                              host_mem=job.host_mem or 0, cpus=job.cpus or 0))
+            requests.append(derived[job][1])
         outcome = admission.place(requests, self.loads(running), now=time.time(), node=node,
                                   waits_behind=self.policy.waits_behind)
         reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
@@ -253,6 +248,25 @@ class Scheduler:
                 (placement.job_id, [d for d in self.devices if d.name in placement.devices],
                  placement.lane) for placement in outcome.placements])
         return len(outcome.placements)
+
+    def _derived(self, pending: list[Row]) -> dict[Row, tuple[policies.JobView,
+                                                              admission.Request]]:
+        """Each pending row's view for the policy and request for admission: made again only
+        for a row that changed since the last pass (a pass reads every pending job, and most
+        are as they were)."""
+        previous, self._per_row = self._per_row, {}
+        for job in pending:
+            made = previous.get(job)
+            if made is None:
+                made = (policies.JobView(id=job.id, user=job.user, submit_time=job.submit_time,
+                                         priority=job.priority, steps_total=job.steps_total,
+                                         deadline=job.deadline),
+                        admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
+                                          time_limit=job.time_limit,
+                                          only=self._allowed(job.gpu_type, job.nodelist),
+                                          host_mem=job.host_mem or 0, cpus=job.cpus or 0))
+            self._per_row[job] = made
+        return self._per_row
 
     def _allowed(self, gpu_type: str | None, nodelist: str | None) -> frozenset[str] | None:
         """The devices a job may use, by the GPU type and the devices it named (None: any)."""

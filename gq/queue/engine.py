@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
 
 from gq.home import Home
 from gq.queue import settings
@@ -30,27 +31,39 @@ class Database:
     def __init__(self, home: Home):
         self.home = home
         migrate(home)
-        self.engine = _engine(home.db)
         self.writes = 0  # transactions committed through write(): whether anything changed
         self._settings: dict[str, Any] | None = None  # as last read
-        self._read = sessionmaker(self.engine, expire_on_commit=False)
-        self._write = sessionmaker(
-            self.engine.execution_options(gq_immediate=True), expire_on_commit=False
-        )
+        # The daemon's own connection: every transaction it makes runs on it (one at a
+        # time: the daemon has one thread), its sessions joined to it through this engine.
+        self._connection = _connect(home.db)
+        self._sessions = sessionmaker(
+            _joining_engine(self._connection), expire_on_commit=False)
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
-        with self._read() as session, session.begin():
-            yield session
+    def read(self) -> Iterator[Transaction]:
+        with self._transaction("BEGIN") as transaction:
+            yield transaction
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
-        with self._write() as session:
-            with session.begin():
-                yield session
-            self.writes += 1
-            if session.info.get(settings.CHANGED):
-                self._settings = None
+    def write(self) -> Iterator[Transaction]:
+        with self._transaction("BEGIN IMMEDIATE") as transaction:
+            yield transaction
+        self.writes += 1
+        if transaction.info.get(settings.CHANGED):
+            self._settings = None
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[Transaction]:
+        if self._connection.in_transaction:
+            raise RuntimeError("a transaction inside another on the same connection")
+        self._connection.execute(begin)
+        transaction = Transaction(self._connection, self._sessions)
+        try:
+            yield transaction
+        except BaseException:
+            transaction.end(commit=False)
+            raise
+        transaction.end(commit=True)
 
     def settings(self) -> dict[str, Any]:
         """Every setting, as :func:`gq.queue.settings.get_all` reads them: read again only
@@ -62,27 +75,74 @@ class Database:
         return dict(self._settings)
 
     def close(self) -> None:
-        self.engine.dispose()
+        self._connection.close()
 
 
-def _engine(path: Path) -> Engine:
-    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+class Transaction:
+    """One transaction on the database's connection. The statements on a job's path run on
+    that connection directly (:class:`gq.queue.prepared.Prepared`: a SQLAlchemy session
+    costs more than SQLite's work for them); everything else is a SQLAlchemy ``Session``'s,
+    made on first use and joined to the same transaction, and this object answers as that
+    session does (``transaction.get(Job, 3)``, ``transaction.scalars(...)``)."""
 
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:
-        dbapi_connection.isolation_level = None  # SQLAlchemy's begin event issues BEGIN
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
+    def __init__(self, connection: sqlite3.Connection, sessions: sessionmaker):
+        self.sqlite = connection
+        self.info: dict[str, Any] = {}
+        self._sessions = sessions
+        self._session: Session | None = None
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            self._session = self._sessions()
+        return self._session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+    def end(self, commit: bool) -> None:
+        """Commit (or roll back) the session's work and the connection's, as one."""
+        try:
+            if self._session is not None:
+                if commit:
+                    self._session.commit()  # commits the connection's transaction
+                else:
+                    self._session.rollback()
+        finally:
+            if self._session is not None:
+                self._session.close()
+            if self.sqlite.in_transaction:
+                self.sqlite.execute("COMMIT" if commit else "ROLLBACK")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+    _configure(connection)
+    return connection
+
+
+def _configure(dbapi_connection: sqlite3.Connection) -> None:
+    dbapi_connection.isolation_level = None  # transactions begin where gq says
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _joining_engine(connection: sqlite3.Connection) -> Engine:
+    """An engine whose one connection is ``connection``, whose transaction a
+    :class:`Transaction` has begun: its sessions join it instead of beginning their own."""
+    engine = create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool,
+                           pool_reset_on_return=None)
 
     @event.listens_for(engine, "begin")
-    def _on_begin(connection) -> None:
-        immediate = connection.get_execution_options().get("gq_immediate")
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    def _on_begin(sa_connection) -> None:
+        if not connection.in_transaction:  # a session used after its transaction ended
+            raise RuntimeError("a session used outside its transaction")
 
+    engine.connect().close()  # SQLAlchemy's first connect rolls back: here, not in one
     return engine
 
 

@@ -9,6 +9,7 @@ from sqlalchemy import and_, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session, lazyload, undefer
 
 from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
+from gq.queue.prepared import Prepared
 from gq.queue.states import JobState
 
 # SQLite allows 32766 bound parameters a statement: long id lists go in chunks of this.
@@ -90,24 +91,22 @@ PayloadRow = namedtuple("PayloadRow", Payload.__table__.columns.keys())
 
 # Read every pass: constructed once (constructing a statement costs more than running it).
 _FOR_SCHEDULING = {
-    (state, held): (select(*_SCHEDULING).where(Job.state == state.value).order_by(Job.id)
-                    .where(*([] if held is None else [Job.held.is_(held)])))
+    (state, held): Prepared(select(*_SCHEDULING).where(Job.state == state.value).order_by(Job.id)
+                            .where(*([] if held is None else [Job.held.is_(held)])))
     for state in (JobState.PENDING, JobState.RUNNING) for held in (None, False, True)}
-_HELD_WITH_DEADLINE = select(*_SCHEDULING).where(
-    Job.state == JobState.PENDING.value, Job.held.is_(True), Job.deadline.is_not(None))
+_HELD_WITH_DEADLINE = Prepared(select(*_SCHEDULING).where(
+    Job.state == JobState.PENDING.value, Job.held.is_(True), Job.deadline.is_not(None)))
 
 
 def for_scheduling(session: Session, state: JobState, held: bool | None = None) -> Sequence:
     """Rows of the jobs in ``state`` (PENDING or RUNNING; held or not) with what scheduling
     needs of them."""
-    return [SchedulingRow._make(row)
-            for row in session.connection().execute(_FOR_SCHEDULING[state, held])]
+    return list(map(SchedulingRow._make, _FOR_SCHEDULING[state, held].rows(session)))
 
 
 def held_with_deadline(session: Session) -> Sequence:
     """Held pending jobs that have a deadline (they are removed once they cannot meet it)."""
-    return [SchedulingRow._make(row)
-            for row in session.connection().execute(_HELD_WITH_DEADLINE)]
+    return list(map(SchedulingRow._make, _HELD_WITH_DEADLINE.rows(session)))
 
 
 def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple[str, bool]]]:
@@ -170,9 +169,10 @@ def payload(session: Session, payload_id: int) -> Payload:
                            .where(Payload.id == payload_id)).one()
 
 
-_JOB_ROWS = select(Job.__table__).where(Job.__table__.c.id.in_(bindparam("ids", expanding=True)))
-_PAYLOAD_ROWS = select(Payload.__table__).where(
-    Payload.__table__.c.id.in_(bindparam("ids", expanding=True)))
+_JOB_ROWS = Prepared(select(Job.__table__).where(
+    Job.__table__.c.id.in_(bindparam("ids", expanding=True))))
+_PAYLOAD_ROWS = Prepared(select(Payload.__table__).where(
+    Payload.__table__.c.id.in_(bindparam("ids", expanding=True))))
 
 
 def launching(session: Session,
@@ -180,12 +180,11 @@ def launching(session: Session,
     """What launching these jobs reads: their rows, and their payloads' rows (environment and
     arguments) by payload id. Plain records, with the columns as attributes: a pass that
     starts many short jobs costs the daemon little."""
-    connection = session.connection()
     jobs = {row.id: row for part in chunks(list(job_ids))
-            for row in map(JobRow._make, connection.execute(_JOB_ROWS, {"ids": part}))}
+            for row in map(JobRow._make, _JOB_ROWS.rows(session, {"ids": part}))}
     wanted = sorted({row.payload_id for row in jobs.values()})
-    payloads = {row.id: row for part in chunks(wanted) for row in
-                map(PayloadRow._make, connection.execute(_PAYLOAD_ROWS, {"ids": part}))}
+    payloads = {row.id: row for part in chunks(wanted)
+                for row in map(PayloadRow._make, _PAYLOAD_ROWS.rows(session, {"ids": part}))}
     return jobs, payloads
 
 
@@ -204,19 +203,19 @@ def running(session: Session) -> Sequence[Job]:
                            .where(Job.state == JobState.RUNNING.value)).all()
 
 
-_PENDING_COUNT = select(func.count()).select_from(Job).where(
-    Job.user == bindparam("user"), Job.state == JobState.PENDING.value)
-_SPOOL_BYTES = select(SpoolUsage.bytes).where(SpoolUsage.uid == bindparam("uid"))
+_PENDING_COUNT = Prepared(select(func.count()).select_from(Job).where(
+    Job.user == bindparam("user"), Job.state == JobState.PENDING.value))
+_SPOOL_BYTES = Prepared(select(SpoolUsage.bytes).where(SpoolUsage.uid == bindparam("uid")))
 
 
 def pending_count(session: Session, user: str) -> int:
-    return session.connection().execute(_PENDING_COUNT, {"user": user}).scalar() or 0
+    return _PENDING_COUNT.scalar(session, {"user": user}) or 0
 
 
 def spool_bytes(session: Session, uid: int) -> int:
     """What the snapshots the spool keeps for the user's jobs cost (an array's counts
     once): one row, kept up to date by transitions.py."""
-    return session.connection().execute(_SPOOL_BYTES, {"uid": uid}).scalar() or 0
+    return _SPOOL_BYTES.scalar(session, {"uid": uid}) or 0
 
 
 def finished_snapshots(session: Session, uid: int) -> Sequence[tuple[int, int]]:

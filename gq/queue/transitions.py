@@ -31,6 +31,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
+from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
 from gq.queue.states import JobState, allowed
 
@@ -90,10 +91,8 @@ def submit(session: Session, new: NewJob, resolve_output,
     and its tasks share one payload and snapshot): a few statements, however many tasks.
     Their ids."""
     tasks = new.array_tasks if new.array_tasks is not None else (None,)
-    connection = session.connection()
-    payload_id = connection.execute(_NEW_PAYLOAD, {
-        "env": dict(new.env), "args": list(new.args),
-        "spool_bytes": new.spool_bytes}).scalar_one()
+    payload_id = _NEW_PAYLOAD.scalar(session, {
+        "env": dict(new.env), "args": list(new.args), "spool_bytes": new.spool_bytes})
     if new.uid is not None:
         _count_spool(session, {new.uid: new.spool_bytes})
     common = dict(
@@ -112,26 +111,31 @@ def submit(session: Session, new: NewJob, resolve_output,
         output_pattern=new.output_pattern, error_pattern=new.error_pattern,
         stop_request=None, run_count=0, steps_done=0, attained=0.0, holds_lane=False,
         array_max_running=new.array_max_running if new.array_tasks is not None else None)
-    ids = list(connection.execute(_NEW_JOBS, [dict(common, array_task_id=task)
-                                              for task in tasks]).scalars())
+    if len(tasks) == 1:
+        ids = [_NEW_JOB.scalar(session, dict(common, array_task_id=tasks[0]))]
+    else:  # many rows returning their ids, in order: SQLAlchemy's insertmanyvalues
+        ids = list(session.connection().execute(
+            _NEW_JOBS, [dict(common, array_task_id=task) for task in tasks]).scalars())
     array_id = ids[0] if new.array_tasks is not None else None
     spool_path = snapshot(ids[0])
-    connection.execute(_SET_PATHS, [
+    _SET_PATHS.executemany(session, [
         {"b_id": job_id, "b_array": array_id, "b_spool": spool_path,
          "b_out": resolve_output(new.output_pattern, job_id, array_id, task),
          "b_err": resolve_output(new.error_pattern, job_id, array_id, task)}
         for job_id, task in zip(ids, tasks)])
-    connection.execute(_NEW_EVENT, [
+    _NEW_EVENT.executemany(session, [
         {"job_id": job_id, "time": new.submit_time, "old_state": None,
          "new_state": JobState.PENDING.value, "reason": "submitted"} for job_id in ids])
     return ids
 
 
-_NEW_PAYLOAD = insert(Payload.__table__).returning(Payload.__table__.c.id)
+_NEW_PAYLOAD = Prepared(insert(Payload.__table__).returning(Payload.__table__.c.id))
 _NEW_JOBS = insert(Job.__table__).returning(Job.__table__.c.id, sort_by_parameter_order=True)
-_SET_PATHS = (update(Job.__table__).where(Job.__table__.c.id == bindparam("b_id"))
-              .values(array_job_id=bindparam("b_array"), spool_path=bindparam("b_spool"),
-                      stdout_path=bindparam("b_out"), stderr_path=bindparam("b_err")))
+_NEW_JOB = Prepared(insert(Job.__table__).returning(Job.__table__.c.id))
+_SET_PATHS = Prepared(
+    update(Job.__table__).where(Job.__table__.c.id == bindparam("b_id"))
+    .values(array_job_id=bindparam("b_array"), spool_path=bindparam("b_spool"),
+            stdout_path=bindparam("b_out"), stderr_path=bindparam("b_err")))
 
 
 def drop_snapshots(session: Session, uid: int, payload_ids: list[int]) -> set[str]:
@@ -153,17 +157,17 @@ def drop_snapshots(session: Session, uid: int, payload_ids: list[int]) -> set[st
     return {path for path in paths if path}
 
 
-_ADD_TO_SPOOL = (sqlite_insert(SpoolUsage.__table__)
-                 .values(uid=bindparam("b_uid"), bytes=bindparam("b_delta"))
-                 .on_conflict_do_update(index_elements=[SpoolUsage.uid],
-                                        set_={"bytes": SpoolUsage.bytes + bindparam("b_delta")}))
+_ADD_TO_SPOOL = Prepared(
+    sqlite_insert(SpoolUsage.__table__).values(uid=bindparam("b_uid"), bytes=bindparam("b_delta"))
+    .on_conflict_do_update(index_elements=[SpoolUsage.uid],
+                           set_={"bytes": SpoolUsage.bytes + bindparam("b_delta")}))
 
 
 def _count_spool(session: Session, change: dict[int, int]) -> None:
     """Add to (or take from) what the spool keeps for each uid."""
     for uid, delta in change.items():
         if delta:
-            session.connection().execute(_ADD_TO_SPOOL, {"b_uid": uid, "b_delta": delta})
+            _ADD_TO_SPOOL.execute(session, {"b_uid": uid, "b_delta": delta})
 
 
 def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: str | None,
@@ -173,12 +177,12 @@ def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: s
     if old is JobState.RUNNING:
         values.setdefault("suspended", False)  # a suspend ends with the run
     statement, plain = _state_change(old, new, guard, values)
-    connection = session.connection()
-    result = connection.execute(statement, {"b_id": job_id, "b_reason": reason,
-                                            **{f"b_{name}": values[name] for name in plain}})
-    if result.rowcount != 1:
+    params = {"b_id": job_id, "b_reason": reason, **{f"b_{name}": values[name] for name in plain}}
+    changed = (statement.execute(session, params) if isinstance(statement, Prepared)
+               else session.connection().execute(statement, params))
+    if changed.rowcount != 1:
         return False
-    connection.execute(_NEW_EVENT, {"job_id": job_id, "time": now, "old_state": old.value,
+    _NEW_EVENT.execute(session, {"job_id": job_id, "time": now, "old_state": old.value,
                                     "new_state": new.value, "reason": reason})
     return True
 
@@ -189,12 +193,12 @@ _NOT_HELD = Job.held.is_(False)
 _NEXT_RUN = Job.run_count + 1
 _SHARED = frozenset({id(_NOT_HELD), id(_NEXT_RUN)})
 _JOBS = Job.__table__
-_NEW_EVENT = insert(JobEvent.__table__)
+_NEW_EVENT = Prepared(insert(JobEvent.__table__))
 _kept: dict[tuple, Any] = {}
 
 
 def _state_change(old: JobState, new: JobState, guard: Any,
-                  values: dict[str, Any]) -> tuple[Any, list[str]]:
+                  values: dict[str, Any]) -> tuple[Prepared | Any, list[str]]:
     """The UPDATE that moves a job from ``old`` to ``new`` setting ``values``, and the names
     of the values it takes as parameters (``b_<name>``, with ``b_id`` and ``b_reason``)."""
     plain = sorted(name for name, value in values.items() if not isinstance(value, ClauseElement))
@@ -212,8 +216,8 @@ def _state_change(old: JobState, new: JobState, guard: Any,
                                 for name, value in values.items()}))
         if guard is not None:
             statement = statement.where(guard)
-        if reusable:
-            _kept[key] = statement
+        if reusable:  # else built for one use: SQLAlchemy's cache of compiled forms serves it
+            statement = _kept[key] = Prepared(statement)
     return statement, plain
 
 
@@ -233,24 +237,23 @@ def set_pending_reasons(session: Session, reasons: dict[int, str | None]) -> Non
     by_reason: dict[str | None, list[int]] = {}
     for job_id, reason in reasons.items():
         by_reason.setdefault(reason, []).append(job_id)
-    connection = session.connection()
     for reason, job_ids in by_reason.items():
         for part in chunks(job_ids):
-            connection.execute(_SET_REASON, {"ids": part, "b_reason": reason})
+            _SET_REASON.execute(session, {"ids": part, "b_reason": reason})
 
 
-_SET_REASON = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)),
-                                   _JOBS.c.state == JobState.PENDING.value)
-               .values(reason=bindparam("b_reason")))
+_SET_REASON = Prepared(update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)),
+                                            _JOBS.c.state == JobState.PENDING.value)
+                       .values(reason=bindparam("b_reason")))
 
 
-_RECORD_PID = (update(_JOBS).where(_JOBS.c.id == bindparam("b_id"),
-                                   _JOBS.c.state == JobState.RUNNING.value)
-               .values(pid=bindparam("b_pid")))
+_RECORD_PID = Prepared(update(_JOBS).where(_JOBS.c.id == bindparam("b_id"),
+                                            _JOBS.c.state == JobState.RUNNING.value)
+                       .values(pid=bindparam("b_pid")))
 
 
 def record_pid(session: Session, job_id: int, pid: int) -> None:
-    session.connection().execute(_RECORD_PID, {"b_id": job_id, "b_pid": pid})
+    _RECORD_PID.execute(session, {"b_id": job_id, "b_pid": pid})
 
 
 def finish(session: Session, job_id: int, state: JobState, exit_code: int | None,
@@ -463,11 +466,11 @@ def record_progress(session: Session, job_id: int, progress: Progress) -> None:
     values = _progress_values(progress)
     statement = _kept.get(("progress", *values))
     if statement is None:
-        statement = _kept["progress", *values] = (
+        statement = _kept["progress", *values] = Prepared(
             update(_JOBS).where(_JOBS.c.id == bindparam("b_id"),
                                 _JOBS.c.state == JobState.RUNNING.value)
             .values(**{name: bindparam(f"b_{name}") for name in values}))
-    session.connection().execute(statement, {"b_id": job_id, **{
+    statement.execute(session, {"b_id": job_id, **{
         f"b_{name}": value for name, value in values.items()}})
 
 
