@@ -9,10 +9,12 @@ import stat
 import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from sqlalchemy import update
 
 from gq.home import Home
 from gq.queue import engine, queries, transitions
 from gq.queue.engine import HEAD_REVISION, Database, migrate, migrations_dir
+from gq.queue.models import Job
 from gq.queue.states import JobState
 
 
@@ -485,3 +487,28 @@ def test_a_transaction_commits_or_rolls_back_prepared_and_session_work_as_one(db
         with pytest.raises(RuntimeError, match="inside another"):
             with db.write():
                 pass
+
+
+def test_retries_and_lost_launches_move_jobs_through_kept_statements(db):
+    job_id = _add(db)
+    with db.write() as session:
+        session.execute(update(Job).where(Job.id == job_id)
+                        .values(retries=1, retries_left=1, retry_delay=30.0))
+    kept = None
+    for _ in range(2):  # the second round reuses what the first compiled
+        with db.write() as session:
+            assert transitions.start(session, job_id, "cpu", 0, now=100.0)
+            assert transitions.requeue(session, job_id, "launch lost", now=101.0, started=False)
+            assert transitions.start(session, job_id, "cpu", 0, now=102.0)
+            assert transitions.retry(session, job_id, 3, "failed", now=200.0)
+            job = queries.job(session, job_id)
+            assert (job.state, job.run_count, job.retries_left, job.begin_time,
+                    job.exit_code) == ("PENDING", 1, 0, 230.0, 3)
+            assert transitions.start(session, job_id, "cpu", 0, now=300.0)
+            assert not transitions.retry(session, job_id, 3, "failed", now=301.0)  # none left
+            assert transitions.finish(session, job_id, JobState.FAILED, 3, "failed")
+        with db.write() as session:  # a new session: the job as it is now, not as read
+            assert transitions.requeue_finished(session, queries.job(session, job_id))
+            session.execute(update(Job).where(Job.id == job_id).values(run_count=0))
+        assert kept in (None, len(transitions._kept))
+        kept = len(transitions._kept)

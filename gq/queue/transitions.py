@@ -177,9 +177,8 @@ def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: s
     if old is JobState.RUNNING:
         values.setdefault("suspended", False)  # a suspend ends with the run
     statement, plain = _state_change(old, new, guard, values)
-    params = {"b_id": job_id, "b_reason": reason, **{f"b_{name}": values[name] for name in plain}}
-    changed = (statement.execute(session, params) if isinstance(statement, Prepared)
-               else session.connection().execute(statement, params))
+    changed = statement.execute(session, {"b_id": job_id, "b_reason": reason, "b_now": now,
+                                          **{f"b_{name}": values[name] for name in plain}})
     if changed.rowcount != 1:
         return False
     _NEW_EVENT.execute(session, {"job_id": job_id, "time": now, "old_state": old.value,
@@ -188,17 +187,23 @@ def _move(session: Session, job_id: int, old: JobState, new: JobState, reason: s
 
 
 # A statement costs more to construct than to run: the common ones are kept, their values
-# bound as parameters. Expressions in them must be these, made once.
+# bound as parameters. Expressions in them must be these, made once (``b_now``: the time
+# of the change).
 _NOT_HELD = Job.held.is_(False)
 _NEXT_RUN = Job.run_count + 1
-_SHARED = frozenset({id(_NOT_HELD), id(_NEXT_RUN)})
+_RUN_NOT_COUNTED = Job.run_count - 1
+_HAS_RETRIES = Job.retries_left > 0
+_ONE_RETRY_LESS = Job.retries_left - 1
+_AFTER_RETRY_DELAY = bindparam("b_now") + func.coalesce(Job.retry_delay, 0.0)
+_SHARED = frozenset(map(id, (_NOT_HELD, _NEXT_RUN, _RUN_NOT_COUNTED, _HAS_RETRIES,
+                             _ONE_RETRY_LESS, _AFTER_RETRY_DELAY)))
 _JOBS = Job.__table__
 _NEW_EVENT = Prepared(insert(JobEvent.__table__))
 _kept: dict[tuple, Any] = {}
 
 
 def _state_change(old: JobState, new: JobState, guard: Any,
-                  values: dict[str, Any]) -> tuple[Prepared | Any, list[str]]:
+                  values: dict[str, Any]) -> tuple[Prepared, list[str]]:
     """The UPDATE that moves a job from ``old`` to ``new`` setting ``values``, and the names
     of the values it takes as parameters (``b_<name>``, with ``b_id`` and ``b_reason``)."""
     plain = sorted(name for name, value in values.items() if not isinstance(value, ClauseElement))
@@ -216,8 +221,9 @@ def _state_change(old: JobState, new: JobState, guard: Any,
                                 for name, value in values.items()}))
         if guard is not None:
             statement = statement.where(guard)
-        if reusable:  # else built for one use: SQLAlchemy's cache of compiled forms serves it
-            statement = _kept[key] = Prepared(statement)
+        statement = Prepared(statement)
+        if reusable:
+            _kept[key] = statement
     return statement, plain
 
 
@@ -276,7 +282,7 @@ def requeue(session: Session, job_id: int, reason: str, now: float | None = None
     counted for is taken back."""
     return _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now,
                  device=None, lane=None, pid=None, holds_lane=False, stop_request=None,
-                 start_time=None, **({} if started else {"run_count": Job.run_count - 1}))
+                 start_time=None, **({} if started else {"run_count": _RUN_NOT_COUNTED}))
 
 
 def retry(session: Session, job_id: int, exit_code: int | None, reason: str,
@@ -286,10 +292,9 @@ def retry(session: Session, job_id: int, exit_code: int | None, reason: str,
     False (nothing changed) when it has none left."""
     now = time.time() if now is None else now
     return _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now,
-                 guard=Job.retries_left > 0, retries_left=Job.retries_left - 1,
+                 guard=_HAS_RETRIES, retries_left=_ONE_RETRY_LESS,
                  device=None, lane=None, pid=None, holds_lane=False, stop_request=None,
-                 start_time=None, exit_code=exit_code,
-                 begin_time=now + func.coalesce(Job.retry_delay, 0.0))
+                 start_time=None, exit_code=exit_code, begin_time=_AFTER_RETRY_DELAY)
 
 
 def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None,
