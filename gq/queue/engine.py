@@ -110,25 +110,18 @@ class Transaction:
                     self._session.rollback()
         finally:
             if self._session is not None:
-                self._session.close()
+                self._session.close()  # rolls back what a failed commit left
             if self.sqlite.in_transaction:
                 self.sqlite.execute("COMMIT" if commit else "ROLLBACK")
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    # isolation_level=None: transactions begin where gq says, not before each statement
     connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-    _configure(connection)
+    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", f"busy_timeout={BUSY_TIMEOUT_MS}",
+                   "foreign_keys=ON"):
+        connection.execute(f"PRAGMA {pragma}")
     return connection
-
-
-def _configure(dbapi_connection: sqlite3.Connection) -> None:
-    dbapi_connection.isolation_level = None  # transactions begin where gq says
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
 
 
 def _joining_engine(connection: sqlite3.Connection) -> Engine:

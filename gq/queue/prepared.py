@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Insert, Select, Update
+from sqlalchemy import Insert, Update
 from sqlalchemy.dialects import sqlite
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class Prepared:
     (``IN (SELECT value FROM json_each(?))``), so that its SQL, and SQLite's prepared
     statement, stay the same whatever the list's length."""
 
-    def __init__(self, statement: Insert | Update | Select | Any):
+    def __init__(self, statement: Any):
         self.statement = statement
         self._forms: dict[tuple[str, ...], _Form] = {}
 
@@ -85,7 +85,8 @@ class Prepared:
         return found[0][0] if found else None
 
     def _form(self, params: Mapping[str, Any]) -> _Form:
-        # An INSERT's columns are those its parameters name, as SQLAlchemy compiles it.
+        # An INSERT's (or UPDATE's) columns are those its parameters name, as SQLAlchemy
+        # compiles it.
         keys = tuple(sorted(params)) if isinstance(self.statement, (Insert, Update)) else ()
         form = self._forms.get(keys)
         if form is None:
@@ -95,9 +96,9 @@ class Prepared:
 
 def _compile(statement: Any, keys: tuple[str, ...]) -> _Form:
     compiled = statement.compile(dialect=_DIALECT, column_keys=list(keys) or None)
-    if getattr(compiled, "insert_prefetch", None) or getattr(compiled, "update_prefetch", None):
-        missing = sorted(column.key for column in [*compiled.insert_prefetch,
-                                                   *compiled.update_prefetch])
+    missing = sorted(column.key for column in [*compiled.insert_prefetch,
+                                               *compiled.update_prefetch])
+    if missing:
         raise TypeError(f"a prepared statement needs every column with a default: {missing}")
     sql = compiled.string
     names: list[str | None] = []
