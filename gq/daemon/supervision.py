@@ -296,7 +296,8 @@ class Supervisor:
             log.exception("error handling %s from the host of %s (job %s)",
                           type(message).__name__, name, getattr(message, "job", "-"))
 
-    def _this_run(self, message: wire.Started | wire.LaunchFailed) -> Running | None:
+    def _this_run(self, message: wire.Started | wire.LaunchFailed | wire.Exited
+                  ) -> Running | None:
         job = self.running.get(message.job)
         return job if job is not None and job.run == message.run else None
 
@@ -346,11 +347,10 @@ class Supervisor:
         the host forgets it; a report about a run already recorded is only acknowledged.
         A report that cannot be recorded fails its job instead; only when even that fails
         is it kept unacknowledged (the host repeats it to the next daemon)."""
-        job = self.running.get(report.job)
-        if job is not None and job.run == report.run:
+        job = self._this_run(report)
+        if job is not None:
             try:
-                self._record_ends([(job, _ending(job, report), report.end_time or None,
-                                    _progress(report))])
+                self._record_ends([_reported_end(job, report)])
             except Exception:  # noqa: BLE001 - recorded as a failure below
                 log.exception("cannot record the exit of job %d (run %d): %r", job.job_id,
                               job.run, report)
@@ -361,10 +361,8 @@ class Supervisor:
 
     def _on_exits(self, name: str, reports: list[wire.Exited]) -> None:
         """Several exits in one transaction, acknowledged once it has committed."""
-        self._record_ends([(job, _ending(job, report), report.end_time or None,
-                            _progress(report)) for report in reports
-                           if (job := self.running.get(report.job)) is not None
-                           and job.run == report.run])
+        self._record_ends([_reported_end(job, report) for report in reports
+                           if (job := self._this_run(report)) is not None])
         for report in reports:
             self.send(name, wire.Ack(report.job, report.run))
 
@@ -502,6 +500,12 @@ class Ending:
     reason: str | None
     requeue: bool = False  # back to the queue, PENDING
     counted: bool = True  # False: a run that ran no iteration, not counted among its runs
+
+
+def _reported_end(job: Running, report: wire.Exited) -> tuple[
+        Running, Ending, float | None, transitions.Progress]:
+    """A run's end as its host reported it, as :meth:`Supervisor._record_ends` takes it."""
+    return job, _ending(job, report), report.end_time or None, _progress(report)
 
 
 def _ending(job: Running, report: wire.Exited) -> Ending:
