@@ -31,10 +31,11 @@ from gq.queue import queries
 from gq.queue import settings as queue_settings
 from gq.queue.engine import Database
 from gq.queue.models import Job, JobEvent
+from gq.queue.prepared import Prepared
 from gq.queue.states import JobState
 
 log = logging.getLogger("gq.daemon")
-_NEWEST_EVENT = select(func.max(JobEvent.id))
+_NEWEST_EVENT = Prepared(select(func.max(JobEvent.id)))
 FAILURES = frozenset({JobState.FAILED.value, JobState.TIMEOUT.value, JobState.DEADLINE.value})
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL")
 SBATCH_ONLY_MAIL_TYPES = ("INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90",
@@ -99,12 +100,12 @@ class Notifier:
         self.next_look = now + defaults.HOOK_LOOK_PERIOD
         self.writes_seen = self.db.writes
         with self.db.read() as session:
+            newest = _NEWEST_EVENT.scalar(session) or 0
             if self.last_event is None:
                 self.last_event = self.saved = queue_settings.get(session,
                                                                   queue_settings.NOTIFIED)
                 if self.last_event is None:  # a new queue, or one from before: from now on
-                    self.last_event = session.scalar(_NEWEST_EVENT) or 0
-            newest = session.connection().execute(_NEWEST_EVENT).scalar() or 0
+                    self.last_event = newest
             if newest <= self.last_event:
                 self.tend()
                 return
@@ -132,7 +133,7 @@ class Notifier:
         if self.last_event is None:
             return
         with self.db.read() as session:
-            newest = session.connection().execute(_NEWEST_EVENT).scalar() or 0
+            newest = _NEWEST_EVENT.scalar(session) or 0
             first = session.execute(self._events, {"after": self.last_event,
                                                    "newest": newest}).first()
         self.last_event = first[0].id - 1 if first is not None else max(newest,
