@@ -30,6 +30,20 @@ MAX_WAITED = 100_000  # jobs one gq wait waits for
 # many seconds sooner (fifo: behind residents that end later); the daemon's --move-margin.
 MOVE_MARGIN = 5.0
 
+# Forecasts (gq status --start, gq submit --test-only): the simulator run on the live queue
+# in a child of the daemon, never in its loop
+FORECAST_PERIOD = 1.0  # at most this often, and only when the queue or its progress changed
+FORECAST_SPACING = 10.0  # ... and no sooner than this many times the last one's cost after it
+FORECAST_BUDGET = 2.0  # seconds one simulation may take; jobs it did not reach are unknown
+FORECAST_NICE = 10  # the child yields the CPUs to jobs and to the daemon
+FORECAST_HISTORY = 5  # a user's recent completed jobs of one name that estimate another
+FORECAST_HISTORY_TTL = 30.0  # seconds that estimate is kept before it is read again
+FORECAST_TYPICAL = 50  # the node's recent completed jobs whose median run a job of unknown
+# length (no --steps, -t or earlier runs) is simulated to take, so its neighbours get a bound
+FORECAST_HISTORY_READS = 500  # ... and at most this many read for one forecast (the rest later)
+MAX_TEST_ONLY_PER_USER = 2  # gq submit --test-only requests a user may have waiting at once
+MAX_TEST_ONLY = 32  # ... and all users together
+
 # Hooks (--notify, --on-finish, mail), run as the job's owner when its state changes
 HOOK_TIMEOUT = 60.0  # seconds a hook may run; then it is killed
 MAX_RUNNING_HOOKS = 16  # at once, node-wide

@@ -22,7 +22,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, JobId, 
 
 __all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
-VERSION = 2
+VERSION = 3
 dataclass = message
 Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
 Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
@@ -110,6 +110,11 @@ class JobInfo:
     mail_user: str | None = None
     suspended: bool = False
     retry_delay: float | None = None
+    # Its forecast (gq status --start or -l, gq show): start and end, and how well they are
+    # known: "known", "estimated" or "unknown" (None: not asked for).
+    forecast_start: Timestamp | None = None
+    forecast_end: Timestamp | None = None
+    forecast: Name | None = None
 
 
 @dataclass
@@ -213,6 +218,7 @@ class Submit:
     env: Environment
     umask: Umask
     options: SubmitOptions
+    test_only: bool = False  # sbatch --test-only: when it would start and end; queue nothing
 
 
 @dataclass
@@ -229,6 +235,7 @@ class ListJobs:
     limit: Positive | None = None
     before_end: Timestamp | None = None
     before: JobId | None = None
+    forecast: bool = False  # with each pending and running job's forecast
 
 
 @dataclass
@@ -369,6 +376,27 @@ class Submitted:
 
 
 @dataclass
+class Delay:
+    job_id: JobId
+    seconds: Annotated[float, Bounds(0, 1e12)]  # how much later it would end
+
+
+@dataclass
+class TestOnly:
+    """What a submission would do (gq submit --test-only): when its first task would start,
+    where, and when its last would end (None: unknown), how well that is known, and the
+    queued jobs it would delay."""
+
+    kind: ClassVar[str] = "test-only"
+    tasks: Count
+    start: Timestamp | None
+    end: Timestamp | None
+    device: Name | None
+    basis: Name
+    delays: list[Delay]
+
+
+@dataclass
 class Jobs:
     kind: ClassVar[str] = "jobs"
     jobs: list[JobInfo]
@@ -379,6 +407,7 @@ class Jobs:
     # Finished jobs were left out: ask again with before_end=older_end, before=older.
     older_end: Timestamp | None = None
     older: JobId | None = None
+    forecast_made: Timestamp | None = None  # when the forecasts given were made
 
 
 @dataclass
@@ -487,7 +516,7 @@ REQUESTS: dict[str, type] = {cls.kind: cls for cls in (
     Submit, ListJobs, ShowJob, OpenLog, ExportScript, Wait, Cancel, Hold, Release, Requeue, Update,
     SetPolicy, GetPolicy, NodeInfoRequest, Stop, Drain, ResumeDevices, Suspend)}
 ANSWERS: dict[str, type] = {cls.kind: cls for cls in (
-    WaitOver, Submitted, Jobs, LogFile, Script, Report, PolicyInfo, NodeInfo, Done, Error)}
+    WaitOver, Submitted, TestOnly, Jobs, LogFile, Script, Report, PolicyInfo, NodeInfo, Done, Error)}
 
 
 # ----- the codec ----------------------------------------------------------------------

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gq import messages
 from gq.exec.protocol import HOST_VERSION
 
 from conftest import (DaemonControl, all_jobs, gq, gq_ok, job, pid_alive, submit, wait_for,
@@ -251,7 +252,7 @@ def test_the_daemon_checks_a_new_name_itself(daemon):
     job_id = submit("--hold", str(write_script(daemon.root.parent / "s.sh", "true\n")))
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(str(daemon.root / "gq.sock"))
-        sock.sendall(json.dumps({"v": 2, "kind": "update", "labels": [str(job_id)],
+        sock.sendall(json.dumps({"v": messages.VERSION, "kind": "update", "labels": [str(job_id)],
                                  "name": "\u001b[2Jgone"}).encode() + b"\n")
         answer = sock.makefile("rb").readline()
     assert b"printable" in answer and b'"exit_code":2' in answer.replace(b" ", b""), answer
@@ -280,8 +281,6 @@ def test_a_big_array_with_big_arguments_lists_small_and_shows_its_first_tasks(da
 
 
 def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
-    from gq import messages
-
     def exchange(line: bytes) -> messages.Error:
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(str(daemon.root / "gq.sock"))
@@ -293,11 +292,13 @@ def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
                 answer += chunk
         return messages.decode(answer.strip(), messages.ANSWERS)
 
-    submit_line = {"v": 2, "kind": "submit", "script_path": "/tmp/s.sh", "script": "dHJ1ZQo=",
+    submit_line = {"v": messages.VERSION, "kind": "submit", "script_path": "/tmp/s.sh", "script": "dHJ1ZQo=",
                    "args": [], "workdir": "/tmp", "env": {}, "umask": 18, "options": {}}
     hostile = [b"[" * 100_000 + b"]" * 100_000 + b"\n",
-               b'{"v": 2, "kind": "cancel", "labels": ["99999999999999999999"]}\n',
-               b'{"v": 2, "kind": "update", "labels": ["1"], "priority": ' + b"9" * 30 + b"}\n"]
+               b'{"v": %d, "kind": "cancel", "labels": ["99999999999999999999"]}\n'
+               % messages.VERSION,
+               b'{"v": %d, "kind": "update", "labels": ["1"], "priority": ' % messages.VERSION
+               + b"9" * 30 + b"}\n"]
     for change in ({"env": {"A": "b\u0000c"}}, {"env": {"A=B": "c"}}, {"args": ["\ud800"]},
                    {"options": {"deadline": 1e21}}, {"options": {"name": "x\u0000y"}},
                    {"options": {"name": "\u001b[2Jwipe"}}, {"options": {"priority": 2**70}},

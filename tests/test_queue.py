@@ -377,22 +377,30 @@ def test_upgrade_to_0009_keeps_jobs_unpinned_without_retries(tmp_path):
     database.close()
 
 
+def _finished_jobs(home: Home, rows: list[dict]) -> None:
+    """Finished jobs written into an older revision's queue: each row's values over those of
+    a completed job of ann's, with one payload for all."""
+    connection = sqlite3.connect(home.db)
+    connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)")
+    for values in rows:
+        row = dict(name="a", user="ann", state="COMPLETED", priority=0, gpus=1, exclusive=0,
+                   requeue=0, script="/s.sh", spool_path="", workdir="/w", stdout_path="/w/o",
+                   stderr_path="/w/o", submit_time=1.0, run_count=1, steps_done=0,
+                   attained=0.0, holds_lane=0, held=0, payload_id=1, uid=1000, suspended=0)
+        row.update(values)
+        connection.execute(f"INSERT INTO jobs ({', '.join(row)}) VALUES "
+                           f"({', '.join('?' * len(row))})", list(row.values()))
+    connection.commit()
+    connection.close()
+
+
 def test_upgrade_to_0011_indexes_end_times_and_keeps_finished_jobs(tmp_path):
     """History reads finished jobs by end time: a queue from before gets the index, its
     jobs intact (one without an end time gets one) and paged, the last ended first."""
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0010")
-    connection = sqlite3.connect(home.db)
-    connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)")
-    for job_id, end in ((3, 10.0), (4, 30.0), (5, 20.0), (6, "NULL")):
-        connection.execute(
-            "INSERT INTO jobs (id, name, user, state, priority, gpus, exclusive, requeue, "
-            "script, spool_path, workdir, stdout_path, stderr_path, submit_time, end_time, "
-            "run_count, steps_done, attained, holds_lane, held, payload_id, uid, suspended) "
-            f"VALUES ({job_id}, 'a', 'ann', 'COMPLETED', 0, 1, 0, 0, '/s.sh', '', '/w', '/w/o', "
-            f"'/w/o', 1.0, {end}, 1, 0, 0.0, 0, 0, 1, 1000, 0)")
-    connection.commit()
-    connection.close()
+    _finished_jobs(home, [dict(id=job_id, end_time=end)
+                          for job_id, end in ((3, 10.0), (4, 30.0), (5, 20.0), (6, None))])
     database = Database(home)
     indexes = {row[1] for row in sqlite3.connect(home.db).execute("PRAGMA index_list(jobs)")}
     assert "ix_jobs_end_time" in indexes
@@ -405,6 +413,35 @@ def test_upgrade_to_0011_indexes_end_times_and_keeps_finished_jobs(tmp_path):
         page, _ = queries.finished_page(session, [JobState.COMPLETED], 5, ended_since=15.0)
         assert [job.id for job in page] == [4, 5]
         assert queries.oldest_end(session) == 1.0
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    database.close()
+
+
+def test_upgrade_to_0012_indexes_a_users_runs_by_name_and_keeps_them(tmp_path):
+    """Forecasts read a user's last completed jobs of one name: a queue from before gets the
+    index, its jobs intact, and the read finds them by it, the last ended first."""
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0011")
+    _finished_jobs(home, [
+        dict(id=job_id, name=name, user=user, state=state, start_time=2.0, end_time=end,
+             steps_done=job_id * 10, attained=1.5)
+        for job_id, name, user, state, end in ((3, "train", "ann", "COMPLETED", 10.0),
+                                               (4, "train", "ann", "COMPLETED", 30.0),
+                                               (5, "train", "ann", "FAILED", 40.0),
+                                               (6, "train", "bob", "COMPLETED", 50.0),
+                                               (7, "eval", "ann", "COMPLETED", 60.0))])
+    database = Database(home)
+    indexes = {row[1] for row in sqlite3.connect(home.db).execute("PRAGMA index_list(jobs)")}
+    assert "ix_jobs_user_name_end" in indexes
+    plan = " ".join(str(row) for row in sqlite3.connect(home.db).execute(
+        "EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE user = 'ann' AND name = 'train' "
+        "AND end_time IS NOT NULL ORDER BY end_time DESC"))
+    assert "ix_jobs_user_name_end" in plan
+    with database.read() as session:
+        runs = queries.recent_runs(session, "ann", "train", 5)
+        assert [(start, end, steps) for start, end, steps, *_ in runs] == \
+            [(2.0, 30.0, 40), (2.0, 10.0, 30)]  # completed ones only, the last ended first
+        assert len(queries.recent_runs(session, "ann", "train", 1)) == 1
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
 

@@ -29,6 +29,13 @@ its pace: DeadlineAtRisk).
 LANE says what a running job is doing at this moment: 'holds' = it is inside an iteration
 and holds its device lane; 'waits' = it is resident (keeps its memory, counts as running)
 but between iterations or waiting for the lane while another job's iteration runs.
+
+--start (and START, END with -l) forecast when each pending job starts and each job ends:
+the daemon simulates the queue as it is, under the node's policy, with each running job's
+measured pace and progress, about once a second. A job with --steps and a measured pace is
+known; '~' marks a time estimated from a time limit or the owner's recent jobs of the same
+name (or behind such a job); '?' one that nothing tells (no --steps, no --time, no earlier
+run; held; waiting for a job it cannot follow).
 """
 
 
@@ -51,14 +58,14 @@ def _limit(given: int | None, whole: bool) -> int:
 
 
 def _listed(states: list[JobState] | None, users: list[str] | None, limit: int,
-            ended_since: float | None = None) -> messages.Jobs:
+            ended_since: float | None = None, forecast: bool = False) -> messages.Jobs:
     """Pending and running jobs in ``states``, and the ``limit`` finished ones that ended
     last (0: every one): the daemon sends finished jobs a page at a time. A job listed on
     more than one page (it ended, or was requeued, meanwhile) is listed as the last page
     saw it. In id order."""
     names = None if states is None else [s.value for s in states]
     answer = ask(messages.ListJobs(states=names, users=users, ended_since=ended_since,
-                                   limit=limit or None))
+                                   limit=limit or None, forecast=forecast))
     jobs = {job.id: job for job in answer.jobs}
     finished = sum(1 for job in answer.jobs if JobState(job.state).terminal)
     older_states = [s.value for s in (states or list(JobState)) if s.terminal]
@@ -89,9 +96,11 @@ def status(
     format_spec: Optional[str] = typer.Option(None, "-o", "--format", metavar="FORMAT", help="Columns as squeue's: '%.18i %.9P %.8j %.8u %.2t %.10M %R' (also GQ_STATUS_FORMAT)."),
     sort_spec: Optional[str] = typer.Option(None, "-S", "--sort", metavar="KEYS", help="Order by squeue's keys: -p,i (priority down, then id)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N", help=LIMIT_HELP),
+    start: bool = typer.Option(False, "--start", help="Forecast start and end of pending and running jobs (as squeue --start)."),
+    long: bool = typer.Option(False, "-l", "--long", help="More columns: TIME_LIMIT, and the forecast START and END."),
 ) -> None:
     states = _states(state) or (None if all_jobs else sorted(ACTIVE))
-    answer = _listed(states, user or None, _limit(limit, json_out))
+    answer = _listed(states, user or None, _limit(limit, json_out), forecast=start or long)
     _note_stale(answer)
     jobs = formats.sort(sort_spec, answer.jobs) if sort_spec else answer.jobs
     if json_out:
@@ -103,12 +112,37 @@ def status(
                                                in _fold_pending_arrays(jobs)]))
         return
     now = time.time()
+    if start:
+        rows = [[label, job.name, job.user, render.state_label(job), job.device or "-",
+                 render.forecast_time(job, end=False), render.forecast_time(job, end=True),
+                 _reason(job)]
+                for label, job in _fold_pending_arrays(jobs)
+                if not JobState(job.state).terminal]
+        typer.echo(render.table(["JOBID", "NAME", "USER", "ST", "DEVICE", "START_TIME",
+                                 "END_TIME", "REASON"], rows))
+        _note_forecast(answer)
+        return
     rows = [[label, job.name, job.user, render.state_label(job),
              render.duration(render.elapsed(job, now)), job.device or "-",
              render.lane_state(job), render.progress(job), _reason(job)]
             for label, job in _fold_pending_arrays(jobs)]
-    typer.echo(render.table(["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE",
-                             "PROGRESS", "REASON"], rows))
+    headers = ["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE", "PROGRESS", "REASON"]
+    if long:
+        for row, (_, job) in zip(rows, _fold_pending_arrays(jobs)):
+            row[8:8] = [render.duration(job.time_limit) if job.time_limit else "UNLIMITED",
+                        render.forecast_time(job, end=False),
+                        render.forecast_time(job, end=True)]
+        headers[8:8] = ["TIME_LIMIT", "START", "END"]
+    typer.echo(render.table(headers, rows))
+    if long:
+        _note_forecast(answer)
+
+
+def _note_forecast(answer: messages.Jobs) -> None:
+    if answer.forecast_made is None and any(not JobState(job.state).terminal
+                                            for job in answer.jobs):
+        print("gq: note: the daemon has made no forecast yet; ask again in a second",
+              file=sys.stderr)
 
 
 def _fold_pending_arrays(jobs: list[messages.JobInfo]) -> list[tuple[str, messages.JobInfo]]:
@@ -186,6 +220,7 @@ def _print_job(job: messages.JobInfo) -> None:
         ("StartTime", render.short_time(job.start_time)),
         ("EndTime", render.short_time(job.end_time)),
         ("RunTime", render.duration(render.elapsed(job))),
+        ("Forecast", _forecast_line(job)),
         ("ExitCode", "-" if job.exit_code is None else job.exit_code),
         ("Steps", f"{job.steps_done}/{job.steps_total or '?'}" + (
             f" (counted by run {job.run_count}; the job completed)"
@@ -210,6 +245,18 @@ def _print_job(job: messages.JobInfo) -> None:
         reason = f"  ({event.reason})" if event.reason else ""
         typer.echo(render.printable(
             f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}"))
+
+
+def _forecast_line(job: messages.JobInfo) -> str:
+    """When the job should start and end, as the daemon's last forecast has it."""
+    if job.forecast is None:
+        return "-"
+    if job.forecast == "unknown":
+        return "unknown (no --steps, --time or earlier runs of this name to go on)"
+    start = "" if job.start_time is not None else (
+        f"start {render.forecast_time(job, end=False)}, ")
+    return f"{start}end {render.forecast_time(job, end=True)}" + (
+        " (estimated)" if job.forecast == "estimated" else "")
 
 
 def _figure(value: float | None, form: str) -> str:

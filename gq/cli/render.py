@@ -25,6 +25,21 @@ def short_time(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def forecast_time(job: JobInfo, end: bool) -> str:
+    """A job's forecast start or end as a column shows it: the time, after "~" where it is
+    estimated (the start of a job whose own end is unknown is an estimate too); "?" where
+    unknown; "-" where none was asked for or the job has ended. A running job's start is
+    its real one."""
+    if not end and job.start_time is not None:
+        return short_time(job.start_time)
+    if job.forecast is None:
+        return "-"
+    when = job.forecast_end if end else job.forecast_start
+    if when is None:
+        return "?"
+    return ("" if job.forecast == "known" else "~") + short_time(when)
+
+
 def elapsed(job: JobInfo, now: float | None = None) -> float | None:
     if job.start_time is None:
         return None
@@ -75,6 +90,9 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "run_time": elapsed(job),
         "jct": (job.end_time - job.submit_time) if job.end_time is not None else None,
     }
+    if job.forecast is not None:
+        data["forecast"] = {"start": iso(job.forecast_start), "end": iso(job.forecast_end),
+                            "basis": job.forecast}
     if job.script is not None:  # answers about one job carry its command and paths
         data.update(script=job.script, args=job.args, workdir=job.workdir, stdout=job.stdout,
                     stderr=job.stderr)

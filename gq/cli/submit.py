@@ -90,6 +90,7 @@ def submit(
     mail_user: Optional[str] = typer.Option(None, "--mail-user", metavar="ADDRESS", help="Whom --mail-type mails [you]."),
     parsable: bool = typer.Option(False, "--parsable", help="Print only the job id."),
     wait: bool = typer.Option(False, "-W", "--wait", help="Then wait until it has ended and exit with its exit code (as sbatch --wait)."),
+    test_only: bool = typer.Option(False, "--test-only", help="Queue nothing: check the job, say when and where it would start and end, and which queued jobs it would delay (as sbatch --test-only)."),
 ) -> None:
     queued = _what_to_queue(ctx.info_name == "run", script, list(args or []), wrap)
     content = queued.content if queued.content is not None else _read_script(queued.path)
@@ -99,7 +100,14 @@ def submit(
         options["python"] = queued.interpreter
     if options["job_name"] is None and queued.content is not None:
         options["job_name"] = queued.name
-    answer = ask(_request(options, content))
+    if test_only and options["wait"]:
+        raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
+    request = _request(options, content)
+    if test_only:
+        request.test_only = True
+        _print_test_only(ask(request))
+        return
+    answer = ask(request)
     if options["mail_type"] and shutil.which("mail") is None:
         typer.echo("gq: warning: --mail-type: this node has no mail command; no mail will be "
                    "sent for it (--notify runs a command of yours instead)", err=True)
@@ -108,6 +116,30 @@ def submit(
     typer.echo(str(answer.job_id) if options["parsable"] else f"Submitted job {answer.job_id}")
     if options["wait"]:
         raise typer.Exit(until_ended(messages.Wait([str(answer.job_id)]), math.inf))
+
+
+def _print_test_only(answer: messages.TestOnly) -> None:
+    """sbatch --test-only's answer, in gq's words: when and where, and whom it delays."""
+    from gq.cli import render
+
+    tasks = f"its {answer.tasks} tasks" if answer.tasks > 1 else "the job"
+    if answer.start is None:
+        typer.echo(f"gq: {tasks} would start at an unknown time (the jobs before it, or the "
+                   "job itself, give no --steps, --time or earlier runs to go on)")
+    else:
+        mark = "~" if answer.basis == "estimated" else ""
+        end = (f"{mark}{render.short_time(answer.end)}" if answer.end is not None
+               else "an unknown time")
+        typer.echo(f"gq: {tasks} would start at {mark}{render.short_time(answer.start)} on "
+                   f"{answer.device} and end at {end}" +
+                   (" (estimated)" if mark else ""))
+    if answer.delays:
+        typer.echo("gq: it would delay " + ", ".join(
+            f"job {delay.job_id} by {render.duration(delay.seconds)}"
+            for delay in answer.delays))
+    else:
+        typer.echo("gq: it would delay no queued job")
+    typer.echo("gq: nothing was queued (--test-only)")
 
 
 def _what_to_queue(run: bool, script: str | None, args: list[str],

@@ -129,7 +129,13 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
     has_whole = any(d.gpu for d in devices)
     outcome = Outcome([], {})
     reserved: set[str] = set()
+    full = _full(devices)
     for request in ordered:
+        if full and outcome.reserved_start is not None:
+            # Nothing fits anywhere: what the long tail of a big queue costs a pass.
+            outcome.reasons[request.job_id] = (NODE_ROOM if node is not None
+                                               and not node.fits(request) else PRIORITY)
+            continue
         candidates = [d for d in devices if d.gpu == (has_whole and request.gpus > 0)] or \
             list(devices)  # -G 0 where only whole devices exist: share one of them
         if request.only is not None:
@@ -143,6 +149,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
             if placement is not None:
                 _commit(placement, request, devices, now, node, waits_behind)
                 outcome.placements.append(placement)
+                full = _full(devices)
                 continue
             outcome.reasons[request.job_id] = _why(RESOURCES, request, candidates)
             start, held = _reservation(request, candidates, now)
@@ -167,7 +174,13 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
             continue
         _commit(placement, request, devices, now, node, waits_behind)
         outcome.placements.append(placement)
+        full = _full(devices)
     return outcome
+
+
+def _full(devices: Sequence[DeviceLoad]) -> bool:
+    """Whether no job of any kind could become resident on any device now."""
+    return not any(d.empty or _takes_shared(d) for d in devices)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from gq import defaults
 from gq.daemon import handlers, heap, retention
 from gq.daemon.access import Caller, Rules
 from gq.daemon.devices import Device, discover, emulated
+from gq.daemon.forecasting import Forecaster, WhatIf
 from gq.daemon.guard import Limits
 from gq.daemon.hosts import HostSettings
 from gq.daemon.monitoring import Monitor
@@ -139,6 +140,8 @@ class Daemon:
         self.server: Server | None = None
         self.waiters = Waiters(self.db)
         self.notifier = Notifier(self.db, home, options.on_finish)
+        self.forecaster = Forecaster(self.db, self.scheduler, self.selector, self._reply,
+                                     self._connected)
 
     # ----- what handlers see (gq.daemon.handlers.NodeView) ----------------------------
     def rescan(self) -> None:
@@ -166,6 +169,21 @@ class Daemon:
         backend = self.supervisor.cgroups
         return f"cgroup {backend.kind}" if backend is not None else "process groups"
 
+    def _reply(self, connection: Connection, line: bytes) -> None:
+        assert self.server is not None
+        self.server.reply(connection, line)
+
+    def _connected(self, connection: Connection) -> bool:
+        return self.server is not None and connection in self.server.connections
+
+    def _park(self, connection: Connection, later: Waiting | WhatIf) -> None:
+        """A request answered later: gq wait's by the waiters, --test-only's by a forecast."""
+        if isinstance(later, WhatIf):
+            self.forecaster.park(connection, later)
+            self.rescan()  # a pass, and after it the forecast that answers
+        else:
+            self.waiters.add(connection, later)
+
     @property
     def connection_limits(self) -> ConnectionLimits:
         assert self.server is not None
@@ -192,7 +210,7 @@ class Daemon:
                                  descriptors - defaults.DESCRIPTOR_RESERVE)),
                 request=self.options.max_request, idle=self.options.client_timeout)
             self.server = Server(self.home, self.selector, self._dispatch, self._identify,
-                                 limits, park=self.waiters.add)
+                                 limits, park=self._park)
             log.info("daemon %d up (%s mode) on %s; %d descriptors, at most %d clients "
                      "(%d per user)", os.getpid(), self.home.mode,
                      ", ".join(d.name for d in self.devices), descriptors, limits.total,
@@ -225,6 +243,8 @@ class Daemon:
                     _isolated(server.accept)
                 elif key.data == "signal":
                     _isolated(self._on_signals, wake_read)
+                elif key.data is self.forecaster:
+                    _isolated(self.forecaster.receive)
                 else:
                     _isolated(self.supervisor.receive, key.data)
             now = time.monotonic()
@@ -247,6 +267,7 @@ class Daemon:
                 _isolated(self.scheduler.scan)
                 _isolated(self.waiters.answer_ended, server)
                 _isolated(self.notifier.look)
+                _isolated(self.forecaster.tick)
             elif self.notifier.running:
                 _isolated(self.notifier.tend)
             if now - last_flush >= defaults.FLUSH_PERIOD:
@@ -260,6 +281,7 @@ class Daemon:
                 _isolated(heap.give_back)
         _isolated(self.supervisor.flush)
         _isolated(self.notifier.close)
+        _isolated(self.forecaster.close)
         self.supervisor.close(self.keep_jobs)
 
     def _timeout(self, last_scan: float) -> float:

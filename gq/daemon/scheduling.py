@@ -32,6 +32,7 @@ from gq.queue.queries import SchedulingRow as Row
 from gq.queue import settings as queue_settings
 from gq.queue.engine import Database
 from gq.queue.states import JobState
+from gq.sim import forecast
 from gq.units import format_duration
 
 log = logging.getLogger("gq.daemon")
@@ -41,6 +42,16 @@ ARRAY_LIMIT = "JobArrayTaskLimit"
 NEVER_SATISFIED = "DependencyNeverSatisfied"
 BEGIN_TIME = "BeginTime"
 DRAINING = "ReqNodeNotAvail"
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What the last scheduling pass read: the forecast's starting point."""
+
+    pending: Sequence[Row]  # not held
+    running: Sequence[Row]
+    needs: dict[int, dependencies.Dependency]
+    runs: dict[int, list[tuple[JobState, bool]]]
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class Scheduler:
         self.node_memory = psutil.virtual_memory().total
         self.node_cpus = os.cpu_count() or 1
         self._per_row: dict[Row, tuple[policies.JobView, admission.Request]] = {}
+        self.last_pass: Pass | None = None
 
     def lane_memory(self, device: Device) -> int:
         """What one lane of the device offers: its memory split evenly between lanes."""
@@ -90,6 +102,7 @@ class Scheduler:
         self.apply_policy(config)
         self._follow_running(running)
         self.drained = dict(config[queue_settings.DRAINED])
+        self.last_pass = Pass(pending, running, needs, runs)
         eligible = self._eligible(pending, late_held, needs, runs)
         placed = 0
         if eligible and queue_settings.NODE in self.drained:
@@ -257,16 +270,17 @@ class Scheduler:
         previous, self._per_row = self._per_row, {}
         for job in pending:
             made = previous.get(job)
-            if made is None:
-                made = (policies.JobView(id=job.id, user=job.user, submit_time=job.submit_time,
-                                         priority=job.priority, steps_total=job.steps_total,
-                                         deadline=job.deadline),
-                        admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
-                                          time_limit=job.time_limit,
-                                          only=self._allowed(job.gpu_type, job.nodelist),
-                                          host_mem=job.host_mem or 0, cpus=job.cpus or 0))
-            self._per_row[job] = made
+            self._per_row[job] = made if made is not None else self._made(job)
         return self._per_row
+
+    def _made(self, job: Row) -> tuple[policies.JobView, admission.Request]:
+        return (policies.JobView(id=job.id, user=job.user, submit_time=job.submit_time,
+                                 priority=job.priority, steps_total=job.steps_total,
+                                 deadline=job.deadline),
+                admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
+                                  time_limit=job.time_limit,
+                                  only=self._allowed(job.gpu_type, job.nodelist),
+                                  host_mem=job.host_mem or 0, cpus=job.cpus or 0))
 
     def _allowed(self, gpu_type: str | None, nodelist: str | None) -> frozenset[str] | None:
         """The devices a job may use, by the GPU type and the devices it named (None: any)."""
@@ -284,16 +298,20 @@ class Scheduler:
             memory=self.node_memory - sum(job.host_mem or 0 for job in running),
             cpus=self.node_cpus - sum(job.cpus or 0 for job in running))
 
-    def loads(self, running: Sequence[Row] = ()) -> list[admission.DeviceLoad]:
+    def loads(self, running: Sequence[Row] = (),
+              every: bool = False) -> list[admission.DeviceLoad]:
         """Each available device as admission sees it: lanes, memory (less what processes
         outside gq hold), residents, free time, utilization, the guard, topology; and, where
         the policy makes a newcomer wait behind the residents (fifo), when each lane's end,
-        from the ``running`` jobs' rows (their progress as last flushed)."""
+        from the ``running`` jobs' rows (their progress as last flushed). ``every``: the
+        devices that take no job now too, held with the reason (a forecast's node)."""
         loads = {}
         lanes = self.capacity.lanes
         for device in self.devices:
             host = self.supervisor.hosts.get(device.name)
-            if host is None or host.draining or device.name in self.drained:
+            unavailable = ("its execution host is restarting"
+                           if host is None or host.draining else self.drained.get(device.name))
+            if unavailable is not None and not every:
                 continue  # its host is restarting, or being replaced; or an operator drains it
             reading = self.monitor.readings.get(device.name)
             outside = reading.external_memory // lanes if reading is not None else 0
@@ -303,7 +321,8 @@ class Scheduler:
                        for _ in range(lanes)],
                 max_resident=self.capacity.max_resident,
                 utilization=(reading.utilization or 0.0) if reading is not None else 0.0,
-                held=self.monitor.guard.held.get(device.name), links=device.links)
+                held=unavailable or self.monitor.guard.held.get(device.name),
+                links=device.links)
         for job in self.supervisor.running.values():
             ends = job.started + job.time_limit if job.time_limit is not None else math.inf
             for device in job.devices:
@@ -334,6 +353,77 @@ class Scheduler:
         """How long a running job will still hold its lane, as far as its row tells."""
         job = self.supervisor.running[row.id]
         return time_left(_view(row), now - job.started, job.time_limit)
+
+
+    def snapshot(self, past: Callable[[str, str], forecast.Past | None],
+                 typical: float | None) -> forecast.Snapshot:
+        """The node as the last pass saw it, for a forecast: the devices as admission sees
+        them (those that take no job now held), the running jobs with their progress, and
+        the pending ones that are not held with their views and requests as admission took
+        them; ``past`` gives a user's recent jobs of a name, ``typical`` the node's jobs'
+        usual run time. A job whose dependency the forecast cannot follow (on an array,
+        afternotok, one of several) is left out."""
+        seen = self.last_pass or Pass((), (), {}, {})
+        now = time.time()
+        running = []
+        for row in seen.running:
+            job = self.supervisor.running.get(row.id)
+            if job is None:
+                continue  # its host has not reported it yet
+            view = _view(row)
+            footprint_now = job.footprint_now()
+            running.append(forecast.Running(
+                view, forecast.work(view, job.time_limit, past(row.user, row.name),
+                                    now - job.started, typical),
+                tuple(d.name for d in job.devices), job.lane, job.started,
+                footprint_now.persistent + footprint_now.ephemeral, job.time_limit, row.name))
+        pending = (self.forecast_pending(seen.pending, seen.needs, seen.runs, past, typical)
+                   if queue_settings.NODE not in self.drained else [])
+        return forecast.Snapshot(
+            now, self.policy_setting or (queue_settings.DEFAULTS[queue_settings.POLICY],
+                                         queue_settings.DEFAULTS[queue_settings.FILL],
+                                         queue_settings.DEFAULTS[queue_settings.QUANTUM]),
+            tuple(self.loads(seen.running, every=True)), self.capacity.lanes,
+            self.capacity.max_resident, tuple(running), tuple(pending), self.move_margin)
+
+    def forecast_pending(self, rows: Sequence[Row], needs: dict[int, dependencies.Dependency],
+                         runs: dict[int, list[tuple[JobState, bool]]],
+                         past: Callable[[str, str], forecast.Past | None],
+                         typical: float | None) -> list[forecast.Pending]:
+        """Pending jobs as a forecast takes them: the view and request admission takes (one
+        made for a pass already, else made now), what each will do, what it waits for."""
+        pending = []
+        for row in rows:
+            after = _waits_for(needs.get(row.id), runs)
+            if after is None:
+                continue
+            view, request = self._per_row.get(row) or self._made(row)
+            pending.append(forecast.Pending(
+                view, request,
+                forecast.work(view, row.time_limit, past(row.user, row.name), typical=typical),
+                row.begin_time, after))
+        return pending
+
+
+def _waits_for(need: dependencies.Dependency | None,
+               runs: dict[int, list[tuple[JobState, bool]]]) -> tuple[int, ...] | None:
+    """The jobs that must end before a job with this dependency starts (``after``: start; a
+    forecast takes its end, the later); None where a forecast cannot say (a dependency on an
+    array's tasks, one that needs a failure, or any one of several)."""
+    if need is None or dependencies.evaluate(need, runs) is dependencies.Outcome.SATISFIED:
+        return ()
+    if need.any_of or any(clause.kind == "afternotok" for clause in need.clauses):
+        return None
+    waits = []
+    for clause in need.clauses:
+        for job_id in clause.job_ids:
+            states = runs.get(job_id, [])
+            if len(states) != 1:
+                return None
+            state, started = states[0]
+            if not state.terminal and not (clause.kind == "after" and started):
+                waits.append(job_id)
+    return tuple(waits)
 
 
 def _view(row: Row) -> policies.JobView:

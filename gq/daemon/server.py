@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 
 from gq import defaults, messages
 from gq.daemon.access import Caller
-from gq.daemon.waiting import Waiting
 from gq.home import Home
 
 log = logging.getLogger("gq.daemon")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
-# dispatch(caller, line) -> (answer line, descriptors to pass with it), or Waiting: the
-# answer comes later (gq wait), through Server.reply.
-Dispatch = Callable[[Caller, bytes], "tuple[bytes, list[int]] | Waiting"]
+# dispatch(caller, line) -> (answer line, descriptors to pass with it), or what the answer
+# waits for (gq wait's Waiting, gq submit --test-only's WhatIf): it comes later, through
+# Server.reply, from whoever ``park`` hands it to.
+Dispatch = Callable[[Caller, bytes], "tuple[bytes, list[int]] | object"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Server:
     def __init__(self, home: Home, selector: selectors.BaseSelector, dispatch: Dispatch,
                  identify: Callable[[int, int, int], Caller],
                  limits: ConnectionLimits = ConnectionLimits(),
-                 park: Callable[[Connection, Waiting], None] | None = None):
+                 park: Callable[[Connection, object], None] | None = None):
         self.home = home
         self.limits = limits
         self.idle = limits.idle
@@ -171,11 +171,11 @@ class Server:
         line = bytes(connection.inbox[:newline])
         connection.inbox.clear()
         result = self.dispatch(connection.caller, line)
-        if isinstance(result, Waiting) and self.park is not None:
+        if not isinstance(result, tuple) and self.park is not None:
             connection.waiting, connection.deadline = True, math.inf
             self.park(connection, result)
             return
-        if isinstance(result, Waiting):
+        if not isinstance(result, tuple):
             result = messages.encode(messages.Error("this daemon answers no wait", 1)), []
         self._answer(connection, *result)
 

@@ -75,7 +75,7 @@ def finished_page(session: Session, states: Iterable[JobState], limit: int, *,
 
 # What the scheduling pass reads of a job: plain rows, not ORM objects, so that a queue of
 # many thousands of pending jobs costs the daemon little each pass.
-_SCHEDULING = (Job.id, Job.user, Job.submit_time, Job.priority, Job.steps_total, Job.deadline,
+_SCHEDULING = (Job.id, Job.user, Job.name, Job.submit_time, Job.priority, Job.steps_total, Job.deadline,
                Job.time_limit, Job.dependency, Job.reason, Job.gpus, Job.mem, Job.exclusive,
                Job.array_job_id, Job.array_max_running, Job.stop_request, Job.held,
                Job.begin_time, Job.gpu_type, Job.host_mem, Job.cpus, Job.nodelist,
@@ -201,6 +201,33 @@ def events(session: Session, job_ids: Iterable[int]) -> dict[int, list[JobEvent]
 def running(session: Session) -> Sequence[Job]:
     return session.scalars(select(Job).options(lazyload(Job.payload))
                            .where(Job.state == JobState.RUNNING.value)).all()
+
+
+_RECENT_RUNS = Prepared(
+    select(Job.start_time, Job.end_time, Job.steps_done, Job.attained, Job.mean_iteration,
+           Job.mean_gap)
+    .where(Job.user == bindparam("user"), Job.name == bindparam("name"),
+           Job.end_time.is_not(None), Job.start_time.is_not(None),
+           Job.state == JobState.COMPLETED.value)
+    .order_by(Job.end_time.desc()).limit(bindparam("limit")))
+
+
+def recent_runs(session: Session, user: str, name: str, limit: int) -> list[tuple]:
+    """The user's last ``limit`` completed jobs of that name, the last ended first: start,
+    end, steps done, attained device time, mean iteration and gap."""
+    return list(_RECENT_RUNS.rows(session, {"user": user, "name": name, "limit": limit}))
+
+
+_RECENT_RUN_TIMES = Prepared(
+    select(Job.end_time - Job.start_time)
+    .where(Job.end_time.is_not(None), Job.start_time.is_not(None),
+           Job.state == JobState.COMPLETED.value)
+    .order_by(Job.end_time.desc()).limit(bindparam("limit")))
+
+
+def recent_run_times(session: Session, limit: int) -> list[float]:
+    """How long the node's last ``limit`` completed jobs ran, the last ended first."""
+    return [seconds for (seconds,) in _RECENT_RUN_TIMES.rows(session, {"limit": limit})]
 
 
 _PENDING_COUNT = Prepared(select(func.count()).select_from(Job).where(

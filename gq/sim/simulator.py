@@ -30,7 +30,7 @@ ready then, and other jobs may take the device, as the policy's ``pick`` decides
 is never taken from a job mid-iteration. Where nothing else could take the device in its
 gaps (the job is alone on it, or its gaps are too short to fill and the host anticipates
 it), its iterations still run in bulk; otherwise one at a time. A job stays resident
-through its last gap, as its process sleeps, then exits.
+through its last gap, as its process sleeps, then exits (after its ``teardown``, if any).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from gq.sim.traces import TraceJob
 MEASURED_AFTER = 2  # iterations before a job's iteration time and gap are known (as the host's)
 EPSILON = 1e-9  # relative slack when placing a moment on an iteration boundary
 DEFAULT_SHARE_SLICE = 0.001  # of a job's iterations, for policies that alternate
+STOP_EVERY = 256  # moments between two questions to ``stop``
 
 
 @dataclass
@@ -65,6 +66,17 @@ class JobRun:
     attained: float = 0.0
     released_at: float | None = None
     _view: JobView | None = None  # views are immutable: rebuild only after a stretch
+    _request: admission.Request | None = None
+
+    @property
+    def request(self) -> admission.Request:
+        """What it asks admission for (the same at every placement)."""
+        if self._request is None:
+            job = self.job
+            self._request = admission.Request(job.id, self.gpus,
+                                              admission.Footprint(job.mem or 0),
+                                              exclusive=self.gpus > 1, time_limit=job.limit)
+        return self._request
 
     def view(self) -> JobView:
         if self._view is None:
@@ -169,6 +181,7 @@ class Result:
     gpus: int
     events: int = 0  # stretches scheduled: what the run cost
     lanes: int = 1  # per device: utilization is the share of lane time busy
+    complete: bool = True  # False: stopped early (``stop``); jobs not ended have end None
 
     def jcts(self) -> list[float]:
         return [run.end - run.job.submit_time for run in self.runs]
@@ -198,34 +211,76 @@ class Result:
 ARRIVE, READY, STRETCH_END = 0, 1, 2  # event kinds, in the order a moment handles them
 
 
+@dataclass(frozen=True)
+class Resident:
+    """A job already resident when the simulation starts: the lanes it holds (one per
+    device, as :attr:`JobRun.lanes` counts them), when it started, and what it has done."""
+
+    lanes: tuple[int, ...]
+    start: float
+    done: int = 0
+    attained: float = 0.0
+
+
+@dataclass(frozen=True)
+class Start:
+    """A node that is not empty when the simulation starts (a forecast's live queue), where
+    a trace starts from an empty one.
+
+    ``clock``: no job is placed before it (jobs submitted earlier wait until then);
+    ``residents``: the jobs already on lanes, by id; ``arrivals``: a job's earliest start
+    (--begin); ``after``: jobs that arrive only once all of these other jobs have ended (a
+    dependency); ``held``: devices (by index) that admit no job, with the guard's reason;
+    ``names``: the devices' names, as admission's placements give them; ``capacities``: each
+    device's memory for jobs, where they differ (else ``capacity`` for all)."""
+
+    clock: float = 0.0
+    residents: dict[int, Resident] = field(default_factory=dict)
+    arrivals: dict[int, float] = field(default_factory=dict)
+    after: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    held: dict[int, str] = field(default_factory=dict)
+    names: tuple[str, ...] = ()
+    capacities: tuple[int, ...] = ()
+
+
 def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: float = 0.0,
              capacity: int | None = None, max_resident: int | None = None,
              backfill: bool = True, step_by_step: bool = False,
              share_slice: float | None = None, lanes: int = 1,
              progress: Callable[[int, int], None] | None = None,
-             move_margin: float = defaults.MOVE_MARGIN) -> Result:
+             move_margin: float = defaults.MOVE_MARGIN, start: Start | None = None,
+             stop: Callable[[], bool] | None = None) -> Result:
     """Run the trace through ``policy`` on ``gpus`` devices of ``lanes`` lanes each (a lane
     runs one iteration at a time, lanes of a device at once; ``capacity``, a device's
     memory, is split between them; a multi-GPU job takes whole devices and runs on one lane
     of each). For backfill a job's time limit is its trace limit, else its run time alone
     (a perfect estimate). ``step_by_step`` asks the policy after every iteration (the
     reference the bulk advance is tested against); ``progress`` is called with (jobs
-    finished, jobs) as jobs end; ``move_margin`` is the daemon's --move-margin."""
+    finished, jobs) as jobs end; ``move_margin`` is the daemon's --move-margin; ``start``
+    seeds a node that already runs jobs (:class:`Start`); ``stop``, asked every few hundred
+    events, ends the run early when it says so (a result that is not ``complete``)."""
     if gpus < 1 or lanes < 1:
         raise ValueError("gpus and lanes must be at least 1")
     simulation = _Simulation(jobs, policy, gpus, switch_cost, capacity, max_resident,
-                             backfill, step_by_step, share_slice, lanes, progress, move_margin)
+                             backfill, step_by_step, share_slice, lanes, progress, move_margin,
+                             start, stop)
     return simulation.run()
 
 
 class _Simulation:
     def __init__(self, jobs, policy, gpus, switch_cost, capacity, max_resident, backfill,
-                 step_by_step, share_slice, lanes, progress, move_margin):
+                 step_by_step, share_slice, lanes, progress, move_margin, start, stop):
+        # A trace's every job ends; on a live node (``start``) one may never start (it waits
+        # for devices that take no job): it is left with no end.
+        self.strict = start is None
+        start = start or Start(clock=-math.inf)
         self.policy = policy
         self.gpus = gpus
         self.lanes_per_device = lanes
         self.switch_cost = switch_cost
-        self.lane_capacity = capacity // lanes if capacity is not None else 1 << 62
+        every = capacity if capacity is not None else 1 << 62
+        self.lane_capacity = [(start.capacities[d] if start.capacities else every) // lanes
+                              for d in range(gpus)]
         self.max_resident = max_resident or 1 << 30
         self.backfill = backfill
         self.step_by_step = step_by_step
@@ -233,22 +288,40 @@ class _Simulation:
             share_slice = DEFAULT_SHARE_SLICE if policy.alternates and switch_cost else 0.0
         self.share_slice = share_slice
         self.progress = progress
+        self.stop = stop
         self.move_margin = move_margin
         self.lanes = [Lane(i, i // lanes) for i in range(gpus * lanes)]
         self.runs = {job.id: JobRun(job, min(job.gpus, gpus)) for job in jobs}
         if len(self.runs) != len(jobs):
             raise ValueError("job ids in a trace must be unique")
+        self.names = start.names or tuple(str(device) for device in range(gpus))
+        self.device_index = {name: device for device, name in enumerate(self.names)}
+        self.held = start.held
         self.pending: dict[int, JobRun] = {}
-        self.events = [(job.submit_time, ARRIVE, i, job.id) for i, job in enumerate(jobs)]
-        heapq.heapify(self.events)
+        self.waiting_for = {job_id: set(ids) for job_id, ids in start.after.items()}
+        self.dependants: dict[int, list[int]] = {}
+        for job_id, ids in start.after.items():
+            for other in ids:
+                self.dependants.setdefault(other, []).append(job_id)
+        self.earliest = {job.id: max(job.submit_time, start.clock,
+                                     start.arrivals.get(job.id, -math.inf)) for job in jobs}
+        self.events = [(self.earliest[job.id], ARRIVE, i, job.id) for i, job in enumerate(jobs)
+                       if job.id not in start.residents and not self.waiting_for.get(job.id)]
         self.sequence = len(jobs)
+        for job_id, resident in start.residents.items():
+            self._seat(self.runs[job_id], resident, start.clock)
+        heapq.heapify(self.events)
         self.slices: list[Slice] = []
         self.busy = 0.0
         self.finished = 0
         self.stretches = 0
 
     def run(self) -> Result:
+        moments = 0
         while self.events:
+            moments += 1
+            if self.stop is not None and not moments % STOP_EVERY and self.stop():
+                return self._result(complete=False)
             now = self.events[0][0]
             touched: set[int] = set()  # lanes whose resident set or readiness changed
             admissible = False  # only arrivals and ends make room: time alone never does
@@ -274,15 +347,43 @@ class _Simulation:
             if self.events and self.events[0][0] == now:
                 continue  # a stretch was cut to end right now: settle it first
             self._dispatch(now)
-        if self.finished != len(self.runs):
+        if self.finished != len(self.runs) and self.strict:
             stuck = sorted(r.job.id for r in self.runs.values() if r.end is None)
             raise RuntimeError(f"simulation ended with unfinished jobs {stuck[:10]}")
+        return self._result(complete=True)
+
+    def _result(self, complete: bool) -> Result:
         return Result(self.policy.name, sorted(self.runs.values(), key=lambda r: r.job.id),
-                      self.slices, self.busy, self.gpus, self.stretches, self.lanes_per_device)
+                      self.slices, self.busy, self.gpus, self.stretches, self.lanes_per_device,
+                      complete)
 
     def _push(self, time: float, kind: int, payload) -> None:
         heapq.heappush(self.events, (time, kind, self.sequence, payload))
         self.sequence += 1
+
+    def _seat(self, run: JobRun, resident: Resident, clock: float) -> None:
+        """Put a job that is already running on its lanes, with what it has done; it is
+        ready once its start-up is over (at the clock: the dispatch there is the first)."""
+        run.lanes, run.start = resident.lanes, resident.start
+        run.done, run.attained = resident.done, resident.attained
+        run.ready_at = max(clock, resident.start + run.job.startup if not resident.done
+                           else clock)
+        for index in run.lanes:
+            self.lanes[index].residents.append(run)
+        self.events.append((run.ready_at, READY, self.sequence, run.job.id))
+        self.sequence += 1
+
+    def _ended(self, run: JobRun) -> None:
+        """A job has ended (at ``run.end``): those that waited for it, and for nothing else
+        now, arrive then."""
+        self.finished += 1
+        if self.progress is not None:
+            self.progress(self.finished, len(self.runs))
+        for job_id in self.dependants.pop(run.job.id, ()):
+            waits = self.waiting_for[job_id]
+            waits.discard(run.job.id)
+            if not waits:
+                self._push(max(run.end, self.earliest[job_id]), ARRIVE, job_id)
 
     # ----- admission ------------------------------------------------------------------
     def _device_residents(self) -> list[list[JobRun]]:
@@ -301,8 +402,8 @@ class _Simulation:
         """Each device as admission sees it (the daemon's Scheduler.loads)."""
         per_lane = self.lanes_per_device
         return [admission.DeviceLoad(
-            name=str(device), gpu=True, index=device,
-            lanes=[admission.LaneLoad(self.lane_capacity,
+            name=self.names[device], gpu=True, index=device, held=self.held.get(device),
+            lanes=[admission.LaneLoad(self.lane_capacity[device],
                                       [admission.Footprint(r.job.mem or 0)
                                        for r in self.lanes[device * per_lane + k].residents],
                                       self._starts_in(self.lanes[device * per_lane + k], now))
@@ -331,7 +432,7 @@ class _Simulation:
                 ahead = [other for other in lane.residents if (other.job.submit_time,
                          other.job.id) < (run.job.submit_time, run.job.id)]
                 waiting.append(admission.Unstarted(
-                    run.job.id, str(lane.device), admission.Footprint(run.job.mem or 0),
+                    run.job.id, self.names[lane.device], admission.Footprint(run.job.mem or 0),
                     self._time_left(lane, ahead, now)))
         chosen = admission.move(waiting, self._loads(now), self.move_margin)
         if chosen is None:
@@ -348,10 +449,7 @@ class _Simulation:
         """Admit pending jobs; the lanes that got one."""
         runs = self.runs
         order = self.policy.order([run.view() for run in self.pending.values()])
-        requests = [admission.Request(v.id, runs[v.id].gpus,
-                                      admission.Footprint(runs[v.id].job.mem or 0),
-                                      exclusive=runs[v.id].gpus > 1,
-                                      time_limit=runs[v.id].job.limit) for v in order]
+        requests = [runs[view.id].request for view in order]
         per_lane = self.lanes_per_device
         loads = self._loads(now)
         outcome = admission.place(requests, loads, now=now, backfill=self.backfill,
@@ -359,7 +457,7 @@ class _Simulation:
         touched = set()
         for placement in outcome.placements:
             run = self.pending.pop(placement.job_id)
-            run.lanes = tuple(int(name) * per_lane + placement.lane
+            run.lanes = tuple(self.device_index[name] * per_lane + placement.lane
                               for name in placement.devices)
             run.start = now
             run.ready_at = now + run.job.startup
@@ -423,11 +521,10 @@ class _Simulation:
             self.lanes[other].stretch = None
             self.lanes[other].owner = None
         if run.done >= run.job.iterations:
-            # Its process sleeps through its last gap, then exits: resident until then.
-            run.end = run.ready_at
-            self.finished += 1
-            if self.progress is not None:
-                self.progress(self.finished, len(self.runs))
+            # Its process sleeps through its last gap, then exits (taking its teardown):
+            # resident until then, and never ready again.
+            run.end = run.ready_at = run.ready_at + run.job.teardown
+            self._ended(run)
             if run.end <= now:
                 self._leave(run)
                 return True

@@ -33,6 +33,7 @@ class TraceJob:
     time_limit: float | None = None  # seconds, as submitted with -t
     deadline: float | None = None  # seconds from the trace's start
     gap: float = 0.0  # seconds idle after each iteration, off the device
+    teardown: float = 0.0  # seconds from its last iteration's end to its exit (a forecast's)
 
     @property
     def limit(self) -> float:

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gq import messages
 from gq.daemon.access import Caller, Rules, check_operator
 from gq.daemon.handlers import control, node, query, submit
+from gq.daemon.forecasting import WhatIf
 from gq.daemon.waiting import Waiters, Waiting
 from gq.errors import UserError
 
 if TYPE_CHECKING:
     from gq.daemon.admission import DeviceLoad
+    from gq.daemon.forecasting import Forecaster
     from gq.daemon.devices import Device
     from gq.daemon.monitoring import Monitor
     from gq.daemon.node import DaemonOptions
@@ -45,6 +47,7 @@ class NodeView(Protocol):
     stopping: bool
     monitor: Monitor  # readings and the guard's holds, for 'gq info'
     waiters: Waiters  # the clients gq wait holds (what one user may wait for is bounded)
+    forecaster: Forecaster  # the last forecast, and the gq submit --test-only waiting
 
     @property
     def connection_limits(self) -> ConnectionLimits: ...
@@ -97,10 +100,11 @@ OPERATORS_ONLY = {messages.SetPolicy: "change the policy", messages.Stop: "stop 
 
 
 def dispatch(daemon: NodeView, caller: Caller,
-             line: bytes) -> tuple[bytes, list[int]] | Waiting:
+             line: bytes) -> tuple[bytes, list[int]] | Waiting | WhatIf:
     """Decode one request line, authorize it, run its handler; always an answer line,
     whatever the line held and whatever the handler did, or a :class:`Waiting` (gq wait:
-    the answer comes once the jobs have ended)."""
+    the answer comes once the jobs have ended) or a :class:`WhatIf` (gq submit --test-only:
+    it comes with the next forecast)."""
     try:
         request = messages.decode(line, messages.REQUESTS)
     except messages.VersionMismatch as exc:
@@ -114,7 +118,7 @@ def dispatch(daemon: NodeView, caller: Caller,
         if type(request) in OPERATORS_ONLY:
             check_operator(caller, OPERATORS_ONLY[type(request)])
         answer = HANDLERS[type(request)](daemon, caller, request)
-        if isinstance(answer, Waiting):
+        if isinstance(answer, (Waiting, WhatIf)):
             return answer
         answer, fds = answer if isinstance(answer, tuple) else (answer, [])
         return messages.encode(answer), fds

@@ -18,6 +18,7 @@ from gq.errors import UserError
 from gq.queue import queries, spool
 from gq.queue.models import Job
 from gq.queue.states import JobState
+from gq.sim.forecast import Basis
 
 if TYPE_CHECKING:
     from gq.daemon.handlers import NodeView
@@ -42,8 +43,9 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
                                                 before=before, ended_since=request.ended_since)
             jobs += reversed(page)
         kept_since = queries.oldest_end(session) if finished else None
-        return messages.Jobs([job_info(job, detail=False) for job in jobs],
-                             stale=daemon.stale(),
+        infos = [job_info(job, detail=False) for job in jobs]
+        made = _forecast(daemon, infos) if request.forecast else None
+        return messages.Jobs(infos, stale=daemon.stale(), forecast_made=made,
                              retention=None if math.isinf(daemon.options.retention)
                              else daemon.options.retention, kept_since=kept_since,
                              older_end=older[0] if older else None,
@@ -90,7 +92,22 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
             if usage is not None:
                 info.host_memory, info.processes = usage.memory, usage.processes
             infos.append(info)
-        return messages.Jobs(infos, stale=daemon.stale(), more=len(jobs) - len(shown))
+        return messages.Jobs(infos, stale=daemon.stale(), more=len(jobs) - len(shown),
+                             forecast_made=_forecast(daemon, infos))
+
+
+def _forecast(daemon: NodeView, infos: list[messages.JobInfo]) -> float | None:
+    """Each pending and running job's forecast, from the last one the daemon made (a job
+    it has not forecast yet, or could not, is unknown); when that was made."""
+    made = daemon.forecaster.current
+    for info in infos:
+        if JobState(info.state).terminal:
+            continue
+        found = made.jobs.get(info.id)
+        info.forecast = (found.basis if found is not None else Basis.UNKNOWN).name.lower()
+        if found is not None:
+            info.forecast_start, info.forecast_end = found.start, found.end
+    return made.made_at or None
 
 
 def open_log(daemon: NodeView, caller: Caller, request: messages.OpenLog):

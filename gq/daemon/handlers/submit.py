@@ -20,6 +20,7 @@ from gq.daemon.access import Caller, check_priority
 from gq.daemon.handlers.common import check_dependency, output_resolver
 from gq.daemon.notify import MAIL_TYPES, SBATCH_ONLY_MAIL_TYPES
 from gq.daemon.devices import gpu_capacity
+from gq.daemon.forecasting import WhatIf
 from gq.errors import Refused, UserError
 from gq.queue import arrays, dependencies, queries, spool, transitions
 from gq.slurm.options import GPU_TYPE, parse_signal
@@ -29,13 +30,21 @@ if TYPE_CHECKING:
     from gq.daemon.handlers import NodeView
 
 
-def submit(daemon: NodeView, caller: Caller, request: messages.Submit) -> messages.Submitted:
+def submit(daemon: NodeView, caller: Caller,
+           request: messages.Submit) -> messages.Submitted | WhatIf:
+    """Queue the job; with --test-only, check it the same way and queue nothing: the next
+    forecast answers when and where it would run (a :class:`WhatIf`)."""
     if daemon.stopping:
         raise UserError("the daemon is stopping; submit again once it has restarted", 1)
     if not daemon.home.system and caller.uid != os.geteuid():
         raise Refused(f"this is uid {os.geteuid()}'s personal gq daemon; it runs no jobs for "
                       f"{caller.name}")
     new = _validate(daemon, caller, request)
+    if request.test_only:
+        with daemon.db.read() as session:
+            check_dependency(session, new.dependency)
+            _check_pending_limit(daemon, session, caller, len(new.array_tasks or (None,)))
+        return daemon.forecaster.what_if(new, caller.uid)
     script = PurePosixPath(request.script_path)
     written: list[int] = []  # a snapshot written for a submission that may not commit
 

@@ -1,0 +1,247 @@
+"""Forecasts as a pure function of a snapshot of the node (gq.sim.forecast), and the
+simulator started from a node that already runs jobs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gq import policies
+from gq.daemon import admission
+from gq.policies import JobView
+from gq.sim import forecast
+from gq.sim.forecast import Basis, Pending, Running, Snapshot, Work
+from gq.sim.simulator import Resident, Start, simulate
+from gq.sim.traces import TraceJob
+
+NOW = 1_000_000.0
+GIB = 1 << 30
+
+
+def device(name: str = "gpu0", index: int = 0, held: str | None = None,
+           memory: int = 16 * GIB) -> admission.DeviceLoad:
+    return admission.DeviceLoad(name, True, [admission.LaneLoad(memory)], 4, index=index,
+                                held=held)
+
+
+def view(job_id: int, steps: int | None = None, done: int = 0, pace: float | None = None,
+         user: str = "ann", priority: int = 0, submitted: float | None = None) -> JobView:
+    return JobView(id=job_id, user=user, submit_time=NOW - 100 + job_id if submitted is None
+                   else submitted, priority=priority, steps_done=done, steps_total=steps,
+                   attained=done * (pace or 0.0), mean_iteration=pace,
+                   mean_gap=0.0 if pace else None)
+
+
+def known(steps: int, pace: float, startup: float = 0.0) -> Work:
+    return Work(steps, pace, 0.0, startup, Basis.KNOWN)
+
+
+def running(job_id: int, steps: int, done: int, pace: float, started: float,
+            device_name: str = "gpu0", limit: float | None = None) -> Running:
+    seen = view(job_id, steps, done, pace)
+    return Running(seen, forecast.work(seen, limit, None, NOW - started), (device_name,), 0,
+                   started, 0, limit)
+
+
+def pending(job_id: int, work: Work, limit: float | None = None, after: tuple[int, ...] = (),
+            begin: float | None = None, priority: int = 0, steps: int | None = None) -> Pending:
+    return Pending(view(job_id, steps, priority=priority),
+                   admission.Request(job_id, 1, admission.Footprint(), time_limit=limit),
+                   work, begin, after)
+
+
+def snapshot(running_jobs=(), pending_jobs=(), devices=None, policy="fifo",
+             max_resident: int = 4) -> Snapshot:
+    return Snapshot(NOW, (policy, "always", "100ms"), tuple(devices or [device()]), 1, max_resident,
+                    tuple(running_jobs), tuple(pending_jobs))
+
+
+def relative(made: forecast.Forecasts) -> dict[int, tuple]:
+    return {job_id: (None if f.start is None else round(f.start - NOW, 6),
+                     None if f.end is None else round(f.end - NOW, 6), f.basis)
+            for job_id, f in made.jobs.items()}
+
+
+def test_a_fully_known_fifo_queue_is_forecast_as_the_simulator_runs_it():
+    """One device, fifo: a running job 10 of 30 steps in, two pending jobs of known pace.
+    The forecast is the simulator's own answer on the same jobs, the running one's done
+    iterations taken off, and every forecast is known."""
+    made = forecast.forecast(snapshot(
+        [running(1, 30, 10, 0.5, NOW - 6)],
+        [pending(2, known(20, 1.0, startup=2.0)), pending(3, known(10, 0.2))]))
+    assert relative(made) == {1: (-6.0, 10.0, Basis.KNOWN),
+                              2: (0.0, 30.0, Basis.KNOWN),  # resident at once, runs after 1
+                              3: (0.0, 32.0, Basis.KNOWN)}
+    # The same as a simulation of the remaining work from an empty node:
+    alone = simulate([TraceJob(1, 0.0, 10.0, 20), TraceJob(2, 0.0, 20.0, 20, startup=2.0),
+                      TraceJob(3, 0.0, 2.0, 10)], policies.make("fifo"))
+    assert [run.end for run in alone.runs] == [10.0, 30.0, 32.0]
+
+
+def test_what_a_job_will_do_is_known_estimated_or_unknown_from_what_it_gave():
+    measured = view(1, steps=100, done=5, pace=0.1)
+    assert forecast.work(measured, None, None) == Work(100, 0.1, 0.0, 0.0, Basis.KNOWN)
+    earlier = forecast.past([forecast.Ended(run=12.0, steps=100, attained=10.0, iteration=0.1,
+                                            gap=0.0),
+                             forecast.Ended(run=13.0, steps=100, attained=10.0, iteration=0.1,
+                                            gap=0.0)])
+    assert earlier.overhead == pytest.approx(2.0)  # the least: run less device time
+    assert earlier.startup is None and earlier.exit_cost == 0.0
+    # --steps, not started: its pace from its owner's earlier jobs of the same name
+    assert forecast.work(view(2, steps=50), None, earlier) == \
+        Work(50, 0.1, 0.0, 2.0, Basis.ESTIMATED)
+    # no --steps: as many steps as the earlier jobs ran
+    assert forecast.work(view(3), None, earlier).steps == 100
+    # --steps and -t only: the slowest pace that ends in time
+    assert forecast.work(view(4, steps=10), 60, None) == Work(10, 6.0, 0.0, 0.0,
+                                                                 Basis.ESTIMATED)
+    # -t only: device time for the whole limit
+    only_limit = forecast.work(view(5), 60, None)
+    assert only_limit.basis is Basis.ESTIMATED
+    assert only_limit.steps * only_limit.iteration == pytest.approx(60)
+    # running, its pace measured: what is left of its earlier runs' overheads (2 s) after
+    # the start-up it took (its time so far, less 0.5 s on the device) is its exit
+    assert forecast.work(view(8, steps=100, done=5, pace=0.1), None, earlier,
+                         elapsed=1.0).teardown == pytest.approx(1.5)
+    assert forecast.work(view(8, steps=100, done=5, pace=0.1), None, earlier,
+                         elapsed=6.0).teardown == 0.0
+    # a start-up seen while one of them ran tells start-up and exit apart
+    seen = forecast.Past(run=12.0, steps=100, iteration=0.1, gap=0.0, overhead=2.0,
+                         startup=0.8)
+    assert (seen.start_cost, seen.exit_cost) == (0.8, 0.8)  # exit: no longer than start-up
+    assert replace(seen, overhead=1.0).exit_cost == pytest.approx(0.2)
+    pending_work = forecast.work(view(9, steps=50), None, seen)
+    assert (pending_work.startup, pending_work.teardown) == (0.8, 0.8)
+    assert forecast.spent_starting(view(10, steps=50, done=4, pace=0.1), 3.0) == \
+        pytest.approx(2.6)
+    assert forecast.spent_starting(view(10, steps=50), 3.0) is None
+    # nothing: unknown
+    assert forecast.work(view(6), None, None).basis is Basis.UNKNOWN
+    assert forecast.work(view(7, steps=10), None, None).basis is Basis.UNKNOWN
+
+
+def test_a_job_behind_an_estimated_one_is_estimated_and_behind_an_unknown_one_unknown():
+    made = forecast.forecast(snapshot(
+        [running(1, 30, 10, 0.5, NOW - 6)],
+        [pending(2, forecast.work(view(2), 40, None), limit=40),  # -t only
+         pending(3, known(10, 0.2))]))
+    assert made.jobs[1].basis is Basis.KNOWN
+    assert made.jobs[2].basis is Basis.ESTIMATED
+    assert made.jobs[3].basis is Basis.ESTIMATED  # it starts when 2 ends: an estimate
+    assert made.jobs[3].end == pytest.approx(NOW + 10 + 40 + 2)
+    made = forecast.forecast(snapshot(
+        [running(1, 30, 10, 0.5, NOW - 6)],
+        [pending(2, forecast.work(view(2), None, None)), pending(3, known(10, 0.2))]))
+    assert made.jobs[2].basis is Basis.UNKNOWN and made.jobs[2].end is None
+    assert made.jobs[3].basis is Basis.UNKNOWN and made.jobs[3].end is None  # fifo: never
+    # Where the node's recent jobs ran 20 s, the unknown job is simulated for that long: its
+    # own end stays unknown, the job behind it gets an estimate.
+    made = forecast.forecast(snapshot(
+        [running(1, 30, 10, 0.5, NOW - 6)],
+        [pending(2, forecast.work(view(2), None, None, typical=20.0)),
+         pending(3, known(10, 0.2))]))
+    assert made.jobs[2].basis is Basis.UNKNOWN and made.jobs[2].end is None
+    assert made.jobs[3].basis is Basis.ESTIMATED
+    assert made.jobs[3].end == pytest.approx(NOW + 10 + 20 + 2)
+
+
+def test_a_known_job_beside_an_unknown_one_under_fair_is_an_estimate_not_unknown():
+    """Sharing the lane by turns, a job ends however long its neighbour runs: the forecast
+    is a bound (the neighbour may end sooner), so it is estimated."""
+    made = forecast.forecast(snapshot(
+        [running(1, 30, 10, 0.5, NOW - 6)],
+        [pending(2, forecast.work(view(2), None, None))], policy="fair"))
+    assert made.jobs[1].basis is Basis.ESTIMATED
+    assert made.jobs[1].end == pytest.approx(NOW + 20, rel=0.1)  # two jobs take turns
+    assert made.jobs[2].basis is Basis.UNKNOWN
+
+
+def test_the_end_is_never_past_the_start_plus_the_time_limit():
+    made = forecast.forecast(snapshot([running(1, 1000, 10, 1.0, NOW - 10, limit=100)]))
+    assert made.jobs[1].end == pytest.approx(NOW + 90)
+
+
+def test_a_dependency_starts_a_job_once_the_job_it_waits_for_has_ended():
+    made = forecast.forecast(snapshot(
+        [running(1, 30, 10, 0.5, NOW - 6)],
+        [pending(2, known(10, 1.0), after=(1,)), pending(3, known(5, 1.0), after=(2,)),
+         pending(4, known(5, 1.0), after=(99,)),  # waits for a job outside (held)
+         pending(5, known(5, 1.0), after=(4,))]))
+    assert relative(made)[2] == (10.0, 20.0, Basis.KNOWN)
+    assert relative(made)[3] == (20.0, 25.0, Basis.KNOWN)
+    assert made.jobs[4].basis is made.jobs[5].basis is Basis.UNKNOWN
+    assert made.jobs[4].start is made.jobs[5].start is None
+
+
+def test_a_begin_time_and_a_held_device_are_waited_for():
+    made = forecast.forecast(snapshot([], [pending(1, known(10, 1.0), begin=NOW + 30)]))
+    assert relative(made)[1] == (30.0, 40.0, Basis.KNOWN)
+    made = forecast.forecast(snapshot(
+        [], [pending(1, known(10, 1.0))],
+        devices=[device("gpu0", 0, held="over 85 C"), device("gpu1", 1)]))
+    assert made.jobs[1].device == "gpu1"
+    made = forecast.forecast(snapshot([], [pending(1, known(10, 1.0))],
+                                      devices=[device(held="drained: maintenance")]))
+    assert made.jobs[1].basis is Basis.UNKNOWN and made.jobs[1].start is None
+
+
+def test_a_higher_priority_job_added_delays_the_others_by_its_run():
+    base = snapshot([running(1, 12, 2, 1.0, NOW - 2)],
+                    [pending(2, known(10, 1.0)), pending(3, known(10, 1.0))], policy="priority",
+                    max_resident=1)
+    before = forecast.forecast(base)
+    urgent = pending(-1, known(5, 1.0), priority=10)
+    after = forecast.forecast(Snapshot(**{**base.__dict__,
+                                          "pending": base.pending + (urgent,)}))
+    assert relative(after)[-1][:2] == (10.0, 15.0)  # next once the resident one has ended
+    assert forecast.delays(before, after) == {2: pytest.approx(5.0), 3: pytest.approx(5.0)}
+
+
+def test_a_forecast_stopped_by_its_budget_leaves_the_jobs_it_did_not_reach_unknown():
+    jobs = [pending(i, known(10, 1.0)) for i in range(1, 2000)]
+    made = forecast.forecast(snapshot([], jobs), stop=lambda: True)
+    assert not made.complete
+    assert made.jobs[1999].basis is Basis.UNKNOWN and made.jobs[1999].end is None
+
+
+def test_the_simulator_seeded_with_residents_continues_their_runs():
+    """Two residents of one lane under fifo, the first 8 of 10 iterations in, the second not
+    started: they run on from there; a job submitted before the clock waits for it. The
+    bulk advance agrees with the iteration-by-iteration reference from the same start."""
+    jobs = [TraceJob(1, -10.0, 10.0, 10), TraceJob(2, -9.0, 4.0, 4), TraceJob(3, -1.0, 1.0, 1)]
+    start = Start(clock=0.0, residents={1: Resident((0,), -10.0, done=8, attained=8.0),
+                                        2: Resident((0,), -9.0)})
+    for name in ("fifo", "srtf", "fair"):
+        bulk = simulate(jobs, policies.make(name), start=start)
+        step = simulate(jobs, policies.make(name), start=start, step_by_step=True)
+        assert [(r.start, r.end) for r in bulk.runs] == [(r.start, r.end) for r in step.runs]
+    fifo = simulate(jobs, policies.make("fifo"), start=start)
+    assert {run.job.id: (run.start, run.end) for run in fifo.runs} == \
+        {1: (-10.0, 2.0), 2: (-9.0, 6.0), 3: (0.0, 7.0)}
+    # A job's exit after its last iteration: it ends later, and is resident until then, so
+    # fifo's next job waits for it, as on the host; srtf's does not.
+    jobs[0] = TraceJob(1, -10.0, 10.0, 10, teardown=1.5)
+    fifo = simulate(jobs, policies.make("fifo"), start=start)
+    assert {run.job.id: run.end for run in fifo.runs} == {1: 3.5, 2: 7.5, 3: 8.5}
+    srtf = simulate(jobs, policies.make("srtf"), start=start)
+    assert max(run.end for run in srtf.runs if run.job.id != 1) == 7.0  # the lane never idle
+
+
+def test_test_only_requests_waiting_at_once_are_bounded_per_user_and_in_all(monkeypatch):
+    from gq import defaults
+    from gq.daemon.forecasting import Forecaster, WhatIf
+    from gq.errors import UserError
+
+    monkeypatch.setattr(defaults, "MAX_TEST_ONLY_PER_USER", 2)
+    monkeypatch.setattr(defaults, "MAX_TEST_ONLY", 3)
+    forecaster = Forecaster(None, None, None, None, None)
+    forecaster.park("first", WhatIf(1000, ()))
+    forecaster.check_room(1000)
+    forecaster.park("second", WhatIf(1000, ()))
+    with pytest.raises(UserError, match="uid 1000"):
+        forecaster.check_room(1000)
+    forecaster.check_room(1001)  # another user is not held back by the first
+    forecaster.park("third", WhatIf(1001, ()))
+    with pytest.raises(UserError):
+        forecaster.check_room(1002)  # the node's limit

@@ -1,0 +1,123 @@
+"""Forecasts from the live queue: gq status --start and -l, gq show, gq submit --test-only,
+through the real daemon, hosts and workers."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from conftest import ROOT, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state
+
+TRAIN = str(ROOT / "examples" / "kernel_train.py")
+
+
+def kernel(steps: int, *extra: str) -> list[str]:
+    """A kernel_train.py job of ``steps`` 100 ms iterations, named kt, with --steps given."""
+    return [*extra, "-J", "kt", "--steps", str(steps), TRAIN, "--steps", str(steps),
+            "--iter-ms", "100"]
+
+
+def forecasts() -> dict[int, dict]:
+    listed = json.loads(gq_ok("status", "--start", "--json"))
+    return {j["id"]: j["forecast"] for j in listed}
+
+
+def when(text: str | None) -> float | None:
+    return None if text is None else datetime.fromisoformat(text).timestamp()
+
+
+def warm_up() -> None:
+    """One completed kt job: the pace and start-up the forecasts of later kt jobs go on."""
+    wait_state(submit(*kernel(10)), "COMPLETED", timeout=120)
+
+
+def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens(daemon):
+    """Fifo on one device, three jobs of known steps and a pace their owner's earlier job
+    measured: once the first's own pace is measured, each forecast end is within 1.5 s (and
+    a tenth of its run) of the real end (what is not modelled: a process's exit after its
+    last iteration, a start-up slower than the earlier job's on a busy machine); the forecast
+    is shown by gq status --start, -l and gq show."""
+    warm_up()
+    ids = [submit(*kernel(30)) for _ in range(3)]
+    first = wait_for(lambda: (j := job(ids[0]))["steps_done"] >= 3 and j, 120,
+                     what=f"job {ids[0]} to have its pace measured")
+    assert first["state"] == "RUNNING"
+
+    def made_since_measured():  # the first job's own pace in it, not its owner's last job's
+        found = forecasts()
+        return (found[ids[0]]["basis"] == "known" and all(found[i]["end"] for i in ids)
+                and found)
+
+    made = wait_for(made_since_measured, 30, what="a forecast from the first job's pace")
+    predicted = {i: when(made[i]["end"]) for i in ids}
+    assert [made[i]["basis"] for i in ids] != ["unknown"] * 3
+    assert predicted[ids[0]] < predicted[ids[1]] < predicted[ids[2]]  # fifo: in order
+
+    table = gq_ok("status", "--start")
+    assert "START_TIME" in table and "END_TIME" in table
+    assert "START" in gq_ok("status", "-l").splitlines()[0]
+    assert "Forecast: " in gq_ok("show", str(ids[2]))
+
+    for job_id in ids:
+        ended = wait_state(job_id, "COMPLETED", timeout=120)
+        actual = when(ended["end_time"])
+        run = actual - when(ended["start_time"])
+        assert abs(predicted[job_id] - actual) <= 1.5 + 0.1 * run, \
+            f"job {job_id}: forecast end {predicted[job_id]:.2f}, ended {actual:.2f}"
+
+
+def test_submit_test_only_says_when_and_whom_it_delays_and_queues_nothing(daemon, tmp_path):
+    """Under srtf a short job would run before a longer pending one: --test-only says when
+    it would start and end, that it would delay the longer job, exits 0, and adds no row,
+    no snapshot, no output file."""
+    gq_ok("policy", "set", "srtf")
+    warm_up()
+    long_job = submit(*kernel(300))
+    wait_for(lambda: job(long_job)["steps_done"] >= 3, 120, what="the long job's pace")
+    waiting = submit(*kernel(100))
+    wait_for(lambda: (forecasts().get(waiting) or {}).get("end"), 30,
+             what="a forecast of the pending job")
+    before = {j["id"] for j in all_jobs()}
+    spool = sorted(p.name for p in (Path(daemon.root) / "spool").rglob("*"))
+    outputs = sorted(p.name for p in tmp_path.glob("gq-*.out"))
+
+    result = gq("submit", "--test-only", *kernel(20))
+    assert result.code == 0, result.err
+    assert "would start at " in result.out and " and end at " in result.out
+    assert "it would delay " in result.out and f"job {waiting} by " in result.out
+    assert "nothing was queued" in result.out
+    assert {j["id"] for j in all_jobs()} == before
+    assert sorted(p.name for p in (Path(daemon.root) / "spool").rglob("*")) == spool
+    assert sorted(p.name for p in tmp_path.glob("gq-*.out")) == outputs
+    assert submit("--hold", *kernel(5)) == max(before) + 1  # no id was taken either
+
+
+def test_test_only_refusals_are_one_line_and_change_nothing(daemon):
+    before = all_jobs()
+    for args, words in ((["--wait"], "--test-only queues nothing for --wait"),
+                        (["--hold"], "held job"),
+                        (["--gpus", "99"], "more than this node has"),
+                        (["--dependency", "afterok:12345"], "does not exist")):
+        result = gq("submit", "--test-only", *args, *kernel(5))
+        assert result.code != 0, args
+        assert words in result.err and len(result.err.strip().splitlines()) == 1, result.err
+    assert all_jobs() == before
+
+
+def test_a_job_with_nothing_to_go_on_is_unknown_and_a_held_one_too(daemon, tmp_path):
+    script = tmp_path / "sleepy.sh"
+    script.write_text("#!/bin/sh\nsleep 30\n")
+    running = submit(str(script))
+    held = submit("--hold", str(script))
+    wait_state(running, "RUNNING")
+    # A forecast was made once the running job's start is in it (its real start).
+    made = wait_for(lambda: (found := forecasts())[running]["start"] and found, 30,
+                    what="a forecast")
+    assert when(made[running]["start"]) == when(job(running)["start_time"])
+    assert made[running]["basis"] == "unknown" and made[running]["end"] is None
+    assert made[held]["basis"] == "unknown" and made[held]["start"] is None
+    lines = gq_ok("status", "--start").splitlines()
+    row = next(line for line in lines if line.startswith(f"{running} "))
+    assert row.split()[-1] == "?"
+    gq_ok("cancel", str(running), str(held))
