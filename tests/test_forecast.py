@@ -245,3 +245,29 @@ def test_test_only_requests_waiting_at_once_are_bounded_per_user_and_in_all(monk
     forecaster.park("third", WhatIf(1001, ()))
     with pytest.raises(UserError):
         forecaster.check_room(1002)  # the node's limit
+
+
+def test_a_forecaster_looks_at_an_unchanged_node_at_most_once_a_period():
+    """A queue that did not change makes no forecast; nor is its snapshot built again at
+    every scheduling pass (a pass may come every few milliseconds)."""
+    import time
+
+    from gq.daemon.forecasting import Forecaster, _signature
+
+    unchanged = snapshot([], [pending(1, known(10, 1.0))])
+
+    class Scheduler:
+        last_pass = None
+        built = 0
+
+        def snapshot(self, past, typical):
+            self.built += 1
+            return unchanged
+
+    scheduler = Scheduler()
+    forecaster = Forecaster(None, scheduler, None, None, None)
+    forecaster._typical = (time.monotonic(), None)  # read: no database needed
+    forecaster.signature = _signature(unchanged)  # as if it had been forecast already
+    forecaster.tick()
+    forecaster.tick()
+    assert scheduler.built == 1 and forecaster.child is None

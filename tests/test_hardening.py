@@ -302,8 +302,13 @@ def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
     for change in ({"env": {"A": "b\u0000c"}}, {"env": {"A=B": "c"}}, {"args": ["\ud800"]},
                    {"options": {"deadline": 1e21}}, {"options": {"name": "x\u0000y"}},
                    {"options": {"name": "\u001b[2Jwipe"}}, {"options": {"priority": 2**70}},
-                   {"script_path": "/tmp/.."}):
+                   {"script_path": "/tmp/.."}, {"test_only": None}, {"test_only": 2**70},
+                   {"test_only": "yes"}, {"test_only": 1}, {"test_only": [[[True]]]}):
         hostile.append(json.dumps({**submit_line, **change}).encode() + b"\n")
+    for value in (None, 2**70, "yes", 1, [[[True]]], "\u0000"):
+        hostile.append(json.dumps({"v": messages.VERSION, "kind": "list",
+                                   "forecast": value}).encode() + b"\n")
+    hostile.append(b'{"v": %d, "kind": "list", "forecast": NaN}\n' % messages.VERSION)
     for line in hostile:
         answer = exchange(line)
         assert isinstance(answer, messages.Error) and answer.exit_code == 2, line[:80]

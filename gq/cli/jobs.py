@@ -107,32 +107,32 @@ def status(
         typer.echo(render.dumps([render.job_json(j) for j in jobs]))
         return
     format_spec = format_spec or os.environ.get("GQ_STATUS_FORMAT")
+    folded = _fold_pending_arrays(jobs)
     if format_spec:
-        typer.echo(formats.table(format_spec, [(label, job, _reason(job)) for label, job
-                                               in _fold_pending_arrays(jobs)]))
+        typer.echo(formats.table(format_spec, [(label, job, _reason(job))
+                                               for label, job in folded]))
         return
-    now = time.time()
     if start:
         rows = [[label, job.name, job.user, render.state_label(job), job.device or "-",
                  render.forecast_time(job, end=False), render.forecast_time(job, end=True),
                  _reason(job)]
-                for label, job in _fold_pending_arrays(jobs)
-                if not JobState(job.state).terminal]
+                for label, job in folded if not JobState(job.state).terminal]
         typer.echo(render.table(["JOBID", "NAME", "USER", "ST", "DEVICE", "START_TIME",
                                  "END_TIME", "REASON"], rows))
         _note_forecast(answer)
         return
-    rows = [[label, job.name, job.user, render.state_label(job),
-             render.duration(render.elapsed(job, now)), job.device or "-",
-             render.lane_state(job), render.progress(job), _reason(job)]
-            for label, job in _fold_pending_arrays(jobs)]
-    headers = ["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE", "PROGRESS", "REASON"]
-    if long:
-        for row, (_, job) in zip(rows, _fold_pending_arrays(jobs)):
-            row[8:8] = [render.duration(job.time_limit) if job.time_limit else "UNLIMITED",
-                        render.forecast_time(job, end=False),
-                        render.forecast_time(job, end=True)]
-        headers[8:8] = ["TIME_LIMIT", "START", "END"]
+    now = time.time()
+    rows = []
+    for label, job in folded:
+        row = [label, job.name, job.user, render.state_label(job),
+               render.duration(render.elapsed(job, now)), job.device or "-",
+               render.lane_state(job), render.progress(job)]
+        if long:
+            row += [render.duration(job.time_limit) if job.time_limit else "UNLIMITED",
+                    render.forecast_time(job, end=False), render.forecast_time(job, end=True)]
+        rows.append([*row, _reason(job)])
+    headers = ["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE", "PROGRESS",
+               *(["TIME_LIMIT", "START", "END"] if long else []), "REASON"]
     typer.echo(render.table(headers, rows))
     if long:
         _note_forecast(answer)

@@ -186,6 +186,7 @@ class Forecaster:
         self._watch_startups(snapshot)
         signature = _signature(snapshot)
         if signature == self.signature and not self.parked:
+            self.next_at = now + defaults.FORECAST_PERIOD  # looked: not again for a while
             return
         self.signature = signature
         self._start(snapshot, now)
@@ -319,5 +320,4 @@ def _test_only(what: WhatIf, base: forecast.Forecasts,
         end=max(ends) if first and all(e is not None for e in ends) else None,
         device=first.device if first else None,
         basis=(worst if first else forecast.Basis.UNKNOWN).name.lower(),
-        delays=[messages.Delay(job_id, by) for job_id, by in sorted(delayed.items())
-                if job_id not in ids])
+        delays=[messages.Delay(job_id, by) for job_id, by in sorted(delayed.items())])

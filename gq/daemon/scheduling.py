@@ -354,7 +354,6 @@ class Scheduler:
         job = self.supervisor.running[row.id]
         return time_left(_view(row), now - job.started, job.time_limit)
 
-
     def snapshot(self, past: Callable[[str, str], forecast.Past | None],
                  typical: float | None) -> forecast.Snapshot:
         """The node as the last pass saw it, for a forecast: the devices as admission sees

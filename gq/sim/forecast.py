@@ -167,19 +167,20 @@ def _teardown(view: JobView, previous: Past | None, elapsed: float | None,
     than their start-up."""
     if previous is None:
         return 0.0
-    if elapsed is None or not view.steps_done:
+    spent = None if elapsed is None else spent_starting(view, elapsed, gap)
+    if spent is None:
         return previous.exit_cost
-    spent = elapsed - view.attained - view.steps_done * gap
     return min(max(0.0, previous.overhead - spent), previous.start_cost)
 
 
-def spent_starting(view: JobView, elapsed: float) -> float | None:
+def spent_starting(view: JobView, elapsed: float, gap: float | None = None) -> float | None:
     """How long a running job took to its first iteration, at most: its time so far neither
-    on the device nor idle between iterations (a wait for the lane counts too; None before
-    its first iteration)."""
+    on the device nor idle between iterations of ``gap`` (its own measured one unless
+    given), a wait for the lane included; None before its first iteration."""
     if not view.steps_done:
         return None
-    return max(0.0, elapsed - view.attained - view.steps_done * (view.mean_gap or 0.0))
+    idle = (view.mean_gap or 0.0) if gap is None else gap
+    return max(0.0, elapsed - view.attained - view.steps_done * idle)
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,10 @@ class Forecast:
     device: str | None
     basis: Basis
 
+    @classmethod
+    def unknown(cls, job_id: int) -> Forecast:
+        return cls(job_id, None, None, None, Basis.UNKNOWN)
+
 
 @dataclass
 class Forecasts:
@@ -259,7 +264,7 @@ def forecast(snapshot: Snapshot, stop: Callable[[], bool] | None = None) -> Fore
     for run in result.runs:
         job_id, start, end = run.job.id, run.start, run.end
         if start is None or start > HORIZON / 2:
-            found.jobs[job_id] = Forecast(job_id, None, None, None, Basis.UNKNOWN)
+            found.jobs[job_id] = Forecast.unknown(job_id)
             continue
         if end is not None and run.job.time_limit is not None:
             end = min(end, start + run.job.time_limit)  # it is ended there
@@ -305,7 +310,7 @@ class _Seeded:
         for job in snapshot.pending:
             view, request = job.view, job.request
             if view.id not in pending_ids:
-                unknown[view.id] = Forecast(view.id, None, None, None, Basis.UNKNOWN)
+                unknown[view.id] = Forecast.unknown(view.id)
                 continue
             footprint = request.footprint
             traces.append(_trace(view, job.work, footprint.persistent + footprint.ephemeral,
@@ -317,7 +322,7 @@ class _Seeded:
             basis[view.id] = job.work.basis
         for job in snapshot.running:
             if job.view.id not in running_ids:  # on a device the snapshot does not have
-                unknown[job.view.id] = Forecast(job.view.id, None, None, None, Basis.UNKNOWN)
+                unknown[job.view.id] = Forecast.unknown(job.view.id)
         devices = snapshot.devices
         start = Start(clock=0.0, residents=residents, arrivals=arrivals, after=after,
                       held={position: device.held for position, device in enumerate(devices)

@@ -366,12 +366,10 @@ class _Simulation:
         ready once its start-up is over (at the clock: the dispatch there is the first)."""
         run.lanes, run.start = resident.lanes, resident.start
         run.done, run.attained = resident.done, resident.attained
-        run.ready_at = max(clock, resident.start + run.job.startup if not resident.done
-                           else clock)
+        run.ready_at = clock if resident.done else max(clock, resident.start + run.job.startup)
         for index in run.lanes:
             self.lanes[index].residents.append(run)
-        self.events.append((run.ready_at, READY, self.sequence, run.job.id))
-        self.sequence += 1
+        self._push(run.ready_at, READY, run.job.id)
 
     def _ended(self, run: JobRun) -> None:
         """A job has ended (at ``run.end``): those that waited for it, and for nothing else
