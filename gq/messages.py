@@ -12,6 +12,7 @@ codec: the client loads it on every command.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import field
 from typing import Annotated, Any, ClassVar
 
@@ -22,11 +23,27 @@ from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, JobId, 
 
 __all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
-VERSION = 3
+VERSION = 4
 dataclass = message
 Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
 Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
 Snapshot = Annotated[bytes, MaxLen(defaults.MAX_SCRIPT)]
+
+
+class OnOutOfMemory(str, enum.Enum):
+    """What a run that runs out of memory does (``--oom``): back to the queue with its
+    declaration raised to what it asked for (at most ``--retries`` times), or FAILED."""
+
+    REQUEUE = "requeue"
+    FAIL = "fail"
+
+
+class MemoryBasis(str, enum.Enum):
+    """Where a job's device-memory figure (``mem``) came from."""
+
+    DECLARED = "declared"  # --gpu-mem
+    MEASURED = "measured"  # its probe: the peak of its first iterations plus a margin
+    RAISED = "raised"  # what it asked for when it ran out of memory
 
 
 class VersionMismatch(codec.VersionMismatch):
@@ -115,6 +132,13 @@ class JobInfo:
     forecast_start: Timestamp | None = None
     forecast_end: Timestamp | None = None
     forecast: Name | None = None
+    # Its memory: where ``mem`` came from (None: nothing declared or measured yet), what it
+    # does at an out-of-memory, how many runs ended so, and whether it was measured to use
+    # more than ``mem`` (gq status's MEM!).
+    mem_basis: MemoryBasis | None = None
+    on_oom: OnOutOfMemory = OnOutOfMemory.REQUEUE
+    ooms: int = 0
+    mem_over: bool = False
 
 
 @dataclass
@@ -206,6 +230,7 @@ class SubmitOptions:
     notify: Text | None = None  # a command run as the submitter once the job has ended
     mail_type: Annotated[str, MaxLen(64)] | None = None  # sbatch's: BEGIN,END,FAIL,...
     mail_user: Name | None = None
+    oom: OnOutOfMemory = OnOutOfMemory.REQUEUE
 
 
 @dataclass

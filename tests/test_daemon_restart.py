@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from conftest import (ROOT, all_jobs, gq, gq_ok, job, live_hosts, pid_alive, start_together,
-                      submit, wait_for, wait_state, write_script)
+from conftest import (DECLARED, ROOT, all_jobs, gq, gq_ok, job, live_hosts, pid_alive,
+                      start_together, submit, wait_for, wait_state, write_script)
 
 TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
@@ -23,7 +23,7 @@ def test_kill9_with_four_resident_srtf_jobs_loses_and_repeats_nothing(daemon, tm
     gq_ok("policy", "set", "srtf")
     steps = [800, 600, 400, 200]
     go = tmp_path / "go"
-    ids = [submit("--steps", str(n), TRAIN, "--steps", str(n), "--iter-ms", "4",
+    ids = [submit(*DECLARED, "--steps", str(n), TRAIN, "--steps", str(n), "--iter-ms", "4",
                   "--start-file", str(go)) for n in steps]
     workers = {i: wait_for(lambda i=i: job(i)["pid"], 60, what="four resident jobs")
                for i in ids}

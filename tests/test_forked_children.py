@@ -269,7 +269,7 @@ def test_an_exited_jobs_leftovers_never_hold_up_its_host(monkeypatch):
     told: list = []
     monkeypatch.setattr(host, "_tell", told.append)
     cgroup = _SlowToEmpty(passes=3)
-    monkeypatch.setattr(host, "_make_cgroup", lambda spec: cgroup)
+    monkeypatch.setattr(host, "_make_cgroup", lambda spec: (cgroup, None))
     host._on_launch(Launch(_own_spec(id=5, argv=["true"], env={"PATH": "/usr/bin:/bin"})))
     resident = host.residents[5]
     assert resident.process.wait(timeout=10) == 0

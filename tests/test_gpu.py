@@ -46,7 +46,8 @@ def test_a_job_reports_its_cuda_memory(daemon, tmp_path):
 
 def test_two_jobs_share_a_lane_and_parked_ones_give_back_cached_memory(daemon, tmp_path):
     go = tmp_path / "go"
-    ids = [submit("-G", "1", CUDA_TRAIN, "--mb", "512", "--steps", "200", "--start-file", str(go))
+    ids = [submit("-G", "1", "--gpu-mem", "2G", CUDA_TRAIN, "--mb", "512", "--steps", "200",
+                  "--start-file", str(go))
            for _ in range(2)]
     devices = [wait_state(i, "RUNNING", timeout=120)["device"] for i in ids]
     if devices[0] != devices[1]:
@@ -83,3 +84,33 @@ def test_a_job_larger_than_any_gpu_is_refused(daemon):
     total = torch.cuda.get_device_properties(0).total_memory
     result = gq("submit", "--mem", f"{(total * 2) >> 30}G", CUDA_TRAIN)
     assert result.code == 2 and "more than any device" in result.err
+
+
+CUDA_OOM = str(ROOT / "tests" / "zoo" / "cuda_oom.py")
+
+
+def test_the_per_process_fraction_caps_a_job_at_its_declaration(daemon, tmp_path):
+    """With --gpu-mem 1G a job cannot take 2G more of a GPU that has it free: its own
+    allocation fails at its cap (torch's OutOfMemoryError), and with --oom fail it fails
+    saying what it held and asked for."""
+    job_id = submit("--gpu-mem", "1G", "--oom", "fail", CUDA_OOM, "--grow-mb", "2048")
+    failed = wait_state(job_id, "FAILED", timeout=120)
+    assert failed["reason"].startswith("OutOfMemory (needs ") and "--oom fail" in failed["reason"]
+    assert failed["mem"] >= 2 << 30 and failed["mem_basis"] == "raised"
+    assert "OutOfMemoryError" in (tmp_path / f"gq-{job_id}.out").read_text()
+
+
+def test_an_oom_in_one_job_leaves_its_neighbours_losses_as_alone_and_it_is_readmitted(
+        daemon, tmp_path):
+    alone = submit("--gpu-mem", "2G", CUDA_OOM, "--mb", "256", "--steps", "200")
+    wait_state(alone, "COMPLETED", timeout=180)
+    solo = output(tmp_path, alone)["losses"]
+    neighbour = submit("--gpu-mem", "2G", CUDA_OOM, "--mb", "256", "--steps", "200")
+    grower = submit("--gpu-mem", "1G", CUDA_OOM, "--mb", "64", "--grow-mb", "2048")
+    requeued = wait_for(lambda: (info := job(grower))["ooms"] == 1 and info, 120,
+                        what="the grower to run out of memory")
+    assert requeued["mem"] >= 2 << 30 and requeued["mem_basis"] == "raised"
+    again = wait_state(grower, "COMPLETED", timeout=180)
+    assert again["run_count"] == 2
+    wait_state(neighbour, "COMPLETED", timeout=180)
+    assert output(tmp_path, neighbour)["losses"] == solo

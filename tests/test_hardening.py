@@ -226,8 +226,9 @@ def test_a_launch_the_hosts_wire_would_refuse_fails_only_its_job(daemon, tmp_pat
 
 
 def test_a_workers_memory_claims_are_believed_only_up_to_its_lane(daemon, tmp_path):
-    """A worker that reports 2**63-1 bytes used takes at most its lane, as --mem could have
-    asked: the next job is still admitted and 'gq info' still answers."""
+    """A worker that reports 2**63-1 bytes used takes at most its lane, as --gpu-mem could
+    have asked: its probe's figure is its lane, the next job waits for room, 'gq info' still
+    answers, and both complete."""
     claim = write_script(tmp_path / "claim.py", (
         "import os, time, gq\n"
         "from gq.exec import runtime, protocol\n"
@@ -238,9 +239,12 @@ def test_a_workers_memory_claims_are_believed_only_up_to_its_lane(daemon, tmp_pa
         "while not os.path.exists('go'):\n"
         "    time.sleep(0.02)\n"))
     claimer = submit(str(claim))
-    wait_for(lambda: job(claimer)["mem_persistent"], 20, what="the claimed memory to be flushed")
+    probed = wait_for(lambda: (info := job(claimer))["mem_basis"] == "measured" and info, 20,
+                      what="its probe to end")
+    lane = json.loads(gq_ok("info", "--json"))["devices"][0]["memory_total"]
+    assert probed["mem"] == lane  # believed up to its lane, no further
     other = submit(str(write_script(tmp_path / "n.py", NEIGHBOUR)))
-    wait_state(other, "RUNNING", timeout=20)  # admitted beside it (fifo runs it after)
+    assert wait_for(lambda: job(other)["reason"] == "Resources", 20, what="the next to wait")
     assert gq("info").code == 0 and gq("info", "--json").code == 0
     (tmp_path / "go").touch()
     wait_state(claimer, "COMPLETED", timeout=30)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from conftest import (ROOT, DaemonControl, gq, gq_ok, job, start_together, submit,
+from conftest import (DECLARED, ROOT, DaemonControl, gq, gq_ok, job, start_together, submit,
                       submit_resident, wait_for, wait_state, write_script)
 
 TRAIN = str(ROOT / "examples" / "kernel_train.py")
@@ -90,10 +90,10 @@ def test_rr_gives_resident_jobs_turns_within_one_quantum(daemon, tmp_path):
 def test_deadlines_met_missed_and_impossible(daemon, tmp_path):
     gq_ok("policy", "set", "deadline")
     go = tmp_path / "go"
-    relaxed = submit("--deadline", "now+10minutes", "--steps", "300", TRAIN, "--steps", "300",
-                     "--iter-ms", "4", "--start-file", str(go))
-    urgent = submit("--deadline", "now+2minutes", "--steps", "100", TRAIN, "--steps", "100",
-                    "--iter-ms", "4", "--start-file", str(go))
+    relaxed = submit(*DECLARED, "--deadline", "now+10minutes", "--steps", "300", TRAIN,
+                     "--steps", "300", "--iter-ms", "4", "--start-file", str(go))
+    urgent = submit(*DECLARED, "--deadline", "now+2minutes", "--steps", "100", TRAIN,
+                    "--steps", "100", "--iter-ms", "4", "--start-file", str(go))
     start_together(go, 2)
     urgent_info = wait_state(urgent, "COMPLETED", timeout=60)
     relaxed_info = wait_state(relaxed, "COMPLETED", timeout=60)
@@ -136,9 +136,11 @@ def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home
         "import sys, time\nimport gq\n"
         "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
         "    time.sleep(0.05)\n"))
-    long = submit(str(loop), "60")
+    # Each declares its memory: a job that declares none has its lane to itself until it
+    # has been measured, and nothing would bind behind it.
+    long = submit("--gpu-mem", "200M", str(loop), "60")
     short = submit("--gpu-mem", "1G", str(loop), "20")  # less room left there: early goes
-    early = submit(str(loop), "10")                      # behind long, by the usual keys
+    early = submit("--gpu-mem", "200M", str(loop), "10")  # behind long, by the usual keys
     first = job(early)["device"] or wait_state(early, "RUNNING")["device"]
     assert first == job(long)["device"]  # no pace known yet: bound by the usual keys
     info = wait_state(early, "COMPLETED", timeout=60)

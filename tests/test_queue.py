@@ -11,7 +11,9 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import update
 
+from gq.daemon.handlers.common import job_info
 from gq.home import Home
+from gq.messages import MemoryBasis
 from gq.queue import engine, queries, transitions
 from gq.queue.engine import HEAD_REVISION, Database, migrate, migrations_dir
 from gq.queue.models import Job
@@ -442,6 +444,31 @@ def test_upgrade_to_0012_indexes_a_users_runs_by_name_and_keeps_them(tmp_path):
         assert [(start, end, steps) for start, end, steps, *_ in runs] == \
             [(2.0, 30.0, 40), (2.0, 10.0, 30)]  # completed ones only, the last ended first
         assert len(queries.recent_runs(session, "ann", "train", 1)) == 1
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    database.close()
+
+
+def test_upgrade_to_0013_keeps_jobs_and_reads_their_memory_as_declared(tmp_path):
+    """Memory safety's columns: a queue from before keeps its jobs, each with no runs out
+    of memory, requeued at an out-of-memory, and its --gpu-mem read as declared."""
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0012")
+    _finished_jobs(home, [dict(id=3, mem=2 << 30, end_time=5.0),
+                          dict(id=4, mem=None, state="PENDING", end_time=None)])
+    database = Database(home)
+    with database.read() as session:
+        declared, undeclared = queries.job(session, 3), queries.job(session, 4)
+        assert (declared.mem, declared.mem_basis, declared.on_oom, declared.ooms) == \
+            (2 << 30, None, None, 0)
+        assert (undeclared.state, undeclared.ooms) == ("PENDING", 0)
+        info = job_info(declared, detail=False)
+        assert (info.mem_basis.value, info.on_oom.value, info.ooms) == ("declared", "requeue", 0)
+        assert job_info(undeclared, detail=False).mem_basis is None
+    with database.write() as session:
+        transitions.set_memory_figure(session, 4, 300 << 20, MemoryBasis.MEASURED)
+    with database.read() as session:
+        assert (queries.job(session, 4).mem, queries.job(session, 4).mem_basis) == \
+            (300 << 20, "measured")
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
 

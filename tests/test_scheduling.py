@@ -7,7 +7,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from conftest import (PYTHON, gq_ok, job, start_together, submit, wait_for, wait_state,
+from conftest import (DECLARED, PYTHON, gq_ok, job, start_together, submit, wait_for, wait_state,
                       write_script)
 
 TRAIN = str(Path(__file__).resolve().parents[1] / "examples" / "kernel_train.py")
@@ -77,14 +77,14 @@ def test_job_api_is_a_no_op_outside_gq(tmp_path):
 
 def _long_and_short(tmp_path, long_steps: int = 300) -> tuple[int, int]:
     start = tmp_path / "go"
-    long = submit("-J", "long", "--steps", str(long_steps), TRAIN, "--steps", str(long_steps),
-                  "--iter-ms", "5",
+    long = submit(*DECLARED, "-J", "long", "--steps", str(long_steps), TRAIN, "--steps",
+                  str(long_steps), "--iter-ms", "5",
                   "--start-file", str(start))
     # 100 x 5 ms: under fifo the short job gets the lane when the long script returns, and
     # must outlast the long process's teardown (torch's exit takes a while on a busy machine)
     # for the end times to show the order.
-    short = submit("-J", "short", "--steps", "100", TRAIN, "--steps", "100", "--iter-ms", "5",
-                   "--start-file", str(start))
+    short = submit(*DECLARED, "-J", "short", "--steps", "100", TRAIN, "--steps", "100",
+                   "--iter-ms", "5", "--start-file", str(start))
     wait_state(long, "RUNNING")
     wait_state(short, "RUNNING")  # both resident on the one device
     start_together(start, 2)
@@ -127,7 +127,7 @@ def test_policy_change_takes_effect_on_running_jobs(daemon, tmp_path):
 def test_fair_share_between_two_equal_jobs(daemon, tmp_path):
     gq_ok("policy", "set", "fair")
     start = tmp_path / "go"
-    ids = [submit("--steps", "500", TRAIN, "--steps", "500", "--iter-ms", "4",
+    ids = [submit(*DECLARED, "--steps", "500", TRAIN, "--steps", "500", "--iter-ms", "4",
                   "--start-file", str(start)) for _ in range(2)]
     for job_id in ids:
         wait_state(job_id, "RUNNING")
@@ -312,7 +312,7 @@ def test_two_lanes_run_iterations_in_parallel(home, tmp_path):
     control.start("--lanes", "2")
     try:
         start = tmp_path / "go"
-        ids = [submit("--steps", "400", TRAIN, "--steps", "400", "--iter-ms", "5",
+        ids = [submit(*DECLARED, "--steps", "400", TRAIN, "--steps", "400", "--iter-ms", "5",
                       "--start-file", str(start)) for _ in range(2)]
         for job_id in ids:
             wait_state(job_id, "RUNNING")

@@ -25,6 +25,7 @@ def start(
     max_resident: int = typer.Option(defaults.MAX_RESIDENT, "--max-resident", help="Jobs kept resident per device."),
     kill_wait: float = typer.Option(defaults.KILL_WAIT, "--kill-wait", metavar="SECONDS", help="Seconds between SIGTERM and SIGKILL."),
     cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory", metavar="SIZE", help="Memory the cpu device offers jobs (e.g. 8G) [all RAM]."),
+    probe_mem: str = typer.Option(format_size_exact(defaults.PROBE_MEMORY), "--probe-mem", metavar="SIZE", help="Device memory a job that declares none (no --gpu-mem) needs free to start; its first iterations then run with the lane to itself, and their measured peak becomes its figure."),
     cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
     device_model: Optional[str] = typer.Option(None, "--device-model", metavar="NAME", help="Model name of the emulated devices, which --gpus TYPE:N matches (tests, demos)."),
     on_finish: Optional[str] = typer.Option(None, "--on-finish", metavar="CMD", help="Run CMD (sh) as each job's owner once it has ended, with GQ_JOB_ID, GQ_JOB_STATE, GQ_JOB_EXIT_CODE, ... set (at most a minute)."),
@@ -87,7 +88,8 @@ def start(
                "--max-array", str(max_array),
                "--max-connections-per-user", str(max_connections_per_user),
                "--max-connections", str(max_connections), "--max-request", str(request_bytes),
-               "--max-spool", str(spool_bytes), "--move-margin", str(move_margin)]
+               "--max-spool", str(spool_bytes), "--move-margin", str(move_margin),
+               "--probe-mem", str(parse_size(probe_mem))]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:

@@ -172,6 +172,10 @@ def _reason(job: messages.JobInfo) -> str:
     missed = render.deadline_miss(job)
     if job.state == JobState.RUNNING.value and missed is not None:
         return f"DeadlineAtRisk (misses it by ~{render.duration(missed)} at this pace)"
+    if job.mem_over:
+        over = (f"MEM! (measured {render.size(job.mem_peak)}, over its "
+                f"{render.size(job.mem)})")
+        return f"{over} {job.reason}" if job.reason else over
     return job.reason or ""
 
 
@@ -202,7 +206,9 @@ def _print_job(job: messages.JobInfo) -> None:
         ("Priority", job.priority), ("Command", " ".join([job.script, *job.args])),
         ("WorkDir", job.workdir), ("StdOut", job.stdout), ("StdErr", job.stderr),
         ("Gpus", f"{job.gpu_type}:{job.gpus}" if job.gpu_type else job.gpus),
-        ("GpuMem", render.size(job.mem)),
+        ("GpuMem", render.memory_figure(job)),
+        ("OutOfMemory", f"{job.on_oom.value}" + (f" ({job.ooms} run(s) ran out so far)"
+                                                  if job.ooms else "")),
         ("HostMem", render.size(job.host_mem) if job.host_mem else "-"),
         ("CpusPerTask", job.cpus or "-"),
         ("TimeLimit", render.duration(job.time_limit) if job.time_limit else "UNLIMITED"),

@@ -8,7 +8,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from gq.messages import EventInfo, JobInfo
+from gq import defaults
+from gq.messages import EventInfo, JobInfo, MemoryBasis
 from gq.queue.states import JobState
 from gq.units import format_duration, format_size
 
@@ -83,7 +84,8 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "pid": job.pid, "run_count": job.run_count,
         "holds_lane": job.holds_lane, "attained": job.attained,
         "mean_iteration": job.mean_iteration, "mean_gap": job.mean_gap,
-        "mem_persistent": job.mem_persistent,
+        "mem_persistent": job.mem_persistent, "mem_basis": job.mem_basis and job.mem_basis.value,
+        "on_oom": job.on_oom.value, "ooms": job.ooms, "mem_over": job.mem_over,
         "mem_peak": job.mem_peak, "host_memory": job.host_memory, "processes": job.processes,
         "iterations_per_second": iteration_rate(job), "lane_share": lane_share(job),
         "wait_time": wait_time(job) if job.state != "PENDING" else None,
@@ -99,6 +101,24 @@ def job_json(job: JobInfo) -> dict[str, Any]:
     if job.events is not None:
         data["events"] = [event_json(e) for e in job.events]
     return data
+
+
+_BASES = {
+    MemoryBasis.DECLARED: "declared",
+    MemoryBasis.MEASURED: "measured: the peak of its first iterations and "
+                          f"{defaults.MEMORY_MARGIN:.0%}",
+    MemoryBasis.RAISED: "raised to what it asked for when it ran out of memory",
+}
+
+
+def memory_figure(job: JobInfo) -> str:
+    """A job's device-memory figure and where it came from (gq show)."""
+    if job.mem is None:
+        return "- (none declared: measured over its first iterations)"
+    text = f"{size(job.mem)} ({_BASES[job.mem_basis or MemoryBasis.DECLARED]})"
+    if job.mem_over:
+        text += f"  MEM! measured {size(job.mem_peak)}, more than that"
+    return text
 
 
 def event_json(event: EventInfo) -> dict[str, Any]:

@@ -79,6 +79,7 @@ def submit(
     exclusive: bool = typer.Option(False, "--exclusive", help="Take the whole device; share it with no job."),
     requeue: bool = typer.Option(False, "--requeue", help="Requeue instead of failing if the node fails."),
     retries: Optional[int] = typer.Option(None, "--retries", metavar="N", help="Run a failed job (non-zero exit; not a cancel or a timeout) again, up to N times."),
+    oom: str = typer.Option("requeue", "--oom", metavar="requeue|fail", help="If it runs out of memory: back to the queue, its --gpu-mem raised to what it asked for (REASON OutOfMemory; at most --retries times, else 3) [requeue], or FAILED."),
     retry_delay: Optional[str] = typer.Option(None, "--retry-delay", metavar="PERIOD", help="Wait this long before each retry: 30s, 5min [0]."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter for .py scripts [this one]."),
     array: Optional[str] = typer.Option(None, "-a", "--array", help="Job array: 0-99%8, 1,3,5, 0-20:5 (%N: at most N at once)."),
@@ -308,7 +309,8 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
             ntasks=_count(options["ntasks"], "--ntasks"), notify=options["notify"],
             mail_type=options["mail_type"], mail_user=options["mail_user"],
             retries=_retries(options), retry_delay=_retry_delay(options["retry_delay"]),
-            priority=options["priority"], steps=steps, output=options["output"],
+            oom=_on_oom(options["oom"]), priority=options["priority"], steps=steps,
+            output=options["output"],
             error=options["error"], exclusive=options["exclusive"],
             requeue=options["requeue"], interpreter=interpreter, array=options["array"],
             dependency=dependency, held=options["hold"]))
@@ -349,6 +351,13 @@ def _device_names(text: str | None) -> list[str] | None:
         raise UserError(f"invalid --nodelist {text[:60]!r}: give device names such as "
                         "gpu0,gpu2 (see 'gq info')")
     return names
+
+
+def _on_oom(value: str) -> messages.OnOutOfMemory:
+    try:
+        return messages.OnOutOfMemory(value.strip().lower())
+    except ValueError:
+        raise UserError(f"--oom {value!r}: use requeue or fail") from None
 
 
 def _retries(options: dict[str, Any]) -> int | None:

@@ -23,6 +23,8 @@ def main() -> None:
     parser.add_argument("--max-resident", type=int, default=defaults.MAX_RESIDENT)
     parser.add_argument("--kill-wait", type=float, default=defaults.KILL_WAIT)
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
+    parser.add_argument("--probe-mem", type=int, default=defaults.PROBE_MEMORY,
+                        help="bytes free a job that declares no memory needs to start")
     parser.add_argument("--cpu-devices", type=int, help="emulate this many devices")
     parser.add_argument("--device-model", help="the emulated devices' model name")
     parser.add_argument("--operators", help="group whose members are operators")
@@ -75,7 +77,8 @@ def main() -> None:
                             max_array=args.max_array,
                             max_connections_per_user=args.max_connections_per_user,
                             max_connections=args.max_connections,
-                            max_request=args.max_request, max_spool=args.max_spool)
+                            max_request=args.max_request, max_spool=args.max_spool,
+                            probe_mem=args.probe_mem)
     Daemon(where, options).run(pidfile)
 
 

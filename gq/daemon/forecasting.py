@@ -104,7 +104,7 @@ class Forecaster:
             stop_request=None, held=False, begin_time=new.begin_time, gpu_type=new.gpu_type,
             host_mem=new.host_mem, cpus=new.cpus, nodelist=new.nodelist, suspended=False,
             steps_done=0, attained=0.0, mean_iteration=None, mean_gap=None, holds_lane=False,
-            interpreter=new.interpreter)
+            interpreter=new.interpreter, mem_basis=None)
             for index in range(1, len(new.array_tasks or [None]) + 1)]
         needs, runs = {}, {}
         self.reads_left = max(self.reads_left, 1)  # its own name's runs, whatever is left

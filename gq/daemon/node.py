@@ -74,6 +74,7 @@ class DaemonOptions:
     max_request: int = defaults.MAX_REQUEST
     on_finish: str | None = None  # a command run as each job's owner once it has ended
     move_margin: float = defaults.MOVE_MARGIN  # seconds sooner that move an unstarted job
+    probe_mem: int = defaults.PROBE_MEMORY  # bytes free a job that declares no memory needs
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
@@ -85,7 +86,8 @@ class DaemonOptions:
                 "--max-array", str(self.max_array),
                 "--max-connections-per-user", str(self.max_connections_per_user),
                 "--max-connections", str(self.max_connections),
-                "--max-request", str(self.max_request), "--move-margin", str(self.move_margin)]
+                "--max-request", str(self.max_request), "--move-margin", str(self.move_margin),
+                "--probe-mem", str(self.probe_mem)]
         if self.cpu_memory is not None:
             argv += ["--cpu-memory", str(self.cpu_memory)]
         if self.cpu_devices is not None:
@@ -134,7 +136,8 @@ class Daemon:
             home, self.db, self.devices,
             HostSettings(lanes=lanes, kill_grace=options.kill_grace, cgroup=options.cgroup),
             self.selector, self.rescan, lambda: self.monitor.metrics)
-        self.scheduler = Scheduler(self.db, self.devices, Capacity(lanes, options.max_resident),
+        self.scheduler = Scheduler(self.db, self.devices, Capacity(lanes, options.max_resident,
+                                                                   options.probe_mem),
                                    self.supervisor, self.monitor, self.rescan,
                                    options.move_margin)
         self.server: Server | None = None
@@ -273,6 +276,7 @@ class Daemon:
             if now - last_flush >= defaults.FLUSH_PERIOD:
                 last_flush = now
                 _isolated(self.supervisor.flush)
+                _isolated(self.supervisor.end_probes, time.time())
             if now - last_purge >= defaults.PURGE_PERIOD:
                 last_purge = now
                 _isolated(retention.purge, self.db, self.home, self.options.retention)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import psutil
 
 from gq import defaults, policies
-from gq.daemon import admission
+from gq.daemon import admission, memory
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
 from gq.daemon.monitoring import Monitor
@@ -27,6 +27,7 @@ from gq.daemon.supervision import Supervisor, footprint
 from gq.policies.base import time_left
 from gq.exec import protocol as wire
 from gq.exec.protocol import StopWhy
+from gq.messages import MemoryBasis
 from gq.queue import dependencies, queries, transitions
 from gq.queue.queries import SchedulingRow as Row
 from gq.queue import settings as queue_settings
@@ -60,6 +61,7 @@ class Capacity:
 
     lanes: int
     max_resident: int
+    probe: int = defaults.PROBE_MEMORY  # free memory a job that declares none needs
 
 
 class Scheduler:
@@ -80,6 +82,9 @@ class Scheduler:
         self.node_memory = psutil.virtual_memory().total
         self.node_cpus = os.cpu_count() or 1
         self._per_row: dict[Row, tuple[policies.JobView, admission.Request]] = {}
+        # What a job that declares no memory needs free to start: the probe's first guess,
+        # at most a lane of the smallest device (else it could never start there).
+        self.probe_guess = min([capacity.probe, *map(self.lane_memory, devices)])
         self.last_pass: Pass | None = None
 
     def lane_memory(self, device: Device) -> int:
@@ -240,9 +245,15 @@ class Scheduler:
                     continue
                 admitted[job.array_job_id] = admitted.get(job.array_job_id, 0) + 1
             requests.append(derived[job][1])
-        outcome = admission.place(requests, self.loads(running), now=time.time(), node=node,
+        loads = self.loads(running)
+        outcome = admission.place(requests, loads, now=time.time(), node=node,
                                   waits_behind=self.policy.waits_behind)
         reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
+        for request in requests:  # one that ran out of memory says how much it waits for
+            if reasons.get(request.job_id) == admission.RESOURCES and \
+                    by_id[request.job_id].mem_basis == MemoryBasis.RAISED.value:
+                reasons[request.job_id] = memory.shortage_reason(
+                    request.footprint.persistent, _most_free(loads, request.only))
         if self.drained:  # a job that may run only where an operator drains says so
             every = frozenset(d.name for d in self.devices)
             for request in requests:
@@ -277,7 +288,8 @@ class Scheduler:
         return (policies.JobView(id=job.id, user=job.user, submit_time=job.submit_time,
                                  priority=job.priority, steps_total=job.steps_total,
                                  deadline=job.deadline),
-                admission.Request(job.id, job.gpus, footprint(job), job.exclusive,
+                admission.Request(job.id, job.gpus, footprint(job) if job.mem is not None
+                                  else admission.Footprint(self.probe_guess), job.exclusive,
                                   time_limit=job.time_limit,
                                   only=self._allowed(job.gpu_type, job.nodelist),
                                   host_mem=job.host_mem or 0, cpus=job.cpus or 0))
@@ -332,7 +344,10 @@ class Scheduler:
                 load.free_at = max(load.free_at, ends)
                 load.residents += 1
                 load.exclusive |= job.exclusive or len(job.devices) > 1
-                load.lanes[job.lane].footprints.append(job.footprint_now())
+                lane = load.lanes[job.lane]
+                # A job being probed has its lane to itself until its figures are known.
+                lane.footprints.append(admission.Footprint(lane.capacity) if job.probing
+                                       else job.footprint_now())
         if self.policy.waits_behind:
             self._add_time_left(loads, running)
         return list(loads.values())
@@ -423,6 +438,12 @@ def _waits_for(need: dependencies.Dependency | None,
             if not state.terminal and not (clause.kind == "after" and started):
                 waits.append(job_id)
     return tuple(waits)
+
+
+def _most_free(loads: list[admission.DeviceLoad], only: frozenset[str] | None) -> int:
+    """The most memory a lane of the devices a job may use has free now."""
+    return max((lane.headroom() for load in loads if only is None or load.name in only
+                for lane in load.lanes), default=0)
 
 
 def _view(row: Row) -> policies.JobView:

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gq import defaults
+from gq import defaults, messages
 from gq.codec import FrameTooLarge, MessageError
-from gq.daemon import admission, recovery
+from gq.daemon import admission, memory, recovery
 from gq.daemon.devices import Device
 from gq.daemon.hosts import HostHandle, HostSettings, HostUnavailable
 from gq.daemon.launch import launch_spec
@@ -34,7 +34,7 @@ from gq.queue import queries, transitions
 from gq.queue.engine import Database
 from gq.queue.models import Job
 from gq.queue.states import JobState
-from gq.units import format_duration
+from gq.units import format_duration, format_size
 
 log = logging.getLogger("gq.daemon")
 _SIGNALS = {s.value for s in signal.Signals}
@@ -62,6 +62,9 @@ class Running:
     pid: int | None = None  # its process, once its host has started it
     holds_lane: bool = False  # as its host last reported
     kill_why: StopWhy | None = None
+    # It declared no memory: its lane is its own until its first figures are known.
+    probing: bool = False
+    over: bool = False  # measured over its figure (MEM!), logged once
 
     def footprint_now(self) -> admission.Footprint:
         """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
@@ -71,8 +74,15 @@ class Running:
 
 
 def footprint(job) -> admission.Footprint:
-    """What a job (a row, or anything with its ``mem``) asked for."""
+    """What a job (a row, or anything with its ``mem``) asked for, or was measured or
+    raised to (see :mod:`gq.daemon.memory`)."""
     return admission.Footprint(persistent=job.mem or 0, ephemeral=0)
+
+
+def probed(job) -> bool:
+    """Whether a job is probed: it declared no memory and runs under gq's worker, which
+    reports its figures (a plain process counts as what it is measured to hold)."""
+    return job.mem is None and job.interpreter is not None
 
 
 class Supervisor:
@@ -182,7 +192,7 @@ class Supervisor:
                        lane=row.lane or 0, host=host, time_limit=row.time_limit,
                        requeue=row.requeue, footprint=footprint(row),
                        exclusive=row.exclusive, priority=row.priority, pid=row.pid,
-                       host_mem=row.host_mem, cpus=row.cpus)
+                       host_mem=row.host_mem, cpus=row.cpus, probing=probed(row))
 
     # ----- talking to hosts -----------------------------------------------------------
     def send(self, name: str, message: object) -> None:
@@ -218,7 +228,7 @@ class Supervisor:
                           time_limit=job.time_limit, requeue=job.requeue,
                           footprint=footprint(job), exclusive=job.exclusive,
                           priority=job.priority, host_mem=job.host_mem, cpus=job.cpus,
-                          suspended=False)
+                          suspended=False, probing=probed(job))
         self.running[job.id] = running
         if (metrics := self.metrics()) is not None:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))
@@ -329,19 +339,80 @@ class Supervisor:
             job.holds_lane = progress.holds_lane
             if progress.mem_persistent is not None:
                 job.measured = self._plausible_footprint(job, progress)
+                self._check_figure(job, item.iterations)
         if message.switches:
             self.switches[name] = sum(message.switches)
+
+    def _check_figure(self, job: Running, iterations: int) -> None:
+        """A probed job's figure once its first iterations are measured; a job measured over
+        its figure is logged (its owner sees MEM! in gq status and gq show)."""
+        measured = job.measured
+        assert measured is not None
+        peak = measured.persistent + measured.ephemeral  # believed up to its lane
+        if job.probing and iterations >= defaults.PROBE_ITERATIONS:
+            self.end_probe(job, peak)
+        elif not job.probing and not job.over and job.footprint.persistent and \
+                peak > job.footprint.persistent:
+            job.over = True
+            log.warning("job %d holds %s of device memory, more than its figure of %s (MEM!)",
+                        job.job_id, format_size(peak), format_size(job.footprint.persistent))
+
+    def end_probes(self, now: float) -> None:
+        """Probes that ran their time (jobs of fewer iterations): their figure is what they
+        were measured to hold so far, if anything."""
+        for job in list(self.running.values()):
+            if job.probing and now - job.started >= defaults.PROBE_SECONDS:
+                measured = job.measured or admission.Footprint()
+                self.end_probe(job, measured.persistent + measured.ephemeral)
+
+    def end_probe(self, job: Running, peak: int) -> None:
+        """The probe is over: the job's figure is its peak and a margin (kept in the queue,
+        shown by gq show), and its lane is open to others again."""
+        figure = min(memory.probed_figure(peak), self._lane_memory(job))
+        job.probing = False
+        job.footprint = admission.Footprint(persistent=figure)
+        with self.db.write() as session:
+            transitions.set_memory_figure(session, job.job_id, figure,
+                                          messages.MemoryBasis.MEASURED)
+        log.info("job %d: probed at %s of device memory", job.job_id, format_size(figure))
+        self.wake()
 
     def _plausible_footprint(self, job: Running, progress: transitions.Progress
                              ) -> admission.Footprint:
         """The memory a job's worker reports, believed up to its lane's capacity: as much as
         the job could have asked for with --gpu-mem, never more (the figures are its word)."""
-        lane = min(d.memory_total for d in job.devices) // self.settings.lanes
+        lane = self._lane_memory(job)
         persistent = min(progress.mem_persistent or 0, lane)
         peak = min(progress.mem_peak or 0, lane)
         return admission.Footprint(persistent, max(0, peak - persistent))
 
     # ----- job ends -------------------------------------------------------------------
+    def _reported_end(self, job: Running, report: wire.Exited) -> tuple[
+            Running, Ending, float | None, transitions.Progress]:
+        """A run's end as its host reported it, as :meth:`_record_ends` takes it: a run that
+        ran out of memory with what its lane had free beside its neighbours."""
+        ending = _ending(job, report)
+        shortage = report.shortage
+        if shortage is not None and (report.code or report.signal) and \
+                (report.kill_why or job.kill_why) in (None, StopWhy.MEMORY):
+            ending = Ending(JobState.FAILED, ending.exit_code, None, ran_out=RanOut(
+                shortage.held, shortage.wanted, self._free_beside(job),
+                max(d.memory_total for d in self.devices) // self.settings.lanes))
+        return job, ending, report.end_time or None, _progress(report)
+
+    def _lane_memory(self, job: Running) -> int:
+        """What the job's lane offers: the least of its devices' memory, split by lanes."""
+        return min(d.memory_total for d in job.devices) // self.settings.lanes
+
+    def _free_beside(self, job: Running) -> int:
+        """What the job's lane had free beside the other jobs there."""
+        lane = admission.LaneLoad(self._lane_memory(job))
+        names = {d.name for d in job.devices}
+        lane.footprints = [other.footprint_now() for other in self.running.values()
+                           if other is not job and other.lane == job.lane
+                           and names & {d.name for d in other.devices}]
+        return lane.headroom()
+
     def _on_exit(self, name: str, report: wire.Exited) -> None:
         """Record how a run ended (why it was killed, if it was), then acknowledge it so
         the host forgets it; a report about a run already recorded is only acknowledged.
@@ -350,7 +421,7 @@ class Supervisor:
         job = self._this_run(report)
         if job is not None:
             try:
-                self._record_ends([_reported_end(job, report)])
+                self._record_ends([self._reported_end(job, report)])
             except Exception:  # noqa: BLE001 - recorded as a failure below
                 log.exception("cannot record the exit of job %d (run %d): %r", job.job_id,
                               job.run, report)
@@ -361,7 +432,7 @@ class Supervisor:
 
     def _on_exits(self, name: str, reports: list[wire.Exited]) -> None:
         """Several exits in one transaction, acknowledged once it has committed."""
-        self._record_ends([_reported_end(job, report) for report in reports
+        self._record_ends([self._reported_end(job, report) for report in reports
                            if (job := self._this_run(report)) is not None])
         for report in reports:
             self.send(name, wire.Ack(report.job, report.run))
@@ -382,6 +453,10 @@ class Supervisor:
             for job, ending, end, last in ends:
                 progress = last or self.progress.get(job.job_id)
                 reason = ending.reason
+                if ending.ran_out is not None:
+                    if self._ran_out(session, job, ending, end, progress):
+                        requeued.add(job.job_id)
+                    continue
                 if not ending.requeue and ending.state is not JobState.FAILED:
                     transitions.finish(session, job.job_id, ending.state, ending.exit_code,
                                        reason, now=end, progress=progress)
@@ -407,9 +482,28 @@ class Supervisor:
             if metrics is not None:
                 metrics.run_time.labels("REQUEUED" if again else ending.state.value).observe(
                     max(0.0, (end or time.time()) - job.started))
+            reason = ending.reason or ending.reason_after
             log.info("job %d %s%s", job.job_id, "requeued" if again else ending.state.value,
-                     f" ({ending.reason})" if ending.reason else "")
+                     f" ({reason})" if reason else "")
         self.wake()
+
+    def _ran_out(self, session, job: Running, ending: Ending, end: float | None,
+                 progress: transitions.Progress | None) -> bool:
+        """Record a run that ran out of memory: back to the queue with its figure raised, or
+        FAILED (see :mod:`gq.daemon.memory`); True if requeued."""
+        row = queries.job(session, job.job_id)
+        if row is None:
+            return False
+        ran_out = ending.ran_out
+        assert ran_out is not None
+        verdict = memory.after_shortage(
+            ran_out.held, ran_out.wanted, row.mem, messages.OnOutOfMemory(
+                row.on_oom or messages.OnOutOfMemory.REQUEUE),
+            row.ooms or 0, row.retries, ran_out.free, ran_out.largest)
+        ending.reason_after = verdict.reason
+        return transitions.ran_out_of_memory(session, job.job_id, verdict.requeue,
+                                             verdict.figure, verdict.reason,
+                                             ending.exit_code, now=end, progress=progress)
 
     def flush(self) -> None:
         """Write the latest progress of running jobs to the queue (about once a second)."""
@@ -492,6 +586,17 @@ class Supervisor:
 
 
 @dataclass(frozen=True)
+class RanOut:
+    """A run that ran out of memory: what it held and asked for (None: unknown), what its
+    lane had free beside its neighbours, what the largest lane of an empty device offers."""
+
+    held: int
+    wanted: int | None
+    free: int
+    largest: int
+
+
+@dataclass
 class Ending:
     """How a run ends in the queue."""
 
@@ -500,12 +605,8 @@ class Ending:
     reason: str | None
     requeue: bool = False  # back to the queue, PENDING
     counted: bool = True  # False: a run that ran no iteration, not counted among its runs
-
-
-def _reported_end(job: Running, report: wire.Exited) -> tuple[
-        Running, Ending, float | None, transitions.Progress]:
-    """A run's end as its host reported it, as :meth:`Supervisor._record_ends` takes it."""
-    return job, _ending(job, report), report.end_time or None, _progress(report)
+    ran_out: RanOut | None = None  # it ran out of memory: the verdict is made as recorded
+    reason_after: str | None = None  # ... and its reason, for the log
 
 
 def _ending(job: Running, report: wire.Exited) -> Ending:

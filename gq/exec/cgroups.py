@@ -62,7 +62,7 @@ class JobCgroup:
         cap here (no such controller) is returned, for the log."""
         unenforced = []
         if memory is not None and not self._limit_memory(memory):
-            unenforced.append("its host-memory limit")
+            unenforced.append("its memory limit")
         if cpus is not None:
             quota = f"{cpus * _CPU_PERIOD} {_CPU_PERIOD}"
             done = (_write(self.paths[V2], "cpu.max", quota) if self.v2 else
@@ -160,6 +160,21 @@ class JobCgroup:
             if hierarchy in self.paths:
                 memory = _number(_read(self.paths[hierarchy], control))
         return Usage(memory=memory, processes=len(self.pids()))
+
+    def oom_kills(self) -> int:
+        """How many of its processes the kernel killed at its memory limit (0 where no
+        memory hierarchy serves it, or the kernel does not count them)."""
+        if self.v2:
+            text = _read(self.paths[V2], "memory.events")
+        elif "memory" in self.paths:
+            text = _read(self.paths["memory"], "memory.oom_control")
+        else:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return _number(value) or 0
+        return 0
 
     def remove(self) -> None:
         """Remove it from every hierarchy, where it exists and is empty."""

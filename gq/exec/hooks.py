@@ -25,6 +25,7 @@ import sys
 import threading
 import warnings
 
+from gq.exec import memory
 from gq.exec.boundaries import Boundary, LoopShape
 from gq.exec.runtime import JobSession
 
@@ -116,6 +117,9 @@ def install(session: JobSession, torch) -> None:
     at_finish = getattr(session, "at_finish", None)
     if at_finish is not None:
         at_finish.append(boundaries.script_ends)
+    cap = getattr(session, "memory_cap", None)
+    if cap is not None:  # before the script's first allocation, which follows its import
+        memory.cap_devices(torch, cap)
 
 
 def _noting_backward(backward, boundaries: _Boundaries):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import logging
+import math
 import os
 import selectors
 import signal
@@ -87,6 +88,10 @@ class Resident:
     mem_persistent: int | None = None
     mem_peak: int | None = None
     kill_deadline: float | None = None
+    mem_cap: int | None = None  # bytes of device memory it may hold (its figure)
+    cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
+    probing: bool = False  # it declared no memory: its first figures go to the daemon at once
+    shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
     exited_at: float = 0.0  # monotonic: when it was collected
     ended_wall: float = 0.0  # wall clock: the same moment, the job's end time
@@ -170,7 +175,7 @@ class Resident:
                     steps_total=self.steps_total, attained=attained,
                     mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
                     mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
-                    holds_lane=self.state == "running")
+                    holds_lane=self.state == "running", iterations=self.iterations)
 
     def resident_state(self) -> wire.ResidentState:
         return wire.ResidentState(**self._figures(), pid=self.process.pid,
@@ -189,7 +194,8 @@ class Resident:
                                end_time=self.ended_wall)
         return wire.Exited(**self._figures(), code=code if code >= 0 else None,
                            signal=-code if code < 0 else None, kill_why=self.kill_why,
-                           detail=self.detail, end_time=self.ended_wall)
+                           detail=self.detail, end_time=self.ended_wall,
+                           shortage=self.shortage)
 
 
 @dataclass
@@ -479,7 +485,9 @@ class Host:
                 host_end, worker_end = socket.socketpair()
                 env["GQ_WORKER_FD"] = str(wire.WORKER_FD)
                 fds[wire.WORKER_FD] = worker_end.fileno()
-            cgroup = self._make_cgroup(spec)
+                if spec.mem_cap is not None and self.cuda:
+                    env["GQ_MEM_CAP"] = str(spec.mem_cap)
+            cgroup, cgroup_cap = self._make_cgroup(spec)
             try:
                 process = start_as_submitter(spec, env, fds, cgroup)
             except LaunchError:
@@ -510,20 +518,28 @@ class Host:
             deadline=spec.deadline,
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
             if spec.warn_signal is not None else None,
+            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe and spec.worker,
         )
 
-    def _make_cgroup(self, spec: wire.LaunchSpec) -> JobCgroup | None:
+    def _make_cgroup(self, spec: wire.LaunchSpec) -> tuple[JobCgroup | None, int | None]:
+        """The run's cgroup, limited to its host memory and CPUs, and on a device that is
+        the host's own memory (cpu, emulated) to its device-memory figure too; and the
+        cgroup's memory limit where it holds that figure (else the host checks it at each
+        boundary)."""
         if self.cgroups is None:
-            return None
+            return None, None
         try:
             cgroup = self.cgroups.create(self.device, spec.id, spec.run)
         except OSError as exc:
             raise LaunchError(f"cannot make job {spec.id}'s cgroup: {exc.strerror}") from None
-        unenforced = cgroup.limit(spec.host_mem, spec.cpus)
+        caps = [cap for cap in (spec.host_mem, None if self.cuda else spec.mem_cap)
+                if cap is not None]
+        unenforced = cgroup.limit(min(caps) if caps else None, spec.cpus)
         if unenforced:
             log.warning("job %d: its cgroup cannot enforce %s here", spec.id,
                         " or ".join(unenforced))
-        return cgroup
+        holds = not self.cuda and spec.mem_cap is not None and "its memory limit" not in unenforced
+        return cgroup, min(caps) if holds else None
 
     # ----- worker messages: the hot path ----------------------------------------------
     def _from_worker(self, resident: Resident) -> None:
@@ -540,6 +556,8 @@ class Host:
                 resident.declare_total(message.steps)
             elif kind is wire.StepsTaken:
                 resident.record_steps(message.steps)
+            elif kind is wire.OutOfMemory:
+                resident.shortage = wire.Shortage(message.held, message.wanted)
             elif kind is wire.Finished:
                 self._leave_lane(resident)
             if resident.channel is not channel:
@@ -586,11 +604,29 @@ class Host:
         resident.mem_persistent = message.mem_persistent
         resident.mem_peak = message.mem_peak
         resident.dirty = True
+        self._check_memory(resident)
         resident.state = "idle"
         resident.released_at = now
         lane.holder = None
         self._anticipate(lane, resident, now)
         self._schedule(lane)
+
+    def _check_memory(self, resident: Resident) -> None:
+        """After an iteration: a job over its memory cap where no cgroup holds it (the cpu
+        and emulated devices without one) has run out of memory, and is ended before its
+        neighbours pay for it; a probed job's first figures go to the daemon at once."""
+        peak = resident.mem_peak
+        if peak is None:
+            return
+        if (resident.mem_cap is not None and not self.cuda and resident.cgroup_cap is None
+                and peak > resident.mem_cap):
+            log.warning("job %d: holds %d bytes, over its cap of %d; ending it",
+                        resident.job_id, peak, resident.mem_cap)
+            resident.shortage = wire.Shortage(held=peak, wanted=peak)
+            self._kill(resident, StopWhy.MEMORY, grace=0.0)
+        elif resident.probing and resident.iterations >= defaults.PROBE_ITERATIONS:
+            resident.probing = False
+            self._last_progress = -math.inf
 
     def _anticipate(self, lane: Lane, released: Resident, now: float) -> None:
         view = released.view()
@@ -702,6 +738,11 @@ class Host:
         if resident.channel is not None:
             self._drop_channel(resident)
         resident.exit_status, resident.exited_at, resident.ended_wall = code, now, time.time()
+        if (code != 0 and resident.shortage is None and resident.cgroup_cap is not None
+                and resident.kill_why is None and resident.cgroup is not None
+                and resident.cgroup.oom_kills()):
+            # The kernel killed it at its cgroup's limit: it held that much, and wanted more.
+            resident.shortage = wire.Shortage(held=resident.cgroup_cap)
         self._leave_lane(resident)
         kill_group(resident.process.pid, signal.SIGKILL)
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+# What the allocators say they were asked for: CUDA's caching allocator ("Tried to allocate
+# 2.00 GiB") and PyTorch's CPU allocator ("you tried to allocate 1048576 bytes").
+_CUDA_ASKED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
+_CPU_ASKED = re.compile(r"can't allocate memory: you tried to allocate ([0-9]+) bytes")
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
 @dataclass(frozen=True)
@@ -43,3 +49,47 @@ def release_cached() -> None:
     cuda = _cuda_in_use()
     if cuda is not None:
         cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class Shortage:
+    held: int  # bytes the process held when it ran out
+    wanted: int | None  # what it would have held had the allocation succeeded (None: unknown)
+
+
+def shortage(exc: BaseException) -> Shortage | None:
+    """Whether an exception that ends a script is an out-of-memory error (torch's
+    ``OutOfMemoryError``, its CPU allocator's refusal, or ``MemoryError``), here or among its
+    causes; then what the process held and asked for."""
+    torch = sys.modules.get("torch")
+    kinds: tuple[type, ...] = (MemoryError,)
+    if torch is not None and isinstance(getattr(torch, "OutOfMemoryError", None), type):
+        kinds += (torch.OutOfMemoryError,)
+    seen = 0
+    while exc is not None and seen < 8:
+        text = str(exc)[:4096]
+        if isinstance(exc, kinds) or (isinstance(exc, RuntimeError) and _CPU_ASKED.search(text)):
+            cuda = _cuda_in_use()
+            held = cuda.memory_allocated() if cuda is not None else rss_bytes()
+            asked = _asked(text)
+            return Shortage(held=held, wanted=held + asked if asked is not None else None)
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _asked(text: str) -> int | None:
+    found = _CUDA_ASKED.search(text)
+    if found is not None:
+        return int(float(found.group(1)) * _UNITS[found.group(2)])
+    found = _CPU_ASKED.search(text)
+    return int(found.group(1)) if found is not None else None
+
+
+def cap_devices(torch, cap: int) -> None:
+    """Hold the process's CUDA allocations to ``cap`` bytes on each device it sees: an
+    allocation past it fails with ``OutOfMemoryError`` in this job, not in its neighbours."""
+    if not torch.cuda.is_available():
+        return
+    for index in range(torch.cuda.device_count()):
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)

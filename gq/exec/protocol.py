@@ -6,7 +6,7 @@ dataclass defined here once, used by both ends, checked field by field on decode
 daemon → host   Hello, Launch, Kill, Update, SetPolicy, Ack, Drain, Shutdown
 host → daemon   State (answers Hello), Started, LaunchFailed, Exited (repeated in every
                 State until acknowledged), Progress
-worker → host   Ready, Done, Total, StepsTaken, Finished
+worker → host   Ready, Done, Total, StepsTaken, OutOfMemory, Finished
 host → worker   Go
 
 A peer whose line fails to decode loses its channel and nothing else: a worker's job ends
@@ -36,7 +36,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/5"
+HOST_VERSION = f"{__version__}/6"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -53,6 +53,7 @@ class StopWhy(str, enum.Enum):
     PROTOCOL = "protocol"  # its worker sent what the protocol does not allow
     LAUNCH = "launch"  # its process could not be set up before its exec (detail says why)
     MOVE = "move"  # it ran no iteration and another device starts it sooner: requeued
+    MEMORY = "memory"  # measured at a boundary over its memory cap (where no cgroup holds it)
 
 
 def host_paths(state_dir: str, device: str) -> tuple[str, str]:
@@ -97,12 +98,26 @@ class LaunchSpec:
     warn_signal: Signal | None = None
     warn_before: Annotated[int, Bounds(0, 65535)] = 60
     warn_main: bool = False
+    # Its device-memory figure (--gpu-mem, or as measured or raised since): on a GPU the
+    # worker caps its own allocations there; on the cpu and emulated devices its cgroup's
+    # memory limit does, else the host at each boundary.
+    mem_cap: HostMemory | None = None
+    probe: bool = False  # it declared nothing: report its first figures at once
 
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
 # only), and a Python job's socket to its host.
 SCRIPT_FD, WORKER_FD = 3, 4
 SCRIPT_PATH = f"/dev/fd/{SCRIPT_FD}"
+
+
+@message
+class Shortage:
+    """What a run held, and what it asked for (None: it did not say), when it ran out of
+    memory."""
+
+    held: Count
+    wanted: Count | None = None
 
 
 @message
@@ -119,6 +134,8 @@ class JobProgress:
     mem_persistent: Count | None = None
     mem_peak: Count | None = None
     holds_lane: bool = False
+    iterations: Count = 0  # the iterations its memory figures cover (a probe's is over at
+    # defaults.PROBE_ITERATIONS)
 
 
 @message
@@ -208,6 +225,7 @@ class Exited(JobProgress):
     kill_why: StopWhy | None = None
     detail: Text | None = None  # what its worker did wrong (PROTOCOL), why no exec (LAUNCH)
     end_time: Timestamp = 0.0
+    shortage: Shortage | None = None  # it ran out of memory
 
 
 @message
@@ -291,6 +309,13 @@ class StepsTaken:
 
 
 @message
+class OutOfMemory(Shortage):
+    """The script is ending on an out-of-memory error: what it held and asked for."""
+
+    op: ClassVar[str] = "oom"
+
+
+@message
 class Finished:
     """The script is over: its lane is free now, before the interpreter's teardown."""
 
@@ -309,7 +334,7 @@ def _table(*classes: type) -> dict[str, type]:
 
 TO_HOST = _table(Hello, Launch, Kill, Update, Suspend, SetPolicy, Ack, Drain, Shutdown)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
-FROM_WORKER = _table(Ready, Done, Total, StepsTaken, Finished)
+FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
 TO_WORKER = _table(Go)
 
 

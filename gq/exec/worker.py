@@ -23,8 +23,8 @@ import types
 from gq import defaults
 from gq.codec import INT64_MAX
 from gq.exec import hooks, memory, runtime
-from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, TO_WORKER, Channel, Done, Finished, Ready,
-                              StepsTaken, Total, encode)
+from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, TO_WORKER, Channel, Done, Finished,
+                              OutOfMemory, Ready, StepsTaken, Total, encode)
 
 READY = encode(Ready())
 
@@ -33,8 +33,9 @@ class WorkerSession:
     """The job side of the protocol (see :mod:`gq.exec.runtime`); safe to call from
     several threads: one READY/GO exchange at a time."""
 
-    def __init__(self, channel: Channel):
+    def __init__(self, channel: Channel, memory_cap: int | None = None):
         self.channel = channel
+        self.memory_cap = memory_cap  # bytes of device memory its CUDA allocations may hold
         self.lock = threading.RLock()
         self.held = False
         self.empty_cache_after = False
@@ -103,6 +104,15 @@ class WorkerSession:
             with self.lock:
                 self.channel.send(Total(total))
 
+    def ran_out_of_memory(self, exc: BaseException) -> None:
+        """Tell the host, as the script ends on it, that it ran out of memory and how much it
+        held and asked for: its job goes back to the queue (or fails), and no neighbour is
+        blamed."""
+        found = memory.shortage(exc)
+        if found is not None and not self.detached:
+            with self.lock:
+                self.channel.send(OutOfMemory(found.held, found.wanted))
+
     def finish(self) -> None:
         """The script is over: free the lane now, not after the interpreter's teardown."""
         if self.detached:
@@ -150,7 +160,9 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     fd = int(os.environ.pop("GQ_WORKER_FD"))
     submitted = os.environ.pop("GQ_SCRIPT", None) or argv[0]
-    session = WorkerSession(Channel(socket.socket(fileno=fd), TO_WORKER))
+    cap = os.environ.pop("GQ_MEM_CAP", None)
+    session = WorkerSession(Channel(socket.socket(fileno=fd), TO_WORKER),
+                            int(cap) if cap and cap.isdigit() else None)
     runtime.active = session
     hooks.install_when_imported(session)
     sys.argv = [submitted, *argv[1:]]
@@ -161,6 +173,7 @@ def main(argv: list[str]) -> None:
         raise
     except BaseException as exc:  # noqa: BLE001 - reported as Python would, exit code 1
         _print_user_traceback(exc)
+        session.ran_out_of_memory(exc)
         raise SystemExit(1) from None
     finally:
         session.finish()

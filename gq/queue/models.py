@@ -55,6 +55,12 @@ class Job(Base):
     # What the job asked for.
     gpus: Mapped[int] = mapped_column(Integer, default=1)
     mem: Mapped[int | None] = mapped_column(Integer)  # device memory (--gpu-mem)
+    # Where ``mem`` came from (messages.MemoryBasis): None as the user declared it, or
+    # measured by its probe, or raised after it ran out of memory.
+    mem_basis: Mapped[str | None] = mapped_column(String(16))
+    on_oom: Mapped[str | None] = mapped_column(String(16))  # --oom requeue|fail (None: requeue)
+    # How many of its runs ran out of memory.
+    ooms: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     host_mem: Mapped[int | None] = mapped_column(Integer)  # bytes; its cgroup's limit
     cpus: Mapped[int | None] = mapped_column(Integer)  # --cpus-per-task
     gpu_type: Mapped[str | None] = mapped_column(Text)  # --gpus TYPE:N, matched to models

@@ -80,7 +80,7 @@ _SCHEDULING = (Job.id, Job.user, Job.name, Job.submit_time, Job.priority, Job.st
                Job.array_job_id, Job.array_max_running, Job.stop_request, Job.held,
                Job.begin_time, Job.gpu_type, Job.host_mem, Job.cpus, Job.nodelist,
                Job.suspended, Job.steps_done, Job.attained, Job.mean_iteration, Job.mean_gap,
-               Job.holds_lane, Job.interpreter)
+               Job.holds_lane, Job.interpreter, Job.mem_basis)
 
 
 # Plain records of those rows: SQLAlchemy's Row reads a column by name in microseconds, and a

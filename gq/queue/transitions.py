@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from gq.messages import MemoryBasis
 from gq.queue.models import Job, JobEvent, Payload, SpoolUsage
 from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
@@ -71,6 +72,7 @@ class NewJob:
     notify: str | None = None
     mail_type: str | None = None
     mail_user: str | None = None
+    on_oom: str | None = None  # --oom fail (None: requeue)
     steps_total: int | None = None
     priority: int = 0
     exclusive: bool = False
@@ -103,7 +105,8 @@ def submit(session: Session, new: NewJob, resolve_output,
         deadline=new.deadline, begin_time=new.begin_time, warn_signal=new.warn_signal,
         nodelist=new.nodelist, retries=new.retries, retries_left=new.retries,
         retry_delay=new.retry_delay, ntasks=new.ntasks, notify=new.notify,
-        mail_type=new.mail_type, mail_user=new.mail_user, suspended=False,
+        mail_type=new.mail_type, mail_user=new.mail_user, suspended=False, on_oom=new.on_oom,
+        ooms=0,
         steps_total=new.steps_total, exclusive=new.exclusive,
         requeue=new.requeue, dependency=new.dependency, held=new.held, script=new.script,
         spool_path="", payload_id=payload_id, interpreter=new.interpreter,
@@ -195,8 +198,9 @@ _RUN_NOT_COUNTED = Job.run_count - 1
 _HAS_RETRIES = Job.retries_left > 0
 _ONE_RETRY_LESS = Job.retries_left - 1
 _AFTER_RETRY_DELAY = bindparam("b_now") + func.coalesce(Job.retry_delay, 0.0)
+_ONE_MORE_OOM = func.coalesce(Job.ooms, 0) + 1
 _SHARED = frozenset(map(id, (_NOT_HELD, _NEXT_RUN, _RUN_NOT_COUNTED, _HAS_RETRIES,
-                             _ONE_RETRY_LESS, _AFTER_RETRY_DELAY)))
+                             _ONE_RETRY_LESS, _AFTER_RETRY_DELAY, _ONE_MORE_OOM)))
 _JOBS = Job.__table__
 _NEW_EVENT = Prepared(insert(JobEvent.__table__))
 _kept: dict[tuple, Any] = {}
@@ -295,6 +299,35 @@ def retry(session: Session, job_id: int, exit_code: int | None, reason: str,
                  guard=_HAS_RETRIES, retries_left=_ONE_RETRY_LESS,
                  device=None, lane=None, pid=None, holds_lane=False, stop_request=None,
                  start_time=None, exit_code=exit_code, begin_time=_AFTER_RETRY_DELAY)
+
+
+def ran_out_of_memory(session: Session, job_id: int, requeue: bool, figure: int, reason: str,
+                      exit_code: int | None, now: float | None = None,
+                      progress: Progress | None = None) -> bool:
+    """A RUNNING job's run ran out of memory: its device-memory figure becomes what it asked
+    for (``figure``), and it goes back to the queue (``requeue``, to start once that much
+    is free) or ends FAILED. Whether it was requeued."""
+    now = time.time() if now is None else now
+    last = _progress_values(progress) if progress is not None else {}
+    values = {**last, "mem": figure, "mem_basis": MemoryBasis.RAISED.value,
+              "ooms": _ONE_MORE_OOM, "exit_code": exit_code, "holds_lane": False}
+    if requeue:
+        _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now, **values,
+              device=None, lane=None, pid=None, stop_request=None, start_time=None)
+        return True
+    _move(session, job_id, JobState.RUNNING, JobState.FAILED, reason, now, **values,
+          end_time=now)
+    return False
+
+
+def set_memory_figure(session: Session, job_id: int, figure: int, basis: MemoryBasis) -> None:
+    """A job's device-memory figure, and where it came from (a probe's measure); not a
+    state change."""
+    _SET_FIGURE.execute(session, {"b_id": job_id, "b_mem": figure, "b_basis": basis.value})
+
+
+_SET_FIGURE = Prepared(update(_JOBS).where(_JOBS.c.id == bindparam("b_id"))
+                       .values(mem=bindparam("b_mem"), mem_basis=bindparam("b_basis")))
 
 
 def cancel_pending(session: Session, job_id: int, reason: str, now: float | None = None,

@@ -80,7 +80,22 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         nodelist=job.nodelist, retries=job.retries, retry_delay=job.retry_delay,
         retries_left=job.retries_left, ntasks=job.ntasks,
         notify=job.notify if detail else None, mail_type=job.mail_type,
-        mail_user=job.mail_user if detail else None, suspended=job.suspended)
+        mail_user=job.mail_user if detail else None, suspended=job.suspended,
+        mem_basis=_basis(job.mem_basis, job.mem),
+        on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
+        ooms=job.ooms or 0, mem_over=over_declaration(job.mem, job.mem_peak))
+
+
+def over_declaration(declared: int | None, peak: int | None) -> bool:
+    """Whether a job was measured to use more device memory than its figure (MEM!)."""
+    return declared is not None and peak is not None and peak > declared
+
+
+def _basis(basis: str | None, mem: int | None) -> messages.MemoryBasis | None:
+    """Where a job's memory figure came from: a figure of no other basis was declared."""
+    if basis is not None:
+        return messages.MemoryBasis(basis)
+    return messages.MemoryBasis.DECLARED if mem is not None else None
 
 
 _CODE = re.compile(r"%%|%(\d?)([jxuNntAa])")

@@ -1,0 +1,299 @@
+"""Co-located jobs never take each other down: caps from declarations, probes of jobs that
+declare nothing, and runs that run out of memory going back to the queue with their figure
+raised (or failing, where they must), their neighbours untouched. End to end on emulated
+devices with a memory budget; the verdict and the worker's recognition as units."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import datetime
+
+import pytest
+
+from conftest import (PYTHON, DaemonControl, all_jobs, gq, gq_ok, job, submit, wait_for,
+                      wait_state, write_script)
+from gq import defaults
+from gq.daemon import memory
+from gq.exec import memory as worker_memory
+from gq.messages import OnOutOfMemory
+
+M = 1 << 20
+G = 1 << 30
+
+# A seeded training loop whose losses are its result: alone or beside a neighbour that runs
+# out of memory, it must print the same ones. It ends once the file its third argument
+# names exists (if it names one), so that a test decides when its room is free.
+NEIGHBOUR = """\
+import json, os, sys, time, torch
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Linear(32, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+data = torch.randn(64, 32)
+target = data.sum(dim=1, keepdim=True)
+losses = []
+for step in range(int(sys.argv[1])):
+    opt.zero_grad()
+    loss = ((model(data) - target) ** 2).mean()
+    loss.backward()
+    opt.step()
+    losses.append(round(loss.item(), 6))
+    time.sleep(float(sys.argv[2]))
+while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):
+    time.sleep(0.05)
+print(json.dumps(losses))
+"""
+
+# Runs out of memory at its third step on its first run only (SLURM_RESTART_COUNT=0); how
+# is its first argument: "cuda" raises the error CUDA's allocator raises (what it held and
+# asked for in its message), "grow" allocates past its cap for real.
+GROWER = """\
+import os, sys, time, torch
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+first_run = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+kept = []
+for step in range(int(sys.argv[2])):
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    if step == 2 and first_run and sys.argv[1] == "cuda":
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 600.00 MiB. "
+                                     "GPU 0 has a total capacity of 1.00 GiB")
+    if step == 2 and first_run and sys.argv[1] == "grow":
+        kept.append(bytearray(int(sys.argv[3]) << 20))
+        kept[-1][::4096] = b"x" * len(kept[-1][::4096])
+    time.sleep(0.02)
+print("completed")
+"""
+
+
+def _bare_losses(script, *args: str) -> list[float]:
+    """The neighbour's result run bare, outside gq."""
+    done = subprocess.run([PYTHON, str(script), *args], capture_output=True, text=True,
+                          check=True, timeout=120)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _at(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def _losses(tmp_path, job_id: int) -> list[float]:
+    return json.loads((tmp_path / f"gq-{job_id}.out").read_text().strip().splitlines()[-1])
+
+
+# ----- the verdict (pure) ---------------------------------------------------------------
+def test_a_run_that_ran_out_is_requeued_with_its_figure_raised_to_what_it_asked_for():
+    verdict = memory.after_shortage(held=5 * G, wanted=7 * G + 100 * M, figure=4 * G,
+                                    on_oom=OnOutOfMemory.REQUEUE, ooms=0, retries=None,
+                                    free=5 * G, largest=16 * G)
+    assert verdict.requeue and verdict.figure == 7 * G + 100 * M
+    assert verdict.reason == "OutOfMemory (needs 7.1G, 5.0G free)"
+
+
+def test_a_run_that_did_not_say_what_it_asked_for_grows_its_figure():
+    verdict = memory.after_shortage(held=400 * M, wanted=None, figure=400 * M,
+                                    on_oom=OnOutOfMemory.REQUEUE, ooms=0, retries=None,
+                                    free=0, largest=G)
+    assert verdict.requeue and verdict.figure == int(400 * M * defaults.OOM_GROWTH)
+    assert verdict.reason == "OutOfMemory (needs 600.0M, 0B free)"
+
+
+@pytest.mark.parametrize("on_oom, ooms, retries, largest, why", [
+    (OnOutOfMemory.FAIL, 0, None, 16 * G, "--oom fail"),
+    (OnOutOfMemory.REQUEUE, 0, None, 6 * G, "no device of this node offers 7.0G"),
+    (OnOutOfMemory.REQUEUE, defaults.OOM_REQUEUES, None, 16 * G, "ran out of memory 4 times"),
+    (OnOutOfMemory.REQUEUE, 1, 1, 16 * G, "ran out of memory 2 times"),
+])
+def test_a_run_that_ran_out_fails_where_it_must(on_oom, ooms, retries, largest, why):
+    verdict = memory.after_shortage(held=G, wanted=7 * G, figure=None, on_oom=on_oom,
+                                    ooms=ooms, retries=retries, free=2 * G, largest=largest)
+    assert not verdict.requeue and verdict.figure == 7 * G
+    assert verdict.reason.startswith("OutOfMemory (needs 7.0G, 2.0G free); ") and \
+        why in verdict.reason
+
+
+def test_more_retries_allow_more_runs_out_of_memory():
+    verdict = memory.after_shortage(held=G, wanted=2 * G, figure=G, on_oom=OnOutOfMemory.REQUEUE,
+                                    ooms=5, retries=10, free=G, largest=8 * G)
+    assert verdict.requeue
+
+
+def test_a_probed_figure_is_the_peak_and_its_margin():
+    assert memory.probed_figure(1000 * M) == int(1000 * M * (1 + defaults.MEMORY_MARGIN))
+
+
+# ----- the worker's recognition ---------------------------------------------------------
+def test_the_worker_knows_an_out_of_memory_error_and_what_it_asked_for():
+    import torch
+
+    cuda = worker_memory.shortage(torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 8 GiB"))
+    assert cuda is not None and cuda.wanted == cuda.held + 2 * G and cuda.held > 0
+    cpu = worker_memory.shortage(RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 1048576 bytes. Error code 12 (Cannot allocate memory)"))
+    assert cpu is not None and cpu.wanted == cpu.held + M
+    plain = worker_memory.shortage(MemoryError())
+    assert plain is not None and plain.wanted is None
+    try:
+        try:
+            raise MemoryError
+        except MemoryError as exc:
+            raise ValueError("a loader gave up") from exc
+    except ValueError as wrapped:
+        assert worker_memory.shortage(wrapped) is not None  # its cause ran out
+    assert worker_memory.shortage(ValueError("no")) is None
+    assert worker_memory.shortage(RuntimeError("Tried to allocate nothing")) is None
+
+
+# ----- end to end -----------------------------------------------------------------------
+def test_a_job_out_of_memory_waits_for_room_and_its_neighbour_finishes_as_alone(home, tmp_path):
+    """One emulated device of 1G: a neighbour of 600M and a job of 400M that asks for 600M
+    more on its third step. It goes back to the queue (not FAILED) with its figure raised
+    to what it asked for, says how much it waits for, starts once the neighbour has ended,
+    and completes; the neighbour's losses are those of its run alone."""
+    neighbour_script = write_script(tmp_path / "neighbour.py", NEIGHBOUR)
+    grower = write_script(tmp_path / "grower.py", GROWER)
+    alone = _bare_losses(neighbour_script, "30", "0.02")
+    DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "1G")
+    gq_ok("policy", "set", "fair")  # the two take turns (fifo would run the grower after)
+    leave = tmp_path / "leave"
+    neighbour = submit("--gpu-mem", "600M", str(neighbour_script), "30", "0.02", str(leave))
+    wait_state(neighbour, "RUNNING")
+    short = submit("--gpu-mem", "400M", str(grower), "cuda", "20")
+    waiting = wait_for(lambda: (info := job(short))["reason"] and
+                       info["reason"].startswith("OutOfMemory") and info["state"] == "PENDING"
+                       and info, 60, what="the job to wait for room")
+    assert job(neighbour)["state"] == "RUNNING"
+    assert waiting["reason"].startswith("OutOfMemory (needs ") and "free)" in waiting["reason"]
+    leave.touch()
+    assert waiting["mem"] > 600 * M and waiting["mem_basis"] == "raised"
+    assert waiting["ooms"] == 1 and waiting["run_count"] == 1
+    finished = wait_state(short, "COMPLETED", timeout=90)
+    ended = wait_state(neighbour, "COMPLETED")
+    assert _at(finished["start_time"]) >= _at(ended["end_time"])  # room: the neighbour left
+    assert finished["run_count"] == 2 and finished["mem"] == waiting["mem"]
+    assert _losses(tmp_path, neighbour) == alone
+    shown = gq_ok("show", str(short))
+    assert "raised to what it asked for when it ran out of memory" in shown
+    assert "(1 run(s) ran out so far)" in shown
+
+
+def test_a_job_killed_at_its_cgroup_cap_is_requeued_and_its_neighbour_lives(home, tmp_path):
+    """The cap on an emulated device is its cgroup's memory limit: a job that allocates past
+    its --gpu-mem is killed by the kernel in its own cgroup, not a neighbour's; with --oom
+    fail it fails at once, saying what it held."""
+    from gq.exec import cgroups
+
+    if cgroups.detect("auto", "probe-check") is None:
+        pytest.skip("no cgroup hierarchy to hold the cap here")
+    neighbour_script = write_script(tmp_path / "neighbour.py", NEIGHBOUR)
+    grower = write_script(tmp_path / "grower.py", GROWER)
+    alone = _bare_losses(neighbour_script, "40", "0.05")
+    DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
+    neighbour = submit("--gpu-mem", "1G", str(neighbour_script), "40", "0.05")
+    wait_state(neighbour, "RUNNING")
+    over = submit("--gpu-mem", "600M", "--oom", "fail", str(grower), "grow", "20", "900")
+    failed = wait_state(over, "FAILED", timeout=60)
+    assert failed["reason"].startswith("OutOfMemory (needs 900.0M, ")
+    assert failed["reason"].endswith("; --oom fail") and failed["ooms"] == 1
+    assert failed["exit_code"] == 128 + 9  # the kernel's SIGKILL
+    assert job(neighbour)["state"] in ("RUNNING", "COMPLETED")
+    wait_state(neighbour, "COMPLETED", timeout=60)
+    assert _losses(tmp_path, neighbour) == alone
+
+
+def test_without_a_cgroup_the_host_ends_a_job_over_its_cap_at_a_boundary(home, tmp_path):
+    """Where no cgroup holds a job (--cgroup off), its memory is measured at each boundary
+    and a job over its cap is ended there: requeued with its figure raised to what it
+    held, and run again until it completes."""
+    grower = write_script(tmp_path / "grower.py", GROWER)
+    DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "8G", "--cgroup", "off")
+    over = submit("--gpu-mem", "600M", str(grower), "grow", "30", "700")
+    requeued = wait_for(lambda: (info := job(over))["ooms"] == 1 and info, 60,
+                        what="the job to be ended for its memory")
+    assert requeued["mem"] > 700 * M  # what it held: its allocation and the interpreter
+    assert requeued["mem_basis"] == "raised"
+    finished = wait_state(over, "COMPLETED", timeout=60)
+    assert finished["run_count"] == 2
+    event = next(e for e in finished["events"] if e["old_state"] == "RUNNING"
+                 and e["new_state"] == "PENDING")
+    assert event["reason"].startswith("OutOfMemory (needs ")
+
+
+def test_a_job_that_asks_more_than_any_device_offers_fails_at_once(daemon, tmp_path):
+    script = write_script(tmp_path / "huge.py", "import torch\ntorch.empty(1 << 48)\n")
+    failed = wait_state(submit(str(script)), "FAILED", timeout=60)
+    assert failed["reason"].startswith("OutOfMemory (needs ")
+    assert "no device of this node offers" in failed["reason"] and failed["run_count"] == 1
+    assert "can't allocate memory" in (tmp_path / f"gq-{failed['id']}.out").read_text()
+
+
+def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp_path):
+    """Its first iterations run with the lane to itself; their peak and a margin become its
+    figure (gq show says so), and only then does a second job start beside it. Growing past
+    that figure later is flagged: MEM! in gq status and gq show, and the daemon's log."""
+    slow = write_script(tmp_path / "slow.py", (
+        "import sys, time, torch\n"
+        "model = torch.nn.Linear(8, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "kept = []\n"
+        "for step in range(int(sys.argv[1])):\n"
+        "    opt.zero_grad()\n"
+        "    model(torch.randn(4, 8)).sum().backward()\n"
+        "    time.sleep(0.3)\n"
+        "    opt.step()\n"
+        "    if step == 6 and len(sys.argv) > 2:\n"
+        "        kept.append(bytearray(300 << 20))\n"
+        "        kept[-1][::4096] = b'x' * len(kept[-1][::4096])\n"))
+    control = DaemonControl(home)
+    control.start("--cpu-devices", "1", "--cpu-memory", "8G")
+    probed = submit(str(slow), "14", "grow")
+    started = wait_state(probed, "RUNNING")
+    second = submit("--gpu-mem", "100M", str(slow), "2")
+    waiting = job(second)
+    assert waiting["state"] == "PENDING" and job(probed)["steps_done"] < defaults.PROBE_ITERATIONS
+    joined = wait_state(second, "RUNNING", "COMPLETED", timeout=60)
+    assert _at(joined["start_time"]) - _at(started["start_time"]) >= \
+        defaults.PROBE_ITERATIONS * 0.3 * 0.9
+    figure = wait_for(lambda: (info := job(probed))["mem_basis"] == "measured"
+                      and info["mem_persistent"] and info, 30, what="the probe's figure")
+    assert figure["mem"] >= figure["mem_persistent"] > 0
+    assert "(measured: the peak of its first iterations and 10%)" in gq_ok("show", str(probed))
+    over = wait_for(lambda: (info := job(probed))["mem_over"] and info, 30,
+                    what="the job measured over its figure")
+    assert over["mem_peak"] > over["mem"]
+    status = gq_ok("status")
+    assert any(line.split()[0] == str(probed) and "MEM!" in line for line in status.splitlines())
+    assert "MEM! measured" in gq_ok("show", str(probed))
+    wait_for(lambda: "(MEM!)" in control.log(), 10, what="the daemon's log line")
+    wait_state(probed, "COMPLETED", timeout=60)
+
+
+def test_a_bad_oom_choice_is_refused_and_queues_nothing(daemon, tmp_path):
+    script = write_script(tmp_path / "s.sh", "true\n")
+    result = gq("submit", "--oom", "explode", str(script))
+    assert result.code != 0 and result.err.strip().count("\n") == 0
+    assert "--oom 'explode': use requeue or fail" in result.err
+    assert all_jobs() == []
+    job_id = submit("--oom", "FAIL", "--hold", str(script))
+    assert job(job_id)["on_oom"] == "fail"
+    assert "OutOfMemory: fail" in gq_ok("show", str(job_id))
+    directive = write_script(tmp_path / "d.sh", "#!/bin/sh\n#GQ --oom fail\ntrue\n")
+    assert job(submit("--hold", str(directive)))["on_oom"] == "fail"
+
+
+def test_a_worker_that_lies_about_its_memory_loses_only_its_own_job(daemon, tmp_path):
+    """An out-of-memory report out of bounds is a protocol error: its job fails saying so."""
+    liar = write_script(tmp_path / "liar.py", (
+        "import os, socket\n"
+        "s = socket.socket(fileno=4)  # its worker's socket to the host\n"
+        "s.sendall(b'{\"op\": \"oom\", \"held\": -5, \"wanted\": 1e400}\\n')\n"
+        "import time; time.sleep(30)\n"))
+    failed = wait_state(submit(str(liar)), "FAILED", timeout=30)
+    assert failed["reason"].startswith("protocol error") and "oom" in failed["reason"]
+    ok = write_script(tmp_path / "ok.sh", "true\n")
+    wait_state(submit(str(ok)), "COMPLETED")
