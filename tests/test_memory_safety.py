@@ -121,6 +121,24 @@ def test_more_retries_allow_more_runs_out_of_memory():
     assert verdict.requeue
 
 
+def test_a_run_out_of_memory_within_its_own_figure_still_grows_it():
+    """Its allocator's cache or a neighbour over its own figure: raised all the same, and
+    counted, so that runs out of memory end."""
+    verdict = memory.after_shortage(held=300 * M, wanted=500 * M, figure=G,
+                                    on_oom=OnOutOfMemory.REQUEUE, ooms=0, retries=None,
+                                    free=0, largest=8 * G)
+    assert verdict.requeue and verdict.figure == int(G * defaults.OOM_GROWTH)
+    nothing = memory.after_shortage(held=0, wanted=0, figure=None, on_oom=OnOutOfMemory.REQUEUE,
+                                    ooms=0, retries=None, free=0, largest=8 * G)
+    assert nothing.figure >= 1  # a figure of 0 would be no cap at all
+
+
+def test_no_retries_means_no_run_out_of_memory_is_retried():
+    verdict = memory.after_shortage(held=G, wanted=2 * G, figure=G, on_oom=OnOutOfMemory.REQUEUE,
+                                    ooms=0, retries=0, free=G, largest=8 * G)
+    assert not verdict.requeue and "ran out of memory 1 times" in verdict.reason
+
+
 def test_a_probed_figure_is_the_peak_and_its_margin():
     assert memory.probed_figure(1000 * M) == int(1000 * M * (1 + defaults.MEMORY_MARGIN))
 
@@ -224,6 +242,21 @@ def test_without_a_cgroup_the_host_ends_a_job_over_its_cap_at_a_boundary(home, t
     assert event["reason"].startswith("OutOfMemory (needs ")
 
 
+def test_a_kill_at_its_host_memory_limit_is_no_device_shortage(home, tmp_path):
+    """Where --host-mem is the smaller limit, a kill there fails the job as it always has:
+    its device figure is not raised (it would grow with every run and take lane room)."""
+    from gq.exec import cgroups
+
+    if cgroups.detect("auto", "probe-check") is None:
+        pytest.skip("no cgroup hierarchy to hold the limit here")
+    grower = write_script(tmp_path / "grower.py", GROWER)
+    DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
+    over = submit("--gpu-mem", "1G", "--host-mem", "450M", str(grower), "grow", "20", "600")
+    failed = wait_state(over, "FAILED", timeout=60)
+    assert failed["reason"] == "killed by signal SIGKILL" and failed["ooms"] == 0
+    assert (failed["mem"], failed["mem_basis"], failed["run_count"]) == (G, "declared", 1)
+
+
 def test_a_job_that_asks_more_than_any_device_offers_fails_at_once(daemon, tmp_path):
     script = write_script(tmp_path / "huge.py", "import torch\ntorch.empty(1 << 48)\n")
     failed = wait_state(submit(str(script)), "FAILED", timeout=60)
@@ -273,6 +306,22 @@ def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp
     wait_state(probed, "COMPLETED", timeout=60)
 
 
+def test_a_probe_that_measures_nothing_leaves_no_figure_and_opens_the_lane(home, tmp_path):
+    """A Python job that runs no iteration is measured for at most PROBE_SECONDS: then it
+    has no figure (none of 0, which would be no cap), and the next job joins it."""
+    DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "8G")
+    idle = write_script(tmp_path / "idle.py", "import os, time\n"
+                        "while not os.path.exists('leave'):\n    time.sleep(0.05)\n")
+    quiet = submit(str(idle))
+    started = wait_state(quiet, "RUNNING")
+    other = submit("--gpu-mem", "100M", str(write_script(tmp_path / "s.sh", "true\n")))
+    ended = wait_state(other, "COMPLETED", timeout=30)
+    assert _at(ended["start_time"]) - _at(started["start_time"]) >= defaults.PROBE_SECONDS - 1.5
+    assert (job(quiet)["mem"], job(quiet)["mem_basis"]) == (None, None)
+    (tmp_path / "leave").touch()
+    wait_state(quiet, "COMPLETED")
+
+
 def test_a_bad_oom_choice_is_refused_and_queues_nothing(daemon, tmp_path):
     script = write_script(tmp_path / "s.sh", "true\n")
     result = gq("submit", "--oom", "explode", str(script))
@@ -295,5 +344,13 @@ def test_a_worker_that_lies_about_its_memory_loses_only_its_own_job(daemon, tmp_
         "import time; time.sleep(30)\n"))
     failed = wait_state(submit(str(liar)), "FAILED", timeout=30)
     assert failed["reason"].startswith("protocol error") and "oom" in failed["reason"]
+    absurd = write_script(tmp_path / "absurd.py", (
+        "import socket, sys\n"
+        "s = socket.socket(fileno=4)\n"
+        "s.sendall(b'{\"op\": \"oom\", \"held\": 1, \"wanted\": 9223372036854775807}\\n')\n"
+        "sys.exit(1)\n"))
+    liar = wait_state(submit("--gpu-mem", "100M", str(absurd)), "FAILED", timeout=30)
+    assert "no device of this node offers" in liar["reason"]
+    assert liar["mem"] == 100 * M  # not the figure it claimed: a gq requeue brings back 100M
     ok = write_script(tmp_path / "ok.sh", "true\n")
     wait_state(submit(str(ok)), "COMPLETED")

@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--max-resident", type=int, default=defaults.MAX_RESIDENT)
     parser.add_argument("--kill-wait", type=float, default=defaults.KILL_WAIT)
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
-    parser.add_argument("--probe-mem", type=int, default=defaults.PROBE_MEMORY,
+    parser.add_argument("--probe-mem", type=_positive, default=defaults.PROBE_MEMORY,
                         help="bytes free a job that declares no memory needs to start")
     parser.add_argument("--cpu-devices", type=int, help="emulate this many devices")
     parser.add_argument("--device-model", help="the emulated devices' model name")
@@ -80,6 +80,13 @@ def main() -> None:
                             max_request=args.max_request, max_spool=args.max_spool,
                             probe_mem=args.probe_mem)
     Daemon(where, options).run(pidfile)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give a whole number of at least 1")
+    return value
 
 
 def _period(text: str) -> float:

@@ -25,8 +25,8 @@ from gq.units import format_size
 
 @dataclass(frozen=True)
 class Verdict:
-    requeue: bool  # back to the queue (else FAILED)
-    figure: int  # the job's device-memory figure from now on
+    requeue: bool  # back to the queue (else FAILED, its figure as it was)
+    figure: int  # what it needs: its device-memory figure from now on, if requeued
     reason: str  # squeue's REASON while it waits, or why it failed
 
 
@@ -48,7 +48,11 @@ def after_shortage(held: int, wanted: int | None, figure: int | None, on_oom: On
     ``largest``: what the largest lane of an empty device offers."""
     need = wanted if wanted is not None else math.ceil(max(held, figure or 0) *
                                                         defaults.OOM_GROWTH)
-    need = max(need, held, figure or 0)
+    if figure is not None and need <= figure:
+        # It ran out within its own figure: its allocator's cache, or a neighbour over its
+        # own. Grown all the same, so that runs out of memory end (each is counted).
+        need = math.ceil(figure * defaults.OOM_GROWTH)
+    need = max(need, held, 1)
     reason = shortage_reason(need, free)
     allowed = retries if retries is not None else defaults.OOM_REQUEUES
     if on_oom is OnOutOfMemory.FAIL:

@@ -253,7 +253,7 @@ class Scheduler:
             if reasons.get(request.job_id) == admission.RESOURCES and \
                     by_id[request.job_id].mem_basis == MemoryBasis.RAISED.value:
                 reasons[request.job_id] = memory.shortage_reason(
-                    request.footprint.persistent, _most_free(loads, request.only))
+                    request.footprint.persistent, _most_free(loads, request))
         if self.drained:  # a job that may run only where an operator drains says so
             every = frozenset(d.name for d in self.devices)
             for request in requests:
@@ -440,9 +440,11 @@ def _waits_for(need: dependencies.Dependency | None,
     return tuple(waits)
 
 
-def _most_free(loads: list[admission.DeviceLoad], only: frozenset[str] | None) -> int:
+def _most_free(loads: list[admission.DeviceLoad], request: admission.Request) -> int:
     """The most memory a lane of the devices a job may use has free now."""
-    return max((lane.headroom() for load in loads if only is None or load.name in only
+    return max((lane.headroom() for load in loads
+                if load.gpu == (request.gpus > 0)
+                and (request.only is None or load.name in request.only)
                 for lane in load.lanes), default=0)
 
 

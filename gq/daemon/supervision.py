@@ -175,7 +175,10 @@ class Supervisor:
                 continue
             job = self.running[row.id] = self._running_from(row, name)
             job.kill_why = item.kill_why
-            self.progress[row.id] = _progress(item)
+            progress = self.progress[row.id] = _progress(item)
+            if progress.mem_persistent is not None:  # a probe may end with what it says
+                job.measured = self._plausible_footprint(job, progress)
+                self._check_figure(job, item.iterations)
             if row.stop_request and job.kill_why is None:  # asked for while no daemon ran
                 job.kill_why = StopWhy(row.stop_request)
                 self.send(name, wire.Kill(row.id, job.kill_why))
@@ -359,7 +362,8 @@ class Supervisor:
 
     def end_probes(self, now: float) -> None:
         """Probes that ran their time (jobs of fewer iterations): their figure is what they
-        were measured to hold so far, if anything."""
+        were measured to hold so far; where nothing was, they have none, and count as what
+        they are seen to hold."""
         for job in list(self.running.values()):
             if job.probing and now - job.started >= defaults.PROBE_SECONDS:
                 measured = job.measured or admission.Footprint()
@@ -368,14 +372,18 @@ class Supervisor:
     def end_probe(self, job: Running, peak: int) -> None:
         """The probe is over: the job's figure is its peak and a margin (kept in the queue,
         shown by gq show), and its lane is open to others again."""
-        figure = min(memory.probed_figure(peak), self._lane_memory(job))
         job.probing = False
+        self.wake()
+        if peak <= 0:
+            log.info("job %d: no memory measured in its first %g s; it counts as what it is "
+                     "seen to hold", job.job_id, defaults.PROBE_SECONDS)
+            return
+        figure = min(memory.probed_figure(peak), self._lane_memory(job))
         job.footprint = admission.Footprint(persistent=figure)
         with self.db.write() as session:
             transitions.set_memory_figure(session, job.job_id, figure,
                                           messages.MemoryBasis.MEASURED)
         log.info("job %d: probed at %s of device memory", job.job_id, format_size(figure))
-        self.wake()
 
     def _plausible_footprint(self, job: Running, progress: transitions.Progress
                              ) -> admission.Footprint:
@@ -395,9 +403,14 @@ class Supervisor:
         shortage = report.shortage
         if shortage is not None and (report.code or report.signal) and \
                 (report.kill_why or job.kill_why) in (None, StopWhy.MEMORY):
+            # What a job could get at most: a lane of an empty device of the kind and
+            # model it runs on (its words are believed no further).
+            largest = max(d.memory_total for d in self.devices
+                          if (d.whole, d.model) == (job.devices[0].whole, job.devices[0].model)
+                          ) // self.settings.lanes
             ending = Ending(JobState.FAILED, ending.exit_code, None, ran_out=RanOut(
-                shortage.held, shortage.wanted, self._free_beside(job),
-                max(d.memory_total for d in self.devices) // self.settings.lanes))
+                min(shortage.held, largest + 1), None if shortage.wanted is None
+                else min(shortage.wanted, largest + 1), self._free_beside(job), largest))
         return job, ending, report.end_time or None, _progress(report)
 
     def _lane_memory(self, job: Running) -> int:

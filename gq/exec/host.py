@@ -538,8 +538,11 @@ class Host:
         if unenforced:
             log.warning("job %d: its cgroup cannot enforce %s here", spec.id,
                         " or ".join(unenforced))
-        holds = not self.cuda and spec.mem_cap is not None and "its memory limit" not in unenforced
-        return cgroup, min(caps) if holds else None
+        # Only where the device figure is the binding limit is a kill there a device
+        # shortage (at --host-mem's, the job fails as it always has).
+        holds = (not self.cuda and spec.mem_cap is not None and min(caps) == spec.mem_cap
+                 and "its memory limit" not in unenforced)
+        return cgroup, spec.mem_cap if holds else None
 
     # ----- worker messages: the hot path ----------------------------------------------
     def _from_worker(self, resident: Resident) -> None:
@@ -622,7 +625,7 @@ class Host:
                 and peak > resident.mem_cap):
             log.warning("job %d: holds %d bytes, over its cap of %d; ending it",
                         resident.job_id, peak, resident.mem_cap)
-            resident.shortage = wire.Shortage(held=peak, wanted=peak)
+            resident.shortage = wire.Shortage(held=peak)
             self._kill(resident, StopWhy.MEMORY, grace=0.0)
         elif resident.probing and resident.iterations >= defaults.PROBE_ITERATIONS:
             resident.probing = False

@@ -62,18 +62,21 @@ def shortage(exc: BaseException) -> Shortage | None:
     ``OutOfMemoryError``, its CPU allocator's refusal, or ``MemoryError``), here or among its
     causes; then what the process held and asked for."""
     torch = sys.modules.get("torch")
-    kinds: tuple[type, ...] = (MemoryError,)
-    if torch is not None and isinstance(getattr(torch, "OutOfMemoryError", None), type):
-        kinds += (torch.OutOfMemoryError,)
+    device_error = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    cuda = _cuda_in_use()
     seen = 0
     while exc is not None and seen < 8:
         text = str(exc)[:4096]
-        if isinstance(exc, kinds) or (isinstance(exc, RuntimeError) and _CPU_ASKED.search(text)):
-            cuda = _cuda_in_use()
-            held = cuda.memory_allocated() if cuda is not None else rss_bytes()
-            asked = _asked(text)
-            return Shortage(held=held, wanted=held + asked if asked is not None else None)
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+        if isinstance(device_error, type) and isinstance(exc, device_error):
+            held = cuda.memory_reserved() if cuda is not None else rss_bytes()
+        elif cuda is None and (isinstance(exc, MemoryError) or (
+                isinstance(exc, RuntimeError) and _CPU_ASKED.search(text))):
+            held = rss_bytes()  # on the cpu device its host memory is its device memory
+        else:  # a GPU job short of host memory is not short of device memory
+            exc, seen = exc.__cause__ or exc.__context__, seen + 1
+            continue
+        asked = _asked(text)
+        return Shortage(held=held, wanted=held + asked if asked is not None else None)
     return None
 
 
@@ -88,8 +91,15 @@ def _asked(text: str) -> int | None:
 def cap_devices(torch, cap: int) -> None:
     """Hold the process's CUDA allocations to ``cap`` bytes on each device it sees: an
     allocation past it fails with ``OutOfMemoryError`` in this job, not in its neighbours."""
-    if not torch.cuda.is_available():
-        return
-    for index in range(torch.cuda.device_count()):
-        total = torch.cuda.get_device_properties(index).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
+    def apply() -> None:
+        for index in range(torch.cuda.device_count()):
+            total = torch.cuda.get_device_properties(index).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
+
+    # When CUDA starts, not at import: the script may still set CUDA_VISIBLE_DEVICES or
+    # PYTORCH_CUDA_ALLOC_CONF, or never use CUDA at all.
+    lazy = getattr(torch.cuda, "_lazy_call", None)
+    if lazy is not None:
+        lazy(apply)
+    elif torch.cuda.is_available():
+        apply()

@@ -13,6 +13,7 @@ from gq.errors import UserError
 from gq.queue import dependencies, queries
 from gq.queue.arrays import parse_label
 from gq.queue.models import Job, JobEvent
+from gq.queue.states import JobState
 from gq.slurm.environment import node_name
 
 
@@ -83,7 +84,8 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         mail_user=job.mail_user if detail else None, suspended=job.suspended,
         mem_basis=_basis(job.mem_basis, job.mem),
         on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
-        ooms=job.ooms or 0, mem_over=over_declaration(job.mem, job.mem_peak))
+        ooms=job.ooms or 0, mem_over=job.state != JobState.PENDING.value
+        and over_declaration(job.mem, job.mem_peak))
 
 
 def over_declaration(declared: int | None, peak: int | None) -> bool:
