@@ -401,8 +401,12 @@ class Supervisor:
         ran out of memory with what its lane had free beside its neighbours."""
         ending = _ending(job, report)
         shortage = report.shortage
+        why = report.kill_why or job.kill_why
+        if why is StopWhy.MEMORY and shortage is None:  # ended for its neighbours' sake
+            held = job.measured or job.footprint
+            shortage = wire.Shortage(held=held.persistent + held.ephemeral)
         if shortage is not None and (report.code or report.signal) and \
-                (report.kill_why or job.kill_why) in (None, StopWhy.MEMORY):
+                why in (None, StopWhy.MEMORY):
             # What a job could get at most: a lane of an empty device of the kind and
             # model it runs on (its words are believed no further).
             largest = max(d.memory_total for d in self.devices
@@ -410,8 +414,21 @@ class Supervisor:
                           ) // self.settings.lanes
             ending = Ending(JobState.FAILED, ending.exit_code, None, ran_out=RanOut(
                 min(shortage.held, largest + 1), None if shortage.wanted is None
-                else min(shortage.wanted, largest + 1), self._free_beside(job), largest))
+                else min(shortage.wanted, largest + 1), self._free_beside(job), largest,
+                self._over_beside(job, shortage)))
         return job, ending, report.end_time or None, _progress(report)
+
+    def _over_beside(self, job: Running, shortage: wire.Shortage) -> tuple[Running, ...]:
+        """The jobs to blame where a run ran out within its own figure: those on its devices
+        measured over theirs (MEM!), which no cap held (a probed job grown since, memory
+        outside PyTorch's allocator on a GPU)."""
+        figure = job.footprint.persistent
+        if not figure or (shortage.wanted or shortage.held) > figure:
+            return ()
+        names = {d.name for d in job.devices}
+        return tuple(other for other in self.running.values()
+                     if other is not job and other.over and other.kill_why is None
+                     and names & {d.name for d in other.devices})
 
     def _lane_memory(self, job: Running) -> int:
         """What the job's lane offers: the least of its devices' memory, split by lanes."""
@@ -509,6 +526,20 @@ class Supervisor:
             return False
         ran_out = ending.ran_out
         assert ran_out is not None
+        if ran_out.blamed:
+            # Not its doing: back to the queue as it was (its figure, its count of runs out
+            # of memory), and the jobs over their figures end, for their own runs to count.
+            ending.reason_after = (
+                f"{memory.shortage_reason(ran_out.wanted or ran_out.held, ran_out.free)}; "
+                f"job {', '.join(str(o.job_id) for o in ran_out.blamed)} held more than its "
+                "figure")
+            for other in ran_out.blamed:
+                log.warning("job %d: ended for holding more than its figure, which job %d "
+                            "ran out of memory for", other.job_id, job.job_id)
+                self.kill(other, StopWhy.MEMORY)
+            if progress is not None:
+                transitions.record_progress(session, job.job_id, progress)
+            return transitions.requeue(session, job.job_id, ending.reason_after, now=end)
         verdict = memory.after_shortage(
             ran_out.held, ran_out.wanted, row.mem, messages.OnOutOfMemory(
                 row.on_oom or messages.OnOutOfMemory.REQUEUE),
@@ -601,12 +632,14 @@ class Supervisor:
 @dataclass(frozen=True)
 class RanOut:
     """A run that ran out of memory: what it held and asked for (None: unknown), what its
-    lane had free beside its neighbours, what the largest lane of an empty device offers."""
+    lane had free beside its neighbours, what the largest lane of an empty device offers,
+    and the jobs beside it to blame, if any."""
 
     held: int
     wanted: int | None
     free: int
     largest: int
+    blamed: tuple[Running, ...] = ()  # it ran out within its figure: these held more
 
 
 @dataclass
