@@ -104,7 +104,8 @@ MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases
 # Memory safety
 PROBE_MEMORY = 1 << 30  # bytes a job that declares no memory needs free to start (--probe-mem)
 PROBE_ITERATIONS = 3  # ... measured over this many iterations, its lane taken by it meanwhile
-PROBE_SECONDS = 5.0  # ... or this long, for a job that runs fewer: then its figure so far
+PROBE_SECONDS = 5.0  # ... or this long after its first iteration began, for one that runs fewer
+PROBE_IDLE_SECONDS = 10.0  # ... or this long after its start, for one that has begun none
 MEMORY_MARGIN = 0.1  # a probed job's figure: its measured peak and this share more
 OOM_REQUEUES = 3  # runs a job may lose to out-of-memory, without --retries, before it fails
 OOM_GROWTH = 1.5  # a figure is raised this much when the job did not say what it asked for

@@ -7,15 +7,16 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from conftest import ROOT, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state
+from conftest import DECLARED, ROOT, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state
 
 TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
 
 def kernel(steps: int, *extra: str) -> list[str]:
-    """A kernel_train.py job of ``steps`` 100 ms iterations, named kt, with --steps given."""
-    return [*extra, "-J", "kt", "--steps", str(steps), TRAIN, "--steps", str(steps),
-            "--iter-ms", "100"]
+    """A kernel_train.py job of ``steps`` 100 ms iterations, named kt, with --steps given and
+    its memory declared (the forecast does not model a probe's wait)."""
+    return [*DECLARED, *extra, "-J", "kt", "--steps", str(steps), TRAIN, "--steps",
+            str(steps), "--iter-ms", "100"]
 
 
 def forecasts() -> dict[int, dict]:

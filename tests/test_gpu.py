@@ -86,14 +86,12 @@ def test_a_job_larger_than_any_gpu_is_refused(daemon):
     assert result.code == 2 and "more than any device" in result.err
 
 
-CUDA_OOM = str(ROOT / "tests" / "zoo" / "cuda_oom.py")
-
-
 def test_the_per_process_fraction_caps_a_job_at_its_declaration(daemon, tmp_path):
     """With --gpu-mem 1G a job cannot take 2G more of a GPU that has it free: its own
     allocation fails at its cap (torch's OutOfMemoryError), and with --oom fail it fails
     saying what it held and asked for."""
-    job_id = submit("--gpu-mem", "1G", "--oom", "fail", CUDA_OOM, "--grow-mb", "2048")
+    job_id = submit("--gpu-mem", "1G", "--oom", "fail", CUDA_TRAIN, "--mb", "64",
+                    "--grow-mb", "2048")
     failed = wait_state(job_id, "FAILED", timeout=120)
     assert failed["reason"].startswith("OutOfMemory (needs ") and "--oom fail" in failed["reason"]
     assert failed["mem"] >= 2 << 30 and failed["mem_basis"] == "raised"
@@ -102,11 +100,11 @@ def test_the_per_process_fraction_caps_a_job_at_its_declaration(daemon, tmp_path
 
 def test_an_oom_in_one_job_leaves_its_neighbours_losses_as_alone_and_it_is_readmitted(
         daemon, tmp_path):
-    alone = submit("--gpu-mem", "2G", CUDA_OOM, "--mb", "256", "--steps", "200")
+    alone = submit("--gpu-mem", "2G", CUDA_TRAIN, "--mb", "256", "--steps", "200")
     wait_state(alone, "COMPLETED", timeout=180)
     solo = output(tmp_path, alone)["losses"]
-    neighbour = submit("--gpu-mem", "2G", CUDA_OOM, "--mb", "256", "--steps", "200")
-    grower = submit("--gpu-mem", "1G", CUDA_OOM, "--mb", "64", "--grow-mb", "2048")
+    neighbour = submit("--gpu-mem", "2G", CUDA_TRAIN, "--mb", "256", "--steps", "200")
+    grower = submit("--gpu-mem", "1G", CUDA_TRAIN, "--mb", "64", "--grow-mb", "2048")
     requeued = wait_for(lambda: (info := job(grower))["ooms"] == 1 and info, 120,
                         what="the grower to run out of memory")
     assert requeued["mem"] >= 2 << 30 and requeued["mem_basis"] == "raised"

@@ -11,7 +11,7 @@ from datetime import datetime
 
 import pytest
 
-from conftest import (PYTHON, DaemonControl, all_jobs, gq, gq_ok, job, submit, wait_for,
+from conftest import (PYTHON, ROOT, DaemonControl, all_jobs, gq, gq_ok, job, submit, wait_for,
                       wait_state, write_script)
 from gq import defaults
 from gq.daemon import memory
@@ -22,56 +22,15 @@ M = 1 << 20
 G = 1 << 30
 
 # A seeded training loop whose losses are its result: alone or beside a neighbour that runs
-# out of memory, it must print the same ones. It ends once the file its third argument
-# names exists (if it names one), so that a test decides when its room is free.
-NEIGHBOUR = """\
-import json, os, sys, time, torch
-torch.manual_seed(0)
-torch.set_num_threads(1)
-model = torch.nn.Linear(32, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-data = torch.randn(64, 32)
-target = data.sum(dim=1, keepdim=True)
-losses = []
-for step in range(int(sys.argv[1])):
-    opt.zero_grad()
-    loss = ((model(data) - target) ** 2).mean()
-    loss.backward()
-    opt.step()
-    losses.append(round(loss.item(), 6))
-    time.sleep(float(sys.argv[2]))
-while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):
-    time.sleep(0.05)
-print(json.dumps(losses))
-"""
-
-# Runs out of memory at its third step on its first run only (SLURM_RESTART_COUNT=0); how
-# is its first argument: "cuda" raises the error CUDA's allocator raises (what it held and
-# asked for in its message), "grow" allocates past its cap for real.
-GROWER = """\
-import os, sys, time, torch
-model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-first_run = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
-kept = []
-for step in range(int(sys.argv[2])):
-    opt.zero_grad()
-    model(torch.randn(4, 8)).sum().backward()
-    opt.step()
-    if step == 2 and first_run and sys.argv[1] == "cuda":
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 600.00 MiB. "
-                                     "GPU 0 has a total capacity of 1.00 GiB")
-    if step == 2 and first_run and sys.argv[1] == "grow":
-        kept.append(bytearray(int(sys.argv[3]) << 20))
-        kept[-1][::4096] = b"x" * len(kept[-1][::4096])
-    time.sleep(0.02)
-print("completed")
-"""
+# out of memory, it must print the same ones. With --grow-mb it overshoots on its first run
+# only (SLURM_RESTART_COUNT=0): "--how raise" raises the error CUDA's allocator raises (what
+# it held and asked for in its message), "--how allocate" allocates past its cap for real.
+LOOP = ROOT / "bench" / "jobs" / "memory_loop.py"
 
 
-def _bare_losses(script, *args: str) -> list[float]:
+def _bare_losses(*args: str) -> list[float]:
     """The neighbour's result run bare, outside gq."""
-    done = subprocess.run([PYTHON, str(script), *args], capture_output=True, text=True,
+    done = subprocess.run([PYTHON, str(LOOP), *args], capture_output=True, text=True,
                           check=True, timeout=120)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -173,15 +132,14 @@ def test_a_job_out_of_memory_waits_for_room_and_its_neighbour_finishes_as_alone(
     more on its third step. It goes back to the queue (not FAILED) with its figure raised
     to what it asked for, says how much it waits for, starts once the neighbour has ended,
     and completes; the neighbour's losses are those of its run alone."""
-    neighbour_script = write_script(tmp_path / "neighbour.py", NEIGHBOUR)
-    grower = write_script(tmp_path / "grower.py", GROWER)
-    alone = _bare_losses(neighbour_script, "30", "0.02")
+    alone = _bare_losses("--steps", "30")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "1G")
     gq_ok("policy", "set", "fair")  # the two take turns (fifo would run the grower after)
     leave = tmp_path / "leave"
-    neighbour = submit("--gpu-mem", "600M", str(neighbour_script), "30", "0.02", str(leave))
+    neighbour = submit("--gpu-mem", "600M", str(LOOP), "--steps", "30", "--leave", str(leave))
     wait_state(neighbour, "RUNNING")
-    short = submit("--gpu-mem", "400M", str(grower), "cuda", "20")
+    short = submit("--gpu-mem", "400M", str(LOOP), "--steps", "20", "--grow-mb", "600",
+                   "--how", "raise")
     waiting = wait_for(lambda: (info := job(short))["reason"] and
                        info["reason"].startswith("OutOfMemory") and info["state"] == "PENDING"
                        and info, 60, what="the job to wait for room")
@@ -208,13 +166,11 @@ def test_a_job_killed_at_its_cgroup_cap_is_requeued_and_its_neighbour_lives(home
 
     if cgroups.detect("auto", "probe-check") is None:
         pytest.skip("no cgroup hierarchy to hold the cap here")
-    neighbour_script = write_script(tmp_path / "neighbour.py", NEIGHBOUR)
-    grower = write_script(tmp_path / "grower.py", GROWER)
-    alone = _bare_losses(neighbour_script, "40", "0.05")
+    alone = _bare_losses("--steps", "40", "--pause", "0.05")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
-    neighbour = submit("--gpu-mem", "1G", str(neighbour_script), "40", "0.05")
+    neighbour = submit("--gpu-mem", "1G", str(LOOP), "--steps", "40", "--pause", "0.05")
     wait_state(neighbour, "RUNNING")
-    over = submit("--gpu-mem", "600M", "--oom", "fail", str(grower), "grow", "20", "900")
+    over = submit("--gpu-mem", "600M", "--oom", "fail", str(LOOP), "--grow-mb", "900")
     failed = wait_state(over, "FAILED", timeout=60)
     assert failed["reason"].startswith("OutOfMemory (needs 900.0M, ")
     assert failed["reason"].endswith("; --oom fail") and failed["ooms"] == 1
@@ -228,9 +184,8 @@ def test_without_a_cgroup_the_host_ends_a_job_over_its_cap_at_a_boundary(home, t
     """Where no cgroup holds a job (--cgroup off), its memory is measured at each boundary
     and a job over its cap is ended there: requeued with its figure raised to what it
     held, and run again until it completes."""
-    grower = write_script(tmp_path / "grower.py", GROWER)
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "8G", "--cgroup", "off")
-    over = submit("--gpu-mem", "600M", str(grower), "grow", "30", "700")
+    over = submit("--gpu-mem", "600M", str(LOOP), "--grow-mb", "700")
     requeued = wait_for(lambda: (info := job(over))["ooms"] == 1 and info, 60,
                         what="the job to be ended for its memory")
     assert requeued["mem"] > 700 * M  # what it held: its allocation and the interpreter
@@ -249,9 +204,8 @@ def test_a_kill_at_its_host_memory_limit_is_no_device_shortage(home, tmp_path):
 
     if cgroups.detect("auto", "probe-check") is None:
         pytest.skip("no cgroup hierarchy to hold the limit here")
-    grower = write_script(tmp_path / "grower.py", GROWER)
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
-    over = submit("--gpu-mem", "1G", "--host-mem", "450M", str(grower), "grow", "20", "600")
+    over = submit("--gpu-mem", "1G", "--host-mem", "450M", str(LOOP), "--grow-mb", "600")
     failed = wait_state(over, "FAILED", timeout=60)
     assert failed["reason"] == "killed by signal SIGKILL" and failed["ooms"] == 0
     assert (failed["mem"], failed["mem_basis"], failed["run_count"]) == (G, "declared", 1)
@@ -270,7 +224,7 @@ def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp
     figure (gq show says so), and only then does a second job start beside it. Growing past
     that figure later is flagged: MEM! in gq status and gq show, and the daemon's log."""
     slow = write_script(tmp_path / "slow.py", (
-        "import sys, time, torch\n"
+        "import os, sys, time, torch\n"
         "model = torch.nn.Linear(8, 1)\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "kept = []\n"
@@ -281,12 +235,14 @@ def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp
         "    opt.step()\n"
         "    if step == 6 and len(sys.argv) > 2:\n"
         "        kept.append(bytearray(300 << 20))\n"
-        "        kept[-1][::4096] = b'x' * len(kept[-1][::4096])\n"))
+        "        kept[-1][::4096] = b'x' * len(kept[-1][::4096])\n"
+        "while len(sys.argv) > 2 and not os.path.exists('leave'):\n"
+        "    time.sleep(0.05)\n"))
     control = DaemonControl(home)
     control.start("--cpu-devices", "1", "--cpu-memory", "8G")
-    probed = submit(str(slow), "14", "grow")
+    probed = submit(str(slow), "10", "grow")
     started = wait_state(probed, "RUNNING")
-    second = submit("--gpu-mem", "100M", str(slow), "2")
+    second = submit("--gpu-mem", "1G", str(slow), "2")
     waiting = job(second)
     assert waiting["state"] == "PENDING" and job(probed)["steps_done"] < defaults.PROBE_ITERATIONS
     joined = wait_state(second, "RUNNING", "COMPLETED", timeout=60)
@@ -303,6 +259,7 @@ def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp
     assert any(line.split()[0] == str(probed) and "MEM!" in line for line in status.splitlines())
     assert "MEM! measured" in gq_ok("show", str(probed))
     wait_for(lambda: "(MEM!)" in control.log(), 10, what="the daemon's log line")
+    (tmp_path / "leave").touch()
     wait_state(probed, "COMPLETED", timeout=60)
 
 
@@ -350,7 +307,7 @@ def test_a_job_out_within_its_figure_blames_the_neighbour_over_its_own(home, tmp
 
 
 def test_a_probe_that_measures_nothing_leaves_no_figure_and_opens_the_lane(home, tmp_path):
-    """A Python job that runs no iteration is measured for at most PROBE_SECONDS: then it
+    """A Python job that runs no iteration is waited for PROBE_IDLE_SECONDS at most: then it
     has no figure (none of 0, which would be no cap), and the next job joins it."""
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "8G")
     idle = write_script(tmp_path / "idle.py", "import os, time\n"
@@ -359,7 +316,8 @@ def test_a_probe_that_measures_nothing_leaves_no_figure_and_opens_the_lane(home,
     started = wait_state(quiet, "RUNNING")
     other = submit("--gpu-mem", "100M", str(write_script(tmp_path / "s.sh", "true\n")))
     ended = wait_state(other, "COMPLETED", timeout=30)
-    assert _at(ended["start_time"]) - _at(started["start_time"]) >= defaults.PROBE_SECONDS - 1.5
+    assert _at(ended["start_time"]) - _at(started["start_time"]) >= \
+        defaults.PROBE_IDLE_SECONDS - 1.5
     assert (job(quiet)["mem"], job(quiet)["mem_basis"]) == (None, None)
     (tmp_path / "leave").touch()
     wait_state(quiet, "COMPLETED")

@@ -93,7 +93,7 @@ def _jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, tmp_path):
                         "-D", str(spaced), str(array)),
         "venv": submit("--python", str(venv / "bin" / "python"), "-o", "venv-%j.out",
                        "-D", str(project), str(main), "--lr", "3e-4"),
-        "fits": submit("--gpu-mem", "64M", "--host-mem", "300M", "-o", "fits-%j.out",
+        "fits": submit("--gpu-mem", "256M", "--host-mem", "300M", "-o", "fits-%j.out",
                        "--deadline", "now+1day", "-t", "5:00", str(memory), "100", "0"),
         "exclusive": submit("-G", "1", "--exclusive", "-o", "excl-%j.out", str(plain)),
     }
@@ -118,7 +118,7 @@ def _jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, tmp_path):
     assert f'#SBATCH --chdir="{spaced}"' in exported["array"].out
     assert "#SBATCH --mem=300M" in exported["fits"].out
     assert "#SBATCH --gres=gpu:1" in exported["fits"].out
-    assert "# gq --gpu-mem 64.0M" in exported["fits"].out
+    assert "# gq --gpu-mem 256.0M" in exported["fits"].out
     assert "#SBATCH --deadline=" in exported["fits"].out
     assert "--exclusive" not in exported["exclusive"].out.replace("# gq --exclusive", "")
     assert f"exec {venv}/bin/python {main} --lr 3e-4" in exported["venv"].out

@@ -1,7 +1,8 @@
 """A seeded training loop whose losses are its result (one JSON line at the end).
 ``--grow-mb N``: on its first run only (SLURM_RESTART_COUNT unset or 0) it overshoots at
 step ``--grow-at``: ``--how allocate`` holds N MiB more for real, ``--how raise`` raises
-the error CUDA's allocator raises for an ask of N MiB."""
+the error CUDA's allocator raises for an ask of N MiB. ``--leave FILE``: once its steps are
+done, it ends only once FILE exists (a test decides when its room is free)."""
 
 import argparse
 import json
@@ -16,6 +17,7 @@ parser.add_argument("--pause", type=float, default=0.02)
 parser.add_argument("--grow-mb", type=int, default=0)
 parser.add_argument("--grow-at", type=int, default=3)
 parser.add_argument("--how", choices=("allocate", "raise"), default="allocate")
+parser.add_argument("--leave")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -39,4 +41,6 @@ for step in range(args.steps):
         kept.append(bytearray(args.grow_mb << 20))
         kept[-1][::4096] = b"x" * len(kept[-1][::4096])
     time.sleep(args.pause)
+while args.leave and not os.path.exists(args.leave):
+    time.sleep(0.05)
 print(json.dumps(losses), flush=True)

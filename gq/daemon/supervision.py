@@ -64,6 +64,7 @@ class Running:
     kill_why: StopWhy | None = None
     # It declared no memory: its lane is its own until its first figures are known.
     probing: bool = False
+    iterating_since: float | None = None  # wall clock: its first iteration began (probes)
     over: bool = False  # measured over its figure (MEM!), logged once
 
     def footprint_now(self) -> admission.Footprint:
@@ -340,6 +341,8 @@ class Supervisor:
                 continue
             progress = self.progress[job.job_id] = _progress(item)
             job.holds_lane = progress.holds_lane
+            if job.iterating_since is None and (progress.holds_lane or progress.attained):
+                job.iterating_since = time.time()
             if progress.mem_persistent is not None:
                 job.measured = self._plausible_footprint(job, progress)
                 self._check_figure(job, item.iterations)
@@ -361,11 +364,15 @@ class Supervisor:
                         job.job_id, format_size(peak), format_size(job.footprint.persistent))
 
     def end_probes(self, now: float) -> None:
-        """Probes that ran their time (jobs of fewer iterations): their figure is what they
-        were measured to hold so far; where nothing was, they have none, and count as what
-        they are seen to hold."""
+        """Probes that ran their time (jobs of fewer iterations, counted from the first, or
+        of none, from their start: loading a model may take long): their figure is what
+        they were measured to hold so far; where nothing was, they have none, and count as
+        what they are seen to hold."""
         for job in list(self.running.values()):
-            if job.probing and now - job.started >= defaults.PROBE_SECONDS:
+            since, limit = ((job.iterating_since, defaults.PROBE_SECONDS)
+                            if job.iterating_since is not None
+                            else (job.started, defaults.PROBE_IDLE_SECONDS))
+            if job.probing and now - since >= limit:
                 measured = job.measured or admission.Footprint()
                 self.end_probe(job, measured.persistent + measured.ephemeral)
 
@@ -375,8 +382,8 @@ class Supervisor:
         job.probing = False
         self.wake()
         if peak <= 0:
-            log.info("job %d: no memory measured in its first %g s; it counts as what it is "
-                     "seen to hold", job.job_id, defaults.PROBE_SECONDS)
+            log.info("job %d: no memory measured by its probe's end; it counts as what it "
+                     "is seen to hold", job.job_id)
             return
         figure = min(memory.probed_figure(peak), self._lane_memory(job))
         job.footprint = admission.Footprint(persistent=figure)
@@ -423,7 +430,8 @@ class Supervisor:
         measured over theirs (MEM!), which no cap held (a probed job grown since, memory
         outside PyTorch's allocator on a GPU)."""
         figure = job.footprint.persistent
-        if not figure or (shortage.wanted or shortage.held) > figure:
+        need = shortage.wanted if shortage.wanted is not None else shortage.held
+        if not figure or need >= figure:  # at its cap (a kernel kill there) is its own doing
             return ()
         names = {d.name for d in job.devices}
         return tuple(other for other in self.running.values()
