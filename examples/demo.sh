@@ -11,8 +11,10 @@ cd "$work"
 
 gq daemon start
 gq policy set srtf
-gq submit -J long --steps 1500 "$examples/train.py" --steps 1500
-gq submit -J short --steps 150 "$examples/train.py" --steps 150
+# Each declares its device memory (train.py holds about 310M): a job that declares none has
+# its lane to itself until its first iterations are measured.
+gq submit -J long --steps 1500 --gpu-mem 512M "$examples/train.py" --steps 1500
+gq submit -J short --steps 150 --gpu-mem 512M "$examples/train.py" --steps 150
 gq submit "$examples/hello.sh"
 sleep 1
 gq status

@@ -156,7 +156,7 @@ def test_priority_job_runs_almost_as_if_alone_while_low_jobs_fill_its_gaps(daemo
     alone = submit("--priority", "10", *high_args)
     alone_info = wait_state(alone, "COMPLETED", timeout=60)
 
-    lows = [submit("--priority", "0", TRAIN, "--steps", "5000", "--iter-ms", "4")
+    lows = [submit(*DECLARED, "--priority", "0", TRAIN, "--steps", "5000", "--iter-ms", "4")
             for _ in range(2)]
     wait_for(lambda: all(job(i)["steps_done"] > 0 for i in lows), 60, what="low jobs to run")
     low_before = {i: job(i)["steps_done"] for i in lows}
@@ -182,9 +182,10 @@ def test_worker_crashes_leave_other_resident_jobs_running(home, tmp_path):
     resident jobs that go on to complete: one host, one daemon, all at once."""
     gq_ok("daemon", "start", "--kill-wait", "1", "--max-resident", "6")
     gq_ok("policy", "set", "fair")
-    survivors = [submit(TRAIN, "--steps", "60", "--iter-ms", "3") for _ in range(2)]
-    crashers = {how: submit(TRAIN, "--steps", "60", "--iter-ms", "3", "--crash-at", "20",
-                            "--crash-how", how)
+    # Declared: six jobs that each probed their memory would start one after another.
+    survivors = [submit(*DECLARED, TRAIN, "--steps", "60", "--iter-ms", "3") for _ in range(2)]
+    crashers = {how: submit(*DECLARED, TRAIN, "--steps", "60", "--iter-ms", "3",
+                            "--crash-at", "20", "--crash-how", how)
                 for how in ("exception", "os_exit", "sigsegv", "sys_exit0")}
     ended = {how: wait_state(job_id, "COMPLETED", "FAILED", timeout=60)
              for how, job_id in crashers.items()}
