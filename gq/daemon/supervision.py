@@ -177,6 +177,8 @@ class Supervisor:
             job = self.running[row.id] = self._running_from(row, name)
             job.kill_why = item.kill_why
             progress = self.progress[row.id] = _progress(item)
+            if progress.holds_lane or progress.attained:
+                job.iterating_since = time.time()  # a probe's time runs from now on
             if progress.mem_persistent is not None:  # a probe may end with what it says
                 job.measured = self._plausible_footprint(job, progress)
                 self._check_figure(job, item.iterations)
@@ -379,18 +381,18 @@ class Supervisor:
     def end_probe(self, job: Running, peak: int) -> None:
         """The probe is over: the job's figure is its peak and a margin (kept in the queue,
         shown by gq show), and its lane is open to others again."""
-        job.probing = False
-        self.wake()
-        if peak <= 0:
+        if peak > 0:  # kept in the queue first: a probe whose figure was lost goes on
+            figure = min(memory.probed_figure(peak), self._lane_memory(job))
+            with self.db.write() as session:
+                transitions.set_memory_figure(session, job.job_id, figure,
+                                              messages.MemoryBasis.MEASURED)
+            job.footprint = admission.Footprint(persistent=figure)
+            log.info("job %d: probed at %s of device memory", job.job_id, format_size(figure))
+        else:
             log.info("job %d: no memory measured by its probe's end; it counts as what it "
                      "is seen to hold", job.job_id)
-            return
-        figure = min(memory.probed_figure(peak), self._lane_memory(job))
-        job.footprint = admission.Footprint(persistent=figure)
-        with self.db.write() as session:
-            transitions.set_memory_figure(session, job.job_id, figure,
-                                          messages.MemoryBasis.MEASURED)
-        log.info("job %d: probed at %s of device memory", job.job_id, format_size(figure))
+        job.probing = False
+        self.wake()
 
     def _plausible_footprint(self, job: Running, progress: transitions.Progress
                              ) -> admission.Footprint:
@@ -409,9 +411,6 @@ class Supervisor:
         ending = _ending(job, report)
         shortage = report.shortage
         why = report.kill_why or job.kill_why
-        if why is StopWhy.MEMORY and shortage is None:  # ended for its neighbours' sake
-            held = job.measured or job.footprint
-            shortage = wire.Shortage(held=held.persistent + held.ephemeral)
         if shortage is not None and (report.code or report.signal) and \
                 why in (None, StopWhy.MEMORY):
             # What a job could get at most: a lane of an empty device of the kind and
@@ -421,22 +420,8 @@ class Supervisor:
                           ) // self.settings.lanes
             ending = Ending(JobState.FAILED, ending.exit_code, None, ran_out=RanOut(
                 min(shortage.held, largest + 1), None if shortage.wanted is None
-                else min(shortage.wanted, largest + 1), self._free_beside(job), largest,
-                self._over_beside(job, shortage)))
+                else min(shortage.wanted, largest + 1), self._free_beside(job), largest))
         return job, ending, report.end_time or None, _progress(report)
-
-    def _over_beside(self, job: Running, shortage: wire.Shortage) -> tuple[Running, ...]:
-        """The jobs to blame where a run ran out within its own figure: those on its devices
-        measured over theirs (MEM!), which no cap held (a probed job grown since, memory
-        outside PyTorch's allocator on a GPU)."""
-        figure = job.footprint.persistent
-        need = shortage.wanted if shortage.wanted is not None else shortage.held
-        if not figure or need >= figure:  # at its cap (a kernel kill there) is its own doing
-            return ()
-        names = {d.name for d in job.devices}
-        return tuple(other for other in self.running.values()
-                     if other is not job and other.over and other.kill_why is None
-                     and names & {d.name for d in other.devices})
 
     def _lane_memory(self, job: Running) -> int:
         """What the job's lane offers: the least of its devices' memory, split by lanes."""
@@ -534,20 +519,6 @@ class Supervisor:
             return False
         ran_out = ending.ran_out
         assert ran_out is not None
-        if ran_out.blamed:
-            # Not its doing: back to the queue as it was (its figure, its count of runs out
-            # of memory), and the jobs over their figures end, for their own runs to count.
-            ending.reason_after = (
-                f"{memory.shortage_reason(ran_out.wanted or ran_out.held, ran_out.free)}; "
-                f"job {', '.join(str(o.job_id) for o in ran_out.blamed)} held more than its "
-                "figure")
-            for other in ran_out.blamed:
-                log.warning("job %d: ended for holding more than its figure, which job %d "
-                            "ran out of memory for", other.job_id, job.job_id)
-                self.kill(other, StopWhy.MEMORY)
-            if progress is not None:
-                transitions.record_progress(session, job.job_id, progress)
-            return transitions.requeue(session, job.job_id, ending.reason_after, now=end)
         verdict = memory.after_shortage(
             ran_out.held, ran_out.wanted, row.mem, messages.OnOutOfMemory(
                 row.on_oom or messages.OnOutOfMemory.REQUEUE),
@@ -640,14 +611,12 @@ class Supervisor:
 @dataclass(frozen=True)
 class RanOut:
     """A run that ran out of memory: what it held and asked for (None: unknown), what its
-    lane had free beside its neighbours, what the largest lane of an empty device offers,
-    and the jobs beside it to blame, if any."""
+    lane had free beside its neighbours, what the largest lane of an empty device offers."""
 
     held: int
     wanted: int | None
     free: int
     largest: int
-    blamed: tuple[Running, ...] = ()  # it ran out within its figure: these held more
 
 
 @dataclass
