@@ -155,5 +155,6 @@ def launch_spec(job: Job | JobRow, payload: Payload | PayloadRow, devices: list[
         groups=groups, umask=job.umask, snapshot=job.spool_path or None,
         script_name=None if worker else job.script, host_mem=job.host_mem, cpus=job.cpus,
         warn_signal=warn.number if warn else None, warn_before=warn.before if warn else 60,
-        warn_main=warn.batch if warn else False, mem_cap=job.mem, probe=job.mem is None)
+        warn_main=warn.batch if warn else False, mem_cap=job.mem,
+        probe=worker and job.mem is None)
 

@@ -471,13 +471,15 @@ class Supervisor:
                                             transitions.Progress | None]]) -> None:
         """Record runs' ends (each with its end time, and its last progress if its exit
         report carried one) in one transaction; forget the runs once it has committed."""
-        requeued = set()
+        requeued, verdicts = set(), {}
         with self.db.write() as session:
             for job, ending, end, last in ends:
                 progress = last or self.progress.get(job.job_id)
                 reason = ending.reason
                 if ending.ran_out is not None:
-                    if self._ran_out(session, job, ending, end, progress):
+                    verdict = verdicts[job.job_id] = self._ran_out(session, job, ending, end,
+                                                                   progress)
+                    if verdict is not None and verdict.requeue:
                         requeued.add(job.job_id)
                     continue
                 if not ending.requeue and ending.state is not JobState.FAILED:
@@ -505,28 +507,30 @@ class Supervisor:
             if metrics is not None:
                 metrics.run_time.labels("REQUEUED" if again else ending.state.value).observe(
                     max(0.0, (end or time.time()) - job.started))
-            reason = ending.reason or ending.reason_after
+            verdict = verdicts.get(job.job_id)
+            reason = verdict.reason if verdict is not None else ending.reason
             log.info("job %d %s%s", job.job_id, "requeued" if again else ending.state.value,
                      f" ({reason})" if reason else "")
         self.wake()
 
     def _ran_out(self, session, job: Running, ending: Ending, end: float | None,
-                 progress: transitions.Progress | None) -> bool:
+                 progress: transitions.Progress | None) -> memory.Verdict | None:
         """Record a run that ran out of memory: back to the queue with its figure raised, or
-        FAILED (see :mod:`gq.daemon.memory`); True if requeued."""
+        FAILED (see :mod:`gq.daemon.memory`); the verdict (None: the job was no longer
+        RUNNING, and nothing changed)."""
         row = queries.job(session, job.job_id)
         if row is None:
-            return False
+            return None
         ran_out = ending.ran_out
         assert ran_out is not None
         verdict = memory.after_shortage(
             ran_out.held, ran_out.wanted, row.mem, messages.OnOutOfMemory(
                 row.on_oom or messages.OnOutOfMemory.REQUEUE),
             row.ooms or 0, row.retries, ran_out.free, ran_out.largest)
-        ending.reason_after = verdict.reason
-        return transitions.ran_out_of_memory(session, job.job_id, verdict.requeue,
-                                             verdict.figure, verdict.reason,
-                                             ending.exit_code, now=end, progress=progress)
+        changed = transitions.ran_out_of_memory(session, job.job_id, verdict.requeue,
+                                                verdict.figure, verdict.reason,
+                                                ending.exit_code, now=end, progress=progress)
+        return verdict if changed else None
 
     def flush(self) -> None:
         """Write the latest progress of running jobs to the queue (about once a second)."""
@@ -619,7 +623,7 @@ class RanOut:
     largest: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ending:
     """How a run ends in the queue."""
 
@@ -629,7 +633,6 @@ class Ending:
     requeue: bool = False  # back to the queue, PENDING
     counted: bool = True  # False: a run that ran no iteration, not counted among its runs
     ran_out: RanOut | None = None  # it ran out of memory: the verdict is made as recorded
-    reason_after: str | None = None  # ... and its reason, for the log
 
 
 def _ending(job: Running, report: wire.Exited) -> Ending:

@@ -518,7 +518,7 @@ class Host:
             deadline=spec.deadline,
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
             if spec.warn_signal is not None else None,
-            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe and spec.worker,
+            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe,
         )
 
     def _make_cgroup(self, spec: wire.LaunchSpec) -> tuple[JobCgroup | None, int | None]:

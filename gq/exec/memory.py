@@ -7,6 +7,8 @@ import re
 import sys
 from dataclasses import dataclass
 
+from gq.exec.protocol import OutOfMemory
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 # What the allocators say they were asked for: CUDA's caching allocator ("Tried to allocate
 # 2.00 GiB") and PyTorch's CPU allocator ("you tried to allocate 1048576 bytes").
@@ -51,16 +53,10 @@ def release_cached() -> None:
         cuda.empty_cache()
 
 
-@dataclass(frozen=True)
-class Shortage:
-    held: int  # bytes the process held when it ran out
-    wanted: int | None  # what it would have held had the allocation succeeded (None: unknown)
-
-
-def shortage(exc: BaseException) -> Shortage | None:
+def shortage(exc: BaseException) -> OutOfMemory | None:
     """Whether an exception that ends a script is an out-of-memory error (torch's
     ``OutOfMemoryError``, its CPU allocator's refusal, or ``MemoryError``), here or among its
-    causes; then what the process held and asked for."""
+    causes; then what the process held and asked for, as its host is told."""
     torch = sys.modules.get("torch")
     device_error = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
     cuda = _cuda_in_use()
@@ -76,7 +72,7 @@ def shortage(exc: BaseException) -> Shortage | None:
             exc, seen = exc.__cause__ or exc.__context__, seen + 1
             continue
         asked = _asked(text)
-        return Shortage(held=held, wanted=held + asked if asked is not None else None)
+        return OutOfMemory(held=held, wanted=held + asked if asked is not None else None)
     return None
 
 

@@ -102,7 +102,7 @@ class LaunchSpec:
     # worker caps its own allocations there; on the cpu and emulated devices its cgroup's
     # memory limit does, else the host at each boundary.
     mem_cap: HostMemory | None = None
-    probe: bool = False  # it declared nothing: report its first figures at once
+    probe: bool = False  # a Python job that declared nothing: its first figures go at once
 
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read

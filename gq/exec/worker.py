@@ -23,8 +23,8 @@ import types
 from gq import defaults
 from gq.codec import INT64_MAX
 from gq.exec import hooks, memory, runtime
-from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, TO_WORKER, Channel, Done, Finished,
-                              OutOfMemory, Ready, StepsTaken, Total, encode)
+from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, TO_WORKER, Channel, Done, Finished, Ready,
+                              StepsTaken, Total, encode)
 
 READY = encode(Ready())
 
@@ -111,7 +111,7 @@ class WorkerSession:
         found = memory.shortage(exc)
         if found is not None and not self.detached:
             with self.lock:
-                self.channel.send(OutOfMemory(found.held, found.wanted))
+                self.channel.send(found)
 
     def finish(self) -> None:
         """The script is over: free the lane now, not after the interpreter's teardown."""

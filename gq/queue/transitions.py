@@ -307,18 +307,16 @@ def ran_out_of_memory(session: Session, job_id: int, requeue: bool, figure: int,
     """A RUNNING job's run ran out of memory: it goes back to the queue (``requeue``) with
     its device-memory figure raised to what it asked for (``figure``), to start once that
     much is free; or it ends FAILED, its figure as it was (a later gq requeue must not
-    bring back a figure no device offers). Whether it was requeued."""
+    bring back a figure no device offers). Whether the job was RUNNING, and so changed."""
     now = time.time() if now is None else now
     last = _progress_values(progress) if progress is not None else {}
     values = {**last, "ooms": _ONE_MORE_OOM, "exit_code": exit_code, "holds_lane": False}
     if requeue:
-        _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now, **values,
-              mem=figure, mem_basis=MemoryBasis.RAISED.value, device=None, lane=None,
-              pid=None, stop_request=None, start_time=None)
-        return True
-    _move(session, job_id, JobState.RUNNING, JobState.FAILED, reason, now, **values,
-          end_time=now)
-    return False
+        return _move(session, job_id, JobState.RUNNING, JobState.PENDING, reason, now,
+                     **values, mem=figure, mem_basis=MemoryBasis.RAISED.value, device=None,
+                     lane=None, pid=None, stop_request=None, start_time=None)
+    return _move(session, job_id, JobState.RUNNING, JobState.FAILED, reason, now, **values,
+                 end_time=now)
 
 
 def set_memory_figure(session: Session, job_id: int, figure: int, basis: MemoryBasis) -> None:

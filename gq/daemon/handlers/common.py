@@ -85,10 +85,10 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         mem_basis=_basis(job.mem_basis, job.mem),
         on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
         ooms=job.ooms or 0, mem_over=job.state != JobState.PENDING.value
-        and over_declaration(job.mem, job.mem_peak))
+        and _over_figure(job.mem, job.mem_peak))
 
 
-def over_declaration(declared: int | None, peak: int | None) -> bool:
+def _over_figure(declared: int | None, peak: int | None) -> bool:
     """Whether a job was measured to use more device memory than its figure (MEM!)."""
     return declared is not None and peak is not None and peak > declared
 
