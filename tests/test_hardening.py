@@ -38,6 +38,8 @@ frames = [
     b'{"op": "progress", "steps": "' + b'x' * 300000 + b'"}\n',
     b'\x00\xffnot json at all\n',
     b'{' + b'x' * (2 << 20),
+    b'{"op": "oom", "held": null}\n',
+    b'{"op": "oom", "held": 1, "wanted": [[[1]]]}\n',
 ]
 sock.sendall(frames[int(os.environ["SLURM_ARRAY_TASK_ID"])])
 time.sleep(0.5)
@@ -47,7 +49,8 @@ for _ in gq.steps(range(3)):
 FRAGMENTS = ["total.steps: expected an integer, not null", "total.steps: a 22-digit number",
              "done.mem_persistent", "not JSON (NaN is not a number)", "nested too deeply",
              "progress.steps: expected an integer, not str", "not JSON",
-             "a message over 1048576 bytes"]
+             "a message over 1048576 bytes", "oom.held: expected an integer, not null",
+             "oom.wanted: expected an integer, not list"]
 
 
 def _db(home: Path) -> sqlite3.Connection:
@@ -307,7 +310,10 @@ def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
                    {"options": {"deadline": 1e21}}, {"options": {"name": "x\u0000y"}},
                    {"options": {"name": "\u001b[2Jwipe"}}, {"options": {"priority": 2**70}},
                    {"script_path": "/tmp/.."}, {"test_only": None}, {"test_only": 2**70},
-                   {"test_only": "yes"}, {"test_only": 1}, {"test_only": [[[True]]]}):
+                   {"test_only": "yes"}, {"test_only": 1}, {"test_only": [[[True]]]},
+                   {"options": {"oom": None}}, {"options": {"oom": 2**70}},
+                   {"options": {"oom": "explode"}}, {"options": {"oom": "\u0000"}},
+                   {"options": {"oom": [[["fail"]]]}}):
         hostile.append(json.dumps({**submit_line, **change}).encode() + b"\n")
     for value in (None, 2**70, "yes", 1, [[[True]]], "\u0000"):
         hostile.append(json.dumps({"v": messages.VERSION, "kind": "list",
