@@ -40,13 +40,16 @@ def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens
     last iteration, a start-up slower than the earlier job's on a busy machine); the forecast
     is shown by gq status --start, -l and gq show."""
     warm_up()
-    ids = [submit(*kernel(30)) for _ in range(3)]
+    # The first runs long enough for a forecast from its own pace to be made before it ends
+    # (forecasts are spaced by ten times their cost, seconds on a busy machine).
+    ids = [submit(*kernel(steps)) for steps in (80, 30, 30)]
     first = wait_for(lambda: (j := job(ids[0]))["steps_done"] >= 3 and j, 120,
                      what=f"job {ids[0]} to have its pace measured")
     assert first["state"] == "RUNNING"
 
     def made_since_measured():  # the first job's own pace in it, not its owner's last job's
         found = forecasts()
+        assert ids[0] in found, f"job {ids[0]} ended before a forecast from its own pace"
         return (found[ids[0]]["basis"] == "known" and all(found[i]["end"] for i in ids)
                 and found)
 

@@ -12,9 +12,8 @@ import torch
 
 from conftest import ROOT, gq, gq_ok, job, submit, wait_for, wait_state
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(),
-                                 reason="no CUDA device (these run on a GPU machine: pytest -m gpu)")]
+NO_GPU = "no CUDA device (these run on a GPU machine: pytest -m gpu)"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)]
 
 CUDA_TRAIN = str(ROOT / "tests" / "zoo" / "cuda_train.py")
 
@@ -112,3 +111,31 @@ def test_an_oom_in_one_job_leaves_its_neighbours_losses_as_alone_and_it_is_readm
     assert again["run_count"] == 2
     wait_state(neighbour, "COMPLETED", timeout=180)
     assert output(tmp_path, neighbour)["losses"] == solo
+
+
+def test_a_probed_job_is_capped_at_its_figure_and_requeued_past_it(daemon, tmp_path):
+    """A job that declares nothing is probed; its figure is then its cap: growing past it
+    fails its own allocation, and it goes back to the queue with its figure raised."""
+    job_id = submit(CUDA_TRAIN, "--mb", "256", "--steps", "400", "--grow-mb", "2048",
+                    "--grow-at", "300")
+    measured = wait_for(lambda: (info := job(job_id))["mem_basis"] == "measured" and info, 120,
+                        what="the probe's figure")
+    requeued = wait_for(lambda: (info := job(job_id))["ooms"] == 1 and info, 120,
+                        what="the job to run out at its probed cap")
+    assert requeued["mem"] >= measured["mem"] + (2 << 30) and requeued["mem_basis"] == "raised"
+    assert wait_state(job_id, "COMPLETED", timeout=180)["run_count"] == 2
+
+
+def test_a_job_that_lifts_its_own_cap_is_flagged_mem(daemon, tmp_path):
+    """A script may raise its own per-process fraction past its figure: nothing ends it, but
+    its owner sees MEM! in gq status and gq show, and the daemon logs it."""
+    job_id = submit("--gpu-mem", "512M", CUDA_TRAIN, "--mb", "64", "--steps", "1000000",
+                    "--lift-cap", "--grow-mb", "1024", "--grow-at", "5")
+    over = wait_for(lambda: (info := job(job_id))["mem_over"] and info, 120,
+                    what="the job measured over its figure")
+    assert over["mem_peak"] > over["mem"] and over["state"] == "RUNNING"
+    assert any(line.split()[0] == str(job_id) and "MEM!" in line
+               for line in gq_ok("status").splitlines())
+    assert "MEM! measured" in gq_ok("show", str(job_id))
+    wait_for(lambda: "(MEM!)" in daemon.log(), 10, what="the daemon's log line")
+    gq_ok("cancel", str(job_id))

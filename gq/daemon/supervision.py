@@ -176,6 +176,9 @@ class Supervisor:
                 continue
             job = self.running[row.id] = self._running_from(row, name)
             job.kill_why = item.kill_why
+            if row.mem is not None and row.mem_basis == messages.MemoryBasis.MEASURED:
+                # Its probe ended while no daemon ran, or its cap was never sent: again.
+                self.send(name, wire.Cap(row.id, row.run_count, row.mem))
             progress = self.progress[row.id] = _progress(item)
             if progress.holds_lane or progress.attained:
                 job.iterating_since = time.time()  # a probe's time runs from now on
@@ -380,14 +383,16 @@ class Supervisor:
 
     def end_probe(self, job: Running, peak: int) -> None:
         """The probe is over: the job's figure is its peak and a margin (kept in the queue,
-        shown by gq show), and its lane is open to others again."""
+        shown by gq show), its cap from now on, and its lane is open to others again."""
         if peak > 0:  # kept in the queue first: a probe whose figure was lost goes on
             figure = min(memory.probed_figure(peak), self._lane_memory(job))
             with self.db.write() as session:
                 transitions.set_memory_figure(session, job.job_id, figure,
                                               messages.MemoryBasis.MEASURED)
             job.footprint = admission.Footprint(persistent=figure)
-            log.info("job %d: probed at %s of device memory", job.job_id, format_size(figure))
+            self.send(job.host, wire.Cap(job.job_id, job.run, figure))
+            log.info("job %d: probed at %s of device memory, its cap from now on", job.job_id,
+                     format_size(figure))
         else:
             log.info("job %d: no memory measured by its probe's end; it counts as what it "
                      "is seen to hold", job.job_id)

@@ -90,6 +90,8 @@ class Resident:
     kill_deadline: float | None = None
     mem_cap: int | None = None  # bytes of device memory it may hold (its figure)
     cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
+    host_mem: int | None = None  # --host-mem: its cgroup's limit where that is the smaller
+    cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
@@ -235,6 +237,7 @@ class Host:
         self._from_daemon_handlers: dict[type, Callable] = {
             wire.Hello: self._on_hello, wire.Launch: self._on_launch,
             wire.Kill: self._on_kill, wire.Ack: self._on_ack, wire.Update: self._on_update,
+            wire.Cap: self._on_cap,
             wire.SetPolicy: self._on_policy, wire.Shutdown: lambda _: self._shutdown(),
             wire.Drain: self._on_drain, wire.Suspend: self._on_suspend,
         }
@@ -378,6 +381,22 @@ class Host:
             resident.priority = message.priority
             resident.time_limit = message.time_limit
 
+    def _on_cap(self, message: wire.Cap) -> None:
+        """A probed run's figure is its cap from now on: on a device that is the host's own
+        memory, its cgroup's limit (or the check at each boundary); on a GPU, its worker's
+        allocator from its next grant."""
+        resident = self.residents.get(message.job)
+        if resident is None or resident.run != message.run or resident.exit_status is not None:
+            return
+        resident.mem_cap = message.mem_cap
+        if self.cuda:
+            resident.cap_unsent = resident.channel is not None
+        elif resident.cgroup is not None:
+            resident.cgroup_cap = self._limit_memory(resident.job_id, resident.cgroup,
+                                                     resident.host_mem, message.mem_cap)
+        log.info("job %d: capped at %d bytes of device memory", resident.job_id,
+                 message.mem_cap)
+
     def _on_suspend(self, message: wire.Suspend) -> None:
         resident = self.residents.get(message.job)
         if resident is None or resident.exit_status is not None \
@@ -518,31 +537,38 @@ class Host:
             deadline=spec.deadline,
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
             if spec.warn_signal is not None else None,
-            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe,
+            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, host_mem=spec.host_mem,
+            probing=spec.probe,
         )
 
     def _make_cgroup(self, spec: wire.LaunchSpec) -> tuple[JobCgroup | None, int | None]:
-        """The run's cgroup, limited to its host memory and CPUs, and on a device that is
-        the host's own memory (cpu, emulated) to its device-memory figure too; and the
-        cgroup's memory limit where it holds that figure (else the host checks it at each
-        boundary)."""
+        """The run's cgroup, limited to its CPUs and its memory (see :meth:`_limit_memory`),
+        and the limit where that holds its device-memory figure."""
         if self.cgroups is None:
             return None, None
         try:
             cgroup = self.cgroups.create(self.device, spec.id, spec.run)
         except OSError as exc:
             raise LaunchError(f"cannot make job {spec.id}'s cgroup: {exc.strerror}") from None
-        caps = [cap for cap in (spec.host_mem, None if self.cuda else spec.mem_cap)
-                if cap is not None]
-        unenforced = cgroup.limit(min(caps) if caps else None, spec.cpus)
+        return cgroup, self._limit_memory(spec.id, cgroup, spec.host_mem, spec.mem_cap,
+                                          spec.cpus)
+
+    def _limit_memory(self, job_id: int, cgroup: JobCgroup, host_mem: int | None,
+                      mem_cap: int | None, cpus: int | None = None) -> int | None:
+        """Limit a cgroup to the job's host memory and, on a device that is the host's own
+        memory (cpu, emulated), to its device-memory figure too, whichever is smaller; return
+        the figure where the cgroup's limit holds it (else the host checks it at each
+        boundary)."""
+        caps = [cap for cap in (host_mem, None if self.cuda else mem_cap) if cap is not None]
+        unenforced = cgroup.limit(min(caps) if caps else None, cpus)
         if unenforced:
-            log.warning("job %d: its cgroup cannot enforce %s here", spec.id,
+            log.warning("job %d: its cgroup cannot enforce %s here", job_id,
                         " or ".join(unenforced))
         # Only where the device figure is the binding limit is a kill there a device
         # shortage (at --host-mem's, the job fails as it always has).
-        holds = (not self.cuda and spec.mem_cap is not None and min(caps) == spec.mem_cap
+        holds = (not self.cuda and mem_cap is not None and min(caps) == mem_cap
                  and "its memory limit" not in unenforced)
-        return cgroup, spec.mem_cap if holds else None
+        return mem_cap if holds else None
 
     # ----- worker messages: the hot path ----------------------------------------------
     def _from_worker(self, resident: Resident) -> None:
@@ -667,12 +693,14 @@ class Host:
         if chosen.thaw_on_grant:  # resumed inside its iteration: it goes on with the lane
             chosen.thaw_on_grant = False
             self._stop_processes(chosen, False)
-        elif not chosen.channel.send(wire.Go(empty_cache=shared)):
+        elif not chosen.channel.send(wire.Go(empty_cache=shared, mem_cap=chosen.mem_cap
+                                             if chosen.cap_unsent else None)):
             log.warning("job %d's worker hung up before its grant; the lane goes on",
                         chosen.job_id)
             self._drop_channel(chosen)  # its exit is reaped and reported as usual
             return
         chosen.state = "running"
+        chosen.cap_unsent = False
         chosen.granted_at = time.monotonic()
         chosen.dirty = True  # the daemon hears of the grant with the next progress
         lane.holder = chosen

@@ -36,7 +36,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/6"
+HOST_VERSION = f"{__version__}/7"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -175,6 +175,17 @@ class Update:
     job: JobId
     priority: Priority
     time_limit: TimeLimit | None = None
+
+
+@message
+class Cap:
+    """A probed job's figure is known: from now on the run holds at most ``mem_cap`` bytes
+    of device memory, as if it had declared that much (it is ended there, not a neighbour)."""
+
+    op: ClassVar[str] = "cap"
+    job: JobId
+    run: Positive
+    mem_cap: HostMemory
 
 
 @message
@@ -326,13 +337,14 @@ class Finished:
 class Go:
     op: ClassVar[str] = "go"
     empty_cache: bool = False
+    mem_cap: HostMemory | None = None  # from now on: its probe's figure (a CUDA job's cap)
 
 
 def _table(*classes: type) -> dict[str, type]:
     return {cls.op: cls for cls in classes}
 
 
-TO_HOST = _table(Hello, Launch, Kill, Update, Suspend, SetPolicy, Ack, Drain, Shutdown)
+TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SetPolicy, Ack, Drain, Shutdown)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
 TO_WORKER = _table(Go)

@@ -71,7 +71,17 @@ class WorkerSession:
             grant = self.channel.receive_one()
             # Lane-mates share the device's memory: give back cached blocks when parked.
             self.empty_cache_after = grant.empty_cache
+            if grant.mem_cap is not None:
+                self.cap_memory(grant.mem_cap)
             self.held = True
+
+    def cap_memory(self, cap: int) -> None:
+        """Hold its CUDA allocations to ``cap`` bytes from now on (its probe's figure); before
+        torch is imported, the hooks apply it as they are installed."""
+        self.memory_cap = cap
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            memory.cap_devices(torch, cap)
 
     def count_step(self, kind: str) -> None:
         with self.lock:

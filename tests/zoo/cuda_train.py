@@ -2,7 +2,8 @@
 of weights, runs --steps iterations, and prints one JSON line: what CUDA showed it, the
 memory it had reserved while parked (after its last release) and at the end, and its
 losses. ``--grow-mb N --grow-at K``: on its first run only (SLURM_RESTART_COUNT unset or 0)
-it allocates N MiB more on the device at step K."""
+it allocates N MiB more on the device at step K; with ``--lift-cap`` it first sets its own
+per-process memory fraction to the whole device, as a script may."""
 
 import argparse
 import json
@@ -20,6 +21,7 @@ parser.add_argument("--mb", type=int, default=256)
 parser.add_argument("--start-file")
 parser.add_argument("--grow-mb", type=int, default=0)
 parser.add_argument("--grow-at", type=int, default=3)
+parser.add_argument("--lift-cap", action="store_true")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -41,6 +43,8 @@ for step in range(args.steps):
     optimizer.step()
     losses.append(loss.item())
     if step == args.grow_at and args.grow_mb and first_run:
+        if args.lift_cap:
+            torch.cuda.set_per_process_memory_fraction(1.0)
         kept.append(torch.empty(args.grow_mb << 20, dtype=torch.uint8, device=device))
 torch.cuda.synchronize()
 print(json.dumps({
