@@ -8,7 +8,7 @@ import math
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from gq import defaults, messages
 from gq.daemon.control import running_pid
@@ -156,6 +156,24 @@ def prepare_personal_home(home: Home) -> None:
         raise UserError(f"cannot use GQ_HOME {home.root}: not a writable directory")
 
 
+class DaemonProcess(Protocol):
+    """A daemon process just started: ``poll`` is its exit status once it has exited."""
+
+    def poll(self) -> int | None: ...
+
+
+def spawn_daemon(options: list[str], env: dict[str, str], cwd: str, log: int) -> DaemonProcess:
+    """``python -m gq.daemon OPTIONS``, detached (a session of its own, no terminal), its
+    output appended to the descriptor ``log``."""
+    import subprocess
+
+    from gq.exec.spawn import gq_python
+
+    return subprocess.Popen(gq_python("gq.daemon", *options), env=env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                            start_new_session=True)
+
+
 def start_daemon(home: Home, options: list[str]) -> socket.socket:
     """Start a detached daemon for ``home`` and wait for its socket; personal daemons are
     started so on demand by the first command that needs one (as task-spooler does).
@@ -164,10 +182,6 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
     others exit at once, and every client connects to the winner. A daemon that is still
     stopping holds the lock too: the start is tried again until it has gone.
     """
-    import subprocess
-
-    from gq.exec.spawn import gq_python
-
     if home.system:
         env = dict(os.environ, GQ_SYSTEM_HOME=str(home.root))
         options = ["--system", *options]
@@ -178,7 +192,7 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
         prepare_personal_home(home)
         env = dict(os.environ, GQ_HOME=str(home.root))
 
-    def spawn() -> subprocess.Popen:
+    def spawn() -> DaemonProcess:
         try:
             fd = os.open(home.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o600)
@@ -186,9 +200,7 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
             raise UserError(f"cannot use {home.root}: {exc.strerror}") from None
         with os.fdopen(fd, "ab") as log:
             os.fchmod(fd, 0o600)
-            return subprocess.Popen(gq_python("gq.daemon", *options), env=env, cwd=home.root,
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True)
+            return spawn_daemon(options, env, str(home.root), log.fileno())
 
     process = spawn()
     deadline = time.monotonic() + defaults.DAEMON_START_TIMEOUT

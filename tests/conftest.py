@@ -21,6 +21,11 @@ from gq.cli.main import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """One worker more than CPUs: most tests spend their time waiting on jobs' iterations."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 @dataclass
 class Result:
     code: int
@@ -131,14 +136,37 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+@pytest.fixture(scope="session")
+def preloaded_daemons(tmp_path_factory) -> str:
+    """The socket of a server that forks daemons with their imports done (tests/preloaded.py):
+    one per test process, started isolated as gq starts its daemon."""
+    import subprocess
+
+    server = tmp_path_factory.mktemp("preloaded") / "daemons.sock"
+    boot = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import runpy; "
+            f"runpy.run_path({str(ROOT / 'tests' / 'preloaded.py')!r}, run_name='__main__')")
+    process = subprocess.Popen([sys.executable, "-I", "-c", boot, str(server)],
+                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert process.stdout.readline() == b"ready\n", "the preloaded daemon server did not start"
+    yield str(server)
+    process.terminate()
+    process.wait(10)
+
+
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    """A personal GQ_HOME; the first command that needs a daemon starts one there, and it
-    is stopped (its jobs ended) when the test is over. An event of the daemon's loop that
-    failed (it logs it and goes on) fails the test: nothing a test does should cause one."""
+def home(tmp_path, monkeypatch, preloaded_daemons) -> Path:
+    """A personal GQ_HOME; the first command that needs a daemon starts one there (forked
+    from a process that has imported it: see tests/preloaded.py), and it is stopped (its jobs
+    ended) when the test is over. An event of the daemon's loop that failed (it logs it and
+    goes on) fails the test: nothing a test does should cause one."""
+    from gq import client
+    from preloaded import PreloadedDaemon
+
     root = tmp_path / "gqhome"
     monkeypatch.setenv("GQ_HOME", str(root))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(client, "spawn_daemon", lambda options, env, cwd, log: PreloadedDaemon(
+        preloaded_daemons, options, env, cwd, log))
     yield root
     if gq("daemon", "status").code == 0 or live_hosts(root):
         gq_ok("daemon", "stop")  # a daemon started to stop re-adopted hosts and their jobs
