@@ -6,6 +6,7 @@ import pytest
 
 from gq import policies
 from gq.policies import JobView
+from gq.policies.base import anticipation_window
 from gq.policies.priority import Priority
 
 
@@ -202,3 +203,33 @@ def test_iterations_to_turn_is_the_least_count_that_reaches_the_turn():
         count = iterations_to_turn(service, per, quantum, turn)
         assert turn_of(service + count * per, quantum) >= turn
         assert count == 0 or turn_of(service + (count - 1) * per, quantum) < turn
+
+# ----- a free lane's next step (gq.exec.lanes: the host's rule and the simulator's) -----
+def test_a_free_lane_is_kept_for_a_preferred_job_in_a_gap_too_short_to_fill():
+    from gq.exec import lanes as lane
+
+    rule = policies.make("priority")
+    high, low = view(1, priority=5), view(2)
+    in_gap = lane.awaited(high, released_at=10.0, mean_gap=0.001)
+    assert in_gap is not None and in_gap.until == 10.0 + anticipation_window(0.001)
+    # Nothing else ready: nothing to decide, whatever is awaited.
+    assert lane.next_step(rule, [], [high, low], [in_gap], 10.001) is None
+    # The low job became ready in the high one's gap (nothing was ready at its release).
+    assert lane.next_step(rule, [low], [high, low], [in_gap], 10.001) == \
+        lane.KeepFor(high, in_gap.until)
+    # ... and is granted once the window has passed.
+    assert lane.next_step(rule, [low], [high, low], [in_gap], in_gap.until) == lane.Grant(low)
+
+
+def test_a_free_lane_is_not_kept_for_a_job_the_policy_does_not_prefer_or_a_long_gap():
+    from gq.exec import lanes as lane
+
+    rule = policies.make("priority")
+    high, low = view(1, priority=5), view(2)
+    low_in_gap = lane.awaited(low, released_at=10.0, mean_gap=0.001)
+    assert lane.next_step(rule, [high], [high, low], [low_in_gap], 10.001) == lane.Grant(high)
+    assert lane.awaited(high, released_at=10.0, mean_gap=1.0) is None  # long enough to fill
+    assert lane.awaited(high, released_at=10.0, mean_gap=None) is None  # not measured yet
+    # A policy that leaves the lane idle leaves it idle (priority with fill off).
+    strict = policies.make("priority", fill="never")
+    assert lane.next_step(strict, [low], [high, low], [], 10.001) is None

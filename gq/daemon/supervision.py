@@ -178,7 +178,7 @@ class Supervisor:
             job.kill_why = item.kill_why
             if row.mem is not None and row.mem_basis == messages.MemoryBasis.MEASURED:
                 # Its probe ended while no daemon ran, or its cap was never sent: again.
-                self.send(name, wire.Cap(row.id, row.run_count, row.mem))
+                self._send_cap(name, row.id, row.run_count, row.mem)
             progress = self.progress[row.id] = _progress(item)
             if progress.holds_lane or progress.attained:
                 job.iterating_since = time.time()  # a probe's time runs from now on
@@ -383,21 +383,37 @@ class Supervisor:
 
     def end_probe(self, job: Running, peak: int) -> None:
         """The probe is over: the job's figure is its peak and a margin (kept in the queue,
-        shown by gq show), its cap from now on, and its lane is open to others again."""
+        shown by gq show; on a GPU its cap from now on), and its lane is open to others
+        again."""
         if peak > 0:  # kept in the queue first: a probe whose figure was lost goes on
             figure = min(memory.probed_figure(peak), self._lane_memory(job))
             with self.db.write() as session:
                 transitions.set_memory_figure(session, job.job_id, figure,
                                               messages.MemoryBasis.MEASURED)
             job.footprint = admission.Footprint(persistent=figure)
-            self.send(job.host, wire.Cap(job.job_id, job.run, figure))
-            log.info("job %d: probed at %s of device memory, its cap from now on", job.job_id,
-                     format_size(figure))
+            self._send_cap(job.host, job.job_id, job.run, figure)
+            log.info("job %d: probed at %s of device memory", job.job_id, format_size(figure))
         else:
             log.info("job %d: no memory measured by its probe's end; it counts as what it "
                      "is seen to hold", job.job_id)
         job.probing = False
         self.wake()
+
+    def _send_cap(self, name: str, job_id: int, run: int, figure: int) -> None:
+        """A probed job's figure as its cap, to its GPU's host (a current one: an older host
+        would not know the message). On the cpu and emulated devices a probe sees the
+        worker's resident memory at its boundaries, not the transient peaks and children its
+        cgroup counts: its figure is not made a cap there, and growing past it is MEM!."""
+        host = self.hosts.get(name)
+        if host is None or not host.current or host.device.kind != "cuda":
+            return
+        try:
+            message = wire.checked(wire.Cap(job_id, run, figure))
+        except MessageError as exc:
+            log.warning("job %d: its figure of %d bytes cannot be its cap: %s", job_id, figure,
+                        exc)
+            return
+        self.send(name, message)
 
     def _plausible_footprint(self, job: Running, progress: transitions.Progress
                              ) -> admission.Footprint:

@@ -39,7 +39,8 @@ from gq.exec.cgroups import JobCgroup
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
                            start_as_submitter)
-from gq.policies.base import JobView, anticipation_window
+from gq.exec import lanes as lane_rule
+from gq.policies.base import JobView
 from gq.queue import spool
 from gq.wakeup import received, signal_socket
 
@@ -90,7 +91,6 @@ class Resident:
     kill_deadline: float | None = None
     mem_cap: int | None = None  # bytes of device memory it may hold (its figure)
     cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
-    host_mem: int | None = None  # --host-mem: its cgroup's limit where that is the smaller
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
@@ -205,8 +205,7 @@ class Lane:
     index: int
     holder: Resident | None = None
     residents: list[Resident] = field(default_factory=list)
-    anticipating: int | None = None  # job id the lane is kept free for, briefly
-    anticipate_until: float = 0.0
+    kept_until: float | None = None  # kept free for a job in its gap until then (monotonic)
     last_job: int | None = None  # the job granted it last
     switches: int = 0  # grants to a job other than the last one
 
@@ -305,8 +304,8 @@ class Host:
         for lane in self.lanes:
             if lane.holder is not None or not _ready(lane):
                 continue
-            if lane.anticipating is not None:
-                timeout = min(timeout, max(0.0, lane.anticipate_until - time.monotonic()))
+            if lane.kept_until is not None:
+                timeout = min(timeout, max(0.0, lane.kept_until - time.monotonic()))
             else:
                 timeout = min(timeout, 0.01)  # the policy keeps the lane idle; re-ask soon
         return timeout
@@ -382,18 +381,19 @@ class Host:
             resident.time_limit = message.time_limit
 
     def _on_cap(self, message: wire.Cap) -> None:
-        """A probed run's figure is its cap from now on: on a device that is the host's own
-        memory, its cgroup's limit (or the check at each boundary); on a GPU, its worker's
-        allocator from its next grant."""
+        """A probed run's figure is its cap on this GPU from now on: its worker's allocator
+        is held to it from its next grant. Sent again (a daemon that attached again), it
+        changes nothing: a job that lifted its own fraction is not capped anew."""
         resident = self.residents.get(message.job)
-        if resident is None or resident.run != message.run or resident.exit_status is not None:
+        if (resident is None or resident.run != message.run or resident.exit_status is not None
+                or resident.mem_cap == message.mem_cap):
+            return
+        if not self.cuda:
+            log.warning("job %d: a device-memory cap is for a GPU's jobs; ignored here",
+                        resident.job_id)
             return
         resident.mem_cap = message.mem_cap
-        if self.cuda:
-            resident.cap_unsent = resident.channel is not None
-        elif resident.cgroup is not None:
-            resident.cgroup_cap = self._limit_memory(resident.job_id, resident.cgroup,
-                                                     resident.host_mem, message.mem_cap)
+        resident.cap_unsent = resident.channel is not None
         log.info("job %d: capped at %d bytes of device memory", resident.job_id,
                  message.mem_cap)
 
@@ -537,38 +537,31 @@ class Host:
             deadline=spec.deadline,
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
             if spec.warn_signal is not None else None,
-            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, host_mem=spec.host_mem,
-            probing=spec.probe,
+            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe,
         )
 
     def _make_cgroup(self, spec: wire.LaunchSpec) -> tuple[JobCgroup | None, int | None]:
-        """The run's cgroup, limited to its CPUs and its memory (see :meth:`_limit_memory`),
-        and the limit where that holds its device-memory figure."""
+        """The run's cgroup, limited to its host memory and CPUs, and on a device that is
+        the host's own memory (cpu, emulated) to its device-memory figure too; and the
+        cgroup's memory limit where it holds that figure (else the host checks it at each
+        boundary)."""
         if self.cgroups is None:
             return None, None
         try:
             cgroup = self.cgroups.create(self.device, spec.id, spec.run)
         except OSError as exc:
             raise LaunchError(f"cannot make job {spec.id}'s cgroup: {exc.strerror}") from None
-        return cgroup, self._limit_memory(spec.id, cgroup, spec.host_mem, spec.mem_cap,
-                                          spec.cpus)
-
-    def _limit_memory(self, job_id: int, cgroup: JobCgroup, host_mem: int | None,
-                      mem_cap: int | None, cpus: int | None = None) -> int | None:
-        """Limit a cgroup to the job's host memory and, on a device that is the host's own
-        memory (cpu, emulated), to its device-memory figure too, whichever is smaller; return
-        the figure where the cgroup's limit holds it (else the host checks it at each
-        boundary)."""
-        caps = [cap for cap in (host_mem, None if self.cuda else mem_cap) if cap is not None]
-        unenforced = cgroup.limit(min(caps) if caps else None, cpus)
+        caps = [cap for cap in (spec.host_mem, None if self.cuda else spec.mem_cap)
+                if cap is not None]
+        unenforced = cgroup.limit(min(caps) if caps else None, spec.cpus)
         if unenforced:
-            log.warning("job %d: its cgroup cannot enforce %s here", job_id,
+            log.warning("job %d: its cgroup cannot enforce %s here", spec.id,
                         " or ".join(unenforced))
         # Only where the device figure is the binding limit is a kill there a device
         # shortage (at --host-mem's, the job fails as it always has).
-        holds = (not self.cuda and mem_cap is not None and min(caps) == mem_cap
+        holds = (not self.cuda and spec.mem_cap is not None and min(caps) == spec.mem_cap
                  and "its memory limit" not in unenforced)
-        return mem_cap if holds else None
+        return cgroup, spec.mem_cap if holds else None
 
     # ----- worker messages: the hot path ----------------------------------------------
     def _from_worker(self, resident: Resident) -> None:
@@ -637,7 +630,6 @@ class Host:
         resident.state = "idle"
         resident.released_at = now
         lane.holder = None
-        self._anticipate(lane, resident, now)
         self._schedule(lane)
 
     def _check_memory(self, resident: Resident) -> None:
@@ -657,36 +649,27 @@ class Host:
             resident.probing = False
             self._last_progress = -math.inf
 
-    def _anticipate(self, lane: Lane, released: Resident, now: float) -> None:
-        view = released.view()
-        window = anticipation_window(view.mean_gap)
-        if window is None:
-            return
-        ready = [r.view() for r in _ready(lane)]
-        if not ready:
-            return
-        preferred = self.policy.pick(ready + [view], _views(lane), now)
-        if preferred is not None and preferred.id == released.job_id:
-            lane.anticipating = released.job_id
-            lane.anticipate_until = now + window
-
     def _schedule(self, lane: Lane) -> None:
+        """Grant a free lane's next iteration, or keep it free, as :mod:`gq.exec.lanes`
+        decides (the simulator predicts with the same rule)."""
+        lane.kept_until = None
         if lane.holder is not None:
             return
         ready = _ready(lane)
         if not ready:
             return
         now = time.monotonic()
-        if lane.anticipating is not None:
-            awaited = self.residents.get(lane.anticipating)
-            if awaited is not None and awaited.state != "ready" and now < lane.anticipate_until:
-                return
-            lane.anticipating = None
-        chosen_view = self.policy.pick([r.view() for r in ready],
-                                       _views(lane), now)
-        if chosen_view is None:
+        in_gaps = [awaited for r in lane.residents
+                   if r.state == "idle" and not r.suspended and r.released_at is not None
+                   and (awaited := lane_rule.awaited(r.view(), r.released_at, r.mean_gap))]
+        decision = lane_rule.next_step(self.policy, [r.view() for r in ready], _views(lane),
+                                       in_gaps, now)
+        if isinstance(decision, lane_rule.KeepFor):
+            lane.kept_until = decision.until
             return
-        chosen = self.residents[chosen_view.id]
+        if decision is None:
+            return
+        chosen = self.residents[decision.job.id]
         shared = self.cuda and len(lane.residents) > 1
         if chosen.channel is None:
             return
@@ -699,8 +682,9 @@ class Host:
                         chosen.job_id)
             self._drop_channel(chosen)  # its exit is reaped and reported as usual
             return
+        else:
+            chosen.cap_unsent = False
         chosen.state = "running"
-        chosen.cap_unsent = False
         chosen.granted_at = time.monotonic()
         chosen.dirty = True  # the daemon hears of the grant with the next progress
         lane.holder = chosen

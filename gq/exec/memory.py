@@ -35,12 +35,25 @@ def _cuda_in_use():
     return torch.cuda
 
 
+def peak_rss_bytes() -> int | None:
+    """The most resident memory the process has held so far (the kernel's high-water mark,
+    never reset: a script may read it itself, as ``ru_maxrss``); None where unreadable."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            found = next((line for line in status if line.startswith(b"VmHWM:")), None)
+    except OSError:
+        return None
+    return int(found.split()[1]) * 1024 if found is not None else None
+
+
 def sample() -> MemorySample:
-    """Sample at a release and reset the peak so the next sample covers one iteration."""
+    """Sample at a release. On a GPU the peak is reset, so that the next sample covers the
+    iterations since this one; on the cpu device it is the process's peak so far (transient
+    allocations freed before the release count too)."""
     cuda = _cuda_in_use()
     if cuda is None:
         rss = rss_bytes()
-        return MemorySample(persistent=rss, peak=rss)
+        return MemorySample(persistent=rss, peak=max(rss, peak_rss_bytes() or 0))
     persistent, peak = cuda.memory_allocated(), cuda.max_memory_allocated()
     cuda.reset_peak_memory_stats()
     return MemorySample(persistent=persistent, peak=peak)

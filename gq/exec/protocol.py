@@ -179,8 +179,8 @@ class Update:
 
 @message
 class Cap:
-    """A probed job's figure is known: from now on the run holds at most ``mem_cap`` bytes
-    of device memory, as if it had declared that much (it is ended there, not a neighbour)."""
+    """A probed GPU job's figure is known: from now on the run's allocator holds at most
+    ``mem_cap`` bytes of device memory, as if it had declared that much."""
 
     op: ClassVar[str] = "cap"
     job: JobId

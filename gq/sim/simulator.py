@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from gq import defaults
 from gq.daemon import admission
 from gq.policies import JobView, Policy
+from gq.exec import lanes as lane_rule
 from gq.policies.base import TakesTurns, anticipation_window, run_length, time_left
 from gq.sim import turns
 from gq.sim.traces import TraceJob
@@ -571,11 +572,14 @@ class _Simulation:
                 continue
             ready_views = [r.view() for r in ready]
             resident_views = [r.view() for r in lane.residents]
-            if self._anticipating(lane, ready_views, resident_views, now):
+            in_gaps = [awaited for run, view in zip(lane.residents, resident_views)
+                       if run.ready_at > now and (awaited := lane_rule.awaited(
+                           view, run.released_at, self._measured_gap(run)))]
+            decision = lane_rule.next_step(self.policy, ready_views, resident_views, in_gaps,
+                                           now)
+            if not isinstance(decision, lane_rule.Grant):
                 continue
-            chosen_view = self.policy.pick(ready_views, resident_views, now)
-            if chosen_view is None:
-                continue
+            chosen_view = decision.job
             run = self.runs[chosen_view.id]
             if any(self.lanes[i].stretch is not None for i in run.lanes):
                 continue
@@ -597,23 +601,15 @@ class _Simulation:
             self.stretches += 1
             self._push(stretch.end, STRETCH_END, (lane.index, stretch.version))
 
-    def _anticipating(self, lane: Lane, ready: list[JobView], resident: list[JobView],
-                      now: float) -> bool:
-        """Whether the lane waits for a job in a gap too short to fill, which the policy
-        prefers to every ready one (the execution host's anticipation)."""
-        awaited = [view for run, view in zip(lane.residents, resident)
-                   if run.ready_at > now and self._anticipated(run)
-                   and now < run.released_at + anticipation_window(run.job.gap)]
-        if not awaited:
-            return False
-        preferred = self.policy.pick([*ready, *awaited], resident, now)
-        return preferred is not None and any(view.id == preferred.id for view in awaited)
-
     @staticmethod
-    def _anticipated(run: JobRun) -> bool:
+    def _measured_gap(run: JobRun) -> float | None:
+        """The job's gap as its host knows it: measured once it has run a few iterations."""
+        return run.job.gap if run.job.gap > 0 and run.done >= MEASURED_AFTER else None
+
+    @classmethod
+    def _anticipated(cls, run: JobRun) -> bool:
         """Whether the host would keep the lane for the job in its gaps, if preferred."""
-        return (run.job.gap > 0 and run.done >= MEASURED_AFTER
-                and anticipation_window(run.job.gap) is not None)
+        return anticipation_window(cls._measured_gap(run)) is not None
 
     def _shared_window(self, lane: Lane, ready: list[JobRun], ready_views: list[JobView],
                        now: float) -> SharedWindow | None:

@@ -1,0 +1,63 @@
+"""What a free lane does next (pure: no sockets, no clock of its own). The execution host
+follows it and the simulator predicts with it, so that the two cannot drift apart.
+
+A lane that no job holds grants its next iteration to the ready job the policy picks, unless
+it is **kept for an awaited job**: one that released the lane moments ago, whose measured
+gap (the host-side work between its iterations) is too short for another job's iteration to
+fit, and which the policy prefers to every ready job. Then the lane stays free until that job
+is ready again or its anticipation window has passed (anticipatory scheduling: granting a
+lower job there would make the preferred one wait a whole iteration for a gap of a
+millisecond). Where the policy picks no ready job, the lane stays free too (e.g. priority
+with fill off, a higher job in its gap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gq.policies.base import JobView, Policy, anticipation_window
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """A resident job in the gap after its iteration, that the lane may be kept for."""
+
+    view: JobView
+    until: float  # its release plus its anticipation window
+
+
+@dataclass(frozen=True)
+class Grant:
+    job: JobView
+
+
+@dataclass(frozen=True)
+class KeepFor:
+    job: JobView
+    until: float
+
+
+def awaited(view: JobView, released_at: float, mean_gap: float | None) -> Awaited | None:
+    """The job just released as a candidate to keep the lane for; None where its gaps are
+    long enough to fill, or not measured yet."""
+    window = anticipation_window(mean_gap)
+    return None if window is None else Awaited(view, released_at + window)
+
+
+def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobView],
+              waiting_for: Sequence[Awaited], now: float) -> Grant | KeepFor | None:
+    """The free lane's decision: grant the ready job the policy picks, keep the lane for an
+    awaited job the policy prefers to every ready one (until it is ready or ``until``), or
+    nothing (no job ready, or the policy leaves the lane idle)."""
+    if not ready:
+        return None
+    live = [a for a in waiting_for if now < a.until]
+    if live:
+        preferred = policy.pick([*ready, *(a.view for a in live)], resident, now)
+        kept = next((a for a in live if preferred is not None and a.view.id == preferred.id),
+                    None)
+        if kept is not None:
+            return KeepFor(kept.view, kept.until)
+    chosen = policy.pick(ready, resident, now)
+    return None if chosen is None else Grant(chosen)
