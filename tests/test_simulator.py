@@ -190,7 +190,11 @@ def test_history_csv_round_trips_into_the_simulator(daemon, tmp_path):
         wait_state(job_id, "COMPLETED")
     csv_text = gq_ok("history", "--csv")
     lines = csv_text.splitlines()
-    assert lines[0] == "id,submit_time,duration,steps,priority,user,gpus,mem,time_limit,deadline"
+    header = lines[0].split(",")
+    assert header[:10] == ["id", "submit_time", "duration", "steps", "priority", "user", "gpus",
+                           "mem", "time_limit", "deadline"]
+    # A gap column where a busy machine made the worker's turnaround a measurable gap (> 2 ms).
+    assert header[10:] in ([], ["gap"])
     assert len(lines) == 3 and all(line.split(",")[3] == "5" for line in lines[1:])
     trace = tmp_path / "week.csv"
     trace.write_text(csv_text)
