@@ -2,10 +2,14 @@
 whole-process medians of `gq submit --parsable` and `gq status` (20 jobs in the queue) next
 to `python -c pass`, and how long a submitted job waits before it starts on an idle node.
 
-  python bench/cli_latency.py [--runs 20]
+  python bench/cli_latency.py [--runs 20] [--python PATH]
 
 gq's modules are byte-compiled first, as an installed gq is (pip compiles on install), so
-that the figure does not include compiling gq's source on every command.
+that the figure does not include compiling gq's source on every command. ``--python`` runs
+the commands and ``python -c pass`` with another interpreter that has gq's dependencies (this
+gq goes first on its path): a ratio is only as honest as its baseline, and an interpreter
+whose own start-up is slow (many .pth files, say) flatters gq; a plain venv is what users
+have.
 Prints one JSON object, then a summary.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,10 +41,14 @@ def timed(node: Node, *argv: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter the commands run with (default: this one)")
     args = parser.parse_args()
     compileall.compile_dir(ROOT / "gq", quiet=1)
-    gq = [sys.executable, "-m", "gq"]
+    gq = [args.python, "-m", "gq"]
     with Node("--kill-wait", "1") as node:
+        node.env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), *filter(None, [node.env.get("PYTHONPATH")])])
         script = node.dir / "noop.sh"
         script.write_text("true\n")
         held = node.dir / "held.sh"
@@ -49,7 +58,7 @@ def main() -> None:
         timed(node, *gq, "status")  # warm the page cache
         submit_times, status_times, bare, waits = [], [], [], []
         for _ in range(args.runs):  # interleaved, so that drift hits each alike
-            bare.append(timed(node, sys.executable, "-c", "pass"))
+            bare.append(timed(node, args.python, "-c", "pass"))
             submit_times.append(timed(node, *gq, "submit", "--parsable", str(script)))
             status_times.append(timed(node, *gq, "status"))
         for _ in range(min(args.runs, 10)):
@@ -60,6 +69,7 @@ def main() -> None:
     python = statistics.median(bare)
     result = {
         "runs": args.runs,
+        "python": args.python,
         "python_pass_median_s": python,
         "submit_median_s": statistics.median(submit_times),
         "status_median_s": statistics.median(status_times),
@@ -71,8 +81,8 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     print(f"\npython -c pass {1000 * python:.0f} ms; gq submit --parsable "
           f"{1000 * result['submit_median_s']:.0f} ms ({result['submit_ratio']:.2f}x, target "
-          f"<= 3x); gq status with 20 jobs {1000 * result['status_median_s']:.0f} ms "
-          f"({result['status_ratio']:.2f}x, target <= 4x); whole process, median of "
+          f"<= 2.5x); gq status with 20 jobs {1000 * result['status_median_s']:.0f} ms "
+          f"({result['status_ratio']:.2f}x, target <= 2.5x); whole process, median of "
           f"{args.runs}. Submit to start on an idle node: median "
           f"{1000 * result['start_wait_median_s']:.1f} ms, max "
           f"{1000 * result['start_wait_max_s']:.1f} ms")
