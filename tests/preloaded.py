@@ -83,9 +83,10 @@ def _become_daemon(request: dict, log: int, keep_out: list[int]) -> None:
 
         main()
         code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, (int, type(None))):
+    except SystemExit as exc:  # sys.exit(N), or sys.exit("message") printed with code 1
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
             print(exc.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - printed as the interpreter would
         import traceback

@@ -101,6 +101,22 @@ def test_each_hostile_worker_frame_is_named_in_its_refusal(frame, fragment):
         wire.decode(json.dumps(frame).encode(), wire.FROM_WORKER)
 
 
+@pytest.mark.parametrize("bad", [None, 2**70, -1, 0, "abc", "\x00", 1.5, True, [[[[1]]]],
+                                 {"a": 1}, float("nan")])
+def test_a_hostile_memory_cap_is_refused_on_the_hosts_and_the_workers_wire(bad):
+    """Cap (daemon to host) and Go.mem_cap (host to worker): bytes from 1 to the bound."""
+    frames = [({"op": "cap", "job": 1, "run": 1, "mem_cap": bad}, wire.TO_HOST),
+              ({"op": "go", "mem_cap": bad}, wire.TO_WORKER)]
+    for frame, kinds in frames:
+        if bad is None and frame["op"] == "go":
+            assert wire.decode(json.dumps(frame).encode(), kinds).mem_cap is None  # no cap
+            continue
+        with pytest.raises(MessageError):
+            wire.decode(json.dumps(frame).encode(), kinds)
+    good = wire.decode(b'{"op": "cap", "job": 1, "run": 2, "mem_cap": 1048576}', wire.TO_HOST)
+    assert (good.job, good.run, good.mem_cap) == (1, 2, 1 << 20)
+
+
 @pytest.mark.parametrize("line", [
     b'{"op": "done", "steps": NaN}', b'{"op": "done", "steps": 1, "mem_peak": Infinity}',
     b'{"op": "done", "steps": 1e400}', b"[" * 100_000 + b"]" * 100_000,

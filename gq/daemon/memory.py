@@ -3,9 +3,10 @@ of memory comes to.
 
 A job's figure is what it declared (``--gpu-mem``); for a job that declared nothing, the
 peak of its first iterations plus a margin, measured while it has its lane to itself (its
-probe); after a run that ran out of memory, what that run asked for. The figure is the
-job's cap (see :mod:`gq.exec.host`) and what admission counts, with what the job was
-measured to hold where that is more.
+probe); after a run that ran out of memory, what that run asked for. The figure is what
+admission counts, with what the job was measured to hold where that is more, and the job's
+cap (see :mod:`gq.exec.host`), but for a probed figure on the cpu and emulated devices,
+where a probe sees less than the job's cgroup counts.
 
 A run that ran out of memory goes back to the queue, its figure raised to what it asked
 for, to start again once that much is free; it fails instead where its owner said so

@@ -659,11 +659,14 @@ class Host:
         if not ready:
             return
         now = time.monotonic()
+        # The residents as policies see them, each made once: a suspended job counts for none.
+        views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
         in_gaps = [awaited for r in lane.residents
                    if r.state == "idle" and not r.suspended and r.released_at is not None
-                   and (awaited := lane_rule.awaited(r.view(), r.released_at, r.mean_gap))]
-        decision = lane_rule.next_step(self.policy, [r.view() for r in ready], _views(lane),
-                                       in_gaps, now)
+                   and (awaited := lane_rule.awaited(views[r.job_id], r.released_at,
+                                                     r.mean_gap))]
+        decision = lane_rule.next_step(self.policy, [views[r.job_id] for r in ready],
+                                       list(views.values()), in_gaps, now)
         if isinstance(decision, lane_rule.KeepFor):
             lane.kept_until = decision.until
             return
@@ -676,14 +679,14 @@ class Host:
         if chosen.thaw_on_grant:  # resumed inside its iteration: it goes on with the lane
             chosen.thaw_on_grant = False
             self._stop_processes(chosen, False)
-        elif not chosen.channel.send(wire.Go(empty_cache=shared, mem_cap=chosen.mem_cap
-                                             if chosen.cap_unsent else None)):
+        elif chosen.channel.send(wire.Go(empty_cache=shared, mem_cap=chosen.mem_cap
+                                         if chosen.cap_unsent else None)):
+            chosen.cap_unsent = False
+        else:
             log.warning("job %d's worker hung up before its grant; the lane goes on",
                         chosen.job_id)
             self._drop_channel(chosen)  # its exit is reaped and reported as usual
             return
-        else:
-            chosen.cap_unsent = False
         chosen.state = "running"
         chosen.granted_at = time.monotonic()
         chosen.dirty = True  # the daemon hears of the grant with the next progress
@@ -875,11 +878,6 @@ def _send(pids, signum: int) -> None:
             os.kill(pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _views(lane: Lane) -> list[JobView]:
-    """The lane's residents as policies see them: a suspended job counts for none."""
-    return [r.view() for r in lane.residents if not r.suspended]
 
 
 def _ready(lane: Lane) -> list[Resident]:

@@ -55,9 +55,8 @@ def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     live = [a for a in waiting_for if now < a.until]
     if live:
         preferred = policy.pick([*ready, *(a.view for a in live)], resident, now)
-        kept = next((a for a in live if preferred is not None and a.view.id == preferred.id),
-                    None)
-        if kept is not None:
-            return KeepFor(kept.view, kept.until)
+        for candidate in live:
+            if preferred is not None and candidate.view.id == preferred.id:
+                return KeepFor(candidate.view, candidate.until)
     chosen = policy.pick(ready, resident, now)
     return None if chosen is None else Grant(chosen)
