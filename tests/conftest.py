@@ -81,6 +81,13 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
+def wait_for_words(path, count: int, timeout: float = 30.0, what: str = "the file") -> list[str]:
+    """The words of ``path`` once it holds ``count`` of them: a shell's ``>`` or Python's
+    ``open(..., 'w')`` creates the file before it writes, so existing is not being written."""
+    return wait_for(lambda: path.exists() and len(words := path.read_text().split()) >= count
+                    and words, timeout, what=what)
+
+
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "DEADLINE"}
 
 

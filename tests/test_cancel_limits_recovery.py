@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
-from conftest import gq, gq_ok, job, pid_alive, submit, wait_for, wait_state, write_script
+from conftest import (gq, gq_ok, job, pid_alive, submit, wait_for, wait_for_words, wait_state,
+                      write_script)
 
 
 def test_cancel_pending_job_is_immediate_and_it_never_runs(daemon, tmp_path):
@@ -30,8 +31,7 @@ def test_cancel_running_job_kills_its_process_group(daemon, tmp_path):
     ))
     job_id = submit(str(script))
     info = wait_state(job_id, "RUNNING")
-    wait_for(lambda: (tmp_path / "children.txt").exists(), what="the child to start")
-    child = int((tmp_path / "children.txt").read_text().split()[1])
+    child = int(wait_for_words(tmp_path / "children.txt", 2, what="the child to start")[1])
     assert pid_alive(child)
     assert "Cancelling job" in gq_ok("cancel", str(job_id))
     info = wait_state(job_id, "CANCELLED", timeout=10)
@@ -100,7 +100,7 @@ def test_node_failure_while_no_daemon_runs_fails_or_requeues_and_runs_pending(da
     pending = submit("--hold", str(quick))
     wait_state(plain, "RUNNING")
     wait_state(requeued, "RUNNING")
-    wait_for(lambda: marker.exists() and len(marker.read_text().split()) == 2, what="2 runs")
+    wait_for_words(marker, 2, what="2 runs")
     pids = [job(plain)["pid"], job(requeued)["pid"]]
     daemon.kill9()
     for host in live_hosts(daemon.root):  # the node fails: the host dies too

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import (ROOT, DaemonControl, all_jobs, gq, gq_ok, job, live_hosts, pid_alive,
-                      submit, wait_for, wait_state, write_script)
+                      submit, wait_for, wait_for_words, wait_state, write_script)
 
 
 def host_process(daemon_pid: int) -> psutil.Process:
@@ -68,8 +68,8 @@ def test_cancel_ends_children_and_double_forked_grandchildren(daemon, tmp_path):
         "time.sleep(300)\n"
     ))
     job_id = submit(str(script))
-    wait_for(lambda: (tmp_path / "child.pid").exists(), 30, what="the forks")
-    pids = [int((tmp_path / name).read_text()) for name in ("child.pid", "grandchild.pid")]
+    pids = [int(wait_for_words(tmp_path / name, 1, 30, what="the forks")[0])
+            for name in ("child.pid", "grandchild.pid")]
     assert all(pid_alive(p) for p in pids)
     gq_ok("cancel", str(job_id))
     wait_state(job_id, "CANCELLED", timeout=10)
