@@ -43,12 +43,14 @@ def test_two_jobs_that_update_weights_by_hand_take_turns_under_rr(daemon, tmp_pa
     training steps (a backward, then the model's next call), not its 10 evaluation
     batches after them."""
     gq_ok("policy", "set", "rr", "--quantum", "1it")
-    first, second = (submit(HAND_WRITTEN_SGD, "0.02") for _ in range(2))
+    # Declared memory: no probe, so both start in one pass; 40 steps of 0.1 s each outlast
+    # the difference between the two workers' start-ups on a busy machine.
+    first, second = (submit("--gpu-mem", "1G", HAND_WRITTEN_SGD, "0.1") for _ in range(2))
 
     def both_progress():
         infos = [job(first), job(second)]
         if any(info["state"] not in ("PENDING", "RUNNING") for info in infos):
-            return "ended"  # (the second waits while the first's memory is measured)
+            return "ended"
         return all(info["steps_done"] >= 5 for info in infos)
 
     assert wait_for(both_progress, 60, interval=0.1, what="both jobs to make progress") is True

@@ -447,7 +447,7 @@ def test_notify_on_finish_and_mail_run_as_the_owner_once_the_job_ends(home, tmp_
     assert sorted(finished.read_text().splitlines()) == sorted(
         [f"{failing} FAILED {os.geteuid()}", f"{fine} COMPLETED {os.geteuid()}",
          f"{held} CANCELLED {os.geteuid()}"])
-    wait_for(lambda: notified.exists() and mailed.exists()
+    wait_for(lambda: notified.exists() and notified.read_text().endswith("\n") and mailed.exists()
              and len(mailed.read_text().splitlines()) == 3, 15, what="the hooks and mails")
     assert notified.read_text() == (f"{failing} FAILED exit=3 "
                                     f"out={tmp_path}/gq-{failing}.out\n")
