@@ -13,7 +13,9 @@ share of the job's wait (forecasts made while it was pending, waits of a second 
 the end error as a share of the job's wait and run (submit to end), and in seconds;
 medians and p90s, at submit (the first forecast after it) and over every sample, for the
 jobs that gave --steps or -t and for the others; how often a forecast was unknown; and
-whether any forecast end was off by more than the job's time limit.
+whether any forecast end was off by more than the job's time limit (and, for a pending
+job, whether a job submitted after that forecast started before it: a later arrival that
+the fair policy puts first is something no forecast can know).
 
 Cost: a personal daemon holding --pending jobs that may start in an hour (--begin), all
 forecast; `gq status --start` against `gq status` and `python -c pass` (medians of 10, in
@@ -115,7 +117,9 @@ def main() -> None:
               f"; others: end median {other['end_share_median']:.1%}, unknown "
               f"{other['unknown_share']:.0%}; forecasts off by more than the time limit: "
               f"{figures['beyond_time_limit']['running']} of running jobs, "
-              f"{figures['beyond_time_limit']['pending']} of pending ones")
+              f"{figures['beyond_time_limit']['pending']} of pending ones "
+              f"({figures['beyond_time_limit']['pending_overtaken_later']} of them overtaken "
+              "by a job submitted after the forecast)")
     c = result["cost"]
     if c is None:
         return
@@ -213,7 +217,11 @@ def stamp(text: str | None) -> float | None:
 
 def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
     groups: dict[str, dict[str, list[float]]] = {}
-    beyond = {"running": 0, "pending": 0}  # forecast ends off by more than the time limit
+    # Forecast ends off by more than the time limit; of a pending job's, those where a job
+    # submitted after the forecast started before it (no forecast can know of that job).
+    beyond = {"running": 0, "pending": 0, "pending_overtaken_later": 0}
+    starts = [(stamp(ended[s.job_id]["submit_time"]), stamp(ended[s.job_id]["start_time"]))
+              for s in specs]
     for spec in specs:
         job = ended[spec.job_id]
         submitted, start, end = (stamp(job[k]) for k in ("submit_time", "start_time",
@@ -235,6 +243,10 @@ def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
                 group["at_submit_end_share"].append(abs(f_end - end) / whole)
             if job["time_limit"] and abs(f_end - end) > job["time_limit"]:
                 beyond["pending" if state == "PENDING" else "running"] += 1
+                when = spec.samples[index][0]
+                if state == "PENDING" and any(later_submit > when and later_start < start
+                                              for later_submit, later_start in starts):
+                    beyond["pending_overtaken_later"] += 1
     summary: dict = {"jobs": len(specs), "beyond_time_limit": beyond,
                      "states": sorted({ended[s.job_id]["state"] for s in specs}),
                      "per_job": [_detail(spec, ended[spec.job_id]) for spec in specs]}

@@ -121,6 +121,30 @@ def test_what_a_job_will_do_is_known_estimated_or_unknown_from_what_it_gave():
     assert forecast.work(view(7, steps=10), None, None).basis is Basis.UNKNOWN
 
 
+def test_a_job_of_a_name_none_has_ended_of_takes_the_pace_of_one_running_not_its_limit():
+    """The first jobs of a sweep: none of its name has ended, one runs with its pace
+    measured. A pending one that gave --steps and -t was forecast to run its whole limit
+    (52 s where it ran 17 s, a forecast off by more than its limit once the wait before it
+    was overestimated too); it now goes at the running one's pace."""
+    started = NOW - 10.0
+    sibling = Running(view(1, steps=200, done=100, pace=0.08), known(200, 0.08), ("gpu0",), 0,
+                      started, 0, None, name="sweep")
+    other = Running(view(2, steps=200, done=100, pace=0.5, user="bob"), known(200, 0.5),
+                    ("gpu0",), 0, started, 0, None, name="sweep")
+    unmeasured = Running(view(3, steps=200, done=1, pace=0.9), known(200, 0.9), ("gpu0",), 0,
+                         started, 0, None, name="other")
+    paces = forecast.running_pace([sibling, other, unmeasured], NOW)
+    assert set(paces) == {("ann", "sweep"), ("bob", "sweep")}  # one measured: 2 iterations
+    pace = paces[("ann", "sweep")]
+    assert (pace.iteration, pace.run, pace.steps) == (0.08, None, None)
+    assert pace.startup == pytest.approx(2.0)  # 10 s so far, 8 s of it on the device
+    estimated = forecast.work(view(4, steps=200), 52.0, pace)
+    assert estimated == Work(200, 0.08, 0.0, 2.0, Basis.ESTIMATED)
+    assert forecast.work(view(4, steps=200), 52.0, None).iteration == pytest.approx(0.26)
+    # without --steps its whole run is unknown: the limit still bounds it
+    assert forecast.work(view(5), 52.0, pace).steps * 0.08 == pytest.approx(52.0, abs=0.1)
+
+
 def test_a_job_behind_an_estimated_one_is_estimated_and_behind_an_unknown_one_unknown():
     made = forecast.forecast(snapshot(
         [running(1, 30, 10, 0.5, NOW - 6)],

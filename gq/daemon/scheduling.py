@@ -86,6 +86,8 @@ class Scheduler:
         # at most a lane of the smallest device (else it could never start there).
         self.probe_guess = min([capacity.probe, *map(self.lane_memory, devices)])
         self.last_pass: Pass | None = None
+        # (user, name) -> the pace of their running job of that name, at the last snapshot
+        self.running_paces: dict[tuple[str, str], forecast.Past] = {}
 
     def lane_memory(self, device: Device) -> int:
         """What one lane of the device offers: its memory split evenly between lanes."""
@@ -391,6 +393,7 @@ class Scheduler:
                                     now - job.started, typical),
                 tuple(d.name for d in job.devices), job.lane, job.started,
                 footprint_now.persistent + footprint_now.ephemeral, job.time_limit, row.name))
+        self.running_paces = forecast.running_pace(running, now)
         pending = (self.forecast_pending(seen.pending, seen.needs, seen.runs, past, typical)
                    if queue_settings.NODE not in self.drained else [])
         return forecast.Snapshot(
@@ -405,16 +408,18 @@ class Scheduler:
                          past: Callable[[str, str], forecast.Past | None],
                          typical: float | None) -> list[forecast.Pending]:
         """Pending jobs as a forecast takes them: the view and request admission takes (one
-        made for a pass already, else made now), what each will do, what it waits for."""
+        made for a pass already, else made now), what each will do (from the owner's ended
+        jobs of its name, else the pace of one running at the last snapshot), what it waits
+        for."""
         pending = []
         for row in rows:
             after = _waits_for(needs.get(row.id), runs)
             if after is None:
                 continue
             view, request = self._per_row.get(row) or self._made(row)
+            previous = past(row.user, row.name) or self.running_paces.get((row.user, row.name))
             pending.append(forecast.Pending(
-                view, request,
-                forecast.work(view, row.time_limit, past(row.user, row.name), typical=typical),
+                view, request, forecast.work(view, row.time_limit, previous, typical=typical),
                 row.begin_time, after))
         return pending
 

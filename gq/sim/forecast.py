@@ -5,12 +5,12 @@ and what admission sees (:class:`gq.daemon.admission.DeviceLoad`, ``Request``, t
 ``JobView``), so the forecast runs the same policy and admission code as the node itself.
 
 What a job will still do is its :class:`Work`. It is known when the job gave ``--steps``
-and its pace has been measured; estimated (``~``) from its time limit or from its owner's
-recent jobs of the same name (:class:`Past`); else unknown (``?``), simulated as running
-for :data:`HORIZON`. A forecast is as good as the worst of its own work and that of every
-job that shares a lane with it before it ends; one beyond half the horizon is unknown.
-A job's forecast end is never later than its start plus its time limit (it is ended
-there).
+and its pace has been measured; estimated (``~``) from its time limit, from its owner's
+recent jobs of the same name (:class:`Past`) or the pace of one running now; else unknown
+(``?``), simulated as running for :data:`HORIZON`. A forecast is as good as the worst of
+its own work and that of every job that shares a lane with it before it ends; one beyond
+half the horizon is unknown. A job's forecast end is never later than its start plus its
+time limit (it is ended there).
 """
 
 from __future__ import annotations
@@ -64,10 +64,11 @@ class Past:
     end, iterations, seconds an iteration and a gap (None where they ran none); the least
     overhead (run time less device and idle time: start-up, exit, and any wait for a lane);
     and, where the daemon saw one of them start, the least start-up it saw (its time to the
-    first iteration less device time)."""
+    first iteration less device time). Where none has ended, the pace of one running now
+    (:func:`running_pace`): no run or steps in all then."""
 
-    run: float
-    steps: int
+    run: float | None
+    steps: int | None
     iteration: float | None
     gap: float | None
     overhead: float
@@ -110,6 +111,22 @@ def past(ended: Sequence[Ended]) -> Past | None:
                 gap=statistics.median(gaps) if gaps else None, overhead=min(overheads))
 
 
+def running_pace(running: Sequence[Running], now: float) -> dict[tuple[str, str], Past]:
+    """Each (user, name)'s pace as the first of their running jobs of that name whose pace
+    is measured shows it: what a job of the same name that gave --steps goes on where none
+    has ended yet (a sweep's first runs), rather than its whole time limit."""
+    paces: dict[tuple[str, str], Past] = {}
+    for job in running:
+        view = job.view
+        key = (view.user, job.name)
+        if key in paces or view.mean_iteration is None or view.steps_done < MEASURED_AFTER:
+            continue
+        startup = spent_starting(view, now - job.started) or 0.0
+        paces[key] = Past(run=None, steps=None, iteration=view.mean_iteration,
+                          gap=view.mean_gap or 0.0, overhead=startup, startup=startup)
+    return paces
+
+
 def work(view: JobView, time_limit: float | None, previous: Past | None,
          elapsed: float | None = None, typical: float | None = None) -> Work:
     """What the job will do in all, from its view (steps given and done, pace measured),
@@ -133,7 +150,8 @@ def work(view: JobView, time_limit: float | None, previous: Past | None,
         # spread over its steps: the slowest pace that ends in time
         per_step = max(time_limit - startup, 0.0) / view.steps_total
         return Work(view.steps_total, per_step, 0.0, startup, Basis.ESTIMATED)
-    if view.steps_total is None and previous is not None and previous.iteration and iteration:
+    if (view.steps_total is None and previous is not None and previous.steps is not None
+            and previous.iteration and iteration):
         steps = max(previous.steps, view.steps_done + 1)
         return Work(steps, iteration, gap, startup, Basis.ESTIMATED,
                     _teardown(view, previous, elapsed, gap))
