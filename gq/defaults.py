@@ -3,8 +3,11 @@
 # Daemon
 POLL_PERIOD = 1.0  # rescan the queue this often even when no request changed it
 # Rescan at most this often when requests and exits keep changing it: a burst of them is
-# scanned once (the scan reads every pending job), a lone change at once.
+# scanned once (the scan orders every pending job), a lone change at once.
 SCAN_GAP = 0.002
+# A pass reads again only the pending jobs changed since the last; all of them this often
+# (a write from outside the daemon, which no trigger of its connection sees).
+PENDING_REREAD_PERIOD = 10.0
 # Finished jobs a status or history request gets at most (newest first; the client asks for
 # older pages): a node that has run a month of jobs answers as fast as a new one, and no
 # request holds the daemon's loop for long.

@@ -576,3 +576,50 @@ def test_retries_and_lost_launches_move_jobs_through_kept_statements(db):
             session.execute(update(Job).where(Job.id == job_id).values(run_count=0))
         assert kept in (None, len(transitions._kept))
         kept = len(transitions._kept)
+
+
+def test_the_pending_rows_kept_between_passes_are_those_a_full_read_finds(db):
+    """A pass reads again only the pending jobs a transaction changed: after each kind of
+    change (submit, hold, release, update, reasons, start, requeue, cancel, a rolled-back
+    one), what it keeps is exactly what reading them all finds."""
+    kept = queries.PendingRows(reread_after=3600)
+
+    def read(now: float = 0.0) -> list:
+        changed = db.pending_changes()
+        with db.read() as session:
+            return kept.read(session, changed, now)
+
+    def full() -> list:
+        with db.read() as session:
+            return queries.for_scheduling(session, JobState.PENDING, held=False)
+
+    assert read() == [] and db.pending_changes() == set()  # the watch has begun
+    first, second, third = _add(db), _add(db), _add(db)
+    assert db.pending_changes() == {first, second, third}
+    with db.read() as session:
+        rows = kept.read(session, {first, second, third}, 0.0)
+    assert rows == full() and [row.id for row in rows] == [first, second, third]
+    steps = [
+        lambda s: transitions.set_held(s, [second], True),
+        lambda s: transitions.modify(s, [first], priority=7, time_limit=60),
+        lambda s: transitions.set_pending_reasons(s, {third: "Resources"}),
+        lambda s: transitions.set_held(s, [second], False),
+        lambda s: transitions.start(s, first, "cpu0", 0),
+        lambda s: transitions.requeue(s, first, "requeued"),
+        lambda s: transitions.cancel_pending(s, third, "cancelled by user"),
+        lambda s: transitions.submit(s, _new_job(), lambda p, i, a, t: p),
+    ]
+    for step in steps:
+        with db.write() as session:
+            step(session)
+        assert read() == full()
+    with pytest.raises(RuntimeError):
+        with db.write() as session:
+            transitions.modify(session, [second], priority=3)
+            raise RuntimeError("rolled back")
+    assert read() == full() and all(row.priority != 3 for row in full())
+    # a write from outside the daemon is seen at the next full read
+    outside = sqlite3.connect(db.home.db, isolation_level=None)
+    outside.execute("UPDATE jobs SET priority = 9 WHERE id = ?", (second,))
+    outside.close()
+    assert read(now=1.0) != full() and read(now=3600.0) == full()

@@ -82,6 +82,7 @@ class Scheduler:
         self.node_memory = psutil.virtual_memory().total
         self.node_cpus = os.cpu_count() or 1
         self._per_row: dict[Row, tuple[policies.JobView, admission.Request]] = {}
+        self._pending = queries.PendingRows(defaults.PENDING_REREAD_PERIOD)
         # What a job that declares no memory needs free to start: the probe's first guess,
         # at most a lane of the smallest device (else it could never start there).
         self.probe_guess = min([capacity.probe, *map(self.lane_memory, devices)])
@@ -95,8 +96,9 @@ class Scheduler:
 
     def scan(self) -> None:
         config = self.db.settings()
+        changed = self.db.pending_changes()
         with self.db.read() as session:
-            pending = queries.for_scheduling(session, JobState.PENDING, held=False)
+            pending = self._pending.read(session, changed, time.monotonic())
             late_held = queries.held_with_deadline(session)
             running = queries.for_scheduling(session, JobState.RUNNING)
             needs: dict[int, dependencies.Dependency] = {}

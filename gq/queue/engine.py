@@ -38,6 +38,22 @@ class Database:
         self._connection = _connect(home.db)
         self._sessions = sessionmaker(
             _joining_engine(self._connection), expire_on_commit=False)
+        self._pending_changed: set[int] | None = None  # None: not watched yet
+
+    def pending_changes(self) -> set[int] | None:
+        """The ids of the jobs that were or became PENDING in a transaction on this
+        connection since the last call (a rolled-back one's too: read again, they are as
+        they were). None at the first call, which begins the watch: read them all."""
+        if self._pending_changed is None:
+            self._pending_changed = set()
+            changed = self._pending_changed.add
+            self._connection.create_function("gq_pending_changed", 1, changed)
+            for statement in _WATCH_PENDING:
+                self._connection.execute(statement)
+            return None
+        found = set(self._pending_changed)
+        self._pending_changed.clear()
+        return found
 
     @contextmanager
     def read(self) -> Iterator[Transaction]:
@@ -113,6 +129,19 @@ class Transaction:
                 self._session.close()  # rolls back what a failed commit left
             if self.sqlite.in_transaction:
                 self.sqlite.execute("COMMIT" if commit else "ROLLBACK")
+
+
+# Temporary triggers: this connection's alone, so they cost the CLI's nothing and no
+# schema holds them; the daemon is the queue's one writer.
+_WATCH_PENDING = [
+    "CREATE TEMP TRIGGER gq_pending_inserted AFTER INSERT ON main.jobs "
+    "WHEN new.state = 'PENDING' BEGIN SELECT gq_pending_changed(new.id); END",
+    "CREATE TEMP TRIGGER gq_pending_updated AFTER UPDATE ON main.jobs "
+    "WHEN new.state = 'PENDING' OR old.state = 'PENDING' "
+    "BEGIN SELECT gq_pending_changed(new.id); END",
+    "CREATE TEMP TRIGGER gq_pending_deleted AFTER DELETE ON main.jobs "
+    "WHEN old.state = 'PENDING' BEGIN SELECT gq_pending_changed(old.id); END",
+]
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
+from operator import itemgetter
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import and_, bindparam, case, func, or_, select
@@ -102,6 +104,49 @@ def for_scheduling(session: Session, state: JobState, held: bool | None = None) 
     """Rows of the jobs in ``state`` (PENDING or RUNNING; held or not) with what scheduling
     needs of them."""
     return list(map(SchedulingRow._make, _FOR_SCHEDULING[state, held].rows(session)))
+
+
+_PENDING_BY_ID = Prepared(select(*_SCHEDULING).where(
+    Job.id.in_(bindparam("ids", expanding=True)), Job.state == JobState.PENDING.value,
+    Job.held.is_(False)))
+
+
+class PendingRows:
+    """The scheduling rows of the PENDING jobs that are not held, kept between passes: a
+    pass reads again only the jobs a transaction changed since the last (``changed``, from
+    :meth:`gq.queue.engine.Database.pending_changes`), not a queue of thousands each time;
+    all of them where nothing says what changed (None), and every ``reread_after`` seconds
+    (a write from outside the daemon)."""
+
+    def __init__(self, reread_after: float):
+        self.reread_after = reread_after
+        self._rows: dict[int, SchedulingRow] = {}
+        self._ordered: list[SchedulingRow] = []
+        self._read_all_at = -math.inf
+
+    def read(self, session: Session, changed: set[int] | None, now: float) -> list:
+        """The rows, by id. Where reading fails, the next read is of them all (the changes
+        taken for it are gone)."""
+        try:
+            if changed is None or now - self._read_all_at >= self.reread_after:
+                self._ordered = for_scheduling(session, JobState.PENDING, held=False)
+                self._rows = {row.id: row for row in self._ordered}
+                self._read_all_at = now
+            elif changed:
+                for job_id in changed:
+                    self._rows.pop(job_id, None)
+                for part in chunks(sorted(changed)):
+                    for values in _PENDING_BY_ID.rows(session, {"ids": part}):
+                        row = SchedulingRow._make(values)
+                        self._rows[row.id] = row
+                self._ordered = sorted(self._rows.values(), key=_job_id)
+        except BaseException:
+            self._read_all_at = -math.inf
+            raise
+        return self._ordered
+
+
+_job_id = itemgetter(0)
 
 
 def held_with_deadline(session: Session) -> Sequence:
