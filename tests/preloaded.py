@@ -6,7 +6,8 @@ The server (``python tests/preloaded.py SOCKET``, run isolated as gq runs its da
 imports ``gq.daemon`` once; for each request (the daemon's options, environment and working
 directory, and its log's descriptor passed along) it forks a child that becomes the daemon
 exactly as ``python -m gq.daemon OPTIONS`` would from there on: a session of its own, stdin
-from /dev/null, stdout and stderr to the log, the same ``main()``. It answers with the
+from /dev/null, stdout and stderr to the log, the same ``main()`` (one tunable set apart,
+see :func:`serve`). It answers with the
 child's pid, and with its exit status once it has exited (``client.DaemonProcess.poll``).
 The real spawn path stays covered where the CLI runs as a subprocess (concurrent first
 commands, the system daemon's tests, the demo).
@@ -104,6 +105,12 @@ def _become_daemon(request: dict, log: int, keep_out: list[int]) -> None:
 def serve(path: str) -> None:
     import gq.daemon.__main__  # noqa: F401 - what every daemon imports, imported once
     import gq.daemon.node  # noqa: F401
+    from gq import defaults
+
+    # Each pass's pending rows are read again only where a transaction changed them; here
+    # all of them are read every second too, so that a change the watch missed shows as
+    # drift in the log (which the suite fails on) within a test's life.
+    defaults.PENDING_REREAD_PERIOD = 1.0
 
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -622,4 +622,5 @@ def test_the_pending_rows_kept_between_passes_are_those_a_full_read_finds(db):
     outside = sqlite3.connect(db.home.db, isolation_level=None)
     outside.execute("UPDATE jobs SET priority = 9 WHERE id = ?", (second,))
     outside.close()
-    assert read(now=1.0) != full() and read(now=3600.0) == full()
+    assert read(now=1.0) != full() and kept.drifted == []
+    assert read(now=3600.0) == full() and kept.drifted == [second]

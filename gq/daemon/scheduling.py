@@ -43,6 +43,7 @@ ARRAY_LIMIT = "JobArrayTaskLimit"
 NEVER_SATISFIED = "DependencyNeverSatisfied"
 BEGIN_TIME = "BeginTime"
 DRAINING = "ReqNodeNotAvail"
+PENDING_DRIFT = "pending jobs' rows read again differ from those kept between passes"
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,10 @@ class Scheduler:
         changed = self.db.pending_changes()
         with self.db.read() as session:
             pending = self._pending.read(session, changed, time.monotonic())
+            if self._pending.drifted:
+                log.warning("%s (jobs %s): a write the daemon did not make, or one its watch "
+                            "missed", PENDING_DRIFT, _listed(self._pending.drifted))
+                self._pending.drifted = []
             late_held = queries.held_with_deadline(session)
             running = queries.for_scheduling(session, JobState.RUNNING)
             needs: dict[int, dependencies.Dependency] = {}
@@ -461,6 +466,11 @@ def _view(row: Row) -> policies.JobView:
                             priority=row.priority, steps_done=row.steps_done,
                             steps_total=row.steps_total, attained=row.attained,
                             mean_iteration=row.mean_iteration, mean_gap=row.mean_gap)
+
+
+def _listed(job_ids: list[int], most: int = 10) -> str:
+    shown = ", ".join(map(str, job_ids[:most]))
+    return shown + (f" and {len(job_ids) - most} more" if len(job_ids) > most else "")
 
 
 def _draining(why: str) -> str:

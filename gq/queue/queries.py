@@ -123,15 +123,20 @@ class PendingRows:
         self._rows: dict[int, SchedulingRow] = {}
         self._ordered: list[SchedulingRow] = []
         self._read_all_at = -math.inf
+        self.drifted: list[int] = []  # jobs whose kept row the last reading of all corrected
 
     def read(self, session: Session, changed: set[int] | None, now: float) -> list:
         """The rows, by id. Where reading fails, the next read is of them all (the changes
         taken for it are gone)."""
         try:
             if changed is None or now - self._read_all_at >= self.reread_after:
-                self._ordered = for_scheduling(session, JobState.PENDING, held=False)
-                self._rows = {row.id: row for row in self._ordered}
-                self._read_all_at = now
+                rows = for_scheduling(session, JobState.PENDING, held=False)
+                found = {row.id: row for row in rows}
+                if changed is not None:  # jobs changed since the last pass are no drift
+                    self.drifted = sorted(
+                        job_id for job_id in self._rows.keys() | found.keys()
+                        if job_id not in changed and self._rows.get(job_id) != found.get(job_id))
+                self._ordered, self._rows, self._read_all_at = rows, found, now
             elif changed:
                 for job_id in changed:
                     self._rows.pop(job_id, None)
