@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
-from operator import itemgetter
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 from sqlalchemy import and_, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session, lazyload, undefer
