@@ -19,7 +19,7 @@ from gq import messages
 from gq.exec.protocol import HOST_VERSION
 
 from conftest import (DaemonControl, all_jobs, gq, gq_ok, job, pid_alive, submit, wait_for,
-                      wait_state, write_script)
+                      wait_for_words, wait_state, write_script)
 from test_reliability import host_process
 
 NEIGHBOUR = "import gq, time\nfor _ in gq.steps(range(40)):\n    time.sleep(0.01)\n"
@@ -169,7 +169,8 @@ def test_host_death_kills_everything_its_jobs_started(daemon, tmp_path):
         wait_state(job_id, "RUNNING")
         escaped[job_id] = wait_for(lambda j=job_id: list(tmp_path.glob(f"escaped-{j}-*")), 20,
                                    what="the escaped grandchild")[0]
-    pids = {j: int(path.read_text()) for j, path in escaped.items()}
+    pids = {j: int(wait_for_words(path, 1, what="the grandchild's pid")[0])
+            for j, path in escaped.items()}
     assert all(pid_alive(pid) for pid in pids.values())
     host_process(daemon.pid()).kill()
     assert wait_state(plain, "FAILED", timeout=15)["reason"] == "execution host of cpu died"

@@ -219,10 +219,11 @@ def test_a_job_is_placed_on_the_idle_device_and_info_reports_the_samples(home, t
         hot, cold = device_reading(busy_device), device_reading(idle_device)
         readings = hot["reading"], cold["reading"]
         return (all(r and r["utilization"] is not None for r in readings)
-                and hot["reading"]["utilization"] > 50 and cold["reading"]["utilization"] < 20
-                and (hot, cold))
+                # (a spinning shell may get a third of a core on a machine busy elsewhere)
+                and hot["reading"]["utilization"] > cold["reading"]["utilization"] + 15
+                and cold["reading"]["utilization"] < 20 and (hot, cold))
 
-    hot, cold = wait_for(measured, 20, what="both devices sampled")
+    hot, cold = wait_for(measured, 30, what="both devices sampled")
     assert hot["reading"]["source"] == "psutil"
     assert {p["job"] for p in hot["reading"]["processes"]} == {busy}
     assert hot["reading"]["memory_used"] > 0 and hot["reading"]["memory_total"] == hot["memory_total"]

@@ -58,13 +58,15 @@ def test_cancel_one_task_or_the_whole_array(daemon, tmp_path):
 
 
 def test_afterok_chain_runs_in_order(daemon, tmp_path):
-    log = tmp_path / "order.log"
-    script = write_script(tmp_path / "step.sh", f"sleep 0.2\necho $GQ_JOB_NAME >> {log}\n")
+    log, go = tmp_path / "order.log", tmp_path / "go"
+    script = write_script(tmp_path / "step.sh", (
+        f"while [ ! -e {go} ]; do sleep 0.05; done\necho $GQ_JOB_NAME >> {log}\n"))
     first = submit("-J", "one", str(script))
     second = submit("-J", "two", "--dependency", f"afterok:{first}", str(script))
     third = submit("-J", "three", "--after", str(second), str(script))
     assert job(third)["dependency"] == f"afterok:{second}"
     wait_for(lambda: job(second)["reason"] == "Dependency", 10, what="Dependency reason")
+    go.touch()  # (until now the first runs: the second waits on it, whatever the load)
     wait_state(third, "COMPLETED", timeout=30)
     assert log.read_text().split() == ["one", "two", "three"]
 
@@ -506,8 +508,10 @@ def test_a_suspended_job_holds_no_lane_and_its_time_limit_stops(daemon, tmp_path
         "    time.sleep(0.03)\n"
         f"    while step == 5 and sys.argv[2:] and not os.path.exists({str(go)!r}):\n"
         "        time.sleep(0.02)  # inside its iteration: it holds the lane\n"))
-    first = submit("-t", "0:03", str(loop), "30", "gated")
-    later = submit(str(loop), "100")
+    # The limit must outlast start-up, 30 iterations and a loaded machine's reports, while
+    # the later job (9 s) keeps the first suspended for longer than it.
+    first = submit("-t", "0:08", str(loop), "30", "gated")
+    later = submit(str(loop), "300")
     wait_for(lambda: job(first)["steps_done"] >= 5, 20, what="the first job's steps")
     assert gq_ok("suspend", str(first)).strip() == f"Suspended job {first}"
     shown = job(first)
@@ -523,7 +527,7 @@ def test_a_suspended_job_holds_no_lane_and_its_time_limit_stops(daemon, tmp_path
 
     wall = (datetime.fromisoformat(info["end_time"]).timestamp()
             - datetime.fromisoformat(info["start_time"]).timestamp())
-    assert wall > 3  # longer than its limit, suspended for part of it
+    assert wall > 8  # longer than its limit, suspended for part of it
     for verb, words in (("suspend", "only a running job can be suspended"),
                         ("resume", "is not suspended; nothing to resume")):
         result = gq(verb, str(first))
