@@ -231,7 +231,7 @@ def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
                                       "start_share", "end_share", "end_seconds",
                                       "at_submit_end_share", "unknown")})
         wait, whole = start - submitted, end - submitted
-        for index, (_, state, f_start, f_end, basis) in enumerate(spec.samples):
+        for index, (when, state, f_start, f_end, basis) in enumerate(spec.samples):
             group["unknown"].append(1.0 if f_end is None else 0.0)
             if state == "PENDING" and f_start is not None and wait >= 1.0:
                 group["start_share"].append(abs(f_start - start) / wait)
@@ -243,7 +243,6 @@ def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
                 group["at_submit_end_share"].append(abs(f_end - end) / whole)
             if job["time_limit"] and abs(f_end - end) > job["time_limit"]:
                 beyond["pending" if state == "PENDING" else "running"] += 1
-                when = spec.samples[index][0]
                 if state == "PENDING" and any(later_submit > when and later_start < start
                                               for later_submit, later_start in starts):
                     beyond["pending_overtaken_later"] += 1

@@ -7,8 +7,8 @@ imports ``gq.daemon`` once; for each request (the daemon's options, environment 
 directory, and its log's descriptor passed along) it forks a child that becomes the daemon
 exactly as ``python -m gq.daemon OPTIONS`` would from there on: a session of its own, stdin
 from /dev/null, stdout and stderr to the log, the same ``main()`` (one tunable set apart,
-see :func:`serve`). It answers with the
-child's pid, and with its exit status once it has exited (``client.DaemonProcess.poll``).
+see :func:`serve`). It answers with the child's pid, and with its exit status once it has
+exited (``client.DaemonProcess.poll``).
 The real spawn path stays covered where the CLI runs as a subprocess (concurrent first
 commands, the system daemon's tests, the demo).
 """

@@ -97,9 +97,8 @@ class Scheduler:
 
     def scan(self) -> None:
         config = self.db.settings()
-        changed = self.db.pending_changes()
-        with self.db.read() as session:
-            pending = self._pending.read(session, changed, time.monotonic())
+        with self.db.read() as session:  # (changes taken inside it: none lost if it fails)
+            pending = self._pending.read(session, self.db.pending_changes(), time.monotonic())
             if self._pending.drifted:
                 log.warning("%s (jobs %s): a write the daemon did not make, or one its watch "
                             "missed", PENDING_DRIFT, _listed(self._pending.drifted))

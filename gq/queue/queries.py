@@ -141,8 +141,8 @@ class PendingRows:
                 for job_id in changed:
                     self._rows.pop(job_id, None)
                 for part in chunks(sorted(changed)):
-                    for values in _PENDING_BY_ID.rows(session, {"ids": part}):
-                        row = SchedulingRow._make(values)
+                    for row in map(SchedulingRow._make, _PENDING_BY_ID.rows(session,
+                                                                            {"ids": part})):
                         self._rows[row.id] = row
                 self._ordered = sorted(self._rows.values(), key=_job_id)
         except BaseException:
