@@ -36,6 +36,7 @@ from gq.errors import AlreadyRunning, LaunchError
 from gq.exec import cgroups
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
+from gq.exec.lease import Figures, SharedPage, implausible
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
                            start_as_submitter)
@@ -93,6 +94,12 @@ class Resident:
     cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
+    page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
+    leased: bool = False  # the lane is its own across boundaries until the host wants it
+    lease_started: float = 0.0  # monotonic
+    lease_base: Figures = field(default_factory=Figures)  # its page when the lease began
+    page_seen: Figures = field(default_factory=Figures)  # its page when last read
+    lease_in_iteration: bool = False  # as its page said when last read
     shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
     exited_at: float = 0.0  # monotonic: when it was collected
@@ -171,13 +178,42 @@ class Resident:
         """What the daemon is told: attained time counts the iteration in progress, so it
         grows while a long iteration runs."""
         attained = self.attained
-        if self.state == "running":
+        if self.in_iteration:
             attained += max(0.0, time.monotonic() - self.granted_at)
         return dict(job=self.job_id, run=self.run, steps_done=self.steps_done,
                     steps_total=self.steps_total, attained=attained,
                     mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
                     mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
-                    holds_lane=self.state == "running", iterations=self.iterations)
+                    holds_lane=self.in_iteration, iterations=self.iterations)
+
+    @property
+    def in_iteration(self) -> bool:
+        """Inside an iteration now (a leased job: as its page said when last read)."""
+        return self.state == "running" and (not self.leased or self.lease_in_iteration)
+
+    def take_figures(self, figures: Figures) -> None:
+        """What a leased worker's page says it did since it was last read (checked
+        already), added to what the host measured itself."""
+        seen, self.page_seen = self.page_seen, figures
+        iterations = figures.iterations - seen.iterations
+        if iterations:
+            if self.iterations == 0:
+                self.first_iteration = self.attained + figures.first_ns / 1e9
+            self.iterations += iterations
+            self.attained += (figures.attained_ns - seen.attained_ns) / 1e9
+        self.gaps += figures.gaps - seen.gaps
+        self.gap_total += (figures.gap_ns - seen.gap_ns) / 1e9
+        self.record_steps(figures.steps)
+        total = self.steps_total
+        if figures.gaps > seen.gaps and total is not None and figures.steps_at_take >= total:
+            self.past_total = True  # it went on iterating after all its steps
+        if figures.mem_peak >= 0:
+            self.mem_persistent = max(0, figures.mem_persistent)
+            self.mem_peak = figures.mem_peak
+        self.lease_in_iteration = figures.in_iteration
+        if figures.in_iteration:
+            self.granted_at = max(figures.since_ns / 1e9, self.lease_started)
+        self.dirty = True
 
     def resident_state(self) -> wire.ResidentState:
         return wire.ResidentState(**self._figures(), pid=self.process.pid,
@@ -394,6 +430,9 @@ class Host:
             return
         resident.mem_cap = message.mem_cap
         resident.cap_unsent = resident.channel is not None
+        if resident.leased:  # the cap goes with a Go: the next boundary asks for one
+            self._end_lease(resident)
+            self._schedule(self.lanes[resident.lane])
         log.info("job %d: capped at %d bytes of device memory", resident.job_id,
                  message.mem_cap)
 
@@ -405,6 +444,8 @@ class Host:
             return  # gone, as asked already, or being ended: its SIGTERM must be seen
         now = time.monotonic()
         lane = self.lanes[resident.lane]
+        if resident.leased:  # whether it is inside an iteration decides what follows
+            self._end_lease(resident)
         if message.suspended:
             resident.suspended, resident.suspended_at = True, now
             if lane.holder is resident:  # inside an iteration: the lane goes to others
@@ -453,6 +494,7 @@ class Host:
 
     def _state(self) -> wire.State:
         """Everything a daemon that (re)connects must know."""
+        self._read_leased_pages()
         return wire.State(version=HOST_VERSION, pid=os.getpid(), device=self.device,
                           lanes=len(self.lanes), policy=list(self.policy_name),
                           draining=self.draining,
@@ -496,7 +538,7 @@ class Host:
         env = dict(spec.env)
         fds: dict[int, int] = {}
         script = _open_snapshot(spec)
-        worker_end = host_end = None
+        worker_end = host_end = page = page_fd = None
         try:
             if script is not None:
                 fds[wire.SCRIPT_FD] = script
@@ -504,6 +546,10 @@ class Host:
                 host_end, worker_end = socket.socketpair()
                 env["GQ_WORKER_FD"] = str(wire.WORKER_FD)
                 fds[wire.WORKER_FD] = worker_end.fileno()
+                page, page_fd = _lane_page(spec.id)
+                if page_fd is not None:
+                    env["GQ_PAGE_FD"] = str(wire.PAGE_FD)
+                    fds[wire.PAGE_FD] = page_fd
                 if spec.mem_cap is not None and self.cuda:
                     env["GQ_MEM_CAP"] = str(spec.mem_cap)
             cgroup, cgroup_cap = self._make_cgroup(spec)
@@ -516,10 +562,14 @@ class Host:
         except LaunchError:
             if host_end is not None:
                 host_end.close()
+            if page is not None:
+                page.close()
             raise
         finally:
             if worker_end is not None:
                 worker_end.close()
+            if page_fd is not None:
+                os.close(page_fd)
             if script is not None:
                 os.close(script)
         channel = None
@@ -537,7 +587,7 @@ class Host:
             deadline=spec.deadline,
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
             if spec.warn_signal is not None else None,
-            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe,
+            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe, page=page,
         )
 
     def _make_cgroup(self, spec: wire.LaunchSpec) -> tuple[JobCgroup | None, int | None]:
@@ -597,6 +647,8 @@ class Host:
         self._kill(resident, StopWhy.PROTOCOL, grace=0.0)
 
     def _on_ready(self, resident: Resident, now: float) -> None:
+        if resident.leased:  # it saw the host wants the lane back, in its gap
+            self._end_lease(resident)
         if resident.state == "running":
             return  # it holds the lane already: nothing to grant
         if resident.released_at is not None:
@@ -608,6 +660,11 @@ class Host:
 
     def _on_done(self, resident: Resident, message: wire.Done, now: float) -> None:
         lane = self.lanes[resident.lane]
+        if resident.leased:  # asked back, it gave the lane at its iteration's end: the page
+            self._end_lease(resident)  # has the iteration's figures
+            if lane.holder is not resident:
+                self._schedule(lane)
+                return
         if resident.thaw_on_grant:  # its iteration ended as it was being suspended
             resident.thaw_on_grant = False
             resident.iterations += 1
@@ -651,12 +708,14 @@ class Host:
 
     def _schedule(self, lane: Lane) -> None:
         """Grant a free lane's next iteration, or keep it free, as :mod:`gq.exec.lanes`
-        decides (the simulator predicts with the same rule)."""
+        decides (the simulator predicts with the same rule). A job alone on its lane gets
+        it with a lease, ended as soon as another job is ready for it."""
         lane.kept_until = None
-        if lane.holder is not None:
-            return
         ready = _ready(lane)
-        if not ready:
+        holder = lane.holder
+        if holder is not None and holder.leased and ready:
+            self._end_lease(holder)
+        if lane.holder is not None or not ready:
             return
         now = time.monotonic()
         # The residents as policies see them, each made once: a suspended job counts for none.
@@ -679,8 +738,9 @@ class Host:
         if chosen.thaw_on_grant:  # resumed inside its iteration: it goes on with the lane
             chosen.thaw_on_grant = False
             self._stop_processes(chosen, False)
-        elif chosen.channel.send(wire.Go(empty_cache=shared, mem_cap=chosen.mem_cap
-                                         if chosen.cap_unsent else None)):
+        elif chosen.channel.send(wire.Go(
+                empty_cache=shared, mem_cap=chosen.mem_cap if chosen.cap_unsent else None,
+                lease=self._lease(chosen))):
             chosen.cap_unsent = False
         else:
             log.warning("job %d's worker hung up before its grant; the lane goes on",
@@ -695,6 +755,66 @@ class Host:
             lane.switches += 1
         lane.last_job = chosen.job_id
 
+    def _lease(self, resident: Resident) -> bool:
+        """Whether the job's next grant is a lease, and if so the page made ready for it:
+        the lane's semaphore the host's, nothing wanted. A lease is for a job alone on its
+        lane: lane-mates that take turns would end each other's at every switch."""
+        page = resident.page
+        alone = all(other is resident or other.suspended or other.channel is None
+                    for other in self.lanes[resident.lane].residents)
+        if (page is None or not alone or resident.probing or resident.cap_unsent
+                or (resident.mem_cap is not None and not self.cuda
+                    and resident.cgroup_cap is None)):
+            return False  # figures the host checks at every boundary
+        figures = page.read()
+        if figures is None:
+            return False
+        page.drain()
+        page.want(False)
+        resident.leased, resident.lease_started = True, time.monotonic()
+        resident.lease_base = resident.page_seen = figures
+        resident.lease_in_iteration = True
+        return True
+
+    def _end_lease(self, resident: Resident) -> None:
+        """The host wants the lane back. Taken at once where the job is in its gap (it
+        asks with READY next time); inside an iteration, the job keeps it until that
+        iteration's end, as it would without a lease, and gives it back with a Done."""
+        page = resident.page
+        assert page is not None and resident.leased
+        page.want(True)
+        in_gap = page.try_take()
+        if not self._read_page(resident):
+            return
+        resident.leased = False
+        lane = self.lanes[resident.lane]
+        if in_gap and lane.holder is resident:
+            figures = resident.page_seen
+            now = time.monotonic()
+            since = figures.since_ns / 1e9
+            resident.released_at = since if resident.lease_started <= since <= now else now
+            resident.state = "idle"
+            lane.holder = None
+        elif not resident.lease_in_iteration:
+            resident.granted_at = time.monotonic()  # it took the lane as the host asked
+
+    def _read_page(self, resident: Resident) -> bool:
+        """Take in a leased job's figures from its page. Impossible ones end the job
+        (False): its lease is over, and its lane with it."""
+        figures = resident.page.read() if resident.page is not None else None
+        if figures is None:
+            return True  # being written: read next time
+        problem = implausible(resident.page_seen, figures, resident.lease_base,
+                              int((time.monotonic() - resident.lease_started) * 1e9),
+                              time.monotonic_ns())
+        if problem is None:
+            resident.take_figures(figures)
+            return True
+        resident.leased = False
+        self._end_for_protocol(resident, f"its worker wrote impossible figures on its page "
+                                         f"({problem})")
+        return False
+
     def _schedule_waiting_lanes(self) -> None:
         for lane in self.lanes:
             self._schedule(lane)
@@ -706,6 +826,9 @@ class Host:
         resident.channel.close()
         resident.channel = None
         self._release_lane(resident)
+        if resident.page is not None:
+            resident.page.close()
+            resident.page = None
 
     def _leave_lane(self, resident: Resident) -> None:
         """The job will run no more iterations: policies stop counting it as resident."""
@@ -715,6 +838,8 @@ class Host:
             self._release_lane(resident)
 
     def _release_lane(self, resident: Resident) -> None:
+        if resident.leased:
+            self._end_lease(resident)
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             now = time.monotonic()
@@ -861,6 +986,7 @@ class Host:
         if self.daemon is None or now - self._last_progress < defaults.PROGRESS_PERIOD:
             return
         self._last_progress = now
+        self._read_leased_pages()
         # A job inside an iteration is reported each time: its attained time grows.
         changed = [r for r in self.residents.values() if r.dirty or r.state == "running"]
         for resident in changed:
@@ -869,6 +995,23 @@ class Host:
         if changed or switches != self._reported_switches:
             self._reported_switches = switches
             self._tell(wire.Progress([r.progress() for r in changed], switches))
+
+
+    def _read_leased_pages(self) -> None:
+        for resident in list(self.residents.values()):
+            if resident.leased:
+                self._read_page(resident)
+
+
+def _lane_page(job_id: int) -> tuple[SharedPage | None, int | None]:
+    """A new page to share with the job's worker; without one (out of memory or
+    descriptors) the job runs as well, with a READY/GO exchange at every boundary."""
+    try:
+        return SharedPage.create()
+    except OSError as exc:
+        log.warning("job %d: no page to share with its worker (%s); it runs without leases",
+                    job_id, exc)
+        return None, None
 
 
 def _send(pids, signum: int) -> None:

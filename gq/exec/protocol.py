@@ -106,8 +106,8 @@ class LaunchSpec:
 
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
-# only), and a Python job's socket to its host.
-SCRIPT_FD, WORKER_FD = 3, 4
+# only), and a Python job's socket to its host and page shared with it (gq.exec.lease).
+SCRIPT_FD, WORKER_FD, PAGE_FD = 3, 4, 5
 SCRIPT_PATH = f"/dev/fd/{SCRIPT_FD}"
 
 
@@ -338,6 +338,7 @@ class Go:
     op: ClassVar[str] = "go"
     empty_cache: bool = False
     mem_cap: HostMemory | None = None  # from now on: its probe's figure (a CUDA job's cap)
+    lease: bool = False  # the lane is its own across boundaries until asked back (lease.py)
 
 
 def _table(*classes: type) -> dict[str, type]:

@@ -307,7 +307,7 @@ def _close_all_but(keep: tuple[int, ...]) -> None:
 
 
 _ALL_DESCRIPTORS = 1 << 30  # past any descriptor (closerange uses close_range(2))
-_ABOVE_PLACED = 10  # job descriptors are SCRIPT_FD and WORKER_FD
+_ABOVE_PLACED = 10  # job descriptors are SCRIPT_FD, WORKER_FD and PAGE_FD
 
 
 def _default_signals() -> None:

@@ -23,6 +23,7 @@ import types
 from gq import defaults
 from gq.codec import INT64_MAX
 from gq.exec import hooks, memory, runtime
+from gq.exec.lease import SharedPage, WorkerLease
 from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, TO_WORKER, Channel, Done, Finished, Ready,
                               StepsTaken, Total, encode)
 
@@ -33,8 +34,10 @@ class WorkerSession:
     """The job side of the protocol (see :mod:`gq.exec.runtime`); safe to call from
     several threads: one READY/GO exchange at a time."""
 
-    def __init__(self, channel: Channel, memory_cap: int | None = None):
+    def __init__(self, channel: Channel, memory_cap: int | None = None,
+                 page: SharedPage | None = None):
         self.channel = channel
+        self.lease = WorkerLease(page) if page is not None else None
         self.memory_cap = memory_cap  # bytes of device memory its CUDA allocations may hold
         self.lock = threading.RLock()
         self.held = False
@@ -67,12 +70,18 @@ class WorkerSession:
         with self.lock:
             if self.held:
                 return
+            lease = self.lease
+            if lease is not None and lease.take(self.steps):
+                self.held = True
+                return
             self.channel.sock.sendall(READY)
             grant = self.channel.receive_one()
             # Lane-mates share the device's memory: give back cached blocks when parked.
             self.empty_cache_after = grant.empty_cache
             if grant.mem_cap is not None:
                 self.cap_memory(grant.mem_cap)
+            if lease is not None:
+                lease.granted(grant.lease, self.steps)
             self.held = True
 
     def cap_memory(self, cap: int) -> None:
@@ -92,10 +101,14 @@ class WorkerSession:
             return
         with self.lock:
             steps = self.steps
+            lease = self.lease
             if not self.held:
                 if steps != self.reported:  # steps taken outside a grant (released loops)
                     self.reported = steps
-                    self.channel.send(StepsTaken(steps))
+                    if lease is not None and lease.active:
+                        lease.note_steps(steps)
+                    else:
+                        self.channel.send(StepsTaken(steps))
                 return
             self.held = False
             now = time.monotonic()
@@ -104,7 +117,12 @@ class WorkerSession:
             if self.empty_cache_after:
                 memory.release_cached()
             self.reported = steps
-            self.channel.send(Done(steps, self.sample.persistent, self.sample.peak))
+            sample = self.sample
+            if lease is not None and lease.active \
+                    and lease.release(steps, sample.persistent, sample.peak):
+                return
+            # Without a lease, or asked for the lane back: the host hears of it now.
+            self.channel.send(Done(steps, sample.persistent, sample.peak))
 
     def set_total_steps(self, total: int) -> None:
         if not 1 <= total <= INT64_MAX:
@@ -171,8 +189,10 @@ def main(argv: list[str]) -> None:
     fd = int(os.environ.pop("GQ_WORKER_FD"))
     submitted = os.environ.pop("GQ_SCRIPT", None) or argv[0]
     cap = os.environ.pop("GQ_MEM_CAP", None)
+    page_fd = os.environ.pop("GQ_PAGE_FD", None)
     session = WorkerSession(Channel(socket.socket(fileno=fd), TO_WORKER),
-                            int(cap) if cap and cap.isdigit() else None)
+                            int(cap) if cap and cap.isdigit() else None,
+                            SharedPage.attach(int(page_fd)) if page_fd else None)
     runtime.active = session
     hooks.install_when_imported(session)
     sys.argv = [submitted, *argv[1:]]

@@ -1,0 +1,259 @@
+"""The page an execution host shares with each of its workers: a job that has its lane to
+itself keeps it across iteration boundaries without a message (a **lease**).
+
+A READY/GO exchange costs two system calls on each side and, worse, a wait until the host
+process is scheduled: on a busy node that wait is most of a boundary's cost. A job alone on
+its lane needs no decision at its boundaries, so the host grants it the lane with a lease
+(``Go(lease=True)``), and from then on the worker crosses boundaries in memory alone:
+
+- **Who holds the lane** is a process-shared POSIX semaphore on the page, taken and given
+  without a system call while uncontended (``sem_trywait``/``sem_post``). The leased worker
+  takes it when an iteration begins and gives it at the iteration's end; the host takes it
+  to end the lease in a gap. Whoever holds it owns the lane, so the host never grants the
+  lane to another job while the leased one is inside an iteration.
+- **Someone else wants the lane**: the host writes ``want`` and tries to take the semaphore.
+  Taken, the lease is over and the lane is the host's at once (the job was in its gap).
+  Not taken, the job is inside an iteration: the worker sees ``want`` at that iteration's
+  end and gives the lane back with a Done, exactly as without a lease. Either way the
+  worker's next acquire goes through READY/GO again.
+- **Figures** (steps, iterations, time inside and between iterations, memory) are written
+  by the worker under a sequence count (odd while it writes) and read by the host when it
+  reports progress or ends the lease. They are the worker's word: the host checks them
+  (:func:`implausible`) as it checks any message, and a worker that writes impossible
+  ones loses its job and nothing else.
+
+The page is a sealed memfd (it cannot be shrunk under the host's mapping). Times are on
+the system-wide monotonic clock both processes share.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+from gq.codec import INT64_MAX
+
+PAGE_SIZE = mmap.PAGESIZE
+_SEMAPHORE = 0  # a sem_t: 32 bytes in glibc's 64-bit ABI, room for 64
+_WANT = 64  # the host's word: nonzero while it wants the lane back
+_FIGURES = 128  # the worker's: a sequence count, then the figures
+_SEQUENCE = struct.Struct("<q")
+_BODY = struct.Struct("<11q")
+_WANT_WORD = struct.Struct("<q")
+_READ_TRIES = 3  # a sequence count still odd after these: read again another time
+# A lease's times may exceed its wall time by this much (the two clocks are read apart).
+_SLACK_NS = 50_000_000
+_SHORTEST_ITERATION_NS = 1_000  # a boundary alone costs a worker more than this
+
+_libc = ctypes.PyDLL(None)  # PyDLL: the GIL is kept, and none of these calls blocks
+_libc.sem_init.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
+_libc.sem_trywait.argtypes = (ctypes.c_void_p,)
+_libc.sem_post.argtypes = (ctypes.c_void_p,)
+for _call in (_libc.sem_init, _libc.sem_trywait, _libc.sem_post):
+    _call.restype = ctypes.c_int
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a worker wrote on its page: counts since it started, times in nanoseconds."""
+
+    steps: int = 0
+    iterations: int = 0  # iterations run under leases
+    attained_ns: int = 0  # their time inside iterations
+    first_ns: int = 0  # its first leased iteration's length (0: none yet)
+    gaps: int = 0
+    gap_ns: int = 0  # time between a leased iteration's end and the next one's start
+    mem_persistent: int = -1  # -1: not measured
+    mem_peak: int = -1
+    in_iteration: bool = False
+    since_ns: int = 0  # when the current iteration (or gap) began
+    steps_at_take: int = 0  # the step count when its last leased iteration began
+
+
+class SharedPage:
+    """One worker's page, mapped by the host (``create``) and by the worker (``attach``)."""
+
+    def __init__(self, fd: int):
+        self.map = mmap.mmap(fd, PAGE_SIZE)
+        self._anchor = ctypes.c_char.from_buffer(self.map)  # pins the map for the address
+        self._semaphore = ctypes.addressof(self._anchor) + _SEMAPHORE
+
+    @classmethod
+    def create(cls) -> tuple[SharedPage, int]:
+        """A new page and its descriptor (close-on-exec: the host places it in the job)."""
+        fd = os.memfd_create("gq-lane", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, PAGE_SIZE)
+            # A worker that could shrink the file would make the host's next read a SIGBUS.
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            page = cls(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _libc.sem_init(page._semaphore, 1, 0) != 0:
+            page.close()
+            os.close(fd)
+            raise OSError(ctypes.get_errno(), "sem_init failed on a lane page")
+        page.write(0, _nothing_yet())  # a fresh page's zeros would read as memory measured
+        return page, fd
+
+    @classmethod
+    def attach(cls, fd: int) -> SharedPage:
+        """The worker's mapping of the page its host made; the descriptor is closed."""
+        try:
+            return cls(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        del self._anchor
+        self.map.close()
+
+    # ----- the lane ------------------------------------------------------------------
+    def try_take(self) -> bool:
+        return _libc.sem_trywait(self._semaphore) == 0
+
+    def give(self) -> None:
+        _libc.sem_post(self._semaphore)
+
+    def drain(self) -> None:
+        """Take every count a worker left (given back after its lease ended): the next
+        lease starts with the lane the host's."""
+        for _ in range(64):  # a worker may post any number; the host never loops for ever
+            if not self.try_take():
+                return
+
+    def want(self, wanted: bool) -> None:
+        _WANT_WORD.pack_into(self.map, _WANT, int(wanted))
+
+    def wanted(self) -> bool:
+        return _WANT_WORD.unpack_from(self.map, _WANT)[0] != 0
+
+    # ----- figures -------------------------------------------------------------------
+    def read(self) -> Figures | None:
+        """The worker's figures, or None while it is writing them (read again later)."""
+        for _ in range(_READ_TRIES):
+            before = _SEQUENCE.unpack_from(self.map, _FIGURES)[0]
+            if before & 1:
+                continue
+            body = _BODY.unpack_from(self.map, _FIGURES + _SEQUENCE.size)
+            if _SEQUENCE.unpack_from(self.map, _FIGURES)[0] == before:
+                values = list(body)
+                values[8] = bool(values[8])
+                return Figures(*values)
+        return None
+
+    def write(self, sequence: int, values: list[int]) -> None:
+        """The worker's side: ``values`` in the order of :class:`Figures`; ``sequence`` is
+        even, twice the count of writes so far."""
+        _SEQUENCE.pack_into(self.map, _FIGURES, sequence + 1)
+        _BODY.pack_into(self.map, _FIGURES + _SEQUENCE.size, *values)
+        _SEQUENCE.pack_into(self.map, _FIGURES, sequence + 2)
+
+
+def implausible(seen: Figures, now: Figures, lease_base: Figures, lease_ns: int,
+                now_ns: int) -> str | None:
+    """What is impossible in a worker's figures, given those read before (``seen``), those
+    at its lease's start and how long the lease has lasted; None if nothing is."""
+    for name in ("steps", "iterations", "attained_ns", "gaps", "gap_ns"):
+        before, after = getattr(seen, name), getattr(now, name)
+        if not before <= after <= INT64_MAX:
+            return f"{name} went from {before} to {after}"
+    if min(now.mem_persistent, now.mem_peak) < -1 or now.first_ns < 0:
+        return "a negative figure"
+    iterations = now.iterations - lease_base.iterations
+    if iterations > lease_ns // _SHORTEST_ITERATION_NS + 1:
+        return f"{iterations} iterations in a lease of {lease_ns / 1e9:.3f} s"
+    gaps = now.gaps - lease_base.gaps
+    if gaps > iterations:  # a gap is counted as the iteration after it begins
+        return f"{gaps} gaps after {iterations} iterations"
+    spent = (now.attained_ns - lease_base.attained_ns) + (now.gap_ns - lease_base.gap_ns)
+    if spent > lease_ns + _SLACK_NS:
+        return f"{spent / 1e9:.3f} s of iterations and gaps in a lease of {lease_ns / 1e9:.3f} s"
+    if now.since_ns > now_ns + _SLACK_NS:
+        return "an iteration that begins in the future"
+    return None
+
+
+# Where each figure sits in a worker's list of them (the order of Figures' fields).
+(_STEPS, _ITERATIONS, _ATTAINED, _FIRST, _GAPS, _GAP, _PERSISTENT, _PEAK, _IN_ITERATION,
+ _SINCE, _STEPS_AT_TAKE) = range(11)
+
+
+def _nothing_yet() -> list[int]:
+    """A worker's figures before its first write: nothing counted, no memory measured."""
+    values = [0] * len(Figures.__dataclass_fields__)
+    values[_PERSISTENT] = values[_PEAK] = -1
+    return values
+
+
+class WorkerLease:
+    """The worker's side of its page: whether it holds a lease, and its figures (a plain
+    list, written whole at each boundary: this is every iteration's path)."""
+
+    def __init__(self, page: SharedPage):
+        self.page = page
+        self.active = False
+        self.values = _nothing_yet()
+        self._sequence = 2  # the host wrote the first
+
+    def _write(self) -> None:
+        self.page.write(self._sequence, self.values)
+        self._sequence += 2
+
+    def _begin(self, now: int, steps: int) -> None:
+        values = self.values
+        values[_IN_ITERATION], values[_SINCE] = 1, now
+        values[_STEPS] = values[_STEPS_AT_TAKE] = steps
+        self._write()
+
+    def granted(self, leased: bool, steps: int) -> None:
+        """A Go arrived: with a lease, an iteration begins that holds the lane's semaphore
+        as the host handed it over."""
+        self.active = leased
+        if leased:
+            self._begin(time.monotonic_ns(), steps)
+
+    def take(self, steps: int) -> bool:
+        """At an acquire: the next iteration begins without asking, unless the host wants
+        the lane back (then the lease is over: ask with READY)."""
+        if not self.active:
+            return False
+        if self.page.wanted() or not self.page.try_take():
+            self.active = False
+            return False
+        now = time.monotonic_ns()
+        values = self.values
+        values[_GAPS] += 1
+        values[_GAP] += max(0, now - values[_SINCE])
+        self._begin(now, steps)
+        return True
+
+    def release(self, steps: int, persistent: int | None, peak: int | None) -> bool:
+        """At a release: the iteration's figures, and the lane given. False if the host
+        wants it back: the lease is over, and the worker says so with its Done."""
+        now = time.monotonic_ns()
+        values = self.values
+        length = max(0, now - values[_SINCE])
+        values[_IN_ITERATION], values[_SINCE], values[_STEPS] = 0, now, steps
+        values[_ITERATIONS] += 1
+        values[_ATTAINED] += length
+        values[_FIRST] = values[_FIRST] or length
+        values[_PERSISTENT] = -1 if persistent is None else persistent
+        values[_PEAK] = -1 if peak is None else peak
+        self._write()
+        self.page.give()
+        if self.page.wanted():
+            self.active = False
+        return self.active
+
+    def note_steps(self, steps: int) -> None:
+        """Steps counted outside an iteration (a loop that runs released)."""
+        self.values[_STEPS] = steps
+        self._write()
