@@ -140,7 +140,7 @@ def pid_alive(pid: int) -> bool:
     try:  # a zombie is dead for our purposes
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
         return False
 
 
