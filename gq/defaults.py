@@ -103,6 +103,7 @@ CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its ki
 
 # Worker
 MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases
+PAGE_UNREADABLE_SECONDS = 2.0  # a worker's page half-written this long: it broke the protocol
 
 # Memory safety
 PROBE_MEMORY = 1 << 30  # bytes a job that declares no memory needs free to start (--probe-mem)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import selectors
+import socket
 import time
 
 import pytest
@@ -13,8 +16,11 @@ from conftest import all_jobs, gq_ok, job, submit, wait_for, wait_state, write_s
 from test_hardening import host_process
 
 from gq import defaults
-from gq.exec.host import Resident
+from gq.exec import runtime
+from gq.exec.host import Host, Resident
 from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
+from gq.exec.protocol import FROM_WORKER, TO_WORKER, Channel
+from gq.exec.worker import WorkerSession
 
 
 def _page() -> SharedPage:
@@ -97,6 +103,7 @@ def test_a_page_cannot_be_shrunk_under_the_host():
     (dict(gaps=50), "gaps after 5 iterations"),
     (dict(since_ns=10 ** 18), "an iteration that begins in the future"),
     (dict(mem_peak=-7), "a negative figure"),
+    (dict(first_ns=10 ** 9), "a first iteration longer than all of them"),
 ])
 def test_impossible_figures_are_named(change, fragment):
     seen = Figures(steps=5, iterations=5, attained_ns=50_000_000, gaps=4, gap_ns=1_000_000,
@@ -111,18 +118,122 @@ def test_a_leased_jobs_figures_are_taken_in_as_the_host_measures_them():
     resident = Resident(job_id=1, run=1, user="u", priority=0, submit_time=0.0,
                         declared_total=10, lane=0, process=None, channel=None, started_at=0.0,
                         started_wall=0.0)
-    resident.take_figures(Figures(steps=4, iterations=4, attained_ns=700_000_000,
+    resident.take_figures(now=100.0, figures=Figures(steps=4, iterations=4, attained_ns=700_000_000,
                                   first_ns=400_000_000, gaps=3, gap_ns=30_000_000,
                                   mem_persistent=5, mem_peak=9, steps_at_take=3))
     assert resident.iterations == 4 and resident.steps_done == 4
     assert resident.mean_iteration == pytest.approx(0.1)  # the first one's warm-up left out
     assert resident.mean_gap == pytest.approx(0.01)
     assert (resident.mem_persistent, resident.mem_peak) == (5, 9) and not resident.past_total
-    resident.take_figures(Figures(steps=10, iterations=6, attained_ns=900_000_000,
+    resident.take_figures(now=100.0, figures=Figures(steps=10, iterations=6, attained_ns=900_000_000,
                                   first_ns=400_000_000, gaps=5, gap_ns=50_000_000,
                                   steps_at_take=10))
     assert resident.past_total  # it began an iteration with all its steps done
     assert resident.mem_peak == 9  # a page without a new sample keeps the last one
+    resident.take_figures(now=100.0, figures=Figures(
+        steps=10, iterations=6, attained_ns=900_000_000, first_ns=400_000_000, gaps=5,
+        gap_ns=50_000_000, in_iteration=True, since_ns=200 * 10 ** 9))
+    assert resident.granted_at == 100.0  # an iteration said to begin later began by now
+    assert resident.progress().attained >= 0
+
+
+# ----- a real host and worker, driven by hand ----------------------------------------
+def _spin(seconds: float) -> None:
+    begin = time.monotonic()
+    while time.monotonic() - begin < seconds:
+        pass
+
+
+def _lane_with_worker(worker) -> tuple[Host, Resident, int, socket.socket]:
+    """A Host with one resident whose worker (a forked child running ``worker(session)``)
+    talks to it over a socket pair and a page, as a job's does."""
+    page, page_fd = SharedPage.create()
+    host_end, worker_end = socket.socketpair()
+    child = os.fork()
+    if child == 0:
+        host_end.close()
+        session = WorkerSession(Channel(worker_end, TO_WORKER), None,
+                                SharedPage.attach(page_fd))
+        runtime.active = session
+        try:
+            worker(session)
+        finally:
+            os._exit(0)
+    worker_end.close()
+    os.close(page_fd)
+    host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
+    host_end.setblocking(False)
+    resident = Resident(job_id=1, run=1, user="u", priority=0, submit_time=0.0,
+                        declared_total=None, lane=0, process=None,
+                        channel=Channel(host_end, FROM_WORKER, chunk=defaults.WORKER_READ),
+                        started_at=time.monotonic(), started_wall=time.time(), page=page)
+    host.residents[1] = resident
+    host.lanes[0].residents.append(resident)
+    host.selector.register(host_end, selectors.EVENT_READ, resident)
+    return host, resident, child, host_end
+
+
+def _serve(host: Host, resident: Resident, sock: socket.socket, until) -> None:
+    deadline = time.monotonic() + 10
+    while not until() and time.monotonic() < deadline:
+        if select.select([sock], [], [], 0.05)[0]:
+            host._from_worker(resident)
+    assert until(), "the host never got there"
+
+
+def _one_iteration_then_ask_again(session) -> None:
+    session.acquire()  # READY, then a Go with a lease
+    _spin(0.1)  # the host ends the lease meanwhile
+    session.count_step(runtime.EXPLICIT)
+    session.release()
+    _spin(0.3)
+    session.acquire()  # READY: asked for the lane back, it asks for it
+    os._exit(0)
+
+
+def _granted_again(host: Host, resident: Resident):
+    return lambda: (resident.iterations >= 1 and resident.state == "running"
+                    and host.lanes[0].holder is resident and not resident.closing)
+
+
+def test_an_iteration_a_lease_ended_in_is_counted_once():
+    host, resident, child, sock = _lane_with_worker(_one_iteration_then_ask_again)
+    _serve(host, resident, sock, lambda: resident.leased)
+    time.sleep(0.03)
+    host._end_lease(resident)  # inside its iteration: it keeps the lane until its end
+    assert resident.closing and host.lanes[0].holder is resident
+    _serve(host, resident, sock, _granted_again(host, resident))
+    os.waitpid(child, 0)
+    assert resident.iterations == 1 and resident.steps_done == 1
+    assert 0.09 <= resident.attained < 0.15, resident.attained  # once, not twice
+    assert host.lanes[0].holder is resident  # granted again (without a lease: it asked)
+
+
+def test_a_worker_that_misses_the_request_to_give_the_lane_back_does_not_stall_it():
+    """The host's request and its failed take may become visible to the worker only after
+    the worker has given the lane and read the request (store-load reordering; emulated
+    here by delaying the store): the worker then asks with READY, not Done, and the host
+    takes that as the iteration's end instead of waiting for a Done that never comes."""
+    host, resident, child, sock = _lane_with_worker(_one_iteration_then_ask_again)
+    _serve(host, resident, sock, lambda: resident.leased)
+    time.sleep(0.03)
+    page = resident.page
+    delayed = []
+    real_want, real_take = page.want, page.try_take
+
+    def late_take() -> bool:
+        taken = real_take()
+        time.sleep(0.15)  # the worker gives the lane and reads no request meanwhile
+        real_want(delayed.pop())
+        return taken
+
+    page.want, page.try_take = delayed.append, late_take
+    host._end_lease(resident)
+    page.want, page.try_take = real_want, real_take
+    _serve(host, resident, sock, _granted_again(host, resident))
+    os.waitpid(child, 0)
+    assert resident.iterations == 1 and not resident.closing
+    assert host.lanes[0].holder is resident  # its iteration counted, and the lane its again
 
 
 # ----- with a daemon, a host and workers ----------------------------------------------

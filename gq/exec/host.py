@@ -100,6 +100,8 @@ class Resident:
     lease_base: Figures = field(default_factory=Figures)  # its page when the lease began
     page_seen: Figures = field(default_factory=Figures)  # its page when last read
     lease_in_iteration: bool = False  # as its page said when last read
+    closing: bool = False  # its lease ended inside an iteration: its page counts that one
+    page_unread_since: float | None = None  # monotonic: its page was being written, first
     shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
     exited_at: float = 0.0  # monotonic: when it was collected
@@ -116,12 +118,12 @@ class Resident:
         and a job it ranks last never runs again to correct it."""
         if self.iterations < 2:
             return None
-        return (self.attained - self.first_iteration) / (self.iterations - 1)
+        return max(0.0, self.attained - self.first_iteration) / (self.iterations - 1)
 
     @property
     def mean_gap(self) -> float | None:
         """Idle time from a release to the next acquire (data loading, host-side work)."""
-        return self.gap_total / self.gaps if self.gaps else None
+        return max(0.0, self.gap_total) / self.gaps if self.gaps else None
 
     def record_steps(self, reported: int) -> None:
         """What the worker says it has done, made plausible: never less than before, never
@@ -191,16 +193,17 @@ class Resident:
         """Inside an iteration now (a leased job: as its page said when last read)."""
         return self.state == "running" and (not self.leased or self.lease_in_iteration)
 
-    def take_figures(self, figures: Figures) -> None:
+    def take_figures(self, figures: Figures, now: float) -> None:
         """What a leased worker's page says it did since it was last read (checked
         already), added to what the host measured itself."""
         seen, self.page_seen = self.page_seen, figures
         iterations = figures.iterations - seen.iterations
         if iterations:
-            if self.iterations == 0:
-                self.first_iteration = self.attained + figures.first_ns / 1e9
+            attained = (figures.attained_ns - seen.attained_ns) / 1e9
+            if self.iterations == 0:  # its first iteration is among these
+                self.first_iteration = self.attained + min(figures.first_ns / 1e9, attained)
             self.iterations += iterations
-            self.attained += (figures.attained_ns - seen.attained_ns) / 1e9
+            self.attained += attained
         self.gaps += figures.gaps - seen.gaps
         self.gap_total += (figures.gap_ns - seen.gap_ns) / 1e9
         self.record_steps(figures.steps)
@@ -212,8 +215,12 @@ class Resident:
             self.mem_peak = figures.mem_peak
         self.lease_in_iteration = figures.in_iteration
         if figures.in_iteration:
-            self.granted_at = max(figures.since_ns / 1e9, self.lease_started)
+            self.granted_at = min(max(figures.since_ns / 1e9, self.lease_started), now)
         self.dirty = True
+
+    def since_on_page(self, now: float) -> float:
+        """When its page says its current gap (or iteration) began, within its lease."""
+        return min(max(self.page_seen.since_ns / 1e9, self.lease_started), now)
 
     def resident_state(self) -> wire.ResidentState:
         return wire.ResidentState(**self._figures(), pid=self.process.pid,
@@ -446,10 +453,11 @@ class Host:
         lane = self.lanes[resident.lane]
         if resident.leased:  # whether it is inside an iteration decides what follows
             self._end_lease(resident)
+            resident.closing = False  # measured by the host from here, as below
         if message.suspended:
             resident.suspended, resident.suspended_at = True, now
             if lane.holder is resident:  # inside an iteration: the lane goes to others
-                resident.attained += now - resident.granted_at
+                resident.attained += max(0.0, now - resident.granted_at)
                 lane.holder = None
                 resident.state, resident.thaw_on_grant = "ready", True
             self._stop_processes(resident, True)
@@ -649,22 +657,27 @@ class Host:
     def _on_ready(self, resident: Resident, now: float) -> None:
         if resident.leased:  # it saw the host wants the lane back, in its gap
             self._end_lease(resident)
-        if resident.state == "running":
-            return  # it holds the lane already: nothing to grant
+        if resident.closing:  # it missed the request at its iteration's end: that end first
+            self._close_iteration(resident)
+        if resident.channel is None or resident.state == "running":
+            return  # ended meanwhile, or it holds the lane already: nothing to grant
         if resident.released_at is not None:
             resident.gaps += 1
-            resident.gap_total += now - resident.released_at
+            resident.gap_total += max(0.0, now - resident.released_at)
         resident.asks_for_iteration()
         resident.state = "ready"
         self._schedule(self.lanes[resident.lane])
 
     def _on_done(self, resident: Resident, message: wire.Done, now: float) -> None:
         lane = self.lanes[resident.lane]
-        if resident.leased:  # asked back, it gave the lane at its iteration's end: the page
-            self._end_lease(resident)  # has the iteration's figures
+        if resident.leased:  # asked back, it gave the lane at its iteration's end
+            self._end_lease(resident)
             if lane.holder is not resident:
                 self._schedule(lane)
                 return
+        if resident.closing:
+            self._close_iteration(resident)
+            return
         if resident.thaw_on_grant:  # its iteration ended as it was being suspended
             resident.thaw_on_grant = False
             resident.iterations += 1
@@ -676,7 +689,7 @@ class Host:
         if lane.holder is not resident:
             return
         resident.iterations += 1
-        resident.attained += now - resident.granted_at
+        resident.attained += max(0.0, now - resident.granted_at)
         if resident.iterations == 1:
             resident.first_iteration = resident.attained
         resident.record_steps(message.steps)
@@ -784,31 +797,54 @@ class Host:
         assert page is not None and resident.leased
         page.want(True)
         in_gap = page.try_take()
-        if not self._read_page(resident):
+        # Taken in its gap, the page is final: the worker writes it before it gives the lane.
+        if not self._read_page(resident, final=in_gap):
             return
         resident.leased = False
         lane = self.lanes[resident.lane]
         if in_gap and lane.holder is resident:
-            figures = resident.page_seen
-            now = time.monotonic()
-            since = figures.since_ns / 1e9
-            resident.released_at = since if resident.lease_started <= since <= now else now
+            resident.released_at = resident.since_on_page(time.monotonic())
             resident.state = "idle"
             lane.holder = None
-        elif not resident.lease_in_iteration:
-            resident.granted_at = time.monotonic()  # it took the lane as the host asked
+        elif not in_gap:
+            # Its Done (or, where it missed the request, its READY) ends the iteration, whose
+            # figures its page will have: the host measures nothing of it again.
+            resident.closing = True
+            if not resident.lease_in_iteration:
+                resident.granted_at = time.monotonic()  # it took the lane as the host asked
 
-    def _read_page(self, resident: Resident) -> bool:
+    def _close_iteration(self, resident: Resident) -> None:
+        """The iteration its lease ended in is over: counted off its page, final now (the
+        worker writes it before it gives the lane back, and gives it before it says so)."""
+        resident.closing = False
+        if not self._read_page(resident, final=True):
+            return
+        lane = self.lanes[resident.lane]
+        if lane.holder is resident:
+            resident.released_at = resident.since_on_page(time.monotonic())
+            resident.state = "idle"
+            lane.holder = None
+        self._schedule(lane)
+
+    def _read_page(self, resident: Resident, final: bool = False) -> bool:
         """Take in a leased job's figures from its page. Impossible ones end the job
-        (False): its lease is over, and its lane with it."""
-        figures = resident.page.read() if resident.page is not None else None
+        (False): its lease is over, and its lane with it. A page being written is read next
+        time, unless it must be ``final`` now or has been written to for too long."""
+        if resident.page is None:
+            return True
+        figures = resident.page.read()
+        now = time.monotonic()
         if figures is None:
-            return True  # being written: read next time
-        problem = implausible(resident.page_seen, figures, resident.lease_base,
-                              int((time.monotonic() - resident.lease_started) * 1e9),
-                              time.monotonic_ns())
+            since = resident.page_unread_since = resident.page_unread_since or now
+            if not final and now - since < defaults.PAGE_UNREADABLE_SECONDS:
+                return True
+            problem = "its page stayed half-written"
+        else:
+            resident.page_unread_since = None
+            problem = implausible(resident.page_seen, figures, resident.lease_base,
+                                  int((now - resident.lease_started) * 1e9), time.monotonic_ns())
         if problem is None:
-            resident.take_figures(figures)
+            resident.take_figures(figures, now)
             return True
         resident.leased = False
         self._end_for_protocol(resident, f"its worker wrote impossible figures on its page "
@@ -840,10 +876,11 @@ class Host:
     def _release_lane(self, resident: Resident) -> None:
         if resident.leased:
             self._end_lease(resident)
+        resident.closing = False  # an iteration it may not have finished: measured as below
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             now = time.monotonic()
-            resident.attained += now - resident.granted_at
+            resident.attained += max(0.0, now - resident.granted_at)
             lane.holder = None
         resident.state = "idle"
         self._schedule(lane)

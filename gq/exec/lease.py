@@ -50,7 +50,7 @@ _READ_TRIES = 3  # a sequence count still odd after these: read again another ti
 _SLACK_NS = 50_000_000
 _SHORTEST_ITERATION_NS = 1_000  # a boundary alone costs a worker more than this
 
-_libc = ctypes.PyDLL(None)  # PyDLL: the GIL is kept, and none of these calls blocks
+_libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL is kept; none of these blocks
 _libc.sem_init.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
 _libc.sem_trywait.argtypes = (ctypes.c_void_p,)
 _libc.sem_post.argtypes = (ctypes.c_void_p,)
@@ -167,6 +167,8 @@ def implausible(seen: Figures, now: Figures, lease_base: Figures, lease_ns: int,
             return f"{name} went from {before} to {after}"
     if min(now.mem_persistent, now.mem_peak) < -1 or now.first_ns < 0:
         return "a negative figure"
+    if now.first_ns > now.attained_ns:
+        return "a first iteration longer than all of them"
     iterations = now.iterations - lease_base.iterations
     if iterations > lease_ns // _SHORTEST_ITERATION_NS + 1:
         return f"{iterations} iterations in a lease of {lease_ns / 1e9:.3f} s"
@@ -176,7 +178,7 @@ def implausible(seen: Figures, now: Figures, lease_base: Figures, lease_ns: int,
     spent = (now.attained_ns - lease_base.attained_ns) + (now.gap_ns - lease_base.gap_ns)
     if spent > lease_ns + _SLACK_NS:
         return f"{spent / 1e9:.3f} s of iterations and gaps in a lease of {lease_ns / 1e9:.3f} s"
-    if now.since_ns > now_ns + _SLACK_NS:
+    if now.since_ns > now_ns:  # read after the page: anything the worker wrote is earlier
         return "an iteration that begins in the future"
     return None
 
@@ -253,7 +255,13 @@ class WorkerLease:
             self.active = False
         return self.active
 
-    def note_steps(self, steps: int) -> None:
-        """Steps counted outside an iteration (a loop that runs released)."""
+    def note_steps(self, steps: int) -> bool:
+        """Steps counted outside an iteration (a loop that runs released), on the page
+        while the lease holds; False once the host wants the lane back (the lease is over:
+        say them in a message, the page is read no more)."""
+        if self.page.wanted():
+            self.active = False
+            return False
         self.values[_STEPS] = steps
         self._write()
+        return True

@@ -23,29 +23,9 @@ class MemorySample:
     peak: int  # the most held during the iteration just ended
 
 
-class _ProcFile:
-    """One of the process's own /proc files, kept open and read whole with one pread: a
-    sample is taken at releases, and opening the file each time cost more than reading it.
-    A forked child reads its own (the descriptor would name its parent)."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.fd: int | None = None
-        self.pid = 0  # the process the descriptor was opened by
-
-    def read(self) -> bytes:
-        if self.pid != os.getpid():
-            if self.fd is not None:
-                os.close(self.fd)  # its parent's
-            self.fd, self.pid = os.open(f"/proc/self/{self.name}", os.O_RDONLY), os.getpid()
-        return os.pread(self.fd, 4096, 0)
-
-
-_STATM, _STATUS = _ProcFile("statm"), _ProcFile("status")
-
-
 def rss_bytes() -> int:
-    return int(_STATM.read().split()[1]) * _PAGE
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * _PAGE
 
 
 def _cuda_in_use():
@@ -59,11 +39,11 @@ def peak_rss_bytes() -> int | None:
     """The most resident memory the process has held so far (the kernel's high-water mark,
     never reset: a script may read it itself, as ``ru_maxrss``); None where unreadable."""
     try:
-        status = _STATUS.read()
+        with open("/proc/self/status", "rb") as status:
+            found = next((line for line in status if line.startswith(b"VmHWM:")), None)
     except OSError:
         return None
-    start = status.find(b"VmHWM:")
-    return int(status[start + 6:status.index(b"kB", start)]) * 1024 if start >= 0 else None
+    return int(found.split()[1]) * 1024 if found is not None else None
 
 
 def sample() -> MemorySample:

@@ -105,9 +105,7 @@ class WorkerSession:
             if not self.held:
                 if steps != self.reported:  # steps taken outside a grant (released loops)
                     self.reported = steps
-                    if lease is not None and lease.active:
-                        lease.note_steps(steps)
-                    else:
+                    if lease is None or not lease.active or not lease.note_steps(steps):
                         self.channel.send(StepsTaken(steps))
                 return
             self.held = False
