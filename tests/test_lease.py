@@ -125,9 +125,9 @@ def test_a_leased_jobs_figures_are_taken_in_as_the_host_measures_them():
     assert resident.mean_iteration == pytest.approx(0.1)  # the first one's warm-up left out
     assert resident.mean_gap == pytest.approx(0.01)
     assert (resident.mem_persistent, resident.mem_peak) == (5, 9) and not resident.past_total
-    resident.take_figures(now=100.0, figures=Figures(steps=10, iterations=6, attained_ns=900_000_000,
-                                  first_ns=400_000_000, gaps=5, gap_ns=50_000_000,
-                                  steps_at_take=10))
+    resident.take_figures(now=100.0, figures=Figures(
+        steps=10, iterations=6, attained_ns=900_000_000, first_ns=400_000_000, gaps=5,
+        gap_ns=50_000_000, steps_at_take=10))
     assert resident.past_total  # it began an iteration with all its steps done
     assert resident.mem_peak == 9  # a page without a new sample keeps the last one
     resident.take_figures(now=100.0, figures=Figures(
@@ -135,6 +135,18 @@ def test_a_leased_jobs_figures_are_taken_in_as_the_host_measures_them():
         gap_ns=50_000_000, in_iteration=True, since_ns=200 * 10 ** 9))
     assert resident.granted_at == 100.0  # an iteration said to begin later began by now
     assert resident.progress().attained >= 0
+
+
+def test_a_report_with_a_figure_past_the_wires_bounds_goes_without_its_figures():
+    """Sent as it was, the daemon would drop the host's whole connection (and an exit
+    report it can never take would be kept for ever)."""
+    resident = Resident(job_id=3, run=1, user="u", priority=0, submit_time=0.0,
+                        declared_total=None, lane=0, process=None, channel=None,
+                        started_at=0.0, started_wall=0.0, attained=1e30, iterations=4)
+    report = resident.progress()
+    assert report.attained == 0.0 and report.mean_iteration is None and report.job == 3
+    resident.attained = 2.0
+    assert resident.progress().attained == 2.0
 
 
 # ----- a real host and worker, driven by hand ----------------------------------------

@@ -18,6 +18,7 @@ event is handled in isolation, so an unexpected error costs at most the job it c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import logging
 import math
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 
 from gq import defaults, policies
 from gq import log as gq_log
+from gq import codec
+from gq.codec import MessageError
 from gq.errors import AlreadyRunning, LaunchError
 from gq.exec import cgroups
 from gq.exec import protocol as wire
@@ -174,7 +177,7 @@ class Resident:
         return self.deadline - time.time() + time.monotonic()
 
     def progress(self) -> wire.JobProgress:
-        return wire.JobProgress(**self._figures())
+        return _within_bounds(wire.JobProgress(**self._figures()))
 
     def _figures(self) -> dict:
         """What the daemon is told: attained time counts the iteration in progress, so it
@@ -223,9 +226,10 @@ class Resident:
         return min(max(self.page_seen.since_ns / 1e9, self.lease_started), now)
 
     def resident_state(self) -> wire.ResidentState:
-        return wire.ResidentState(**self._figures(), pid=self.process.pid,
-                                  started=self.started_wall,
-                                  time_limit=self.time_limit, kill_why=self.kill_why)
+        return _within_bounds(wire.ResidentState(**self._figures(), pid=self.process.pid,
+                                                 started=self.started_wall,
+                                                 time_limit=self.time_limit,
+                                                 kill_why=self.kill_why))
 
     def exit_report(self) -> wire.Exited:
         """How its run ended, and when its process was collected. A process whose set-up
@@ -235,12 +239,12 @@ class Resident:
         assert code is not None, "reported before its process was collected"
         failure = self.process.setup_failure
         if failure is not None:
-            return wire.Exited(**self._figures(), kill_why=StopWhy.LAUNCH, detail=failure,
-                               end_time=self.ended_wall)
-        return wire.Exited(**self._figures(), code=code if code >= 0 else None,
-                           signal=-code if code < 0 else None, kill_why=self.kill_why,
-                           detail=self.detail, end_time=self.ended_wall,
-                           shortage=self.shortage)
+            return _within_bounds(wire.Exited(**self._figures(), kill_why=StopWhy.LAUNCH,
+                                              detail=failure, end_time=self.ended_wall))
+        return _within_bounds(wire.Exited(**self._figures(), code=code if code >= 0 else None,
+                                          signal=-code if code < 0 else None,
+                                          kill_why=self.kill_why, detail=self.detail,
+                                          end_time=self.ended_wall, shortage=self.shortage))
 
 
 @dataclass
@@ -1038,6 +1042,21 @@ class Host:
         for resident in list(self.residents.values()):
             if resident.leased:
                 self._read_page(resident)
+
+
+def _within_bounds(report):
+    """A report on a job as the daemon will decode it. A measured figure past the wire's
+    bounds (from a worker's word, say) would make the daemon drop the whole connection,
+    and an exit report it can never take would be kept and sent again for ever: the job's
+    measured figures are left out of it instead."""
+    try:
+        return codec.build(type(report), codec.to_wire(report), "job")
+    except MessageError as exc:
+        log.warning("job %d: a figure out of bounds (%s); reported without its figures",
+                    report.job, exc)
+        return dataclasses.replace(report, attained=0.0, mean_iteration=None, mean_gap=None,
+                                   mem_persistent=None, mem_peak=None, iterations=0,
+                                   steps_total=None)
 
 
 def _lane_page(job_id: int) -> tuple[SharedPage | None, int | None]:
