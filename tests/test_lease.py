@@ -19,7 +19,8 @@ from gq import defaults
 from gq.exec import runtime
 from gq.exec.host import Host, Resident
 from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
-from gq.exec.protocol import FROM_WORKER, TO_WORKER, Channel
+from gq.exec.protocol import (FROM_WORKER, TO_WORKER, Channel, Done, Ready, Suspend,
+                              encode)
 from gq.exec.worker import WorkerSession
 
 
@@ -246,6 +247,47 @@ def test_a_worker_that_misses_the_request_to_give_the_lane_back_does_not_stall_i
     os.waitpid(child, 0)
     assert resident.iterations == 1 and not resident.closing
     assert host.lanes[0].holder is resident  # its iteration counted, and the lane its again
+
+
+def test_a_suspend_while_an_asked_back_iteration_ends_neither_stalls_nor_counts_it_twice():
+    """The daemon's suspend is handled between the worker's end of that iteration and its
+    Done: the Done is the suspended iteration's end, and after the resume the worker's
+    READY gets a Go."""
+    page, fd = SharedPage.create()
+    worker = WorkerLease(SharedPage.attach(fd))
+    host_end, worker_end = socket.socketpair()
+    host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
+    host._stop_processes = lambda resident, stop: setattr(resident, "frozen", stop)
+    host_end.setblocking(False)
+    resident = Resident(job_id=1, run=1, user="u", priority=0, submit_time=0.0,
+                        declared_total=None, lane=0, process=None,
+                        channel=Channel(host_end, FROM_WORKER, chunk=defaults.WORKER_READ),
+                        started_at=time.monotonic(), started_wall=time.time(), page=page)
+    host.residents[1] = resident
+    host.lanes[0].residents.append(resident)
+    host.selector.register(host_end, selectors.EVENT_READ, resident)
+    to_worker = Channel(worker_end, TO_WORKER)
+
+    def say(message) -> None:
+        worker_end.sendall(encode(message))
+        select.select([host_end], [], [], 2)
+        host._from_worker(resident)
+
+    say(Ready())
+    worker.granted(to_worker.receive_one().lease, 0)
+    assert resident.leased
+    _spin(0.05)
+    host._end_lease(resident)  # another job is ready: the worker is inside its iteration
+    _spin(0.05)
+    assert not worker.release(1, None, None)  # it sees the request as it ends the iteration
+    host._on_suspend(Suspend(job=1, suspended=True))
+    say(Done(1))
+    assert resident.iterations == 1 and 0.09 <= resident.attained < 0.2, resident.attained
+    host._on_suspend(Suspend(job=1, suspended=False))
+    assert not worker.take(1)  # asked back: it asks with READY
+    say(Ready())
+    assert select.select([worker_end], [], [], 2)[0], "no Go for the resumed job"
+    assert resident.state == "running" and host.lanes[0].holder is resident
 
 
 # ----- with a daemon, a host and workers ----------------------------------------------

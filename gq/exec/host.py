@@ -104,7 +104,7 @@ class Resident:
     page_seen: Figures = field(default_factory=Figures)  # its page when last read
     lease_in_iteration: bool = False  # as its page said when last read
     closing: bool = False  # its lease ended inside an iteration: its page counts that one
-    page_unread_since: float | None = None  # monotonic: its page was being written, first
+    page_unread: tuple[int, float] | None = None  # its page's odd sequence count, first seen
     shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
     exited_at: float = 0.0  # monotonic: when it was collected
@@ -303,7 +303,8 @@ class Host:
                 self._next_housekeeping = now + HOUSEKEEPING_PERIOD
                 self.child_exited = False
                 for chore in (self._reap, self._enforce_time_limits, self._enforce_kills,
-                              self._schedule_waiting_lanes, self._kill_lingering):
+                              self._close_given_back, self._schedule_waiting_lanes,
+                              self._kill_lingering):
                     self._isolated(chore)
             self._isolated(self._maybe_send_progress)
         for cgroup in self.lingering:
@@ -346,8 +347,8 @@ class Host:
 
     def _timeout(self) -> float:
         timeout = 0.25 if self.residents else defaults.PROGRESS_PERIOD
-        if any(r.exit_status is not None for r in self.residents.values()):
-            timeout = HOUSEKEEPING_PERIOD  # an exited job's leftovers, looked at again soon
+        if any(r.exit_status is not None or r.closing for r in self.residents.values()):
+            timeout = HOUSEKEEPING_PERIOD  # an exited job's leftovers, a lane asked back
         for lane in self.lanes:
             if lane.holder is not None or not _ready(lane):
                 continue
@@ -457,8 +458,8 @@ class Host:
         lane = self.lanes[resident.lane]
         if resident.leased:  # whether it is inside an iteration decides what follows
             self._end_lease(resident)
-            resident.closing = False  # measured by the host from here, as below
         if message.suspended:
+            resident.closing = False  # an iteration it is inside is measured by the host now
             resident.suspended, resident.suspended_at = True, now
             if lane.holder is resident:  # inside an iteration: the lane goes to others
                 resident.attained += max(0.0, now - resident.granted_at)
@@ -662,7 +663,12 @@ class Host:
         if resident.leased:  # it saw the host wants the lane back, in its gap
             self._end_lease(resident)
         if resident.closing:  # it missed the request at its iteration's end: that end first
-            self._close_iteration(resident)
+            self._close_iteration(resident, ended=True)
+        elif (resident.state == "running" and resident.page is not None
+              and resident.page.wanted() and self.lanes[resident.lane].holder is resident):
+            # The same, where a suspend took over the measuring of that iteration.
+            self._on_done(resident, wire.Done(resident.steps_done, resident.mem_persistent,
+                                              resident.mem_peak), now)
         if resident.channel is None or resident.state == "running":
             return  # ended meanwhile, or it holds the lane already: nothing to grant
         if resident.released_at is not None:
@@ -680,7 +686,7 @@ class Host:
                 self._schedule(lane)
                 return
         if resident.closing:
-            self._close_iteration(resident)
+            self._close_iteration(resident, ended=True)
             return
         if resident.thaw_on_grant:  # its iteration ended as it was being suspended
             resident.thaw_on_grant = False
@@ -790,7 +796,7 @@ class Host:
         page.want(False)
         resident.leased, resident.lease_started = True, time.monotonic()
         resident.lease_base = resident.page_seen = figures
-        resident.lease_in_iteration = True
+        resident.lease_in_iteration, resident.page_unread = True, None
         return True
 
     def _end_lease(self, resident: Resident) -> None:
@@ -801,8 +807,9 @@ class Host:
         assert page is not None and resident.leased
         page.want(True)
         in_gap = page.try_take()
-        # Taken in its gap, the page is final: the worker writes it before it gives the lane.
-        if not self._read_page(resident, final=in_gap):
+        # Taken in its gap, the page is final: the worker writes it before it gives the lane
+        # (a worker that died may have died writing it).
+        if not self._read_page(resident, final=in_gap and resident.channel is not None):
             return
         resident.leased = False
         lane = self.lanes[resident.lane]
@@ -817,12 +824,21 @@ class Host:
             if not resident.lease_in_iteration:
                 resident.granted_at = time.monotonic()  # it took the lane as the host asked
 
-    def _close_iteration(self, resident: Resident) -> None:
-        """The iteration its lease ended in is over: counted off its page, final now (the
-        worker writes it before it gives the lane back, and gives it before it says so)."""
+    def _close_iteration(self, resident: Resident, ended: bool) -> None:
+        """The iteration its lease ended in is over (``ended``: the worker said so; else it
+        gave the lane back unasked, or is gone): counted off its page, final where it said so
+        (the worker writes it before it gives the lane back, and gives it before it says so),
+        and never as less than the host saw of it: the iteration its page said it was in when
+        the lease ended, from its start to now."""
+        now = time.monotonic()
+        least_attained = resident.attained + max(0.0, now - resident.granted_at)
+        least_iterations = resident.iterations + resident.lease_in_iteration  # its page's word
         resident.closing = False
-        if not self._read_page(resident, final=True):
+        if not self._read_page(resident, final=ended):
             return
+        resident.attained = max(resident.attained, least_attained)
+        if ended:
+            resident.iterations = max(resident.iterations, least_iterations)
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             resident.released_at = resident.since_on_page(time.monotonic())
@@ -839,12 +855,16 @@ class Host:
         figures = resident.page.read()
         now = time.monotonic()
         if figures is None:
-            since = resident.page_unread_since = resident.page_unread_since or now
-            if not final and now - since < defaults.PAGE_UNREADABLE_SECONDS:
+            # Half-written: read next time, unless it must be final now or the same write
+            # has been going on too long (a live writer's count moves on).
+            sequence = resident.page.sequence()
+            if resident.page_unread is None or resident.page_unread[0] != sequence:
+                resident.page_unread = (sequence, now)
+            if not final and now - resident.page_unread[1] < defaults.PAGE_UNREADABLE_SECONDS:
                 return True
             problem = "its page stayed half-written"
         else:
-            resident.page_unread_since = None
+            resident.page_unread = None
             problem = implausible(resident.page_seen, figures, resident.lease_base,
                                   int((now - resident.lease_started) * 1e9), time.monotonic_ns())
         if problem is None:
@@ -854,6 +874,13 @@ class Host:
         self._end_for_protocol(resident, f"its worker wrote impossible figures on its page "
                                          f"({problem})")
         return False
+
+    def _close_given_back(self) -> None:
+        """A worker that missed the host's request may give the lane back without a word
+        and then run on without a boundary for long: the semaphore says it gave it."""
+        for resident in list(self.residents.values()):
+            if resident.closing and resident.page is not None and resident.page.try_take():
+                self._close_iteration(resident, ended=False)
 
     def _schedule_waiting_lanes(self) -> None:
         for lane in self.lanes:
@@ -880,7 +907,8 @@ class Host:
     def _release_lane(self, resident: Resident) -> None:
         if resident.leased:
             self._end_lease(resident)
-        resident.closing = False  # an iteration it may not have finished: measured as below
+        if resident.closing:  # what its page has of the iteration, and at least what ran
+            self._close_iteration(resident, ended=False)
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             now = time.monotonic()
@@ -1055,8 +1083,7 @@ def _within_bounds(report):
         log.warning("job %d: a figure out of bounds (%s); reported without its figures",
                     report.job, exc)
         return dataclasses.replace(report, attained=0.0, mean_iteration=None, mean_gap=None,
-                                   mem_persistent=None, mem_peak=None, iterations=0,
-                                   steps_total=None)
+                                   mem_persistent=None, mem_peak=None, iterations=0)
 
 
 def _lane_page(job_id: int) -> tuple[SharedPage | None, int | None]:

@@ -45,7 +45,7 @@ _FIGURES = 128  # the worker's: a sequence count, then the figures
 _SEQUENCE = struct.Struct("<q")
 _BODY = struct.Struct("<11q")
 _WANT_WORD = struct.Struct("<q")
-_READ_TRIES = 3  # a sequence count still odd after these: read again another time
+_READ_TRIES = 50  # a sequence count still odd after these: read again another time
 # A lease's times may exceed its wall time by this much (the two clocks are read apart).
 _SLACK_NS = 50_000_000
 _SHORTEST_ITERATION_NS = 1_000  # a boundary alone costs a worker more than this
@@ -136,6 +136,10 @@ class SharedPage:
         return _WANT_WORD.unpack_from(self.map, _WANT)[0] != 0
 
     # ----- figures -------------------------------------------------------------------
+    def sequence(self) -> int:
+        """The worker's count of writes (odd while it writes)."""
+        return _SEQUENCE.unpack_from(self.map, _FIGURES)[0]
+
     def read(self) -> Figures | None:
         """The worker's figures, or None while it is writing them (read again later)."""
         for _ in range(_READ_TRIES):
@@ -257,11 +261,13 @@ class WorkerLease:
 
     def note_steps(self, steps: int) -> bool:
         """Steps counted outside an iteration (a loop that runs released), on the page
-        while the lease holds; False once the host wants the lane back (the lease is over:
-        say them in a message, the page is read no more)."""
-        if self.page.wanted():
+        while the lease holds, written holding the lane (the host takes it to read a final
+        page); False once the host wants the lane back (the lease is over: say them in a
+        message, the page is read no more)."""
+        if self.page.wanted() or not self.page.try_take():
             self.active = False
             return False
         self.values[_STEPS] = steps
         self._write()
+        self.page.give()
         return True
