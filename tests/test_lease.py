@@ -174,6 +174,12 @@ def _lane_with_worker(worker) -> tuple[Host, Resident, int, socket.socket]:
             os._exit(0)
     worker_end.close()
     os.close(page_fd)
+    return (*_host_with_resident(page, host_end), child, host_end)
+
+
+def _host_with_resident(page: SharedPage, host_end: socket.socket) -> tuple[Host, Resident]:
+    """A Host on the cpu with one lane and one resident, job 1, whose worker speaks on
+    ``host_end`` and shares ``page``."""
     host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
     host_end.setblocking(False)
     resident = Resident(job_id=1, run=1, user="u", priority=0, submit_time=0.0,
@@ -183,7 +189,7 @@ def _lane_with_worker(worker) -> tuple[Host, Resident, int, socket.socket]:
     host.residents[1] = resident
     host.lanes[0].residents.append(resident)
     host.selector.register(host_end, selectors.EVENT_READ, resident)
-    return host, resident, child, host_end
+    return host, resident
 
 
 def _serve(host: Host, resident: Resident, sock: socket.socket, until) -> None:
@@ -256,16 +262,8 @@ def test_a_suspend_while_an_asked_back_iteration_ends_neither_stalls_nor_counts_
     page, fd = SharedPage.create()
     worker = WorkerLease(SharedPage.attach(fd))
     host_end, worker_end = socket.socketpair()
-    host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
-    host._stop_processes = lambda resident, stop: setattr(resident, "frozen", stop)
-    host_end.setblocking(False)
-    resident = Resident(job_id=1, run=1, user="u", priority=0, submit_time=0.0,
-                        declared_total=None, lane=0, process=None,
-                        channel=Channel(host_end, FROM_WORKER, chunk=defaults.WORKER_READ),
-                        started_at=time.monotonic(), started_wall=time.time(), page=page)
-    host.residents[1] = resident
-    host.lanes[0].residents.append(resident)
-    host.selector.register(host_end, selectors.EVENT_READ, resident)
+    host, resident = _host_with_resident(page, host_end)
+    host._stop_processes = lambda job, stop: setattr(job, "frozen", stop)  # no process here
     to_worker = Channel(worker_end, TO_WORKER)
 
     def say(message) -> None:
