@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 from gq import defaults, policies
 from gq import log as gq_log
-from gq import codec
 from gq.codec import MessageError
 from gq.errors import AlreadyRunning, LaunchError
 from gq.exec import cgroups
@@ -734,9 +733,11 @@ class Host:
         decides (the simulator predicts with the same rule). A job alone on its lane gets
         it with a lease, ended as soon as another job is ready for it."""
         lane.kept_until = None
-        ready = _ready(lane)
         holder = lane.holder
-        if holder is not None and holder.leased and ready:
+        if holder is not None and not holder.leased:
+            return
+        ready = _ready(lane)
+        if holder is not None and ready:
             self._end_lease(holder)
         if lane.holder is not None or not ready:
             return
@@ -812,12 +813,9 @@ class Host:
         if not self._read_page(resident, final=in_gap and resident.channel is not None):
             return
         resident.leased = False
-        lane = self.lanes[resident.lane]
-        if in_gap and lane.holder is resident:
-            resident.released_at = resident.since_on_page(time.monotonic())
-            resident.state = "idle"
-            lane.holder = None
-        elif not in_gap:
+        if in_gap:
+            self._released_as_on_page(resident)
+        else:
             # Its Done (or, where it missed the request, its READY) ends the iteration, whose
             # figures its page will have: the host measures nothing of it again.
             resident.closing = True
@@ -839,12 +837,16 @@ class Host:
         resident.attained = max(resident.attained, least_attained)
         if ended:
             resident.iterations = max(resident.iterations, least_iterations)
+        self._released_as_on_page(resident)
+        self._schedule(self.lanes[resident.lane])
+
+    def _released_as_on_page(self, resident: Resident) -> None:
+        """The lane is free again: its holder released it when its page says it did."""
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             resident.released_at = resident.since_on_page(time.monotonic())
             resident.state = "idle"
             lane.holder = None
-        self._schedule(lane)
 
     def _read_page(self, resident: Resident, final: bool = False) -> bool:
         """Take in a leased job's figures from its page. Impossible ones end the job
@@ -1065,7 +1067,6 @@ class Host:
             self._reported_switches = switches
             self._tell(wire.Progress([r.progress() for r in changed], switches))
 
-
     def _read_leased_pages(self) -> None:
         for resident in list(self.residents.values()):
             if resident.leased:
@@ -1078,7 +1079,7 @@ def _within_bounds(report):
     and an exit report it can never take would be kept and sent again for ever: the job's
     measured figures are left out of it instead."""
     try:
-        return codec.build(type(report), codec.to_wire(report), "job")
+        return wire.checked(report)
     except MessageError as exc:
         log.warning("job %d: a figure out of bounds (%s); reported without its figures",
                     report.job, exc)

@@ -143,13 +143,12 @@ class SharedPage:
     def read(self) -> Figures | None:
         """The worker's figures, or None while it is writing them (read again later)."""
         for _ in range(_READ_TRIES):
-            before = _SEQUENCE.unpack_from(self.map, _FIGURES)[0]
+            before = self.sequence()
             if before & 1:
                 continue
-            body = _BODY.unpack_from(self.map, _FIGURES + _SEQUENCE.size)
-            if _SEQUENCE.unpack_from(self.map, _FIGURES)[0] == before:
-                values = list(body)
-                values[8] = bool(values[8])
+            values = list(_BODY.unpack_from(self.map, _FIGURES + _SEQUENCE.size))
+            if self.sequence() == before:
+                values[_IN_ITERATION] = bool(values[_IN_ITERATION])
                 return Figures(*values)
         return None
 

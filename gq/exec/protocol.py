@@ -360,10 +360,12 @@ def encode(message: Any) -> bytes:
 
 
 def checked(message: Any) -> Any:
-    """``message`` as its receiver will decode it, every field within its bounds; else
-    MessageError. For messages built from what users gave (a launch): refused here, such a
-    value costs its own job, not the receiver's trust in the whole channel."""
-    return codec.build(type(message), codec.to_wire(message), message.op)
+    """``message`` (or a record inside one) as its receiver will decode it, every field
+    within its bounds; else MessageError. For messages built from what users gave (a
+    launch) or from what a worker said (a report on its job): refused here, such a value
+    costs its own job, not the receiver's trust in the whole channel."""
+    return codec.build(type(message), codec.to_wire(message),
+                       getattr(message, "op", type(message).__name__))
 
 
 def decode(line: bytes, kinds: dict[str, type]) -> Any:
