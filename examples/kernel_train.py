@@ -1,7 +1,11 @@
 """An unmodified PyTorch training loop (no gq import) whose forward pass takes --iter-ms,
 standing in for a device kernel of known length (a sleep, so a busy CPU does not stretch
 it), with --gap-ms of idle time per step. The tests and benchmarks run it; its last line is
-JSON: the loop's wall time and its startup (process start to the first iteration)."""
+JSON: the loop's wall time and its startup (process start to the first iteration).
+
+With --no-torch the same loop imports no torch and marks its iterations with gq.steps
+instead: it starts in a tenth of the time and CPU, for the tests whose subject is what the
+scheduler does with iterations rather than how gq finds them in a PyTorch script."""
 
 import argparse
 import json
@@ -10,10 +14,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-
-import psutil
-import torch
-from torch import nn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=100)
@@ -26,21 +26,28 @@ parser.add_argument("--crash-at", type=int, default=-1)
 parser.add_argument("--spans-out", help="append each iteration's device-time span here")
 parser.add_argument("--crash-how", default="exception",
                     choices=["exception", "os_exit", "sigsegv", "sys_exit0"])
+parser.add_argument("--no-torch", action="store_true",
+                    help="import no torch: iterations are gq.steps, each a sleep of --iter-ms")
 args = parser.parse_args()
 
 
-class Kernel(nn.Module):
-    def __init__(self, seconds: float):
-        super().__init__()
-        self.seconds = seconds
-        self.layer = nn.Linear(32, 32)
-        self.spans: list[tuple[float, float]] = []
+seconds = args.iter_ms / 1000
+spans: list[tuple[float, float]] = []
 
-    def forward(self, x):
-        begin = time.time()
-        time.sleep(self.seconds)
-        self.spans.append((begin, time.time()))
-        return self.layer(x)
+
+def kernel() -> None:
+    begin = time.time()
+    time.sleep(seconds)
+    spans.append((begin, time.time()))
+
+
+def since_process_start() -> float:
+    """Seconds since this process started, to a clock tick (psutil's create_time is off by
+    up to a second: the kernel gives the boot time in whole seconds)."""
+    with open("/proc/uptime") as uptime, open("/proc/self/stat") as stat:
+        now, fields = float(uptime.read().split()[0]), stat.read()
+    started = int(fields[fields.rindex(")") + 2:].split()[19])
+    return now - started / os.sysconf("SC_CLK_TCK")
 
 
 def crash(how: str) -> None:
@@ -54,35 +61,68 @@ def crash(how: str) -> None:
     sys.exit(0)
 
 
-torch.set_num_threads(1)
-kernel = Kernel(args.iter_ms / 1000)
-model = nn.Sequential(kernel, nn.ReLU(), nn.Linear(32, 1))
-optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-x, y = torch.randn(32, 32), torch.randn(32, 1)
-startup = time.time() - psutil.Process().create_time()
-if args.start_file:
-    # One line per job that waits, model built and torch imported: a test starts them
-    # together only once all are here (resident is not enough: importing torch takes long).
-    with open(f"{args.start_file}.waiting", "a") as waiting:
-        waiting.write(f"{os.getpid()}\n")
-    while not Path(args.start_file).exists():
-        time.sleep(0.01)
-start = time.perf_counter()
-for step in range(args.steps):
-    if args.infer:
-        with torch.no_grad():
-            model(x)
-    else:
+def steps_and_gaps():
+    """The step numbers, each step followed by --gap-ms idle (outside its iteration)."""
+    for step in range(args.steps):
+        yield step
+        if args.gap_ms:
+            time.sleep(args.gap_ms / 1000)
+
+
+if args.no_torch:
+    import gq
+
+    steps = gq.steps(steps_and_gaps())
+
+    def iteration(step: int) -> None:
+        kernel()
+        if step == args.crash_at:
+            crash(args.crash_how)  # while holding the lane: mid-iteration
+else:
+    import torch
+    from torch import nn
+
+    class Kernel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(32, 32)
+
+        def forward(self, x):
+            kernel()
+            return self.layer(x)
+
+    torch.set_num_threads(1)
+    model = nn.Sequential(Kernel(), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 32), torch.randn(32, 1)
+    steps = steps_and_gaps()
+
+    def iteration(step: int) -> None:
+        if args.infer:
+            with torch.no_grad():
+                model(x)
+            return
         loss = nn.functional.mse_loss(model(x), y)
         if step == args.crash_at:
             crash(args.crash_how)  # while holding the lane: mid-iteration
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    if args.gap_ms:
-        time.sleep(args.gap_ms / 1000)
+
+
+startup = since_process_start()
+if args.start_file:
+    # One line per job that waits, ready for its loop: a test starts them together only
+    # once all are here (resident is not enough: importing torch takes long).
+    with open(f"{args.start_file}.waiting", "a") as waiting:
+        waiting.write(f"{os.getpid()}\n")
+    while not Path(args.start_file).exists():
+        time.sleep(0.01)
+start = time.perf_counter()
+for step in steps:
+    iteration(step)
 if args.spans_out:
     with open(args.spans_out, "a") as out:
-        out.write(json.dumps({"job": os.environ.get("GQ_JOB_ID"), "spans": kernel.spans}) + "\n")
+        out.write(json.dumps({"job": os.environ.get("GQ_JOB_ID"), "spans": spans}) + "\n")
 print(json.dumps({"loop_seconds": time.perf_counter() - start, "steps": args.steps,
                   "startup": startup}), flush=True)

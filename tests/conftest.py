@@ -27,6 +27,13 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return len(os.sched_getaffinity(0)) + 1
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The tests marked long first (in their order), the rest after: the workers take one
+    test at a time, so the long ones start at once, side by side, and the short ones fill
+    in around them instead of one long test running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @dataclass
 class Result:
     code: int
@@ -71,15 +78,22 @@ def all_jobs() -> list[dict]:
     return json.loads(gq_ok("status", "--all", "--limit", "0", "--json"))
 
 
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+def wait_for(predicate, timeout: float = 30.0, interval: float | None = None,
+             what: str = "condition"):
+    """``predicate()``'s first true value. Without an ``interval`` it is asked again after
+    10 ms, then ever less often, up to every 100 ms: most waits are short, and a long one
+    polling the daemon 20 times a second cost the suite a good part of a core."""
     deadline = time.monotonic() + timeout
+    pause = 0.01 if interval is None else interval
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(pause * 1.25, 0.1)
 
 
 def wait_for_words(path, count: int, timeout: float = 30.0, what: str = "the file") -> list[str]:
@@ -103,6 +117,12 @@ def wait_state(job_id: int, *states: str, timeout: float = 30.0) -> dict:
 
     return wait_for(reached, timeout, what=f"job {job_id} to reach {'/'.join(states)}")
 
+
+# examples/kernel_train.py without torch: its iterations are gq.steps, each a sleep. For tests
+# whose subject is what gq does with iterations, not how it finds them in a PyTorch script:
+# importing torch costs about 3 s of CPU a job here, most of the suite's CPU when every test's
+# jobs did it.
+KERNEL_LOOP = (str(ROOT / "examples" / "kernel_train.py"), "--no-torch")
 
 # kernel_train.py holds about 330M: declared, a job of it joins its lane-mates at once, not
 # after the probe of its memory (which a job waiting for its start file does not finish).

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
-from conftest import (gq, gq_ok, job, pid_alive, submit, wait_for, wait_for_words, wait_state,
-                      write_script)
+from conftest import (KERNEL_LOOP, gq, gq_ok, job, pid_alive, submit, wait_for, wait_for_words,
+                      wait_state, write_script)
 
 
 def test_cancel_pending_job_is_immediate_and_it_never_runs(daemon, tmp_path):
@@ -158,12 +158,9 @@ def test_foreground_daemon_for_systemd(home, tmp_path):
 
 
 def test_cancel_and_time_limit_of_resident_jobs_waiting_for_their_lane(daemon, tmp_path):
-    from pathlib import Path
-
-    train = str(Path(__file__).resolve().parents[1] / "examples" / "kernel_train.py")
-    holder = submit(train, "--steps", "3000", "--iter-ms", "5")  # fifo: holds the lane
-    waiter = submit(train, "--steps", "100", "--iter-ms", "5")
-    limited = submit("-t", "0:03", train, "--steps", "100", "--iter-ms", "5")
+    holder = submit(*KERNEL_LOOP, "--steps", "3000", "--iter-ms", "5")  # fifo: holds the lane
+    waiter = submit(*KERNEL_LOOP, "--steps", "100", "--iter-ms", "5")
+    limited = submit("-t", "0:03", *KERNEL_LOOP, "--steps", "100", "--iter-ms", "5")
     wait_for(lambda: job(holder)["steps_done"] > 0, 60, what="the holder to iterate")
     assert job(waiter)["state"] == "RUNNING" and job(waiter)["steps_done"] == 0
     gq_ok("cancel", str(waiter))

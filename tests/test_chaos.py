@@ -48,6 +48,7 @@ def torch_for_all(shared_install):
     return shared_install.python
 
 
+@pytest.mark.long
 def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users, torch_for_all):
     rng = random.Random(20261122)
     alice, bob = users["alice"], users["bob"]

@@ -3,6 +3,8 @@ as is, ending as it ends under plain `python`, with the iterations gq found in i
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state
 
 ZOO = ROOT / "tests" / "zoo"
@@ -36,6 +38,7 @@ def _output(tmp_path, job_id: int) -> str:
     return next(tmp_path.glob(f"*-{job_id}.out")).read_text()
 
 
+@pytest.mark.long
 def test_zoo_scripts_run_under_gq_as_they_do_bare(home, tmp_path):
     gq_ok("daemon", "start", "--kill-wait", "1", "--max-resident", "8")
     gq_ok("policy", "set", "fair")

@@ -13,17 +13,16 @@ import subprocess
 import sys
 import time
 
-from conftest import (DECLARED, ROOT, all_jobs, gq, gq_ok, job, live_hosts, pid_alive,
+from conftest import (DECLARED, KERNEL_LOOP, ROOT, all_jobs, gq, gq_ok, job, live_hosts, pid_alive,
                       start_together, submit, wait_for, wait_state, write_script)
 
-TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
 
 def test_kill9_with_four_resident_srtf_jobs_loses_and_repeats_nothing(daemon, tmp_path):
     gq_ok("policy", "set", "srtf")
     steps = [800, 600, 400, 200]
     go = tmp_path / "go"
-    ids = [submit(*DECLARED, "--steps", str(n), TRAIN, "--steps", str(n), "--iter-ms", "4",
+    ids = [submit(*DECLARED, "--steps", str(n), *KERNEL_LOOP, "--steps", str(n), "--iter-ms", "4",
                   "--start-file", str(go)) for n in steps]
     workers = {i: wait_for(lambda i=i: job(i)["pid"], 60, what="four resident jobs")
                for i in ids}
@@ -76,7 +75,7 @@ def test_a_time_limit_passing_while_no_daemon_runs_ends_the_job_timeout(daemon, 
 
 def test_restart_replaces_the_daemon_and_keeps_the_running_job(daemon, tmp_path):
     # 7.5 s of iterations: a restart on a loaded machine ends well before the job does
-    job_id = submit(TRAIN, "--steps", "1500", "--iter-ms", "5")
+    job_id = submit(*KERNEL_LOOP, "--steps", "1500", "--iter-ms", "5")
     worker = wait_for(lambda: job(job_id)["steps_done"] > 0 and job(job_id)["pid"], 60,
                       what="the job to iterate")
     old = daemon.pid()

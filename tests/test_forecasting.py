@@ -7,15 +7,17 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from conftest import DECLARED, ROOT, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state
+import pytest
 
-TRAIN = str(ROOT / "examples" / "kernel_train.py")
+from conftest import (DECLARED, KERNEL_LOOP, all_jobs, gq, gq_ok, job, submit, wait_for,
+                      wait_state)
+
 
 
 def kernel(steps: int, *extra: str) -> list[str]:
     """A kernel_train.py job of ``steps`` 100 ms iterations, named kt, with --steps given and
     its memory declared (the forecast does not model a probe's wait)."""
-    return [*DECLARED, *extra, "-J", "kt", "--steps", str(steps), TRAIN, "--steps",
+    return [*DECLARED, *extra, "-J", "kt", "--steps", str(steps), *KERNEL_LOOP, "--steps",
             str(steps), "--iter-ms", "100"]
 
 
@@ -33,6 +35,7 @@ def warm_up() -> None:
     wait_state(submit(*kernel(10)), "COMPLETED", timeout=120)
 
 
+@pytest.mark.long
 def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens(daemon):
     """Fifo on one device, three jobs of known steps and a pace their owner's earlier job
     measured: once the first's own pace is measured, each forecast end is within 1.5 s (and

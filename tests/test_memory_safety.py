@@ -140,6 +140,7 @@ def test_a_cpu_jobs_peak_counts_what_it_freed_before_its_release():
 
 
 # ----- end to end -----------------------------------------------------------------------
+@pytest.mark.long
 def test_a_job_out_of_memory_waits_for_room_and_its_neighbour_finishes_as_alone(home, tmp_path):
     """One emulated device of 1G: a neighbour of 600M and a job of 400M that asks for 600M
     more on its third step. It goes back to the queue (not FAILED) with its figure raised
@@ -171,6 +172,7 @@ def test_a_job_out_of_memory_waits_for_room_and_its_neighbour_finishes_as_alone(
     assert "(1 run(s) ran out so far)" in shown
 
 
+@pytest.mark.long
 def test_a_job_killed_at_its_cgroup_cap_is_requeued_and_its_neighbour_lives(home, tmp_path):
     """The cap on an emulated device is its cgroup's memory limit: a job that allocates past
     its --gpu-mem is killed by the kernel in its own cgroup, not a neighbour's; with --oom

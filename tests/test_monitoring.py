@@ -16,13 +16,12 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import (ROOT, gq, gq_ok, job, submit, submit_resident, wait_for, wait_state,
+from conftest import (KERNEL_LOOP, gq, gq_ok, job, submit, submit_resident, wait_for, wait_state,
                       write_script)
 from gq.daemon import admission, devices, sampling
 from gq.daemon.guard import Guard, Limits
 from gq.messages import DeviceReading
 
-TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
 
 # ----- the guard (pure) -----------------------------------------------------------------
@@ -280,7 +279,7 @@ def test_metrics_are_served_and_jobs_keep_their_figures(home, tmp_path):
     gq_ok("daemon", "start", "--kill-wait", "1", "--metrics", f"127.0.0.1:{port}")
     gq_ok("policy", "set", "fair")
     go = tmp_path / "go"
-    ids = submit_resident(go, 2, TRAIN, "--steps", "60", "--iter-ms", "5")
+    ids = submit_resident(go, 2, *KERNEL_LOOP, "--steps", "60", "--iter-ms", "5")
     go.touch()
     for job_id in ids:
         wait_state(job_id, "COMPLETED", timeout=60)

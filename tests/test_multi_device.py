@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from conftest import (DECLARED, ROOT, DaemonControl, gq, gq_ok, job, start_together, submit,
+from conftest import (DECLARED, KERNEL_LOOP, DaemonControl, gq, gq_ok, job, start_together, submit,
                       submit_resident, wait_for, wait_state, write_script)
 
-TRAIN = str(ROOT / "examples" / "kernel_train.py")
 
 
 def ts(text: str) -> float:
@@ -65,7 +64,7 @@ def test_rr_gives_resident_jobs_turns_within_one_quantum(daemon, tmp_path):
     gq_ok("policy", "set", "rr", "--quantum", "50ms")
     assert gq_ok("policy").startswith("rr (quantum 50ms)")
     go = tmp_path / "go"
-    ids = submit_resident(go, 2, TRAIN, "--steps", "400", "--iter-ms", "4")
+    ids = submit_resident(go, 2, *KERNEL_LOOP, "--steps", "400", "--iter-ms", "4")
     go.touch()
     samples = []
 
@@ -90,9 +89,9 @@ def test_rr_gives_resident_jobs_turns_within_one_quantum(daemon, tmp_path):
 def test_deadlines_met_missed_and_impossible(daemon, tmp_path):
     gq_ok("policy", "set", "deadline")
     go = tmp_path / "go"
-    relaxed = submit(*DECLARED, "--deadline", "now+10minutes", "--steps", "300", TRAIN,
+    relaxed = submit(*DECLARED, "--deadline", "now+10minutes", "--steps", "300", *KERNEL_LOOP,
                      "--steps", "300", "--iter-ms", "4", "--start-file", str(go))
-    urgent = submit(*DECLARED, "--deadline", "now+2minutes", "--steps", "100", TRAIN,
+    urgent = submit(*DECLARED, "--deadline", "now+2minutes", "--steps", "100", *KERNEL_LOOP,
                     "--steps", "100", "--iter-ms", "4", "--start-file", str(go))
     start_together(go, 2)
     urgent_info = wait_state(urgent, "COMPLETED", timeout=60)

@@ -1,4 +1,6 @@
-"""Resident jobs swapped at iteration boundaries: real torch scripts on the cpu device."""
+"""Resident jobs swapped at iteration boundaries on the cpu device: real torch scripts where
+finding their iterations is the subject, the same loop marked with gq.steps where the policy
+is."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from conftest import (DECLARED, PYTHON, gq_ok, job, start_together, submit, wait_for, wait_state,
-                      write_script)
+from conftest import (DECLARED, KERNEL_LOOP, PYTHON, gq_ok, job, start_together, submit,
+                      wait_for, wait_state, write_script)
 
 TRAIN = str(Path(__file__).resolve().parents[1] / "examples" / "kernel_train.py")
 
@@ -26,7 +28,7 @@ def loop_seconds(path: Path) -> float:
 
 
 def startup_seconds(path: Path) -> float:
-    """From the job's process start to its first iteration (importing torch, mostly)."""
+    """From the job's process start to its first iteration."""
     return json.loads(path.read_text().strip().splitlines()[-1])["startup"]
 
 
@@ -77,13 +79,12 @@ def test_job_api_is_a_no_op_outside_gq(tmp_path):
 
 def _long_and_short(tmp_path, long_steps: int = 300) -> tuple[int, int]:
     start = tmp_path / "go"
-    long = submit(*DECLARED, "-J", "long", "--steps", str(long_steps), TRAIN, "--steps",
+    long = submit(*DECLARED, "-J", "long", "--steps", str(long_steps), *KERNEL_LOOP, "--steps",
                   str(long_steps), "--iter-ms", "5",
                   "--start-file", str(start))
     # 100 x 5 ms: under fifo the short job gets the lane when the long script returns, and
-    # must outlast the long process's teardown (torch's exit takes a while on a busy machine)
-    # for the end times to show the order.
-    short = submit(*DECLARED, "-J", "short", "--steps", "100", TRAIN, "--steps", "100",
+    # must outlast the long process's teardown for the end times to show the order.
+    short = submit(*DECLARED, "-J", "short", "--steps", "100", *KERNEL_LOOP, "--steps", "100",
                    "--iter-ms", "5", "--start-file", str(start))
     wait_state(long, "RUNNING")
     wait_state(short, "RUNNING")  # both resident on the one device
@@ -127,7 +128,7 @@ def test_policy_change_takes_effect_on_running_jobs(daemon, tmp_path):
 def test_fair_share_between_two_equal_jobs(daemon, tmp_path):
     gq_ok("policy", "set", "fair")
     start = tmp_path / "go"
-    ids = [submit(*DECLARED, "--steps", "500", TRAIN, "--steps", "500", "--iter-ms", "4",
+    ids = [submit(*DECLARED, "--steps", "500", *KERNEL_LOOP, "--steps", "500", "--iter-ms", "4",
                   "--start-file", str(start)) for _ in range(2)]
     for job_id in ids:
         wait_state(job_id, "RUNNING")
@@ -152,11 +153,11 @@ def test_fair_share_between_two_equal_jobs(daemon, tmp_path):
 
 def test_priority_job_runs_almost_as_if_alone_while_low_jobs_fill_its_gaps(daemon, tmp_path):
     gq_ok("policy", "set", "priority")
-    high_args = [TRAIN, "--steps", "60", "--iter-ms", "10", "--gap-ms", "20"]
+    high_args = [*KERNEL_LOOP, "--steps", "60", "--iter-ms", "10", "--gap-ms", "20"]
     alone = submit("--priority", "10", *high_args)
     alone_info = wait_state(alone, "COMPLETED", timeout=60)
 
-    lows = [submit(*DECLARED, "--priority", "0", TRAIN, "--steps", "5000", "--iter-ms", "4")
+    lows = [submit(*DECLARED, "--priority", "0", *KERNEL_LOOP, "--steps", "5000", "--iter-ms", "4")
             for _ in range(2)]
     wait_for(lambda: all(job(i)["steps_done"] > 0 for i in lows), 60, what="low jobs to run")
     low_before = {i: job(i)["steps_done"] for i in lows}
@@ -167,9 +168,9 @@ def test_priority_job_runs_almost_as_if_alone_while_low_jobs_fill_its_gaps(daemo
 
     outputs = {job_id: tmp_path / f"gq-{job_id}.out" for job_id in (alone, shared)}
     loop_ratio = loop_seconds(outputs[shared]) / loop_seconds(outputs[alone])
-    # Its iterations run as if alone, and so does the rest of its JCT but its start-up
-    # (importing torch), which beside two busy low jobs on a loaded 2-core machine varies by
-    # more than the lows' whole effect (1.77x once): compared without it.
+    # Its iterations run as if alone, and so does the rest of its JCT but its process's
+    # start-up, which beside two busy low jobs on a loaded 2-core machine varied by more than
+    # the lows' whole effect (1.77x once, when it imported torch): compared without it.
     ratio = ((jct(shared_info) - startup_seconds(outputs[shared]))
              / (jct(alone_info) - startup_seconds(outputs[alone])))
     assert loop_ratio <= 1.3, (ratio, loop_ratio)
@@ -186,8 +187,9 @@ def test_worker_crashes_leave_other_resident_jobs_running(home, tmp_path):
     gq_ok("daemon", "start", "--kill-wait", "1", "--max-resident", "6")
     gq_ok("policy", "set", "fair")
     # Declared: six jobs that each probed their memory would start one after another.
-    survivors = [submit(*DECLARED, TRAIN, "--steps", "60", "--iter-ms", "3") for _ in range(2)]
-    crashers = {how: submit(*DECLARED, TRAIN, "--steps", "60", "--iter-ms", "3",
+    survivors = [submit(*DECLARED, *KERNEL_LOOP, "--steps", "60", "--iter-ms", "3")
+                 for _ in range(2)]
+    crashers = {how: submit(*DECLARED, *KERNEL_LOOP, "--steps", "60", "--iter-ms", "3",
                             "--crash-at", "20", "--crash-how", how)
                 for how in ("exception", "os_exit", "sigsegv", "sys_exit0")}
     ended = {how: wait_state(job_id, "COMPLETED", "FAILED", timeout=60)

@@ -7,6 +7,8 @@ import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from conftest import wait_for, write_script
 
 
@@ -134,6 +136,7 @@ def test_a_link_planted_at_the_output_path_is_not_followed(shared_node, users):
     assert victim.read_text() == "untouched\n"
 
 
+@pytest.mark.long
 def test_two_users_hundred_concurrent_submits_each_lose_nothing(shared_node, users):
     alice, bob = users["alice"], users["bob"]
     scripts = {u.name: _script(u, "n.sh", "true\n") for u in (alice, bob)}
@@ -155,6 +158,7 @@ def test_two_users_hundred_concurrent_submits_each_lose_nothing(shared_node, use
     assert shared_node.ok(None, "status").strip().count("\n") == 0
 
 
+@pytest.mark.long
 def test_fair_shares_the_node_between_kernel_reported_users(shared_node, users):
     """Two jobs of alice and one of bob under fair: bob's one job gets as much device time
     as alice's two together, because the users come from SO_PEERCRED."""

@@ -54,6 +54,7 @@ def _results(tmp_path: Path, spaced: Path, project: Path) -> dict:
     return results
 
 
+@pytest.mark.long
 def test_scripts_move_both_ways_between_gq_and_a_real_slurm(slurm, home, tmp_path,
                                                             monkeypatch):
     """Both directions in one test, so that one xdist worker alone starts a Slurm."""
