@@ -47,6 +47,8 @@ class MemoryBasis(str, enum.Enum):
 
 
 class VersionMismatch(codec.VersionMismatch):
+    """The other end speaks another protocol version than this gq's."""
+
     def __init__(self, theirs: object):
         super().__init__(theirs, VERSION)
 
@@ -54,6 +56,8 @@ class VersionMismatch(codec.VersionMismatch):
 # ----- shared records -----------------------------------------------------------------
 @dataclass
 class EventInfo:
+    """One change of a job's state: when, from what to what, and why."""
+
     time: float
     old_state: str | None
     new_state: str
@@ -143,6 +147,8 @@ class JobInfo:
 
 @dataclass
 class DeviceProcess:
+    """A process on a device, and the gq job it belongs to."""
+
     pid: int
     memory: int | None  # bytes on the device (NVML), or resident memory (psutil)
     job: int | None  # the gq job it belongs to; None: a process gq did not start
@@ -169,6 +175,8 @@ class DeviceReading:
 
 @dataclass
 class DeviceInfo:
+    """A device as clients see it: its memory, its lanes and the jobs on it."""
+
     name: str
     kind: str
     index: int | None
@@ -235,6 +243,8 @@ class SubmitOptions:
 
 @dataclass
 class Submit:
+    """Queue a job (or an array): its script's snapshot, arguments, environment and options."""
+
     kind: ClassVar[str] = "submit"
     script_path: Path  # as submitted, absolute
     script: Snapshot  # the snapshot: read by the client, with the caller's own rights
@@ -282,6 +292,8 @@ class OpenLog:
 
 @dataclass
 class ExportScript:
+    """A job's script as sbatch would run it (gq export)."""
+
     kind: ClassVar[str] = "export"
     label: Label
 
@@ -298,6 +310,8 @@ class Wait:
 
 @dataclass
 class Cancel:
+    """Cancel the jobs named, narrowed by state, name and user as scancel does."""
+
     kind: ClassVar[str] = "cancel"
     labels: Labels
     state: Name | None = None
@@ -307,18 +321,24 @@ class Cancel:
 
 @dataclass
 class Hold:
+    """Keep pending jobs from starting until released."""
+
     kind: ClassVar[str] = "hold"
     labels: Labels
 
 
 @dataclass
 class Release:
+    """Let held jobs start again."""
+
     kind: ClassVar[str] = "release"
     labels: Labels
 
 
 @dataclass
 class Requeue:
+    """Put jobs back in the queue under the same ids; running ones are stopped first."""
+
     kind: ClassVar[str] = "requeue"
     labels: Labels
     state: Name | None = None  # or every job of the caller's (--user's) in this state
@@ -327,6 +347,8 @@ class Requeue:
 
 @dataclass
 class Update:
+    """Change jobs' priority or time limit, or pending jobs' other fields (scontrol update)."""
+
     kind: ClassVar[str] = "update"
     labels: Labels
     priority: Priority | None = None
@@ -369,6 +391,8 @@ class ResumeDevices:
 
 @dataclass
 class SetPolicy:
+    """Set the node's scheduling policy and its settings."""
+
     kind: ClassVar[str] = "policy-set"
     name: Name
     fill: Name = "always"
@@ -377,11 +401,15 @@ class SetPolicy:
 
 @dataclass
 class GetPolicy:
+    """The node's scheduling policy and its settings."""
+
     kind: ClassVar[str] = "policy-get"
 
 
 @dataclass
 class NodeInfoRequest:
+    """The node's devices, lanes, limits and settings (gq info)."""
+
     kind: ClassVar[str] = "info"
 
 
@@ -396,12 +424,16 @@ class Stop:
 # ----- answers ------------------------------------------------------------------------
 @dataclass
 class Submitted:
+    """The id of the job (or array) queued."""
+
     kind: ClassVar[str] = "submitted"
     job_id: int
 
 
 @dataclass
 class Delay:
+    """How much later a queued job would end were the submission queued too."""
+
     job_id: JobId
     seconds: Annotated[float, Bounds(0, 1e12)]  # how much later it would end
 
@@ -423,6 +455,8 @@ class TestOnly:
 
 @dataclass
 class Jobs:
+    """The answer to ListJobs or ShowJob: jobs, and how to ask for the next page."""
+
     kind: ClassVar[str] = "jobs"
     jobs: list[JobInfo]
     stale: str | None = None  # why progress figures may be out of date
@@ -450,6 +484,8 @@ class LogFile:
 
 @dataclass
 class Script:
+    """A job's script as it would run, to export."""
+
     kind: ClassVar[str] = "script"
     job: JobInfo
     body: bytes
@@ -459,6 +495,8 @@ class Script:
 
 @dataclass
 class EndedJob:
+    """How one job ended: its state and exit code."""
+
     label: Label
     state: Name
     exit_code: int | None
@@ -474,12 +512,16 @@ class WaitOver:
 
 @dataclass
 class Report:
+    """Lines of text for the caller to print."""
+
     kind: ClassVar[str] = "report"
     lines: list[Line]
 
 
 @dataclass
 class PolicyInfo:
+    """The node's scheduling policy and its settings."""
+
     kind: ClassVar[str] = "policy"
     name: str
     fill: str
@@ -504,6 +546,8 @@ class NodeLimits:
 
 @dataclass
 class NodeInfo:
+    """The node as gq info shows it."""
+
     kind: ClassVar[str] = "node"
     pid: int
     mode: str  # personal | system
@@ -524,6 +568,8 @@ class NodeInfo:
 
 @dataclass
 class Done:
+    """A request carried out; ``message`` says what was done."""
+
     kind: ClassVar[str] = "done"
     message: str
 
