@@ -41,6 +41,8 @@ class Job(Base):
                       Index("ix_jobs_uid_payload", "uid", "payload_id"),  # old snapshots
                       # a user's recent runs of one name, for forecasts
                       Index("ix_jobs_user_name_end", "user", "name", "end_time"),
+                      # a user's history (--user), the last ended first
+                      Index("ix_jobs_user_end", "user", "end_time"),
                       {"sqlite_autoincrement": True})  # ids are never given twice
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
