@@ -17,7 +17,6 @@ from conftest import (DECLARED, KERNEL_LOOP, ROOT, all_jobs, gq, gq_ok, job, liv
                       start_together, submit, wait_for, wait_state, write_script)
 
 
-
 def test_kill9_with_four_resident_srtf_jobs_loses_and_repeats_nothing(daemon, tmp_path):
     gq_ok("policy", "set", "srtf")
     steps = [800, 600, 400, 200]

@@ -13,7 +13,6 @@ from conftest import (DECLARED, KERNEL_LOOP, all_jobs, gq, gq_ok, job, submit, w
                       wait_state)
 
 
-
 def kernel(steps: int, *extra: str) -> list[str]:
     """A kernel_train.py job of ``steps`` 100 ms iterations, named kt, with --steps given and
     its memory declared (the forecast does not model a probe's wait)."""

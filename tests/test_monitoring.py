@@ -23,7 +23,6 @@ from gq.daemon.guard import Guard, Limits
 from gq.messages import DeviceReading
 
 
-
 # ----- the guard (pure) -----------------------------------------------------------------
 def reading(temperature=None, power=None) -> DeviceReading:
     return DeviceReading(time=0.0, source="recorded", temperature=temperature, power=power)

@@ -10,7 +10,6 @@ from conftest import (DECLARED, KERNEL_LOOP, DaemonControl, gq, gq_ok, job, star
                       submit_resident, wait_for, wait_state, write_script)
 
 
-
 def ts(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
