@@ -87,8 +87,12 @@ def message(cls):
 # ----- encoding -----------------------------------------------------------------------
 def to_wire(value: Any) -> Any:
     """Plain JSON values for a message (or any value inside one)."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    names = _field_names(kind)
+    if names is not None:
+        return {name: to_wire(getattr(value, name)) for name in names}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, bytes):
@@ -98,6 +102,22 @@ def to_wire(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: to_wire(item) for key, item in value.items()}
     return value
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(kind: type) -> tuple[str, ...] | None:
+    """A message class's field names, None for any other type (looked up once a type:
+    encoding is on every boundary's path and every answer's)."""
+    try:
+        return _FIELD_NAMES[kind]
+    except KeyError:
+        names = (tuple(spec.name for spec in dataclasses.fields(kind))
+                 if dataclasses.is_dataclass(kind) else None)
+        _FIELD_NAMES[kind] = names
+        return names
 
 
 def dumps(data: dict[str, Any], limit: int | None = None) -> bytes:
@@ -113,7 +133,7 @@ def dumps(data: dict[str, Any], limit: int | None = None) -> bytes:
 def loads(line: bytes) -> dict[str, Any]:
     """The JSON object a line holds; MessageError for anything else."""
     try:
-        data = json.loads(line, parse_constant=_no_constant)
+        data = _JSON.decode(line.decode("utf-8", "surrogatepass"))
     except RecursionError:
         raise MessageError("nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -125,6 +145,9 @@ def loads(line: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number")
+
+
+_JSON = json.JSONDecoder(parse_constant=_no_constant)  # one for all: json.loads makes one a call
 
 
 def build(cls: type, data: Any, where: str) -> Any:
