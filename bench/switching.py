@@ -10,7 +10,9 @@ and what running under gq costs a job per iteration.
   optimizer step, then 1 ms or 5 ms of busy host-side work, run bare (python) and under gq
   alternately, medians of 3; overhead = loop time under gq / bare - 1. "alone": one job on
   the node (it runs under a lease: gq.exec.lease); "shared": two such jobs at once on one
-  lane, each against its bare twin run beside the other.
+  lane under `fair`, each against its bare twin run beside the other. (Under `fifo` the
+  earlier job holds the lane until it ends, even in its gaps, so the figure would be the
+  second job's wait, not the cost of sharing.)
 Prints one JSON object, then a summary with the targets: switch p50 <= 50 us and p99 <=
 150 us; overhead <= 0.5 % at 5 ms and <= 2 % at 1 ms, alone and shared.
 """
@@ -68,7 +70,7 @@ def measure_overhead(node: Node, iter_ms: float, steps: int, repeats: int,
     """``jobs`` copies of the training loop at once, bare and under gq by turns; each run's
     figure is the mean of its jobs' loop times."""
     bare, under = [], []
-    node.gq("policy", "set", "fifo")
+    node.gq("policy", "set", "fair" if jobs > 1 else "fifo")
     for index in range(repeats):
         bare_out = node.dir / f"bare-{jobs}-{iter_ms}-{index}.jsonl"
         runs = [subprocess.Popen([sys.executable, *_loop(iter_ms, steps, bare_out)])
