@@ -74,7 +74,7 @@ def test_a_job_that_ends_between_two_pages_is_listed_once_as_it_ended(monkeypatc
     """The first page lists job 1 running; it ends before the second page is read, which
     lists it again: the listing has it once, ended."""
     from gq import messages
-    from gq.cli import jobs
+    from gq.cli import listing
 
     def info(job_id: int, state: str) -> messages.JobInfo:
         fields = {f.name: None for f in dataclasses.fields(messages.JobInfo)}
@@ -83,12 +83,13 @@ def test_a_job_that_ends_between_two_pages_is_listed_once_as_it_ended(monkeypatc
     pages = [messages.Jobs([info(1, "RUNNING"), info(9, "COMPLETED")], older_end=5.0, older=9),
              messages.Jobs([info(1, "CANCELLED"), info(8, "COMPLETED")])]
     asked = []
-    monkeypatch.setattr(jobs, "ask", lambda request: asked.append(request) or pages.pop(0))
-    listed = jobs._listed(None, None, 0)
+    monkeypatch.setattr(listing.client, "ask",
+                        lambda request: asked.append(request) or pages.pop(0))
+    listed = listing.listed(None, None, 0)
     assert [(job.id, job.state) for job in listed.jobs] == [(1, "CANCELLED"), (8, "COMPLETED"),
                                                             (9, "COMPLETED")]
     assert (asked[1].before_end, asked[1].before) == (5.0, 9)
-    assert asked[1].states == [s.value for s in jobs.JobState if s.terminal]
+    assert asked[1].states == [s.value for s in listing.JobState if s.terminal]
 
 
 def test_a_bad_page_request_is_refused(daemon):

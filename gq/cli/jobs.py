@@ -12,10 +12,10 @@ from typing import Optional
 import typer
 
 from gq import defaults, messages
-from gq.cli import formats, render
+from gq.cli import listing, render
 from gq.cli.common import ask, labels
 from gq.errors import UserError
-from gq.queue.states import ACTIVE, TERMINAL, JobState
+from gq.queue.states import TERMINAL, JobState
 from gq.units import parse_period, parse_when
 
 STATUS_HELP = """List pending and running jobs (like squeue).
@@ -39,53 +39,9 @@ run; held; waiting for a job it cannot follow).
 """
 
 
-def _states(values: Optional[list[str]]) -> list[JobState] | None:
-    if not values:
-        return None
-    return [JobState.parse(part) for value in values for part in value.split(",")]
-
-
 LIMIT_HELP = (f"Show at most N finished jobs, those that ended last (default "
               f"{defaults.LISTED_FINISHED}, or all of them with --json or --csv; 0: all of "
               "them, fetched a page at a time).")
-
-
-def _limit(given: int | None, whole: bool) -> int:
-    """--limit, or its default: every finished job for output read by programs."""
-    if given is not None:
-        return given
-    return 0 if whole else defaults.LISTED_FINISHED
-
-
-def _listed(states: list[JobState] | None, users: list[str] | None, limit: int,
-            ended_since: float | None = None, forecast: bool = False) -> messages.Jobs:
-    """Pending and running jobs in ``states``, and the ``limit`` finished ones that ended
-    last (0: every one): the daemon sends finished jobs a page at a time. A job listed on
-    more than one page (it ended, or was requeued, meanwhile) is listed as the last page
-    saw it. In id order."""
-    names = None if states is None else [s.value for s in states]
-    answer = ask(messages.ListJobs(states=names, users=users, ended_since=ended_since,
-                                   limit=limit or None, forecast=forecast))
-    jobs = {job.id: job for job in answer.jobs}
-    finished = sum(1 for job in answer.jobs if JobState(job.state).terminal)
-    older_states = [s.value for s in (states or list(JobState)) if s.terminal]
-    while answer.older is not None and (limit == 0 or finished < limit):
-        answer = ask(messages.ListJobs(states=older_states, users=users,
-                                       ended_since=ended_since, before_end=answer.older_end,
-                                       before=answer.older,
-                                       limit=limit - finished if limit else None))
-        jobs.update((job.id, job) for job in answer.jobs)
-        finished += len(answer.jobs)
-    answer.jobs = sorted(jobs.values(), key=lambda job: job.id)
-    if answer.older is not None:
-        print(f"gq: note: the {finished} finished jobs that ended last shown; --limit N for "
-              "more, --limit 0 for all", file=sys.stderr)
-    return answer
-
-
-def _note_stale(answer: messages.Jobs) -> None:
-    if answer.stale:
-        print(f"gq: note: progress figures may be stale: {answer.stale}", file=sys.stderr)
 
 
 def status(
@@ -99,84 +55,9 @@ def status(
     start: bool = typer.Option(False, "--start", help="Forecast start and end of pending and running jobs (as squeue --start)."),
     long: bool = typer.Option(False, "-l", "--long", help="More columns: TIME_LIMIT, and the forecast START and END."),
 ) -> None:
-    states = _states(state) or (None if all_jobs else sorted(ACTIVE))
-    answer = _listed(states, user or None, _limit(limit, json_out), forecast=start or long)
-    _note_stale(answer)
-    jobs = formats.sort(sort_spec, answer.jobs) if sort_spec else answer.jobs
-    if json_out:
-        typer.echo(render.dumps([render.job_json(j) for j in jobs]))
-        return
-    format_spec = format_spec or os.environ.get("GQ_STATUS_FORMAT")
-    folded = _fold_pending_arrays(jobs)
-    if format_spec:
-        typer.echo(formats.table(format_spec, [(label, job, _reason(job))
-                                               for label, job in folded]))
-        return
-    if start:
-        rows = [[label, job.name, job.user, render.state_label(job), job.device or "-",
-                 render.forecast_time(job, end=False), render.forecast_time(job, end=True),
-                 _reason(job)]
-                for label, job in folded if not JobState(job.state).terminal]
-        typer.echo(render.table(["JOBID", "NAME", "USER", "ST", "DEVICE", "START_TIME",
-                                 "END_TIME", "REASON"], rows))
-        _note_forecast(answer)
-        return
-    now = time.time()
-    rows = []
-    for label, job in folded:
-        row = [label, job.name, job.user, render.state_label(job),
-               render.duration(render.elapsed(job, now)), job.device or "-",
-               render.lane_state(job), render.progress(job)]
-        if long:
-            row += [render.duration(job.time_limit) if job.time_limit else "UNLIMITED",
-                    render.forecast_time(job, end=False), render.forecast_time(job, end=True)]
-        rows.append([*row, _reason(job)])
-    headers = ["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE", "PROGRESS",
-               *(["TIME_LIMIT", "START", "END"] if long else []), "REASON"]
-    typer.echo(render.table(headers, rows))
-    if long:
-        _note_forecast(answer)
-
-
-def _note_forecast(answer: messages.Jobs) -> None:
-    if answer.forecast_made is None and any(not JobState(job.state).terminal
-                                            for job in answer.jobs):
-        print("gq: note: the daemon has made no forecast yet; ask again in a second",
-              file=sys.stderr)
-
-
-def _fold_pending_arrays(jobs: list[messages.JobInfo]) -> list[tuple[str, messages.JobInfo]]:
-    """squeue's rows: an array's pending tasks fold into one, e.g. 17_[5-99%8]."""
-    from gq.queue.arrays import fold
-
-    pending: dict[int, list[messages.JobInfo]] = {}
-    for job in jobs:
-        if job.array_job_id is not None and job.state == JobState.PENDING.value:
-            pending.setdefault(job.array_job_id, []).append(job)
-    rows, shown = [], set()
-    for job in jobs:
-        tasks = pending.get(job.array_job_id) if job.state == JobState.PENDING.value else None
-        if not tasks:
-            rows.append((job.label, job))
-        elif job.array_job_id not in shown:
-            shown.add(job.array_job_id)
-            label = f"{job.array_job_id}_" + fold([t.array_task_id for t in tasks],
-                                                  job.array_max_running)
-            rows.append((label, job))
-    return rows
-
-
-def _reason(job: messages.JobInfo) -> str:
-    if job.state == JobState.PENDING.value:
-        return job.reason or "None"
-    missed = render.deadline_miss(job)
-    if job.state == JobState.RUNNING.value and missed is not None:
-        return f"DeadlineAtRisk (misses it by ~{render.duration(missed)} at this pace)"
-    if job.mem_over:
-        over = (f"MEM! (measured {render.size(job.mem_peak)}, over its "
-                f"{render.size(job.mem)})")
-        return f"{over} {job.reason}" if job.reason else over
-    return job.reason or ""
+    listing.status(all_jobs=all_jobs, json_out=json_out, user=user, state=state,
+                   format_spec=format_spec, sort_spec=sort_spec, limit=limit, start=start,
+                   long=long)
 
 
 def show(
@@ -185,7 +66,7 @@ def show(
 ) -> None:
     """Everything about one job, with its state history (like scontrol show job)."""
     answer = ask(messages.ShowJob(labels([job_id])[0]))
-    _note_stale(answer)
+    listing.note_stale(answer)
     if answer.more:
         print(f"gq: note: {answer.more} more tasks of array {job_id} not shown; 'gq show "
               f"{job_id}_N' shows one, 'gq status --json' lists them all", file=sys.stderr)
@@ -296,9 +177,10 @@ def history(
     The jobs that ended last (--limit), the last of them at the bottom. --csv writes gq's
     trace layout, so 'gq simulate --trace' can replay the jobs.
     """
-    states = _states(state) or sorted(TERMINAL)
-    answer = _listed(states, user or None, _limit(limit, json_out or csv_out),
-                     _since(since) if since is not None else None)
+    states = listing.states_named(state) or sorted(TERMINAL)
+    answer = listing.listed(states, user or None,
+                            listing.limit_or_default(limit, json_out or csv_out),
+                            _since(since) if since is not None else None)
     answer.jobs.sort(key=lambda job: (job.end_time or 0.0, job.id))  # the last ended last
     if csv_out:
         _write_trace(answer.jobs)

@@ -1,7 +1,8 @@
 """The ``gq`` command: a Slurm-like queue for one GPU node.
 
-Only the module of the command being run is imported and turned into a click command (a
-command costs a few times Python's own start-up); ``gq --help`` loads them all.
+``gq status`` runs without typer where :mod:`gq.cli.quick` reads its line; otherwise only
+the module of the command being run is imported and turned into a click command (a command
+costs a few times Python's own start-up), and ``gq --help`` loads them all.
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+from typing import TYPE_CHECKING
 
-import typer
-
+from gq.cli import quick
 from gq.errors import UserError
+
+if TYPE_CHECKING:
+    import typer
 
 HELP = (
     "gq: a Slurm-like job queue for one GPU node. Jobs that share a device stay resident "
@@ -56,6 +60,8 @@ _EXTRA = {name: {"context_settings": {"allow_interspersed_args": False}}
 
 def _version(value: bool) -> None:
     if value:
+        import typer
+
         from gq import __version__, messages
 
         typer.echo(f"gq {__version__} (protocol {messages.VERSION})")
@@ -64,6 +70,8 @@ def _version(value: bool) -> None:
 
 def make_app(only: str | None = None) -> typer.Typer:
     """The typer app with every command, or with ``only`` that one."""
+    import typer
+
     app = typer.Typer(name="gq", help=HELP, add_completion=True, no_args_is_help=True,
                       pretty_exceptions_enable=False, rich_markup_mode=None,
                       context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,18 +107,30 @@ def _command(invoked: str | None):
     """The click command for the app with ``invoked`` (or every command): built once a
     process, since building one costs more than most commands take to run (a script that
     calls main() in a loop, the tests)."""
+    import typer
+
     return typer.main.get_command(make_app(invoked))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; bad input is one line on stderr and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
-    command = _command(_invoked(args))
     try:
-        result = command(args, prog_name="gq", standalone_mode=False)
+        return 0 if quick.run(args) else _with_typer(args)
     except UserError as exc:
         print(f"gq: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        return 0
+
+
+def _with_typer(args: list[str]) -> int:
+    """The command line parsed, and run, by typer (click): usage errors as one line."""
+    import typer
+
+    command = _command(_invoked(args))
+    try:
+        result = command(args, prog_name="gq", standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
     except typer.Abort:
@@ -124,8 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (see '{context.command_path} --help')" if context is not None else ""
         print(f"gq: error: {message}{hint}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
-    except BrokenPipeError:
-        return 0
     return result if isinstance(result, int) else 0
 
 

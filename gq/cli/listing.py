@@ -1,0 +1,146 @@
+"""Listing jobs (gq status, gq history): asking for them a page at a time, and squeue's rows.
+
+Imports no typer: ``gq status``, the command typed most, runs from here without it
+(:mod:`gq.cli.quick`), and ``gq/cli/jobs.py`` declares its options for typer and calls
+:func:`status` too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from gq import client, defaults, messages
+from gq.cli import formats, render
+from gq.queue.states import ACTIVE, JobState
+
+
+def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[str] | None,
+           format_spec: str | None, sort_spec: str | None, limit: int | None, start: bool,
+           long: bool) -> None:
+    """gq status with its options' values (see ``gq status --help``)."""
+    states = states_named(state) or (None if all_jobs else sorted(ACTIVE))
+    answer = listed(states, user or None, limit_or_default(limit, json_out), forecast=start or long)
+    note_stale(answer)
+    jobs = formats.sort(sort_spec, answer.jobs) if sort_spec else answer.jobs
+    if json_out:
+        print(render.dumps([render.job_json(j) for j in jobs]))
+        return
+    format_spec = format_spec or os.environ.get("GQ_STATUS_FORMAT")
+    folded = fold_pending_arrays(jobs)
+    if format_spec:
+        print(formats.table(format_spec, [(label, job, reason(job)) for label, job in folded]))
+        return
+    if start:
+        rows = [[label, job.name, job.user, render.state_label(job), job.device or "-",
+                 render.forecast_time(job, end=False), render.forecast_time(job, end=True),
+                 reason(job)]
+                for label, job in folded if not JobState(job.state).terminal]
+        print(render.table(["JOBID", "NAME", "USER", "ST", "DEVICE", "START_TIME",
+                            "END_TIME", "REASON"], rows))
+        _note_forecast(answer)
+        return
+    now = time.time()
+    rows = []
+    for label, job in folded:
+        row = [label, job.name, job.user, render.state_label(job),
+               render.duration(render.elapsed(job, now)), job.device or "-",
+               render.lane_state(job), render.progress(job)]
+        if long:
+            row += [render.duration(job.time_limit) if job.time_limit else "UNLIMITED",
+                    render.forecast_time(job, end=False), render.forecast_time(job, end=True)]
+        rows.append([*row, reason(job)])
+    headers = ["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE", "PROGRESS",
+               *(["TIME_LIMIT", "START", "END"] if long else []), "REASON"]
+    print(render.table(headers, rows))
+    if long:
+        _note_forecast(answer)
+
+
+def states_named(values: list[str] | None) -> list[JobState] | None:
+    """-t/--state values (each may list several: PD,R) as states; None for none given."""
+    if not values:
+        return None
+    return [JobState.parse(part) for value in values for part in value.split(",")]
+
+
+def limit_or_default(given: int | None, whole: bool) -> int:
+    """--limit, or its default: every finished job for output read by programs."""
+    if given is not None:
+        return given
+    return 0 if whole else defaults.LISTED_FINISHED
+
+
+def listed(states: list[JobState] | None, users: list[str] | None, limit: int,
+           ended_since: float | None = None, forecast: bool = False) -> messages.Jobs:
+    """Pending and running jobs in ``states``, and the ``limit`` finished ones that ended
+    last (0: every one): the daemon sends finished jobs a page at a time. A job listed on
+    more than one page (it ended, or was requeued, meanwhile) is listed as the last page
+    saw it. In id order."""
+    names = None if states is None else [s.value for s in states]
+    answer = client.ask(messages.ListJobs(states=names, users=users, ended_since=ended_since,
+                                          limit=limit or None, forecast=forecast))
+    jobs = {job.id: job for job in answer.jobs}
+    finished = sum(1 for job in answer.jobs if JobState(job.state).terminal)
+    older_states = [s.value for s in (states or list(JobState)) if s.terminal]
+    while answer.older is not None and (limit == 0 or finished < limit):
+        answer = client.ask(messages.ListJobs(states=older_states, users=users,
+                                              ended_since=ended_since,
+                                              before_end=answer.older_end, before=answer.older,
+                                              limit=limit - finished if limit else None))
+        jobs.update((job.id, job) for job in answer.jobs)
+        finished += len(answer.jobs)
+    answer.jobs = sorted(jobs.values(), key=lambda job: job.id)
+    if answer.older is not None:
+        print(f"gq: note: the {finished} finished jobs that ended last shown; --limit N for "
+              "more, --limit 0 for all", file=sys.stderr)
+    return answer
+
+
+def note_stale(answer: messages.Jobs) -> None:
+    if answer.stale:
+        print(f"gq: note: progress figures may be stale: {answer.stale}", file=sys.stderr)
+
+
+def _note_forecast(answer: messages.Jobs) -> None:
+    if answer.forecast_made is None and any(not JobState(job.state).terminal
+                                            for job in answer.jobs):
+        print("gq: note: the daemon has made no forecast yet; ask again in a second",
+              file=sys.stderr)
+
+
+def fold_pending_arrays(jobs: list[messages.JobInfo]) -> list[tuple[str, messages.JobInfo]]:
+    """squeue's rows: an array's pending tasks fold into one, e.g. 17_[5-99%8]."""
+    from gq.queue.arrays import fold
+
+    pending: dict[int, list[messages.JobInfo]] = {}
+    for job in jobs:
+        if job.array_job_id is not None and job.state == JobState.PENDING.value:
+            pending.setdefault(job.array_job_id, []).append(job)
+    rows, shown = [], set()
+    for job in jobs:
+        tasks = pending.get(job.array_job_id) if job.state == JobState.PENDING.value else None
+        if not tasks:
+            rows.append((job.label, job))
+        elif job.array_job_id not in shown:
+            shown.add(job.array_job_id)
+            label = f"{job.array_job_id}_" + fold([t.array_task_id for t in tasks],
+                                                  job.array_max_running)
+            rows.append((label, job))
+    return rows
+
+
+def reason(job: messages.JobInfo) -> str:
+    """squeue's REASON column: why a pending job waits, or what is wrong with a running
+    one (a deadline it will miss, memory over its figure)."""
+    if job.state == JobState.PENDING.value:
+        return job.reason or "None"
+    missed = render.deadline_miss(job)
+    if job.state == JobState.RUNNING.value and missed is not None:
+        return f"DeadlineAtRisk (misses it by ~{render.duration(missed)} at this pace)"
+    if job.mem_over:
+        over = (f"MEM! (measured {render.size(job.mem_peak)}, over its "
+                f"{render.size(job.mem)})")
+        return f"{over} {job.reason}" if job.reason else over
+    return job.reason or ""
