@@ -1,5 +1,5 @@
-"""gq status without typer (gq/cli/quick.py): the same options as the typer command, the
-same output, and typer left unimported."""
+"""gq status, submit and run without typer (gq/cli/quick.py): the same options as the
+typer commands, the same output, and typer left unimported."""
 
 from __future__ import annotations
 
@@ -16,16 +16,17 @@ from gq.cli import quick
 from gq.cli.quick import Kind
 
 
-def _typer_options(name: str) -> dict[str, tuple[str, Kind]]:
-    """The options of the typer command ``name``, as quick.OPTIONS spells them (typer
-    carries its own click: its classes are known here by their names)."""
+def _typer_options(name: str) -> tuple[dict[str, tuple[str, Kind]], dict[str, object]]:
+    """The options of the typer command ``name``, as quick.OPTIONS spells them, and their
+    defaults other than False and None (typer carries its own click: its classes are known
+    here by their names)."""
     import typer
 
     from gq.cli.main import make_app
 
     group = typer.main.get_command(make_app(name))
     command = group.commands[name]
-    found = {}
+    found, defaults = {}, {}
     for param in command.params:
         if param.param_type_name != "option" or param.name == "help":
             continue
@@ -33,18 +34,23 @@ def _typer_options(name: str) -> dict[str, tuple[str, Kind]]:
             kind = Kind.FLAG
         elif param.multiple:
             kind = Kind.LIST
-        elif param.type.name in ("integer", "int range"):
+        elif param.type.name == "int range" and param.type.min == 0 and param.type.max is None:
             kind = Kind.COUNT
+        elif param.type.name == "int":
+            kind = Kind.INT
         else:
+            assert param.type.name == "str", (name, param.name, param.type.name)
             kind = Kind.VALUE
         for option in [*param.opts, *param.secondary_opts]:
             found[option] = (param.name, kind)
-    return found
+        if param.default is not None and param.default is not False:
+            defaults[param.name] = param.default
+    return found, defaults
 
 
 @pytest.mark.parametrize("name", sorted(quick.OPTIONS))
 def test_the_quick_options_are_the_typer_commands(name):
-    assert quick.OPTIONS[name] == _typer_options(name)
+    assert (quick.OPTIONS[name], quick.DEFAULTS[name]) == _typer_options(name)
 
 
 DEFAULTS = {"all_jobs": False, "json_out": False, "user": None, "state": None,
@@ -54,6 +60,7 @@ DEFAULTS = {"all_jobs": False, "json_out": False, "user": None, "state": None,
 
 @pytest.mark.parametrize("line, given", [
     ([], {}),
+    (["--"], {}),
     (["-a", "--json"], {"all_jobs": True, "json_out": True}),
     (["-u", "root", "--user=bob", "-ucarol"], {"user": ["root", "bob", "carol"]}),
     (["-t", "PD,R", "--state", "CD"], {"state": ["PD,R", "CD"]}),
@@ -62,17 +69,19 @@ DEFAULTS = {"all_jobs": False, "json_out": False, "user": None, "state": None,
     (["--limit", "0", "--start", "-l", "--long"], {"limit": 0, "start": True, "long": True}),
     (["--limit=12"], {"limit": 12}),
 ])
-def test_lines_read_here(line, given):
-    assert quick.parse(line, quick.OPTIONS["status"]) == {**DEFAULTS, **given}
+def test_status_lines_read_here(line, given):
+    parsed = quick.parse(line, "status")
+    assert parsed.params == {**DEFAULTS, **given}
+    assert parsed.given == set(given)
 
 
 @pytest.mark.parametrize("line", [
-    ["--help"], ["-h"], ["--bogus"], ["extra"], ["--"], ["-al"], ["-o"],
+    ["--help"], ["-h"], ["--bogus"], ["extra"], ["--", "extra"], ["-al"], ["-o"],
     ["--limit", "-1"], ["--limit", "x"], ["--limit"], ["--json=1"], ["--all=yes"], ["-"],
     ["--user", "root", "--usr", "bob"],
 ])
-def test_lines_left_to_typer(line):
-    assert quick.parse(line, quick.OPTIONS["status"]) is None
+def test_status_lines_left_to_typer(line):
+    assert quick.parse(line, "status") is None
 
 
 def test_a_line_left_to_typer_gets_typers_error_and_help(daemon):
@@ -90,9 +99,9 @@ def test_status_prints_what_typer_would(daemon, tmp_path, monkeypatch):
     for line in (["status"], ["status", "-a"], ["status", "--json"], ["status", "-l"],
                  ["status", "-o", "%.6i %j %t %R", "-S", "-i"], ["status", "-t", "PD", "-u",
                                                                 "nobody-here"]):
-        assert quick.parse(line[1:], quick.OPTIONS["status"]) is not None
+        assert quick.parse(line[1:], "status") is not None
         quick_result = gq(*line)
-        with mock.patch.object(quick, "run", return_value=False):  # typer's turn
+        with mock.patch.object(quick, "run", return_value=None):  # typer's turn
             typer_result = gq(*line)
         assert quick_result == typer_result, line
         assert quick_result.code == 0
@@ -116,3 +125,81 @@ def test_status_imports_no_typer(daemon, tmp_path):
     *listing, verdict = done.stdout.splitlines()
     assert verdict == "False False 0", done.stdout
     assert [job["id"] for job in json.loads("\n".join(listing))] == [job_id]
+
+
+@pytest.mark.parametrize("command, line, given, script, args", [
+    ("submit", ["-G", "0", "-t", "5", "--priority", "-3", "train.py", "--lr", "3"],
+     {"gpus": "0", "time_limit": "5", "priority": -3}, "train.py", ["--lr", "3"]),
+    ("submit", ["-Jname", "--wrap=python x.py", "-H"],
+     {"job_name": "name", "wrap": "python x.py", "hold": True}, None, None),
+    ("run", ["-W", "--", "python", "x.py", "-G", "1"], {"wait": True}, "python",
+     ["x.py", "-G", "1"]),
+    ("submit", ["job.sh", "-"], {}, "job.sh", ["-"]),
+])
+def test_submit_lines_read_here(command, line, given, script, args):
+    parsed = quick.parse(line, command)
+    assert parsed.given == set(given)
+    assert {name: parsed.params[name] for name in given} == given
+    assert (parsed.params["script"], parsed.params["args"]) == (script, args)
+    assert parsed.params["output"] == "gq-%j.out" and parsed.params["oom"] == "requeue"
+
+
+@pytest.mark.parametrize("line", [
+    ["-HW", "x.sh"], ["--priority", "high", "x.sh"], ["--help"], ["-G"], ["--hold=1", "x.sh"],
+    ["--gpu", "1", "x.sh"], ["-Z", "x.sh"],
+])
+def test_submit_lines_left_to_typer(line):
+    assert quick.parse(line, "submit") is None
+
+
+SCRIPT = """#!/bin/bash
+#GQ -J from-gq --priority 4
+#SBATCH --time=10 --mem=2G
+#SBATCH --partition=gpu
+true
+"""
+
+
+def _shown(job_id: int) -> dict:
+    shown = json.loads(gq_ok("show", "--json", str(job_id)))
+    return {key: shown[key] for key in ("name", "priority", "time_limit", "host_mem", "gpus",
+                                        "held", "script", "args")}
+
+
+def test_submit_with_directives_queues_what_typer_would(daemon, tmp_path):
+    script = write_script(tmp_path / "job.sh", SCRIPT)
+    line = ["submit", "--parsable", "-H", "-t", "20", str(script), "a", "b"]
+    assert quick.parse(line[1:], "submit") is not None
+    by_quick = gq(*line)
+    with mock.patch.object(quick, "run", return_value=None):  # typer's turn
+        by_typer = gq(*line)
+    assert by_quick.code == by_typer.code == 0, (by_quick, by_typer)
+    assert by_quick.err == by_typer.err and "--partition" in by_quick.err
+    first, second = int(by_quick.out), int(by_typer.out)
+    assert second == first + 1
+    assert _shown(first) == _shown(second) == {
+        "name": "from-gq", "priority": 4, "time_limit": 1200, "host_mem": 2 << 30, "gpus": 0,
+        "held": True, "script": str(script), "args": ["a", "b"]}
+
+
+def test_a_directive_left_to_typer_gets_its_error_and_queues_nothing(daemon, tmp_path):
+    script = write_script(tmp_path / "job.sh",
+                          "#!/bin/bash\n#SBATCH --time=10\n#GQ --bogus\ntrue\n")
+    result = gq("submit", str(script))
+    assert result.code == 2 and result.err.count("\n") == 1, result
+    assert f"{script}:3: malformed #GQ directive" in result.err
+    assert json.loads(gq_ok("status", "--all", "--json")) == []
+
+
+def test_submit_imports_no_typer(daemon, tmp_path):
+    script = write_script(tmp_path / "job.sh", SCRIPT)
+    code = ("import sys; from gq.cli.main import main; "
+            f"code = main(['submit', '--parsable', '-H', {str(script)!r}]); "
+            "print('typer' in sys.modules, 'click' in sys.modules, code)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    job_id, verdict = done.stdout.splitlines()
+    assert verdict == "False False 0", done.stdout
+    assert _shown(int(job_id))["name"] == "from-gq"

@@ -1,8 +1,9 @@
 """The ``gq`` command: a Slurm-like queue for one GPU node.
 
-``gq status`` runs without typer where :mod:`gq.cli.quick` reads its line; otherwise only
-the module of the command being run is imported and turned into a click command (a command
-costs a few times Python's own start-up), and ``gq --help`` loads them all.
+``gq status``, ``gq submit`` and ``gq run`` run without typer where :mod:`gq.cli.quick`
+reads their line; otherwise only the module of the command being run is imported and
+turned into a click command (a command costs a few times Python's own start-up), and
+``gq --help`` loads them all.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; bad input is one line on stderr and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        return 0 if quick.run(args) else _with_typer(args)
+        code = quick.run(args)
+        return _with_typer(args) if code is None else code
     except UserError as exc:
         print(f"gq: error: {exc}", file=sys.stderr)
         return exc.exit_code

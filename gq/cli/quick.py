@@ -1,53 +1,103 @@
-"""gq status without typer: importing typer takes longer than the whole command otherwise.
+"""gq status, gq submit and gq run without typer: importing typer takes longer than the
+rest of such a command.
 
 A command line this module reads completely (known options, values where they belong, no
-help, no completion) runs from here; any other, typos included, goes to typer, which
-parses it again and gives its usual help and errors. The options are the same as the typer
-command's (tests/test_cli_quick.py holds the two to each other), so both read a line alike.
+help, no completion; for submit, the script's directives too) runs from here; any other,
+typos included, goes to typer, which reads it again and gives its usual help and errors.
+The options are the typer commands' (tests/test_cli_quick.py holds the two to each other),
+so both read a line alike.
 """
 
 from __future__ import annotations
 
 import enum
 import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from gq.errors import LeftToTyper
 
 
 class Kind(enum.Enum):
     FLAG = "flag"  # --json
     VALUE = "value"  # -o FORMAT (the last one given counts)
     LIST = "list"  # -u USER, once for each
+    INT = "int"  # --priority -5
     COUNT = "count"  # --limit N: an integer, 0 or more
 
 
-# option -> (the typer parameter it sets, its kind), per command
-OPTIONS: dict[str, dict[str, tuple[str, Kind]]] = {
-    "status": {
-        "-a": ("all_jobs", Kind.FLAG), "--all": ("all_jobs", Kind.FLAG),
-        "--json": ("json_out", Kind.FLAG),
-        "-u": ("user", Kind.LIST), "--user": ("user", Kind.LIST),
-        "-t": ("state", Kind.LIST), "--state": ("state", Kind.LIST),
-        "-o": ("format_spec", Kind.VALUE), "--format": ("format_spec", Kind.VALUE),
-        "-S": ("sort_spec", Kind.VALUE), "--sort": ("sort_spec", Kind.VALUE),
-        "--limit": ("limit", Kind.COUNT),
-        "--start": ("start", Kind.FLAG),
-        "-l": ("long", Kind.FLAG), "--long": ("long", Kind.FLAG),
-    },
+Options = dict[str, tuple[str, Kind]]  # option -> (the typer parameter it sets, its kind)
+
+STATUS: Options = {
+    "-a": ("all_jobs", Kind.FLAG), "--all": ("all_jobs", Kind.FLAG),
+    "--json": ("json_out", Kind.FLAG),
+    "-u": ("user", Kind.LIST), "--user": ("user", Kind.LIST),
+    "-t": ("state", Kind.LIST), "--state": ("state", Kind.LIST),
+    "-o": ("format_spec", Kind.VALUE), "--format": ("format_spec", Kind.VALUE),
+    "-S": ("sort_spec", Kind.VALUE), "--sort": ("sort_spec", Kind.VALUE),
+    "--limit": ("limit", Kind.COUNT),
+    "--start": ("start", Kind.FLAG),
+    "-l": ("long", Kind.FLAG), "--long": ("long", Kind.FLAG),
 }
 
+_SUBMIT_VALUES = {
+    "wrap": ["--wrap"], "job_name": ["-J", "--job-name"], "gpus": ["-G", "--gpus"],
+    "gpus_per_node": ["--gpus-per-node"], "gres": ["--gres"], "gpu_mem": ["--gpu-mem"],
+    "mem": ["--mem"], "host_mem": ["--host-mem"], "mem_per_cpu": ["--mem-per-cpu"],
+    "mem_per_gpu": ["--mem-per-gpu"], "nodelist": ["-w", "--nodelist"],
+    "time_limit": ["-t", "--time"], "warn_signal": ["--signal"], "begin": ["--begin"],
+    "deadline": ["--deadline"], "output": ["-o", "--output"], "error": ["-e", "--error"],
+    "chdir": ["-D", "--chdir"], "oom": ["--oom"], "retry_delay": ["--retry-delay"],
+    "python": ["--python"], "array": ["-a", "--array"], "dependency": ["-d", "--dependency"],
+    "after": ["--after"], "notify": ["--notify"], "mail_type": ["--mail-type"],
+    "mail_user": ["--mail-user"],
+}
+_SUBMIT_INTS = {"cpus_per_task": ["-c", "--cpus-per-task"], "ntasks": ["-n", "--ntasks"],
+                "priority": ["--priority"], "steps": ["--steps"], "retries": ["--retries"]}
+_SUBMIT_FLAGS = {"exclusive": ["--exclusive"], "requeue": ["--requeue"], "hold": ["-H", "--hold"],
+                 "parsable": ["--parsable"], "wait": ["-W", "--wait"],
+                 "test_only": ["--test-only"]}
+SUBMIT: Options = {option: (name, kind)
+                   for table, kind in ((_SUBMIT_VALUES, Kind.VALUE), (_SUBMIT_INTS, Kind.INT),
+                                       (_SUBMIT_FLAGS, Kind.FLAG))
+                   for name, options in table.items() for option in options}
 
-def parse(args: list[str], options: dict[str, tuple[str, Kind]]) -> dict[str, Any] | None:
-    """The parameters a command line gives, every one of ``options`` present (False or None
-    where not given); None for a line this parser leaves to typer."""
+OPTIONS: dict[str, Options] = {"status": STATUS, "submit": SUBMIT, "run": SUBMIT}
+# Defaults other than False (flags) and None, as the typer commands declare them.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "status": {},
+    "submit": {"priority": 0, "output": "gq-%j.out", "oom": "requeue"},
+}
+DEFAULTS["run"] = DEFAULTS["submit"]
+# Commands whose first argument is a script, the rest its arguments.
+TAKES_SCRIPT = {"submit", "run"}
+
+
+@dataclass
+class Parsed:
+    params: dict[str, Any]  # every parameter, by its typer name
+    given: set[str]  # those the line named
+
+
+def parse(args: list[str], command: str) -> Parsed | None:
+    """What a command line gives ``command``'s parameters; None for a line this module
+    leaves to typer."""
+    options = OPTIONS[command]
     params: dict[str, Any] = {name: False if kind is Kind.FLAG else None
                               for name, kind in options.values()}
+    params.update(DEFAULTS[command])
+    given: set[str] = set()
     rest = list(args)
-    while rest:
+    while rest and rest[0].startswith("-") and rest[0] != "-":
         token = rest.pop(0)
+        if token == "--":
+            break
         option, value = _split(token, options)
         if option is None:
             return None
         name, kind = options[option]
+        given.add(name)
         if kind is Kind.FLAG:
             if value is not None:
                 return None
@@ -57,21 +107,27 @@ def parse(args: list[str], options: dict[str, tuple[str, Kind]]) -> dict[str, An
             if not rest:
                 return None
             value = rest.pop(0)  # whatever it is, as click takes it: -S -p,i
-        if kind is Kind.COUNT:
+        if kind in (Kind.INT, Kind.COUNT):
             try:
-                params[name] = int(value)  # as click reads it
+                number = int(value)  # as click reads it
             except ValueError:
                 return None
-            if params[name] < 0:
+            if kind is Kind.COUNT and number < 0:
                 return None
+            params[name] = number
         elif kind is Kind.LIST:
             params[name] = [*(params[name] or []), value]
         else:
             params[name] = value
-    return params
+    if command in TAKES_SCRIPT:
+        params["script"] = rest.pop(0) if rest else None
+        params["args"] = rest or None
+    elif rest:
+        return None
+    return Parsed(params, given)
 
 
-def _split(token: str, options: dict[str, tuple[str, Kind]]) -> tuple[str | None, str | None]:
+def _split(token: str, options: Options) -> tuple[str | None, str | None]:
     """A token as (option, value attached to it): --format=%i, -uroot, or the option alone."""
     if token in options:
         return token, None
@@ -85,14 +141,31 @@ def _split(token: str, options: dict[str, tuple[str, Kind]]) -> tuple[str | None
     return None, None
 
 
-def run(args: list[str]) -> bool:
-    """Run the command line here if this module reads it (True), else leave it (False)."""
+def run(args: list[str]) -> int | None:
+    """Run the command line here if this module reads it: its exit status; else None."""
     if not args or args[0] not in OPTIONS or "_GQ_COMPLETE" in os.environ:
-        return False
-    params = parse(args[1:], OPTIONS[args[0]])
-    if params is None:
-        return False
-    from gq.cli import listing
+        return None
+    command = args[0]
+    parsed = parse(args[1:], command)
+    if parsed is None:
+        return None
+    if command == "status":
+        from gq.cli import listing
 
-    listing.status(**params)
-    return True
+        listing.status(**parsed.params)
+        return 0
+    from gq.cli import submission
+
+    try:
+        return submission.queue(command == "run", parsed.params, parsed.given, _directive)
+    except LeftToTyper:
+        return None
+
+
+def _directive(tokens: list[str], script: Path, line: int, prefix: str) -> dict[str, Any]:
+    """The options a #GQ or #SBATCH directive names, read as its command line would be;
+    LeftToTyper where this module does not read it (typer then says what is wrong)."""
+    parsed = parse([*tokens, str(script)], "submit")
+    if parsed is None or parsed.params["args"] or parsed.params["script"] != str(script):
+        raise LeftToTyper(f"{script}:{line}: {prefix} directive")
+    return {name: parsed.params[name] for name in parsed.given}

@@ -1,0 +1,319 @@
+"""gq submit and gq run, without typer: read the script and its directives as the caller,
+check what needs no daemon, and queue the job. gq/cli/submit.py declares the options for
+typer and gq/cli/quick.py reads plain lines itself; both call :func:`queue`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gq import client, defaults, messages, validation
+from gq.cli import commands, directives
+from gq.codec import INT64_MAX
+from gq.errors import UserError
+from gq.queue import arrays, dependencies
+from gq.slurm import options as slurm_options
+from gq.slurm.environment import node_name
+from gq.units import parse_duration, parse_seconds, parse_size, parse_when
+
+DEFAULT_OUTPUT = "gq-%j.out"
+
+# One directive's tokens, the script, the directive's line and prefix -> the options it
+# gives (those it names, nothing else).
+DirectiveReader = Callable[[list[str], Path, int, str], dict[str, Any]]
+
+# Options that set one thing between them: the first source that gives one decides it.
+_SAME_SETTING = ({"gpus", "gpus_per_node", "gres"}, {"gpu_mem", "mem"},
+                 {"host_mem", "mem_per_cpu", "mem_per_gpu"})
+
+
+def queue(run: bool, params: dict[str, Any], given: set[str],
+          read_directive: DirectiveReader) -> int:
+    """Queue the job the command's parameters say (``given``: those on its command line;
+    ``run``: gq run's command line rather than a script) and print its id; the exit
+    status: 0, or the job's own exit code with --wait."""
+    queued = _what_to_queue(run, params["script"], list(params["args"] or []), params["wrap"])
+    content = queued.content if queued.content is not None else _read_script(queued.path)
+    options = _with_directives(params, given, read_directive, queued.path, content)
+    options.update(script=str(queued.path), args=queued.args)
+    if queued.interpreter is not None and not options["python"]:
+        options["python"] = queued.interpreter
+    if options["job_name"] is None and queued.content is not None:
+        options["job_name"] = queued.name
+    if options["test_only"] and options["wait"]:
+        raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
+    request = _request(options, content)
+    if options["test_only"]:
+        request.test_only = True
+        _print_test_only(client.ask(request))
+        return 0
+    answer = client.ask(request)
+    if options["mail_type"] and shutil.which("mail") is None:
+        print("gq: warning: --mail-type: this node has no mail command; no mail will be "
+              "sent for it (--notify runs a command of yours instead)", file=sys.stderr)
+    if options["old_mem"]:  # once it was accepted: a refusal says one line, its reason
+        print(f"gq: warning: {slurm_options.DEPRECATED_MEM}", file=sys.stderr)
+    print(str(answer.job_id) if options["parsable"] else f"Submitted job {answer.job_id}",
+          flush=True)
+    if not options["wait"]:
+        return 0
+    from gq.cli.wait import until_ended
+
+    return until_ended(messages.Wait([str(answer.job_id)]), math.inf)
+
+
+def _print_test_only(answer: messages.TestOnly) -> None:
+    """sbatch --test-only's answer, in gq's words: when and where, and whom it delays."""
+    from gq.cli import render
+
+    tasks = f"its {answer.tasks} tasks" if answer.tasks > 1 else "the job"
+    if answer.start is None:
+        print(f"gq: {tasks} would start at an unknown time (the jobs before it, or the "
+                   "job itself, give no --steps, --time or earlier runs to go on)")
+    else:
+        mark = "~" if answer.basis == "estimated" else ""
+        end = (f"{mark}{render.short_time(answer.end)}" if answer.end is not None
+               else "an unknown time")
+        print(f"gq: {tasks} would start at {mark}{render.short_time(answer.start)} on "
+                   f"{answer.device} and end at {end}" +
+                   (" (estimated)" if mark else ""))
+    if answer.delays:
+        print("gq: it would delay " + ", ".join(
+            f"job {delay.job_id} by {render.duration(delay.seconds)}"
+            for delay in answer.delays))
+    else:
+        print("gq: it would delay no queued job")
+    print("gq: nothing was queued (--test-only)")
+
+
+def _what_to_queue(run: bool, script: str | None, args: list[str],
+                   wrap: str | None) -> commands.Queued:
+    """gq run's command line, --wrap's, or the script named."""
+    if run:
+        if wrap is not None:
+            raise UserError("gq run takes its command after its options (gq run [OPTIONS] -- "
+                            "COMMAND [ARGS]...); --wrap is gq submit's")
+        return commands.from_argv([script, *args] if script is not None else [])
+    if wrap is not None:
+        if script is not None:
+            raise UserError("give either a SCRIPT or --wrap CMD, not both")
+        return commands.from_wrap(wrap)
+    if script is None:
+        raise UserError("give the script to run (or --wrap CMD; gq run -- CMD runs a command)")
+    return commands.Queued(Path(script), None, args, None, Path(script).name)
+
+
+def _read_script(path: Path) -> bytes:
+    """The script's bytes, read with the caller's own rights (the daemon never opens it)."""
+    if not path.exists():
+        raise UserError(f"script {path} does not exist")
+    if path.is_dir():
+        raise UserError(f"script {path} is a directory; give the script file to run")
+    try:
+        with path.open("rb") as handle:
+            content = handle.read(defaults.MAX_SCRIPT + 1)
+    except OSError as exc:
+        raise UserError(f"cannot read script {path}: {exc.strerror}") from None
+    if b"\0" in content[:8192]:
+        raise UserError(f"script {path} is a binary file; submit a script that runs it")
+    if len(content) > defaults.MAX_SCRIPT:
+        raise UserError(f"script {path} is over {defaults.MAX_SCRIPT >> 20} MiB; submit a "
+                        "smaller script that reads its data from files")
+    return content
+
+
+def _with_directives(params: dict[str, Any], given: set[str], read_directive: DirectiveReader,
+                     script: Path, content: bytes) -> dict[str, Any]:
+    """Command-line values, then #GQ directives, then #SBATCH ones, for what each left unset.
+    Every directive is read before anything is said about any of them."""
+    options = dict(params)
+    text = content.decode("utf-8", errors="replace")
+    found = directives.read(text, str(script))
+    read: list[tuple[str, dict[str, Any]]] = []
+    notices: dict[str, int] = {}  # each said once, at its first line
+    for directive in found:
+        tokens = directive.tokens
+        if directive.prefix == "#SBATCH":
+            try:
+                tokens, said = slurm_options.translate(tokens, node_name())
+            except UserError as exc:
+                raise UserError(f"{script}:{directive.line}: {exc}") from None
+            for notice in said:
+                notices.setdefault(notice, directive.line)
+            if not tokens:
+                continue
+        read.append((directive.prefix,
+                     read_directive(tokens, script, directive.line, directive.prefix)))
+    for notice, line in notices.items():
+        print(f"gq: warning: {script}:{line}: #SBATCH {notice}", file=sys.stderr)
+    old_mem = "mem" in given
+    decided = _with_same_setting(given)
+    for prefix in ("#GQ", "#SBATCH"):
+        chosen: dict[str, Any] = {}
+        for where, values in read:
+            if where == prefix:
+                chosen.update(values)
+        old_mem |= "mem" in chosen and not decided & {"mem", "gpu_mem"}
+        for name, value in chosen.items():
+            if name not in decided:
+                options[name] = value
+        decided |= _with_same_setting(set(chosen))
+    options["old_mem"] = old_mem
+    if any(d.prefix == "#SBATCH" for d in found) and not decided & _SAME_SETTING[0]:
+        options["gpus"] = "0"  # a cluster's script that asks for no GPU gets none there
+        print(f"gq: note: {script}: its #SBATCH lines ask for no GPU, so it runs with "
+              "-G 0, as on a cluster; give -G 1 (or #SBATCH --gres=gpu:1) for a device",
+              file=sys.stderr)
+    return options
+
+
+def _with_same_setting(names: set[str]) -> set[str]:
+    """``names`` and the options that set the same thing as one of them."""
+    return names.union(*(group for group in _SAME_SETTING if group & names))
+
+
+def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
+    """Check what needs no daemon (units, paths, the interpreter, as the caller), then build
+    the request; the daemon checks the rest against the node."""
+    script = Path(options["script"]).absolute()
+    validation.text(str(script), f"script path {str(script)[:60]!r}", defaults.MAX_PATH)
+    gpus = _devices(options)
+    validation.integer(gpus.count, "--gpus", 0, defaults.MAX_GPUS)
+    steps = options["steps"]
+    if steps is not None and steps <= 0:
+        raise UserError(f"invalid --steps {steps}: must be a positive number of iterations")
+    if steps is not None:
+        validation.integer(steps, "--steps", 1, INT64_MAX)
+    validation.integer(options["priority"], "--priority", -defaults.MAX_PRIORITY,
+                       defaults.MAX_PRIORITY)
+    if options["job_name"] is not None:
+        validation.job_name(options["job_name"])
+    for flag in ("output", "error"):
+        if options[flag] is not None:
+            validation.text(options[flag], f"--{flag} {options[flag][:60]!r}", defaults.MAX_PATH)
+    device_mem = options["gpu_mem"] if options["gpu_mem"] is not None else options["mem"]
+    mem = parse_size(device_mem) if device_mem is not None else None
+    cpus = _count(options["cpus_per_task"], "--cpus-per-task")
+    host_mem = _host_memory(options, gpus.count, cpus)
+    limit = options["time_limit"]
+    limit = (None if limit is None or slurm_options.is_unlimited(limit)
+             else parse_duration(limit))
+    now = time.time()
+    deadline = parse_when(options["deadline"], now) if options["deadline"] is not None else None
+    begin = (parse_when(options["begin"], now, "--begin") if options["begin"] is not None
+             else None)
+    warn = (str(slurm_options.parse_signal(options["warn_signal"]))
+            if options["warn_signal"] is not None else None)
+    workdir = Path(options["chdir"]).absolute() if options["chdir"] else Path.cwd()
+    validation.text(str(workdir), f"working directory {str(workdir)[:60]!r}", defaults.MAX_PATH)
+    if not workdir.is_dir():
+        raise UserError(f"--chdir {workdir} is not a directory")
+    interpreter = None
+    if script.suffix == ".py":
+        interpreter = os.path.abspath(options["python"] or sys.executable)
+        validation.text(interpreter, f"--python {interpreter[:60]!r}", defaults.MAX_PATH)
+        if not os.access(interpreter, os.X_OK) or Path(interpreter).is_dir():
+            raise UserError(f"--python {interpreter} is not an executable interpreter")
+    elif options["python"]:
+        raise UserError("--python applies only to .py scripts")
+    if options["dependency"] and options["after"]:
+        raise UserError("give either --dependency or --after, not both")
+    dependency = options["dependency"] or (f"afterok:{options['after']}" if options["after"]
+                                           else None)
+    if dependency is not None:
+        dependencies.parse(dependency)
+    if options["array"]:
+        arrays.parse(options["array"])
+    args = list(options["args"] or [])
+    env = dict(os.environ)
+    # What sbatch records of the submission (the job's other SLURM_* come from the daemon).
+    env.update(SLURM_SUBMIT_DIR=os.getcwd(), SLURM_SUBMIT_HOST=socket.gethostname())
+    validation.payload(env, args)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return messages.Submit(
+        script_path=str(script), script=content, args=args,
+        workdir=str(workdir), env=env, umask=umask,
+        options=messages.SubmitOptions(
+            name=options["job_name"], gpus=gpus.count, gpu_type=gpus.type, mem=mem,
+            host_mem=host_mem, cpus=cpus, time_limit=limit, deadline=deadline, begin=begin,
+            warn_signal=warn, nodelist=_device_names(options["nodelist"]),
+            ntasks=_count(options["ntasks"], "--ntasks"), notify=options["notify"],
+            mail_type=options["mail_type"], mail_user=options["mail_user"],
+            retries=_retries(options), retry_delay=_retry_delay(options["retry_delay"]),
+            oom=_on_oom(options["oom"]), priority=options["priority"], steps=steps,
+            output=options["output"],
+            error=options["error"], exclusive=options["exclusive"],
+            requeue=options["requeue"], interpreter=interpreter, array=options["array"],
+            dependency=dependency, held=options["hold"]))
+
+
+def _devices(options: dict[str, Any]) -> slurm_options.Gpus:
+    """-G/--gpus, --gpus-per-node or --gres, whichever was given (1 shared device if none)."""
+    if options["gres"] is not None:
+        return slurm_options.parse_gres(options["gres"])
+    for name, flag in (("gpus", "--gpus"), ("gpus_per_node", "--gpus-per-node")):
+        if options[name] is not None:
+            return slurm_options.parse_gpus(options[name], flag)
+    return slurm_options.Gpus(1)
+
+
+def _host_memory(options: dict[str, Any], gpus: int, cpus: int | None) -> int | None:
+    """Host memory in bytes from --host-mem (#SBATCH --mem), --mem-per-cpu or --mem-per-gpu;
+    None for no limit (none given, or 0 as sbatch's --mem=0)."""
+    for name, times in (("host_mem", 1), ("mem_per_cpu", cpus or 1),
+                        ("mem_per_gpu", max(gpus, 1))):
+        text = options[name]
+        if text is None:
+            continue
+        if text.strip() in ("0", "0M", "0G"):
+            return None
+        size = parse_size(text) * times
+        validation.integer(size, f"--{name.replace('_', '-')}", 1, defaults.MAX_HOST_MEM)
+        return size
+    return None
+
+
+def _device_names(text: str | None) -> list[str] | None:
+    """-w gpu0,gpu2: the names, each once (the daemon checks that they exist)."""
+    if text is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names or any(not n.isprintable() or len(n) > 64 for n in names):
+        raise UserError(f"invalid --nodelist {text[:60]!r}: give device names such as "
+                        "gpu0,gpu2 (see 'gq info')")
+    return names
+
+
+def _on_oom(value: str) -> messages.OnOutOfMemory:
+    try:
+        return messages.OnOutOfMemory(value.strip().lower())
+    except ValueError:
+        raise UserError(f"--oom {value!r}: use requeue or fail") from None
+
+
+def _retries(options: dict[str, Any]) -> int | None:
+    retries = options["retries"]
+    if retries is not None:
+        validation.integer(retries, "--retries", 0, defaults.MAX_RETRIES)
+    elif options["retry_delay"] is not None:
+        raise UserError("--retry-delay applies with --retries N")
+    return retries
+
+
+def _retry_delay(text: str | None) -> float | None:
+    return parse_seconds(text, "--retry-delay") if text is not None else None
+
+
+def _count(value: int | None, flag: str) -> int | None:
+    if value is not None:
+        validation.integer(value, flag, 1, defaults.MAX_CPUS)
+    return value
