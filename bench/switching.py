@@ -12,9 +12,8 @@ and what running under gq costs a job per iteration.
   each gq run against the bare run before it (the machine's noise, often wider than the
   targets). "alone": one job on the node (it runs under a lease: gq.exec.lease); "shared":
   two such jobs at once on one lane under `fair`, each against its bare twin run beside
-  the other. (Under `fifo` the
-  earlier job holds the lane until it ends, even in its gaps, so the figure would be the
-  second job's wait, not the cost of sharing.)
+  the other. (Under `fifo` the earlier job holds the lane until it ends, even in its gaps,
+  so the figure would be the second job's wait, not the cost of sharing.)
 Prints one JSON object, then a summary with the targets: switch p50 <= 50 us and p99 <=
 150 us; overhead <= 0.5 % at 5 ms and <= 2 % at 1 ms, alone and shared.
 """
