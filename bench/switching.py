@@ -14,6 +14,9 @@ and what running under gq costs a job per iteration.
   two such jobs at once on one lane under `fair`, each against its bare twin run beside
   the other. (Under `fifo` the earlier job holds the lane until it ends, even in its gaps,
   so the figure would be the second job's wait, not the cost of sharing.)
+- the machine's floor: one process waking another over a socket pair and back (what a
+  switch through the host does twice, and a direct hand-over once), with the two on
+  different CPUs and on one, with no Python of gq's in between.
 Prints one JSON object, then a summary with the targets: switch p50 <= 50 us and p99 <=
 150 us; overhead <= 0.5 % at 5 ms and <= 2 % at 1 ms, alone and shared.
 """
@@ -22,9 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,6 +97,34 @@ def measure_overhead(node: Node, iter_ms: float, steps: int, repeats: int,
             "pair_overheads": [g / b - 1 for b, g in zip(bare, under)]}
 
 
+def measure_wake_floor(cpus: tuple[int, int], rounds: int = 3000) -> list[float]:
+    """Round trips between this process and a child over a socket pair, each pinned to
+    one of ``cpus`` (the same CPU twice: no wake-up crosses CPUs)."""
+    here, there = socket.socketpair()
+    affinity = os.sched_getaffinity(0)
+    child = os.fork()
+    if child == 0:
+        os.sched_setaffinity(0, {cpus[1]})
+        for _ in range(rounds):
+            there.recv(1)
+            there.send(b"x")
+        os._exit(0)
+    os.sched_setaffinity(0, {cpus[0]})
+    trips = []
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            here.send(b"x")
+            here.recv(1)
+            trips.append(time.perf_counter() - start)
+    finally:
+        os.sched_setaffinity(0, affinity)
+        os.waitpid(child, 0)
+        here.close()
+        there.close()
+    return trips
+
+
 TARGETS = {1.0: 0.02, 5.0: 0.005}  # overhead at these iteration lengths (ms)
 
 
@@ -103,6 +137,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     args = parser.parse_args()
     scale = 0.25 if args.quick else 1.0
+    cpus = sorted(os.sched_getaffinity(0))
+    floors = {"one_cpu": measure_wake_floor((cpus[0], cpus[0]))}
+    if len(cpus) > 1:
+        floors["two_cpus"] = measure_wake_floor((cpus[0], cpus[1]))
     with Node("--kill-wait", "1", "--lanes", "1") as node:
         latencies = measure_switches(node, int(2000 * scale), 1.0)
         overheads = [measure_overhead(node, iter_ms, int(steps * scale), 3, jobs)
@@ -111,12 +149,19 @@ def main() -> None:
         "switch": {"count": len(latencies), "p50_us": percentile(latencies, 50) * 1e6,
                    "p99_us": percentile(latencies, 99) * 1e6, "max_us": max(latencies) * 1e6},
         "overhead": overheads,
+        "round_trip_floor": {where: {"p50_us": percentile(trips, 50) * 1e6,
+                                     "p99_us": percentile(trips, 99) * 1e6}
+                             for where, trips in floors.items()},
     }
     print(json.dumps(result, indent=2))
     switch = result["switch"]
     print(f"\nswitch latency over {switch['count']} switches: p50 {switch['p50_us']:.0f} us "
           f"(target <= 50: {_verdict(switch['p50_us'] <= 50)}), p99 {switch['p99_us']:.0f} us "
           f"(target <= 150: {_verdict(switch['p99_us'] <= 150)})")
+    for where, floor in result["round_trip_floor"].items():
+        print(f"round trip between two processes, {where.replace('_', ' ')}: p50 "
+              f"{floor['p50_us']:.0f} us, p99 {floor['p99_us']:.0f} us (the floor: a wake-up "
+              "is half of one)")
     for row in overheads:
         target = TARGETS[row["iter_ms"]]
         print(f"overhead, {'alone' if row['jobs'] == 1 else 'two sharing a lane'}, "
