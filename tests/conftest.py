@@ -248,6 +248,19 @@ def daemon(home):
     control.stop()
 
 
+def cgroups_usable(kind: str) -> bool:
+    """Whether jobs can be kept in cgroups of ``kind`` (auto, v2) here. Asking makes the
+    probe's base directories, empty: they are removed again, so runs leave none behind."""
+    from gq.exec import cgroups
+
+    probe = cgroups.detect(kind, "probe-" + os.urandom(4).hex())
+    if probe is None:
+        return False
+    for base in probe.bases.values():
+        os.rmdir(base)
+    return True
+
+
 def write_script(path: Path, body: str, mode: int = 0o644) -> Path:
     path.write_text(body)
     path.chmod(mode)

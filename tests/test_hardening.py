@@ -18,8 +18,8 @@ import pytest
 from gq import messages
 from gq.exec.protocol import HOST_VERSION
 
-from conftest import (DaemonControl, all_jobs, gq, gq_ok, job, pid_alive, submit, wait_for,
-                      wait_for_words, wait_state, write_script)
+from conftest import (DaemonControl, all_jobs, cgroups_usable, gq, gq_ok, job, pid_alive,
+                      submit, wait_for, wait_for_words, wait_state, write_script)
 from test_reliability import host_process
 
 NEIGHBOUR = "import gq, time\nfor _ in gq.steps(range(40)):\n    time.sleep(0.01)\n"
@@ -480,9 +480,7 @@ def test_finished_jobs_are_purged_after_the_retention(home, tmp_path):
 
 
 def test_a_running_job_reports_its_processes_and_host_memory(daemon, tmp_path):
-    from gq.exec import cgroups
-
-    if cgroups.detect("auto", "probe-" + os.urandom(4).hex()) is None:
+    if not cgroups_usable("auto"):
         pytest.skip("no cgroup hierarchy to keep jobs in on this machine")
     job_id = submit(str(write_script(tmp_path / "s.sh", "sleep 300 & sleep 300 & wait\n")))
     info = wait_for(lambda: (j := job(job_id))["processes"] == 3 and j, 20,
@@ -494,9 +492,7 @@ def test_a_running_job_reports_its_processes_and_host_memory(daemon, tmp_path):
 
 
 def test_jobs_are_kept_in_cgroup_v2_where_one_is_mounted(home, tmp_path):
-    from gq.exec import cgroups
-
-    if cgroups.detect("v2", "probe-" + os.urandom(4).hex()) is None:
+    if not cgroups_usable("v2"):
         pytest.skip("no cgroup v2 hierarchy this process may use")
     control = DaemonControl(home)
     control.start("--cgroup", "v2")

@@ -11,8 +11,8 @@ from datetime import datetime
 
 import pytest
 
-from conftest import (PYTHON, ROOT, DaemonControl, all_jobs, gq, gq_ok, job, submit, wait_for,
-                      wait_state, write_script)
+from conftest import (PYTHON, ROOT, DaemonControl, all_jobs, cgroups_usable, gq, gq_ok, job,
+                      submit, wait_for, wait_state, write_script)
 from gq import defaults
 from gq.daemon import memory
 from gq.exec import memory as worker_memory
@@ -177,9 +177,7 @@ def test_a_job_killed_at_its_cgroup_cap_is_requeued_and_its_neighbour_lives(home
     """The cap on an emulated device is its cgroup's memory limit: a job that allocates past
     its --gpu-mem is killed by the kernel in its own cgroup, not a neighbour's; with --oom
     fail it fails at once, saying what it held."""
-    from gq.exec import cgroups
-
-    if cgroups.detect("auto", "probe-check") is None:
+    if not cgroups_usable("auto"):
         pytest.skip("no cgroup hierarchy to hold the cap here")
     alone = _bare_losses("--steps", "40", "--pause", "0.05")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
@@ -215,9 +213,7 @@ def test_without_a_cgroup_the_host_ends_a_job_over_its_cap_at_a_boundary(home, t
 def test_a_kill_at_its_host_memory_limit_is_no_device_shortage(home, tmp_path):
     """Where --host-mem is the smaller limit, a kill there fails the job as it always has:
     its device figure is not raised (it would grow with every run and take lane room)."""
-    from gq.exec import cgroups
-
-    if cgroups.detect("auto", "probe-check") is None:
+    if not cgroups_usable("auto"):
         pytest.skip("no cgroup hierarchy to hold the limit here")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
     over = submit("--gpu-mem", "1G", "--host-mem", "450M", str(LOOP), "--grow-mb", "600")
