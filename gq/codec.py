@@ -130,10 +130,12 @@ def dumps(data: dict[str, Any], limit: int | None = None) -> bytes:
 
 
 # ----- decoding -----------------------------------------------------------------------
-def loads(line: bytes) -> dict[str, Any]:
-    """The JSON object a line holds; MessageError for anything else."""
+def loads(line: bytes | str) -> dict[str, Any]:
+    """The JSON object a line holds (UTF-8, no byte-order mark); MessageError for anything
+    else."""
     try:
-        data = _JSON.decode(line.decode("utf-8", "surrogatepass"))
+        text = line if isinstance(line, str) else line.decode("utf-8", "surrogatepass")
+        data = _JSON.decode(text)
     except RecursionError:
         raise MessageError("nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:

@@ -30,11 +30,6 @@ class Refused(UserError):
     """The caller may not do this (not the job's owner, not an operator)."""
 
 
-class LeftToTyper(Exception):
-    """A command line gq/cli/quick.py does not read (a directive in the script, say): typer
-    reads it again, from the start. Raised before the command has done anything."""
-
-
 class AlreadyRunning(Exception):
     """Another daemon holds this state directory."""
 

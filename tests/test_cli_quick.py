@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from unittest import mock
 
 import pytest
 
-from conftest import ROOT, gq, gq_ok, submit, write_script
+from conftest import ROOT, gq, gq_ok, submit, wait_state, write_script
 from gq.cli import quick
 from gq.cli.quick import Kind
 
@@ -182,13 +183,71 @@ def test_submit_with_directives_queues_what_typer_would(daemon, tmp_path):
         "held": True, "script": str(script), "args": ["a", "b"]}
 
 
-def test_a_directive_left_to_typer_gets_its_error_and_queues_nothing(daemon, tmp_path):
+def test_a_directive_this_module_does_not_read_is_read_by_click(daemon, tmp_path):
+    """-Hc1 (a flag and an option with its value in one token) and a typo: click reads
+    them, the script having been read once."""
     script = write_script(tmp_path / "job.sh",
                           "#!/bin/bash\n#SBATCH --time=10\n#GQ --bogus\ntrue\n")
+    assert quick.parse(["--bogus", str(script)], "submit") is None
     result = gq("submit", str(script))
     assert result.code == 2 and result.err.count("\n") == 1, result
     assert f"{script}:3: malformed #GQ directive" in result.err
     assert json.loads(gq_ok("status", "--all", "--json")) == []
+    # #GQ lines are read before #SBATCH ones: the first error is the #GQ line's.
+    both = write_script(tmp_path / "both.sh",
+                        "#!/bin/bash\n#SBATCH --partition=gpu\n#SBATCH -J\n#GQ --bogus\ntrue\n")
+    result = gq("submit", str(both))
+    assert result.code == 2 and result.err.count("\n") == 1, result
+    assert f"{both}:4: malformed #GQ directive" in result.err
+    combined = write_script(tmp_path / "combined.sh", "#!/bin/bash\n#GQ -Hc1\ntrue\n")
+    shown = json.loads(gq_ok("show", "--json", str(submit(str(combined)))))
+    assert (shown["held"], shown["cpus_per_task"]) == (True, 1)
+
+
+def test_a_piped_script_is_read_once_whatever_its_directives(daemon, tmp_path):
+    """A script given as /dev/stdin can be read only once: a directive the quick parser
+    hands to click must not make anything read it again."""
+    out = tmp_path / "piped.out"
+    body = f"#!/bin/bash\n#GQ -Hc1 -J piped\necho hello from the pipe > {out}\n"
+    code = ("import sys; from gq.cli.main import main; "
+            "sys.exit(main(['submit', '--parsable', '/dev/stdin']))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, input=body, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout)
+    shown = json.loads(gq_ok("show", "--json", str(job_id)))
+    assert (shown["name"], shown["held"], shown["cpus_per_task"]) == ("piped", True, 1)
+    gq_ok("release", str(job_id))
+    wait_state(job_id, "COMPLETED")
+    assert out.read_text() == "hello from the pipe\n"
+
+
+def test_a_test_only_directive_queues_nothing(daemon, tmp_path):
+    """#GQ --test-only is read as every other directive is (sbatch reads #SBATCH
+    --test-only so too)."""
+    script = write_script(tmp_path / "job.sh", "#!/bin/bash\n#GQ --test-only\ntrue\n")
+    result = gq("submit", str(script))
+    assert result.code == 0 and "nothing was queued (--test-only)" in result.out, result
+    assert json.loads(gq_ok("status", "--all", "--json")) == []
+
+
+def test_ctrl_c_while_waiting_ends_quietly_with_130(daemon, tmp_path):
+    script = write_script(tmp_path / "held.sh", "true\n")
+    code = ("import sys; from gq.cli.main import main; "
+            f"sys.exit(main(['submit', '--hold', '--wait', {str(script)!r}]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    waiting = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = waiting.stdout.readline()  # printed (and flushed) before it waits
+        assert line.startswith("Submitted job "), line
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 130 and err == "", (waiting.returncode, err)
+    gq_ok("cancel", line.split()[-1])
 
 
 def test_submit_imports_no_typer(daemon, tmp_path):

@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: as typer ends on it, silently, 128 + SIGINT
+        return 130
 
 
 def _with_typer(args: list[str]) -> int:

@@ -2,8 +2,10 @@
 rest of such a command.
 
 A command line this module reads completely (known options, values where they belong, no
-help, no completion; for submit, the script's directives too) runs from here; any other,
-typos included, goes to typer, which reads it again and gives its usual help and errors.
+help, no completion) runs from here; any other, typos included, goes to typer, which reads
+it again and gives its usual help and errors. A submitted script's directives are read
+here too, and one this module does not read is read by click (importing typer then), not
+handed back: the script has been read once already, and a piped one cannot be read again.
 The options are the typer commands' (tests/test_cli_quick.py holds the two to each other),
 so both read a line alike.
 """
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gq.errors import LeftToTyper
 
 
 class Kind(enum.Enum):
@@ -156,16 +157,16 @@ def run(args: list[str]) -> int | None:
         return 0
     from gq.cli import submission
 
-    try:
-        return submission.queue(command == "run", parsed.params, parsed.given, _directive)
-    except LeftToTyper:
-        return None
+    return submission.queue(command == "run", parsed.params, parsed.given, _directive)
 
 
 def _directive(tokens: list[str], script: Path, line: int, prefix: str) -> dict[str, Any]:
     """The options a #GQ or #SBATCH directive names, read as its command line would be;
-    LeftToTyper where this module does not read it (typer then says what is wrong)."""
+    by click where this module does not read it (click then says what is wrong)."""
     parsed = parse([*tokens, str(script)], "submit")
     if parsed is None or parsed.params["args"] or parsed.params["script"] != str(script):
-        raise LeftToTyper(f"{script}:{line}: {prefix} directive")
+        from gq.cli import main, submit
+
+        command = main._command("submit").commands["submit"]
+        return submit.read_directive(command, tokens, script, line, prefix)
     return {name: parsed.params[name] for name in parsed.given}

@@ -139,7 +139,7 @@ def _with_directives(params: dict[str, Any], given: set[str], read_directive: Di
     found = directives.read(text, str(script))
     read: list[tuple[str, dict[str, Any]]] = []
     notices: dict[str, int] = {}  # each said once, at its first line
-    for directive in found:
+    for directive in sorted(found, key=lambda d: d.prefix != "#GQ"):  # #GQ's first, as ever
         tokens = directive.tokens
         if directive.prefix == "#SBATCH":
             try:

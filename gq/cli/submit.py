@@ -88,10 +88,16 @@ def submit(
 
 def _parse_directive(ctx: typer.Context, tokens: list[str], script: Path, line: int,
                      prefix: str) -> dict[str, Any]:
-    """The options one directive names, read by click as the command line is."""
+    return read_directive(ctx.command, tokens, script, line, prefix, ctx.parent)
+
+
+def read_directive(command: Any, tokens: list[str], script: Path, line: int, prefix: str,
+                   parent: Any = None) -> dict[str, Any]:
+    """The options one directive names, read by click as ``command``'s line is (also for
+    the directives gq/cli/quick.py does not read itself)."""
     where = f"{script}:{line}"
     try:
-        parsed = ctx.command.make_context("gq submit", tokens + [str(script)], parent=ctx.parent)
+        parsed = command.make_context("gq submit", tokens + [str(script)], parent=parent)
     except typer.TyperException as exc:
         raise UserError(f"{where}: malformed {prefix} directive: {usage_message(exc)}") from None
     if parsed.params.get("args"):
