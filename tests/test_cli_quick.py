@@ -202,6 +202,7 @@ def test_a_directive_this_module_does_not_read_is_read_by_click(daemon, tmp_path
     combined = write_script(tmp_path / "combined.sh", "#!/bin/bash\n#GQ -Hc1\ntrue\n")
     shown = json.loads(gq_ok("show", "--json", str(submit(str(combined)))))
     assert (shown["held"], shown["cpus_per_task"]) == (True, 1)
+    assert "Usage: gq submit" in gq_ok("submit", "-h")  # the same process: -h still helps
 
 
 def test_a_piped_script_is_read_once_whatever_its_directives(daemon, tmp_path):

@@ -167,6 +167,10 @@ def _directive(tokens: list[str], script: Path, line: int, prefix: str) -> dict[
     if parsed is None or parsed.params["args"] or parsed.params["script"] != str(script):
         from gq.cli import main, submit
 
-        command = main._command("submit").commands["submit"]
-        return submit.read_directive(command, tokens, script, line, prefix)
+        group = main._command("submit")
+        # Under the app's own context, as on typer's path: a command remembers the help
+        # option of the first context it is read in (-h, or only --help without it).
+        parent = group.context_class(group, info_name="gq", **group.context_settings)
+        return submit.read_directive(group.commands["submit"], tokens, script, line, prefix,
+                                     parent)
     return {name: parsed.params[name] for name in parsed.given}
