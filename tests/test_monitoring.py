@@ -4,6 +4,7 @@ plus the pure cores (guard, placement keys) and the NVML paths against a fake NV
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pty
@@ -324,6 +325,11 @@ def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):
         result = gq("daemon", "start", "--metrics", f"127.0.0.1:{port}")
     assert result.code == 1 and "Address already in use" in result.err
     assert gq("daemon", "status").code == 1
+    # Nor is anything left in the cgroup hierarchies (the daemon made its hosts' base).
+    from gq.home import Home
+
+    tag = Home(home).tag
+    assert glob.glob(f"/sys/fs/cgroup/**/gq-{tag}", recursive=True) == []
 
 
 def test_top_shows_the_node_and_quits_on_q(daemon, tmp_path):

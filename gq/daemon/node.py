@@ -225,6 +225,7 @@ class Daemon:
                 # of starting personal ones.
                 self.server.close(unlink=not self.home.system)
             self.monitor.close()
+            self.supervisor.remove_empty_cgroups()
             pidfile.close()
             self.db.close()
 

@@ -626,6 +626,14 @@ class Supervisor:
             else:
                 host.stop(timeout=2.0)
 
+    def remove_empty_cgroups(self) -> None:
+        """The daemon exits: the cgroup directories made for its hosts go where no job is in
+        them (a daemon that failed to start made them for nothing; a host that runs on
+        makes them again when it starts a job)."""
+        if self.cgroups is not None:
+            for device in self.devices:
+                self.cgroups.remove_device(device.name)
+
     def usage(self, job: Job) -> cgroups.Usage | None:
         """A running job's host-side memory and processes, where it has a cgroup."""
         if self.cgroups is None or job.state != JobState.RUNNING.value or not job.device:
