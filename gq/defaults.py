@@ -61,6 +61,8 @@ MAX_REQUEST = 8 << 20  # bytes in one request line (a script snapshot travels in
 MAX_BUFFERED_PER_USER = 64 << 20  # bytes of one uid's requests and unread answers held
 DESCRIPTOR_RESERVE = 128  # descriptors kept for the database, hosts, logs and helpers
 
+OUTPUT = "gq-%j.out"  # a job's stdout (and stderr) unless --output says (sbatch's: slurm-%j.out)
+
 # What one job may carry (checked by the client, again by the daemon)
 MAX_SCRIPT = 4 << 20  # bytes of a script snapshot (Slurm's default max_script_size)
 MAX_SPOOL_PER_USER = 1 << 30  # bytes of snapshots the spool keeps for one user's jobs

@@ -218,7 +218,7 @@ class SubmitOptions:
     deadline: Timestamp | None = None
     priority: Priority = 0
     steps: Count | None = None
-    output: Path = "gq-%j.out"
+    output: Path = defaults.OUTPUT
     error: Path | None = None
     exclusive: bool = False
     requeue: bool = False

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gq import defaults
+
 
 
 class Kind(enum.Enum):
@@ -68,7 +70,7 @@ OPTIONS: dict[str, Options] = {"status": STATUS, "submit": SUBMIT, "run": SUBMIT
 # Defaults other than False (flags) and None, as the typer commands declare them.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "status": {},
-    "submit": {"priority": 0, "output": "gq-%j.out", "oom": "requeue"},
+    "submit": {"priority": 0, "output": defaults.OUTPUT, "oom": "requeue"},
 }
 DEFAULTS["run"] = DEFAULTS["submit"]
 # Commands whose first argument is a script, the rest its arguments.

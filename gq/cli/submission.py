@@ -24,8 +24,6 @@ from gq.slurm import options as slurm_options
 from gq.slurm.environment import node_name
 from gq.units import parse_duration, parse_seconds, parse_size, parse_when
 
-DEFAULT_OUTPUT = "gq-%j.out"
-
 # One directive's tokens, the script, the directive's line and prefix -> the options it
 # gives (those it names, nothing else).
 DirectiveReader = Callable[[list[str], Path, int, str], dict[str, Any]]
@@ -77,14 +75,13 @@ def _print_test_only(answer: messages.TestOnly) -> None:
     tasks = f"its {answer.tasks} tasks" if answer.tasks > 1 else "the job"
     if answer.start is None:
         print(f"gq: {tasks} would start at an unknown time (the jobs before it, or the "
-                   "job itself, give no --steps, --time or earlier runs to go on)")
+              "job itself, give no --steps, --time or earlier runs to go on)")
     else:
         mark = "~" if answer.basis == "estimated" else ""
         end = (f"{mark}{render.short_time(answer.end)}" if answer.end is not None
                else "an unknown time")
         print(f"gq: {tasks} would start at {mark}{render.short_time(answer.start)} on "
-                   f"{answer.device} and end at {end}" +
-                   (" (estimated)" if mark else ""))
+              f"{answer.device} and end at {end}" + (" (estimated)" if mark else ""))
     if answer.delays:
         print("gq: it would delay " + ", ".join(
             f"job {delay.job_id} by {render.duration(delay.seconds)}"

@@ -9,9 +9,9 @@ from typing import Any, Optional
 
 import typer
 
+from gq import defaults
 from gq.cli import submission
 from gq.cli.common import usage_message
-from gq.cli.submission import DEFAULT_OUTPUT
 from gq.errors import UserError
 
 SUBMIT_HELP = """Queue SCRIPT to run with ARGS on the node's devices (like sbatch).
@@ -58,7 +58,7 @@ def submit(
     deadline: Optional[str] = typer.Option(None, "--deadline", help="End by then or be removed (state DEADLINE): YYYY-MM-DD[THH:MM[:SS]], HH:MM, now+2hours, ..."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first under the priority policy."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Total iterations (lets srtf estimate remaining time)."),
-    output: str = typer.Option(DEFAULT_OUTPUT, "-o", "--output", help="stdout file; %j job id, %x name, %u user, %N node, %A array id, %a task."),
+    output: str = typer.Option(defaults.OUTPUT, "-o", "--output", help="stdout file; %j job id, %x name, %u user, %N node, %A array id, %a task."),
     error: Optional[str] = typer.Option(None, "-e", "--error", help="stderr file [same as --output]."),
     chdir: Optional[str] = typer.Option(None, "-D", "--chdir", help="Working directory [the current one]."),
     exclusive: bool = typer.Option(False, "--exclusive", help="Take the whole device; share it with no job."),
@@ -81,14 +81,9 @@ def submit(
     params = dict(ctx.params)
     given = {name for name in params if ctx.get_parameter_source(name).name == "COMMANDLINE"}
     code = submission.queue(ctx.info_name == "run", params, given,
-                            functools.partial(_parse_directive, ctx))
+                            functools.partial(read_directive, ctx.command, parent=ctx.parent))
     if code:
         raise typer.Exit(code)
-
-
-def _parse_directive(ctx: typer.Context, tokens: list[str], script: Path, line: int,
-                     prefix: str) -> dict[str, Any]:
-    return read_directive(ctx.command, tokens, script, line, prefix, ctx.parent)
 
 
 def read_directive(command: Any, tokens: list[str], script: Path, line: int, prefix: str,

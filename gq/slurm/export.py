@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
 
+from gq import defaults
 from gq.errors import UserError
 from gq.messages import JobInfo
 from gq.queue import arrays, dependencies
@@ -22,7 +23,6 @@ from gq.slurm.options import GPU_TYPE, sbatch_name
 from gq.units import format_duration, format_size
 
 END = "GQ_SCRIPT_EOF"
-DEFAULT_OUTPUT = "gq-%j.out"  # gq's; on Slurm its files would meet gq's of the same number
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,8 @@ def _options(item: Exported, notes: list[str]) -> list[str]:
         options.append(f"--deadline={_iso(job.deadline)}")
     output = job.output_pattern or _pattern(job, job.stdout or "")
     error = job.error_pattern or _pattern(job, job.stderr or "")
-    if output != DEFAULT_OUTPUT:
+    # gq's default is left out: on Slurm its files would meet gq's of the same number
+    if output != defaults.OUTPUT:
         options.append(_pair("--output", output))
     if error != output:
         options.append(_pair("--error", error))
