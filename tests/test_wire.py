@@ -258,3 +258,17 @@ def test_the_state_of_the_previous_releases_host_is_read_in_full_to_adopt_its_jo
     assert isinstance(state, wire.State) and state.version == "0.1.0/1"
     assert [r.job for r in state.residents] == [3]
     assert (state.exited[0].job, state.exited[0].kill_why) == (4, wire.StopWhy.CANCEL)
+
+
+@pytest.mark.parametrize("encode", [
+    lambda text: b"\xef\xbb\xbf" + text.encode(),  # a UTF-8 byte-order mark
+    lambda text: text.encode("utf-16"),
+    lambda text: text.encode("utf-32-le"),
+])
+def test_a_frame_in_anything_but_plain_utf8_is_refused(encode):
+    """Every gq peer writes UTF-8 without a byte-order mark; json.loads would guess at the
+    rest, the codec does not."""
+    line = messages.encode(messages.ListJobs()).decode().strip()
+    assert messages.decode(line.encode(), messages.REQUESTS).states is None
+    with pytest.raises(MessageError, match="not JSON"):
+        messages.decode(encode(line), messages.REQUESTS)
