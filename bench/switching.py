@@ -4,8 +4,10 @@ and what running under gq costs a job per iteration.
   python bench/switching.py [--quick]
 
 - switch latency: two resident jobs in tight loops share one lane under `fair`, so the lane
-  alternates between them; a switch is the time from one job's iteration end (its DONE) to
-  the other, already READY, job's iteration start (its GO), on the shared monotonic clock.
+  alternates between them; a switch is the time from one job's iteration end to the other,
+  already waiting, job's iteration start, on the shared monotonic clock (a hand-over, the
+  holder waking the other job itself, or where none was armed, a DONE and a GO through the
+  host).
 - overhead, as a new user meets it (bench/jobs/train_loop.py): a tiny forward, backward and
   optimizer step, then 1 ms or 5 ms of busy host-side work, run bare (python) and under gq
   alternately, medians of 3; overhead = loop time under gq / bare - 1, and the range of
@@ -15,7 +17,7 @@ and what running under gq costs a job per iteration.
   the other. (Under `fifo` the earlier job holds the lane until it ends, even in its gaps,
   so the figure would be the second job's wait, not the cost of sharing.)
 - the machine's floor: one process waking another over a socket pair and back (what a
-  switch through the host does twice, and a direct hand-over once), with the two on
+  switch through the host does twice, and a hand-over once), with the two on
   different CPUs and on one, with no Python of gq's in between.
 Prints one JSON object, then a summary with the targets: switch p50 <= 50 us and p99 <=
 150 us; overhead <= 0.5 % at 5 ms and <= 2 % at 1 ms, alone and shared.

@@ -105,6 +105,10 @@ CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its ki
 
 # Worker
 MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases
+# Hand-over messages (gq.exec.handover) sent to one job between two of its grants at most:
+# a job inside a long iteration reads none of them, and each holds a descriptor.
+HANDOVER_MESSAGES_PER_GRANT = 4
+HANDOVER_PIPES_KEPT = 2 * MAX_RESIDENT  # pipe ends of each kind a worker keeps at most
 PAGE_UNREADABLE_SECONDS = 2.0  # a worker's page half-written this long: it broke the protocol
 
 # Memory safety

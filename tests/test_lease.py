@@ -20,7 +20,7 @@ from gq.exec import runtime
 from gq.exec.host import Host, Resident
 from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
 from gq.exec.protocol import (FROM_WORKER, TO_WORKER, Channel, Done, Ready, Suspend,
-                              encode)
+                              WorkerChannel, encode)
 from gq.exec.worker import WorkerSession
 
 
@@ -165,7 +165,7 @@ def _lane_with_worker(worker) -> tuple[Host, Resident, int, socket.socket]:
     child = os.fork()
     if child == 0:
         host_end.close()
-        session = WorkerSession(Channel(worker_end, TO_WORKER), None,
+        session = WorkerSession(WorkerChannel(worker_end), None,
                                 SharedPage.attach(page_fd))
         runtime.active = session
         try:

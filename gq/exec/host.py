@@ -35,7 +35,7 @@ from gq import defaults, policies
 from gq import log as gq_log
 from gq.codec import MessageError
 from gq.errors import AlreadyRunning, LaunchError
-from gq.exec import cgroups
+from gq.exec import cgroups, handover
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.lease import Figures, SharedPage, implausible
@@ -105,6 +105,8 @@ class Resident:
     closing: bool = False  # its lease ended inside an iteration: its page counts that one
     page_unread: tuple[int, float] | None = None  # its page's odd sequence count, first seen
     shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
+    handover_messages: int = 0  # sent to it since its last grant
+    handed_off: bool = False  # it handed the lane over before the host heard its DONE
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
     exited_at: float = 0.0  # monotonic: when it was collected
     ended_wall: float = 0.0  # wall clock: the same moment, the job's end time
@@ -254,6 +256,8 @@ class Lane:
     kept_until: float | None = None  # kept free for a job in its gap until then (monotonic)
     last_job: int | None = None  # the job granted it last
     switches: int = 0  # grants to a job other than the last one
+    armed: handover.Armed | None = None  # who takes it at its holder's release
+    pipes: dict[tuple[int, int], handover.Pipe] = field(default_factory=dict)  # by job ids
 
 
 class Host:
@@ -279,6 +283,7 @@ class Host:
         self._next_housekeeping = 0.0
         self._last_progress = 0.0
         self._reported_switches: list[int] = []
+        self._handovers_armed = 0  # numbers the hand-overs' pipes
         self._from_daemon_handlers: dict[type, Callable] = {
             wire.Hello: self._on_hello, wire.Launch: self._on_launch,
             wire.Kill: self._on_kill, wire.Ack: self._on_ack, wire.Update: self._on_update,
@@ -455,6 +460,8 @@ class Host:
             return  # gone, as asked already, or being ended: its SIGTERM must be seen
         now = time.monotonic()
         lane = self.lanes[resident.lane]
+        if lane.armed is not None and lane.armed.successor == resident.job_id:
+            self._settle_early(lane)  # it may have taken the lane already: then it holds it
         if resident.leased:  # whether it is inside an iteration decides what follows
             self._end_lease(resident)
         if message.suspended:
@@ -631,6 +638,9 @@ class Host:
         assert channel is not None
         for message in channel.receive():
             now = time.monotonic()
+            armed = self.lanes[resident.lane].armed
+            if armed is not None and armed.successor == resident.job_id:
+                self._settle_early(self.lanes[resident.lane])
             kind = type(message)
             if kind is wire.Ready:
                 self._on_ready(resident, now)
@@ -695,10 +705,13 @@ class Host:
             if not resident.suspended:
                 self._stop_processes(resident, False)
             return
-        if lane.holder is not resident:
+        handed_off = resident.handed_off  # its successor holds the lane already
+        if lane.holder is not resident and not handed_off:
             return
+        resident.handed_off = False
         resident.iterations += 1
-        resident.attained += max(0.0, now - resident.granted_at)
+        if not handed_off:  # else its time was counted as the lane was handed over
+            resident.attained += max(0.0, now - resident.granted_at)
         if resident.iterations == 1:
             resident.first_iteration = resident.attained
         resident.record_steps(message.steps)
@@ -708,7 +721,8 @@ class Host:
         self._check_memory(resident)
         resident.state = "idle"
         resident.released_at = now
-        lane.holder = None
+        if not handed_off:
+            lane.holder = None
         self._schedule(lane)
 
     def _check_memory(self, resident: Resident) -> None:
@@ -731,34 +745,30 @@ class Host:
     def _schedule(self, lane: Lane) -> None:
         """Grant a free lane's next iteration, or keep it free, as :mod:`gq.exec.lanes`
         decides (the simulator predicts with the same rule). A job alone on its lane gets
-        it with a lease, ended as soon as another job is ready for it."""
+        it with a lease, ended as soon as another job is ready for it. While a job holds
+        the lane, the job it goes to next is told in advance (a hand-over)."""
         lane.kept_until = None
         holder = lane.holder
         if holder is not None and not holder.leased:
+            self._prepare_handover(lane, holder)
             return
         ready = _ready(lane)
         if holder is not None and ready:
             self._end_lease(holder)
-        if lane.holder is not None or not ready:
+        if lane.holder is not None:
             return
         now = time.monotonic()
-        # The residents as policies see them, each made once: a suspended job counts for none.
-        views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
-        in_gaps = [awaited for r in lane.residents
-                   if r.state == "idle" and not r.suspended and r.released_at is not None
-                   and (awaited := lane_rule.awaited(views[r.job_id], r.released_at,
-                                                     r.mean_gap))]
-        decision = lane_rule.next_step(self.policy, [views[r.job_id] for r in ready],
-                                       list(views.values()), in_gaps, now)
+        decision = self._decide(lane, ready, now) if ready else None
+        chosen = self.residents[decision.job.id] \
+            if isinstance(decision, lane_rule.Grant) else None
+        if lane.armed is not None and self._settle(lane, chosen):
+            return  # the holder's successor has the lane, as armed
         if isinstance(decision, lane_rule.KeepFor):
             lane.kept_until = decision.until
             return
-        if decision is None:
+        if chosen is None or chosen.channel is None:
             return
-        chosen = self.residents[decision.job.id]
         shared = self.cuda and len(lane.residents) > 1
-        if chosen.channel is None:
-            return
         if chosen.thaw_on_grant:  # resumed inside its iteration: it goes on with the lane
             chosen.thaw_on_grant = False
             self._stop_processes(chosen, False)
@@ -771,13 +781,125 @@ class Host:
                         chosen.job_id)
             self._drop_channel(chosen)  # its exit is reaped and reported as usual
             return
+        self._granted(lane, chosen)
+
+    def _decide(self, lane: Lane, ready: list[Resident],
+                now: float) -> lane_rule.Grant | lane_rule.KeepFor | None:
+        views, in_gaps = self._lane_views(lane)
+        return lane_rule.next_step(self.policy, [views[r.job_id] for r in ready],
+                                   list(views.values()), in_gaps, now)
+
+    def _lane_views(self, lane: Lane) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
+        """The residents as policies see them, each made once (a suspended job counts for
+        none), and those in their gaps the lane may be kept for."""
+        views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
+        in_gaps = [awaited for r in lane.residents
+                   if r.state == "idle" and not r.suspended and r.released_at is not None
+                   and (awaited := lane_rule.awaited(views[r.job_id], r.released_at,
+                                                     r.mean_gap))]
+        return views, in_gaps
+
+    def _granted(self, lane: Lane, chosen: Resident) -> None:
         chosen.state = "running"
         chosen.granted_at = time.monotonic()
+        chosen.handover_messages = 0
         chosen.dirty = True  # the daemon hears of the grant with the next progress
         lane.holder = chosen
         if lane.last_job not in (None, chosen.job_id):
             lane.switches += 1
         lane.last_job = chosen.job_id
+
+    # ----- hand-overs (gq.exec.handover) ----------------------------------------------
+    def _prepare_handover(self, lane: Lane, holder: Resident) -> None:
+        """While ``holder`` is inside an iteration: arm a hand-over to the job the lane
+        goes to at its release (from the iteration length the lane rule says), or take back
+        one armed for a job the lane would no longer go to."""
+        successor, after = None, 0.0
+        ready = _ready(lane)
+        if (ready and holder.page is not None and holder.channel is not None
+                and not holder.closing and not holder.suspended):
+            views, in_gaps = self._lane_views(lane)
+            held = views.pop(holder.job_id)
+            ahead = lane_rule.hand_over(self.policy, [views[r.job_id] for r in ready],
+                                        list(views.values()), in_gaps, held,
+                                        holder.granted_at, time.monotonic())
+            if ahead is not None:
+                successor, after = self.residents[ahead.job.id], ahead.after
+        armed = lane.armed
+        if armed is not None:
+            if armed.successor == getattr(successor, "job_id", None):
+                holder.page.arm(armed.pipe.number, after)
+                return
+            if self._settle_early(lane):
+                return  # too late: the lane is the successor's already
+        if (successor is None or successor.page is None or successor.channel is None
+                or successor.thaw_on_grant or successor.cap_unsent):
+            return
+        pipe = lane.pipes.pop((holder.job_id, successor.job_id), None) \
+            or self._deliver(holder, successor)
+        if pipe is None:
+            return
+        handover.arm(pipe, holder.page, successor.page, after)
+        lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id)
+        # While it waits, the successor is sent the pipe for the turn after this one.
+        if (successor.job_id, holder.job_id) not in lane.pipes:
+            ahead = self._deliver(successor, holder)
+            if ahead is not None:
+                lane.pipes[successor.job_id, holder.job_id] = ahead
+
+    def _deliver(self, holder: Resident, successor: Resident) -> handover.Pipe | None:
+        """A new pipe from ``holder`` to ``successor`` (see :mod:`gq.exec.handover`), unless
+        either has been sent its share of hand-over messages since its last grant."""
+        if (holder.channel is None or successor.channel is None
+                or max(holder.handover_messages, successor.handover_messages)
+                >= defaults.HANDOVER_MESSAGES_PER_GRANT):
+            return None
+        holder.handover_messages += 1
+        successor.handover_messages += 1
+        self._handovers_armed += 1
+        return handover.deliver(self._handovers_armed, holder.channel, successor.channel,
+                                empty_cache=self.cuda)
+
+    def _forget_pipes(self, lane: Lane, job_id: int) -> None:
+        for pair in [pair for pair in lane.pipes if job_id in pair]:
+            handover.close(lane.pipes.pop(pair))
+
+    def _settle(self, lane: Lane, chosen: Resident | None) -> bool:
+        """The lane's holder has released it (or gone): the armed successor has it if it
+        is still the job chosen, or has taken its grant already (True); else its grant is
+        taken back and the lane is granted as usual."""
+        armed = lane.armed
+        assert armed is not None
+        lane.armed = None
+        successor = self.residents.get(armed.successor)
+        usable = (successor is not None and successor.channel is not None
+                  and successor in lane.residents and successor.state == "ready"
+                  and not successor.suspended)
+        if not handover.settle(armed, self._page_of(armed.holder),
+                               self._page_of(armed.successor),
+                               keep=usable and successor is chosen) or not usable:
+            return False
+        self._granted(lane, successor)
+        self._prepare_handover(lane, successor)
+        return True
+
+    def _settle_early(self, lane: Lane) -> bool:
+        """End the lane's armed hand-over before its holder's DONE is read (the host
+        changed its mind, or the successor speaks): True if the successor had taken its
+        grant already, and has the lane. The holder's iteration is counted as lasting until
+        now (when it released the lane is not known yet), its DONE counts the rest."""
+        holder = lane.holder
+        now = time.monotonic()
+        if not self._settle(lane, None):
+            return False
+        if holder is not None and holder is not lane.holder:
+            holder.attained += max(0.0, now - holder.granted_at)
+            holder.handed_off = True
+        return True
+
+    def _page_of(self, job_id: int) -> SharedPage | None:
+        resident = self.residents.get(job_id)
+        return None if resident is None else resident.page
 
     def _lease(self, resident: Resident) -> bool:
         """Whether the job's next grant is a lease, and if so the page made ready for it:
@@ -894,6 +1016,7 @@ class Host:
         self.selector.unregister(resident.channel.sock)
         resident.channel.close()
         resident.channel = None
+        self._forget_pipes(self.lanes[resident.lane], resident.job_id)
         self._release_lane(resident)
         if resident.page is not None:
             resident.page.close()
@@ -904,6 +1027,7 @@ class Host:
         lane = self.lanes[resident.lane]
         if resident in lane.residents:
             lane.residents.remove(resident)
+            self._forget_pipes(lane, resident.job_id)
             self._release_lane(resident)
 
     def _release_lane(self, resident: Resident) -> None:

@@ -9,10 +9,15 @@ is ready again or its anticipation window has passed (anticipatory scheduling: g
 lower job there would make the preferred one wait a whole iteration for a gap of a
 millisecond). Where the policy picks no ready job, the lane stays free too (e.g. priority
 with fill off, a higher job in its gap).
+
+While a job holds the lane, :func:`hand_over` says ahead which job the lane goes to at its
+release, and from what length of its iteration on: the host arms a hand-over on that
+(gq.exec.handover), so that the holder wakes that job itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,3 +65,55 @@ def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
                 return KeepFor(candidate.view, candidate.until)
     chosen = policy.pick(ready, resident, now)
     return None if chosen is None else Grant(chosen)
+
+
+@dataclass(frozen=True)
+class HandOver:
+    """The lane goes to ``job`` at its holder's release, once the holder's iteration has
+    lasted ``after`` seconds (before that, the rule decides otherwise: e.g. keeps it)."""
+
+    job: JobView
+    after: float
+
+
+_BISECTIONS = 8
+
+
+def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobView],
+              waiting_for: Sequence[Awaited], holder: JobView, granted_at: float,
+              now: float) -> HandOver | None:
+    """While ``holder`` is inside the iteration granted at ``granted_at``: the job the free
+    lane's decision grants at its release, if it grants one for some length of that
+    iteration up to twice its usual one (or twice what it has lasted so far), and the least
+    such length. A policy's preference for a job only falls as the job uses device time, so
+    past that length the decision stays; it is found by bisection. ``resident`` and
+    ``waiting_for`` are the lane's other jobs."""
+
+    def decide(length: float) -> JobView | None:
+        release = granted_at + length
+        released = dataclasses.replace(holder, attained=holder.attained + length,
+                                       released_at=release)
+        waits = [*waiting_for]
+        if (own := awaited(released, release, holder.mean_gap)) is not None:
+            waits.append(own)
+        decision = next_step(policy, ready, [*resident, released], waits, release)
+        return decision.job if isinstance(decision, Grant) else None
+
+    low = max(0.0, now - granted_at)
+    high = 2 * max(low, holder.mean_iteration or 0.0) + 0.001
+    job = decide(high)
+    if job is None:
+        return None
+    if _same(decide(low), job):
+        return HandOver(job, 0.0)
+    for _ in range(_BISECTIONS):
+        middle = (low + high) / 2
+        if _same(decide(middle), job):
+            high = middle
+        else:
+            low = middle
+    return HandOver(job, high)
+
+
+def _same(job: JobView | None, other: JobView) -> bool:
+    return job is not None and job.id == other.id

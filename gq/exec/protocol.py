@@ -7,7 +7,7 @@ daemon → host   Hello, Launch, Kill, Update, SetPolicy, Ack, Drain, Shutdown
 host → daemon   State (answers Hello), Started, LaunchFailed, Exited (repeated in every
                 State until acknowledged), Progress
 worker → host   Ready, Done, Total, StepsTaken, OutOfMemory, Finished
-host → worker   Go
+host → worker   Go, Standby and HandOver (each with a descriptor: a hand-over's pipe end)
 
 A peer whose line fails to decode loses its channel and nothing else: a worker's job ends
 FAILED naming the message, a daemon is dropped (the host runs on), a host is attached
@@ -20,6 +20,8 @@ once it has gone.
 
 from __future__ import annotations
 
+import array
+import collections
 import enum
 import logging
 import os
@@ -341,6 +343,26 @@ class Go:
     lease: bool = False  # the lane is its own across boundaries until asked back (lease.py)
 
 
+@message
+class Standby:
+    """Comes with the read end of a pipe: the lane is this job's once the holder writes
+    there at its release (or the host does), if the grant on its page is still posted
+    (gq.exec.handover). A Go, or another Standby, replaces it."""
+
+    op: ClassVar[str] = "standby"
+    number: Positive
+    empty_cache: bool = False
+
+
+@message
+class HandOver:
+    """Comes with the write end of the pipe of Standby ``number``: the holder writes one
+    byte there at its release if its page still names that hand-over."""
+
+    op: ClassVar[str] = "handover"
+    number: Positive
+
+
 def _table(*classes: type) -> dict[str, type]:
     return {cls.op: cls for cls in classes}
 
@@ -348,7 +370,8 @@ def _table(*classes: type) -> dict[str, type]:
 TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SetPolicy, Ack, Drain, Shutdown)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
-TO_WORKER = _table(Go)
+TO_WORKER = _table(Go, Standby, HandOver)
+WITH_DESCRIPTOR = (Standby, HandOver)  # each such message brings one, in order
 
 
 # ----- framing ------------------------------------------------------------------------
@@ -459,6 +482,19 @@ class Channel:
         self.closed = True
         self._buffer.clear()
 
+    def send_with_descriptor(self, message: Any, descriptor: int) -> bool:
+        """Send a whole message with a copy of ``descriptor`` (SCM_RIGHTS); False when the
+        peer has gone, or does not read what it is sent (its socket is full)."""
+        line = encode(message)
+        try:
+            sent = socket.send_fds(self.sock, [line], [descriptor])
+            if sent < len(line):
+                self.sock.sendall(line[sent:])
+            return True
+        except OSError:
+            self.closed = True
+            return False
+
     def receive_one(self) -> Any:
         """Block until one message arrives. EOFError if the peer is gone, MessageError if
         what it sent is not a message."""
@@ -467,10 +503,18 @@ class Channel:
                 return received
             if self.error:
                 raise MessageError(self.error)
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise EOFError("the peer closed the connection")
-            self._buffer += chunk
+            self.fill()
+
+    def fill(self, flags: int = 0) -> None:
+        """Read what the peer has sent (blocking unless ``flags`` say not to: then
+        BlockingIOError if nothing came); EOFError if it is gone."""
+        chunk = self._read(flags)
+        if not chunk:
+            raise EOFError("the peer closed the connection")
+        self._buffer += chunk
+
+    def _read(self, flags: int) -> bytes:
+        return self.sock.recv(1 << 16, flags)
 
     def close(self) -> None:
         self.closed = True
@@ -478,6 +522,42 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
+
+
+_INT = array.array("i")
+
+
+class WorkerChannel(Channel):
+    """A worker's end of its socket to its host: messages of WITH_DESCRIPTOR each bring one
+    descriptor, received in the order they were sent (close-on-exec: a program the job
+    starts inherits none)."""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__(sock, TO_WORKER)
+        self.descriptors: collections.deque[int] = collections.deque()
+
+    def _read(self, flags: int) -> bytes:
+        # Not socket.recv_fds: in Python 3.11 it drops its flags.
+        data, ancillary, _flags, _address = self.sock.recvmsg(
+            1 << 16, socket.CMSG_SPACE(16 * _INT.itemsize), flags | socket.MSG_CMSG_CLOEXEC)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % _INT.itemsize
+                self.descriptors.extend(array.array("i", payload[:usable]))
+        return data
+
+    def next_buffered(self) -> tuple[Any, int | None] | None:
+        """The next whole message already read, with its descriptor where it brings one;
+        None if there is none. MessageError if the host sent what is not one."""
+        for received in self._drain():
+            if not isinstance(received, WITH_DESCRIPTOR):
+                return received, None
+            if not self.descriptors:
+                raise MessageError(f"a {received.op} message without its descriptor")
+            return received, self.descriptors.popleft()
+        if self.error:
+            raise MessageError(self.error)
+        return None
 
 
 def _quote(line: bytes) -> str:

@@ -23,9 +23,10 @@ import types
 from gq import defaults
 from gq.codec import INT64_MAX
 from gq.exec import hooks, memory, runtime
+from gq.exec.handover import WorkerHandOvers
 from gq.exec.lease import SharedPage, WorkerLease
-from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, TO_WORKER, Channel, Done, Finished, Ready,
-                              StepsTaken, Total, encode)
+from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, Done, Finished, Ready, StepsTaken, Total,
+                              WorkerChannel, encode)
 
 READY = encode(Ready())
 
@@ -34,10 +35,11 @@ class WorkerSession:
     """The job side of the protocol (see :mod:`gq.exec.runtime`); safe to call from
     several threads: one READY/GO exchange at a time."""
 
-    def __init__(self, channel: Channel, memory_cap: int | None = None,
+    def __init__(self, channel: WorkerChannel, memory_cap: int | None = None,
                  page: SharedPage | None = None):
         self.channel = channel
         self.lease = WorkerLease(page) if page is not None else None
+        self.handovers = WorkerHandOvers(channel, page)
         self.memory_cap = memory_cap  # bytes of device memory its CUDA allocations may hold
         self.lock = threading.RLock()
         self.held = False
@@ -75,7 +77,7 @@ class WorkerSession:
                 self.held = True
                 return
             self.channel.sock.sendall(READY)
-            grant = self.channel.receive_one()
+            grant = self.handovers.await_grant()
             # Lane-mates share the device's memory: give back cached blocks when parked.
             self.empty_cache_after = grant.empty_cache
             if grant.mem_cap is not None:
@@ -119,7 +121,9 @@ class WorkerSession:
             if lease is not None and lease.active \
                     and lease.release(steps, sample.persistent, sample.peak):
                 return
-            # Without a lease, or asked for the lane back: the host hears of it now.
+            # Without a lease, or asked for the lane back: the job the host chose to follow
+            # is woken first, then the host hears of the release.
+            self.handovers.hand_over()
             self.channel.send(Done(steps, sample.persistent, sample.peak))
 
     def set_total_steps(self, total: int) -> None:
@@ -188,7 +192,7 @@ def main(argv: list[str]) -> None:
     submitted = os.environ.pop("GQ_SCRIPT", None) or argv[0]
     cap = os.environ.pop("GQ_MEM_CAP", None)
     page_fd = os.environ.pop("GQ_PAGE_FD", None)
-    session = WorkerSession(Channel(socket.socket(fileno=fd), TO_WORKER),
+    session = WorkerSession(WorkerChannel(socket.socket(fileno=fd)),
                             int(cap) if cap and cap.isdigit() else None,
                             SharedPage.attach(int(page_fd)) if page_fd else None)
     runtime.active = session
