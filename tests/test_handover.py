@@ -423,3 +423,28 @@ def test_a_wake_through_another_pipe_than_the_armed_one_takes_no_grant():
     assert list(waiting.standbys) == [] and not page.take_grant()  # taken by the job
     for descriptor in (hostile_read, hostile_write, armed_read, armed_write):
         os.close(descriptor)
+
+
+def test_a_job_granted_by_the_host_while_another_waits_is_followed_ahead(hand_lane):
+    """The lane kept for a high-priority job in its short gap, two low jobs wait; the gap
+    outlasts its window and the host grants the first low job with a Go: the second is
+    armed to follow it at once, not at the next event the host happens to see."""
+    lane = hand_lane("priority")
+    high = lane.add(1, 3, priority=9)
+    first, second = lane.add(2, 1), lane.add(3, 1)
+    lane.tell(1)
+    lane.serve(_holds(lane, high))
+    lane.tell(1)  # its first iteration ends, and the second begins at once: a short gap
+    lane.tell(1)
+    lane.serve(lambda: high.iterations == 1 and _holds(lane, high)())
+    lane.tell(2)
+    lane.tell(3)
+    lane.serve(lambda: first.state == second.state == "ready")
+    assert lane.host.lanes[0].armed is None  # the lane is kept for the high job
+    lane.tell(1)
+    lane.serve(lambda: high.iterations == 2 and lane.host.lanes[0].kept_until is not None)
+    kept_until = lane.host.lanes[0].kept_until
+    while time.monotonic() < kept_until:  # its window: the high job does not come back
+        time.sleep(kept_until - time.monotonic())
+    lane.host._schedule_waiting_lanes()
+    assert _holds(lane, first)() and _armed_for(lane, second)()

@@ -782,6 +782,8 @@ class Host:
             self._drop_channel(chosen)  # its exit is reaped and reported as usual
             return
         self._granted(lane, chosen)
+        if not chosen.leased:  # another job waits: who follows it, ahead
+            self._prepare_handover(lane, chosen)
 
     def _decide(self, lane: Lane, ready: list[Resident],
                 now: float) -> lane_rule.Grant | lane_rule.KeepFor | None:
