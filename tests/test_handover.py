@@ -13,19 +13,21 @@ import select
 import selectors
 import signal
 import socket
+import struct
 import time
+from contextlib import contextmanager
 
 import pytest
 
 from gq import defaults, policies
 from gq.codec import MessageError
-from gq.exec import lanes, runtime
+from gq.exec import handover, lanes, runtime
 from gq.exec.handover import WorkerHandOvers
 from gq.exec.host import Host, Resident
 from gq.exec.lease import SharedPage
-from gq.exec.protocol import (FROM_WORKER, Channel, Go, HandOver, Standby, WorkerChannel,
-                              encode)
-from gq.exec.worker import WorkerSession
+from gq.exec.protocol import (FROM_WORKER, Cap, Channel, Done, Go, HandOver, Standby, Suspend,
+                              WorkerChannel, encode)
+from gq.exec.worker import READY, WorkerSession
 from gq.policies.base import JobView
 
 
@@ -95,25 +97,30 @@ def test_the_hand_over_agrees_with_the_free_lanes_decision(policy):
 
 
 # ----- the wire ------------------------------------------------------------------------
-def test_a_pipe_end_comes_with_its_message_and_closes_on_exec():
+def test_a_hand_overs_ends_come_with_their_messages_and_close_on_exec():
     host_end, worker_end = socket.socketpair()
-    read_end, write_end = os.pipe()
+    first, second = socket.socketpair()
+    third = socket.socket()
     sender, receiver = Channel(host_end, FROM_WORKER), WorkerChannel(worker_end)
-    assert sender.send_with_descriptor(Standby(7), read_end)
-    assert sender.send_with_descriptor(HandOver(8), write_end)
+    assert sender.send_with_descriptors(Standby(7), [first.fileno(), third.fileno()])
+    assert sender.send_with_descriptors(HandOver(8), [second.fileno()])
     assert sender.send(Go())
     got = []
-    while len(got) < 3:  # a read stops after a message with a descriptor
+    while len(got) < 3:  # a read stops after a message with descriptors
         receiver.fill()
         while (received := receiver.next_buffered()) is not None:
             got.append(received)
-    assert [type(m) for m, _fd in got] == [Standby, HandOver, Go] and got[2][1] is None
-    for _message, fd in got[:2]:
-        assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
-    os.write(got[1][1], b"x")
-    assert os.read(got[0][1], 1) == b"x"  # the two ends of the host's pipe
-    for fd in (read_end, write_end, got[0][1], got[1][1]):
-        os.close(fd)
+    assert [type(m) for m, _fds in got] == [Standby, HandOver, Go]
+    assert [len(fds) for _m, fds in got] == [2, 1, 0]
+    descriptors = [*got[0][1], *got[1][1]]
+    for descriptor in descriptors:
+        assert fcntl.fcntl(descriptor, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    os.write(descriptors[2], b"x")
+    assert os.read(descriptors[0], 1) == b"x"  # the two ends of the host's pair, in order
+    for descriptor in descriptors:
+        os.close(descriptor)
+    for end in (first, second, third):
+        end.close()
 
 
 def test_a_message_that_should_bring_a_descriptor_but_does_not_is_refused():
@@ -121,7 +128,7 @@ def test_a_message_that_should_bring_a_descriptor_but_does_not_is_refused():
     host_end.sendall(encode(Standby(3)))
     receiver = WorkerChannel(worker_end)
     receiver.fill()
-    with pytest.raises(MessageError, match="standby message without its descriptor"):
+    with pytest.raises(MessageError, match="standby message without its descriptors"):
         receiver.next_buffered()
 
 
@@ -131,8 +138,8 @@ class HandLane:
     iterations each when told to: each says ``<job> granted`` as an iteration begins and
     releases the lane when the test writes to its pipe."""
 
-    def __init__(self, policy: str):
-        self.host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
+    def __init__(self, policy: str, cuda: bool = False):
+        self.host = Host("cpu", cuda, 1, socket.socket(socket.AF_UNIX), 1.0)
         self.host.policy = policies.make(policy)
         self.said_read, self.said_write = os.pipe()
         self.children: dict[int, int] = {}
@@ -213,8 +220,8 @@ class HandLane:
 def hand_lane():
     made = []
 
-    def make(policy: str) -> HandLane:
-        made.append(HandLane(policy))
+    def make(policy: str, cuda: bool = False) -> HandLane:
+        made.append(HandLane(policy, cuda))
         return made[-1]
 
     yield make
@@ -267,8 +274,8 @@ def test_a_grant_taken_back_cannot_be_woken_into(hand_lane):
                 pass
             while (received := handovers.channel.next_buffered()) is not None:
                 handovers._keep(*received)
-            for write_end in handovers.write_ends.values():
-                os.write(write_end, b"x")
+            for wake in handovers.wake_ends.values():
+                wake.send(b"x")
             honest()
 
         handovers.hand_over = hand_over
@@ -328,62 +335,71 @@ def test_a_successor_that_dies_while_armed_leaves_nothing_armed(hand_lane):
     lane.serve(lambda: one.iterations == 1 and lane.host.lanes[0].holder is None)
 
 
-def test_the_successors_done_read_before_the_holders_counts_both_iterations(hand_lane):
-    """The host may read the successor's DONE first: the lane was handed over already,
-    and the holder's DONE, read later, still counts its iteration. Not knowing when the
-    holder released the lane, the host counts the time until then as the holder's."""
+def test_the_successors_done_read_first_is_read_after_the_holders(hand_lane):
+    """The host may find the successor's socket readable first: it reads the holder's DONE
+    first (sent before the successor could run), so each job's iteration is its own."""
     lane = hand_lane("fair")
     one, two = lane.add(1, 1), lane.add(2, 1)
     lane.tell(1)
     lane.serve(_holds(lane, one))
     lane.tell(2)
     lane.serve(_armed_for(lane, two))
-    began = one.granted_at
     lane.tell(1)
+    released = time.monotonic()
     assert lane.said() == "1 granted" and lane.said() == "2 granted"
     lane.tell(2)
     lane.serve(lambda: two.iterations == 1, only=two)
-    ended = time.monotonic()
-    assert one.iterations == 0 and one.handed_off
-    lane.serve(lambda: one.iterations == 1, only=one)
-    assert not one.handed_off and lane.host.lanes[0].holder is None
-    assert one.steps_done == two.steps_done == 1
-    assert 0 < one.attained + two.attained <= ended - began
+    assert one.iterations == 1 and one.steps_done == two.steps_done == 1
+    assert lane.host.lanes[0].holder is None and lane.host.lanes[0].armed is None
+    assert one.attained >= released - one.granted_at > 0 and two.attained > 0
 
 
-def test_a_pipe_whose_writers_are_gone_does_not_wake_its_job_into_a_grant():
-    """A job waits on the pipes of several possible predecessors; one of them exits (an
-    end of file on its pipe) while the job's grant is posted for another's hand-over: the
-    job does not take it, and runs when granted."""
-    page, fd = SharedPage.create()
+def _pair() -> tuple[Channel, WorkerChannel]:
     host_end, worker_end = socket.socketpair()
-    host = Channel(host_end, FROM_WORKER)
-    waiting = WorkerHandOvers(WorkerChannel(worker_end), SharedPage.attach(fd))
-    gone_read, gone_write = os.pipe()
-    armed_read, armed_write = os.pipe()
-    assert host.send_with_descriptor(Standby(1), gone_read)
-    assert host.send_with_descriptor(Standby(2), armed_read)
-    page.post_grant(2)  # armed through pipe 2; its holder is still inside its iteration
-    os.close(gone_write)  # pipe 1's holder is gone
-    assert host.send(Go(empty_cache=True))  # ... and the host grants the lane itself
+    return Channel(host_end, FROM_WORKER), WorkerChannel(worker_end)
+
+
+def test_only_a_byte_down_the_armed_pipe_takes_its_grant():
+    """A job may follow several lane-mates and holds a pipe from each. An end of file (its
+    writers gone) takes no grant, nor does a byte down a pipe the host has not armed (a
+    hostile lane-mate writing whenever it likes): only the armed pipe's byte does."""
+    to_waiting, waiting_end = _pair()
+    waiting = WorkerHandOvers(waiting_end, None)
+    holders = {number: _pair() for number in (1, 2, 3)}
+    pipes = {number: handover.deliver(number, holders[number][0], to_waiting,
+                                      empty_cache=number == 2)
+             for number in (1, 3, 2)}
+    for number in (1, 2):
+        pipes[number].grant.send(b"\0")  # posted
+    waiting._read_sent()
+    for _host, holder in holders.values():
+        holder.fill()
+    held = {number: holders[number][1].next_buffered()[1][0] for number in (1, 2, 3)}
+    pipes[1].wake.close()
+    os.close(held[1])  # pipe 1's writers are gone: an end of file, its grant still posted
+    os.write(held[3], b"x")  # out of turn, down a pipe not armed
+    os.write(held[2], b"x")  # the armed one
     grant = waiting.await_grant()
-    assert isinstance(grant, Go) and grant.empty_cache  # the host's Go, not a hand-over's
-    assert page.take_grant()  # still posted: taken back by the host, not by the job
-    for descriptor in (gone_read, armed_read, armed_write):
+    assert isinstance(grant, Go) and grant.empty_cache  # pipe 2's hand-over
+    assert pipes[1].taken.recv(1, socket.MSG_DONTWAIT) == b"\0"  # pipe 1's: not taken
+    with pytest.raises(BlockingIOError):
+        pipes[2].taken.recv(1, socket.MSG_DONTWAIT)  # pipe 2's: taken by the job
+    for descriptor in (held[2], held[3]):
         os.close(descriptor)
 
 
-def test_a_forked_child_keeps_no_pipe_end():
-    """A DataLoader worker forked from a job must not hold a copy of the job's read end:
-    the host would write there in vain, taking a closed pipe for an open one."""
-    host_end, worker_end = socket.socketpair()
-    host = Channel(host_end, FROM_WORKER)
-    handovers = WorkerHandOvers(WorkerChannel(worker_end), None)
-    read_end, write_end = os.pipe()
-    assert host.send_with_descriptor(Standby(1), read_end)
-    os.close(read_end)
-    handovers._read_sent()
-    assert list(handovers.standbys) == [1]
+def test_a_forked_child_keeps_no_end():
+    """A DataLoader worker forked from a job must not hold a copy of the job's end of a
+    wake channel: the host would wake it in vain, taking a closed channel for an open one,
+    and the lane would wait for a job that never runs."""
+    to_waiting, waiting_end = _pair()
+    to_holder, _holder_end = _pair()
+    waiting = WorkerHandOvers(waiting_end, None)
+    pipe = handover.deliver(1, to_holder, to_waiting, empty_cache=False)
+    page = _page()
+    assert handover.arm(pipe, page, 0.0)
+    waiting._read_sent()
+    assert list(waiting.standbys) == [1]
     hold_read, hold_write = os.pipe()
     running_read, running_write = os.pipe()
     child = os.fork()
@@ -392,37 +408,21 @@ def test_a_forked_child_keeps_no_pipe_end():
         os.read(hold_read, 1)  # alive until the parent has tried
         os._exit(0)
     os.read(running_read, 1)
-    os.close(handovers.standbys.pop(1)[1])  # the job closes its own: no reader is left
+    waiting._forget()  # the job drops its ends (as past its bound, say)
     try:
-        with pytest.raises(BrokenPipeError):
-            os.write(write_end, b"x")
+        # Nobody reads the wake channel: the host takes the grant back, grants with a Go.
+        assert not handover.settle(handover.Armed(pipe, 1, 0), page, keep=True)
     finally:
         os.write(hold_write, b"x")
         os.waitpid(child, 0)
-    for descriptor in (write_end, hold_read, hold_write, running_read, running_write):
+    for descriptor in (hold_read, hold_write, running_read, running_write):
         os.close(descriptor)
 
 
-def test_a_wake_through_another_pipe_than_the_armed_one_takes_no_grant():
-    """A job may follow several lane-mates, and holds a pipe from each. Armed to follow one
-    of them, it is woken down another's pipe (that lane-mate is hostile, and writes there
-    whenever it likes): it does not take the grant, and runs when its turn comes."""
+def _page() -> SharedPage:
     page, fd = SharedPage.create()
-    host_end, worker_end = socket.socketpair()
-    host = Channel(host_end, FROM_WORKER)
-    waiting = WorkerHandOvers(WorkerChannel(worker_end), SharedPage.attach(fd))
-    hostile_read, hostile_write = os.pipe()
-    armed_read, armed_write = os.pipe()
-    assert host.send_with_descriptor(Standby(1), hostile_read)
-    assert host.send_with_descriptor(Standby(2, empty_cache=True), armed_read)
-    page.post_grant(2)
-    os.write(hostile_write, b"x")  # out of turn: read first, it must not take the grant
-    os.write(armed_write, b"x")  # its turn
-    grant = waiting.await_grant()
-    assert isinstance(grant, Go) and grant.empty_cache  # pipe 2's hand-over, not pipe 1's
-    assert list(waiting.standbys) == [] and not page.take_grant()  # taken by the job
-    for descriptor in (hostile_read, hostile_write, armed_read, armed_write):
-        os.close(descriptor)
+    os.close(fd)
+    return page
 
 
 def test_a_job_granted_by_the_host_while_another_waits_is_followed_ahead(hand_lane):
@@ -434,17 +434,271 @@ def test_a_job_granted_by_the_host_while_another_waits_is_followed_ahead(hand_la
     first, second = lane.add(2, 1), lane.add(3, 1)
     lane.tell(1)
     lane.serve(_holds(lane, high))
-    lane.tell(1)  # its first iteration ends, and the second begins at once: a short gap
-    lane.tell(1)
-    lane.serve(lambda: high.iterations == 1 and _holds(lane, high)())
+    high.gaps, high.gap_total = 1, 0.0001  # as measured: a gap too short to fill
     lane.tell(2)
     lane.tell(3)
     lane.serve(lambda: first.state == second.state == "ready")
     assert lane.host.lanes[0].armed is None  # the lane is kept for the high job
     lane.tell(1)
-    lane.serve(lambda: high.iterations == 2 and lane.host.lanes[0].kept_until is not None)
+    lane.serve(lambda: high.iterations == 1 and lane.host.lanes[0].kept_until is not None)
     kept_until = lane.host.lanes[0].kept_until
     while time.monotonic() < kept_until:  # its window: the high job does not come back
         time.sleep(kept_until - time.monotonic())
     lane.host._schedule_waiting_lanes()
     assert _holds(lane, first)() and _armed_for(lane, second)()
+
+
+# ----- what a hostile job can and cannot do ---------------------------------------------
+@contextmanager
+def _host_returns_within(seconds: int):
+    """Fails the test, instead of hanging it, if the host blocks."""
+
+    def held_up(_signum, _frame):
+        raise TimeoutError(f"the host was held up for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, held_up)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _reads_only_its_socket(session: WorkerSession) -> None:
+    """Keeps every end the host sends it, and never reads one: it waits for a Go."""
+    handovers = session.handovers
+
+    def await_grant() -> Go:
+        while True:
+            received = handovers.channel.next_buffered()
+            if received is None:
+                handovers.channel.fill()
+            elif isinstance(received[0], Go):
+                return received[0]
+            else:
+                handovers._keep(*received)
+
+    handovers.await_grant = await_grant
+
+
+def _takes_its_grant_early(session: WorkerSession) -> None:
+    """Asks, takes its grant as soon as the host arms it, and says it is done."""
+    handovers = session.handovers
+
+    def acquire() -> None:
+        session.channel.sock.sendall(READY)
+        while not handovers.standbys:
+            handovers._read_sent()
+            select.select([handovers.channel.sock], [], [], 1)
+        [(_message, _wake, grant)] = handovers.standbys.values()
+        assert select.select([grant], [], [], 10)[0] and grant.recv(1) == b"\0"
+        session.channel.send(Done(0))
+        session.held = False
+
+    session.acquire = acquire
+
+
+def test_a_successor_that_takes_its_grant_early_waits_for_its_holders_release(hand_lane):
+    """A hostile job armed to follow takes its grant at once and speaks: the host reads no
+    more of it until the holder has released the lane, grants nobody else meanwhile, and
+    counts the holder's whole iteration as the holder's."""
+    lane = hand_lane("priority")
+    one = lane.add(1, 1, priority=0)
+    two, three = lane.add(2, 1, priority=5, hostile=_takes_its_grant_early), lane.add(3, 1, priority=1)
+    lane.tell(1)
+    lane.serve(_holds(lane, one))
+    assert lane.said() == "1 granted"
+    lane.tell(3)
+    lane.serve(lambda: three.state == "ready")
+    lane.tell(2)
+    lane.serve(lambda: lane.host.lanes[0].armed is not None and lane.host.lanes[0].armed.deferred)
+    assert lane.said() == "2 granted"  # it runs, on its own word
+    assert _holds(lane, one)() and two.iterations == 0 and three.state == "ready"
+    lane.tell(1)
+    released = time.monotonic()
+    lane.serve(_holds(lane, three))
+    assert lane.said() == "3 granted"
+    assert one.iterations == 1 and one.attained >= released - one.granted_at
+    assert two.iterations == 1
+
+
+def test_two_jobs_in_league_cannot_hold_the_host_up(hand_lane):
+    """A holder that fills its wake channel and clears its non-blocking flag (which its
+    end shares with the host's copy), and a successor that never reads it: the host's own
+    wake at the holder's release does not block."""
+
+    def fills_its_wake_channel(session: WorkerSession) -> None:
+        handovers = session.handovers
+
+        def hand_over() -> None:
+            number, _after = handovers.page.armed()
+            handovers._read_sent()
+            wake = handovers.wake_ends[number]
+            wake.setblocking(False)
+            try:
+                while True:
+                    wake.send(b"\0" * 4096)
+            except BlockingIOError:
+                pass
+            wake.setblocking(True)
+
+        handovers.hand_over = hand_over
+
+    lane = hand_lane("fair")
+    one = lane.add(1, 1, hostile=fills_its_wake_channel)
+    two = lane.add(2, 1, hostile=_reads_only_its_socket)
+    lane.tell(1)
+    lane.serve(_holds(lane, one))
+    lane.tell(2)
+    lane.serve(_armed_for(lane, two))
+    lane.tell(1)
+    with _host_returns_within(10):
+        lane.serve(lambda: one.iterations == 1 and lane.host.lanes[0].armed is None)
+
+
+def test_a_holder_whose_successor_closed_its_end_is_not_killed_by_sigpipe(hand_lane):
+    """A script that restores SIGPIPE's default (as command-line tools do) holds the lane;
+    its successor has dropped its ends: the holder's wake at its release fails quietly, and
+    the host grants the successor with a Go."""
+
+    def default_sigpipe(_session: WorkerSession) -> None:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+    lane = hand_lane("fair")
+
+    def drops_its_ends(session: WorkerSession) -> None:
+        handovers = session.handovers
+        honest = handovers.await_grant
+
+        def await_grant() -> Go:
+            handovers._read_sent()
+            while not handovers.standbys:
+                select.select([handovers.channel.sock], [], [], 1)
+                handovers._read_sent()
+            handovers._forget()
+            os.write(lane.said_write, b"2 dropped its ends\n")
+            return honest()
+
+        handovers.await_grant = await_grant
+
+    one = lane.add(1, 1, hostile=default_sigpipe)
+    two = lane.add(2, 1, hostile=drops_its_ends)
+    lane.tell(1)
+    lane.serve(_holds(lane, one))
+    assert lane.said() == "1 granted"
+    lane.tell(2)
+    lane.serve(_armed_for(lane, two))
+    assert lane.said() == "2 dropped its ends"
+    lane.tell(1)
+    lane.serve(lambda: one.iterations == 1 and _holds(lane, two)())
+    assert lane.said() == "2 granted"
+
+
+def test_a_job_that_scribbles_over_its_page_cannot_hold_the_host_up(hand_lane):
+    """Every word of a waiting job's page set to what would make a futex call of glibc's
+    wait for ever, or abort: the host never makes such a call on a job's memory."""
+
+    def scribble(session: WorkerSession) -> None:
+        page = session.handovers.page.map
+        for offset in range(0, len(page), 16):
+            struct.pack_into("<QiI", page, offset, 1 << 32, 129, 0)
+
+    lane = hand_lane("fair")
+    one, two = lane.add(1, 1), lane.add(2, 1, hostile=scribble)
+    lane.tell(1)
+    lane.serve(_holds(lane, one))
+    with _host_returns_within(10):
+        lane.tell(2)
+        lane.serve(_armed_for(lane, two))
+        lane.tell(1)
+        lane.serve(lambda: one.iterations == 1 and _holds(lane, two)())
+
+
+def test_a_waiting_job_that_asks_again_and_again_costs_the_host_nothing(hand_lane, monkeypatch):
+    """READY after READY from a job that waits already: each is nothing to do, not a new
+    decision for its lane."""
+    decisions = []
+    real = lanes.hand_over
+    monkeypatch.setattr(lanes, "hand_over", lambda *a: decisions.append(1) or real(*a))
+
+    def asks_again(session: WorkerSession) -> None:
+        honest = session.handovers.await_grant
+
+        def await_grant() -> Go:
+            session.channel.sock.sendall(READY * 200)
+            return honest()
+
+        session.handovers.await_grant = await_grant
+
+    lane = hand_lane("fair")
+    one, two = lane.add(1, 1), lane.add(2, 1, hostile=asks_again)
+    lane.tell(1)
+    lane.serve(_holds(lane, one))
+    lane.tell(2)
+    sock = two.channel.sock
+    lane.serve(lambda: two.state == "ready" and not two.channel._buffer
+               and not select.select([sock], [], [], 0)[0])
+    assert len(decisions) <= 2, len(decisions)
+
+
+def test_a_cap_that_comes_while_a_hand_over_is_armed_comes_with_a_go(hand_lane):
+    """A probed job's cap reaches its worker with its next grant: armed to follow, that
+    grant is taken back, and comes from the host."""
+    lane = hand_lane("fair", cuda=True)
+    one, two = lane.add(1, 1), lane.add(2, 1)
+    lane.tell(1)
+    lane.serve(_holds(lane, one))
+    lane.tell(2)
+    lane.serve(_armed_for(lane, two))
+    lane.host._on_cap(Cap(job=2, run=1, mem_cap=1 << 30))
+    assert lane.host.lanes[0].armed is None and two.cap_unsent
+    lane.tell(1)
+    lane.serve(lambda: _holds(lane, two)() and not two.cap_unsent)
+
+
+def test_a_successor_suspended_inside_its_handed_over_iteration_is_thawed_when_granted(
+        hand_lane):
+    """Suspended after it took the lane but before the host heard the holder release it,
+    then resumed: the job stays stopped until the lane is its again, and is thawed then."""
+    lane = hand_lane("fair")
+    one, two = lane.add(1, 1), lane.add(2, 1)
+
+    def stop(job: Resident, stopped: bool) -> None:
+        job.frozen = stopped
+        os.kill(lane.children[job.job_id], signal.SIGSTOP if stopped else signal.SIGCONT)
+
+    lane.host._stop_processes = stop
+    lane.tell(1)
+    lane.serve(_holds(lane, one))
+    lane.tell(2)
+    lane.serve(_armed_for(lane, two))
+    lane.tell(1)
+    assert lane.said() == "1 granted" and lane.said() == "2 granted"
+    lane.host._on_suspend(Suspend(job=2, suspended=True))
+    assert two.thaw_on_grant and two.frozen
+    lane.host._on_suspend(Suspend(job=2, suspended=False))
+    assert two.frozen  # inside its iteration: it goes on once the lane is its
+    lane.serve(lambda: one.iterations == 1 and _holds(lane, two)(), only=one)
+    assert not two.frozen and not two.thaw_on_grant
+    lane.tell(2)
+    lane.serve(lambda: two.iterations == 1)
+
+
+def test_a_successor_that_dies_while_its_reading_is_deferred_leaves_the_lane_going(hand_lane):
+    lane = hand_lane("priority")
+    one = lane.add(1, 1, priority=0)
+    two, three = lane.add(2, 1, priority=5, hostile=_takes_its_grant_early), lane.add(3, 1)
+    lane.tell(1)
+    lane.serve(_holds(lane, one))
+    lane.tell(3)
+    lane.serve(lambda: three.state == "ready")
+    lane.tell(2)
+    lane.serve(lambda: lane.host.lanes[0].armed is not None and lane.host.lanes[0].armed.deferred)
+    os.kill(lane.children[2], signal.SIGKILL)
+    os.waitpid(lane.children[2], 0)
+    lane.host._drop_channel(two)  # as its exit is collected
+    assert two.channel is None and _holds(lane, one)()
+    lane.tell(1)
+    lane.serve(_holds(lane, three))
+    assert all(2 not in pair for pair in lane.host.lanes[0].pipes)

@@ -2,35 +2,38 @@
 
 Through the host, a contended switch costs two wake-ups in a row: the holder's DONE wakes
 the host, whose GO wakes the next job. Where the host knows before the holder's release
-which job the lane goes to next (the policy's pick if the holder released it now), it
-**arms** a hand-over instead:
+which job the lane goes to next (the policy's pick at that release), it **arms** a
+hand-over instead:
 
-- a **pipe** per ordered pair of lane-mates: the host sends the read end to the job that
-  may follow (``Standby``) and the write end to the job it may follow (``HandOver``), each
-  with a message of its own, read while that job waits for the lane (never at a release).
-  A job waiting after its READY waits on its socket and on every such read end;
-- to arm a pipe, the host posts the grant semaphore on the successor's page and names the
-  pipe on the holder's page, with the least length of iteration from which the lane goes
-  to that successor (:func:`gq.exec.lanes.hand_over`: shorter, the policy may keep it for
-  the holder). At its release the holder writes one byte there, before its DONE, if its
-  iteration was that long: the successor wakes, takes its grant and runs, and the host is
-  not on the way;
+- each ordered pair of lane-mates gets a **pipe** (two socket pairs): a wake channel the
+  holder writes to and the successor waits on, and a grant channel only the host writes
+  to. The host sends the successor its ends (``Standby``) and the holder the wake channel's
+  other end (``HandOver``), each while that job waits for the lane (never at a release);
+- to arm a pipe, the host posts one byte down its grant channel and names the pipe on the
+  holder's page, with the least length of iteration from which the lane goes to that
+  successor (:func:`gq.exec.lanes.hand_over`: shorter, the policy may keep it for the
+  holder). At its release the holder writes one byte down the wake channel, before its
+  DONE, if its iteration was that long: the successor wakes, takes the grant's byte and
+  runs, and the host is not on the way;
 - the host hears the DONE as before and **settles** the hand-over: where it still picks the
-  successor, or the successor has taken its grant, the lane is the successor's (the host
-  writes the byte too, in case the holder did not); else it takes the grant back and
+  successor, or the successor has taken the grant, the lane is the successor's (the host
+  writes the wake byte too, in case the holder did not); else it takes the grant back and
   grants the lane as usual. Each pipe is armed once; while the successor waits, the host
   sends it the pipe for the turn after (the same two jobs the other way round).
 
-Until the successor takes it, the host can take the grant back (``sem_trywait``), so it
-can change its mind whenever the policy's pick changes. Whoever takes the grant first
-decides, atomically: the host never grants the lane to two jobs.
+Until the successor takes it, the host can take the grant back (it reads the byte itself),
+so it can change its mind whenever the policy's pick changes. One byte is read by one
+reader: the host never grants the lane to two jobs.
 
-What a hostile worker can do with this: a holder can wake a job that may follow it early,
-which it can already match by running outside its grants; it cannot grant anything (the
-grant is on the other job's page, which it cannot reach), and a pipe is closed by its
-reader after one wake-up. A job can take a grant it was not woken for, which is running
-outside its grants again. A worker that does not read its socket has only its own
-hand-overs fail (the host's send fails, and it loses its channel as with a Go).
+What a hostile worker can do with this: a holder can wake a job that follows it early,
+which it can already match by running outside its grants; it cannot grant anything (only
+the host writes to a grant channel), and a byte down another pair's wake channel takes no
+grant. A successor can take its grant early: the host still counts the lane as its
+holder's until the holder's DONE, and reads nothing of the successor until then. Nothing a
+worker does to its ends (flags, full buffers, closing them) can block the host, which
+sends and reads with MSG_DONTWAIT, nor raise SIGPIPE in a job (MSG_NOSIGNAL). A worker that
+does not read its socket has only its own hand-overs fail (the host's send fails, and it
+loses its channel as with a Go).
 """
 
 from __future__ import annotations
@@ -45,16 +48,21 @@ from gq import defaults
 from gq.exec.lease import SharedPage
 from gq.exec.protocol import Channel, Go, HandOver, Standby, WorkerChannel
 
-_WAKE = b"\0"
+_BYTE = b"\0"
 
 
 # ----- the host's side ---------------------------------------------------------------
+_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
+
 @dataclass
 class Pipe:
-    """A pipe delivered to two lane-mates, not armed yet; the host keeps a write end."""
+    """The two channels of one hand-over between two lane-mates, armed at most once."""
 
     number: int
-    wake: int
+    wake: socket.socket  # a copy of the holder's end: the host can wake the successor too
+    grant: socket.socket  # the host's end of the grant channel: it posts the grant there
+    taken: socket.socket  # a copy of the successor's end: the host takes a grant back there
 
 
 @dataclass
@@ -64,55 +72,88 @@ class Armed:
     pipe: Pipe
     holder: int  # job ids
     successor: int
+    deferred: bool = False  # the successor's socket is not read until it is settled
 
 
 def deliver(number: int, holder: Channel, successor: Channel, empty_cache: bool) -> Pipe | None:
     """A new pipe from ``holder`` to ``successor``, its ends sent to them; None if either
     channel would not take its message."""
-    read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    wake_successor, wake_holder = socket.socketpair()
+    grant_successor, grant_host = socket.socketpair()
+    # One way each: a successor writes to neither its predecessor nor the host.
+    wake_successor.shutdown(socket.SHUT_WR)
+    grant_successor.shutdown(socket.SHUT_WR)
+    pipe = Pipe(number, wake_holder, grant_host, grant_successor)
     try:
-        if (successor.send_with_descriptor(Standby(number, empty_cache), read_end)
-                and holder.send_with_descriptor(HandOver(number), write_end)):
-            return Pipe(number, write_end)
-        os.close(write_end)
+        if (successor.send_with_descriptors(Standby(number, empty_cache),
+                                            [wake_successor.fileno(), grant_successor.fileno()])
+                and holder.send_with_descriptors(HandOver(number), [wake_holder.fileno()])):
+            return pipe
+        close(pipe)
         return None
     finally:
-        os.close(read_end)
+        wake_successor.close()
 
 
-def arm(pipe: Pipe, holder_page: SharedPage, successor_page: SharedPage, after: float) -> None:
+def arm(pipe: Pipe, holder_page: SharedPage, after: float) -> bool:
     """The successor's grant posted, then the holder told to hand over once its iteration
-    has lasted ``after`` seconds."""
-    successor_page.post_grant(pipe.number)
+    has lasted ``after`` seconds; False (nothing armed) if the grant could not be posted."""
+    try:
+        pipe.grant.send(_BYTE, _FLAGS)
+    except OSError:  # its end shrunk to nothing, say: the lane goes through the host
+        return False
     holder_page.arm(pipe.number, after)
+    return True
 
 
-def settle(armed: Armed, holder_page: SharedPage | None, successor_page: SharedPage | None,
-           keep: bool) -> bool:
-    """End an armed hand-over: with ``keep``, the successor has the lane (woken by the host
-    if the holder did not); else the host takes its grant back. True if the lane is the
-    successor's: kept, or its grant taken already."""
+def take_back(armed: Armed, holder_page: SharedPage | None) -> bool:
+    """Take the successor's grant back (True, and the hand-over is over), unless it has
+    taken it already (False: the hand-over stands, settled at the holder's release)."""
+    if not _take_grant_back(armed.pipe):
+        return False
+    if holder_page is not None:
+        holder_page.arm(0)
+    close(armed.pipe)
+    return True
+
+
+def settle(armed: Armed, holder_page: SharedPage | None, keep: bool) -> bool:
+    """End an armed hand-over at the holder's release: with ``keep``, the successor has the
+    lane (woken by the host if the holder did not); else the host takes its grant back.
+    True if the lane is the successor's: kept, or its grant taken already."""
     if holder_page is not None:
         holder_page.arm(0)
     try:
         if keep and _wake(armed.pipe.wake):
             return True
-        # Not kept, or its pipe has no reader: it woke and took its grant, or it dropped
-        # the pipe (then the host takes the grant back, and grants the lane with a Go).
-        return successor_page is not None and not successor_page.take_grant()
+        # Not kept, or nobody reads its wake channel: the successor woke and took its
+        # grant, or it dropped the pipe (then the host takes the grant back).
+        return not _take_grant_back(armed.pipe)
     finally:
         close(armed.pipe)
 
 
-def close(pipe: Pipe) -> None:
-    os.close(pipe.wake)
+def _close(ends) -> None:
+    for end in ends:
+        end.close()
 
 
-def _wake(descriptor: int) -> bool:
-    """One byte down a pipe: False if nobody reads it any more."""
+def _take_grant_back(pipe: Pipe) -> bool:
     try:
-        os.write(descriptor, _WAKE)
-    except BlockingIOError:  # full: a writer that is not the host filled it, and woke it
+        return pipe.taken.recv(1, socket.MSG_DONTWAIT) == _BYTE
+    except BlockingIOError:  # the successor has read it
+        return False
+
+
+def close(pipe: Pipe) -> None:
+    _close((pipe.wake, pipe.grant, pipe.taken))
+
+
+def _wake(end: socket.socket) -> bool:
+    """One byte down a wake channel: False if nobody reads it any more."""
+    try:
+        end.send(_BYTE, _FLAGS)
+    except BlockingIOError:  # full: a holder filled it, and woke the successor
         pass
     except OSError:
         return False
@@ -127,13 +168,14 @@ class WorkerHandOvers:
     def __init__(self, channel: WorkerChannel, page: SharedPage | None):
         self.channel = channel
         self.page = page
-        self.standbys: dict[int, tuple[Standby, int]] = {}  # with their read ends
-        self.write_ends: dict[int, int] = {}
+        # Its ends, by hand-over: as a successor, the wake and grant channels' (Standby).
+        self.standbys: dict[int, tuple[Standby, socket.socket, socket.socket]] = {}
+        self.wake_ends: dict[int, socket.socket] = {}  # as a holder (HandOver)
         self.made = 0  # the last hand-over it made as a holder
         self.granted_ns = 0  # when its current iteration was granted
-        self.early: list[tuple[object, int | None]] = []  # read at a release, for the wait
-        # A forked child (a DataLoader worker) keeps no pipe end: a copy of a read end would
-        # hide from the host that the job itself has closed it.
+        self.early: list[tuple[object, list[int]]] = []  # read at a release, for the wait
+        # A forked child (a DataLoader worker) keeps no end: a copy of a wake channel's end
+        # would hide from the host that the job itself has closed it.
         os.register_at_fork(after_in_child=self._forget)
 
     def await_grant(self) -> Go:
@@ -152,61 +194,65 @@ class WorkerHandOvers:
                 continue
             poller = select.poll()
             poller.register(sock, select.POLLIN)
-            for _message, read_end in self.standbys.values():
-                poller.register(read_end, select.POLLIN)
+            for _message, wake, _grant in self.standbys.values():
+                poller.register(wake, select.POLLIN)
             woken = {fd for fd, _ in poller.poll()}
-            for number, (_message, read_end) in list(self.standbys.items()):
-                if read_end in woken and (grant := self._woken_by(number)) is not None:
+            for number, (_message, wake, _grant) in list(self.standbys.items()):
+                if wake.fileno() in woken and (grant := self._woken_by(number)) is not None:
                     return grant
             if sock in woken:
                 self.channel.fill()
 
-    def _forget(self) -> None:
-        for _message, read_end in self.standbys.values():
-            os.close(read_end)
-        for write_end in self.write_ends.values():
-            os.close(write_end)
-        self.standbys.clear()
-        self.write_ends.clear()
-
     def _woken_by(self, number: int) -> Go | None:
-        """Its pipe ``number`` polled readable: a byte there is its hand-over if the grant
-        on its page is posted for that pipe (then it is its own now). An end of file only
-        says that its writers are gone, and a byte down another pipe is a job that may
-        follow it waking it out of turn: a grant for another pipe is not its to take."""
-        message, read_end = self.standbys[number]
+        """Its wake channel ``number`` polled readable: a byte there is its hand-over, if
+        the grant on that pipe is still there to take (else the host took it back). An end
+        of file only says that its writers are gone."""
+        message, wake, grant = self.standbys[number]
         try:
-            written = os.read(read_end, 64)
+            woken = wake.recv(64, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return None
-        page = self.page
-        # Grant first: a host that finds this pipe closed takes the grant back.
-        granted = (bool(written) and page is not None and page.granted_for() == number
-                   and page.take_grant())
+        try:
+            # Grant first: a host that finds this pipe closed takes the grant back.
+            granted = bool(woken) and grant.recv(1, socket.MSG_DONTWAIT) == _BYTE
+        except BlockingIOError:
+            granted = False
         del self.standbys[number]
-        os.close(read_end)
+        wake.close()
+        grant.close()
         if not granted:
             return None
         self.granted_ns = time.monotonic_ns()
         return Go(empty_cache=message.empty_cache)
 
-    def _keep(self, message: object, descriptor: int | None) -> None:
-        """A pipe end the host sent, kept for later (the oldest closed past the bound)."""
+    def _keep(self, message: object, descriptors: list[int]) -> None:
+        """The ends of a pipe the host sent, kept for later (the oldest closed past the
+        bound)."""
+        ends = [socket.socket(fileno=descriptor) for descriptor in descriptors]
+        bound = defaults.HANDOVER_PIPES_KEPT
         if isinstance(message, Standby):
-            kept: dict = self.standbys
-            kept[message.number] = (message, descriptor)
+            wake, grant = ends
+            self.standbys[message.number] = (message, wake, grant)
+            while len(self.standbys) > bound:
+                _message, *oldest = self.standbys.pop(next(iter(self.standbys)))
+                _close(oldest)
         elif isinstance(message, HandOver):
-            kept = self.write_ends
-            kept[message.number] = descriptor
+            self.wake_ends[message.number] = ends[0]
+            while len(self.wake_ends) > bound:
+                self.wake_ends.pop(next(iter(self.wake_ends))).close()
         else:
-            return
-        while len(kept) > defaults.HANDOVER_PIPES_KEPT:
-            oldest = kept.pop(next(iter(kept)))
-            os.close(oldest[1] if isinstance(oldest, tuple) else oldest)
+            _close(ends)
+
+    def _forget(self) -> None:
+        for _message, *ends in self.standbys.values():
+            _close(ends)
+        _close(self.wake_ends.values())
+        self.standbys.clear()
+        self.wake_ends.clear()
 
     def _read_sent(self) -> None:
         """Take in what the host has sent, without waiting. A read stops after a message
-        with a descriptor, so it reads on until nothing is left (the host sends a few)."""
+        with descriptors, so it reads on until nothing is left (the host sends a few)."""
         for _ in range(4 * defaults.HANDOVER_PIPES_KEPT):
             try:
                 self.channel.fill(socket.MSG_DONTWAIT)
@@ -228,9 +274,9 @@ class WorkerHandOvers:
                 or time.monotonic_ns() - self.granted_ns < after):
             return
         self.made = number
-        if number not in self.write_ends:  # sent while it held the lane: read it now
+        if number not in self.wake_ends:  # sent while it held the lane: read it now
             self._read_sent()
-        write_end = self.write_ends.pop(number, None)
-        if write_end is not None:
-            _wake(write_end)
-            os.close(write_end)
+        wake = self.wake_ends.pop(number, None)
+        if wake is not None:
+            _wake(wake)
+            wake.close()

@@ -106,7 +106,6 @@ class Resident:
     page_unread: tuple[int, float] | None = None  # its page's odd sequence count, first seen
     shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
     handover_messages: int = 0  # sent to it since its last grant
-    handed_off: bool = False  # it handed the lane over before the host heard its DONE
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
     exited_at: float = 0.0  # monotonic: when it was collected
     ended_wall: float = 0.0  # wall clock: the same moment, the job's end time
@@ -446,6 +445,8 @@ class Host:
             return
         resident.mem_cap = message.mem_cap
         resident.cap_unsent = resident.channel is not None
+        if self._armed_to_follow(resident):  # its cap goes with a Go, not a hand-over
+            self._revoke(self.lanes[resident.lane])
         if resident.leased:  # the cap goes with a Go: the next boundary asks for one
             self._end_lease(resident)
             self._schedule(self.lanes[resident.lane])
@@ -460,8 +461,10 @@ class Host:
             return  # gone, as asked already, or being ended: its SIGTERM must be seen
         now = time.monotonic()
         lane = self.lanes[resident.lane]
-        if lane.armed is not None and lane.armed.successor == resident.job_id:
-            self._settle_early(lane)  # it may have taken the lane already: then it holds it
+        if message.suspended and self._armed_to_follow(resident) and not self._revoke(lane):
+            # It runs on its grant before its predecessor's DONE: suspended inside an
+            # iteration, it goes on with it once granted the lane again.
+            resident.thaw_on_grant = True
         if resident.leased:  # whether it is inside an iteration decides what follows
             self._end_lease(resident)
         if message.suspended:
@@ -636,11 +639,11 @@ class Host:
     def _from_worker(self, resident: Resident) -> None:
         channel = resident.channel
         assert channel is not None
+        if self._armed_to_follow(resident) and not self._revoke(self.lanes[resident.lane]):
+            self._defer(resident)
+            return
         for message in channel.receive():
             now = time.monotonic()
-            armed = self.lanes[resident.lane].armed
-            if armed is not None and armed.successor == resident.job_id:
-                self._settle_early(self.lanes[resident.lane])
             kind = type(message)
             if kind is wire.Ready:
                 self._on_ready(resident, now)
@@ -678,8 +681,8 @@ class Host:
             # The same, where a suspend took over the measuring of that iteration.
             self._on_done(resident, wire.Done(resident.steps_done, resident.mem_persistent,
                                               resident.mem_peak), now)
-        if resident.channel is None or resident.state == "running":
-            return  # ended meanwhile, or it holds the lane already: nothing to grant
+        if resident.channel is None or resident.state != "idle":
+            return  # ended meanwhile, holds the lane already, or asked already
         if resident.released_at is not None:
             resident.gaps += 1
             resident.gap_total += max(0.0, now - resident.released_at)
@@ -705,13 +708,10 @@ class Host:
             if not resident.suspended:
                 self._stop_processes(resident, False)
             return
-        handed_off = resident.handed_off  # its successor holds the lane already
-        if lane.holder is not resident and not handed_off:
+        if lane.holder is not resident:
             return
-        resident.handed_off = False
         resident.iterations += 1
-        if not handed_off:  # else its time was counted as the lane was handed over
-            resident.attained += max(0.0, now - resident.granted_at)
+        resident.attained += max(0.0, now - resident.granted_at)
         if resident.iterations == 1:
             resident.first_iteration = resident.attained
         resident.record_steps(message.steps)
@@ -721,8 +721,7 @@ class Host:
         self._check_memory(resident)
         resident.state = "idle"
         resident.released_at = now
-        if not handed_off:
-            lane.holder = None
+        lane.holder = None
         self._schedule(lane)
 
     def _check_memory(self, resident: Resident) -> None:
@@ -827,21 +826,25 @@ class Host:
                                         holder.granted_at, time.monotonic())
             if ahead is not None:
                 successor, after = self.residents[ahead.job.id], ahead.after
+        if successor is not None and (successor.page is None or successor.channel is None
+                                      or successor.thaw_on_grant or successor.cap_unsent):
+            successor = None  # its grant must come with a Go
         armed = lane.armed
         if armed is not None:
             if armed.successor == getattr(successor, "job_id", None):
                 holder.page.arm(armed.pipe.number, after)
                 return
-            if self._settle_early(lane):
-                return  # too late: the lane is the successor's already
-        if (successor is None or successor.page is None or successor.channel is None
-                or successor.thaw_on_grant or successor.cap_unsent):
+            if not self._revoke(lane):
+                return  # too late: the lane is the successor's at the holder's release
+        if successor is None:
             return
         pipe = lane.pipes.pop((holder.job_id, successor.job_id), None) \
             or self._deliver(holder, successor)
         if pipe is None:
             return
-        handover.arm(pipe, holder.page, successor.page, after)
+        if not handover.arm(pipe, holder.page, after):
+            handover.close(pipe)
+            return
         lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id)
         # While it waits, the successor is sent the pipe for the turn after this one.
         if (successor.job_id, holder.job_id) not in lane.pipes:
@@ -876,28 +879,53 @@ class Host:
         successor = self.residents.get(armed.successor)
         usable = (successor is not None and successor.channel is not None
                   and successor in lane.residents and successor.state == "ready"
-                  and not successor.suspended)
-        if not handover.settle(armed, self._page_of(armed.holder),
-                               self._page_of(armed.successor),
-                               keep=usable and successor is chosen) or not usable:
+                  and not successor.suspended and not successor.thaw_on_grant
+                  and not successor.cap_unsent)  # else its grant comes the usual way
+        kept = handover.settle(armed, self._page_of(armed.holder),
+                               keep=usable and successor is chosen)
+        self._undefer(armed)
+        if not (kept and usable):
             return False
         self._granted(lane, successor)
         self._prepare_handover(lane, successor)
         return True
 
-    def _settle_early(self, lane: Lane) -> bool:
-        """End the lane's armed hand-over before its holder's DONE is read (the host
-        changed its mind, or the successor speaks): True if the successor had taken its
-        grant already, and has the lane. The holder's iteration is counted as lasting until
-        now (when it released the lane is not known yet), its DONE counts the rest."""
-        holder = lane.holder
-        now = time.monotonic()
-        if not self._settle(lane, None):
+    def _revoke(self, lane: Lane) -> bool:
+        """Take the armed successor's grant back (the host's pick has changed, say): True
+        if taken back; False if the successor has taken it, and runs on it already (the
+        lane is still its holder's until the holder's DONE, and then the successor's)."""
+        armed = lane.armed
+        assert armed is not None
+        if not handover.take_back(armed, self._page_of(armed.holder)):
             return False
-        if holder is not None and holder is not lane.holder:
-            holder.attained += max(0.0, now - holder.granted_at)
-            holder.handed_off = True
+        lane.armed = None
+        self._undefer(armed)
         return True
+
+    def _armed_to_follow(self, resident: Resident) -> bool:
+        armed = self.lanes[resident.lane].armed
+        return armed is not None and armed.successor == resident.job_id
+
+    def _defer(self, resident: Resident) -> None:
+        """The successor runs on its grant, and speaks, before the host has heard its
+        predecessor release the lane: what it says is read once the hand-over is settled
+        (its predecessor's DONE, most often already sent: read that first)."""
+        lane = self.lanes[resident.lane]
+        holder = lane.holder
+        if holder is not None and holder.channel is not None:
+            self._from_worker(holder)
+            if lane.armed is None or lane.armed.successor != resident.job_id:
+                return  # settled: its socket polls readable again
+        armed = lane.armed
+        if armed is not None and not armed.deferred and resident.channel is not None:
+            self.selector.unregister(resident.channel.sock)
+            armed.deferred = True
+
+    def _undefer(self, armed: handover.Armed) -> None:
+        successor = self.residents.get(armed.successor)
+        if armed.deferred and successor is not None and successor.channel is not None:
+            self.selector.register(successor.channel.sock, selectors.EVENT_READ, successor)
+        armed.deferred = False
 
     def _page_of(self, job_id: int) -> SharedPage | None:
         resident = self.residents.get(job_id)
@@ -1015,7 +1043,8 @@ class Host:
     def _drop_channel(self, resident: Resident) -> None:
         if resident.channel is None:
             return
-        self.selector.unregister(resident.channel.sock)
+        if resident.channel.sock in self.selector.get_map():  # not if its reading is deferred
+            self.selector.unregister(resident.channel.sock)
         resident.channel.close()
         resident.channel = None
         self._forget_pipes(self.lanes[resident.lane], resident.job_id)

@@ -22,9 +22,8 @@ its lane needs no decision at its boundaries, so the host grants it the lane wit
   (:func:`implausible`) as it checks any message, and a worker that writes impossible
   ones loses its job and nothing else.
 
-The page also carries the worker's side of a **hand-over** (:mod:`gq.exec.handover`):
-a grant semaphore the host posts for a job it has chosen to take the lane next, and a word
-naming the hand-over a holder is to make at its release.
+The page also names the **hand-over** (:mod:`gq.exec.handover`) a holder is to make at its
+release, and from what length of iteration: the host's words, never read back by it.
 
 The page is a sealed memfd (it cannot be shrunk under the host's mapping). Times are on
 the system-wide monotonic clock both processes share.
@@ -46,10 +45,8 @@ PAGE_SIZE = mmap.PAGESIZE
 _SEMAPHORE = 0  # a sem_t: 32 bytes in glibc's 64-bit ABI, room for 64
 _WANT = 64  # the host's word: nonzero while it wants the lane back
 _FIGURES = 128  # the worker's: a sequence count, then the figures
-_GRANT = 256  # a sem_t: posted by the host for a job chosen to follow the holder
-_HANDOVER = 320  # the host's word: the hand-over the holder makes at its release (0: none)
-_HANDOVER_AFTER = 328  # ... once its iteration has lasted this long (ns)
-_GRANT_FOR = 336  # the host's word: the hand-over whose pipe the grant is to be taken from
+_HANDOVER = 256  # the host's word: the hand-over the holder makes at its release (0: none)
+_HANDOVER_AFTER = 264  # ... once its iteration has lasted this long (ns)
 _SEQUENCE = struct.Struct("<q")
 _BODY = struct.Struct("<11q")
 _WORD = struct.Struct("<q")  # the host's words on the page
@@ -90,7 +87,6 @@ class SharedPage:
         self.map = mmap.mmap(fd, PAGE_SIZE)
         self._anchor = ctypes.c_char.from_buffer(self.map)  # pins the map for the address
         self._semaphore = ctypes.addressof(self._anchor) + _SEMAPHORE
-        self._grant = ctypes.addressof(self._anchor) + _GRANT
 
     @classmethod
     def create(cls) -> tuple[SharedPage, int]:
@@ -105,7 +101,7 @@ class SharedPage:
         except BaseException:
             os.close(fd)
             raise
-        if _libc.sem_init(page._semaphore, 1, 0) != 0 or _libc.sem_init(page._grant, 1, 0) != 0:
+        if _libc.sem_init(page._semaphore, 1, 0) != 0:
             page.close()
             os.close(fd)
             raise OSError(ctypes.get_errno(), "sem_init failed on a lane page")
@@ -145,26 +141,6 @@ class SharedPage:
         return _WORD.unpack_from(self.map, _WANT)[0] != 0
 
     # ----- a hand-over (gq.exec.handover) ----------------------------------------------
-    def post_grant(self, number: int) -> None:
-        """The host's side: the lane is this job's once it is woken through the pipe of
-        hand-over ``number``, unless taken back."""
-        self.drain_grant()
-        _WORD.pack_into(self.map, _GRANT_FOR, number)
-        _libc.sem_post(self._grant)
-
-    def granted_for(self) -> int:
-        return _WORD.unpack_from(self.map, _GRANT_FOR)[0]
-
-    def take_grant(self) -> bool:
-        """Both sides: the worker takes its grant as it is woken; the host takes it back
-        (True: the worker had not taken it, and now cannot)."""
-        return _libc.sem_trywait(self._grant) == 0
-
-    def drain_grant(self) -> None:
-        for _ in range(64):  # a worker may post its own; the host never loops for ever
-            if not self.take_grant():
-                return
-
     def arm(self, number: int, after: float = 0.0) -> None:
         """Name the hand-over the holder makes at its release (0: none), once its iteration
         has lasted ``after`` seconds."""

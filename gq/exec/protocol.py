@@ -7,7 +7,7 @@ daemon → host   Hello, Launch, Kill, Update, SetPolicy, Ack, Drain, Shutdown
 host → daemon   State (answers Hello), Started, LaunchFailed, Exited (repeated in every
                 State until acknowledged), Progress
 worker → host   Ready, Done, Total, StepsTaken, OutOfMemory, Finished
-host → worker   Go, Standby and HandOver (each with a descriptor: a hand-over's pipe end)
+host → worker   Go, Standby and HandOver (these two with descriptors: a hand-over's ends)
 
 A peer whose line fails to decode loses its channel and nothing else: a worker's job ends
 FAILED naming the message, a daemon is dropped (the host runs on), a host is attached
@@ -345,9 +345,9 @@ class Go:
 
 @message
 class Standby:
-    """Comes with the read end of a pipe: the lane is this job's once the holder writes
-    there at its release (or the host does), if the grant on its page is still posted
-    (gq.exec.handover). A Go, or another Standby, replaces it."""
+    """Comes with two socket ends, a hand-over's wake and grant channels (gq.exec.handover):
+    the lane is this job's once a byte comes down the wake channel (from the holder at its
+    release, or the host), if the grant channel's byte is still there to take."""
 
     op: ClassVar[str] = "standby"
     number: Positive
@@ -356,8 +356,8 @@ class Standby:
 
 @message
 class HandOver:
-    """Comes with the write end of the pipe of Standby ``number``: the holder writes one
-    byte there at its release if its page still names that hand-over."""
+    """Comes with the other end of Standby ``number``'s wake channel: the holder writes one
+    byte there at its release if its page names that hand-over."""
 
     op: ClassVar[str] = "handover"
     number: Positive
@@ -371,7 +371,7 @@ TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SetPolicy, Ack, Drai
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
 TO_WORKER = _table(Go, Standby, HandOver)
-WITH_DESCRIPTOR = (Standby, HandOver)  # each such message brings one, in order
+DESCRIPTORS = {Standby: 2, HandOver: 1}  # the descriptors these bring, in order
 
 
 # ----- framing ------------------------------------------------------------------------
@@ -482,12 +482,12 @@ class Channel:
         self.closed = True
         self._buffer.clear()
 
-    def send_with_descriptor(self, message: Any, descriptor: int) -> bool:
-        """Send a whole message with a copy of ``descriptor`` (SCM_RIGHTS); False when the
+    def send_with_descriptors(self, message: Any, descriptors: list[int]) -> bool:
+        """Send a whole message with copies of ``descriptors`` (SCM_RIGHTS); False when the
         peer has gone, or does not read what it is sent (its socket is full)."""
         line = encode(message)
         try:
-            sent = socket.send_fds(self.sock, [line], [descriptor])
+            sent = socket.send_fds(self.sock, [line], descriptors)
             if sent < len(line):
                 self.sock.sendall(line[sent:])
             return True
@@ -528,8 +528,8 @@ _INT = array.array("i")
 
 
 class WorkerChannel(Channel):
-    """A worker's end of its socket to its host: messages of WITH_DESCRIPTOR each bring one
-    descriptor, received in the order they were sent (close-on-exec: a program the job
+    """A worker's end of its socket to its host: the messages of DESCRIPTORS bring
+    descriptors, received in the order they were sent (close-on-exec: a program the job
     starts inherits none)."""
 
     def __init__(self, sock: socket.socket):
@@ -546,15 +546,14 @@ class WorkerChannel(Channel):
                 self.descriptors.extend(array.array("i", payload[:usable]))
         return data
 
-    def next_buffered(self) -> tuple[Any, int | None] | None:
-        """The next whole message already read, with its descriptor where it brings one;
-        None if there is none. MessageError if the host sent what is not one."""
+    def next_buffered(self) -> tuple[Any, list[int]] | None:
+        """The next whole message already read, with the descriptors it brings; None if
+        there is none. MessageError if the host sent what is not one."""
         for received in self._drain():
-            if not isinstance(received, WITH_DESCRIPTOR):
-                return received, None
-            if not self.descriptors:
-                raise MessageError(f"a {received.op} message without its descriptor")
-            return received, self.descriptors.popleft()
+            count = DESCRIPTORS.get(type(received), 0)
+            if len(self.descriptors) < count:
+                raise MessageError(f"a {received.op} message without its descriptors")
+            return received, [self.descriptors.popleft() for _ in range(count)]
         if self.error:
             raise MessageError(self.error)
         return None
