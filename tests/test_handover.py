@@ -505,7 +505,8 @@ def test_a_successor_that_takes_its_grant_early_waits_for_its_holders_release(ha
     counts the holder's whole iteration as the holder's."""
     lane = hand_lane("priority")
     one = lane.add(1, 1, priority=0)
-    two, three = lane.add(2, 1, priority=5, hostile=_takes_its_grant_early), lane.add(3, 1, priority=1)
+    two = lane.add(2, 1, priority=5, hostile=_takes_its_grant_early)
+    three = lane.add(3, 1, priority=1)
     lane.tell(1)
     lane.serve(_holds(lane, one))
     assert lane.said() == "1 granted"
