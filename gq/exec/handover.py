@@ -174,12 +174,15 @@ class WorkerHandOvers:
         self.made = 0  # the last hand-over it made as a holder
         self.granted_ns = 0  # when its current iteration was granted
         self.early: list[tuple[object, list[int]]] = []  # read at a release, for the wait
+        self.spent: tuple[socket.socket, ...] = ()  # the ends of its last hand-over
         # A forked child (a DataLoader worker) keeps no end: a copy of a wake channel's end
         # would hide from the host that the job itself has closed it.
         os.register_at_fork(after_in_child=self._forget)
 
     def await_grant(self) -> Go:
         """After READY: the host's Go, or a grant handed over by the job before it."""
+        _close(self.spent)
+        self.spent = ()
         sock = self.channel.sock.fileno()
         while True:
             received = self.early.pop(0) if self.early else self.channel.next_buffered()
@@ -218,17 +221,19 @@ class WorkerHandOvers:
         except BlockingIOError:
             granted = False
         del self.standbys[number]
-        wake.close()
-        grant.close()
         if not granted:
+            _close((wake, grant))
             return None
         self.granted_ns = time.monotonic_ns()
+        self.spent = (wake, grant)  # closed at its next wait: not on the way to its iteration
         return Go(empty_cache=message.empty_cache)
 
     def _keep(self, message: object, descriptors: list[int]) -> None:
         """The ends of a pipe the host sent, kept for later (the oldest closed past the
         bound)."""
-        ends = [socket.socket(fileno=descriptor) for descriptor in descriptors]
+        # Family and type named: else each end costs three system calls to find them out.
+        ends = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, descriptor)
+                for descriptor in descriptors]
         bound = defaults.HANDOVER_PIPES_KEPT
         if isinstance(message, Standby):
             wake, grant = ends
@@ -246,9 +251,10 @@ class WorkerHandOvers:
     def _forget(self) -> None:
         for _message, *ends in self.standbys.values():
             _close(ends)
-        _close(self.wake_ends.values())
+        _close([*self.wake_ends.values(), *self.spent])
         self.standbys.clear()
         self.wake_ends.clear()
+        self.spent = ()
 
     def _read_sent(self) -> None:
         """Take in what the host has sent, without waiting. A read stops after a message
