@@ -7,7 +7,9 @@ and what running under gq costs a job per iteration.
   alternates between them; a switch is the time from one job's iteration end to the other,
   already waiting, job's iteration start, on the shared monotonic clock (a hand-over, the
   holder waking the other job itself, or where none was armed, a DONE and a GO through the
-  host).
+  host). Without gaps the lane may be kept for the job that just released it (its gap is
+  anticipated), so the host decides at each release; with 2.5 ms gaps (past the
+  anticipation limit) the next job is known ahead and the lane is handed over.
 - overhead, as a new user meets it (bench/jobs/train_loop.py): a tiny forward, backward and
   optimizer step, then 1 ms or 5 ms of busy host-side work, run bare (python) and under gq
   alternately, medians of 3; overhead = loop time under gq / bare - 1, and the range of
@@ -47,14 +49,20 @@ def read_runs(path: Path) -> list[dict]:
 
 
 def switch_latencies(runs: list[dict]) -> list[float]:
-    spans = sorted((begin, end, run["job"]) for run in runs for begin, end in run["spans"])
-    return [nxt[0] - prev[1] for prev, nxt in zip(spans, spans[1:]) if nxt[2] != prev[2]]
+    """From one job's iteration end to the other's start, where the other had asked for
+    the lane before that end (it was waiting)."""
+    spans = sorted((begin, end, run["job"], asked)
+                   for run in runs for begin, end, asked in run["spans"])
+    return [nxt[0] - prev[1] for prev, nxt in zip(spans, spans[1:])
+            if nxt[2] != prev[2] and nxt[3] <= prev[1]]
 
 
-def measure_switches(node: Node, steps: int, iter_ms: float) -> list[float]:
-    out = node.dir / "switch.jsonl"
+def measure_switches(node: Node, steps: int, iter_ms: float, gap_ms: float = 0.0,
+                     out_name: str = "switch.jsonl") -> list[float]:
+    out = node.dir / out_name
     node.gq("policy", "set", "fair")
-    ids = [node.submit(LOOP, "--steps", steps, "--iter-ms", iter_ms, "--out", out)
+    ids = [node.submit(LOOP, "--steps", steps, "--iter-ms", iter_ms, "--gap-ms", gap_ms,
+                       "--out", out)
            for _ in range(2)]
     node.wait_all(ids)
     runs = read_runs(out)
@@ -145,11 +153,16 @@ def main() -> None:
         floors["two_cpus"] = measure_wake_floor((cpus[0], cpus[1]))
     with Node("--kill-wait", "1", "--lanes", "1") as node:
         latencies = measure_switches(node, int(2000 * scale), 1.0)
+        # Gaps past the anticipation limit: no lane is kept for a job in its gap, so the
+        # next job is known whatever the holder does, and the holder hands the lane over.
+        gapped = measure_switches(node, int(800 * scale), 3.0, 2.5, "gapped.jsonl")
         overheads = [measure_overhead(node, iter_ms, int(steps * scale), 3, jobs)
                      for jobs in (1, 2) for iter_ms, steps in ((1.0, 2000), (5.0, 600))]
     result = {
         "switch": {"count": len(latencies), "p50_us": percentile(latencies, 50) * 1e6,
                    "p99_us": percentile(latencies, 99) * 1e6, "max_us": max(latencies) * 1e6},
+        "switch_with_gaps": {"count": len(gapped), "p50_us": percentile(gapped, 50) * 1e6,
+                             "p99_us": percentile(gapped, 99) * 1e6},
         "overhead": overheads,
         "round_trip_floor": {where: {"p50_us": percentile(trips, 50) * 1e6,
                                      "p99_us": percentile(trips, 99) * 1e6}
@@ -160,6 +173,10 @@ def main() -> None:
     print(f"\nswitch latency over {switch['count']} switches: p50 {switch['p50_us']:.0f} us "
           f"(target <= 50: {_verdict(switch['p50_us'] <= 50)}), p99 {switch['p99_us']:.0f} us "
           f"(target <= 150: {_verdict(switch['p99_us'] <= 150)})")
+    gapped = result["switch_with_gaps"]
+    print(f"switch latency, 3 ms iterations with 2.5 ms gaps (hand-overs), over "
+          f"{gapped['count']} switches: p50 {gapped['p50_us']:.0f} us, p99 "
+          f"{gapped['p99_us']:.0f} us")
     for where, floor in result["round_trip_floor"].items():
         print(f"round trip between two processes, {where.replace('_', ' ')}: p50 "
               f"{floor['p50_us']:.0f} us, p99 {floor['p99_us']:.0f} us (the floor: a wake-up "

@@ -9,17 +9,16 @@ hand-over instead:
   holder writes to and the successor waits on, and a grant channel only the host writes
   to. The host sends the successor its ends (``Standby``) and the holder the wake channel's
   other end (``HandOver``), each while that job waits for the lane (never at a release);
-- to arm a pipe, the host posts one byte down its grant channel and names the pipe on the
-  holder's page, with the least length of iteration from which the lane goes to that
-  successor (:func:`gq.exec.lanes.hand_over`: shorter, the policy may keep it for the
-  holder). At its release the holder writes one byte down the wake channel, before its
-  DONE, if its iteration was that long: the successor wakes, takes the grant's byte and
-  runs, and the host is not on the way;
-- the host hears the DONE as before and **settles** the hand-over: where it still picks the
-  successor, or the successor has taken the grant, the lane is the successor's (the host
-  writes the wake byte too, in case the holder did not); else it takes the grant back and
-  grants the lane as usual. Each pipe is armed once; while the successor waits, the host
-  sends it the pipe for the turn after (the same two jobs the other way round).
+- to arm a pipe (where the lane goes to that successor however long the holder's
+  iteration lasts: :func:`gq.exec.lanes.hand_over`), the host posts one byte down its
+  grant channel and names the pipe on the holder's page. At its release the holder writes
+  one byte down the wake channel, before its DONE: the successor wakes, takes the grant's
+  byte and runs, and the host is not on the way;
+- the host hears the DONE as before and **settles** the hand-over: where the successor has
+  taken the grant, the lane is the successor's; else the host takes the grant back and
+  grants the lane as usual (a Go: the holder did not wake it, or it is not awake yet). Each
+  pipe is armed once; while the successor waits, the host sends it the pipe for the turn
+  after (the same two jobs the other way round).
 
 Until the successor takes it, the host can take the grant back (it reads the byte itself),
 so it can change its mind whenever the policy's pick changes. One byte is read by one
@@ -31,9 +30,9 @@ the host writes to a grant channel), and a byte down another pair's wake channel
 grant. A successor can take its grant early: the host still counts the lane as its
 holder's until the holder's DONE, and reads nothing of the successor until then. Nothing a
 worker does to its ends (flags, full buffers, closing them) can block the host, which
-sends and reads with MSG_DONTWAIT, nor raise SIGPIPE in a job (MSG_NOSIGNAL). A worker that
-does not read its socket has only its own hand-overs fail (the host's send fails, and it
-loses its channel as with a Go).
+writes to no wake channel and sends and reads its grant channels with MSG_DONTWAIT, nor
+raise SIGPIPE in a job (MSG_NOSIGNAL). A worker that does not read its socket has only its
+own hand-overs fail (the host's send fails, and it loses its channel as with a Go).
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ from __future__ import annotations
 import os
 import select
 import socket
-import time
 from dataclasses import dataclass
 
 from gq import defaults
@@ -60,7 +58,6 @@ class Pipe:
     """The two channels of one hand-over between two lane-mates, armed at most once."""
 
     number: int
-    wake: socket.socket  # a copy of the holder's end: the host can wake the successor too
     grant: socket.socket  # the host's end of the grant channel: it posts the grant there
     taken: socket.socket  # a copy of the successor's end: the host takes a grant back there
 
@@ -83,7 +80,7 @@ def deliver(number: int, holder: Channel, successor: Channel, empty_cache: bool)
     # One way each: a successor writes to neither its predecessor nor the host.
     wake_successor.shutdown(socket.SHUT_WR)
     grant_successor.shutdown(socket.SHUT_WR)
-    pipe = Pipe(number, wake_holder, grant_host, grant_successor)
+    pipe = Pipe(number, grant_host, grant_successor)
     try:
         if (successor.send_with_descriptors(Standby(number, empty_cache),
                                             [wake_successor.fileno(), grant_successor.fileno()])
@@ -93,16 +90,17 @@ def deliver(number: int, holder: Channel, successor: Channel, empty_cache: bool)
         return None
     finally:
         wake_successor.close()
+        wake_holder.close()
 
 
-def arm(pipe: Pipe, holder_page: SharedPage, after: float) -> bool:
-    """The successor's grant posted, then the holder told to hand over once its iteration
-    has lasted ``after`` seconds; False (nothing armed) if the grant could not be posted."""
+def arm(pipe: Pipe, holder_page: SharedPage) -> bool:
+    """The successor's grant posted, then the holder told to hand over at its release;
+    False (nothing armed) if the grant could not be posted."""
     try:
         pipe.grant.send(_BYTE, _FLAGS)
     except OSError:  # its end shrunk to nothing, say: the lane goes through the host
         return False
-    holder_page.arm(pipe.number, after)
+    holder_page.arm(pipe.number)
     return True
 
 
@@ -117,17 +115,13 @@ def take_back(armed: Armed, holder_page: SharedPage | None) -> bool:
     return True
 
 
-def settle(armed: Armed, holder_page: SharedPage | None, keep: bool) -> bool:
-    """End an armed hand-over at the holder's release: with ``keep``, the successor has the
-    lane (woken by the host if the holder did not); else the host takes its grant back.
-    True if the lane is the successor's: kept, or its grant taken already."""
+def settle(armed: Armed, holder_page: SharedPage | None) -> bool:
+    """End an armed hand-over at the holder's release: True if the successor has taken its
+    grant (the lane is its own); else the host has taken it back (the successor was not
+    woken yet, or the holder did not wake it: the lane is granted the usual way, a Go)."""
     if holder_page is not None:
         holder_page.arm(0)
     try:
-        if keep and _wake(armed.pipe.wake):
-            return True
-        # Not kept, or nobody reads its wake channel: the successor woke and took its
-        # grant, or it dropped the pipe (then the host takes the grant back).
         return not _take_grant_back(armed.pipe)
     finally:
         close(armed.pipe)
@@ -146,18 +140,16 @@ def _take_grant_back(pipe: Pipe) -> bool:
 
 
 def close(pipe: Pipe) -> None:
-    _close((pipe.wake, pipe.grant, pipe.taken))
+    _close((pipe.grant, pipe.taken))
 
 
-def _wake(end: socket.socket) -> bool:
-    """One byte down a wake channel: False if nobody reads it any more."""
+def _wake(end: socket.socket) -> None:
+    """One byte down a wake channel (a full one has woken its reader; a closed one has
+    none left to wake)."""
     try:
         end.send(_BYTE, _FLAGS)
-    except BlockingIOError:  # full: a holder filled it, and woke the successor
-        pass
     except OSError:
-        return False
-    return True
+        pass
 
 
 # ----- the worker's side -------------------------------------------------------------
@@ -172,11 +164,10 @@ class WorkerHandOvers:
         self.standbys: dict[int, tuple[Standby, socket.socket, socket.socket]] = {}
         self.wake_ends: dict[int, socket.socket] = {}  # as a holder (HandOver)
         self.made = 0  # the last hand-over it made as a holder
-        self.granted_ns = 0  # when its current iteration was granted
         self.early: list[tuple[object, list[int]]] = []  # read at a release, for the wait
         self.spent: tuple[socket.socket, ...] = ()  # the ends of its last hand-over
-        # A forked child (a DataLoader worker) keeps no end: a copy of a wake channel's end
-        # would hide from the host that the job itself has closed it.
+        # A forked child (a DataLoader worker) closes its copies of the ends: it neither
+        # waits for the lane nor hands it over, and a copy would keep a channel open.
         os.register_at_fork(after_in_child=self._forget)
 
     def await_grant(self) -> Go:
@@ -188,7 +179,6 @@ class WorkerHandOvers:
             received = self.early.pop(0) if self.early else self.channel.next_buffered()
             if received is not None:
                 if isinstance(received[0], Go):
-                    self.granted_ns = time.monotonic_ns()
                     return received[0]
                 self._keep(*received)
                 continue
@@ -224,7 +214,6 @@ class WorkerHandOvers:
         if not granted:
             _close((wake, grant))
             return None
-        self.granted_ns = time.monotonic_ns()
         self.spent = (wake, grant)  # closed at its next wait: not on the way to its iteration
         return Go(empty_cache=message.empty_cache)
 
@@ -275,9 +264,8 @@ class WorkerHandOvers:
         page = self.page
         if page is None:
             return
-        number, after = page.armed()
-        if (number <= 0 or number == self.made
-                or time.monotonic_ns() - self.granted_ns < after):
+        number = page.armed()
+        if number <= 0 or number == self.made:
             return
         self.made = number
         if number not in self.wake_ends:  # sent while it held the lane: read it now

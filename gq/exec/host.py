@@ -760,7 +760,7 @@ class Host:
         decision = self._decide(lane, ready, now) if ready else None
         chosen = self.residents[decision.job.id] \
             if isinstance(decision, lane_rule.Grant) else None
-        if lane.armed is not None and self._settle(lane, chosen):
+        if lane.armed is not None and self._settle(lane):
             return  # the holder's successor has the lane, as armed
         if isinstance(decision, lane_rule.KeepFor):
             lane.kept_until = decision.until
@@ -813,26 +813,25 @@ class Host:
     # ----- hand-overs (gq.exec.handover) ----------------------------------------------
     def _prepare_handover(self, lane: Lane, holder: Resident) -> None:
         """While ``holder`` is inside an iteration: arm a hand-over to the job the lane
-        goes to at its release (from the iteration length the lane rule says), or take back
-        one armed for a job the lane would no longer go to."""
-        successor, after = None, 0.0
+        goes to at its release however long the iteration lasts, or take back one armed
+        for a job the lane would no longer go to."""
+        successor = None
         ready = _ready(lane)
         if (ready and holder.page is not None and holder.channel is not None
                 and not holder.closing and not holder.suspended):
             views, in_gaps = self._lane_views(lane)
             held = views.pop(holder.job_id)
-            ahead = lane_rule.hand_over(self.policy, [views[r.job_id] for r in ready],
-                                        list(views.values()), in_gaps, held,
-                                        holder.granted_at, time.monotonic())
-            if ahead is not None:
-                successor, after = self.residents[ahead.job.id], ahead.after
+            follows = lane_rule.hand_over(self.policy, [views[r.job_id] for r in ready],
+                                          list(views.values()), in_gaps, held,
+                                          holder.granted_at, time.monotonic())
+            if follows is not None:
+                successor = self.residents[follows.id]
         if successor is not None and (successor.page is None or successor.channel is None
                                       or successor.thaw_on_grant or successor.cap_unsent):
             successor = None  # its grant must come with a Go
         armed = lane.armed
         if armed is not None:
             if armed.successor == getattr(successor, "job_id", None):
-                holder.page.arm(armed.pipe.number, after)
                 return
             if not self._revoke(lane):
                 return  # too late: the lane is the successor's at the holder's release
@@ -842,7 +841,7 @@ class Host:
             or self._deliver(holder, successor)
         if pipe is None:
             return
-        if not handover.arm(pipe, holder.page, after):
+        if not handover.arm(pipe, holder.page):
             handover.close(pipe)
             return
         lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id)
@@ -869,10 +868,10 @@ class Host:
         for pair in [pair for pair in lane.pipes if job_id in pair]:
             handover.close(lane.pipes.pop(pair))
 
-    def _settle(self, lane: Lane, chosen: Resident | None) -> bool:
+    def _settle(self, lane: Lane) -> bool:
         """The lane's holder has released it (or gone): the armed successor has it if it
-        is still the job chosen, or has taken its grant already (True); else its grant is
-        taken back and the lane is granted as usual."""
+        has taken its grant already (True); else its grant is taken back and the lane is
+        granted as usual (to it again, with a Go, if the policy still picks it)."""
         armed = lane.armed
         assert armed is not None
         lane.armed = None
@@ -881,8 +880,7 @@ class Host:
                   and successor in lane.residents and successor.state == "ready"
                   and not successor.suspended and not successor.thaw_on_grant
                   and not successor.cap_unsent)  # else its grant comes the usual way
-        kept = handover.settle(armed, self._page_of(armed.holder),
-                               keep=usable and successor is chosen)
+        kept = handover.settle(armed, self._page_of(armed.holder))
         self._undefer(armed)
         if not (kept and usable):
             return False

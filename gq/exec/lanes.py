@@ -11,8 +11,8 @@ millisecond). Where the policy picks no ready job, the lane stays free too (e.g.
 with fill off, a higher job in its gap).
 
 While a job holds the lane, :func:`hand_over` says ahead which job the lane goes to at its
-release, and from what length of its iteration on: the host arms a hand-over on that
-(gq.exec.handover), so that the holder wakes that job itself.
+release, where that does not depend on how long the holder's iteration lasts: the host arms
+a hand-over on that (gq.exec.handover), so that the holder wakes that job itself.
 """
 
 from __future__ import annotations
@@ -67,27 +67,17 @@ def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     return None if chosen is None else Grant(chosen)
 
 
-@dataclass(frozen=True)
-class HandOver:
-    """The lane goes to ``job`` at its holder's release, once the holder's iteration has
-    lasted ``after`` seconds (before that, the rule decides otherwise: e.g. keeps it)."""
-
-    job: JobView
-    after: float
-
-
-_BISECTIONS = 8
-
-
 def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobView],
               waiting_for: Sequence[Awaited], holder: JobView, granted_at: float,
-              now: float) -> HandOver | None:
+              now: float) -> JobView | None:
     """While ``holder`` is inside the iteration granted at ``granted_at``: the job the free
-    lane's decision grants at its release, if it grants one for some length of that
-    iteration up to twice its usual one (or twice what it has lasted so far), and the least
-    such length. A policy's preference for a job only falls as the job uses device time, so
-    past that length the decision stays; it is found by bisection. ``resident`` and
-    ``waiting_for`` are the lane's other jobs."""
+    lane's decision grants at its release, where that does not depend on how long the
+    iteration lasts (None where it may keep the lane for the holder instead, or grant
+    another job): the same job for the shortest length the iteration can still have (what
+    it has lasted so far) and for twice its usual one. An iteration far longer than usual
+    may change the decision (fair, where the holder's use shifts its user's share); then
+    the host, deciding at the release, grants as usual unless the successor has taken its
+    grant already. ``resident`` and ``waiting_for`` are the lane's other jobs."""
 
     def decide(length: float) -> JobView | None:
         release = granted_at + length
@@ -99,21 +89,9 @@ def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
         decision = next_step(policy, ready, [*resident, released], waits, release)
         return decision.job if isinstance(decision, Grant) else None
 
-    low = max(0.0, now - granted_at)
-    high = 2 * max(low, holder.mean_iteration or 0.0) + 0.001
-    job = decide(high)
+    shortest = max(0.0, now - granted_at)
+    job = decide(shortest)
     if job is None:
         return None
-    if _same(decide(low), job):
-        return HandOver(job, 0.0)
-    for _ in range(_BISECTIONS):
-        middle = (low + high) / 2
-        if _same(decide(middle), job):
-            high = middle
-        else:
-            low = middle
-    return HandOver(job, high)
-
-
-def _same(job: JobView | None, other: JobView) -> bool:
-    return job is not None and job.id == other.id
+    longest = decide(2 * max(shortest, holder.mean_iteration or 0.0) + 0.001)
+    return job if longest is not None and longest.id == job.id else None

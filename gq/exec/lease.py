@@ -23,7 +23,7 @@ its lane needs no decision at its boundaries, so the host grants it the lane wit
   ones loses its job and nothing else.
 
 The page also names the **hand-over** (:mod:`gq.exec.handover`) a holder is to make at its
-release, and from what length of iteration: the host's words, never read back by it.
+release: the host's word, never read back by it.
 
 The page is a sealed memfd (it cannot be shrunk under the host's mapping). Times are on
 the system-wide monotonic clock both processes share.
@@ -46,7 +46,6 @@ _SEMAPHORE = 0  # a sem_t: 32 bytes in glibc's 64-bit ABI, room for 64
 _WANT = 64  # the host's word: nonzero while it wants the lane back
 _FIGURES = 128  # the worker's: a sequence count, then the figures
 _HANDOVER = 256  # the host's word: the hand-over the holder makes at its release (0: none)
-_HANDOVER_AFTER = 264  # ... once its iteration has lasted this long (ns)
 _SEQUENCE = struct.Struct("<q")
 _BODY = struct.Struct("<11q")
 _WORD = struct.Struct("<q")  # the host's words on the page
@@ -141,16 +140,12 @@ class SharedPage:
         return _WORD.unpack_from(self.map, _WANT)[0] != 0
 
     # ----- a hand-over (gq.exec.handover) ----------------------------------------------
-    def arm(self, number: int, after: float = 0.0) -> None:
-        """Name the hand-over the holder makes at its release (0: none), once its iteration
-        has lasted ``after`` seconds."""
-        _WORD.pack_into(self.map, _HANDOVER_AFTER, int(after * 1e9))
+    def arm(self, number: int) -> None:
+        """Name the hand-over the holder makes at its release (0: none)."""
         _WORD.pack_into(self.map, _HANDOVER, number)
 
-    def armed(self) -> tuple[int, int]:
-        """The hand-over the holder is to make, and from what length of iteration (ns)."""
-        return (_WORD.unpack_from(self.map, _HANDOVER)[0],
-                _WORD.unpack_from(self.map, _HANDOVER_AFTER)[0])
+    def armed(self) -> int:
+        return _WORD.unpack_from(self.map, _HANDOVER)[0]
 
     # ----- figures -------------------------------------------------------------------
     def sequence(self) -> int:
