@@ -184,6 +184,15 @@ class HandLane:
         self.sockets[host_end] = resident
         return resident
 
+    def hold_and_arm(self, holder: Resident, successor: Resident) -> None:
+        """``holder`` is granted the lane (and says so), then ``successor`` asks for it and
+        is armed to follow."""
+        self.tell(holder.job_id)
+        self.serve(_holds(self, holder))
+        assert self.said() == f"{holder.job_id} granted"
+        self.tell(successor.job_id)
+        self.serve(_armed_for(self, successor))
+
     def tell(self, job_id: int) -> None:
         os.write(self.release_pipes[job_id], b"x")
 
@@ -241,11 +250,7 @@ def test_the_holder_wakes_its_successor_without_the_host(hand_lane):
     The host hears both jobs afterwards and counts each iteration once."""
     lane = hand_lane("fair")
     one, two = lane.add(1, 1), lane.add(2, 1)
-    lane.tell(1)
-    lane.serve(_holds(lane, one))
-    assert lane.said() == "1 granted"
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
+    lane.hold_and_arm(one, two)
     lane.tell(1)  # job 1 releases; the host is not running
     assert lane.said() == "2 granted"
     assert lane.host.lanes[0].holder is one  # it has heard of nothing yet
@@ -281,11 +286,7 @@ def test_a_grant_taken_back_cannot_be_woken_into(hand_lane):
     lane = hand_lane("priority")
     one = lane.add(1, 1, priority=0, hostile=write_everywhere)
     two, three = lane.add(2, 1, priority=1), lane.add(3, 1, priority=5)
-    lane.tell(1)
-    lane.serve(_holds(lane, one))
-    assert lane.said() == "1 granted"
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
+    lane.hold_and_arm(one, two)
     lane.tell(3)
     lane.serve(_armed_for(lane, three))
     lane.tell(1)
@@ -305,11 +306,7 @@ def test_a_holder_that_never_hands_over_costs_its_successor_only_the_hosts_round
 
     lane = hand_lane("fair")
     one, two = lane.add(1, 1, hostile=never), lane.add(2, 1)
-    lane.tell(1)
-    lane.serve(_holds(lane, one))
-    assert lane.said() == "1 granted"
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
+    lane.hold_and_arm(one, two)
     lane.tell(1)
     lane.serve(lambda: _holds(lane, two)() and one.iterations == 1)
     assert lane.said() == "2 granted"
@@ -320,10 +317,7 @@ def test_a_successor_that_dies_while_armed_leaves_nothing_armed(hand_lane):
     frees the lane."""
     lane = hand_lane("fair")
     one, two = lane.add(1, 1), lane.add(2, 1)
-    lane.tell(1)
-    lane.serve(_holds(lane, one))
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
+    lane.hold_and_arm(one, two)
     assert lane.host.lanes[0].pipes  # the pipe for the turn after, sent ahead
     os.kill(lane.children[2], signal.SIGKILL)
     lane.serve(lambda: two.channel is None)
@@ -338,13 +332,10 @@ def test_the_successors_done_read_first_is_read_after_the_holders(hand_lane):
     first (sent before the successor could run), so each job's iteration is its own."""
     lane = hand_lane("fair")
     one, two = lane.add(1, 1), lane.add(2, 1)
-    lane.tell(1)
-    lane.serve(_holds(lane, one))
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
+    lane.hold_and_arm(one, two)
     lane.tell(1)
     released = time.monotonic()
-    assert lane.said() == "1 granted" and lane.said() == "2 granted"
+    assert lane.said() == "2 granted"
     lane.tell(2)
     lane.serve(lambda: two.iterations == 1, only=two)
     assert one.iterations == 1 and one.steps_done == two.steps_done == 1
@@ -538,10 +529,7 @@ def test_two_jobs_in_league_cannot_hold_the_host_up(hand_lane):
     lane = hand_lane("fair")
     one = lane.add(1, 1, hostile=fills_its_wake_channel)
     two = lane.add(2, 1, hostile=_reads_only_its_socket)
-    lane.tell(1)
-    lane.serve(_holds(lane, one))
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
+    lane.hold_and_arm(one, two)
     lane.tell(1)
     with _host_returns_within(10):
         lane.serve(lambda: one.iterations == 1 and lane.host.lanes[0].armed is None)
@@ -574,11 +562,7 @@ def test_a_holder_whose_successor_closed_its_end_is_not_killed_by_sigpipe(hand_l
 
     one = lane.add(1, 1, hostile=default_sigpipe)
     two = lane.add(2, 1, hostile=drops_its_ends)
-    lane.tell(1)
-    lane.serve(_holds(lane, one))
-    assert lane.said() == "1 granted"
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
+    lane.hold_and_arm(one, two)
     assert lane.said() == "2 dropped its ends"
     lane.tell(1)
     lane.serve(lambda: one.iterations == 1 and _holds(lane, two)())
@@ -637,10 +621,7 @@ def test_a_cap_that_comes_while_a_hand_over_is_armed_comes_with_a_go(hand_lane):
     grant is taken back, and comes from the host."""
     lane = hand_lane("fair", cuda=True)
     one, two = lane.add(1, 1), lane.add(2, 1)
-    lane.tell(1)
-    lane.serve(_holds(lane, one))
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
+    lane.hold_and_arm(one, two)
     lane.host._on_cap(Cap(job=2, run=1, mem_cap=1 << 30))
     assert lane.host.lanes[0].armed is None and two.cap_unsent
     lane.tell(1)
@@ -659,12 +640,9 @@ def test_a_successor_suspended_inside_its_handed_over_iteration_is_thawed_when_g
         os.kill(lane.children[job.job_id], signal.SIGSTOP if stopped else signal.SIGCONT)
 
     lane.host._stop_processes = stop
+    lane.hold_and_arm(one, two)
     lane.tell(1)
-    lane.serve(_holds(lane, one))
-    lane.tell(2)
-    lane.serve(_armed_for(lane, two))
-    lane.tell(1)
-    assert lane.said() == "1 granted" and lane.said() == "2 granted"
+    assert lane.said() == "2 granted"
     lane.host._on_suspend(Suspend(job=2, suspended=True))
     assert two.thaw_on_grant and two.frozen
     lane.host._on_suspend(Suspend(job=2, suspended=False))
