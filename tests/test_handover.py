@@ -299,7 +299,8 @@ def test_a_grant_taken_back_cannot_be_woken_into(hand_lane):
 
 
 def test_a_holder_that_never_hands_over_costs_its_successor_only_the_hosts_round(hand_lane):
-    """A holder that ignores its page: the host, hearing its DONE, wakes the successor."""
+    """A holder that ignores its page: the host, hearing its DONE, takes the successor's
+    grant back and grants it the lane with a Go."""
 
     def never(session: WorkerSession) -> None:
         session.handovers.hand_over = lambda: None

@@ -143,6 +143,7 @@ def close(pipe: Pipe) -> None:
     _close((pipe.grant, pipe.taken))
 
 
+# ----- the worker's side -------------------------------------------------------------
 def _wake(end: socket.socket) -> None:
     """One byte down a wake channel (a full one has woken its reader; a closed one has
     none left to wake)."""
@@ -152,7 +153,6 @@ def _wake(end: socket.socket) -> None:
         pass
 
 
-# ----- the worker's side -------------------------------------------------------------
 class WorkerHandOvers:
     """A worker's hand-overs: as a successor, its wait for a grant; as a holder, the
     wake-up it gives at its release. Called under its session's lock."""
@@ -164,7 +164,7 @@ class WorkerHandOvers:
         self.standbys: dict[int, tuple[Standby, socket.socket, socket.socket]] = {}
         self.wake_ends: dict[int, socket.socket] = {}  # as a holder (HandOver)
         self.made = 0  # the last hand-over it made as a holder
-        self.early: list[tuple[object, list[int]]] = []  # read at a release, for the wait
+        self.early: list[Go] = []  # read at a release (the host's, out of turn): for the wait
         self.spent: tuple[socket.socket, ...] = ()  # the ends of its last hand-over
         # A forked child (a DataLoader worker) closes its copies of the ends: it neither
         # waits for the lane nor hands it over, and a copy would keep a channel open.
@@ -175,8 +175,10 @@ class WorkerHandOvers:
         _close(self.spent)
         self.spent = ()
         sock = self.channel.sock.fileno()
+        if self.early:
+            return self.early.pop(0)
         while True:
-            received = self.early.pop(0) if self.early else self.channel.next_buffered()
+            received = self.channel.next_buffered()
             if received is not None:
                 if isinstance(received[0], Go):
                     return received[0]
@@ -255,7 +257,7 @@ class WorkerHandOvers:
                 break
         while (received := self.channel.next_buffered()) is not None:
             if isinstance(received[0], Go):
-                self.early.append(received)
+                self.early.append(received[0])
             else:
                 self._keep(*received)
 

@@ -756,16 +756,18 @@ class Host:
             self._end_lease(holder)
         if lane.holder is not None:
             return
-        now = time.monotonic()
-        decision = self._decide(lane, ready, now) if ready else None
-        chosen = self.residents[decision.job.id] \
-            if isinstance(decision, lane_rule.Grant) else None
         if lane.armed is not None and self._settle(lane):
             return  # the holder's successor has the lane, as armed
+        if not ready:
+            return
+        decision = self._decide(lane, ready, time.monotonic())
         if isinstance(decision, lane_rule.KeepFor):
             lane.kept_until = decision.until
             return
-        if chosen is None or chosen.channel is None:
+        if decision is None:
+            return
+        chosen = self.residents[decision.job.id]
+        if chosen.channel is None:
             return
         shared = self.cuda and len(lane.residents) > 1
         if chosen.thaw_on_grant:  # resumed inside its iteration: it goes on with the lane

@@ -347,7 +347,7 @@ class Go:
 class Standby:
     """Comes with two socket ends, a hand-over's wake and grant channels (gq.exec.handover):
     the lane is this job's once a byte comes down the wake channel (from the holder at its
-    release, or the host), if the grant channel's byte is still there to take."""
+    release), if the grant channel's byte is still there to take (else it waits for a Go)."""
 
     op: ClassVar[str] = "standby"
     number: Positive
