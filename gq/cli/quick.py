@@ -21,7 +21,6 @@ from typing import Any
 from gq import defaults
 
 
-
 class Kind(enum.Enum):
     FLAG = "flag"  # --json
     VALUE = "value"  # -o FORMAT (the last one given counts)
