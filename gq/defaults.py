@@ -115,7 +115,11 @@ PAGE_UNREADABLE_SECONDS = 2.0  # a worker's page half-written this long: it brok
 PROBE_MEMORY = 1 << 30  # bytes a job that declares no memory needs free to start (--probe-mem)
 PROBE_ITERATIONS = 3  # ... measured over this many iterations, its lane taken by it meanwhile
 PROBE_SECONDS = 5.0  # ... or this long after its first iteration began, for one that runs fewer
-PROBE_IDLE_SECONDS = 10.0  # ... or this long after its start, for one that has begun none
+# ... or this long after its start, for one that has begun none (--probe-wait): a CUDA job's
+# imports, CUDA's start and a model's loading took 7 to 11 s on a 16-core H200 node when
+# several jobs started at once, and more where a checkpoint is read.
+PROBE_IDLE_SECONDS = 30.0
+MAX_PROBE_WAIT = 3600.0  # the longest --probe-wait: a lane closed to others that long
 MEMORY_MARGIN = 0.1  # a probed job's figure: its measured peak and this share more
 OOM_REQUEUES = 3  # runs a job may lose to out-of-memory, without --retries, before it fails
 OOM_GROWTH = 1.5  # a figure is raised this much when the job did not say what it asked for

@@ -202,9 +202,29 @@ def test_an_unstarted_resident_moves_only_for_a_start_sooner_by_the_margin():
                           index=0, residents=2),
                DeviceLoad("gpu1", True, [LaneLoad(80 * G, [Footprint()], 3.0)], 4, index=1,
                           residents=1)]
-    behind = admission.Unstarted(7, "gpu0", Footprint(), starts_in=90.0)
-    near = admission.Unstarted(8, "gpu0", Footprint(), starts_in=6.0)
+    behind = admission.Unstarted(7, "gpu0", Footprint(), starts_in=90.0, gpus=1, only=None)
+    near = admission.Unstarted(8, "gpu0", Footprint(), starts_in=6.0, gpus=1, only=None)
     assert admission.move([near, behind], devices, margin=5.0) == 7  # gains 87 s
     assert admission.move([near], devices, margin=5.0) is None  # 3 s sooner: stays
     devices[1].residents = 4  # no room there now
     assert admission.move([behind], devices, margin=5.0) is None
+
+
+def test_an_unstarted_resident_moves_only_to_a_device_it_may_use():
+    """Not from a GPU to the node's cpu device, nor off the devices its type or -w names:
+    admission would place it back where it was, and the next pass move it again."""
+    devices = [DeviceLoad("gpu0", True, [LaneLoad(80 * G, [Footprint()] * 2, 99.0)], 4,
+                          index=0, residents=2),
+               DeviceLoad("gpu1", True, [LaneLoad(80 * G, [Footprint()], 3.0)], 4, index=1,
+                          residents=1),
+               DeviceLoad("cpu", False, [LaneLoad(80 * G)], 4, index=2)]
+    pinned = admission.Unstarted(7, "gpu0", Footprint(), 90.0, gpus=1,
+                                 only=frozenset({"gpu0"}))
+    assert admission.move([pinned], devices, margin=5.0) is None
+    devices[1].residents = 4  # gpu1 full: the empty cpu device starts it at once
+    free = admission.Unstarted(7, "gpu0", Footprint(), 90.0, gpus=1, only=None)
+    assert admission.move([free], devices, margin=5.0) is None
+    on_cpu = admission.Unstarted(8, "cpu", Footprint(), 90.0, gpus=0, only=None)
+    devices[2].lanes[0].starts_in, devices[1].residents = 90.0, 1
+    assert admission.move([on_cpu], devices, margin=5.0) is None  # -G 0: not onto a GPU
+    assert admission.move([free], devices, margin=5.0) == 7  # gpu1 has room again

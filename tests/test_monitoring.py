@@ -314,7 +314,10 @@ def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):
     for args, words in ((["--metrics", "nowhere"], "invalid --metrics 'nowhere'"),
                         (["--metrics", "127.0.0.1:0"], "invalid --metrics"),
                         (["--max-temp", "-5"], "--max-temp, --max-power and --client-timeout must be"),
-                        (["--readings", str(tmp_path / "missing")], "no such file")):
+                        (["--readings", str(tmp_path / "missing")], "no such file"),
+                        (["--probe-wait", "0"], "--probe-wait 0: give a time of more than 0"),
+                        (["--probe-wait", "2hours"], "at most 1hour"),
+                        (["--probe-wait", "soon"], "invalid --probe-wait soon")):
         result = gq("daemon", "start", *args)
         assert result.code == 2 and words in result.err and result.err.count("\n") == 1
     assert not home.exists() or not (home / "daemon.pid").exists()

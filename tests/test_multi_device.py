@@ -149,3 +149,24 @@ def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home
     assert info["end_time"] < ended["end_time"]
     assert all("moved" not in (e["reason"] or "") for j in (long, short)
                for e in job(j)["events"])
+
+
+def test_a_job_pinned_to_its_device_is_never_moved_off_it(home, tmp_path):
+    """The same node, but the job behind the long one named its device (-w): the device
+    that frees first is not one it may use, so it waits there, moved by no pass (it was
+    moved, placed back and moved again every second, never starting, as a GPU job was
+    moved toward the cpu device of a GPU node)."""
+    DaemonControl(home).start("--cpu-devices", "2", "--move-margin", "1")
+    loop = write_script(tmp_path / "loop.py", (
+        "import sys, time\nimport gq\n"
+        "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
+        "    time.sleep(0.05)\n"))
+    long = submit("--gpu-mem", "200M", "-w", "cpu0", str(loop), "60")
+    short = submit("--gpu-mem", "200M", "-w", "cpu1", str(loop), "10")
+    pinned = submit("--gpu-mem", "200M", "-w", "cpu0", str(loop), "5")
+    assert wait_state(pinned, "RUNNING")["device"] == "cpu0"
+    wait_state(short, "COMPLETED", timeout=60)  # cpu1 is free long before cpu0
+    info = wait_state(pinned, "COMPLETED", timeout=60)
+    assert info["device"] == "cpu0" and info["run_count"] == 1
+    assert info["start_time"] < job(long)["end_time"]  # resident, bound there all along
+    assert all("moved" not in (e["reason"] or "") for e in info["events"])

@@ -178,7 +178,10 @@ def test_fair_shares_the_node_between_kernel_reported_users(shared_node, users):
             "    json.dump(spans, out)\n")
     start = {u.name: u.workdir / "go" for u in (alice, bob)}
     owners = [alice, alice, bob]
-    ids = [_submit(shared_node, owner, _script(owner, "f.py", body)) for owner in owners]
+    # Declared: a job that declares nothing has its lane to itself until its probe ends,
+    # and each waits for its start file before its first iteration.
+    ids = [_submit(shared_node, owner, "--gpu-mem", "200M", _script(owner, "f.py", body))
+           for owner in owners]
     for job_id in ids:
         shared_node.wait_state(job_id, "RUNNING")
     for path in start.values():

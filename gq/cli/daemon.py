@@ -11,7 +11,8 @@ import typer
 from gq import client, defaults, home, messages, validation
 from gq.errors import UserError
 from gq.exec.cgroups import KINDS
-from gq.units import format_period, format_size_exact, parse_address, parse_period, parse_size
+from gq.units import (format_period, format_size_exact, parse_address, parse_period,
+                      parse_seconds, parse_size)
 
 app = typer.Typer(help="Start, stop or check the node daemon (personal, or the node's shared "
                        "one with --system).", no_args_is_help=True)
@@ -26,6 +27,7 @@ def start(
     kill_wait: float = typer.Option(defaults.KILL_WAIT, "--kill-wait", metavar="SECONDS", help="Seconds between SIGTERM and SIGKILL."),
     cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory", metavar="SIZE", help="Memory the cpu device offers jobs (e.g. 8G) [all RAM]."),
     probe_mem: str = typer.Option(format_size_exact(defaults.PROBE_MEMORY), "--probe-mem", metavar="SIZE", help="Device memory a job that declares none (no --gpu-mem) needs free to start; its first iterations then run with the lane to itself, and their measured peak becomes its figure."),
+    probe_wait: str = typer.Option(format_period(defaults.PROBE_IDLE_SECONDS), "--probe-wait", metavar="SECONDS", help="How long a probed job may take to begin its first iteration (imports, CUDA's start, loading its model) before its probe ends with nothing measured and its lane opens."),
     cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
     device_model: Optional[str] = typer.Option(None, "--device-model", metavar="NAME", help="Model name of the emulated devices, which --gpus TYPE:N matches (tests, demos)."),
     on_finish: Optional[str] = typer.Option(None, "--on-finish", metavar="CMD", help="Run CMD (sh) as each job's owner once it has ended, with GQ_JOB_ID, GQ_JOB_STATE, GQ_JOB_EXIT_CODE, ... set (at most a minute)."),
@@ -66,6 +68,10 @@ def start(
     if cgroup not in KINDS:
         raise UserError(f"--cgroup {cgroup}: choose one of {', '.join(KINDS)}")
     retention_s = parse_period(retention)
+    probe_wait_s = parse_seconds(probe_wait, "--probe-wait")
+    if not 0 < probe_wait_s <= defaults.MAX_PROBE_WAIT:
+        raise UserError(f"--probe-wait {probe_wait[:40]}: give a time of more than 0 and at "
+                        f"most {format_period(defaults.MAX_PROBE_WAIT)} (60, 90s, 5min)")
     request_bytes = parse_size(max_request)
     spool_bytes = parse_size(max_spool)
     for flag, value in (("--max-pending", max_pending), ("--max-array", max_array),
@@ -89,7 +95,8 @@ def start(
                "--max-connections-per-user", str(max_connections_per_user),
                "--max-connections", str(max_connections), "--max-request", str(request_bytes),
                "--max-spool", str(spool_bytes), "--move-margin", str(move_margin),
-               "--probe-mem", str(parse_size(probe_mem))]
+               "--probe-mem", str(parse_size(probe_mem)),
+               "--probe-wait", str(probe_wait_s)]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:

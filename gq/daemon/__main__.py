@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
     parser.add_argument("--probe-mem", type=_positive, default=defaults.PROBE_MEMORY,
                         help="bytes free a job that declares no memory needs to start")
+    parser.add_argument("--probe-wait", type=_seconds, default=defaults.PROBE_IDLE_SECONDS,
+                        help="seconds a probe waits for a job's first iteration")
     parser.add_argument("--cpu-devices", type=int, help="emulate this many devices")
     parser.add_argument("--device-model", help="the emulated devices' model name")
     parser.add_argument("--operators", help="group whose members are operators")
@@ -78,7 +80,7 @@ def main() -> None:
                             max_connections_per_user=args.max_connections_per_user,
                             max_connections=args.max_connections,
                             max_request=args.max_request, max_spool=args.max_spool,
-                            probe_mem=args.probe_mem)
+                            probe_mem=args.probe_mem, probe_wait=args.probe_wait)
     Daemon(where, options).run(pidfile)
 
 
@@ -86,6 +88,14 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: give a whole number of at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= defaults.MAX_PROBE_WAIT:
+        raise argparse.ArgumentTypeError(f"{text}: give seconds, more than 0 and at most "
+                                         f"{defaults.MAX_PROBE_WAIT:g}")
     return value
 
 

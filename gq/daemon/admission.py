@@ -126,7 +126,6 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
     """Place the jobs in order (see the module's text). ``waits_behind``: the policy makes
     a newcomer wait for the residents before it (fifo), so a job placed on a lane in this
     pass adds its time limit (unknown: forever) to the wait of the ones placed after it."""
-    has_whole = any(d.gpu for d in devices)
     outcome = Outcome([], {})
     reserved: set[str] = set()
     full = _full(devices)
@@ -136,10 +135,7 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
             outcome.reasons[request.job_id] = (NODE_ROOM if node is not None
                                                and not node.fits(request) else PRIORITY)
             continue
-        candidates = [d for d in devices if d.gpu == (has_whole and request.gpus > 0)] or \
-            list(devices)  # -G 0 where only whole devices exist: share one of them
-        if request.only is not None:
-            candidates = [d for d in candidates if d.name in request.only]
+        candidates = usable(request.gpus, request.only, devices)
         if node is not None and not node.fits(request):
             # Its devices are not what it waits for: it reserves none, and delays no one.
             outcome.reasons[request.job_id] = NODE_ROOM
@@ -178,6 +174,16 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
     return outcome
 
 
+def usable(gpus: int, only: frozenset[str] | None,
+           devices: Sequence[DeviceLoad]) -> list[DeviceLoad]:
+    """The devices a job of ``gpus`` devices may use at all: the GPUs (or emulated ones)
+    for -G 1 and more, the ``cpu`` device for -G 0 (or a whole device to share, where the
+    node has nothing else), of its type and named devices (``only``)."""
+    has_whole = any(d.gpu for d in devices)
+    candidates = [d for d in devices if d.gpu == (has_whole and gpus > 0)] or list(devices)
+    return candidates if only is None else [d for d in candidates if d.name in only]
+
+
 def _full(devices: Sequence[DeviceLoad]) -> bool:
     """Whether no job of any kind could become resident on any device now."""
     return not any(d.empty or _takes_shared(d) for d in devices)
@@ -192,15 +198,19 @@ class Unstarted:
     device: str
     footprint: Footprint
     starts_in: float
+    gpus: int  # as its request: the devices it may move to are those it may use at all
+    only: frozenset[str] | None
 
 
 def move(waiting: Sequence[Unstarted], devices: Sequence[DeviceLoad],
          margin: float) -> int | None:
-    """The job to move (one per pass: the one that gains most), where another device with
-    room would start it sooner by more than ``margin`` seconds; None if none would."""
+    """The job to move (one per pass: the one that gains most), where another device it
+    may use, with room, would start it sooner by more than ``margin`` seconds; None if none
+    would."""
     best_gain, chosen = margin, None
     for job in waiting:
-        elsewhere = [lane.starts_in for device in devices if device.name != job.device
+        elsewhere = [lane.starts_in for device in usable(job.gpus, job.only, devices)
+                     if device.name != job.device
                      and _takes_shared(device) and device.held is None
                      for lane in device.lanes if lane.fits(job.footprint)]
         gain = job.starts_in - min(elsewhere, default=math.inf)

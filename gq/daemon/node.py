@@ -75,6 +75,7 @@ class DaemonOptions:
     on_finish: str | None = None  # a command run as each job's owner once it has ended
     move_margin: float = defaults.MOVE_MARGIN  # seconds sooner that move an unstarted job
     probe_mem: int = defaults.PROBE_MEMORY  # bytes free a job that declares no memory needs
+    probe_wait: float = defaults.PROBE_IDLE_SECONDS  # ... and seconds to its first iteration
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
@@ -87,7 +88,7 @@ class DaemonOptions:
                 "--max-connections-per-user", str(self.max_connections_per_user),
                 "--max-connections", str(self.max_connections),
                 "--max-request", str(self.max_request), "--move-margin", str(self.move_margin),
-                "--probe-mem", str(self.probe_mem)]
+                "--probe-mem", str(self.probe_mem), "--probe-wait", str(self.probe_wait)]
         if self.cpu_memory is not None:
             argv += ["--cpu-memory", str(self.cpu_memory)]
         if self.cpu_devices is not None:
@@ -135,7 +136,7 @@ class Daemon:
         self.supervisor = Supervisor(
             home, self.db, self.devices,
             HostSettings(lanes=lanes, kill_grace=options.kill_grace, cgroup=options.cgroup),
-            self.selector, self.rescan, lambda: self.monitor.metrics)
+            self.selector, self.rescan, lambda: self.monitor.metrics, options.probe_wait)
         self.scheduler = Scheduler(self.db, self.devices, Capacity(lanes, options.max_resident,
                                                                    options.probe_mem),
                                    self.supervisor, self.monitor, self.rescan,

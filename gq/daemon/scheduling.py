@@ -150,8 +150,9 @@ class Scheduler:
                     continue
                 starts_in = sum(self._time_left(other, now) for other in residents
                                 if (other.submit_time, other.id) < (row.submit_time, row.id))
-                waiting.append(admission.Unstarted(row.id, device, job.footprint_now(),
-                                                   starts_in))
+                waiting.append(admission.Unstarted(
+                    row.id, device, job.footprint_now(), starts_in, gpus=row.gpus,
+                    only=self._allowed(row.gpu_type, row.nodelist)))
         chosen = admission.move(waiting, self.loads(rows), self.move_margin)
         if chosen is not None:
             # Not marked as being killed: its host refuses if it was granted an iteration
@@ -453,9 +454,7 @@ def _waits_for(need: dependencies.Dependency | None,
 
 def _most_free(loads: list[admission.DeviceLoad], request: admission.Request) -> int:
     """The most memory a lane of the devices a job may use has free now."""
-    return max((lane.headroom() for load in loads
-                if load.gpu == (request.gpus > 0)
-                and (request.only is None or load.name in request.only)
+    return max((lane.headroom() for load in admission.usable(request.gpus, request.only, loads)
                 for lane in load.lanes), default=0)
 
 

@@ -89,8 +89,10 @@ def probed(job) -> bool:
 class Supervisor:
     def __init__(self, home: Home, db: Database, devices: list[Device], settings: HostSettings,
                  selector: selectors.BaseSelector, wake: Callable[[], None],
-                 metrics: Callable[[], Metrics | None]):
+                 metrics: Callable[[], Metrics | None],
+                 probe_wait: float = defaults.PROBE_IDLE_SECONDS):
         self.home = home
+        self.probe_wait = probe_wait  # seconds a probe waits for a first iteration
         self.db = db
         self.devices = devices
         self.settings = settings
@@ -376,7 +378,7 @@ class Supervisor:
         for job in list(self.running.values()):
             since, limit = ((job.iterating_since, defaults.PROBE_SECONDS)
                             if job.iterating_since is not None
-                            else (job.started, defaults.PROBE_IDLE_SECONDS))
+                            else (job.started, self.probe_wait))
             if job.probing and now - since >= limit:
                 measured = job.measured or admission.Footprint()
                 self.end_probe(job, measured.persistent + measured.ephemeral)

@@ -432,7 +432,7 @@ class _Simulation:
                          other.job.id) < (run.job.submit_time, run.job.id)]
                 waiting.append(admission.Unstarted(
                     run.job.id, self.names[lane.device], admission.Footprint(run.job.mem or 0),
-                    self._time_left(lane, ahead, now)))
+                    self._time_left(lane, ahead, now), gpus=run.gpus, only=None))
         chosen = admission.move(waiting, self._loads(now), self.move_margin)
         if chosen is None:
             return ()
