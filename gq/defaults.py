@@ -96,6 +96,9 @@ PROGRESS_PERIOD = 1.0  # the host reports progress to the daemon this often
 # for a whole iteration (anticipatory scheduling). Real idle gaps are longer and are filled.
 ANTICIPATION_LIMIT = 0.002
 HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
+# Where no cgroup holds a job's --host-mem (no memory controller passed on to it, --cgroup
+# off), its processes' resident memory is summed this often (Slurm's OverMemoryKill polls).
+HOST_MEMORY_WATCH = 1.0
 # What a host reads of one worker per turn of its loop: an honest worker has a message or
 # two waiting; one that floods its socket gets this much decoded per turn, as every other
 # worker does, not the 64 KiB (about 10 ms of decoding) that would delay their grants.

@@ -541,7 +541,7 @@ class NodeLimits:
     retention: float | None  # seconds finished jobs are kept (None: for ever)
     max_script: int  # bytes
     max_job_payload: int  # bytes of environment and arguments
-    containment: str  # "cgroup v1", "cgroup v2" or "process groups"
+    containment: str  # "cgroup v1", "cgroup v2" or "process groups", and what that holds
 
 
 @dataclass

@@ -248,17 +248,19 @@ def daemon(home):
     control.stop()
 
 
-def cgroups_usable(kind: str) -> bool:
-    """Whether jobs can be kept in cgroups of ``kind`` (auto, v2) here. Asking makes the
-    probe's base directories, empty: they are removed again, so runs leave none behind."""
+def cgroups_usable(kind: str, memory: bool = False) -> bool:
+    """Whether jobs can be kept in cgroups of ``kind`` (auto, v2) here (``memory``: with
+    a memory limit that holds). Asking makes the probe's base directories, empty: they are
+    removed again, so runs leave none behind."""
     from gq.exec import cgroups
 
     probe = cgroups.detect(kind, "probe-" + os.urandom(4).hex())
     if probe is None:
         return False
+    holds = probe.holds_memory()
     for base in probe.bases.values():
         os.rmdir(base)
-    return True
+    return holds or not memory
 
 
 def write_script(path: Path, body: str, mode: int = 0o644) -> Path:

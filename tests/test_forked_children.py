@@ -238,6 +238,7 @@ class _SlowToEmpty:
     not empty for its first ``passes`` looks, each taking as long as it was allowed."""
 
     name = "cpu/job-5.1"
+    memory_limited = True
 
     def __init__(self, passes: int):
         self.passes = passes

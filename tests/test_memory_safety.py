@@ -177,7 +177,7 @@ def test_a_job_killed_at_its_cgroup_cap_is_requeued_and_its_neighbour_lives(home
     """The cap on an emulated device is its cgroup's memory limit: a job that allocates past
     its --gpu-mem is killed by the kernel in its own cgroup, not a neighbour's; with --oom
     fail it fails at once, saying what it held."""
-    if not cgroups_usable("auto"):
+    if not cgroups_usable("auto", memory=True):
         pytest.skip("no cgroup hierarchy to hold the cap here")
     alone = _bare_losses("--steps", "40", "--pause", "0.05")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
@@ -213,13 +213,48 @@ def test_without_a_cgroup_the_host_ends_a_job_over_its_cap_at_a_boundary(home, t
 def test_a_kill_at_its_host_memory_limit_is_no_device_shortage(home, tmp_path):
     """Where --host-mem is the smaller limit, a kill there fails the job as it always has:
     its device figure is not raised (it would grow with every run and take lane room)."""
-    if not cgroups_usable("auto"):
+    if not cgroups_usable("auto", memory=True):
         pytest.skip("no cgroup hierarchy to hold the limit here")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
     over = submit("--gpu-mem", "1G", "--host-mem", "450M", str(LOOP), "--grow-mb", "600")
     failed = wait_state(over, "FAILED", timeout=60)
     assert failed["reason"] == "killed by signal SIGKILL" and failed["ooms"] == 0
     assert (failed["mem"], failed["mem_basis"], failed["run_count"]) == (G, "declared", 1)
+
+
+@pytest.mark.parametrize("kind", ["v2", "off"])
+def test_host_mem_holds_where_no_cgroup_can_hold_it(home, tmp_path, kind):
+    """Where a job's cgroup has no memory controller (v2's not passed on to gq's cgroups: a
+    service cgroup that holds other processes, as the GPU node this was found on) or it has
+    no cgroup at all, its host sums its processes' resident memory every second: a job over
+    its --host-mem fails saying so (it ran on to completion before, its limit only logged),
+    one within it completes, and gq show has the memory its processes hold."""
+    if kind == "v2" and not cgroups_usable("v2"):
+        pytest.skip("no cgroup v2 hierarchy this process may use")
+    DaemonControl(home).start("--cgroup", kind)
+    info = gq_ok("info")
+    if kind == "v2" and "without its memory controller" not in info:
+        pytest.skip("v2's memory controller holds the limit here: the kernel enforces it")
+    assert "(--host-mem checked every 1 s)" in info
+    grow = write_script(tmp_path / "grow.py", (
+        "import os, sys, time\n"
+        "held = bytearray(int(sys.argv[1]) << 20)\n"
+        "held[::4096] = b'x' * len(held[::4096])\n"
+        "open(f\"grown-{os.environ['GQ_JOB_ID']}\", 'w').close()\n"
+        "while not os.path.exists('leave'):\n    time.sleep(0.05)\n"))
+    over = submit("--gpu-mem", "1G", "--host-mem", "200M", str(grow), "400")
+    within = submit("--gpu-mem", "1G", "--host-mem", "2G", str(grow), "300")
+    failed = wait_state(over, "FAILED", timeout=30)
+    assert failed["reason"].startswith("over its --host-mem of 200.0M (its processes held ")
+    assert (failed["ooms"], failed["mem"], failed["run_count"]) == (0, G, 1)
+    assert (tmp_path / f"grown-{over}").exists()  # it got as far as its growth
+    wait_for(lambda: (tmp_path / f"grown-{within}").exists(), 30, what="the other's growth")
+    if kind == "v2":
+        held = wait_for(lambda: (job(within)["host_memory"] or 0) > 300 * M and
+                        job(within)["host_memory"], 10, what="its processes' memory")
+        assert held < 2 * G
+    (tmp_path / "leave").touch()
+    assert wait_state(within, "COMPLETED", timeout=30)["exit_code"] == 0
 
 
 def test_a_job_that_asks_more_than_any_device_offers_fails_at_once(daemon, tmp_path):

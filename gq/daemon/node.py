@@ -171,7 +171,12 @@ class Daemon:
     @property
     def containment(self) -> str:
         backend = self.supervisor.cgroups
-        return f"cgroup {backend.kind}" if backend is not None else "process groups"
+        if backend is not None and backend.holds_memory():
+            return f"cgroup {backend.kind}"
+        watched = f"--host-mem checked every {defaults.HOST_MEMORY_WATCH:g} s"
+        if backend is None:
+            return f"process groups ({watched})"
+        return f"cgroup {backend.kind}, without its memory controller ({watched})"
 
     def _reply(self, connection: Connection, line: bytes) -> None:
         assert self.server is not None

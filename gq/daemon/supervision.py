@@ -689,6 +689,8 @@ def _ending(job: Running, report: wire.Exited) -> Ending:
     if why is StopWhy.MOVE:
         return Ending(JobState.PENDING, exit_code, "moved: another device starts it sooner",
                       requeue=True, counted=False)
+    if why is StopWhy.HOST_MEMORY:
+        return Ending(JobState.FAILED, exit_code, report.detail or "over its --host-mem")
     if why is StopWhy.SHUTDOWN:
         return Ending(JobState.FAILED, exit_code, "daemon stopped", requeue=job.requeue)
     if signum is not None:

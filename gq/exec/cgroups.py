@@ -27,6 +27,7 @@ _CPU_PERIOD = 100_000  # microseconds of the CPU quota's period (the kernel's de
 _MEMORY_FILES = {V2: "memory.current", "memory": "memory.usage_in_bytes"}
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _POLL = 0.01  # kill() looks whether the cgroup is empty this often
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 # Freezing waits for every task to stop; one that never can (stuck in the kernel) must not
 # hold its host up: it is killed unfrozen after this (a later pass kills what it forked).
 _FREEZE_WAIT = 0.05
@@ -34,7 +35,7 @@ _FREEZE_WAIT = 0.05
 
 @dataclass(frozen=True)
 class Usage:
-    memory: int | None  # bytes charged to the cgroup; None where the hierarchy cannot tell
+    memory: int | None  # bytes charged to the cgroup, or its processes' resident memory
     processes: int  # processes in it now
 
 
@@ -48,6 +49,9 @@ class JobCgroup:
         # Worked out now: enter() runs in a forked child, where only system calls are safe.
         self._procs = [os.path.join(path, "cgroup.procs") for path in paths.values()]
         self._signalled: set[int] = set()  # listed pids kill() has sent SIGKILL already
+        # Whether its memory limit holds (limit() says): not where v2's memory controller is
+        # not passed on to it (the cgroup above holds processes, or was not delegated).
+        self.memory_limited = False
 
     def enter(self) -> None:
         """Move the calling process in, in every hierarchy (OSError where it cannot). Runs in
@@ -61,8 +65,10 @@ class JobCgroup:
         CPUs' worth per period), as Slurm's task/cgroup does; what it asks for and cannot
         cap here (no such controller) is returned, for the log."""
         unenforced = []
-        if memory is not None and not self._limit_memory(memory):
-            unenforced.append("its memory limit")
+        if memory is not None:
+            self.memory_limited = self._limit_memory(memory)
+            if not self.memory_limited:
+                unenforced.append("its memory limit")
         if cpus is not None:
             quota = f"{cpus * _CPU_PERIOD} {_CPU_PERIOD}"
             done = (_write(self.paths[V2], "cpu.max", quota) if self.v2 else
@@ -155,11 +161,16 @@ class JobCgroup:
         return _read(self.paths["freezer"], "freezer.state").strip() in ("FROZEN", "")
 
     def usage(self) -> Usage:
+        """What it holds: the memory charged to it, or where no memory controller serves
+        it, its processes' resident memory, summed (None where it holds none)."""
         memory = None
         for hierarchy, control in _MEMORY_FILES.items():
             if hierarchy in self.paths:
                 memory = _number(_read(self.paths[hierarchy], control))
-        return Usage(memory=memory, processes=len(self.pids()))
+        pids = self.pids()
+        if memory is None and pids:
+            memory = resident_bytes(pids)
+        return Usage(memory=memory, processes=len(pids))
 
     def oom_kills(self) -> int:
         """How many of its processes the kernel killed at its memory limit (0 where no
@@ -183,6 +194,19 @@ class JobCgroup:
                 os.rmdir(path)
             except OSError:
                 pass
+
+
+def resident_bytes(pids) -> int:
+    """The resident memory of the processes ``pids``, summed (those gone are left out):
+    what no memory controller counts (shared pages count in each process)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{int(pid)}/statm", "rb") as statm:
+                total += int(statm.read().split()[1]) * _PAGE
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 class Cgroups:
@@ -210,6 +234,15 @@ class Cgroups:
                 _offer_controllers(os.path.dirname(base), base, device_dir)
             _make(path)
         return cgroup
+
+    def holds_memory(self) -> bool:
+        """Whether its jobs' cgroups can hold a memory limit: v1's memory hierarchy, or v2's
+        memory controller passed on to the base (offered here where it is not yet)."""
+        if self.kind == "v1":
+            return "memory" in self.bases
+        base = self.bases[V2]
+        _offer_controllers(os.path.dirname(base), base)
+        return "memory" in _read(base, "cgroup.controllers").split()
 
     def remove_device(self, device: str) -> None:
         """Remove the device's directory, and the instance's base, where they are empty."""

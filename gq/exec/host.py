@@ -45,6 +45,7 @@ from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
 from gq.exec import lanes as lane_rule
 from gq.policies.base import JobView
 from gq.queue import spool
+from gq.units import format_size
 from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.host")
@@ -94,6 +95,7 @@ class Resident:
     kill_deadline: float | None = None
     mem_cap: int | None = None  # bytes of device memory it may hold (its figure)
     cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
+    host_mem_watched: int | None = None  # its --host-mem, where no cgroup holds it
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
@@ -281,6 +283,7 @@ class Host:
         self.child_exited = False
         self._next_housekeeping = 0.0
         self._last_progress = 0.0
+        self._next_memory_watch = 0.0  # monotonic: when _watch_host_memory reads again
         self._reported_switches: list[int] = []
         self._handovers_armed = 0  # numbers the hand-overs' pipes
         self._from_daemon_handlers: dict[type, Callable] = {
@@ -307,7 +310,7 @@ class Host:
                 self.child_exited = False
                 for chore in (self._reap, self._enforce_time_limits, self._enforce_kills,
                               self._close_given_back, self._schedule_waiting_lanes,
-                              self._kill_lingering):
+                              self._kill_lingering, self._watch_host_memory):
                     self._isolated(chore)
             self._isolated(self._maybe_send_progress)
         for cgroup in self.lingering:
@@ -610,6 +613,8 @@ class Host:
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
             if spec.warn_signal is not None else None,
             mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe, page=page,
+            host_mem_watched=spec.host_mem if cgroup is None or not cgroup.memory_limited
+            else None,
         )
 
     def _make_cgroup(self, spec: wire.LaunchSpec) -> tuple[JobCgroup | None, int | None]:
@@ -627,8 +632,8 @@ class Host:
                 if cap is not None]
         unenforced = cgroup.limit(min(caps) if caps else None, spec.cpus)
         if unenforced:
-            log.warning("job %d: its cgroup cannot enforce %s here", spec.id,
-                        " or ".join(unenforced))
+            log.warning("job %d: its cgroup cannot enforce %s here (its host checks its "
+                        "memory instead)", spec.id, " or ".join(unenforced))
         # Only where the device figure is the binding limit is a kill there a device
         # shortage (at --host-mem's, the job fails as it always has).
         holds = (not self.cuda and spec.mem_cap is not None and min(caps) == spec.mem_cap
@@ -1194,6 +1199,29 @@ class Host:
         log.info("job %d: signal %d before its time limit to %s", resident.job_id, signum,
                  "its main process" if main_only else f"{len(targets)} process(es)")
         _send(targets, signum)
+
+    def _watch_host_memory(self) -> None:
+        """Jobs whose --host-mem no cgroup holds (v2's memory controller not passed on to
+        them, or no cgroup): every HOST_MEMORY_WATCH seconds their processes' resident memory
+        is summed, and a job over its limit is ended, failed as a kill at its cgroup's limit
+        would fail it (Slurm's OverMemoryKill, where its cgroups do not hold memory)."""
+        now = time.monotonic()
+        if now < self._next_memory_watch:
+            return
+        self._next_memory_watch = now + defaults.HOST_MEMORY_WATCH
+        for resident in list(self.residents.values()):
+            limit = resident.host_mem_watched
+            if (limit is None or resident.kill_why is not None
+                    or resident.exit_status is not None):
+                continue
+            pids = (resident.cgroup.pids() if resident.cgroup is not None
+                    else group_members(resident.process.pid))
+            held = cgroups.resident_bytes(pids)
+            if held > limit:
+                resident.detail = (f"over its --host-mem of {format_size(limit)} (its "
+                                   f"processes held {format_size(held)})")
+                log.warning("job %d: %s; ending it", resident.job_id, resident.detail)
+                self._kill(resident, StopWhy.HOST_MEMORY, grace=0.0)
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()

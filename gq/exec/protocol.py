@@ -56,6 +56,7 @@ class StopWhy(str, enum.Enum):
     LAUNCH = "launch"  # its process could not be set up before its exec (detail says why)
     MOVE = "move"  # it ran no iteration and another device starts it sooner: requeued
     MEMORY = "memory"  # measured at a boundary over its memory cap (where no cgroup holds it)
+    HOST_MEMORY = "host_memory"  # its processes measured over --host-mem, which no cgroup holds
 
 
 def host_paths(state_dir: str, device: str) -> tuple[str, str]:

@@ -54,7 +54,8 @@ class NodeView(Protocol):
 
     @property
     def containment(self) -> str:
-        """How jobs' processes are kept: "cgroup v2", "cgroup v1" or "process groups"."""
+        """How jobs' processes are kept: "cgroup v2", "cgroup v1" or "process groups", and
+        where no cgroup holds their memory, so."""
 
     def lane_memory(self, device: Device) -> int: ...
 
