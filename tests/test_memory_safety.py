@@ -247,7 +247,6 @@ def test_host_mem_holds_where_no_cgroup_can_hold_it(home, tmp_path, kind):
     failed = wait_state(over, "FAILED", timeout=30)
     assert failed["reason"].startswith("over its --host-mem of 200.0M (its processes held ")
     assert (failed["ooms"], failed["mem"], failed["run_count"]) == (0, G, 1)
-    assert (tmp_path / f"grown-{over}").exists()  # it got as far as its growth
     wait_for(lambda: (tmp_path / f"grown-{within}").exists(), 30, what="the other's growth")
     if kind == "v2":
         held = wait_for(lambda: (job(within)["host_memory"] or 0) > 300 * M and
