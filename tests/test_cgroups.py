@@ -146,6 +146,25 @@ def test_v2_without_cgroup_kill_freezes(v2: cgroups.Cgroups, monkeypatch) -> Non
     assert frozen
 
 
+def test_without_a_memory_controller_usage_sums_its_processes_up_to_a_bound(v2) -> None:
+    """Where v2 passes no memory controller to a job's cgroup, what it holds is its
+    processes' resident memory, summed; past ``processes_summed`` processes it is unknown,
+    so that a request for it never walks thousands of them."""
+    cgroup = v2.create("cpu0", 18, 1)
+    if "memory" in cgroup.paths and v2.holds_memory():
+        pytest.skip("v2's memory controller counts for it here")
+    process = subprocess.Popen(JOB, preexec_fn=cgroup.enter)
+    try:
+        assert _wait_for(lambda: cgroup.usage().processes == 3), cgroup.pids()
+        usage = cgroup.usage()
+        assert usage.memory is not None and usage.memory > 1 << 20
+        assert cgroup.usage(processes_summed=2) == cgroups.Usage(memory=None, processes=3)
+    finally:
+        assert cgroup.kill(timeout=5) is True
+        process.wait(timeout=5)
+        cgroup.remove()
+
+
 def test_never_created_cgroup(backend: cgroups.Cgroups) -> None:
     cgroup = backend.job("cpu0", 99, 1)
     assert cgroup.kill(timeout=1) is True

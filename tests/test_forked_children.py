@@ -286,6 +286,60 @@ def test_an_exited_jobs_leftovers_never_hold_up_its_host(monkeypatch):
     assert host.exited[5].kill_why is None
 
 
+class _NoMemoryController(_SlowToEmpty):
+    """A job's cgroup that holds no memory limit (v2 without its memory controller)."""
+
+    memory_limited = False
+
+    def __init__(self):
+        super().__init__(passes=0)
+        self.listed: list[int] = []
+
+    def pids(self) -> list[int]:
+        return self.listed
+
+
+def test_a_job_of_many_processes_costs_its_hosts_memory_watch_one_percent(monkeypatch):
+    """Where no cgroup holds a job's --host-mem, its host sums its processes' memory every
+    second; a job whose sum takes long (thousands of processes, about 10 us each) is summed
+    less often, so that one user's job cannot take the host's loop from the device's other
+    jobs. Over its limit, it is ended, saying so."""
+    from gq.exec import cgroups
+
+    listener, _other_end = socket.socketpair()
+    host = Host("cpu0", False, 1, listener, kill_grace=1.0)
+    monkeypatch.setattr(host, "_tell", lambda message: None)
+    cgroup = _NoMemoryController()
+    monkeypatch.setattr(host, "_make_cgroup", lambda spec: (cgroup, None))
+    host._on_launch(Launch(_own_spec(id=6, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"},
+                                     host_mem=512 << 20)))
+    resident = host.residents[6]
+    cgroup.listed = [resident.process.pid]
+    assert resident.host_mem_watched == 512 << 20
+    try:
+        def slow_sum(pids):
+            time.sleep(0.03)
+            return 100 << 20
+
+        monkeypatch.setattr(cgroups, "resident_bytes", slow_sum)
+        host._watch_host_memory()
+        assert resident.memory_watch_at - time.monotonic() > 2.0  # 100 x 30 ms, not 1 s
+        assert resident.kill_why is None
+        monkeypatch.setattr(cgroups, "resident_bytes", lambda pids: 600 << 20)
+        host._watch_host_memory()  # not due yet: nothing read, nothing done
+        assert resident.kill_why is None
+        resident.memory_watch_at = 0.0
+        host._watch_host_memory()
+        assert resident.kill_why is StopWhy.HOST_MEMORY
+        assert resident.detail == ("over its --host-mem of 512.0M (its processes held "
+                                   "600.0M)")
+        assert resident.process.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
+    finally:
+        if resident.process.poll() is None:
+            resident.process.kill()
+            resident.process.wait()
+
+
 @root_only
 def test_a_snapshot_is_shown_only_over_a_regular_file_its_user_owns(tmp_path):
     """In a child whose root mount is shared (as under systemd), the bind that shows a

@@ -19,6 +19,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from gq import defaults
+
 KINDS = ("auto", "v2", "v1", "off")
 V2 = "unified"  # the v2 hierarchy's key in a backend's bases and a job's paths
 _V1_HIERARCHIES = ("freezer", "memory", "pids", "cpu")
@@ -160,15 +162,17 @@ class JobCgroup:
             return not events or "frozen 1" in events.splitlines()
         return _read(self.paths["freezer"], "freezer.state").strip() in ("FROZEN", "")
 
-    def usage(self) -> Usage:
+    def usage(self, processes_summed: int = defaults.USAGE_PROCESSES) -> Usage:
         """What it holds: the memory charged to it, or where no memory controller serves
-        it, its processes' resident memory, summed (None where it holds none)."""
+        it, its processes' resident memory, summed (None where it holds none, or more than
+        ``processes_summed`` processes: a request must not cost the daemon a walk of
+        thousands of processes)."""
         memory = None
         for hierarchy, control in _MEMORY_FILES.items():
             if hierarchy in self.paths:
                 memory = _number(_read(self.paths[hierarchy], control))
         pids = self.pids()
-        if memory is None and pids:
+        if memory is None and 0 < len(pids) <= processes_summed:
             memory = resident_bytes(pids)
         return Usage(memory=memory, processes=len(pids))
 

@@ -96,6 +96,7 @@ class Resident:
     mem_cap: int | None = None  # bytes of device memory it may hold (its figure)
     cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
     host_mem_watched: int | None = None  # its --host-mem, where no cgroup holds it
+    memory_watch_at: float = 0.0  # monotonic: when its processes' memory is summed next
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
@@ -283,7 +284,6 @@ class Host:
         self.child_exited = False
         self._next_housekeeping = 0.0
         self._last_progress = 0.0
-        self._next_memory_watch = 0.0  # monotonic: when _watch_host_memory reads again
         self._reported_switches: list[int] = []
         self._handovers_armed = 0  # numbers the hand-overs' pipes
         self._from_daemon_handlers: dict[type, Callable] = {
@@ -1204,19 +1204,21 @@ class Host:
         """Jobs whose --host-mem no cgroup holds (v2's memory controller not passed on to
         them, or no cgroup): every HOST_MEMORY_WATCH seconds their processes' resident memory
         is summed, and a job over its limit is ended, failed as a kill at its cgroup's limit
-        would fail it (Slurm's OverMemoryKill, where its cgroups do not hold memory)."""
+        would fail it (Slurm's OverMemoryKill, where its cgroups do not hold memory). A job
+        of so many processes that summing them takes long is summed less often: the host's
+        time for one job's watch stays within 1/WATCH_SHARE of its own."""
         now = time.monotonic()
-        if now < self._next_memory_watch:
-            return
-        self._next_memory_watch = now + defaults.HOST_MEMORY_WATCH
         for resident in list(self.residents.values()):
             limit = resident.host_mem_watched
             if (limit is None or resident.kill_why is not None
-                    or resident.exit_status is not None):
+                    or resident.exit_status is not None or now < resident.memory_watch_at):
                 continue
             pids = (resident.cgroup.pids() if resident.cgroup is not None
                     else group_members(resident.process.pid))
             held = cgroups.resident_bytes(pids)
+            took = time.monotonic() - now
+            resident.memory_watch_at = now + max(defaults.HOST_MEMORY_WATCH,
+                                                 took * defaults.HOST_MEMORY_WATCH_SHARE)
             if held > limit:
                 resident.detail = (f"over its --host-mem of {format_size(limit)} (its "
                                    f"processes held {format_size(held)})")
