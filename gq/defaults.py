@@ -99,9 +99,10 @@ HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
 # Where no cgroup holds a job's --host-mem (no memory controller passed on to it, --cgroup
 # off), its processes' resident memory is summed this often (Slurm's OverMemoryKill polls).
 HOST_MEMORY_WATCH = 1.0
-HOST_MEMORY_WATCH_SHARE = 100  # ... or, for a job of many processes, 100 times as long as a sum
-# takes (about 10 us a process): one job's watch costs its host 1 % of its time at most.
-USAGE_PROCESSES = 1024  # gq show sums the memory of a job's processes up to this many
+# ... or, where the sums take long (jobs of many processes, a node of many), 100 times as long
+# as they took: the watch costs a host 1 % of its time at most.
+HOST_MEMORY_WATCH_SHARE = 100
+USAGE_PROCESSES = 256  # gq show sums the memory of this many processes at most a request
 # What a host reads of one worker per turn of its loop: an honest worker has a message or
 # two waiting; one that floods its socket gets this much decoded per turn, as every other
 # worker does, not the 64 KiB (about 10 ms of decoding) that would delay their grants.

@@ -301,9 +301,9 @@ class _NoMemoryController(_SlowToEmpty):
 
 def test_a_job_of_many_processes_costs_its_hosts_memory_watch_one_percent(monkeypatch):
     """Where no cgroup holds a job's --host-mem, its host sums its processes' memory every
-    second; a job whose sum takes long (thousands of processes, about 10 us each) is summed
-    less often, so that one user's job cannot take the host's loop from the device's other
-    jobs. Over its limit, it is ended, saying so."""
+    second; where the sums take long (thousands of processes, or a node of many for jobs
+    without a cgroup) they are made less often, so that no user's processes can take the
+    host's loop from the device's other jobs. Over its limit, a job is ended, saying so."""
     from gq.exec import cgroups
 
     listener, _other_end = socket.socketpair()
@@ -321,14 +321,14 @@ def test_a_job_of_many_processes_costs_its_hosts_memory_watch_one_percent(monkey
             time.sleep(0.03)
             return 100 << 20
 
-        monkeypatch.setattr(cgroups, "resident_bytes", slow_sum)
+        monkeypatch.setattr(cgroups, "held_bytes", slow_sum)
         host._watch_host_memory()
-        assert resident.memory_watch_at - time.monotonic() > 2.0  # 100 x 30 ms, not 1 s
+        assert host._memory_watch_at - time.monotonic() > 2.0  # 100 x 30 ms, not 1 s
         assert resident.kill_why is None
-        monkeypatch.setattr(cgroups, "resident_bytes", lambda pids: 600 << 20)
+        monkeypatch.setattr(cgroups, "held_bytes", lambda pids: 600 << 20)
         host._watch_host_memory()  # not due yet: nothing read, nothing done
         assert resident.kill_why is None
-        resident.memory_watch_at = 0.0
+        host._memory_watch_at = 0.0
         host._watch_host_memory()
         assert resident.kill_why is StopWhy.HOST_MEMORY
         assert resident.detail == ("over its --host-mem of 512.0M (its processes held "

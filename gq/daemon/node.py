@@ -158,8 +158,8 @@ class Daemon:
     def loads(self):
         return self.scheduler.loads()
 
-    def usage(self, job):
-        return self.supervisor.usage(job)
+    def usage(self, job, processes_summed):
+        return self.supervisor.usage(job, processes_summed)
 
     def stale(self) -> str | None:
         """Why the queue's progress figures may be out of date, if they may."""

@@ -636,11 +636,14 @@ class Supervisor:
             for device in self.devices:
                 self.cgroups.remove_device(device.name)
 
-    def usage(self, job: Job) -> cgroups.Usage | None:
-        """A running job's host-side memory and processes, where it has a cgroup."""
+    def usage(self, job: Job, processes_summed: int) -> cgroups.Usage | None:
+        """A running job's host-side memory and processes, where it has a cgroup (what its
+        processes hold summed where no memory controller counts it, for
+        ``processes_summed`` of them at most)."""
         if self.cgroups is None or job.state != JobState.RUNNING.value or not job.device:
             return None
-        return self.cgroups.job(job.device.split(",")[0], job.id, job.run_count).usage()
+        cgroup = self.cgroups.job(job.device.split(",")[0], job.id, job.run_count)
+        return cgroup.usage(processes_summed)
 
 
 @dataclass(frozen=True)

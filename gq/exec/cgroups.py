@@ -19,8 +19,6 @@ import signal
 import time
 from dataclasses import dataclass
 
-from gq import defaults
-
 KINDS = ("auto", "v2", "v1", "off")
 V2 = "unified"  # the v2 hierarchy's key in a backend's bases and a job's paths
 _V1_HIERARCHIES = ("freezer", "memory", "pids", "cpu")
@@ -162,18 +160,18 @@ class JobCgroup:
             return not events or "frozen 1" in events.splitlines()
         return _read(self.paths["freezer"], "freezer.state").strip() in ("FROZEN", "")
 
-    def usage(self, processes_summed: int = defaults.USAGE_PROCESSES) -> Usage:
+    def usage(self, processes_summed: int = 0) -> Usage:
         """What it holds: the memory charged to it, or where no memory controller serves
-        it, its processes' resident memory, summed (None where it holds none, or more than
-        ``processes_summed`` processes: a request must not cost the daemon a walk of
-        thousands of processes)."""
+        it, what its processes hold (:func:`held_bytes`; None where it has none, or more
+        than ``processes_summed``: a request must not cost the daemon a walk of thousands
+        of processes)."""
         memory = None
         for hierarchy, control in _MEMORY_FILES.items():
             if hierarchy in self.paths:
                 memory = _number(_read(self.paths[hierarchy], control))
         pids = self.pids()
         if memory is None and 0 < len(pids) <= processes_summed:
-            memory = resident_bytes(pids)
+            memory = held_bytes(pids)
         return Usage(memory=memory, processes=len(pids))
 
     def oom_kills(self) -> int:
@@ -200,17 +198,28 @@ class JobCgroup:
                 pass
 
 
-def resident_bytes(pids) -> int:
-    """The resident memory of the processes ``pids``, summed (those gone are left out):
-    what no memory controller counts (shared pages count in each process)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{int(pid)}/statm", "rb") as statm:
-                total += int(statm.read().split()[1]) * _PAGE
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
+def held_bytes(pids) -> int:
+    """The memory the processes ``pids`` hold, summed, where no memory controller counts
+    it: each page that several of them share (a fork's copy-on-write pages, libraries)
+    split among its sharers, not counted once per process (the proportional set size, as
+    Slurm's UsePss counts; the resident size where the kernel gives none). Those gone are
+    left out."""
+    return sum(_proportional(int(pid)) for pid in pids)
+
+
+def _proportional(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
+            for line in rollup:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class Cgroups:
@@ -241,12 +250,10 @@ class Cgroups:
 
     def holds_memory(self) -> bool:
         """Whether its jobs' cgroups can hold a memory limit: v1's memory hierarchy, or v2's
-        memory controller passed on to the base (offered here where it is not yet)."""
+        memory controller passed on to the base (offered to it as it was detected)."""
         if self.kind == "v1":
             return "memory" in self.bases
-        base = self.bases[V2]
-        _offer_controllers(os.path.dirname(base), base)
-        return "memory" in _read(base, "cgroup.controllers").split()
+        return "memory" in _read(self.bases[V2], "cgroup.controllers").split()
 
     def remove_device(self, device: str) -> None:
         """Remove the device's directory, and the instance's base, where they are empty."""
@@ -273,6 +280,7 @@ def detect(kind: str, scope: str) -> Cgroups | None:
         if kind == "v2" or "memory" in _read(mounts[V2][0], "cgroup.controllers").split():
             bases = _bases(mounts, own, (V2,), base_name)
             if bases:
+                _offer_controllers(os.path.dirname(bases[V2]), bases[V2])
                 return Cgroups("v2", bases)
     if kind in ("auto", "v1"):
         bases = _bases(mounts, own, _V1_HIERARCHIES, base_name)

@@ -40,7 +40,7 @@ from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.lease import Figures, SharedPage, implausible
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
-from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
+from gq.exec.spawn import (JobProcess, group_members, groups_members, is_srun_shim, kill_group,
                            start_as_submitter)
 from gq.exec import lanes as lane_rule
 from gq.policies.base import JobView
@@ -96,7 +96,6 @@ class Resident:
     mem_cap: int | None = None  # bytes of device memory it may hold (its figure)
     cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
     host_mem_watched: int | None = None  # its --host-mem, where no cgroup holds it
-    memory_watch_at: float = 0.0  # monotonic: when its processes' memory is summed next
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
@@ -284,6 +283,7 @@ class Host:
         self.child_exited = False
         self._next_housekeeping = 0.0
         self._last_progress = 0.0
+        self._memory_watch_at = 0.0  # monotonic: when _watch_host_memory sums again
         self._reported_switches: list[int] = []
         self._handovers_armed = 0  # numbers the hand-overs' pipes
         self._from_daemon_handlers: dict[type, Callable] = {
@@ -1205,25 +1205,30 @@ class Host:
         them, or no cgroup): every HOST_MEMORY_WATCH seconds their processes' resident memory
         is summed, and a job over its limit is ended, failed as a kill at its cgroup's limit
         would fail it (Slurm's OverMemoryKill, where its cgroups do not hold memory). A job
-        of so many processes that summing them takes long is summed less often: the host's
-        time for one job's watch stays within 1/WATCH_SHARE of its own."""
+        where the sums take long (jobs of many processes; for jobs without a cgroup, a
+        reading of every process on the node) they are made less often: the watch takes at
+        most 1/HOST_MEMORY_WATCH_SHARE of the host's time, whoever's processes they are."""
         now = time.monotonic()
-        for resident in list(self.residents.values()):
+        if now < self._memory_watch_at:
+            return
+        watched = [r for r in self.residents.values() if r.host_mem_watched is not None
+                   and r.kill_why is None and r.exit_status is None]
+        grouped = {r.process.pid for r in watched if r.cgroup is None}
+        groups = groups_members(grouped) if grouped else {}
+        for resident in watched:
             limit = resident.host_mem_watched
-            if (limit is None or resident.kill_why is not None
-                    or resident.exit_status is not None or now < resident.memory_watch_at):
-                continue
+            assert limit is not None
             pids = (resident.cgroup.pids() if resident.cgroup is not None
-                    else group_members(resident.process.pid))
-            held = cgroups.resident_bytes(pids)
-            took = time.monotonic() - now
-            resident.memory_watch_at = now + max(defaults.HOST_MEMORY_WATCH,
-                                                 took * defaults.HOST_MEMORY_WATCH_SHARE)
+                    else groups.get(resident.process.pid, set()))
+            held = cgroups.held_bytes(pids)
             if held > limit:
                 resident.detail = (f"over its --host-mem of {format_size(limit)} (its "
                                    f"processes held {format_size(held)})")
                 log.warning("job %d: %s; ending it", resident.job_id, resident.detail)
                 self._kill(resident, StopWhy.HOST_MEMORY, grace=0.0)
+        took = time.monotonic() - now
+        self._memory_watch_at = now + max(defaults.HOST_MEMORY_WATCH,
+                                          took * defaults.HOST_MEMORY_WATCH_SHARE)
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()

@@ -38,7 +38,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/7"
+HOST_VERSION = f"{__version__}/8"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 

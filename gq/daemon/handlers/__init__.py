@@ -61,8 +61,9 @@ class NodeView(Protocol):
 
     def loads(self) -> list[DeviceLoad]: ...
 
-    def usage(self, job: Job) -> Usage | None:
-        """A running job's host-side memory and processes (its cgroup), where known."""
+    def usage(self, job: Job, processes_summed: int) -> Usage | None:
+        """A running job's host-side memory and processes (its cgroup), where known
+        (summing the memory of ``processes_summed`` processes at most)."""
 
     def stale(self) -> str | None:
         """Why progress figures may be out of date."""

@@ -86,11 +86,13 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
         shown = jobs[:defaults.MAX_SHOWN_JOBS]
         history = queries.events(session, [job.id for job in shown])
         infos = []
+        summed = defaults.USAGE_PROCESSES  # for the whole request: an array's tasks share it
         for job in shown:
             info = job_info(job, history[job.id])
-            usage = daemon.usage(job)
+            usage = daemon.usage(job, summed)
             if usage is not None:
                 info.host_memory, info.processes = usage.memory, usage.processes
+                summed = max(0, summed - usage.processes)
             infos.append(info)
         return messages.Jobs(infos, stale=daemon.stale(), more=len(jobs) - len(shown),
                              forecast_made=_forecast(daemon, infos))
