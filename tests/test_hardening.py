@@ -18,8 +18,8 @@ import pytest
 from gq import messages
 from gq.exec.protocol import HOST_VERSION
 
-from conftest import (DaemonControl, all_jobs, cgroups_usable, gq, gq_ok, job, pid_alive,
-                      submit, wait_for, wait_for_words, wait_state, write_script)
+from conftest import (DaemonControl, all_jobs, cgroups_usable, gq, gq_ok, job, live_hosts,
+                      pid_alive, submit, wait_for, wait_for_words, wait_state, write_script)
 from test_reliability import host_process
 
 NEIGHBOUR = "import gq, time\nfor _ in gq.steps(range(40)):\n    time.sleep(0.01)\n"
@@ -506,6 +506,76 @@ def test_jobs_are_kept_in_cgroup_v2_where_one_is_mounted(home, tmp_path):
     wait_state(job_id, "CANCELLED")
     wait_for(lambda: not pid_alive(pid), 10, what="the escaped process to die with its job")
     control.stop()
+
+
+def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path):
+    """packaging/gq.service has systemd start the daemon in its unit cgroup's leaf
+    'supervisor' (DelegateSubgroup=): on v2, which passes controllers only below cgroups
+    that hold no processes, the jobs' cgroups go beside that leaf, in the unit's cgroup.
+    Below it (where they went), v2 could pass them no memory controller at all."""
+    import sys
+    import uuid
+
+    from gq.exec import cgroups
+
+    if not cgroups_usable("v2"):
+        pytest.skip("no cgroup v2 hierarchy this process may use")
+    point, root = cgroups._mounts()[cgroups.V2]
+    own = cgroups._directory(point, root, cgroups._own_cgroups()[cgroups.V2])
+    unit = Path(own) / f"gq-test-{uuid.uuid4().hex[:8]}.service"
+    supervisor = unit / cgroups.SUPERVISOR
+    supervisor.mkdir(parents=True)
+
+    def into_supervisor() -> None:  # as systemd starts a unit's main process
+        with open(supervisor / "cgroup.procs", "w") as procs:
+            procs.write(str(os.getpid()))
+
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "gq.cli.main", "daemon", "start", "--foreground",
+         "--cgroup", "v2", "--kill-wait", "1"], preexec_fn=into_supervisor,
+        env={**os.environ, "GQ_HOME": str(home)}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: gq("daemon", "status").code == 0, 30, what="the daemon")
+        script = write_script(tmp_path / "where.sh", (
+            "cat /proc/self/cgroup > where-$GQ_JOB_ID\n"
+            "while [ ! -e leave ]; do sleep 0.05; done\n"))
+        job_id = submit(str(script))
+        lines = wait_for_words(tmp_path / f"where-{job_id}", 1, what="the job's cgroup")
+        path = next(line for line in lines if line.startswith("0::")).split("::", 1)[1]
+        relative = "/" + os.path.relpath(unit, point)
+        assert path.startswith(f"{relative}/gq-") and "/supervisor/" not in path, path
+        for pid in [daemon.pid, *live_hosts(home)]:  # daemon and hosts: in the leaf
+            assert _v2_cgroup(pid) == f"{relative}/supervisor", pid
+        (tmp_path / "leave").touch()
+        wait_state(job_id, "COMPLETED")
+        gq_ok("daemon", "stop")
+        assert daemon.wait(timeout=30) == 0
+        wait_for(lambda: not live_hosts(home), 30, what="the hosts to exit")
+    finally:
+        _remove_cgroup_tree(unit, daemon)
+
+
+def _remove_cgroup_tree(unit: Path, daemon: subprocess.Popen) -> None:
+    """Whatever the test came to: the daemon, its hosts and its jobs ended, and the unit's
+    cgroups removed, deepest first."""
+    if daemon.poll() is None:
+        daemon.kill()
+        daemon.wait()
+    directories = sorted((p for p in unit.rglob("*") if p.is_dir()),
+                         key=lambda p: len(p.parts), reverse=True) + [unit]
+    for directory in directories:  # hosts and jobs left behind by a failure
+        for pid in (directory / "cgroup.procs").read_text().split():
+            os.kill(int(pid), 9)
+    for directory in directories:
+        wait_for(lambda d=directory: not (d / "cgroup.procs").read_text().split(), 10,
+                 what=f"{directory} to empty")
+        directory.rmdir()
+
+
+def _v2_cgroup(pid: int) -> str:
+    with open(f"/proc/{pid}/cgroup") as membership:
+        return next(line for line in membership if line.startswith("0::")).split("::")[1].strip()
 
 
 def test_a_host_that_speaks_garbage_costs_only_its_own_connection(home, tmp_path):

@@ -6,9 +6,11 @@ Two backends behind one interface: cgroup v2 (the unified hierarchy, typically d
 the service by systemd with ``Delegate=yes``) and cgroup v1 (the freezer, memory and pids
 hierarchies, whichever are mounted). A job's cgroup is ``<base>/<device>/job-<id>.<run>`` in
 each hierarchy used, where ``<base>`` is ``gq-<scope>`` under the calling process's own
-cgroup: one gq instance (one state directory) never meets another's cgroups, and its daemon
-and hosts, which share their cgroups, work out the same paths. :func:`detect` returns None
-where there is no hierarchy this process may use; callers then keep jobs in process groups.
+cgroup (on v2, beside it where that is systemd's ``supervisor`` leaf: v2 passes controllers
+only below cgroups that hold no processes): one gq instance (one state directory) never
+meets another's cgroups, and its daemon and hosts, which share their cgroups, work out the
+same paths. :func:`detect` returns None where there is no hierarchy this process may use;
+callers then keep jobs in process groups.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ KINDS = ("auto", "v2", "v1", "off")
 V2 = "unified"  # the v2 hierarchy's key in a backend's bases and a job's paths
 _V1_HIERARCHIES = ("freezer", "memory", "pids", "cpu")
 _V2_CONTROLLERS = ("memory", "pids", "cpu")
+# The leaf of its unit's cgroup that systemd starts the daemon in (DelegateSubgroup=, as
+# packaging/gq.service asks): gq's cgroups go beside it on v2.
+SUPERVISOR = "supervisor"
 _CPU_PERIOD = 100_000  # microseconds of the CPU quota's period (the kernel's default)
 _MEMORY_FILES = {V2: "memory.current", "memory": "memory.usage_in_bytes"}
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -297,6 +302,11 @@ def _bases(mounts: dict[str, tuple[str, str]], own: dict[str, str],
         if hierarchy not in mounts or hierarchy not in own:
             continue
         directory = _directory(*mounts[hierarchy], own[hierarchy])
+        if directory is not None and hierarchy == V2 and \
+                os.path.basename(directory) == SUPERVISOR:
+            # v2 passes controllers only below a cgroup that holds no processes: not below
+            # the daemon's leaf, but beside it, in the unit's cgroup that systemd delegates.
+            directory = os.path.dirname(directory)
         if directory is not None and _usable(os.path.join(directory, base_name)):
             bases[hierarchy] = os.path.join(directory, base_name)
     return bases
