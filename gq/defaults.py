@@ -97,12 +97,10 @@ PROGRESS_PERIOD = 1.0  # the host reports progress to the daemon this often
 ANTICIPATION_LIMIT = 0.002
 HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
 # Where no cgroup holds a job's --host-mem (no memory controller passed on to it, --cgroup
-# off), its processes' resident memory is summed this often (Slurm's OverMemoryKill polls).
+# off), what its processes hold is read this often (Slurm's OverMemoryKill polls), or as soon
+# after as the last readings are in (gq.exec.memory_watch).
 HOST_MEMORY_WATCH = 1.0
-# ... or, where the sums take long (jobs of many processes, a node of many), 100 times as long
-# as they took: the watch costs a host 1 % of its time at most.
-HOST_MEMORY_WATCH_SHARE = 100
-USAGE_PROCESSES = 256  # gq show sums the memory of this many processes at most a request
+USAGE_PROCESSES = 1024  # gq show sums the resident sizes of this many processes a request
 # What a host reads of one worker per turn of its loop: an honest worker has a message or
 # two waiting; one that floods its socket gets this much decoded per turn, as every other
 # worker does, not the 64 KiB (about 10 ms of decoding) that would delay their grants.

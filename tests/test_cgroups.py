@@ -188,6 +188,7 @@ def test_what_forked_processes_share_is_held_once():
     100M, not 500M (the resident sizes summed counted it once per process, and ended such
     jobs at a --host-mem they kept to)."""
     parent = subprocess.Popen(FORKED, stdout=subprocess.PIPE, text=True)
+    children: list[int] = []
     try:
         children = [int(pid) for pid in parent.stdout.readline().split()]
         alone = cgroups.held_bytes([parent.pid])

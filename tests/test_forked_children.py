@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import socket
+import threading
 import time
 
 import psutil
@@ -299,12 +300,12 @@ class _NoMemoryController(_SlowToEmpty):
         return self.listed
 
 
-def test_a_job_of_many_processes_costs_its_hosts_memory_watch_one_percent(monkeypatch):
-    """Where no cgroup holds a job's --host-mem, its host sums its processes' memory every
-    second; where the sums take long (thousands of processes, or a node of many for jobs
-    without a cgroup) they are made less often, so that no user's processes can take the
-    host's loop from the device's other jobs. Over its limit, a job is ended, saying so."""
-    from gq.exec import cgroups
+def test_a_slow_memory_reading_never_holds_up_its_hosts_loop(monkeypatch):
+    """Where no cgroup holds a job's --host-mem, what its processes hold is read in the
+    host's watch thread: reading it takes what the job makes it take (thousands of
+    mappings, its memory lock kept busy: seconds), and the host's loop goes on meanwhile.
+    A job read over its limit is ended, saying so; not one read within it."""
+    from gq.exec import memory_watch
 
     listener, _other_end = socket.socketpair()
     host = Host("cpu0", False, 1, listener, kill_grace=1.0)
@@ -316,25 +317,34 @@ def test_a_job_of_many_processes_costs_its_hosts_memory_watch_one_percent(monkey
     resident = host.residents[6]
     cgroup.listed = [resident.process.pid]
     assert resident.host_mem_watched == 512 << 20
-    try:
-        def slow_sum(pids):
-            time.sleep(0.03)
-            return 100 << 20
+    held = iter([100 << 20, 600 << 20])
+    release = threading.Event()
 
-        monkeypatch.setattr(cgroups, "held_bytes", slow_sum)
-        host._watch_host_memory()
-        assert host._memory_watch_at - time.monotonic() > 2.0  # 100 x 30 ms, not 1 s
-        assert resident.kill_why is None
-        monkeypatch.setattr(cgroups, "held_bytes", lambda pids: 600 << 20)
-        host._watch_host_memory()  # not due yet: nothing read, nothing done
-        assert resident.kill_why is None
-        host._memory_watch_at = 0.0
-        host._watch_host_memory()
-        assert resident.kill_why is StopWhy.HOST_MEMORY
+    def slow_reading(pids):
+        release.wait(10)  # as long as the job makes it: until the test lets it end
+        return next(held)
+
+    monkeypatch.setattr(memory_watch, "held_bytes", slow_reading)
+    try:
+        for expected in (None, StopWhy.HOST_MEMORY):
+            started = time.monotonic()
+            host._memory_watch_at = 0.0
+            host._watch_host_memory()
+            assert time.monotonic() - started < 0.5 and host.memory_watch.busy
+            host._watch_host_memory()  # asked again while reading: nothing more is asked
+            release.set()
+            assert select.select([host.memory_watch.wake], [], [], 10)[0]
+            wait_for_readings = time.monotonic() + 10
+            while host.memory_watch.busy and time.monotonic() < wait_for_readings:
+                time.sleep(0.001)
+            host._on_memory_readings()
+            release.clear()
+            assert resident.kill_why is expected
         assert resident.detail == ("over its --host-mem of 512.0M (its processes held "
                                    "600.0M)")
         assert resident.process.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
     finally:
+        release.set()
         if resident.process.poll() is None:
             resident.process.kill()
             resident.process.wait()

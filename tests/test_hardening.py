@@ -512,7 +512,8 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
     """packaging/gq.service has systemd start the daemon in its unit cgroup's leaf
     'supervisor' (DelegateSubgroup=): on v2, which passes controllers only below cgroups
     that hold no processes, the jobs' cgroups go beside that leaf, in the unit's cgroup.
-    Below it (where they went), v2 could pass them no memory controller at all."""
+    Below it (where they went), v2 could pass them no memory controller at all. Only where
+    systemd marked the unit's cgroup delegated: a 'supervisor' elsewhere changes nothing."""
     import sys
     import uuid
 
@@ -529,6 +530,23 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
     def into_supervisor() -> None:  # as systemd starts a unit's main process
         with open(supervisor / "cgroup.procs", "w") as procs:
             procs.write(str(os.getpid()))
+
+    def base_seen_there() -> Path:
+        found = subprocess.run(
+            [sys.executable, "-c", "from gq.exec import cgroups; "
+             "print(cgroups.detect('v2', 'probe').bases[cgroups.V2])"],
+            preexec_fn=into_supervisor, capture_output=True, text=True, check=True)
+        base = Path(found.stdout.strip())
+        base.rmdir()
+        return base
+
+    try:
+        assert base_seen_there().parent == supervisor  # not delegated: below, as before
+    except BaseException:
+        _remove_cgroup_tree(unit, None)
+        raise
+    os.setxattr(unit, "trusted.delegate", b"1")  # as systemd marks a delegated unit
+    assert base_seen_there().parent == unit
 
     daemon = subprocess.Popen(
         [sys.executable, "-m", "gq.cli.main", "daemon", "start", "--foreground",
@@ -556,10 +574,10 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
         _remove_cgroup_tree(unit, daemon)
 
 
-def _remove_cgroup_tree(unit: Path, daemon: subprocess.Popen) -> None:
+def _remove_cgroup_tree(unit: Path, daemon: subprocess.Popen | None) -> None:
     """Whatever the test came to: the daemon, its hosts and its jobs ended, and the unit's
     cgroups removed, deepest first."""
-    if daemon.poll() is None:
+    if daemon is not None and daemon.poll() is None:
         daemon.kill()
         daemon.wait()
     directories = sorted((p for p in unit.rglob("*") if p.is_dir()),

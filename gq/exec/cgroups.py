@@ -6,8 +6,8 @@ Two backends behind one interface: cgroup v2 (the unified hierarchy, typically d
 the service by systemd with ``Delegate=yes``) and cgroup v1 (the freezer, memory and pids
 hierarchies, whichever are mounted). A job's cgroup is ``<base>/<device>/job-<id>.<run>`` in
 each hierarchy used, where ``<base>`` is ``gq-<scope>`` under the calling process's own
-cgroup (on v2, beside it where that is systemd's ``supervisor`` leaf: v2 passes controllers
-only below cgroups that hold no processes): one gq instance (one state directory) never
+cgroup (on v2, beside it where that is systemd's ``supervisor`` leaf of a delegated unit: v2
+passes controllers only below cgroups that hold no processes): one gq instance (one state directory) never
 meets another's cgroups, and its daemon and hosts, which share their cgroups, work out the
 same paths. :func:`detect` returns None where there is no hierarchy this process may use;
 callers then keep jobs in process groups.
@@ -40,8 +40,9 @@ _FREEZE_WAIT = 0.05
 
 @dataclass(frozen=True)
 class Usage:
-    memory: int | None  # bytes charged to the cgroup, or its processes' resident memory
+    memory: int | None  # bytes charged to the cgroup, or its processes' resident sizes summed
     processes: int  # processes in it now
+    summed: int = 0  # processes whose resident size was read for ``memory``
 
 
 class JobCgroup:
@@ -167,16 +168,17 @@ class JobCgroup:
 
     def usage(self, processes_summed: int = 0) -> Usage:
         """What it holds: the memory charged to it, or where no memory controller serves
-        it, what its processes hold (:func:`held_bytes`; None where it has none, or more
-        than ``processes_summed``: a request must not cost the daemon a walk of thousands
-        of processes)."""
+        it, its processes' resident sizes summed (a few microseconds each, whatever the
+        process; pages they share count in each: the watch reads what they hold, at a cost
+        the job decides, in the host's thread). None where it has no processes, or more
+        than ``processes_summed``."""
         memory = None
         for hierarchy, control in _MEMORY_FILES.items():
             if hierarchy in self.paths:
                 memory = _number(_read(self.paths[hierarchy], control))
         pids = self.pids()
         if memory is None and 0 < len(pids) <= processes_summed:
-            memory = held_bytes(pids)
+            return Usage(memory=resident_bytes(pids), processes=len(pids), summed=len(pids))
         return Usage(memory=memory, processes=len(pids))
 
     def oom_kills(self) -> int:
@@ -203,12 +205,26 @@ class JobCgroup:
                 pass
 
 
+def resident_bytes(pids) -> int:
+    """The resident sizes of the processes ``pids``, summed (those gone are left out)."""
+    return sum(_resident(int(pid)) for pid in pids)
+
+
+def _resident(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def held_bytes(pids) -> int:
     """The memory the processes ``pids`` hold, summed, where no memory controller counts
     it: each page that several of them share (a fork's copy-on-write pages, libraries)
     split among its sharers, not counted once per process (the proportional set size, as
     Slurm's UsePss counts; the resident size where the kernel gives none). Those gone are
-    left out."""
+    left out. Reading it walks each process's mappings under its memory lock: the job
+    decides how long it takes (gq.exec.memory_watch reads it in a thread)."""
     return sum(_proportional(int(pid)) for pid in pids)
 
 
@@ -220,11 +236,7 @@ def _proportional(pid: int) -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, IndexError, ValueError):
         pass
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
+    return _resident(pid)
 
 
 class Cgroups:
@@ -302,14 +314,35 @@ def _bases(mounts: dict[str, tuple[str, str]], own: dict[str, str],
         if hierarchy not in mounts or hierarchy not in own:
             continue
         directory = _directory(*mounts[hierarchy], own[hierarchy])
-        if directory is not None and hierarchy == V2 and \
-                os.path.basename(directory) == SUPERVISOR:
-            # v2 passes controllers only below a cgroup that holds no processes: not below
-            # the daemon's leaf, but beside it, in the unit's cgroup that systemd delegates.
-            directory = os.path.dirname(directory)
+        if directory is not None and hierarchy == V2:
+            directory = _beside_supervisor(directory, base_name)
         if directory is not None and _usable(os.path.join(directory, base_name)):
             bases[hierarchy] = os.path.join(directory, base_name)
     return bases
+
+
+def _beside_supervisor(directory: str, base_name: str) -> str:
+    """Where gq's base goes on v2: in the daemon's own cgroup, or where that is the leaf
+    systemd starts a delegated unit's main process in (DelegateSubgroup=supervisor), beside
+    it, in the unit's cgroup (v2 passes controllers only below cgroups that hold no
+    processes). Only where systemd marked that cgroup delegated (its ``trusted.delegate``
+    attribute): a cgroup that merely has that name is not gq's to change."""
+    if os.path.basename(directory) != SUPERVISOR:
+        return directory
+    unit = os.path.dirname(directory)
+    if _delegated(unit) and _usable(os.path.join(unit, base_name)):
+        return unit
+    return directory
+
+
+def _delegated(path: str) -> bool:
+    for name in ("trusted.delegate", "user.delegate"):
+        try:
+            if os.getxattr(path, name).strip() in (b"1", b"yes", b"true"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _mounts() -> dict[str, tuple[str, str]]:

@@ -40,7 +40,8 @@ from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.lease import Figures, SharedPage, implausible
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
-from gq.exec.spawn import (JobProcess, group_members, groups_members, is_srun_shim, kill_group,
+from gq.exec.memory_watch import MemoryWatch, Watched
+from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
                            start_as_submitter)
 from gq.exec import lanes as lane_rule
 from gq.policies.base import JobView
@@ -283,7 +284,8 @@ class Host:
         self.child_exited = False
         self._next_housekeeping = 0.0
         self._last_progress = 0.0
-        self._memory_watch_at = 0.0  # monotonic: when _watch_host_memory sums again
+        self._memory_watch_at = 0.0  # monotonic: when _watch_host_memory asks again
+        self.memory_watch: MemoryWatch | None = None  # made for the first job it watches
         self._reported_switches: list[int] = []
         self._handovers_armed = 0  # numbers the hand-overs' pipes
         self._from_daemon_handlers: dict[type, Callable] = {
@@ -332,6 +334,8 @@ class Host:
                     self._forget_daemon()
         elif data == "signal":
             self._on_signals(wake_read)
+        elif data == "memory":
+            self._on_memory_readings()
         elif isinstance(data, Resident):
             self._from_worker(data)
         elif isinstance(data, JobProcess):
@@ -1202,33 +1206,40 @@ class Host:
 
     def _watch_host_memory(self) -> None:
         """Jobs whose --host-mem no cgroup holds (v2's memory controller not passed on to
-        them, or no cgroup): every HOST_MEMORY_WATCH seconds their processes' resident memory
-        is summed, and a job over its limit is ended, failed as a kill at its cgroup's limit
-        would fail it (Slurm's OverMemoryKill, where its cgroups do not hold memory). A job
-        where the sums take long (jobs of many processes; for jobs without a cgroup, a
-        reading of every process on the node) they are made less often: the watch takes at
-        most 1/HOST_MEMORY_WATCH_SHARE of the host's time, whoever's processes they are."""
+        them, or no cgroup): every HOST_MEMORY_WATCH seconds, once the last readings are in,
+        their watch (:mod:`gq.exec.memory_watch`) is asked to read what their processes
+        hold; :meth:`_on_memory_readings` acts on what it reads."""
         now = time.monotonic()
-        if now < self._memory_watch_at:
+        watch = self.memory_watch
+        if now < self._memory_watch_at or (watch is not None and watch.busy):
             return
+        self._memory_watch_at = now + defaults.HOST_MEMORY_WATCH
         watched = [r for r in self.residents.values() if r.host_mem_watched is not None
                    and r.kill_why is None and r.exit_status is None]
-        grouped = {r.process.pid for r in watched if r.cgroup is None}
-        groups = groups_members(grouped) if grouped else {}
-        for resident in watched:
-            limit = resident.host_mem_watched
-            assert limit is not None
-            pids = (resident.cgroup.pids() if resident.cgroup is not None
-                    else groups.get(resident.process.pid, set()))
-            held = cgroups.held_bytes(pids)
-            if held > limit:
-                resident.detail = (f"over its --host-mem of {format_size(limit)} (its "
-                                   f"processes held {format_size(held)})")
-                log.warning("job %d: %s; ending it", resident.job_id, resident.detail)
-                self._kill(resident, StopWhy.HOST_MEMORY, grace=0.0)
-        took = time.monotonic() - now
-        self._memory_watch_at = now + max(defaults.HOST_MEMORY_WATCH,
-                                          took * defaults.HOST_MEMORY_WATCH_SHARE)
+        if not watched:
+            return
+        if watch is None:  # a thread only where some job needs one
+            watch = self.memory_watch = MemoryWatch()
+            self.selector.register(watch.wake, selectors.EVENT_READ, "memory")
+        watch.ask([Watched(r.job_id, r.run, r.host_mem_watched, r.cgroup, r.process.pid)
+                   for r in watched if r.host_mem_watched is not None])
+
+    def _on_memory_readings(self) -> None:
+        """A job whose processes were read to hold more than its --host-mem is ended, failed
+        as a kill at its cgroup's limit would fail it (Slurm's OverMemoryKill, where its
+        cgroups do not hold memory); a reading of a run that has ended or is being ended
+        meanwhile is dropped."""
+        assert self.memory_watch is not None
+        for reading in self.memory_watch.take():
+            job = reading.job
+            resident = self.residents.get(job.job_id)
+            if (resident is None or resident.run != job.run or resident.kill_why is not None
+                    or resident.exit_status is not None or reading.held <= job.limit):
+                continue
+            resident.detail = (f"over its --host-mem of {format_size(job.limit)} (its "
+                               f"processes held {format_size(reading.held)})")
+            log.warning("job %d: %s; ending it", resident.job_id, resident.detail)
+            self._kill(resident, StopWhy.HOST_MEMORY, grace=0.0)
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()

@@ -350,13 +350,7 @@ def kill_group(pgid: int, signum: int) -> None:
 def group_members(pgid: int) -> set[int]:
     """The processes of a process group now (read from /proc; those that are gone or
     cannot be read are left out)."""
-    return groups_members({pgid}).get(pgid, set())
-
-
-def groups_members(pgids: set[int]) -> dict[int, set[int]]:
-    """The processes of each of the process groups ``pgids`` now, from one reading of
-    /proc (its cost grows with every process on the node, whoever runs it)."""
-    members: dict[int, set[int]] = {}
+    members = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -366,8 +360,8 @@ def groups_members(pgids: set[int]) -> dict[int, set[int]]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2:].split()  # after "(comm)": state, ppid, pgrp
-        if len(fields) > 2 and (pgid := int(fields[2])) in pgids:
-            members.setdefault(pgid, set()).add(int(entry))
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            members.add(int(entry))
     return members
 
 

@@ -92,7 +92,7 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
             usage = daemon.usage(job, summed)
             if usage is not None:
                 info.host_memory, info.processes = usage.memory, usage.processes
-                summed = max(0, summed - usage.processes)
+                summed -= usage.summed
             infos.append(info)
         return messages.Jobs(infos, stale=daemon.stale(), more=len(jobs) - len(shown),
                              forecast_made=_forecast(daemon, infos))
