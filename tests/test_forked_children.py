@@ -304,7 +304,8 @@ def test_a_slow_memory_reading_never_holds_up_its_hosts_loop(monkeypatch):
     """Where no cgroup holds a job's --host-mem, what its processes hold is read in the
     host's watch thread: reading it takes what the job makes it take (thousands of
     mappings, its memory lock kept busy: seconds), and the host's loop goes on meanwhile.
-    A job read over its limit is ended, saying so; not one read within it."""
+    Only a job over its limit by resident sizes (which cost microseconds) is read so; one
+    read over its limit is ended, saying so; a round that fails leaves the watch going."""
     from gq.exec import memory_watch
 
     listener, _other_end = socket.socketpair()
@@ -317,29 +318,44 @@ def test_a_slow_memory_reading_never_holds_up_its_hosts_loop(monkeypatch):
     resident = host.residents[6]
     cgroup.listed = [resident.process.pid]
     assert resident.host_mem_watched == 512 << 20
-    held = iter([100 << 20, 600 << 20])
+    resident_sizes = iter([100 << 20, 1 << 30, 1 << 30, 1 << 30])
+    held = iter([RuntimeError("a round that fails"), 100 << 20, 600 << 20])
+    read = []
     release = threading.Event()
 
     def slow_reading(pids):
+        read.append(pids)
         release.wait(10)  # as long as the job makes it: until the test lets it end
-        return next(held)
+        outcome = next(held)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
+    monkeypatch.setattr(memory_watch, "resident_bytes", lambda pids: next(resident_sizes))
     monkeypatch.setattr(memory_watch, "held_bytes", slow_reading)
+
+    def round_(expected) -> None:
+        started = time.monotonic()
+        host._memory_watch_at = 0.0
+        host._watch_host_memory()
+        assert time.monotonic() - started < 0.5 and host.memory_watch.busy
+        host._watch_host_memory()  # asked again while reading: nothing more is asked
+        release.set()
+        assert select.select([host.memory_watch.wake], [], [], 10)[0]
+        wait_until = time.monotonic() + 10
+        while host.memory_watch.busy and time.monotonic() < wait_until:
+            time.sleep(0.001)
+        host._on_memory_readings()
+        release.clear()
+        assert resident.kill_why is expected
+
     try:
-        for expected in (None, StopWhy.HOST_MEMORY):
-            started = time.monotonic()
-            host._memory_watch_at = 0.0
-            host._watch_host_memory()
-            assert time.monotonic() - started < 0.5 and host.memory_watch.busy
-            host._watch_host_memory()  # asked again while reading: nothing more is asked
-            release.set()
-            assert select.select([host.memory_watch.wake], [], [], 10)[0]
-            wait_for_readings = time.monotonic() + 10
-            while host.memory_watch.busy and time.monotonic() < wait_for_readings:
-                time.sleep(0.001)
-            host._on_memory_readings()
-            release.clear()
-            assert resident.kill_why is expected
+        round_(None)  # within its limit by resident sizes: nothing more is read
+        assert read == []
+        round_(None)  # the reading fails: logged, and the next round is asked as usual
+        round_(None)  # read within its limit
+        round_(StopWhy.HOST_MEMORY)
+        assert len(read) == 3
         assert resident.detail == ("over its --host-mem of 512.0M (its processes held "
                                    "600.0M)")
         assert resident.process.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)

@@ -7,12 +7,15 @@ other jobs their iterations meanwhile, and acts on each reading as it comes."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from dataclasses import dataclass
 
-from gq.exec.cgroups import JobCgroup, held_bytes
+from gq.exec.cgroups import JobCgroup, held_bytes, resident_bytes
 from gq.exec.spawn import group_members
+
+log = logging.getLogger("gq.host")
 
 
 @dataclass(frozen=True)
@@ -72,17 +75,33 @@ class MemoryWatch:
                 while self._asked is None:
                     self._ready.wait()
                 jobs, self._asked = self._asked, None
-            for job in jobs:
-                pids = job.cgroup.pids() if job.cgroup is not None else group_members(job.pgid)
-                reading = Reading(job, held_bytes(pids))
-                with self._ready:
-                    self._readings.append(reading)
-                    if job is jobs[-1]:
-                        self.busy = False
-                self._signal()
-            if not jobs:
+            try:
+                self._read(jobs)
+            except Exception:  # noqa: BLE001 - the watch must outlive any one round
+                log.exception("the memory watch failed a round (it goes on)")
+            finally:
                 with self._ready:
                     self.busy = False
+                self._signal()
+
+    def _read(self, jobs: list[Watched]) -> None:
+        """Resident sizes first (microseconds a process, taking no lock of the job's): a
+        job within its limit by them holds less still; only the others' processes are read
+        for what they share, so that a slow reading costs only the jobs that may be over."""
+        over = []
+        for job in jobs:
+            try:
+                pids = (job.cgroup.pids() if job.cgroup is not None
+                        else group_members(job.pgid))
+            except OSError:  # its cgroup gone, no descriptor left for /proc: next round
+                continue
+            if resident_bytes(pids) > job.limit:
+                over.append((job, pids))
+        for job, pids in over:
+            reading = Reading(job, held_bytes(pids))
+            with self._ready:
+                self._readings.append(reading)
+            self._signal()
 
     def _signal(self) -> None:
         try:
