@@ -164,16 +164,17 @@ def test_host_death_kills_everything_its_jobs_started(daemon, tmp_path):
         "sleep 300\n"
     ))
     plain, requeued = submit(str(script)), submit("--requeue", str(script))
-    escaped = {}
+    escaped, devices = {}, set()
     for job_id in (plain, requeued):
-        wait_state(job_id, "RUNNING")
+        devices.add(wait_state(job_id, "RUNNING")["device"])  # cpu; gpu0 on a GPU node
         escaped[job_id] = wait_for(lambda j=job_id: list(tmp_path.glob(f"escaped-{j}-*")), 20,
                                    what="the escaped grandchild")[0]
     pids = {j: int(wait_for_words(path, 1, what="the grandchild's pid")[0])
             for j, path in escaped.items()}
     assert all(pid_alive(pid) for pid in pids.values())
-    host_process(daemon.pid()).kill()
-    assert wait_state(plain, "FAILED", timeout=15)["reason"] == "execution host of cpu died"
+    (device,) = devices
+    host_process(daemon.pid(), device).kill()
+    assert wait_state(plain, "FAILED", timeout=15)["reason"] == f"execution host of {device} died"
     wait_for(lambda: job(requeued)["run_count"] == 2, 20, what="the requeued job's second run")
     for pid in pids.values():
         assert not pid_alive(pid), "a process of a job outlived its host"

@@ -18,10 +18,14 @@ from conftest import (ROOT, DaemonControl, all_jobs, gq, gq_ok, job, live_hosts,
                       submit, wait_for, wait_for_words, wait_state, write_script)
 
 
-def host_process(daemon_pid: int) -> psutil.Process:
+def host_process(daemon_pid: int, device: str | None = None) -> psutil.Process:
+    """The daemon's execution host (of ``device``, where the node has several: a GPU node
+    has one for each GPU and one for its cpu device)."""
     def find():
         for child in psutil.Process(daemon_pid).children():
-            if "gq.exec.host" in " ".join(child.cmdline()):
+            argv = child.cmdline()
+            if "gq.exec.host" in " ".join(argv) and (
+                    device is None or device in argv[argv.index("--device") + 1:][:1]):
                 return child
         return None
 
@@ -31,18 +35,18 @@ def host_process(daemon_pid: int) -> psutil.Process:
 def test_killed_execution_host_is_noticed_and_replaced(daemon, tmp_path):
     script = write_script(tmp_path / "s.sh", "sleep 300\n")
     plain, requeued = submit(str(script)), submit("--requeue", str(script))
-    wait_state(plain, "RUNNING")
-    wait_state(requeued, "RUNNING")
-    host = host_process(daemon.pid())
+    device = wait_state(plain, "RUNNING")["device"]  # cpu; gpu0 on a GPU node
+    assert wait_state(requeued, "RUNNING")["device"] == device
+    host = host_process(daemon.pid(), device)
     host.kill()
     killed_at = time.monotonic()
     info = wait_state(plain, "FAILED", timeout=10)
     noticed = time.monotonic() - killed_at
-    assert info["reason"] == "execution host of cpu died"
+    assert info["reason"] == f"execution host of {device} died"
     assert noticed < 2.0, f"daemon took {noticed:.2f}s to notice"
     again = wait_state(requeued, "RUNNING", timeout=10)  # on the fresh host
     assert again["run_count"] == 2
-    assert host_process(daemon.pid()).pid != host.pid
+    assert host_process(daemon.pid(), device).pid != host.pid
     quick = write_script(tmp_path / "q.sh", "true\n")
     wait_state(submit(str(quick)), "COMPLETED")
     gq_ok("cancel", str(requeued))

@@ -6,6 +6,7 @@ import os
 import time
 
 import psutil
+import pytest
 
 from conftest import (PYTHON, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state,
                       write_script)
@@ -27,8 +28,10 @@ def test_job_runs_in_submit_dir_with_gq_environment(daemon, tmp_path, monkeypatc
     output = (tmp_path / f"gq-{job_id}.out").read_text()
     assert f"GQ_JOB_ID='{job_id}'" in output
     assert "GQ_JOB_NAME='env.py'" in output
-    assert "GQ_DEVICE='cpu'" in output
-    assert "CUDA_VISIBLE_DEVICES=''" in output
+    if info["device"] == "cpu":
+        assert "GQ_DEVICE='cpu'" in output and "CUDA_VISIBLE_DEVICES=''" in output
+    else:  # a GPU node: its GPU, named by UUID
+        assert "GQ_DEVICE='cuda:0'" in output and "CUDA_VISIBLE_DEVICES='GPU-" in output
     assert "SUBMITTER_VAR='from-submitter'" in output
     assert f"cwd {tmp_path}" in output
     assert "argv ['--lr', '3e-4', '-J', 'not-a-gq-option']" in output
@@ -239,6 +242,10 @@ def test_logs_and_follow(daemon, tmp_path):
 def test_info_reports_cpu_device_without_nvidia(daemon):
     import json
 
+    from gq.daemon.devices import discover
+
+    if discover()[1] is None:
+        pytest.skip("this node has an NVIDIA GPU")
     text = gq_ok("info")
     assert "no NVIDIA GPU found" in text
     assert "cpu:" in text and f"personal mode, pid {daemon.pid()}" in text
