@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
     parser.add_argument("--probe-mem", type=_positive, default=defaults.PROBE_MEMORY,
                         help="bytes free a job that declares no memory needs to start")
-    parser.add_argument("--probe-wait", type=_seconds, default=defaults.PROBE_IDLE_SECONDS,
+    parser.add_argument("--probe-wait", type=_probe_wait, default=defaults.PROBE_IDLE_SECONDS,
                         help="seconds a probe waits for a job's first iteration")
     parser.add_argument("--cpu-devices", type=int, help="emulate this many devices")
     parser.add_argument("--device-model", help="the emulated devices' model name")
@@ -91,7 +91,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def _probe_wait(text: str) -> float:
     value = float(text)
     if not 0 < value <= defaults.MAX_PROBE_WAIT:
         raise argparse.ArgumentTypeError(f"{text}: give seconds, more than 0 and at most "

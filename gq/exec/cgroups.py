@@ -7,10 +7,10 @@ the service by systemd with ``Delegate=yes``) and cgroup v1 (the freezer, memory
 hierarchies, whichever are mounted). A job's cgroup is ``<base>/<device>/job-<id>.<run>`` in
 each hierarchy used, where ``<base>`` is ``gq-<scope>`` under the calling process's own
 cgroup (on v2, beside it where that is systemd's ``supervisor`` leaf of a delegated unit: v2
-passes controllers only below cgroups that hold no processes): one gq instance (one state directory) never
-meets another's cgroups, and its daemon and hosts, which share their cgroups, work out the
-same paths. :func:`detect` returns None where there is no hierarchy this process may use;
-callers then keep jobs in process groups.
+passes controllers only below cgroups that hold no processes): one gq instance (one state
+directory) never meets another's cgroups, and its daemon and hosts, which share their
+cgroups, work out the same paths. :func:`detect` returns None where there is no hierarchy
+this process may use; callers then keep jobs in process groups.
 """
 
 from __future__ import annotations

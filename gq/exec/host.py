@@ -1214,15 +1214,15 @@ class Host:
         if now < self._memory_watch_at or (watch is not None and watch.busy):
             return
         self._memory_watch_at = now + defaults.HOST_MEMORY_WATCH
-        watched = [r for r in self.residents.values() if r.host_mem_watched is not None
+        watched = [Watched(r.job_id, r.run, r.host_mem_watched, r.cgroup, r.process.pid)
+                   for r in self.residents.values() if r.host_mem_watched is not None
                    and r.kill_why is None and r.exit_status is None]
         if not watched:
             return
         if watch is None:  # a thread only where some job needs one
             watch = self.memory_watch = MemoryWatch()
             self.selector.register(watch.wake, selectors.EVENT_READ, "memory")
-        watch.ask([Watched(r.job_id, r.run, r.host_mem_watched, r.cgroup, r.process.pid)
-                   for r in watched if r.host_mem_watched is not None])
+        watch.ask(watched)
 
     def _on_memory_readings(self) -> None:
         """A job whose processes were read to hold more than its --host-mem is ended, failed
