@@ -23,7 +23,11 @@ parser.add_argument("--start-file", help="wait for this file before the loop (sa
                     "FILE.waiting)")
 parser.add_argument("--infer", action="store_true", help="forward passes under no_grad only")
 parser.add_argument("--crash-at", type=int, default=-1)
-parser.add_argument("--spans-out", help="append each iteration's device-time span here")
+parser.add_argument("--spans-out", help="append each iteration's device-time span here, and "
+                    "when each step was asked for (with --no-torch: when gq.steps asks for the "
+                    "lane)")
+parser.add_argument("--stop-file", help="end the loop early, at a step boundary, once this "
+                    "file exists")
 parser.add_argument("--crash-how", default="exception",
                     choices=["exception", "os_exit", "sigsegv", "sys_exit0"])
 parser.add_argument("--no-torch", action="store_true",
@@ -33,6 +37,7 @@ args = parser.parse_args()
 
 seconds = args.iter_ms / 1000
 spans: list[tuple[float, float]] = []
+asked: list[float] = []
 
 
 def kernel() -> None:
@@ -64,6 +69,9 @@ def crash(how: str) -> None:
 def steps_and_gaps():
     """The step numbers, each step followed by --gap-ms idle (outside its iteration)."""
     for step in range(args.steps):
+        if args.stop_file and os.path.exists(args.stop_file):
+            return
+        asked.append(time.time())  # last before the yield: gq.steps asks for the lane next
         yield step
         if args.gap_ms:
             time.sleep(args.gap_ms / 1000)
@@ -123,6 +131,7 @@ for step in steps:
     iteration(step)
 if args.spans_out:
     with open(args.spans_out, "a") as out:
-        out.write(json.dumps({"job": os.environ.get("GQ_JOB_ID"), "spans": spans}) + "\n")
-print(json.dumps({"loop_seconds": time.perf_counter() - start, "steps": args.steps,
+        out.write(json.dumps({"job": os.environ.get("GQ_JOB_ID"), "spans": spans,
+                              "asked": asked}) + "\n")
+print(json.dumps({"loop_seconds": time.perf_counter() - start, "steps": len(spans),
                   "startup": startup}), flush=True)
