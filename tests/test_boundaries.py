@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import subprocess
+import sys
+
+import pytest
+
 from gq.exec.boundaries import Boundary, LoopShape
 from gq.exec.runtime import INFER, MANUAL, TRAIN
 
@@ -163,3 +169,64 @@ def test_the_hooks_never_fail_a_module_that_overrides_parameters():
     assert boundaries._has_parameters(module)
     assert boundaries._has_parameters(torch.nn.ReLU()) is False
     assert session.calls == ["acquire", "acquire", INFER, "release"]
+
+
+def test_a_module_found_with_parameters_is_not_asked_again_until_it_is_collected():
+    """Asking a model for a parameter costs every iteration microseconds: a yes is kept, for
+    that module only while it lives (its id may be another module's next); a no is asked
+    again, since a model may build its layers in its first call."""
+    import torch
+
+    from gq.exec import hooks
+
+    boundaries = hooks._Boundaries(object(), torch)
+    lazy = torch.nn.Module()
+    assert boundaries._has_parameters(lazy) is False
+    lazy.layer = torch.nn.Linear(2, 2)  # built in its first call
+    assert boundaries._has_parameters(lazy) is True
+    assert id(lazy) in boundaries.with_parameters
+    del lazy
+    gc.collect()
+    assert not boundaries.with_parameters
+
+
+BACKWARD_ONCE_AN_OPTIMIZER_STEPS = '''
+import sys
+import torch
+from gq.exec import hooks
+
+class Session:
+    def acquire(self): pass
+    def release(self): pass
+    def count_step(self, kind): pass
+
+script_backward = torch.autograd.backward
+hooks.install(Session(), torch)
+assert torch.autograd.backward is not script_backward  # watched: a backward may end a step
+if sys.argv[1] == "wrapped":  # another library wraps it after gq
+    theirs = torch.autograd.backward
+    torch.autograd.backward = lambda *args, **kwargs: theirs(*args, **kwargs)
+    wrapper = torch.autograd.backward
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    model(torch.ones(2)).sum().backward()
+    optimizer.step()
+if sys.argv[1] == "wrapped":
+    assert torch.autograd.backward is wrapper
+else:
+    assert torch.autograd.backward is script_backward
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("case", ["plain", "wrapped"])
+def test_backward_is_the_scripts_own_again_once_an_optimizer_steps(case, tmp_path):
+    """Backwards decide nothing once an optimizer counts the iterations, and gq's wrapper
+    cost every step a Python call: it is taken off then, unless a wrapper came on top of it
+    (which would lose its own)."""
+    script = tmp_path / "backward.py"
+    script.write_text(BACKWARD_ONCE_AN_OPTIMIZER_STEPS)
+    done = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -39,6 +39,9 @@ class Boundary:
 
 
 NOTHING = Boundary()
+# Every boundary there is, made once: one is decided at every optimizer step.
+_BOUNDARIES = {(count, release): Boundary(count, release)
+               for count in (None, TRAIN, MANUAL, INFER) for release in (False, True)}
 
 
 class LoopShape:
@@ -59,7 +62,7 @@ class LoopShape:
         boundary = NOTHING
         if (self.first_optimizer is None and self.backward_since_boundary
                 and module == self.model):
-            boundary = Boundary(count=MANUAL, release=True)
+            boundary = _BOUNDARIES[MANUAL, True]
             self.backward_since_boundary = False
         if has_parameters and self.model is None:
             self.model = module
@@ -70,10 +73,15 @@ class LoopShape:
         """An outermost module call ends."""
         if grad_enabled:
             return NOTHING
-        return Boundary(count=INFER if has_parameters else None, release=True)
+        return _BOUNDARIES[INFER if has_parameters else None, True]
 
     def backward(self) -> None:
         self.backward_since_boundary = True
+
+    @property
+    def needs_backward(self) -> bool:
+        """Whether backwards still matter: only until an optimizer counts the iterations."""
+        return self.first_optimizer is None
 
     def optimizer_steps(self, optimizer: object) -> Boundary:
         """An optimizer's step has run."""
@@ -87,11 +95,11 @@ class LoopShape:
         releases = self.cycle_closer is None or optimizer == self.cycle_closer
         if releases:
             self.model = None
-        return Boundary(count=TRAIN if counts else None, release=releases)
+        return _BOUNDARIES[TRAIN if counts else None, releases]
 
     def script_ends(self) -> Boundary:
         """The script is over: a hand-written step in progress is done."""
         if self.first_optimizer is None and self.backward_since_boundary:
             self.backward_since_boundary = False
-            return Boundary(count=MANUAL, release=True)
+            return _BOUNDARIES[MANUAL, True]
         return NOTHING

@@ -2,9 +2,10 @@
 
 Installed once the script imports torch (a meta-path finder watches for it, so scripts
 that never import torch pay nothing): a global forward pre-hook and hook on every module
-call, a post-hook on every optimizer step, and a wrapper around ``torch.autograd.backward``.
-They keep each thread's nesting depth and tell :class:`gq.exec.boundaries.LoopShape` what
-happened at top level; it decides where iterations end (its docstring states the rule).
+call, a post-hook on every optimizer step, and a wrapper around ``torch.autograd.backward``
+until an optimizer steps. They keep each thread's nesting depth and tell
+:class:`gq.exec.boundaries.LoopShape` what happened at top level; it decides where
+iterations end (its docstring states the rule).
 A module call while released acquires the lane (later calls see it held and return at once).
 
 Several threads may call modules at once (inference servers, thread pools): the device is
@@ -24,9 +25,11 @@ import importlib.machinery
 import sys
 import threading
 import warnings
+import weakref
+from collections.abc import Callable
 
 from gq.exec import memory
-from gq.exec.boundaries import Boundary, LoopShape
+from gq.exec.boundaries import NOTHING, Boundary, LoopShape
 from gq.exec.runtime import JobSession
 
 _COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
@@ -48,6 +51,8 @@ class _Boundaries:
         self.lock = threading.Lock()
         self.inside = 0  # threads now inside an outermost module call
         self.shape = LoopShape()
+        self.with_parameters: set[int] = set()  # ids of modules found to have parameters
+        self.stop_noting_backward: Callable[[], None] | None = None
 
     def _apply(self, boundary: Boundary) -> None:
         """Under the lock: count and release as the loop's shape says."""
@@ -59,12 +64,15 @@ class _Boundaries:
     def before_forward(self, module, _inputs):
         if self.compiling():
             return
-        depth = getattr(self.local, "depth", 0)
-        self.local.depth = depth + 1
+        local = self.local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
         if depth == 0:
-            self.local.with_parameters = self._has_parameters(module)
+            with_parameters = local.with_parameters = self._has_parameters(module)
             with self.lock:
-                self._apply(self.shape.forward_begins(id(module), self.local.with_parameters))
+                boundary = self.shape.forward_begins(id(module), with_parameters)
+                if boundary is not NOTHING:
+                    self._apply(boundary)
                 self.inside += 1
                 self.session.acquire()  # at once while the lane is held
 
@@ -89,6 +97,9 @@ class _Boundaries:
         self.local.depth = 0
         with self.lock:
             self._apply(self.shape.optimizer_steps(id(optimizer)))
+            if self.stop_noting_backward is not None and not self.shape.needs_backward:
+                self.stop_noting_backward()
+                self.stop_noting_backward = None
 
     def script_ends(self) -> None:
         with self.lock:
@@ -97,11 +108,23 @@ class _Boundaries:
     def _has_parameters(self, module) -> bool:
         """Whether a module (or one inside it) has parameters, asked of nn.Module itself: a
         module may override ``parameters()`` (to return a list, say). Unanswerable counts
-        as yes: the hooks must never fail the script's own call."""
+        as yes: the hooks must never fail the script's own call. A yes is kept until the
+        module is collected (asking costs a model's every iteration several microseconds); a
+        no is asked again, since a model may build its layers in its first call."""
+        key = id(module)
+        if key in self.with_parameters:
+            return True
         try:
-            return next(self.torch.nn.Module.parameters(module), None) is not None
+            if next(self.torch.nn.Module.parameters(module), None) is None:
+                return False
         except Exception:  # noqa: BLE001 - whatever a user's module does
             return True
+        try:  # forgotten as the module is collected, before its id can be another's
+            weakref.finalize(module, self.with_parameters.discard, key)
+        except TypeError:
+            return True  # not weakly referenceable: asked at each call
+        self.with_parameters.add(key)
+        return True
 
 
 def install(session: JobSession, torch) -> None:
@@ -112,7 +135,16 @@ def install(session: JobSession, torch) -> None:
     module_hooks.register_module_forward_pre_hook(boundaries.before_forward)
     module_hooks.register_module_forward_hook(boundaries.after_forward, always_call=True)
     optimizer_hooks.register_optimizer_step_post_hook(boundaries.after_optimizer_step)
-    autograd.backward = _noting_backward(autograd.backward, boundaries)  # Tensor.backward too
+    backward = autograd.backward
+    noting = autograd.backward = _noting_backward(backward, boundaries)  # Tensor.backward too
+
+    def stop_noting_backward() -> None:
+        """The script's own backward back once an optimizer counts the iterations (backwards
+        then decide nothing), unless another wrapper has come on top of gq's."""
+        if autograd.backward is noting:
+            autograd.backward = backward
+
+    boundaries.stop_noting_backward = stop_noting_backward
     warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
     at_finish = getattr(session, "at_finish", None)
     if at_finish is not None:

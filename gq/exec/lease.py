@@ -31,24 +31,23 @@ the system-wide monotonic clock both processes share.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import fcntl
 import mmap
 import os
-import struct
 import time
 from dataclasses import dataclass
 
 from gq.codec import INT64_MAX
 
 PAGE_SIZE = mmap.PAGESIZE
-_SEMAPHORE = 0  # a sem_t: 32 bytes in glibc's 64-bit ABI, room for 64
-_WANT = 64  # the host's word: nonzero while it wants the lane back
-_FIGURES = 128  # the worker's: a sequence count, then the figures
-_HANDOVER = 256  # the host's word: the hand-over the holder makes at its release (0: none)
-_SEQUENCE = struct.Struct("<q")
-_BODY = struct.Struct("<11q")
-_WORD = struct.Struct("<q")  # the host's words on the page
+# The page as 64-bit words (native order: both ends are on one machine).
+_SEMAPHORE = 0  # bytes 0-63: a sem_t (32 bytes in glibc's 64-bit ABI)
+_WANT = 8  # the host's word: nonzero while it wants the lane back
+_SEQUENCE = 16  # the worker's: a sequence count, then its figures
+_BODY = slice(_SEQUENCE + 1, _SEQUENCE + 12)
+_HANDOVER = 32  # the host's word: the hand-over the holder makes at its release (0: none)
 _READ_TRIES = 50  # a sequence count still odd after these: read again another time
 # A lease's times may exceed its wall time by this much (the two clocks are read apart).
 _SLACK_NS = 50_000_000
@@ -56,10 +55,10 @@ _SHORTEST_ITERATION_NS = 1_000  # a boundary alone costs a worker more than this
 
 _libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL is kept; none of these blocks
 _libc.sem_init.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
-_libc.sem_trywait.argtypes = (ctypes.c_void_p,)
-_libc.sem_post.argtypes = (ctypes.c_void_p,)
-for _call in (_libc.sem_init, _libc.sem_trywait, _libc.sem_post):
-    _call.restype = ctypes.c_int
+_libc.sem_init.restype = ctypes.c_int
+# On every iteration's path: given the semaphore as a c_void_p, with no conversion of
+# arguments and no errno kept (a failure says only "not taken").
+_sem_trywait, _sem_post = ctypes.PyDLL(None).sem_trywait, ctypes.PyDLL(None).sem_post
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,10 @@ class SharedPage:
     def __init__(self, fd: int):
         self.map = mmap.mmap(fd, PAGE_SIZE)
         self._anchor = ctypes.c_char.from_buffer(self.map)  # pins the map for the address
-        self._semaphore = ctypes.addressof(self._anchor) + _SEMAPHORE
+        self._semaphore = ctypes.c_void_p(ctypes.addressof(self._anchor) + _SEMAPHORE)
+        # Read and written a word at a time: a word's store is one machine store, and costs
+        # no packing on every iteration's path.
+        self.words = memoryview(self.map).cast("q")
 
     @classmethod
     def create(cls) -> tuple[SharedPage, int]:
@@ -116,15 +118,16 @@ class SharedPage:
             os.close(fd)
 
     def close(self) -> None:
+        self.words.release()
         del self._anchor
         self.map.close()
 
     # ----- the lane ------------------------------------------------------------------
     def try_take(self) -> bool:
-        return _libc.sem_trywait(self._semaphore) == 0
+        return _sem_trywait(self._semaphore) == 0
 
     def give(self) -> None:
-        _libc.sem_post(self._semaphore)
+        _sem_post(self._semaphore)
 
     def drain(self) -> None:
         """Take every count a worker left (given back after its lease ended): the next
@@ -134,23 +137,23 @@ class SharedPage:
                 return
 
     def want(self, wanted: bool) -> None:
-        _WORD.pack_into(self.map, _WANT, int(wanted))
+        self.words[_WANT] = int(wanted)
 
     def wanted(self) -> bool:
-        return _WORD.unpack_from(self.map, _WANT)[0] != 0
+        return self.words[_WANT] != 0
 
     # ----- a hand-over (gq.exec.handover) ----------------------------------------------
     def arm(self, number: int) -> None:
         """Name the hand-over the holder makes at its release (0: none)."""
-        _WORD.pack_into(self.map, _HANDOVER, number)
+        self.words[_HANDOVER] = number
 
     def armed(self) -> int:
-        return _WORD.unpack_from(self.map, _HANDOVER)[0]
+        return self.words[_HANDOVER]
 
     # ----- figures -------------------------------------------------------------------
     def sequence(self) -> int:
         """The worker's count of writes (odd while it writes)."""
-        return _SEQUENCE.unpack_from(self.map, _FIGURES)[0]
+        return self.words[_SEQUENCE]
 
     def read(self) -> Figures | None:
         """The worker's figures, or None while it is writing them (read again later)."""
@@ -158,18 +161,19 @@ class SharedPage:
             before = self.sequence()
             if before & 1:
                 continue
-            values = list(_BODY.unpack_from(self.map, _FIGURES + _SEQUENCE.size))
+            values = self.words[_BODY].tolist()
             if self.sequence() == before:
                 values[_IN_ITERATION] = bool(values[_IN_ITERATION])
                 return Figures(*values)
         return None
 
-    def write(self, sequence: int, values: list[int]) -> None:
-        """The worker's side: ``values`` in the order of :class:`Figures`; ``sequence`` is
-        even, twice the count of writes so far."""
-        _SEQUENCE.pack_into(self.map, _FIGURES, sequence + 1)
-        _BODY.pack_into(self.map, _FIGURES + _SEQUENCE.size, *values)
-        _SEQUENCE.pack_into(self.map, _FIGURES, sequence + 2)
+    def write(self, sequence: int, values: array.array) -> None:
+        """The worker's side: ``values`` (64-bit) in the order of :class:`Figures`;
+        ``sequence`` is even, twice the count of writes so far."""
+        words = self.words
+        words[_SEQUENCE] = sequence + 1
+        words[_BODY] = values
+        words[_SEQUENCE] = sequence + 2
 
 
 def implausible(seen: Figures, now: Figures, lease_base: Figures, lease_ns: int,
@@ -203,16 +207,17 @@ def implausible(seen: Figures, now: Figures, lease_base: Figures, lease_ns: int,
  _SINCE, _STEPS_AT_TAKE) = range(11)
 
 
-def _nothing_yet() -> list[int]:
+def _nothing_yet() -> array.array:
     """A worker's figures before its first write: nothing counted, no memory measured."""
-    values = [0] * len(Figures.__dataclass_fields__)
+    values = array.array("q", [0] * len(Figures.__dataclass_fields__))
     values[_PERSISTENT] = values[_PEAK] = -1
     return values
 
 
 class WorkerLease:
-    """The worker's side of its page: whether it holds a lease, and its figures (a plain
-    list, written whole at each boundary: this is every iteration's path)."""
+    """The worker's side of its page: whether it holds a lease, and its figures (written
+    whole at each boundary). This is every iteration's path, run between the script's own
+    work, where each call costs several times what it does in a tight loop: few calls."""
 
     def __init__(self, page: SharedPage):
         self.page = page
@@ -224,32 +229,33 @@ class WorkerLease:
         self.page.write(self._sequence, self.values)
         self._sequence += 2
 
-    def _begin(self, now: int, steps: int) -> None:
-        values = self.values
-        values[_IN_ITERATION], values[_SINCE] = 1, now
-        values[_STEPS] = values[_STEPS_AT_TAKE] = steps
-        self._write()
-
     def granted(self, leased: bool, steps: int) -> None:
         """A Go arrived: with a lease, an iteration begins that holds the lane's semaphore
         as the host handed it over."""
         self.active = leased
         if leased:
-            self._begin(time.monotonic_ns(), steps)
+            values = self.values
+            values[_IN_ITERATION], values[_SINCE] = 1, time.monotonic_ns()
+            values[_STEPS] = values[_STEPS_AT_TAKE] = steps
+            self._write()
 
     def take(self, steps: int) -> bool:
         """At an acquire: the next iteration begins without asking, unless the host wants
         the lane back (then the lease is over: ask with READY)."""
         if not self.active:
             return False
-        if self.page.wanted() or not self.page.try_take():
+        page = self.page
+        if page.words[_WANT] or not page.try_take():
             self.active = False
             return False
         now = time.monotonic_ns()
         values = self.values
         values[_GAPS] += 1
         values[_GAP] += max(0, now - values[_SINCE])
-        self._begin(now, steps)
+        values[_IN_ITERATION], values[_SINCE] = 1, now
+        values[_STEPS] = values[_STEPS_AT_TAKE] = steps
+        page.write(self._sequence, values)
+        self._sequence += 2
         return True
 
     def release(self, steps: int, persistent: int | None, peak: int | None) -> bool:
@@ -264,9 +270,11 @@ class WorkerLease:
         values[_FIRST] = values[_FIRST] or length
         values[_PERSISTENT] = -1 if persistent is None else persistent
         values[_PEAK] = -1 if peak is None else peak
-        self._write()
-        self.page.give()
-        if self.page.wanted():
+        page = self.page
+        page.write(self._sequence, values)
+        self._sequence += 2
+        page.give()
+        if page.words[_WANT]:
             self.active = False
         return self.active
 

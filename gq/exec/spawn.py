@@ -237,10 +237,10 @@ def _show_snapshot_at(snapshot: str, path: str,
     the script it was submitted as, so that the script runs under its own name (``$0`` and
     ``BASH_SOURCE`` name it, the files beside it are found) while what runs is the snapshot.
     Nothing outside the job sees it (the namespace is a slave of the host's, whose root is
-    shared: mounts come in, none go out). Only over a regular file the user owns, found with their rights: the
-    bind shows them nothing they could not write there themselves. False where it cannot
-    be done (not root, no namespaces, the file gone or not theirs, a FUSE mount that wants
-    all their ids): the script then runs as SCRIPT_PATH."""
+    shared: mounts come in, none go out). Only over a regular file the user owns, found
+    with their rights: the bind shows them nothing they could not write there themselves.
+    False where it cannot be done (not root, no namespaces, the file gone or not theirs, a
+    FUSE mount that wants all their ids): the script then runs as SCRIPT_PATH."""
     if os.geteuid() != 0 or _libc.unshare(_CLONE_NEWNS) != 0:
         return False
     if _libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:

@@ -29,6 +29,7 @@ from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, Done, Finished, Ready, Ste
                               WorkerChannel, encode)
 
 READY = encode(Ready())
+_PLACE = {kind: place for place, kind in enumerate(runtime.COUNTED_FIRST)}
 
 
 class WorkerSession:
@@ -45,6 +46,11 @@ class WorkerSession:
         self.held = False
         self.empty_cache_after = False
         self.counts = dict.fromkeys(runtime.COUNTED_FIRST, 0)
+        # What is reported: explicit steps if any, else optimizer steps, else hand-written
+        # training steps, else evaluation batches (the count of the first kind counted, in
+        # COUNTED_FIRST's order; kept as steps are counted, read at every boundary).
+        self.steps = 0
+        self.counted = len(runtime.COUNTED_FIRST)  # that kind's place in the order
         self.reported = 0
         self.sample = memory.MemorySample(0, 0)
         self.sampled_at = 0.0
@@ -56,15 +62,6 @@ class WorkerSession:
     def _detach(self) -> None:
         self.detached = True
         runtime.active = None
-
-    @property
-    def steps(self) -> int:
-        """Explicit steps if any, else optimizer steps, else hand-written training steps,
-        else evaluation batches."""
-        for kind in runtime.COUNTED_FIRST:
-            if self.counts[kind]:
-                return self.counts[kind]
-        return 0
 
     def acquire(self) -> None:
         if self.held or self.detached:
@@ -96,7 +93,11 @@ class WorkerSession:
 
     def count_step(self, kind: str) -> None:
         with self.lock:
-            self.counts[kind] += 1
+            counts = self.counts
+            counts[kind] += 1
+            place = _PLACE[kind]
+            if place <= self.counted:
+                self.counted, self.steps = place, counts[kind]
 
     def release(self) -> None:
         if self.detached:
