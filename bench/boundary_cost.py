@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,8 +36,6 @@ BATCH = {"linear": (300, 300), "deep": (100, 200)}  # iterations a batch, batche
 
 def child(mode: str, model_name: str) -> float:
     """Microseconds an iteration, in the fastest batch."""
-    import socket
-
     import torch
 
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
@@ -51,7 +50,7 @@ def child(mode: str, model_name: str) -> float:
     if mode != "bare":
         from gq.exec import hooks
 
-        session = _Idle() if mode == "hooks" else _leased_session(socket)
+        session = _Idle() if mode == "hooks" else _leased_session()
         hooks.install(session, torch)
 
     def iteration() -> None:
@@ -73,18 +72,18 @@ class _Idle:
     def count_step(self, kind: str) -> None: ...
 
 
-def _leased_session(socket):
+def _leased_session():
     """The worker's session as the host left it after a Go with a lease."""
     from gq.exec.lease import SharedPage
     from gq.exec.protocol import WorkerChannel
     from gq.exec.worker import WorkerSession
 
     _, fd = SharedPage.create()
-    worker_end, _host_end = socket.socketpair()
+    worker_end, host_end = socket.socketpair()
     session = WorkerSession(WorkerChannel(worker_end), None, SharedPage.attach(fd))
     session.lease.granted(True, 0)
     session.held = True
-    session.keep = _host_end  # a session that would write to a closed socket fails
+    session.host_end = host_end  # kept open: a message to a closed socket would fail it
     return session
 
 

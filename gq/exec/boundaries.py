@@ -38,10 +38,10 @@ class Boundary:
     release: bool = False
 
 
-NOTHING = Boundary()
 # Every boundary there is, made once: one is decided at every optimizer step.
 _BOUNDARIES = {(count, release): Boundary(count, release)
                for count in (None, TRAIN, MANUAL, INFER) for release in (False, True)}
+NOTHING = _BOUNDARIES[None, False]
 
 
 class LoopShape:

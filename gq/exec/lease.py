@@ -58,7 +58,8 @@ _libc.sem_init.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
 _libc.sem_init.restype = ctypes.c_int
 # On every iteration's path: given the semaphore as a c_void_p, with no conversion of
 # arguments and no errno kept (a failure says only "not taken").
-_sem_trywait, _sem_post = ctypes.PyDLL(None).sem_trywait, ctypes.PyDLL(None).sem_post
+_hot = ctypes.PyDLL(None)
+_sem_trywait, _sem_post = _hot.sem_trywait, _hot.sem_post
 
 
 @dataclass(frozen=True)
