@@ -13,13 +13,15 @@ nothing, so scripts stay runnable by hand::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing: every command and
+if TYPE_CHECKING:  # every job imports this module
+    from collections.abc import Iterable, Iterator
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 __version__ = "0.1.0"
 __all__ = ["steps", "step", "set_total_steps", "in_job"]
-
-T = TypeVar("T")
 
 
 def _session():

@@ -1,19 +1,33 @@
 """The client's side of the daemon socket: find the daemon, start a personal one on demand,
-send one request, return the answer. Imports nothing heavy: every command goes through it.
+send one request, return the answer.
+
+Every command goes through here, so it imports only what a request needs: ``_socket`` (the
+``socket`` module imports ``enum``) and gq's own JSON framing. :func:`ask` sends a typed
+message and returns a typed answer (importing gq.messages); :func:`ask_plain` sends the
+fields of one kind of request as plain values and returns the answer's fields, for the
+commands typed most (``gq status``, ``gq submit``), whose request the daemon checks as it
+checks any.
 """
 
 from __future__ import annotations
 
+import _socket
 import math
 import os
-import socket
 import time
-from typing import Any, Protocol
 
-from gq import defaults, messages
-from gq.daemon.control import running_pid
+from gq import defaults, jsonline
 from gq.errors import UserError, WaitTimedOut
 from gq.home import Home, locate
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class DaemonProcess(Protocol):
+        """A daemon process just started: ``poll`` is its exit status once it has exited."""
+
+        def poll(self) -> int | None: ...
 
 
 class Unreachable(UserError):
@@ -32,9 +46,68 @@ def ask(request: Any, home: Home | None = None, wait: float | None = None) -> An
 
 def ask_with_fds(request: Any, home: Home | None = None,
                  wait: float | None = None) -> tuple[Any, list[int]]:
-    line = _checked(request)
+    """:func:`ask`, and the descriptors that came with the answer (gq logs: its file)."""
+    line, fds = exchange(_checked(request), home, wait, fds=True)
+    try:
+        return _typed(line), fds
+    except UserError:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def ask_plain(kind: str, fields: dict[str, Any], answer_kind: str,
+              home: Home | None = None) -> dict[str, Any]:
+    """Send a request of ``kind`` with these fields (plain JSON values; those left out take
+    their defaults) and return the fields of its ``answer_kind`` answer, checked no further
+    than its version and kind: any other answer (an Error, another version, a malformed
+    line) is read by :func:`ask`'s decoder, which says what is wrong."""
+    line, _ = exchange(jsonline.dumps({"v": defaults.PROTOCOL_VERSION, "kind": kind,
+                                       **fields}).encode() + b"\n", home)
+    try:
+        answer = jsonline.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        answer = None
+    if (isinstance(answer, dict) and answer.get("v") == defaults.PROTOCOL_VERSION
+            and answer.get("kind") == answer_kind):
+        return answer
+    unexpected = _typed(line)  # raises for an Error, another version, a malformed line
+    raise UserError(f"the daemon answered a {kind!r} request with {unexpected.kind!r}")
+
+
+class Fields:
+    """An answer's fields (or a record's within it) as attributes, by the names its
+    gq.messages class gives them: an answer read without building the typed message."""
+
+    def __init__(self, fields: dict[str, Any]):
+        self.__dict__.update(fields)
+
+
+def _typed(line: bytes) -> Any:
+    """The answer a line holds, every field checked; an Error answer raises UserError."""
+    from gq import messages
+
+    try:
+        answer = messages.decode(line, messages.ANSWERS)
+    except messages.VersionMismatch as exc:
+        raise UserError(f"the daemon speaks protocol version {exc.theirs} and this gq speaks "
+                        f"{defaults.PROTOCOL_VERSION}: restart the daemon with this gq ('gq daemon "
+                        "restart') or use the gq it was installed with") from None
+    except messages.MessageError as exc:
+        raise UserError(f"malformed answer from the daemon: {exc}") from None
+    if isinstance(answer, messages.Error):
+        raise UserError(answer.message, answer.exit_code)
+    return answer
+
+
+def exchange(line: bytes, home: Home | None = None, wait: float | None = None,
+             fds: bool = False) -> tuple[bytes, list[int]]:
+    """Send one request line to the daemon (started first where it is a personal one that
+    is not running) and return its answer line, and the descriptors passed with it when
+    ``fds``."""
     home = home or locate()
-    with _connect(home) as sock:
+    sock = _connect(home)
+    try:
         sock.settimeout(defaults.CLIENT_TIMEOUT if wait is None else
                         None if math.isinf(wait) else wait)
         try:
@@ -42,30 +115,20 @@ def ask_with_fds(request: Any, home: Home | None = None,
         except OSError as exc:
             # A daemon that refuses the connection (a limit) answers before it closes.
             try:
-                line, fds = _read_line(sock, home)
+                return _read_line(sock, home, fds=fds)
             except Unreachable:
                 raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
                                   f"see {home.daemon_log}") from None
-        else:
-            line, fds = _read_line(sock, home, wait)
-    try:
-        answer = messages.decode(line, messages.ANSWERS)
-    except messages.VersionMismatch as exc:
-        raise UserError(f"the daemon speaks protocol version {exc.theirs} and this gq speaks "
-                        f"{messages.VERSION}: restart the daemon with this gq ('gq daemon "
-                        "restart') or use the gq it was installed with") from None
-    except messages.MessageError as exc:
-        raise UserError(f"malformed answer from the daemon: {exc}") from None
-    if isinstance(answer, messages.Error):
-        for fd in fds:
-            os.close(fd)
-        raise UserError(answer.message, answer.exit_code)
-    return answer, fds
+        return _read_line(sock, home, wait, fds)
+    finally:
+        sock.close()
 
 
 def _checked(request: Any) -> bytes:
     """The request's line, decoded here as the daemon will decode it: what it would refuse
     as malformed is refused before a daemon is asked (or started)."""
+    from gq import messages
+
     try:
         line = messages.encode(request)
         messages.decode(line, messages.REQUESTS)
@@ -74,34 +137,39 @@ def _checked(request: Any) -> bytes:
     return line
 
 
-def _read_line(sock: socket.socket, home: Home,
-               wait: float | None = None) -> tuple[bytes, list[int]]:
-    buffer, fds = bytearray(), []
+def _read_line(sock: _socket.socket, home: Home, wait: float | None = None,
+               fds: bool = False) -> tuple[bytes, list[int]]:
+    buffer, received = bytearray(), []
+    if fds:
+        from socket import recv_fds
     while b"\n" not in buffer:
         try:
-            data, received, _, _ = socket.recv_fds(sock, 1 << 16, 4)
+            if fds:
+                data, passed, _, _ = recv_fds(sock, 1 << 16, 4)
+                received += passed
+            else:
+                data = sock.recv(1 << 16)
         except TimeoutError:
             if wait is not None:
                 raise WaitTimedOut(f"the jobs had not all ended after {wait:g} s") from None
             raise Unreachable(f"the daemon did not answer within {defaults.CLIENT_TIMEOUT:g} s; "
                               f"see {home.daemon_log}") from None
         except OSError as exc:
-            data, received = b"", []
+            data = b""
             if not buffer:
                 raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
                                   f"see {home.daemon_log}") from None
-        fds += received
         if not data:
             raise Unreachable("the daemon closed the connection without answering; "
                               f"see {home.daemon_log}")
         buffer += data
-    return bytes(buffer[: buffer.index(b"\n")]), fds
+    return bytes(buffer[: buffer.index(b"\n")]), received
 
 
-def _try_connect(home: Home) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _try_connect(home: Home) -> _socket.socket | None:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.connect(str(home.socket))
+        sock.connect(home.socket_path)
         return sock
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
@@ -125,7 +193,7 @@ def answers(home: Home) -> bool:
     return True
 
 
-def _connect(home: Home) -> socket.socket:
+def _connect(home: Home) -> _socket.socket:
     sock = _try_connect(home)
     if sock is not None:
         return sock
@@ -134,7 +202,7 @@ def _connect(home: Home) -> socket.socket:
     return start_daemon(home, [])
 
 
-def _wait_for_system_daemon(home: Home) -> socket.socket:
+def _wait_for_system_daemon(home: Home) -> _socket.socket:
     """A system socket that refuses is a daemon restarting (or down): wait a little."""
     deadline = time.monotonic() + defaults.DAEMON_WAIT
     while time.monotonic() < deadline:
@@ -156,12 +224,6 @@ def prepare_personal_home(home: Home) -> None:
         raise UserError(f"cannot use GQ_HOME {home.root}: not a writable directory")
 
 
-class DaemonProcess(Protocol):
-    """A daemon process just started: ``poll`` is its exit status once it has exited."""
-
-    def poll(self) -> int | None: ...
-
-
 def spawn_daemon(options: list[str], env: dict[str, str], cwd: str, log: int) -> DaemonProcess:
     """``python -m gq.daemon OPTIONS``, detached (a session of its own, no terminal), its
     output appended to the descriptor ``log``."""
@@ -174,7 +236,7 @@ def spawn_daemon(options: list[str], env: dict[str, str], cwd: str, log: int) ->
                             start_new_session=True)
 
 
-def start_daemon(home: Home, options: list[str]) -> socket.socket:
+def start_daemon(home: Home, options: list[str]) -> _socket.socket:
     """Start a detached daemon for ``home`` and wait for its socket; personal daemons are
     started so on demand by the first command that needs one (as task-spooler does).
 
@@ -210,6 +272,8 @@ def start_daemon(home: Home, options: list[str]) -> socket.socket:
             return sock
         code = process.poll()
         if code == defaults.ALREADY_RUNNING_EXIT:
+            from gq.daemon.control import running_pid
+
             # The lock's holder is starting (its socket comes) or stopping (then start again).
             if running_pid(home) is None:
                 process = spawn()

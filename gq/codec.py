@@ -23,14 +23,16 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
-import json
 import math
 import types
 import typing
 from collections.abc import Callable
 from typing import Annotated, Any
 
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+from gq import jsonline
+from gq.validation import INT64_MAX
+
+INT64_MIN = -INT64_MAX - 1
 DEFAULT_TEXT = 1 << 16  # characters in a string field without its own MaxLen
 DEFAULT_ITEMS = 1 << 20  # items in a list or dict field without its own MaxLen
 
@@ -122,7 +124,7 @@ def _field_names(kind: type) -> tuple[str, ...] | None:
 
 def dumps(data: dict[str, Any], limit: int | None = None) -> bytes:
     """One line of JSON; FrameTooLarge past ``limit`` bytes (newline included)."""
-    line = json.dumps(data, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    line = jsonline.dumps(data).encode() + b"\n"
     if limit is not None and len(line) > limit:
         raise FrameTooLarge(f"{data.get('kind', data.get('op'))!r} message of {len(line)} "
                             f"bytes is over the {limit}-byte frame")
@@ -135,7 +137,7 @@ def loads(line: bytes | str) -> dict[str, Any]:
     else."""
     try:
         text = line if isinstance(line, str) else line.decode("utf-8", "surrogatepass")
-        data = _JSON.decode(text)
+        data = jsonline.loads(text)
     except RecursionError:
         raise MessageError("nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -143,13 +145,6 @@ def loads(line: bytes | str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise MessageError("not a JSON object")
     return data
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number")
-
-
-_JSON = json.JSONDecoder(parse_constant=_no_constant)  # one for all: json.loads makes one a call
 
 
 def build(cls: type, data: Any, where: str) -> Any:

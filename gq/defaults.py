@@ -1,5 +1,9 @@
 """Every tunable of gq in one place (as rq keeps ``rq/defaults.py``)."""
 
+# The client-daemon protocol's version (gq/messages.py): one more with every change a
+# daemon of the version before would misread.
+PROTOCOL_VERSION = 4
+
 # Daemon
 POLL_PERIOD = 1.0  # rescan the queue this often even when no request changed it
 # Rescan at most this often when requests and exits keep changing it: a burst of them is
@@ -61,6 +65,7 @@ MAX_REQUEST = 8 << 20  # bytes in one request line (a script snapshot travels in
 MAX_BUFFERED_PER_USER = 64 << 20  # bytes of one uid's requests and unread answers held
 DESCRIPTOR_RESERVE = 128  # descriptors kept for the database, hosts, logs and helpers
 
+ON_OOM = "requeue"  # what a job does at an out-of-memory unless --oom says (or "fail")
 OUTPUT = "gq-%j.out"  # a job's stdout (and stderr) unless --output says (sbatch's: slurm-%j.out)
 
 # What one job may carry (checked by the client, again by the daemon)

@@ -15,20 +15,54 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
-from pathlib import Path
 
 from gq.errors import UnsafeStateDirectory
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PERSONAL, SYSTEM = "personal", "system"
 SYSTEM_ROOT = "/var/lib/gq"
 SOCKET_NAME = "gq.sock"
 
 
-@dataclass(frozen=True)
 class Home:
-    root: Path
-    mode: str = PERSONAL
+    """A state directory and its mode.
+
+    Every command finds its daemon through one, so it is a plain class that imports pathlib
+    (and with it re and enum, as long as the rest of a ``gq status`` takes) only when a
+    path other than the socket's is asked for."""
+
+    __slots__ = ("_root", "_path", "mode")
+
+    def __init__(self, root: Path | str, mode: str = PERSONAL):
+        self._root = os.fspath(root)
+        self._path: Path | None = None
+        self.mode = mode
+
+    @property
+    def root(self) -> Path:
+        if self._path is None:
+            from pathlib import Path
+
+            self._path = Path(self._root)
+        return self._path
+
+    @property
+    def socket_path(self) -> str:
+        """The socket's path, without pathlib (what a client connects to)."""
+        return os.path.join(self._root, SOCKET_NAME)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Home)
+                and (self.root, self.mode) == (other.root, other.mode))
+
+    def __hash__(self) -> int:
+        return hash((self.root, self.mode))
+
+    def __repr__(self) -> str:
+        return f"Home(root={self.root!r}, mode={self.mode!r})"
 
     @property
     def system(self) -> bool:
@@ -78,6 +112,8 @@ class Home:
         nobody can rename what root made there."""
         if not self.system:
             return
+        from pathlib import Path
+
         me = os.geteuid()
         given = self.root.absolute()
         for path in dict.fromkeys([given, Path(os.path.realpath(given))]):
@@ -116,22 +152,36 @@ class Home:
 
 
 def personal_root() -> Path:
+    from pathlib import Path
+
+    return Path(_personal_root())
+
+
+def _personal_root() -> str:
+    """GQ_HOME made absolute (not normalised, as Path.absolute() leaves it), else the
+    default place."""
     if explicit := os.environ.get("GQ_HOME"):
-        return Path(explicit).expanduser().absolute()
+        return os.path.join(os.getcwd(), os.path.expanduser(explicit))
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(state) / "gq"
+    return os.path.join(state, "gq")
 
 
 def system_root() -> Path:
-    return Path(os.environ.get("GQ_SYSTEM_HOME") or SYSTEM_ROOT).absolute()
+    from pathlib import Path
+
+    return Path(_system_root())
+
+
+def _system_root() -> str:
+    return os.path.join(os.getcwd(), os.environ.get("GQ_SYSTEM_HOME") or SYSTEM_ROOT)
 
 
 def personal() -> Home:
-    return Home(personal_root(), PERSONAL)
+    return Home(_personal_root(), PERSONAL)
 
 
 def system() -> Home:
-    return Home(system_root(), SYSTEM)
+    return Home(_system_root(), SYSTEM)
 
 
 def locate() -> Home:
@@ -140,6 +190,6 @@ def locate() -> Home:
     if os.environ.get("GQ_HOME"):
         return personal()
     node = system()
-    if node.socket.exists():
+    if os.path.exists(node.socket_path):
         return node
     return personal()

@@ -2,12 +2,14 @@
 dataclass defined here once, used by both ends (as pueue's client and daemon share
 ``pueue_lib``'s message types).
 
-On the wire each message is one line of JSON, ``{"v": VERSION, "kind": ..., fields...}``,
-one request and one answer per connection over the daemon's Unix stream socket.
+On the wire each message is one line of JSON, ``{"v": VERSION, "kind": ..., fields...}``
+(VERSION: ``defaults.PROTOCOL_VERSION``), one request and one answer per connection over
+the daemon's Unix stream socket.
 :func:`decode` checks the version, the kind and every field's type and range (see
 :mod:`gq.codec`), and rejects anything else in one place, so handlers only ever see
 well-formed messages. This module imports nothing beyond the standard library and gq's
-codec: the client loads it on every command.
+codec; ``gq status`` and ``gq submit`` send their requests' fields without it
+(gq/client.py's ``ask_plain``), and the daemon checks them here as it checks any.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, JobId, 
 
 __all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
-VERSION = 4
 dataclass = message
 Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
 Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
@@ -50,7 +51,7 @@ class VersionMismatch(codec.VersionMismatch):
     """The other end speaks another protocol version than this gq's."""
 
     def __init__(self, theirs: object):
-        super().__init__(theirs, VERSION)
+        super().__init__(theirs, defaults.PROTOCOL_VERSION)
 
 
 # ----- shared records -----------------------------------------------------------------
@@ -593,7 +594,7 @@ ANSWERS: dict[str, type] = {cls.kind: cls for cls in (
 # ----- the codec ----------------------------------------------------------------------
 def encode(message: Any) -> bytes:
     """One line: the version, the kind, then the fields."""
-    data = {"v": VERSION, "kind": message.kind}
+    data = {"v": defaults.PROTOCOL_VERSION, "kind": message.kind}
     data.update(codec.to_wire(message))
     return codec.dumps(data)
 
@@ -601,7 +602,7 @@ def encode(message: Any) -> bytes:
 def decode(line: bytes, kinds: dict[str, type]) -> Any:
     """The message a line holds, every field checked; MessageError otherwise."""
     data = codec.loads(line)
-    if data.get("v") != VERSION:
+    if data.get("v") != defaults.PROTOCOL_VERSION:
         raise VersionMismatch(data.get("v"))
     kind = data.pop("kind", None)
     del data["v"]

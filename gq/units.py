@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import math
-import re
 
 from gq import defaults
 from gq.errors import UserError
 
-_SIZE = re.compile(r"^\s*(\d{1,30}(?:\.\d{1,30})?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+def _match(pattern: str, text: str):
+    """``re.match``, importing re on the first parse: the formatters below are on every
+    ``gq status``'s path, which re would cost as much as the rest of the command (re keeps
+    each pattern compiled)."""
+    import re
+
+    return re.match(pattern, text)
+
+
+_SIZE = r"(?i)^\s*(\d{1,30}(?:\.\d{1,30})?)\s*([KMGT]?)(?:i?B)?\s*$"
 _SIZE_FACTORS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _MAX_SIZE = 1 << 60  # an exabyte: past it a size is a typo (and no longer fits the queue)
 
 
 def parse_size(text: str) -> int:
     """Bytes from ``6G``, ``512M``, ``100K``, ``1T``; a bare number is megabytes, as in sbatch."""
-    match = _SIZE.match(text)
+    match = _match(_SIZE, text)
     if not match:
         raise UserError(f"invalid size {text[:40]!r}: expected a number with K, M, G or T (e.g. 6G)")
     number, unit = match.groups()
@@ -45,12 +54,12 @@ def format_size(size: int | None) -> str:
 
 
 _TIME_FORMS = [
-    re.compile(r"^(?P<m>\d{1,12})$"),
-    re.compile(r"^(?P<m>\d{1,12}):(?P<s>\d{1,12})$"),
-    re.compile(r"^(?P<h>\d{1,12}):(?P<m>\d{1,12}):(?P<s>\d{1,12})$"),
-    re.compile(r"^(?P<d>\d{1,12})-(?P<h>\d{1,12})$"),
-    re.compile(r"^(?P<d>\d{1,12})-(?P<h>\d{1,12}):(?P<m>\d{1,12})$"),
-    re.compile(r"^(?P<d>\d{1,12})-(?P<h>\d{1,12}):(?P<m>\d{1,12}):(?P<s>\d{1,12})$"),
+    r"^(?P<m>\d{1,12})$",
+    r"^(?P<m>\d{1,12}):(?P<s>\d{1,12})$",
+    r"^(?P<h>\d{1,12}):(?P<m>\d{1,12}):(?P<s>\d{1,12})$",
+    r"^(?P<d>\d{1,12})-(?P<h>\d{1,12})$",
+    r"^(?P<d>\d{1,12})-(?P<h>\d{1,12}):(?P<m>\d{1,12})$",
+    r"^(?P<d>\d{1,12})-(?P<h>\d{1,12}):(?P<m>\d{1,12}):(?P<s>\d{1,12})$",
 ]
 
 
@@ -58,7 +67,7 @@ def parse_duration(text: str) -> int:
     """Seconds from a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
     stripped = text.strip()
     for form in _TIME_FORMS:
-        match = form.match(stripped)
+        match = _match(form, stripped)
         if match:
             parts = {k: int(v) for k, v in match.groupdict().items() if v is not None}
             seconds = (
@@ -92,13 +101,13 @@ def format_duration(seconds: float | None) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-_RELATIVE = re.compile(r"^now(?:\+(?P<n>\d{1,30})(?P<unit>[a-z]*))?$")
+_RELATIVE = r"^now(?:\+(?P<n>\d{1,30})(?P<unit>[a-z]*))?$"
 _UNITS = {"": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
           "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
           "d": 86400, "day": 86400, "days": 86400, "w": 604800, "week": 604800,
           "weeks": 604800}
-_ABSOLUTE = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})(?:T(?P<time>\d{1,2}:\d{2}(?::\d{2})?))?$")
-_CLOCK = re.compile(r"^(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?$")
+_ABSOLUTE = r"^(?P<date>\d{4}-\d{2}-\d{2})(?:T(?P<time>\d{1,2}:\d{2}(?::\d{2})?))?$"
+_CLOCK = r"^(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?$"
 
 
 def parse_when(text: str, now: float, flag: str = "--deadline") -> float:
@@ -119,17 +128,17 @@ def parse_when(text: str, now: float, flag: str = "--deadline") -> float:
         when = named[stripped]
         if stripped in ("noon", "teatime") and when <= current:
             when += timedelta(days=1)
-    elif match := _RELATIVE.match(stripped):
+    elif match := _match(_RELATIVE, stripped):
         unit = _UNITS.get(match.group("unit") or "")
         if unit is not None:
             return _in_range(text, now + int(match.group("n") or 0) * unit, flag)
-    elif match := _ABSOLUTE.match(text.strip()):
+    elif match := _match(_ABSOLUTE, text.strip()):
         try:
             when = datetime.fromisoformat(match.group("date") + "T" + (match.group("time")
                                                                         or "00:00"))
         except ValueError:
             when = None
-    elif match := _CLOCK.match(stripped):
+    elif match := _match(_CLOCK, stripped):
         hour, minute, second = (int(match.group(k) or 0) for k in ("h", "m", "s"))
         if hour < 24 and minute < 60 and second < 60:
             when = today.replace(hour=hour, minute=minute, second=second)
@@ -162,7 +171,7 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-_PERIOD = re.compile(r"^(?P<n>\d{1,9}(?:\.\d{1,6})?)\s*(?P<unit>[a-z]*)$")
+_PERIOD = r"^(?P<n>\d{1,9}(?:\.\d{1,6})?)\s*(?P<unit>[a-z]*)$"
 
 
 def parse_period(text: str) -> float:
@@ -171,7 +180,7 @@ def parse_period(text: str) -> float:
     stripped = text.strip().lower()
     if stripped in ("never", "unlimited", "infinite"):
         return math.inf
-    match = _PERIOD.match(stripped)
+    match = _match(_PERIOD, stripped)
     unit = _UNITS.get(match.group("unit") or "d" if match else "")
     if match is None or unit is None or float(match.group("n")) <= 0:
         raise UserError(f"invalid period {text[:40]!r}: use N followed by seconds, minutes, "

@@ -4,11 +4,14 @@ raises UserError naming the value and the limit."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
-
-from gq import defaults
+from gq import defaults, jsonline
 from gq.errors import UserError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: every gq submit
+if TYPE_CHECKING:  # imports this module
+    from collections.abc import Mapping, Sequence
+
+INT64_MAX = (1 << 63) - 1  # the widest integer the wire and the queue carry
 
 
 def text(value: str, what: str, limit: int = defaults.MAX_TEXT) -> str:
@@ -46,7 +49,7 @@ def integer(value: int, what: str, low: int, high: int) -> int:
 def payload(env: Mapping[str, str], args: Sequence[str]) -> None:
     """The environment and arguments a job runs with: all of it within the payload limit
     (as sent on the wire), every name and value text without NUL, names without '='."""
-    size = len(json.dumps(env)) + len(json.dumps(list(args)))
+    size = len(jsonline.dumps(env)) + len(jsonline.dumps(list(args)))
     if size > defaults.MAX_JOB_PAYLOAD:
         raise UserError(f"the job's environment and arguments take {size >> 10} KiB, over "
                         f"gq's limit of {defaults.MAX_JOB_PAYLOAD >> 10} KiB; unset large "

@@ -21,9 +21,9 @@ def assert_one_line_refusal(result, fragment: str) -> None:
 
 
 def test_version_short_help_completion_and_bare_policy(home):
-    from gq import __version__, messages
+    from gq import __version__, defaults
 
-    assert gq_ok("--version").strip() == f"gq {__version__} (protocol {messages.VERSION})"
+    assert gq_ok("--version").strip() == f"gq {__version__} (protocol {defaults.PROTOCOL_VERSION})"
     assert "Usage: gq" in gq_ok("-h")
     assert "--install-completion" in gq_ok("--help")
     assert "Usage: gq submit" in gq_ok("submit", "-h")

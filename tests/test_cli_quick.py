@@ -3,16 +3,20 @@ typer commands, the same output, and typer left unimported."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from unittest import mock
 
 import pytest
 
-from conftest import ROOT, gq, gq_ok, submit, wait_state, write_script
+from conftest import ROOT, gq, gq_ok, job, submit, wait_state, write_script
+from gq import defaults
 from gq.cli import quick
 from gq.cli.quick import Kind
 
@@ -263,3 +267,135 @@ def test_submit_imports_no_typer(daemon, tmp_path):
     job_id, verdict = done.stdout.splitlines()
     assert verdict == "False False 0", done.stdout
     assert _shown(int(job_id))["name"] == "from-gq"
+
+
+# ----- what a plain status or submit costs: the modules it imports, the fields it sends -----
+# Each of these takes a good part of Python's own start-up to import (bench/cli_latency.py
+# measures the whole command against `python -c pass`).
+SLOW_TO_IMPORT = {"typer", "typing", "dataclasses", "enum", "re", "json", "pathlib", "socket",
+                  "inspect", "datetime", "gq.messages", "gq.codec"}
+
+
+def _modules_imported_by(*line: str) -> tuple[set[str], str]:
+    """The slow modules a command line imports, run in a fresh interpreter without site
+    (whose .pth files import some of them first), and its output."""
+    code = ("import sys\nfrom gq.cli.main import main\ncode = main(sys.argv[1:])\n"
+            f"slow = set(sys.modules).intersection({sorted(SLOW_TO_IMPORT)!r})\n"
+            "print(sorted(slow), file=sys.stderr)\n"
+            "sys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-S", "-c", code, *line], capture_output=True,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stderr.strip().splitlines()[-1].replace("'", '"'))), result.stdout
+
+
+def test_a_plain_status_and_submit_import_none_of_the_slow_modules(daemon, tmp_path):
+    gq_ok("status")  # the daemon started
+    script = write_script(tmp_path / "plain.sh", "true\n")
+    imported, out = _modules_imported_by("submit", "--parsable", "--priority", "3", "-H",
+                                         str(script))
+    assert imported == set()
+    job_id = int(out)
+    imported, out = _modules_imported_by("status")
+    assert imported == set()
+    assert out.splitlines()[0].split() == ["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE",
+                                           "LANE", "PROGRESS", "REASON"]
+    assert out.splitlines()[1].split()[:4] == [str(job_id), "plain.sh", job(job_id)["user"],
+                                               "PD"]
+    # What a line needs beyond the plain one is imported for it alone (json imports re,
+    # which imports enum).
+    imported, _ = _modules_imported_by("status", "--json")
+    assert imported == {"json", "re", "enum", "datetime"}
+
+
+SUBMIT_LINES = [
+    ["--parsable"],
+    ["-G", "0", "-t", "1:00:00", "--gpu-mem", "2G", "--oom", "fail", "-J", "lean",
+     "--priority", "5", "--steps", "10", "--begin", "now+1hour", "--signal", "B:10@60",
+     "-w", "gpu0", "--retries", "2", "--retry-delay", "5", "--array", "0-3%2", "--after", "7",
+     "-c", "2", "--mem-per-cpu", "1G", "-n", "2", "--exclusive", "--requeue", "-H",
+     "-o", "out-%j.txt", "-e", "err.txt", "--deadline", "now+2hours", "--notify", "true",
+     "--mail-type", "END", "--mail-user", "me"],
+    ["--gres", "gpu:a100:2", "--host-mem", "3G", "--dependency", "afterany:3"],
+]
+
+
+@pytest.mark.parametrize("options", SUBMIT_LINES)
+def test_the_fields_a_submission_sends_are_the_typed_submit_message(options, tmp_path):
+    """gq submit sends plain fields; decoded as the daemon decodes them they are a Submit
+    with every option set as given: a field that one side renames, or that SubmitOptions
+    gains, fails here."""
+    from gq import codec, jsonline, messages
+    from gq.cli import submission
+
+    script = write_script(tmp_path / "job.py", "print(1)\n")
+    parsed = quick.parse([*options, str(script), "arg"], "submit")
+    fields = submission._request(parsed.params, script.read_bytes())
+    line = jsonline.dumps({"v": defaults.PROTOCOL_VERSION, "kind": "submit", **fields})
+    decoded = messages.decode(line.encode(), messages.REQUESTS)
+    assert isinstance(decoded, messages.Submit) and decoded.script == script.read_bytes()
+    assert set(fields["options"]) == {spec.name for spec in
+                                      dataclasses.fields(messages.SubmitOptions)}
+    assert codec.to_wire(decoded) == {**fields, "test_only": False}
+
+
+def _answering(tmp_path, monkeypatch, answer: bytes) -> None:
+    """A daemon socket at GQ_HOME that answers every request with ``answer``."""
+    root = tmp_path / "fake"
+    root.mkdir()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(root / "gq.sock"))
+    listener.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1 << 16)
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    monkeypatch.setenv("GQ_HOME", str(root))
+    monkeypatch.setattr(sys.modules["gq.client"], "start_daemon", None)  # none is started
+
+
+@pytest.mark.parametrize("answer, fragment", [
+    (b'{"v": %d, "kind": "error", "message": "refused: why", "exit_code": 2}',
+     "gq: error: refused: why"),
+    (b'{"v": 99, "kind": "jobs", "jobs": []}', "the daemon speaks protocol version 99"),
+    (b'{"v": %d, "kind": "jobs", "jobs": [', "malformed answer from the daemon"),
+    (b'{"v": %d, "kind": "done", "message": "ok"}', "answered a 'list' request with 'done'"),
+    (b'{"v": %d, "kind": "nonsense"}', "malformed answer from the daemon: unknown kind"),
+])
+def test_an_answer_status_does_not_expect_is_one_line_saying_what_is_wrong(
+        answer, fragment, tmp_path, monkeypatch):
+    if b"%d" in answer:
+        answer %= defaults.PROTOCOL_VERSION
+    _answering(tmp_path, monkeypatch, answer + b"\n")
+    result = gq("status")
+    assert result.code == 2 and result.out == "", result
+    assert result.err.count("\n") == 1 and fragment in result.err, result.err
+
+
+@pytest.mark.parametrize("given", ["rel/./a//b/", "~/x", "../up", "/abs//p/./q", "plain"])
+def test_the_daemon_is_found_where_pathlib_would_find_it(given, tmp_path, monkeypatch):
+    """The client finds its daemon's directory without pathlib; the directory, and the
+    tag its jobs' cgroups go by, are those the daemon (with pathlib) works out."""
+    from pathlib import Path
+
+    from gq import home as homes
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GQ_HOME", given)
+    found = homes.locate()
+    assert found.root == Path(given).expanduser().absolute() == homes.personal_root()
+    assert Path(found.socket_path) == found.socket == found.root / "gq.sock"
+    assert found == homes.Home(Path(given).expanduser().absolute())
+    assert found.tag == homes.Home(found.root).tag
+    monkeypatch.delenv("GQ_HOME")
+    monkeypatch.setenv("GQ_SYSTEM_HOME", given.replace("~", "tilde"))
+    assert homes.system().root == Path(given.replace("~", "tilde")).absolute()
+    assert homes.system().root == homes.system_root() and homes.system().system

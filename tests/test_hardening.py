@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gq import messages
+from gq.defaults import PROTOCOL_VERSION as VERSION
 from gq.exec.protocol import HOST_VERSION
 
 from conftest import (DaemonControl, all_jobs, cgroups_usable, gq, gq_ok, job, live_hosts,
@@ -261,7 +262,7 @@ def test_the_daemon_checks_a_new_name_itself(daemon):
     job_id = submit("--hold", str(write_script(daemon.root.parent / "s.sh", "true\n")))
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(str(daemon.root / "gq.sock"))
-        sock.sendall(json.dumps({"v": messages.VERSION, "kind": "update", "labels": [str(job_id)],
+        sock.sendall(json.dumps({"v": VERSION, "kind": "update", "labels": [str(job_id)],
                                  "name": "\u001b[2Jgone"}).encode() + b"\n")
         answer = sock.makefile("rb").readline()
     assert b"printable" in answer and b'"exit_code":2' in answer.replace(b" ", b""), answer
@@ -301,12 +302,12 @@ def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
                 answer += chunk
         return messages.decode(answer.strip(), messages.ANSWERS)
 
-    submit_line = {"v": messages.VERSION, "kind": "submit", "script_path": "/tmp/s.sh", "script": "dHJ1ZQo=",
+    submit_line = {"v": VERSION, "kind": "submit", "script_path": "/tmp/s.sh", "script": "dHJ1ZQo=",
                    "args": [], "workdir": "/tmp", "env": {}, "umask": 18, "options": {}}
     hostile = [b"[" * 100_000 + b"]" * 100_000 + b"\n",
                b'{"v": %d, "kind": "cancel", "labels": ["99999999999999999999"]}\n'
-               % messages.VERSION,
-               b'{"v": %d, "kind": "update", "labels": ["1"], "priority": ' % messages.VERSION
+               % VERSION,
+               b'{"v": %d, "kind": "update", "labels": ["1"], "priority": ' % VERSION
                + b"9" * 30 + b"}\n"]
     for change in ({"env": {"A": "b\u0000c"}}, {"env": {"A=B": "c"}}, {"args": ["\ud800"]},
                    {"options": {"deadline": 1e21}}, {"options": {"name": "x\u0000y"}},
@@ -318,9 +319,9 @@ def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
                    {"options": {"oom": [[["fail"]]]}}):
         hostile.append(json.dumps({**submit_line, **change}).encode() + b"\n")
     for value in (None, 2**70, "yes", 1, [[[True]]], "\u0000"):
-        hostile.append(json.dumps({"v": messages.VERSION, "kind": "list",
+        hostile.append(json.dumps({"v": VERSION, "kind": "list",
                                    "forecast": value}).encode() + b"\n")
-    hostile.append(b'{"v": %d, "kind": "list", "forecast": NaN}\n' % messages.VERSION)
+    hostile.append(b'{"v": %d, "kind": "list", "forecast": NaN}\n' % VERSION)
     for line in hostile:
         answer = exchange(line)
         assert isinstance(answer, messages.Error) and answer.exit_code == 2, line[:80]

@@ -10,7 +10,8 @@ import sqlite3
 
 import pytest
 
-from gq import defaults
+from gq import codec, defaults
+from gq.queue.states import JobState
 
 from conftest import DaemonControl,  gq, gq_ok, job, submit, wait_for, wait_state, write_script
 
@@ -80,16 +81,18 @@ def test_a_job_that_ends_between_two_pages_is_listed_once_as_it_ended(monkeypatc
         fields = {f.name: None for f in dataclasses.fields(messages.JobInfo)}
         return messages.JobInfo(**{**fields, "id": job_id, "state": state})
 
-    pages = [messages.Jobs([info(1, "RUNNING"), info(9, "COMPLETED")], older_end=5.0, older=9),
-             messages.Jobs([info(1, "CANCELLED"), info(8, "COMPLETED")])]
+    pages = [codec.to_wire(answer) for answer in (
+        messages.Jobs([info(1, "RUNNING"), info(9, "COMPLETED")], older_end=5.0, older=9),
+        messages.Jobs([info(1, "CANCELLED"), info(8, "COMPLETED")]))]
     asked = []
-    monkeypatch.setattr(listing.client, "ask",
-                        lambda request: asked.append(request) or pages.pop(0))
+    monkeypatch.setattr(listing.client, "ask_plain", lambda kind, fields, answer_kind: (
+        asked.append((kind, fields, answer_kind)) or pages.pop(0)))
     listed = listing.listed(None, None, 0)
     assert [(job.id, job.state) for job in listed.jobs] == [(1, "CANCELLED"), (8, "COMPLETED"),
                                                             (9, "COMPLETED")]
-    assert (asked[1].before_end, asked[1].before) == (5.0, 9)
-    assert asked[1].states == [s.value for s in listing.JobState if s.terminal]
+    kind, fields, answer_kind = asked[1]
+    assert (kind, answer_kind, fields["before_end"], fields["before"]) == ("list", "jobs", 5.0, 9)
+    assert fields["states"] == sorted(s.value for s in JobState if s.terminal)
 
 
 def test_a_bad_page_request_is_refused(daemon):
@@ -100,7 +103,7 @@ def test_a_bad_page_request_is_refused(daemon):
         assert result.code == 2 and "--limit" in result.err, result
     for bad in ({"limit": 0}, {"before": 0}, {"limit": 2**70}, {"before": "7"},
                 {"before_end": -1.0}, {"before_end": "NaN"}):
-        line = json.dumps({"v": messages.VERSION, "kind": "list", **bad}).encode()
+        line = json.dumps({"v": defaults.PROTOCOL_VERSION, "kind": "list", **bad}).encode()
         with pytest.raises(messages.MessageError):
             messages.decode(line, messages.REQUESTS)
 

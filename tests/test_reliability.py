@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import (ROOT, DaemonControl, all_jobs, gq, gq_ok, job, live_hosts, pid_alive,
                       submit, wait_for, wait_for_words, wait_state, write_script)
+from gq import defaults
 
 
 def host_process(daemon_pid: int, device: str | None = None) -> psutil.Process:
@@ -199,7 +200,8 @@ def test_silent_garbage_and_huge_clients_neither_block_others_nor_crash_it(home,
     silent.connect(str(daemon.root / "gq.sock"))  # connects, then says nothing
     half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     half.connect(str(daemon.root / "gq.sock"))
-    half.sendall(b'{"v": %d, "kind": "li' % messages.VERSION)  # half a request, never finished
+    # Half a request, never finished.
+    half.sendall(b'{"v": %d, "kind": "li' % defaults.PROTOCOL_VERSION)
     started = time.monotonic()
     assert gq_ok("status").startswith("JOBID")
     assert time.monotonic() - started < 5
@@ -224,10 +226,10 @@ def test_protocol_versions_that_differ_say_so_in_one_line(daemon, monkeypatch):
     answer = messages.decode(_exchange(daemon.root, b'{"v": 99, "kind": "list"}\n').strip(),
                              messages.ANSWERS)
     assert isinstance(answer, messages.Error)
-    assert f"protocol version {messages.VERSION} and the client 99" in answer.message
-    ours = messages.VERSION
+    assert f"protocol version {defaults.PROTOCOL_VERSION} and the client 99" in answer.message
+    ours = defaults.PROTOCOL_VERSION
     with monkeypatch.context() as patch:
-        patch.setattr(messages, "VERSION", 99)
+        patch.setattr(defaults, "PROTOCOL_VERSION", 99)
         result = gq("status")
     assert result.code == 2 and result.out == ""
     assert result.err.count("\n") == 1

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import math
 import socket
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -227,7 +229,7 @@ def test_client_requests_bound_every_field():
         line = messages.encode(dataclasses.replace(base, options=options))
         with pytest.raises(MessageError):  # what no client of ours sends, a hostile one may
             messages.decode(line.replace(b"12345.5", raw), messages.REQUESTS)
-    deep = (b'{"v": %d, "kind": "list", "users": ' % messages.VERSION
+    deep = (b'{"v": %d, "kind": "list", "users": ' % defaults.PROTOCOL_VERSION
             + b"[" * 100_000 + b"]" * 100_000 + b"}")
     with pytest.raises(MessageError, match="nested too deeply"):
         messages.decode(deep, messages.REQUESTS)
@@ -272,3 +274,61 @@ def test_a_frame_in_anything_but_plain_utf8_is_refused(encode):
     assert messages.decode(line.encode(), messages.REQUESTS).states is None
     with pytest.raises(MessageError, match="not JSON"):
         messages.decode(encode(line), messages.REQUESTS)
+
+
+# ----- gq's JSON framing (gq/jsonline.py, on _json without importing json) ------------------
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(_JSON_VALUES)
+def test_the_framing_writes_what_json_writes_and_reads_it_back(value):
+    from gq import jsonline
+
+    text = jsonline.dumps(value)
+    assert text == json.dumps(value, separators=(",", ":"), allow_nan=False)
+    assert jsonline.loads(f" {text}\n") == value
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", "[-Infinity]", "{} x", "", " ", "{",
+                                  "[1,]", "\ufeff{}", "{'a': 1}"])
+def test_the_framing_reads_nothing_json_would_refuse_nor_a_number_that_is_not_finite(text):
+    from gq import jsonline
+
+    with pytest.raises(ValueError):
+        jsonline.loads(text)
+
+
+def test_the_framing_without_the_accelerator_reads_and_writes_alike():
+    """Where _json is missing (another Python), the json module does the same work."""
+    code = """if True:
+        import sys
+        sys.modules["_json"] = None
+        from gq import jsonline
+        assert jsonline.make_scanner is None
+        assert jsonline.dumps({"a": [1, 2.5, None, "\\u00e9"]}) == '{"a":[1,2.5,null,"\\\\u00e9"]}'
+        assert jsonline.loads(' {"a": [1]} ') == {"a": [1]}
+        for bad in ("NaN", "{} x", ""):
+            try:
+                jsonline.loads(bad)
+            except ValueError:
+                continue
+            raise AssertionError(bad)
+        try:
+            jsonline.dumps({"a": float("nan")})
+        except ValueError:
+            print("refused")
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stdout == "refused\n", result.stderr
+    from gq import jsonline
+
+    with pytest.raises(ValueError):
+        jsonline.dumps({"a": math.inf})
+    with pytest.raises(TypeError):
+        jsonline.dumps({"a": object()})

@@ -6,63 +6,73 @@ as found on the submitter's PATH now; any other command runs from a small sh scr
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import shutil
-from dataclasses import dataclass
-from pathlib import Path
 
 from gq.errors import UserError
 
-_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
-_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-_SHELL_SYNTAX = re.compile(r"[;&|<>()$`\\\"'*?\[\]{}~#\n]")  # what only a shell reads
+# Patterns, compiled (and re imported) by the commands that use them: a plain gq submit
+# imports this module for Queued alone.
+_PYTHON = r"python(\d+(\.\d+)?)?"
+_MODULE = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
+_SHELL_SYNTAX = r"[;&|<>()$`\\\"'*?\[\]{}~#\n]"  # what only a shell reads
 
 
-@dataclass(frozen=True)
 class Queued:
-    """What a command line is queued as: a script path (a label where nothing is on disk)
-    and its content, arguments, interpreter (Python jobs), and the name it goes by."""
+    """What a command line, or a script named, is queued as: a script path (a label where
+    nothing is on disk) and its content (None: read the script at ``path``), arguments,
+    interpreter (Python jobs), and the name it goes by. Plain, as what a plain ``gq submit``
+    imports is (gq/cli/quick.py)."""
 
-    path: Path
-    content: bytes | None  # None: read the script at ``path`` (a Python file the command names)
-    args: list[str]
-    interpreter: str | None
-    name: str
+    __slots__ = ("path", "content", "args", "interpreter", "name")
+
+    def __init__(self, path: str, content: bytes | None, args: list[str],
+                 interpreter: str | None, name: str):
+        self.path = path
+        self.content = content
+        self.args = args
+        self.interpreter = interpreter
+        self.name = name
 
 
 def from_argv(argv: list[str]) -> Queued:
     """``gq run -- CMD ARGS``."""
+    import re
+    import shlex
+
     if not argv:
         raise UserError("give the command to run: gq run [OPTIONS] -- COMMAND [ARGS]...")
     program = os.path.basename(argv[0])
-    if _PYTHON.fullmatch(program) and len(argv) > 1:
+    if re.fullmatch(_PYTHON, program) and len(argv) > 1:
         python = _python(argv[0])
-        if argv[1] == "-m" and len(argv) > 2 and _MODULE.fullmatch(argv[2]):
+        if argv[1] == "-m" and len(argv) > 2 and re.fullmatch(_MODULE, argv[2]):
             return _module(python, argv[2], argv[3:])
         if argv[1].endswith(".py") and not argv[1].startswith("-"):
-            return Queued(Path(argv[1]), None, argv[2:], python, Path(argv[1]).name)
+            return Queued(argv[1], None, argv[2:], python, os.path.basename(argv[1]))
     text = f"#!/bin/sh\n# gq run\nexec {shlex.join(argv)}\n"
-    return Queued(Path.cwd() / "(command)", text.encode(), [], None, program or "command")
+    return Queued(os.path.join(os.getcwd(), "(command)"), text.encode(), [], None,
+                  program or "command")
 
 
 def from_wrap(command: str) -> Queued:
     """``gq submit --wrap "CMD"``, as sbatch's: an sh script of that one line, named wrap;
     a plain Python command line (no shell syntax in it) as :func:`from_argv` queues it."""
+    import re
+
     if not command.strip():
         raise UserError("--wrap needs a command, such as --wrap \"python train.py\"")
-    if not _SHELL_SYNTAX.search(command):
+    if not re.search(_SHELL_SYNTAX, command):
         words = command.split()
-        if _PYTHON.fullmatch(os.path.basename(words[0])):
+        if re.fullmatch(_PYTHON, os.path.basename(words[0])):
             queued = from_argv(words)
             if queued.interpreter is not None:
                 return queued
     text = f"#!/bin/sh\n# gq submit --wrap\n{command}\n"
-    return Queued(Path.cwd() / "(wrap)", text.encode(), [], None, "wrap")
+    return Queued(os.path.join(os.getcwd(), "(wrap)"), text.encode(), [], None, "wrap")
 
 
 def _python(program: str) -> str:
     """The interpreter a command names, as the submitter's PATH finds it now."""
+    import shutil
+
     found = shutil.which(program)
     if found is None:
         raise UserError(f"{program}: not found on your PATH; give the interpreter's path")
@@ -74,4 +84,5 @@ def _module(python: str, module: str, args: list[str]) -> Queued:
     working directory (first on sys.path, as ``-m`` puts it)."""
     text = (f"# gq run: python -m {module}\nimport runpy\n"
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
-    return Queued(Path.cwd() / f"{module} (python -m).py", text.encode(), args, python, module)
+    return Queued(os.path.join(os.getcwd(), f"{module} (python -m).py"), text.encode(), args,
+                  python, module)

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import dataclass
-
 from gq.errors import UserError
 
 PREFIXES = ("#GQ", "#SBATCH")
 
 
-@dataclass(frozen=True)
 class Directive:
-    line: int
-    tokens: list[str]
-    prefix: str  # "#GQ" or "#SBATCH"
+    """One directive line: its number, its options' tokens, and its prefix ("#GQ" or
+    "#SBATCH"). Plain, as what every submission imports is (gq/cli/quick.py)."""
+
+    __slots__ = ("line", "tokens", "prefix")
+
+    def __init__(self, line: int, tokens: list[str], prefix: str):
+        self.line = line
+        self.tokens = tokens
+        self.prefix = prefix
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Directive)
+                and (self.line, self.tokens, self.prefix) == (other.line, other.tokens,
+                                                              other.prefix))
+
+    def __repr__(self) -> str:
+        return f"Directive({self.line!r}, {self.tokens!r}, {self.prefix!r})"
 
 
 def read(text: str, source: str) -> list[Directive]:
@@ -30,6 +40,8 @@ def read(text: str, source: str) -> list[Directive]:
         if prefix not in PREFIXES:
             continue
         body = line[len(prefix):]
+        import shlex
+
         try:
             tokens = shlex.split(body, comments=prefix == "#SBATCH")
         except ValueError as exc:

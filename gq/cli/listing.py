@@ -2,7 +2,9 @@
 
 Imports no typer: ``gq status``, the command typed most, runs from here without it
 (:mod:`gq.cli.quick`), and ``gq/cli/jobs.py`` declares its options for typer and calls
-:func:`status` too.
+:func:`status` too. The listing is asked for with plain fields, and its jobs are read as
+attributes of :class:`gq.client.Fields`, by the names gq.messages.JobInfo gives them:
+building the typed messages would cost ``gq status`` more than all the rest of it.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ import os
 import sys
 import time
 
-from gq import client, defaults, messages
-from gq.cli import formats, render
-from gq.queue.states import ACTIVE, JobState
+from gq import client, defaults
+from gq.cli import render
+from gq.queue.statenames import ACTIVE, TERMINAL
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from gq.messages import JobInfo, Jobs
 
 
 def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[str] | None,
@@ -23,20 +29,26 @@ def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[s
     states = states_named(state) or (None if all_jobs else sorted(ACTIVE))
     answer = listed(states, user or None, limit_or_default(limit, json_out), forecast=start or long)
     note_stale(answer)
-    jobs = formats.sort(sort_spec, answer.jobs) if sort_spec else answer.jobs
+    jobs = answer.jobs
+    if sort_spec:
+        from gq.cli import formats
+
+        jobs = formats.sort(sort_spec, jobs)
     if json_out:
         print(render.dumps([render.job_json(j) for j in jobs]))
         return
     format_spec = format_spec or os.environ.get("GQ_STATUS_FORMAT")
     folded = fold_pending_arrays(jobs)
     if format_spec:
+        from gq.cli import formats
+
         print(formats.table(format_spec, [(label, job, reason(job)) for label, job in folded]))
         return
     if start:
         rows = [[label, job.name, job.user, render.state_label(job), job.device or "-",
                  render.forecast_time(job, end=False), render.forecast_time(job, end=True),
                  reason(job)]
-                for label, job in folded if not JobState(job.state).terminal]
+                for label, job in folded if job.state not in TERMINAL]
         print(render.table(["JOBID", "NAME", "USER", "ST", "DEVICE", "START_TIME",
                             "END_TIME", "REASON"], rows))
         _note_forecast(answer)
@@ -58,11 +70,14 @@ def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[s
         _note_forecast(answer)
 
 
-def states_named(values: list[str] | None) -> list[JobState] | None:
-    """-t/--state values (each may list several: PD,R) as states; None for none given."""
+def states_named(values: list[str] | None) -> list[str] | None:
+    """-t/--state values (each may list several: PD,R) as the states' names; None for none
+    given."""
     if not values:
         return None
-    return [JobState.parse(part) for value in values for part in value.split(",")]
+    from gq.queue.states import JobState
+
+    return [JobState.parse(part).value for value in values for part in value.split(",")]
 
 
 def limit_or_default(given: int | None, whole: bool) -> int:
@@ -72,23 +87,21 @@ def limit_or_default(given: int | None, whole: bool) -> int:
     return 0 if whole else defaults.LISTED_FINISHED
 
 
-def listed(states: list[JobState] | None, users: list[str] | None, limit: int,
-           ended_since: float | None = None, forecast: bool = False) -> messages.Jobs:
-    """Pending and running jobs in ``states``, and the ``limit`` finished ones that ended
-    last (0: every one): the daemon sends finished jobs a page at a time. A job listed on
-    more than one page (it ended, or was requeued, meanwhile) is listed as the last page
+def listed(states: list[str] | None, users: list[str] | None, limit: int,
+           ended_since: float | None = None, forecast: bool = False) -> Jobs:
+    """Pending and running jobs in ``states`` (names), and the ``limit`` finished ones that
+    ended last (0: every one): the daemon sends finished jobs a page at a time. A job listed
+    on more than one page (it ended, or was requeued, meanwhile) is listed as the last page
     saw it. In id order."""
-    names = None if states is None else [s.value for s in states]
-    answer = client.ask(messages.ListJobs(states=names, users=users, ended_since=ended_since,
-                                          limit=limit or None, forecast=forecast))
+    asked = {"states": states, "users": users, "ended_since": ended_since,
+             "forecast": forecast}
+    answer = _page(asked, limit=limit or None)
     jobs = {job.id: job for job in answer.jobs}
-    finished = sum(1 for job in answer.jobs if JobState(job.state).terminal)
-    older_states = [s.value for s in (states or list(JobState)) if s.terminal]
+    finished = sum(1 for job in answer.jobs if job.state in TERMINAL)
+    asked["states"] = sorted(TERMINAL.intersection(states) if states else TERMINAL)
     while answer.older is not None and (limit == 0 or finished < limit):
-        answer = client.ask(messages.ListJobs(states=older_states, users=users,
-                                              ended_since=ended_since,
-                                              before_end=answer.older_end, before=answer.older,
-                                              limit=limit - finished if limit else None))
+        answer = _page(asked, before_end=answer.older_end, before=answer.older,
+                       limit=limit - finished if limit else None)
         jobs.update((job.id, job) for job in answer.jobs)
         finished += len(answer.jobs)
     answer.jobs = sorted(jobs.values(), key=lambda job: job.id)
@@ -98,32 +111,38 @@ def listed(states: list[JobState] | None, users: list[str] | None, limit: int,
     return answer
 
 
-def note_stale(answer: messages.Jobs) -> None:
+def _page(asked: dict, **page) -> Jobs:
+    """One ListJobs request's answer (gq.messages.Jobs), read as :class:`client.Fields`."""
+    answer = client.Fields(client.ask_plain("list", {**asked, **page}, "jobs"))
+    answer.jobs = [client.Fields(job) for job in answer.jobs]
+    return answer
+
+
+def note_stale(answer: Jobs) -> None:
     if answer.stale:
         print(f"gq: note: progress figures may be stale: {answer.stale}", file=sys.stderr)
 
 
-def _note_forecast(answer: messages.Jobs) -> None:
-    if answer.forecast_made is None and any(not JobState(job.state).terminal
-                                            for job in answer.jobs):
+def _note_forecast(answer: Jobs) -> None:
+    if answer.forecast_made is None and any(job.state not in TERMINAL for job in answer.jobs):
         print("gq: note: the daemon has made no forecast yet; ask again in a second",
               file=sys.stderr)
 
 
-def fold_pending_arrays(jobs: list[messages.JobInfo]) -> list[tuple[str, messages.JobInfo]]:
+def fold_pending_arrays(jobs: list[JobInfo]) -> list[tuple[str, JobInfo]]:
     """squeue's rows: an array's pending tasks fold into one, e.g. 17_[5-99%8]."""
-    from gq.queue.arrays import fold
-
-    pending: dict[int, list[messages.JobInfo]] = {}
+    pending: dict[int, list[JobInfo]] = {}
     for job in jobs:
-        if job.array_job_id is not None and job.state == JobState.PENDING.value:
+        if job.array_job_id is not None and job.state == "PENDING":
             pending.setdefault(job.array_job_id, []).append(job)
     rows, shown = [], set()
     for job in jobs:
-        tasks = pending.get(job.array_job_id) if job.state == JobState.PENDING.value else None
+        tasks = pending.get(job.array_job_id) if job.state == "PENDING" else None
         if not tasks:
             rows.append((job.label, job))
         elif job.array_job_id not in shown:
+            from gq.queue.arrays import fold  # re and dataclasses: only for arrays
+
             shown.add(job.array_job_id)
             label = f"{job.array_job_id}_" + fold([t.array_task_id for t in tasks],
                                                   job.array_max_running)
@@ -131,13 +150,13 @@ def fold_pending_arrays(jobs: list[messages.JobInfo]) -> list[tuple[str, message
     return rows
 
 
-def reason(job: messages.JobInfo) -> str:
+def reason(job: JobInfo) -> str:
     """squeue's REASON column: why a pending job waits, or what is wrong with a running
     one (a deadline it will miss, memory over its figure)."""
-    if job.state == JobState.PENDING.value:
+    if job.state == "PENDING":
         return job.reason or "None"
     missed = render.deadline_miss(job)
-    if job.state == JobState.RUNNING.value and missed is not None:
+    if job.state == "RUNNING" and missed is not None:
         return f"DeadlineAtRisk (misses it by ~{render.duration(missed)} at this pace)"
     if job.mem_over:
         over = (f"MEM! (measured {render.size(job.mem_peak)}, over its "

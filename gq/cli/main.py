@@ -8,15 +8,17 @@ turned into a click command (a command costs a few times Python's own start-up),
 
 from __future__ import annotations
 
-import functools
 import importlib
 import sys
-from typing import TYPE_CHECKING
 
 from gq.cli import quick
 from gq.errors import UserError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on every command
+
 if TYPE_CHECKING:
+    from typing import Any
+
     import typer
 
 HELP = (
@@ -63,9 +65,9 @@ def _version(value: bool) -> None:
     if value:
         import typer
 
-        from gq import __version__, messages
+        from gq import __version__, defaults
 
-        typer.echo(f"gq {__version__} (protocol {messages.VERSION})")
+        typer.echo(f"gq {__version__} (protocol {defaults.PROTOCOL_VERSION})")
         raise typer.Exit()
 
 
@@ -103,14 +105,18 @@ def _invoked(args: list[str]) -> str | None:
     return args[0] if args and args[0] in COMMANDS else None
 
 
-@functools.lru_cache(maxsize=None)
+_BUILT: dict[str | None, Any] = {}
+
+
 def _command(invoked: str | None):
     """The click command for the app with ``invoked`` (or every command): built once a
     process, since building one costs more than most commands take to run (a script that
     calls main() in a loop, the tests)."""
-    import typer
+    if invoked not in _BUILT:
+        import typer
 
-    return typer.main.get_command(make_app(invoked))
+        _BUILT[invoked] = typer.main.get_command(make_app(invoked))
+    return _BUILT[invoked]
 
 
 def main(argv: list[str] | None = None) -> int:

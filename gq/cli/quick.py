@@ -12,24 +12,30 @@ so both read a line alike.
 
 from __future__ import annotations
 
-import enum
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from gq import defaults
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see below)
+if TYPE_CHECKING:
+    from typing import Any
 
-class Kind(enum.Enum):
+    Options = dict[str, tuple[str, str]]  # option -> (the typer parameter it sets, its Kind)
+
+# This module, and what its commands import, stay clear of typing, dataclasses, enum, re
+# and json: each takes a good part of Python's own start-up to import, and a command sent
+# as one request should cost little more than that start-up (bench/cli_latency.py).
+
+
+class Kind:
+    """How an option takes its value."""
+
     FLAG = "flag"  # --json
     VALUE = "value"  # -o FORMAT (the last one given counts)
     LIST = "list"  # -u USER, once for each
     INT = "int"  # --priority -5
     COUNT = "count"  # --limit N: an integer, 0 or more
 
-
-Options = dict[str, tuple[str, Kind]]  # option -> (the typer parameter it sets, its kind)
 
 STATUS: Options = {
     "-a": ("all_jobs", Kind.FLAG), "--all": ("all_jobs", Kind.FLAG),
@@ -69,24 +75,28 @@ OPTIONS: dict[str, Options] = {"status": STATUS, "submit": SUBMIT, "run": SUBMIT
 # Defaults other than False (flags) and None, as the typer commands declare them.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "status": {},
-    "submit": {"priority": 0, "output": defaults.OUTPUT, "oom": "requeue"},
+    "submit": {"priority": 0, "output": defaults.OUTPUT, "oom": defaults.ON_OOM},
 }
 DEFAULTS["run"] = DEFAULTS["submit"]
 # Commands whose first argument is a script, the rest its arguments.
 TAKES_SCRIPT = {"submit", "run"}
 
 
-@dataclass
 class Parsed:
-    params: dict[str, Any]  # every parameter, by its typer name
-    given: set[str]  # those the line named
+    """A line read: every parameter, by its typer name, and the names the line gave."""
+
+    __slots__ = ("params", "given")
+
+    def __init__(self, params: dict[str, Any], given: set[str]):
+        self.params = params
+        self.given = given
 
 
 def parse(args: list[str], command: str) -> Parsed | None:
     """What a command line gives ``command``'s parameters; None for a line this module
     leaves to typer."""
     options = OPTIONS[command]
-    params: dict[str, Any] = {name: False if kind is Kind.FLAG else None
+    params: dict[str, Any] = {name: False if kind == Kind.FLAG else None
                               for name, kind in options.values()}
     params.update(DEFAULTS[command])
     given: set[str] = set()
@@ -100,7 +110,7 @@ def parse(args: list[str], command: str) -> Parsed | None:
             return None
         name, kind = options[option]
         given.add(name)
-        if kind is Kind.FLAG:
+        if kind == Kind.FLAG:
             if value is not None:
                 return None
             params[name] = True
@@ -114,10 +124,10 @@ def parse(args: list[str], command: str) -> Parsed | None:
                 number = int(value)  # as click reads it
             except ValueError:
                 return None
-            if kind is Kind.COUNT and number < 0:
+            if kind == Kind.COUNT and number < 0:
                 return None
             params[name] = number
-        elif kind is Kind.LIST:
+        elif kind == Kind.LIST:
             params[name] = [*(params[name] or []), value]
         else:
             params[name] = value
@@ -138,7 +148,7 @@ def _split(token: str, options: Options) -> tuple[str | None, str | None]:
         return (option, value) if option in options else (None, None)
     option = token[:2]
     if (not token.startswith("--") and option in options
-            and options[option][1] is not Kind.FLAG):
+            and options[option][1] != Kind.FLAG):
         return option, token[2:]
     return None, None
 
@@ -161,7 +171,7 @@ def run(args: list[str]) -> int | None:
     return submission.queue(command == "run", parsed.params, parsed.given, _directive)
 
 
-def _directive(tokens: list[str], script: Path, line: int, prefix: str) -> dict[str, Any]:
+def _directive(tokens: list[str], script: str, line: int, prefix: str) -> dict[str, Any]:
     """The options a #GQ or #SBATCH directive names, read as its command line would be;
     by click where this module does not read it (click then says what is wrong)."""
     parsed = parse([*tokens, str(script)], "submit")

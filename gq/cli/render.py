@@ -1,28 +1,36 @@
 """How jobs look to people (plain aligned columns, as squeue prints them) and to programs
-(JSON with ISO 8601 times). Works on the daemon's answers; imports nothing heavy."""
+(JSON with ISO 8601 times). Works on the daemon's answers, typed (gq.messages) or read as
+plain fields (gq status, gq history: see gq/cli/listing.py), and imports what ``gq status``
+does not need (json, datetime, the messages) where it is used."""
 
 from __future__ import annotations
 
-import json
 import time
-from datetime import datetime
-from typing import Any
 
 from gq import defaults
-from gq.messages import EventInfo, JobInfo, MemoryBasis
-from gq.queue.states import JobState
+from gq.queue.statenames import SHORT
 from gq.units import format_duration, format_size
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gq.messages import EventInfo, JobInfo
 
 
 def iso(timestamp: float | None) -> str | None:
     if timestamp is None:
         return None
+    from datetime import datetime
+
     return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="milliseconds")
 
 
 def short_time(timestamp: float | None) -> str:
     if timestamp is None:
         return "-"
+    from datetime import datetime
+
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%dT%H:%M:%S")
 
 
@@ -84,8 +92,8 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "pid": job.pid, "run_count": job.run_count,
         "holds_lane": job.holds_lane, "attained": job.attained,
         "mean_iteration": job.mean_iteration, "mean_gap": job.mean_gap,
-        "mem_persistent": job.mem_persistent, "mem_basis": job.mem_basis and job.mem_basis.value,
-        "on_oom": job.on_oom.value, "ooms": job.ooms, "mem_over": job.mem_over,
+        "mem_persistent": job.mem_persistent, "mem_basis": job.mem_basis,
+        "on_oom": job.on_oom, "ooms": job.ooms, "mem_over": job.mem_over,
         "mem_peak": job.mem_peak, "host_memory": job.host_memory, "processes": job.processes,
         "iterations_per_second": iteration_rate(job), "lane_share": lane_share(job),
         "wait_time": wait_time(job) if job.state != "PENDING" else None,
@@ -103,11 +111,10 @@ def job_json(job: JobInfo) -> dict[str, Any]:
     return data
 
 
-_BASES = {
-    MemoryBasis.DECLARED: "declared",
-    MemoryBasis.MEASURED: "measured: the peak of its first iterations and "
-                          f"{defaults.MEMORY_MARGIN:.0%}",
-    MemoryBasis.RAISED: "raised to what it asked for when it ran out of memory",
+_BASES = {  # by gq.messages.MemoryBasis's values (its members are these strings)
+    "declared": "declared",
+    "measured": f"measured: the peak of its first iterations and {defaults.MEMORY_MARGIN:.0%}",
+    "raised": "raised to what it asked for when it ran out of memory",
 }
 
 
@@ -115,7 +122,7 @@ def memory_figure(job: JobInfo) -> str:
     """A job's device-memory figure and where it came from (gq show)."""
     if job.mem is None:
         return "- (none declared: measured over its first iterations)"
-    text = f"{size(job.mem)} ({_BASES[job.mem_basis or MemoryBasis.DECLARED]})"
+    text = f"{size(job.mem)} ({_BASES[job.mem_basis or 'declared']})"
     if job.mem_over:
         text += f"  MEM! measured {size(job.mem_peak)}, more than that"
     return text
@@ -127,6 +134,8 @@ def event_json(event: EventInfo) -> dict[str, Any]:
 
 
 def dumps(value: Any) -> str:
+    import json
+
     return json.dumps(value, indent=2)
 
 
@@ -175,7 +184,7 @@ def lane_state(job: JobInfo) -> str:
 
 def state_label(job: JobInfo) -> str:
     """squeue's ST: S for a suspended job (it is RUNNING, stopped in place)."""
-    return "S" if job.suspended else JobState(job.state).short
+    return "S" if job.suspended else SHORT[job.state]
 
 
 def predicted_end(job: JobInfo, now: float | None = None) -> float | None:

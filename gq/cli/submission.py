@@ -1,32 +1,34 @@
 """gq submit and gq run, without typer: read the script and its directives as the caller,
 check what needs no daemon, and queue the job. gq/cli/submit.py declares the options for
 typer and gq/cli/quick.py reads plain lines itself; both call :func:`queue`.
+
+The request is sent as plain fields (gq.messages.Submit's), which the daemon checks as it
+checks any: a plain submission imports neither the typed messages nor the parsers of the
+options it does not give (Slurm's, arrays', dependencies'), each of which would cost it
+about as much as the rest of the command.
 """
 
 from __future__ import annotations
 
+import binascii
 import math
 import os
-import shutil
-import socket
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-from gq import client, defaults, messages, validation
+from gq import client, defaults, validation
 from gq.cli import commands, directives
-from gq.codec import INT64_MAX
 from gq.errors import UserError
-from gq.queue import arrays, dependencies
-from gq.slurm import options as slurm_options
-from gq.slurm.environment import node_name
 from gq.units import parse_duration, parse_seconds, parse_size, parse_when
 
-# One directive's tokens, the script, the directive's line and prefix -> the options it
-# gives (those it names, nothing else).
-DirectiveReader = Callable[[list[str], Path, int, str], dict[str, Any]]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    # One directive's tokens, the script, the directive's line and prefix -> the options it
+    # gives (those it names, nothing else).
+    DirectiveReader = Callable[[list[str], str, int, str], dict[str, Any]]
 
 # Options that set one thing between them: the first source that gives one decides it.
 _SAME_SETTING = ({"gpus", "gpus_per_node", "gres"}, {"gpu_mem", "mem"},
@@ -41,7 +43,7 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
     queued = _what_to_queue(run, params["script"], list(params["args"] or []), params["wrap"])
     content = queued.content if queued.content is not None else _read_script(queued.path)
     options = _with_directives(params, given, read_directive, queued.path, content)
-    options.update(script=str(queued.path), args=queued.args)
+    options.update(script=queued.path, args=queued.args)
     if queued.interpreter is not None and not options["python"]:
         options["python"] = queued.interpreter
     if options["job_name"] is None and queued.content is not None:
@@ -50,26 +52,37 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
         raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
     request = _request(options, content)
     if options["test_only"]:
-        request.test_only = True
-        _print_test_only(client.ask(request))
+        request["test_only"] = True
+        answer = client.Fields(client.ask_plain("submit", request, "test-only"))
+        answer.delays = [client.Fields(delay) for delay in answer.delays]
+        _print_test_only(answer)
         return 0
-    answer = client.ask(request)
-    if options["mail_type"] and shutil.which("mail") is None:
+    job_id = client.ask_plain("submit", request, "submitted")["job_id"]
+    if options["mail_type"] and _no_mail_command():
         print("gq: warning: --mail-type: this node has no mail command; no mail will be "
               "sent for it (--notify runs a command of yours instead)", file=sys.stderr)
     if options["old_mem"]:  # once it was accepted: a refusal says one line, its reason
-        print(f"gq: warning: {slurm_options.DEPRECATED_MEM}", file=sys.stderr)
-    print(str(answer.job_id) if options["parsable"] else f"Submitted job {answer.job_id}",
-          flush=True)
+        from gq.slurm.options import DEPRECATED_MEM
+
+        print(f"gq: warning: {DEPRECATED_MEM}", file=sys.stderr)
+    print(str(job_id) if options["parsable"] else f"Submitted job {job_id}", flush=True)
     if not options["wait"]:
         return 0
+    from gq import messages
     from gq.cli.wait import until_ended
 
-    return until_ended(messages.Wait([str(answer.job_id)]), math.inf)
+    return until_ended(messages.Wait([str(job_id)]), math.inf)
 
 
-def _print_test_only(answer: messages.TestOnly) -> None:
-    """sbatch --test-only's answer, in gq's words: when and where, and whom it delays."""
+def _no_mail_command() -> bool:
+    import shutil
+
+    return shutil.which("mail") is None
+
+
+def _print_test_only(answer: Any) -> None:
+    """sbatch --test-only's answer (gq.messages.TestOnly's fields), in gq's words: when and
+    where, and whom it delays."""
     from gq.cli import render
 
     tasks = f"its {answer.tasks} tasks" if answer.tasks > 1 else "the job"
@@ -105,17 +118,17 @@ def _what_to_queue(run: bool, script: str | None, args: list[str],
         return commands.from_wrap(wrap)
     if script is None:
         raise UserError("give the script to run (or --wrap CMD; gq run -- CMD runs a command)")
-    return commands.Queued(Path(script), None, args, None, Path(script).name)
+    return commands.Queued(script, None, args, None, os.path.basename(script))
 
 
-def _read_script(path: Path) -> bytes:
+def _read_script(path: str) -> bytes:
     """The script's bytes, read with the caller's own rights (the daemon never opens it)."""
-    if not path.exists():
+    if not os.path.exists(path):
         raise UserError(f"script {path} does not exist")
-    if path.is_dir():
+    if os.path.isdir(path):
         raise UserError(f"script {path} is a directory; give the script file to run")
     try:
-        with path.open("rb") as handle:
+        with open(path, "rb") as handle:
             content = handle.read(defaults.MAX_SCRIPT + 1)
     except OSError as exc:
         raise UserError(f"cannot read script {path}: {exc.strerror}") from None
@@ -128,17 +141,20 @@ def _read_script(path: Path) -> bytes:
 
 
 def _with_directives(params: dict[str, Any], given: set[str], read_directive: DirectiveReader,
-                     script: Path, content: bytes) -> dict[str, Any]:
+                     script: str, content: bytes) -> dict[str, Any]:
     """Command-line values, then #GQ directives, then #SBATCH ones, for what each left unset.
     Every directive is read before anything is said about any of them."""
     options = dict(params)
     text = content.decode("utf-8", errors="replace")
-    found = directives.read(text, str(script))
+    found = directives.read(text, script)
     read: list[tuple[str, dict[str, Any]]] = []
     notices: dict[str, int] = {}  # each said once, at its first line
     for directive in sorted(found, key=lambda d: d.prefix != "#GQ"):  # #GQ's first, as ever
         tokens = directive.tokens
         if directive.prefix == "#SBATCH":
+            from gq.slurm import options as slurm_options
+            from gq.slurm.environment import node_name
+
             try:
                 tokens, said = slurm_options.translate(tokens, node_name())
             except UserError as exc:
@@ -177,18 +193,19 @@ def _with_same_setting(names: set[str]) -> set[str]:
     return names.union(*(group for group in _SAME_SETTING if group & names))
 
 
-def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
+def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
     """Check what needs no daemon (units, paths, the interpreter, as the caller), then build
-    the request; the daemon checks the rest against the node."""
-    script = Path(options["script"]).absolute()
-    validation.text(str(script), f"script path {str(script)[:60]!r}", defaults.MAX_PATH)
-    gpus = _devices(options)
-    validation.integer(gpus.count, "--gpus", 0, defaults.MAX_GPUS)
+    the request's fields (gq.messages.Submit's, as the wire carries them); the daemon checks
+    them all again, and the rest against the node."""
+    script = os.path.abspath(options["script"])
+    validation.text(script, f"script path {script[:60]!r}", defaults.MAX_PATH)
+    gpus, gpu_type = _devices(options)
+    validation.integer(gpus, "--gpus", 0, defaults.MAX_GPUS)
     steps = options["steps"]
     if steps is not None and steps <= 0:
         raise UserError(f"invalid --steps {steps}: must be a positive number of iterations")
     if steps is not None:
-        validation.integer(steps, "--steps", 1, INT64_MAX)
+        validation.integer(steps, "--steps", 1, validation.INT64_MAX)
     validation.integer(options["priority"], "--priority", -defaults.MAX_PRIORITY,
                        defaults.MAX_PRIORITY)
     if options["job_name"] is not None:
@@ -199,25 +216,30 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
     device_mem = options["gpu_mem"] if options["gpu_mem"] is not None else options["mem"]
     mem = parse_size(device_mem) if device_mem is not None else None
     cpus = _count(options["cpus_per_task"], "--cpus-per-task")
-    host_mem = _host_memory(options, gpus.count, cpus)
+    host_mem = _host_memory(options, gpus, cpus)
     limit = options["time_limit"]
-    limit = (None if limit is None or slurm_options.is_unlimited(limit)
-             else parse_duration(limit))
+    if limit is not None:
+        from gq.slurm.options import is_unlimited
+
+        limit = None if is_unlimited(limit) else parse_duration(limit)
     now = time.time()
     deadline = parse_when(options["deadline"], now) if options["deadline"] is not None else None
     begin = (parse_when(options["begin"], now, "--begin") if options["begin"] is not None
              else None)
-    warn = (str(slurm_options.parse_signal(options["warn_signal"]))
-            if options["warn_signal"] is not None else None)
-    workdir = Path(options["chdir"]).absolute() if options["chdir"] else Path.cwd()
-    validation.text(str(workdir), f"working directory {str(workdir)[:60]!r}", defaults.MAX_PATH)
-    if not workdir.is_dir():
+    warn = None
+    if options["warn_signal"] is not None:
+        from gq.slurm.options import parse_signal
+
+        warn = str(parse_signal(options["warn_signal"]))
+    workdir = os.path.abspath(options["chdir"]) if options["chdir"] else os.getcwd()
+    validation.text(workdir, f"working directory {workdir[:60]!r}", defaults.MAX_PATH)
+    if not os.path.isdir(workdir):
         raise UserError(f"--chdir {workdir} is not a directory")
     interpreter = None
-    if script.suffix == ".py":
+    if os.path.splitext(script)[1] == ".py":
         interpreter = os.path.abspath(options["python"] or sys.executable)
         validation.text(interpreter, f"--python {interpreter[:60]!r}", defaults.MAX_PATH)
-        if not os.access(interpreter, os.X_OK) or Path(interpreter).is_dir():
+        if not os.access(interpreter, os.X_OK) or os.path.isdir(interpreter):
             raise UserError(f"--python {interpreter} is not an executable interpreter")
     elif options["python"]:
         raise UserError("--python applies only to .py scripts")
@@ -226,41 +248,51 @@ def _request(options: dict[str, Any], content: bytes) -> messages.Submit:
     dependency = options["dependency"] or (f"afterok:{options['after']}" if options["after"]
                                            else None)
     if dependency is not None:
+        from gq.queue import dependencies
+
         dependencies.parse(dependency)
     if options["array"]:
+        from gq.queue import arrays
+
         arrays.parse(options["array"])
     args = list(options["args"] or [])
     env = dict(os.environ)
     # What sbatch records of the submission (the job's other SLURM_* come from the daemon).
-    env.update(SLURM_SUBMIT_DIR=os.getcwd(), SLURM_SUBMIT_HOST=socket.gethostname())
+    env.update(SLURM_SUBMIT_DIR=os.getcwd(), SLURM_SUBMIT_HOST=os.uname().nodename)
     validation.payload(env, args)
     umask = os.umask(0o022)
     os.umask(umask)
-    return messages.Submit(
-        script_path=str(script), script=content, args=args,
-        workdir=str(workdir), env=env, umask=umask,
-        options=messages.SubmitOptions(
-            name=options["job_name"], gpus=gpus.count, gpu_type=gpus.type, mem=mem,
-            host_mem=host_mem, cpus=cpus, time_limit=limit, deadline=deadline, begin=begin,
-            warn_signal=warn, nodelist=_device_names(options["nodelist"]),
-            ntasks=_count(options["ntasks"], "--ntasks"), notify=options["notify"],
-            mail_type=options["mail_type"], mail_user=options["mail_user"],
-            retries=_retries(options), retry_delay=_retry_delay(options["retry_delay"]),
-            oom=_on_oom(options["oom"]), priority=options["priority"], steps=steps,
-            output=options["output"],
-            error=options["error"], exclusive=options["exclusive"],
-            requeue=options["requeue"], interpreter=interpreter, array=options["array"],
-            dependency=dependency, held=options["hold"]))
+    submit_options = {
+        "name": options["job_name"], "gpus": gpus, "gpu_type": gpu_type, "mem": mem,
+        "host_mem": host_mem, "cpus": cpus, "time_limit": limit, "deadline": deadline,
+        "begin": begin, "warn_signal": warn, "nodelist": _device_names(options["nodelist"]),
+        "ntasks": _count(options["ntasks"], "--ntasks"), "notify": options["notify"],
+        "mail_type": options["mail_type"], "mail_user": options["mail_user"],
+        "retries": _retries(options), "retry_delay": _retry_delay(options["retry_delay"]),
+        "oom": _on_oom(options["oom"]), "priority": options["priority"], "steps": steps,
+        "output": options["output"], "error": options["error"],
+        "exclusive": options["exclusive"], "requeue": options["requeue"],
+        "interpreter": interpreter, "array": options["array"], "dependency": dependency,
+        "held": options["hold"]}
+    return {"script_path": script,
+            "script": binascii.b2a_base64(content, newline=False).decode("ascii"),
+            "args": args, "workdir": workdir, "env": env, "umask": umask,
+            "options": submit_options}
 
 
-def _devices(options: dict[str, Any]) -> slurm_options.Gpus:
-    """-G/--gpus, --gpus-per-node or --gres, whichever was given (1 shared device if none)."""
+def _devices(options: dict[str, Any]) -> tuple[int, str | None]:
+    """How many devices, of what type, from -G/--gpus, --gpus-per-node or --gres, whichever
+    was given (1 shared device of any type if none)."""
+    if options["gres"] is None and options["gpus"] is None and options["gpus_per_node"] is None:
+        return 1, None
+    from gq.slurm import options as slurm_options
+
     if options["gres"] is not None:
-        return slurm_options.parse_gres(options["gres"])
-    for name, flag in (("gpus", "--gpus"), ("gpus_per_node", "--gpus-per-node")):
-        if options[name] is not None:
-            return slurm_options.parse_gpus(options[name], flag)
-    return slurm_options.Gpus(1)
+        gpus = slurm_options.parse_gres(options["gres"])
+    else:
+        gpus = (slurm_options.parse_gpus(options["gpus"], "--gpus") if options["gpus"] is not None
+                else slurm_options.parse_gpus(options["gpus_per_node"], "--gpus-per-node"))
+    return gpus.count, gpus.type
 
 
 def _host_memory(options: dict[str, Any], gpus: int, cpus: int | None) -> int | None:
@@ -290,11 +322,18 @@ def _device_names(text: str | None) -> list[str] | None:
     return names
 
 
-def _on_oom(value: str) -> messages.OnOutOfMemory:
-    try:
-        return messages.OnOutOfMemory(value.strip().lower())
-    except ValueError:
-        raise UserError(f"--oom {value!r}: use requeue or fail") from None
+def _on_oom(value: str) -> str:
+    """--oom as gq.messages.OnOutOfMemory's value (imported only for another than the
+    default)."""
+    wanted = value.strip().lower()
+    if wanted != defaults.ON_OOM:
+        from gq.messages import OnOutOfMemory
+
+        try:
+            OnOutOfMemory(wanted)
+        except ValueError:
+            raise UserError(f"--oom {value!r}: use requeue or fail") from None
+    return wanted
 
 
 def _retries(options: dict[str, Any]) -> int | None:

@@ -4,7 +4,6 @@ gq/cli/submission.py's (which gq/cli/quick.py calls for plain lines, without typ
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -64,7 +63,7 @@ def submit(
     exclusive: bool = typer.Option(False, "--exclusive", help="Take the whole device; share it with no job."),
     requeue: bool = typer.Option(False, "--requeue", help="Requeue instead of failing if the node fails."),
     retries: Optional[int] = typer.Option(None, "--retries", metavar="N", help="Run a failed job (non-zero exit; not a cancel or a timeout) again, up to N times."),
-    oom: str = typer.Option("requeue", "--oom", metavar="requeue|fail", help="If it runs out of memory: back to the queue, its --gpu-mem raised to what it asked for (REASON OutOfMemory; at most --retries times, else 3) [requeue], or FAILED."),
+    oom: str = typer.Option(defaults.ON_OOM, "--oom", metavar="requeue|fail", help="If it runs out of memory: back to the queue, its --gpu-mem raised to what it asked for (REASON OutOfMemory; at most --retries times, else 3) [requeue], or FAILED."),
     retry_delay: Optional[str] = typer.Option(None, "--retry-delay", metavar="PERIOD", help="Wait this long before each retry: 30s, 5min [0]."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter for .py scripts [this one]."),
     array: Optional[str] = typer.Option(None, "-a", "--array", help="Job array: 0-99%8, 1,3,5, 0-20:5 (%N: at most N at once)."),
@@ -86,7 +85,7 @@ def submit(
         raise typer.Exit(code)
 
 
-def read_directive(command: Any, tokens: list[str], script: Path, line: int, prefix: str,
+def read_directive(command: Any, tokens: list[str], script: str, line: int, prefix: str,
                    parent: Any = None) -> dict[str, Any]:
     """The options one directive names, read by click as ``command``'s line is (also for
     the directives gq/cli/quick.py does not read itself)."""

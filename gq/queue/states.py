@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from gq.queue import statenames
+
 
 class JobState(str, Enum):
     PENDING = "PENDING"
@@ -12,7 +14,7 @@ class JobState(str, Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
-    DEADLINE = "DEADLINE"  # it could not end before its --deadline (Slurm's DL)
+    DEADLINE = "DEADLINE"
 
     @property
     def short(self) -> str:
@@ -35,19 +37,9 @@ class JobState(str, Enum):
         raise UserError(f"unknown job state {text!r}: use one of {names}")
 
 
-_SHORT = {
-    JobState.PENDING: "PD",
-    JobState.RUNNING: "R",
-    JobState.COMPLETED: "CD",
-    JobState.FAILED: "F",
-    JobState.CANCELLED: "CA",
-    JobState.TIMEOUT: "TO",
-    JobState.DEADLINE: "DL",
-}
-
-TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
-                      JobState.DEADLINE})
-ACTIVE = frozenset({JobState.PENDING, JobState.RUNNING})
+_SHORT = {JobState(name): short for name, short in statenames.SHORT.items()}
+TERMINAL = frozenset(JobState(name) for name in statenames.TERMINAL)
+ACTIVE = frozenset(JobState(name) for name in statenames.ACTIVE)
 
 ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.DEADLINE}),

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gq import messages
+from gq import defaults, messages
 from gq.daemon.access import Caller, Rules, check_operator
 from gq.daemon.handlers import control, node, query, submit
 from gq.daemon.forecasting import WhatIf
@@ -110,8 +110,8 @@ def dispatch(daemon: NodeView, caller: Caller,
     try:
         request = messages.decode(line, messages.REQUESTS)
     except messages.VersionMismatch as exc:
-        return _error(f"this daemon speaks protocol version {messages.VERSION} and the client "
-                      f"{str(exc.theirs)[:40]}: use the gq that matches the daemon, or "
+        return _error(f"this daemon speaks protocol version {defaults.PROTOCOL_VERSION} and "
+                      f"the client {str(exc.theirs)[:40]}: use the gq that matches the daemon, or "
                       "restart it"), []
     except messages.MessageError as exc:
         return _error(f"malformed request: {exc}"), []

@@ -1,0 +1,66 @@
+"""JSON as every gq wire frames it: one compact object per line, no NaN or Infinity.
+
+Built straight on CPython's ``_json`` accelerator, which ``json`` itself wraps: importing
+``json`` also imports ``re`` and ``enum``, about as long as Python takes to start, and
+``gq status`` and ``gq submit`` speak this framing on every call. The output is byte for
+byte what ``json.dumps(data, separators=(",", ":"), allow_nan=False)`` gives.
+"""
+
+from __future__ import annotations
+
+try:
+    from _json import encode_basestring_ascii, make_encoder, make_scanner
+except ImportError:  # another Python: the json module, slower to import, same results
+    encode_basestring_ascii = make_encoder = make_scanner = None
+
+
+class _Reading:
+    """What the scanner reads from ``json.JSONDecoder``: its options, as ours are."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> None:
+        raise ValueError(f"{name} is not a number")
+
+
+def _unserialisable(value: object) -> None:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+if make_scanner is not None:
+    _scan = make_scanner(_Reading())
+    # No markers (None): a dict of them would be shared by every call, and keep the ids
+    # of an encoding that raised; gq's messages hold no cycles.
+    _encode = make_encoder(None, _unserialisable, encode_basestring_ascii, None, ":", ",",
+                           False, False, False)
+else:
+    import json
+
+    _decoder = json.JSONDecoder(parse_constant=_Reading.parse_constant)
+
+
+def dumps(data: object) -> str:
+    """``data`` as compact JSON; ValueError for a float that is not finite."""
+    if make_encoder is None:
+        return json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return "".join(_encode(data, 0))
+
+
+def loads(text: str) -> object:
+    """The one JSON value ``text`` holds (whitespace around it allowed); ValueError for
+    anything else, NaN and Infinity included."""
+    if make_scanner is None:
+        return _decoder.decode(text)
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    try:
+        value, end = _scan(text, start)
+    except StopIteration as exc:
+        raise ValueError(f"expecting a value at character {exc.value}") from None
+    if text[end:].strip(" \t\n\r"):
+        raise ValueError(f"extra data at character {end}")
+    return value
