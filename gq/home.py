@@ -34,12 +34,12 @@ class Home:
     (and with it re and enum, as long as the rest of a ``gq status`` takes) only when a
     path other than the socket's is asked for."""
 
-    __slots__ = ("_root", "_path", "mode")
+    __slots__ = ("_root", "_path", "_mode")
 
     def __init__(self, root: Path | str, mode: str = PERSONAL):
-        self._root = os.fspath(root)
+        self._root = absolute(os.fspath(root))
         self._path: Path | None = None
-        self.mode = mode
+        self._mode = mode
 
     @property
     def root(self) -> Path:
@@ -50,19 +50,22 @@ class Home:
         return self._path
 
     @property
+    def mode(self) -> str:
+        return self._mode
+
+    @property
     def socket_path(self) -> str:
         """The socket's path, without pathlib (what a client connects to)."""
-        return os.path.join(self._root, SOCKET_NAME)
+        return f"{self._root}/{SOCKET_NAME}"
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Home)
-                and (self.root, self.mode) == (other.root, other.mode))
+        return isinstance(other, Home) and (self._root, self._mode) == (other._root, other._mode)
 
     def __hash__(self) -> int:
-        return hash((self.root, self.mode))
+        return hash((self._root, self._mode))
 
     def __repr__(self) -> str:
-        return f"Home(root={self.root!r}, mode={self.mode!r})"
+        return f"Home(root={self.root!r}, mode={self._mode!r})"
 
     @property
     def system(self) -> bool:
@@ -151,6 +154,17 @@ class Home:
         return self
 
 
+def absolute(path: str) -> str:
+    """``path`` as ``pathlib.Path(path).absolute()`` writes it, without importing pathlib:
+    joined to the working directory if relative (which is looked up only then: it may have
+    been deleted), with no empty or '.' parts (no '//' but a leading pair, no trailing '/');
+    '..' is kept, as the directory above a symbolic link is not the link's parent's."""
+    if not os.path.isabs(path):
+        path = os.path.join(os.getcwd(), path)
+    lead = "//" if path.startswith("//") and not path.startswith("///") else "/"
+    return lead + "/".join(part for part in path.split("/") if part not in ("", "."))
+
+
 def personal_root() -> Path:
     from pathlib import Path
 
@@ -158,12 +172,11 @@ def personal_root() -> Path:
 
 
 def _personal_root() -> str:
-    """GQ_HOME made absolute (not normalised, as Path.absolute() leaves it), else the
-    default place."""
+    """GQ_HOME (made absolute), else the default place."""
     if explicit := os.environ.get("GQ_HOME"):
-        return os.path.join(os.getcwd(), os.path.expanduser(explicit))
+        return absolute(os.path.expanduser(explicit))
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(state, "gq")
+    return absolute(os.path.join(state, "gq"))
 
 
 def system_root() -> Path:
@@ -173,7 +186,7 @@ def system_root() -> Path:
 
 
 def _system_root() -> str:
-    return os.path.join(os.getcwd(), os.environ.get("GQ_SYSTEM_HOME") or SYSTEM_ROOT)
+    return absolute(os.environ.get("GQ_SYSTEM_HOME") or SYSTEM_ROOT)
 
 
 def personal() -> Home:

@@ -399,3 +399,26 @@ def test_the_daemon_is_found_where_pathlib_would_find_it(given, tmp_path, monkey
     monkeypatch.setenv("GQ_SYSTEM_HOME", given.replace("~", "tilde"))
     assert homes.system().root == Path(given.replace("~", "tilde")).absolute()
     assert homes.system().root == homes.system_root() and homes.system().system
+
+
+def test_paths_above_a_link_are_the_links_and_a_deleted_directory_finds_the_daemon(
+        daemon, tmp_path, monkeypatch):
+    """A submission keeps '..' as given (above a symbolic link is not the link's parent's),
+    as pathlib did; a command run from a directory since deleted still finds its daemon
+    (the working directory is looked up only for a relative path)."""
+    from gq.cli import submission
+
+    (tmp_path / "real" / "inner").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "inner")
+    script = write_script(tmp_path / "real" / "job.sh", "true\n")
+    parsed = quick.parse(["-D", "link/..", "link/../job.sh"], "submit")
+    fields = submission._request(parsed.params, script.read_bytes())
+    assert (fields["workdir"], fields["script_path"]) == (
+        f"{tmp_path}/link/..", f"{tmp_path}/link/../job.sh")
+    gq_ok("status")  # the daemon started (GQ_HOME is absolute)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    listed = gq("status")
+    assert listed.code == 0 and listed.out.startswith("JOBID"), listed

@@ -19,6 +19,7 @@ import time
 from gq import client, defaults, validation
 from gq.cli import commands, directives
 from gq.errors import UserError
+from gq.home import absolute
 from gq.units import parse_duration, parse_seconds, parse_size, parse_when
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -197,7 +198,7 @@ def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
     """Check what needs no daemon (units, paths, the interpreter, as the caller), then build
     the request's fields (gq.messages.Submit's, as the wire carries them); the daemon checks
     them all again, and the rest against the node."""
-    script = os.path.abspath(options["script"])
+    script = absolute(options["script"])
     validation.text(script, f"script path {script[:60]!r}", defaults.MAX_PATH)
     gpus, gpu_type = _devices(options)
     validation.integer(gpus, "--gpus", 0, defaults.MAX_GPUS)
@@ -231,7 +232,7 @@ def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
         from gq.slurm.options import parse_signal
 
         warn = str(parse_signal(options["warn_signal"]))
-    workdir = os.path.abspath(options["chdir"]) if options["chdir"] else os.getcwd()
+    workdir = absolute(options["chdir"]) if options["chdir"] else os.getcwd()
     validation.text(workdir, f"working directory {workdir[:60]!r}", defaults.MAX_PATH)
     if not os.path.isdir(workdir):
         raise UserError(f"--chdir {workdir} is not a directory")
