@@ -221,6 +221,28 @@ def test_a_free_lane_is_kept_for_a_preferred_job_in_a_gap_too_short_to_fill():
     assert lane.next_step(rule, [low], [high, low], [in_gap], in_gap.until) == lane.Grant(low)
 
 
+@pytest.mark.parametrize("policy", ["fair", "priority"])
+def test_a_free_lane_is_granted_to_a_job_whose_iteration_fits_in_the_awaited_gap(policy):
+    """Two jobs with short iterations and millisecond gaps run in each other's gaps: the lane
+    is kept for the preferred job in its gap only where the ready job's iteration would
+    not end before that job is expected back (its release plus its gap)."""
+    from gq.exec import lanes as lane
+
+    rule = policies.make(policy)
+    preferred = view(1, priority=5, attained=1.0, mean_iteration=0.0002, mean_gap=0.001,
+                     released_at=10.0)
+    in_gap = lane.awaited(preferred, released_at=10.0, mean_gap=0.001)
+    short, long, unknown = (view(2, attained=2.0, mean_iteration=iteration)
+                            for iteration in (0.0002, 0.005, None))
+    for other, kept in ((short, False), (long, True), (unknown, True)):
+        decision = lane.next_step(rule, [other], [preferred, other], [in_gap], 10.0001)
+        assert decision == (lane.KeepFor(preferred, in_gap.until) if kept
+                            else lane.Grant(other)), other
+    # It fits by what is left of the gap: late in it, the short job no longer does.
+    assert lane.next_step(rule, [short], [preferred, short], [in_gap], 10.0009) == \
+        lane.KeepFor(preferred, in_gap.until)
+
+
 def test_a_free_lane_is_not_kept_for_a_job_the_policy_does_not_prefer_or_a_long_gap():
     from gq.exec import lanes as lane
 

@@ -362,6 +362,22 @@ def test_anticipation_keeps_the_lane_for_a_gap_too_short_to_fill():
     assert filled[1] == pytest.approx(8.02)
 
 
+def test_a_job_whose_iteration_fits_runs_in_the_anticipated_gaps():
+    """Under srtf, A (40 iterations of 0.2 ms, 1 ms gaps) is preferred to B (50 of them):
+    its gaps are anticipated, yet B's iterations fit in them, so both run as if alone
+    (B but for a wait or two). B's iterations of 10 ms do not fit: B waits out A's gaps."""
+    def ends_of(*jobs):
+        return ends(simulate(list(jobs), policies.make("srtf")))
+
+    a = job(1, 0, 0.008, 40, gap=0.001)
+    short, long = job(2, 0, 0.01, 50, gap=0.001), job(2, 0, 0.5, 50, gap=0.001)
+    together = ends_of(a, short)
+    assert together[1] == pytest.approx(ends_of(a)[1])
+    assert together[2] == pytest.approx(ends_of(short)[2], abs=0.001)
+    waits = ends_of(a, long)
+    assert waits[2] > ends_of(long)[2] + 0.04  # behind most of A's 40 gaps
+
+
 def test_lanes_run_at_once_and_split_the_memory():
     """A, B, C need 40 units each. One lane of 100: A and B resident, run one after the
     other; C waits for room. Two lanes of 50: A and B on a lane each, at once; C fits

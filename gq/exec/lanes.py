@@ -3,12 +3,15 @@ follows it and the simulator predicts with it, so that the two cannot drift apar
 
 A lane that no job holds grants its next iteration to the ready job the policy picks, unless
 it is **kept for an awaited job**: one that released the lane moments ago, whose measured
-gap (the host-side work between its iterations) is too short for another job's iteration to
-fit, and which the policy prefers to every ready job. Then the lane stays free until that job
-is ready again or its anticipation window has passed (anticipatory scheduling: granting a
-lower job there would make the preferred one wait a whole iteration for a gap of a
-millisecond). Where the policy picks no ready job, the lane stays free too (e.g. priority
-with fill off, a higher job in its gap).
+gap (the host-side work between its iterations) is short (``anticipation_window``), which
+the policy prefers to every ready job, and before whose expected return the ready job's
+iteration is not expected to end. Then the lane stays free until that job is ready again or
+its anticipation window has passed (anticipatory scheduling: granting a lower job there
+would make the preferred one wait a whole iteration for a gap of a millisecond). A ready
+job whose iteration fits in that gap is granted: the awaited job loses nothing by it, and
+two jobs with short iterations and millisecond gaps run in each other's gaps rather than
+each waiting out the other's. Where the policy picks no ready job, the lane stays free too
+(e.g. priority with fill off, a higher job in its gap).
 
 While a job holds the lane, :func:`hand_over` says ahead which job the lane goes to at its
 release, where that does not depend on how long the holder's iteration lasts: the host arms
@@ -21,7 +24,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gq.policies.base import JobView, Policy, anticipation_window
+from gq.policies.base import JobView, Policy, anticipation_window, expected_back, fits_before
 
 
 @dataclass(frozen=True)
@@ -53,17 +56,20 @@ def awaited(view: JobView, released_at: float, mean_gap: float | None) -> Awaite
 def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobView],
               waiting_for: Sequence[Awaited], now: float) -> Grant | KeepFor | None:
     """The free lane's decision: grant the ready job the policy picks, keep the lane for an
-    awaited job the policy prefers to every ready one (until it is ready or ``until``), or
-    nothing (no job ready, or the policy leaves the lane idle)."""
+    awaited job the policy prefers to every ready one (until it is ready or ``until``) unless
+    the pick's iteration is expected to end before that job is back, or nothing (no job
+    ready, or the policy leaves the lane idle)."""
     if not ready:
         return None
+    chosen = policy.pick(ready, resident, now)
     live = [a for a in waiting_for if now < a.until]
     if live:
         preferred = policy.pick([*ready, *(a.view for a in live)], resident, now)
         for candidate in live:
-            if preferred is not None and candidate.view.id == preferred.id:
+            if preferred is not None and candidate.view.id == preferred.id and not (
+                    chosen is not None
+                    and fits_before(chosen, expected_back(candidate.view), now)):
                 return KeepFor(candidate.view, candidate.until)
-    chosen = policy.pick(ready, resident, now)
     return None if chosen is None else Grant(chosen)
 
 

@@ -35,6 +35,21 @@ class JobView:
         return left * (self.mean_iteration or 0.0)
 
 
+def expected_back(job: JobView) -> float | None:
+    """When a job in the gap after its iteration is expected to ask for the lane again: its
+    release plus its measured gap (None until both are known)."""
+    if job.released_at is None or job.mean_gap is None:
+        return None
+    return job.released_at + job.mean_gap
+
+
+def fits_before(job: JobView, back: float | None, now: float) -> bool:
+    """Whether ``job``'s iteration, begun ``now``, is expected to end by ``back`` (False
+    where either is unknown)."""
+    return back is not None and job.mean_iteration is not None \
+        and now + job.mean_iteration <= back
+
+
 def time_left(job: JobView, ran: float, time_limit: float | None) -> float:
     """How long a running job will still hold its lane at most, as far as anyone can tell:
     its steps left at its measured pace (iteration and gap), capped by what its time limit

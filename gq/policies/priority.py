@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gq.policies.base import JobView
+from gq.policies.base import JobView, expected_back, fits_before
 
 FILL_MODES = ("always", "gapfit", "never")
 
@@ -64,9 +64,9 @@ class Priority:
 
     @staticmethod
     def _fits(low: JobView, high: JobView, now: float) -> bool:
-        if low.mean_iteration is None or high.mean_gap is None or high.released_at is None:
+        back = expected_back(high)
+        if low.mean_iteration is None or back is None:
             return True  # nothing measured yet: run once to learn
-        expected_acquire = high.released_at + high.mean_gap
-        if now > expected_acquire:
+        if now > back:
             return True  # the higher job is idle longer than usual; don't waste the lane
-        return now + low.mean_iteration <= expected_acquire
+        return fits_before(low, back, now)
