@@ -61,7 +61,9 @@ def ask_plain(kind: str, fields: dict[str, Any], answer_kind: str,
     """Send a request of ``kind`` with these fields (plain JSON values; those left out take
     their defaults) and return the fields of its ``answer_kind`` answer, checked no further
     than its version and kind: any other answer (an Error, another version, a malformed
-    line) is read by :func:`ask`'s decoder, which says what is wrong."""
+    line) is read by :func:`ask`'s decoder, which says what is wrong. The fields are not
+    checked here first (:func:`ask` checks its message): what the caller has not checked
+    itself is refused by the daemon, one started to say so where it is a personal one."""
     line, _ = exchange(jsonline.dumps({"v": defaults.PROTOCOL_VERSION, "kind": kind,
                                        **fields}).encode() + b"\n", home)
     try:

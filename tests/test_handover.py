@@ -23,7 +23,8 @@ from gq import defaults, policies
 from gq.codec import MessageError
 from gq.exec import handover, lanes, runtime
 from gq.exec.handover import WorkerHandOvers
-from gq.exec.host import Host, Resident
+from gq.exec.host import Host
+from gq.exec.residents import Resident
 from gq.exec.lease import SharedPage
 from gq.exec.protocol import (FROM_WORKER, Cap, Channel, Done, Go, HandOver, Standby, Suspend,
                               WorkerChannel, encode)

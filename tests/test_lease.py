@@ -17,7 +17,8 @@ from test_hardening import host_process
 
 from gq import defaults
 from gq.exec import runtime
-from gq.exec.host import Host, Resident
+from gq.exec.host import Host
+from gq.exec.residents import Resident
 from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
 from gq.exec.protocol import (FROM_WORKER, TO_WORKER, Channel, Done, Ready, Suspend,
                               WorkerChannel, encode)

@@ -18,7 +18,6 @@ event is handled in isolation, so an unexpected error costs at most the job it c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import fcntl
 import logging
 import math
@@ -29,18 +28,17 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from gq import defaults, policies
 from gq import log as gq_log
-from gq.codec import MessageError
 from gq.errors import AlreadyRunning, LaunchError
 from gq.exec import cgroups, handover
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
-from gq.exec.lease import Figures, SharedPage, implausible
+from gq.exec.lease import SharedPage, implausible
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.memory_watch import MemoryWatch, Watched
+from gq.exec.residents import Lane, Resident, ready_to_grant
 from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
                            start_as_submitter)
 from gq.exec import lanes as lane_rule
@@ -54,212 +52,6 @@ HOUSEKEEPING_PERIOD = defaults.HOUSEKEEPING_PERIOD
 # How long an exited job's leftovers may take to die before its exit is reported all the
 # same (they are killed on after); the host never waits for them meanwhile.
 _REAP_WAIT = 1.0
-
-
-@dataclass
-class Resident:
-    job_id: int
-    run: int  # which run of the job this is: exit reports name it, so a rerun is not ended
-    user: str
-    priority: int
-    submit_time: float
-    declared_total: int | None  # --steps at submit: the job cannot change it
-    lane: int
-    process: JobProcess
-    channel: Channel | None  # None for plain processes (no iteration boundaries)
-    started_at: float  # monotonic
-    started_wall: float
-    cgroup: JobCgroup | None = None
-    time_limit: int | None = None  # seconds; the host enforces it, daemon or not
-    deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
-    warning: tuple[int, int, bool] | None = None  # --signal: number, seconds before, main only
-    suspended: bool = False  # gq suspend: its processes stopped; it is granted nothing
-    frozen: bool = False  # its processes are stopped now (from a suspend until it is thawed)
-    thaw_on_grant: bool = False  # suspended inside an iteration: thawed once granted again
-    suspended_at: float | None = None  # monotonic, while suspended
-    paused: float = 0.0  # seconds it spent suspended: its time limit does not count them
-    kill_why: StopWhy | None = None
-    detail: str | None = None  # what its worker did wrong, for its exit report
-    state: str = "idle"  # idle (released) | ready (waiting for GO) | running (holds lane)
-    steps_done: int = 0
-    worker_total: int | None = None  # what the job itself declared (gq.set_total_steps)
-    past_total: bool = False  # it reported more steps than its total: the total is wrong
-    attained: float = 0.0
-    iterations: int = 0
-    first_iteration: float = 0.0  # warm-up (allocations, lazy init): kept out of the mean
-    gaps: int = 0
-    gap_total: float = 0.0
-    granted_at: float = 0.0
-    released_at: float | None = None
-    mem_persistent: int | None = None
-    mem_peak: int | None = None
-    kill_deadline: float | None = None
-    mem_cap: int | None = None  # bytes of device memory it may hold (its figure)
-    cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
-    host_mem_watched: int | None = None  # its --host-mem, where no cgroup holds it
-    cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
-    probing: bool = False  # it declared no memory: its first figures go to the daemon at once
-    page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
-    leased: bool = False  # the lane is its own across boundaries until the host wants it
-    lease_started: float = 0.0  # monotonic
-    lease_base: Figures = field(default_factory=Figures)  # its page when the lease began
-    page_seen: Figures = field(default_factory=Figures)  # its page when last read
-    lease_in_iteration: bool = False  # as its page said when last read
-    closing: bool = False  # its lease ended inside an iteration: its page counts that one
-    page_unread: tuple[int, float] | None = None  # its page's odd sequence count, first seen
-    shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
-    handover_messages: int = 0  # sent to it since its last grant
-    exit_status: int | None = None  # its process's, once collected (Popen's convention)
-    exited_at: float = 0.0  # monotonic: when it was collected
-    ended_wall: float = 0.0  # wall clock: the same moment, the job's end time
-    dirty: bool = True
-
-    @property
-    def steps_total(self) -> int | None:
-        return self.declared_total if self.declared_total is not None else self.worker_total
-
-    @property
-    def mean_iteration(self) -> float | None:
-        """Unknown until a second iteration: the first one's warm-up would mislead srtf,
-        and a job it ranks last never runs again to correct it."""
-        if self.iterations < 2:
-            return None
-        return max(0.0, self.attained - self.first_iteration) / (self.iterations - 1)
-
-    @property
-    def mean_gap(self) -> float | None:
-        """Idle time from a release to the next acquire (data loading, host-side work)."""
-        return max(0.0, self.gap_total) / self.gaps if self.gaps else None
-
-    def record_steps(self, reported: int) -> None:
-        """What the worker says it has done, made plausible: never less than before, never
-        more than its total. A job that claims more than its total has shown the total to be
-        wrong, and policies stop believing it (srtf then ranks it by attained service)."""
-        total = self.steps_total
-        if total is not None and reported > total:
-            self.past_total = True
-            reported = total
-        if reported > self.steps_done:
-            self.steps_done = reported
-            self.dirty = True
-
-    def declare_total(self, total: int) -> None:
-        """The job's own total (gq.set_total_steps), unless --steps declared one at submit.
-        A total under the steps already done is as wrong as a count past it, and so is one
-        raised after it was given: a job that kept raising it would stay "nearly done"
-        under srtf for ever."""
-        if self.declared_total is not None or total == self.worker_total:
-            return
-        if total < self.steps_done or (self.worker_total is not None
-                                       and total > self.worker_total):
-            self.past_total = True
-        self.worker_total, self.dirty = total, True
-
-    def asks_for_iteration(self) -> None:
-        """At an acquire: a job that has done all its steps and asks for more has shown its
-        total (or its count) wrong. Believed, it would stay at zero remaining time under
-        srtf for as long as it liked; doubted, it ranks by attained service."""
-        total = self.steps_total
-        if total is not None and self.steps_done >= total:
-            self.past_total = True
-
-    def view(self) -> JobView:
-        return JobView(
-            id=self.job_id, user=self.user, submit_time=self.submit_time, priority=self.priority,
-            steps_done=self.steps_done,
-            steps_total=None if self.past_total else self.steps_total,
-            attained=self.attained, mean_iteration=self.mean_iteration,
-            mean_gap=self.mean_gap,
-            released_at=self.released_at, deadline=self._deadline_now(),
-        )
-
-    def _deadline_now(self) -> float | None:
-        """The deadline on the monotonic clock policies are given."""
-        if self.deadline is None:
-            return None
-        return self.deadline - time.time() + time.monotonic()
-
-    def progress(self) -> wire.JobProgress:
-        return _within_bounds(wire.JobProgress(**self._figures()))
-
-    def _figures(self) -> dict:
-        """What the daemon is told: attained time counts the iteration in progress, so it
-        grows while a long iteration runs."""
-        attained = self.attained
-        if self.in_iteration:
-            attained += max(0.0, time.monotonic() - self.granted_at)
-        return dict(job=self.job_id, run=self.run, steps_done=self.steps_done,
-                    steps_total=self.steps_total, attained=attained,
-                    mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
-                    mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
-                    holds_lane=self.in_iteration, iterations=self.iterations)
-
-    @property
-    def in_iteration(self) -> bool:
-        """Inside an iteration now (a leased job: as its page said when last read)."""
-        return self.state == "running" and (not self.leased or self.lease_in_iteration)
-
-    def take_figures(self, figures: Figures, now: float) -> None:
-        """What a leased worker's page says it did since it was last read (checked
-        already), added to what the host measured itself."""
-        seen, self.page_seen = self.page_seen, figures
-        iterations = figures.iterations - seen.iterations
-        if iterations:
-            attained = (figures.attained_ns - seen.attained_ns) / 1e9
-            if self.iterations == 0:  # its first iteration is among these
-                self.first_iteration = self.attained + min(figures.first_ns / 1e9, attained)
-            self.iterations += iterations
-            self.attained += attained
-        self.gaps += figures.gaps - seen.gaps
-        self.gap_total += (figures.gap_ns - seen.gap_ns) / 1e9
-        self.record_steps(figures.steps)
-        total = self.steps_total
-        if figures.gaps > seen.gaps and total is not None and figures.steps_at_take >= total:
-            self.past_total = True  # it went on iterating after all its steps
-        if figures.mem_peak >= 0:
-            self.mem_persistent = max(0, figures.mem_persistent)
-            self.mem_peak = figures.mem_peak
-        self.lease_in_iteration = figures.in_iteration
-        if figures.in_iteration:
-            self.granted_at = min(max(figures.since_ns / 1e9, self.lease_started), now)
-        self.dirty = True
-
-    def since_on_page(self, now: float) -> float:
-        """When its page says its current gap (or iteration) began, within its lease."""
-        return min(max(self.page_seen.since_ns / 1e9, self.lease_started), now)
-
-    def resident_state(self) -> wire.ResidentState:
-        return _within_bounds(wire.ResidentState(**self._figures(), pid=self.process.pid,
-                                                 started=self.started_wall,
-                                                 time_limit=self.time_limit,
-                                                 kill_why=self.kill_why))
-
-    def exit_report(self) -> wire.Exited:
-        """How its run ended, and when its process was collected. A process whose set-up
-        failed before its exec ran nothing of the job's: the report says why (no directory,
-        no output file, no interpreter)."""
-        code = self.exit_status
-        assert code is not None, "reported before its process was collected"
-        failure = self.process.setup_failure
-        if failure is not None:
-            return _within_bounds(wire.Exited(**self._figures(), kill_why=StopWhy.LAUNCH,
-                                              detail=failure, end_time=self.ended_wall))
-        return _within_bounds(wire.Exited(**self._figures(), code=code if code >= 0 else None,
-                                          signal=-code if code < 0 else None,
-                                          kill_why=self.kill_why, detail=self.detail,
-                                          end_time=self.ended_wall, shortage=self.shortage))
-
-
-@dataclass
-class Lane:
-    index: int
-    holder: Resident | None = None
-    residents: list[Resident] = field(default_factory=list)
-    kept_until: float | None = None  # kept free for a job in its gap until then (monotonic)
-    last_job: int | None = None  # the job granted it last
-    switches: int = 0  # grants to a job other than the last one
-    armed: handover.Armed | None = None  # who takes it at its holder's release
-    pipes: dict[tuple[int, int], handover.Pipe] = field(default_factory=dict)  # by job ids
 
 
 class Host:
@@ -360,7 +152,7 @@ class Host:
         if any(r.exit_status is not None or r.closing for r in self.residents.values()):
             timeout = HOUSEKEEPING_PERIOD  # an exited job's leftovers, a lane asked back
         for lane in self.lanes:
-            if lane.holder is not None or not _ready(lane):
+            if lane.holder is not None or not ready_to_grant(lane):
                 continue
             if lane.kept_until is not None:
                 timeout = min(timeout, max(0.0, lane.kept_until - time.monotonic()))
@@ -760,7 +552,7 @@ class Host:
         if holder is not None and not holder.leased:
             self._prepare_handover(lane, holder)
             return
-        ready = _ready(lane)
+        ready = ready_to_grant(lane)
         if holder is not None and ready:
             self._end_lease(holder)
         if lane.holder is not None:
@@ -827,7 +619,7 @@ class Host:
         goes to at its release however long the iteration lasts, or take back one armed
         for a job the lane would no longer go to."""
         successor = None
-        ready = _ready(lane)
+        ready = ready_to_grant(lane)
         if (ready and holder.page is not None and holder.channel is not None
                 and not holder.closing and not holder.suspended):
             views, in_gaps = self._lane_views(lane)
@@ -1274,20 +1066,6 @@ class Host:
                 self._read_page(resident)
 
 
-def _within_bounds(report):
-    """A report on a job as the daemon will decode it. A measured figure past the wire's
-    bounds (from a worker's word, say) would make the daemon drop the whole connection,
-    and an exit report it can never take would be kept and sent again for ever: the job's
-    measured figures are left out of it instead."""
-    try:
-        return wire.checked(report)
-    except MessageError as exc:
-        log.warning("job %d: a figure out of bounds (%s); reported without its figures",
-                    report.job, exc)
-        return dataclasses.replace(report, attained=0.0, mean_iteration=None, mean_gap=None,
-                                   mem_persistent=None, mem_peak=None, iterations=0)
-
-
 def _lane_page(job_id: int) -> tuple[SharedPage | None, int | None]:
     """A new page to share with the job's worker; without one (out of memory or
     descriptors) the job runs as well, with a READY/GO exchange at every boundary."""
@@ -1306,11 +1084,6 @@ def _send(pids, signum: int) -> None:
             os.kill(pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _ready(lane: Lane) -> list[Resident]:
-    """The lane's residents that wait for an iteration and may be granted one."""
-    return [r for r in lane.residents if r.state == "ready" and not r.suspended]
 
 
 def _open_snapshot(spec: wire.LaunchSpec) -> int | None:
