@@ -39,9 +39,10 @@ class Unreachable(UserError):
 def ask(request: Any, home: Home | None = None, wait: float | None = None) -> Any:
     """Send ``request`` and return the daemon's answer; an Error answer raises UserError.
     ``wait``: the answer may take that long (math.inf: as long as it takes; gq wait), after
-    which WaitTimedOut is raised."""
-    answer, _ = ask_with_fds(request, home, wait)
-    return answer
+    which WaitTimedOut is raised. Descriptors passed with an answer are not taken (the
+    kernel closes them): only :func:`ask_with_fds` expects any."""
+    line, _ = exchange(_checked(request), home, wait)
+    return _typed(line)
 
 
 def ask_with_fds(request: Any, home: Home | None = None,
@@ -64,8 +65,8 @@ def ask_plain(kind: str, fields: dict[str, Any], answer_kind: str,
     line) is read by :func:`ask`'s decoder, which says what is wrong. The fields are not
     checked here first (:func:`ask` checks its message): what the caller has not checked
     itself is refused by the daemon, one started to say so where it is a personal one."""
-    line, _ = exchange(jsonline.dumps({"v": defaults.PROTOCOL_VERSION, "kind": kind,
-                                       **fields}).encode() + b"\n", home)
+    line, _ = exchange(jsonline.line({"v": defaults.PROTOCOL_VERSION, "kind": kind,
+                                      **fields}), home)
     try:
         answer = jsonline.loads(line.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):

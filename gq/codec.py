@@ -14,8 +14,8 @@ What decoding guarantees, whatever the peer sent:
 - ``Where(test, what)`` adds any other rule (an environment key has no ``=``).
 
 Anything else raises :class:`MessageError` naming the field, so a hostile frame costs its
-sender its own channel and nothing more. Imports nothing beyond the standard library: the
-client loads it on every command.
+sender its own channel and nothing more. Imports nothing beyond the standard library and
+gq's JSON framing and integer bounds; a client imports it for any typed request.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _field_names(kind: type) -> tuple[str, ...] | None:
 
 def dumps(data: dict[str, Any], limit: int | None = None) -> bytes:
     """One line of JSON; FrameTooLarge past ``limit`` bytes (newline included)."""
-    line = jsonline.dumps(data).encode() + b"\n"
+    line = jsonline.line(data)
     if limit is not None and len(line) > limit:
         raise FrameTooLarge(f"{data.get('kind', data.get('op'))!r} message of {len(line)} "
                             f"bytes is over the {limit}-byte frame")

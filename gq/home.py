@@ -165,24 +165,12 @@ def absolute(path: str) -> str:
     return lead + "/".join(part for part in path.split("/") if part not in ("", "."))
 
 
-def personal_root() -> Path:
-    from pathlib import Path
-
-    return Path(_personal_root())
-
-
 def _personal_root() -> str:
     """GQ_HOME (made absolute), else the default place."""
     if explicit := os.environ.get("GQ_HOME"):
         return absolute(os.path.expanduser(explicit))
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return absolute(os.path.join(state, "gq"))
-
-
-def system_root() -> Path:
-    from pathlib import Path
-
-    return Path(_system_root())
 
 
 def _system_root() -> str:

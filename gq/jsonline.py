@@ -51,6 +51,11 @@ def dumps(data: object) -> str:
     return "".join(_encode(data, 0))
 
 
+def line(data: object) -> bytes:
+    """``data`` as one line of a wire: its compact JSON and a newline."""
+    return dumps(data).encode() + b"\n"
+
+
 def loads(text: str) -> object:
     """The one JSON value ``text`` holds (whitespace around it allowed); ValueError for
     anything else, NaN and Infinity included."""

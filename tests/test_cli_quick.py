@@ -339,8 +339,9 @@ def test_the_fields_a_submission_sends_are_the_typed_submit_message(options, tmp
     assert codec.to_wire(decoded) == {**fields, "test_only": False}
 
 
-def _answering(tmp_path, monkeypatch, answer: bytes) -> None:
-    """A daemon socket at GQ_HOME that answers every request with ``answer``."""
+def _answering(tmp_path, monkeypatch, answer: bytes, fds: list[int] = ()) -> None:
+    """A daemon socket at GQ_HOME that answers every request with ``answer`` (and the
+    descriptors ``fds`` with it)."""
     root = tmp_path / "fake"
     root.mkdir()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -355,11 +356,13 @@ def _answering(tmp_path, monkeypatch, answer: bytes) -> None:
                 return
             with conn:
                 conn.recv(1 << 16)
-                conn.sendall(answer)
+                socket.send_fds(conn, [answer], list(fds))
 
     threading.Thread(target=serve, daemon=True).start()
     monkeypatch.setenv("GQ_HOME", str(root))
-    monkeypatch.setattr(sys.modules["gq.client"], "start_daemon", None)  # none is started
+    from gq import client
+
+    monkeypatch.setattr(client, "start_daemon", None)  # none is started
 
 
 @pytest.mark.parametrize("answer, fragment", [
@@ -380,6 +383,24 @@ def test_an_answer_status_does_not_expect_is_one_line_saying_what_is_wrong(
     assert result.err.count("\n") == 1 and fragment in result.err, result.err
 
 
+def test_descriptors_passed_with_an_answer_no_command_expects_are_not_kept(
+        tmp_path, monkeypatch):
+    """Only gq logs takes a descriptor from the daemon; any other typed request leaves
+    none open, whatever the answer carries."""
+    from gq import client, messages
+
+    read_end, write_end = os.pipe()
+    _answering(tmp_path, monkeypatch,
+               b'{"v": %d, "kind": "done", "message": "ok"}\n' % defaults.PROTOCOL_VERSION,
+               [read_end, write_end])
+    before = set(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert client.ask(messages.GetPolicy()).message == "ok"
+    assert set(os.listdir("/proc/self/fd")) == before
+    os.close(read_end)
+    os.close(write_end)
+
+
 @pytest.mark.parametrize("given", ["rel/./a//b/", "~/x", "../up", "/abs//p/./q", "plain"])
 def test_the_daemon_is_found_where_pathlib_would_find_it(given, tmp_path, monkeypatch):
     """The client finds its daemon's directory without pathlib; the directory, and the
@@ -391,14 +412,14 @@ def test_the_daemon_is_found_where_pathlib_would_find_it(given, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GQ_HOME", given)
     found = homes.locate()
-    assert found.root == Path(given).expanduser().absolute() == homes.personal_root()
+    assert found.root == Path(given).expanduser().absolute() == homes.personal().root
     assert Path(found.socket_path) == found.socket == found.root / "gq.sock"
     assert found == homes.Home(Path(given).expanduser().absolute())
     assert found.tag == homes.Home(found.root).tag
     monkeypatch.delenv("GQ_HOME")
     monkeypatch.setenv("GQ_SYSTEM_HOME", given.replace("~", "tilde"))
     assert homes.system().root == Path(given.replace("~", "tilde")).absolute()
-    assert homes.system().root == homes.system_root() and homes.system().system
+    assert homes.system().system
 
 
 def test_paths_above_a_link_are_the_links_and_a_deleted_directory_finds_the_daemon(
