@@ -120,6 +120,12 @@ MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases
 HANDOVER_MESSAGES_PER_GRANT = 4
 HANDOVER_PIPES_KEPT = 2 * MAX_RESIDENT  # pipe ends of each kind a worker keeps at most
 PAGE_UNREADABLE_SECONDS = 2.0  # a worker's page half-written this long: it broke the protocol
+# A lane lent to two jobs (gq.exec.lease): a job waiting for the other's iteration to end
+# looks this often whether the host has asked for the lane back.
+LOAN_WAIT_SLICE = 0.005
+# The lane's token held this long while neither job says it is inside an iteration: one of
+# them broke the protocol, and the two take turns through the host from then on.
+LOAN_SILENT_LIMIT = 0.5
 
 # Memory safety
 PROBE_MEMORY = 1 << 30  # bytes a job that declares no memory needs free to start (--probe-mem)

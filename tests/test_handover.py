@@ -362,7 +362,7 @@ def test_only_a_byte_down_the_armed_pipe_takes_its_grant():
              for number in (1, 3, 2)}
     for number in (1, 2):
         pipes[number].grant.send(b"\0")  # posted
-    waiting._read_sent()
+    waiting.read_sent()
     for _host, holder in holders.values():
         holder.fill()
     held = {number: holders[number][1].next_buffered()[1][0] for number in (1, 2, 3)}
@@ -385,7 +385,7 @@ def test_a_forked_child_keeps_no_end():
     to_holder, _holder_end = _pair()
     waiting = WorkerHandOvers(waiting_end, None)
     assert handover.deliver(1, to_holder, to_waiting, empty_cache=False) is not None
-    waiting._read_sent()
+    waiting.read_sent()
     [(_message, wake, grant)] = waiting.standbys.values()
     ends = [wake.fileno(), grant.fileno()]
     child = os.fork()
@@ -471,7 +471,7 @@ def _takes_its_grant_early(session: WorkerSession) -> None:
     def acquire() -> None:
         session.channel.sock.sendall(READY)
         while not handovers.standbys:
-            handovers._read_sent()
+            handovers.read_sent()
             select.select([handovers.channel.sock], [], [], 1)
         [(_message, _wake, grant)] = handovers.standbys.values()
         assert select.select([grant], [], [], 10)[0] and grant.recv(1) == b"\0"
@@ -516,7 +516,7 @@ def test_two_jobs_in_league_cannot_hold_the_host_up(hand_lane):
 
         def hand_over() -> None:
             number = handovers.page.armed()
-            handovers._read_sent()
+            handovers.read_sent()
             wake = handovers.wake_ends[number]
             wake.setblocking(False)
             try:
@@ -552,10 +552,10 @@ def test_a_holder_whose_successor_closed_its_end_is_not_killed_by_sigpipe(hand_l
         honest = handovers.await_grant
 
         def await_grant() -> Go:
-            handovers._read_sent()
+            handovers.read_sent()
             while not handovers.standbys:
                 select.select([handovers.channel.sock], [], [], 1)
-                handovers._read_sent()
+                handovers.read_sent()
             handovers._forget()
             os.write(lane.said_write, b"2 dropped its ends\n")
             return honest()

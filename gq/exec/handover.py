@@ -40,11 +40,12 @@ from __future__ import annotations
 import os
 import select
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gq import defaults
 from gq.exec.lease import SharedPage
-from gq.exec.protocol import Channel, Go, HandOver, Standby, WorkerChannel
+from gq.exec.protocol import Channel, Go, HandOver, Lent, Standby, WorkerChannel
 
 _BYTE = b"\0"
 
@@ -157,9 +158,11 @@ class WorkerHandOvers:
     """A worker's hand-overs: as a successor, its wait for a grant; as a holder, the
     wake-up it gives at its release. Called under its session's lock."""
 
-    def __init__(self, channel: WorkerChannel, page: SharedPage | None):
+    def __init__(self, channel: WorkerChannel, page: SharedPage | None,
+                 on_lent: Callable[[int, int], None] | None = None):
         self.channel = channel
         self.page = page
+        self.on_lent = on_lent  # a loan's number and page (gq.exec.lease) go there
         # Its ends, by hand-over: as a successor, the wake and grant channels' (Standby).
         self.standbys: dict[int, tuple[Standby, socket.socket, socket.socket]] = {}
         self.wake_ends: dict[int, socket.socket] = {}  # as a holder (HandOver)
@@ -221,7 +224,13 @@ class WorkerHandOvers:
 
     def _keep(self, message: object, descriptors: list[int]) -> None:
         """The ends of a pipe the host sent, kept for later (the oldest closed past the
-        bound)."""
+        bound); a loan's page goes to the worker's lease."""
+        if isinstance(message, Lent):
+            if self.on_lent is not None:
+                self.on_lent(message.number, descriptors[0])
+            else:
+                os.close(descriptors[0])
+            return
         # Family and type named: else each end costs three system calls to find them out.
         ends = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, descriptor)
                 for descriptor in descriptors]
@@ -239,6 +248,7 @@ class WorkerHandOvers:
         else:
             _close(ends)
 
+
     def _forget(self) -> None:
         for _message, *ends in self.standbys.values():
             _close(ends)
@@ -247,7 +257,7 @@ class WorkerHandOvers:
         self.wake_ends.clear()
         self.spent = ()
 
-    def _read_sent(self) -> None:
+    def read_sent(self) -> None:
         """Take in what the host has sent, without waiting. A read stops after a message
         with descriptors, so it reads on until nothing is left (the host sends a few)."""
         for _ in range(4 * defaults.HANDOVER_PIPES_KEPT):
@@ -271,7 +281,7 @@ class WorkerHandOvers:
             return
         self.made = number
         if number not in self.wake_ends:  # sent while it held the lane: read it now
-            self._read_sent()
+            self.read_sent()
         wake = self.wake_ends.pop(number, None)
         if wake is not None:
             _wake(wake)

@@ -35,10 +35,10 @@ from gq.errors import AlreadyRunning, LaunchError
 from gq.exec import cgroups, handover
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
-from gq.exec.lease import SharedPage, implausible
+from gq.exec.lease import LoanPage, SharedPage, implausible
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.memory_watch import MemoryWatch, Watched
-from gq.exec.residents import Lane, Resident, ready_to_grant
+from gq.exec.residents import Lane, Loan, Resident, ready_to_grant
 from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
                            start_as_submitter)
 from gq.exec import lanes as lane_rule
@@ -80,6 +80,7 @@ class Host:
         self.memory_watch: MemoryWatch | None = None  # made for the first job it watches
         self._reported_switches: list[int] = []
         self._handovers_armed = 0  # numbers the hand-overs' pipes
+        self._loans_made = 0  # numbers the loans
         self._from_daemon_handlers: dict[type, Callable] = {
             wire.Hello: self._on_hello, wire.Launch: self._on_launch,
             wire.Kill: self._on_kill, wire.Ack: self._on_ack, wire.Update: self._on_update,
@@ -545,9 +546,19 @@ class Host:
     def _schedule(self, lane: Lane) -> None:
         """Grant a free lane's next iteration, or keep it free, as :mod:`gq.exec.lanes`
         decides (the simulator predicts with the same rule). A job alone on its lane gets
-        it with a lease, ended as soon as another job is ready for it. While a job holds
-        the lane, the job it goes to next is told in advance (a hand-over)."""
+        it with a lease, ended as soon as another job is ready for it; two jobs that fit in
+        each other's gaps get it lent (a lease each, under one loan), until either asks or
+        anything changes. While a job holds the lane, the job it goes to next is told in
+        advance (a hand-over)."""
         lane.kept_until = None
+        loan = lane.loan
+        if loan is not None:
+            if loan.recalling:
+                return
+            if not self._loan_stands(lane, loan) and lane.loan is loan:
+                self._recall(lane)
+            if lane.loan is not None:
+                return
         holder = lane.holder
         if holder is not None and not holder.leased:
             self._prepare_handover(lane, holder)
@@ -576,7 +587,7 @@ class Host:
             self._stop_processes(chosen, False)
         elif chosen.channel.send(wire.Go(
                 empty_cache=shared, mem_cap=chosen.mem_cap if chosen.cap_unsent else None,
-                lease=self._lease(chosen))):
+                lease=self._lease(chosen) or self._lend(lane, chosen))):
             chosen.cap_unsent = False
         else:
             log.warning("job %d's worker hung up before its grant; the lane goes on",
@@ -608,7 +619,7 @@ class Host:
         chosen.granted_at = time.monotonic()
         chosen.handover_messages = 0
         chosen.dirty = True  # the daemon hears of the grant with the next progress
-        lane.holder = chosen
+        lane.holder = None if lane.loan is not None else chosen  # lent: the token says
         if lane.last_job not in (None, chosen.job_id):
             lane.switches += 1
         lane.last_job = chosen.job_id
@@ -739,24 +750,161 @@ class Host:
         page = resident.page
         alone = all(other is resident or other.suspended or other.channel is None
                     for other in self.lanes[resident.lane].residents)
-        if (page is None or not alone or resident.probing or resident.cap_unsent
-                or (resident.mem_cap is not None and not self.cuda
-                    and resident.cgroup_cap is None)):
-            return False  # figures the host checks at every boundary
+        if page is None or not alone or not self._leasable(resident):
+            return False
         figures = page.read()
         if figures is None:
             return False
         page.drain()
+        page.lend(0)
         page.want(False)
         resident.leased, resident.lease_started = True, time.monotonic()
         resident.lease_base = resident.page_seen = figures
         resident.lease_in_iteration, resident.page_unread = True, None
         return True
 
+    def _leasable(self, resident: Resident) -> bool:
+        """Whether the job may cross boundaries without a message: not where the host
+        checks its figures at every boundary."""
+        return (resident.page is not None and not resident.probing
+                and not resident.cap_unsent
+                and not (resident.mem_cap is not None and not self.cuda
+                         and resident.cgroup_cap is None))
+
+    # ----- a lane lent to two jobs (gq.exec.lease) ---------------------------------------
+    def _lend(self, lane: Lane, chosen: Resident) -> bool:
+        """Whether the chosen job's grant starts a loan: the lane lent to it and its one
+        lane-mate, in its gap, where they meet none of the policy's choices
+        (:func:`gq.exec.lanes.lendable`). Both are sent the loan's page; the grantee holds
+        its token, and the mate is offered its lease on its page and takes it up at its
+        next acquire."""
+        live = [r for r in lane.residents if not r.suspended and r.channel is not None]
+        if len(live) != 2 or not any(r is chosen for r in live):
+            return False
+        mate = live[0] if live[1] is chosen else live[1]
+        members = (chosen, mate)
+        if (mate.state != "idle" or mate.closing or mate.leased or mate.thaw_on_grant
+                or lane.unlendable == {chosen.job_id, mate.job_id}
+                or not all(self._leasable(m) for m in members)
+                # a job whose socket the host's messages fill up is sent no more
+                or max(m.handover_messages for m in members)
+                >= defaults.HANDOVER_MESSAGES_PER_GRANT
+                or not lane_rule.lendable(self.policy, chosen.view(), mate.view())):
+            return False
+        figures = [m.page.read() for m in members]
+        if None in figures:
+            return False
+        try:
+            tokens, fd = LoanPage.create()
+        except OSError as exc:
+            log.warning("lane %d: no page for a loan (%s); its jobs take turns through the "
+                        "host", lane.index, exc)
+            return False
+        number = self._loans_made + 1
+        try:
+            sent = all(m.channel.send_with_descriptors(wire.Lent(number), [fd])
+                       for m in members)
+        finally:
+            os.close(fd)
+        if not sent:
+            tokens.close()
+            return False
+        self._loans_made = number
+        now = time.monotonic()
+        for member, seen, inside in zip(members, figures, (True, False)):
+            member.handover_messages += 1
+            page = member.page
+            page.drain()
+            if not inside:  # in its gap: its own semaphore is there to take
+                page.give()
+            page.lend(number)
+            page.want(False)
+            # The mate's lease covers the gap it is in: its page counts it from its release.
+            member.leased = True
+            member.lease_started = now if inside else min(now, member.released_at or now)
+            member.lease_base = member.page_seen = seen
+            member.lease_in_iteration, member.page_unread = inside, None
+        mate.state = "running"  # its page says when it is inside an iteration
+        lane.loan = Loan(number, tokens, members, (chosen.iterations, mate.iterations))
+        return True
+
+    def _loan_stands(self, lane: Lane, loan: Loan) -> bool:
+        """Whether the loan goes on: no job waits for the lane, both jobs still may hold it
+        (their pages read and checked now), the policy still would not choose between them,
+        and the token is kept by the rules."""
+        if ready_to_grant(lane):
+            return False
+        for member in loan.members:
+            if (not member.leased or member.channel is None or member.suspended
+                    or member.closing or not self._leasable(member)
+                    or not any(r is member for r in lane.residents)):
+                return False
+            if not self._read_page(member) or lane.loan is not loan:
+                return False
+        self._count_switches(lane, loan)
+        return (lane_rule.lendable(self.policy, *(m.view() for m in loan.members))
+                and self._token_kept(lane, loan))
+
+    def _token_kept(self, lane: Lane, loan: Loan) -> bool:
+        """Whether the loan's token is as the rules keep it: given no more often than taken,
+        and held only by a job inside an iteration (for a moment as it begins one, for
+        LOAN_SILENT_LIMIT at most). Else one of the two broke the rules, and neither is
+        lent the lane with the other again."""
+        now = time.monotonic()
+        count = loan.page.count()
+        if count > 1:
+            problem = "given back more often than taken"
+        elif count == 0 and all(m.page is not None and m.page.count() > 0
+                                for m in loan.members):
+            if loan.silent_since is None or now - loan.silent_since < \
+                    defaults.LOAN_SILENT_LIMIT:
+                loan.silent_since = loan.silent_since or now
+                return True
+            problem = "held outside any iteration"
+        else:
+            loan.silent_since = None
+            return True
+        first, second = sorted(m.job_id for m in loan.members)
+        log.warning("lane %d: its token was %s; jobs %d and %d take turns through the host "
+                    "from now on", lane.index, problem, first, second)
+        lane.unlendable = frozenset((first, second))
+        return False
+
+    def _count_switches(self, lane: Lane, loan: Loan) -> None:
+        """Switches under a loan, as many as the two jobs' iterations since last counted
+        allow (exact where they alternate): no grant says who followed whom."""
+        first, second = loan.members
+        done = (first.iterations, second.iterations)
+        lane.switches += 2 * min(done[0] - loan.counted[0], done[1] - loan.counted[1])
+        loan.counted = done
+
+    def _recall(self, lane: Lane) -> None:
+        """End the loan: each job's lease ends as a lone lease would (taken back in its
+        gap, or at its iteration's end, then the lane's holder until its Done)."""
+        loan = lane.loan
+        assert loan is not None
+        loan.recalling = True
+        for member in loan.members:
+            if member.leased:
+                self._take_lease_back(member)
+        self._count_switches(lane, loan)
+        lane.loan = None
+        loan.page.close()
+
     def _end_lease(self, resident: Resident) -> None:
-        """The host wants the lane back. Taken at once where the job is in its gap (it
-        asks with READY next time); inside an iteration, the job keeps it until that
-        iteration's end, as it would without a lease, and gives it back with a Done."""
+        """The host wants the lane back: the job's lease ends, and under a loan the
+        other's too."""
+        loan = self.lanes[resident.lane].loan
+        if loan is not None and not loan.recalling and any(m is resident
+                                                              for m in loan.members):
+            self._recall(self.lanes[resident.lane])
+        elif resident.leased:
+            self._take_lease_back(resident)
+
+    def _take_lease_back(self, resident: Resident) -> None:
+        """The lane is taken back at once where the job is in its gap (it asks with READY
+        next time); inside an iteration, the job keeps it until that iteration's end, as it
+        would without a lease, and gives it back with a Done."""
         page = resident.page
         assert page is not None and resident.leased
         page.want(True)
@@ -774,6 +922,9 @@ class Host:
             resident.closing = True
             if not resident.lease_in_iteration:
                 resident.granted_at = time.monotonic()  # it took the lane as the host asked
+            lane = self.lanes[resident.lane]
+            if lane.holder is None and resident.state == "running":
+                lane.holder = resident  # a loan's job: the lane is its until that Done
 
     def _close_iteration(self, resident: Resident, ended: bool) -> None:
         """The iteration its lease ended in is over (``ended``: the worker said so; else it
@@ -794,12 +945,19 @@ class Host:
         self._schedule(self.lanes[resident.lane])
 
     def _released_as_on_page(self, resident: Resident) -> None:
-        """The lane is free again: its holder released it when its page says it did."""
+        """The lane is free again: its holder (or a job it was lent to) released it when its
+        page says it did, or, where it has not iterated under its lease, when the host saw
+        it release it before."""
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
-            resident.released_at = resident.since_on_page(time.monotonic())
-            resident.state = "idle"
             lane.holder = None
+        elif resident.state != "running":
+            return
+        seen, base = resident.page_seen, resident.lease_base
+        if (seen.iterations, seen.gaps) != (base.iterations, base.gaps) \
+                or resident.released_at is None:
+            resident.released_at = resident.since_on_page(time.monotonic())
+        resident.state = "idle"
 
     def _read_page(self, resident: Resident, final: bool = False) -> bool:
         """Take in a leased job's figures from its page. Impossible ones end the job

@@ -16,6 +16,16 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 While a job holds the lane, :func:`hand_over` says ahead which job the lane goes to at its
 release, where that does not depend on how long the holder's iteration lasts: the host arms
 a hand-over on that (gq.exec.handover), so that the holder wakes that job itself.
+
+Two lane-mates each of whose measured iterations fits in the other's measured gap never
+meet this rule's choices: whoever asks for the free lane is granted it (the lane is not
+kept for the other, which is expected back only after that iteration, or whose gaps are too
+long to keep it for), and at a release the one waiting is the only ready job. Under a policy
+whose pick of a lone ready job is that job, the host then **lends** them the lane
+(:func:`lendable`): they take it from each other first come, first served, without asking
+(gq.exec.lease). The one approximation: a job that asks late in the other's gap may end its
+iteration after the other is back, which then waits for it (at most one iteration, which
+fits in one gap) where this rule would have kept the lane free for it.
 """
 
 from __future__ import annotations
@@ -71,6 +81,21 @@ def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
                     and fits_before(chosen, expected_back(candidate.view), now)):
                 return KeepFor(candidate.view, candidate.until)
     return None if chosen is None else Grant(chosen)
+
+
+def lendable(policy: Policy, first: JobView, second: JobView) -> bool:
+    """Whether a lane whose only jobs are these two may be lent to them: the policy picks
+    any lone ready job, and each one's iteration fits in the other's gap (or the other's
+    gaps are too long for the lane to be kept for it), as measured."""
+    return policy.lends and _fills(first, second) and _fills(second, first)
+
+
+def _fills(job: JobView, mate: JobView) -> bool:
+    """Whether ``job`` asking for the lane in ``mate``'s gap is granted it by
+    :func:`next_step` whatever the policy prefers (asked at the gap's start)."""
+    if job.mean_iteration is None or mate.mean_gap is None:
+        return False
+    return anticipation_window(mate.mean_gap) is None or job.mean_iteration <= mate.mean_gap
 
 
 def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobView],

@@ -25,6 +25,29 @@ its lane needs no decision at its boundaries, so the host grants it the lane wit
 The page also names the **hand-over** (:mod:`gq.exec.handover`) a holder is to make at its
 release: the host's word, never read back by it.
 
+**A lane lent to two jobs.** Two lane-mates whose iterations fit in each other's gaps meet
+no choice of the policy's (:func:`gq.exec.lanes.lendable`): whoever asks first gets the
+lane. The host then gives both a lease at once, under one **loan**: a page of its own with
+one token, a process-shared semaphore the two take from each other (:class:`LoanPage`),
+sent to the two of them and to no other job (``Lent``), and named on each one's page
+(``lent``). A leased worker under a loan takes the token, then its own semaphore, when an
+iteration begins, and gives them back in that order at its end; where the other holds the
+token it waits for it (one wake-up, from the other's release: no host on the way), looking
+at its own page every ``LOAN_WAIT_SLICE`` for the host's ``want``. The job granted the Go
+that starts the loan holds the token; the other is offered its lease in its gap and takes
+it up at its next acquire. The host ends a loan as it ends a lease, job by job (each own
+semaphore says whether that job is inside an iteration), as soon as a third job asks,
+either asks with READY, or anything else changes; a job that waited for an ended loan's
+token never takes a later loan's, which has a page of its own.
+
+What a hostile job can do with its loan: give the token more often than it took it, or hold
+it without being inside an iteration. The first lets the two iterate at once, which it can
+match by running outside its grants; the second makes the other wait, as a long iteration
+would, until the host sees it (``LOAN_SILENT_LIMIT``). The host watches the token
+(:meth:`LoanPage.count`, and the own semaphores) and, on either, ends the loan and lends
+those two nothing more. Only the host writes the ``want`` and ``lent`` a job reads, so no
+job can start or prolong another's lease, and no job off the loan can touch its token.
+
 The page is a sealed memfd (it cannot be shrunk under the host's mapping). Times are on
 the system-wide monotonic clock both processes share.
 """
@@ -37,8 +60,10 @@ import fcntl
 import mmap
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from gq import defaults
 from gq.codec import INT64_MAX
 
 PAGE_SIZE = mmap.PAGESIZE
@@ -48,6 +73,7 @@ _WANT = 8  # the host's word: nonzero while it wants the lane back
 _SEQUENCE = 16  # the worker's: a sequence count, then its figures
 _BODY = slice(_SEQUENCE + 1, _SEQUENCE + 12)
 _HANDOVER = 32  # the host's word: the hand-over the holder makes at its release (0: none)
+_LENT = 40  # the host's word: the loan its lease is under (0: a lease of its own)
 _READ_TRIES = 50  # a sequence count still odd after these: read again another time
 # A lease's times may exceed its wall time by this much (the two clocks are read apart).
 _SLACK_NS = 50_000_000
@@ -60,6 +86,52 @@ _libc.sem_init.restype = ctypes.c_int
 # arguments and no errno kept (a failure says only "not taken").
 _hot = ctypes.PyDLL(None)
 _sem_trywait, _sem_post = _hot.sem_trywait, _hot.sem_post
+_sem_getvalue = _hot.sem_getvalue
+_sem_getvalue.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+# A wait for a loan's token blocks: CDLL lets the GIL go meanwhile (the job's other threads
+# run on). The monotonic clock where the C library has sem_clockwait (glibc 2.30).
+_waiting = ctypes.CDLL(None)
+_LOAN_SLICE_NS = int(defaults.LOAN_WAIT_SLICE * 1e9)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_clockwait = getattr(_waiting, "sem_clockwait", None)
+if _clockwait is not None:
+    _clockwait.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Timespec))
+_timedwait = _waiting.sem_timedwait
+_timedwait.argtypes = (ctypes.c_void_p, ctypes.POINTER(_Timespec))
+
+
+def _wait_slice(semaphore: ctypes.c_void_p) -> bool:
+    """Wait up to LOAN_WAIT_SLICE for the semaphore; True if taken."""
+    if _clockwait is not None:
+        deadline = divmod(time.monotonic_ns() + _LOAN_SLICE_NS, 1_000_000_000)
+        return _clockwait(semaphore, time.CLOCK_MONOTONIC, _Timespec(*deadline)) == 0
+    deadline = divmod(time.time_ns() + _LOAN_SLICE_NS, 1_000_000_000)
+    return _timedwait(semaphore, _Timespec(*deadline)) == 0
+
+
+def _count(semaphore: ctypes.c_void_p) -> int:
+    value = ctypes.c_int()
+    _sem_getvalue(semaphore, ctypes.byref(value))
+    return value.value
+
+
+def _sealed_page(name: str) -> int:
+    """A page-sized memfd, close-on-exec, that no one can shrink or grow (a worker that
+    shrank it would make the host's next read a SIGBUS)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, PAGE_SIZE)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @dataclass(frozen=True)
@@ -93,12 +165,8 @@ class SharedPage:
     @classmethod
     def create(cls) -> tuple[SharedPage, int]:
         """A new page and its descriptor (close-on-exec: the host places it in the job)."""
-        fd = os.memfd_create("gq-lane", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd = _sealed_page("gq-lane")
         try:
-            os.ftruncate(fd, PAGE_SIZE)
-            # A worker that could shrink the file would make the host's next read a SIGBUS.
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
-                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             page = cls(fd)
         except BaseException:
             os.close(fd)
@@ -137,11 +205,20 @@ class SharedPage:
             if not self.try_take():
                 return
 
+    def count(self) -> int:
+        """Its semaphore's count: 0 while the job (or the host) holds the lane."""
+        return _count(self._semaphore)
+
     def want(self, wanted: bool) -> None:
         self.words[_WANT] = int(wanted)
 
     def wanted(self) -> bool:
         return self.words[_WANT] != 0
+
+    def lend(self, loan: int) -> None:
+        """Name the loan its next lease is under (0: none). Written before ``want`` is
+        cleared: a worker that reads no want reads this loan."""
+        self.words[_LENT] = loan
 
     # ----- a hand-over (gq.exec.handover) ----------------------------------------------
     def arm(self, number: int) -> None:
@@ -177,6 +254,48 @@ class SharedPage:
         words[_SEQUENCE] = sequence + 2
 
 
+class LoanPage:
+    """A loan's token: a page the host makes (``create``) and sends to the two jobs it lends
+    the lane to, and to no other (``attach``)."""
+
+    def __init__(self, fd: int):
+        self.map = mmap.mmap(fd, PAGE_SIZE)
+        self._anchor = ctypes.c_char.from_buffer(self.map)
+        self.token = ctypes.c_void_p(ctypes.addressof(self._anchor))
+
+    @classmethod
+    def create(cls) -> tuple[LoanPage, int]:
+        """A new loan's page, its token held (by the job granted the lane as the loan
+        begins), and its descriptor to send."""
+        fd = _sealed_page("gq-loan")
+        try:
+            page = cls(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _libc.sem_init(page.token, 1, 0) != 0:
+            page.close()
+            os.close(fd)
+            raise OSError(ctypes.get_errno(), "sem_init failed on a loan's page")
+        return page, fd
+
+    @classmethod
+    def attach(cls, fd: int) -> LoanPage:
+        try:
+            return cls(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        del self._anchor
+        self.map.close()
+
+    def count(self) -> int:
+        """The token's count: 1 while free, 0 while held; more only if a job gave it more
+        often than it took it."""
+        return _count(self.token)
+
+
 def implausible(seen: Figures, now: Figures, lease_base: Figures, lease_ns: int,
                 now_ns: int) -> str | None:
     """What is impossible in a worker's figures, given those read before (``seen``), those
@@ -193,7 +312,9 @@ def implausible(seen: Figures, now: Figures, lease_base: Figures, lease_ns: int,
     if iterations > lease_ns // _SHORTEST_ITERATION_NS + 1:
         return f"{iterations} iterations in a lease of {lease_ns / 1e9:.3f} s"
     gaps = now.gaps - lease_base.gaps
-    if gaps > iterations:  # a gap is counted as the iteration after it begins
+    # A gap is counted as the iteration after it begins; a lease a loan offered in a gap
+    # begins with a gap.
+    if gaps > iterations + 1:
         return f"{gaps} gaps after {iterations} iterations"
     spent = (now.attained_ns - lease_base.attained_ns) + (now.gap_ns - lease_base.gap_ns)
     if spent > lease_ns + _SLACK_NS:
@@ -223,8 +344,65 @@ class WorkerLease:
     def __init__(self, page: SharedPage):
         self.page = page
         self.active = False
+        self.loan = 0  # the loan its lease is under (0: a lease of its own)
+        self.token: ctypes.c_void_p | None = None  # that loan's token
+        self.spent = 0  # the last loan it left: never taken up again
+        self.loans: dict[int, LoanPage] = {}  # the pages of loans it has been sent
+        self.fetch: Callable[[], None] | None = None  # reads what the host has sent
         self.values = _nothing_yet()
         self._sequence = 2  # the host wrote the first
+
+    def lent(self, number: int, fd: int) -> None:
+        """A loan's page came: kept until it leaves that loan, or a later one comes."""
+        try:
+            self.loans[number] = LoanPage.attach(fd)
+        except OSError:  # not mapped: offered that loan, it asks with READY instead
+            return
+        for older in [n for n in self.loans if n < number and n != self.loan]:
+            self.loans.pop(older).close()
+
+    def _join(self, loan: int) -> bool:
+        """Take up a loan (0: a lease of its own); False if its page never came."""
+        page = self.loans.get(loan)
+        if loan and page is None:
+            return False
+        self.loan, self.token = loan, None if page is None else page.token
+        return True
+
+    def _leave(self) -> None:
+        """Its lease is over: the next acquire asks with READY."""
+        self.active = False
+        if self.loan:
+            self.spent = self.loan
+            page = self.loans.pop(self.loan, None)
+            if page is not None:
+                page.close()
+        self.loan, self.token = 0, None
+
+    def released_unleased(self, now_ns: int) -> None:
+        """A release said with a Done: a loan offered in the gap that follows counts that
+        gap from here."""
+        self.values[_SINCE] = now_ns
+
+    def _offered(self) -> bool:
+        """A loan the host has offered it in its gap (its page names one it has not left,
+        and wants nothing): its lease begins."""
+        loan = self.page.words[_LENT]
+        if not loan or loan == self.spent:
+            return False
+        if loan not in self.loans and self.fetch is not None:
+            self.fetch()  # sent before the page named it: in its socket now
+        self.active = self._join(loan)
+        return self.active
+
+    def _wait_for_token(self, token: ctypes.c_void_p) -> bool:
+        """The loan's token, while the other job holds it; False once the host wants the
+        lane back."""
+        words = self.page.words
+        while not words[_WANT]:
+            if _wait_slice(token):
+                return True
+        return False
 
     def _write(self) -> None:
         self.page.write(self._sequence, self.values)
@@ -232,27 +410,42 @@ class WorkerLease:
 
     def granted(self, leased: bool, steps: int) -> None:
         """A Go arrived: with a lease, an iteration begins that holds the lane's semaphore
-        as the host handed it over."""
-        self.active = leased
-        if leased:
-            values = self.values
-            values[_IN_ITERATION], values[_SINCE] = 1, time.monotonic_ns()
-            values[_STEPS] = values[_STEPS_AT_TAKE] = steps
-            self._write()
+        as the host handed it over (and, under a loan, the loan's token)."""
+        if not leased:
+            self._leave()
+            return
+        # Under a loan whose page did not come, it runs this iteration alone (the other job
+        # waits for a token it holds) and asks with READY next time.
+        self.active = self._join(self.page.words[_LENT])
+        values = self.values
+        values[_IN_ITERATION], values[_SINCE] = 1, time.monotonic_ns()
+        values[_STEPS] = values[_STEPS_AT_TAKE] = steps
+        self._write()
 
     def take(self, steps: int) -> bool:
         """At an acquire: the next iteration begins without asking, unless the host wants
-        the lane back (then the lease is over: ask with READY)."""
-        if not self.active:
-            return False
+        the lane back (then the lease is over: ask with READY). Under a loan, the token
+        first (waited for), then its own semaphore."""
         page = self.page
-        if page.words[_WANT] or not page.try_take():
-            self.active = False
+        if page.words[_WANT] or not (self.active or self._offered()):
+            if self.active:
+                self._leave()
+            return False
+        token, asked = self.token, 0
+        if token is not None and _sem_trywait(token) != 0:
+            asked = time.monotonic_ns()  # its gap ends here: the wait is not host-side work
+            if not self._wait_for_token(token):
+                self._leave()
+                return False
+        if not page.try_take():
+            if token is not None:
+                _sem_post(token)
+            self._leave()
             return False
         now = time.monotonic_ns()
         values = self.values
         values[_GAPS] += 1
-        values[_GAP] += max(0, now - values[_SINCE])
+        values[_GAP] += max(0, (asked or now) - values[_SINCE])
         values[_IN_ITERATION], values[_SINCE] = 1, now
         values[_STEPS] = values[_STEPS_AT_TAKE] = steps
         page.write(self._sequence, values)
@@ -274,9 +467,11 @@ class WorkerLease:
         page = self.page
         page.write(self._sequence, values)
         self._sequence += 2
+        if self.token is not None:  # the token first: a job its host finds in its gap
+            _sem_post(self.token)  # holds no token
         page.give()
         if page.words[_WANT]:
-            self.active = False
+            self._leave()
         return self.active
 
     def note_steps(self, steps: int) -> bool:
@@ -285,7 +480,7 @@ class WorkerLease:
         page); False once the host wants the lane back (the lease is over: say them in a
         message, the page is read no more)."""
         if self.page.wanted() or not self.page.try_take():
-            self.active = False
+            self._leave()
             return False
         self.values[_STEPS] = steps
         self._write()

@@ -364,6 +364,15 @@ class HandOver:
     number: Positive
 
 
+@message
+class Lent:
+    """Comes with the page of loan ``number``'s token (gq.exec.lease): the lane is lent to
+    this job and one other, from when its own page names that loan."""
+
+    op: ClassVar[str] = "lent"
+    number: Positive
+
+
 def _table(*classes: type) -> dict[str, type]:
     return {cls.op: cls for cls in classes}
 
@@ -371,8 +380,8 @@ def _table(*classes: type) -> dict[str, type]:
 TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SetPolicy, Ack, Drain, Shutdown)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
-TO_WORKER = _table(Go, Standby, HandOver)
-DESCRIPTORS = {Standby: 2, HandOver: 1}  # the descriptors these bring, in order
+TO_WORKER = _table(Go, Standby, HandOver, Lent)
+DESCRIPTORS = {Standby: 2, HandOver: 1, Lent: 1}  # the descriptors these bring, in order
 
 
 # ----- framing ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from gq.codec import MessageError
 from gq.exec import handover
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
-from gq.exec.lease import Figures, SharedPage
+from gq.exec.lease import Figures, LoanPage, SharedPage
 from gq.exec.protocol import Channel, StopWhy
 from gq.exec.spawn import JobProcess
 from gq.policies.base import JobView
@@ -228,6 +228,20 @@ class Lane:
     switches: int = 0  # grants to a job other than the last one
     armed: handover.Armed | None = None  # who takes it at its holder's release
     pipes: dict[tuple[int, int], handover.Pipe] = field(default_factory=dict)  # by job ids
+    loan: Loan | None = None  # lent to two jobs: no holder, each one's page says more
+    unlendable: frozenset[int] = frozenset()  # two jobs one of which broke a loan's rules
+
+
+@dataclass
+class Loan:
+    """The lane lent to two jobs (gq.exec.lease): they take its token from each other."""
+
+    number: int
+    page: LoanPage  # its token
+    members: tuple[Resident, Resident]
+    counted: tuple[int, int]  # each one's iterations when switches were last counted
+    silent_since: float | None = None  # token held, neither inside an iteration, since then
+    recalling: bool = False  # being ended: the lane is granted once both leases are over
 
 
 

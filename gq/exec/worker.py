@@ -40,7 +40,10 @@ class WorkerSession:
                  page: SharedPage | None = None):
         self.channel = channel
         self.lease = WorkerLease(page) if page is not None else None
-        self.handovers = WorkerHandOvers(channel, page)
+        self.handovers = WorkerHandOvers(channel, page,
+                                         None if self.lease is None else self.lease.lent)
+        if self.lease is not None:  # a loan's page comes in a message: read it when offered
+            self.lease.fetch = self.handovers.read_sent
         self.memory_cap = memory_cap  # bytes of device memory its CUDA allocations may hold
         self.lock = threading.RLock()
         self.held = False
@@ -125,6 +128,8 @@ class WorkerSession:
             # Without a lease, or asked for the lane back: the job the host chose to follow
             # is woken first, then the host hears of the release.
             self.handovers.hand_over()
+            if lease is not None:
+                lease.released_unleased(int(now * 1e9))
             self.channel.send(Done(steps, sample.persistent, sample.peak))
 
     def set_total_steps(self, total: int) -> None:

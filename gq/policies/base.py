@@ -72,6 +72,10 @@ class Policy(Protocol):
     # ended (fifo), rather than within their idle time or by its turn: admission then places
     # a job where those residents end soonest.
     waits_behind: bool
+    # Whether its pick of a lone ready job is that job: two lane-mates each of whose
+    # iterations fits in the other's gap may then share the lane first come, first served,
+    # without asking the host (gq.exec.lanes.lendable).
+    lends: bool
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         """Admission order of pending jobs, best first."""

@@ -28,6 +28,7 @@ class Priority:
     name = "priority"
     alternates = False
     waits_behind = False
+    lends = False  # a high job's gap is filled only by what fits in it (gapfit, fill)
     quantum = 0.0  # equal priorities take turns by attained time exactly
 
     def __init__(self, fill: str = "always"):
