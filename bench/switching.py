@@ -9,14 +9,15 @@ and what running under gq costs a job per iteration.
   holder waking the other job itself, or where none was armed, a DONE and a GO through the
   host). Without gaps the lane may be kept for the job that just released it (its gap is
   anticipated), so the host decides at each release; with 2.5 ms gaps (past the
-  anticipation limit) the next job is known ahead and the lane is handed over.
+  anticipation limit) no choice of the policy's is met, so the lane is lent to the two
+  (gq.exec.lease: the holder's release wakes the other on their loan's token).
 - overhead, as a new user meets it (bench/jobs/train_loop.py): a tiny forward, backward and
   optimizer step, then 1 ms or 5 ms of busy host-side work, run bare (python) and under gq
   alternately, medians of 3; overhead = loop time under gq / bare - 1, and the range of
   each gq run against the bare run before it (the machine's noise, often wider than the
   targets). "alone": one job on the node (it runs under a lease: gq.exec.lease); "shared":
   two such jobs at once on one lane under `fair`, each against its bare twin run beside
-  the other. (Under `fifo` the earlier job holds the lane until it ends, even in its gaps,
+  the other (each one's iteration fits in the other's gap: the lane is lent to them). (Under `fifo` the earlier job holds the lane until it ends, even in its gaps,
   so the figure would be the second job's wait, not the cost of sharing.)
 - the machine's floor: one process waking another over a socket pair and back (what a
   switch through the host does twice, and a hand-over once), with the two on
@@ -174,7 +175,7 @@ def main() -> None:
           f"(target <= 50: {_verdict(switch['p50_us'] <= 50)}), p99 {switch['p99_us']:.0f} us "
           f"(target <= 150: {_verdict(switch['p99_us'] <= 150)})")
     gapped = result["switch_with_gaps"]
-    print(f"switch latency, 3 ms iterations with 2.5 ms gaps (hand-overs), over "
+    print(f"switch latency, 3 ms iterations with 2.5 ms gaps (a lent lane), over "
           f"{gapped['count']} switches: p50 {gapped['p50_us']:.0f} us, p99 "
           f"{gapped['p99_us']:.0f} us")
     for where, floor in result["round_trip_floor"].items():

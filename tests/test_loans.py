@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import socket
 import threading
 import time
 from pathlib import Path
@@ -13,11 +15,17 @@ from pathlib import Path
 import pytest
 from conftest import gq_ok, job, submit, wait_for, wait_state, write_script
 from test_hardening import host_process
+from test_lease import OTHER
 from test_monitoring import free_port, scrape, value
 
 from gq import defaults, policies
+from gq.exec import lease as lease_module
+from gq.exec.host import Host
 from gq.exec.lanes import lendable
 from gq.exec.lease import LoanPage, SharedPage, WorkerLease
+from gq.exec.protocol import (FROM_WORKER, Channel, Done, Go, Lent, Ready, Suspend,
+                              WorkerChannel, encode)
+from gq.exec.residents import Resident
 from gq.policies.base import JobView
 
 
@@ -26,20 +34,26 @@ def _job(job_id: int, iteration: float | None, gap: float | None) -> JobView:
     return JobView(id=job_id, mean_iteration=iteration, mean_gap=gap, released_at=0.0)
 
 
-@pytest.mark.parametrize("first, second, lent", [
-    ((0.0004, 0.001), (0.0004, 0.001), True),  # each iteration fits in the other's gap
-    ((0.003, 0.0025), (0.003, 0.0025), True),  # gaps too long to keep the lane for
-    ((0.0015, 0.001), (0.0004, 0.001), False),  # the first does not fit in a kept gap
-    ((0.0004, 0.0001), (0.0004, 0.001), False),  # a tight loop: the lane is kept for it
-    ((None, 0.01), (0.001, 0.01), False),  # not measured yet
-    ((0.001, None), (0.001, 0.01), False),
+@pytest.mark.parametrize("first, second, fair, others", [
+    ((0.003, 0.0025), (0.003, 0.0025), True, True),  # gaps too long to keep the lane for
+    ((0.0004, 0.001), (0.0004, 0.001), True, False),  # short gaps each iteration fits in
+    ((0.001, 0.001), (0.001, 0.0015), True, False),  # srtf would keep the lane for one
+    ((0.001, 0.003), (0.0005, 0.001), True, False),  # one gap kept, the other not
+    ((0.0015, 0.001), (0.0004, 0.001), False, False),  # the first does not fit in a kept gap
+    ((0.0004, 0.0001), (0.0004, 0.001), False, False),  # a tight loop: the lane is kept for it
+    ((None, 0.01), (0.001, 0.01), False, False),  # not measured yet
+    ((0.001, None), (0.001, 0.01), False, False),
 ])
-def test_two_jobs_are_lent_their_lane_only_where_no_choice_of_the_policy_is_met(first, second,
-                                                                                 lent):
+def test_two_jobs_are_lent_their_lane_only_where_no_choice_of_the_policy_is_met(
+        first, second, fair, others):
+    """Where no gap is short enough to keep the lane for, every lending policy's choice is
+    whoever asks; where one is, only fair (whose shares even out a job asking late in the
+    other's gap) is lent it, and only where each iteration fits in the other's gap."""
     a, b = _job(1, *first), _job(2, *second)
     for name in ("fair", "srtf", "rr", "deadline"):
-        assert lendable(policies.make(name), a, b) is lent, name
-        assert lendable(policies.make(name), b, a) is lent, name
+        expected = fair if name == "fair" else others
+        assert lendable(policies.make(name), a, b) is expected, name
+        assert lendable(policies.make(name), b, a) is expected, name
 
 
 def test_fifo_and_priority_never_lend_a_lane():
@@ -126,6 +140,63 @@ def test_a_job_waiting_for_the_token_stops_when_the_host_wants_the_lane_back():
     assert a.take(3) and a.loan == 2 and second.count() == 0  # a takes up the new offer
 
 
+def test_a_job_whose_loan_ended_in_its_gap_unseen_takes_the_next_loan_s_token():
+    """The host ends a loan while a job is in its gap (it takes the job's semaphore; the job
+    reads nothing) and then lends the lane again: the job's next acquire is under the new
+    loan, whose token the other job holds, not the old one's."""
+    (page_a, a), (page_b, b) = mine = _pages()
+    b.released_unleased(time.monotonic_ns())
+    first = _lend(1, *mine)
+    a.granted(True, 0)
+    assert a.release(1, None, None)
+    assert b.take(1) and b.release(1, None, None) and b.active and b.loan == 1
+    for page in (page_a, page_b):  # the recall: both in their gaps
+        page.want(True)
+        assert page.try_take()
+    second = _lend(2, (page_a, a), (page_b, b))
+    a.granted(True, 2)  # a holds the new loan's token
+    took = []
+    waiter = threading.Thread(target=lambda: took.append(b.take(2)))
+    waiter.start()
+    time.sleep(0.05)
+    assert not took, "it took the lane on the ended loan's token"
+    assert first.count() == 1 and second.count() == 0
+    assert a.release(2, None, None)
+    waiter.join(2)
+    assert took == [True] and b.loan == 2 and b.spent == 1 and second.count() == 0
+
+
+def test_a_job_waiting_on_an_ended_loan_s_token_moves_to_the_next_loan():
+    """The host ends the loan and lends the lane anew while a job waits for the token (one
+    holding the old token in its gap, then asking, does exactly that): the waiting job
+    takes the new loan's token, not the old one's, which is never given back."""
+    (page_a, a), (page_b, b) = mine = _pages()
+    b.released_unleased(time.monotonic_ns())
+    _lend(1, *mine)
+    a.granted(True, 0)  # holds token 1 and never gives it
+    took = []
+    waiter = threading.Thread(target=lambda: took.append(b.take(1)))
+    waiter.start()
+    time.sleep(0.02)
+    page_b.want(True)  # the recall (b in its gap: its semaphore taken) ...
+    assert page_b.try_take()
+    second = _lend(2, *mine)  # ... and a new loan within one wait, b its mate again
+    time.sleep(0.02)
+    assert not took  # it waits for the new token now, which a holds
+    lease_module._sem_post(second.token)  # a's release under the new loan
+    waiter.join(2)
+    assert took == [True] and b.loan == 2 and b.spent == 1 and second.count() == 0
+
+
+def test_steps_counted_between_iterations_under_a_loan_go_in_a_message():
+    """Its own semaphore taken outside an iteration would tell the host it is inside one."""
+    (page_a, a), (page_b, b) = mine = _pages()
+    _lend(1, *mine)
+    a.granted(True, 0)
+    assert a.release(1, None, None) and page_a.count() == 1
+    assert not a.note_steps(5) and a.active and page_a.count() == 1
+
+
 def test_a_loan_whose_page_never_came_is_not_taken_up():
     (page_a, a), (page_b, b) = mine = _pages()
     _lend(1, *mine, send_to_mate=False)
@@ -147,6 +218,115 @@ def test_a_lease_offered_in_a_gap_begins_with_a_gap_which_is_plausible():
     assert implausible(base, now, base, lease_ns=10 ** 9, now_ns=10) is None
     assert "gaps after" in implausible(base, Figures(iterations=4, gaps=6), base,
                                        lease_ns=10 ** 9, now_ns=10)
+
+
+# ----- a real host, workers driven by hand ----------------------------------------------
+class _Lane:
+    """A Host on the cpu with one lane under fair, and jobs whose workers the test drives:
+    each a Resident with a page and a socket pair, and its worker's lease and channel."""
+
+    def __init__(self):
+        self.host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
+        self.host.policy = policies.make("fair")
+        self.host._stop_processes = lambda job, stop: setattr(job, "frozen", stop)
+        self.lane = self.host.lanes[0]
+        self.workers: dict[int, tuple[WorkerLease, WorkerChannel]] = {}
+
+    def job(self, job_id: int) -> Resident:
+        page, fd = SharedPage.create()
+        lease = WorkerLease(SharedPage.attach(fd))
+        host_end, worker_end = socket.socketpair()
+        host_end.setblocking(False)
+        worker_end.setblocking(False)
+        resident = Resident(job_id=job_id, run=1, user=f"u{job_id}", priority=0,
+                            submit_time=job_id, declared_total=None, lane=0, process=None,
+                            channel=Channel(host_end, FROM_WORKER, chunk=defaults.WORKER_READ),
+                            started_at=time.monotonic(), started_wall=time.time(), page=page)
+        # Measured: 1 ms iterations between 10 ms gaps (too long to keep the lane for).
+        resident.iterations, resident.attained, resident.first_iteration = 3, 0.003, 0.001
+        resident.gaps, resident.gap_total = 2, 0.02
+        resident.released_at = time.monotonic()
+        lease.released_unleased(time.monotonic_ns())
+        channel = WorkerChannel(worker_end)
+        lease.fetch = lambda: self.received(job_id)
+        self.host.residents[job_id] = resident
+        self.lane.residents.append(resident)
+        self.workers[job_id] = (lease, channel)
+        return resident
+
+    def say(self, resident: Resident, message) -> None:
+        self.workers[resident.job_id][1].sock.sendall(encode(message))
+        select.select([resident.channel.sock], [], [], 1)
+        self.host._from_worker(resident)
+
+    def received(self, job_id: int) -> list:
+        """What the host sent the job's worker (a loan's page goes to its lease)."""
+        lease, channel = self.workers[job_id]
+        got = []
+        while True:
+            try:
+                channel.fill(socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass
+            message = channel.next_buffered()
+            if message is None:
+                return got
+            if isinstance(message[0], Lent):
+                lease.lent(message[0].number, message[1][0])
+            else:
+                got.append(message[0])
+
+
+def test_a_loan_whose_token_was_given_twice_frees_the_lane_only_when_both_are_out():
+    """A job that gave the token back more often than it took it lets both jobs inside an
+    iteration at once: a third job that asks then waits until both have ended theirs, and
+    a suspend of the one that is not the lane's holder neither stalls it nor the lane."""
+    lane = _Lane()
+    first, second = lane.job(1), lane.job(2)
+    a, b = lane.workers[1][0], lane.workers[2][0]
+    lane.say(first, Ready())
+    go = lane.received(1)[-1]
+    a.granted(go.lease, 0)
+    assert lane.lane.loan is not None and a.loan == lane.lane.loan.number
+    lease_module._sem_post(a.token)  # the misdeed: the token given without being taken
+    assert b.take(0)  # both inside an iteration now
+    third = lane.job(3)
+    third.iterations = third.gaps = 0
+    lane.say(third, Ready())  # the loan ends: both are found inside
+    assert lane.lane.loan is None and first.closing and second.closing
+    assert lane.lane.holder is first and third.state == "ready"
+    lane.host._on_suspend(Suspend(job=2, suspended=True))  # the one not holding the lane
+    assert second.state == "ready" and second.thaw_on_grant
+    assert not a.release(1, None, None)  # it sees the host wants the lane back
+    lane.say(first, Done(1))
+    assert lane.lane.holder is third and third.state == "running"  # granted now, with a Go
+    assert any(isinstance(m, Go) for m in lane.received(3))
+    lane.say(third, Done(1))
+    lane.host._on_suspend(Suspend(job=2, suspended=False))  # resumed inside its iteration:
+    assert lane.lane.holder is second and not second.frozen  # it goes on with the lane
+    assert not b.release(1, None, None)
+    lane.say(second, Done(1))
+    assert lane.lane.holder is None and second.state == "idle" and second.iterations == 4
+
+
+def test_a_third_job_waits_while_both_of_a_loan_s_jobs_are_inside_an_iteration():
+    lane = _Lane()
+    first, second = lane.job(1), lane.job(2)
+    a, b = lane.workers[1][0], lane.workers[2][0]
+    lane.say(first, Ready())
+    a.granted(lane.received(1)[-1].lease, 0)
+    lease_module._sem_post(a.token)
+    assert b.take(0)
+    third = lane.job(3)
+    third.iterations = third.gaps = 0
+    lane.say(third, Ready())
+    assert not a.release(1, None, None)
+    lane.say(first, Done(1))
+    assert third.state == "ready" and lane.lane.holder is None  # the second is still inside
+    assert not any(isinstance(m, Go) for m in lane.received(3))
+    assert not b.release(1, None, None)
+    lane.say(second, Done(1))
+    assert third.state == "running" and lane.lane.holder is third
 
 
 # ----- with a daemon, a host and workers ----------------------------------------------
@@ -199,21 +379,6 @@ for i in gq.steps(items()):
                           "loan": lease.loan}) + "\\n")
 '''
 
-MARKED = '''
-import json, time
-import gq
-
-for i in gq.steps(range(20)):
-    if i == 0:
-        with open("c.started", "w") as mark:
-            mark.write(json.dumps(time.monotonic()))
-    time.sleep(0.005)
-    if i == 19:
-        with open("c.ended", "w") as mark:
-            mark.write(json.dumps(time.monotonic()))
-'''
-
-
 def _iterations(path: Path) -> list[dict]:
     text = path.read_text() if path.exists() else ""
     return [line for line in map(json.loads, text.splitlines()) if "i" in line]
@@ -262,10 +427,10 @@ def test_a_third_job_that_asks_ends_the_loan_and_the_two_are_lent_the_lane_again
     _start_pair(tmp_path, 700)
     wait_for(lambda: all(any(line["loan"] for line in _iterations(tmp_path / f"{n}.jsonl"))
                          for n in "ab"), 60, what="the lane lent to both jobs")
-    third = submit(str(write_script(tmp_path / "c.py", MARKED)))
-    assert wait_state(third, "COMPLETED", timeout=60)["steps_done"] == 20
-    started = json.loads((tmp_path / "c.started").read_text())
-    ended = json.loads((tmp_path / "c.ended").read_text())
+    third = submit(str(write_script(tmp_path / "c.py", OTHER)))  # marks b.started, b.ended
+    assert wait_state(third, "COMPLETED", timeout=60)["steps_done"] == 30
+    started = json.loads((tmp_path / "b.started").read_text())
+    ended = json.loads((tmp_path / "b.ended").read_text())
     wait_for(lambda: all(any(line["begin"] > ended and line["loan"]
                              for line in _iterations(tmp_path / f"{n}.jsonl")) for n in "ab"),
              60, what="the lane lent to the two again")

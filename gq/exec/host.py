@@ -270,9 +270,12 @@ class Host:
         if message.suspended:
             resident.closing = False  # an iteration it is inside is measured by the host now
             resident.suspended, resident.suspended_at = True, now
-            if lane.holder is resident:  # inside an iteration: the lane goes to others
+            # Inside an iteration (the holder, or a loan's job found inside one beside it):
+            # the lane goes to others.
+            if lane.holder is resident or resident.state == "running":
                 resident.attained += max(0.0, now - resident.granted_at)
-                lane.holder = None
+                if lane.holder is resident:
+                    lane.holder = None
                 resident.state, resident.thaw_on_grant = "ready", True
             self._stop_processes(resident, True)
             log.info("job %d suspended", resident.job_id)
@@ -559,6 +562,9 @@ class Host:
                 self._recall(lane)
             if lane.loan is not None:
                 return
+        if lane.holder is None and any(r.closing and r.state == "running"
+                                       for r in lane.residents):
+            return  # both of a loan's jobs were inside an iteration (its token given twice)
         holder = lane.holder
         if holder is not None and not holder.leased:
             self._prepare_handover(lane, holder)
@@ -884,12 +890,14 @@ class Host:
         loan = lane.loan
         assert loan is not None
         loan.recalling = True
-        for member in loan.members:
-            if member.leased:
-                self._take_lease_back(member)
-        self._count_switches(lane, loan)
-        lane.loan = None
-        loan.page.close()
+        try:
+            for member in loan.members:
+                if member.leased:
+                    self._take_lease_back(member)
+            self._count_switches(lane, loan)
+        finally:  # whatever failed, the lane is granted again
+            lane.loan, lane.last_job = None, None  # who iterated last under it is unknown
+            loan.page.close()
 
     def _end_lease(self, resident: Resident) -> None:
         """The host wants the lane back: the job's lease ends, and under a loan the

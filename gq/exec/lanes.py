@@ -17,15 +17,15 @@ While a job holds the lane, :func:`hand_over` says ahead which job the lane goes
 release, where that does not depend on how long the holder's iteration lasts: the host arms
 a hand-over on that (gq.exec.handover), so that the holder wakes that job itself.
 
-Two lane-mates each of whose measured iterations fits in the other's measured gap never
-meet this rule's choices: whoever asks for the free lane is granted it (the lane is not
-kept for the other, which is expected back only after that iteration, or whose gaps are too
-long to keep it for), and at a release the one waiting is the only ready job. Under a policy
-whose pick of a lone ready job is that job, the host then **lends** them the lane
-(:func:`lendable`): they take it from each other first come, first served, without asking
-(gq.exec.lease). The one approximation: a job that asks late in the other's gap may end its
-iteration after the other is back, which then waits for it (at most one iteration, which
-fits in one gap) where this rule would have kept the lane free for it.
+Two lane-mates whose gaps are both too long to keep the lane for never meet this rule's
+choices: whoever asks for the free lane is granted it, and at a release the one waiting is
+the only ready job. Under a policy whose pick of a lone ready job is that job, the host
+then **lends** them the lane (:func:`lendable`): they take it from each other first come,
+first served, without asking (gq.exec.lease). Under fair, which shares by attained time, it
+lends it also where a gap is short but each one's iteration fits in the other's gap: the one
+approximation, that a job asking late in the other's gap may end its iteration after the
+other is back, which then waits for it (one iteration, which fits in a gap) where this rule
+would have kept the lane free for it, is evened out by the shares.
 """
 
 from __future__ import annotations
@@ -85,16 +85,23 @@ def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
 
 def lendable(policy: Policy, first: JobView, second: JobView) -> bool:
     """Whether a lane whose only jobs are these two may be lent to them: the policy picks
-    any lone ready job, and each one's iteration fits in the other's gap (or the other's
-    gaps are too long for the lane to be kept for it), as measured."""
-    return policy.lends and _fills(first, second) and _fills(second, first)
-
-
-def _fills(job: JobView, mate: JobView) -> bool:
-    """Whether ``job`` asking for the lane in ``mate``'s gap is granted it by
-    :func:`next_step` whatever the policy prefers (asked at the gap's start)."""
-    if job.mean_iteration is None or mate.mean_gap is None:
+    any lone ready job, and no lane is ever kept for either (both gaps too long to keep it
+    for, as measured). A policy that shares by attained time (fair) is lent it also where
+    a gap is short but the other's iteration fits in it: there a job that asks late in the
+    other's gap may make it wait one iteration, which the shares even out; srtf, rr and
+    deadline, which keep one job's precedence, are lent it only where that never happens."""
+    if not policy.lends or None in (first.mean_iteration, second.mean_iteration,
+                                     first.mean_gap, second.mean_gap):
         return False
+    if anticipation_window(first.mean_gap) is None \
+            and anticipation_window(second.mean_gap) is None:
+        return True
+    return policy.alternates and _fits(first, second) and _fits(second, first)
+
+
+def _fits(job: JobView, mate: JobView) -> bool:
+    """Whether ``job``, asking for the lane at the start of ``mate``'s gap, is granted it by
+    :func:`next_step` whatever the policy prefers."""
     return anticipation_window(mate.mean_gap) is None or job.mean_iteration <= mate.mean_gap
 
 

@@ -151,21 +151,22 @@ class Figures:
     steps_at_take: int = 0  # the step count when its last leased iteration began
 
 
-class SharedPage:
-    """One worker's page, mapped by the host (``create``) and by the worker (``attach``)."""
+class _Page:
+    """A sealed page-sized memfd, mapped here, with a process-shared semaphore at its
+    start, held as it is made."""
+
+    _name = ""
 
     def __init__(self, fd: int):
         self.map = mmap.mmap(fd, PAGE_SIZE)
         self._anchor = ctypes.c_char.from_buffer(self.map)  # pins the map for the address
         self._semaphore = ctypes.c_void_p(ctypes.addressof(self._anchor) + _SEMAPHORE)
-        # Read and written a word at a time: a word's store is one machine store, and costs
-        # no packing on every iteration's path.
-        self.words = memoryview(self.map).cast("q")
 
     @classmethod
-    def create(cls) -> tuple[SharedPage, int]:
-        """A new page and its descriptor (close-on-exec: the host places it in the job)."""
-        fd = _sealed_page("gq-lane")
+    def create(cls):
+        """A new page and its descriptor (close-on-exec: the host places it in the job, or
+        sends it)."""
+        fd = _sealed_page(cls._name)
         try:
             page = cls(fd)
         except BaseException:
@@ -174,12 +175,11 @@ class SharedPage:
         if _libc.sem_init(page._semaphore, 1, 0) != 0:
             page.close()
             os.close(fd)
-            raise OSError(ctypes.get_errno(), "sem_init failed on a lane page")
-        page.write(0, _nothing_yet())  # a fresh page's zeros would read as memory measured
+            raise OSError(ctypes.get_errno(), f"sem_init failed on a {cls._name} page")
         return page, fd
 
     @classmethod
-    def attach(cls, fd: int) -> SharedPage:
+    def attach(cls, fd: int):
         """The worker's mapping of the page its host made; the descriptor is closed."""
         try:
             return cls(fd)
@@ -187,9 +187,34 @@ class SharedPage:
             os.close(fd)
 
     def close(self) -> None:
-        self.words.release()
         del self._anchor
         self.map.close()
+
+    def count(self) -> int:
+        """Its semaphore's count: 0 while held."""
+        return _count(self._semaphore)
+
+
+class SharedPage(_Page):
+    """One worker's page, mapped by the host (``create``) and by the worker (``attach``)."""
+
+    _name = "gq-lane"
+
+    def __init__(self, fd: int):
+        super().__init__(fd)
+        # Read and written a word at a time: a word's store is one machine store, and costs
+        # no packing on every iteration's path.
+        self.words = memoryview(self.map).cast("q")
+
+    @classmethod
+    def create(cls) -> tuple[SharedPage, int]:
+        page, fd = super().create()
+        page.write(0, _nothing_yet())  # a fresh page's zeros would read as memory measured
+        return page, fd
+
+    def close(self) -> None:
+        self.words.release()
+        super().close()
 
     # ----- the lane ------------------------------------------------------------------
     def try_take(self) -> bool:
@@ -204,10 +229,6 @@ class SharedPage:
         for _ in range(64):  # a worker may post any number; the host never loops for ever
             if not self.try_take():
                 return
-
-    def count(self) -> int:
-        """Its semaphore's count: 0 while the job (or the host) holds the lane."""
-        return _count(self._semaphore)
 
     def want(self, wanted: bool) -> None:
         self.words[_WANT] = int(wanted)
@@ -254,46 +275,17 @@ class SharedPage:
         words[_SEQUENCE] = sequence + 2
 
 
-class LoanPage:
-    """A loan's token: a page the host makes (``create``) and sends to the two jobs it lends
-    the lane to, and to no other (``attach``)."""
+class LoanPage(_Page):
+    """A loan's token: a page the host makes (``create``; the token held, by the job granted
+    the lane as the loan begins) and sends to the two jobs it lends the lane to, and to no
+    other (``attach``). Its count is 1 while free, 0 while held; more only if a job gave it
+    more often than it took it."""
 
-    def __init__(self, fd: int):
-        self.map = mmap.mmap(fd, PAGE_SIZE)
-        self._anchor = ctypes.c_char.from_buffer(self.map)
-        self.token = ctypes.c_void_p(ctypes.addressof(self._anchor))
+    _name = "gq-loan"
 
-    @classmethod
-    def create(cls) -> tuple[LoanPage, int]:
-        """A new loan's page, its token held (by the job granted the lane as the loan
-        begins), and its descriptor to send."""
-        fd = _sealed_page("gq-loan")
-        try:
-            page = cls(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        if _libc.sem_init(page.token, 1, 0) != 0:
-            page.close()
-            os.close(fd)
-            raise OSError(ctypes.get_errno(), "sem_init failed on a loan's page")
-        return page, fd
-
-    @classmethod
-    def attach(cls, fd: int) -> LoanPage:
-        try:
-            return cls(fd)
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        del self._anchor
-        self.map.close()
-
-    def count(self) -> int:
-        """The token's count: 1 while free, 0 while held; more only if a job gave it more
-        often than it took it."""
-        return _count(self.token)
+    @property
+    def token(self) -> ctypes.c_void_p:
+        return self._semaphore
 
 
 def implausible(seen: Figures, now: Figures, lease_base: Figures, lease_ns: int,
@@ -397,9 +389,9 @@ class WorkerLease:
 
     def _wait_for_token(self, token: ctypes.c_void_p) -> bool:
         """The loan's token, while the other job holds it; False once the host wants the
-        lane back."""
+        lane back or has lent it anew (its page names another loan)."""
         words = self.page.words
-        while not words[_WANT]:
+        while not words[_WANT] and words[_LENT] == self.loan:
             if _wait_slice(token):
                 return True
         return False
@@ -427,16 +419,24 @@ class WorkerLease:
         the lane back (then the lease is over: ask with READY). Under a loan, the token
         first (waited for), then its own semaphore."""
         page = self.page
-        if page.words[_WANT] or not (self.active or self._offered()):
-            if self.active:
-                self._leave()
-            return False
-        token, asked = self.token, 0
-        if token is not None and _sem_trywait(token) != 0:
-            asked = time.monotonic_ns()  # its gap ends here: the wait is not host-side work
-            if not self._wait_for_token(token):
-                self._leave()
+        words = page.words
+        asked = 0
+        while True:
+            if words[_WANT]:
+                if self.active:
+                    self._leave()
                 return False
+            if self.active and words[_LENT] != self.loan:
+                self._leave()  # its lease ended in its gap, unseen, and another is offered
+            if not (self.active or self._offered()):
+                return False
+            token = self.token
+            if token is None or _sem_trywait(token) == 0:
+                break
+            asked = asked or time.monotonic_ns()  # its gap ends here: waiting is no work
+            if self._wait_for_token(token):
+                break
+            self._leave()  # wanted back, or lent anew while it waited: look again
         if not page.try_take():
             if token is not None:
                 _sem_post(token)
@@ -478,7 +478,10 @@ class WorkerLease:
         """Steps counted outside an iteration (a loop that runs released), on the page
         while the lease holds, written holding the lane (the host takes it to read a final
         page); False once the host wants the lane back (the lease is over: say them in a
-        message, the page is read no more)."""
+        message, the page is read no more). Under a loan they go in a message too: its own
+        semaphore taken outside an iteration would tell the host it is inside one."""
+        if self.loan:
+            return False
         if self.page.wanted() or not self.page.try_take():
             self._leave()
             return False

@@ -72,9 +72,9 @@ class Policy(Protocol):
     # ended (fifo), rather than within their idle time or by its turn: admission then places
     # a job where those residents end soonest.
     waits_behind: bool
-    # Whether its pick of a lone ready job is that job: two lane-mates each of whose
-    # iterations fits in the other's gap may then share the lane first come, first served,
-    # without asking the host (gq.exec.lanes.lendable).
+    # Whether its pick of a lone ready job is that job: two lane-mates the lane is never kept
+    # for may then share it first come, first served, without asking the host
+    # (gq.exec.lanes.lendable).
     lends: bool
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
