@@ -126,6 +126,9 @@ LOAN_WAIT_SLICE = 0.005
 # The lane's token held this long while neither job says it is inside an iteration: one of
 # them broke the protocol, and the two take turns through the host from then on.
 LOAN_SILENT_LIMIT = 0.5
+# A job offered a loan in its gap: its lease begins at its release as its page says, read
+# this much before the host read its Done at most (a busy host reads one late).
+LOAN_OFFER_REACH = 2.0
 
 # Memory safety
 PROBE_MEMORY = 1 << 30  # bytes a job that declares no memory needs free to start (--probe-mem)

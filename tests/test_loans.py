@@ -82,10 +82,10 @@ def _lend(number: int, holder, mate, send_to_mate: bool = True) -> LoanPage:
         if inside or send_to_mate:
             worker.lent(number, os.dup(fd))
         page.drain()
-        if not inside:
-            page.give()
         page.lend(number)
         page.want(False)
+        if not inside:
+            page.give()
     os.close(fd)
     return loan
 
@@ -197,6 +197,51 @@ def test_steps_counted_between_iterations_under_a_loan_go_in_a_message():
     assert not a.note_steps(5) and a.active and page_a.count() == 1
 
 
+def test_a_job_that_read_its_page_before_a_recall_and_a_new_loan_takes_the_new_token():
+    """A job reads its page (nothing wanted, loan 1), then is held up before it takes its
+    semaphore; meanwhile the host ends loan 1 and lends the lane anew (loan 2, whose token
+    the other job holds), giving its semaphore back for loan 2. It finds that out once it
+    holds its semaphore, and waits for loan 2's token instead of running on loan 1's."""
+    (page_a, a), (page_b, b) = mine = _pages()
+    b.released_unleased(time.monotonic_ns())
+    first = _lend(1, *mine)
+    a.granted(True, 0)
+    assert a.release(1, None, None) and b.take(1) and b.release(1, None, None)
+    assert a.take(2) and a.release(2, None, None)  # token 1 free, both in their gaps
+    host_turn = []
+    real_take = b.page.try_take
+
+    def held_up() -> bool:
+        if not host_turn:  # what the host does while this job is held up
+            for page in (page_a, page_b):
+                page.want(True)
+                assert page.try_take()
+            host_turn.append(_lend(2, *mine))
+            a.granted(True, 3)  # a holds loan 2's token
+        return real_take()
+
+    b.page.try_take = held_up
+    took = []
+    waiter = threading.Thread(target=lambda: took.append(b.take(2)))
+    waiter.start()
+    time.sleep(0.05)
+    assert not took and page_b.count() == 1, "it ran on the ended loan's token"
+    assert first.count() == 1  # given back
+    assert a.release(3, None, None)
+    waiter.join(2)
+    assert took == [True] and b.loan == 2 and host_turn[0].count() == 0
+
+
+def test_a_loan_page_sent_again_under_its_number_replaces_the_one_kept():
+    (_, a), _ = _pages()
+    old, old_fd = LoanPage.create()
+    a.lent(7, old_fd)
+    kept = a.loans[7]
+    new, new_fd = LoanPage.create()
+    a.lent(7, new_fd)
+    assert a.loans[7] is not kept and kept.map.closed
+
+
 def test_a_loan_whose_page_never_came_is_not_taken_up():
     (page_a, a), (page_b, b) = mine = _pages()
     _lend(1, *mine, send_to_mate=False)
@@ -229,6 +274,8 @@ class _Lane:
         self.host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
         self.host.policy = policies.make("fair")
         self.host._stop_processes = lambda job, stop: setattr(job, "frozen", stop)
+        self.killed: list[tuple[int, object]] = []  # no processes here: kills are noted
+        self.host._kill = lambda job, why, grace=0.0: self.killed.append((job.job_id, why))
         self.lane = self.host.lanes[0]
         self.workers: dict[int, tuple[WorkerLease, WorkerChannel]] = {}
 
@@ -307,6 +354,61 @@ def test_a_loan_whose_token_was_given_twice_frees_the_lane_only_when_both_are_ou
     assert not b.release(1, None, None)
     lane.say(second, Done(1))
     assert lane.lane.holder is None and second.state == "idle" and second.iterations == 4
+
+
+def test_a_job_offered_a_loan_after_its_done_was_read_late_keeps_its_job():
+    """Its lease's first gap runs from its release as its page says, not from when the
+    host read the Done that said so."""
+    lane = _Lane()
+    first, second = lane.job(1), lane.job(2)
+    a, b = lane.workers[1][0], lane.workers[2][0]
+    b.released_unleased(time.monotonic_ns())
+    time.sleep(0.12)
+    second.released_at = time.monotonic()  # the host read its Done 120 ms late
+    lane.say(first, Ready())
+    a.granted(lane.received(1)[-1].lease, 0)
+    assert lane.lane.loan is not None
+    assert a.release(1, None, None) and b.take(1)
+    lane.host._schedule(lane.lane)  # the host reads both pages
+    assert not lane.killed and lane.lane.loan is not None
+
+
+def test_a_loan_number_is_never_used_twice():
+    """A loan whose page could not be sent to both is not made, and its number is not made
+    again: the job that got its page keeps it, and must not take its token later."""
+    lane = _Lane()
+    first, second = lane.job(1), lane.job(2)
+    a = lane.workers[1][0]
+    lane.workers[2][1].sock.close()  # its worker is gone: the page cannot reach it
+    lane.say(first, Ready())
+    assert lane.lane.loan is None and lane.lane.holder is first
+    lane.received(1)
+    assert set(a.loans) == {1}
+    a.granted(False, 0)
+    lane.host._drop_channel(second)
+    third = lane.job(3)
+    lane.say(first, Done(1))
+    lane.say(first, Ready())
+    a.granted(lane.received(1)[-1].lease, 1)
+    assert lane.lane.loan is not None and lane.lane.loan.number == 2 == a.loan
+    assert third.leased
+
+
+def test_a_semaphore_written_over_ends_the_loan():
+    """A count no sem_post could make (a job wrote over the token, or over its own
+    semaphore to hide that it holds the token) breaks the loan's rules."""
+    for target in ("token", "own"):
+        lane = _Lane()
+        first = lane.job(1)
+        lane.job(2)
+        a = lane.workers[1][0]
+        lane.say(first, Ready())
+        a.granted(lane.received(1)[-1].lease, 0)
+        assert lane.lane.loan is not None
+        written = a.loans[a.loan].map if target == "token" else a.page.map
+        written[0:4] = b"\xff\xff\xff\xff"
+        lane.host._schedule(lane.lane)
+        assert lane.lane.loan is None and lane.lane.unlendable == {1, 2}, target
 
 
 def test_a_third_job_waits_while_both_of_a_loan_s_jobs_are_inside_an_iteration():
@@ -466,11 +568,16 @@ def test_a_job_placed_on_a_lent_lane_is_sent_nothing_of_the_loan(daemon, tmp_pat
     _start_pair(tmp_path, 700)
     wait_for(lambda: all(any(line["loan"] for line in _iterations(tmp_path / f"{n}.jsonl"))
                          for n in "ab"), 60, what="the lane lent to both jobs")
+    loan = _iterations(tmp_path / "a.jsonl")[-1]["loan"]
     third = submit("--gpu-mem", "256M", str(write_script(tmp_path / "c.py", LOOKS)))
     assert wait_state(third, "COMPLETED", timeout=60)["exit_code"] == 0
     assert (tmp_path / "looked").read_text() == "[]"
-    a = _iterations(tmp_path / "a.jsonl")
-    assert a[-1]["loan"]  # the loan stood meanwhile
+    looked = os.stat(tmp_path / "looked").st_mtime_ns / 1e9 - time.time() + time.monotonic()
+    # The loan it looked during, still on after it looked (the same number: never made
+    # twice), so it was there to find.
+    wait_for(lambda: any(line["loan"] == loan and line["begin"] > looked
+                         for line in _iterations(tmp_path / "a.jsonl")), 30,
+             what="an iteration under the same loan after the third job looked")
 
 
 @pytest.mark.parametrize("misdeed, problem", [

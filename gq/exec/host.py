@@ -806,7 +806,9 @@ class Host:
             log.warning("lane %d: no page for a loan (%s); its jobs take turns through the "
                         "host", lane.index, exc)
             return False
-        number = self._loans_made + 1
+        # A number is never used twice: a job sent a loan's page it was never lent under
+        # keeps it, and must not take that page's token for a later loan's.
+        self._loans_made = number = self._loans_made + 1
         try:
             sent = all(m.channel.send_with_descriptors(wire.Lent(number), [fd])
                        for m in members)
@@ -815,19 +817,17 @@ class Host:
         if not sent:
             tokens.close()
             return False
-        self._loans_made = number
         now = time.monotonic()
         for member, seen, inside in zip(members, figures, (True, False)):
             member.handover_messages += 1
             page = member.page
             page.drain()
-            if not inside:  # in its gap: its own semaphore is there to take
-                page.give()
             page.lend(number)
             page.want(False)
-            # The mate's lease covers the gap it is in: its page counts it from its release.
+            if not inside:  # in its gap: its own semaphore is there to take, once the loan
+                page.give()  # is named (a job that takes it reads the loan after)
             member.leased = True
-            member.lease_started = now if inside else min(now, member.released_at or now)
+            member.lease_started = now if inside else _offered_from(member, seen, now)
             member.lease_base = member.page_seen = seen
             member.lease_in_iteration, member.page_unread = inside, None
         mate.state = "running"  # its page says when it is inside an iteration
@@ -858,10 +858,12 @@ class Host:
         lent the lane with the other again."""
         now = time.monotonic()
         count = loan.page.count()
+        own = [m.page.count() for m in loan.members if m.page is not None]
         if count > 1:
             problem = "given back more often than taken"
-        elif count == 0 and all(m.page is not None and m.page.count() > 0
-                                for m in loan.members):
+        elif count < 0 or not all(0 <= c <= 1 for c in own):
+            problem = "written over"  # a semaphore's count no sem_post could make
+        elif count == 0 and own and min(own) > 0:
             if loan.silent_since is None or now - loan.silent_since < \
                     defaults.LOAN_SILENT_LIMIT:
                 loan.silent_since = loan.silent_since or now
@@ -895,7 +897,12 @@ class Host:
                 if member.leased:
                     self._take_lease_back(member)
             self._count_switches(lane, loan)
-        finally:  # whatever failed, the lane is granted again
+        finally:  # whatever failed, the lane is granted again, and no lease outlives it
+            for member in loan.members:
+                if member.leased:
+                    if member.page is not None:
+                        member.page.want(True)
+                    member.leased, member.closing = False, True  # its page says when it is out
             lane.loan, lane.last_job = None, None  # who iterated last under it is unknown
             loan.page.close()
 
@@ -1230,6 +1237,14 @@ class Host:
         for resident in list(self.residents.values()):
             if resident.leased:
                 self._read_page(resident)
+
+
+def _offered_from(mate: Resident, seen, now: float) -> float:
+    """When the lease a loan offers a job in its gap begins: at its release, as its page
+    says (its worker wrote it before its Done, which the host may have read late), within
+    LOAN_OFFER_REACH of the release the host saw."""
+    host_saw = min(now, mate.released_at or now)
+    return min(host_saw, max(seen.since_ns / 1e9, host_saw - defaults.LOAN_OFFER_REACH))
 
 
 def _lane_page(job_id: int) -> tuple[SharedPage | None, int | None]:

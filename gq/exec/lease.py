@@ -40,13 +40,19 @@ semaphore says whether that job is inside an iteration), as soon as a third job 
 either asks with READY, or anything else changes; a job that waited for an ended loan's
 token never takes a later loan's, which has a page of its own.
 
-What a hostile job can do with its loan: give the token more often than it took it, or hold
-it without being inside an iteration. The first lets the two iterate at once, which it can
-match by running outside its grants; the second makes the other wait, as a long iteration
-would, until the host sees it (``LOAN_SILENT_LIMIT``). The host watches the token
-(:meth:`LoanPage.count`, and the own semaphores) and, on either, ends the loan and lends
-those two nothing more. Only the host writes the ``want`` and ``lent`` a job reads, so no
-job can start or prolong another's lease, and no job off the loan can touch its token.
+A job reads its page's ``lent`` again once it holds its own semaphore: the host gives a job
+in its gap its semaphore only after naming the new loan, so a job held up between its
+checks and its semaphore, while the host ended its loan and made another, takes the new
+loan's token, never the ended one's (whose number is never used again).
+
+What a hostile job can do with its loan: give the token more often than it took it (or
+write over a semaphore), or hold it without being inside an iteration. The first lets the
+two iterate at once, which it can match by running outside its grants; the second makes the
+other wait, as a long iteration would, until the host sees it (``LOAN_SILENT_LIMIT``). The
+host watches the token (:meth:`LoanPage.count`, and the own semaphores) and, on any of
+these, ends the loan and lends those two nothing more. Only the host writes the ``want``
+and ``lent`` a job reads, so no job can start or prolong another's lease, and no job off
+the loan can touch its token.
 
 The page is a sealed memfd (it cannot be shrunk under the host's mapping). Times are on
 the system-wide monotonic clock both processes share.
@@ -347,9 +353,13 @@ class WorkerLease:
     def lent(self, number: int, fd: int) -> None:
         """A loan's page came: kept until it leaves that loan, or a later one comes."""
         try:
-            self.loans[number] = LoanPage.attach(fd)
+            page = LoanPage.attach(fd)
         except OSError:  # not mapped: offered that loan, it asks with READY instead
             return
+        replaced = self.loans.pop(number, None)
+        if replaced is not None and number != self.loan:
+            replaced.close()
+        self.loans[number] = page
         for older in [n for n in self.loans if n < number and n != self.loan]:
             self.loans.pop(older).close()
 
@@ -373,8 +383,9 @@ class WorkerLease:
 
     def released_unleased(self, now_ns: int) -> None:
         """A release said with a Done: a loan offered in the gap that follows counts that
-        gap from here."""
-        self.values[_SINCE] = now_ns
+        gap from here (on its page too: the host starts that lease there)."""
+        self.values[_SINCE], self.values[_IN_ITERATION] = now_ns, 0
+        self._write()
 
     def _offered(self) -> bool:
         """A loan the host has offered it in its gap (its page names one it has not left,
@@ -431,17 +442,24 @@ class WorkerLease:
             if not (self.active or self._offered()):
                 return False
             token = self.token
-            if token is None or _sem_trywait(token) == 0:
+            if token is not None and _sem_trywait(token) != 0:
+                asked = asked or time.monotonic_ns()  # its gap ends here: waiting is no work
+                if not self._wait_for_token(token):
+                    self._leave()  # wanted back, or lent anew while it waited: look again
+                    continue
+            if not page.try_take():
+                if token is not None:
+                    _sem_post(token)
+                self._leave()
+                return False
+            if words[_LENT] == self.loan:
                 break
-            asked = asked or time.monotonic_ns()  # its gap ends here: waiting is no work
-            if self._wait_for_token(token):
-                break
-            self._leave()  # wanted back, or lent anew while it waited: look again
-        if not page.try_take():
+            # Its checks above saw a loan the host had ended; its semaphore was given for
+            # the next one (given after that loan is named): under that one's token, then.
+            page.give()
             if token is not None:
                 _sem_post(token)
             self._leave()
-            return False
         now = time.monotonic_ns()
         values = self.values
         values[_GAPS] += 1
