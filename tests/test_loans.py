@@ -232,14 +232,39 @@ def test_a_job_that_read_its_page_before_a_recall_and_a_new_loan_takes_the_new_t
     assert took == [True] and b.loan == 2 and host_turn[0].count() == 0
 
 
-def test_a_loan_page_sent_again_under_its_number_replaces_the_one_kept():
+def test_a_loan_page_sent_again_under_its_number_leaves_the_one_kept():
+    """Its token may be the one the job holds or waits on: unmapped, its next post would
+    write into whatever is mapped there then."""
     (_, a), _ = _pages()
-    old, old_fd = LoanPage.create()
+    _, old_fd = LoanPage.create()
     a.lent(7, old_fd)
     kept = a.loans[7]
-    new, new_fd = LoanPage.create()
+    a.page.lend(7)
+    a.granted(True, 0)  # under loan 7, holding its token
+    _, new_fd = LoanPage.create()
     a.lent(7, new_fd)
-    assert a.loans[7] is not kept and kept.map.closed
+    assert a.loans[7] is kept and not kept.map.closed and a.token is kept.token
+
+
+def test_a_release_asked_back_writes_nothing_on_its_page_after_giving_the_lane():
+    """The host that takes the semaphore a release gives reads the page as final: a write
+    after it (a half-written page, read then) would end an honest job."""
+    from gq.exec.worker import WorkerSession
+
+    page, fd = SharedPage.create()
+    worker_end, host_end = socket.socketpair()
+    session = WorkerSession(WorkerChannel(worker_end), None, SharedPage.attach(fd))
+    session.lease.granted(True, 0)
+    session.held = True
+    given = []
+    worker_page = session.lease.page
+    real_give = worker_page.give
+    worker_page.give = lambda: (real_give(), given.append(worker_page.sequence()))
+    page.want(True)  # another job is ready: the host asks for the lane back
+    session.release()
+    assert given and page.sequence() == given[0], "written after the lane was given"
+    assert host_end.recv(4096)  # its Done
+    host_end.close()
 
 
 def test_a_loan_whose_page_never_came_is_not_taken_up():

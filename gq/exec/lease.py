@@ -351,14 +351,15 @@ class WorkerLease:
         self._sequence = 2  # the host wrote the first
 
     def lent(self, number: int, fd: int) -> None:
-        """A loan's page came: kept until it leaves that loan, or a later one comes."""
+        """A loan's page came: kept until it leaves that loan, or a later one comes (the
+        first one kept where one comes again under a number)."""
         try:
             page = LoanPage.attach(fd)
         except OSError:  # not mapped: offered that loan, it asks with READY instead
             return
-        replaced = self.loans.pop(number, None)
-        if replaced is not None and number != self.loan:
-            replaced.close()
+        if number in self.loans:  # sent again: the one kept stays (its token may be in use)
+            page.close()
+            return
         self.loans[number] = page
         for older in [n for n in self.loans if n < number and n != self.loan]:
             self.loans.pop(older).close()

@@ -122,14 +122,14 @@ class WorkerSession:
                 memory.release_cached()
             self.reported = steps
             sample = self.sample
-            if lease is not None and lease.active \
-                    and lease.release(steps, sample.persistent, sample.peak):
+            leased = lease is not None and lease.active
+            if leased and lease.release(steps, sample.persistent, sample.peak):
                 return
             # Without a lease, or asked for the lane back: the job the host chose to follow
             # is woken first, then the host hears of the release.
             self.handovers.hand_over()
-            if lease is not None:
-                lease.released_unleased(int(now * 1e9))
+            if lease is not None and not leased:  # (a lease's release wrote its page, before
+                lease.released_unleased(int(now * 1e9))  # giving the host its semaphore)
             self.channel.send(Done(steps, sample.persistent, sample.peak))
 
     def set_total_steps(self, total: int) -> None:
