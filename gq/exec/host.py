@@ -35,7 +35,7 @@ from gq.errors import AlreadyRunning, LaunchError
 from gq.exec import cgroups, handover
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
-from gq.exec.lease import LoanPage, SharedPage, implausible
+from gq.exec.lease import Figures, LoanPage, SharedPage, implausible
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.memory_watch import MemoryWatch, Watched
 from gq.exec.residents import Lane, Loan, Resident, ready_to_grant
@@ -750,9 +750,9 @@ class Host:
         return None if resident is None else resident.page
 
     def _lease(self, resident: Resident) -> bool:
-        """Whether the job's next grant is a lease, and if so the page made ready for it:
-        the lane's semaphore the host's, nothing wanted. A lease is for a job alone on its
-        lane: lane-mates that take turns would end each other's at every switch."""
+        """Whether the job's next grant is a lease, and if so the page made ready for it. A
+        lease of its own is for a job alone on its lane: lane-mates that take turns would
+        end each other's at every switch (two may be lent the lane instead: _lend)."""
         page = resident.page
         alone = all(other is resident or other.suspended or other.channel is None
                     for other in self.lanes[resident.lane].residents)
@@ -761,13 +761,26 @@ class Host:
         figures = page.read()
         if figures is None:
             return False
-        page.drain()
-        page.lend(0)
-        page.want(False)
-        resident.leased, resident.lease_started = True, time.monotonic()
-        resident.lease_base = resident.page_seen = figures
-        resident.lease_in_iteration, resident.page_unread = True, None
+        self._begin_lease(resident, figures, 0, time.monotonic(), inside=True)
         return True
+
+    @staticmethod
+    def _begin_lease(resident: Resident, figures: Figures, loan: int, started: float,
+                     inside: bool) -> None:
+        """Make the job's page ready for a lease under ``loan`` (0: one of its own), begun
+        at ``started`` with the job's page as ``figures``: its semaphore the host's (the
+        grantee's, ``inside`` an iteration), or given, where the job is in its gap, once
+        the loan is named (a job that takes it reads the loan after); nothing wanted."""
+        page = resident.page
+        assert page is not None
+        page.drain()
+        page.lend(loan)
+        page.want(False)
+        if not inside:
+            page.give()
+        resident.leased, resident.lease_started = True, started
+        resident.lease_base = resident.page_seen = figures
+        resident.lease_in_iteration, resident.page_unread = inside, None
 
     def _leasable(self, resident: Resident) -> bool:
         """Whether the job may cross boundaries without a message: not where the host
@@ -820,16 +833,8 @@ class Host:
         now = time.monotonic()
         for member, seen, inside in zip(members, figures, (True, False)):
             member.handover_messages += 1
-            page = member.page
-            page.drain()
-            page.lend(number)
-            page.want(False)
-            if not inside:  # in its gap: its own semaphore is there to take, once the loan
-                page.give()  # is named (a job that takes it reads the loan after)
-            member.leased = True
-            member.lease_started = now if inside else _offered_from(member, seen, now)
-            member.lease_base = member.page_seen = seen
-            member.lease_in_iteration, member.page_unread = inside, None
+            self._begin_lease(member, seen, number,
+                              now if inside else _offered_from(member, seen, now), inside)
         mate.state = "running"  # its page says when it is inside an iteration
         lane.loan = Loan(number, tokens, members, (chosen.iterations, mate.iterations))
         return True
@@ -1239,7 +1244,7 @@ class Host:
                 self._read_page(resident)
 
 
-def _offered_from(mate: Resident, seen, now: float) -> float:
+def _offered_from(mate: Resident, seen: Figures, now: float) -> float:
     """When the lease a loan offers a job in its gap begins: at its release, as its page
     says (its worker wrote it before its Done, which the host may have read late), within
     LOAN_OFFER_REACH of the release the host saw."""

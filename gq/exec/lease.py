@@ -243,8 +243,9 @@ class SharedPage(_Page):
         return self.words[_WANT] != 0
 
     def lend(self, loan: int) -> None:
-        """Name the loan its next lease is under (0: none). Written before ``want`` is
-        cleared: a worker that reads no want reads this loan."""
+        """Name the loan its next lease is under (0: none). Written before the job's
+        semaphore is given to it: a job that has taken it reads this loan (and checks it
+        then, as its earlier reads of the page may be from before)."""
         self.words[_LENT] = loan
 
     # ----- a hand-over (gq.exec.handover) ----------------------------------------------
