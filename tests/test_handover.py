@@ -37,17 +37,40 @@ def _ahead(policy, holder: JobView, others: list[JobView], granted_at=10.0, now=
     return lanes.hand_over(policies.make(policy), others, others, [], holder, granted_at, now)
 
 
-def test_under_fair_a_hand_over_is_armed_only_where_the_holders_length_does_not_matter():
+def test_under_fair_the_job_waiting_follows_once_the_holder_has_used_more():
     """Gaps this short keep the lane for the holder while fair prefers it: whether the lane
     goes to the other job depends on how long the holder's iteration lasts (it must use
-    0.5 s more), so the host decides at the release. Without a measured gap nothing keeps
-    the lane for the holder: the other job follows it, however long it runs."""
-    holder = JobView(1, "u", attained=1.0, mean_iteration=0.4, mean_gap=0.0001)
+    0.5 s more). Where its iterations last longer than that, the other job follows a
+    release from then on (found to within a 32nd of an iteration), and the host decides
+    an earlier one; where they are shorter, the host decides at every release. Without a
+    measured gap nothing keeps the lane for the holder: the other job follows it at once,
+    however long it runs."""
+    holder = JobView(1, "u", attained=1.0, mean_iteration=0.8, mean_gap=0.0001)
     other = JobView(2, "u", attained=1.5)
-    assert _ahead("fair", holder, [other]) is None
-    assert _ahead("fair", dataclasses.replace(holder, mean_gap=None), [other]).id == 2
+    follows = _ahead("fair", holder, [other])
+    assert follows.job.id == 2 and 10.5 < follows.after <= 10.5 + 0.8 / 32
+    assert _ahead("fair", dataclasses.replace(holder, mean_iteration=0.4), [other]) is None
+    at_once = _ahead("fair", dataclasses.replace(holder, mean_gap=None), [other])
+    assert at_once.job.id == 2 and at_once.after == 10.0
     # Used more already: the other job follows it whatever happens.
-    assert _ahead("fair", dataclasses.replace(holder, attained=1.6), [other]).id == 2
+    assert _ahead("fair", dataclasses.replace(holder, attained=1.6), [other]).after == 10.0
+
+
+def test_a_point_armed_is_kept_while_it_holds():
+    """Asked again as the holder's iteration goes on, the rule keeps the point armed (no
+    new pipe for the same hand-over), unless the decision there has changed: the job
+    waiting has used more meanwhile (another of its user's jobs, say), so the holder must
+    use more too before it follows."""
+    holder = JobView(1, "u", attained=1.0, mean_iteration=0.8, mean_gap=0.0001)
+    other = JobView(2, "u", attained=1.5)
+    first = _ahead("fair", holder, [other])
+    again = lanes.hand_over(policies.make("fair"), [other], [other], [], holder, 10.0, 10.2,
+                            (2, first.after))
+    assert again.after == first.after
+    used_more = dataclasses.replace(other, attained=1.6)
+    moved = lanes.hand_over(policies.make("fair"), [used_more], [used_more], [], holder, 10.0,
+                            10.2, (2, first.after))
+    assert 10.6 < moved.after <= 10.6 + 0.8 / 32
 
 
 def test_no_hand_over_where_the_lane_stays_the_holders():
@@ -58,17 +81,17 @@ def test_no_hand_over_where_the_lane_stays_the_holders():
     behind = JobView(1, "u", attained=0.0, mean_iteration=0.01, mean_gap=0.0001)
     assert _ahead("fair", behind, [JobView(2, "u", attained=50.0)]) is None
     low = JobView(1, "u", priority=0, mean_iteration=0.01, mean_gap=0.0001)
-    assert _ahead("priority", low, [JobView(2, "u", priority=9)]).id == 2
+    assert _ahead("priority", low, [JobView(2, "u", priority=9)]).job.id == 2
 
 
 @pytest.mark.parametrize("policy", ["fifo", "fair", "srtf", "priority", "rr", "deadline"])
 def test_the_hand_over_agrees_with_the_free_lanes_decision(policy):
     """For any lane: where a hand-over is named, the free lane's decision at the holder's
-    release grants that job for every length from what the iteration has lasted to twice
-    its usual length."""
+    release grants that job for every length from what the iteration has lasted, or from
+    the point the hand-over names if later, to twice its usual length."""
     rng = random.Random(policy)
     rule = policies.make(policy)
-    named = 0
+    named = later = 0
     for _ in range(300):
         views = [JobView(i, rng.choice("ab"), submit_time=rng.random(),
                          priority=rng.randrange(3), steps_done=rng.randrange(50),
@@ -83,16 +106,20 @@ def test_the_hand_over_agrees_with_the_free_lanes_decision(policy):
         if follows is None:
             continue
         named += 1
+        later += follows.after > now
         shortest = now - granted_at
         longest = 2 * max(shortest, holder.mean_iteration or 0.0) + 0.001
-        for length in [shortest + (longest - shortest) * step / 50 for step in range(51)]:
+        first = max(shortest, follows.after - granted_at)
+        for length in [first + (longest - first) * step / 50 for step in range(51)]:
             release = granted_at + length
             released = dataclasses.replace(holder, attained=holder.attained + length,
                                            released_at=release)
             waits = [a] if (a := lanes.awaited(released, release, holder.mean_gap)) else []
             decision = lanes.next_step(rule, others, [*others, released], waits, release)
-            assert isinstance(decision, lanes.Grant) and decision.job.id == follows.id
+            assert isinstance(decision, lanes.Grant) and decision.job.id == follows.job.id
     assert named  # the check ran
+    if policy == "fair":  # where the holder must use more first: from a later point
+        assert later
 
 
 # ----- the wire ------------------------------------------------------------------------
@@ -260,6 +287,63 @@ def test_the_holder_wakes_its_successor_without_the_host(hand_lane):
     lane.tell(2)
     lane.serve(lambda: two.iterations == 1 and lane.host.lanes[0].holder is None)
     assert lane.host.lanes[0].switches == 1
+
+
+def _behind_by(lane: HandLane, seconds: float) -> tuple[Resident, Resident]:
+    """Two jobs under fair, the first of which has used ``seconds`` less than the second,
+    with 2 s iterations and gaps too short to fill (the lane is kept for it in them)."""
+    one, two = lane.add(1, 1), lane.add(2, 1)
+    one.iterations, one.attained, one.gaps, one.gap_total = 3, 4.0, 2, 0.0002
+    two.attained = 4.0 + seconds
+    return one, two
+
+
+def test_a_holder_hands_over_only_from_where_the_lane_would_be_its_successors(hand_lane):
+    """Under fair the job waiting follows the holder only once the holder has used more:
+    released later than that, the holder wakes it without the host."""
+    lane = hand_lane("fair")
+    one, two = _behind_by(lane, 0.3)
+    lane.hold_and_arm(one, two)
+    armed = lane.host.lanes[0].armed
+    assert one.granted_at + 0.3 < armed.after <= one.granted_at + 0.3 + 2.0 / 32
+    time.sleep(max(0.0, armed.after - time.monotonic()) + 0.01)
+    lane.tell(1)
+    assert lane.said() == "2 granted"  # the host has read nothing meanwhile
+    assert lane.host.lanes[0].holder is one
+    lane.serve(lambda: _holds(lane, two)() and one.iterations == 4)
+
+
+def test_released_before_that_point_the_lane_goes_through_the_host(hand_lane):
+    """Released at once, the holder keeps its successor's grant untouched: the host takes
+    it back and decides (fair keeps the lane for the holder, whose gap is short, then
+    grants the other job once the holder is gone)."""
+    lane = hand_lane("fair")
+    one, two = _behind_by(lane, 0.3)
+    lane.hold_and_arm(one, two)
+    lane.tell(1)
+    lane.serve(_holds(lane, two))  # once the holder is gone (it ran its one iteration)
+    assert one.iterations == 4
+    assert lane.said() == "2 granted"
+    assert two.page.handed_at() == 0  # it never took a grant handed over to it
+
+
+def test_a_successor_is_charged_from_when_it_took_its_grant(hand_lane):
+    """The host reads the holder's release late (0.2 s, as on a busy node): the holder is
+    charged until its successor took the grant, and the successor from then, not from when
+    the host got round to it (fair would otherwise give the successor more turns)."""
+    lane = hand_lane("fair")
+    one, two = lane.add(1, 1), lane.add(2, 1)
+    lane.hold_and_arm(one, two)
+    granted = one.granted_at
+    lane.tell(1)
+    assert lane.said() == "2 granted"
+    time.sleep(0.2)  # the host is late
+    late = time.monotonic()
+    lane.serve(lambda: _holds(lane, two)() and one.iterations == 1)
+    took = two.page.handed_at()
+    assert granted < took < late - 0.15
+    assert two.granted_at == one.released_at == took
+    assert one.attained == pytest.approx(took - granted)
 
 
 def test_a_grant_taken_back_cannot_be_woken_into(hand_lane):

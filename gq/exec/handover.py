@@ -10,15 +10,23 @@ hand-over instead:
   to. The host sends the successor its ends (``Standby``) and the holder the wake channel's
   other end (``HandOver``), each while that job waits for the lane (never at a release);
 - to arm a pipe (where the lane goes to that successor however long the holder's
-  iteration lasts: :func:`gq.exec.lanes.hand_over`), the host posts one byte down its
-  grant channel and names the pipe on the holder's page. At its release the holder writes
-  one byte down the wake channel, before its DONE: the successor wakes, takes the grant's
-  byte and runs, and the host is not on the way;
+  iteration lasts, from some point on: :func:`gq.exec.lanes.hand_over`), the host posts
+  one byte down its grant channel and names the pipe, and that point, on the holder's
+  page. At a release from that point on the holder writes one byte down the wake channel,
+  before its DONE: the successor wakes, takes the grant's byte and runs, and the host is
+  not on the way (at a release before it, the host decides as it reads the DONE);
 - the host hears the DONE as before and **settles** the hand-over: where the successor has
   taken the grant, the lane is the successor's; else the host takes the grant back and
   grants the lane as usual (a Go: the holder did not wake it, or it is not awake yet). Each
   pipe is armed once; while the successor waits, the host sends it the pipe for the turn
   after (the same two jobs the other way round).
+- the successor writes on its page when it took the grant, and the host dates the
+  successor's grant, and its holder's release, from there rather than from when it read
+  the DONE (later, by as long as the host took to be scheduled, which on a busy node can
+  be the successor's whole iteration: under fair a job handed the lane would otherwise be
+  charged less than it used, and its holder more). The host believes that time only
+  between the hand-over's arming and its own reading: a hostile successor can charge
+  itself more, or charge its holder what the host would have.
 
 Until the successor takes it, the host can take the grant back (it reads the byte itself),
 so it can change its mind whenever the policy's pick changes. One byte is read by one
@@ -40,6 +48,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,6 +79,8 @@ class Armed:
     pipe: Pipe
     holder: int  # job ids
     successor: int
+    after: float  # the holder hands over at a release from then on (monotonic)
+    at: float  # when it was armed (monotonic): the successor's iteration begins later
     deferred: bool = False  # the successor's socket is not read until it is settled
 
 
@@ -94,14 +105,14 @@ def deliver(number: int, holder: Channel, successor: Channel, empty_cache: bool)
         wake_holder.close()
 
 
-def arm(pipe: Pipe, holder_page: SharedPage) -> bool:
-    """The successor's grant posted, then the holder told to hand over at its release;
-    False (nothing armed) if the grant could not be posted."""
+def arm(pipe: Pipe, holder_page: SharedPage, after: float) -> bool:
+    """The successor's grant posted, then the holder told to hand over at a release from
+    ``after`` on; False (nothing armed) if the grant could not be posted."""
     try:
         pipe.grant.send(_BYTE, _FLAGS)
     except OSError:  # its end shrunk to nothing, say: the lane goes through the host
         return False
-    holder_page.arm(pipe.number)
+    holder_page.arm(pipe.number, int(after * 1e9))
     return True
 
 
@@ -220,6 +231,8 @@ class WorkerHandOvers:
             _close((wake, grant))
             return None
         self.spent = (wake, grant)  # closed at its next wait: not on the way to its iteration
+        if self.page is not None:
+            self.page.handed(time.monotonic_ns())
         return Go(empty_cache=message.empty_cache)
 
     def _keep(self, message: object, descriptors: list[int]) -> None:
@@ -277,8 +290,8 @@ class WorkerHandOvers:
         if page is None:
             return
         number = page.armed()
-        if number <= 0 or number == self.made:
-            return
+        if number <= 0 or number == self.made or time.monotonic_ns() < page.armed_after():
+            return  # none, made already, or too soon: the host decides
         self.made = number
         if number not in self.wake_ends:  # sent while it held the lane: read it now
             self.read_sent()

@@ -633,26 +633,29 @@ class Host:
     # ----- hand-overs (gq.exec.handover) ----------------------------------------------
     def _prepare_handover(self, lane: Lane, holder: Resident) -> None:
         """While ``holder`` is inside an iteration: arm a hand-over to the job the lane
-        goes to at its release however long the iteration lasts, or take back one armed
-        for a job the lane would no longer go to."""
-        successor = None
+        goes to at its release however long the iteration lasts (from some point on: a
+        release before it goes through the host), or take back one armed for a job the lane
+        would no longer go to, or not from the point armed."""
+        successor, after = None, 0.0
         ready = ready_to_grant(lane)
         if (ready and holder.page is not None and holder.channel is not None
                 and not holder.closing and not holder.suspended):
             views, in_gaps = self._lane_views(lane)
             held = views.pop(holder.job_id)
-            follows = lane_rule.hand_over(self.policy, [views[r.job_id] for r in ready],
-                                          list(views.values()), in_gaps, held,
-                                          holder.granted_at, time.monotonic())
+            armed = lane.armed
+            follows = lane_rule.hand_over(
+                self.policy, [views[r.job_id] for r in ready], list(views.values()), in_gaps,
+                held, holder.granted_at, time.monotonic(),
+                None if armed is None else (armed.successor, armed.after))
             if follows is not None:
-                successor = self.residents[follows.id]
+                successor, after = self.residents[follows.job.id], follows.after
         if successor is not None and (successor.page is None or successor.channel is None
                                       or successor.thaw_on_grant or successor.cap_unsent):
             successor = None  # its grant must come with a Go
         armed = lane.armed
         if armed is not None:
-            if armed.successor == getattr(successor, "job_id", None):
-                return
+            if armed.successor == getattr(successor, "job_id", None) and armed.after == after:
+                return  # it still holds
             if not self._revoke(lane):
                 return  # too late: the lane is the successor's at the holder's release
         if successor is None:
@@ -661,10 +664,11 @@ class Host:
             or self._deliver(holder, successor)
         if pipe is None:
             return
-        if not handover.arm(pipe, holder.page):
+        if not handover.arm(pipe, holder.page, after):
             handover.close(pipe)
             return
-        lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id)
+        lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id, after,
+                                    time.monotonic())
         # While it waits, the successor is sent the pipe for the turn after this one.
         if (successor.job_id, holder.job_id) not in lane.pipes:
             ahead = self._deliver(successor, holder)
@@ -704,9 +708,23 @@ class Host:
         self._undefer(armed)
         if not (kept and usable):
             return False
+        began = self._handed_at(armed, successor, time.monotonic())
         self._granted(lane, successor)
+        successor.granted_at = began
+        holder = self.residents.get(armed.holder)
+        if holder is not None:
+            holder.released_by(began)
         self._prepare_handover(lane, successor)
         return True
+
+    @staticmethod
+    def _handed_at(armed: handover.Armed, successor: Resident, now: float) -> float:
+        """When the successor took the grant handed over to it, as its page says, believed
+        between the hand-over's arming and ``now``; ``now`` where its page says otherwise."""
+        if successor.page is None:
+            return now
+        began = successor.page.handed_at()
+        return began if armed.at <= began <= now else now
 
     def _revoke(self, lane: Lane) -> bool:
         """Take the armed successor's grant back (the host's pick has changed, say): True

@@ -14,8 +14,9 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 (e.g. priority with fill off, a higher job in its gap).
 
 While a job holds the lane, :func:`hand_over` says ahead which job the lane goes to at its
-release, where that does not depend on how long the holder's iteration lasts: the host arms
-a hand-over on that (gq.exec.handover), so that the holder wakes that job itself.
+release, where that does not depend on how long the holder's iteration lasts past some
+point: the host arms a hand-over on that (gq.exec.handover), so that the holder, releasing
+past that point, wakes that job itself.
 
 Two lane-mates whose gaps are both too long to keep the lane for never meet this rule's
 choices: whoever asks for the free lane is granted it, and at a release the one waiting is
@@ -105,31 +106,83 @@ def _fits(job: JobView, mate: JobView) -> bool:
     return anticipation_window(mate.mean_gap) is None or job.mean_iteration <= mate.mean_gap
 
 
+@dataclass(frozen=True)
+class HandOver:
+    """Where the lane goes at its holder's release: to ``job`` if that release comes at
+    ``after`` or later (monotonic; a release before then is decided as it comes)."""
+
+    job: JobView
+    after: float
+
+
 def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobView],
               waiting_for: Sequence[Awaited], holder: JobView, granted_at: float,
-              now: float) -> JobView | None:
+              now: float, armed: tuple[int, float] | None = None) -> HandOver | None:
     """While ``holder`` is inside the iteration granted at ``granted_at``: the job the free
-    lane's decision grants at its release, where that does not depend on how long the
-    iteration lasts (None where it may keep the lane for the holder instead, or grant
-    another job): the same job for the shortest length the iteration can still have (what
-    it has lasted so far) and for twice its usual one. An iteration far longer than usual
-    may change the decision (fair, where the holder's use shifts its user's share); then
-    the host, deciding at the release, grants as usual unless the successor has taken its
-    grant already. ``resident`` and ``waiting_for`` are the lane's other jobs."""
+    lane's decision grants at its release for every length the iteration may still have
+    from some point on, up to twice its usual length, and that point (at once where it is
+    the same job for what the iteration has lasted so far). None where no such job is
+    known before the iteration's usual end: the lane may be kept for the holder instead,
+    or go to another job. Under fair, say, a holder that has used less than the job waiting
+    keeps the lane if it releases now; once its iteration has gone on past the other's
+    use, that job follows it however long it lasts. Found by halving, as the decision
+    changes once as the iteration goes on; an iteration far longer than usual may change it
+    again (fair, where the holder's use shifts its user's share): then the host, deciding
+    at the release, grants as usual unless the successor has taken its grant already.
+    ``resident`` and ``waiting_for`` are the lane's other jobs; ``armed``, the job and point
+    of a hand-over armed already, is kept where it still holds."""
+    at_release = _AtRelease(policy, ready, resident, waiting_for, holder, granted_at)
+    shortest = max(0.0, now - granted_at)
+    final = at_release.grants(2 * max(shortest, holder.mean_iteration or 0.0) + 0.001)
+    if final is None:
+        return None
+    if armed is not None and armed[0] == final.id \
+            and at_release.is_granted(final, max(shortest, armed[1] - granted_at)):
+        return HandOver(final, armed[1])
+    if at_release.is_granted(final, shortest):
+        return HandOver(final, granted_at)
+    usual = holder.mean_iteration
+    if usual is None or usual <= shortest or not at_release.is_granted(final, usual):
+        return None
+    within = max(_HAND_OVER_WITHIN, usual / 32)
+    early, late = shortest, usual  # not granted at early, granted at late
+    while late - early > within:
+        middle = (early + late) / 2
+        if at_release.is_granted(final, middle):
+            late = middle
+        else:
+            early = middle
+    return HandOver(final, granted_at + late)
 
-    def decide(length: float) -> JobView | None:
-        release = granted_at + length
+
+_HAND_OVER_WITHIN = 0.00005  # how closely hand_over finds where its decision begins (s)
+
+
+@dataclass(frozen=True)
+class _AtRelease:
+    """The free lane's decision at the release of ``holder``'s iteration, by its length."""
+
+    policy: Policy
+    ready: Sequence[JobView]
+    resident: Sequence[JobView]
+    waiting_for: Sequence[Awaited]
+    holder: JobView
+    granted_at: float
+
+    def grants(self, length: float) -> JobView | None:
+        """The job granted at the release of an iteration that lasted ``length`` (None: the
+        lane is kept for the holder, or stays free)."""
+        release = self.granted_at + length
+        holder = self.holder
         released = dataclasses.replace(holder, attained=holder.attained + length,
                                        released_at=release)
-        waits = [*waiting_for]
+        waits = [*self.waiting_for]
         if (own := awaited(released, release, holder.mean_gap)) is not None:
             waits.append(own)
-        decision = next_step(policy, ready, [*resident, released], waits, release)
+        decision = next_step(self.policy, self.ready, [*self.resident, released], waits,
+                             release)
         return decision.job if isinstance(decision, Grant) else None
 
-    shortest = max(0.0, now - granted_at)
-    job = decide(shortest)
-    if job is None:
-        return None
-    longest = decide(2 * max(shortest, holder.mean_iteration or 0.0) + 0.001)
-    return job if longest is not None and longest.id == job.id else None
+    def is_granted(self, job: JobView, length: float) -> bool:
+        granted = self.grants(length)
+        return granted is not None and granted.id == job.id

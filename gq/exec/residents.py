@@ -192,6 +192,17 @@ class Resident:
             self.granted_at = min(max(figures.since_ns / 1e9, self.lease_started), now)
         self.dirty = True
 
+    def released_by(self, at: float) -> None:
+        """The job it handed the lane to began at ``at`` (gq.exec.handover), before the host
+        read this one's release: its iteration ended then, not as the host read it."""
+        released = self.released_at
+        if self.state != "idle" or released is None or not self.granted_at <= at < released:
+            return
+        self.attained -= released - at
+        if self.iterations == 1:
+            self.first_iteration = self.attained
+        self.released_at = at
+
     def since_on_page(self, now: float) -> float:
         """When its page says its current gap (or iteration) began, within its lease."""
         return min(max(self.page_seen.since_ns / 1e9, self.lease_started), now)
