@@ -21,19 +21,21 @@ hand-over instead:
   pipe is armed once; while the successor waits, the host sends it the pipe for the turn
   after (the same two jobs the other way round).
 - the successor writes on its page when it took the grant, and the host dates the
-  successor's grant, and its holder's release, from there rather than from when it read
-  the DONE (later, by as long as the host took to be scheduled, which on a busy node can
-  be the successor's whole iteration: under fair a job handed the lane would otherwise be
-  charged less than it used, and its holder more). The host believes that time only
-  between the hand-over's arming and its own reading: a hostile successor can charge
-  itself more, or charge its holder what the host would have.
+  successor's grant from there rather than from when it read the DONE (later, by as long
+  as the host took to be scheduled, which on a busy node can be the successor's whole
+  iteration: under fair a job handed the lane would otherwise be charged less than it
+  used). The host believes that time only between the hand-over's arming and its own
+  reading, so a job can misdate only its own grant, and only to its cost; the holder is
+  charged until the host reads its DONE, on no other job's word.
 
 Until the successor takes it, the host can take the grant back (it reads the byte itself),
 so it can change its mind whenever the policy's pick changes. One byte is read by one
 reader: the host never grants the lane to two jobs.
 
 What a hostile worker can do with this: a holder can wake a job that follows it early,
-which it can already match by running outside its grants; it cannot grant anything (only
+which it can already match by running outside its grants (a holder the host finds to
+have handed over before the point armed from is armed only hand-overs that hold at once
+from then on); it cannot grant anything (only
 the host writes to a grant channel), and a byte down another pair's wake channel takes no
 grant. A successor can take its grant early: the host still counts the lane as its
 holder's until the holder's DONE, and reads nothing of the successor until then. Nothing a

@@ -647,7 +647,8 @@ class Host:
                 self.policy, [views[r.job_id] for r in ready], list(views.values()), in_gaps,
                 held, holder.granted_at, time.monotonic(),
                 None if armed is None else (armed.successor, armed.after))
-            if follows is not None:
+            if follows is not None and not (holder.hands_over_early
+                                            and follows.after > holder.granted_at):
                 successor, after = self.residents[follows.job.id], follows.after
         if successor is not None and (successor.page is None or successor.channel is None
                                       or successor.thaw_on_grant or successor.cap_unsent):
@@ -664,11 +665,11 @@ class Host:
             or self._deliver(holder, successor)
         if pipe is None:
             return
+        arming = time.monotonic()  # before the grant is posted: the successor takes it later
         if not handover.arm(pipe, holder.page, after):
             handover.close(pipe)
             return
-        lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id, after,
-                                    time.monotonic())
+        lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id, after, arming)
         # While it waits, the successor is sent the pipe for the turn after this one.
         if (successor.job_id, holder.job_id) not in lane.pipes:
             ahead = self._deliver(successor, holder)
@@ -709,11 +710,15 @@ class Host:
         if not (kept and usable):
             return False
         began = self._handed_at(armed, successor, time.monotonic())
+        holder = self.residents.get(armed.holder)
+        if (holder is not None and holder.released_at is not None
+                and holder.granted_at <= holder.released_at < armed.after
+                and not holder.hands_over_early):  # (its Done read before the point)
+            holder.hands_over_early = True  # its grants are handed over only at once now
+            log.warning("job %d handed the lane over before the point it was armed from; "
+                        "it is armed no more hand-overs from a point", holder.job_id)
         self._granted(lane, successor)
         successor.granted_at = began
-        holder = self.residents.get(armed.holder)
-        if holder is not None:
-            holder.released_by(began)
         self._prepare_handover(lane, successor)
         return True
 

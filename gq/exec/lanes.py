@@ -123,18 +123,31 @@ def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     from some point on, up to twice its usual length, and that point (at once where it is
     the same job for what the iteration has lasted so far). None where no such job is
     known before the iteration's usual end: the lane may be kept for the holder instead,
-    or go to another job. Under fair, say, a holder that has used less than the job waiting
-    keeps the lane if it releases now; once its iteration has gone on past the other's
-    use, that job follows it however long it lasts. Found by halving, as the decision
-    changes once as the iteration goes on; an iteration far longer than usual may change it
-    again (fair, where the holder's use shifts its user's share): then the host, deciding
-    at the release, grants as usual unless the successor has taken its grant already.
-    ``resident`` and ``waiting_for`` are the lane's other jobs; ``armed``, the job and point
-    of a hand-over armed already, is kept where it still holds."""
+    or go to another job. ``resident`` and ``waiting_for`` are the lane's other jobs;
+    ``armed``, the job and point of a hand-over armed already, is kept where it holds.
+
+    Where the decision reads no clock (no job in its gap but the holder, a policy that
+    reads none), only the holder's use changes with the iteration's length, and the
+    decision changes once: under fair a holder that has used less than the job waiting
+    keeps the lane if it releases now, and once its use has passed the other's, that job
+    follows it however long it runs. That point is found by halving. Elsewhere (deadlines,
+    a high-priority job due back) the decision is checked at every 32nd of the lengths and
+    at each time a view names (a job due back, a window's end, a deadline), and the job is
+    named only if it is granted at all of them, from now on."""
     at_release = _AtRelease(policy, ready, resident, waiting_for, holder, granted_at)
     shortest = max(0.0, now - granted_at)
-    final = at_release.grants(2 * max(shortest, holder.mean_iteration or 0.0) + 0.001)
+    longest = 2 * max(shortest, holder.mean_iteration or 0.0) + 0.001
+    final = at_release.grants(longest)
     if final is None:
+        return None
+    if policy.reads_clock or any(now < other.until for other in waiting_for):
+        lengths = [shortest + (longest - shortest) * step / 32 for step in range(32)]
+        lengths += [moment - granted_at + nudge
+                    for moment in _named_moments(ready, resident, waiting_for)
+                    for nudge in (-1e-6, 1e-6)
+                    if shortest <= moment - granted_at + nudge <= longest]
+        if all(at_release.is_granted(final, length) for length in lengths):
+            return HandOver(final, granted_at)
         return None
     if armed is not None and armed[0] == final.id \
             and at_release.is_granted(final, max(shortest, armed[1] - granted_at)):
@@ -153,6 +166,19 @@ def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
         else:
             early = middle
     return HandOver(final, granted_at + late)
+
+
+def _named_moments(ready: Sequence[JobView], resident: Sequence[JobView],
+                   waiting_for: Sequence[Awaited]) -> list[float]:
+    """The times the views name, where a decision that reads the clock may change: when a
+    job in its gap is due back (and when a ready job's iteration would end just then), when
+    a window to keep the lane ends, a deadline."""
+    backs = [back for job in resident if (back := expected_back(job)) is not None]
+    moments = [*backs, *(other.until for other in waiting_for),
+               *(job.deadline for job in resident if job.deadline is not None)]
+    moments += [back - job.mean_iteration for back in backs for job in ready
+                if job.mean_iteration is not None]
+    return moments
 
 
 _HAND_OVER_WITHIN = 0.00005  # how closely hand_over finds where its decision begins (s)

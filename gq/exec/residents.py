@@ -68,6 +68,7 @@ class Resident:
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
+    hands_over_early: bool = False  # it handed the lane over before the point armed from
     leased: bool = False  # the lane is its own across boundaries until the host wants it
     lease_started: float = 0.0  # monotonic
     lease_base: Figures = field(default_factory=Figures)  # its page when the lease began
@@ -191,17 +192,6 @@ class Resident:
         if figures.in_iteration:
             self.granted_at = min(max(figures.since_ns / 1e9, self.lease_started), now)
         self.dirty = True
-
-    def released_by(self, at: float) -> None:
-        """The job it handed the lane to began at ``at`` (gq.exec.handover), before the host
-        read this one's release: its iteration ended then, not as the host read it."""
-        released = self.released_at
-        if self.state != "idle" or released is None or not self.granted_at <= at < released:
-            return
-        self.attained -= released - at
-        if self.iterations == 1:
-            self.first_iteration = self.attained
-        self.released_at = at
 
     def since_on_page(self, now: float) -> float:
         """When its page says its current gap (or iteration) began, within its lease."""

@@ -76,6 +76,10 @@ class Policy(Protocol):
     # for may then share it first come, first served, without asking the host
     # (gq.exec.lanes.lendable).
     lends: bool
+    # Whether its pick reads the clock (a job's deadline, the return of a job in its gap): the
+    # pick at a release may then change more than once as an iteration goes on, which
+    # gq.exec.lanes.hand_over checks throughout rather than halving.
+    reads_clock: bool
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         """Admission order of pending jobs, best first."""

@@ -29,6 +29,7 @@ class Priority:
     alternates = False
     waits_behind = False
     lends = False  # a high job's gap is filled only by what fits in it (gapfit, fill)
+    reads_clock = True  # a low job fills a high one's gap only where it fits
     quantum = 0.0  # equal priorities take turns by attained time exactly
 
     def __init__(self, fill: str = "always"):

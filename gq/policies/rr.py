@@ -33,6 +33,7 @@ class RoundRobin:
     alternates = False
     waits_behind = False
     lends = True
+    reads_clock = False
 
     def __init__(self, quantum: str = DEFAULT_QUANTUM):
         self.amount, self.in_iterations = parse_quantum(quantum)
