@@ -20,13 +20,11 @@ hand-over instead:
   grants the lane as usual (a Go: the holder did not wake it, or it is not awake yet). Each
   pipe is armed once; while the successor waits, the host sends it the pipe for the turn
   after (the same two jobs the other way round).
-- the successor writes on its page when it took the grant, and the host dates the
-  successor's grant from there rather than from when it read the DONE (later, by as long
-  as the host took to be scheduled, which on a busy node can be the successor's whole
-  iteration: under fair a job handed the lane would otherwise be charged less than it
-  used). The host believes that time only between the hand-over's arming and its own
-  reading, so a job can misdate only its own grant, and only to its cost; the holder is
-  charged until the host reads its DONE, on no other job's word.
+- the lane changes hands, in the host's books (and in each job's attained time), as the
+  host reads the holder's DONE: on no job's word. A successor's grant is not dated from
+  when it took it (its page could say): a hostile holder that woke it early and ran on
+  would bill it for its own iteration, as the host reads nothing of the successor before
+  the holder's DONE.
 
 Until the successor takes it, the host can take the grant back (it reads the byte itself),
 so it can change its mind whenever the policy's pick changes. One byte is read by one
@@ -82,7 +80,6 @@ class Armed:
     holder: int  # job ids
     successor: int
     after: float  # the holder hands over at a release from then on (monotonic)
-    at: float  # when it was armed (monotonic): the successor's iteration begins later
     deferred: bool = False  # the successor's socket is not read until it is settled
 
 
@@ -233,8 +230,6 @@ class WorkerHandOvers:
             _close((wake, grant))
             return None
         self.spent = (wake, grant)  # closed at its next wait: not on the way to its iteration
-        if self.page is not None:
-            self.page.handed(time.monotonic_ns())
         return Go(empty_cache=message.empty_cache)
 
     def _keep(self, message: object, descriptors: list[int]) -> None:

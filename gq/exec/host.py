@@ -665,11 +665,10 @@ class Host:
             or self._deliver(holder, successor)
         if pipe is None:
             return
-        arming = time.monotonic()  # before the grant is posted: the successor takes it later
         if not handover.arm(pipe, holder.page, after):
             handover.close(pipe)
             return
-        lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id, after, arming)
+        lane.armed = handover.Armed(pipe, holder.job_id, successor.job_id, after)
         # While it waits, the successor is sent the pipe for the turn after this one.
         if (successor.job_id, holder.job_id) not in lane.pipes:
             ahead = self._deliver(successor, holder)
@@ -709,7 +708,6 @@ class Host:
         self._undefer(armed)
         if not (kept and usable):
             return False
-        began = self._handed_at(armed, successor, time.monotonic())
         holder = self.residents.get(armed.holder)
         if (holder is not None and holder.released_at is not None
                 and holder.granted_at <= holder.released_at < armed.after
@@ -718,18 +716,8 @@ class Host:
             log.warning("job %d handed the lane over before the point it was armed from; "
                         "it is armed no more hand-overs from a point", holder.job_id)
         self._granted(lane, successor)
-        successor.granted_at = began
         self._prepare_handover(lane, successor)
         return True
-
-    @staticmethod
-    def _handed_at(armed: handover.Armed, successor: Resident, now: float) -> float:
-        """When the successor took the grant handed over to it, as its page says, believed
-        between the hand-over's arming and ``now``; ``now`` where its page says otherwise."""
-        if successor.page is None:
-            return now
-        began = successor.page.handed_at()
-        return began if armed.at <= began <= now else now
 
     def _revoke(self, lane: Lane) -> bool:
         """Take the armed successor's grant back (the host's pick has changed, say): True

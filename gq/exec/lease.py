@@ -78,7 +78,6 @@ _SEMAPHORE = 0  # bytes 0-63: a sem_t (32 bytes in glibc's 64-bit ABI)
 _WANT = 8  # the host's word: nonzero while it wants the lane back
 _SEQUENCE = 16  # the worker's: a sequence count, then its figures
 _BODY = slice(_SEQUENCE + 1, _SEQUENCE + 12)
-_HANDED = 28  # the worker's word: when it last took a grant handed over to it (ns)
 _HANDOVER = 32  # the host's word: the hand-over the holder makes at its release (0: none)
 _HANDOVER_AFTER = 33  # the host's word: that hand-over is made at a release from then (ns)
 _LENT = 40  # the host's word: the loan its lease is under (0: a lease of its own)
@@ -262,14 +261,6 @@ class SharedPage(_Page):
 
     def armed_after(self) -> int:
         return self.words[_HANDOVER_AFTER]
-
-    def handed(self, at_ns: int) -> None:
-        """The worker's side: it took a grant handed over to it at ``at_ns``."""
-        self.words[_HANDED] = at_ns
-
-    def handed_at(self) -> float:
-        """When the worker says it last took a grant handed over to it (seconds)."""
-        return self.words[_HANDED] / 1e9
 
     # ----- figures -------------------------------------------------------------------
     def sequence(self) -> int:
