@@ -31,12 +31,13 @@ so it can change its mind whenever the policy's pick changes. One byte is read b
 reader: the host never grants the lane to two jobs.
 
 What a hostile worker can do with this: a holder can wake a job that follows it early,
-which it can already match by running outside its grants (a holder the host finds to
-have handed over before the point armed from is armed only hand-overs that hold at once
-from then on); it cannot grant anything (only
+which it can already match by running outside its grants; it cannot grant anything (only
 the host writes to a grant channel), and a byte down another pair's wake channel takes no
 grant. A successor can take its grant early: the host still counts the lane as its
-holder's until the holder's DONE, and reads nothing of the successor until then. Nothing a
+holder's until the holder's DONE, and reads nothing of the successor until then; where
+that DONE comes before the point the hand-over was armed from, the lane was never the
+successor's (one of the two woke or took early: it runs outside its grants), and the host
+grants it as usual. Nothing a
 worker does to its ends (flags, full buffers, closing them) can block the host, which
 writes to no wake channel and sends and reads its grant channels with MSG_DONTWAIT, nor
 raise SIGPIPE in a job (MSG_NOSIGNAL). A worker that does not read its socket has only its

@@ -647,8 +647,7 @@ class Host:
                 self.policy, [views[r.job_id] for r in ready], list(views.values()), in_gaps,
                 held, holder.granted_at, time.monotonic(),
                 None if armed is None else (armed.successor, armed.after))
-            if follows is not None and not (holder.hands_over_early
-                                            and follows.after > holder.granted_at):
+            if follows is not None:
                 successor, after = self.residents[follows.job.id], follows.after
         if successor is not None and (successor.page is None or successor.channel is None
                                       or successor.thaw_on_grant or successor.cap_unsent):
@@ -709,12 +708,14 @@ class Host:
         if not (kept and usable):
             return False
         holder = self.residents.get(armed.holder)
-        if (holder is not None and holder.released_at is not None
-                and holder.granted_at <= holder.released_at < armed.after
-                and not holder.hands_over_early):  # (its Done read before the point)
-            holder.hands_over_early = True  # its grants are handed over only at once now
-            log.warning("job %d handed the lane over before the point it was armed from; "
-                        "it is armed no more hand-overs from a point", holder.job_id)
+        if holder is not None and holder.released_at is not None \
+                and holder.granted_at <= holder.released_at < armed.after:
+            # Its Done read before the point: the lane was not the successor's yet (one of
+            # the two woke or took early). The host decides; the successor, if it runs,
+            # runs outside its grants.
+            log.warning("job %d's hand-over to job %d was taken before its point; the "
+                        "lane is granted as usual", holder.job_id, successor.job_id)
+            return False
         self._granted(lane, successor)
         self._prepare_handover(lane, successor)
         return True

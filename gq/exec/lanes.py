@@ -131,9 +131,12 @@ def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     decision changes once: under fair a holder that has used less than the job waiting
     keeps the lane if it releases now, and once its use has passed the other's, that job
     follows it however long it runs. That point is found by halving. Elsewhere (deadlines,
-    a high-priority job due back) the decision is checked at every 32nd of the lengths and
-    at each time a view names (a job due back, a window's end, a deadline), and the job is
-    named only if it is granted at all of them, from now on."""
+    a high-priority job due back) the decision may change at each time the views name (a
+    job due back, a window's end, a deadline it can no longer make) and changes once
+    between two of them: it is checked on both sides of each, and at every 8th of the
+    lengths besides, and the job is named only if it is granted at all of them, from now
+    on (none where the views name more than ``_MOMENTS_CHECKED`` such times: the host
+    checks on every event while the lane is held)."""
     at_release = _AtRelease(policy, ready, resident, waiting_for, holder, granted_at)
     shortest = max(0.0, now - granted_at)
     longest = 2 * max(shortest, holder.mean_iteration or 0.0) + 0.001
@@ -141,11 +144,14 @@ def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     if final is None:
         return None
     if policy.reads_clock or any(now < other.until for other in waiting_for):
-        lengths = [shortest + (longest - shortest) * step / 32 for step in range(32)]
-        lengths += [moment - granted_at + nudge
-                    for moment in _named_moments(ready, resident, waiting_for)
-                    for nudge in (-1e-6, 1e-6)
-                    if shortest <= moment - granted_at + nudge <= longest]
+        moments = {moment - granted_at
+                   for moment in _named_moments(ready, resident, waiting_for, holder)
+                   if shortest < moment - granted_at < longest}
+        if len(moments) > _MOMENTS_CHECKED:
+            return None
+        lengths = [shortest + (longest - shortest) * step / 8 for step in range(8)]
+        lengths += [max(shortest, moment + nudge) for moment in sorted(moments)
+                    for nudge in (-1e-6, 1e-6)]
         if all(at_release.is_granted(final, length) for length in lengths):
             return HandOver(final, granted_at)
         return None
@@ -169,16 +175,24 @@ def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
 
 
 def _named_moments(ready: Sequence[JobView], resident: Sequence[JobView],
-                   waiting_for: Sequence[Awaited]) -> list[float]:
+                   waiting_for: Sequence[Awaited], holder: JobView) -> list[float]:
     """The times the views name, where a decision that reads the clock may change: when a
     job in its gap is due back (and when a ready job's iteration would end just then), when
-    a window to keep the lane ends, a deadline."""
+    a window to keep the lane ends, when a job's deadline passes or can no longer be made
+    at its pace (gq.policies.deadline.feasible)."""
     backs = [back for job in resident if (back := expected_back(job)) is not None]
-    moments = [*backs, *(other.until for other in waiting_for),
-               *(job.deadline for job in resident if job.deadline is not None)]
+    moments = [*backs, *(other.until for other in waiting_for)]
     moments += [back - job.mean_iteration for back in backs for job in ready
                 if job.mean_iteration is not None]
+    for job in (*resident, holder):
+        if job.deadline is not None:
+            moments.append(job.deadline)
+            if job.remaining is not None:
+                moments.append(job.deadline - job.remaining)
     return moments
+
+
+_MOMENTS_CHECKED = 16  # a lane whose views name more gets no hand-over from hand_over
 
 
 _HAND_OVER_WITHIN = 0.00005  # how closely hand_over finds where its decision begins (s)

@@ -68,7 +68,6 @@ class Resident:
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
-    hands_over_early: bool = False  # it handed the lane over before the point armed from
     leased: bool = False  # the lane is its own across boundaries until the host wants it
     lease_started: float = 0.0  # monotonic
     lease_base: Figures = field(default_factory=Figures)  # its page when the lease began
