@@ -8,7 +8,9 @@ and what running under gq costs a job per iteration.
   already waiting, job's iteration start, on the shared monotonic clock (a hand-over, the
   holder waking the other job itself, or where none was armed, a DONE and a GO through the
   host). Without gaps the lane may be kept for the job that just released it (its gap is
-  anticipated), so the host decides at each release; with 2.5 ms gaps (past the
+  anticipated), so a hand-over is armed from the point of the holder's iteration on where
+  the other job follows it whatever it does (under fair, once it has used more than the
+  other), and an earlier release goes through the host; with 2.5 ms gaps (past the
   anticipation limit) no choice of the policy's is met, so the lane is lent to the two
   (gq.exec.lease: the holder's release wakes the other on their loan's token).
 - overhead, as a new user meets it (bench/jobs/train_loop.py): a tiny forward, backward and
