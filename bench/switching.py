@@ -19,8 +19,9 @@ and what running under gq costs a job per iteration.
   each gq run against the bare run before it (the machine's noise, often wider than the
   targets). "alone": one job on the node (it runs under a lease: gq.exec.lease); "shared":
   two such jobs at once on one lane under `fair`, each against its bare twin run beside
-  the other (each one's iteration fits in the other's gap: the lane is lent to them). (Under `fifo` the earlier job holds the lane until it ends, even in its gaps,
-  so the figure would be the second job's wait, not the cost of sharing.)
+  the other (each one's iteration fits in the other's gap: the lane is lent to them).
+  (Under `fifo` the earlier job holds the lane until it ends, even in its gaps, so the
+  figure would be the second job's wait, not the cost of sharing.)
 - the machine's floor: one process waking another over a socket pair and back (what a
   switch through the host does twice, and a hand-over once), with the two on
   different CPUs and on one, with no Python of gq's in between.
