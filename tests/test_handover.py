@@ -321,12 +321,14 @@ def test_the_holder_wakes_its_successor_without_the_host(hand_lane):
 
 
 def _behind_by(lane: HandLane, seconds: float, monkeypatch, hostile=None,
-               hostile_successor=None) -> tuple[Resident, Resident]:
+               hostile_successor=None, holder_iterations: int = 2,
+               successor_iterations: int = 1) -> tuple[Resident, Resident]:
     """Two jobs under fair, the first of which has used ``seconds`` less than the second,
     with 2 s iterations and 1 s gaps, which the lane is kept for (for 4 s: the anticipation
     limit is raised so that no test depends on how fast the host reads)."""
     monkeypatch.setattr(defaults, "ANTICIPATION_LIMIT", 10.0)
-    one, two = lane.add(1, 2, hostile=hostile), lane.add(2, 1, hostile=hostile_successor)
+    one = lane.add(1, holder_iterations, hostile=hostile)
+    two = lane.add(2, successor_iterations, hostile=hostile_successor)
     one.iterations, one.attained, one.gaps, one.gap_total = 3, 4.0, 2, 2.0
     two.attained = 4.0 + seconds
     return one, two
@@ -398,6 +400,52 @@ def test_a_hand_over_made_before_its_point_gives_the_successor_nothing(hand_lane
     assert one.attained - attained >= 0.2
     assert one.attained - attained == pytest.approx(one.released_at - granted)
     lane.serve(lambda: two.channel is None)  # it ends; nothing of that iteration booked
+    assert two.iterations == 0 and two.attained == 4.3
+
+
+def test_a_successor_woken_early_by_a_holder_that_ends_gets_no_go_while_it_runs(
+        hand_lane, monkeypatch):
+    """The hostile holder hands over before its point, and ends: the successor runs that
+    iteration outside its grants; the host sends it no Go meanwhile (one would wait in its
+    socket and start its next iteration ungranted) and grants it the lane once it asks
+    again, booking that iteration only."""
+    lane = hand_lane("fair")
+    one, two = _behind_by(lane, 0.3, monkeypatch, hostile=_ignores_the_point,
+                          holder_iterations=1, successor_iterations=2)
+    sent = []
+    send = two.channel.send
+    two.channel.send = lambda message: sent.append(message) or send(message)
+    lane.hold_and_arm(one, two)
+    lane.tell(1)  # it wakes job 2, releases and ends
+    assert lane.said() == "2 granted"
+    lane.serve(lambda: one not in lane.host.lanes[0].residents)
+    assert two.unbooked and two.state == "idle" and lane.host.lanes[0].holder is None
+    assert not any(isinstance(message, Go) for message in sent)
+    lane.tell(2)  # its iteration ends
+    lane.tell(2)  # and it asks again
+    lane.serve(_holds(lane, two))
+    assert lane.said() == "2 granted" and any(isinstance(m, Go) for m in sent)
+    lane.tell(2)
+    lane.serve(lambda: two.iterations == 1)
+
+
+def test_a_successor_woken_early_is_granted_nothing_before_it_asks_again(
+        hand_lane, monkeypatch):
+    """The hostile holder hands over before its point and stays, in its short gap, for
+    which fair keeps the lane: the successor runs that iteration outside its grants,
+    booked nothing; its Done changes nothing, and the holder, asking again within its
+    window, has the lane."""
+    lane = hand_lane("fair")
+    one, two = _behind_by(lane, 0.3, monkeypatch, hostile=_ignores_the_point)
+    lane.hold_and_arm(one, two)
+    lane.tell(1)
+    assert lane.said() == "2 granted"
+    lane.serve(lambda: one.iterations == 4)
+    assert two.state == "idle" and two.unbooked and lane.host.lanes[0].holder is None
+    lane.tell(2)  # its iteration ends (its Done), then it finishes
+    lane.tell(1)  # the holder asks again, within its window
+    lane.serve(_holds(lane, one))
+    assert lane.said() == "1 granted"
     assert two.iterations == 0 and two.attained == 4.3
 
 

@@ -35,9 +35,10 @@ which it can already match by running outside its grants; it cannot grant anythi
 the host writes to a grant channel), and a byte down another pair's wake channel takes no
 grant. A successor can take its grant early: the host still counts the lane as its
 holder's until the holder's DONE, and reads nothing of the successor until then; where
-that DONE comes before the point the hand-over was armed from, the lane was never the
-successor's (one of the two woke or took early: it runs outside its grants), and the host
-grants it as usual. Nothing a
+that DONE comes before the point the hand-over was armed from, the lane is the
+successor's only if the host's decision then is to grant it anyway: else one of the two
+woke or took early, the successor runs outside its grants (booked nothing, granted
+nothing until it asks again), and the host grants the lane as usual. Nothing a
 worker does to its ends (flags, full buffers, closing them) can block the host, which
 writes to no wake channel and sends and reads its grant channels with MSG_DONTWAIT, nor
 raise SIGPIPE in a job (MSG_NOSIGNAL). A worker that does not read its socket has only its
@@ -129,8 +130,9 @@ def take_back(armed: Armed, holder_page: SharedPage | None) -> bool:
 
 def settle(armed: Armed, holder_page: SharedPage | None) -> bool:
     """End an armed hand-over at the holder's release: True if the successor has taken its
-    grant (the lane is its own); else the host has taken it back (the successor was not
-    woken yet, or the holder did not wake it: the lane is granted the usual way, a Go)."""
+    grant (the lane is its own, unless the release came before the point: Host._settle);
+    else the host has taken it back (the successor was not woken yet, or the holder did
+    not wake it: the lane is granted the usual way, a Go)."""
     if holder_page is not None:
         holder_page.arm(0)
     try:

@@ -477,6 +477,7 @@ class Host:
         self._kill(resident, StopWhy.PROTOCOL, grace=0.0)
 
     def _on_ready(self, resident: Resident, now: float) -> None:
+        resident.unbooked = False  # (its iteration outside its grants is over)
         if resident.leased:  # it saw the host wants the lane back, in its gap
             self._end_lease(resident)
         if resident.closing:  # it missed the request at its iteration's end: that end first
@@ -694,7 +695,9 @@ class Host:
     def _settle(self, lane: Lane) -> bool:
         """The lane's holder has released it (or gone): the armed successor has it if it
         has taken its grant already (True); else its grant is taken back and the lane is
-        granted as usual (to it again, with a Go, if the policy still picks it)."""
+        granted as usual (to it again, with a Go, if the policy still picks it). A grant
+        taken where the holder released before the point armed from is the successor's
+        only if the decision now grants it anyway: else it runs outside its grants."""
         armed = lane.armed
         assert armed is not None
         lane.armed = None
@@ -709,16 +712,23 @@ class Host:
             return False
         holder = self.residents.get(armed.holder)
         if holder is not None and holder.released_at is not None \
-                and holder.granted_at <= holder.released_at < armed.after:
-            # Its Done read before the point: the lane was not the successor's yet (one of
-            # the two woke or took early). The host decides; the successor, if it runs,
-            # runs outside its grants.
+                and holder.granted_at <= holder.released_at < armed.after \
+                and not self._grants_now(lane, successor):
+            # Its Done read before the point, and the lane is not the successor's now (one
+            # of the two woke or took early): the successor runs outside its grants, booked
+            # nothing, and is granted nothing before it asks again.
             log.warning("job %d's hand-over to job %d was taken before its point; the "
                         "lane is granted as usual", holder.job_id, successor.job_id)
+            successor.state, successor.released_at, successor.unbooked = "idle", None, True
             return False
         self._granted(lane, successor)
         self._prepare_handover(lane, successor)
         return True
+
+    def _grants_now(self, lane: Lane, job: Resident) -> bool:
+        """Whether the free lane's decision now is to grant ``job``."""
+        decision = self._decide(lane, ready_to_grant(lane), time.monotonic())
+        return isinstance(decision, lane_rule.Grant) and decision.job.id == job.job_id
 
     def _revoke(self, lane: Lane) -> bool:
         """Take the armed successor's grant back (the host's pick has changed, say): True
@@ -814,7 +824,8 @@ class Host:
             return False
         mate = live[0] if live[1] is chosen else live[1]
         members = (chosen, mate)
-        if (mate.state != "idle" or mate.closing or mate.leased or mate.thaw_on_grant
+        if (mate.state != "idle" or mate.unbooked or mate.closing or mate.leased
+                or mate.thaw_on_grant
                 or lane.unlendable == {chosen.job_id, mate.job_id}
                 or not all(self._leasable(m) for m in members)
                 # a job whose socket the host's messages fill up is sent no more

@@ -132,11 +132,12 @@ def hand_over(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     keeps the lane if it releases now, and once its use has passed the other's, that job
     follows it however long it runs. That point is found by halving. Elsewhere (deadlines,
     a high-priority job due back) the decision may change at each time the views name (a
-    job due back, a window's end, a deadline it can no longer make) and changes once
-    between two of them: it is checked on both sides of each, and at every 8th of the
-    lengths besides, and the job is named only if it is granted at all of them, from now
-    on (none where the views name more than ``_MOMENTS_CHECKED`` such times: the host
-    checks on every event while the lane is held)."""
+    job due back, a window's end, a deadline it can no longer make): it is checked on both
+    sides of each, and at every 8th of the lengths besides (between two such times only
+    the holder's use changes, which can change it too: a net for that, not a proof), and
+    the job is named only if it is granted at all of them, from now on (none where the
+    views name more than ``_MOMENTS_CHECKED`` such times: the host checks on every event
+    while the lane is held)."""
     at_release = _AtRelease(policy, ready, resident, waiting_for, holder, granted_at)
     shortest = max(0.0, now - granted_at)
     longest = 2 * max(shortest, holder.mean_iteration or 0.0) + 0.001
@@ -182,7 +183,8 @@ def _named_moments(ready: Sequence[JobView], resident: Sequence[JobView],
     at its pace (gq.policies.deadline.feasible)."""
     backs = [back for job in resident if (back := expected_back(job)) is not None]
     moments = [*backs, *(other.until for other in waiting_for)]
-    moments += [back - job.mean_iteration for back in backs for job in ready
+    moments += [back - job.mean_iteration for back in backs
+                for job in (*ready, *(other.view for other in waiting_for), holder)
                 if job.mean_iteration is not None]
     for job in (*resident, holder):
         if job.deadline is not None:

@@ -68,6 +68,9 @@ class Resident:
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
+    # It runs an iteration on a hand-over taken before its point (outside its grants):
+    # idle in the host's books, lent nothing, until it asks again.
+    unbooked: bool = False
     leased: bool = False  # the lane is its own across boundaries until the host wants it
     lease_started: float = 0.0  # monotonic
     lease_base: Figures = field(default_factory=Figures)  # its page when the lease began
