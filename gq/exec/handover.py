@@ -261,7 +261,6 @@ class WorkerHandOvers:
         else:
             _close(ends)
 
-
     def _forget(self) -> None:
         for _message, *ends in self.standbys.values():
             _close(ends)

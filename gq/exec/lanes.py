@@ -195,8 +195,6 @@ def _named_moments(ready: Sequence[JobView], resident: Sequence[JobView],
 
 
 _MOMENTS_CHECKED = 16  # a lane whose views name more gets no hand-over from hand_over
-
-
 _HAND_OVER_WITHIN = 0.00005  # how closely hand_over finds where its decision begins (s)
 
 
