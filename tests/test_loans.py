@@ -419,6 +419,29 @@ def test_a_loan_number_is_never_used_twice():
     assert third.leased
 
 
+@pytest.mark.parametrize("ending", ["a member asks", "the figures change"])
+def test_a_token_given_twice_is_seen_however_the_loan_ends(ending, caplog):
+    """A job gives the token back more often than it took it, and the loan ends before the
+    host looked at the token for it (a member asks with READY, or its figures stop fitting:
+    the very overlap a doubled token allows can shift them): the host sees the misdeed as it
+    ends the loan, says so once, and lends those two nothing more."""
+    lane = _Lane()
+    first, second = lane.job(1), lane.job(2)
+    a = lane.workers[1][0]
+    lane.say(first, Ready())
+    a.granted(lane.received(1)[-1].lease, 0)
+    assert lane.lane.loan is not None
+    assert a.release(1, None, None)
+    lease_module._sem_post(a.token)  # the misdeed: given once more than taken
+    if ending == "a member asks":
+        lane.say(second, Ready())
+    else:
+        second.gap_total = 0.0  # its gaps now too short for the other's iteration
+        lane.host._schedule(lane.lane)
+    assert lane.lane.loan is None and lane.lane.unlendable == {1, 2}
+    assert caplog.text.count("its token was given back more often than taken") == 1
+
+
 def test_a_semaphore_written_over_ends_the_loan():
     """A count no sem_post could make (a job wrote over the token, or over its own
     semaphore to hide that it holds the token) breaks the loan's rules."""

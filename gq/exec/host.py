@@ -901,9 +901,10 @@ class Host:
             loan.silent_since = None
             return True
         first, second = sorted(m.job_id for m in loan.members)
-        log.warning("lane %d: its token was %s; jobs %d and %d take turns through the host "
-                    "from now on", lane.index, problem, first, second)
-        lane.unlendable = frozenset((first, second))
+        if lane.unlendable != {first, second}:  # (seen once, said once)
+            log.warning("lane %d: its token was %s; jobs %d and %d take turns through the "
+                        "host from now on", lane.index, problem, first, second)
+            lane.unlendable = frozenset((first, second))
         return False
 
     def _count_switches(self, lane: Lane, loan: Loan) -> None:
@@ -920,6 +921,7 @@ class Host:
         loan = lane.loan
         assert loan is not None
         loan.recalling = True
+        self._token_kept(lane, loan)  # however the loan ends, a misdeed on it is seen
         try:
             for member in loan.members:
                 if member.leased:
