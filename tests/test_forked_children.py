@@ -215,7 +215,7 @@ def test_a_launch_stuck_before_its_exec_holds_up_no_other_job_of_its_host(monkey
     assert host.exited[2].code == 0 and (tmp_path / "ok.out").read_text() == "ran\n"
     stuck = host.residents[1]
     assert stuck.process.poll() is None
-    host._kill(stuck, StopWhy.CANCEL, grace=0.0)
+    host.kill(stuck, StopWhy.CANCEL, grace=0.0)
     _run_chores_until(host, lambda: 1 in host.exited)
     assert host.exited[1].kill_why is StopWhy.CANCEL
     assert host.exited[1].signal in (signal.SIGTERM, signal.SIGKILL)
@@ -283,7 +283,7 @@ def test_an_exited_jobs_leftovers_never_hold_up_its_host(monkeypatch):
         assert len(turns) < 100
     assert max(turns) < 0.1 and len(turns) == 4  # three looks at leftovers, then reported
     assert host.exited[5].code == 0 and cgroup.removed and not host.lanes[0].residents
-    host._kill(resident, StopWhy.CANCEL, grace=0.0)  # a cancel that comes too late
+    host.kill(resident, StopWhy.CANCEL, grace=0.0)  # a cancel that comes too late
     assert host.exited[5].kill_why is None
 
 

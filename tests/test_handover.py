@@ -196,7 +196,7 @@ class HandLane:
 
     def __init__(self, policy: str, cuda: bool = False):
         self.host = Host("cpu", cuda, 1, socket.socket(socket.AF_UNIX), 1.0)
-        self.host.policy = policies.make(policy)
+        self.host.granter.policy = policies.make(policy)
         self.said_read, self.said_write = os.pipe()
         self.children: dict[int, int] = {}
         self.release_pipes: dict[int, int] = {}
@@ -262,7 +262,7 @@ class HandLane:
                      if r.channel is not None and (only is None or r is only)]
             for sock in select.select(socks, [], [], 0.05)[0]:
                 if self.sockets[sock].channel is not None:  # not dropped meanwhile
-                    self.host._from_worker(self.sockets[sock])
+                    self.host.granter.from_worker(self.sockets[sock])
         assert until(), "the host never got there"
 
     def said(self) -> str:
@@ -651,7 +651,7 @@ def test_a_job_granted_by_the_host_while_another_waits_is_followed_ahead(hand_la
     kept_until = lane.host.lanes[0].kept_until
     while time.monotonic() < kept_until:  # its window: the high job does not come back
         time.sleep(kept_until - time.monotonic())
-    lane.host._schedule_waiting_lanes()
+    lane.host.granter.schedule_waiting_lanes()
     assert _holds(lane, first)() and _armed_for(lane, second)()
 
 
@@ -866,7 +866,7 @@ def test_a_successor_suspended_inside_its_handed_over_iteration_is_thawed_when_g
         job.frozen = stopped
         os.kill(lane.children[job.job_id], signal.SIGSTOP if stopped else signal.SIGCONT)
 
-    lane.host._stop_processes = stop
+    lane.host.freeze = stop
     lane.hold_and_arm(one, two)
     lane.tell(1)
     assert lane.said() == "2 granted"
@@ -892,7 +892,7 @@ def test_a_successor_that_dies_while_its_reading_is_deferred_leaves_the_lane_goi
     lane.serve(lambda: lane.host.lanes[0].armed is not None and lane.host.lanes[0].armed.deferred)
     os.kill(lane.children[2], signal.SIGKILL)
     os.waitpid(lane.children[2], 0)
-    lane.host._drop_channel(two)  # as its exit is collected
+    lane.host.granter.drop_channel(two)  # as its exit is collected
     assert two.channel is None and _holds(lane, one)()
     lane.tell(1)
     lane.serve(_holds(lane, three))

@@ -197,7 +197,7 @@ def _serve(host: Host, resident: Resident, sock: socket.socket, until) -> None:
     deadline = time.monotonic() + 10
     while not until() and time.monotonic() < deadline:
         if select.select([sock], [], [], 0.05)[0]:
-            host._from_worker(resident)
+            host.granter.from_worker(resident)
     assert until(), "the host never got there"
 
 
@@ -220,7 +220,7 @@ def test_an_iteration_a_lease_ended_in_is_counted_once():
     host, resident, child, sock = _lane_with_worker(_one_iteration_then_ask_again)
     _serve(host, resident, sock, lambda: resident.leased)
     time.sleep(0.03)
-    host._end_lease(resident)  # inside its iteration: it keeps the lane until its end
+    host.granter._end_lease(resident)  # inside its iteration: it keeps the lane until its end
     assert resident.closing and host.lanes[0].holder is resident
     _serve(host, resident, sock, _granted_again(host, resident))
     os.waitpid(child, 0)
@@ -248,7 +248,7 @@ def test_a_worker_that_misses_the_request_to_give_the_lane_back_does_not_stall_i
         return taken
 
     page.want, page.try_take = delayed.append, late_take
-    host._end_lease(resident)
+    host.granter._end_lease(resident)
     page.want, page.try_take = real_want, real_take
     _serve(host, resident, sock, _granted_again(host, resident))
     os.waitpid(child, 0)
@@ -264,19 +264,19 @@ def test_a_suspend_while_an_asked_back_iteration_ends_neither_stalls_nor_counts_
     worker = WorkerLease(SharedPage.attach(fd))
     host_end, worker_end = socket.socketpair()
     host, resident = _host_with_resident(page, host_end)
-    host._stop_processes = lambda job, stop: setattr(job, "frozen", stop)  # no process here
+    host.freeze = lambda job, stop: setattr(job, "frozen", stop)  # no process here
     to_worker = Channel(worker_end, TO_WORKER)
 
     def say(message) -> None:
         worker_end.sendall(encode(message))
         select.select([host_end], [], [], 2)
-        host._from_worker(resident)
+        host.granter.from_worker(resident)
 
     say(Ready())
     worker.granted(to_worker.receive_one().lease, 0)
     assert resident.leased
     _spin(0.05)
-    host._end_lease(resident)  # another job is ready: the worker is inside its iteration
+    host.granter._end_lease(resident)  # another job is ready: the worker is inside its iteration
     _spin(0.05)
     assert not worker.release(1, None, None)  # it sees the request as it ends the iteration
     host._on_suspend(Suspend(job=1, suspended=True))

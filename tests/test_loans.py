@@ -76,7 +76,7 @@ def _pages() -> list[tuple[SharedPage, WorkerLease]]:
 
 
 def _lend(number: int, holder, mate, send_to_mate: bool = True) -> LoanPage:
-    """What the host's _lend does: the loan's page sent to both, their pages made ready."""
+    """What the granter's _lend does: the loan's page sent to both, their pages made ready."""
     loan, fd = LoanPage.create()
     for (page, worker), inside in ((holder, True), (mate, False)):
         if inside or send_to_mate:
@@ -297,10 +297,10 @@ class _Lane:
 
     def __init__(self):
         self.host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
-        self.host.policy = policies.make("fair")
-        self.host._stop_processes = lambda job, stop: setattr(job, "frozen", stop)
+        self.host.granter.policy = policies.make("fair")
+        self.host.freeze = lambda job, stop: setattr(job, "frozen", stop)
         self.killed: list[tuple[int, object]] = []  # no processes here: kills are noted
-        self.host._kill = lambda job, why, grace=0.0: self.killed.append((job.job_id, why))
+        self.host.kill = lambda job, why, grace=0.0: self.killed.append((job.job_id, why))
         self.lane = self.host.lanes[0]
         self.workers: dict[int, tuple[WorkerLease, WorkerChannel]] = {}
 
@@ -329,7 +329,7 @@ class _Lane:
     def say(self, resident: Resident, message) -> None:
         self.workers[resident.job_id][1].sock.sendall(encode(message))
         select.select([resident.channel.sock], [], [], 1)
-        self.host._from_worker(resident)
+        self.host.granter.from_worker(resident)
 
     def received(self, job_id: int) -> list:
         """What the host sent the job's worker (a loan's page goes to its lease)."""
@@ -394,7 +394,7 @@ def test_a_job_offered_a_loan_after_its_done_was_read_late_keeps_its_job():
     a.granted(lane.received(1)[-1].lease, 0)
     assert lane.lane.loan is not None
     assert a.release(1, None, None) and b.take(1)
-    lane.host._schedule(lane.lane)  # the host reads both pages
+    lane.host.granter.schedule(lane.lane)  # the host reads both pages
     assert not lane.killed and lane.lane.loan is not None
 
 
@@ -410,7 +410,7 @@ def test_a_loan_number_is_never_used_twice():
     lane.received(1)
     assert set(a.loans) == {1}
     a.granted(False, 0)
-    lane.host._drop_channel(second)
+    lane.host.granter.drop_channel(second)
     third = lane.job(3)
     lane.say(first, Done(1))
     lane.say(first, Ready())
@@ -437,7 +437,7 @@ def test_a_token_given_twice_is_seen_however_the_loan_ends(ending, caplog):
         lane.say(second, Ready())
     else:
         second.gap_total = 0.0  # its gaps now too short for the other's iteration
-        lane.host._schedule(lane.lane)
+        lane.host.granter.schedule(lane.lane)
     assert lane.lane.loan is None and lane.lane.unlendable == {1, 2}
     assert caplog.text.count("its token was given back more often than taken") == 1
 
@@ -455,7 +455,7 @@ def test_a_semaphore_written_over_ends_the_loan():
         assert lane.lane.loan is not None
         written = a.loans[a.loan].map if target == "token" else a.page.map
         written[0:4] = b"\xff\xff\xff\xff"
-        lane.host._schedule(lane.lane)
+        lane.host.granter.schedule(lane.lane)
         assert lane.lane.loan is None and lane.lane.unlendable == {1, 2}, target
 
 

@@ -130,7 +130,7 @@ def take_back(armed: Armed, holder_page: SharedPage | None) -> bool:
 
 def settle(armed: Armed, holder_page: SharedPage | None) -> bool:
     """End an armed hand-over at the holder's release: True if the successor has taken its
-    grant (the lane is its own, unless the release came before the point: Host._settle);
+    grant (the lane is its own, unless the release came before the point: Granter._settle);
     else the host has taken it back (the successor was not woken yet, or the holder did
     not wake it: the lane is granted the usual way, a Go)."""
     if holder_page is not None:

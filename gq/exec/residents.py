@@ -1,8 +1,9 @@
 """What an execution host knows of each job resident on its device and of each lane: a
 job's process, its iterations and gaps as measured (by the host, or from its worker's page
 under a lease), the view of it a policy is given, and what is reported of it to the daemon
-(progress, its state to a daemon that attaches, its exit). :mod:`gq.exec.host` keeps these
-records and changes them as events arrive; nothing here does I/O.
+(progress, its state to a daemon that attaches, its exit). :mod:`gq.exec.host` and
+:mod:`gq.exec.granting` keep these records and change them as events arrive; nothing here
+does I/O.
 """
 
 from __future__ import annotations
