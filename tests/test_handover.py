@@ -24,7 +24,7 @@ from gq.codec import MessageError
 from gq.exec import handover, lanes, runtime
 from gq.exec.handover import WorkerHandOvers
 from gq.exec.host import Host
-from gq.exec.residents import Resident
+from gq.exec.residents import LaneState, Resident
 from gq.exec.lease import SharedPage
 from gq.exec.protocol import (FROM_WORKER, Cap, Channel, Done, Go, HandOver, Standby, Suspend,
                               WorkerChannel, encode)
@@ -296,12 +296,12 @@ def hand_lane():
 
 
 def _armed_for(lane: HandLane, resident: Resident):
-    return lambda: (resident.state == "ready" and lane.host.lanes[0].armed is not None
+    return lambda: (resident.state is LaneState.READY and lane.host.lanes[0].armed is not None
                     and lane.host.lanes[0].armed.successor == resident.job_id)
 
 
 def _holds(lane: HandLane, resident: Resident):
-    return lambda: lane.host.lanes[0].holder is resident and resident.state == "running"
+    return lambda: lane.host.lanes[0].holder is resident and resident.state is LaneState.RUNNING
 
 
 def test_the_holder_wakes_its_successor_without_the_host(hand_lane):
@@ -314,7 +314,7 @@ def test_the_holder_wakes_its_successor_without_the_host(hand_lane):
     assert lane.said() == "2 granted"
     assert lane.host.lanes[0].holder is one  # it has heard of nothing yet
     lane.serve(lambda: _holds(lane, two)() and one.iterations == 1)
-    assert one.state == "idle" and one.steps_done == 1 and lane.host.lanes[0].armed is None
+    assert one.state is LaneState.IDLE and one.steps_done == 1 and lane.host.lanes[0].armed is None
     lane.tell(2)
     lane.serve(lambda: two.iterations == 1 and lane.host.lanes[0].holder is None)
     assert lane.host.lanes[0].switches == 1
@@ -419,7 +419,7 @@ def test_a_successor_woken_early_by_a_holder_that_ends_gets_no_go_while_it_runs(
     lane.tell(1)  # it wakes job 2, releases and ends
     assert lane.said() == "2 granted"
     lane.serve(lambda: one not in lane.host.lanes[0].residents)
-    assert two.unbooked and two.state == "idle" and lane.host.lanes[0].holder is None
+    assert two.unbooked and two.state is LaneState.IDLE and lane.host.lanes[0].holder is None
     assert not any(isinstance(message, Go) for message in sent)
     lane.tell(2)  # its iteration ends
     lane.tell(2)  # and it asks again
@@ -441,7 +441,7 @@ def test_a_successor_woken_early_is_granted_nothing_before_it_asks_again(
     lane.tell(1)
     assert lane.said() == "2 granted"
     lane.serve(lambda: one.iterations == 4)
-    assert two.state == "idle" and two.unbooked and lane.host.lanes[0].holder is None
+    assert two.state is LaneState.IDLE and two.unbooked and lane.host.lanes[0].holder is None
     lane.tell(2)  # its iteration ends (its Done), then it finishes
     lane.tell(1)  # the holder asks again, within its window
     lane.serve(_holds(lane, one))
@@ -518,7 +518,7 @@ def test_a_grant_taken_back_cannot_be_woken_into(hand_lane):
     lane.tell(1)
     assert lane.said() == "3 granted"
     lane.serve(lambda: _holds(lane, three)() and one.iterations == 1)
-    assert two.state == "ready"
+    assert two.state is LaneState.READY
     lane.tell(3)
     assert lane.said() == "2 granted"  # after job 3's release, not before
     lane.serve(lambda: _holds(lane, two)() and three.iterations == 1)
@@ -644,7 +644,7 @@ def test_a_job_granted_by_the_host_while_another_waits_is_followed_ahead(hand_la
     high.gaps, high.gap_total = 1, 0.0001  # as measured: a gap too short to fill
     lane.tell(2)
     lane.tell(3)
-    lane.serve(lambda: first.state == second.state == "ready")
+    lane.serve(lambda: first.state == second.state is LaneState.READY)
     assert lane.host.lanes[0].armed is None  # the lane is kept for the high job
     lane.tell(1)
     lane.serve(lambda: high.iterations == 1 and lane.host.lanes[0].kept_until is not None)
@@ -718,11 +718,11 @@ def test_a_successor_that_takes_its_grant_early_waits_for_its_holders_release(ha
     lane.serve(_holds(lane, one))
     assert lane.said() == "1 granted"
     lane.tell(3)
-    lane.serve(lambda: three.state == "ready")
+    lane.serve(lambda: three.state is LaneState.READY)
     lane.tell(2)
     lane.serve(lambda: lane.host.lanes[0].armed is not None and lane.host.lanes[0].armed.deferred)
     assert lane.said() == "2 granted"  # it runs, on its own word
-    assert _holds(lane, one)() and two.iterations == 0 and three.state == "ready"
+    assert _holds(lane, one)() and two.iterations == 0 and three.state is LaneState.READY
     lane.tell(1)
     released = time.monotonic()
     lane.serve(_holds(lane, three))
@@ -838,7 +838,7 @@ def test_a_waiting_job_that_asks_again_and_again_costs_the_host_nothing(hand_lan
     lane.serve(_holds(lane, one))
     lane.tell(2)
     sock = two.channel.sock
-    lane.serve(lambda: two.state == "ready" and not two.channel._buffer
+    lane.serve(lambda: two.state is LaneState.READY and not two.channel._buffer
                and not select.select([sock], [], [], 0)[0])
     assert len(decisions) <= 2, len(decisions)
 
@@ -887,7 +887,7 @@ def test_a_successor_that_dies_while_its_reading_is_deferred_leaves_the_lane_goi
     lane.tell(1)
     lane.serve(_holds(lane, one))
     lane.tell(3)
-    lane.serve(lambda: three.state == "ready")
+    lane.serve(lambda: three.state is LaneState.READY)
     lane.tell(2)
     lane.serve(lambda: lane.host.lanes[0].armed is not None and lane.host.lanes[0].armed.deferred)
     os.kill(lane.children[2], signal.SIGKILL)

@@ -18,7 +18,7 @@ from test_hardening import host_process
 from gq import defaults
 from gq.exec import runtime
 from gq.exec.host import Host
-from gq.exec.residents import Resident
+from gq.exec.residents import LaneState, Resident
 from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
 from gq.exec.protocol import (FROM_WORKER, TO_WORKER, Channel, Done, Ready, Suspend,
                               WorkerChannel, encode)
@@ -212,7 +212,7 @@ def _one_iteration_then_ask_again(session) -> None:
 
 
 def _granted_again(host: Host, resident: Resident):
-    return lambda: (resident.iterations >= 1 and resident.state == "running"
+    return lambda: (resident.iterations >= 1 and resident.state is LaneState.RUNNING
                     and host.lanes[0].holder is resident and not resident.closing)
 
 
@@ -286,7 +286,7 @@ def test_a_suspend_while_an_asked_back_iteration_ends_neither_stalls_nor_counts_
     assert not worker.take(1)  # asked back: it asks with READY
     say(Ready())
     assert select.select([worker_end], [], [], 2)[0], "no Go for the resumed job"
-    assert resident.state == "running" and host.lanes[0].holder is resident
+    assert resident.state is LaneState.RUNNING and host.lanes[0].holder is resident
 
 
 # ----- with a daemon, a host and workers ----------------------------------------------

@@ -25,7 +25,7 @@ from gq.exec.lanes import lendable
 from gq.exec.lease import LoanPage, SharedPage, WorkerLease
 from gq.exec.protocol import (FROM_WORKER, Channel, Done, Go, Lent, Ready, Suspend,
                               WorkerChannel, encode)
-from gq.exec.residents import Resident
+from gq.exec.residents import LaneState, Resident
 from gq.policies.base import JobView
 
 
@@ -366,19 +366,19 @@ def test_a_loan_whose_token_was_given_twice_frees_the_lane_only_when_both_are_ou
     third.iterations = third.gaps = 0
     lane.say(third, Ready())  # the loan ends: both are found inside
     assert lane.lane.loan is None and first.closing and second.closing
-    assert lane.lane.holder is first and third.state == "ready"
+    assert lane.lane.holder is first and third.state is LaneState.READY
     lane.host._on_suspend(Suspend(job=2, suspended=True))  # the one not holding the lane
-    assert second.state == "ready" and second.thaw_on_grant
+    assert second.state is LaneState.READY and second.thaw_on_grant
     assert not a.release(1, None, None)  # it sees the host wants the lane back
     lane.say(first, Done(1))
-    assert lane.lane.holder is third and third.state == "running"  # granted now, with a Go
+    assert lane.lane.holder is third and third.state is LaneState.RUNNING  # granted now, with a Go
     assert any(isinstance(m, Go) for m in lane.received(3))
     lane.say(third, Done(1))
     lane.host._on_suspend(Suspend(job=2, suspended=False))  # resumed inside its iteration:
     assert lane.lane.holder is second and not second.frozen  # it goes on with the lane
     assert not b.release(1, None, None)
     lane.say(second, Done(1))
-    assert lane.lane.holder is None and second.state == "idle" and second.iterations == 4
+    assert lane.lane.holder is None and second.state is LaneState.IDLE and second.iterations == 4
 
 
 def test_a_job_offered_a_loan_after_its_done_was_read_late_keeps_its_job():
@@ -472,11 +472,11 @@ def test_a_third_job_waits_while_both_of_a_loan_s_jobs_are_inside_an_iteration()
     lane.say(third, Ready())
     assert not a.release(1, None, None)
     lane.say(first, Done(1))
-    assert third.state == "ready" and lane.lane.holder is None  # the second is still inside
+    assert third.state is LaneState.READY and lane.lane.holder is None  # the second is still inside
     assert not any(isinstance(m, Go) for m in lane.received(3))
     assert not b.release(1, None, None)
     lane.say(second, Done(1))
-    assert third.state == "running" and lane.lane.holder is third
+    assert third.state is LaneState.RUNNING and lane.lane.holder is third
 
 
 # ----- with a daemon, a host and workers ----------------------------------------------

@@ -31,7 +31,7 @@ from gq.exec import lanes as lane_rule
 from gq.exec import protocol as wire
 from gq.exec.lease import Figures, LoanPage, SharedPage, implausible
 from gq.exec.protocol import StopWhy
-from gq.exec.residents import Lane, Loan, Resident, ready_to_grant
+from gq.exec.residents import Lane, LaneState, Loan, Resident, ready_to_grant
 from gq.policies.base import JobView, Policy
 
 log = logging.getLogger("gq.host")
@@ -97,11 +97,11 @@ class Granter:
             resident.suspended, resident.suspended_at = True, now
             # Inside an iteration (the holder, or a loan's job found inside one beside it):
             # the lane goes to others.
-            if lane.holder is resident or resident.state == "running":
+            if lane.holder is resident or resident.state is LaneState.RUNNING:
                 resident.attained += max(0.0, now - resident.granted_at)
                 if lane.holder is resident:
                     lane.holder = None
-                resident.state, resident.thaw_on_grant = "ready", True
+                resident.state, resident.thaw_on_grant = LaneState.READY, True
             self.host.freeze(resident, True)
             log.info("job %d suspended", resident.job_id)
         else:
@@ -156,18 +156,18 @@ class Granter:
             self._end_lease(resident)
         if resident.closing:  # it missed the request at its iteration's end: that end first
             self._close_iteration(resident, ended=True)
-        elif (resident.state == "running" and resident.page is not None
+        elif (resident.state is LaneState.RUNNING and resident.page is not None
               and resident.page.wanted() and self.lanes[resident.lane].holder is resident):
             # The same, where a suspend took over the measuring of that iteration.
             self._on_done(resident, wire.Done(resident.steps_done, resident.mem_persistent,
                                               resident.mem_peak), now)
-        if resident.channel is None or resident.state != "idle":
+        if resident.channel is None or resident.state is not LaneState.IDLE:
             return  # ended meanwhile, holds the lane already, or asked already
         if resident.released_at is not None:
             resident.gaps += 1
             resident.gap_total += max(0.0, now - resident.released_at)
         resident.asks_for_iteration()
-        resident.state = "ready"
+        resident.state = LaneState.READY
         self.schedule(self.lanes[resident.lane])
 
     def _on_done(self, resident: Resident, message: wire.Done, now: float) -> None:
@@ -184,7 +184,7 @@ class Granter:
             resident.thaw_on_grant = False
             resident.iterations += 1
             resident.record_steps(message.steps)
-            resident.state, resident.released_at = "idle", now
+            resident.state, resident.released_at = LaneState.IDLE, now
             if not resident.suspended:
                 self.host.freeze(resident, False)
             return
@@ -199,7 +199,7 @@ class Granter:
         resident.mem_peak = message.mem_peak
         resident.dirty = True
         self._check_memory(resident)
-        resident.state = "idle"
+        resident.state = LaneState.IDLE
         resident.released_at = now
         lane.holder = None
         self.schedule(lane)
@@ -237,7 +237,7 @@ class Granter:
                 self._recall(lane)
             if lane.loan is not None:
                 return
-        if lane.holder is None and any(r.closing and r.state == "running"
+        if lane.holder is None and any(r.closing and r.state is LaneState.RUNNING
                                        for r in lane.residents):
             return  # both of a loan's jobs were inside an iteration (its token given twice)
         holder = lane.holder
@@ -290,13 +290,13 @@ class Granter:
         none), and those in their gaps the lane may be kept for."""
         views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
         in_gaps = [awaited for r in lane.residents
-                   if r.state == "idle" and not r.suspended and r.released_at is not None
+                   if r.state is LaneState.IDLE and not r.suspended and r.released_at is not None
                    and (awaited := lane_rule.awaited(views[r.job_id], r.released_at,
                                                      r.mean_gap))]
         return views, in_gaps
 
     def _granted(self, lane: Lane, chosen: Resident) -> None:
-        chosen.state = "running"
+        chosen.state = LaneState.RUNNING
         chosen.granted_at = time.monotonic()
         chosen.handover_messages = 0
         chosen.dirty = True  # the daemon hears of the grant with the next progress
@@ -377,7 +377,7 @@ class Granter:
         lane.armed = None
         successor = self.residents.get(armed.successor)
         usable = (successor is not None and successor.channel is not None
-                  and successor in lane.residents and successor.state == "ready"
+                  and successor in lane.residents and successor.state is LaneState.READY
                   and not successor.suspended and not successor.thaw_on_grant
                   and not successor.cap_unsent)  # else its grant comes the usual way
         kept = handover.settle(armed, self._page_of(armed.holder))
@@ -393,7 +393,7 @@ class Granter:
             # nothing, and is granted nothing before it asks again.
             log.warning("job %d's hand-over to job %d was taken before its point; the "
                         "lane is granted as usual", holder.job_id, successor.job_id)
-            successor.state, successor.released_at, successor.unbooked = "idle", None, True
+            successor.state, successor.released_at, successor.unbooked = LaneState.IDLE, None, True
             return False
         self._granted(lane, successor)
         self._prepare_handover(lane, successor)
@@ -498,7 +498,7 @@ class Granter:
             return False
         mate = live[0] if live[1] is chosen else live[1]
         members = (chosen, mate)
-        if (mate.state != "idle" or mate.unbooked or mate.closing or mate.leased
+        if (mate.state is not LaneState.IDLE or mate.unbooked or mate.closing or mate.leased
                 or mate.thaw_on_grant
                 or lane.unlendable == {chosen.job_id, mate.job_id}
                 or not all(self._leasable(m) for m in members)
@@ -532,7 +532,7 @@ class Granter:
             member.handover_messages += 1
             self._begin_lease(member, seen, number,
                               now if inside else _offered_from(member, seen, now), inside)
-        mate.state = "running"  # its page says when it is inside an iteration
+        mate.state = LaneState.RUNNING  # its page says when it is inside an iteration
         lane.loan = Loan(number, tokens, members, (chosen.iterations, mate.iterations))
         return True
 
@@ -642,7 +642,7 @@ class Granter:
             if not resident.lease_in_iteration:
                 resident.granted_at = time.monotonic()  # it took the lane as the host asked
             lane = self.lanes[resident.lane]
-            if lane.holder is None and resident.state == "running":
+            if lane.holder is None and resident.state is LaneState.RUNNING:
                 lane.holder = resident  # a loan's job: the lane is its until that Done
 
     def _close_iteration(self, resident: Resident, ended: bool) -> None:
@@ -670,13 +670,13 @@ class Granter:
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             lane.holder = None
-        elif resident.state != "running":
+        elif resident.state is not LaneState.RUNNING:
             return
         seen, base = resident.page_seen, resident.lease_base
         if (seen.iterations, seen.gaps) != (base.iterations, base.gaps) \
                 or resident.released_at is None:
             resident.released_at = resident.since_on_page(time.monotonic())
-        resident.state = "idle"
+        resident.state = LaneState.IDLE
 
     def _read_page(self, resident: Resident, final: bool = False) -> bool:
         """Take in a leased job's figures from its page. Impossible ones end the job
@@ -749,7 +749,7 @@ class Granter:
             now = time.monotonic()
             resident.attained += max(0.0, now - resident.granted_at)
             lane.holder = None
-        resident.state = "idle"
+        resident.state = LaneState.IDLE
         self.schedule(lane)
 
     def read_leased_pages(self) -> None:

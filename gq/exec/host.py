@@ -41,7 +41,7 @@ from gq.exec.granting import Granter
 from gq.exec.lease import SharedPage
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.memory_watch import MemoryWatch, Watched
-from gq.exec.residents import Lane, Resident, ready_to_grant
+from gq.exec.residents import Lane, LaneState, Resident, ready_to_grant
 from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
                            start_as_submitter)
 from gq.queue import spool
@@ -586,7 +586,7 @@ class Host:
         self._last_progress = now
         self.granter.read_leased_pages()
         # A job inside an iteration is reported each time: its attained time grows.
-        changed = [r for r in self.residents.values() if r.dirty or r.state == "running"]
+        changed = [r for r in self.residents.values() if r.dirty or r.state is LaneState.RUNNING]
         for resident in changed:
             resident.dirty = False
         switches = [lane.switches for lane in self.lanes]

@@ -9,6 +9,7 @@ does I/O.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,14 @@ from gq.exec.spawn import JobProcess
 from gq.policies.base import JobView
 
 log = logging.getLogger("gq.host")
+
+
+class LaneState(enum.Enum):
+    """Where a resident job stands with its lane."""
+
+    IDLE = "idle"  # released it: in a gap, or not begun
+    READY = "ready"  # asked for it: waiting for its grant
+    RUNNING = "running"  # holds it (under a loan: may be inside an iteration, its page says)
 
 
 @dataclass
@@ -49,7 +58,7 @@ class Resident:
     paused: float = 0.0  # seconds it spent suspended: its time limit does not count them
     kill_why: StopWhy | None = None
     detail: str | None = None  # what its worker did wrong, for its exit report
-    state: str = "idle"  # idle (released) | ready (waiting for GO) | running (holds lane)
+    state: LaneState = LaneState.IDLE
     steps_done: int = 0
     worker_total: int | None = None  # what the job itself declared (gq.set_total_steps)
     past_total: bool = False  # it reported more steps than its total: the total is wrong
@@ -169,7 +178,7 @@ class Resident:
     @property
     def in_iteration(self) -> bool:
         """Inside an iteration now (a leased job: as its page said when last read)."""
-        return self.state == "running" and (not self.leased or self.lease_in_iteration)
+        return self.state is LaneState.RUNNING and (not self.leased or self.lease_in_iteration)
 
     def take_figures(self, figures: Figures, now: float) -> None:
         """What a leased worker's page says it did since it was last read (checked
@@ -251,7 +260,7 @@ class Loan:
 
 def ready_to_grant(lane: Lane) -> list[Resident]:
     """The lane's residents that wait for an iteration and may be granted one."""
-    return [r for r in lane.residents if r.state == "ready" and not r.suspended]
+    return [r for r in lane.residents if r.state is LaneState.READY and not r.suspended]
 
 
 def within_bounds(report):
