@@ -8,8 +8,8 @@ backward and optimizer step, no host-side work) in batches, pinned to one CPU, k
 fastest batch (noise only ever adds); the processes alternate, and a figure is the median of
 --runs of them. Modes:
 - bare: no gq;
-- hooks: gq's hooks, with a session that does nothing (their own cost, and torch's for
-  calling global hooks);
+- hooks: gq's hooks, with a session that does nothing (their own cost: the wrapper around
+  Module.__call__, the optimizer's post-hook, the backward wrapper until an optimizer steps);
 - leased: the hooks with the worker's session holding a lease, as a job alone on its lane
   runs (every boundary crossed in memory: gq.exec.lease).
 Models: the bench's one Linear layer, and 10 Linear+ReLU pairs in a Sequential (21 module

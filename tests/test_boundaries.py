@@ -161,11 +161,11 @@ def test_the_hooks_never_fail_a_module_that_overrides_parameters():
     session = Session()
     boundaries = hooks._Boundaries(session, torch)
     module = ListParameters()
-    boundaries.before_forward(module, ())
-    boundaries.after_forward(module, (), None)
+    boundaries.enter(module)
+    boundaries.leave()
     with torch.no_grad():
-        boundaries.before_forward(module, ())
-        boundaries.after_forward(module, (), None)
+        boundaries.enter(module)
+        boundaries.leave()
     assert boundaries._has_parameters(module)
     assert boundaries._has_parameters(torch.nn.ReLU()) is False
     assert session.calls == ["acquire", "acquire", INFER, "release"]
@@ -230,3 +230,100 @@ def test_backward_is_the_scripts_own_again_once_an_optimizer_steps(case, tmp_pat
     done = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+HOOKS_AT_WORK = '''
+import sys
+import threading
+import torch
+import torch.nn.modules.module as module_hooks
+from gq.exec import hooks
+
+class Session:
+    def __init__(self): self.calls = []
+    def acquire(self): self.calls.append("acquire")
+    def release(self): self.calls.append("release")
+    def count_step(self, kind): self.calls.append(kind)
+
+session = Session()
+hooks.install(session, torch)
+# no global module hooks: they take every module call off torch's fast path
+assert not module_hooks._global_forward_pre_hooks and not module_hooks._global_forward_hooks
+
+def said(case):
+    print(case, " ".join(session.calls))
+    session.calls.clear()
+
+class Step(torch.nn.Module):  # a whole training step in a module's forward
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(),
+                                         torch.nn.Linear(2, 1))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+    def forward(self, x):
+        self.optimizer.zero_grad()
+        self.model(x).sum().backward()
+        self.optimizer.step()
+        return x
+
+step = Step()
+for _ in range(2):
+    step(torch.ones(2))
+said("step-inside")
+
+class Raises(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+    def forward(self, x):
+        return torch.nn.Sequential(torch.nn.ReLU(), Fails())(self.layer(x))
+
+class Fails(torch.nn.Module):
+    def forward(self, x):
+        raise ValueError("bad batch")
+
+with torch.no_grad():
+    for _ in range(2):
+        try:
+            Raises()(torch.ones(2))
+        except ValueError:
+            pass
+said("raising")
+
+entered, leave = threading.Event(), threading.Event()
+class Waits(torch.nn.Module):
+    def forward(self, x):
+        entered.set()
+        leave.wait()
+        return x
+
+other = threading.Thread(target=lambda: Waits()(torch.ones(2)))
+other.start()
+entered.wait()
+step.optimizer.step()  # an iteration ends while the other thread is inside a call
+said("while-inside")
+leave.set()
+other.join()
+said("left")
+'''
+
+
+def test_the_hooks_keep_torch_s_fast_path_and_release_once_every_thread_has_left(tmp_path):
+    """The hooks wrap Module.__call__ and register no global module hooks (those cost every
+    nested module call about 2 us). An iteration that ends while a thread is inside a
+    module call (an optimizer stepping inside a module's forward; another thread's step)
+    releases the lane as the last call leaves: it was lost, and the job held the lane for
+    good. A call that raises deep inside still leaves, and nested calls acquire nothing."""
+    script = tmp_path / "at_work.py"
+    script.write_text(HOOKS_AT_WORK)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = dict(line.split(" ", 1) if " " in line else (line, "")
+                for line in done.stdout.splitlines())
+    assert said == {
+        "step-inside": f"acquire {TRAIN} release acquire {TRAIN} release",
+        "raising": f"acquire {INFER} release acquire {INFER} release",
+        "while-inside": f"acquire {TRAIN}",
+        "left": "release",
+    }, done.stdout

@@ -1,19 +1,20 @@
 """The hooks that find iteration boundaries in unmodified PyTorch scripts.
 
 Installed once the script imports torch (a meta-path finder watches for it, so scripts
-that never import torch pay nothing): a global forward pre-hook and hook on every module
-call, a post-hook on every optimizer step, and a wrapper around ``torch.autograd.backward``
-until an optimizer steps. They keep each thread's nesting depth and tell
+that never import torch pay nothing): ``torch.nn.Module.__call__`` wrapped to note each
+thread's outermost module call, a post-hook on every optimizer step, and a wrapper around
+``torch.autograd.backward`` until an optimizer steps. They tell
 :class:`gq.exec.boundaries.LoopShape` what happened at top level; it decides where
 iterations end (its docstring states the rule).
-A module call while released acquires the lane (later calls see it held and return at once).
+An outermost module call while released acquires the lane (later calls see it held and
+return at once). A nested call costs a thread-local read and a call: torch's global module
+hooks, which gq used before, took every module call off torch's fast path, at about 2 µs a
+call (a model of a few hundred modules paid most of a millisecond an iteration).
 
 Several threads may call modules at once (inference servers, thread pools): the device is
 held while any thread is inside a module call and released when the last one leaves. A
-module call that raises still counts as left (the forward hook is registered with
-``always_call``). Calls traced by ``torch.compile`` are left alone (the compiled module's
-own call is the outermost one), and the warning torch gives about global hooks on a
-compiled module is not shown: the hooks are gq's, not the script's.
+module call that raises still counts as left. Calls traced by ``torch.compile`` are left
+alone (the compiled module's own call is the outermost one).
 """
 
 from __future__ import annotations
@@ -24,15 +25,12 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
 
 from gq.exec import memory
 from gq.exec.boundaries import NOTHING, Boundary, LoopShape
 from gq.exec.runtime import JobSession
-
-_COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
 class _Boundaries:
@@ -45,56 +43,55 @@ class _Boundaries:
         self.torch = torch
         compiler = getattr(torch, "compiler", None)  # torch.compiler.is_compiling from 2.3 on
         self.compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
-        # .depth: this thread's nesting of module calls; .with_parameters: whether its
-        # outermost call's module has parameters (asked once, at the call's start)
+        # .depth: 1 while this thread is inside a module call (counted inside);
+        # .with_parameters: whether its outermost call's module has parameters
         self.local = threading.local()
         self.lock = threading.Lock()
         self.inside = 0  # threads now inside an outermost module call
+        self.release_owed = False  # an iteration ended while a thread was inside a call
         self.shape = LoopShape()
         self.with_parameters: set[int] = set()  # ids of modules found to have parameters
         self.stop_noting_backward: Callable[[], None] | None = None
 
     def _apply(self, boundary: Boundary) -> None:
-        """Under the lock: count and release as the loop's shape says."""
+        """Under the lock: count and release as the loop's shape says; a release while a
+        thread is inside a module call (an optimizer that steps inside one: a whole training
+        step in a module's forward, say) comes as the last one leaves."""
         if boundary.count is not None:
             self.session.count_step(boundary.count)
-        if boundary.release and self.inside == 0:
+        if boundary.release:
+            self.release_owed = True
+        if self.release_owed and self.inside == 0:
+            self.release_owed = False
             self.session.release()
 
-    def before_forward(self, module, _inputs):
-        if self.compiling():
-            return
+    def enter(self, module) -> None:
+        """This thread's outermost module call begins: counted inside (``local.depth`` 1
+        from then on) and given the lane. What ended an iteration before it is applied
+        first."""
         local = self.local
-        depth = getattr(local, "depth", 0)
-        local.depth = depth + 1
-        if depth == 0:
-            with_parameters = local.with_parameters = self._has_parameters(module)
-            with self.lock:
-                boundary = self.shape.forward_begins(id(module), with_parameters)
-                if boundary is not NOTHING:
-                    self._apply(boundary)
-                self.inside += 1
-                self.session.acquire()  # at once while the lane is held
+        with_parameters = local.with_parameters = self._has_parameters(module)
+        with self.lock:
+            boundary = self.shape.forward_begins(id(module), with_parameters)
+            if boundary is not NOTHING:
+                self._apply(boundary)
+            self.inside += 1
+            local.depth = 1
+            self.session.acquire()  # at once while the lane is held
 
-    def after_forward(self, _module, _inputs, _output):
-        if self.compiling():
-            return
-        depth = getattr(self.local, "depth", 0)
-        if depth == 0:
-            return  # a call that began before the hooks were installed
-        self.local.depth = depth - 1
-        if depth == 1:
-            with self.lock:
-                self.inside -= 1
-                self._apply(self.shape.forward_ends(self.local.with_parameters,
-                                                    self.torch.is_grad_enabled()))
+    def leave(self) -> None:
+        """This thread's outermost module call has ended (or raised)."""
+        self.local.depth = 0
+        with self.lock:
+            self.inside -= 1
+            self._apply(self.shape.forward_ends(self.local.with_parameters,
+                                                self.torch.is_grad_enabled()))
 
     def after_backward(self) -> None:
         with self.lock:
             self.shape.backward()
 
     def after_optimizer_step(self, optimizer, _args, _kwargs):
-        self.local.depth = 0
         with self.lock:
             self._apply(self.shape.optimizer_steps(id(optimizer)))
             if self.stop_noting_backward is not None and not self.shape.needs_backward:
@@ -128,12 +125,11 @@ class _Boundaries:
 
 
 def install(session: JobSession, torch) -> None:
-    module_hooks = importlib.import_module("torch.nn.modules.module")
     optimizer_hooks = importlib.import_module("torch.optim.optimizer")
     autograd = importlib.import_module("torch.autograd")
     boundaries = _Boundaries(session, torch)
-    module_hooks.register_module_forward_pre_hook(boundaries.before_forward)
-    module_hooks.register_module_forward_hook(boundaries.after_forward, always_call=True)
+    module_class = torch.nn.Module
+    module_class.__call__ = _noting_calls(module_class.__call__, boundaries)
     optimizer_hooks.register_optimizer_step_post_hook(boundaries.after_optimizer_step)
     backward = autograd.backward
     noting = autograd.backward = _noting_backward(backward, boundaries)  # Tensor.backward too
@@ -145,13 +141,30 @@ def install(session: JobSession, torch) -> None:
             autograd.backward = backward
 
     boundaries.stop_noting_backward = stop_noting_backward
-    warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
     at_finish = getattr(session, "at_finish", None)
     if at_finish is not None:
         at_finish.append(boundaries.script_ends)
     cap = getattr(session, "memory_cap", None)
     if cap is not None:  # before the script's first allocation, which follows its import
         memory.cap_devices(torch, cap)
+
+
+def _noting_calls(call, boundaries: _Boundaries):
+    """``Module.__call__``, noting each thread's outermost call (one that raises too)."""
+    local, compiling = boundaries.local, boundaries.compiling
+
+    @functools.wraps(call)
+    def noted(module, *args, **kwargs):
+        if compiling() or getattr(local, "depth", 0):  # traced, or nested: torch's alone
+            return call(module, *args, **kwargs)
+        try:
+            boundaries.enter(module)
+            return call(module, *args, **kwargs)
+        finally:
+            if getattr(local, "depth", 0):  # (not where it failed before counting itself)
+                boundaries.leave()
+
+    return noted
 
 
 def _noting_backward(backward, boundaries: _Boundaries):
