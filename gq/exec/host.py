@@ -1,7 +1,7 @@
 """Execution host: one process per device. Starts each job as its submitter and keeps its
 worker resident; what happens at iteration boundaries, the grant of each lane's next
-iteration, is :mod:`gq.exec.granting`'s. This owns the loop, the daemon's link and the jobs'
-processes: launches, time limits, suspends, kills and exits.
+iteration, is :mod:`gq.exec.granting`'s (a suspended job's lane too). This owns the loop, the
+daemon's link and the jobs' processes: launches, time limits, freezing, kills and exits.
 
 The hot path (READY → pick → GO) touches no database and no disk; the daemon gets
 progress about once a second and every start and exit as it happens.
@@ -146,8 +146,8 @@ class Host:
                 log.exception("error in %s (the host goes on)", action.__name__)
                 return
             log.exception("error on job %d's message; ending the job", resident.job_id)
-            self.granter.end_for_protocol(resident, f"the execution host failed on its message "
-                                             f"({type(exc).__name__})")
+            self.granter.end_for_protocol(resident, f"the execution host failed on its "
+                                                    f"message ({type(exc).__name__})")
 
     def _timeout(self) -> float:
         timeout = 0.25 if self.residents else defaults.PROGRESS_PERIOD
@@ -593,7 +593,6 @@ class Host:
         if changed or switches != self._reported_switches:
             self._reported_switches = switches
             self._tell(wire.Progress([r.progress() for r in changed], switches))
-
 
 
 def _lane_page(job_id: int) -> tuple[SharedPage | None, int | None]:
