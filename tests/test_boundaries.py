@@ -240,8 +240,11 @@ import torch.nn.modules.module as module_hooks
 from gq.exec import hooks
 
 class Session:
-    def __init__(self): self.calls = []
-    def acquire(self): self.calls.append("acquire")
+    def __init__(self): self.calls, self.blocked = [], None
+    def acquire(self):
+        self.calls.append("acquire")
+        if self.blocked is not None:  # waits for the lane
+            self.blocked.wait()
     def release(self): self.calls.append("release")
     def count_step(self, kind): self.calls.append(kind)
 
@@ -305,6 +308,68 @@ said("while-inside")
 leave.set()
 other.join()
 said("left")
+
+# An iteration ends while another thread is inside a call, and the next one's forward
+# begins before that thread leaves: the lane is wanted again, and kept until its step.
+entered.clear(); leave.clear()
+other = threading.Thread(target=lambda: Waits()(torch.ones(2)))
+other.start()
+entered.wait()
+step.optimizer.step()
+step.model(torch.ones(2)).sum().backward()
+leave.set()
+other.join()
+step.optimizer.step()
+said("wanted-again")
+
+class Keyword(torch.nn.Module):
+    def forward(self, x, module=None):
+        return x if module is None else module(x)
+Keyword()(torch.ones(2), module=torch.nn.ReLU())
+said("keyword")
+
+# A child forked while another thread waits for the lane (holding the hooks' lock) runs its
+# own module calls: torch's alone.
+import os, time
+session.blocked = threading.Event()
+waiting = threading.Thread(target=lambda: Waits()(torch.ones(2)))
+leave.set()
+waiting.start()
+while "acquire" not in session.calls:
+    time.sleep(0.01)
+child = os.fork()
+if child == 0:
+    torch.nn.Linear(2, 1)(torch.ones(2))
+    torch.optim.SGD(step.model.parameters(), lr=0.1).step()
+    os._exit(0)
+deadline = time.monotonic() + 30
+while os.waitpid(child, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+    time.sleep(0.01)
+if time.monotonic() >= deadline:
+    os.kill(child, 9)
+    print("fork hung")
+else:
+    print("fork ran")
+session.blocked.set()
+waiting.join()
+session.blocked = None
+session.calls.clear()
+
+# Each compiled module compiled as its own forward, on its own budget of recompiles (ten
+# models, each with a forward of its own: not one cache of eight for all).
+graphs = []
+def backend(graph, inputs):
+    graphs.append(graph)
+    return graph.forward
+for number in range(10):
+    source = f"def forward(self, x):\\n    return self.layer(x) * {number + 1}\\n"
+    space = {}
+    exec(compile(source, f"model{number}.py", "exec"), space)
+    model = type(f"Model{number}", (torch.nn.Module,), {"forward": space["forward"]})()
+    model.layer = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(torch.ones(2))
+print("compiled", len(graphs))
 '''
 
 
@@ -312,8 +377,11 @@ def test_the_hooks_keep_torch_s_fast_path_and_release_once_every_thread_has_left
     """The hooks wrap Module.__call__ and register no global module hooks (those cost every
     nested module call about 2 us). An iteration that ends while a thread is inside a
     module call (an optimizer stepping inside a module's forward; another thread's step)
-    releases the lane as the last call leaves: it was lost, and the job held the lane for
-    good. A call that raises deep inside still leaves, and nested calls acquire nothing."""
+    releases the lane as the last call leaves (it was lost, and the job held the lane for
+    good), unless the next iteration's forward has begun. A call that raises deep inside
+    still leaves, nested calls acquire nothing, a forward may take a keyword named
+    ``module``, a child forked while a thread waits for the lane does not wait with it, and
+    torch.compile still compiles each module on its own."""
     script = tmp_path / "at_work.py"
     script.write_text(HOOKS_AT_WORK)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
@@ -326,4 +394,8 @@ def test_the_hooks_keep_torch_s_fast_path_and_release_once_every_thread_has_left
         "raising": f"acquire {INFER} release acquire {INFER} release",
         "while-inside": f"acquire {TRAIN}",
         "left": "release",
+        "wanted-again": f"acquire {TRAIN} acquire {TRAIN} release",
+        "keyword": "acquire",
+        "fork": "ran",
+        "compiled": "10",
     }, done.stdout

@@ -23,6 +23,7 @@ import functools
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import threading
 import weakref
@@ -56,7 +57,8 @@ class _Boundaries:
     def _apply(self, boundary: Boundary) -> None:
         """Under the lock: count and release as the loop's shape says; a release while a
         thread is inside a module call (an optimizer that steps inside one: a whole training
-        step in a module's forward, say) comes as the last one leaves."""
+        step in a module's forward, say) comes as the last one leaves, unless an outermost
+        call begins meanwhile."""
         if boundary.count is not None:
             self.session.count_step(boundary.count)
         if boundary.release:
@@ -75,6 +77,7 @@ class _Boundaries:
             boundary = self.shape.forward_begins(id(module), with_parameters)
             if boundary is not NOTHING:
                 self._apply(boundary)
+            self.release_owed = False  # the lane is wanted again: the next boundary gives it
             self.inside += 1
             local.depth = 1
             self.session.acquire()  # at once while the lane is held
@@ -129,7 +132,19 @@ def install(session: JobSession, torch) -> None:
     autograd = importlib.import_module("torch.autograd")
     boundaries = _Boundaries(session, torch)
     module_class = torch.nn.Module
-    module_class.__call__ = _noting_calls(module_class.__call__, boundaries)
+    call = module_class.__call__
+    noted = module_class.__call__ = _noting_calls(call, boundaries)
+    _after_import("torch._dynamo", lambda dynamo: _leave_to_dynamo(dynamo, noted))
+
+    def in_forked_child() -> None:
+        """A forked child (a DataLoader worker) neither holds the lane nor speaks for the
+        job: its module calls are torch's alone, and a lock another thread held as it was
+        forked is not waited for."""
+        boundaries.lock = threading.Lock()
+        if module_class.__call__ is noted:
+            module_class.__call__ = call
+
+    os.register_at_fork(after_in_child=in_forked_child)
     optimizer_hooks.register_optimizer_step_post_hook(boundaries.after_optimizer_step)
     backward = autograd.backward
     noting = autograd.backward = _noting_backward(backward, boundaries)  # Tensor.backward too
@@ -154,7 +169,7 @@ def _noting_calls(call, boundaries: _Boundaries):
     local, compiling = boundaries.local, boundaries.compiling
 
     @functools.wraps(call)
-    def noted(module, *args, **kwargs):
+    def noted(module, /, *args, **kwargs):  # (a forward may take a keyword named module)
         if compiling() or getattr(local, "depth", 0):  # traced, or nested: torch's alone
             return call(module, *args, **kwargs)
         try:
@@ -167,6 +182,18 @@ def _noting_calls(call, boundaries: _Boundaries):
     return noted
 
 
+def _leave_to_dynamo(dynamo, noted) -> None:
+    """``torch.compile(module)`` compiles the frame of the module's ``__call__``, gq's wrapper:
+    one code object for every module, whose cache (8 entries) all compiled modules would
+    share, running uncompiled past it. Skipped as a frame of its own (and still traced
+    through), it leaves dynamo the module's forward to compile, as without gq. The call
+    is torch's internal: where it has gone, compiled modules share that cache."""
+    try:
+        dynamo.eval_frame.skip_code(noted.__code__)
+    except Exception:  # noqa: BLE001 - an internal of torch's, which may change
+        pass
+
+
 def _noting_backward(backward, boundaries: _Boundaries):
     @functools.wraps(backward)
     def noted(*args, **kwargs):
@@ -177,33 +204,39 @@ def _noting_backward(backward, boundaries: _Boundaries):
     return noted
 
 
-class _TorchWatcher(importlib.abc.MetaPathFinder):
-    """Installs the hooks right after ``import torch`` finishes."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after the module ``name`` is first imported."""
 
-    def __init__(self, session: JobSession):
-        self.session = session
+    def __init__(self, name: str, then: Callable):
+        self.name = name
+        self.then = then
 
     def find_spec(self, name, path, target=None):
-        if name != "torch":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
         loader_exec = spec.loader.exec_module
-        session = self.session
+        then = self.then
 
         def exec_module(module):
             loader_exec(module)
-            install(session, module)
+            then(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
-def install_when_imported(session: JobSession) -> None:
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        install(session, torch)
+def _after_import(name: str, then: Callable) -> None:
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
     else:
-        sys.meta_path.insert(0, _TorchWatcher(session))
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+def install_when_imported(session: JobSession) -> None:
+    """The hooks, once the script imports torch (a script that never does pays nothing)."""
+    _after_import("torch", lambda torch: install(session, torch))

@@ -95,6 +95,8 @@ class WorkerSession:
             memory.cap_devices(torch, cap)
 
     def count_step(self, kind: str) -> None:
+        if self.detached:  # (its lock may have been held as it was forked)
+            return
         with self.lock:
             counts = self.counts
             counts[kind] += 1
