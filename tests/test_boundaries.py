@@ -399,3 +399,51 @@ def test_the_hooks_keep_torch_s_fast_path_and_release_once_every_thread_has_left
         "fork": "ran",
         "compiled": "10",
     }, done.stdout
+
+
+AFTER_IMPORT = '''
+import importlib, importlib.util, sys
+sys.dont_write_bytecode = True
+here = sys.argv[1]
+sys.path.insert(0, here)
+from gq.exec import hooks
+
+class Session:
+    def acquire(self): pass
+    def release(self): pass
+    def count_step(self, kind): pass
+
+seen = []
+hooks._after_import("watched", lambda module: seen.append(module.__name__))
+with open(here + "/watched.py", "w") as source:
+    source.write("raise RuntimeError('half-built')")
+assert importlib.util.find_spec("watched") is not None  # asked whether it is there
+try:
+    import watched
+except RuntimeError:
+    pass
+with open(here + "/watched.py", "w") as source:
+    source.write("VALUE = 1")
+importlib.invalidate_caches()
+import watched
+importlib.reload(watched)
+print("watched", seen)
+
+hooks.install_when_imported(Session())
+assert importlib.util.find_spec("torch") is not None  # as libraries ask, before the script's import
+import torch
+print("wrapped", hasattr(torch.nn.Module.__call__, "__wrapped__"))
+'''
+
+
+def test_the_hooks_are_installed_however_often_torch_is_looked_for_first(tmp_path):
+    """Libraries ask whether torch is there (importlib.util.find_spec) before the script
+    imports it: the watcher took itself off at the first question, and the script ran with
+    no hooks, its iterations outside any grant. It now runs its action once, after the first
+    import that succeeds (not after a probe, nor one that failed, nor at a reload)."""
+    script = tmp_path / "after_import.py"
+    script.write_text(AFTER_IMPORT)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["watched ['watched']", "wrapped True"], done.stdout
