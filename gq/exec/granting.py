@@ -20,12 +20,13 @@ page or messages break the rules loses its job, and nothing else. What it needs 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import selectors
 import time
 from typing import Protocol
 
-from gq import defaults, policies
+from gq import defaults
 from gq.exec import handover
 from gq.exec import lanes as lane_rule
 from gq.exec import protocol as wire
@@ -55,15 +56,30 @@ class Granter:
     dict: the host adds a launched job to both, and this takes it off its lane)."""
 
     def __init__(self, lanes: list[Lane], residents: dict[int, Resident],
-                 selector: selectors.BaseSelector, host: Processes, cuda: bool):
+                 selector: selectors.BaseSelector, host: Processes, cuda: bool,
+                 policy: Policy):
         self.lanes = lanes
         self.residents = residents
         self.selector = selector  # a deferred successor's socket is taken off it a while
         self.host = host
         self.cuda = cuda
-        self.policy: Policy = policies.make("fifo")
+        self.policy = policy
         self._handovers_armed = 0  # numbers the hand-overs' pipes
         self._loans_made = 0  # numbers the loans
+
+    def due_in(self, now: float) -> float:
+        """How soon the lanes must be looked at again with no event (math.inf: not before
+        one): a free lane a ready job waits for is kept for a job in its gap until then, or
+        is free because the policy picks no one now, which it is asked again soon."""
+        due = math.inf
+        for lane in self.lanes:
+            if lane.holder is not None or not ready_to_grant(lane):
+                continue
+            if lane.kept_until is not None:
+                due = min(due, max(0.0, lane.kept_until - now))
+            else:
+                due = min(due, 0.01)
+        return due
 
     def set_policy(self, policy: Policy) -> None:
         self.policy = policy

@@ -41,7 +41,7 @@ from gq.exec.granting import Granter
 from gq.exec.lease import SharedPage
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.memory_watch import MemoryWatch, Watched
-from gq.exec.residents import Lane, LaneState, Resident, ready_to_grant
+from gq.exec.residents import Lane, LaneState, Resident
 from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
                            start_as_submitter)
 from gq.queue import spool
@@ -81,7 +81,8 @@ class Host:
         self._memory_watch_at = 0.0  # monotonic: when _watch_host_memory asks again
         self.memory_watch: MemoryWatch | None = None  # made for the first job it watches
         self._reported_switches: list[int] = []
-        self.granter = Granter(self.lanes, self.residents, self.selector, self, cuda)
+        self.granter = Granter(self.lanes, self.residents, self.selector, self, cuda,
+                               policies.make(*self.policy_name))
         self._from_daemon_handlers: dict[type, Callable] = {
             wire.Hello: self._on_hello, wire.Launch: self._on_launch,
             wire.Kill: self._on_kill, wire.Ack: self._on_ack, wire.Update: self._on_update,
@@ -153,14 +154,7 @@ class Host:
         timeout = 0.25 if self.residents else defaults.PROGRESS_PERIOD
         if any(r.exit_status is not None or r.closing for r in self.residents.values()):
             timeout = HOUSEKEEPING_PERIOD  # an exited job's leftovers, a lane asked back
-        for lane in self.lanes:
-            if lane.holder is not None or not ready_to_grant(lane):
-                continue
-            if lane.kept_until is not None:
-                timeout = min(timeout, max(0.0, lane.kept_until - time.monotonic()))
-            else:
-                timeout = min(timeout, 0.01)  # the policy keeps the lane idle; re-ask soon
-        return timeout
+        return min(timeout, self.granter.due_in(time.monotonic()))
 
     def _on_signals(self, wake_read: socket.socket) -> None:
         signums = received(wake_read)
