@@ -78,10 +78,13 @@ def _leased_session():
     from gq.exec.protocol import WorkerChannel
     from gq.exec.worker import WorkerSession
 
-    _, fd = SharedPage.create()
+    host_page, fd = SharedPage.create()
+    host_page.offer(1)
+    host_page.give()
     worker_end, host_end = socket.socketpair()
     session = WorkerSession(WorkerChannel(worker_end), None, SharedPage.attach(fd))
-    session.lease.granted(True, 0)
+    session.lease.granted(1, 0)
+    session.host_page = host_page  # kept: its lock is the host's side
     session.held = True
     session.host_end = host_end  # kept open: a message to a closed socket would fail it
     return session

@@ -5,25 +5,21 @@ and what running under gq costs a job per iteration.
 
 - switch latency: two resident jobs in tight loops share one lane under `fair`, so the lane
   alternates between them; a switch is the time from one job's iteration end to the other,
-  already waiting, job's iteration start, on the shared monotonic clock (a hand-over, the
-  holder waking the other job itself, or where none was armed, a DONE and a GO through the
-  host). Without gaps the lane may be kept for the job that just released it (its gap is
-  anticipated), so a hand-over is armed from the point of the holder's iteration on where
-  the other job follows it whatever it does (under fair, once it has used more than the
-  other), and an earlier release goes through the host; with 2.5 ms gaps (past the
-  anticipation limit) no choice of the policy's is met, so the lane is lent to the two
-  (gq.exec.lease: the holder's release wakes the other on their loan's token).
+  already waiting, job's iteration start, on the shared monotonic clock: the holder's DONE
+  and the next job's GO, through the host. Without gaps the lane may be kept for the job
+  that just released it (its gap is anticipated); with 2.5 ms gaps (past the anticipation
+  limit) it goes to the job waiting at every release.
 - overhead, as a new user meets it (bench/jobs/train_loop.py): a tiny forward, backward and
   optimizer step, then 1 ms or 5 ms of busy host-side work, run bare (python) and under gq
   alternately, medians of 3; overhead = loop time under gq / bare - 1, and the range of
   each gq run against the bare run before it (the machine's noise, often wider than the
   targets). "alone": one job on the node (it runs under a lease: gq.exec.lease); "shared":
   two such jobs at once on one lane under `fair`, each against its bare twin run beside
-  the other (each one's iteration fits in the other's gap: the lane is lent to them).
+  the other (they take turns through the host).
   (Under `fifo` the earlier job holds the lane until it ends, even in its gaps, so the
   figure would be the second job's wait, not the cost of sharing.)
 - the machine's floor: one process waking another over a socket pair and back (what a
-  switch through the host does twice, and a hand-over once), with the two on
+  switch through the host does twice), with the two on
   different CPUs and on one, with no Python of gq's in between.
 Prints one JSON object, then a summary with the targets: switch p50 <= 50 us and p99 <=
 150 us; overhead <= 0.5 % at 5 ms and <= 2 % at 1 ms, alone and shared.
@@ -157,8 +153,7 @@ def main() -> None:
         floors["two_cpus"] = measure_wake_floor((cpus[0], cpus[1]))
     with Node("--kill-wait", "1", "--lanes", "1") as node:
         latencies = measure_switches(node, int(2000 * scale), 1.0)
-        # Gaps past the anticipation limit: no lane is kept for a job in its gap, so the
-        # next job is known whatever the holder does, and the holder hands the lane over.
+        # Gaps past the anticipation limit: no lane is kept for a job in its gap.
         gapped = measure_switches(node, int(800 * scale), 3.0, 2.5, "gapped.jsonl")
         overheads = [measure_overhead(node, iter_ms, int(steps * scale), 3, jobs)
                      for jobs in (1, 2) for iter_ms, steps in ((1.0, 2000), (5.0, 600))]
@@ -178,7 +173,7 @@ def main() -> None:
           f"(target <= 50: {_verdict(switch['p50_us'] <= 50)}), p99 {switch['p99_us']:.0f} us "
           f"(target <= 150: {_verdict(switch['p99_us'] <= 150)})")
     gapped = result["switch_with_gaps"]
-    print(f"switch latency, 3 ms iterations with 2.5 ms gaps (a lent lane), over "
+    print(f"switch latency, 3 ms iterations with 2.5 ms gaps, over "
           f"{gapped['count']} switches: p50 {gapped['p50_us']:.0f} us, p99 "
           f"{gapped['p99_us']:.0f} us")
     for where, floor in result["round_trip_floor"].items():

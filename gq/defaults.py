@@ -115,20 +115,10 @@ CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its ki
 
 # Worker
 MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases
-# Hand-over messages (gq.exec.handover) sent to one job between two of its grants at most:
-# a job inside a long iteration reads none of them, and each holds a descriptor.
-HANDOVER_MESSAGES_PER_GRANT = 4
-HANDOVER_PIPES_KEPT = 2 * MAX_RESIDENT  # pipe ends of each kind a worker keeps at most
 PAGE_UNREADABLE_SECONDS = 2.0  # a worker's page half-written this long: it broke the protocol
-# A lane lent to two jobs (gq.exec.lease): a job waiting for the other's iteration to end
-# looks this often whether the host has asked for the lane back.
-LOAN_WAIT_SLICE = 0.005
-# The lane's token held this long while neither job says it is inside an iteration: one of
-# them broke the protocol, and the two take turns through the host from then on.
-LOAN_SILENT_LIMIT = 0.5
-# A job offered a loan in its gap: its lease begins at its release as its page says, read
-# this much before the host read its Done at most (a busy host reads one late).
-LOAN_OFFER_REACH = 2.0
+# A lease asked back inside an iteration: its lock is tried this often until it comes free
+# (the worker's Done usually comes first).
+RECALL_POLL = 0.002
 
 # Memory safety
 PROBE_MEMORY = 1 << 30  # bytes a job that declares no memory needs free to start (--probe-mem)

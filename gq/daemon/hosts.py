@@ -149,7 +149,7 @@ def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Pop
                      "--state-dir", str(home.hosts), "--kill-grace", str(settings.kill_grace),
                      "--cgroup", settings.cgroup, "--scope", home.tag)
     if device.kind == "cuda":
-        argv.append("--cuda")
+        argv += ["--cuda", "--memory", str(device.memory_total)]
     log_path = os.path.join(home.hosts, f"{device.name}.log")
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)

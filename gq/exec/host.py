@@ -41,7 +41,7 @@ from gq.exec.granting import Granter
 from gq.exec.lease import SharedPage
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.memory_watch import MemoryWatch, Watched
-from gq.exec.residents import Lane, LaneState, Resident
+from gq.exec.residents import Lane, Resident
 from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
                            start_as_submitter)
 from gq.queue import spool
@@ -59,7 +59,8 @@ class Host:
     """One device's execution host (see the module's docstring); :meth:`run` is its loop."""
 
     def __init__(self, device: str, cuda: bool, lanes: int, listener: socket.socket,
-                 kill_grace: float, cgroup_backend: cgroups.Cgroups | None = None):
+                 kill_grace: float, cgroup_backend: cgroups.Cgroups | None = None,
+                 memory: int | None = None):
         self.device = device
         self.cuda = cuda
         self.lanes = [Lane(i) for i in range(max(1, lanes))]
@@ -82,7 +83,8 @@ class Host:
         self.memory_watch: MemoryWatch | None = None  # made for the first job it watches
         self._reported_switches: list[int] = []
         self.granter = Granter(self.lanes, self.residents, self.selector, self, cuda,
-                               policies.make(*self.policy_name))
+                               policies.make(*self.policy_name),
+                               None if memory is None else memory // len(self.lanes))
         self._from_daemon_handlers: dict[type, Callable] = {
             wire.Hello: self._on_hello, wire.Launch: self._on_launch,
             wire.Kill: self._on_kill, wire.Ack: self._on_ack, wire.Update: self._on_update,
@@ -152,8 +154,8 @@ class Host:
 
     def _timeout(self) -> float:
         timeout = 0.25 if self.residents else defaults.PROGRESS_PERIOD
-        if any(r.exit_status is not None or r.closing for r in self.residents.values()):
-            timeout = HOUSEKEEPING_PERIOD  # an exited job's leftovers, a lane asked back
+        if any(r.exit_status is not None for r in self.residents.values()):
+            timeout = HOUSEKEEPING_PERIOD  # an exited job's leftovers
         return min(timeout, self.granter.due_in(time.monotonic()))
 
     def _on_signals(self, wake_read: socket.socket) -> None:
@@ -472,7 +474,6 @@ class Host:
         if resident.kill_why is None or why is StopWhy.PROTOCOL:
             resident.kill_why = why
         if resident.frozen:  # stopped processes must go on to see their signal
-            resident.thaw_on_grant = False
             self.freeze(resident, False)
         self._signal_job(resident, signal.SIGTERM)
         resident.kill_deadline = time.monotonic() + (self.kill_grace if grace is None else grace)
@@ -580,7 +581,7 @@ class Host:
         self._last_progress = now
         self.granter.read_leased_pages()
         # A job inside an iteration is reported each time: its attained time grows.
-        changed = [r for r in self.residents.values() if r.dirty or r.state is LaneState.RUNNING]
+        changed = [r for r in self.residents.values() if r.dirty or r.in_iteration]
         for resident in changed:
             resident.dirty = False
         switches = [lane.switches for lane in self.lanes]
@@ -661,6 +662,7 @@ def main() -> None:
     parser.add_argument("--device", required=True)
     parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--memory", type=int, help="the device's memory in bytes, where known")
     parser.add_argument("--state-dir", required=True, help="where its socket and pidfile live")
     parser.add_argument("--kill-grace", type=float, default=defaults.KILL_WAIT)
     parser.add_argument("--cgroup", choices=cgroups.KINDS, default=defaults.CGROUP)
@@ -677,7 +679,8 @@ def main() -> None:
     log.info("jobs' processes are kept in %s", f"cgroup {backend.kind} hierarchies"
              if backend is not None else "process groups (no cgroup hierarchy to use)")
     try:
-        Host(args.device, args.cuda, args.lanes, listener, args.kill_grace, backend).run()
+        Host(args.device, args.cuda, args.lanes, listener, args.kill_grace, backend,
+             args.memory).run()
     finally:
         os.unlink(host_paths(args.state_dir, args.device)[1])
         pidfile.close()

@@ -7,7 +7,7 @@ daemon → host   Hello, Launch, Kill, Update, SetPolicy, Ack, Drain, Shutdown
 host → daemon   State (answers Hello), Started, LaunchFailed, Exited (repeated in every
                 State until acknowledged), Progress
 worker → host   Ready, Done, Total, StepsTaken, OutOfMemory, Finished
-host → worker   Go, Standby and HandOver (these two with descriptors: a hand-over's ends)
+host → worker   Go
 
 A peer whose line fails to decode loses its channel and nothing else: a worker's job ends
 FAILED naming the message, a daemon is dropped (the host runs on), a host is attached
@@ -20,8 +20,6 @@ once it has gone.
 
 from __future__ import annotations
 
-import array
-import collections
 import enum
 import logging
 import os
@@ -38,7 +36,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/8"
+HOST_VERSION = f"{__version__}/9"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -339,38 +337,9 @@ class Finished:
 @message
 class Go:
     op: ClassVar[str] = "go"
-    empty_cache: bool = False
+    empty_cache: bool = False  # give back cached device memory at its release (lanes short)
     mem_cap: HostMemory | None = None  # from now on: its probe's figure (a CUDA job's cap)
-    lease: bool = False  # the lane is its own across boundaries until asked back (lease.py)
-
-
-@message
-class Standby:
-    """Comes with two socket ends, a hand-over's wake and grant channels (gq.exec.handover):
-    the lane is this job's once a byte comes down the wake channel (from the holder at its
-    release), if the grant channel's byte is still there to take (else it waits for a Go)."""
-
-    op: ClassVar[str] = "standby"
-    number: Positive
-    empty_cache: bool = False
-
-
-@message
-class HandOver:
-    """Comes with the other end of Standby ``number``'s wake channel: the holder writes one
-    byte there at its release if its page names that hand-over."""
-
-    op: ClassVar[str] = "handover"
-    number: Positive
-
-
-@message
-class Lent:
-    """Comes with the page of loan ``number``'s token (gq.exec.lease): the lane is lent to
-    this job and one other, from when its own page names that loan."""
-
-    op: ClassVar[str] = "lent"
-    number: Positive
+    lease: Count = 0  # nonzero: the lane is its own across boundaries until asked back
 
 
 def _table(*classes: type) -> dict[str, type]:
@@ -380,8 +349,7 @@ def _table(*classes: type) -> dict[str, type]:
 TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SetPolicy, Ack, Drain, Shutdown)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
-TO_WORKER = _table(Go, Standby, HandOver, Lent)
-DESCRIPTORS = {Standby: 2, HandOver: 1, Lent: 1}  # the descriptors these bring, in order
+TO_WORKER = _table(Go)
 
 
 # ----- framing ------------------------------------------------------------------------
@@ -492,19 +460,6 @@ class Channel:
         self.closed = True
         self._buffer.clear()
 
-    def send_with_descriptors(self, message: Any, descriptors: list[int]) -> bool:
-        """Send a whole message with copies of ``descriptors`` (SCM_RIGHTS); False when the
-        peer has gone, or does not read what it is sent (its socket is full)."""
-        line = encode(message)
-        try:
-            sent = socket.send_fds(self.sock, [line], descriptors)
-            if sent < len(line):
-                self.sock.sendall(line[sent:])
-            return True
-        except OSError:
-            self.closed = True
-            return False
-
     def receive_one(self) -> Any:
         """Block until one message arrives. EOFError if the peer is gone, MessageError if
         what it sent is not a message."""
@@ -534,39 +489,12 @@ class Channel:
             pass
 
 
-_INT = array.array("i")
-
-
 class WorkerChannel(Channel):
-    """A worker's end of its socket to its host: the messages of DESCRIPTORS bring
-    descriptors, received in the order they were sent (close-on-exec: a program the job
-    starts inherits none)."""
+    """A worker's end of its socket to its host: it sends what workers send and receives
+    its grants, blocking."""
 
     def __init__(self, sock: socket.socket):
         super().__init__(sock, TO_WORKER)
-        self.descriptors: collections.deque[int] = collections.deque()
-
-    def _read(self, flags: int) -> bytes:
-        # Not socket.recv_fds: in Python 3.11 it drops its flags.
-        data, ancillary, _flags, _address = self.sock.recvmsg(
-            1 << 16, socket.CMSG_SPACE(16 * _INT.itemsize), flags | socket.MSG_CMSG_CLOEXEC)
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % _INT.itemsize
-                self.descriptors.extend(array.array("i", payload[:usable]))
-        return data
-
-    def next_buffered(self) -> tuple[Any, list[int]] | None:
-        """The next whole message already read, with the descriptors it brings; None if
-        there is none. MessageError if the host sent what is not one."""
-        for received in self._drain():
-            count = DESCRIPTORS.get(type(received), 0)
-            if len(self.descriptors) < count:
-                raise MessageError(f"a {received.op} message without its descriptors")
-            return received, [self.descriptors.popleft() for _ in range(count)]
-        if self.error:
-            raise MessageError(self.error)
-        return None
 
 
 def _quote(line: bytes) -> str:

@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 from gq.codec import MessageError
-from gq.exec import handover
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
-from gq.exec.lease import Figures, LoanPage, SharedPage
+from gq.exec.lease import Figures, SharedPage
 from gq.exec.protocol import Channel, StopWhy
 from gq.exec.spawn import JobProcess
 from gq.policies.base import JobView
@@ -26,12 +25,68 @@ from gq.policies.base import JobView
 log = logging.getLogger("gq.host")
 
 
-class LaneState(enum.Enum):
-    """Where a resident job stands with its lane."""
+class Standing(enum.Enum):
+    """Where a resident job stands with its lane. The host moves a job between these only
+    through :func:`step` (the table below): one place says what may follow what."""
 
-    IDLE = "idle"  # released it: in a gap, or not begun
-    READY = "ready"  # asked for it: waiting for its grant
-    RUNNING = "running"  # holds it (under a loan: may be inside an iteration, its page says)
+    IDLE = "idle"  # in its gap, or not begun: its next acquire asks with READY
+    WAITING = "waiting"  # asked with READY: waits for a Go
+    HOLDING = "holding"  # granted with a Go: inside an iteration until its Done
+    LEASED = "leased"  # the lane is its own across boundaries; its page's lock says more
+    RECALLED = "recalled"  # its lease asked back inside an iteration: the lane is its own
+    # until its Done, or until its page's lock comes free
+    STOPPED = "stopped"  # suspended inside an iteration: goes on with it once granted
+
+
+class Event(enum.Enum):
+    """What moves a job from one standing to another."""
+
+    ASK = "a READY"  # the worker's
+    RELEASE = "a Done"  # the worker's
+    GRANT = "a grant"  # the host's: a Go sent, or a stopped job thawed
+    LEASE = "a lease"  # the host's: a Go that leaves it the lane across boundaries
+    TAKEN_BACK = "the lane taken back"  # the host's: it took the lock, the job in its gap
+    RECALL = "a recall"  # the host's: it wants the lane back; the job is inside an iteration
+    STOP = "a suspend"  # the host's: the job stopped inside an iteration
+    LEAVE = "its end"  # the host's: the job runs no more iterations
+
+
+class IllegalStep(Exception):
+    """The host asked for a move the table does not have: a bug in the host, not a job's."""
+
+
+_ALL = tuple(Standing)
+# (standing, event) -> the standing that follows. The worker's two events are defined in
+# every standing: a READY or Done that means nothing there changes nothing (a duplicate, a
+# Done the host already counted when it took the lane back, a hostile worker's extra one).
+TRANSITIONS: dict[tuple[Standing, Event], Standing] = {
+    **{(s, Event.ASK): s for s in _ALL},
+    **{(s, Event.RELEASE): s for s in _ALL},
+    **{(s, Event.LEAVE): Standing.IDLE for s in _ALL},
+    (Standing.IDLE, Event.ASK): Standing.WAITING,
+    (Standing.HOLDING, Event.RELEASE): Standing.IDLE,
+    (Standing.RECALLED, Event.RELEASE): Standing.IDLE,
+    (Standing.STOPPED, Event.RELEASE): Standing.IDLE,  # its Done crossed the suspend
+    (Standing.WAITING, Event.GRANT): Standing.HOLDING,
+    (Standing.STOPPED, Event.GRANT): Standing.HOLDING,
+    (Standing.WAITING, Event.LEASE): Standing.LEASED,
+    (Standing.RECALLED, Event.TAKEN_BACK): Standing.IDLE,
+    (Standing.LEASED, Event.RECALL): Standing.RECALLED,
+    (Standing.HOLDING, Event.STOP): Standing.STOPPED,
+    (Standing.RECALLED, Event.STOP): Standing.STOPPED,
+}
+# Where the job holds its lane: no other job may be granted it.
+HOLDS_LANE = frozenset({Standing.HOLDING, Standing.LEASED, Standing.RECALLED})
+# Waiting for a grant (a stopped job's grant thaws it: it is inside its iteration).
+WANTS_LANE = frozenset({Standing.WAITING, Standing.STOPPED})
+
+
+def step(standing: Standing, event: Event) -> Standing:
+    """The standing that follows ``event``; IllegalStep where the table has none."""
+    try:
+        return TRANSITIONS[standing, event]
+    except KeyError:
+        raise IllegalStep(f"{event.value} while {standing.value}") from None
 
 
 @dataclass
@@ -53,18 +108,21 @@ class Resident:
     warning: tuple[int, int, bool] | None = None  # --signal: number, seconds before, main only
     suspended: bool = False  # gq suspend: its processes stopped; it is granted nothing
     frozen: bool = False  # its processes are stopped now (from a suspend until it is thawed)
-    thaw_on_grant: bool = False  # suspended inside an iteration: thawed once granted again
     suspended_at: float | None = None  # monotonic, while suspended
     paused: float = 0.0  # seconds it spent suspended: its time limit does not count them
     kill_why: StopWhy | None = None
     detail: str | None = None  # what its worker did wrong, for its exit report
-    state: LaneState = LaneState.IDLE
+    standing: Standing = Standing.IDLE
     steps_done: int = 0
     worker_total: int | None = None  # what the job itself declared (gq.set_total_steps)
     past_total: bool = False  # it reported more steps than its total: the total is wrong
-    attained: float = 0.0
-    iterations: int = 0
-    first_iteration: float = 0.0  # warm-up (allocations, lazy init): kept out of the mean
+    attained: float = 0.0  # lane time billed: grant to release, a lease's whole wall time
+    iterations: int = 0  # all of them (under a lease: as its page counts them)
+    # Iterations the host saw from grant to release (the device's work included): their
+    # mean is the one policies use, where there are two; a page's word is not.
+    timed: int = 0
+    timed_total: float = 0.0
+    first_iteration: float = 0.0  # the first one timed: warm-up, kept out of the mean
     gaps: int = 0
     gap_total: float = 0.0
     granted_at: float = 0.0
@@ -78,18 +136,12 @@ class Resident:
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
-    # It runs an iteration on a hand-over taken before its point (outside its grants):
-    # idle in the host's books, lent nothing, until it asks again.
-    unbooked: bool = False
-    leased: bool = False  # the lane is its own across boundaries until the host wants it
+    lease: int = 0  # the number of its lease (gq.exec.lease), while leased
     lease_started: float = 0.0  # monotonic
     lease_base: Figures = field(default_factory=Figures)  # its page when the lease began
     page_seen: Figures = field(default_factory=Figures)  # its page when last read
-    lease_in_iteration: bool = False  # as its page said when last read
-    closing: bool = False  # its lease ended inside an iteration: its page counts that one
     page_unread: tuple[int, float] | None = None  # its page's odd sequence count, first seen
     shortage: wire.Shortage | None = None  # it ran out of memory: held, asked for
-    handover_messages: int = 0  # sent to it since its last grant
     exit_status: int | None = None  # its process's, once collected (Popen's convention)
     exited_at: float = 0.0  # monotonic: when it was collected
     ended_wall: float = 0.0  # wall clock: the same moment, the job's end time
@@ -101,11 +153,24 @@ class Resident:
 
     @property
     def mean_iteration(self) -> float | None:
-        """Unknown until a second iteration: the first one's warm-up would mislead srtf,
-        and a job it ranks last never runs again to correct it."""
+        """From the iterations the host timed, past the first (its warm-up would mislead
+        srtf, and a job it ranks last never runs again to correct it). A job that has run
+        alone under a lease since its first: its lease's time over its page's count of
+        iterations, gaps included (the page's count is its word, so this is believed only
+        until the host has timed a second iteration, at the first contention)."""
+        if self.timed >= 2:
+            return max(0.0, self.timed_total - self.first_iteration) / (self.timed - 1)
         if self.iterations < 2:
             return None
-        return max(0.0, self.attained - self.first_iteration) / (self.iterations - 1)
+        return max(0.0, self.billed - self.first_iteration) / (self.iterations - 1)
+
+    @property
+    def billed(self) -> float:
+        """Lane time billed so far, the grant or lease in progress included (it grows
+        while a long iteration, or a lease, goes on)."""
+        if self.in_iteration:
+            return self.attained + max(0.0, time.monotonic() - self.granted_at)
+        return self.attained
 
     @property
     def mean_gap(self) -> float | None:
@@ -164,50 +229,32 @@ class Resident:
         return within_bounds(wire.JobProgress(**self._figures()))
 
     def _figures(self) -> dict:
-        """What the daemon is told: attained time counts the iteration in progress, so it
-        grows while a long iteration runs."""
-        attained = self.attained
-        if self.in_iteration:
-            attained += max(0.0, time.monotonic() - self.granted_at)
+        """What the daemon is told."""
         return dict(job=self.job_id, run=self.run, steps_done=self.steps_done,
-                    steps_total=self.steps_total, attained=attained,
+                    steps_total=self.steps_total, attained=self.billed,
                     mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
                     mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
                     holds_lane=self.in_iteration, iterations=self.iterations)
 
     @property
     def in_iteration(self) -> bool:
-        """Inside an iteration now (a leased job: as its page said when last read)."""
-        return self.state is LaneState.RUNNING and (not self.leased or self.lease_in_iteration)
+        """Holding the lane now: billed from ``granted_at`` (a lease: from its start)."""
+        return self.standing in HOLDS_LANE
 
-    def take_figures(self, figures: Figures, now: float) -> None:
-        """What a leased worker's page says it did since it was last read (checked
-        already), added to what the host measured itself."""
+    def take_figures(self, figures: Figures) -> None:
+        """What a leased worker's page says it did since it was last read (checked already):
+        counts and memory, never time."""
         seen, self.page_seen = self.page_seen, figures
-        iterations = figures.iterations - seen.iterations
-        if iterations:
-            attained = (figures.attained_ns - seen.attained_ns) / 1e9
-            if self.iterations == 0:  # its first iteration is among these
-                self.first_iteration = self.attained + min(figures.first_ns / 1e9, attained)
-            self.iterations += iterations
-            self.attained += attained
-        self.gaps += figures.gaps - seen.gaps
-        self.gap_total += (figures.gap_ns - seen.gap_ns) / 1e9
+        self.iterations += figures.iterations - seen.iterations
         self.record_steps(figures.steps)
         total = self.steps_total
-        if figures.gaps > seen.gaps and total is not None and figures.steps_at_take >= total:
+        if figures.iterations > seen.iterations and total is not None \
+                and figures.steps_at_take >= total:
             self.past_total = True  # it went on iterating after all its steps
         if figures.mem_peak >= 0:
             self.mem_persistent = max(0, figures.mem_persistent)
             self.mem_peak = figures.mem_peak
-        self.lease_in_iteration = figures.in_iteration
-        if figures.in_iteration:
-            self.granted_at = min(max(figures.since_ns / 1e9, self.lease_started), now)
         self.dirty = True
-
-    def since_on_page(self, now: float) -> float:
-        """When its page says its current gap (or iteration) began, within its lease."""
-        return min(max(self.page_seen.since_ns / 1e9, self.lease_started), now)
 
     def resident_state(self) -> wire.ResidentState:
         return within_bounds(wire.ResidentState(**self._figures(), pid=self.process.pid,
@@ -234,33 +281,16 @@ class Resident:
 @dataclass
 class Lane:
     index: int
-    holder: Resident | None = None
+    holder: Resident | None = None  # HOLDING, LEASED or RECALLED
     residents: list[Resident] = field(default_factory=list)
     kept_until: float | None = None  # kept free for a job in its gap until then (monotonic)
     last_job: int | None = None  # the job granted it last
     switches: int = 0  # grants to a job other than the last one
-    armed: handover.Armed | None = None  # who takes it at its holder's release
-    pipes: dict[tuple[int, int], handover.Pipe] = field(default_factory=dict)  # by job ids
-    loan: Loan | None = None  # lent to two jobs: no holder, each one's page says more
-    unlendable: frozenset[int] = frozenset()  # two jobs one of which broke a loan's rules
-
-
-@dataclass
-class Loan:
-    """The lane lent to two jobs (gq.exec.lease): they take its token from each other."""
-
-    number: int
-    page: LoanPage  # its token
-    members: tuple[Resident, Resident]
-    counted: tuple[int, int]  # each one's iterations when switches were last counted
-    silent_since: float | None = None  # token held, neither inside an iteration, since then
-    recalling: bool = False  # being ended: the lane is granted once both leases are over
-
 
 
 def ready_to_grant(lane: Lane) -> list[Resident]:
     """The lane's residents that wait for an iteration and may be granted one."""
-    return [r for r in lane.residents if r.state is LaneState.READY and not r.suspended]
+    return [r for r in lane.residents if r.standing in WANTS_LANE and not r.suspended]
 
 
 def within_bounds(report):

@@ -4,8 +4,10 @@ Connects to its execution host over the socket inherited as fd ``GQ_WORKER_FD``,
 the boundary hooks, then runs the snapshot of the user's script as ``__main__`` under the
 name it was submitted with (``GQ_SCRIPT``): ``__file__``, ``sys.argv[0]``, ``sys.path[0]``
 and tracebacks name the user's file, exactly as ``python script.py`` would, with no gq
-frames above the script's own. At an acquire it sends READY and blocks until GO; at a
-release it sends DONE with its step count and memory figures and runs on.
+frames above the script's own. At an acquire it sends READY and blocks until GO (or, alone
+on its lane, takes the lane's lock: gq.exec.lease); at a release it waits until the device
+has run the iteration's work (gq.exec.device_sync), then sends DONE with its step count and
+memory figures (or lets the lock go) and runs on.
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ import types
 
 from gq import defaults
 from gq.codec import INT64_MAX
-from gq.exec import hooks, memory, runtime
-from gq.exec.handover import WorkerHandOvers
+from gq.exec import device_sync, hooks, memory, runtime
 from gq.exec.lease import SharedPage, WorkerLease
-from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, Done, Finished, Ready, StepsTaken, Total,
-                              WorkerChannel, encode)
+from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, Done, Finished, Go, Ready, StepsTaken,
+                              Total, WorkerChannel, encode)
 
 READY = encode(Ready())
 _PLACE = {kind: place for place, kind in enumerate(runtime.COUNTED_FIRST)}
@@ -40,10 +41,7 @@ class WorkerSession:
                  page: SharedPage | None = None):
         self.channel = channel
         self.lease = WorkerLease(page) if page is not None else None
-        self.handovers = WorkerHandOvers(channel, page,
-                                         None if self.lease is None else self.lease.lent)
-        if self.lease is not None:  # a loan's page comes in a message: read it when offered
-            self.lease.fetch = self.handovers.read_sent
+        self.device = device_sync.DeviceWork()
         self.memory_cap = memory_cap  # bytes of device memory its CUDA allocations may hold
         self.lock = threading.RLock()
         self.held = False
@@ -77,12 +75,14 @@ class WorkerSession:
                 self.held = True
                 return
             self.channel.sock.sendall(READY)
-            grant = self.handovers.await_grant()
-            # Lane-mates share the device's memory: give back cached blocks when parked.
+            grant = self.channel.receive_one()
+            if not isinstance(grant, Go):  # (the host sends nothing else)
+                raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a grant")
+            # Lanes short of memory: give back cached blocks when parked.
             self.empty_cache_after = grant.empty_cache
             if grant.mem_cap is not None:
                 self.cap_memory(grant.mem_cap)
-            if lease is not None:
+            if grant.lease and lease is not None:
                 lease.granted(grant.lease, self.steps)
             self.held = True
 
@@ -124,14 +124,12 @@ class WorkerSession:
                 memory.release_cached()
             self.reported = steps
             sample = self.sample
-            leased = lease is not None and lease.active
-            if leased and lease.release(steps, sample.persistent, sample.peak):
+            # The lane passes on only once the device has run what this iteration queued.
+            self.device.finish()
+            if lease is not None and lease.active and lease.release(
+                    steps, sample.persistent, sample.peak):
                 return
-            # Without a lease, or asked for the lane back: the job the host chose to follow
-            # is woken first, then the host hears of the release.
-            self.handovers.hand_over()
-            if lease is not None and not leased:  # (a lease's release wrote its page, before
-                lease.released_unleased(int(now * 1e9))  # giving the host its semaphore)
+            # Without a lease, or asked for the lane back: the host hears of the release.
             self.channel.send(Done(steps, sample.persistent, sample.peak))
 
     def set_total_steps(self, total: int) -> None:
@@ -200,9 +198,12 @@ def main(argv: list[str]) -> None:
     submitted = os.environ.pop("GQ_SCRIPT", None) or argv[0]
     cap = os.environ.pop("GQ_MEM_CAP", None)
     page_fd = os.environ.pop("GQ_PAGE_FD", None)
+    page = None
+    if page_fd and page_fd.isdigit():
+        os.set_inheritable(int(page_fd), False)  # the job's own programs get no lane
+        page = SharedPage.attach(int(page_fd))
     session = WorkerSession(WorkerChannel(socket.socket(fileno=fd)),
-                            int(cap) if cap and cap.isdigit() else None,
-                            SharedPage.attach(int(page_fd)) if page_fd else None)
+                            int(cap) if cap and cap.isdigit() else None, page)
     runtime.active = session
     hooks.install_when_imported(session)
     sys.argv = [submitted, *argv[1:]]

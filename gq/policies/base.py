@@ -72,14 +72,6 @@ class Policy(Protocol):
     # ended (fifo), rather than within their idle time or by its turn: admission then places
     # a job where those residents end soonest.
     waits_behind: bool
-    # Whether its pick of a lone ready job is that job: two lane-mates the lane is never kept
-    # for may then share it first come, first served, without asking the host
-    # (gq.exec.lanes.lendable).
-    lends: bool
-    # Whether its pick reads the clock (a job's deadline, the return of a job in its gap): the
-    # pick at a release may then change more than once as an iteration goes on, which
-    # gq.exec.lanes.hand_over checks throughout rather than halving.
-    reads_clock: bool
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         """Admission order of pending jobs, best first."""

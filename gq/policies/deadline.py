@@ -28,8 +28,6 @@ class Deadline:
     name = "deadline"
     alternates = False
     waits_behind = False
-    lends = True
-    reads_clock = True  # whether a job can still make its deadline
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=lambda job: (_due(job), *by_submission(job)))

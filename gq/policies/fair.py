@@ -13,8 +13,6 @@ class Fair:
     name = "fair"
     alternates = True  # equal shares: the least served job is picked after every iteration
     waits_behind = False
-    lends = True
-    reads_clock = False
     quantum = 0.0  # shares count attained device time exactly
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:

@@ -12,8 +12,6 @@ class Fifo:
     name = "fifo"
     alternates = False
     waits_behind = True  # a job placed behind residents waits until they have ended
-    lends = False  # only the first resident runs
-    reads_clock = False
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=by_submission)

@@ -28,14 +28,12 @@ class Priority:
     name = "priority"
     alternates = False
     waits_behind = False
-    lends = False  # a high job's gap is filled only by what fits in it (gapfit, fill)
     quantum = 0.0  # equal priorities take turns by attained time exactly
 
     def __init__(self, fill: str = "always"):
         if fill not in FILL_MODES:
             raise ValueError(f"unknown fill mode {fill!r}; use one of {', '.join(FILL_MODES)}")
         self.fill = fill
-        self.reads_clock = fill == "gapfit"  # a low job fills a high one's gap if it fits
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=_rank)

@@ -32,8 +32,6 @@ class RoundRobin:
     name = "rr"
     alternates = False
     waits_behind = False
-    lends = True
-    reads_clock = False
 
     def __init__(self, quantum: str = DEFAULT_QUANTUM):
         self.amount, self.in_iterations = parse_quantum(quantum)

@@ -23,8 +23,6 @@ class Srtf:
     name = "srtf"
     alternates = False
     waits_behind = False
-    lends = True
-    reads_clock = False
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         # Iteration times are not known before a job runs, so admit by total steps.

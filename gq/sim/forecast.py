@@ -134,7 +134,8 @@ def work(view: JobView, time_limit: float | None, previous: Past | None,
     it has run (None: it has not started); ``typical``: the run time of the node's recent
     jobs, what a job nothing else tells of is simulated to run (its forecast is unknown all
     the same, but its neighbours' are better bounds than behind a job that never ends)."""
-    measured = view.mean_iteration is not None and view.steps_done >= MEASURED_AFTER
+    # (a pace of 0 is no pace: a job that has run no time yet, or whose figures are odd)
+    measured = bool(view.mean_iteration) and view.steps_done >= MEASURED_AFTER
     if measured:
         iteration, gap = view.mean_iteration, view.mean_gap or 0.0
     elif previous is not None and previous.iteration:

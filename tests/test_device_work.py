@@ -1,0 +1,64 @@
+"""A grant means the device: the lane passes to another job only once the device has run
+what its holder queued (gq.exec.device_sync), so two jobs' kernels never overlap under one
+lane, and the time gq bills each job is the time its kernels took, not the time it took to
+queue them. Shown on a fake device whose kernels run asynchronously on a thread
+(tests/zoo/fake_cuda.py), standing in for torch.cuda in gq's release path."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state
+
+sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+from fake_cuda import FakeDevice  # noqa: E402
+
+from gq.exec import device_sync  # noqa: E402
+
+KERNELS = str(ROOT / "tests" / "zoo" / "fake_kernels.py")
+
+
+def _overlap_ns(first: list, second: list) -> int:
+    return sum(max(0, min(e1, e2) - max(b1, b2)) for b1, e1 in first for b2, e2 in second)
+
+
+def test_a_release_waits_for_the_device_and_a_job_that_never_used_it_pays_nothing():
+    device = FakeDevice()
+    work = device_sync.DeviceWork()
+    assert device_sync.cuda() is None  # no stand-in, and no CUDA here: nothing to wait for
+    work.finish()
+    device_sync.stand_in(device)
+    try:
+        device.launch(0.05)
+        device.launch(0.05)
+        work.finish()
+        assert device.completed == 2  # both kernels had run when it returned
+        work.finish()  # nothing queued since: returns at once
+    finally:
+        device_sync.stand_in(None)
+
+
+def test_two_jobs_kernels_never_overlap_under_one_lane_and_are_billed_as_device_time(
+        daemon, tmp_path):
+    gq_ok("policy", "set", "fair")
+    go = tmp_path / "go"
+    outs = [tmp_path / f"kernels{n}.json" for n in range(2)]
+    ids = [submit("--gpu-mem", "64M", KERNELS, str(out), "12", "20", str(go)) for out in outs]
+    waiting = Path(f"{go}.waiting")
+    wait_for(lambda: waiting.exists() and len(waiting.read_text().split()) == 2, 60,
+             what="both jobs at their start file")
+    go.touch()
+    infos = [wait_state(i, "COMPLETED", timeout=90) for i in ids]
+    assert infos[0]["device"] == infos[1]["device"]
+    first, second = (json.loads(out.read_text()) for out in outs)
+    assert len(first) == len(second) == 24
+    assert _overlap_ns(first, second) == 0  # never both on the device at once
+    # They took turns (fair), rather than one running all its kernels first.
+    starts = sorted([(b, 0) for b, _ in first] + [(b, 1) for b, _ in second])
+    assert sum(a[1] != b[1] for a, b in zip(starts, starts[1:])) >= 4
+    for kernels, job_id in zip((first, second), ids):
+        busy = sum(end - begin for begin, end in kernels) / 1e9
+        attained = job(job_id)["attained"]
+        assert busy * 0.95 <= attained <= busy * 1.6 + 0.3, (busy, attained)
