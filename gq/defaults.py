@@ -117,8 +117,9 @@ CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its ki
 MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases
 PAGE_UNREADABLE_SECONDS = 2.0  # a worker's page half-written this long: it broke the protocol
 # A lease asked back inside an iteration: its lock is tried this often until it comes free
-# (the worker's Done usually comes first).
+# (the worker's Done usually comes first), more rarely as the iteration goes on.
 RECALL_POLL = 0.002
+RECALL_POLL_MAX = 0.05
 
 # Memory safety
 PROBE_MEMORY = 1 << 30  # bytes a job that declares no memory needs free to start (--probe-mem)

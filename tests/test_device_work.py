@@ -52,7 +52,7 @@ def test_two_jobs_kernels_never_overlap_under_one_lane_and_are_billed_as_device_
     go.touch()
     infos = [wait_state(i, "COMPLETED", timeout=90) for i in ids]
     assert infos[0]["device"] == infos[1]["device"]
-    first, second = (json.loads(out.read_text()) for out in outs)
+    first, second = (json.loads(out.read_text())["kernels"] for out in outs)
     assert len(first) == len(second) == 24
     assert _overlap_ns(first, second) == 0  # never both on the device at once
     # They took turns (fair), rather than one running all its kernels first.
@@ -62,3 +62,22 @@ def test_two_jobs_kernels_never_overlap_under_one_lane_and_are_billed_as_device_
         busy = sum(end - begin for begin, end in kernels) / 1e9
         attained = job(job_id)["attained"]
         assert busy * 0.95 <= attained <= busy * 1.6 + 0.3, (busy, attained)
+
+
+def test_a_job_alone_runs_ahead_of_its_device_and_a_newcomer_waits_for_its_tail(daemon,
+                                                                              tmp_path):
+    """Alone on its lane (a lease) a job does not wait for its device at each release: it
+    queues on while the device runs (a thread lets the lane's lock go once the device is
+    done). A job that comes meanwhile gets the lane only once that tail has run."""
+    gq_ok("policy", "set", "fair")
+    alone, later = tmp_path / "alone.json", tmp_path / "later.json"
+    first = submit("--gpu-mem", "64M", KERNELS, str(alone), "30", "20")
+    wait_state(first, "RUNNING", timeout=60)
+    second = submit("--gpu-mem", "64M", KERNELS, str(later), "5", "20")
+    for job_id in (first, second):
+        wait_state(job_id, "COMPLETED", timeout=90)
+    mine, theirs = (json.loads(out.read_text()) for out in (alone, later))
+    busy = sum(end - begin for begin, end in mine["kernels"]) / 1e9
+    assert busy >= 1.1
+    assert mine["loop_s"] < 0.6 * busy, (mine["loop_s"], busy)  # it ran ahead of its device
+    assert _overlap_ns(mine["kernels"], theirs["kernels"]) == 0

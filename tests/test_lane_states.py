@@ -41,7 +41,8 @@ def test_a_job_that_leaves_its_lane_is_idle_from_anywhere(standing):
     (Standing.HOLDING, Event.ASK, Standing.HOLDING),
     (Standing.IDLE, Event.RELEASE, Standing.IDLE),
     (Standing.WAITING, Event.RELEASE, Standing.WAITING),
-    (Standing.LEASED, Event.RELEASE, Standing.LEASED),
+    (Standing.LEASED, Event.RELEASE, Standing.IDLE),  # it gave its lease back
+    (Standing.RECALLED, Event.UNTAKEN, Standing.HOLDING),
 ])
 def test_moves(standing, event, after):
     assert step(standing, event) is after

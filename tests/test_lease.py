@@ -29,6 +29,16 @@ def _pair() -> tuple[SharedPage, SharedPage]:
     return page, SharedPage.attach(fd)
 
 
+def _leased() -> tuple[SharedPage, SharedPage, WorkerLease]:
+    """A page whose lease (number 1) the worker has taken up, inside its first iteration."""
+    host, worker = _pair()
+    lease = WorkerLease(worker)
+    host.offer(1)
+    host.give()
+    lease.granted(1, 0)
+    return host, worker, lease
+
+
 def test_a_fresh_page_says_nothing_was_measured_and_offers_nothing():
     """Its zeros would read as a job measured to hold no memory (a probe's figure of 0)."""
     host, worker = _pair()
@@ -39,11 +49,7 @@ def test_a_fresh_page_says_nothing_was_measured_and_offers_nothing():
 
 
 def test_a_leased_worker_counts_its_iterations_on_the_page():
-    host, worker = _pair()
-    lease = WorkerLease(worker)
-    host.offer(1)
-    host.give()
-    lease.granted(1, 0)
+    host, worker, lease = _leased()
     assert lease.release(1, persistent=100, peak=199)
     for step in range(1, 4):
         assert lease.take(step) and not host.try_take()  # inside: the host cannot take it
@@ -57,22 +63,20 @@ def test_a_leased_worker_counts_its_iterations_on_the_page():
 
 
 def test_the_host_takes_the_lane_in_a_gap_and_waits_for_an_iteration_s_end():
-    host, worker = _pair()
-    lease = WorkerLease(worker)
-    host.offer(1)
-    host.give()
-    lease.granted(1, 0)
+    host, worker, lease = _leased()
     host.offer(0)  # another job is ready: inside an iteration, the host cannot take it
     assert not host.try_take()
     assert not lease.release(1, None, None)  # ... and at its end the worker says so
     assert host.try_take() and not lease.take(1)  # the lane is the host's: READY next
     host.offer(2)
     host.give()
-    assert lease.take(1) and lease.release(2, None, None)
+    assert not lease.take(1)  # a lease offered on the page alone, with no Go: not its own
+    lease.granted(2, 1)
+    assert lease.release(2, None, None) and lease.take(2) and lease.release(3, None, None)
     host.offer(0)  # in its gap: the host takes the lane at once
     assert host.try_take()
-    host.offer(3)  # a job that wrote the word back still finds the lock taken
-    assert not lease.take(2)
+    host.offer(2)  # a job that wrote the word back still finds the lock taken
+    assert not lease.take(3)
     host.close()
     worker.close()
 

@@ -80,8 +80,10 @@ class Granter:
         for lane in self.lanes:
             holder = lane.holder
             if holder is not None:
-                if holder.standing is Standing.RECALLED:
-                    due = min(due, defaults.RECALL_POLL)
+                if holder.standing is Standing.RECALLED:  # tried more rarely as it goes on
+                    asked = now - holder.recalled_at
+                    due = min(due, min(defaults.RECALL_POLL_MAX,
+                                       max(defaults.RECALL_POLL, asked / 4)))
                 continue
             if not ready_to_grant(lane):
                 continue
@@ -115,6 +117,8 @@ class Granter:
         if suspended:
             resident.suspended, resident.suspended_at = True, now
             if resident.standing in (Standing.HOLDING, Standing.RECALLED):
+                if resident.standing is Standing.RECALLED:
+                    self._read_page(resident)  # the lease's iterations so far
                 self._bill(resident, now)
                 self._move(resident, Event.STOP)
                 lane.holder = None
@@ -164,24 +168,35 @@ class Granter:
         self.host.kill(resident, StopWhy.PROTOCOL, grace=0.0)
 
     def _on_ready(self, resident: Resident, now: float) -> None:
+        """A READY says the job is between iterations and wants the lane: where the host
+        thinks it holds the lane (a lease it did not take up, a grant it never said Done
+        to), its hold ends here, billed until now and timed not at all."""
         if resident.standing is Standing.LEASED:
-            # It read its lease's word before the host offered it (or after it was asked
-            # back in its gap): the lane is taken back, and it asks as usual.
-            self._recall(resident)
-        if resident.standing is not Standing.IDLE or resident.channel is None:
-            self._move(resident, Event.ASK)  # nothing changes: it holds or asked already
-            return
+            self._recall(resident, between=True)
+        if resident.standing is Standing.HOLDING and resident.channel is not None:
+            self._bill(resident, now)
+            self._move(resident, Event.RELEASE)
+            self.lanes[resident.lane].holder = None
+            resident.released_at = now
+        if resident.channel is None:
+            return  # ended meanwhile (its page, read as the lease ended, was impossible)
+        if resident.standing is not Standing.IDLE:
+            self._move(resident, Event.ASK)  # nothing changes: it asked already, or is
+            return  # recalled inside an iteration while saying it is not (its own loss)
+        lane = self.lanes[resident.lane]
+        if resident not in lane.residents:  # a thread of a script said to be finished
+            lane.residents.append(resident)
         if resident.released_at is not None:
             resident.gaps += 1
             resident.gap_total += max(0.0, now - resident.released_at)
         resident.asks_for_iteration()
         self._move(resident, Event.ASK)
-        self.schedule(self.lanes[resident.lane])
+        self.schedule(lane)
 
     def _on_done(self, resident: Resident, message: wire.Done, now: float) -> None:
         lane = self.lanes[resident.lane]
         standing = resident.standing
-        if standing is Standing.RECALLED:  # it gave the lane back at its iteration's end
+        if standing in (Standing.RECALLED, Standing.LEASED):  # it gave the lane back
             self._lease_over(resident, now, Event.RELEASE)
             resident.record_steps(message.steps)
             self.schedule(lane)
@@ -200,11 +215,9 @@ class Granter:
         length = max(0.0, now - resident.granted_at)
         resident.attained += length
         resident.iterations += 1
-        resident.timed += 1
-        resident.timed_total += length
-        if resident.timed == 1:
-            resident.first_iteration = length
+        before = resident.steps_done
         resident.record_steps(message.steps)
+        resident.time_iteration(length, resident.steps_done - before)
         resident.mem_persistent = message.mem_persistent
         resident.mem_peak = message.mem_peak
         resident.dirty = True
@@ -344,26 +357,30 @@ class Granter:
         page.give()
         return self._leases_made
 
-    def _recall(self, resident: Resident) -> None:
+    def _recall(self, resident: Resident, between: bool = False) -> None:
         """The host wants the lane back: taken at once where the job is in its gap; inside
-        an iteration, the job keeps it until that iteration's end."""
+        an iteration, the job keeps it until that iteration's end. ``between``: the job
+        said it is between iterations (its READY), whatever its page says."""
         page = resident.page
         assert page is not None and resident.standing is Standing.LEASED
         page.offer(0)  # before the lock is tried: a job that lets it go after sees this
         self._move(resident, Event.RECALL)
-        self._take_back(resident)
+        resident.recalled_at = time.monotonic()
+        self._take_back(resident, between)
 
-    def _take_back(self, resident: Resident) -> bool:
+    def _take_back(self, resident: Resident, between: bool = False) -> bool:
         """Whether the lease asked back is over: its lock taken where the page notes the
-        lease taken up (else the Go is still on its way, or the worker's take failed and a
-        Done will end its plain iteration: the lock is let go again)."""
+        lease taken up (else the Go was still on its way, or the worker's take failed: the
+        iteration it grants is a plain one, which its Done ends; the lock stays taken)."""
         page = resident.page
         assert page is not None
         if not page.try_take():
             return False
         taken_up = page.read()
-        if taken_up is None or taken_up.lease != resident.lease:
-            page.give()
+        if not between and (taken_up is None or taken_up.lease != resident.lease):
+            # Never taken up: its iteration is a plain grant, which its Done ends.
+            self._move(resident, Event.UNTAKEN)
+            resident.lease = 0
             return False
         self._lease_over(resident, time.monotonic(), Event.TAKEN_BACK)
         return True
@@ -453,7 +470,10 @@ class Granter:
         now = time.monotonic()
         if resident.standing in HOLDS_LANE:
             self._bill(resident, now)
-            if resident.standing is not Standing.HOLDING:
+            page = resident.page
+            if resident.standing is not Standing.HOLDING and page is not None:
+                page.offer(0)  # a thread of the job that runs on must not take the lane
+                page.try_take()
                 self._read_page(resident)  # what its page says of its lease, if readable
         lane = self.lanes[resident.lane]
         if lane.holder is resident:

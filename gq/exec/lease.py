@@ -45,6 +45,7 @@ import os
 from dataclasses import dataclass
 
 from gq.codec import INT64_MAX
+from gq.exec.device_sync import DeviceWork
 
 PAGE_SIZE = mmap.PAGESIZE
 # The page as 64-bit words (native order: both ends are on one machine).
@@ -211,8 +212,9 @@ class WorkerLease:
     whole at each boundary). This is every iteration's path, run between the script's own
     work, where each call costs several times what it does in a tight loop: few calls."""
 
-    def __init__(self, page: SharedPage):
+    def __init__(self, page: SharedPage, device: DeviceWork | None = None):
         self.page = page
+        self.device = device or DeviceWork()  # the lock is let go once it has run the work
         self.active = False  # inside an iteration taken under the lease
         self.values = _nothing_yet()
         self._sequence = 2  # the host wrote the first
@@ -236,16 +238,22 @@ class WorkerLease:
         offered and its lock is free (the host has not taken it back); else ask with
         READY."""
         page = self.page
-        if not page.words[_LEASE] or not page.try_take():
-            return False
+        if self.device.keep():  # the last release's lock is held still (the device was busy)
+            if not page.words[_LEASE]:  # ... and the host wants the lane back
+                self.device.finish()
+                page.give()
+                return False
+        elif page.words[_LEASE] != self.values[_LEASE_TAKEN] or not page.try_take():
+            return False  # asked back, or a lease it never took up
         self.active = True
         self.values[_STEPS] = self.values[_STEPS_AT_TAKE] = steps
         self._write()
         return True
 
     def release(self, steps: int, persistent: int | None, peak: int | None) -> bool:
-        """At a leased iteration's end: its figures, and the lane let go. False if the host
-        wants it back: the worker says so with a Done."""
+        """At a leased iteration's end: its figures, and the lane let go once the device
+        has run the iteration's work (meanwhile the job runs on). False if the host wants
+        the lane back: the device is waited for, and the worker says so with a Done."""
         values = self.values
         values[_STEPS] = steps
         values[_ITERATIONS] += 1
@@ -255,17 +263,9 @@ class WorkerLease:
         page.write(self._sequence, values)
         self._sequence += 2
         self.active = False
-        page.give()
-        return page.words[_LEASE] != 0
-
-    def note_steps(self, steps: int) -> bool:
-        """Steps counted outside an iteration (a loop that runs released), on the page while
-        the lease holds, written holding the lane (the host takes it to read a final page);
-        False where the lane is not offered or the host holds it (say them in a message)."""
-        page = self.page
-        if not page.words[_LEASE] or not page.try_take():
+        if not page.words[_LEASE]:
+            self.device.finish()
+            page.give()
             return False
-        self.values[_STEPS] = steps
-        self._write()
-        page.give()
+        self.device.then(page.give)
         return True

@@ -47,6 +47,7 @@ class Event(enum.Enum):
     LEASE = "a lease"  # the host's: a Go that leaves it the lane across boundaries
     TAKEN_BACK = "the lane taken back"  # the host's: it took the lock, the job in its gap
     RECALL = "a recall"  # the host's: it wants the lane back; the job is inside an iteration
+    UNTAKEN = "a lease never taken up"  # the host's: its Go's iteration is a plain grant
     STOP = "a suspend"  # the host's: the job stopped inside an iteration
     LEAVE = "its end"  # the host's: the job runs no more iterations
 
@@ -66,12 +67,14 @@ TRANSITIONS: dict[tuple[Standing, Event], Standing] = {
     (Standing.IDLE, Event.ASK): Standing.WAITING,
     (Standing.HOLDING, Event.RELEASE): Standing.IDLE,
     (Standing.RECALLED, Event.RELEASE): Standing.IDLE,
+    (Standing.LEASED, Event.RELEASE): Standing.IDLE,  # a Done: it gave the lease back
     (Standing.STOPPED, Event.RELEASE): Standing.IDLE,  # its Done crossed the suspend
     (Standing.WAITING, Event.GRANT): Standing.HOLDING,
     (Standing.STOPPED, Event.GRANT): Standing.HOLDING,
     (Standing.WAITING, Event.LEASE): Standing.LEASED,
     (Standing.RECALLED, Event.TAKEN_BACK): Standing.IDLE,
     (Standing.LEASED, Event.RECALL): Standing.RECALLED,
+    (Standing.RECALLED, Event.UNTAKEN): Standing.HOLDING,
     (Standing.HOLDING, Event.STOP): Standing.STOPPED,
     (Standing.RECALLED, Event.STOP): Standing.STOPPED,
 }
@@ -118,10 +121,11 @@ class Resident:
     past_total: bool = False  # it reported more steps than its total: the total is wrong
     attained: float = 0.0  # lane time billed: grant to release, a lease's whole wall time
     iterations: int = 0  # all of them (under a lease: as its page counts them)
-    # Iterations the host saw from grant to release (the device's work included): their
-    # mean is the one policies use, where there are two; a page's word is not.
+    # Iterations the host saw from grant to release (the device's work included), and the
+    # steps they advanced: the mean policies use, where there are two; a page's word is not.
     timed: int = 0
     timed_total: float = 0.0
+    timed_steps: int = 0
     first_iteration: float = 0.0  # the first one timed: warm-up, kept out of the mean
     gaps: int = 0
     gap_total: float = 0.0
@@ -137,6 +141,7 @@ class Resident:
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)
     lease: int = 0  # the number of its lease (gq.exec.lease), while leased
+    recalled_at: float = 0.0  # monotonic: when its lease was last asked back
     lease_started: float = 0.0  # monotonic
     lease_base: Figures = field(default_factory=Figures)  # its page when the lease began
     page_seen: Figures = field(default_factory=Figures)  # its page when last read
@@ -159,10 +164,23 @@ class Resident:
         iterations, gaps included (the page's count is its word, so this is believed only
         until the host has timed a second iteration, at the first contention)."""
         if self.timed >= 2:
-            return max(0.0, self.timed_total - self.first_iteration) / (self.timed - 1)
+            # Per step where steps are counted: grants that advance none (asked for and
+            # given back empty) would otherwise make the mean, and srtf's estimate, read low.
+            per = self.timed_steps if self.timed_steps else self.timed - 1
+            return max(0.0, self.timed_total - self.first_iteration) / per
         if self.iterations < 2:
             return None
         return max(0.0, self.billed - self.first_iteration) / (self.iterations - 1)
+
+    def time_iteration(self, length: float, steps: int) -> None:
+        """One iteration the host timed from grant to release, and the steps it advanced
+        (the first one is warm-up: kept out of the mean)."""
+        self.timed += 1
+        if self.timed == 1:
+            self.first_iteration = length
+        else:
+            self.timed_steps += steps
+        self.timed_total += length
 
     @property
     def billed(self) -> float:
@@ -290,7 +308,8 @@ class Lane:
 
 def ready_to_grant(lane: Lane) -> list[Resident]:
     """The lane's residents that wait for an iteration and may be granted one."""
-    return [r for r in lane.residents if r.standing in WANTS_LANE and not r.suspended]
+    return [r for r in lane.residents
+            if r.standing in WANTS_LANE and not r.suspended and r.channel is not None]
 
 
 def within_bounds(report):

@@ -40,8 +40,8 @@ class WorkerSession:
     def __init__(self, channel: WorkerChannel, memory_cap: int | None = None,
                  page: SharedPage | None = None):
         self.channel = channel
-        self.lease = WorkerLease(page) if page is not None else None
         self.device = device_sync.DeviceWork()
+        self.lease = WorkerLease(page, self.device) if page is not None else None
         self.memory_cap = memory_cap  # bytes of device memory its CUDA allocations may hold
         self.lock = threading.RLock()
         self.held = False
@@ -113,8 +113,7 @@ class WorkerSession:
             if not self.held:
                 if steps != self.reported:  # steps taken outside a grant (released loops)
                     self.reported = steps
-                    if lease is None or not lease.active or not lease.note_steps(steps):
-                        self.channel.send(StepsTaken(steps))
+                    self.channel.send(StepsTaken(steps))
                 return
             self.held = False
             now = time.monotonic()
@@ -124,11 +123,12 @@ class WorkerSession:
                 memory.release_cached()
             self.reported = steps
             sample = self.sample
-            # The lane passes on only once the device has run what this iteration queued.
-            self.device.finish()
-            if lease is not None and lease.active and lease.release(
-                    steps, sample.persistent, sample.peak):
-                return
+            if lease is not None and lease.active:
+                if lease.release(steps, sample.persistent, sample.peak):
+                    return  # (the lock goes once the device has run the iteration)
+            else:
+                # The lane passes on only once the device has run what this iteration queued.
+                self.device.finish()
             # Without a lease, or asked for the lane back: the host hears of the release.
             self.channel.send(Done(steps, sample.persistent, sample.peak))
 
