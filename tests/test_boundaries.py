@@ -447,3 +447,48 @@ def test_the_hooks_are_installed_however_often_torch_is_looked_for_first(tmp_pat
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["watched ['watched']", "wrapped True"], done.stdout
+
+
+GRAPH_REPLAYS = '''
+import torch
+from gq.exec import hooks
+
+class Session:
+    def __init__(self): self.calls, self.held = [], False
+    def acquire(self):
+        if not self.held:
+            self.calls.append("acquire")
+        self.held = True
+    def release(self):
+        self.calls.append("release")
+        self.held = False
+    def count_step(self, kind): self.calls.append(kind)
+
+class Graph:  # stands in for torch.cuda.CUDAGraph, which needs a GPU to replay
+    def replay(self):
+        session.calls.append("replay")
+
+torch.cuda.CUDAGraph = Graph
+session = Session()
+hooks.install(session, torch)
+graph, model = Graph(), torch.nn.Linear(2, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+graph.replay()  # alone: an iteration of its own
+print("alone", " ".join(session.calls)); session.calls.clear()
+model(torch.ones(2)).sum().backward()
+graph.replay()  # between a forward and its optimizer step: inside that iteration
+optimizer.step()
+print("inside", " ".join(session.calls))
+'''
+
+
+def test_a_cuda_graph_replayed_outside_any_iteration_is_granted_the_lane(tmp_path):
+    """A replay calls no module: without its own grant it would run on the device beside
+    the lane's holder."""
+    script = tmp_path / "replays.py"
+    script.write_text(GRAPH_REPLAYS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["alone acquire replay release",
+                                        "inside acquire replay train release"], done.stdout

@@ -2,8 +2,9 @@
 
 Installed once the script imports torch (a meta-path finder watches for it, so scripts
 that never import torch pay nothing): ``torch.nn.Module.__call__`` wrapped to note each
-thread's outermost module call, a post-hook on every optimizer step, and a wrapper around
-``torch.autograd.backward`` until an optimizer steps. They tell
+thread's outermost module call, a post-hook on every optimizer step, a wrapper around
+``torch.autograd.backward`` until an optimizer steps, and one around
+``torch.cuda.CUDAGraph.replay`` (a replay outside any iteration is one of its own). They tell
 :class:`gq.exec.boundaries.LoopShape` what happened at top level; it decides where
 iterations end (its docstring states the rule).
 An outermost module call while released acquires the lane (later calls see it held and
@@ -101,6 +102,24 @@ class _Boundaries:
                 self.stop_noting_backward()
                 self.stop_noting_backward = None
 
+    def replay_begins(self) -> bool:
+        """A CUDA graph is replayed (``CUDAGraph.replay`` calls no module): within an
+        iteration (a thread inside a module call, or the lane held between a forward and
+        its optimizer step) nothing more; outside any, the replay is an iteration of its
+        own, granted before it is queued and released after (True)."""
+        with self.lock:
+            if self.inside or getattr(self.session, "held", False):
+                return False
+            self.inside += 1
+            self.session.acquire()
+            return True
+
+    def replay_ends(self) -> None:
+        with self.lock:
+            self.inside -= 1
+            self.release_owed = True
+            self._apply(NOTHING)
+
     def script_ends(self) -> None:
         with self.lock:
             self._apply(self.shape.script_ends())
@@ -135,6 +154,11 @@ def install(session: JobSession, torch) -> None:
     call = module_class.__call__
     noted = module_class.__call__ = _noting_calls(call, boundaries)
     _after_import("torch._dynamo", lambda dynamo: _leave_to_dynamo(dynamo, noted))
+    graph_class = getattr(torch.cuda, "CUDAGraph", None)
+    replay = getattr(graph_class, "replay", None)
+    replays = None
+    if replay is not None:
+        replays = graph_class.replay = _noting_replays(replay, boundaries)
 
     def in_forked_child() -> None:
         """A forked child (a DataLoader worker) neither holds the lane nor speaks for the
@@ -143,6 +167,8 @@ def install(session: JobSession, torch) -> None:
         boundaries.lock = threading.Lock()
         if module_class.__call__ is noted:
             module_class.__call__ = call
+        if replays is not None and graph_class.replay is replays:
+            graph_class.replay = replay
 
     os.register_at_fork(after_in_child=in_forked_child)
     optimizer_hooks.register_optimizer_step_post_hook(boundaries.after_optimizer_step)
@@ -162,6 +188,20 @@ def install(session: JobSession, torch) -> None:
     cap = getattr(session, "memory_cap", None)
     if cap is not None:  # before the script's first allocation, which follows its import
         memory.cap_devices(torch, cap)
+
+
+def _noting_replays(replay, boundaries: _Boundaries):
+    """``CUDAGraph.replay``, granted the lane where no iteration holds it."""
+    @functools.wraps(replay)
+    def noted(graph, *args, **kwargs):
+        if not boundaries.replay_begins():
+            return replay(graph, *args, **kwargs)
+        try:
+            return replay(graph, *args, **kwargs)
+        finally:
+            boundaries.replay_ends()
+
+    return noted
 
 
 def _noting_calls(call, boundaries: _Boundaries):
