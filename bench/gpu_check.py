@@ -1,0 +1,413 @@
+"""One prepared check of gq on a GPU node: does a lane mean the device?
+
+  python3 bench/gpu_check.py [--cpu] [--quick] [--out DIR] [--budget SECONDS]
+
+Starts a personal gq daemon in a throwaway GQ_HOME (as bench/harness.py's Node does: one lane
+per device, up to 8 resident jobs), runs the phases below with the job kinds of
+bench/gpu_jobs/job.py (plain PyTorch loops that note each iteration's device interval on the
+common monotonic clock: CUDA timing events, or monotonic_ns around CPU work), writes
+DIR/gpu_check.json and prints a summary table last: each figure, its threshold, and
+PASS/FAIL/INFO. Each phase is time-boxed: one that overruns is reported as TIMEOUT, what
+it left running is ended, and the next phase starts.
+
+- environment: versions, GPU, driver, compute mode, and one process's CUDA context beyond
+  what PyTorch's allocator reserved (NVML's figure for the process minus memory_reserved).
+- alone: each kind (spin, matmul, launch, graph) bare and under gq alone: throughput ratio.
+- fair_pair: two spin jobs on one lane under fair, started together: overlap of their
+  device intervals, each one's device share (event truth), gq's attained time against it,
+  and the stretch of a kernel against alone.
+- priority_fill: priority --fill gapfit, a high-priority spin job with host gaps and two
+  low-priority ones: the high job's throughput against alone, overlap, and the same three
+  as bare processes at once ("plain sharing": the high job's loop time there against gq's).
+- sweep: 8 small training jobs packed under fair against one at a time (fifo): makespan
+  (first iteration to last) and mean utilization.
+- escapes: a shell job (no lane) beside a lane job, and a CUDA-graph job (replay outside
+  any module call) beside a spin job under fair: overlap of each pair.
+
+--cpu runs the same phases on gq's cpu device (-G 0), kernels as CPU busy work and tiny
+models; --quick runs fewer iterations (with --cpu, alone runs spin and graph only and the
+phases after fair_pair use torch-free jobs marked with gq.steps, so that it ends in about
+30 s on 2 cores: the CI smoke test; importing torch costs a job about 2 s of CPU there).
+Exit status 0 once it ran (FAILs are findings); 1 when no daemon could be started, 2 when
+interrupted (SIGTERM, ^C: what it started is ended, the results so far written), 3 when a
+phase broke on an error of the check's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check_lib import (CheckNode, JobFailed, Phase, PhaseTimeout, Sampler,  # noqa: E402
+                           length, mean_interval_ms, merge, overlap, summary, timed, window)
+
+HERE = Path(__file__).resolve().parent
+JOB, SHELL_JOB = str(HERE / "gpu_jobs" / "job.py"), str(HERE / "gpu_jobs" / "shell_job.sh")
+PROBE = str(HERE / "gpu_jobs" / "env_probe.py")
+KINDS = ("spin", "matmul", "launch", "graph")
+
+
+def config(cpu: bool, quick: bool) -> dict:
+    c = {"spin_ms": 2.0, "iters": {"spin": 1000, "matmul": 300, "launch": 1000, "graph": 1000},
+         "fair_iters": 1000, "high_iters": 400, "high_gap_ms": 6.0, "low_ms": 1.0,
+         "sweep_jobs": 8, "sweep_iters": 400, "escape_iters": 600,
+         "sizes": {"matmul": ["--width", 4096, "--batch", 8192, "--layers", 4],
+                   "launch": ["--layers", 50], "graph": ["--width", 4096],
+                   "sweep": ["--width", 2048, "--batch", 4096, "--layers", 3]},
+         "mem": {"spin": "2G", "matmul": "8G", "launch": "2G", "graph": "4G", "sweep": "4G"},
+         "budgets": {"environment": 40, "alone": 110, "fair_pair": 45, "priority_fill": 60,
+                     "sweep": 70, "escapes": 50},
+         "total": 230, "plain": [], "kinds": list(KINDS)}
+    if cpu:
+        c.update(iters={"spin": 300, "matmul": 300, "launch": 150, "graph": 300},
+                 fair_iters=300, high_iters=150, sweep_iters=100, escape_iters=200,
+                 total=600, mem={k: "1G" for k in c["mem"]})
+        c["sizes"].update(matmul=["--width", 128, "--batch", 128, "--layers", 3],
+                          sweep=["--width", 64, "--batch", 64, "--layers", 2])
+        c["budgets"] = {k: v * 2 for k, v in c["budgets"].items()}
+    if quick:
+        c["iters"] = {k: max(20, v // 3) for k, v in c["iters"].items()}
+        for key in ("fair_iters", "high_iters", "sweep_iters", "escape_iters"):
+            c[key] = max(30, c[key] // 3)
+        c["total"] = 100 if cpu else 150
+    if cpu and quick:
+        c.update(plain=["priority_fill", "sweep", "escapes"], sweep_jobs=4, high_iters=40,
+                 kinds=["spin", "graph"],
+                 total=95, budgets={"environment": 10, "alone": 45, "fair_pair": 40,
+                                    "priority_fill": 25, "sweep": 25, "escapes": 25})
+    return c
+
+
+class State:
+    def __init__(self, cpu: bool, cfg: dict, node: CheckNode, sampler: Sampler):
+        self.cpu, self.cuda, self.cfg, self.node, self.sampler = cpu, not cpu, cfg, node, sampler
+        self.alone: dict[str, dict] = {}
+        # Every job on one device: -G 0 (gq's cpu device), or the GPU gq names first.
+        self.place = ["-G", "0"] if cpu else []
+
+    def args(self, kind, iters, *, ms=None, gap=None, sizes=None, plain=False) -> list:
+        args = ["--kind", kind, "--device", "cpu" if self.cpu else "cuda", "--iters", iters,
+                "--ms", ms or self.cfg["spin_ms"], *self.cfg["sizes"].get(sizes or kind, [])]
+        return args + (["--gap-ms", gap] if gap else []) + (["--plain"] if plain else [])
+
+    def mem(self, kind) -> list:
+        return ["--gpu-mem", self.cfg["mem"][kind]]
+
+
+def mib(value) -> float | None:
+    return None if value is None else value / 2**20
+
+
+def its(run) -> float | None:
+    return run.get("its")
+
+
+def ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# ----- phases ------------------------------------------------------------------------------
+def environment(ph: Phase, s: State) -> None:
+    info = json.loads(s.node.gq("info", "--json"))
+    devices = info.get("devices", [])
+    ph.details["gq_devices"] = [{k: d.get(k) for k in ("name", "kind", "model", "memory_total")}
+                                for d in devices]
+    ph.fig("gq_devices", ",".join(str(d.get("name")) for d in devices))
+    ph.fig("python", platform.python_version())
+    ph.fig("cpus", len(os.sched_getaffinity(0)))
+    if s.cpu:
+        try:
+            ph.fig("torch", importlib.metadata.version("torch"))
+        except importlib.metadata.PackageNotFoundError:
+            ph.fig("torch", None, note="not installed: torch jobs will fail")
+        ph.fig("cuda_context_MiB", None, note="--cpu: no CUDA context")
+        return
+    gpus = [d["name"] for d in devices if d.get("kind") == "cuda"]
+    ph.fig("gq_cuda_devices", len(gpus), ">=", 1)
+    if gpus:
+        s.place = ["-w", gpus[0]]
+        ph.fig("jobs_pinned_to", gpus[0])
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_mode",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except OSError as error:
+        smi = f"{error},,"
+    fields = [f.strip() for f in (smi.splitlines() or [",,"])[0].split(",")]
+    for name, value in zip(("gpu", "driver", "compute_mode"), fields):
+        ph.fig(name, value)
+    probe = subprocess.run([sys.executable, PROBE], capture_output=True, text=True,
+                           timeout=max(5.0, ph.left()), check=False)
+    if probe.returncode != 0:
+        raise JobFailed(f"env_probe: {probe.stderr.strip()[-300:]}")
+    found = json.loads(probe.stdout.strip().splitlines()[-1])
+    ph.details["probe"] = found
+    ph.fig("torch", found["torch"])
+    ph.fig("torch_cuda", found["cuda"])
+    ph.fig("cuda_context_MiB", mib(found.get("context_bytes")),
+           note="NVML's used memory of the process minus torch.cuda.memory_reserved()")
+    ph.fig("cuda_context_by_delta_MiB", mib(found.get("context_bytes_by_delta")),
+           note="device used memory after minus before, minus memory_reserved()")
+
+
+def alone(ph: Phase, s: State) -> None:
+    for kind in s.cfg["kinds"]:
+        bare_l, gq_l = f"{kind}-bare", f"{kind}-gq"
+        args = s.args(kind, s.cfg["iters"][kind])
+        try:
+            ph.bare(bare_l, args, stage=bare_l, env={"CUDA_VISIBLE_DEVICES": ""} if s.cpu else None)
+            ph.submit(gq_l, args, stage=gq_l, options=s.mem(kind))
+            ph.wait_ready([bare_l, gq_l])
+            bare = ph.run_stage(bare_l, [bare_l])[bare_l]
+            under = ph.run_stage(gq_l, [gq_l])[gq_l]
+            job = ph.gq_jobs([gq_l])[gq_l]  # ended: the next kind's job is alone
+        except JobFailed as error:
+            ph.fig(f"{kind}_throughput_gq/bare", None, note=str(error)[:300], status="FAIL")
+            ph.details[f"{kind}_error"] = [str(error), *ph.cleanup()]  # the next kind alone
+            continue
+        s.alone[kind] = {"bare": bare, "gq": under}
+        strict = kind in ("spin", "matmul")
+        ph.fig(f"{kind}_throughput_gq/bare", ratio(its(under), its(bare)),
+               ">=" if strict else None, 0.95 if strict else None)
+        truth = length(merge(under["iv"])) / 1e9
+        ph.fig(f"{kind}_gq_attained/truth", ratio(job.get("attained"), truth))
+        ph.details[kind] = {"bare_its": its(bare), "gq_its": its(under),
+                            "bare_mean_ms": mean_interval_ms(bare),
+                            "gq_mean_ms": mean_interval_ms(under), "gq_attained": job.get("attained"),
+                            "truth_s": truth, "gq_mean_iteration": job.get("mean_iteration")}
+
+
+def fair_pair(ph: Phase, s: State) -> None:
+    s.node.gq("policy", "set", "fair")
+    labels = ["A", "B"]
+    for label in labels:
+        ph.submit(label, s.args("spin", s.cfg["fair_iters"]), stage="go", options=s.mem("spin"))
+    ph.wait_ready(labels)
+    runs = ph.run_stage("go", labels)
+    jobs = ph.gq_jobs(labels)
+    lo, hi = window(runs.values())
+    ph.details["window_s"] = (hi - lo) / 1e9
+    ph.fig("one_device", int(jobs["A"].get("device") == jobs["B"].get("device")), ">=", 1,
+           note=f"{jobs['A'].get('device')} / {jobs['B'].get('device')}")
+    ph.fig("overlap", overlap([timed(runs[l]) for l in labels], lo, hi), "<=", 0.01)
+    busy = {l: length(merge(runs[l]["iv"], lo, hi)) for l in labels}
+    truth = {l: length(merge(runs[l]["iv"])) / 1e9 for l in labels}
+    attained = {l: jobs[l].get("attained") or 0.0 for l in labels}
+    for label in labels:
+        ph.fig(f"share_{label}", ratio(busy[label], sum(busy.values())), "in", (0.45, 0.55))
+    for label in labels:
+        ph.fig(f"gq_attained/truth_{label}", ratio(attained[label], truth[label]), "in", (0.9, 1.1))
+    ph.fig("gq_share/truth_share_A", ratio(ratio(attained["A"], sum(attained.values())),
+                                           ratio(truth["A"], sum(truth.values()))), "in", (0.9, 1.1))
+    for label in labels:
+        ph.fig(f"gq_lane_share_{label}", jobs[label].get("lane_share"))
+    pair_ms = mean_interval_ms({"warm": 0, "iv": timed(runs["A"]) + timed(runs["B"])})
+    base = s.alone.get("spin", {}).get("bare")
+    ph.fig("stretch_vs_alone", ratio(pair_ms, mean_interval_ms(base) if base else None),
+           note="mean interval in the pair / bare alone")
+    ph.details.update(its={l: its(runs[l]) for l in labels}, truth_s=truth, attained_s=attained)
+
+
+def priority_fill(ph: Phase, s: State) -> None:
+    s.node.gq("policy", "set", "priority", "--fill", "gapfit")
+    plain = "priority_fill" in s.cfg["plain"]
+    high = s.args("spin", s.cfg["high_iters"], gap=s.cfg["high_gap_ms"], plain=plain)
+    low = s.args("spin", 20000, ms=s.cfg["low_ms"], plain=plain)
+    bare_env = {"CUDA_VISIBLE_DEVICES": ""} if s.cpu else None
+    lows, plain_lows = ["low1", "low2"], ["plain-low1", "plain-low2"]
+    ph.bare("alone", high, stage="alone", env=bare_env)
+    ph.submit("high", high, stage="gq", options=[*s.mem("spin"), "--priority", 10])
+    for label in lows:
+        ph.submit(label, low, stage="gq", stop="gq-stop", options=[*s.mem("spin"), "--priority", 0])
+    ph.bare("plain-high", high, stage="plain", env=bare_env)
+    for label in plain_lows:
+        ph.bare(label, low, stage="plain", stop="plain-stop", env=bare_env)
+    ph.wait_ready(["alone", "high", *lows, "plain-high", *plain_lows])
+    alone_run = ph.run_stage("alone", ["alone"])["alone"]
+    ph.go("gq")
+    high_run = ph.wait_done(["high"])["high"]
+    ph.go("gq-stop")
+    low_runs = ph.wait_done(lows)
+    jobs = ph.gq_jobs(["high", *lows])
+    ph.go("plain")
+    plain_high = ph.wait_done(["plain-high"])["plain-high"]
+    ph.go("plain-stop")
+    plain_low_runs = ph.wait_done(plain_lows)
+    ph.fig("high_throughput_gq/alone", ratio(its(high_run), its(alone_run)), ">=", 0.9)
+    for label in lows:
+        ph.fig(f"{label}_its", its(low_runs[label]))
+    lo, hi = high_run["iv"][high_run["warm"]][0], high_run["iv"][-1][1]
+    low_iv = [iv for r in low_runs.values() for iv in r["iv"]]
+    ph.fig("overlap_high_lows", overlap([timed(high_run), low_iv], lo, hi), "<=", 0.01)
+    ph.fig("overlap_any_two", overlap([r["iv"] for r in (high_run, *low_runs.values())], lo, hi))
+    ph.fig("high_jct_plain/gq", ratio(plain_high["wall_s"], high_run["wall_s"]),
+           note="high job's loop time with 2 bare lows at once / under gq; FIKIT: 1.32-16.41x")
+    plain_low_iv = [iv for r in plain_low_runs.values() for iv in r["iv"]]
+    ph.fig("plain_overlap_high_lows", overlap(
+        [timed(plain_high), plain_low_iv], plain_high["iv"][plain_high["warm"]][0],
+        plain_high["iv"][-1][1]))
+    ph.details.update(
+        alone_its=its(alone_run), high_its=its(high_run), plain_high_its=its(plain_high),
+        plain_low_its={l: its(r) for l, r in plain_low_runs.items()},
+        gq={l: {k: j.get(k) for k in ("attained", "mean_iteration", "mean_gap",
+                                       "iterations_per_second", "lane_share")}
+            for l, j in jobs.items()})
+
+
+def sweep(ph: Phase, s: State) -> None:
+    plain = "sweep" in s.cfg["plain"]
+    args = s.args("matmul", s.cfg["sweep_iters"], sizes="sweep", plain=plain)
+    found = {}
+    for policy, stage in (("fifo", "seq"), ("fair", "packed")):
+        s.node.gq("policy", "set", policy)
+        labels = [f"{stage}{i}" for i in range(s.cfg["sweep_jobs"])]
+        for label in labels:
+            ph.submit(label, args, stage=stage, options=s.mem("sweep"))
+        ph.wait_ready(labels)
+        runs = ph.run_stage(stage, labels)
+        ph.gq_jobs(labels)
+        lo = min(r["iv"][0][0] for r in runs.values())
+        hi = max(r["iv"][-1][1] for r in runs.values())
+        found[stage] = {"makespan_s": (hi - lo) / 1e9, "utilization": s.sampler.mean(lo, hi),
+                        "overlap": overlap([r["iv"] for r in runs.values()], lo, hi),
+                        "sum_of_runs_s": sum(r["iv"][-1][1] - r["iv"][0][0]
+                                             for r in runs.values()) / 1e9}
+    seq, packed = found["seq"], found["packed"]
+    ph.fig("makespan_seq_s", seq["makespan_s"],
+           note="fifo: one at a time, all resident; first iteration to last")
+    ph.fig("seq_sum_of_runs_s", seq["sum_of_runs_s"], note="without fifo's hand-overs")
+    ph.fig("makespan_packed_s", packed["makespan_s"], note="fair: packed on one lane")
+    ph.fig("makespan_seq/packed", ratio(seq["makespan_s"], packed["makespan_s"]))
+    ph.fig("seq_sum/packed", ratio(seq["sum_of_runs_s"], packed["makespan_s"]))
+    ph.fig(f"utilization_seq_{s.sampler.source}", seq["utilization"])
+    ph.fig(f"utilization_packed_{s.sampler.source}", packed["utilization"])
+    ph.fig("overlap_packed", packed["overlap"])
+    ph.details.update(found)
+
+
+def escapes(ph: Phase, s: State) -> None:
+    s.node.gq("policy", "set", "fair")
+    plain = "escapes" in s.cfg["plain"]
+    spin = s.args("spin", s.cfg["escape_iters"], plain=plain)
+    ph.submit("shell", spin, stage="a", options=s.mem("spin"), script=SHELL_JOB)
+    ph.submit("lane-a", spin, stage="a", options=s.mem("spin"))
+    ph.submit("graph", s.args("graph", s.cfg["escape_iters"], plain=plain), stage="b",
+              options=s.mem("graph"))
+    ph.submit("lane-b", spin, stage="b", options=s.mem("spin"))
+    ph.wait_ready(["shell", "lane-a", "graph", "lane-b"])
+    for stage, pair, name, op in (("a", ["shell", "lane-a"], "shell_job_overlap", None),
+                                  ("b", ["graph", "lane-b"], "graph_job_overlap", "<=")):
+        runs = ph.run_stage(stage, pair)
+        ph.gq_jobs(pair)
+        lo, hi = window(runs.values())
+        ph.fig(name, overlap([timed(r) for r in runs.values()], lo, hi), op, 0.01 if op else None,
+               note=None if op else "a shell job has no lane: expected high today")
+        ph.details[stage] = {l: {"its": its(r), "mean_ms": mean_interval_ms(r)}
+                             for l, r in runs.items()}
+
+
+PHASES = {"environment": environment, "alone": alone, "fair_pair": fair_pair,
+          "priority_fill": priority_fill, "sweep": sweep, "escapes": escapes}
+
+
+def run_phase(name, fn, s: State, out: Path, deadline: float) -> dict:
+    started = time.monotonic()
+    budget = min(s.cfg["budgets"][name], deadline - started)
+    ph = Phase(name, s.node, out, max(budget, 0.0), JOB, s.place)
+    status, error, ended = "ok", None, []
+    try:
+        if budget < 5:
+            raise PhaseTimeout("no time left in the check's budget")
+        fn(ph, s)
+    except (PhaseTimeout, TimeoutError, subprocess.TimeoutExpired) as e:
+        status, error = "TIMEOUT", f"{type(e).__name__}: {e}"
+    except (JobFailed, RuntimeError) as e:  # a job failed, or gq refused: a finding
+        status, error = "FAIL", f"{type(e).__name__}: {e}"
+    except Exception:  # noqa: BLE001 - the check's own fault: reported, exit 3
+        status, error = "ERROR", traceback.format_exc()
+    finally:  # also when interrupted (SIGTERM, ^C): nothing of the phase is left running
+        ended = ph.cleanup()
+    if error:
+        ph.fig("phase", error.strip().splitlines()[-1][:300], status=status)
+    return {"status": status, "seconds": time.monotonic() - started, "budget": budget,
+            "error": error, "ended": ended, "figures": ph.figures, "details": ph.details}
+
+
+def write(out: Path, result: dict, started: float) -> None:
+    result["seconds"] = time.monotonic() - started
+    (out / "gpu_check.json.tmp").write_text(json.dumps(result, indent=1, default=str))
+    (out / "gpu_check.json.tmp").replace(out / "gpu_check.json")
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="gq's cpu device, CPU kernels")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--out", help="folder for gpu_check.json [a new temporary one]")
+    parser.add_argument("--budget", type=float, help="seconds for all phases [by mode]")
+    args = parser.parse_args()
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gq-gpu-check-"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"gq GPU check ({'cpu' if args.cpu else 'cuda'}{', quick' if args.quick else ''}): "
+          f"results in {out}", flush=True)
+    cfg = config(args.cpu, args.quick)
+    started = time.monotonic()
+    deadline = started + (args.budget or cfg["total"])
+    result = {"mode": {"cpu": args.cpu, "quick": args.quick}, "config": cfg,
+              "started": datetime.now(UTC).isoformat(timespec="seconds"), "phases": {}}
+    signal.signal(signal.SIGTERM, _interrupt)
+    sampler = Sampler(cuda=not args.cpu)
+    sampler.start()
+    code = 0
+    try:
+        with CheckNode("--kill-wait", "1", "--max-resident", "8", "--lanes", "1") as node:
+            node.env["GQ_CHECK_PYTHON"] = sys.executable
+            state = State(args.cpu, cfg, node, sampler)
+            for name, fn in PHASES.items():
+                try:
+                    phase = run_phase(name, fn, state, out, deadline)
+                except KeyboardInterrupt as stop:
+                    result["interrupted"] = f"in {name}: {stop}"
+                    print(f"interrupted in {name}: the daemon is stopped, results so far kept",
+                          file=sys.stderr)
+                    code = 2
+                    break
+                result["phases"][name] = phase
+                write(out, result, started)  # after each phase: a run killed keeps them
+                marks = " ".join(f"{f['name']}={f['status']}" for f in phase["figures"]
+                                 if f["status"] not in ("INFO",))
+                print(f"[{name}] {phase['status']} in {phase['seconds']:.1f} s {marks}",
+                      flush=True)
+                if phase["status"] == "ERROR":
+                    print(phase["error"], file=sys.stderr)
+                    code = 3
+    except Exception:  # noqa: BLE001 - no daemon: nothing could run
+        result["error"] = traceback.format_exc()
+        print(result["error"], file=sys.stderr)
+        code = code or 1
+    sampler.stop()
+    result["sampler"] = sampler.source
+    write(out, result, started)
+    print(f"\nwrote {out / 'gpu_check.json'} in {result['seconds']:.0f} s\n")
+    print(summary(result["phases"]))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
