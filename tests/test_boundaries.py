@@ -492,3 +492,48 @@ def test_a_cuda_graph_replayed_outside_any_iteration_is_granted_the_lane(tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["alone acquire replay release",
                                         "inside acquire replay train release"], done.stdout
+
+
+SKIPPED_STEPS = '''
+import torch
+from gq.exec import hooks
+
+class Session:
+    def __init__(self): self.calls, self.held = [], False
+    def acquire(self):
+        if not self.held:
+            self.calls.append("acquire")
+        self.held = True
+    def release(self):
+        self.calls.append("release")
+        self.held = False
+    def count_step(self, kind): self.calls.append(kind)
+
+session = Session()
+hooks.install(session, torch)
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+for scale in (float("inf"), 1.0):  # the first step is skipped: infinite gradients
+    optimizer.zero_grad()
+    loss = model(torch.ones(2)).sum() * scale
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    print(" ".join(session.calls)); session.calls.clear()
+'''
+
+
+def test_a_step_a_grad_scaler_skips_still_ends_its_iteration(tmp_path):
+    """fp16 training skips its first steps (infinite gradients): no optimizer step ends
+    those iterations, and the lane was held into the next one."""
+    script = tmp_path / "skipped.py"
+    script.write_text(SKIPPED_STEPS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    skipped, stepped = done.stdout.splitlines()
+    assert skipped == "acquire release"  # ended at the scaler's update, counted nothing
+    # (until an optimizer has stepped, a backward then a model call looks like a step by
+    # hand: counted as one, then the optimizer's steps count)
+    assert stepped.endswith("acquire train release"), stepped

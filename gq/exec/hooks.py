@@ -3,8 +3,9 @@
 Installed once the script imports torch (a meta-path finder watches for it, so scripts
 that never import torch pay nothing): ``torch.nn.Module.__call__`` wrapped to note each
 thread's outermost module call, a post-hook on every optimizer step, a wrapper around
-``torch.autograd.backward`` until an optimizer steps, and one around
-``torch.cuda.CUDAGraph.replay`` (a replay outside any iteration is one of its own). They tell
+``torch.autograd.backward`` until an optimizer steps, one around
+``torch.cuda.CUDAGraph.replay`` (a replay outside any iteration is one of its own), and one
+after ``GradScaler.update`` (a step it skipped ends its iteration all the same). They tell
 :class:`gq.exec.boundaries.LoopShape` what happened at top level; it decides where
 iterations end (its docstring states the rule).
 An outermost module call while released acquires the lane (later calls see it held and
@@ -120,6 +121,16 @@ class _Boundaries:
             self.release_owed = True
             self._apply(NOTHING)
 
+    def scaler_updated(self) -> None:
+        """A GradScaler's update ends each of its iterations, stepped or skipped: where it
+        skipped the optimizer's step (infinite gradients, as fp16 training meets at its
+        start), no step hook ends the iteration, and the lane would be held into the
+        next one. Where the step ran, the lane is free already and this does nothing."""
+        with self.lock:
+            if self.inside == 0 and getattr(self.session, "held", False):
+                self.release_owed = True
+                self._apply(NOTHING)
+
     def script_ends(self) -> None:
         with self.lock:
             self._apply(self.shape.script_ends())
@@ -154,6 +165,10 @@ def install(session: JobSession, torch) -> None:
     call = module_class.__call__
     noted = module_class.__call__ = _noting_calls(call, boundaries)
     _after_import("torch._dynamo", lambda dynamo: _leave_to_dynamo(dynamo, noted))
+    scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    update = getattr(scaler_class, "update", None)
+    if update is not None:
+        scaler_class.update = _then(update, boundaries.scaler_updated)
     graph_class = getattr(torch.cuda, "CUDAGraph", None)
     replay = getattr(graph_class, "replay", None)
     replays = None
@@ -188,6 +203,17 @@ def install(session: JobSession, torch) -> None:
     cap = getattr(session, "memory_cap", None)
     if cap is not None:  # before the script's first allocation, which follows its import
         memory.cap_devices(torch, cap)
+
+
+def _then(method, after: Callable[[], None]):
+    """``method``, then ``after`` once it has returned."""
+    @functools.wraps(method)
+    def noted(*args, **kwargs):
+        result = method(*args, **kwargs)
+        after()
+        return result
+
+    return noted
 
 
 def _noting_replays(replay, boundaries: _Boundaries):
