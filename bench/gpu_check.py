@@ -361,7 +361,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     parser.add_argument("--out", help="folder for gpu_check.json [a new temporary one]")
     parser.add_argument("--budget", type=float, help="seconds for all phases [by mode]")
+    parser.add_argument("--phases", help="a comma-separated list of the phases to run [all]")
     args = parser.parse_args()
+    chosen = args.phases.split(",") if args.phases else list(PHASES)
+    unknown = sorted(set(chosen) - set(PHASES))
+    if unknown:
+        parser.error(f"no phase {', '.join(unknown)}; the phases: {', '.join(PHASES)}")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gq-gpu-check-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"gq GPU check ({'cpu' if args.cpu else 'cuda'}{', quick' if args.quick else ''}): "
@@ -380,6 +385,8 @@ def main() -> int:
             node.env["GQ_CHECK_PYTHON"] = sys.executable
             state = State(args.cpu, cfg, node, sampler)
             for name, fn in PHASES.items():
+                if name not in chosen:
+                    continue
                 try:
                     phase = run_phase(name, fn, state, out, deadline)
                 except KeyboardInterrupt as stop:

@@ -122,6 +122,9 @@ RECALL_POLL = 0.002
 RECALL_POLL_MAX = 0.05
 
 # Memory safety
+# One process's CUDA context once cuBLAS is loaded, beyond what PyTorch's allocator reserves:
+# NVML counts it, the allocator does not (676 MiB on an H200 with PyTorch 2.11, CUDA 13).
+CUDA_CONTEXT = 768 << 20
 PROBE_MEMORY = 1 << 30  # bytes a job that declares no memory needs free to start (--probe-mem)
 PROBE_ITERATIONS = 3  # ... measured over this many iterations, its lane taken by it meanwhile
 PROBE_SECONDS = 5.0  # ... or this long after its first iteration began, for one that runs fewer

@@ -81,3 +81,62 @@ def test_a_job_alone_runs_ahead_of_its_device_and_a_newcomer_waits_for_its_tail(
     assert busy >= 1.1
     assert mine["loop_s"] < 0.6 * busy, (mine["loop_s"], busy)  # it ran ahead of its device
     assert _overlap_ns(mine["kernels"], theirs["kernels"]) == 0
+
+
+def test_memory_figures_are_the_device_s_reserved_peak_and_leave_the_script_s_own_alone():
+    """The cap holds reserved memory, so the figure is the reserved peak; and the peak
+    statistics a training framework logs are the script's: gq never resets them."""
+    from gq.exec import memory
+
+    device = FakeDevice()
+    device.allocated, device.reserved_peak = 3 << 20, 9 << 20
+    device_sync.stand_in(device)
+    try:
+        for _ in range(3):
+            assert memory.sample() == memory.MemorySample(persistent=3 << 20, peak=9 << 20)
+    finally:
+        device_sync.stand_in(None)
+    assert device.resets == 0
+
+
+def test_a_release_through_the_host_is_told_once_the_device_is_done_and_before_a_ready():
+    """The job runs on with its gap's work while the device runs its tail (a thread sends
+    the Done then); where it asks for the lane again first, it waits for the device and
+    sends the Done itself, before its READY."""
+    import select
+    import socket
+    import time
+
+    from gq.exec.protocol import FROM_WORKER, Channel, Go, WorkerChannel, encode
+    from gq.exec.worker import WorkerSession
+
+    device = FakeDevice()
+    device_sync.stand_in(device)
+    host_end, worker_end = socket.socketpair()
+    host = Channel(host_end, FROM_WORKER)
+    session = WorkerSession(WorkerChannel(worker_end))
+    try:
+        host_end.sendall(encode(Go()))  # ahead of the READY: the grant is there at once
+        session.acquire()
+        assert type(host.receive_one()).__name__ == "Ready"
+        device.launch(0.2)
+        begin = time.monotonic()
+        session.release()
+        assert time.monotonic() - begin < 0.1  # it ran on
+        assert not select.select([host_end], [], [], 0.05)[0]  # the device is not done
+        assert type(host.receive_one()).__name__ == "Done"
+        assert time.monotonic() - begin >= 0.19 and device.completed == 1
+        host_end.sendall(encode(Go()))
+        session.acquire()
+        assert type(host.receive_one()).__name__ == "Ready"
+        device.launch(0.2)
+        begin = time.monotonic()
+        session.release()
+        host_end.sendall(encode(Go()))
+        session.acquire()  # at once: the Done first, once the device is done
+        assert device.completed == 2 and time.monotonic() - begin >= 0.19
+        assert [type(host.receive_one()).__name__ for _ in range(2)] == ["Done", "Ready"]
+    finally:
+        device_sync.stand_in(None)
+        host_end.close()
+        worker_end.close()

@@ -364,3 +364,18 @@ def test_two_lanes_run_iterations_in_parallel(home, tmp_path):
             wait_state(job_id, "COMPLETED", timeout=60)
     finally:
         control.stop()
+
+
+def test_each_job_on_a_gpu_counts_its_cuda_context_beside_its_figure():
+    """A CUDA context (cuBLAS loaded: 676 MiB on an H200) is held by every resident process
+    whatever its figure says: two jobs of 2 GiB fit a 5 GiB lane alone, not with it."""
+    from gq.daemon import admission
+
+    gib = 1 << 30
+    job = admission.Footprint(persistent=2 * gib)
+    bare = admission.LaneLoad(5 * gib, [job])
+    on_gpu = admission.LaneLoad(5 * gib, [job], overhead=768 << 20)
+    assert bare.fits(job) and not on_gpu.fits(job)
+    assert on_gpu.fits(admission.Footprint(persistent=gib))
+    assert on_gpu.fits_alone(admission.Footprint(persistent=4 * gib))
+    assert not on_gpu.fits_alone(admission.Footprint(persistent=5 * gib))

@@ -2,7 +2,7 @@
 and the simulator both call :func:`place`).
 
 A job fits a lane while Σ persistent + max ephemeral ≤ lane capacity over the lane's jobs
-(the Salus condition), the device's resident cap is not reached, and no exclusive job holds
+(the Salus condition; on a GPU each job's persistent memory counts its CUDA context too), the device's resident cap is not reached, and no exclusive job holds
 the device, nor the thermal and power guard holds it. Jobs are taken in the policy's order.
 A shared job goes where it leaves the most headroom (free memory under the safety
 condition), then to the fewest resident jobs, then to the least measured utilization; a job
@@ -44,15 +44,23 @@ class LaneLoad:
     # runs the lane (fifo: once the residents before it have ended; 0 where the policy lets
     # a newcomer in within their idle time or by its turn; infinity: unknown).
     starts_in: float = 0.0
+    # Bytes each resident job holds beyond its figure, whatever it does: on a GPU, its
+    # process's CUDA context (NVML counts it; PyTorch's allocator does not).
+    overhead: int = 0
 
     def need(self, extra: Footprint | None = None) -> int:
         every = self.footprints + ([extra] if extra is not None else [])
         if not every:
             return 0
-        return sum(f.persistent for f in every) + max(f.ephemeral for f in every)
+        return (sum(f.persistent + self.overhead for f in every)
+                + max(f.ephemeral for f in every))
 
     def fits(self, extra: Footprint) -> bool:
         return self.need(extra) <= self.capacity
+
+    def fits_alone(self, job: Footprint) -> bool:
+        """Whether the job would fit here once the lane's residents have gone."""
+        return job.persistent + self.overhead + job.ephemeral <= self.capacity
 
     def headroom(self, extra: Footprint | None = None) -> int:
         return self.capacity - self.need(extra)
@@ -276,7 +284,7 @@ def _soonest_start(request: Request, devices: list[DeviceLoad]) -> float:
     """When the job could get its first iteration at the soonest on any of the devices, full
     ones included (once what is resident there before it has ended)."""
     return min((lane.starts_in for device in devices for lane in device.lanes
-                if lane.capacity >= request.footprint.persistent + request.footprint.ephemeral),
+                if lane.fits_alone(request.footprint)),
                default=math.inf)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gq import defaults
+
 
 @dataclass(frozen=True)
 class Device:
@@ -160,3 +162,9 @@ def environment(devices: list[Device]) -> dict[str, str]:
         return {"GQ_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "GQ_VISIBLE_DEVICES": visible}
     cuda = ",".join(d.uuid or str(d.gpu if d.gpu is not None else d.index) for d in gpus)
     return {"GQ_DEVICE": "cuda:0", "CUDA_VISIBLE_DEVICES": cuda, "GQ_VISIBLE_DEVICES": visible}
+
+
+def context_memory(device: Device) -> int:
+    """What each job resident on the device holds beyond its figure: a CUDA context on a
+    GPU (admission counts it in the job's persistent memory), nothing elsewhere."""
+    return defaults.CUDA_CONTEXT if device.kind == "cuda" else 0

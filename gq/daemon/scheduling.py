@@ -21,7 +21,7 @@ import psutil
 from gq import defaults, policies
 from gq.daemon import admission, memory
 from gq.daemon import devices as devices_mod
-from gq.daemon.devices import Device
+from gq.daemon.devices import Device, context_memory
 from gq.daemon.monitoring import Monitor
 from gq.daemon.supervision import Supervisor, footprint
 from gq.policies.base import time_left
@@ -338,7 +338,8 @@ class Scheduler:
             outside = reading.external_memory // lanes if reading is not None else 0
             loads[device.name] = admission.DeviceLoad(
                 name=device.name, gpu=device.whole, index=device.index or 0,
-                lanes=[admission.LaneLoad(self.lane_memory(device) - outside)
+                lanes=[admission.LaneLoad(self.lane_memory(device) - outside,
+                                          overhead=context_memory(device))
                        for _ in range(lanes)],
                 max_resident=self.capacity.max_resident,
                 utilization=(reading.utilization or 0.0) if reading is not None else 0.0,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from gq import defaults, messages
 from gq.codec import FrameTooLarge, MessageError
 from gq.daemon import admission, memory, recovery
-from gq.daemon.devices import Device
+from gq.daemon.devices import Device, context_memory
 from gq.daemon.hosts import HostHandle, HostSettings, HostUnavailable
 from gq.daemon.launch import launch_spec
 from gq.daemon.metrics import Metrics
@@ -452,7 +452,8 @@ class Supervisor:
 
     def _free_beside(self, job: Running) -> int:
         """What the job's lane had free beside the other jobs there."""
-        lane = admission.LaneLoad(self._lane_memory(job))
+        lane = admission.LaneLoad(self._lane_memory(job),
+                                  overhead=max(map(context_memory, job.devices)))
         names = {d.name for d in job.devices}
         lane.footprints = [other.footprint_now() for other in self.running.values()
                            if other is not job and other.lane == job.lane

@@ -18,7 +18,10 @@ It keeps the lane's lock instead while its device is busy, and a thread of the w
 lets the lock go once the device is done (:meth:`DeviceWork.then`); where the job's next
 iteration begins first, it takes that back (:meth:`DeviceWork.keep`) and goes on holding
 the lock, with no system call. The host, wanting the lane back, finds the lock held until
-the tail has run.
+the tail has run. A release through the host (a Done) is held back the same way: the
+thread sends the Done once the device is done, while the job runs on with its gap's work
+(a high-priority job's host-side work beside its own tail); where the job asks for the lane
+again first, it waits for the device and sends the Done itself, before its READY.
 
 Work on another stream than the current one is not waited for; a job that runs such work
 past its release runs it outside the lane, as it would by starting a thread of its own.
@@ -91,10 +94,10 @@ class DeviceWork:
             self._tail = _Tail()
         self._tail.hand(event, give)
 
-    def keep(self) -> bool:
-        """Take back a ``give`` not made yet: True where one was pending (what it would
-        have let go is still held)."""
-        return self._tail is not None and self._tail.cancel()
+    def keep(self) -> Callable[[], None] | None:
+        """Take back a ``give`` not made yet, and return it (None: nothing was pending). The
+        caller makes it, or keeps what it would have let go."""
+        return None if self._tail is None else self._tail.cancel()
 
 
 class _Tail:
@@ -110,17 +113,20 @@ class _Tail:
             self._pending = (event, give)
             self._changed.notify()
 
-    def cancel(self) -> bool:
+    def cancel(self) -> Callable[[], None] | None:
         with self._changed:
             pending, self._pending = self._pending, None
-        return pending is not None
+        return None if pending is None else pending[1]
 
     def _run(self) -> None:
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._pending is not None)
                 pending = self._pending
-            pending[0].synchronize()
+            try:
+                pending[0].synchronize()
+            except Exception:  # noqa: BLE001 - a device that failed has nothing left to run
+                pass
             with self._changed:
                 if self._pending is pending:  # not taken back meanwhile
                     self._pending = None

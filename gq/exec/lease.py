@@ -233,12 +233,17 @@ class WorkerLease:
         self.values[_STEPS] = self.values[_STEPS_AT_TAKE] = steps
         self._write()
 
-    def take(self, steps: int) -> bool:
+    def gives(self, pending) -> bool:
+        """Whether a give the device held back is this lease's lock."""
+        return pending == self.page.give
+
+    def take(self, steps: int, kept: bool = False) -> bool:
         """At an acquire: the next iteration begins without asking where the lane is
         offered and its lock is free (the host has not taken it back); else ask with
-        READY."""
+        READY. ``kept``: the last release's lock is held still (the device was busy then,
+        and the give was taken back)."""
         page = self.page
-        if self.device.keep():  # the last release's lock is held still (the device was busy)
+        if kept:
             if not page.words[_LEASE]:  # ... and the host wants the lane back
                 self.device.finish()
                 page.give()

@@ -7,6 +7,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from gq.exec import device_sync
 from gq.exec.protocol import OutOfMemory
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -29,10 +30,7 @@ def rss_bytes() -> int:
 
 
 def _cuda_in_use():
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    return torch.cuda
+    return device_sync.cuda()
 
 
 def peak_rss_bytes() -> int | None:
@@ -47,16 +45,18 @@ def peak_rss_bytes() -> int | None:
 
 
 def sample() -> MemorySample:
-    """Sample at a release. On a GPU the peak is reset, so that the next sample covers the
-    iterations since this one; on the cpu device it is the process's peak so far (transient
-    allocations freed before the release count too)."""
+    """Sample at a release: what it holds now, and the most it has held so far. On a GPU
+    the peak is what the allocator reserved (the cap, ``set_per_process_memory_fraction``,
+    holds reserved memory, and cached blocks are the device's all the same), and it is never
+    reset: the script's own peak statistics, which training frameworks log, stay its own.
+    On the cpu device it is the process's high-water mark (allocations freed before the
+    release count too)."""
     cuda = _cuda_in_use()
     if cuda is None:
         rss = rss_bytes()
         return MemorySample(persistent=rss, peak=max(rss, peak_rss_bytes() or 0))
-    persistent, peak = cuda.memory_allocated(), cuda.max_memory_allocated()
-    cuda.reset_peak_memory_stats()
-    return MemorySample(persistent=persistent, peak=peak)
+    persistent = cuda.memory_allocated()
+    return MemorySample(persistent=persistent, peak=max(persistent, cuda.max_memory_reserved()))
 
 
 def release_cached() -> None:

@@ -24,6 +24,7 @@ import enum
 import logging
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import field
 from typing import Annotated, Any, ClassVar
@@ -491,10 +492,21 @@ class Channel:
 
 class WorkerChannel(Channel):
     """A worker's end of its socket to its host: it sends what workers send and receives
-    its grants, blocking."""
+    its grants, blocking. Two of the job's threads may send (a Done the device held back
+    goes from the thread that waited for it): each line goes whole."""
 
     def __init__(self, sock: socket.socket):
         super().__init__(sock, TO_WORKER)
+        self._sending = threading.Lock()
+
+    def send(self, message: Any) -> bool:
+        with self._sending:
+            return super().send(message)
+
+    def send_line(self, line: bytes) -> None:
+        """A line encoded once, ahead (the worker's READY)."""
+        with self._sending:
+            self.sock.sendall(line)
 
 
 def _quote(line: bytes) -> str:

@@ -71,10 +71,11 @@ class WorkerSession:
             if self.held:
                 return
             lease = self.lease
-            if lease is not None and lease.take(self.steps):
+            kept = self._settle()
+            if lease is not None and lease.take(self.steps, kept):
                 self.held = True
                 return
-            self.channel.sock.sendall(READY)
+            self.channel.send_line(READY)
             grant = self.channel.receive_one()
             if not isinstance(grant, Go):  # (the host sends nothing else)
                 raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a grant")
@@ -123,14 +124,29 @@ class WorkerSession:
                 memory.release_cached()
             self.reported = steps
             sample = self.sample
+            done = Done(steps, sample.persistent, sample.peak)
             if lease is not None and lease.active:
                 if lease.release(steps, sample.persistent, sample.peak):
                     return  # (the lock goes once the device has run the iteration)
-            else:
-                # The lane passes on only once the device has run what this iteration queued.
-                self.device.finish()
-            # Without a lease, or asked for the lane back: the host hears of the release.
-            self.channel.send(Done(steps, sample.persistent, sample.peak))
+                self.channel.send(done)  # asked back: the device was waited for
+                return
+            # The lane passes on once the device has run what this iteration queued: the
+            # host hears of the release then, from a thread that waits for the device,
+            # while this one runs on (its gap's work beside the device's tail).
+            self.device.then(lambda: self.channel.send(done))
+
+    def _settle(self) -> bool:
+        """Before asking for the lane again: a Done the device still holds back is waited
+        for and sent now (the host must hear it before a READY); True where what is held
+        back is a lease's lock instead (it is the job's still)."""
+        pending = self.device.keep()
+        if pending is None:
+            return False
+        if self.lease is not None and self.lease.gives(pending):
+            return True
+        self.device.finish()
+        pending()
+        return False
 
     def set_total_steps(self, total: int) -> None:
         if not 1 <= total <= INT64_MAX:
@@ -158,6 +174,9 @@ class WorkerSession:
         with self.lock:
             if self.held:
                 self.release()
+            if self._settle() and self.lease is not None:  # the lease's lock: let it go
+                self.device.finish()
+                self.lease.page.give()
             self.channel.send(Finished())
 
 

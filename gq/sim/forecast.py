@@ -348,7 +348,9 @@ class _Seeded:
                             if device.held},
                       names=tuple(device.name for device in devices),
                       capacities=tuple(sum(lane.capacity for lane in device.lanes)
-                                       for device in devices))
+                                       for device in devices),
+                      overheads=tuple(max((lane.overhead for lane in device.lanes), default=0)
+                                      for device in devices))
         return cls(traces, start, basis, unknown)
 
 

@@ -233,7 +233,8 @@ class Start:
     (--begin); ``after``: jobs that arrive only once all of these other jobs have ended (a
     dependency); ``held``: devices (by index) that admit no job, with the guard's reason;
     ``names``: the devices' names, as admission's placements give them; ``capacities``: each
-    device's memory for jobs, where they differ (else ``capacity`` for all)."""
+    device's memory for jobs, where they differ (else ``capacity`` for all); ``overheads``:
+    what each resident job holds there beyond its figure (a CUDA context), where known."""
 
     clock: float = 0.0
     residents: dict[int, Resident] = field(default_factory=dict)
@@ -242,6 +243,7 @@ class Start:
     held: dict[int, str] = field(default_factory=dict)
     names: tuple[str, ...] = ()
     capacities: tuple[int, ...] = ()
+    overheads: tuple[int, ...] = ()
 
 
 def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: float = 0.0,
@@ -282,6 +284,7 @@ class _Simulation:
         every = capacity if capacity is not None else 1 << 62
         self.lane_capacity = [(start.capacities[d] if start.capacities else every) // lanes
                               for d in range(gpus)]
+        self.overheads = start.overheads
         self.max_resident = max_resident or 1 << 30
         self.backfill = backfill
         self.step_by_step = step_by_step
@@ -405,7 +408,8 @@ class _Simulation:
             lanes=[admission.LaneLoad(self.lane_capacity[device],
                                       [admission.Footprint(r.job.mem or 0)
                                        for r in self.lanes[device * per_lane + k].residents],
-                                      self._starts_in(self.lanes[device * per_lane + k], now))
+                                      self._starts_in(self.lanes[device * per_lane + k], now),
+                                      self.overheads[device] if self.overheads else 0)
                    for k in range(per_lane)],
             max_resident=self.max_resident, residents=len(jobs),
             exclusive=any(r.gpus > 1 for r in jobs),

@@ -55,6 +55,25 @@ class FakeDevice:
     def Event(self, blocking: bool = False) -> FakeEvent:  # noqa: N802 - torch's name
         return FakeEvent(self)
 
+    # Memory statistics: what a test sets, and whether anything reset the peaks.
+    allocated = reserved_peak = 0
+    resets = 0
+
+    def memory_allocated(self) -> int:
+        return self.allocated
+
+    def max_memory_reserved(self) -> int:
+        return self.reserved_peak
+
+    def memory_reserved(self) -> int:
+        return self.reserved_peak
+
+    def reset_peak_memory_stats(self) -> None:
+        self.resets += 1
+
+    def empty_cache(self) -> None:
+        pass
+
 
 class FakeEvent:
     def __init__(self, device: FakeDevice) -> None:
