@@ -267,6 +267,7 @@ class Granter:
         if chosen.channel is None:
             return
         lease = 0
+        now = time.monotonic()  # before the Go: the job may use the lane from its send on
         if chosen.standing is Standing.STOPPED:  # resumed inside its iteration: goes on
             self.host.freeze(chosen, False)
         else:
@@ -281,7 +282,7 @@ class Granter:
                 self.drop_channel(chosen)  # its exit is reaped and reported as usual
                 return
         self._move(chosen, Event.LEASE if lease else Event.GRANT)
-        self._hold(lane, chosen, time.monotonic())
+        self._hold(lane, chosen, now)
         if lease:
             chosen.lease, chosen.lease_started = lease, chosen.granted_at
 
