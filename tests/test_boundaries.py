@@ -473,12 +473,41 @@ session = Session()
 hooks.install(session, torch)
 graph, model = Graph(), torch.nn.Linear(2, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-graph.replay()  # alone: an iteration of its own
-print("alone", " ".join(session.calls)); session.calls.clear()
-model(torch.ones(2)).sum().backward()
+
+def said(case):
+    print(case, " ".join(session.calls))
+    session.calls.clear()
+
+with torch.no_grad():
+    graph.replay()  # an inference graph: an iteration of its own
+said("inference")
+graph.replay()  # forward and backward captured, the optimizer's step eager
+optimizer.step()
+said("then-a-step")
+graph.replay()  # a whole step captured: the next replay ends each
+graph.replay()
+said("whole-steps")
+model(torch.ones(2)).sum().backward()  # joins the last replay's iteration
 graph.replay()  # between a forward and its optimizer step: inside that iteration
 optimizer.step()
-print("inside", " ".join(session.calls))
+said("inside")
+
+class Refused(Exception):
+    pass
+
+def refuse():
+    raise Refused()
+
+session.acquire, held = refuse, session.held
+session.release()
+try:
+    graph.replay()  # the grant fails (the host gone, an interrupt): counted out again
+except Refused:
+    pass
+session.acquire = Session.acquire.__get__(session)
+model(torch.ones(2)).sum().backward()
+optimizer.step()
+said("after-a-failed-grant")
 '''
 
 
@@ -490,8 +519,13 @@ def test_a_cuda_graph_replayed_outside_any_iteration_is_granted_the_lane(tmp_pat
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["alone acquire replay release",
-                                        "inside acquire replay train release"], done.stdout
+    assert done.stdout.splitlines() == [
+        "inference acquire replay release",
+        "then-a-step acquire replay train release",
+        "whole-steps acquire replay release acquire replay",
+        "inside replay train release",
+        "after-a-failed-grant release acquire train release",
+    ], done.stdout
 
 
 SKIPPED_STEPS = '''
@@ -537,3 +571,28 @@ def test_a_step_a_grad_scaler_skips_still_ends_its_iteration(tmp_path):
     # (until an optimizer has stepped, a backward then a model call looks like a step by
     # hand: counted as one, then the optimizer's steps count)
     assert stepped.endswith("acquire train release"), stepped
+
+
+SCALED_GAN = SKIPPED_STEPS[:SKIPPED_STEPS.index("model = ")] + '''
+scaler = torch.amp.GradScaler("cpu")
+d, g = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)  # one scaler, updated after each step
+od, og = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (d, g))
+for _ in range(3):
+    for model, optimizer in ((d, od), (g, og)):
+        optimizer.zero_grad()
+        scaler.scale(model(torch.ones(2)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    print(" ".join(session.calls)); session.calls.clear()
+'''
+
+
+def test_a_grad_scaler_updated_after_each_of_a_gan_s_steps_ends_no_iteration_early(tmp_path):
+    """Once D's then G's step is known as one iteration, the update after D's step ends
+    nothing: the lane is held on to G's."""
+    script = tmp_path / "gan.py"
+    script.write_text(SCALED_GAN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1:] == ["acquire train release"] * 2, done.stdout

@@ -67,7 +67,7 @@ class DeviceWork:
     def finish(self) -> None:
         """Return once the device has run everything queued so far on the current stream."""
         module = cuda()
-        if module is None:
+        if module is None or _capturing(module):
             return
         device = module.current_device()
         event = self._events.get(device)
@@ -82,7 +82,7 @@ class DeviceWork:
         stream: now where it has (or CUDA is not in use), else from a thread that waits for
         it while the job runs on."""
         module = cuda()
-        if module is None:
+        if module is None or _capturing(module):
             give()
             return
         event = module.Event(blocking=True)  # its own: the waiting thread keeps it
@@ -98,6 +98,13 @@ class DeviceWork:
         """Take back a ``give`` not made yet, and return it (None: nothing was pending). The
         caller makes it, or keeps what it would have let go."""
         return None if self._tail is None else self._tail.cancel()
+
+
+def _capturing(module: Any) -> bool:
+    """Whether the current stream is capturing a CUDA graph: an event recorded or waited
+    for on it then would break the capture, and nothing it queues runs before a replay."""
+    capturing = getattr(module, "is_current_stream_capturing", None)
+    return capturing is not None and capturing()
 
 
 class _Tail:

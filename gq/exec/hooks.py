@@ -52,6 +52,10 @@ class _Boundaries:
         self.lock = threading.Lock()
         self.inside = 0  # threads now inside an outermost module call
         self.release_owed = False  # an iteration ended while a thread was inside a call
+        # The lane is held for a CUDA graph's replay that nothing has ended yet (one with
+        # grad enabled: its optimizer step may follow, eager): the next replay ends it.
+        self.replay_open = False
+        self.stepped = False  # an optimizer has stepped since the lane was last released
         self.shape = LoopShape()
         self.with_parameters: set[int] = set()  # ids of modules found to have parameters
         self.stop_noting_backward: Callable[[], None] | None = None
@@ -66,7 +70,7 @@ class _Boundaries:
         if boundary.release:
             self.release_owed = True
         if self.release_owed and self.inside == 0:
-            self.release_owed = False
+            self.release_owed = self.replay_open = self.stepped = False
             self.session.release()
 
     def enter(self, module) -> None:
@@ -80,6 +84,7 @@ class _Boundaries:
             if boundary is not NOTHING:
                 self._apply(boundary)
             self.release_owed = False  # the lane is wanted again: the next boundary gives it
+            self.replay_open = False  # a replay before it is part of its iteration
             self.inside += 1
             local.depth = 1
             self.session.acquire()  # at once while the lane is held
@@ -98,6 +103,7 @@ class _Boundaries:
 
     def after_optimizer_step(self, optimizer, _args, _kwargs):
         with self.lock:
+            self.stepped = True  # (a scaler's update in the middle of a cycle ends nothing)
             self._apply(self.shape.optimizer_steps(id(optimizer)))
             if self.stop_noting_backward is not None and not self.shape.needs_backward:
                 self.stop_noting_backward()
@@ -109,17 +115,32 @@ class _Boundaries:
         its optimizer step) nothing more; outside any, the replay is an iteration of its
         own, granted before it is queued and released after (True)."""
         with self.lock:
-            if self.inside or getattr(self.session, "held", False):
+            if self.inside:
                 return False
+            if getattr(self.session, "held", False):
+                if not self.replay_open:
+                    return False  # part of an iteration begun otherwise
+                self.release_owed = True  # the last replay's iteration: nothing ended it
+                self._apply(NOTHING)
             self.inside += 1
-            self.session.acquire()
+            try:
+                self.session.acquire()
+            except BaseException:
+                self.inside -= 1
+                raise
             return True
 
     def replay_ends(self) -> None:
+        """A replay under no_grad ends its iteration (an inference graph); with grad enabled
+        the lane stays held for what may follow (an eager optimizer step, which releases
+        it), and the next replay ends it if nothing else has."""
         with self.lock:
             self.inside -= 1
-            self.release_owed = True
-            self._apply(NOTHING)
+            if self.torch.is_grad_enabled():
+                self.replay_open = True
+            else:
+                self.release_owed = True
+                self._apply(NOTHING)
 
     def scaler_updated(self) -> None:
         """A GradScaler's update ends each of its iterations, stepped or skipped: where it
@@ -127,7 +148,7 @@ class _Boundaries:
         start), no step hook ends the iteration, and the lane would be held into the
         next one. Where the step ran, the lane is free already and this does nothing."""
         with self.lock:
-            if self.inside == 0 and getattr(self.session, "held", False):
+            if self.inside == 0 and not self.stepped and getattr(self.session, "held", False):
                 self.release_owed = True
                 self._apply(NOTHING)
 

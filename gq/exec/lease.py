@@ -245,8 +245,10 @@ class WorkerLease:
         page = self.page
         if kept:
             if not page.words[_LEASE]:  # ... and the host wants the lane back
-                self.device.finish()
-                page.give()
+                try:
+                    self.device.finish()
+                finally:
+                    page.give()
                 return False
         elif page.words[_LEASE] != self.values[_LEASE_TAKEN] or not page.try_take():
             return False  # asked back, or a lease it never took up
@@ -269,8 +271,10 @@ class WorkerLease:
         self._sequence += 2
         self.active = False
         if not page.words[_LEASE]:
-            self.device.finish()
-            page.give()
+            try:
+                self.device.finish()
+            finally:
+                page.give()
             return False
         self.device.then(page.give)
         return True

@@ -21,7 +21,7 @@ _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40
 @dataclass(frozen=True)
 class MemorySample:
     persistent: int  # held between iterations: model, optimizer state
-    peak: int  # the most held during the iteration just ended
+    peak: int  # the most held so far (on a GPU, reserved: it never goes down)
 
 
 def rss_bytes() -> int:
