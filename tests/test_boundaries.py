@@ -449,7 +449,8 @@ def test_the_hooks_are_installed_however_often_torch_is_looked_for_first(tmp_pat
     assert done.stdout.splitlines() == ["watched ['watched']", "wrapped True"], done.stdout
 
 
-GRAPH_REPLAYS = '''
+# A session that notes what the hooks ask of it, and holds the lane as a worker's does.
+RECORDING = '''
 import torch
 from gq.exec import hooks
 
@@ -463,7 +464,9 @@ class Session:
         self.calls.append("release")
         self.held = False
     def count_step(self, kind): self.calls.append(kind)
+'''
 
+GRAPH_REPLAYS = RECORDING + '''
 class Graph:  # stands in for torch.cuda.CUDAGraph, which needs a GPU to replay
     def replay(self):
         session.calls.append("replay")
@@ -528,21 +531,7 @@ def test_a_cuda_graph_replayed_outside_any_iteration_is_granted_the_lane(tmp_pat
     ], done.stdout
 
 
-SKIPPED_STEPS = '''
-import torch
-from gq.exec import hooks
-
-class Session:
-    def __init__(self): self.calls, self.held = [], False
-    def acquire(self):
-        if not self.held:
-            self.calls.append("acquire")
-        self.held = True
-    def release(self):
-        self.calls.append("release")
-        self.held = False
-    def count_step(self, kind): self.calls.append(kind)
-
+SKIPPED_STEPS = RECORDING + '''
 session = Session()
 hooks.install(session, torch)
 model = torch.nn.Linear(2, 1)
