@@ -41,8 +41,10 @@ _stand_in: Any = None
 
 
 def stand_in(module: Any) -> None:
-    """Use ``module`` (is_initialized, Event(blocking=...) with record, query, synchronize)
-    in place of torch.cuda from now on: a fake device, for tests without a GPU."""
+    """Use ``module`` (current_device, Event(blocking=...) with record, query and
+    synchronize, and the memory statistics gq.exec.memory reads) in place of torch.cuda
+    from now on, initialised or not: a fake device, for tests without a GPU (None: torch's
+    own again)."""
     global _stand_in
     _stand_in = module
 

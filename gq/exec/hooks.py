@@ -73,6 +73,11 @@ class _Boundaries:
             self.release_owed = self.replay_open = self.stepped = False
             self.session.release()
 
+    def _end_iteration(self) -> None:
+        """Under the lock: the iteration is over, whatever the loop's shape says."""
+        self.release_owed = True
+        self._apply(NOTHING)
+
     def enter(self, module) -> None:
         """This thread's outermost module call begins: counted inside (``local.depth`` 1
         from then on) and given the lane. What ended an iteration before it is applied
@@ -120,8 +125,7 @@ class _Boundaries:
             if getattr(self.session, "held", False):
                 if not self.replay_open:
                     return False  # part of an iteration begun otherwise
-                self.release_owed = True  # the last replay's iteration: nothing ended it
-                self._apply(NOTHING)
+                self._end_iteration()  # the last replay's: nothing ended it
             self.inside += 1
             try:
                 self.session.acquire()
@@ -139,8 +143,7 @@ class _Boundaries:
             if self.torch.is_grad_enabled():
                 self.replay_open = True
             else:
-                self.release_owed = True
-                self._apply(NOTHING)
+                self._end_iteration()
 
     def scaler_updated(self) -> None:
         """A GradScaler's update ends each of its iterations, stepped or skipped: where it
@@ -149,8 +152,7 @@ class _Boundaries:
         next one. Where the step ran, the lane is free already and this does nothing."""
         with self.lock:
             if self.inside == 0 and not self.stepped and getattr(self.session, "held", False):
-                self.release_owed = True
-                self._apply(NOTHING)
+                self._end_iteration()
 
     def script_ends(self) -> None:
         with self.lock:

@@ -22,7 +22,7 @@ and two system calls:
   host also tries the lock again at every turn of its loop, so a job that wrote the word
   back keeps the lane for no longer than that iteration. Taken where the page does not note
   the lease yet, the Go is still on its way, or the job's take failed: its first iteration
-  is a plain grant, ended by its Done (the host lets the lock go again and waits for that).
+  is a plain grant, ended by its Done (the host keeps the lock and waits for that).
 - **Figures** (steps, iterations, memory) are written by the worker under a sequence count
   (odd while it writes) and read by the host when it reports progress or ends the lease.
   They are the worker's word and checked (:func:`implausible`); a worker that writes
@@ -245,10 +245,7 @@ class WorkerLease:
         page = self.page
         if kept:
             if not page.words[_LEASE]:  # ... and the host wants the lane back
-                try:
-                    self.device.finish()
-                finally:
-                    page.give()
+                self.hand_back()
                 return False
         elif page.words[_LEASE] != self.values[_LEASE_TAKEN] or not page.try_take():
             return False  # asked back, or a lease it never took up
@@ -271,10 +268,15 @@ class WorkerLease:
         self._sequence += 2
         self.active = False
         if not page.words[_LEASE]:
-            try:
-                self.device.finish()
-            finally:
-                page.give()
+            self.hand_back()
             return False
         self.device.then(page.give)
         return True
+
+    def hand_back(self) -> None:
+        """Let the lock go now, once the device has run what the job queued (whatever the
+        wait raises: a lock kept would keep the lane from every other job)."""
+        try:
+            self.device.finish()
+        finally:
+            self.page.give()

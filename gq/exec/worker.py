@@ -175,8 +175,7 @@ class WorkerSession:
             if self.held:
                 self.release()
             if self._settle() and self.lease is not None:  # the lease's lock: let it go
-                self.device.finish()
-                self.lease.page.give()
+                self.lease.hand_back()
             self.channel.send(Finished())
 
 
