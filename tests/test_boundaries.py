@@ -585,3 +585,55 @@ def test_a_grad_scaler_updated_after_each_of_a_gan_s_steps_ends_no_iteration_ear
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1:] == ["acquire train release"] * 2, done.stdout
+
+
+COMPILED_STEPS = RECORDING + '''
+session = Session()
+hooks.install(session, torch)
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+def step(batch):
+    model(batch).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+def said(case):
+    print(case, " ".join(session.calls))
+    session.calls.clear()
+
+for case, compiled in (
+        ("positional", torch.compile(step, backend="eager")),
+        ("keyword", torch.compile(model=step, backend="eager")),
+        ("decorator", torch.compile(backend="eager")(step))):
+    compiled(torch.ones(2))
+    first = session.calls[:]
+    session.calls.clear()
+    compiled(torch.ones(2))
+    if case == "positional":  # (the others find it compiled: dynamo's cache is the code's)
+        print("compiling", first[0], first.index("release") < first.index("train"), first[-2:])
+    said(case)
+with torch.no_grad():  # a compiled evaluation step is a batch
+    torch.compile(lambda batch: model(batch), backend="eager")(torch.ones(2))
+    session.calls.clear()
+    torch.compile(lambda batch: model(batch) * 2, backend="eager")  # compiles nothing yet
+said("nothing")
+'''
+
+
+def test_a_compiled_function_is_granted_the_lane_and_compiles_without_it(tmp_path):
+    """A training step compiled whole calls no module gq sees: its steps ran ungranted.
+    Each call of a compiled function now holds the lane, however torch.compile was
+    called; and while dynamo compiles (seconds to minutes, the device idle) the lane is
+    let go and taken back before the compiled code runs."""
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED_STEPS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == [
+        f"compiling acquire True ['{TRAIN}', 'release']",  # let go before its step ran
+        *(f"{case} acquire {TRAIN} release" for case in ("positional", "keyword", "decorator")),
+        "nothing ",
+    ], done.stdout

@@ -140,3 +140,28 @@ def test_a_release_through_the_host_is_told_once_the_device_is_done_and_before_a
         device_sync.stand_in(None)
         host_end.close()
         worker_end.close()
+
+
+def test_a_training_step_compiled_whole_is_granted_the_lane_at_each_call(daemon, tmp_path):
+    """``@torch.compile def train_step(...)`` (forward, backward, optimizer step inside)
+    calls no module gq sees: its iterations ran beside the lane's holder, unbilled. Each
+    call of a compiled function is now an outermost call, granted the lane: under fifo,
+    the second job's steps wait for the first job's, although the first is idle (at its
+    start file) when the second is ready to run."""
+    gq_ok("policy", "set", "fifo")
+    go = tmp_path / "go"
+    ahead, behind = tmp_path / "ahead.json", tmp_path / "behind.json"
+    first = submit("--gpu-mem", "2G", KERNELS, str(ahead), "10", "20", str(go), "compiled")
+    waiting = Path(f"{go}.waiting")
+    wait_for(waiting.exists, 120, what="the first job compiled and at its start file")
+    second = submit("--gpu-mem", "2G", KERNELS, str(behind), "10", "20", "-", "compiled")
+    wait_state(second, "RUNNING", timeout=60)
+    go.touch()
+    infos = [wait_state(i, "COMPLETED", timeout=120) for i in (first, second)]
+    assert infos[0]["device"] == infos[1]["device"]
+    mine, theirs = (json.loads(out.read_text())["kernels"] for out in (ahead, behind))
+    assert len(mine) == len(theirs) == 20
+    assert max(end for _, end in mine) <= min(begin for begin, _ in theirs)
+    for kernels, info in zip((mine, theirs), infos):
+        busy = sum(end - begin for begin, end in kernels) / 1e9
+        assert info["attained"] >= busy * 0.95, (busy, info["attained"])

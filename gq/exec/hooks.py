@@ -59,6 +59,8 @@ class _Boundaries:
         self.shape = LoopShape()
         self.with_parameters: set[int] = set()  # ids of modules found to have parameters
         self.stop_noting_backward: Callable[[], None] | None = None
+        self.compile_released = False  # the lane let go while dynamo compiles
+        self.granted_call: Callable | None = None  # a compiled function's call, noted
 
     def _apply(self, boundary: Boundary) -> None:
         """Under the lock: count and release as the loop's shape says; a release while a
@@ -78,12 +80,14 @@ class _Boundaries:
         self.release_owed = True
         self._apply(NOTHING)
 
-    def enter(self, module) -> None:
-        """This thread's outermost module call begins: counted inside (``local.depth`` 1
-        from then on) and given the lane. What ended an iteration before it is applied
-        first."""
+    def enter(self, module, with_parameters: bool | None = None) -> None:
+        """This thread's outermost module call (or compiled function's call) begins:
+        counted inside (``local.depth`` 1 from then on) and given the lane. What ended an
+        iteration before it is applied first."""
         local = self.local
-        with_parameters = local.with_parameters = self._has_parameters(module)
+        if with_parameters is None:
+            with_parameters = self._has_parameters(module)
+        local.with_parameters = with_parameters
         with self.lock:
             boundary = self.shape.forward_begins(id(module), with_parameters)
             if boundary is not NOTHING:
@@ -154,6 +158,25 @@ class _Boundaries:
             if self.inside == 0 and not self.stepped and getattr(self.session, "held", False):
                 self._end_iteration()
 
+    def compile_begins(self) -> None:
+        """Dynamo starts compiling (a new frame, or a backward compiled at its first run):
+        seconds to minutes of CPU work, during which the device would sit idle under this
+        job's grant. The lane is let go meanwhile, unless another of the job's threads is
+        inside a call (its kernels may be queued under the grant)."""
+        with self.lock:
+            others_inside = self.inside - (1 if getattr(self.local, "depth", 0) else 0)
+            if others_inside or not getattr(self.session, "held", False):
+                return
+            self.session.release()
+            self.compile_released = True
+
+    def compile_ends(self) -> None:
+        """The compiled code runs next, within the iteration it was compiled in."""
+        with self.lock:
+            if self.compile_released:
+                self.compile_released = False
+                self.session.acquire()
+
     def script_ends(self) -> None:
         with self.lock:
             self._apply(self.shape.script_ends())
@@ -187,7 +210,15 @@ def install(session: JobSession, torch) -> None:
     module_class = torch.nn.Module
     call = module_class.__call__
     noted = module_class.__call__ = _noting_calls(call, boundaries)
-    _after_import("torch._dynamo", lambda dynamo: _leave_to_dynamo(dynamo, noted))
+    compile_function = getattr(torch, "compile", None)
+    granted = None
+    if compile_function is not None:
+        torch.compile = _granting_compiled(compile_function, boundaries)
+        granted = _outermost(lambda function, *args, **kwargs: function(*args, **kwargs),
+                             boundaries, with_parameters=True)
+        boundaries.granted_call = granted
+    _after_import("torch._dynamo",
+                  lambda dynamo: _leave_to_dynamo(dynamo, boundaries, noted, granted))
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     update = getattr(scaler_class, "update", None)
     if update is not None:
@@ -255,15 +286,20 @@ def _noting_replays(replay, boundaries: _Boundaries):
 
 def _noting_calls(call, boundaries: _Boundaries):
     """``Module.__call__``, noting each thread's outermost call (one that raises too)."""
+    return functools.wraps(call)(_outermost(call, boundaries))
+
+
+def _outermost(call, boundaries: _Boundaries, with_parameters: bool | None = None):
+    """``call(target, ...)`` noted as the thread's outermost call of ``target`` where it is
+    one (a module, or a compiled function): given the lane for its length."""
     local, compiling = boundaries.local, boundaries.compiling
 
-    @functools.wraps(call)
-    def noted(module, /, *args, **kwargs):  # (a forward may take a keyword named module)
+    def noted(target, /, *args, **kwargs):  # (a forward may take a keyword named module)
         if compiling() or getattr(local, "depth", 0):  # traced, or nested: torch's alone
-            return call(module, *args, **kwargs)
+            return call(target, *args, **kwargs)
         try:
-            boundaries.enter(module)
-            return call(module, *args, **kwargs)
+            boundaries.enter(target, with_parameters)
+            return call(target, *args, **kwargs)
         finally:
             if getattr(local, "depth", 0):  # (not where it failed before counting itself)
                 boundaries.leave()
@@ -271,15 +307,54 @@ def _noting_calls(call, boundaries: _Boundaries):
     return noted
 
 
-def _leave_to_dynamo(dynamo, noted) -> None:
+def _granting_compiled(compile_function, boundaries: _Boundaries):
+    """``torch.compile``, whose compiled functions are granted the lane at each call.
+
+    A compiled module's call is a module call (noted as any). A compiled *function* (a whole
+    training step, say: forward, backward and the optimizer's step inside) calls no module
+    that gq sees: the compiled code runs them inlined, and only the optimizer's hook runs,
+    too late to acquire. Each call of it is therefore an outermost call of its own, counted
+    as a model's (with parameters: its end under no_grad is an evaluation batch)."""
+    @functools.wraps(compile_function)
+    def compile(*args, **options):
+        model = args[0] if args else options.get("model")
+        compiled = compile_function(*args, **options)
+        if model is None:  # @torch.compile(mode=...): a decorator, applied next
+            return lambda function: _granting(compiled(function), function, boundaries)
+        return _granting(compiled, model, boundaries)
+
+    return compile
+
+
+def _granting(compiled, original, boundaries: _Boundaries):
+    if isinstance(original, boundaries.torch.nn.Module) or not callable(compiled):
+        return compiled
+    call = boundaries.granted_call
+
+    @functools.wraps(compiled)
+    def granted(*args, **kwargs):
+        return call(compiled, *args, **kwargs)
+
+    return granted
+
+
+def _leave_to_dynamo(dynamo, boundaries: _Boundaries, noted, granted) -> None:
     """``torch.compile(module)`` compiles the frame of the module's ``__call__``, gq's wrapper:
     one code object for every module, whose cache (8 entries) all compiled modules would
     share, running uncompiled past it. Skipped as a frame of its own (and still traced
     through), it leaves dynamo the module's forward to compile, as without gq. The call
     is torch's internal: where it has gone, compiled modules share that cache."""
-    try:
-        dynamo.eval_frame.skip_code(noted.__code__)
-    except Exception:  # noqa: BLE001 - an internal of torch's, which may change
+    for wrapper in (noted, granted):
+        try:
+            if wrapper is not None:
+                dynamo.eval_frame.skip_code(wrapper.__code__)
+        except Exception:  # noqa: BLE001 - an internal of torch's, which may change
+            pass
+    try:  # the lane let go while dynamo compiles (public from torch 2.6 on)
+        handler = importlib.import_module("torch._dynamo.callback").callback_handler
+        handler.register_start_callback(lambda _: boundaries.compile_begins())
+        handler.register_end_callback(lambda _: boundaries.compile_ends())
+    except Exception:  # noqa: BLE001 - older torch: compiled while holding the lane
         pass
 
 
