@@ -318,7 +318,7 @@ def test_a_probe_that_measures_nothing_leaves_no_figure_and_opens_the_lane(home,
                         "while not os.path.exists('leave'):\n    time.sleep(0.05)\n")
     quiet = submit(str(idle))
     started = wait_state(quiet, "RUNNING")
-    other = submit("--gpu-mem", "100M", str(write_script(tmp_path / "s.sh", "true\n")))
+    other = submit("--gpu-mem", "100M", str(write_script(tmp_path / "s.py", "pass\n")))
     ended = wait_state(other, "COMPLETED", timeout=30)
     assert 2.5 <= _at(ended["start_time"]) - _at(started["start_time"]) < 30
     assert (job(quiet)["mem"], job(quiet)["mem_basis"]) == (None, None)

@@ -208,8 +208,11 @@ def device_reading(name: str) -> dict:
 
 def test_a_job_is_placed_on_the_idle_device_and_info_reports_the_samples(home, tmp_path):
     gq_ok("daemon", "start", "--cpu-devices", "2", "--kill-wait", "1")
-    busy = submit(str(write_script(tmp_path / "busy.sh", "while :; do :; done\n")))
-    idle = submit(str(write_script(tmp_path / "idle.sh", "sleep 300\n")))
+    # (Python jobs: a shell job would have its device alone)
+    busy = submit("--gpu-mem", "100M", str(write_script(tmp_path / "busy.py",
+                                                        "while True:\n    pass\n")))
+    idle = submit("--gpu-mem", "100M", str(write_script(tmp_path / "idle.py",
+                                                        "import time\ntime.sleep(300)\n")))
     busy_device = wait_state(busy, "RUNNING")["device"]
     idle_device = wait_state(idle, "RUNNING")["device"]
     assert {busy_device, idle_device} == {"cpu0", "cpu1"}
@@ -228,7 +231,7 @@ def test_a_job_is_placed_on_the_idle_device_and_info_reports_the_samples(home, t
     assert hot["reading"]["memory_used"] > 0 and hot["reading"]["memory_total"] == hot["memory_total"]
     text = gq_ok("info")
     assert f"{busy_device}: " in text and "% busy" in text
-    third = submit(str(tmp_path / "idle.sh"))
+    third = submit("--gpu-mem", "100M", str(tmp_path / "idle.py"))
     assert wait_state(third, "RUNNING")["device"] == idle_device  # 1 resident each: by load
 
 

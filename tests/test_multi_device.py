@@ -170,3 +170,26 @@ def test_a_job_pinned_to_its_device_is_never_moved_off_it(home, tmp_path):
     assert info["device"] == "cpu0" and info["run_count"] == 1
     assert info["start_time"] < job(long)["end_time"]  # resident, bound there all along
     assert all("moved" not in (e["reason"] or "") for e in info["events"])
+
+
+def test_a_shell_job_that_asks_for_a_device_has_it_alone(home, tmp_path):
+    """A shell script's processes (``python train.py`` among them) use the device outside
+    any lane: gq finds no iteration in them, so beside a lane's holder their kernels would
+    run at once with its. A shell job that asks for a device (here an emulated GPU) has it
+    to itself, as --exclusive; a Python job shares as before."""
+    gq_ok("daemon", "start", "--cpu-devices", "2", "--kill-wait", "1")
+    shell = write_script(tmp_path / "s.sh", "sleep 300\n")
+    python = write_script(tmp_path / "p.py", "import time\ntime.sleep(300)\n")
+    first = submit(str(shell))
+    alone = wait_state(first, "RUNNING")["device"]
+    beside = submit("--gpu-mem", "100M", str(python))
+    shared = wait_state(beside, "RUNNING")["device"]
+    assert shared != alone
+    second = submit(str(shell))  # no device is empty: it waits
+    assert wait_for(lambda: job(second)["reason"], 10, what="a reason") == "Resources"
+    assert job(second)["state"] == "PENDING"
+    another = submit("--gpu-mem", "100M", str(python))  # a Python job joins the Python job's device
+    assert wait_state(another, "RUNNING")["device"] == shared
+    gq_ok("cancel", str(beside), str(another))
+    assert wait_state(second, "RUNNING")["device"] == shared
+    gq_ok("cancel", "--state", "R")

@@ -396,11 +396,12 @@ def test_retries_pinning_and_a_begin_time_moved_to_now(home, tmp_path):
 def test_drain_stops_new_jobs_on_the_node_or_a_device_and_resume_undoes_it(home, tmp_path):
     DaemonControl(home).start("--cpu-devices", "2")
     go = tmp_path / "go"
-    held = write_script(tmp_path / "held.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n")
-    running = submit(str(held))
+    held = str(write_script(tmp_path / "held.py", "import os, time\n"  # (a shell job: alone)
+                            f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"))
+    running = submit("--gpu-mem", "100M", held)
     wait_state(running, "RUNNING")
     assert "Draining the node (maintenance)" in gq_ok("drain", "--reason", "maintenance")
-    queued = submit(str(held))
+    queued = submit("--gpu-mem", "100M", held)
     waiting = wait_for(lambda: job(queued)["reason"] and job(queued), 10, what="a reason")
     assert waiting["reason"] == "ReqNodeNotAvail: draining (maintenance)"
     assert "node: draining (maintenance)" in gq_ok("info")
@@ -408,7 +409,7 @@ def test_drain_stops_new_jobs_on_the_node_or_a_device_and_resume_undoes_it(home,
     gq_ok("resume")
     wait_state(queued, "RUNNING")
     gq_ok("drain", "cpu0", "cpu1", "--reason", "fan")
-    pinned = submit("-w", "cpu1", str(held))
+    pinned = submit("-w", "cpu1", "--gpu-mem", "100M", held)
     wait_for(lambda: job(pinned)["reason"] == "ReqNodeNotAvail: draining (fan)", 10,
              what="the device's drain reason")
     assert "draining (fan); no new job starts here; 'gq resume cpu1'" in gq_ok("info")

@@ -97,6 +97,16 @@ class Request:
     cpus: int = 0  # CPUs it reserves (-c)
 
 
+def has_devices_alone(exclusive: bool, python: bool, gpus: int, on_gpus: bool) -> bool:
+    """Whether a job has its devices to itself: it asked (``--exclusive``), or it is no
+    Python script run by gq's worker (a shell script, a program) and asks for GPUs
+    (``on_gpus``: the node's GPUs, or emulated ones). Such a job's processes use the device
+    outside any lane (gq finds no iteration in them), so beside a lane's holder their
+    kernels would run at once with its; alone, its memory is the device's, as NVML counts
+    it. (A Python job's own children, DataLoader workers, are the worker's business.)"""
+    return exclusive or (not python and gpus >= 1 and on_gpus)
+
+
 @dataclass
 class NodeRoom:
     """What the node has left for jobs that reserve host memory or CPUs (as Slurm's

@@ -298,7 +298,10 @@ class Scheduler:
                                  priority=job.priority, steps_total=job.steps_total,
                                  deadline=job.deadline),
                 admission.Request(job.id, job.gpus, footprint(job) if job.mem is not None
-                                  else admission.Footprint(self.probe_guess), job.exclusive,
+                                  else admission.Footprint(self.probe_guess),
+                                  admission.has_devices_alone(
+                                      job.exclusive, job.interpreter is not None, job.gpus,
+                                      any(d.whole for d in self.devices)),
                                   time_limit=job.time_limit,
                                   only=self._allowed(job.gpu_type, job.nodelist),
                                   host_mem=job.host_mem or 0, cpus=job.cpus or 0))

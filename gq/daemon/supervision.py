@@ -198,11 +198,12 @@ class Supervisor:
 
     def _running_from(self, row: Job, host: str) -> Running:
         names = (row.device or host).split(",")
+        devices = [d for d in self.devices if d.name in names]
         return Running(job_id=row.id, run=row.run_count, started=row.start_time or time.time(),
-                       devices=[d for d in self.devices if d.name in names],
+                       devices=devices,
                        lane=row.lane or 0, host=host, time_limit=row.time_limit,
                        requeue=row.requeue, footprint=footprint(row),
-                       exclusive=row.exclusive, priority=row.priority, pid=row.pid,
+                       exclusive=_alone(row, devices), priority=row.priority, pid=row.pid,
                        host_mem=row.host_mem, cpus=row.cpus, probing=probed(row))
 
     # ----- talking to hosts -----------------------------------------------------------
@@ -237,7 +238,7 @@ class Supervisor:
         running = Running(job_id=job.id, run=job.run_count, started=job.start_time,
                           devices=devices, lane=lane, host=devices[0].name,
                           time_limit=job.time_limit, requeue=job.requeue,
-                          footprint=footprint(job), exclusive=job.exclusive,
+                          footprint=footprint(job), exclusive=_alone(job, devices),
                           priority=job.priority, host_mem=job.host_mem, cpus=job.cpus,
                           suspended=False, probing=probed(job))
         self.running[job.id] = running
@@ -711,3 +712,9 @@ def _progress(item: wire.JobProgress) -> transitions.Progress:
         mean_iteration=item.mean_iteration, mean_gap=item.mean_gap,
         mem_persistent=item.mem_persistent, mem_peak=item.mem_peak,
         holds_lane=item.holds_lane, steps_total=item.steps_total)
+
+
+def _alone(job: Job | queries.JobRow, devices: list[Device]) -> bool:
+    """Whether the running job has its devices to itself (see admission's rule)."""
+    return admission.has_devices_alone(job.exclusive, job.interpreter is not None, job.gpus,
+                                       any(d.whole for d in devices))
