@@ -247,3 +247,35 @@ def test_off_and_bad_names() -> None:
             backend.remove_device(device)
     assert backend.job("cuda_0.a-b", 5, 3).paths == {"memory": "/nonexistent/gq-test/"
                                                      "cuda_0.a-b/job-5.3"}
+
+
+def test_a_process_is_found_in_its_job_by_its_cgroup_however_it_left_the_tree(
+        backend: cgroups.Cgroups) -> None:
+    """NVML lists a GPU's processes by pid: one a job daemonised (out of its process tree)
+    is still the job's, by the cgroup it cannot leave; a process of no job is nobody's."""
+    cgroup = backend.create("gpu0", 41, 1)
+    process = subprocess.Popen(JOB, preexec_fn=cgroup.enter)
+    try:
+        assert _wait_for(lambda: len(cgroup.pids()) == 3)
+        assert _wait_for(lambda: len(_sessions(cgroup.pids())) == 2)
+        assert {backend.job_of(pid) for pid in cgroup.pids()} == {41}
+        assert backend.job_of(os.getpid()) is None
+        assert backend.job_of(2**70) is None and backend.job_of(-1) is None
+    finally:
+        cgroup.kill(timeout=5)
+        process.wait(timeout=5)
+        cgroup.remove()
+        backend.remove_device("gpu0")
+
+
+def test_the_job_in_a_membership_text_is_read_from_its_exact_shape_only() -> None:
+    base = "gq-abc"
+    v1 = ("12:pids:/user.slice/gq-abc/gpu0/job-17.2\n"
+          "5:memory:/user.slice/gq-abc/gpu0/job-17.2\n")
+    assert cgroups.job_in(v1, base) == 17
+    assert cgroups.job_in("0::/system.slice/gq.service/gq-abc/gpu1/job-9.1/inner\n", base) == 9
+    for text in ("0::/gq-other/gpu0/job-17.2\n",  # another instance's
+                 "0::/gq-abc/gpu0/job-x.2\n", "0::/gq-abc/job-17.2\n",
+                 "0::/gq-abc/gpu0/job-17\n", "0::/gq-abc/gpu0/job-1" + "0" * 40 + ".1\n",
+                 "", "\x00\x00", "garbage without colons", "0::/\n", "0::/gq-abc/gpu0\n"):
+        assert cgroups.job_in(text, base) is None, text

@@ -179,6 +179,13 @@ def test_nvml_discovery_sampling_mig_and_the_jobs_view(monkeypatch):
     assert mig.utilization is None and mig.memory_total == 10 << 30 and mig.temperature == 71
     assert samples["cpu"].source == "psutil"
     sampler.close()
+    # Where jobs have cgroups, a process is its job's by the cgroup it is in, however it
+    # left the job's process tree (here the foreign-looking pid is job 8's).
+    by_cgroup = sampling.Sampler(found, job_of={999999: 8, os.getpid(): 7}.get)
+    gpu0 = by_cgroup.sample({"gpu0": [(7, os.getpid())]})["gpu0"]
+    assert sorted((p.pid, p.job) for p in gpu0.processes) == [(os.getpid(), 7), (999999, 8)]
+    assert gpu0.external_memory == 0
+    by_cgroup.close()
 
 
 def test_the_cpu_sampler_forgets_the_processes_of_ended_jobs():

@@ -22,14 +22,15 @@ log = logging.getLogger("gq.daemon")
 
 class Monitor:
     def __init__(self, db: Database, devices: list[Device], lanes: int, limits: Limits,
-                 readings: str | None, wake: Callable[[], None]):
+                 readings: str | None, wake: Callable[[], None],
+                 job_of: Callable[[int], int | None] | None = None):
         self.db = db
         self.devices = devices
         self.lanes = lanes
         self.wake = wake
         self.guard = Guard(limits)
         self.readings: dict[str, DeviceReading] = {}  # the latest sample of each device
-        self.sampler = Sampler(devices, Path(readings) if readings else None)
+        self.sampler = Sampler(devices, Path(readings) if readings else None, job_of)
         self.metrics: metrics.Metrics | None = None
 
     def serve_metrics(self, address: str) -> None:

@@ -130,13 +130,14 @@ class Daemon:
         self.rules = Rules(daemon_uid=os.geteuid(), operator_group=options.operator_group,
                            priority_cap=options.priority_cap if home.system else None)
         lanes = max(1, options.lanes)
-        self.monitor = Monitor(self.db, self.devices, lanes,
-                               Limits(options.max_temp, options.max_power), options.readings,
-                               self.rescan)
         self.supervisor = Supervisor(
             home, self.db, self.devices,
             HostSettings(lanes=lanes, kill_grace=options.kill_grace, cgroup=options.cgroup),
             self.selector, self.rescan, lambda: self.monitor.metrics, options.probe_wait)
+        job_cgroups = self.supervisor.cgroups
+        self.monitor = Monitor(self.db, self.devices, lanes,
+                               Limits(options.max_temp, options.max_power), options.readings,
+                               self.rescan, job_cgroups.job_of if job_cgroups else None)
         self.scheduler = Scheduler(self.db, self.devices, Capacity(lanes, options.max_resident,
                                                                    options.probe_mem),
                                    self.supervisor, self.monitor, self.rescan,

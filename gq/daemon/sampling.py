@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gq.daemon.devices import Device
@@ -34,10 +34,11 @@ RECORDED = {"utilization": float, "memory_used": int, "memory_total": int,
 class Sampler:
     """Reads every device; :meth:`sample` takes each device's jobs as (job id, pid)."""
 
-    def __init__(self, devices: Sequence[Device], readings: Path | None = None):
+    def __init__(self, devices: Sequence[Device], readings: Path | None = None,
+                 job_of: Callable[[int], int | None] | None = None):
         self.devices = list(devices)
         cuda = [d for d in self.devices if d.kind == "cuda"]
-        self.nvml = _Nvml(cuda) if cuda else None
+        self.nvml = _Nvml(cuda, job_of) if cuda else None
         self.host = _Psutil()
         self.readings = readings
         self._bad_lines: set[int] = set()
@@ -164,10 +165,11 @@ class _Psutil:
 class _Nvml:
     """GPUs and MIG instances through NVML, initialised once for the daemon's life."""
 
-    def __init__(self, devices: Sequence[Device]):
+    def __init__(self, devices: Sequence[Device], job_of: Callable[[int], int | None] | None):
         import pynvml
 
         self.nvml = pynvml
+        self.job_of = job_of  # a process's job by its cgroup, where jobs have cgroups
         pynvml.nvmlInit()
         self.handles = {}
         self.boards = {}  # temperature and power are the physical GPU's
@@ -188,9 +190,7 @@ class _Nvml:
         power = self._get(nvml.nvmlDeviceGetPowerUsage, board)
         limit = self._get(nvml.nvmlDeviceGetEnforcedPowerLimit, board)
         reasons = self._get(nvml.nvmlDeviceGetCurrentClocksThrottleReasons, board)
-        gq_pids = {pid: job for job, pid in jobs}
-        gq_pids.update(self._children(gq_pids))
-        processes = [DeviceProcess(p.pid, p.usedGpuMemory, gq_pids.get(p.pid))
+        processes = [DeviceProcess(p.pid, p.usedGpuMemory, self._job(p.pid, jobs))
                      for p in self._get(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []]
         return DeviceReading(
             time=now, source="nvml",
@@ -215,19 +215,22 @@ class _Nvml:
         except self.nvml.NVMLError:
             return None
 
-    @staticmethod
-    def _children(jobs: dict[int, int]) -> dict[int, int]:
-        """Processes a job started (data loaders, say) belong to it too."""
+    def _job(self, pid: int, jobs: Sequence[tuple[int, int]]) -> int | None:
+        """The job of a process on the device: by its cgroup (which holds whatever the job
+        started, daemonised or not), else by the job's process tree (no cgroups here)."""
+        if self.job_of is not None:
+            return self.job_of(pid)
         import psutil
 
-        found = {}
-        for pid, job in jobs.items():
+        for job, main in jobs:
+            if pid == main:
+                return job
             try:
-                found.update({child.pid: job for child in
-                              psutil.Process(pid).children(recursive=True)})
+                if any(child.pid == pid for child in psutil.Process(main).children(recursive=True)):
+                    return job
             except psutil.Error:
                 continue
-        return found
+        return None
 
 
 _THROTTLE = (("nvmlClocksThrottleReasonGpuIdle", "idle"),

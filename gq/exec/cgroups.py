@@ -272,6 +272,18 @@ class Cgroups:
             return "memory" in self.bases
         return "memory" in _read(self.bases[V2], "cgroup.controllers").split()
 
+    def job_of(self, pid: int) -> int | None:
+        """The job of this instance whose cgroup holds process ``pid``, or None: a process
+        a job started stays in its cgroup however it left its parent's tree (daemonised,
+        reparented to init), so this is what names the job of a process NVML lists."""
+        try:
+            with open(f"/proc/{int(pid)}/cgroup") as handle:
+                text = handle.read(65536)
+        except (OSError, ValueError):
+            return None
+        names = {os.path.basename(base) for base in self.bases.values()}
+        return next((job for name in names if (job := job_in(text, name)) is not None), None)
+
     def remove_device(self, device: str) -> None:
         """Remove the device's directory, and the instance's base, where they are empty."""
         for base in self.bases.values():
@@ -280,6 +292,26 @@ class Cgroups:
                     os.rmdir(path)
                 except OSError:
                     pass
+
+
+def job_in(membership: str, base_name: str) -> int | None:
+    """The job id in a process's ``/proc/PID/cgroup`` text (``ID:CONTROLLERS:PATH`` lines)
+    where one of its paths is ``.../<base_name>/<device>/job-<id>.<run>`` (or below it),
+    else None. Pure: the text is the kernel's, but a path can be anything a cgroup may be
+    named, so only that exact shape counts."""
+    for line in membership.splitlines():
+        path = line.split(":", 2)[-1]
+        parts = path.split("/")
+        for at, part in enumerate(parts[:-2]):
+            if part != base_name:
+                continue
+            matched = _JOB_DIRECTORY.fullmatch(parts[at + 2])
+            if matched is not None:
+                return int(matched.group(1))
+    return None
+
+
+_JOB_DIRECTORY = re.compile(r"job-([0-9]{1,18})\.[0-9]{1,18}")
 
 
 def detect(kind: str, scope: str) -> Cgroups | None:
