@@ -313,8 +313,8 @@ def test_sbatch_spellings_gq_takes_and_those_it_refuses(home, tmp_path):
 
 
 def test_signal_before_the_time_limit_reaches_the_batch_shell_or_its_steps(daemon, tmp_path):
-    """sbatch's --signal: B: to the job's main process alone; else to its other processes
-    (what srun started), never to the batch shell, which would die of an untrapped USR2."""
+    """sbatch's --signal: B: to the job's main process alone; else to the tasks srun
+    started, never to the batch shell, which would die of an untrapped USR2."""
     batch = write_script(tmp_path / "batch.sh", (
         "trap 'echo warned; exit 0' USR1\n"
         "for i in $(seq 1 300); do sleep 0.1; done\necho never\n"))

@@ -52,7 +52,7 @@ def submit(
     ntasks: Optional[int] = typer.Option(None, "-n", "--ntasks", metavar="N", help="Tasks: SLURM_NTASKS, the copies 'srun CMD' starts in the job [1]."),
     nodelist: Optional[str] = typer.Option(None, "-w", "--nodelist", metavar="DEVICES", help="Run only on these devices: gpu0,gpu2 (see 'gq info')."),
     time_limit: Optional[str] = typer.Option(None, "-t", "--time", help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED."),
-    warn_signal: Optional[str] = typer.Option(None, "--signal", metavar="[B:]SIG[@SECONDS]", help="Send SIG that long (60) before the time limit: B: to the job's main process, else to its other processes (as sbatch)."),
+    warn_signal: Optional[str] = typer.Option(None, "--signal", metavar="[B:]SIG[@SECONDS]", help="Send SIG that long (60) before the time limit: B: to the job's main process, else to the tasks srun started or, without any, the main process (as sbatch)."),
     begin: Optional[str] = typer.Option(None, "--begin", metavar="TIME", help="Start no earlier (REASON BeginTime): now+1hour, 16:00, tomorrow, YYYY-MM-DD[THH:MM]."),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="End by then or be removed (state DEADLINE): YYYY-MM-DD[THH:MM[:SS]], HH:MM, now+2hours, ..."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first under the priority policy."),

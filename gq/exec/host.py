@@ -42,8 +42,8 @@ from gq.exec.lease import SharedPage
 from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.memory_watch import MemoryWatch, Watched
 from gq.exec.residents import Lane, Resident
-from gq.exec.spawn import (JobProcess, group_members, is_srun_shim, kill_group,
-                           start_as_submitter)
+from gq.exec.spawn import (JobProcess, group_members, kill_group, start_as_submitter,
+                           step_tasks)
 from gq.queue import spool
 from gq.units import format_size
 from gq.wakeup import received, signal_socket
@@ -506,21 +506,20 @@ class Host:
             elif resident.deadline is not None and wall >= resident.deadline:
                 self.kill(resident, StopWhy.DEADLINE)
 
-    def _warn(self, resident: Resident, signum: int, _before: int, main_only: bool) -> None:
-        """sbatch's --signal: to the job's main process (B:), or to every other process of
-        the job (what srun started), as Slurm sends it to the steps and not the batch shell,
-        nor srun (gq's srun passes it on to its tasks: they get it once)."""
+    def _warn(self, resident: Resident, signum: int, _before: int, batch_only: bool) -> None:
+        """sbatch's --signal: with B: to the job's main process (its batch shell); else to
+        the job's steps, as Slurm sends it: the tasks srun started where the job has any,
+        otherwise the main process (a Python script is its own step). Never to the processes
+        a step forked for itself (DataLoader workers die of SIGUSR1, or run the handler they
+        inherited in place of the script's), nor to srun, which would pass it on again."""
         main = resident.process.pid
-        if main_only:
-            targets = {main}
-        else:
-            others = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
-            if not others:  # no cgroup: its process group
-                others = group_members(main)
-            targets = {pid for pid in others - {main} if not is_srun_shim(pid)}
+        tasks: set[int] = set()
+        if not batch_only:
+            members = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
+            tasks = step_tasks(members or group_members(main))  # no cgroup: its group
         log.info("job %d: signal %d before its time limit to %s", resident.job_id, signum,
-                 "its main process" if main_only else f"{len(targets)} process(es)")
-        _send(targets, signum)
+                 f"{len(tasks)} srun task(s)" if tasks else "its main process")
+        _send(tasks or {main}, signum)
 
     def _watch_host_memory(self) -> None:
         """Jobs whose --host-mem no cgroup holds (v2's memory controller not passed on to

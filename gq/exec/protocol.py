@@ -96,7 +96,8 @@ class LaunchSpec:
     host_mem: HostMemory | None = None  # bytes: its cgroup's memory limit
     cpus: Cpus | None = None  # its cgroup's CPU quota (where the cpu controller serves)
     # sbatch's --signal: this signal, warn_before seconds before the time limit, to the
-    # job's main process alone (warn_main) or to all its other processes.
+    # job's main process alone (warn_main, B:) or to its steps (the tasks srun started, else
+    # the main process).
     warn_signal: Signal | None = None
     warn_before: Annotated[int, Bounds(0, 65535)] = 60
     warn_main: bool = False

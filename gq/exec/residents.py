@@ -108,7 +108,7 @@ class Resident:
     cgroup: JobCgroup | None = None
     time_limit: int | None = None  # seconds; the host enforces it, daemon or not
     deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
-    warning: tuple[int, int, bool] | None = None  # --signal: number, seconds before, main only
+    warning: tuple[int, int, bool] | None = None  # --signal: number, seconds before, B:
     suspended: bool = False  # gq suspend: its processes stopped; it is granted nothing
     frozen: bool = False  # its processes are stopped now (from a suspend until it is thawed)
     suspended_at: float | None = None  # monotonic, while suspended

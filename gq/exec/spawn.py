@@ -365,13 +365,26 @@ def group_members(pgid: int) -> set[int]:
     return members
 
 
-def is_srun_shim(pid: int) -> bool:
-    """Whether the process runs gq's srun (the kernel names a script's process after it)."""
+def step_tasks(pids: set[int]) -> set[int]:
+    """The processes among ``pids`` that srun started: gq's srun puts each task's own pid in
+    its environment as ``SLURM_TASK_PID`` (as slurmstepd does), which the processes a task
+    forks for itself (DataLoader workers, multiprocessing's helpers) inherit with their
+    parent's pid, not their own."""
+    return {pid for pid in pids if _task_pid(pid) == pid}
+
+
+def _task_pid(pid: int) -> int | None:
+    """``SLURM_TASK_PID`` as the process was started with it (its /proc environ), or None."""
     try:
-        with open(f"/proc/{pid}/comm", "rb") as handle:
-            return handle.read().strip() == b"srun"
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = handle.read()
     except OSError:
-        return False
+        return None
+    for entry in environ.split(b"\0"):
+        name, _, value = entry.partition(b"=")
+        if name == b"SLURM_TASK_PID":
+            return int(value) if value.isdigit() and len(value) <= 10 else None
+    return None
 
 
 def die_with_parent() -> None:

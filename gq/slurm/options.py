@@ -48,7 +48,8 @@ OPTIONS: tuple[Option, ...] = (
            "removed (DEADLINE) if it cannot end by then"),
     Option(("--signal",), "--signal", True, "[B:]SIG[@SECONDS]: SIG that long (60) before "
            "the time limit, to the job's steps (B: its batch shell alone)",
-           "the same: B: the job's main process, else its other processes (srun's)"),
+           "the same: B: the job's main process; else the tasks srun started, or where "
+           "there are none the main process alone, never what these fork for themselves"),
     Option(("-o", "--output"), "--output", True, "stdout file pattern", "stdout file pattern"),
     Option(("-e", "--error"), "--error", True, "stderr file pattern", "stderr file pattern"),
     Option(("-D", "--chdir"), "--chdir", True, "working directory", "working directory"),
@@ -185,7 +186,8 @@ def is_unlimited(text: str) -> bool:
 @dataclass(frozen=True)
 class WarnSignal:
     """sbatch's --signal: ``number`` sent ``before`` seconds before the time limit, to the
-    job's main process alone (``batch``), or else to every other process of the job."""
+    job's main process alone (``batch``), or else to its steps: the tasks srun started, or
+    the main process where there are none."""
 
     number: int
     before: int = 60

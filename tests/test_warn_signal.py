@@ -1,0 +1,92 @@
+"""sbatch's --signal through real jobs: without B: it reaches the job's steps (what srun
+started) or, where there are none, the job's main process alone; never the processes a
+step or the main process forked for itself (DataLoader workers, spawned or forked)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import gq_ok, submit, wait_for, wait_state, write_script
+
+# A training loop whose DataLoader has two workers (started by ``fork`` or ``spawn``, the
+# first argument): SIGUSR1 writes a checkpoint line (the writer's pid, the step it saw and
+# how many workers were alive) and ends the loop early, as a time-limit handler does.
+TRAIN = """\
+import multiprocessing, os, signal, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Numbers(Dataset):
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, index):
+        time.sleep(0.01)
+        return torch.tensor([float(index)])
+
+
+step, stop = 0, False
+
+
+def checkpoint(signum, frame):
+    global stop
+    with open(f"ckpt-{os.environ['GQ_JOB_ID']}", "a") as out:
+        out.write(f"{os.getpid()} {step} {len(multiprocessing.active_children())}\\n")
+    stop = True
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGUSR1, checkpoint)
+    print("main", os.getpid(), flush=True)
+    loader = DataLoader(Numbers(), batch_size=4, num_workers=2,
+                        multiprocessing_context=sys.argv[1])
+    for batch in loader:
+        step += 1
+        if step == 1:  # its workers are up
+            open(f"ready-{os.environ['GQ_JOB_ID']}", "w").close()
+        if stop:
+            break
+    print("stopped", flush=True)
+"""
+
+
+@pytest.mark.long
+def test_signal_reaches_the_main_process_or_the_srun_step_never_dataloader_workers(
+        daemon, tmp_path):
+    """Once every job's workers are up, their limit is lowered to bring the signal on: the
+    main process (or the task srun started) writes the checkpoint with the step it reached
+    and both its workers alive; no worker writes one (fork workers inherit the handler) or
+    dies of it (spawn workers keep SIGUSR1's default action), and each job completes early
+    instead of failing or timing out."""
+    train = write_script(tmp_path / "train.py", TRAIN)
+    step = write_script(tmp_path / "step.sh", (
+        f"srun {sys.executable} {train} fork\n"
+        "echo \"shell lived on: $?\"\n"))
+    # Due 60 s in, unless the limit is lowered; declared, so that they start together
+    # (jobs that declare nothing start one after another, each probed alone).
+    limit = ("-t", "5", "--signal", "USR1@240", "--gpu-mem", "2G")
+    jobs = {"fork": submit(*limit, str(train), "fork"),
+            "spawn": submit(*limit, str(train), "spawn"),
+            "srun": submit(*limit, str(step))}
+    for job_id in jobs.values():
+        wait_for(lambda: (tmp_path / f"ready-{job_id}").exists(), 60,
+                 what=f"job {job_id}'s DataLoader workers")
+    gq_ok("update", *map(str, jobs.values()), "-t", "4:05")  # the signal is due at once
+    ended = {kind: wait_state(job_id, "COMPLETED", "FAILED", "TIMEOUT", timeout=30)["state"]
+             for kind, job_id in jobs.items()}
+    for kind, job_id in jobs.items():
+        out = (tmp_path / f"gq-{job_id}.out").read_text()
+        assert ended[kind] == "COMPLETED", (kind, ended, out)
+        lines = out.splitlines()
+        main = int(lines[0].split()[1])
+        assert lines[1] == "stopped", (kind, out)
+        written = (tmp_path / f"ckpt-{job_id}").read_text().splitlines()
+        assert len(written) == 1, (kind, written)  # no worker wrote one
+        pid, reached, workers = map(int, written[0].split())
+        assert (pid, workers) == (main, 2), (kind, written)
+        assert reached > 0, (kind, written)
+        if kind == "srun":  # the batch shell was not signalled (it traps nothing)
+            assert lines[2] == "shell lived on: 0", out
