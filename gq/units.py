@@ -86,8 +86,9 @@ def parse_duration(text: str) -> int:
     )
 
 
-def format_duration(seconds: float | None) -> str:
-    """Slurm's elapsed-time spelling: ``M:SS``, ``H:MM:SS`` or ``D-HH:MM:SS``."""
+def format_duration(seconds: float | None, padded: bool = False) -> str:
+    """Slurm's elapsed-time spelling: ``M:SS``, ``H:MM:SS`` or ``D-HH:MM:SS`` (squeue's);
+    ``padded``: always with two-digit hours, ``HH:MM:SS`` (scontrol's)."""
     if seconds is None:
         return "-"
     total = int(round(seconds))
@@ -96,6 +97,8 @@ def format_duration(seconds: float | None) -> str:
     minutes, secs = divmod(rest, 60)
     if days:
         return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if padded:
+        return f"{hours:02d}:{minutes:02d}:{secs:02d}"
     if hours:
         return f"{hours}:{minutes:02d}:{secs:02d}"
     return f"{minutes}:{secs:02d}"

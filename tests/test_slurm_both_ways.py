@@ -237,20 +237,22 @@ def _cluster_scripts_run_under_gq_unchanged(slurm, home, tmp_path, monkeypatch):
 
 def _srun_and_slurm_tools_in_a_gq_job_never_reach_the_cluster(slurm, tmp_path, monkeypatch):
     """With a real cluster's configuration in its environment, a gq job's srun runs its
-    tasks in the job, and Slurm's own tools refuse its SLURM_JOB_ID (beyond any cluster's
-    ids) rather than act on a job of the cluster."""
+    tasks in the job, and its scontrol is gq's: it answers for the job itself and refuses a
+    job of the cluster (Slurm's own tools would refuse its SLURM_JOB_ID, beyond any
+    cluster's ids, rather than act on one)."""
     monkeypatch.setenv("SLURM_CONF", str(slurm.root / "slurm.conf"))
     script = write_script(tmp_path / "probe.sh", (
         "srun -n 2 sh -c 'echo step $SLURM_PROCID'\n"
-        "scontrol show job $SLURM_JOB_ID > /dev/null 2>&1; echo scontrol=$?\n"
+        "scontrol show job $SLURM_JOB_ID | head -n 1 | cut -d ' ' -f 1\n"
+        "scontrol requeue 1 2> /dev/null; echo requeue=$?\n"
         'echo "id=$SLURM_JOB_ID gq=$GQ_JOB_ID"\n'))
     before = sorted(slurm.run("squeue", "-h", "-a", "-t", "all", "-o", "%i").stdout.split())
     job_id = submit("-G", "1", "-o", str(tmp_path / "probe-%j.out"), str(script))
     wait_state(job_id, "COMPLETED", timeout=30)
     out = (tmp_path / f"probe-{job_id}.out").read_text().splitlines()
     assert sorted(out[:2]) == ["step 0", "step 1"]
-    assert out[2] != "scontrol=0"
-    assert out[3] == f"id={10_000_000_000 + job_id} gq={job_id}"
+    assert out[2:4] == [f"JobId={10_000_000_000 + job_id}", "requeue=1"]
+    assert out[4] == f"id={10_000_000_000 + job_id} gq={job_id}"
     # No job or step appeared on the cluster (squeue lists in no fixed order).
     assert sorted(slurm.run("squeue", "-h", "-a", "-t", "all", "-o", "%i").stdout.split()) \
         == before

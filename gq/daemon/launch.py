@@ -37,25 +37,33 @@ def gq_only_path(home: Home) -> str:
 
 @functools.cache
 def shim_directory(home: Home) -> str:
-    """A directory holding gq's ``srun`` (see :mod:`gq.slurm.environment`), in the state
-    directory where every job's user can reach it (gq's own install may be out of their
-    reach), for the front of jobs' PATH. Written once per daemon, whole or not at all."""
+    """A directory holding gq's ``srun`` and ``scontrol`` (see :mod:`gq.slurm.environment`),
+    in the state directory where every job's user can reach it (gq's own install may be out
+    of their reach), for the front of jobs' PATH. Written once per daemon, each file whole
+    or not at all."""
     directory = home.root / "bin"
     directory.mkdir(mode=0o755, exist_ok=True)
-    content = slurm_env.SHIM.read_bytes()
-    target = directory / "srun"
+    scontrol = slurm_env.scontrol_shim(sys.executable, gq_only_path(home), str(home.root),
+                                       home.mode)
+    for name, content in (("srun", slurm_env.SHIM.read_bytes()),
+                          ("scontrol", scontrol.encode())):
+        _write_whole(directory / name, content)
+    return str(directory)
+
+
+def _write_whole(target: Path, content: bytes) -> None:
+    """``target`` holding ``content``, executable by all: left as it is where it does."""
     try:
         if target.read_bytes() == content:
-            return str(directory)
+            return
     except OSError:
         pass
-    partial = directory / ".srun.new"
+    partial = target.with_name(f".{target.name}.new")
     partial.unlink(missing_ok=True)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
     with os.fdopen(fd, "wb") as handle:
         handle.write(content)
     os.replace(partial, target)
-    return str(directory)
 
 
 def is_python(script: str) -> bool:

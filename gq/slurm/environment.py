@@ -2,14 +2,15 @@
 
 ``SLURM_JOB_ID`` is the gq id plus :data:`JOB_ID_OFFSET`: over 2^32, so no real Slurm
 cluster can hold it (its job ids are 32-bit), and Slurm's own tools refuse it instead of
-acting on someone else's job; the gq id is ``GQ_JOB_ID``. ``srun`` in the job is gq's shim
-(:data:`SHIM`), first on its PATH.
+acting on someone else's job; the gq id is ``GQ_JOB_ID``. ``srun`` and ``scontrol`` in the
+job are gq's shims (:data:`SHIM`, :func:`scontrol_shim`), first on its PATH.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,3 +102,17 @@ def for_job(inherited: dict[str, str], job: BatchJob, node: str, shim_dir: str) 
     env.update(variables(job, node))
     env["PATH"] = os.pathsep.join(filter(None, [shim_dir, inherited.get("PATH", os.defpath)]))
     return env
+
+
+def scontrol_shim(python: str, gq_path: str, home_root: str, mode: str) -> str:
+    """The ``scontrol`` a job finds on its PATH (see :mod:`gq.slurm.scontrol`): run by the
+    daemon's ``python``, isolated (``-I``: no PYTHONPATH or virtual environment of the job's
+    changes which gq answers; ``-S``: it needs no site packages), with ``gq_path`` (a
+    directory holding this gq alone) first on its path, asking the daemon of ``home_root``."""
+    code = (f"import sys; sys.path.insert(0, {gq_path!r}); "
+            "from gq.slurm.scontrol import main; "
+            f"sys.exit(main(sys.argv[1:], {home_root!r}, {mode!r}))")
+    return ("#!/bin/sh\n"
+            "# scontrol inside a gq job: its own job's requeue, show and time limit, answered\n"
+            "# by the gq daemon that runs it; never a Slurm controller.\n"
+            f"exec {shlex.quote(python)} -I -S -c {shlex.quote(code)} \"$@\"\n")
