@@ -1,0 +1,99 @@
+"""Lightning's own Slurm handling under gq: on the --signal it checkpoints (hpc_ckpt) and
+runs ``scontrol requeue $SLURM_JOB_ID``; the job comes back, Lightning resumes from that
+checkpoint and the run ends with the loss a run never interrupted ends with."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import submit, wait_state, write_script
+
+pytest.importorskip("pytorch_lightning")
+
+STEPS = 400
+# One fixed batch per epoch (data order cannot differ between runs), served by two fork
+# DataLoader workers (which inherit Lightning's handler: a signal that reached them would
+# write a checkpoint of their stale trainer). Its first run under gq paces its steps so the
+# signal finds it training; the resumed run and the run by hand do not wait. The resumed
+# run gets the signal again at the same time into its run: on a loaded machine that may be
+# while it still imports, before Lightning's handler is set, so it ignores it until then.
+LIGHT = f"""\
+import os, signal
+RESUMED = "SLURM_RESTART_COUNT" in os.environ
+if RESUMED:
+    signal.signal(signal.SIGUSR1, lambda *_: None)
+import sys, time
+import torch
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+PACE = 0.08 if "GQ_JOB_ID" in os.environ and not RESUMED else 0.0
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, index):
+        time.sleep(PACE)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    x = torch.randn(32, 8)
+    y = x.sum(1, keepdim=True)
+    data = DataLoader(TensorDataset(x, y), batch_size=32, num_workers=2,
+                      persistent_workers=True, multiprocessing_context="fork")
+    model = Tiny()
+    trainer = pl.Trainer(max_steps={STEPS}, default_root_dir=os.getcwd(), logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Lightning sets its own over the default
+    trainer.fit(model, data)
+    with torch.no_grad():
+        loss = torch.nn.functional.mse_loss(model.layer(x), y).item()
+    print(f"final {{loss:.10e}} after {{trainer.global_step}} steps", flush=True)
+"""
+
+
+@pytest.mark.long
+def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(daemon,
+                                                                            tmp_path):
+    import torch
+
+    script = write_script(tmp_path / "light.py", LIGHT)
+    # The signal 25 s into its run: Lightning's imports took 5 s alone, over 15 s under load.
+    job_id = submit("-t", "1:00", "--signal", "USR1@35", "--requeue", str(script))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    by_hand = subprocess.run([sys.executable, str(script)], cwd=bare, capture_output=True,
+                             text=True, timeout=120, env={
+                                 k: v for k, v in os.environ.items()
+                                 if not k.startswith(("GQ_", "SLURM_"))})
+    assert by_hand.returncode == 0, by_hand.stderr
+    info = wait_state(job_id, "COMPLETED", timeout=120)
+    out = (tmp_path / f"gq-{job_id}.out").read_text()
+    assert info["run_count"] == 2, out  # requeued once, by Lightning's own scontrol call
+    # Lightning's own scontrol call requeued it (whether it lived to log so races with the
+    # stop that requeue sets off: the killed DataLoader workers raise in its handler).
+    assert f"requeing job {10**10 + job_id}" in out and "scontrol: not found" not in out, out
+    assert "requeued by user" in [event["reason"] for event in info["events"]]
+    saved = sorted(path.name for path in tmp_path.glob("hpc_ckpt_*.ckpt"))
+    assert saved == ["hpc_ckpt_1.ckpt"], saved  # by the script, none by a worker
+    step = torch.load(tmp_path / saved[0], weights_only=False)["global_step"]
+    assert 0 < step < STEPS, step  # the step it had reached, not a stale trainer's 0
+    assert f"Restored all states from the checkpoint at {tmp_path / saved[0]}" in out
+    final = [line for line in out.splitlines() if line.startswith("final ")]
+    assert final == [line for line in by_hand.stdout.splitlines() if line.startswith("final ")]
+    assert final[0].endswith(f"after {STEPS} steps")
