@@ -134,6 +134,11 @@ PROBE_SECONDS = 5.0  # ... or this long after its first iteration began, for one
 PROBE_IDLE_SECONDS = 30.0
 MAX_PROBE_WAIT = 3600.0  # the longest --probe-wait: a lane closed to others that long
 MEMORY_MARGIN = 0.1  # a probed job's figure: its measured peak and this share more
+# MEM! only past a job's figure by more than this: the most PyTorch's caching allocator
+# reserves beyond what a tensor asks for (one of 1 to 10 MiB gets a 20 MiB segment,
+# kLargeBuffer; others 2 MiB blocks), so a job that declared what its tensors take is
+# measured up to about this much over it.
+MEM_OVER_SLACK = 20 << 20
 OOM_REQUEUES = 3  # runs a job may lose to out-of-memory, without --retries, before it fails
 OOM_GROWTH = 1.5  # a figure is raised this much when the job did not say what it asked for
 

@@ -37,6 +37,12 @@ def probed_figure(peak: int, margin: float = defaults.MEMORY_MARGIN) -> int:
     return math.ceil(peak * (1 + margin))
 
 
+def over_figure(figure: int | None, peak: int | None) -> bool:
+    """Whether a job was measured to hold more device memory than its figure (MEM!), past
+    what the allocator's rounding adds to an honest figure (``MEM_OVER_SLACK``)."""
+    return figure is not None and peak is not None and peak > figure + defaults.MEM_OVER_SLACK
+
+
 def shortage_reason(need: int, free: int) -> str:
     return f"OutOfMemory (needs {format_size(need)}, {format_size(max(free, 0))} free)"
 

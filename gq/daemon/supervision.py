@@ -366,7 +366,7 @@ class Supervisor:
         if job.probing and iterations >= defaults.PROBE_ITERATIONS:
             self.end_probe(job, peak)
         elif not job.probing and not job.over and job.footprint.persistent and \
-                peak > job.footprint.persistent:
+                memory.over_figure(job.footprint.persistent, peak):
             job.over = True
             log.warning("job %d holds %s of device memory, more than its figure of %s (MEM!)",
                         job.job_id, format_size(peak), format_size(job.footprint.persistent))

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from gq import defaults, messages
 from gq.errors import UserError
+from gq.daemon.memory import over_figure
 from gq.queue import dependencies, queries
 from gq.queue.arrays import parse_label
 from gq.queue.models import Job, JobEvent
@@ -85,12 +86,7 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         mem_basis=_basis(job.mem_basis, job.mem),
         on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
         ooms=job.ooms or 0, mem_over=job.state != JobState.PENDING.value
-        and _over_figure(job.mem, job.mem_peak))
-
-
-def _over_figure(declared: int | None, peak: int | None) -> bool:
-    """Whether a job was measured to use more device memory than its figure (MEM!)."""
-    return declared is not None and peak is not None and peak > declared
+        and over_figure(job.mem, job.mem_peak))
 
 
 def _basis(basis: str | None, mem: int | None) -> messages.MemoryBasis | None:
