@@ -144,6 +144,9 @@ class JobInfo:
     on_oom: OnOutOfMemory = OnOutOfMemory.REQUEUE
     ooms: int = 0
     mem_over: bool = False
+    # Whether it runs gq's worker (a Python script), which takes turns on its lane; a plain
+    # process (a shell script) never holds nor waits for one.
+    worker: bool = True
 
 
 @dataclass

@@ -12,6 +12,34 @@ def _row(job_id: int) -> list[str]:
                 if line.split()[0] == str(job_id))
 
 
+def test_a_job_that_takes_no_turns_on_a_lane_shows_none(daemon, tmp_path):
+    """A shell script (with -G 0 or without) runs as a plain process, which never holds
+    nor waits for a lane: LANE '-'; a Python job holds its lane or waits for it."""
+    go = tmp_path / "go"
+    plain = write_script(tmp_path / "plain.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n")
+    python = write_script(tmp_path / "loop.py", (
+        "import os, time, torch\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    model(torch.ones(2)).sum().backward()\n"
+        "    opt.step()\n"
+        "    time.sleep(0.05)\n"))
+    # The Python job first: under fifo a later one would wait for the lane behind them.
+    worker, cpu_only, shared = (submit(str(python)), submit("-G", "0", str(plain)),
+                                submit(str(plain)))
+    for job_id in (cpu_only, shared, worker):
+        wait_state(job_id, "RUNNING")
+    wait_for(lambda: job(worker)["attained"] > 0, 30, what="the Python job's first iteration")
+    headers = gq_ok("status", "--all").splitlines()[0].split()
+    lane = headers.index("LANE")
+    assert _row(cpu_only)[lane] == _row(shared)[lane] == "-"
+    assert _row(worker)[lane] in ("holds", "waits")
+    go.touch()
+    for job_id in (cpu_only, shared, worker):
+        wait_state(job_id, "COMPLETED")
+
+
 def test_a_job_over_its_figure_by_the_allocators_rounding_is_not_flagged(home, tmp_path):
     """Declared 4 MiB under what the same script was measured to hold, it completes with
     no MEM! (its figure is its cap: more than the rounding over it would end it)."""

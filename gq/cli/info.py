@@ -54,7 +54,8 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
             typer.echo(render.printable(f"  draining ({node.drained[device.name]}); no new job "
                                         f"starts here; 'gq resume {device.name}' undoes it"))
         for job in device.jobs:
-            lane = "holds" if job.holds_lane else "waits for"
+            lane = (("holds" if job.holds_lane else "waits for") if job.worker
+                    else "is a plain process in")
             typer.echo(render.printable(f"  job {job.label} ({job.name}, {job.user}) {lane} "
                                         f"lane {job.lane}"))
 

@@ -28,7 +28,8 @@ its pace: DeadlineAtRisk).
 
 LANE says what a running job is doing at this moment: 'holds' = it is inside an iteration
 and holds its device lane; 'waits' = it is resident (keeps its memory, counts as running)
-but between iterations or waiting for the lane while another job's iteration runs.
+but between iterations or waiting for the lane while another job's iteration runs; '-' = a
+plain process (a shell script), which takes no turns on a lane.
 
 --start (and START, END with -l) forecast when each pending job starts and each job ends:
 the daemon simulates the queue as it is, under the node's policy, with each running job's

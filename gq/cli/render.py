@@ -177,8 +177,12 @@ def resumed_and_done(job: JobInfo) -> bool:
 
 
 def lane_state(job: JobInfo) -> str:
+    """A running job's LANE: it holds its lane, waits for it, or (a plain process, which
+    takes no turns on a lane) neither."""
     if job.state != "RUNNING" or job.suspended:
         return ""
+    if not job.worker:
+        return "-"
     return "holds" if job.holds_lane else "waits"
 
 

@@ -122,7 +122,7 @@ def _view(node: messages.NodeInfo, pending: list[messages.JobInfo]):
             str(len(device.jobs)), device.held or ", ".join(reading.throttle if reading else []))
         for job in device.jobs:
             _row(lanes, device.name, str(job.lane), job.label, job.user, job.name,
-                          "holds" if job.holds_lane else "waits",
+                          render.lane_state(job),
                           f"{job.steps_done}/{job.steps_total or '?'}")
     queue = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("JOBID", "USER", "NAME", "PRIO", "GPUS", "WAIT", "REASON"):

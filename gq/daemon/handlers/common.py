@@ -86,7 +86,7 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         mem_basis=_basis(job.mem_basis, job.mem),
         on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
         ooms=job.ooms or 0, mem_over=job.state != JobState.PENDING.value
-        and over_figure(job.mem, job.mem_peak))
+        and over_figure(job.mem, job.mem_peak), worker=job.interpreter is not None)
 
 
 def _basis(basis: str | None, mem: int | None) -> messages.MemoryBasis | None:
