@@ -90,3 +90,31 @@ def test_signal_reaches_the_main_process_or_the_srun_step_never_dataloader_worke
         assert reached > 0, (kind, written)
         if kind == "srun":  # the batch shell was not signalled (it traps nothing)
             assert lines[2] == "shell lived on: 0", out
+
+
+def test_root_reads_a_bounded_part_of_a_job_s_environment_and_finds_only_whole_values():
+    """The host reads job processes' environments as root to find srun's tasks: a job can
+    point its environ at gigabytes (prctl PR_SET_MM needs no privilege), and a root read
+    of all of it took 87 s and 9 GB. Only the first ENVIRON_READ_LIMIT bytes are read, a
+    value cut off there is no value, and a gone or impossible process has none."""
+    import subprocess
+
+    from gq.exec.spawn import ENVIRON_READ_LIMIT, environ_value, step_tasks
+
+    padding = {f"PAD{n}": "x" * (100 << 10) for n in range(ENVIRON_READ_LIMIT // (100 << 10) + 1)}
+    past = subprocess.Popen(["sleep", "30"], env={**padding, "SLURM_TASK_PID": "1"})
+    plain = subprocess.Popen(["sleep", "30"], env={"SLURM_TASK_PID": "12", "B": "two"})
+    try:
+        wait_for(lambda: environ_value(plain.pid, b"B") == b"two", 10, what="its environ")
+        assert environ_value(plain.pid, b"SLURM_TASK_PID") == b"12"
+        assert environ_value(plain.pid, b"SLURM_TASK") is None  # a name, not a prefix
+        assert environ_value(past.pid, b"PAD0") == b"x" * (100 << 10)
+        assert environ_value(past.pid, b"SLURM_TASK_PID") is None  # past the bound
+        assert step_tasks({past.pid, plain.pid}) == set()  # neither names itself
+        for impossible in (2**70, -1, 0):
+            assert environ_value(impossible, b"B") is None
+    finally:
+        for process in (past, plain):
+            process.kill()
+            process.wait()
+    assert environ_value(plain.pid, b"B") is None  # gone

@@ -11,6 +11,7 @@ import psutil
 
 from gq import defaults
 from gq.exec.cgroups import Cgroups
+from gq.exec.spawn import environ_value
 from gq.queue import queries, transitions
 from gq.queue.engine import Database
 from gq.queue.states import JobState
@@ -35,12 +36,12 @@ def kill_leftovers(backend: Cgroups | None, device: str, job_id: int, run: int,
     for process in psutil.process_iter(["pid"]):
         if _group_of(process.pid) != pid:
             continue
-        try:
-            if process.environ().get("GQ_JOB_ID") == str(job_id):
+        if environ_value(process.pid, b"GQ_JOB_ID") == str(job_id).encode():
+            try:
                 os.killpg(pid, signal.SIGKILL)
-                return
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
+            except (ProcessLookupError, PermissionError):
+                continue
+            return
 
 
 def _group_of(pid: int) -> int | None:

@@ -375,16 +375,45 @@ def step_tasks(pids: set[int]) -> set[int]:
 
 def _task_pid(pid: int) -> int | None:
     """``SLURM_TASK_PID`` as the process was started with it (its /proc environ), or None."""
+    value = environ_value(pid, b"SLURM_TASK_PID")
+    return int(value) if value is not None and value.isdigit() and len(value) <= 10 else None
+
+
+# How much of a process's environment root reads: a job can point its environ at gigabytes
+# of untouched memory (prctl PR_SET_MM needs no privilege), so no more than this is read.
+ENVIRON_READ_LIMIT = 256 << 10
+
+
+def environ_value(pid: int, name: bytes) -> bytes | None:
+    """The value of ``name`` in the environment process ``pid`` was started with, where it
+    is within the first :data:`ENVIRON_READ_LIMIT` bytes; None where it is not, or the
+    process is gone. For root's reading of a job's processes: bounded, and not split."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            environ = handle.read()
+        fd = os.open(f"/proc/{int(pid)}/environ", os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    chunks, size, whole = [], 0, False
+    try:
+        while size < ENVIRON_READ_LIMIT:
+            chunk = os.read(fd, ENVIRON_READ_LIMIT - size)
+            if not chunk:
+                whole = True
+                break
+            chunks.append(chunk)
+            size += len(chunk)
     except OSError:
         return None
-    for entry in environ.split(b"\0"):
-        name, _, value = entry.partition(b"=")
-        if name == b"SLURM_TASK_PID":
-            return int(value) if value.isdigit() and len(value) <= 10 else None
-    return None
+    finally:
+        os.close(fd)
+    environ = b"\0" + b"".join(chunks)
+    at = environ.find(b"\0" + name + b"=")
+    if at < 0:
+        return None
+    start = at + len(name) + 2
+    end = environ.find(b"\0", start)
+    if end < 0:  # the last one read: whole only where the environment ended there
+        return environ[start:] if whole else None
+    return environ[start:end]
 
 
 def die_with_parent() -> None:
