@@ -269,13 +269,39 @@ def test_a_process_is_found_in_its_job_by_its_cgroup_however_it_left_the_tree(
 
 
 def test_the_job_in_a_membership_text_is_read_from_its_exact_shape_only() -> None:
+    """Only a proposal (a path elsewhere may end the same way: Cgroups.job_of then looks for
+    the process in that job's cgroup under its own base)."""
     base = "gq-abc"
     v1 = ("12:pids:/user.slice/gq-abc/gpu0/job-17.2\n"
           "5:memory:/user.slice/gq-abc/gpu0/job-17.2\n")
-    assert cgroups.job_in(v1, base) == 17
-    assert cgroups.job_in("0::/system.slice/gq.service/gq-abc/gpu1/job-9.1/inner\n", base) == 9
+    assert cgroups.job_in(v1, base) == ("gpu0", 17, 2)
+    assert cgroups.job_in("0::/system.slice/gq.service/gq-abc/gpu1/job-9.1/inner\n",
+                          base) == ("gpu1", 9, 1)
     for text in ("0::/gq-other/gpu0/job-17.2\n",  # another instance's
                  "0::/gq-abc/gpu0/job-x.2\n", "0::/gq-abc/job-17.2\n",
                  "0::/gq-abc/gpu0/job-17\n", "0::/gq-abc/gpu0/job-1" + "0" * 40 + ".1\n",
-                 "", "\x00\x00", "garbage without colons", "0::/\n", "0::/gq-abc/gpu0\n"):
+                 "0::/gq-abc/../job-1.1\n", "",  "\x00\x00", "garbage without colons",
+                 "0::/\n", "0::/gq-abc/gpu0\n"):
         assert cgroups.job_in(text, base) is None, text
+
+
+def test_a_process_in_a_look_alike_cgroup_elsewhere_is_no_job_s(backend) -> None:
+    """A user's own cgroup (systemd delegates one) named .../gq-<scope>/gpu0/job-3.1 holds
+    a process that is in no job of gq's: it is nobody's, and its memory the device's."""
+    name = os.path.basename(next(iter(backend.bases.values())))
+    base = next(iter(backend.bases.values()))  # beside the instance's base: not under it
+    look_alike = os.path.join(os.path.dirname(base), "elsewhere", name, "gpu0", "job-3.1")
+    os.makedirs(look_alike)
+    process = subprocess.Popen(["sleep", "30"])
+    try:
+        with open(os.path.join(look_alike, "cgroup.procs"), "w") as procs:
+            procs.write(str(process.pid))
+        with open(f"/proc/{process.pid}/cgroup") as membership:
+            assert cgroups.job_in(membership.read(), name) == ("gpu0", 3, 1)
+        assert backend.job_of(process.pid) is None
+    finally:
+        process.kill()
+        process.wait()
+        for _ in range(4):
+            os.rmdir(look_alike)
+            look_alike = os.path.dirname(look_alike)

@@ -182,9 +182,13 @@ def test_nvml_discovery_sampling_mig_and_the_jobs_view(monkeypatch):
     # Where jobs have cgroups, a process is its job's by the cgroup it is in, however it
     # left the job's process tree (here the foreign-looking pid is job 8's).
     by_cgroup = sampling.Sampler(found, job_of={999999: 8, os.getpid(): 7}.get)
-    gpu0 = by_cgroup.sample({"gpu0": [(7, os.getpid())]})["gpu0"]
+    gpu0 = by_cgroup.sample({"gpu0": [(7, os.getpid()), (8, 424242)]})["gpu0"]
     assert sorted((p.pid, p.job) for p in gpu0.processes) == [(os.getpid(), 7), (999999, 8)]
     assert gpu0.external_memory == 0
+    # A process of a job placed on another device is no job's here: its memory is this one's.
+    gpu0 = by_cgroup.sample({"gpu0": [(7, os.getpid())]})["gpu0"]
+    assert sorted((p.pid, p.job) for p in gpu0.processes) == [(os.getpid(), 7), (999999, None)]
+    assert gpu0.external_memory == 1 << 30
     by_cgroup.close()
 
 

@@ -190,7 +190,8 @@ class _Nvml:
         power = self._get(nvml.nvmlDeviceGetPowerUsage, board)
         limit = self._get(nvml.nvmlDeviceGetEnforcedPowerLimit, board)
         reasons = self._get(nvml.nvmlDeviceGetCurrentClocksThrottleReasons, board)
-        processes = [DeviceProcess(p.pid, p.usedGpuMemory, self._job(p.pid, jobs))
+        job_of = self._job_finder(jobs)
+        processes = [DeviceProcess(p.pid, p.usedGpuMemory, job_of(p.pid))
                      for p in self._get(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []]
         return DeviceReading(
             time=now, source="nvml",
@@ -215,22 +216,25 @@ class _Nvml:
         except self.nvml.NVMLError:
             return None
 
-    def _job(self, pid: int, jobs: Sequence[tuple[int, int]]) -> int | None:
-        """The job of a process on the device: by its cgroup (which holds whatever the job
-        started, daemonised or not), else by the job's process tree (no cgroups here)."""
+    def _job_finder(self, jobs: Sequence[tuple[int, int]]) -> Callable[[int], int | None]:
+        """How a process on the device is found to be one of the device's ``jobs``: by its
+        cgroup (which holds whatever the job started, daemonised or not), else by the jobs'
+        process trees (no cgroups here), each walked once a sample. A process of a job
+        placed elsewhere counts as outside gq's jobs here: its memory is this device's."""
+        here = {job for job, _ in jobs}
         if self.job_of is not None:
-            return self.job_of(pid)
+            job_of = self.job_of
+            return lambda pid: job if (job := job_of(pid)) in here else None
         import psutil
 
-        for job, main in jobs:
-            if pid == main:
-                return job
+        tree = {pid: job for job, pid in jobs}
+        for job, pid in jobs:
             try:
-                if any(child.pid == pid for child in psutil.Process(main).children(recursive=True)):
-                    return job
+                tree.update({child.pid: job for child in
+                             psutil.Process(pid).children(recursive=True)})
             except psutil.Error:
                 continue
-        return None
+        return tree.get
 
 
 _THROTTLE = (("nvmlClocksThrottleReasonGpuIdle", "idle"),

@@ -275,14 +275,27 @@ class Cgroups:
     def job_of(self, pid: int) -> int | None:
         """The job of this instance whose cgroup holds process ``pid``, or None: a process
         a job started stays in its cgroup however it left its parent's tree (daemonised,
-        reparented to init), so this is what names the job of a process NVML lists."""
+        reparented to init), so this is what names the job of a process NVML lists. The
+        membership text only proposes a job (a path elsewhere may end the same way): the
+        process must be listed in that job's cgroup under this instance's own base."""
         try:
             with open(f"/proc/{int(pid)}/cgroup") as handle:
                 text = handle.read(65536)
         except (OSError, ValueError):
             return None
         names = {os.path.basename(base) for base in self.bases.values()}
-        return next((job for name in names if (job := job_in(text, name)) is not None), None)
+        for name in names:
+            found = job_in(text, name)
+            if found is None:
+                continue
+            device, job_id, run = found
+            try:
+                cgroup = self.job(device, job_id, run)
+            except ValueError:
+                continue
+            if int(pid) in cgroup.pids():
+                return job_id
+        return None
 
     def remove_device(self, device: str) -> None:
         """Remove the device's directory, and the instance's base, where they are empty."""
@@ -294,24 +307,24 @@ class Cgroups:
                     pass
 
 
-def job_in(membership: str, base_name: str) -> int | None:
-    """The job id in a process's ``/proc/PID/cgroup`` text (``ID:CONTROLLERS:PATH`` lines)
-    where one of its paths is ``.../<base_name>/<device>/job-<id>.<run>`` (or below it),
-    else None. Pure: the text is the kernel's, but a path can be anything a cgroup may be
-    named, so only that exact shape counts."""
+def job_in(membership: str, base_name: str) -> tuple[str, int, int] | None:
+    """The (device, job id, run) a process's ``/proc/PID/cgroup`` text (``ID:CONTROLLERS:
+    PATH`` lines) names, where one of its paths has ``<base_name>/<device>/job-<id>.<run>``
+    (or a directory below it), else None. Pure, and only a proposal: a path can be anything
+    a cgroup may be named (see :meth:`Cgroups.job_of`)."""
     for line in membership.splitlines():
-        path = line.split(":", 2)[-1]
-        parts = path.split("/")
+        parts = line.split(":", 2)[-1].split("/")
         for at, part in enumerate(parts[:-2]):
-            if part != base_name:
+            device = parts[at + 1]
+            if part != base_name or not _NAME.fullmatch(device) or device in (".", ".."):
                 continue
             matched = _JOB_DIRECTORY.fullmatch(parts[at + 2])
             if matched is not None:
-                return int(matched.group(1))
+                return device, int(matched.group(1)), int(matched.group(2))
     return None
 
 
-_JOB_DIRECTORY = re.compile(r"job-([0-9]{1,18})\.[0-9]{1,18}")
+_JOB_DIRECTORY = re.compile(r"job-([0-9]{1,18})\.([0-9]{1,18})")
 
 
 def detect(kind: str, scope: str) -> Cgroups | None:
