@@ -611,13 +611,39 @@ for case, compiled in (
     session.calls.clear()
     compiled(torch.ones(2))
     if case == "positional":  # (the others find it compiled: dynamo's cache is the code's)
-        print("compiling", first[0], first.index("release") < first.index("train"), first[-2:])
+        let_go = first.index("release")
+        print("compiling", first[0], let_go < first.index("train"), first[let_go + 1],
+              first[-2:])
     said(case)
 with torch.no_grad():  # a compiled evaluation step is a batch
     torch.compile(lambda batch: model(batch), backend="eager")(torch.ones(2))
     session.calls.clear()
     torch.compile(lambda batch: model(batch) * 2, backend="eager")  # compiles nothing yet
 said("nothing")
+
+torch.compiler.reset()  # (clears dynamo's callbacks: gq's come back)
+torch.compile(lambda batch: model(batch).sum(), backend="eager")(torch.ones(2))
+print("after-reset", "release" in session.calls[:-1])
+session.calls.clear()
+
+# Another thread's iteration is open (its forward done, its step to come) while this
+# thread compiles: the lane stays held, for that iteration's kernels.
+import threading
+forward_done, stepped = threading.Event(), threading.Event()
+def other():
+    model(torch.ones(2)).sum().backward()
+    forward_done.set()
+    stepped.wait()
+    optimizer.step()
+thread = threading.Thread(target=other)
+thread.start()
+forward_done.wait()
+session.calls.clear()
+with torch.no_grad():
+    torch.compile(lambda batch: model(batch) * 3, backend="eager")(torch.ones(2))
+print("beside-an-open-iteration", " ".join(session.calls))
+stepped.set()
+thread.join()
 '''
 
 
@@ -633,7 +659,10 @@ def test_a_compiled_function_is_granted_the_lane_and_compiles_without_it(tmp_pat
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines == [
-        f"compiling acquire True ['{TRAIN}', 'release']",  # let go before its step ran
+        # let go while compiling, taken back before the compiled code ran
+        f"compiling acquire True acquire ['{TRAIN}', 'release']",
         *(f"{case} acquire {TRAIN} release" for case in ("positional", "keyword", "decorator")),
         "nothing ",
+        "after-reset True",
+        f"beside-an-open-iteration {INFER} release",  # released at its end only
     ], done.stdout

@@ -60,6 +60,7 @@ class _Boundaries:
         self.with_parameters: set[int] = set()  # ids of modules found to have parameters
         self.stop_noting_backward: Callable[[], None] | None = None
         self.compile_released = False  # the lane let go while dynamo compiles
+        self.opener: int | None = None  # the thread whose call took the lane now held
         self.granted_call: Callable | None = None  # a compiled function's call, noted
 
     def _apply(self, boundary: Boundary) -> None:
@@ -73,7 +74,19 @@ class _Boundaries:
             self.release_owed = True
         if self.release_owed and self.inside == 0:
             self.release_owed = self.replay_open = self.stepped = False
+            self.opener = None
             self.session.release()
+
+    def _acquire(self) -> None:
+        """Under the lock: the lane for this thread's call, noting the thread that took it
+        (the iteration's own, which alone may let it go to compile); once another thread
+        joins the iteration, no thread may."""
+        me = threading.get_ident()
+        if not getattr(self.session, "held", False):
+            self.opener = me
+        elif self.opener != me:
+            self.opener = None
+        self.session.acquire()
 
     def _end_iteration(self) -> None:
         """Under the lock: the iteration is over, whatever the loop's shape says."""
@@ -96,7 +109,7 @@ class _Boundaries:
             self.replay_open = False  # a replay before it is part of its iteration
             self.inside += 1
             local.depth = 1
-            self.session.acquire()  # at once while the lane is held
+            self._acquire()  # at once while the lane is held
 
     def leave(self) -> None:
         """This thread's outermost module call has ended (or raised)."""
@@ -132,7 +145,7 @@ class _Boundaries:
                 self._end_iteration()  # the last replay's: nothing ended it
             self.inside += 1
             try:
-                self.session.acquire()
+                self._acquire()
             except BaseException:
                 self.inside -= 1
                 raise
@@ -161,11 +174,13 @@ class _Boundaries:
     def compile_begins(self) -> None:
         """Dynamo starts compiling (a new frame, or a backward compiled at its first run):
         seconds to minutes of CPU work, during which the device would sit idle under this
-        job's grant. The lane is let go meanwhile, unless another of the job's threads is
-        inside a call (its kernels may be queued under the grant)."""
+        job's grant. The lane is let go meanwhile where this thread's call took it and no
+        other thread is inside a call: another thread's iteration (between its forward and
+        its optimizer step, say) may have kernels to queue under the grant."""
         with self.lock:
             others_inside = self.inside - (1 if getattr(self.local, "depth", 0) else 0)
-            if others_inside or not getattr(self.session, "held", False):
+            if (others_inside or self.opener != threading.get_ident()
+                    or not getattr(self.session, "held", False)):
                 return
             self.session.release()
             self.compile_released = True
@@ -352,10 +367,24 @@ def _leave_to_dynamo(dynamo, boundaries: _Boundaries, noted, granted) -> None:
             pass
     try:  # the lane let go while dynamo compiles (public from torch 2.6 on)
         handler = importlib.import_module("torch._dynamo.callback").callback_handler
-        handler.register_start_callback(lambda _: boundaries.compile_begins())
-        handler.register_end_callback(lambda _: boundaries.compile_ends())
     except Exception:  # noqa: BLE001 - older torch: compiled while holding the lane
-        pass
+        return
+
+    def begins(_args) -> None:
+        boundaries.compile_begins()
+
+    def ends(_args) -> None:
+        boundaries.compile_ends()
+
+    def register() -> None:
+        if begins not in handler.start_callbacks:
+            handler.register_start_callback(begins)
+            handler.register_end_callback(ends)
+
+    register()
+    reset = getattr(dynamo, "reset", None)
+    if reset is not None:  # which clears every callback (torch.compiler.reset calls it)
+        dynamo.reset = _then(reset, register)
 
 
 def _noting_backward(backward, boundaries: _Boundaries):
