@@ -354,3 +354,16 @@ def test_wait_blocks_on_one_connection_until_the_jobs_end(daemon, tmp_path):
     assert gq("wait", str(first)).code == 0  # already ended: answered at once
     nothing = gq("wait")
     assert nothing.code == 2 and "no pending or running job to wait for" in nothing.err
+
+
+def test_a_launcher_of_processes_runs_as_a_plain_command(daemon, monkeypatch):
+    """``python -m torch.distributed.run`` starts the training in processes of its own,
+    which the worker would not see: queued as a plain command (on a GPU: a device of its
+    own), while another module is a Python job."""
+    monkeypatch.setenv("PATH", f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}")
+    python = os.path.basename(PYTHON)
+    launched = submit_via("run", "--hold", "--", python, "-m", "torch.distributed.run",
+                          "--nproc_per_node", "2", "train.py")
+    module = submit_via("run", "--hold", "--", python, "-m", "pkg")
+    assert (job(launched)["worker"], job(module)["worker"]) == (False, True)
+    gq_ok("cancel", str(launched), str(module))

@@ -13,6 +13,10 @@ from gq.errors import UserError
 # imports this module for Queued alone.
 _PYTHON = r"python(\d+(\.\d+)?)?"
 _MODULE = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
+# Modules that start the training in processes of their own: gq's worker would see none of
+# their iterations, so they run as plain commands (a device of their own on a GPU).
+_LAUNCHERS = frozenset({"torch.distributed.run", "torch.distributed.launch",
+                        "accelerate.commands.launch", "deepspeed.launcher.runner"})
 _SHELL_SYNTAX = r"[;&|<>()$`\\\"'*?\[\]{}~#\n]"  # what only a shell reads
 
 
@@ -43,7 +47,8 @@ def from_argv(argv: list[str]) -> Queued:
     program = os.path.basename(argv[0])
     if re.fullmatch(_PYTHON, program) and len(argv) > 1:
         python = _python(argv[0])
-        if argv[1] == "-m" and len(argv) > 2 and re.fullmatch(_MODULE, argv[2]):
+        if (argv[1] == "-m" and len(argv) > 2 and re.fullmatch(_MODULE, argv[2])
+                and argv[2] not in _LAUNCHERS):
             return _module(python, argv[2], argv[3:])
         if argv[1].endswith(".py") and not argv[1].startswith("-"):
             return Queued(argv[1], None, argv[2:], python, os.path.basename(argv[1]))

@@ -86,7 +86,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "begin_time": iso(job.begin_time), "signal": job.warn_signal,
         "nodelist": job.nodelist, "retries": job.retries, "retry_delay": job.retry_delay,
         "deadline": iso(job.deadline), "missed_by": deadline_miss(job),
-        "exclusive": job.exclusive, "requeue": job.requeue,
+        "exclusive": job.exclusive, "requeue": job.requeue, "worker": job.worker,
         "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
         "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
         "pid": job.pid, "run_count": job.run_count,
