@@ -112,6 +112,10 @@ USAGE_PROCESSES = 1024  # gq show sums the resident sizes of this many processes
 WORKER_READ = 2048
 CGROUP = "auto"  # auto | v2 | v1 | off: where each job's processes are kept
 CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its kill
+# A started interactive job's terminal waits this long for its gq (gq run --pty) to take it;
+# untaken (that gq died while the job was pending), the job is hung up (--attach-wait).
+ATTACH_WAIT = 60.0
+MAX_ATTACH_WAIT = 3600.0
 
 # Worker
 MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases

@@ -101,6 +101,12 @@ class Home:
         return self.root / "hosts"
 
     @property
+    def terminals(self) -> Path:
+        """Interactive jobs' terminal sockets, one per job, each its submitter's alone to
+        connect to: the directory lets anyone through (0711) but shows no one its names."""
+        return self.root / "terminals"
+
+    @property
     def tag(self) -> str:
         """A short name unique to this state directory (its jobs' cgroups go by it)."""
         import hashlib
@@ -148,9 +154,11 @@ class Home:
         self.check_safe()  # another user may have made it in the meantime (under /tmp, say)
         self.spool.mkdir(mode=0o711 if self.system else 0o700, exist_ok=True)
         self.hosts.mkdir(mode=0o700, exist_ok=True)
+        self.terminals.mkdir(mode=0o711 if self.system else 0o700, exist_ok=True)
         if self.system:  # an existing directory keeps its mode through mkdir: set it
             os.chmod(self.root, top)
             os.chmod(self.spool, 0o711)
+            os.chmod(self.terminals, 0o711)
         return self
 
 

@@ -147,6 +147,7 @@ class JobInfo:
     # Whether it runs gq's worker (a Python script), which takes turns on its lane; a plain
     # process (a shell script) never holds nor waits for one.
     worker: bool = True
+    interactive: bool = False  # gq run --pty: on its submitter's terminal
 
 
 @dataclass
@@ -222,7 +223,7 @@ class SubmitOptions:
     deadline: Timestamp | None = None
     priority: Priority = 0
     steps: Count | None = None
-    output: Path = defaults.OUTPUT
+    output: Path | None = defaults.OUTPUT  # None: the terminal (interactive jobs only)
     error: Path | None = None
     exclusive: bool = False
     requeue: bool = False
@@ -243,6 +244,7 @@ class SubmitOptions:
     mail_type: Annotated[str, MaxLen(64)] | None = None  # sbatch's: BEGIN,END,FAIL,...
     mail_user: Name | None = None
     oom: OnOutOfMemory = OnOutOfMemory.REQUEUE
+    interactive: bool = False  # gq run --pty: it runs on a terminal the submitter's gq holds
 
 
 @dataclass

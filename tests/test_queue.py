@@ -670,3 +670,27 @@ def test_the_pending_rows_kept_between_passes_are_those_a_full_read_finds(db):
     outside.close()
     assert read(now=1.0) != full() and kept.drifted == []
     assert read(now=3600.0) == full() and kept.drifted == [second]
+
+
+def test_upgrade_to_0015_keeps_jobs_as_batch_jobs_and_takes_interactive_ones(tmp_path):
+    """Interactive jobs' flag: a queue from before keeps every job, each a batch job, and
+    takes an interactive one (gq run --pty) whose output is its terminal's."""
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0014")
+    _finished_jobs(home, [dict(id=3, end_time=5.0),
+                          dict(id=4, state="PENDING", end_time=None)])
+    database = Database(home)
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    new = transitions.NewJob(name="sh", user="ann", uid=1000, gid=1000, script="/(command)",
+                             args=[], interpreter=None, workdir="/w", output_pattern=None,
+                             error_pattern=None, env={}, interactive=True)
+    with database.write() as session:
+        added = transitions.submit(session, new, lambda p, i, a, t: f"/w/{p}-{i}")[0]
+    with database.read() as session:
+        old, pending, interactive = (queries.job(session, i) for i in (3, 4, added))
+        assert (old.state, old.interactive, old.stdout_path) == ("COMPLETED", False, "/w/o")
+        assert (pending.state, pending.interactive) == ("PENDING", False)
+        assert (interactive.interactive, interactive.stdout_path,
+                interactive.stderr_path) == (True, "", "")
+        assert job_info(interactive).interactive and not job_info(old, detail=False).interactive
+    database.close()

@@ -31,6 +31,7 @@ def start(
     cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
     device_model: Optional[str] = typer.Option(None, "--device-model", metavar="NAME", help="Model name of the emulated devices, which --gpus TYPE:N matches (tests, demos)."),
     on_finish: Optional[str] = typer.Option(None, "--on-finish", metavar="CMD", help="Run CMD (sh) as each job's owner once it has ended, with GQ_JOB_ID, GQ_JOB_STATE, GQ_JOB_EXIT_CODE, ... set (at most a minute)."),
+    attach_wait: str = typer.Option(format_period(defaults.ATTACH_WAIT), "--attach-wait", metavar="SECONDS", help="How long a started interactive job (gq run --pty) waits for its gq to take its terminal before it is hung up."),
     move_margin: float = typer.Option(defaults.MOVE_MARGIN, "--move-margin", metavar="SECONDS", help="Under fifo, a resident that has run no iteration moves to a device that would start it this much sooner."),
     operators: Optional[str] = typer.Option(None, "--operators", metavar="GROUP", help="Members of GROUP act on every job and the node, like root."),
     priority_cap: int = typer.Option(defaults.PRIORITY_CAP, "--priority-cap", metavar="N", help="System mode: the highest --priority users may ask for."),
@@ -72,6 +73,10 @@ def start(
     if not 0 < probe_wait_s <= defaults.MAX_PROBE_WAIT:
         raise UserError(f"--probe-wait {probe_wait[:40]}: give a time of more than 0 and at "
                         f"most {format_period(defaults.MAX_PROBE_WAIT)} (60, 90s, 5min)")
+    attach_wait_s = parse_seconds(attach_wait, "--attach-wait")
+    if not 0 < attach_wait_s <= defaults.MAX_ATTACH_WAIT:
+        raise UserError(f"--attach-wait {attach_wait[:40]}: give a time of more than 0 and "
+                        f"at most {format_period(defaults.MAX_ATTACH_WAIT)} (30, 90s, 5min)")
     request_bytes = parse_size(max_request)
     spool_bytes = parse_size(max_spool)
     for flag, value in (("--max-pending", max_pending), ("--max-array", max_array),
@@ -96,7 +101,7 @@ def start(
                "--max-connections", str(max_connections), "--max-request", str(request_bytes),
                "--max-spool", str(spool_bytes), "--move-margin", str(move_margin),
                "--probe-mem", str(parse_size(probe_mem)),
-               "--probe-wait", str(probe_wait_s)]
+               "--probe-wait", str(probe_wait_s), "--attach-wait", str(attach_wait_s)]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:

@@ -86,7 +86,10 @@ def _print_job(job: messages.JobInfo) -> None:
         ("JobId", job.label), ("Name", job.name), ("User", f"{job.user} (uid {job.uid})"),
         ("State", f"{job.state} ({render.state_label(job)})"), ("Reason", job.reason or "-"),
         ("Priority", job.priority), ("Command", " ".join([job.script, *job.args])),
-        ("WorkDir", job.workdir), ("StdOut", job.stdout), ("StdErr", job.stderr),
+        ("Interactive", "yes (gq run --pty: on its submitter's terminal)"
+         if job.interactive else "no"),
+        ("WorkDir", job.workdir), ("StdOut", job.stdout or "(its terminal)"),
+        ("StdErr", job.stderr or "(its terminal)"),
         ("Gpus", f"{job.gpu_type}:{job.gpus}" if job.gpu_type else job.gpus),
         ("GpuMem", render.memory_figure(job)),
         ("OutOfMemory", f"{job.on_oom.value}" + (f" ({job.ooms} run(s) ran out so far)"

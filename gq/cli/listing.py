@@ -45,7 +45,8 @@ def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[s
         print(formats.table(format_spec, [(label, job, reason(job)) for label, job in folded]))
         return
     if start:
-        rows = [[label, job.name, job.user, render.state_label(job), job.device or "-",
+        rows = [[label, render.name_mark(job), job.user, render.state_label(job),
+                 job.device or "-",
                  render.forecast_time(job, end=False), render.forecast_time(job, end=True),
                  reason(job)]
                 for label, job in folded if job.state not in TERMINAL]
@@ -56,7 +57,7 @@ def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[s
     now = time.time()
     rows = []
     for label, job in folded:
-        row = [label, job.name, job.user, render.state_label(job),
+        row = [label, render.name_mark(job), job.user, render.state_label(job),
                render.duration(render.elapsed(job, now)), job.device or "-",
                render.lane_state(job), render.progress(job)]
         if long:

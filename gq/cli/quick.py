@@ -65,7 +65,7 @@ _SUBMIT_INTS = {"cpus_per_task": ["-c", "--cpus-per-task"], "ntasks": ["-n", "--
                 "priority": ["--priority"], "steps": ["--steps"], "retries": ["--retries"]}
 _SUBMIT_FLAGS = {"exclusive": ["--exclusive"], "requeue": ["--requeue"], "hold": ["-H", "--hold"],
                  "parsable": ["--parsable"], "wait": ["-W", "--wait"],
-                 "test_only": ["--test-only"]}
+                 "test_only": ["--test-only"], "pty": ["--pty"]}
 SUBMIT: Options = {option: (name, kind)
                    for table, kind in ((_SUBMIT_VALUES, Kind.VALUE), (_SUBMIT_INTS, Kind.INT),
                                        (_SUBMIT_FLAGS, Kind.FLAG))

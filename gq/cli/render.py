@@ -87,6 +87,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "nodelist": job.nodelist, "retries": job.retries, "retry_delay": job.retry_delay,
         "deadline": iso(job.deadline), "missed_by": deadline_miss(job),
         "exclusive": job.exclusive, "requeue": job.requeue, "worker": job.worker,
+        "interactive": job.interactive,
         "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
         "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
         "pid": job.pid, "run_count": job.run_count,
@@ -184,6 +185,11 @@ def lane_state(job: JobInfo) -> str:
     if not job.worker:
         return "-"
     return "holds" if job.holds_lane else "waits"
+
+
+def name_mark(job: JobInfo) -> str:
+    """gq status's NAME: an interactive job's (gq run --pty) marked as one."""
+    return f"{job.name} [pty]" if job.interactive else job.name
 
 
 def state_label(job: JobInfo) -> str:

@@ -40,10 +40,20 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
           read_directive: DirectiveReader) -> int:
     """Queue the job the command's parameters say (``given``: those on its command line;
     ``run``: gq run's command line rather than a script) and print its id; the exit
-    status: 0, or the job's own exit code with --wait."""
+    status: 0, or the job's own exit code with --wait or --pty (then on this terminal)."""
+    pty = bool(params.get("pty"))
+    if pty:
+        from gq.cli import interactive
+
+        if not run:
+            raise UserError("--pty is gq run's: gq run --pty [OPTIONS] -- COMMAND [ARGS]...")
+        interactive.need_terminal()
     queued = _what_to_queue(run, params["script"], list(params["args"] or []), params["wrap"])
     content = queued.content if queued.content is not None else _read_script(queued.path)
     options = _with_directives(params, given, read_directive, queued.path, content)
+    if bool(options.get("pty")) != pty:
+        raise UserError(f"{queued.path}: a directive cannot ask for a terminal; give "
+                        "gq run --pty")
     options.update(script=queued.path, args=queued.args)
     if queued.interpreter is not None and not options["python"]:
         options["python"] = queued.interpreter
@@ -52,6 +62,12 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
     if options["test_only"] and options["wait"]:
         raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
     request = _request(options, content)
+    if pty:
+        if options["wait"]:
+            raise UserError("--pty waits for its job already; leave --wait out")
+        request["options"]["interactive"] = True
+        if "output" not in given and options["output"] == defaults.OUTPUT:
+            request["options"]["output"] = None  # the terminal's, as srun --pty's
     if options["test_only"]:
         request["test_only"] = True
         answer = client.Fields(client.ask_plain("submit", request, "test-only"))
@@ -59,6 +75,8 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
         _print_test_only(answer)
         return 0
     job_id = client.ask_plain("submit", request, "submitted")["job_id"]
+    if pty:
+        return interactive.run(job_id)
     if options["mail_type"] and _no_mail_command():
         print("gq: warning: --mail-type: this node has no mail command; no mail will be "
               "sent for it (--notify runs a command of yours instead)", file=sys.stderr)
@@ -274,7 +292,7 @@ def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
         "output": options["output"], "error": options["error"],
         "exclusive": options["exclusive"], "requeue": options["requeue"],
         "interpreter": interpreter, "array": options["array"], "dependency": dependency,
-        "held": options["hold"]}
+        "held": options["hold"], "interactive": False}
     return {"script_path": script,
             "script": binascii.b2a_base64(content, newline=False).decode("ascii"),
             "args": args, "workdir": workdir, "env": env, "umask": umask,

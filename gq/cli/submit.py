@@ -30,7 +30,11 @@ gq run [OPTIONS] -- COMMAND [ARGS]...  A Python command (python train.py ..., py
 pkg ...) runs as a Python job, with iteration boundaries, by the python your PATH finds
 now; any other command runs as it is, from sh. Prints "Submitted job ID".
 
-Example: gq run -G 1 -t 1:00:00 -- python train.py --lr 3e-4
+With --pty the command runs on this terminal, as srun --pty runs it: gq waits while
+the job is pending, then is its terminal until it ends, and exits with its exit status.
+
+Examples: gq run -G 1 -t 1:00:00 -- python train.py --lr 3e-4;
+gq run --pty -G 0 -- bash
 """
 
 
@@ -76,6 +80,7 @@ def submit(
     parsable: bool = typer.Option(False, "--parsable", help="Print only the job id."),
     wait: bool = typer.Option(False, "-W", "--wait", help="Then wait until it has ended and exit with its exit code (as sbatch --wait)."),
     test_only: bool = typer.Option(False, "--test-only", help="Queue nothing: check the job, say when and where it would start and end, and which queued jobs it would delay (as sbatch --test-only)."),
+    pty: bool = typer.Option(False, "--pty", help="gq run: run the command on this terminal once it starts (as srun --pty), its exit status gq's; Ctrl-C while it is pending cancels it."),
 ) -> None:
     params = dict(ctx.params)
     given = {name for name in params if ctx.get_parameter_source(name).name == "COMMANDLINE"}

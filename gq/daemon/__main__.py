@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("--operators", help="group whose members are operators")
     parser.add_argument("--on-finish", help="command run as each job's owner once it ends")
     parser.add_argument("--move-margin", type=float, default=defaults.MOVE_MARGIN)
+    parser.add_argument("--attach-wait", type=_attach_wait, default=defaults.ATTACH_WAIT,
+                        help="seconds a started interactive job waits for its gq")
     parser.add_argument("--priority-cap", type=int, default=defaults.PRIORITY_CAP)
     parser.add_argument("--max-temp", type=float, help="admit nothing to a device hotter (C)")
     parser.add_argument("--max-power", type=float, help="... or drawing more (W)")
@@ -80,7 +82,8 @@ def main() -> None:
                             max_connections_per_user=args.max_connections_per_user,
                             max_connections=args.max_connections,
                             max_request=args.max_request, max_spool=args.max_spool,
-                            probe_mem=args.probe_mem, probe_wait=args.probe_wait)
+                            probe_mem=args.probe_mem, probe_wait=args.probe_wait,
+                            attach_wait=args.attach_wait)
     Daemon(where, options).run(pidfile)
 
 
@@ -96,6 +99,14 @@ def _probe_wait(text: str) -> float:
     if not 0 < value <= defaults.MAX_PROBE_WAIT:
         raise argparse.ArgumentTypeError(f"{text}: give seconds, more than 0 and at most "
                                          f"{defaults.MAX_PROBE_WAIT:g}")
+    return value
+
+
+def _attach_wait(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= defaults.MAX_ATTACH_WAIT:
+        raise argparse.ArgumentTypeError(f"{text}: give seconds, more than 0 and at most "
+                                         f"{defaults.MAX_ATTACH_WAIT:g}")
     return value
 
 

@@ -37,6 +37,7 @@ class HostSettings:
     lanes: int
     kill_grace: float
     cgroup: str
+    attach_wait: float = defaults.ATTACH_WAIT  # an interactive job's terminal waits for its gq
 
 
 @dataclass
@@ -147,7 +148,9 @@ def _connect(home: Home, device: Device) -> socket.socket | None:
 def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Popen:
     argv = gq_python("gq.exec.host", "--device", device.name, "--lanes", str(settings.lanes),
                      "--state-dir", str(home.hosts), "--kill-grace", str(settings.kill_grace),
-                     "--cgroup", settings.cgroup, "--scope", home.tag)
+                     "--cgroup", settings.cgroup, "--scope", home.tag,
+                     "--terminals", str(home.terminals),
+                     "--attach-wait", str(settings.attach_wait))
     if device.kind == "cuda":
         argv += ["--cuda", "--memory", str(device.memory_total)]
     log_path = os.path.join(home.hosts, f"{device.name}.log")

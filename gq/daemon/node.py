@@ -76,6 +76,7 @@ class DaemonOptions:
     move_margin: float = defaults.MOVE_MARGIN  # seconds sooner that move an unstarted job
     probe_mem: int = defaults.PROBE_MEMORY  # bytes free a job that declares no memory needs
     probe_wait: float = defaults.PROBE_IDLE_SECONDS  # ... and seconds to its first iteration
+    attach_wait: float = defaults.ATTACH_WAIT  # seconds a started terminal waits for its gq
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
@@ -88,7 +89,8 @@ class DaemonOptions:
                 "--max-connections-per-user", str(self.max_connections_per_user),
                 "--max-connections", str(self.max_connections),
                 "--max-request", str(self.max_request), "--move-margin", str(self.move_margin),
-                "--probe-mem", str(self.probe_mem), "--probe-wait", str(self.probe_wait)]
+                "--probe-mem", str(self.probe_mem), "--probe-wait", str(self.probe_wait),
+                "--attach-wait", str(self.attach_wait)]
         if self.cpu_memory is not None:
             argv += ["--cpu-memory", str(self.cpu_memory)]
         if self.cpu_devices is not None:
@@ -132,7 +134,8 @@ class Daemon:
         lanes = max(1, options.lanes)
         self.supervisor = Supervisor(
             home, self.db, self.devices,
-            HostSettings(lanes=lanes, kill_grace=options.kill_grace, cgroup=options.cgroup),
+            HostSettings(lanes=lanes, kill_grace=options.kill_grace, cgroup=options.cgroup,
+                         attach_wait=options.attach_wait),
             self.selector, self.rescan, lambda: self.monitor.metrics, options.probe_wait)
         job_cgroups = self.supervisor.cgroups
         self.monitor = Monitor(self.db, self.devices, lanes,

@@ -146,7 +146,7 @@ class Scheduler:
                 job = self.supervisor.running[row.id]
                 if (row.steps_done or row.attained or row.holds_lane or job.holds_lane
                         or row.interpreter is None or job.exclusive or job.kill_why is not None
-                        or job.suspended):
+                        or job.suspended or job.interactive):
                     continue
                 starts_in = sum(self._time_left(other, now) for other in residents
                                 if (other.submit_time, other.id) < (row.submit_time, row.id))

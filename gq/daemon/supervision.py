@@ -66,6 +66,7 @@ class Running:
     probing: bool = False
     iterating_since: float | None = None  # wall clock: its first iteration began (probes)
     over: bool = False  # measured over its figure (MEM!), logged once
+    interactive: bool = False  # its terminal is its submitter's: never moved elsewhere
 
     def footprint_now(self) -> admission.Footprint:
         """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
@@ -204,7 +205,8 @@ class Supervisor:
                        lane=row.lane or 0, host=host, time_limit=row.time_limit,
                        requeue=row.requeue, footprint=footprint(row),
                        exclusive=_alone(row, devices), priority=row.priority, pid=row.pid,
-                       host_mem=row.host_mem, cpus=row.cpus, probing=probed(row))
+                       host_mem=row.host_mem, cpus=row.cpus, probing=probed(row),
+                       interactive=bool(row.interactive))
 
     # ----- talking to hosts -----------------------------------------------------------
     def send(self, name: str, message: object) -> None:
@@ -240,7 +242,8 @@ class Supervisor:
                           time_limit=job.time_limit, requeue=job.requeue,
                           footprint=footprint(job), exclusive=_alone(job, devices),
                           priority=job.priority, host_mem=job.host_mem, cpus=job.cpus,
-                          suspended=False, probing=probed(job))
+                          suspended=False, probing=probed(job),
+                          interactive=bool(job.interactive))
         self.running[job.id] = running
         if (metrics := self.metrics()) is not None:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))
@@ -696,6 +699,9 @@ def _ending(job: Running, report: wire.Exited) -> Ending:
                       requeue=True, counted=False)
     if why is StopWhy.HOST_MEMORY:
         return Ending(JobState.FAILED, exit_code, report.detail or "over its --host-mem")
+    if why is StopWhy.HANGUP:  # as a login shell's end when its terminal closes
+        return Ending(JobState.FAILED, exit_code,
+                      f"hung up: {report.detail or 'its terminal was closed'}")
     if why is StopWhy.SHUTDOWN:
         return Ending(JobState.FAILED, exit_code, "daemon stopped", requeue=job.requeue)
     if signum is not None:

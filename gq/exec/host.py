@@ -44,6 +44,7 @@ from gq.exec.memory_watch import MemoryWatch, Watched
 from gq.exec.residents import Lane, Resident
 from gq.exec.spawn import (JobProcess, group_members, kill_group, start_as_submitter,
                            step_tasks)
+from gq.exec.terminal import Terminal, Terminals
 from gq.queue import spool
 from gq.units import format_size
 from gq.wakeup import received, signal_socket
@@ -60,7 +61,8 @@ class Host:
 
     def __init__(self, device: str, cuda: bool, lanes: int, listener: socket.socket,
                  kill_grace: float, cgroup_backend: cgroups.Cgroups | None = None,
-                 memory: int | None = None):
+                 memory: int | None = None, terminal_dir: str | None = None,
+                 attach_wait: float = defaults.ATTACH_WAIT):
         self.device = device
         self.cuda = cuda
         self.lanes = [Lane(i) for i in range(max(1, lanes))]
@@ -74,6 +76,7 @@ class Host:
         self.exited: dict[int, wire.Exited] = {}  # exit reports no daemon has acknowledged
         self.lingering: list[JobCgroup] = []  # killed, not empty yet: killed again until so
         self.selector = selectors.DefaultSelector()
+        self.terminals = Terminals(terminal_dir, attach_wait, self.selector)  # gq run --pty's
         self.stopping = False  # ending every job, then exiting
         self.draining = False  # taking no new job, exiting once the last one has ended
         self.child_exited = False
@@ -108,10 +111,12 @@ class Host:
                 self._next_housekeeping = now + HOUSEKEEPING_PERIOD
                 self.child_exited = False
                 for chore in (self._reap, self._enforce_time_limits, self._enforce_kills,
+                              self._hang_up_untaken,
                               self.granter.close_given_back, self.granter.schedule_waiting_lanes,
                               self._kill_lingering, self._watch_host_memory):
                     self._isolated(chore)
             self._isolated(self._maybe_send_progress)
+        self.terminals.close()
         for cgroup in self.lingering:
             cgroup.kill(defaults.CGROUP_KILL_TIMEOUT)
             cgroup.remove()
@@ -137,6 +142,9 @@ class Host:
             self.granter.from_worker(data)
         elif isinstance(data, JobProcess):
             self._set_up(data)
+        elif isinstance(data, Terminal):
+            if self.terminals.on_event(data, data.job in self.residents):
+                self._hang_up(data.job, data.run, "its terminal was closed")
 
     def _isolated(self, action: Callable, *args) -> None:
         """Run one event's handling; an unexpected error is logged and ends at most the job
@@ -325,10 +333,12 @@ class Host:
         env = dict(spec.env)
         fds: dict[int, int] = {}
         script = _open_snapshot(spec)
-        worker_end = host_end = page = page_fd = None
+        worker_end = host_end = page = page_fd = slave = None
         try:
             if script is not None:
                 fds[wire.SCRIPT_FD] = script
+            if spec.terminal:
+                slave = fds[wire.TERMINAL_FD] = self.terminals.open(spec)
             if spec.worker:
                 host_end, worker_end = socket.socketpair()
                 env["GQ_WORKER_FD"] = str(wire.WORKER_FD)
@@ -351,8 +361,11 @@ class Host:
                 host_end.close()
             if page is not None:
                 page.close()
+            self.terminals.discard(spec.id)
             raise
         finally:
+            if slave is not None:
+                os.close(slave)  # the job's alone: its last close hangs the master up
             if worker_end is not None:
                 worker_end.close()
             if page_fd is not None:
@@ -378,6 +391,25 @@ class Host:
             host_mem_watched=spec.host_mem if cgroup is None or not cgroup.memory_limited
             else None,
         )
+
+    def _hang_up_untaken(self) -> None:
+        for terminal in self.terminals.untaken(time.monotonic()):
+            self._hang_up(terminal.job, terminal.run, "no gq took its terminal within "
+                                                      f"{self.terminals.wait:g} s")
+
+    def _hang_up(self, job: int, run: int, detail: str) -> None:
+        """The run's terminal is gone: the kernel has sent its session SIGHUP, which ends a
+        shell or a REPL as it ends a login shell; what is left is killed after the kill
+        wait."""
+        resident = self.residents.get(job)
+        if (resident is None or resident.run != run or resident.exit_status is not None
+                or resident.kill_why is not None):
+            return
+        log.info("job %d: hung up (%s)", job, detail)
+        resident.kill_why, resident.detail = StopWhy.HANGUP, detail
+        if resident.frozen:
+            self.freeze(resident, False)
+        resident.kill_deadline = time.monotonic() + self.kill_grace
 
     def _make_cgroup(self, spec: wire.LaunchSpec) -> tuple[JobCgroup | None, int | None]:
         """The run's cgroup, limited to its host memory and CPUs, and on a device that is
@@ -435,6 +467,8 @@ class Host:
         if resident.channel is not None:
             self.granter.drop_channel(resident)
         resident.exit_status, resident.exited_at, resident.ended_wall = code, now, time.time()
+        if self.terminals.job_ended(resident.job_id) and resident.kill_why is None:
+            resident.kill_why, resident.detail = StopWhy.HANGUP, "its terminal was closed"
         if (code != 0 and resident.shortage is None and resident.cgroup_cap is not None
                 and resident.kill_why is None and resident.cgroup is not None
                 and resident.cgroup.oom_kills()):
@@ -475,6 +509,8 @@ class Host:
             resident.kill_why = why
         if resident.frozen:  # stopped processes must go on to see their signal
             self.freeze(resident, False)
+        if self.terminals.has(resident.job_id):  # a terminal's job ends as a hang-up ends it
+            self._signal_job(resident, signal.SIGHUP)  # (an interactive shell ignores TERM)
         self._signal_job(resident, signal.SIGTERM)
         resident.kill_deadline = time.monotonic() + (self.kill_grace if grace is None else grace)
         if grace == 0.0:
@@ -666,6 +702,9 @@ def main() -> None:
     parser.add_argument("--kill-grace", type=float, default=defaults.KILL_WAIT)
     parser.add_argument("--cgroup", choices=cgroups.KINDS, default=defaults.CGROUP)
     parser.add_argument("--scope", required=True, help="this gq instance's cgroup tag")
+    parser.add_argument("--terminals", help="where interactive jobs' terminal sockets go")
+    parser.add_argument("--attach-wait", type=float, default=defaults.ATTACH_WAIT,
+                        help="seconds a started interactive job waits for its gq")
     args = parser.parse_args()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     gq_log.configure(f"host[{args.device}]")
@@ -679,7 +718,7 @@ def main() -> None:
              if backend is not None else "process groups (no cgroup hierarchy to use)")
     try:
         Host(args.device, args.cuda, args.lanes, listener, args.kill_grace, backend,
-             args.memory).run()
+             args.memory, args.terminals, args.attach_wait).run()
     finally:
         os.unlink(host_paths(args.state_dir, args.device)[1])
         pidfile.close()

@@ -8,6 +8,7 @@ host → daemon   State (answers Hello), Started, LaunchFailed, Exited (repeated
                 State until acknowledged), Progress
 worker → host   Ready, Done, Total, StepsTaken, OutOfMemory, Finished
 host → worker   Go
+host → client   TerminalHandedOver (an interactive job's terminal, its descriptor beside it)
 
 A peer whose line fails to decode loses its channel and nothing else: a worker's job ends
 FAILED naming the message, a daemon is dropped (the host runs on), a host is attached
@@ -37,7 +38,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/9"
+HOST_VERSION = f"{__version__}/10"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -56,11 +57,17 @@ class StopWhy(str, enum.Enum):
     MOVE = "move"  # it ran no iteration and another device starts it sooner: requeued
     MEMORY = "memory"  # measured at a boundary over its memory cap (where no cgroup holds it)
     HOST_MEMORY = "host_memory"  # its processes measured over --host-mem, which no cgroup holds
+    HANGUP = "hangup"  # an interactive job's terminal closed, or no client ever took it
 
 
 def host_paths(state_dir: str, device: str) -> tuple[str, str]:
     """The pidfile and socket of a device's execution host."""
     return os.path.join(state_dir, f"{device}.pid"), os.path.join(state_dir, f"{device}.sock")
+
+
+def terminal_socket(directory: str, job: int) -> str:
+    """Where an interactive job's host offers its terminal to the submitter's gq."""
+    return os.path.join(directory, f"{job}.sock")
 
 
 # ----- records ------------------------------------------------------------------------
@@ -74,8 +81,8 @@ class LaunchSpec:
     worker: bool  # it speaks the worker protocol (Python scripts do)
     cwd: Path
     env: Environment
-    stdout: Path
-    stderr: Path
+    stdout: Path | None  # None: its terminal (an interactive job's)
+    stderr: Path | None
     user: Name
     submit_time: Timestamp
     uid: Uid | None = None  # None: run as the host's own user (personal mode only)
@@ -106,11 +113,15 @@ class LaunchSpec:
     # memory limit does, else the host at each boundary.
     mem_cap: HostMemory | None = None
     probe: bool = False  # a Python job that declared nothing: its first figures go at once
+    # gq run --pty: it runs on a pseudo-terminal of its own, whose master the host hands to
+    # the submitter's gq (see gq.exec.terminal).
+    terminal: bool = False
 
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
-# only), and a Python job's socket to its host and page shared with it (gq.exec.lease).
-SCRIPT_FD, WORKER_FD, PAGE_FD = 3, 4, 5
+# only), and a Python job's socket to its host and page shared with it (gq.exec.lease);
+# an interactive job's terminal arrives as TERMINAL_FD and becomes its 0-2.
+SCRIPT_FD, WORKER_FD, PAGE_FD, TERMINAL_FD = 3, 4, 5, 6
 SCRIPT_PATH = f"/dev/fd/{SCRIPT_FD}"
 
 
@@ -344,6 +355,17 @@ class Go:
     lease: Count = 0  # nonzero: the lane is its own across boundaries until asked back
 
 
+# ----- host → client -------------------------------------------------------------------
+@message
+class TerminalHandedOver:
+    """Sent, with the master of the job's pseudo-terminal beside it (SCM_RIGHTS), to the
+    submitter's gq that connected to the job's terminal socket: the host keeps no copy."""
+
+    op: ClassVar[str] = "terminal"
+    job: JobId
+    run: Positive
+
+
 def _table(*classes: type) -> dict[str, type]:
     return {cls.op: cls for cls in classes}
 
@@ -352,6 +374,7 @@ TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SetPolicy, Ack, Drai
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
 TO_WORKER = _table(Go)
+TO_CLIENT = _table(TerminalHandedOver)
 
 
 # ----- framing ------------------------------------------------------------------------

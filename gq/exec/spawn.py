@@ -18,12 +18,13 @@ import os
 import signal
 import stat
 import sys
+import termios
 import time
 
 from gq import defaults, wakeup
 from gq.errors import LaunchError
 from gq.exec.cgroups import JobCgroup
-from gq.exec.protocol import SCRIPT_FD, SCRIPT_PATH, LaunchSpec
+from gq.exec.protocol import SCRIPT_FD, SCRIPT_PATH, TERMINAL_FD, LaunchSpec
 
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNS = 0x00020000
@@ -111,6 +112,8 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], fds: dict[int, int
     argv = list(spec.argv)
     if not argv:
         raise LaunchError(f"job {spec.id} has no command to run")
+    if (spec.stdout is None or spec.stderr is None) and TERMINAL_FD not in fds:
+        raise LaunchError(f"job {spec.id} names no output file and has no terminal")
     may_show = spec.script_name is not None and root_mount_shared()
     placed_read, placed_write = os.pipe()
     setup_read, low_setup_write = os.pipe()
@@ -201,12 +204,14 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[in
         os.chdir(spec.cwd)
     except OSError as exc:
         raise _SetupFailed(f"cannot enter working directory {spec.cwd}: {exc.strerror}") from None
+    if TERMINAL_FD in fds:
+        _take_terminal(spec)
     out = _open_output(spec.stdout)
     err = out if spec.stderr == spec.stdout else _open_output(spec.stderr)
-    null = os.open(os.devnull, os.O_RDONLY)
-    for source, target in ((null, 0), (out, 1), (err, 2)):
+    stdin = TERMINAL_FD if TERMINAL_FD in fds else os.open(os.devnull, os.O_RDONLY)
+    for source, target in ((stdin, 0), (out, 1), (err, 2)):
         os.dup2(source, target)
-    for fd in {null, out, err} - {0, 1, 2}:
+    for fd in {stdin, out, err} - {0, 1, 2}:
         os.close(fd)
     try:
         os.execvpe(argv[0], argv, env)
@@ -307,7 +312,7 @@ def _close_all_but(keep: tuple[int, ...]) -> None:
 
 
 _ALL_DESCRIPTORS = 1 << 30  # past any descriptor (closerange uses close_range(2))
-_ABOVE_PLACED = 10  # job descriptors are SCRIPT_FD, WORKER_FD and PAGE_FD
+_ABOVE_PLACED = 10  # job descriptors are SCRIPT_FD, WORKER_FD, PAGE_FD and TERMINAL_FD
 
 
 def _default_signals() -> None:
@@ -320,9 +325,21 @@ def _default_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def _open_output(path: str) -> int:
-    """In the child, as the submitter: append to the output file. A FIFO with no reader, a
-    link or a directory is refused at once; a terminal never becomes the job's."""
+def _take_terminal(spec: LaunchSpec) -> None:
+    """In the child, as the submitter (a session leader with no terminal yet): make the
+    job's pseudo-terminal its controlling terminal, its process group the foreground one."""
+    try:
+        fcntl.ioctl(TERMINAL_FD, termios.TIOCSCTTY, 0)
+    except OSError as exc:
+        raise _SetupFailed(f"cannot give job {spec.id} its terminal: {exc.strerror}") from None
+
+
+def _open_output(path: str | None) -> int:
+    """In the child, as the submitter: append to the output file (None: the job's terminal).
+    A FIFO with no reader, a link or a directory is refused at once; a terminal named as a
+    file never becomes the job's."""
+    if path is None:
+        return TERMINAL_FD
     try:
         fd = os.open(path, _OUTPUT_FLAGS, 0o666)
     except OSError as exc:

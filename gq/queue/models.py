@@ -84,6 +84,9 @@ class Job(Base):
     requeue: Mapped[bool] = mapped_column(Boolean, default=False)
     dependency: Mapped[str | None] = mapped_column(Text)  # sbatch syntax, e.g. afterok:3:4
     held: Mapped[bool] = mapped_column(Boolean, default=False)
+    # gq run --pty: it runs on a terminal its submitter's gq holds; its output is that
+    # terminal's unless -o/-e name files (its stdout_path and stderr_path are "" then).
+    interactive: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
 
     # Job arrays: every task is a row; the array's id is its first task's id.
     array_job_id: Mapped[int | None] = mapped_column(Integer, index=True)

@@ -52,8 +52,8 @@ class NewJob:
     args: list[str]
     interpreter: str | None
     workdir: str
-    output_pattern: str
-    error_pattern: str
+    output_pattern: str | None  # None: its terminal's (an interactive job's, without -o)
+    error_pattern: str | None
     env: dict[str, str]
     umask: int = 0o022
     gpus: int = 1
@@ -79,6 +79,7 @@ class NewJob:
     requeue: bool = False
     dependency: str | None = None
     held: bool = False
+    interactive: bool = False  # gq run --pty
     array_tasks: tuple[int, ...] | None = None
     array_max_running: int | None = None
     spool_bytes: int = 0  # what the snapshot costs the spool (spool.footprint)
@@ -108,7 +109,8 @@ def submit(session: Session, new: NewJob, resolve_output,
         mail_type=new.mail_type, mail_user=new.mail_user, suspended=False, on_oom=new.on_oom,
         ooms=0,
         steps_total=new.steps_total, exclusive=new.exclusive,
-        requeue=new.requeue, dependency=new.dependency, held=new.held, script=new.script,
+        requeue=new.requeue, dependency=new.dependency, held=new.held,
+        interactive=new.interactive, script=new.script,
         spool_path="", payload_id=payload_id, interpreter=new.interpreter,
         workdir=new.workdir, stdout_path="", stderr_path="", submit_time=new.submit_time,
         output_pattern=new.output_pattern, error_pattern=new.error_pattern,
@@ -123,13 +125,19 @@ def submit(session: Session, new: NewJob, resolve_output,
     spool_path = snapshot(ids[0])
     _SET_PATHS.executemany(session, [
         {"b_id": job_id, "b_array": array_id, "b_spool": spool_path,
-         "b_out": resolve_output(new.output_pattern, job_id, array_id, task),
-         "b_err": resolve_output(new.error_pattern, job_id, array_id, task)}
+         "b_out": _output(resolve_output, new.output_pattern, job_id, array_id, task),
+         "b_err": _output(resolve_output, new.error_pattern, job_id, array_id, task)}
         for job_id, task in zip(ids, tasks)])
     _NEW_EVENT.executemany(session, [
         {"job_id": job_id, "time": new.submit_time, "old_state": None,
          "new_state": JobState.PENDING.value, "reason": "submitted"} for job_id in ids])
     return ids
+
+
+def _output(resolve_output, pattern: str | None, job_id: int, array_id: int | None,
+            task: int | None) -> str:
+    """An output file's path, or "" for none (the job's terminal)."""
+    return "" if pattern is None else resolve_output(pattern, job_id, array_id, task)
 
 
 _NEW_PAYLOAD = Prepared(insert(Payload.__table__).returning(Payload.__table__.c.id))

@@ -85,8 +85,9 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         mail_user=job.mail_user if detail else None, suspended=job.suspended,
         mem_basis=_basis(job.mem_basis, job.mem),
         on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
-        ooms=job.ooms or 0, mem_over=job.state != JobState.PENDING.value
-        and over_figure(job.mem, job.mem_peak), worker=job.interpreter is not None)
+        ooms=job.ooms or 0, interactive=bool(job.interactive),
+        mem_over=job.state != JobState.PENDING.value and over_figure(job.mem, job.mem_peak),
+        worker=job.interpreter is not None)
 
 
 def _basis(basis: str | None, mem: int | None) -> messages.MemoryBasis | None:

@@ -135,6 +135,11 @@ def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> mess
             if not jobs:
                 raise UserError(f"no {request.state} job of {request.user or caller.name}'s "
                                 "to requeue")
+        for job in [job for job in jobs if job.interactive]:
+            lines.append(Line(f"job {job.label} ran on its submitter's terminal (gq run "
+                              "--pty), which no later run could have; run it again with gq "
+                              "run --pty", REFUSED))
+        jobs = [job for job in jobs if not job.interactive]
         running = [job for job in jobs if job.state == JobState.RUNNING.value]
         stopping = set(transitions.request_stop(session, [j.id for j in running],
                                                 transitions.REQUEUE))

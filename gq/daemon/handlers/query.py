@@ -121,6 +121,9 @@ def open_log(daemon: NodeView, caller: Caller, request: messages.OpenLog):
         info = job_info(job)
     check_may_act(caller, job.uid, job.user, "read the logs of", job.label)
     path = job.stderr_path if request.stderr else job.stdout_path
+    if not path:
+        raise UserError(f"job {job.label} is interactive: its output went to its terminal "
+                        "(gq run --pty -o FILE keeps it in a file)")
     if caller.uid == job.uid:
         return messages.LogFile(info, path, exists=True, opened=False)
     try:

@@ -128,6 +128,7 @@ def _validate(daemon: NodeView, caller: Caller,
     dependency = (str(dependencies.parse(options.dependency))
                   if options.dependency is not None else None)
     tasks = arrays.parse(options.array) if options.array else None
+    _check_interactive(options)
     if tasks is not None and tasks.size > daemon.options.max_array:
         raise UserError(f"--array {options.array}: {tasks.size} tasks is more than this node "
                         f"allows in one array ({daemon.options.max_array}, the daemon's "
@@ -146,11 +147,34 @@ def _validate(daemon: NodeView, caller: Caller,
         retries=options.retries, retry_delay=options.retry_delay,
         ntasks=options.ntasks, notify=_notify(options.notify),
         mail_type=_mail_type(options.mail_type), mail_user=_mail_user(options.mail_user),
-        on_oom=None if options.oom is messages.OnOutOfMemory.REQUEUE else options.oom.value,
+        on_oom=_on_oom(options),
         exclusive=options.exclusive, requeue=options.requeue, dependency=dependency,
-        held=options.held, array_tasks=tasks.tasks() if tasks else None,
+        held=options.held, interactive=options.interactive,
+        array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None,
         spool_bytes=spool.footprint(len(request.script)))
+
+
+def _check_interactive(options: messages.SubmitOptions) -> None:
+    """An interactive job is one run on one terminal: nothing may run it again (a terminal
+    cannot be handed to a later run), and only it may leave its output to the terminal."""
+    if not options.interactive:
+        if options.output is None:
+            raise UserError("--output needs a file name (only gq run --pty writes to the "
+                            "terminal)")
+        return
+    for given, flag in ((options.array, "--array"), (options.requeue, "--requeue"),
+                        (options.retries, "--retries")):
+        if given:
+            raise UserError(f"--pty runs one job on your terminal: it takes no {flag}")
+
+
+def _on_oom(options: messages.SubmitOptions) -> str | None:
+    """--oom as the row keeps it (None: requeue). A terminal cannot be handed to a later
+    run: an interactive job that runs out of memory fails."""
+    if options.interactive:
+        return messages.OnOutOfMemory.FAIL.value
+    return None if options.oom is messages.OnOutOfMemory.REQUEUE else options.oom.value
 
 
 def _of_type(daemon: NodeView, gpu_type: str, count: int) -> list:

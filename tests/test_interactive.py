@@ -1,0 +1,219 @@
+"""gq run --pty: an interactive job on a real pseudo-terminal (pexpect drives gq as a person
+at a terminal would), queued and placed like any job, its terminal handed from its host to
+the submitter's gq."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pexpect
+import pytest
+
+from conftest import ROOT, DaemonControl, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state
+
+PROMPT = "gq> "  # bash's PS1 in these tests (root's default ends in '#')
+
+
+def _spawn(*args: str, env: dict | None = None, **kwargs) -> pexpect.spawn:
+    """``python -m gq ARGS`` on a pseudo-terminal of its own, this gq first on its path."""
+    env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT), PS1=PROMPT)
+    return pexpect.spawn(sys.executable, ["-m", "gq", *args], env=env, encoding="utf-8",
+                         timeout=15, **kwargs)
+
+
+def _ended(child: pexpect.spawn) -> int:
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus
+
+
+def test_pty_without_a_terminal_is_one_line_exit_2_and_queues_nothing(daemon):
+    done = subprocess.run([sys.executable, "-m", "gq", "run", "--pty", "--", "bash"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and "--pty needs a terminal" in done.stderr
+    assert all_jobs() == []
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--array", "0-1"], "--pty runs one job on your terminal: it takes no --array"),
+    (["--requeue"], "it takes no --requeue"),
+    (["--retries", "2"], "it takes no --retries"),
+    (["--wait"], "--pty waits for its job already"),
+])
+def test_pty_refuses_what_would_run_it_again_and_queues_nothing(daemon, args, said):
+    child = _spawn("run", "--pty", *args, "--", "bash")
+    assert _ended(child) == 2
+    lines = child.before.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gq: error: ") and said in lines[0], lines
+    assert all_jobs() == []
+
+
+def test_only_an_interactive_job_leaves_its_output_to_a_terminal(daemon, tmp_path):
+    from gq import client, messages
+    from gq.errors import UserError
+
+    request = messages.Submit(script_path=str(tmp_path / "a.sh"), script=b"true\n", args=[],
+                              workdir=str(tmp_path), env={}, umask=0o022,
+                              options=messages.SubmitOptions(output=None))
+    with pytest.raises(UserError, match="--output needs a file name"):
+        client.ask(request)
+    assert gq("submit", "--pty", "--wrap", "true").err.startswith("gq: error: --pty is gq run's")
+    assert all_jobs() == []
+
+
+def test_pending_job_shows_its_reason_and_ctrl_c_cancels_it_leaving_nothing(daemon, tmp_path):
+    held = submit("--hold", "--wrap", "true")
+    child = _spawn("run", "--pty", "--after", str(held), "--", "bash", "--norc")
+    child.expect(r"job (\d+) pending \(Dependency\); Ctrl-C cancels it")
+    job_id = int(child.match.group(1))
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    # Nothing more is said: the status line is wiped, the ^C is the terminal's own echo.
+    assert child.before.replace("\x1b[K", "").replace("^C", "").strip() == ""
+    child.close()
+    assert child.exitstatus == 130
+    info = wait_state(job_id, "CANCELLED")
+    assert info["start_time"] is None and info["interactive"]
+    assert not list(tmp_path.glob("gq-*.out"))
+    assert os.listdir(daemon.root / "terminals") == []
+
+
+def test_bash_runs_on_the_terminal_with_its_size_signals_and_exit_status(daemon, tmp_path):
+    child = _spawn("run", "--pty", "-G", "0", "--", "bash", "--norc")
+    child.expect(PROMPT)
+    child.sendline("echo $((6 * 7)) $GQ_JOB_ID; tty")
+    child.expect(r"42 (\d+)\r\n/dev/pts/")
+    job_id = int(child.match.group(1))
+    child.expect(PROMPT)
+    child.setwinsize(33, 101)  # the window follows this terminal (SIGWINCH)
+    child.sendline("stty size")
+    child.expect("33 101")
+    child.expect(PROMPT)
+    for key in ("c", "z"):  # to the job's foreground process (cat, once it echoes), not gq
+        child.sendline("cat")
+        child.sendline("ping")
+        child.expect("ping\r\nping\r\n")
+        child.sendcontrol(key)
+        if key == "z":  # job control: the shell stopped it
+            child.expect("Stopped")
+        child.expect(PROMPT)
+    child.sendline("kill -9 %1; wait; echo done")
+    child.expect("done")
+    info = job(job_id)
+    assert (info["state"], info["interactive"]) == ("RUNNING", True)
+    assert " [pty] " in gq_ok("status")
+    child.sendline("exit 7")
+    assert _ended(child) == 7
+    info = wait_state(job_id, "FAILED")
+    assert (info["exit_code"], info["reason"]) == (7, "exit code 7")
+    assert not list(tmp_path.glob("gq-*.out"))  # its output was the terminal's
+    logs = gq("logs", str(job_id))
+    assert logs.code == 2 and "its output went to its terminal" in logs.err
+    again = gq("requeue", str(job_id))
+    assert again.code == 2 and "run it again with gq run --pty" in again.err
+
+
+def test_a_command_that_ends_before_gq_attaches_still_shows_its_output(daemon):
+    child = _spawn("run", "--pty", "-G", "0", "--", "sh", "-c", "echo early; exit 5")
+    child.expect("early")
+    assert _ended(child) == 5
+
+
+def test_output_goes_to_the_file_o_names_and_input_comes_from_the_terminal(daemon, tmp_path):
+    child = _spawn("run", "--pty", "-G", "0", "-o", "out.txt", "--", "sh", "-c",
+                   "read x; echo got $x", cwd=str(tmp_path))
+    child.sendline("hi")
+    assert _ended(child) == 0
+    assert (tmp_path / "out.txt").read_text() == "got hi\n"
+
+
+def test_a_cancel_hangs_the_shell_up_and_its_terminal_says_so(daemon):
+    child = _spawn("run", "--pty", "-G", "0", "--", "bash", "--norc")
+    child.expect(PROMPT)
+    child.sendline("echo $GQ_JOB_ID")
+    child.expect(r"(\d+)\r\n")
+    job_id = int(child.match.group(1))
+    gq_ok("cancel", str(job_id))
+    child.expect(f"gq: job {job_id} CANCELLED: cancelled by user")
+    # A hang-up ends an interactive shell, which ignores the cancel's SIGTERM.
+    assert _ended(child) == 128 + signal.SIGHUP
+
+
+def test_a_closed_terminal_hangs_the_job_up(daemon):
+    child = _spawn("run", "--pty", "-G", "0", "--", "bash", "--norc")
+    child.expect(PROMPT)
+    child.sendline("echo $GQ_JOB_ID")
+    child.expect(r"(\d+)\r\n")
+    job_id = int(child.match.group(1))
+    child.expect(PROMPT)
+    child.close(force=True)  # the terminal goes away under gq
+    info = wait_state(job_id, "FAILED")
+    assert info["reason"] == "hung up: its terminal was closed", info
+    assert info["exit_code"] == 128 + signal.SIGHUP
+
+
+def test_a_terminal_no_gq_takes_hangs_its_job_up(home):
+    daemon = DaemonControl(home)
+    daemon.start("--kill-wait", "1", "--attach-wait", "1")
+    held = submit("--hold", "--wrap", "true")
+    child = _spawn("run", "--pty", "-G", "0", "--after", str(held), "--", "bash", "--norc")
+    child.expect(r"job (\d+) pending")
+    job_id = int(child.match.group(1))
+    child.kill(signal.SIGKILL)  # gq dies while its job is pending
+    child.close(force=True)
+    gq_ok("release", str(held))
+    info = wait_state(job_id, "FAILED")
+    assert info["reason"] == "hung up: no gq took its terminal within 1 s", info
+    assert os.listdir(home / "terminals") == []
+    daemon.stop()
+
+
+def test_the_job_runs_as_its_submitter_whose_terminal_no_one_else_can_take(shared_node,
+                                                                           users):
+    alice, bob = users["alice"], users["bob"]
+    env = {**shared_node.env, "PS1": PROMPT}
+    as_alice = ["runuser", "-u", alice.name, "--", "env", *[f"{k}={v}" for k, v in env.items()],
+                shared_node.install.python, "-m", "gq"]
+    child = pexpect.spawn(as_alice[0], [*as_alice[1:], "run", "--pty", "-G", "0", "--",
+                                        "bash", "--norc"], cwd=str(alice.workdir),
+                          encoding="utf-8", timeout=20)
+    child.expect(PROMPT)
+    child.sendline("id -u; stat -c %U $(tty)")
+    child.expect(rf"{alice.uid}\r\n{alice.name}\r\n")
+    child.sendline("exit 3")
+    assert _ended(child) == 3
+
+    # Alice's gq dies while her job is pending: when it starts, its terminal's socket waits
+    # for her, and no one else may take it.
+    held = int(shared_node.ok(alice, "submit", "--parsable", "--hold", "--wrap", "true"))
+    child = pexpect.spawn(as_alice[0], [*as_alice[1:], "run", "--pty", "-G", "0", "--after",
+                                        str(held), "--", "bash", "--norc"],
+                          cwd=str(alice.workdir), encoding="utf-8", timeout=20)
+    child.expect(r"job (\d+) pending")
+    job_id = int(child.match.group(1))
+    child.kill(signal.SIGKILL)
+    child.close(force=True)
+    shared_node.ok(alice, "release", held)
+    shared_node.wait_state(job_id, "RUNNING")
+    path = shared_node.root / "terminals" / f"{job_id}.sock"
+    wait_for(path.exists, 10, what="the job's terminal socket")
+    assert (path.stat().st_uid, path.stat().st_mode & 0o777) == (alice.uid, 0o600)
+    take = ("import json, socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
+            " line, fds, _, _ = socket.recv_fds(s, 4096, 1); print(len(fds), json.loads(line))")
+    refused = subprocess.run(["runuser", "-u", bob.name, "--", shared_node.install.python,
+                              "-c", take, str(path)], capture_output=True, text=True)
+    assert refused.returncode != 0 and "PermissionError" in refused.stderr
+    with socket.socket(socket.AF_UNIX) as root_peer:  # root passes the file's mode, not
+        root_peer.connect(str(path))  # the host's check of who is asking
+        assert socket.recv_fds(root_peer, 4096, 1)[:2] == (b"", [])
+    taken = subprocess.run(["runuser", "-u", alice.name, "--", shared_node.install.python,
+                            "-c", take, str(path)], capture_output=True, text=True)
+    assert taken.stdout.startswith("1 {") and f"'job': {job_id}" in taken.stdout, taken
+    info = shared_node.wait_state(job_id, "FAILED")  # the taker left: the job hung up
+    assert (info["user"], info["reason"]) == (alice.name, "hung up: its terminal was closed")
