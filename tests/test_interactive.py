@@ -145,6 +145,27 @@ def test_a_cancel_hangs_the_shell_up_and_its_terminal_says_so(daemon):
     assert _ended(child) == 128 + signal.SIGHUP
 
 
+def test_python_repl_runs_under_gq_and_holds_the_lane_only_inside_a_statement(daemon):
+    child = _spawn("run", "--pty", "--", "python")
+    child.expect(">>> ")
+    child.sendline("import gq, itertools, os, time; print(gq.in_job(), os.environ['GQ_JOB_ID'])")
+    child.expect(r"True (\d+)")
+    job_id = int(child.match.group(1))
+    # A statement that enters an iteration and never leaves it: it holds the lane while it
+    # runs, and its end gives the lane back.
+    child.expect(">>> ")
+    child.sendline("g = gq.steps(itertools.count()); next(g); time.sleep(30)")
+    wait_for(lambda: job(job_id)["holds_lane"], 10, what="the statement to hold the lane")
+    child.sendintr()
+    child.expect("KeyboardInterrupt")
+    child.expect(">>> ")
+    wait_for(lambda: not job(job_id)["holds_lane"], 10, what="the lane back between statements")
+    assert job(job_id)["state"] == "RUNNING"  # Ctrl-C did not end it
+    child.sendline("raise SystemExit(7)")
+    assert _ended(child) == 7
+    assert wait_state(job_id, "FAILED")["exit_code"] == 7
+
+
 def test_a_closed_terminal_hangs_the_job_up(daemon):
     child = _spawn("run", "--pty", "-G", "0", "--", "bash", "--norc")
     child.expect(PROMPT)
@@ -217,3 +238,29 @@ def test_the_job_runs_as_its_submitter_whose_terminal_no_one_else_can_take(share
     assert taken.stdout.startswith("1 {") and f"'job': {job_id}" in taken.stdout, taken
     info = shared_node.wait_state(job_id, "FAILED")  # the taker left: the job hung up
     assert (info["user"], info["reason"]) == (alice.name, "hung up: its terminal was closed")
+
+
+def test_ctrl_c_while_a_statement_waits_for_the_lane_leaves_the_lane_to_others(daemon,
+                                                                               tmp_path):
+    """The interrupt comes once the lane is granted, and the statement's end gives it back:
+    a grant lost between worker and host would leave the idle REPL holding the lane."""
+    gq_ok("policy", "set", "fair")  # (fifo gives a later job no turn while the first runs)
+    batch = tmp_path / "batch.py"
+    batch.write_text("import gq, time\nfor _ in gq.steps(range(100000)):\n    time.sleep(1)\n")
+    batch_id = submit("--gpu-mem", "64M", str(batch))
+    wait_for(lambda: job(batch_id)["holds_lane"], 15, what="the batch job's iteration")
+    child = _spawn("run", "--pty", "--gpu-mem", "64M", "--", "python")
+    child.expect(">>> ")
+    child.sendline("import gq, itertools, os; print('asking', os.environ['GQ_JOB_ID']); "
+                   "g = gq.steps(itertools.count()); next(g)")
+    child.expect(r"asking (\d+)")
+    repl_id = int(child.match.group(1))
+    child.sendintr()  # while the batch job's 1 s iteration holds the lane
+    child.expect("KeyboardInterrupt")
+    child.expect(">>> ")
+    steps = job(batch_id)["steps_done"]
+    wait_for(lambda: job(batch_id)["steps_done"] > steps + 1, 15,
+             what="the batch job to go on while the REPL is idle")
+    assert not job(repl_id)["holds_lane"] and job(repl_id)["state"] == "RUNNING"
+    child.sendeof()
+    assert _ended(child) == 0

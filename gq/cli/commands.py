@@ -1,7 +1,8 @@
 """A command line instead of a script (``gq run -- CMD ARGS``, ``gq submit --wrap "CMD"``):
 what to queue for it. A Python command (``python train.py ...``, ``python -m pkg ...``)
 becomes a Python job, with iteration boundaries, run by the interpreter the command names
-as found on the submitter's PATH now; any other command runs from a small sh script."""
+as found on the submitter's PATH now; any other command runs from a small sh script. Under
+``gq run --pty``, a Python with no script is a REPL run by gq's worker (gq.exec.console)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ _MODULE = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
 _LAUNCHERS = frozenset({"torch.distributed.run", "torch.distributed.launch",
                         "accelerate.commands.launch", "deepspeed.launcher.runner"})
 _SHELL_SYNTAX = r"[;&|<>()$`\\\"'*?\[\]{}~#\n]"  # what only a shell reads
+_REPL = b"# gq run --pty: python\nfrom gq.exec.console import interact\n\ninteract()\n"
 
 
 class Queued:
@@ -37,14 +39,18 @@ class Queued:
         self.name = name
 
 
-def from_argv(argv: list[str]) -> Queued:
-    """``gq run -- CMD ARGS``."""
+def from_argv(argv: list[str], interactive: bool = False) -> Queued:
+    """``gq run -- CMD ARGS``; with ``interactive`` (--pty), a Python with no script is a
+    REPL run by gq's worker, each statement's device work on the lane."""
     import re
     import shlex
 
     if not argv:
         raise UserError("give the command to run: gq run [OPTIONS] -- COMMAND [ARGS]...")
     program = os.path.basename(argv[0])
+    if interactive and re.fullmatch(_PYTHON, program) and argv[1:] in ([], ["-i"]):
+        return Queued(os.path.join(os.getcwd(), f"{program} (interactive).py"), _REPL, [],
+                      _python(argv[0]), program)
     if re.fullmatch(_PYTHON, program) and len(argv) > 1:
         python = _python(argv[0])
         if (argv[1] == "-m" and len(argv) > 2 and re.fullmatch(_MODULE, argv[2])

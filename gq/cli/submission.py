@@ -48,7 +48,8 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
         if not run:
             raise UserError("--pty is gq run's: gq run --pty [OPTIONS] -- COMMAND [ARGS]...")
         interactive.need_terminal()
-    queued = _what_to_queue(run, params["script"], list(params["args"] or []), params["wrap"])
+    queued = _what_to_queue(run, params["script"], list(params["args"] or []), params["wrap"],
+                            pty)
     content = queued.content if queued.content is not None else _read_script(queued.path)
     options = _with_directives(params, given, read_directive, queued.path, content)
     if bool(options.get("pty")) != pty:
@@ -124,13 +125,13 @@ def _print_test_only(answer: Any) -> None:
 
 
 def _what_to_queue(run: bool, script: str | None, args: list[str],
-                   wrap: str | None) -> commands.Queued:
-    """gq run's command line, --wrap's, or the script named."""
+                   wrap: str | None, pty: bool = False) -> commands.Queued:
+    """gq run's command line (``pty``: on a terminal), --wrap's, or the script named."""
     if run:
         if wrap is not None:
             raise UserError("gq run takes its command after its options (gq run [OPTIONS] -- "
                             "COMMAND [ARGS]...); --wrap is gq submit's")
-        return commands.from_argv([script, *args] if script is not None else [])
+        return commands.from_argv([script, *args] if script is not None else [], pty)
     if wrap is not None:
         if script is not None:
             raise UserError("give either a SCRIPT or --wrap CMD, not both")

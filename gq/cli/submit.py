@@ -34,7 +34,7 @@ With --pty the command runs on this terminal, as srun --pty runs it: gq waits wh
 the job is pending, then is its terminal until it ends, and exits with its exit status.
 
 Examples: gq run -G 1 -t 1:00:00 -- python train.py --lr 3e-4;
-gq run --pty -G 0 -- bash
+gq run --pty -G 1 -- python
 """
 
 
@@ -80,7 +80,7 @@ def submit(
     parsable: bool = typer.Option(False, "--parsable", help="Print only the job id."),
     wait: bool = typer.Option(False, "-W", "--wait", help="Then wait until it has ended and exit with its exit code (as sbatch --wait)."),
     test_only: bool = typer.Option(False, "--test-only", help="Queue nothing: check the job, say when and where it would start and end, and which queued jobs it would delay (as sbatch --test-only)."),
-    pty: bool = typer.Option(False, "--pty", help="gq run: run the command on this terminal once it starts (as srun --pty), its exit status gq's; Ctrl-C while it is pending cancels it."),
+    pty: bool = typer.Option(False, "--pty", help="gq run: run the command on this terminal once it starts (as srun --pty), its exit status gq's; Ctrl-C while it is pending cancels it. A bare python is a REPL whose statements hold the device only while they run."),
 ) -> None:
     params = dict(ctx.params)
     given = {name for name in params if ctx.get_parameter_source(name).name == "COMMANDLINE"}

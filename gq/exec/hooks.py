@@ -196,6 +196,12 @@ class _Boundaries:
         with self.lock:
             self._apply(self.shape.script_ends())
 
+    def end_now(self) -> None:
+        """A console's statement is over: so is its iteration (once no thread is inside a
+        module call)."""
+        with self.lock:
+            self._end_iteration()
+
     def _has_parameters(self, module) -> bool:
         """Whether a module (or one inside it) has parameters, asked of nn.Module itself: a
         module may override ``parameters()`` (to return a list, say). Unanswerable counts
@@ -269,6 +275,8 @@ def install(session: JobSession, torch) -> None:
     at_finish = getattr(session, "at_finish", None)
     if at_finish is not None:
         at_finish.append(boundaries.script_ends)
+    if hasattr(session, "ending"):
+        session.ending = boundaries.end_now
     cap = getattr(session, "memory_cap", None)
     if cap is not None:  # before the script's first allocation, which follows its import
         memory.cap_devices(torch, cap)

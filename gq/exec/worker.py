@@ -57,6 +57,11 @@ class WorkerSession:
         self.sampled_at = 0.0
         self.detached = False
         self.at_finish: list = []  # what runs as the script ends (the hooks' last boundary)
+        self.ending = None  # the hooks' way to end an iteration now, where they are installed
+        # A READY is out and its GO not in: a console's Ctrl-C then waits for the grant
+        # (``interrupted``), which would otherwise be lost between the two ends.
+        self.awaiting_grant = False
+        self.interrupted = False
         # A forked child (a DataLoader worker, say) must not speak on its parent's socket.
         os.register_at_fork(after_in_child=self._detach)
 
@@ -76,16 +81,24 @@ class WorkerSession:
                 self.held = True
                 return
             self.channel.send_line(READY)
-            grant = self.channel.receive_one()
-            if not isinstance(grant, Go):  # (the host sends nothing else)
-                raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a grant")
-            # Lanes short of memory: give back cached blocks when parked.
-            self.empty_cache_after = grant.empty_cache
-            if grant.mem_cap is not None:
-                self.cap_memory(grant.mem_cap)
-            if grant.lease and lease is not None:
-                lease.granted(grant.lease, self.steps)
-            self.held = True
+            self.awaiting_grant = True
+            try:
+                grant = self.channel.receive_one()
+                if not isinstance(grant, Go):  # (the host sends nothing else)
+                    raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a "
+                                          "grant")
+                # Lanes short of memory: give back cached blocks when parked.
+                self.empty_cache_after = grant.empty_cache
+                if grant.mem_cap is not None:
+                    self.cap_memory(grant.mem_cap)
+                if grant.lease and lease is not None:
+                    lease.granted(grant.lease, self.steps)
+                self.held = True
+            finally:
+                self.awaiting_grant = False
+            if self.interrupted:  # held: the statement's end gives the lane back
+                self.interrupted = False
+                raise KeyboardInterrupt
 
     def cap_memory(self, cap: int) -> None:
         """Hold its CUDA allocations to ``cap`` bytes from now on (its probe's figure); before
@@ -134,6 +147,15 @@ class WorkerSession:
             # host hears of the release then, from a thread that waits for the device,
             # while this one runs on (its gap's work beside the device's tail).
             self.device.then(lambda: self.channel.send(done))
+
+    def end_iteration(self) -> None:
+        """A console's statement is over: whatever iteration it left open ends here (through
+        the hooks, where they are installed, so that they agree), and the lane goes to other
+        jobs until a statement uses the device again."""
+        if self.ending is not None:
+            self.ending()
+        else:
+            self.release()
 
     def _settle(self) -> bool:
         """Before asking for the lane again: a Done the device still holds back is waited

@@ -1,0 +1,69 @@
+"""The Python REPL of an interactive job (``gq run --pty -- python``): run by gq's worker as
+its script, it is :mod:`code`'s console with readline, as ``python`` gives one, whose every
+statement ends the iteration it opened. A statement's module calls and optimizer steps hold
+the lane as a script's do; between statements, while a person reads and types, the job
+holds nothing and other jobs have the device.
+
+Ctrl-C is a KeyboardInterrupt, as in ``python``; one that comes while a statement waits for
+the lane is raised once the lane is granted (a grant lost between worker and host would
+leave the two disagreeing about who holds it), and the statement's end gives it back.
+"""
+
+from __future__ import annotations
+
+import code
+import os
+import signal
+import sys
+from types import FrameType
+
+from gq.exec import runtime
+
+
+class StatementConsole(code.InteractiveConsole):
+    """A console that ends the iteration in progress after every statement."""
+
+    def __init__(self, namespace: dict, session) -> None:
+        super().__init__(namespace, filename="<stdin>")
+        self.session = session
+
+    def runcode(self, compiled) -> None:
+        try:
+            super().runcode(compiled)
+        finally:
+            if self.session is not None:
+                self.session.end_iteration()
+
+
+def interact() -> None:
+    """Run the REPL in ``__main__``, as ``python`` with no script does: its argv, its path,
+    its interactive hook (readline, completion, history) and PYTHONSTARTUP."""
+    session = runtime.active
+    namespace = sys.modules["__main__"].__dict__
+    for name in ("__file__", "__cached__"):  # the worker's label is no file of the user's
+        namespace.pop(name, None)
+    sys.argv = [""]
+    sys.path[0] = ""
+    if session is not None:
+        signal.signal(signal.SIGINT, _interrupting(session))
+    hook = getattr(sys, "__interactivehook__", None)
+    if hook is not None:
+        hook()
+    startup = os.environ.get("PYTHONSTARTUP")
+    if startup and os.path.isfile(startup):
+        with open(startup, "rb") as handle:
+            exec(compile(handle.read(), startup, "exec"), namespace)
+    console = StatementConsole(namespace, session)
+    console.interact(banner=f"Python {sys.version} on {sys.platform}\nType \"help\", "
+                            "\"copyright\", \"credits\" or \"license\" for more information.",
+                     exitmsg="")
+
+
+def _interrupting(session):
+    def on_interrupt(signum: int, frame: FrameType | None) -> None:
+        if session.awaiting_grant:
+            session.interrupted = True  # raised as the grant comes in
+            return
+        signal.default_int_handler(signum, frame)  # python's own (no frame of gq's shown)
+
+    return on_interrupt
