@@ -148,6 +148,20 @@ def test_the_mean_policies_see_is_the_host_s_once_it_has_timed_two_iterations():
     assert resident.mean_iteration == pytest.approx(0.2)
 
 
+def test_a_lease_s_mean_counts_every_iteration_in_its_time_and_half_the_one_under_way():
+    """A job leased from its first iteration, 7 of 30 ms counted: its lease's time was
+    divided by 6 (as if its first, never timed, were out of it), and the iteration under way
+    counted as none: 43 ms read where it ran 30, and its forecasts ran 1.7 s late."""
+    resident = _resident(iterations=7, attained=0.21)
+    assert resident.mean_iteration == pytest.approx(0.03)
+    leased = _resident(iterations=7, attained=0.21, standing=Standing.LEASED,
+                       granted_at=time.monotonic() - 0.015)
+    assert leased.mean_iteration == pytest.approx(0.03, rel=0.05)
+    # its first iteration timed (a plain grant), the rest leased: that one stays out
+    mixed = _resident(iterations=7, attained=0.28, timed=1, first_iteration=0.1)
+    assert mixed.mean_iteration == pytest.approx(0.03)
+
+
 def test_a_report_with_a_figure_past_the_wires_bounds_goes_without_its_figures():
     """Sent as it was, the daemon would drop the host's whole connection (and an exit
     report it can never take would be kept for ever)."""

@@ -162,7 +162,8 @@ class Resident:
         srtf, and a job it ranks last never runs again to correct it). A job that has run
         alone under a lease since its first: its lease's time over its page's count of
         iterations, gaps included (the page's count is its word, so this is believed only
-        until the host has timed a second iteration, at the first contention)."""
+        until the host has timed a second iteration, at the first contention); a first
+        iteration it did not time is in the lease's time, warm-up and all."""
         if self.timed >= 2:
             # Per step where steps are counted: grants that advance none (asked for and
             # given back empty) would otherwise make the mean, and srtf's estimate, read low.
@@ -170,7 +171,10 @@ class Resident:
             return max(0.0, self.timed_total - self.first_iteration) / per
         if self.iterations < 2:
             return None
-        return max(0.0, self.billed - self.first_iteration) / (self.iterations - 1)
+        # Billed holds every iteration counted (less the first, where it was timed) and the
+        # one under way while the lease goes on: half done, on average.
+        counted = self.iterations - (1 if self.timed else 0) + (0.5 if self.in_iteration else 0)
+        return max(0.0, self.billed - self.first_iteration) / counted
 
     def time_iteration(self, length: float, steps: int) -> None:
         """One iteration the host timed from grant to release, and the steps it advanced
