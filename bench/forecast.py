@@ -1,6 +1,16 @@
 """Forecast accuracy and cost: a real queue, forecast while it runs, against what happened.
 
   python bench/forecast.py [--jobs 16] [--policies fifo,fair] [--pending 1000]
+  python bench/forecast.py --startup [--repeat 3]
+
+Start-up (``--startup``, no root needed): three jobs of one script (150, 100 and 120 steps
+of 30 ms, ``--steps`` given) under fifo on one device that keeps one job resident, so the
+second and third wait pending; the first runs alone, and once its pace is measured the
+pending ones' forecast ends are compared with their real ones: the error as a share of
+each one's run time (start to end), and in seconds, for the gq.steps loop
+(``examples/kernel_train.py --no-torch``) and for the PyTorch one (whose start-up imports
+torch). Medians and worst over the forecasts made while they were pending, each run
+``--repeat`` times.
 
 Accuracy: a system daemon (run as root) with two emulated devices of two resident jobs
 each, and three submitters:
@@ -78,7 +88,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--policies", default="fifo,fair")
     parser.add_argument("--pending", type=int, default=1000)
+    parser.add_argument("--startup", action="store_true",
+                        help="only the start-up scenario (no root needed)")
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    if args.startup:
+        report_startup({kind: startup_scenario(kind, args.repeat)
+                        for kind in ("steps", "torch")})
+        return
     if os.geteuid() != 0:
         sys.exit("bench/forecast.py needs root: it makes throwaway users")
     result = {"accuracy": {}, "cost": cost(args.pending) if args.pending else None}
@@ -111,6 +128,8 @@ def main() -> None:
         print(f"{policy}: {figures['jobs']} jobs; with --steps or -t: end error median "
               f"{given['end_share_median']:.1%} / p90 {given['end_share_p90']:.1%} of wait+run "
               f"({given['end_seconds_median']:.1f} s / {given['end_seconds_p90']:.1f} s), "
+              f"against run time median {given['end_run_share_median']:.1%} / p90 "
+              f"{given['end_run_share_p90']:.1%}, "
               f"start error median {given['start_share_median']:.1%} / p90 "
               f"{given['start_share_p90']:.1%} of wait; at submit: end median "
               f"{given['at_submit_end_share_median']:.1%}; unknown {given['unknown_share']:.0%}"
@@ -228,8 +247,8 @@ def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
                                                           "end_time"))
         group = groups.setdefault("steps_or_limit" if spec.give_steps or spec.give_limit
                                   else "neither", {k: [] for k in (
-                                      "start_share", "end_share", "end_seconds",
-                                      "at_submit_end_share", "unknown")})
+                                      "start_share", "end_share", "end_run_share",
+                                      "end_seconds", "at_submit_end_share", "unknown")})
         wait, whole = start - submitted, end - submitted
         for index, (when, state, f_start, f_end, basis) in enumerate(spec.samples):
             group["unknown"].append(1.0 if f_end is None else 0.0)
@@ -238,6 +257,7 @@ def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
             if f_end is None:
                 continue
             group["end_share"].append(abs(f_end - end) / whole)
+            group["end_run_share"].append(abs(f_end - end) / (end - start))
             group["end_seconds"].append(abs(f_end - end))
             if index == 0:
                 group["at_submit_end_share"].append(abs(f_end - end) / whole)
@@ -252,14 +272,15 @@ def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
     for name, figures in groups.items():
         summary[name] = {"samples": len(figures["unknown"]),
                          "unknown_share": statistics.fmean(figures["unknown"] or [0.0])}
-        for key in ("start_share", "end_share", "end_seconds", "at_submit_end_share"):
+        for key in ("start_share", "end_share", "end_run_share", "end_seconds",
+                    "at_submit_end_share"):
             values = figures[key] or [float("nan")]
             summary[name][f"{key}_median"] = statistics.median(values)
             summary[name][f"{key}_p90"] = percentile(values, 90)
     for name in ("steps_or_limit", "neither"):
         summary.setdefault(name, {"samples": 0, "unknown_share": float("nan"), **{
-            f"{key}_{q}": float("nan") for key in ("start_share", "end_share", "end_seconds",
-                                                    "at_submit_end_share")
+            f"{key}_{q}": float("nan") for key in ("start_share", "end_share", "end_run_share",
+                                                    "end_seconds", "at_submit_end_share")
             for q in ("median", "p90")}})
     return summary
 
@@ -297,6 +318,67 @@ def shared_install(base: Path) -> tuple[str, Path]:
         for name in files:
             os.chmod(os.path.join(directory, name), 0o644)
     return str(python), source
+
+
+# ----- start-up ---------------------------------------------------------------------------
+STARTUP_STEPS = (150, 100, 120)
+
+
+def startup_scenario(kind: str, repeat: int) -> dict:
+    """The start-up scenario ``repeat`` times for one kind of script ("steps" or "torch"):
+    each pending job's end error over the forecasts made while it was pending, once the
+    first job's own pace was measured."""
+    runs = []
+    for _ in range(repeat):
+        node = Node("--cpu-devices", "1", "--max-resident", "1", "--kill-wait", "1")
+        node.env["PYTHONPATH"] = str(ROOT)  # this tree's gq, for the daemon and the jobs
+        with node:
+            node.gq("policy", "set", "fifo")
+            extra = ["--no-torch"] if kind == "steps" else []
+            ids = [node.submit("-J", f"startup-{kind}", "--gpu-mem", "512M", "--steps", steps,
+                               str(ROOT / "examples" / "kernel_train.py"), *extra,
+                               "--steps", steps, "--iter-ms", 30) for steps in STARTUP_STEPS]
+            samples: dict[int, list[float | None]] = {job_id: [] for job_id in ids[1:]}
+            while True:
+                listed = {job["id"]: job for job in json.loads(
+                    node.gq("status", "--start", "--json", "--all"))}
+                if all(listed[job_id]["state"] == "COMPLETED" for job_id in ids):
+                    break
+                first = listed[ids[0]]
+                if (first["state"] == "RUNNING"
+                        and (first.get("forecast") or {}).get("basis") == "known"):
+                    for job_id in ids[1:]:
+                        if listed[job_id]["state"] == "PENDING":
+                            samples[job_id].append(stamp(listed[job_id]["forecast"]["end"]))
+                time.sleep(0.25)
+            ended = {job["id"]: job for job in json.loads(node.gq("history", "--json"))}
+        for job_id, ends in samples.items():
+            start, end = (stamp(ended[job_id][key]) for key in ("start_time", "end_time"))
+            errors = [f_end - end for f_end in ends if f_end is not None]  # > 0: late
+            runs.append({"job": job_id, "run": end - start, "samples": len(ends),
+                         "unknown": sum(f_end is None for f_end in ends),
+                         "error_seconds": errors,
+                         "error_share": [error / (end - start) for error in errors]})
+    shares = [abs(share) for run in runs for share in run["error_share"]]
+    seconds = [abs(error) for run in runs for error in run["error_seconds"]]
+    return {"runs": runs, "share_median": statistics.median(shares) if shares else None,
+            "share_max": max(shares, default=None),
+            "seconds_median": statistics.median(seconds) if seconds else None,
+            "seconds_max": max(seconds, default=None)}
+
+
+def report_startup(results: dict[str, dict]) -> None:
+    print(json.dumps(results, indent=2))
+    print()
+    for kind, figures in results.items():
+        if figures["share_median"] is None:
+            print(f"{kind}: no forecast of a pending job was made once the first was measured")
+            continue
+        runs = ", ".join(f"{run['run']:.1f}" for run in figures["runs"])
+        print(f"{kind}: pending jobs' end error against their run time median "
+              f"{figures['share_median']:.1%}, worst {figures['share_max']:.1%} "
+              f"({figures['seconds_median']:.2f} s, worst {figures['seconds_max']:.2f} s); "
+              f"run times {runs} s")
 
 
 # ----- cost -----------------------------------------------------------------------------

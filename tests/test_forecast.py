@@ -100,22 +100,17 @@ def test_what_a_job_will_do_is_known_estimated_or_unknown_from_what_it_gave():
     only_limit = forecast.work(view(5), 60, None)
     assert only_limit.basis is Basis.ESTIMATED
     assert only_limit.steps * only_limit.iteration == pytest.approx(60)
-    # running, its pace measured: what is left of its earlier runs' overheads (2 s) after
-    # the start-up it took (its time so far, less 0.5 s on the device) is its exit
+    # where no start-up was measured (a host from before), the overhead is all start-up
     assert forecast.work(view(8, steps=100, done=5, pace=0.1), None, earlier,
-                         elapsed=1.0).teardown == pytest.approx(1.5)
-    assert forecast.work(view(8, steps=100, done=5, pace=0.1), None, earlier,
-                         elapsed=6.0).teardown == 0.0
-    # a start-up seen while one of them ran tells start-up and exit apart
+                         elapsed=1.0).teardown == 0.0
+    # a measured start-up tells start-up and exit apart
     seen = forecast.Past(run=12.0, steps=100, iteration=0.1, gap=0.0, overhead=2.0,
                          startup=0.8)
     assert (seen.start_cost, seen.exit_cost) == (0.8, 0.8)  # exit: no longer than start-up
     assert replace(seen, overhead=1.0).exit_cost == pytest.approx(0.2)
+    assert replace(seen, exit=0.3).exit_cost == 0.3  # as measured
     pending_work = forecast.work(view(9, steps=50), None, seen)
     assert (pending_work.startup, pending_work.teardown) == (0.8, 0.8)
-    assert forecast.spent_starting(view(10, steps=50, done=4, pace=0.1), 3.0) == \
-        pytest.approx(2.6)
-    assert forecast.spent_starting(view(10, steps=50), 3.0) is None
     # nothing: unknown
     assert forecast.work(view(6), None, None).basis is Basis.UNKNOWN
     assert forecast.work(view(7, steps=10), None, None).basis is Basis.UNKNOWN
@@ -133,16 +128,61 @@ def test_a_job_of_a_name_none_has_ended_of_takes_the_pace_of_one_running_not_its
                     ("gpu0",), 0, started, 0, None, name="sweep")
     unmeasured = Running(view(3, steps=200, done=1, pace=0.9), known(200, 0.9), ("gpu0",), 0,
                          started, 0, None, name="other")
-    paces = forecast.running_pace([sibling, other, unmeasured], NOW)
+    paces = forecast.running_pace([replace(sibling, startup=2.0), other, unmeasured])
     assert set(paces) == {("ann", "sweep"), ("bob", "sweep")}  # one measured: 2 iterations
     pace = paces[("ann", "sweep")]
     assert (pace.iteration, pace.run, pace.steps) == (0.08, None, None)
-    assert pace.startup == pytest.approx(2.0)  # 10 s so far, 8 s of it on the device
+    assert pace.startup == 2.0  # as its host measured it
     estimated = forecast.work(view(4, steps=200), 52.0, pace)
     assert estimated == Work(200, 0.08, 0.0, 2.0, Basis.ESTIMATED)
     assert forecast.work(view(4, steps=200), 52.0, None).iteration == pytest.approx(0.26)
     # without --steps its whole run is unknown: the limit still bounds it
     assert forecast.work(view(5), 52.0, pace).steps * 0.08 == pytest.approx(52.0, abs=0.1)
+
+
+def test_start_up_is_learned_as_measured_apart_from_waits_for_the_lane_and_the_exit():
+    """Three jobs of one script under fifo, the first one's pace measured: the pending ones'
+    forecasts ended 0.8-1.0 s late, a start-up taken from the running job's time so far less
+    its device time (a wait for the lane in it, and progress a second old). The host's own
+    measure (launch to first acquire) is what a job of the name goes on, from ended jobs (a
+    median) and from a running one alike; the exit is what the overhead leaves of it."""
+    ended = forecast.past([
+        forecast.Ended(run=12.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.5),
+        # bound behind another job: 8 s waiting for the lane, which is no start-up
+        forecast.Ended(run=20.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.7),
+        forecast.Ended(run=12.5, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.9)])
+    assert (ended.startup, ended.overhead) == (pytest.approx(0.7), pytest.approx(2.0))
+    assert ended.exit_cost == pytest.approx(1.5)  # the least overhead less its start-up
+    assert forecast.work(view(4, steps=50), None, ended) == \
+        Work(50, 0.1, 0.0, pytest.approx(0.7), Basis.ESTIMATED, pytest.approx(1.5))
+    # the first of a sweep, 10 s in: it waited 8 s behind another job after a 0.4 s start-up
+    waited = Running(view(1, steps=200, done=10, pace=0.1), known(200, 0.1), ("gpu0",), 0,
+                     NOW - 10.0, 0, None, name="sweep", startup=0.4)
+    pace = forecast.running_pace([waited])[("ann", "sweep")]
+    assert (pace.start_cost, pace.exit_cost) == (0.4, 0.0)
+    assert forecast.work(view(2, steps=50), None, pace).startup == 0.4
+
+
+def test_a_running_job_goes_on_from_when_its_progress_was_measured():
+    """A host reports progress about once a second: a job 10 of 30 half-second steps in, as
+    measured 0.6 s ago, has run on since; it ends, and the job behind it starts and ends,
+    0.6 s sooner than from the same progress measured now."""
+    def made(measured_at):
+        job = replace(running(1, 30, 10, 0.5, NOW - 6), measured_at=measured_at)
+        return relative(forecast.forecast(snapshot([job], [pending(2, known(20, 1.0))])))
+
+    assert made(None) == {1: (-6.0, 10.0, Basis.KNOWN), 2: (0.0, 30.0, Basis.KNOWN)}
+    assert made(NOW - 0.6) == {1: (-6.0, 9.4, Basis.KNOWN), 2: (0.0, 29.4, Basis.KNOWN)}
+    # one that, measured 12 s ago, would have ended by now ends now, not in the past
+    assert made(NOW - 12.0)[1][1] == 0.0
+    # two of a lane, with idle gaps, measured a moment apart under srtf: the first goes on
+    # while the second, iterating too, is awaited in its gap (it was: released at no time)
+    gapped = [replace(running(job_id, 100, 10, 0.1, NOW - 3), measured_at=NOW - at,
+                      view=replace(view(job_id, 100, 10, 0.1), mean_gap=0.0002),
+                      work=Work(100, 0.1, 0.0002, 0.0, Basis.KNOWN))
+              for job_id, at in ((1, 0.08762), (2, 0.08759))]
+    made_srtf = forecast.forecast(snapshot(gapped, policy="srtf"))
+    assert made_srtf.complete and all(f.end is not None for f in made_srtf.jobs.values())
 
 
 def test_a_job_behind_an_estimated_one_is_estimated_and_behind_an_unknown_one_unknown():

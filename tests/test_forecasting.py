@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (DECLARED, KERNEL_LOOP, all_jobs, gq, gq_ok, job, submit, wait_for,
-                      wait_state)
+                      wait_state, write_script)
 
 
 def kernel(steps: int, *extra: str) -> list[str]:
@@ -71,6 +71,36 @@ def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens
         run = actual - when(ended["start_time"])
         assert abs(predicted[job_id] - actual) <= 1.5 + 0.1 * run, \
             f"job {job_id}: forecast end {predicted[job_id]:.2f}, ended {actual:.2f}"
+
+
+def test_a_pending_job_is_forecast_with_the_start_up_its_owner_s_job_of_the_name_took(
+        daemon, tmp_path):
+    """A script that sets up for 2 s before its first iteration, then waits about 4 s for
+    the lane behind another job under fifo: the start-up learned is its 2 s, not the wait,
+    and a pending job of the same name (waiting for it to end) is forecast to take that
+    start-up and its steps at the running one's pace. Before, the running job's time so far
+    less its device time went in, the wait with it: about 8 s where it runs 4."""
+    script = write_script(tmp_path / "slow_start.py", "import sys\nimport time\nimport gq\n\n"
+                          "time.sleep(2)  # its set-up: data, a model, a compile\n"
+                          "for _ in gq.steps(range(int(sys.argv[1]))):\n    time.sleep(0.1)\n")
+    submit(*DECLARED, "-J", "blocker", "--steps", "60", *KERNEL_LOOP, "--steps", "60",
+           "--iter-ms", "100")
+    first = submit(*DECLARED, "-J", "slow", "--steps", "80", str(script), "80")
+    later = submit(*DECLARED, "-J", "slow", "--steps", "20", "--dependency",
+                   f"afterok:{first}", str(script), "20")
+    wait_for(lambda: job(first)["steps_done"] >= 3, 120, what=f"job {first}'s pace")
+
+    def forecast_while_pending():  # known once made from the first one's pace
+        listed = {j["id"]: j for j in json.loads(gq_ok("status", "--start", "--json"))}
+        assert listed[later]["state"] == "PENDING", f"job {first} ended before a forecast"
+        return listed[later]["forecast"]["end"] and listed[later]["forecast"]
+
+    made = wait_for(forecast_while_pending, 30, what=f"a forecast of job {later}")
+    run = when(made["end"]) - when(made["start"])
+    assert 3.5 <= run <= 5.5, f"job {later} forecast to run {run:.2f} s: 2 s start-up and 2 s"
+    ended = wait_state(later, "COMPLETED", timeout=120)
+    assert abs(when(made["end"]) - when(ended["end_time"])) <= 2.0, \
+        f"job {later}: forecast end {made['end']}, ended {ended['end_time']}"
 
 
 def test_submit_test_only_says_when_and_whom_it_delays_and_queues_nothing(daemon, tmp_path):

@@ -693,4 +693,32 @@ def test_upgrade_to_0015_keeps_jobs_as_batch_jobs_and_takes_interactive_ones(tmp
         assert (interactive.interactive, interactive.stdout_path,
                 interactive.stderr_path) == (True, "", "")
         assert job_info(interactive).interactive and not job_info(old, detail=False).interactive
+
+
+def test_upgrade_to_0016_keeps_runs_and_learns_start_ups_from_new_ones(tmp_path):
+    """Start-ups as hosts measure them: a queue from before keeps its jobs, its completed
+    runs read with no start-up (forecasts go on their overheads, as before), and a running
+    job's progress records its start-up, which its next run starts without."""
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0014")
+    _finished_jobs(home, [dict(id=3, name="train", start_time=2.0, end_time=14.0, steps_done=100,
+                               attained=10.0, mean_iteration=0.1),
+                          dict(id=4, name="train", state="RUNNING", start_time=20.0,
+                               end_time=None)])
+    database = Database(home)
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    with database.read() as session:
+        assert queries.recent_runs(session, "ann", "train", 5) == \
+            [(2.0, 14.0, 100, 10.0, 0.1, None, None)]
+    with database.write() as session:
+        transitions.record_progress(session, 4, transitions.Progress(
+            steps_done=5, attained=0.5, mean_iteration=0.1, mem_persistent=None,
+            mem_peak=None, holds_lane=True, startup=1.25))
+    with database.read() as session:
+        assert queries.job(session, 4).startup == 1.25
+    with database.write() as session:
+        transitions.finish(session, 4, JobState.COMPLETED, 0, None, now=30.0)
+    with database.read() as session:
+        assert [run[-1] for run in queries.recent_runs(session, "ann", "train", 5)] == \
+            [1.25, None]
     database.close()

@@ -79,7 +79,6 @@ class Forecaster:
         self._past: dict[tuple[str, str], tuple[float, forecast.Past | None]] = {}
         self._running: dict[int, tuple[str, str]] = {}  # id -> (user, name), at the last tick
         self._typical: tuple[float, float | None] = (-math.inf, None)  # read at, seconds
-        self._startups: dict[tuple[str, str], float] = {}  # (user, name) -> the least seen
 
     # ----- what handlers use -----------------------------------------------------------
     def check_room(self, uid: int) -> None:
@@ -137,26 +136,10 @@ class Forecaster:
         with self.db.read() as session:
             rows = queries.recent_runs(session, user, name, defaults.FORECAST_HISTORY)
         summary = forecast.past([
-            forecast.Ended(end - start, steps, attained, iteration, gap)
-            for start, end, steps, attained, iteration, gap in rows])
-        seen = self._startups.get((user, name))
-        if summary is not None and seen is not None:
-            summary = replace(summary, startup=seen)
+            forecast.Ended(end - start, steps, attained, iteration, gap, startup)
+            for start, end, steps, attained, iteration, gap, startup in rows])
         self._past[(user, name)] = (now, summary)
         return summary
-
-    def _watch_startups(self, snapshot: forecast.Snapshot) -> None:
-        """The least start-up seen of each user's jobs of a name, from the running ones:
-        overheads of ended jobs lump their start-up and exit (and any wait for a lane)
-        together; a job seen starting tells them apart."""
-        if len(self._startups) > 10_000:
-            self._startups.clear()
-        for job in snapshot.running:
-            spent = forecast.spent_starting(job.view, snapshot.now - job.started)
-            key = (job.view.user, job.name)
-            if spent is not None and spent < self._startups.get(key, math.inf):
-                self._startups[key] = spent
-                self._past.pop(key, None)  # read again with it
 
     def typical(self) -> float | None:
         """The median run of the node's recent completed jobs (kept a while; None: none)."""
@@ -183,7 +166,6 @@ class Forecaster:
         self._forget_ended()
         self.reads_left = defaults.FORECAST_HISTORY_READS
         snapshot = self.scheduler.snapshot(self.history, self.typical())
-        self._watch_startups(snapshot)
         signature = _signature(snapshot)
         if signature == self.signature and not self.parked:
             self.next_at = now + defaults.FORECAST_PERIOD  # looked: not again for a while

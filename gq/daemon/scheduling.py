@@ -397,14 +397,17 @@ class Scheduler:
             job = self.supervisor.running.get(row.id)
             if job is None:
                 continue  # its host has not reported it yet
-            view = _view(row)
+            latest = job.latest  # its host's last report: fresher than its row
+            view = _view(row) if latest is None else _view(row, latest)
             footprint_now = job.footprint_now()
             running.append(forecast.Running(
                 view, forecast.work(view, job.time_limit, past(row.user, row.name),
                                     now - job.started, typical),
                 tuple(d.name for d in job.devices), job.lane, job.started,
-                footprint_now.persistent + footprint_now.ephemeral, job.time_limit, row.name))
-        self.running_paces = forecast.running_pace(running, now)
+                footprint_now.persistent + footprint_now.ephemeral, job.time_limit, row.name,
+                startup=None if latest is None else latest.startup,
+                measured_at=None if latest is None else job.latest_at))
+        self.running_paces = forecast.running_pace(running)
         pending = (self.forecast_pending(seen.pending, seen.needs, seen.runs, past, typical)
                    if queue_settings.NODE not in self.drained else [])
         return forecast.Snapshot(
@@ -462,12 +465,15 @@ def _most_free(loads: list[admission.DeviceLoad], request: admission.Request) ->
                 for lane in load.lanes), default=0)
 
 
-def _view(row: Row) -> policies.JobView:
-    """A running job's progress as policies see it."""
+def _view(row: Row, progress: transitions.Progress | None = None) -> policies.JobView:
+    """A running job's progress as policies see it: its row's, or ``progress`` (its host's
+    last report, not yet flushed to the row)."""
+    shown = row if progress is None else progress
+    total = shown.steps_total if shown.steps_total is not None else row.steps_total
     return policies.JobView(id=row.id, user=row.user, submit_time=row.submit_time,
-                            priority=row.priority, steps_done=row.steps_done,
-                            steps_total=row.steps_total, attained=row.attained,
-                            mean_iteration=row.mean_iteration, mean_gap=row.mean_gap)
+                            priority=row.priority, steps_done=shown.steps_done,
+                            steps_total=total, attained=shown.attained,
+                            mean_iteration=shown.mean_iteration, mean_gap=shown.mean_gap)
 
 
 def _listed(job_ids: list[int], most: int = 10) -> str:

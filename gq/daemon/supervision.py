@@ -67,6 +67,10 @@ class Running:
     iterating_since: float | None = None  # wall clock: its first iteration began (probes)
     over: bool = False  # measured over its figure (MEM!), logged once
     interactive: bool = False  # its terminal is its submitter's: never moved elsewhere
+    # Its host's last report, and when it came (wall clock): fresher than its row, which is
+    # flushed about once a second; a forecast goes on from it.
+    latest: transitions.Progress | None = None
+    latest_at: float = 0.0
 
     def footprint_now(self) -> admission.Footprint:
         """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
@@ -183,6 +187,7 @@ class Supervisor:
                 # Its probe ended while no daemon ran, or its cap was never sent: again.
                 self._send_cap(name, row.id, row.run_count, row.mem)
             progress = self.progress[row.id] = _progress(item)
+            job.latest, job.latest_at = progress, time.time()
             if progress.holds_lane or progress.attained:
                 job.iterating_since = time.time()  # a probe's time runs from now on
             if progress.mem_persistent is not None:  # a probe may end with what it says
@@ -346,11 +351,13 @@ class Supervisor:
             self.end(job, None, JobState.FAILED, message.reason)
 
     def _on_progress(self, name: str, message: wire.Progress) -> None:
+        received = time.time()  # one moment for the whole report: its jobs' progress agrees
         for item in message.jobs:
             job = self.running.get(item.job)
             if job is None or item.run != job.run:
                 continue
             progress = self.progress[job.job_id] = _progress(item)
+            job.latest, job.latest_at = progress, received
             job.holds_lane = progress.holds_lane
             if job.iterating_since is None and (progress.holds_lane or progress.attained):
                 job.iterating_since = time.time()
@@ -717,7 +724,7 @@ def _progress(item: wire.JobProgress) -> transitions.Progress:
         steps_done=item.steps_done, attained=item.attained,
         mean_iteration=item.mean_iteration, mean_gap=item.mean_gap,
         mem_persistent=item.mem_persistent, mem_peak=item.mem_peak,
-        holds_lane=item.holds_lane, steps_total=item.steps_total)
+        holds_lane=item.holds_lane, steps_total=item.steps_total, startup=item.startup)
 
 
 def _alone(job: Job | queries.JobRow, devices: list[Device]) -> bool:

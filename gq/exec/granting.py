@@ -180,6 +180,9 @@ class Granter:
             resident.released_at = now
         if resident.channel is None:
             return  # ended meanwhile (its page, read as the lease ended, was impossible)
+        if resident.startup is None:  # its first acquire: its start-up is over
+            resident.startup = max(0.0, now - resident.started_at - resident.paused)
+            resident.dirty = True
         if resident.standing is not Standing.IDLE:
             self._move(resident, Event.ASK)  # nothing changes: it asked already, or is
             return  # recalled inside an iteration while saying it is not (its own loss)

@@ -38,7 +38,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/10"
+HOST_VERSION = f"{__version__}/11"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -150,6 +150,7 @@ class JobProgress:
     holds_lane: bool = False
     iterations: Count = 0  # the iterations its memory figures cover (a probe's is over at
     # defaults.PROBE_ITERATIONS)
+    startup: Seconds | None = None  # from its launch to its first acquire (None: not yet)
 
 
 @message

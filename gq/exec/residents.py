@@ -113,6 +113,9 @@ class Resident:
     frozen: bool = False  # its processes are stopped now (from a suspend until it is thawed)
     suspended_at: float | None = None  # monotonic, while suspended
     paused: float = 0.0  # seconds it spent suspended: its time limit does not count them
+    # Seconds from its launch to its first acquire (interpreter, imports, set-up; not the
+    # wait for the lane after it): what forecasts add before a job of its name iterates.
+    startup: float | None = None
     kill_why: StopWhy | None = None
     detail: str | None = None  # what its worker did wrong, for its exit report
     standing: Standing = Standing.IDLE
@@ -256,7 +259,8 @@ class Resident:
                     steps_total=self.steps_total, attained=self.billed,
                     mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
                     mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
-                    holds_lane=self.in_iteration, iterations=self.iterations)
+                    holds_lane=self.in_iteration, iterations=self.iterations,
+                    startup=self.startup)
 
     @property
     def in_iteration(self) -> bool:

@@ -122,6 +122,7 @@ class Job(Base):
     attained: Mapped[float] = mapped_column(Float, default=0.0)
     mean_iteration: Mapped[float | None] = mapped_column(Float)
     mean_gap: Mapped[float | None] = mapped_column(Float)  # idle seconds between iterations
+    startup: Mapped[float | None] = mapped_column(Float)  # seconds from launch to 1st acquire
     mem_persistent: Mapped[int | None] = mapped_column(Integer)
     mem_peak: Mapped[int | None] = mapped_column(Integer)
     holds_lane: Mapped[bool] = mapped_column(Boolean, default=False)

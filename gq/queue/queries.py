@@ -268,7 +268,7 @@ def running(session: Session) -> Sequence[Job]:
 
 _RECENT_RUNS = Prepared(
     select(Job.start_time, Job.end_time, Job.steps_done, Job.attained, Job.mean_iteration,
-           Job.mean_gap)
+           Job.mean_gap, Job.startup)
     .where(Job.user == bindparam("user"), Job.name == bindparam("name"),
            Job.end_time.is_not(None), Job.start_time.is_not(None),
            Job.state == JobState.COMPLETED.value)
@@ -277,7 +277,8 @@ _RECENT_RUNS = Prepared(
 
 def recent_runs(session: Session, user: str, name: str, limit: int) -> list[tuple]:
     """The user's last ``limit`` completed jobs of that name, the last ended first: start,
-    end, steps done, attained device time, mean iteration and gap."""
+    end, steps done, attained device time, mean iteration and gap, and start-up (None
+    where its host did not measure one)."""
     return list(_RECENT_RUNS.rows(session, {"user": user, "name": name, "limit": limit}))
 
 

@@ -246,7 +246,7 @@ def start(session: Session, job_id: int, device: str, lane: int,
     return _move(session, job_id, JobState.PENDING, JobState.RUNNING, None, now,
                  guard=_NOT_HELD, device=device, lane=lane, pid=None,
                  stop_request=None, start_time=now, end_time=None, exit_code=None,
-                 run_count=_NEXT_RUN, steps_done=0, attained=0.0)
+                 run_count=_NEXT_RUN, steps_done=0, attained=0.0, startup=None)
 
 
 def set_pending_reasons(session: Session, reasons: dict[int, str | None]) -> None:
@@ -493,6 +493,7 @@ class Progress:
     holds_lane: bool
     steps_total: int | None = None
     mean_gap: float | None = None  # hosts before it was reported send none
+    startup: float | None = None  # seconds from launch to its first acquire (None: not yet)
 
 
 def _progress_values(progress: Progress) -> dict[str, Any]:
@@ -501,6 +502,7 @@ def _progress_values(progress: Progress) -> dict[str, Any]:
         "mean_iteration": progress.mean_iteration, "mean_gap": progress.mean_gap,
         "mem_persistent": progress.mem_persistent,
         "mem_peak": progress.mem_peak, "holds_lane": progress.holds_lane,
+        "startup": progress.startup,
     }
     if progress.steps_total is not None:
         values["steps_total"] = progress.steps_total

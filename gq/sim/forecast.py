@@ -63,9 +63,9 @@ class Past:
     """The owner's recent ended jobs of the same name, as medians: seconds from start to
     end, iterations, seconds an iteration and a gap (None where they ran none); the least
     overhead (run time less device and idle time: start-up, exit, and any wait for a lane);
-    and, where the daemon saw one of them start, the least start-up it saw (its time to the
-    first iteration less device time). Where none has ended, the pace of one running now
-    (:func:`running_pace`): no run or steps in all then."""
+    and, where their hosts measured it, their start-up (launch to first acquire) and the
+    least exit (the overhead less the start-up). Where none has ended, the pace and
+    start-up of one running now (:func:`running_pace`): no run or steps in all then."""
 
     run: float | None
     steps: int | None
@@ -73,17 +73,23 @@ class Past:
     gap: float | None
     overhead: float
     startup: float | None = None
+    exit: float | None = None
 
     @property
     def start_cost(self) -> float:
-        """Seconds from a job's start to its first iteration, as well as they are known."""
-        return self.overhead if self.startup is None else min(self.startup, self.overhead)
+        """Seconds from a job's start to its first iteration, as well as they are known: as
+        measured, else the whole overhead (where no start-up was measured, runs of a host
+        from before)."""
+        return self.overhead if self.startup is None else self.startup
 
     @property
     def exit_cost(self) -> float:
-        """Seconds from its last iteration to its exit: the overhead not spent starting, but
-        never more than starting took (an overhead also holds waits for a shared lane)."""
-        return min(self.overhead - self.start_cost, self.start_cost)
+        """Seconds from its last iteration to its exit: as measured, else the overhead not
+        spent starting, never more than starting took (an overhead also holds waits for a
+        shared lane)."""
+        if self.exit is not None:
+            return self.exit
+        return max(0.0, min(self.overhead - self.start_cost, self.start_cost))
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class Ended:
     attained: float
     iteration: float | None
     gap: float | None
+    startup: float | None = None
 
 
 def past(ended: Sequence[Ended]) -> Past | None:
@@ -105,23 +112,27 @@ def past(ended: Sequence[Ended]) -> Past | None:
     gaps = [job.gap or 0.0 for job in ended if job.iteration]
     overheads = [max(0.0, job.run - job.attained - job.steps * (job.gap or 0.0))
                  for job in ended]
+    startups = [(job.startup, overhead) for job, overhead in zip(ended, overheads)
+                if job.startup is not None]
     return Past(run=statistics.median(job.run for job in ended),
                 steps=round(statistics.median(job.steps for job in ended)),
                 iteration=statistics.median(paces) if paces else None,
-                gap=statistics.median(gaps) if gaps else None, overhead=min(overheads))
+                gap=statistics.median(gaps) if gaps else None, overhead=min(overheads),
+                startup=statistics.median(s for s, _ in startups) if startups else None,
+                exit=min(max(0.0, o - s) for s, o in startups) if startups else None)
 
 
-def running_pace(running: Sequence[Running], now: float) -> dict[tuple[str, str], Past]:
-    """Each (user, name)'s pace as the first of their running jobs of that name whose pace
-    is measured shows it: what a job of the same name that gave --steps goes on where none
-    has ended yet (a sweep's first runs), rather than its whole time limit."""
+def running_pace(running: Sequence[Running]) -> dict[tuple[str, str], Past]:
+    """Each (user, name)'s pace and start-up as the first of their running jobs of that name
+    whose pace is measured shows them: what a job of the same name goes on where none has
+    ended yet (a sweep's first runs), rather than its whole time limit."""
     paces: dict[tuple[str, str], Past] = {}
     for job in running:
         view = job.view
         key = (view.user, job.name)
         if key in paces or view.mean_iteration is None or view.steps_done < MEASURED_AFTER:
             continue
-        startup = spent_starting(view, now - job.started) or 0.0
+        startup = job.startup or 0.0
         paces[key] = Past(run=None, steps=None, iteration=view.mean_iteration,
                           gap=view.mean_gap or 0.0, overhead=startup, startup=startup)
     return paces
@@ -143,10 +154,10 @@ def work(view: JobView, time_limit: float | None, previous: Past | None,
     else:
         iteration, gap = None, 0.0
     startup = previous.start_cost if previous is not None else 0.0
+    teardown = previous.exit_cost if previous is not None else 0.0
     if view.steps_total is not None and iteration is not None:
         basis = Basis.KNOWN if measured else Basis.ESTIMATED
-        return Work(view.steps_total, iteration, gap, startup, basis,
-                    _teardown(view, previous, elapsed, gap))
+        return Work(view.steps_total, iteration, gap, startup, basis, teardown)
     if view.steps_total is not None and time_limit:
         # spread over its steps: the slowest pace that ends in time
         per_step = max(time_limit - startup, 0.0) / view.steps_total
@@ -154,8 +165,7 @@ def work(view: JobView, time_limit: float | None, previous: Past | None,
     if (view.steps_total is None and previous is not None and previous.steps is not None
             and previous.iteration and iteration):
         steps = max(previous.steps, view.steps_done + 1)
-        return Work(steps, iteration, gap, startup, Basis.ESTIMATED,
-                    _teardown(view, previous, elapsed, gap))
+        return Work(steps, iteration, gap, startup, Basis.ESTIMATED, teardown)
     run = previous.run if previous is not None and view.steps_total is None else None
     if time_limit is not None:
         run = min(run, time_limit) if run is not None else time_limit
@@ -178,30 +188,6 @@ def _running_for(view: JobView, run: float, elapsed: float | None, iteration: fl
                 0.0 if iteration else startup, basis)
 
 
-def _teardown(view: JobView, previous: Past | None, elapsed: float | None,
-              gap: float) -> float:
-    """What will be left of a job's overheads once its iterations are done: for one not
-    yet iterating, its earlier runs' exit; for one that is, their overhead less what it has
-    spent (its time neither on the device nor idle between iterations so far); never more
-    than their start-up."""
-    if previous is None:
-        return 0.0
-    spent = None if elapsed is None else spent_starting(view, elapsed, gap)
-    if spent is None:
-        return previous.exit_cost
-    return min(max(0.0, previous.overhead - spent), previous.start_cost)
-
-
-def spent_starting(view: JobView, elapsed: float, gap: float | None = None) -> float | None:
-    """How long a running job took to its first iteration, at most: its time so far neither
-    on the device nor idle between iterations of ``gap`` (its own measured one unless
-    given), a wait for the lane included; None before its first iteration."""
-    if not view.steps_done:
-        return None
-    idle = (view.mean_gap or 0.0) if gap is None else gap
-    return max(0.0, elapsed - view.attained - view.steps_done * idle)
-
-
 @dataclass(frozen=True)
 class Running:
     """A job resident on the node: its progress, where it is, since when."""
@@ -214,6 +200,8 @@ class Running:
     memory: int  # bytes of device memory it holds or declared, whichever is larger
     time_limit: float | None
     name: str = ""
+    startup: float | None = None  # seconds it took to its first acquire (None: not yet)
+    measured_at: float | None = None  # when its progress was measured (None: ``now``)
 
 
 @dataclass(frozen=True)
@@ -287,6 +275,8 @@ def forecast(snapshot: Snapshot, stop: Callable[[], bool] | None = None) -> Fore
             continue
         if end is not None and run.job.time_limit is not None:
             end = min(end, start + run.job.time_limit)  # it is ended there
+        if end is not None:
+            end = max(end, 0.0)  # one going on from older progress may seem to have ended
         quality = max(seeded.basis[job_id], shared.get(job_id, Basis.KNOWN))
         if end is None or end > HORIZON / 2:
             quality = Basis.UNKNOWN
@@ -324,7 +314,8 @@ class _Seeded:
             traces.append(trace)
             residents[view.id] = Resident(
                 tuple(index[name] * lanes + job.lane for name in job.devices),
-                job.started - now, min(view.steps_done, trace.iterations - 1), view.attained)
+                job.started - now, min(view.steps_done, trace.iterations - 1), view.attained,
+                since=None if job.measured_at is None else min(job.measured_at - now, 0.0))
             basis[view.id] = job.work.basis
         for job in snapshot.pending:
             view, request = job.view, job.request

@@ -215,12 +215,15 @@ ARRIVE, READY, STRETCH_END = 0, 1, 2  # event kinds, in the order a moment handl
 @dataclass(frozen=True)
 class Resident:
     """A job already resident when the simulation starts: the lanes it holds (one per
-    device, as :attr:`JobRun.lanes` counts them), when it started, and what it has done."""
+    device, as :attr:`JobRun.lanes` counts them), when it started, and what it has done;
+    ``since``: when that was measured, where before the simulation's clock (a host reports
+    progress about once a second): it goes on from then."""
 
     lanes: tuple[int, ...]
     start: float
     done: int = 0
     attained: float = 0.0
+    since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,7 @@ class _Simulation:
         # for devices that take no job): it is left with no end.
         self.strict = start is None
         start = start or Start(clock=-math.inf)
+        self.clock = start.clock
         self.policy = policy
         self.gpus = gpus
         self.lanes_per_device = lanes
@@ -342,7 +346,8 @@ class _Simulation:
                         admissible = True
                 else:
                     admissible |= self._end_stretch(payload, now)
-            if admissible and self.policy.waits_behind and self.gpus > 1:
+            # (not before the clock: residents going on from older progress are in the past)
+            if admissible and self.policy.waits_behind and self.gpus > 1 and now >= self.clock:
                 touched.update(self._move_unstarted(now))
             if admissible and self.pending and self._room():
                 touched.update(self._place(now))
@@ -367,10 +372,15 @@ class _Simulation:
 
     def _seat(self, run: JobRun, resident: Resident, clock: float) -> None:
         """Put a job that is already running on its lanes, with what it has done; it is
-        ready once its start-up is over (at the clock: the dispatch there is the first)."""
+        ready once its start-up is over (at the clock: the dispatch there is the first), or,
+        iterating already, when its progress was measured."""
         run.lanes, run.start = resident.lanes, resident.start
         run.done, run.attained = resident.done, resident.attained
-        run.ready_at = clock if resident.done else max(clock, resident.start + run.job.startup)
+        measured = clock if resident.since is None else min(clock, resident.since)
+        run.ready_at = measured if resident.done else max(clock,
+                                                          resident.start + run.job.startup)
+        if resident.done:  # between two iterations then, as far as anyone knows
+            run.released_at = measured
         for index in run.lanes:
             self.lanes[index].residents.append(run)
         self._push(run.ready_at, READY, run.job.id)
