@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 import sys
 from dataclasses import replace
@@ -437,25 +436,3 @@ def test_a_job_waits_where_it_will_run_soonest_not_where_it_was_first_put(tmp_pa
     assert _jcts_of(trace.format(third=0.05), 2, tmp_path)[2] == pytest.approx(59.95)
     for policy in ("srtf", "fair"):  # the third job gets turns at once: nothing to move
         assert _jcts_of(trace.format(third=1), 2, tmp_path, policy)[2] < 100
-
-
-def test_fifo_without_backfill_is_strict_fifo_on_a_node_of_whole_device_and_shared_jobs():
-    """The shipped 60-job trace (1 to 8 GPUs) on 8 devices: with late binding no job gets
-    its first iteration before an earlier one could have had its own, as a central FIFO
-    queue computed here independently schedules them (each job holds its devices alone)."""
-    from gq.sim.simulator import simulate
-    from gq.sim.traces import load
-
-    jobs = load(Path(__file__).parent / "data" / "tiresias-60.csv")
-    result = simulate(jobs, policies.make("fifo"), gpus=8, backfill=False, move_margin=0.0)
-    first: dict[int, float] = {}
-    for piece in result.slices:
-        first[piece.job] = min(first.get(piece.job, math.inf), piece.start)
-    free, previous, reference = [0.0] * 8, 0.0, {}
-    for job in sorted(jobs, key=lambda j: (j.submit_time, j.id)):
-        devices = sorted(range(8), key=lambda d: free[d])[:job.gpus]
-        start = max(job.submit_time, previous, *(free[d] for d in devices))
-        for device in devices:
-            free[device] = start + job.iterations * (job.iteration_time + job.gap) - job.gap
-        previous = reference[job.id] = start
-    assert first == pytest.approx(reference)

@@ -39,7 +39,7 @@ import heapq
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gq import defaults
 from gq.daemon import admission
@@ -490,7 +490,12 @@ class _Simulation:
 
     def _time_left(self, lane: Lane, runs: list[JobRun], now: float) -> float:
         """How long ``runs`` of the lane will still hold it, as the daemon predicts it
-        (:func:`gq.policies.base.time_left`, from the progress they show by now)."""
+        (:func:`gq.policies.base.time_left`, from the progress they show by now). A job the
+        trace gives no time limit is known perfectly: its steps left at its pace. (Its run
+        alone taken as a limit counted from its placement, as the daemon counts a real
+        one, made a job waiting behind others seem to end the sooner the longer it had
+        waited: jobs were bound behind it, and moved, where it would in fact run its whole
+        length.)"""
         total = 0.0
         for run in runs:
             done = 0
@@ -501,7 +506,11 @@ class _Simulation:
                 done = min(stretch.count, max(0, math.floor(
                     (now - stretch.begin + run.job.gap) / run.period + EPSILON)))
             view = run.projected(done, run.released_at) if done else run.view()
-            total += time_left(view, now - (run.start or now), run.job.limit)
+            limit = run.job.time_limit
+            if limit is None:
+                view = replace(view, mean_iteration=run.job.iteration_time,
+                               mean_gap=run.job.gap)
+            total += time_left(view, now - (run.start or now), limit)
         return total
 
     # ----- stretches ------------------------------------------------------------------
