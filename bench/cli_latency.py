@@ -2,7 +2,10 @@
 whole-process medians of `gq submit --parsable` and `gq status` (20 jobs in the queue) next
 to `python -c pass`, and how long a submitted job waits before it starts on an idle node.
 
-  python bench/cli_latency.py [--runs 20] [--python PATH]
+  python bench/cli_latency.py [--runs 20] [--python PATH] [--big-queue]
+
+``--big-queue`` measures ``gq status`` instead with ten arrays of 1,000 held tasks queued (a
+sweep's daily case), plainly, with ``--json``, ``--all``, ``--user`` and ``--state PD``.
 
 gq's modules are byte-compiled first, as an installed gq is (pip compiles on install), so
 that the figure does not include compiling gq's source on every command. ``--python`` runs
@@ -19,6 +22,7 @@ import argparse
 import compileall
 import json
 import os
+import pwd
 import statistics
 import subprocess
 import sys
@@ -43,12 +47,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter the commands run with (default: this one)")
+    parser.add_argument("--big-queue", action="store_true",
+                        help="gq status with 10 arrays of 1,000 held tasks queued")
     args = parser.parse_args()
     compileall.compile_dir(ROOT / "gq", quiet=1)
+    if args.big_queue:
+        big_queue(args)
+        return
     gq = [args.python, "-m", "gq"]
     with Node("--kill-wait", "1") as node:
-        node.env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT), *filter(None, [node.env.get("PYTHONPATH")])])
+        _use_this_gq(node)
         script = node.dir / "noop.sh"
         script.write_text("true\n")
         held = node.dir / "held.sh"
@@ -86,6 +94,49 @@ def main() -> None:
           f"{args.runs}. Submit to start on an idle node: median "
           f"{1000 * result['start_wait_median_s']:.1f} ms, max "
           f"{1000 * result['start_wait_max_s']:.1f} ms")
+
+
+ARRAYS, TASKS = 10, 1000
+
+
+def big_queue(args: argparse.Namespace) -> None:
+    """gq status and its filters, whole process, against python -c pass, with ARRAYS arrays
+    of TASKS held tasks queued."""
+    gq = [args.python, "-m", "gq"]
+    user = pwd.getpwuid(os.getuid()).pw_name
+    variants = {"status": [], "status --json": ["--json"], "status --all": ["--all"],
+                "status --user": ["--user", user], "status --state PD": ["--state", "PD"]}
+    with Node("--kill-wait", "1", "--max-pending", str(ARRAYS * TASKS)) as node:
+        _use_this_gq(node)
+        held = node.dir / "held.sh"
+        held.write_text("true\n")
+        for _ in range(ARRAYS):
+            node.submit("--hold", "--array", f"0-{TASKS - 1}", str(held))
+        times: dict[str, list[float]] = {"python -c pass": []}
+        times.update((name, []) for name in variants)
+        timed(node, *gq, "status")  # warm the page cache
+        for _ in range(args.runs):  # interleaved, so that drift hits each alike
+            times["python -c pass"].append(timed(node, args.python, "-c", "pass"))
+            for name, options in variants.items():
+                times[name].append(timed(node, *gq, "status", *options))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    python = medians["python -c pass"]
+    result = {"runs": args.runs, "python": args.python,
+              "pending_array_tasks": ARRAYS * TASKS, "arrays": ARRAYS,
+              "median_s": medians,
+              "ratio": {name: median / python for name, median in medians.items()}}
+    print(json.dumps(result, indent=2))
+    print(f"\n{ARRAYS} arrays of {TASKS} held tasks queued; whole process, median of "
+          f"{args.runs}; python -c pass {1000 * python:.0f} ms; "
+          + "; ".join(f"gq {name} {1000 * medians[name]:.0f} ms ({medians[name] / python:.2f}x)"
+                      for name in variants)
+          + " (target <= 2x)")
+
+
+def _use_this_gq(node: Node) -> None:
+    """The commands import this gq, wherever they run."""
+    node.env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, [node.env.get("PYTHONPATH")])])
 
 
 if __name__ == "__main__":

@@ -55,6 +55,12 @@ class Node:
             time.sleep(0.25)
         raise TimeoutError(f"jobs {ids} did not finish in {timeout} s")
 
+    def array_task_ids(self, array_id: int) -> list[int]:
+        """The job ids of an array's tasks, read from the queue (read-only)."""
+        with sqlite3.connect(self.dir / "home" / "gq.db") as db:
+            return [row[0] for row in db.execute(
+                "SELECT id FROM jobs WHERE array_job_id = ? ORDER BY id", (array_id,))]
+
     def prefill(self, job_id: int, count: int) -> None:
         """``count`` finished copies of job ``job_id`` (once it has ended), written to the
         queue behind the daemon's back, as a month of use leaves it."""

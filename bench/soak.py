@@ -1,16 +1,22 @@
 """Soak: many tiny jobs through the real daemon; throughput and the daemon's memory.
 
-  python bench/soak.py [--jobs 20000] [--batch 1000] [--prefill 10000] [-- DAEMON_OPTIONS]
+  python bench/soak.py [--jobs 20000] [--batch 1000] [--prefill 10000] [--array N]
+                       [--poll SECONDS] [--single N] [-- DAEMON_OPTIONS]
 
 First fills the queue with --prefill finished jobs (written to it directly, as a month of
 use leaves it), so that turnover is measured against a queue that holds them. Then submits
 through gq's real CLI entry point (in this process, so that thousands of interpreter starts
-do not dominate) in batches of --batch, waits until each batch has ended (reading the queue
-directly, so that the wait costs the daemon nothing), reads the daemon's RSS, and checks that
-all COMPLETED. Reports jobs per second overall and per batch, the daemon's RSS at the start,
-after the first 1,000 jobs and at the end, and the growth between the last two (the daemon's
-memory should stay flat once warm), and the CPU time per job of the daemon, the hosts and
-the submitting client (where the time goes). Prints one JSON object, then a summary.
+do not dominate) in batches of --batch, one job at a time or as arrays of --array tasks,
+waits until each batch has ended (reading the queue directly, so that the wait costs the
+daemon nothing), reads the daemon's RSS, and checks that all COMPLETED. ``--poll`` runs
+``gq status --json`` every so many seconds meanwhile, as a dashboard does; ``--single N``
+then runs N jobs one by one on the same daemon, so that array turnover is compared with
+single jobs' in one run.
+
+Reports jobs per second overall and per batch, the daemon's RSS at the start, after the
+first 1,000 jobs and at the end, and the growth between the last two (the daemon's memory
+should stay flat once warm), and the CPU time per job of the daemon, the hosts and the
+submitting client (where the time goes). Prints one JSON object, then a summary.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ import io
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -37,51 +46,76 @@ def main() -> None:
                         help="submit this many, wait for them to end, read the RSS; again")
     parser.add_argument("--prefill", type=int, default=10000,
                         help="finished jobs in the queue before the soak begins")
+    parser.add_argument("--array", type=int, metavar="N",
+                        help="submit the jobs as arrays of N tasks (the batch a multiple of N)")
+    parser.add_argument("--poll", type=float, metavar="SECONDS",
+                        help="run gq status --json every SECONDS meanwhile")
+    parser.add_argument("--single", type=int, default=0, metavar="N",
+                        help="with --array: then N jobs one by one, for their turnover")
     parser.add_argument("daemon_args", nargs="*", metavar="-- DAEMON_OPTION",
                         help="options for the daemon, such as -- --max-resident 16")
     args = parser.parse_args()
+    if args.array is not None and not 1 <= args.array <= args.batch:
+        parser.error("--array N: N from 1 to the --batch size")
     with Node("--kill-wait", "1", "--max-pending", str(max(args.batch, 1000)),
               *args.daemon_args) as node:
         os.environ["GQ_HOME"] = node.env["GQ_HOME"]
         os.chdir(node.dir)
         from gq.cli.main import main as gq_main
 
-        def submit() -> int:
+        def submit(*options: str) -> int:
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                if gq_main(["submit", "--parsable", str(script)]) != 0:
+                if gq_main(["submit", "--parsable", *options, str(script)]) != 0:
                     raise RuntimeError("submit failed")
             return int(out.getvalue())
+
+        def one_by_one(size: int) -> list[int]:
+            return [submit() for _ in range(size)]
+
+        def as_arrays(size: int) -> list[int]:
+            ids = []
+            for start in range(0, size, args.array):
+                count = min(args.array, size - start)
+                ids += node.array_task_ids(submit("--array", f"0-{count - 1}"))
+            return ids
+
+        def soak(jobs: int, submit_batch: Callable[[int], list[int]]) -> Phase:
+            """``jobs`` submitted a batch at a time, each batch waited for."""
+            phase = Phase(started=time.monotonic())
+            while phase.done < jobs:
+                batch_start = time.monotonic()
+                ids = submit_batch(min(args.batch, jobs - phase.done))
+                for state, count in node.end_states(ids, timeout=3600).items():
+                    phase.states[state] = phase.states.get(state, 0) + count
+                phase.per_batch.append(len(ids) / (time.monotonic() - batch_start))
+                phase.done += len(ids)
+                phase.rss_at[phase.done] = daemon.memory_info().rss
+            phase.seconds = time.monotonic() - phase.started
+            return phase
 
         script = node.dir / "tiny.sh"
         script.write_text("true\n")
         node.prefill(submit(), args.prefill)
         daemon = psutil.Process(int((node.dir / "home" / "daemon.pid").read_text()))
         rss_start = daemon.memory_info().rss
-        started = time.monotonic()
-        states: dict[str, int] = {}
-        rss_at: dict[int, int] = {}  # jobs ended so far -> the daemon's RSS then
-        per_batch: list[float] = []
-        done = 0
-        while done < args.jobs:
-            batch_start = time.monotonic()
-            ids = [submit() for _ in range(min(args.batch, args.jobs - done))]
-            for state, count in node.end_states(ids, timeout=3600).items():
-                states[state] = states.get(state, 0) + count
-            per_batch.append(len(ids) / (time.monotonic() - batch_start))
-            done += len(ids)
-            rss_at[done] = daemon.memory_info().rss
-        finished = time.monotonic()
-        cpu = {"daemon": _cpu_seconds(daemon),
-               "hosts": sum(_cpu_seconds(child) for child in daemon.children()
-                            if "gq.exec.host" in " ".join(child.cmdline())),
-               "client": _cpu_seconds(psutil.Process())}
+        poller = Poller(node, args.poll) if args.poll else contextlib.nullcontext()
+        with poller:
+            main_phase = soak(args.jobs, as_arrays if args.array else one_by_one)
+            cpu = {"daemon": _cpu_seconds(daemon),
+                   "hosts": sum(_cpu_seconds(child) for child in daemon.children()
+                                if "gq.exec.host" in " ".join(child.cmdline())),
+                   "client": _cpu_seconds(psutil.Process())}
+            single = soak(args.single, one_by_one) if args.array and args.single else None
+    states, rss_at, per_batch, done = (main_phase.states, main_phase.rss_at,
+                                       main_phase.per_batch, main_phase.done)
     warm = min((n for n in rss_at if n >= 1000), default=min(rss_at))
     rss_end = rss_at[done]
     result = {
         "jobs": args.jobs, "prefilled_finished_jobs": args.prefill, "states": states,
-        "daemon_options": args.daemon_args,
-        "total_seconds": finished - started, "jobs_per_second": args.jobs / (finished - started),
+        "array_size": args.array, "poll_seconds": args.poll,
+        "polls": poller.count if args.poll else 0, "daemon_options": args.daemon_args,
+        "total_seconds": main_phase.seconds, "jobs_per_second": done / main_phase.seconds,
         "jobs_per_second_by_batch": per_batch,
         "daemon_rss_start_mb": rss_start / 2**20,
         "daemon_rss_mb_by_jobs_ended": {n: rss / 2**20 for n, rss in rss_at.items()},
@@ -90,16 +124,63 @@ def main() -> None:
         "growth_warm_to_end_mb": (rss_end - rss_at[warm]) / 2**20,
         "cpu_ms_per_job": {who: seconds * 1000 / args.jobs for who, seconds in cpu.items()},
     }
+    if single is not None:
+        result["single"] = {"jobs": single.done, "states": single.states,
+                            "jobs_per_second": single.done / single.seconds,
+                            "jobs_per_second_by_batch": single.per_batch}
+        result["array_to_single_turnover"] = (result["jobs_per_second"]
+                                              / result["single"]["jobs_per_second"])
     print(json.dumps(result, indent=2))
-    print(f"\n{args.jobs} jobs after {args.prefill} finished ones: {states}; "
+    shape = f"in arrays of {args.array}" if args.array else "one by one"
+    print(f"\n{args.jobs} jobs {shape} after {args.prefill} finished ones: {states}; "
           f"{result['jobs_per_second']:.1f} jobs/s (batches {min(per_batch):.0f}-"
           f"{max(per_batch):.0f}); daemon RSS {result['daemon_rss_start_mb']:.1f} MB at start, "
           f"{result['daemon_rss_warm_mb']:.1f} MB after {warm} jobs, "
           f"{result['daemon_rss_end_mb']:.1f} MB after {done} "
           f"({result['growth_warm_to_end_mb']:+.1f} MB between them); CPU per job: "
           + ", ".join(f"{who} {ms:.2f} ms" for who, ms in result["cpu_ms_per_job"].items()))
-    if states != {"COMPLETED": args.jobs}:
+    if single is not None:
+        print(f"then {single.done} jobs one by one: {single.states}; "
+              f"{result['single']['jobs_per_second']:.1f} jobs/s (arrays "
+              f"{result['array_to_single_turnover']:.2f}x that)")
+    if states != {"COMPLETED": args.jobs} or (single and single.states != {"COMPLETED":
+                                                                           single.done}):
         sys.exit(1)
+
+
+@dataclass
+class Phase:
+    """Jobs submitted a batch at a time: how they ended, how fast, the daemon's RSS."""
+
+    started: float
+    seconds: float = 0.0
+    done: int = 0
+    states: dict[str, int] = field(default_factory=dict)
+    per_batch: list[float] = field(default_factory=list)  # jobs per second
+    rss_at: dict[int, int] = field(default_factory=dict)  # jobs ended so far -> the RSS then
+
+
+class Poller:
+    """``gq status --json`` every ``period`` seconds in a thread, each a whole process (as a
+    dashboard polls), until the block ends."""
+
+    def __init__(self, node: Node, period: float):
+        self.node, self.period, self.count = node, period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Poller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.node.gq("status", "--json")
+            self.count += 1
 
 
 def _cpu_seconds(process: psutil.Process) -> float:
