@@ -38,7 +38,7 @@ class Node:
         return int(self.gq("submit", "--parsable", *args).strip())
 
     def jobs(self) -> list[dict]:
-        return json.loads(self.gq("status", "--all", "--limit", "0", "--json"))
+        return json.loads(self.gq("status", "--all", "--limit", "0", "--array-tasks", "--json"))
 
     def wait_all(self, ids: list[int], timeout: float = 600) -> list[dict]:
         """Wait by reading the queue directly: a CLI process per poll would steal the CPU

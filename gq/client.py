@@ -145,7 +145,8 @@ def _read_line(sock: _socket.socket, home: Home, wait: float | None = None,
     buffer, received = bytearray(), []
     if fds:
         from socket import recv_fds
-    while b"\n" not in buffer:
+    data = b""
+    while b"\n" not in data:  # the newline ends the answer: looked for in each chunk alone
         try:
             if fds:
                 data, passed, _, _ = recv_fds(sock, 1 << 16, 4)

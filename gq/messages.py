@@ -29,6 +29,8 @@ dataclass = message
 Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
 Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
 Snapshot = Annotated[bytes, MaxLen(defaults.MAX_SCRIPT)]
+# Task ids and ranges (0-99,200): at most every id up to 4,000,000, each with its comma.
+TaskIds = Annotated[str, MaxLen(8 * 4_000_001)]
 
 
 class OnOutOfMemory(str, enum.Enum):
@@ -148,6 +150,13 @@ class JobInfo:
     # process (a shell script) never holds nor waits for one.
     worker: bool = True
     interactive: bool = False  # gq run --pty: on its submitter's terminal
+    # In a listing (gq status without --array-tasks), one record stands for those pending
+    # tasks of an array that never started and are alike in every field shown but their ids
+    # (see gq.queue.queries.unstarted_task_groups): the task ids, as squeue spells them
+    # (0-99,200), and how many; ``id`` is the first one's job id, ``array_task_id`` None and
+    # ``label`` squeue's 17_[0-99,200%8]. None for any other record.
+    array_task_string: TaskIds | None = None
+    array_task_count: Count | None = None
 
 
 @dataclass
@@ -277,6 +286,9 @@ class ListJobs:
     before_end: Timestamp | None = None
     before: JobId | None = None
     forecast: bool = False  # with each pending and running job's forecast
+    # Each pending array task on its own record; by default those that never started come
+    # folded, one record for each group of an array's tasks alike (JobInfo.array_task_string).
+    array_tasks: bool = False
 
 
 @dataclass

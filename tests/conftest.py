@@ -75,7 +75,8 @@ def job(job_id: int) -> dict:
 
 
 def all_jobs() -> list[dict]:
-    return json.loads(gq_ok("status", "--all", "--limit", "0", "--json"))
+    """Every job, each array task on its own."""
+    return json.loads(gq_ok("status", "--all", "--limit", "0", "--array-tasks", "--json"))
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float | None = None,

@@ -99,7 +99,7 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
 
     def finished() -> int:
         assert not problems, problems
-        jobs = json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "--json"))
+        jobs = json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "-r", "--json"))
         return sum(j["state"] in ENDED for j in jobs)
 
     def kill_daemon() -> None:
@@ -136,11 +136,11 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
     finally:
         stopped.set()
     assert not problems, problems
-    total = len(json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "--json")))
+    total = len(json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "-r", "--json")))
     assert total >= 2 * 48 + 1  # 42 jobs, 5 array tasks and 3 in a chain each; one more
     wait_for(lambda: finished() == total, 300, interval=0.5, what="every job to end")
 
-    jobs = {j["id"]: j for j in json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "--json"))}
+    jobs = {j["id"]: j for j in json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "-r", "--json"))}
     users_by_name = {user.name: user for user in (alice, bob)}
     starts = Counter()
     for user in (alice, bob):

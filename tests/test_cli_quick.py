@@ -60,7 +60,7 @@ def test_the_quick_options_are_the_typer_commands(name):
 
 DEFAULTS = {"all_jobs": False, "json_out": False, "user": None, "state": None,
             "format_spec": None, "sort_spec": None, "limit": None, "start": False,
-            "long": False}
+            "long": False, "array_tasks": False}
 
 
 @pytest.mark.parametrize("line, given", [
@@ -73,6 +73,7 @@ DEFAULTS = {"all_jobs": False, "json_out": False, "user": None, "state": None,
     (["-S", "-p,i", "-u", "-a"], {"sort_spec": "-p,i", "user": ["-a"]}),
     (["--limit", "0", "--start", "-l", "--long"], {"limit": 0, "start": True, "long": True}),
     (["--limit=12"], {"limit": 12}),
+    (["-r", "--array-tasks"], {"array_tasks": True}),
 ])
 def test_status_lines_read_here(line, given):
     parsed = quick.parse(line, "status")
@@ -83,7 +84,7 @@ def test_status_lines_read_here(line, given):
 @pytest.mark.parametrize("line", [
     ["--help"], ["-h"], ["--bogus"], ["extra"], ["--", "extra"], ["-al"], ["-o"],
     ["--limit", "-1"], ["--limit", "x"], ["--limit"], ["--json=1"], ["--all=yes"], ["-"],
-    ["--user", "root", "--usr", "bob"],
+    ["--user", "root", "--usr", "bob"], ["-r=1"], ["--array-tasks=yes"], ["-rl"],
 ])
 def test_status_lines_left_to_typer(line):
     assert quick.parse(line, "status") is None
@@ -102,6 +103,7 @@ def test_status_prints_what_typer_would(daemon, tmp_path, monkeypatch):
     ids = [submit("--hold", "-J", f"held{i}", str(script)) for i in range(3)]
     monkeypatch.delenv("GQ_STATUS_FORMAT", raising=False)
     for line in (["status"], ["status", "-a"], ["status", "--json"], ["status", "-l"],
+                 ["status", "-r", "--json"], ["status", "--array-tasks"],
                  ["status", "-o", "%.6i %j %t %R", "-S", "-i"], ["status", "-t", "PD", "-u",
                                                                 "nobody-here"]):
         assert quick.parse(line[1:], "status") is not None

@@ -272,15 +272,17 @@ def test_the_daemon_checks_a_new_name_itself(daemon):
 def test_a_big_array_with_big_arguments_lists_small_and_shows_its_first_tasks(daemon,
                                                                               tmp_path):
     """800 tasks that share 240 KB of arguments: listing the queue carries none of them (it
-    once sent 190 MB to everyone who typed 'gq status'), and 'gq show' of the array details
-    its first 100 tasks and says how many more there are."""
+    once sent 190 MB to everyone who typed 'gq status'), each task listed or not, and 'gq
+    show' of the array details its first 100 tasks and says how many more there are."""
     big = "a" * 120_000
     array = submit("--hold", "--array", "0-799", str(write_script(tmp_path / "s.sh", "true\n")),
                    big, big)
-    listing = gq("status", "--json")
+    listing = gq("status", "--json", "--array-tasks")
     assert listing.code == 0 and len(listing.out) < 4 << 20, (listing.code, listing.err)
     jobs = json.loads(listing.out)
     assert len(jobs) == 800 and "args" not in jobs[0] and jobs[0]["state"] == "PENDING"
+    (folded,) = json.loads(gq_ok("status", "--json"))
+    assert folded["array_task_count"] == 800 and "args" not in folded
     shown = gq("show", "--json", str(array))
     assert shown.code == 0, shown.err
     tasks = json.loads(shown.out)

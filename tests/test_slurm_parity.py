@@ -263,15 +263,6 @@ def test_dependency_on_missing_job_is_refused(home, tmp_path):
     assert all_jobs() == []
 
 
-def test_status_json_for_arrays(home, tmp_path):
-    script = write_script(tmp_path / "j.sh", "true\n")
-    array_id = submit("--array", "1,3", str(script))
-    rows = json.loads(gq_ok("status", "--json"))
-    assert [(r["job_id"], r["array_task_id"]) for r in rows] == [
-        (f"{array_id}_1", 1), (f"{array_id}_3", 3)]
-    assert gq_ok("show", f"{array_id}_3").splitlines()[0].endswith(f"{array_id}_3")
-
-
 def test_sbatch_spellings_gq_takes_and_those_it_refuses(home, tmp_path):
     import socket
     import time

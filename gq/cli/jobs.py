@@ -20,9 +20,10 @@ from gq.units import parse_period, parse_when
 
 STATUS_HELP = """List pending and running jobs (like squeue).
 
-Columns: JOBID (17, or 17_3 for task 3 of array 17), ST (PD pending, R running, CD
-completed, F failed, CA cancelled, TO timeout, DL deadline), TIME (run time), DEVICE, LANE,
-PROGRESS (steps done/total), REASON (why a pending job waits: Resources, Priority,
+Columns: JOBID (17, or 17_3 for task 3 of array 17; 17_[5-99%8] for the pending tasks 5 to
+99 of array 17, at most 8 of which run at once: -r lists them one by one), ST (PD pending,
+R running, CD completed, F failed, CA cancelled, TO timeout, DL deadline), TIME (run time),
+DEVICE, LANE, PROGRESS (steps done/total), REASON (why a pending job waits: Resources, Priority,
 Dependency, JobHeldUser, JobHeldAdmin, JobArrayTaskLimit; a running job that will miss its deadline at
 its pace: DeadlineAtRisk).
 
@@ -55,10 +56,11 @@ def status(
     limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N", help=LIMIT_HELP),
     start: bool = typer.Option(False, "--start", help="Forecast start and end of pending and running jobs (as squeue --start)."),
     long: bool = typer.Option(False, "-l", "--long", help="More columns: TIME_LIMIT, and the forecast START and END."),
+    array_tasks: bool = typer.Option(False, "-r", "--array-tasks", help="Each pending array task on its own line (as squeue -r); without it, an array's pending tasks that never started are one line, 17_[5-99%8]."),
 ) -> None:
     listing.status(all_jobs=all_jobs, json_out=json_out, user=user, state=state,
                    format_spec=format_spec, sort_spec=sort_spec, limit=limit, start=start,
-                   long=long)
+                   long=long, array_tasks=array_tasks)
 
 
 def show(
@@ -70,7 +72,7 @@ def show(
     listing.note_stale(answer)
     if answer.more:
         print(f"gq: note: {answer.more} more tasks of array {job_id} not shown; 'gq show "
-              f"{job_id}_N' shows one, 'gq status --json' lists them all", file=sys.stderr)
+              f"{job_id}_N' shows one, 'gq status -r --json' lists them all", file=sys.stderr)
     if json_out:
         data = [render.job_json(job) for job in answer.jobs]
         typer.echo(render.dumps(data[0] if len(data) == 1 else data))
@@ -184,7 +186,8 @@ def history(
     states = listing.states_named(state) or sorted(TERMINAL)
     answer = listing.listed(states, user or None,
                             listing.limit_or_default(limit, json_out or csv_out),
-                            _since(since) if since is not None else None)
+                            _since(since) if since is not None else None,
+                            array_tasks=True)  # as sacct: a line for each task
     answer.jobs.sort(key=lambda job: (job.end_time or 0.0, job.id))  # the last ended last
     if csv_out:
         _write_trace(answer.jobs)

@@ -24,10 +24,13 @@ if TYPE_CHECKING:
 
 def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[str] | None,
            format_spec: str | None, sort_spec: str | None, limit: int | None, start: bool,
-           long: bool) -> None:
-    """gq status with its options' values (see ``gq status --help``)."""
+           long: bool, array_tasks: bool) -> None:
+    """gq status with its options' values (see ``gq status --help``). An array's pending
+    tasks come folded into one row from the daemon (squeue's 17_[5-99%8]), each on its own
+    with ``array_tasks``."""
     states = states_named(state) or (None if all_jobs else sorted(ACTIVE))
-    answer = listed(states, user or None, limit_or_default(limit, json_out), forecast=start or long)
+    answer = listed(states, user or None, limit_or_default(limit, json_out),
+                    forecast=start or long, array_tasks=array_tasks)
     note_stale(answer)
     jobs = answer.jobs
     if sort_spec:
@@ -38,26 +41,25 @@ def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[s
         print(render.dumps([render.job_json(j) for j in jobs]))
         return
     format_spec = format_spec or os.environ.get("GQ_STATUS_FORMAT")
-    folded = fold_pending_arrays(jobs)
     if format_spec:
         from gq.cli import formats
 
-        print(formats.table(format_spec, [(label, job, reason(job)) for label, job in folded]))
+        print(formats.table(format_spec, [(job.label, job, reason(job)) for job in jobs]))
         return
     if start:
-        rows = [[label, render.name_mark(job), job.user, render.state_label(job),
+        rows = [[job.label, render.name_mark(job), job.user, render.state_label(job),
                  job.device or "-",
                  render.forecast_time(job, end=False), render.forecast_time(job, end=True),
                  reason(job)]
-                for label, job in folded if job.state not in TERMINAL]
+                for job in jobs if job.state not in TERMINAL]
         print(render.table(["JOBID", "NAME", "USER", "ST", "DEVICE", "START_TIME",
                             "END_TIME", "REASON"], rows))
         _note_forecast(answer)
         return
     now = time.time()
     rows = []
-    for label, job in folded:
-        row = [label, render.name_mark(job), job.user, render.state_label(job),
+    for job in jobs:
+        row = [job.label, render.name_mark(job), job.user, render.state_label(job),
                render.duration(render.elapsed(job, now)), job.device or "-",
                render.lane_state(job), render.progress(job)]
         if long:
@@ -89,13 +91,15 @@ def limit_or_default(given: int | None, whole: bool) -> int:
 
 
 def listed(states: list[str] | None, users: list[str] | None, limit: int,
-           ended_since: float | None = None, forecast: bool = False) -> Jobs:
+           ended_since: float | None = None, forecast: bool = False,
+           array_tasks: bool = False) -> Jobs:
     """Pending and running jobs in ``states`` (names), and the ``limit`` finished ones that
     ended last (0: every one): the daemon sends finished jobs a page at a time. A job listed
     on more than one page (it ended, or was requeued, meanwhile) is listed as the last page
-    saw it. In id order."""
+    saw it. In id order; an array's pending tasks folded as gq.messages.JobInfo says unless
+    ``array_tasks``."""
     asked = {"states": states, "users": users, "ended_since": ended_since,
-             "forecast": forecast}
+             "forecast": forecast, "array_tasks": array_tasks}
     answer = _page(asked, limit=limit or None)
     jobs = {job.id: job for job in answer.jobs}
     finished = sum(1 for job in answer.jobs if job.state in TERMINAL)
@@ -128,27 +132,6 @@ def _note_forecast(answer: Jobs) -> None:
     if answer.forecast_made is None and any(job.state not in TERMINAL for job in answer.jobs):
         print("gq: note: the daemon has made no forecast yet; ask again in a second",
               file=sys.stderr)
-
-
-def fold_pending_arrays(jobs: list[JobInfo]) -> list[tuple[str, JobInfo]]:
-    """squeue's rows: an array's pending tasks fold into one, e.g. 17_[5-99%8]."""
-    pending: dict[int, list[JobInfo]] = {}
-    for job in jobs:
-        if job.array_job_id is not None and job.state == "PENDING":
-            pending.setdefault(job.array_job_id, []).append(job)
-    rows, shown = [], set()
-    for job in jobs:
-        tasks = pending.get(job.array_job_id) if job.state == "PENDING" else None
-        if not tasks:
-            rows.append((job.label, job))
-        elif job.array_job_id not in shown:
-            from gq.queue.arrays import fold  # re and dataclasses: only for arrays
-
-            shown.add(job.array_job_id)
-            label = f"{job.array_job_id}_" + fold([t.array_task_id for t in tasks],
-                                                  job.array_max_running)
-            rows.append((label, job))
-    return rows
 
 
 def reason(job: JobInfo) -> str:

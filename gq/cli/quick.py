@@ -47,6 +47,7 @@ STATUS: Options = {
     "--limit": ("limit", Kind.COUNT),
     "--start": ("start", Kind.FLAG),
     "-l": ("long", Kind.FLAG), "--long": ("long", Kind.FLAG),
+    "-r": ("array_tasks", Kind.FLAG), "--array-tasks": ("array_tasks", Kind.FLAG),
 }
 
 _SUBMIT_VALUES = {

@@ -90,6 +90,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "interactive": job.interactive,
         "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
         "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
+        "array_task_string": job.array_task_string, "array_task_count": job.array_task_count,
         "pid": job.pid, "run_count": job.run_count,
         "holds_lane": job.holds_lane, "attained": job.attained,
         "mean_iteration": job.mean_iteration, "mean_gap": job.mean_gap,

@@ -96,8 +96,9 @@ def _view(node: messages.NodeInfo, pending: list[messages.JobInfo]):
     from gq.policies import label
 
     running = sum(len(d.jobs) for d in node.devices)
+    waiting = sum(job.array_task_count or 1 for job in pending)  # a folded array's tasks
     header = Text(f"gq top  {time.strftime('%H:%M:%S')}  policy {label(node.policy, node.fill, node.quantum)}"
-                  f"  {running} running, {len(pending)} pending  ({node.mode} daemon, pid "
+                  f"  {running} running, {waiting} pending  ({node.mode} daemon, pid "
                   f"{node.pid})", style="bold")
     devices = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("DEVICE", "UTIL", "MEMORY", "TEMP", "POWER", "JOBS", "NOTE"):
@@ -131,7 +132,8 @@ def _view(node: messages.NodeInfo, pending: list[messages.JobInfo]):
     for job in pending[:50]:
         _row(queue, job.label, job.user, job.name, str(job.priority), str(job.gpus),
                       render.duration(now - job.submit_time), job.reason or "")
-    more = Text(f"... and {len(pending) - 50} more pending") if len(pending) > 50 else Text("")
+    more = (Text(f"... and {len(pending) - 50} more lines of pending jobs") if len(pending) > 50
+            else Text(""))
     return Group(header, Text(""), devices, Text(""), lanes, Text(""), queue, more,
                  Text("q quits", style="dim"))
 

@@ -48,7 +48,7 @@ class Connection:
     caller: Caller
     deadline: float
     inbox: bytearray = field(default_factory=bytearray)
-    outbox: bytes = b""
+    outbox: memoryview = memoryview(b"")  # what is left to send: each send takes a slice
     fds: list[int] = field(default_factory=list)
     answered: bool = False
     waiting: bool = False  # its answer comes later: no deadline, nothing more is read
@@ -181,7 +181,7 @@ class Server:
 
     def _answer(self, connection: Connection, line: bytes, fds: list[int]) -> None:
         connection.answered = True
-        connection.outbox, connection.fds = line, fds
+        connection.outbox, connection.fds = memoryview(line), fds  # no copy for each send
         connection.deadline = time.monotonic() + self.idle
         self.selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
         self._write(connection)

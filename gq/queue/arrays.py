@@ -54,6 +54,17 @@ def parse(text: str) -> ArraySpec:
 
 def fold(tasks: list[int], max_running: int | None = None) -> str:
     """``[0-3,7,9-10%2]`` from task ids."""
+    return bracketed(ranges(tasks), max_running)
+
+
+def bracketed(task_ranges: str, max_running: int | None = None) -> str:
+    """``[0-3,7,9-10%2]`` from ``0-3,7,9-10`` (:func:`ranges`) and the array's limit."""
+    limit = f"%{max_running}" if max_running else ""
+    return f"[{task_ranges}{limit}]"
+
+
+def ranges(tasks: list[int]) -> str:
+    """``0-3,7,9-10`` from task ids: runs of consecutive ids as first-last."""
     ordered = sorted(set(tasks))
     runs = []
     start = previous = ordered[0]
@@ -64,8 +75,7 @@ def fold(tasks: list[int], max_running: int | None = None) -> str:
         runs.append(str(start) if start == previous else f"{start}-{previous}")
         if task is not None:
             start = previous = task
-    limit = f"%{max_running}" if max_running else ""
-    return f"[{','.join(runs)}{limit}]"
+    return ",".join(runs)
 
 
 _LABEL = re.compile(r"^(\d{1,19})(?:_(\d{1,10}))?$")

@@ -26,12 +26,17 @@ def chunks(values: Sequence[int]) -> Iterable[list[int]]:
 def jobs(session: Session, *, states: Iterable[JobState] | None = None,
          users: Iterable[str] | None = None, names: Iterable[str] | None = None,
          ids: Iterable[int] | None = None, held: bool | None = None,
-         payloads: bool = True, ended_since: float | None = None) -> Sequence[Job]:
+         payloads: bool = True, ended_since: float | None = None,
+         unstarted_tasks: bool = True) -> Sequence[Job]:
     """Jobs by id, filtered (``ended_since``: those that ended since then); ``payloads=False``
-    leaves their arguments unread (the scheduling pass needs none)."""
+    leaves their arguments unread (the scheduling pass needs none); ``unstarted_tasks=False``
+    leaves out pending array tasks that never started (:func:`unstarted_task_groups` lists
+    them)."""
     query = select(Job).order_by(Job.id)
     if not payloads:
         query = query.options(lazyload(Job.payload))
+    if not unstarted_tasks:
+        query = query.where(~_UNSTARTED_TASK)
     if states is not None:
         query = query.where(Job.state.in_([s.value for s in states]))
     if users is not None:
@@ -48,6 +53,32 @@ def jobs(session: Session, *, states: Iterable[JobState] | None = None,
     for part in chunks(sorted(set(ids))):
         found += session.scalars(query.where(Job.id.in_(part))).all()
     return sorted(found, key=lambda job: job.id)
+
+
+# A pending array task that has never started: what squeue folds into its array's one line.
+# Nothing of a run is left on it (a run taken back leaves none: see transitions.requeue).
+# (No NULL may reach the condition: its negation lists the other jobs.)
+_UNSTARTED_TASK = and_(Job.state == JobState.PENDING.value, Job.array_job_id.is_not(None),
+                       func.coalesce(Job.run_count, 0) == 0, Job.start_time.is_(None),
+                       func.coalesce(Job.steps_done, 0) == 0, Job.mem_peak.is_(None))
+# What can make such tasks of one array differ in a listing: gq update and gq hold of one
+# task, the scheduler's reasons, a figure set for one. Tasks alike in these are alike in
+# every field a listing shows but their ids.
+_TASKS_ALIKE = (Job.array_job_id, Job.name, Job.reason, Job.priority, Job.held,
+                Job.time_limit, Job.begin_time, Job.dependency, Job.mem, Job.mem_basis)
+
+
+def unstarted_task_groups(session: Session,
+                          users: Iterable[str] | None = None) -> list[tuple[int, list[int]]]:
+    """The pending array tasks that never started, in groups of one array's tasks that look
+    alike: each group's first job id and its task ids, in order. One grouped read, with no
+    row made for each task (a queue of 10,000 tasks is a few groups)."""
+    query = (select(func.min(Job.id), func.group_concat(Job.array_task_id))
+             .where(_UNSTARTED_TASK).group_by(*_TASKS_ALIKE))
+    if users is not None:
+        query = query.where(Job.user.in_(list(users)))
+    return sorted((first, sorted(map(int, tasks.split(","))))
+                  for first, tasks in session.execute(query))
 
 
 def finished_page(session: Session, states: Iterable[JobState], limit: int, *,

@@ -15,7 +15,7 @@ from gq.daemon import waiting
 from gq.daemon.handlers.common import job_info, resolve, resolve_all, resolve_one
 from gq.daemon.waiting import Waiting
 from gq.errors import UserError
-from gq.queue import queries, spool
+from gq.queue import arrays, queries, spool
 from gq.queue.models import Job
 from gq.queue.states import JobState
 from gq.sim.forecast import Basis
@@ -32,9 +32,13 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
     active = [state for state in states if not state.terminal]
     finished = [state for state in states if state.terminal]
     limit = min(request.limit or defaults.LIST_PAGE, defaults.LIST_PAGE)
+    fold = (not request.array_tasks and JobState.PENDING in active
+            and request.ended_since is None)  # (a pending job has not ended)
     with daemon.db.read() as session:
         jobs = list(queries.jobs(session, states=active, users=request.users, payloads=False,
-                                 ended_since=request.ended_since)) if active else []
+                                 ended_since=request.ended_since,
+                                 unstarted_tasks=not fold)) if active else []
+        groups = queries.unstarted_task_groups(session, request.users) if fold else []
         older = None
         if finished:
             before = (None if request.before_end is None or request.before is None
@@ -44,12 +48,32 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
             jobs += reversed(page)
         kept_since = queries.oldest_end(session) if finished else None
         infos = [job_info(job, detail=False) for job in jobs]
+        if groups:
+            infos = sorted(infos + _folded(session, groups), key=lambda info: info.id)
         made = _forecast(daemon, infos) if request.forecast else None
         return messages.Jobs(infos, stale=daemon.stale(), forecast_made=made,
                              retention=None if math.isinf(daemon.options.retention)
                              else daemon.options.retention, kept_since=kept_since,
                              older_end=older[0] if older else None,
                              older=older[1] if older else None)
+
+
+def _folded(session, groups: list[tuple[int, list[int]]]) -> list[messages.JobInfo]:
+    """One record for each group of an array's unstarted tasks (squeue's 17_[5-99%8]): its
+    first task's, the task ids its own; a group of one is that task's own record."""
+    first = {job.id: job for job in queries.jobs(session, ids=[g[0] for g in groups],
+                                                payloads=False)}
+    infos = []
+    for job_id, tasks in groups:
+        info = job_info(first[job_id], detail=False)
+        if len(tasks) > 1:
+            info.array_task_string = arrays.ranges(tasks)
+            info.array_task_count = len(tasks)
+            info.array_task_id = None
+            info.label = (f"{info.array_job_id}_"
+                          f"{arrays.bracketed(info.array_task_string, info.array_max_running)}")
+        infos.append(info)
+    return infos
 
 
 def wait(daemon: NodeView, caller: Caller,
