@@ -10,13 +10,13 @@ do not dominate) in batches of --batch, one job at a time or as arrays of --arra
 waits until each batch has ended (reading the queue directly, so that the wait costs the
 daemon nothing), reads the daemon's RSS, and checks that all COMPLETED. ``--poll`` runs
 ``gq status --json`` every so many seconds meanwhile, as a dashboard does; ``--single N``
-then runs N jobs one by one on the same daemon, so that array turnover is compared with
-single jobs' in one run.
+runs N jobs one by one too, a batch after each batch of arrays on the same daemon, so that
+array turnover is compared with single jobs' in one run (each over its own batches' time).
 
 Reports jobs per second overall and per batch, the daemon's RSS at the start, after the
 first 1,000 jobs and at the end, and the growth between the last two (the daemon's memory
-should stay flat once warm), and the CPU time per job of the daemon, the hosts and the
-submitting client (where the time goes). Prints one JSON object, then a summary.
+should stay flat once warm), and the CPU time per job (of either kind) of the daemon, the
+hosts and the submitting client (where the time goes). Prints one JSON object, then a summary.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--poll", type=float, metavar="SECONDS",
                         help="run gq status --json every SECONDS meanwhile")
     parser.add_argument("--single", type=int, default=0, metavar="N",
-                        help="with --array: then N jobs one by one, for their turnover")
+                        help="with --array: N jobs one by one too, a batch after each "
+                             "array batch, for their turnover")
     parser.add_argument("daemon_args", nargs="*", metavar="-- DAEMON_OPTION",
                         help="options for the daemon, such as -- --max-resident 16")
     args = parser.parse_args()
@@ -80,19 +81,18 @@ def main() -> None:
                 ids += node.array_task_ids(submit("--array", f"0-{count - 1}"))
             return ids
 
-        def soak(jobs: int, submit_batch: Callable[[int], list[int]]) -> Phase:
-            """``jobs`` submitted a batch at a time, each batch waited for."""
-            phase = Phase(started=time.monotonic())
-            while phase.done < jobs:
-                batch_start = time.monotonic()
-                ids = submit_batch(min(args.batch, jobs - phase.done))
-                for state, count in node.end_states(ids, timeout=3600).items():
-                    phase.states[state] = phase.states.get(state, 0) + count
-                phase.per_batch.append(len(ids) / (time.monotonic() - batch_start))
-                phase.done += len(ids)
-                phase.rss_at[phase.done] = daemon.memory_info().rss
-            phase.seconds = time.monotonic() - phase.started
-            return phase
+        def run_batch(phase: Phase, submit_batch: Callable[[int], list[int]],
+                      jobs: int) -> None:
+            """One batch of the phase's ``jobs`` submitted and waited for."""
+            batch_start = time.monotonic()
+            ids = submit_batch(min(args.batch, jobs - phase.done))
+            for state, count in node.end_states(ids, timeout=3600).items():
+                phase.states[state] = phase.states.get(state, 0) + count
+            seconds = time.monotonic() - batch_start
+            phase.per_batch.append(len(ids) / seconds)
+            phase.seconds += seconds
+            phase.done += len(ids)
+            phase.rss_at[phase.done] = daemon.memory_info().rss
 
         script = node.dir / "tiny.sh"
         script.write_text("true\n")
@@ -100,13 +100,19 @@ def main() -> None:
         daemon = psutil.Process(int((node.dir / "home" / "daemon.pid").read_text()))
         rss_start = daemon.memory_info().rss
         poller = Poller(node, args.poll) if args.poll else contextlib.nullcontext()
+        main_phase, single = Phase(), Phase()
+        singles = args.single if args.array else 0
         with poller:
-            main_phase = soak(args.jobs, as_arrays if args.array else one_by_one)
+            while main_phase.done < args.jobs:
+                run_batch(main_phase, as_arrays if args.array else one_by_one, args.jobs)
+                if single.done < singles:  # between the array batches: drift hits both
+                    run_batch(single, one_by_one, singles)
+            while single.done < singles:
+                run_batch(single, one_by_one, singles)
             cpu = {"daemon": _cpu_seconds(daemon),
                    "hosts": sum(_cpu_seconds(child) for child in daemon.children()
                                 if "gq.exec.host" in " ".join(child.cmdline())),
                    "client": _cpu_seconds(psutil.Process())}
-            single = soak(args.single, one_by_one) if args.array and args.single else None
     states, rss_at, per_batch, done = (main_phase.states, main_phase.rss_at,
                                        main_phase.per_batch, main_phase.done)
     warm = min((n for n in rss_at if n >= 1000), default=min(rss_at))
@@ -122,9 +128,10 @@ def main() -> None:
         "warm_after_jobs": warm, "daemon_rss_warm_mb": rss_at[warm] / 2**20,
         "daemon_rss_end_mb": rss_end / 2**20,
         "growth_warm_to_end_mb": (rss_end - rss_at[warm]) / 2**20,
-        "cpu_ms_per_job": {who: seconds * 1000 / args.jobs for who, seconds in cpu.items()},
+        "cpu_ms_per_job": {who: seconds * 1000 / (done + single.done)
+                           for who, seconds in cpu.items()},
     }
-    if single is not None:
+    if single.done:
         result["single"] = {"jobs": single.done, "states": single.states,
                             "jobs_per_second": single.done / single.seconds,
                             "jobs_per_second_by_batch": single.per_batch}
@@ -139,20 +146,20 @@ def main() -> None:
           f"{result['daemon_rss_end_mb']:.1f} MB after {done} "
           f"({result['growth_warm_to_end_mb']:+.1f} MB between them); CPU per job: "
           + ", ".join(f"{who} {ms:.2f} ms" for who, ms in result["cpu_ms_per_job"].items()))
-    if single is not None:
-        print(f"then {single.done} jobs one by one: {single.states}; "
+    if single.done:
+        print(f"and {single.done} jobs one by one: {single.states}; "
               f"{result['single']['jobs_per_second']:.1f} jobs/s (arrays "
               f"{result['array_to_single_turnover']:.2f}x that)")
-    if states != {"COMPLETED": args.jobs} or (single and single.states != {"COMPLETED":
-                                                                           single.done}):
+    if states != {"COMPLETED": args.jobs} or single.states not in ({}, {"COMPLETED":
+                                                                       single.done}):
         sys.exit(1)
 
 
 @dataclass
 class Phase:
-    """Jobs submitted a batch at a time: how they ended, how fast, the daemon's RSS."""
+    """Jobs submitted a batch at a time: how they ended, how fast (over the seconds of its
+    own batches), the daemon's RSS after each."""
 
-    started: float
     seconds: float = 0.0
     done: int = 0
     states: dict[str, int] = field(default_factory=dict)
