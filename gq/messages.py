@@ -390,6 +390,20 @@ class Suspend:
     suspended: bool = True
 
 
+# What a user may send a running job's main process group (gq kernel run's interrupt).
+SIGNALS_TO_JOBS = {"INT": 2, "HUP": 1, "QUIT": 3, "USR1": 10, "USR2": 12}
+
+
+@dataclass
+class SignalJob:
+    """Send a running job's main process group one of :data:`SIGNALS_TO_JOBS` (a kernel's
+    interrupt), as Jupyter sends its kernel's: the job goes on unless the signal ends it."""
+
+    kind: ClassVar[str] = "signal"
+    label: Label
+    signal: Annotated[str, MaxLen(8)]
+
+
 @dataclass
 class Drain:
     """Admit no new job to these devices (none named: to the node); operators only."""
@@ -603,7 +617,7 @@ class Error:
 
 REQUESTS: dict[str, type] = {cls.kind: cls for cls in (
     Submit, ListJobs, ShowJob, OpenLog, ExportScript, Wait, Cancel, Hold, Release, Requeue, Update,
-    SetPolicy, GetPolicy, NodeInfoRequest, Stop, Drain, ResumeDevices, Suspend)}
+    SetPolicy, GetPolicy, NodeInfoRequest, Stop, Drain, ResumeDevices, Suspend, SignalJob)}
 ANSWERS: dict[str, type] = {cls.kind: cls for cls in (
     WaitOver, Submitted, TestOnly, Jobs, LogFile, Script, Report, PolicyInfo, NodeInfo, Done, Error)}
 

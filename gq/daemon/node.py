@@ -156,6 +156,13 @@ class Daemon:
         """Run the scheduling pass soon: something a pending job waits for has changed."""
         self.woken = True
 
+    def signal_job(self, job_id: int, signum: int) -> bool:
+        running = self.supervisor.running.get(job_id)
+        if running is None:
+            return False
+        self.supervisor.signal(running, signum)
+        return True
+
     def lane_memory(self, device: Device) -> int:
         return self.scheduler.lane_memory(device)
 

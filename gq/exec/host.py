@@ -94,6 +94,7 @@ class Host:
             wire.Cap: self._on_cap,
             wire.SetPolicy: self._on_policy, wire.Shutdown: lambda _: self._shutdown(),
             wire.Drain: self._on_drain, wire.Suspend: self._on_suspend,
+            wire.SignalJob: self._on_signal,
         }
 
     # ----- the loop -------------------------------------------------------------------
@@ -259,6 +260,15 @@ class Host:
                 or (message.suspended and resident.kill_deadline is not None):
             return  # gone, as asked already, or being ended: its SIGTERM must be seen
         self.granter.suspend(resident, message.suspended)
+
+    def _on_signal(self, message: wire.SignalJob) -> None:
+        """Its main process group, as Jupyter signals a kernel's (not its cgroup: what a
+        cell started in a session of its own is the cell's to stop)."""
+        resident = self.residents.get(message.job)
+        if resident is None or resident.exit_status is not None \
+                or resident.kill_deadline is not None:
+            return  # gone, or being ended already
+        kill_group(resident.process.pid, message.signum)
 
     def freeze(self, resident: Resident, frozen: bool) -> None:
         """Freeze (or thaw) the job: its cgroup's freezer, else SIGSTOP (SIGCONT)."""

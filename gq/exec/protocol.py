@@ -38,7 +38,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/11"
+HOST_VERSION = f"{__version__}/12"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -214,6 +214,15 @@ class Suspend:
 
 
 @message
+class SignalJob:
+    """Send the job's main process group a signal (gq kernel run's interrupt)."""
+
+    op: ClassVar[str] = "signal"
+    job: JobId
+    signum: Annotated[int, codec.Bounds(1, 64)]
+
+
+@message
 class SetPolicy:
     op: ClassVar[str] = "policy"
     name: Name
@@ -371,7 +380,7 @@ def _table(*classes: type) -> dict[str, type]:
     return {cls.op: cls for cls in classes}
 
 
-TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SetPolicy, Ack, Drain, Shutdown)
+TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SignalJob, SetPolicy, Ack, Drain, Shutdown)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
 TO_WORKER = _table(Go)

@@ -71,6 +71,9 @@ class NodeView(Protocol):
     def rescan(self) -> None:
         """Run the scheduling pass soon: the queue changed."""
 
+    def signal_job(self, job_id: int, signum: int) -> bool:
+        """Have a running job's host signal its main process group; False if it runs not."""
+
     def begin_stop(self, keep_jobs: bool) -> None: ...
 
 
@@ -83,6 +86,7 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     messages.ExportScript: query.export,
     messages.Wait: query.wait,
     messages.Suspend: control.suspend,
+    messages.SignalJob: control.signal_job,
     messages.Drain: node.drain,
     messages.ResumeDevices: node.resume_devices,
     messages.Cancel: control.cancel,

@@ -176,6 +176,20 @@ def suspend(daemon: NodeView, caller: Caller, request: messages.Suspend) -> mess
     return messages.Report(_outcome(jobs, changed, done, failure))
 
 
+def signal_job(daemon: NodeView, caller: Caller,
+               request: messages.SignalJob) -> messages.Report:
+    """A running job's main process group gets the signal (its owner's or an operator's)."""
+    signum = messages.SIGNALS_TO_JOBS.get(request.signal)
+    if signum is None:
+        raise UserError(f"cannot send SIG{request.signal} to a job; give one of "
+                        + ", ".join(messages.SIGNALS_TO_JOBS))
+    with daemon.db.write() as session:
+        job = _named(session, caller, [request.label], "signal")[0]
+    if not daemon.signal_job(job.id, signum):
+        raise UserError(f"job {job.label} is {job.state}; only a running job can be signalled")
+    return messages.Report([Line(f"Sent SIG{request.signal} to job {job.label}")])
+
+
 def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messages.Report:
     """Priority and time limit of pending or running jobs; name, begin time, arguments,
     working directory, output paths and dependency of pending ones (the script snapshot
