@@ -51,14 +51,14 @@ def run(job_id: int) -> int:
     path = wire.terminal_socket(str(locate().terminals), job_id)
     status = StatusLine()
     try:
-        taken = _wait_for_terminal(label, path, status)
+        taken = wait_for_terminal(label, path, status)
     except KeyboardInterrupt:
         status.clear()
         _cancel(label)
         return 130
     status.clear()
     if taken is None:
-        return _exit_status(label)
+        return exit_status(label)
     master, connection = taken
     # The connection stays open, unread, until gq exits: its host learns from its closing
     # (gq's end, or its terminal's) that the job was hung up.
@@ -66,10 +66,10 @@ def run(job_id: int) -> int:
         ended_by = relay(master)
         if ended_by is not None:  # gq or its own terminal was told to go: the job hangs up
             return 128 + ended_by
-        return _exit_status(label)
+        return exit_status(label)
 
 
-def _wait_for_terminal(label: str, path: str,
+def wait_for_terminal(label: str, path: str,
                        status: StatusLine) -> tuple[int, socket.socket] | None:
     """The master of the job's terminal once its host hands it over, and the connection
     it came on; None for a job that ended without one to take (it never started, or no gq
@@ -217,7 +217,7 @@ def _cancel(label: str) -> None:
         pass  # ended meanwhile, or the daemon went away: nothing is left to cancel
 
 
-def _exit_status(label: str) -> int:
+def exit_status(label: str) -> int:
     """The job's exit code once it has ended (as gq wait gives it); an end that is not its
     own command's (a cancel, a time limit, a hang-up) is said on stderr."""
     ended = client.ask(messages.Wait([label]), wait=math.inf).jobs[0]

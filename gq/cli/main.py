@@ -56,6 +56,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "policy": ("policy", "app", True),
     "daemon": ("daemon", "app", True),
     "export": ("export", "app", True),
+    "kernel": ("kernel", "app", True),
 }
 _EXTRA = {name: {"context_settings": {"allow_interspersed_args": False}}
           for name in ("submit", "run")}

@@ -37,38 +37,28 @@ _SAME_SETTING = ({"gpus", "gpus_per_node", "gres"}, {"gpu_mem", "mem"},
 
 
 def queue(run: bool, params: dict[str, Any], given: set[str],
-          read_directive: DirectiveReader) -> int:
+          read_directive: DirectiveReader, kernel: str | None = None) -> int:
     """Queue the job the command's parameters say (``given``: those on its command line;
     ``run``: gq run's command line rather than a script) and print its id; the exit
-    status: 0, or the job's own exit code with --wait or --pty (then on this terminal)."""
-    pty = bool(params.get("pty"))
-    if pty:
-        from gq.cli import interactive
+    status: 0, or the job's own exit code with --wait or --pty (then on this terminal).
+    ``kernel``: a Jupyter connection file, for which gq kernel run queues its kernel as an
+    interactive job and is its launcher."""
+    pty = bool(params.get("pty")) or kernel is not None
+    if kernel is not None:
+        from gq.cli import kernel_launch
 
-        if not run:
-            raise UserError("--pty is gq run's: gq run --pty [OPTIONS] -- COMMAND [ARGS]...")
-        interactive.need_terminal()
-    queued = _what_to_queue(run, params["script"], list(params["args"] or []), params["wrap"],
-                            pty)
-    content = queued.content if queued.content is not None else _read_script(queued.path)
-    options = _with_directives(params, given, read_directive, queued.path, content)
-    if bool(options.get("pty")) != pty:
-        raise UserError(f"{queued.path}: a directive cannot ask for a terminal; give "
-                        "gq run --pty")
-    options.update(script=queued.path, args=queued.args)
-    if queued.interpreter is not None and not options["python"]:
-        options["python"] = queued.interpreter
-    if options["job_name"] is None and queued.content is not None:
-        options["job_name"] = queued.name
-    if options["test_only"] and options["wait"]:
-        raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
-    request = _request(options, content)
-    if pty:
-        if options["wait"]:
-            raise UserError("--pty waits for its job already; leave --wait out")
-        request["options"]["interactive"] = True
-        if "output" not in given and options["output"] == defaults.OUTPUT:
-            request["options"]["output"] = None  # the terminal's, as srun --pty's
+        queued = kernel_launch.kernel_job(kernel)
+    else:
+        if pty:
+            from gq.cli import interactive
+
+            if not run:
+                raise UserError("--pty is gq run's: gq run --pty [OPTIONS] -- COMMAND "
+                                "[ARGS]...")
+            interactive.need_terminal()
+        queued = _what_to_queue(run, params["script"], list(params["args"] or []),
+                                params["wrap"], pty)
+    request, options = _build(params, given, read_directive, queued, pty)
     if options["test_only"]:
         request["test_only"] = True
         answer = client.Fields(client.ask_plain("submit", request, "test-only"))
@@ -76,6 +66,8 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
         _print_test_only(answer)
         return 0
     job_id = client.ask_plain("submit", request, "submitted")["job_id"]
+    if kernel is not None:
+        return kernel_launch.launch(job_id)
     if pty:
         return interactive.run(job_id)
     if options["mail_type"] and _no_mail_command():
@@ -92,6 +84,41 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
     from gq.cli.wait import until_ended
 
     return until_ended(messages.Wait([str(job_id)]), math.inf)
+
+
+def check_kernel(params: dict[str, Any], given: set[str],
+                 read_directive: DirectiveReader) -> None:
+    """gq kernel install: its submit options checked as a kernel's submission would check
+    them, without the daemon (which checks them again at each start)."""
+    from gq.cli import kernel_launch
+
+    _build(params, given, read_directive, kernel_launch.kernel_job(None), True)
+
+
+def _build(params: dict[str, Any], given: set[str], read_directive: DirectiveReader,
+           queued: commands.Queued, pty: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request for what is queued (and the options it was built from), its directives
+    read and everything checked that needs no daemon."""
+    content = queued.content if queued.content is not None else _read_script(queued.path)
+    options = _with_directives(params, given, read_directive, queued.path, content)
+    if bool(options.get("pty")) != bool(params.get("pty")):
+        raise UserError(f"{queued.path}: a directive cannot ask for a terminal; give "
+                        "gq run --pty")
+    options.update(script=queued.path, args=queued.args)
+    if queued.interpreter is not None and not options["python"]:
+        options["python"] = queued.interpreter
+    if options["job_name"] is None and queued.content is not None:
+        options["job_name"] = queued.name
+    if options["test_only"] and options["wait"]:
+        raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
+    request = _request(options, content)
+    if pty:
+        if options["wait"]:
+            raise UserError("--pty waits for its job already; leave --wait out")
+        request["options"]["interactive"] = True
+        if "output" not in given and options["output"] == defaults.OUTPUT:
+            request["options"]["output"] = None  # the terminal's, as srun --pty's
+    return request, options
 
 
 def _no_mail_command() -> bool:

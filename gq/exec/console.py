@@ -45,7 +45,7 @@ def interact() -> None:
     sys.argv = [""]
     sys.path[0] = ""
     if session is not None:
-        signal.signal(signal.SIGINT, _interrupting(session))
+        signal.signal(signal.SIGINT, interrupting(session))
     hook = getattr(sys, "__interactivehook__", None)
     if hook is not None:
         hook()
@@ -59,7 +59,9 @@ def interact() -> None:
                      exitmsg="")
 
 
-def _interrupting(session):
+def interrupting(session):
+    """The SIGINT handler of a statement (or a cell): a KeyboardInterrupt, held back while
+    the worker waits for a grant."""
     def on_interrupt(signum: int, frame: FrameType | None) -> None:
         if session.awaiting_grant:
             session.interrupted = True  # raised as the grant comes in

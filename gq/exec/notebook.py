@@ -1,0 +1,43 @@
+"""The Jupyter kernel of ``gq kernel``: run by gq's worker as its script, it is ipykernel's
+own kernel on the connection file Jupyter wrote, whose every cell ends the iteration it
+opened (IPython's ``post_run_cell``), as :mod:`gq.exec.console` ends one per statement. A
+cell's module calls and optimizer steps hold the lane; between cells, while a person reads
+and types, the job holds nothing and other jobs have the device.
+
+An interrupt (SIGINT, sent on by ``gq kernel run``) is a KeyboardInterrupt in the cell, as
+in any kernel; one that comes while the cell waits for the lane is raised once the lane is
+granted, as the console's is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from gq.exec import runtime
+from gq.exec.console import interrupting
+
+
+def serve() -> None:
+    """ipykernel on the connection file this job was given (its one argument)."""
+    from ipykernel.ipkernel import IPythonKernel
+    from ipykernel.kernelapp import IPKernelApp
+
+    session = runtime.active
+
+    class CellKernel(IPythonKernel):
+        def pre_handler_hook(self) -> None:
+            """While a request is handled, SIGINT is the cell's KeyboardInterrupt (ipykernel
+            sets python's handler here), deferred while a READY waits for its grant."""
+            handler = signal.default_int_handler if session is None else interrupting(session)
+            self.saved_sigint_handler = signal.signal(signal.SIGINT, handler)
+
+    # The kernel's parent is gq's execution host, not the Jupyter server that started the
+    # launcher: ipykernel would take that for its parent's death and exit at once.
+    os.environ.pop("JPY_PARENT_PID", None)
+    app = IPKernelApp.instance(kernel_class=CellKernel)
+    app.initialize(["-f", sys.argv[1]])
+    if session is not None:
+        app.shell.events.register("post_run_cell", lambda result: session.end_iteration())
+    app.start()

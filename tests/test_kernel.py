@@ -1,0 +1,178 @@
+"""gq kernel: a Jupyter kernelspec whose kernel runs as a gq job, started by jupyter_client's
+real KernelManager against a real daemon and driven through a blocking client, as a
+notebook drives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state
+
+jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("ipykernel")
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A Jupyter data directory of the test's own; gq importable by the kernel's python."""
+    path = tmp_path / "jupyter"
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(path))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    return path
+
+
+def _kernel(name: str):
+    """The kernel started as Jupyter starts it, its blocking client ready; its job id."""
+    manager = jupyter_client.KernelManager(kernel_name=name)
+    manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=30)
+    return manager, client
+
+
+def _run(client, code: str, timeout: float = 15) -> tuple[dict, list[dict]]:
+    """Execute a cell: its reply's content and what it published (stream, result, error)."""
+    published = []
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=published.append)
+    return reply["content"], published
+
+
+def _result(published: list[dict]) -> str:
+    return "".join(m["content"]["data"]["text/plain"] for m in published
+                   if m["msg_type"] == "execute_result")
+
+
+def _job_of(client) -> int:
+    content, published = _run(client, "import os; int(os.environ['GQ_JOB_ID'])")
+    assert content["status"] == "ok", content
+    return int(_result(published))
+
+
+def test_install_refuses_what_it_cannot_use_and_changes_nothing(data_dir):
+    assert gq_ok("kernel", "install", "--name", "gpu", "-G", "0", "-t", "10:00").startswith(
+        "Installed kernel gpu in ")
+    spec = json.loads((data_dir / "kernels" / "gpu" / "kernel.json").read_text())
+    assert spec["argv"][-6:] == ["kernel", "run", "--spec", "gpu", "--", "{connection_file}"]
+    assert spec["interrupt_mode"] == "signal"
+    assert spec["metadata"]["gq"]["submit"] == ["-G", "0", "-t", "10:00"]
+    for args, said in [
+        (["--name", "gpu"], "a kernel named 'gpu' exists already; give --replace"),
+        (["--name", "../evil"], "a kernel's name is 1-64 lower-case letters"),
+        (["--name", "x" * 65], "a kernel's name is 1-64"),
+        (["--name", ""], "a kernel's name is 1-64"),
+        (["--name", "k", "--bogus"], "submit options: No such option: --bogus"),
+        (["--name", "k", "--array", "0-3"], "--array: a kernel runs once"),
+        (["--name", "k", "--pty"], "--pty: a kernel runs once"),
+        (["--name", "k", "-t", "forever"], "invalid time limit 'forever'"),
+        (["--name", "k", "train.py"], "unexpected 'train.py'"),
+    ]:
+        done = gq("kernel", "install", *args)
+        assert done.code == 2 and done.err.count("\n") == 1 and said in done.err, (args, done)
+    assert sorted(os.listdir(data_dir / "kernels")) == ["gpu"]
+    assert gq_ok("kernel", "install", "--name", "gpu", "--replace", "-G", "0").startswith(
+        "Installed")
+    assert gq_ok("kernel", "list").split("\t")[:2] == ["gpu", "-G 0"]
+    os.makedirs(data_dir / "kernels" / "other")
+    (data_dir / "kernels" / "other" / "kernel.json").write_text(
+        json.dumps({"argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "other", "language": "python"}))
+    assert "other" not in gq_ok("kernel", "list")
+    refused = gq("kernel", "remove", "other")
+    assert refused.code == 2 and "kernel 'other' is not gq's" in refused.err
+    assert gq_ok("kernel", "remove", "gpu").startswith("Removed kernel gpu")
+    assert sorted(os.listdir(data_dir / "kernels")) == ["other"]
+    missing = gq("kernel", "remove", "gpu")
+    assert missing.code == 2 and "no kernel named 'gpu'" in missing.err
+    missing = gq("kernel", "run", "--spec", "gpu", "--", "kernel-1.json")
+    assert missing.code == 2 and "no kernel named 'gpu'" in missing.err
+
+
+def test_without_jupyter_installed_a_kernel_command_names_the_extra(data_dir, monkeypatch):
+    for module in ("jupyter_client", "jupyter_client.kernelspec"):
+        monkeypatch.setitem(sys.modules, module, None)  # import fails, as if not installed
+    for args in (["list"], ["install", "--name", "k"], ["remove", "k"]):
+        done = gq("kernel", *args)
+        assert done.code == 2 and done.err == ("gq: error: gq kernel needs Jupyter's client: "
+                                               "pip install 'gq[jupyter]'\n"), done
+    assert not data_dir.exists()
+
+
+def test_cells_run_in_a_gq_job_with_errors_and_interrupts_and_shutdown_ends_it(daemon,
+                                                                                data_dir):
+    gq_ok("kernel", "install", "--name", "gqk", "-G", "0")
+    manager, client = _kernel("gqk")
+    try:
+        job_id = _job_of(client)
+        info = job(job_id)
+        assert (info["state"], info["interactive"]) == ("RUNNING", True), info
+        content, published = _run(client, "1 + 1")
+        assert content["status"] == "ok" and _result(published) == "2"
+        content, _ = _run(client, "1 / 0")
+        assert (content["status"], content["ename"]) == ("error", "ZeroDivisionError")
+        assert manager.is_alive()
+        client.execute("import time; time.sleep(30)")
+        wait_for(lambda: client.iopub_channel.get_msg(timeout=10)["content"].get(
+            "execution_state") == "busy", 10, what="the sleeping cell to start")
+        began = time.monotonic()
+        manager.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=10)
+        while reply["parent_header"].get("msg_type") != "execute_request" \
+                or reply["content"]["status"] == "ok":
+            reply = client.get_shell_msg(timeout=10)
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - began < 5
+        content, published = _run(client, "'still here'")
+        assert _result(published) == "'still here'"
+        assert job(job_id)["state"] == "RUNNING"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    assert wait_state(job_id, "COMPLETED")["exit_code"] == 0  # the kernel's own clean end
+
+
+def test_a_killed_launcher_cancels_its_kernel_and_a_cancelled_kernel_ends_it(daemon,
+                                                                             data_dir):
+    gq_ok("kernel", "install", "--name", "gqk", "-G", "0")
+    manager, client = _kernel("gqk")
+    job_id = _job_of(client)
+    client.stop_channels()
+    manager.provisioner.process.send_signal(signal.SIGTERM)  # as a shutdown unanswered
+    wait_for(lambda: manager.provisioner.process.poll() is not None, 10,
+             what="the launcher to end")
+    assert manager.provisioner.process.returncode == 128 + signal.SIGTERM
+    assert wait_state(job_id, "CANCELLED")["state"] == "CANCELLED"
+
+    manager, client = _kernel("gqk")
+    job_id = _job_of(client)
+    client.stop_channels()
+    gq_ok("cancel", str(job_id))
+    wait_for(lambda: manager.provisioner.process.poll() is not None, 15,
+             what="the launcher to end with its job")
+    assert manager.provisioner.process.returncode != 0
+    wait_state(job_id, "CANCELLED")
+    manager.cleanup_resources()
+
+
+def test_a_pending_kernel_says_why_and_its_shutdown_cancels_it(daemon, data_dir, tmp_path):
+    held = submit("--hold", "--wrap", "true")
+    gq_ok("kernel", "install", "--name", "later", "-G", "0", "--after", str(held))
+    manager = jupyter_client.KernelManager(kernel_name="later", shutdown_wait_time=1.0)
+    with open(tmp_path / "launcher.err", "w") as said:  # what the Jupyter server logs
+        manager.start_kernel(stderr=said)
+    (kernel_id,) = wait_for(lambda: [j["id"] for j in all_jobs() if j["id"] != held], 10,
+                            what="the kernel's job")
+    wait_for(lambda: f"job {kernel_id} pending (Dependency)" in
+             (tmp_path / "launcher.err").read_text(), 10, what="the launcher to say why")
+    assert job(kernel_id)["interactive"] and manager.is_alive()
+    manager.shutdown_kernel(now=False)  # no kernel answers: Jupyter's SIGTERM follows
+    assert wait_state(kernel_id, "CANCELLED")["start_time"] is None
+    refused = gq("kernel", "run", "--spec", "nothing", "--", "conn.json")
+    assert refused.code == 2 and "no kernel named 'nothing'" in refused.err
