@@ -176,3 +176,44 @@ def test_a_pending_kernel_says_why_and_its_shutdown_cancels_it(daemon, data_dir,
     assert wait_state(kernel_id, "CANCELLED")["start_time"] is None
     refused = gq("kernel", "run", "--spec", "nothing", "--", "conn.json")
     assert refused.code == 2 and "no kernel named 'nothing'" in refused.err
+
+
+@pytest.mark.long
+def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(daemon,
+                                                                              data_dir,
+                                                                              tmp_path):
+    gq_ok("policy", "set", "fair")  # (fifo gives a later job no turn while the first runs)
+    batch = tmp_path / "batch.py"
+    batch.write_text("import gq, time\nfor _ in gq.steps(range(100000)):\n    time.sleep(0.2)\n")
+    batch_id = submit("--gpu-mem", "64M", str(batch))
+    wait_for(lambda: job(batch_id)["steps_done"] > 0, 15, what="the batch job's first steps")
+    gq_ok("kernel", "install", "--name", "shared", "--gpu-mem", "1G")
+    manager, client = _kernel("shared")
+    try:
+        kernel_id = _job_of(client)
+        content, _ = _run(client, "import time, torch\nm = torch.nn.Linear(8, 8)\n"
+                                  "x = torch.ones(8)\nm(x).sum().item()", timeout=60)
+        assert content["status"] == "ok", content
+        # Between cells: the forward's iteration ended with its cell, the batch job goes on.
+        steps = job(batch_id)["steps_done"]
+        wait_for(lambda: job(batch_id)["steps_done"] > steps + 2, 15,
+                 what="the batch job to go on while the kernel is idle")
+        assert not job(kernel_id)["holds_lane"] and job(kernel_id)["state"] == "RUNNING"
+        # A cell that computes holds the lane; its interrupt gives it back.
+        client.execute("t = time.time()\nwhile time.time() - t < 30:\n    m(x)")
+        wait_for(lambda: job(kernel_id)["holds_lane"], 15, what="the cell to hold the lane")
+        manager.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=15)
+        while reply["parent_header"].get("msg_type") != "execute_request" \
+                or reply["content"]["status"] == "ok":
+            reply = client.get_shell_msg(timeout=15)
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        steps = job(batch_id)["steps_done"]
+        wait_for(lambda: job(batch_id)["steps_done"] > steps + 2, 15,
+                 what="the batch job to go on after the interrupted cell")
+        assert not job(kernel_id)["holds_lane"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    wait_state(kernel_id, "COMPLETED")
+    gq_ok("cancel", str(batch_id))
