@@ -217,3 +217,43 @@ def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(da
         manager.shutdown_kernel(now=False)
     wait_state(kernel_id, "COMPLETED")
     gq_ok("cancel", str(batch_id))
+
+
+def test_a_restart_ends_the_job_and_starts_a_new_one_on_the_same_ports(daemon, data_dir):
+    gq_ok("kernel", "install", "--name", "gqk", "-G", "0")
+    manager, client = _kernel("gqk")
+    try:
+        first = _job_of(client)
+        _run(client, "kept = 1")
+        manager.restart_kernel(now=False)
+        assert wait_state(first, "COMPLETED")["exit_code"] == 0
+        client.wait_for_ready(timeout=30)
+        second = _job_of(client)
+        assert second != first and job(second)["state"] == "RUNNING"
+        content, _ = _run(client, "kept")
+        assert (content["status"], content["ename"]) == ("error", "NameError")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    wait_state(second, "COMPLETED")
+
+
+def test_a_signal_request_takes_a_few_signals_to_running_jobs_and_a_kernel_its_file(daemon, data_dir):
+    from gq import client, messages
+    from gq.errors import UserError
+
+    held = submit("--hold", "--wrap", "true")
+    for name, said in [("KILL", "cannot send SIGKILL to a job; give one of INT, HUP"),
+                       ("9", "cannot send SIG9"), ("", "cannot send SIG to a job"),
+                       ("INT", f"job {held} is PENDING; only a running job can be signalled")]:
+        with pytest.raises(UserError, match=said):
+            client.ask(messages.SignalJob(str(held), name))
+    with pytest.raises(UserError, match="999"):
+        client.ask(messages.SignalJob("999", "INT"))
+    with pytest.raises(UserError, match="longer than 8 characters"):
+        client.ask(messages.SignalJob(str(held), "INT" * 10))
+    assert job(held)["state"] == "PENDING"
+    gq_ok("kernel", "install", "--name", "gqk", "-G", "0")
+    missing = gq("kernel", "run", "--spec", "gqk", "--", str(data_dir / "kernel-1.json"))
+    assert missing.code == 2 and "no such connection file" in missing.err
+    assert [j["id"] for j in all_jobs()] == [held]
