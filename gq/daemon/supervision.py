@@ -279,7 +279,7 @@ class Supervisor:
         self.send(job.host, wire.Suspend(job.job_id, suspended))
 
     def signal(self, job: Running, signum: int) -> None:
-        self.send(job.host, wire.SignalJob(job.job_id, signum))
+        self.send(job.host, wire.SignalGroup(job.job_id, signum))
 
     def update(self, job: Running, priority: int, time_limit: int | None) -> None:
         job.priority, job.time_limit = priority, time_limit

@@ -94,7 +94,7 @@ class Host:
             wire.Cap: self._on_cap,
             wire.SetPolicy: self._on_policy, wire.Shutdown: lambda _: self._shutdown(),
             wire.Drain: self._on_drain, wire.Suspend: self._on_suspend,
-            wire.SignalJob: self._on_signal,
+            wire.SignalGroup: self._on_signal,
         }
 
     # ----- the loop -------------------------------------------------------------------
@@ -261,7 +261,7 @@ class Host:
             return  # gone, as asked already, or being ended: its SIGTERM must be seen
         self.granter.suspend(resident, message.suspended)
 
-    def _on_signal(self, message: wire.SignalJob) -> None:
+    def _on_signal(self, message: wire.SignalGroup) -> None:
         """Its main process group, as Jupyter signals a kernel's (not its cgroup: what a
         cell started in a session of its own is the cell's to stop)."""
         resident = self.residents.get(message.job)

@@ -214,7 +214,7 @@ class Suspend:
 
 
 @message
-class SignalJob:
+class SignalGroup:
     """Send the job's main process group a signal (gq kernel run's interrupt)."""
 
     op: ClassVar[str] = "signal"
@@ -380,7 +380,8 @@ def _table(*classes: type) -> dict[str, type]:
     return {cls.op: cls for cls in classes}
 
 
-TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SignalJob, SetPolicy, Ack, Drain, Shutdown)
+TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Ack, Drain,
+                 Shutdown)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
 TO_WORKER = _table(Go)
