@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from datetime import datetime
 
 import pytest
 
-from conftest import submit, wait_state, write_script
+from conftest import gq_ok, job, submit, wait_for, wait_state, write_script
 
 pytest.importorskip("pytorch_lightning")
 
@@ -41,6 +43,8 @@ class Tiny(pl.LightningModule):
         self.layer = torch.nn.Linear(8, 1)
 
     def training_step(self, batch, index):
+        if not RESUMED and index == 0 and self.global_step == 0:
+            open("training", "w").close()  # the test brings the signal forward from here
         time.sleep(PACE)
         x, y = batch
         return torch.nn.functional.mse_loss(self.layer(x), y)
@@ -56,7 +60,12 @@ if __name__ == "__main__":
     data = DataLoader(TensorDataset(x, y), batch_size=32, num_workers=2,
                       persistent_workers=True, multiprocessing_context="fork")
     model = Tiny()
+    # The resumed run keeps its limit, and the signal comes again as far into it: it does
+    # not requeue itself a second time (its signal ignored, as set above).
+    from pytorch_lightning.plugins.environments import SLURMEnvironment
+    plugins = [SLURMEnvironment(auto_requeue=False)] if RESUMED else []
     trainer = pl.Trainer(max_steps={STEPS}, default_root_dir=os.getcwd(), logger=False,
+                         plugins=plugins,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1)
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Lightning sets its own over the default
@@ -73,8 +82,9 @@ def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(da
     import torch
 
     script = write_script(tmp_path / "light.py", LIGHT)
-    # The signal 25 s into its run: Lightning's imports took 5 s alone, over 15 s under load.
-    job_id = submit("-t", "1:00", "--signal", "USR1@35", "--requeue", str(script))
+    # The signal once it trains (Lightning's imports took 5 s alone, over 25 s under load):
+    # its limit lowered then, to bring the signal due at once.
+    job_id = submit("-t", "10:00", "--signal", "USR1@35", "--requeue", str(script))
     bare = tmp_path / "bare"
     bare.mkdir()
     by_hand = subprocess.run([sys.executable, str(script)], cwd=bare, capture_output=True,
@@ -82,6 +92,10 @@ def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(da
                                  k: v for k, v in os.environ.items()
                                  if not k.startswith(("GQ_", "SLURM_"))})
     assert by_hand.returncode == 0, by_hand.stderr
+    wait_for((tmp_path / "training").exists, 120, what="the first run training")
+    started = datetime.fromisoformat(job(job_id)["start_time"]).timestamp()
+    limit = int(time.time() - started) + 37  # the signal due within 2 s
+    gq_ok("update", str(job_id), "-t", f"{limit // 60}:{limit % 60:02d}")
     info = wait_state(job_id, "COMPLETED", timeout=120)
     out = (tmp_path / f"gq-{job_id}.out").read_text()
     assert info["run_count"] == 2, out  # requeued once, by Lightning's own scontrol call
