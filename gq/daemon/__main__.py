@@ -25,14 +25,16 @@ def main() -> None:
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
     parser.add_argument("--probe-mem", type=_positive, default=defaults.PROBE_MEMORY,
                         help="bytes free a job that declares no memory needs to start")
-    parser.add_argument("--probe-wait", type=_probe_wait, default=defaults.PROBE_IDLE_SECONDS,
+    parser.add_argument("--probe-wait", type=_seconds_up_to(defaults.MAX_PROBE_WAIT),
+                        default=defaults.PROBE_IDLE_SECONDS,
                         help="seconds a probe waits for a job's first iteration")
     parser.add_argument("--cpu-devices", type=int, help="emulate this many devices")
     parser.add_argument("--device-model", help="the emulated devices' model name")
     parser.add_argument("--operators", help="group whose members are operators")
     parser.add_argument("--on-finish", help="command run as each job's owner once it ends")
     parser.add_argument("--move-margin", type=float, default=defaults.MOVE_MARGIN)
-    parser.add_argument("--attach-wait", type=_attach_wait, default=defaults.ATTACH_WAIT,
+    parser.add_argument("--attach-wait", type=_seconds_up_to(defaults.MAX_ATTACH_WAIT),
+                        default=defaults.ATTACH_WAIT,
                         help="seconds a started interactive job waits for its gq")
     parser.add_argument("--priority-cap", type=int, default=defaults.PRIORITY_CAP)
     parser.add_argument("--max-temp", type=float, help="admit nothing to a device hotter (C)")
@@ -94,20 +96,16 @@ def _positive(text: str) -> int:
     return value
 
 
-def _probe_wait(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= defaults.MAX_PROBE_WAIT:
-        raise argparse.ArgumentTypeError(f"{text}: give seconds, more than 0 and at most "
-                                         f"{defaults.MAX_PROBE_WAIT:g}")
-    return value
+def _seconds_up_to(limit: float):
+    """An argparse type: seconds, more than 0 and at most ``limit``."""
+    def seconds(text: str) -> float:
+        value = float(text)
+        if not 0 < value <= limit:
+            raise argparse.ArgumentTypeError(f"{text}: give seconds, more than 0 and at most "
+                                             f"{limit:g}")
+        return value
 
-
-def _attach_wait(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= defaults.MAX_ATTACH_WAIT:
-        raise argparse.ArgumentTypeError(f"{text}: give seconds, more than 0 and at most "
-                                         f"{defaults.MAX_ATTACH_WAIT:g}")
-    return value
+    return seconds
 
 
 def _period(text: str) -> float:

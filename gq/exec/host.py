@@ -44,7 +44,7 @@ from gq.exec.memory_watch import MemoryWatch, Watched
 from gq.exec.residents import Lane, Resident
 from gq.exec.spawn import (JobProcess, group_members, kill_group, start_as_submitter,
                            step_tasks)
-from gq.exec.terminal import Terminal, Terminals
+from gq.exec.terminal import Terminal, Terminals, bind_private
 from gq.queue import spool
 from gq.units import format_size
 from gq.wakeup import received, signal_socket
@@ -686,16 +686,7 @@ def listen(state_dir: str, device: str):
     pidfile.truncate()
     pidfile.write(f"{os.getpid()} {HOST_VERSION}\n")
     pidfile.flush()
-    try:
-        os.unlink(socket_path)
-    except FileNotFoundError:
-        pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        listener.bind(socket_path)
-    finally:
-        os.umask(old_umask)
+    listener = bind_private(socket_path)
     listener.listen(8)
     listener.setblocking(False)
     return pidfile, listener

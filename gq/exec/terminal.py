@@ -221,6 +221,21 @@ class Terminal:
 def _listen(path: str, uid: int, gid: int | None) -> socket.socket:
     """The job's socket, made private (0600) before anyone can connect, then given to the
     job's user (its directory is root's: no one else can make or swap names there)."""
+    listener = bind_private(path)
+    try:
+        if os.geteuid() == 0 and uid != 0:
+            os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
+        listener.listen(4)
+    except BaseException:
+        listener.close()
+        raise
+    listener.setblocking(False)
+    return listener
+
+
+def bind_private(path: str) -> socket.socket:
+    """A unix socket bound at ``path`` (whatever was there removed), made 0600 as it is
+    bound, so that no one can connect before its owner is set."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -229,15 +244,11 @@ def _listen(path: str, uid: int, gid: int | None) -> socket.socket:
     old_umask = os.umask(0o177)
     try:
         listener.bind(path)
-        if os.geteuid() == 0 and uid != 0:
-            os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
-        listener.listen(4)
     except BaseException:
         listener.close()
         raise
     finally:
         os.umask(old_umask)
-    listener.setblocking(False)
     return listener
 
 
