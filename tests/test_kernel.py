@@ -38,10 +38,14 @@ def _kernel(name: str):
     return manager, client
 
 
-def _run(client, code: str, timeout: float = 15) -> tuple[dict, list[dict]]:
-    """Execute a cell: its reply's content and what it published (stream, result, error)."""
+def _run(client, code: str, timeout: float = 15,
+         stop_on_error: bool = True) -> tuple[dict, list[dict]]:
+    """Execute a cell: its reply's content and what it published (stream, result, error).
+    A cell expected to fail passes stop_on_error=False: otherwise ipykernel aborts the cells
+    that reach it before it has finished with the error, as a notebook's queued cells."""
     published = []
-    reply = client.execute_interactive(code, timeout=timeout, output_hook=published.append)
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=published.append,
+                                       stop_on_error=stop_on_error)
     return reply["content"], published
 
 
@@ -115,10 +119,10 @@ def test_cells_run_in_a_gq_job_with_errors_and_interrupts_and_shutdown_ends_it(d
         assert (info["state"], info["interactive"]) == ("RUNNING", True), info
         content, published = _run(client, "1 + 1")
         assert content["status"] == "ok" and _result(published) == "2"
-        content, _ = _run(client, "1 / 0")
+        content, _ = _run(client, "1 / 0", stop_on_error=False)
         assert (content["status"], content["ename"]) == ("error", "ZeroDivisionError")
         assert manager.is_alive()
-        client.execute("import time; time.sleep(30)")
+        client.execute("import time; time.sleep(30)", stop_on_error=False)
         wait_for(lambda: client.iopub_channel.get_msg(timeout=10)["content"].get(
             "execution_state") == "busy", 10, what="the sleeping cell to start")
         began = time.monotonic()
@@ -130,7 +134,7 @@ def test_cells_run_in_a_gq_job_with_errors_and_interrupts_and_shutdown_ends_it(d
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - began < 5
         content, published = _run(client, "'still here'")
-        assert _result(published) == "'still here'"
+        assert content["status"] == "ok" and _result(published) == "'still here'", content
         assert job(job_id)["state"] == "RUNNING"
     finally:
         client.stop_channels()
