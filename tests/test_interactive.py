@@ -264,3 +264,35 @@ def test_ctrl_c_while_a_statement_waits_for_the_lane_leaves_the_lane_to_others(d
     assert not job(repl_id)["holds_lane"] and job(repl_id)["state"] == "RUNNING"
     child.sendeof()
     assert _ended(child) == 0
+
+
+def test_a_statement_goes_before_batch_iterations_which_still_get_every_other_turn(daemon,
+                                                                                   tmp_path):
+    """People first, under fifo too: a REPL's statement is granted after at most the batch
+    iteration in progress, not after the batch job's end; while it computes on, the batch
+    job still gets a turn between each of its iterations."""
+    gq_ok("policy", "set", "fifo")
+    batch = tmp_path / "batch.py"
+    batch.write_text("import gq, time\nfor _ in gq.steps(range(100000)):\n    time.sleep(0.5)\n")
+    batch_id = submit("--gpu-mem", "64M", str(batch))
+    wait_for(lambda: job(batch_id)["steps_done"] > 0, 15, what="the batch job's iterations")
+    child = _spawn("run", "--pty", "--gpu-mem", "64M", "--", "python")
+    child.expect(">>> ")
+    child.sendline("import gq, itertools, os, time; print('job', os.environ['GQ_JOB_ID'])")
+    child.expect(r"job (\d+)")
+    repl_id = int(child.match.group(1))
+    assert job(repl_id)["device"] == job(batch_id)["device"]
+    child.expect(">>> ")
+    child.sendline("g = gq.steps(itertools.count()); t = time.monotonic(); next(g); "
+                   "print('granted after %.1f s' % (time.monotonic() - t))")
+    child.expect(r"granted after (\d+\.\d) s", timeout=10)
+    assert float(child.match.group(1)) < 3.0  # a 0.5 s batch iteration, not the batch job
+    child.expect(">>> ")
+    before = job(batch_id)["steps_done"]
+    child.sendline("for _ in range(4): next(g); time.sleep(0.3)\n")
+    child.sendline("print('looped')")
+    child.expect("\r\nlooped", timeout=20)
+    assert job(batch_id)["steps_done"] - before >= 3  # a batch turn between the REPL's
+    child.sendeof()
+    assert _ended(child) == 0
+    gq_ok("cancel", str(batch_id))

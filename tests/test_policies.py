@@ -255,3 +255,39 @@ def test_a_free_lane_is_not_kept_for_a_job_the_policy_does_not_prefer_or_a_long_
     # A policy that leaves the lane idle leaves it idle (priority with fill off).
     strict = policies.make("priority", fill="never")
     assert lane.next_step(strict, [low], [high, low], [], 10.001) is None
+
+
+@pytest.mark.parametrize("policy", ["fifo", "fair", "srtf", "rr", "deadline"])
+def test_an_interactive_job_goes_first_every_other_grant_and_batch_jobs_keep_the_rest(policy):
+    """A person's statement waits for at most the batch iteration in progress; while it
+    computes on, batch jobs still get at least every other grant."""
+    from gq.exec import lanes as lane
+
+    rule = policies.make(policy)
+    batch = view(1, submit_time=0.0, attained=0.0, mean_iteration=0.1, steps_total=10)
+    person = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.1, interactive=True)
+    grants, last = [], None
+    for _ in range(8):
+        decision = lane.next_step(rule, [batch, person], [batch, person], [], 10.0, last=last)
+        assert isinstance(decision, lane.Grant), decision
+        grants.append(decision.job.id)
+        last = decision.job.id
+    assert grants[0] == 2  # nothing granted before: the person first
+    assert all(2 in grants[i:i + 2] for i in range(0, 8, 2))  # and every other grant on
+    assert all(1 in grants[i:i + 3] for i in range(6))  # never two turns of the person's in a row
+    # Ahead of a lane kept for a batch job in its short gap, too.
+    in_gap = lane.awaited(batch, released_at=10.0, mean_gap=0.001)
+    assert lane.next_step(rule, [person], [batch, person], [in_gap], 10.0001,
+                          last=batch.id) == lane.Grant(person)
+
+
+def test_priority_leaves_an_interactive_job_to_its_priority():
+    from gq.exec import lanes as lane
+
+    rule = policies.make("priority")
+    high = view(1, priority=5)
+    person = view(2, interactive=True)
+    assert lane.next_step(rule, [high, person], [high, person], [], 10.0, last=1) == \
+        lane.Grant(high)
+    # Alone among the ready, an interactive job is simply granted, under any policy.
+    assert lane.next_step(rule, [person], [high, person], [], 10.0, last=1) == lane.Grant(person)

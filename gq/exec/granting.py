@@ -304,7 +304,7 @@ class Granter:
                 now: float) -> lane_rule.Grant | lane_rule.KeepFor | None:
         views, in_gaps = self._lane_views(lane)
         return lane_rule.next_step(self.policy, [views[r.job_id] for r in ready],
-                                   list(views.values()), in_gaps, now)
+                                   list(views.values()), in_gaps, now, last=lane.last_job)
 
     def _lane_views(self, lane: Lane) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
         """The residents as policies see them, each made once (a suspended job counts for

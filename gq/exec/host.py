@@ -394,7 +394,7 @@ class Host:
             submit_time=spec.submit_time, declared_total=spec.steps_total, lane=lane,
             process=process, channel=channel, started_at=time.monotonic(),
             started_wall=time.time(), cgroup=cgroup, time_limit=spec.time_limit,
-            deadline=spec.deadline,
+            deadline=spec.deadline, interactive=spec.terminal,
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
             if spec.warn_signal is not None else None,
             mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe, page=page,

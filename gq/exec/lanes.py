@@ -12,6 +12,15 @@ job whose iteration fits in that gap is granted: the awaited job loses nothing b
 two jobs with short iterations and millisecond gaps run in each other's gaps rather than
 each waiting out the other's. Where the policy picks no ready job, the lane stays free too
 (e.g. priority with fill off, a higher job in its gap).
+
+**People first.** A ready interactive job (a terminal's statement, a notebook's cell: a
+person waits for it) is granted before batch jobs, and before a lane kept for one, whenever
+the lane's last grant went to a batch job; after an interactive job's grant the policy picks
+as usual. A statement then waits at most for the batch iteration in progress, and since
+a people-first turn only ever follows a batch job's grant, a person computing on takes at
+most every other grant beyond what the policy gives them: batch jobs are not starved
+(fifo's too: a person does not wait behind a queue of batch iterations). Priority leaves this to
+``--priority`` (``people_first`` false).
 """
 
 from __future__ import annotations
@@ -49,13 +58,23 @@ def awaited(view: JobView, released_at: float, mean_gap: float | None) -> Awaite
 
 
 def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobView],
-              waiting_for: Sequence[Awaited], now: float) -> Grant | KeepFor | None:
-    """The free lane's decision: grant the ready job the policy picks, keep the lane for an
-    awaited job the policy prefers to every ready one (until it is ready or ``until``) unless
-    the pick's iteration is expected to end before that job is back, or nothing (no job
-    ready, or the policy leaves the lane idle)."""
+              waiting_for: Sequence[Awaited], now: float,
+              last: int | None = None) -> Grant | KeepFor | None:
+    """The free lane's decision: an interactive job's people-first turn where ``last`` (the
+    job granted the lane last) was no interactive job; else grant the ready job the policy
+    picks, keep the lane for an awaited job the policy prefers to every ready one (until it
+    is ready or ``until``) unless the pick's iteration is expected to end before that job is
+    back, or nothing (no job ready, or the policy leaves the lane idle)."""
     if not ready:
         return None
+    people = [view for view in ready if view.interactive]
+    if policy.people_first and people \
+            and not any(view.id == last and view.interactive for view in resident):
+        # Among the people, the policy's order (fifo's too: the first of them, not the
+        # first batch job, is what their turn is for).
+        chosen = policy.pick(people, [view for view in resident if view.interactive], now)
+        if chosen is not None:
+            return Grant(chosen)
     chosen = policy.pick(ready, resident, now)
     live = [a for a in waiting_for if now < a.until]
     if live:

@@ -108,6 +108,7 @@ class Resident:
     cgroup: JobCgroup | None = None
     time_limit: int | None = None  # seconds; the host enforces it, daemon or not
     deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
+    interactive: bool = False  # on a terminal (gq run --pty, a kernel): people first
     warning: tuple[int, int, bool] | None = None  # --signal: number, seconds before, B:
     suspended: bool = False  # gq suspend: its processes stopped; it is granted nothing
     frozen: bool = False  # its processes are stopped now (from a suspend until it is thawed)
@@ -242,6 +243,7 @@ class Resident:
             attained=self.attained, mean_iteration=self.mean_iteration,
             mean_gap=self.mean_gap,
             released_at=self.released_at, deadline=self._deadline_now(),
+            interactive=self.interactive,
         )
 
     def _deadline_now(self) -> float | None:

@@ -25,6 +25,7 @@ class JobView:
     mean_gap: float | None = None  # idle time between a release and the next acquire
     released_at: float | None = None  # end of its last iteration; None before the first
     deadline: float | None = None  # when it must be done (seconds, the caller's clock)
+    interactive: bool = False  # a terminal or a notebook: a person waits on its iterations
 
     @property
     def remaining(self) -> float | None:
@@ -72,6 +73,9 @@ class Policy(Protocol):
     # ended (fifo), rather than within their idle time or by its turn: admission then places
     # a job where those residents end soonest.
     waits_behind: bool
+    # Whether a ready interactive job goes before batch jobs every other grant (the lane
+    # rule's people-first turn); priority leaves that to --priority.
+    people_first: bool
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         """Admission order of pending jobs, best first."""

@@ -28,6 +28,7 @@ class Deadline:
     name = "deadline"
     alternates = False
     waits_behind = False
+    people_first = True
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=lambda job: (_due(job), *by_submission(job)))

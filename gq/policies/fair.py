@@ -13,6 +13,7 @@ class Fair:
     name = "fair"
     alternates = True  # equal shares: the least served job is picked after every iteration
     waits_behind = False
+    people_first = True
     quantum = 0.0  # shares count attained device time exactly
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:

@@ -12,6 +12,7 @@ class Fifo:
     name = "fifo"
     alternates = False
     waits_behind = True  # a job placed behind residents waits until they have ended
+    people_first = True
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=by_submission)

@@ -28,6 +28,7 @@ class Priority:
     name = "priority"
     alternates = False
     waits_behind = False
+    people_first = False  # --priority alone decides, interactive or not
     quantum = 0.0  # equal priorities take turns by attained time exactly
 
     def __init__(self, fill: str = "always"):

@@ -32,6 +32,7 @@ class RoundRobin:
     name = "rr"
     alternates = False
     waits_behind = False
+    people_first = True
 
     def __init__(self, quantum: str = DEFAULT_QUANTUM):
         self.amount, self.in_iterations = parse_quantum(quantum)

@@ -23,6 +23,7 @@ class Srtf:
     name = "srtf"
     alternates = False
     waits_behind = False
+    people_first = True
 
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         # Iteration times are not known before a job runs, so admit by total steps.
