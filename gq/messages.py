@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar
 from gq import codec, defaults
 from gq.codec import Bounds, MaxLen, MessageError, message
 from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, JobId, Name, Path,
-                       Positive, Priority, Text, TimeLimit, Timestamp, Umask)
+                       Positive, Priority, Seconds, Text, TimeLimit, Timestamp, Umask)
 
 __all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
@@ -150,6 +150,10 @@ class JobInfo:
     # process (a shell script) never holds nor waits for one.
     worker: bool = True
     interactive: bool = False  # gq run --pty: on its submitter's terminal
+    # An interactive job's --idle-timeout, and while it runs, seconds since its last
+    # activity (its terminal's use, a statement computing: gq.exec.idleness).
+    idle_timeout: TimeLimit | None = None
+    idle: Seconds | None = None
     # In a listing (gq status without --array-tasks), one record stands for those pending
     # tasks of an array that never started and are alike in every field shown but their ids
     # (see gq.queue.queries.unstarted_task_groups): the task ids, as squeue spells them
@@ -254,6 +258,7 @@ class SubmitOptions:
     mail_user: Name | None = None
     oom: OnOutOfMemory = OnOutOfMemory.REQUEUE
     interactive: bool = False  # gq run --pty: it runs on a terminal the submitter's gq holds
+    idle_timeout: TimeLimit | None = None  # seconds an interactive job may sit idle
 
 
 @dataclass

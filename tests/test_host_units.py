@@ -111,3 +111,27 @@ def test_a_personal_host_runs_only_its_owners_jobs(monkeypatch):
     with pytest.raises(LaunchError, match="cannot run it"):
         identity(_spec(uid=1001))
 
+
+
+def test_an_interactive_jobs_idle_time_runs_from_its_last_activity_and_never_backwards():
+    from gq.exec import idleness
+
+    assert idleness.last_active(None, None, False, 100.0) is None
+    assert idleness.last_active(None, 90.0, False, 100.0) == 90.0
+    assert idleness.last_active(95.0, 90.0, False, 100.0) == 95.0  # a terminal's time reset
+    assert idleness.last_active(95.0, 90.0, True, 100.0) == 100.0  # holding the lane: now
+    assert idleness.last_active(None, 1e12, False, 100.0) == 100.0  # the future counts as now
+    assert idleness.idle_for(None, 40.0, 100.0) == 60.0  # none seen: since its start
+    assert idleness.idle_for(30.0, 40.0, 100.0) == 60.0  # a time before its start: its start
+    assert idleness.idle_for(90.0, 40.0, 100.0) == 10.0
+    assert idleness.idle_for(150.0, 40.0, 100.0) == 0.0
+    assert idleness.worth_reporting(None, 1.0)
+    assert not idleness.worth_reporting(10.0, 10.0 + idleness.REPORT_STEP / 2)
+    assert idleness.worth_reporting(10.0, 10.0 + idleness.REPORT_STEP)
+
+
+def test_status_marks_an_interactive_job_idle_as_w_spells_it():
+    from gq.cli import render
+
+    assert [render.idle_time(s) for s in (5, 59.9, 60, 725, 3600, 12000, 86400 * 3)] == \
+        ["5s", "59s", "1:00", "12:05", "1:00m", "3:20m", "3days"]

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pexpect
 import pytest
@@ -45,6 +46,9 @@ def test_pty_without_a_terminal_is_one_line_exit_2_and_queues_nothing(daemon):
     (["--requeue"], "it takes no --requeue"),
     (["--retries", "2"], "it takes no --retries"),
     (["--wait"], "--pty waits for its job already"),
+    (["--idle-timeout", "soon"], "--idle-timeout: invalid time limit 'soon'"),
+    (["--idle-timeout", "-5"], "--idle-timeout: invalid time limit '-5'"),
+    (["--idle-timeout", "9" * 30], "--idle-timeout: invalid time limit"),
 ])
 def test_pty_refuses_what_would_run_it_again_and_queues_nothing(daemon, args, said):
     child = _spawn("run", "--pty", *args, "--", "bash")
@@ -63,6 +67,16 @@ def test_only_an_interactive_job_leaves_its_output_to_a_terminal(daemon, tmp_pat
                               options=messages.SubmitOptions(output=None))
     with pytest.raises(UserError, match="--output needs a file name"):
         client.ask(request)
+    # Only an interactive job has idle time, whichever way the request came.
+    request.options = messages.SubmitOptions(idle_timeout=60)
+    with pytest.raises(UserError, match="--idle-timeout: only an interactive job has idle"):
+        client.ask(request)
+    for args in (["submit", "--idle-timeout", "5", "--wrap", "true"],
+                 ["run", "--idle-timeout", "5", "--", "true"]):
+        refused = gq(*args)
+        assert refused.code == 2 and refused.err == (
+            "gq: error: --idle-timeout: only an interactive job has idle time (gq run --pty, "
+            "gq kernel install)\n"), refused
     assert gq("submit", "--pty", "--wrap", "true").err.startswith("gq: error: --pty is gq run's")
     assert all_jobs() == []
 
@@ -296,3 +310,32 @@ def test_a_statement_goes_before_batch_iterations_which_still_get_every_other_tu
     child.sendeof()
     assert _ended(child) == 0
     gq_ok("cancel", str(batch_id))
+
+
+@pytest.mark.long
+def test_an_idle_repl_shows_its_idle_time_and_its_idle_timeout_ends_it(daemon):
+    """Idle is no typing, no output and no statement computing: a statement that runs past
+    the --idle-timeout is not idle; once the REPL sits at its prompt that long, the job is
+    ended as Jupyter's culler ends a kernel, and the terminal says why."""
+    child = _spawn("run", "--pty", "--idle-timeout", "0:04", "--", "python")
+    child.expect(">>> ")
+    child.sendline("import os, time; print('job', os.environ['GQ_JOB_ID'])")
+    child.expect(r"job (\d+)")
+    job_id = int(child.match.group(1))
+    child.expect(">>> ")
+    began = time.monotonic()
+    child.sendline("time.sleep(6); print('slept')")  # computing past the timeout, silent
+    child.expect("slept", timeout=20)
+    child.expect(">>> ")
+    assert time.monotonic() - began >= 6 and job(job_id)["state"] == "RUNNING"
+    info = wait_for(lambda: (lambda j: j if j["idle"] and j["idle"] >= 1 else None)(job(job_id)),
+                    10, what="the REPL's idle time to show")
+    assert info["idle_timeout"] == 4 and info["interactive"]
+    assert "ended when idle 0:04 (--idle-timeout)" in gq_ok("show", str(job_id))
+    child.expect(rf"gq: job {job_id} TIMEOUT: idle timeout: no activity for 0:0[4-7]",
+                 timeout=20)
+    assert _ended(child) == 128 + signal.SIGHUP
+    ended = wait_state(job_id, "TIMEOUT")
+    assert ended["reason"].startswith("idle timeout: no activity for 0:0"), ended
+    assert ended["idle"] is None  # idle time is a running job's
+

@@ -223,6 +223,33 @@ def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(da
     gq_ok("cancel", str(batch_id))
 
 
+@pytest.mark.long
+def test_an_idle_kernel_is_ended_at_its_idle_timeout_and_says_so(daemon, data_dir, tmp_path):
+    """As Jupyter's culler ends an idle kernel: a cell that computes past the timeout is not
+    idle; a kernel that then sits idle that long is ended, and its launcher says why."""
+    assert gq_ok("kernel", "install", "--name", "culled", "-G", "0", "--idle-timeout",
+                 "0:04").startswith("Installed")
+    assert "--idle-timeout 0:04" in gq_ok("kernel", "list")
+    manager = jupyter_client.KernelManager(kernel_name="culled")
+    with open(tmp_path / "launcher.err", "w") as said:  # what the Jupyter server logs
+        manager.start_kernel(stderr=said)
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=30)
+        job_id = _job_of(client)
+        content, published = _run(client, "import time; time.sleep(6); 'computed'", timeout=30)
+        assert content["status"] == "ok" and _result(published) == "'computed'"
+        assert job(job_id)["state"] == "RUNNING"
+        ended = wait_state(job_id, "TIMEOUT", timeout=20)
+        assert ended["reason"].startswith("idle timeout: no activity for 0:0"), ended
+        wait_for(lambda: not manager.is_alive(), 10, what="the kernel's launcher to end")
+        assert f"gq: job {job_id} TIMEOUT: idle timeout" in (tmp_path / "launcher.err").read_text()
+    finally:
+        client.stop_channels()
+        manager.cleanup_resources()
+
+
 def test_a_restart_ends_the_job_and_starts_a_new_one_on_the_same_ports(daemon, data_dir):
     gq_ok("kernel", "install", "--name", "gqk", "-G", "0")
     manager, client = _kernel("gqk")

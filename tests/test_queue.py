@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import time
 
 import pytest
 from alembic.config import Config
@@ -721,4 +722,39 @@ def test_upgrade_to_0016_keeps_runs_and_learns_start_ups_from_new_ones(tmp_path)
     with database.read() as session:
         assert [run[-1] for run in queries.recent_runs(session, "ann", "train", 5)] == \
             [1.25, None]
+    database.close()
+
+
+def test_upgrade_to_0017_keeps_jobs_and_learns_idle_time_from_new_runs(tmp_path):
+    """Interactive jobs' idle time: a queue from before keeps its jobs (no --idle-timeout, no
+    activity known: a running interactive job reads idle since its start), and a new
+    interactive job keeps its --idle-timeout and the activity its host reports."""
+    now = time.time()
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0016")
+    _finished_jobs(home, [dict(id=3, end_time=5.0),
+                          dict(id=4, state="RUNNING", start_time=now - 1100, end_time=None)])
+    database = Database(home)
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    with database.write() as session:
+        session.execute(update(Job).where(Job.id == 4).values(interactive=True))
+    new = transitions.NewJob(name="python", user="ann", uid=1000, gid=1000, script="/(python)",
+                             args=[], interpreter="/usr/bin/python3", workdir="/w",
+                             output_pattern=None, error_pattern=None, env={}, interactive=True,
+                             idle_timeout=600)
+    with database.write() as session:
+        added = transitions.submit(session, new, lambda p, i, a, t: f"/w/{p}-{i}")[0]
+        transitions.start(session, added, "cpu", 0, now=now - 1000)
+        transitions.record_progress(session, added, transitions.Progress(
+            steps_done=0, attained=0.0, mean_iteration=None, mem_persistent=None,
+            mem_peak=None, holds_lane=False, active_at=now - 950))
+    with database.read() as session:
+        old, running, fresh = (queries.job(session, i) for i in (3, 4, added))
+        assert (old.state, old.idle_timeout, old.active_at) == ("COMPLETED", None, None)
+        assert job_info(old).idle is None  # ended: no idle time
+        assert running.active_at is None and job_info(running).idle >= 1100  # since its start
+        assert (fresh.idle_timeout, fresh.active_at) == (600, now - 950)
+        info = job_info(fresh)
+        assert info.idle_timeout == 600
+        assert 950 <= info.idle < 960  # since its last activity, not its start
     database.close()

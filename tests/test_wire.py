@@ -220,11 +220,16 @@ def test_client_requests_bound_every_field():
                              ({"warn_signal": "B:" * 40}, "warn_signal"),
                              ({"nodelist": ["gpu0\x00"]}, "NUL"),
                              ({"mail_user": "x" * 10_000}, "mail_user"),
-                             ({"gpu_type": 7}, "gpu_type")):
+                             ({"gpu_type": 7}, "gpu_type"),
+                             ({"idle_timeout": 2**70}, "idle_timeout"),
+                             ({"idle_timeout": 0}, "idle_timeout"),
+                             ({"idle_timeout": "1:00"}, "idle_timeout"),
+                             ({"idle_timeout": [60]}, "idle_timeout")):
         request = dataclasses.replace(base, options=dataclasses.replace(base.options, **change))
         with pytest.raises(MessageError, match=fragment):
             messages.decode(messages.encode(request), messages.REQUESTS)
-    for name, raw in (("retry_delay", b"NaN"), ("begin", b"Infinity"), ("retry_delay", b"-1e999")):
+    for name, raw in (("retry_delay", b"NaN"), ("begin", b"Infinity"), ("retry_delay", b"-1e999"),
+                      ("idle_timeout", b"NaN"), ("idle_timeout", b"1e999")):
         options = dataclasses.replace(base.options, **{name: 12345.5})
         line = messages.encode(dataclasses.replace(base, options=options))
         with pytest.raises(MessageError):  # what no client of ours sends, a hostile one may

@@ -16,7 +16,7 @@ from gq.cli import listing, render
 from gq.cli.common import ask, labels
 from gq.errors import UserError
 from gq.queue.states import TERMINAL, JobState
-from gq.units import parse_period, parse_when
+from gq.units import format_duration, parse_period, parse_when
 
 STATUS_HELP = """List pending and running jobs (like squeue).
 
@@ -83,13 +83,24 @@ def show(
         _print_job(job)
 
 
+def _interactive(job: messages.JobInfo) -> str:
+    """Whether it is on its submitter's terminal; its idle time and --idle-timeout."""
+    if not job.interactive:
+        return "no"
+    said = "yes (on its submitter's terminal)"
+    if job.idle is not None:
+        said += f", idle {render.idle_time(job.idle)}"
+    if job.idle_timeout is not None:
+        said += f", ended when idle {format_duration(job.idle_timeout)} (--idle-timeout)"
+    return said
+
+
 def _print_job(job: messages.JobInfo) -> None:
     lines = [
         ("JobId", job.label), ("Name", job.name), ("User", f"{job.user} (uid {job.uid})"),
         ("State", f"{job.state} ({render.state_label(job)})"), ("Reason", job.reason or "-"),
         ("Priority", job.priority), ("Command", " ".join([job.script, *job.args])),
-        ("Interactive", "yes (gq run --pty: on its submitter's terminal)"
-         if job.interactive else "no"),
+        ("Interactive", _interactive(job)),
         ("WorkDir", job.workdir), ("StdOut", job.stdout or "(its terminal)"),
         ("StdErr", job.stderr or "(its terminal)"),
         ("Gpus", f"{job.gpu_type}:{job.gpus}" if job.gpu_type else job.gpus),

@@ -60,7 +60,7 @@ _SUBMIT_VALUES = {
     "chdir": ["-D", "--chdir"], "oom": ["--oom"], "retry_delay": ["--retry-delay"],
     "python": ["--python"], "array": ["-a", "--array"], "dependency": ["-d", "--dependency"],
     "after": ["--after"], "notify": ["--notify"], "mail_type": ["--mail-type"],
-    "mail_user": ["--mail-user"],
+    "mail_user": ["--mail-user"], "idle_timeout": ["--idle-timeout"],
 }
 _SUBMIT_INTS = {"cpus_per_task": ["-c", "--cpus-per-task"], "ntasks": ["-n", "--ntasks"],
                 "priority": ["--priority"], "steps": ["--steps"], "retries": ["--retries"]}

@@ -87,7 +87,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "nodelist": job.nodelist, "retries": job.retries, "retry_delay": job.retry_delay,
         "deadline": iso(job.deadline), "missed_by": deadline_miss(job),
         "exclusive": job.exclusive, "requeue": job.requeue, "worker": job.worker,
-        "interactive": job.interactive,
+        "interactive": job.interactive, "idle_timeout": job.idle_timeout, "idle": job.idle,
         "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
         "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
         "array_task_string": job.array_task_string, "array_task_count": job.array_task_count,
@@ -189,8 +189,24 @@ def lane_state(job: JobInfo) -> str:
 
 
 def name_mark(job: JobInfo) -> str:
-    """gq status's NAME: an interactive job's (gq run --pty) marked as one."""
-    return f"{job.name} [pty]" if job.interactive else job.name
+    """gq status's NAME: an interactive job's (gq run --pty, a kernel) marked as one, with
+    its idle time while it runs, as ``w`` shows a login's (from a minute on)."""
+    if not job.interactive:
+        return job.name
+    if job.idle is not None and job.idle >= 60:
+        return f"{job.name} [pty, idle {idle_time(job.idle)}]"
+    return f"{job.name} [pty]"
+
+
+def idle_time(seconds: float) -> str:
+    """``w``'s idle spelling: ``45s``, ``12:05`` (minutes:seconds), ``3:20m`` (hours), ``2days``."""
+    if seconds < 60:
+        return f"{int(seconds)}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}m"
+    return f"{int(seconds // 86400)}days"
 
 
 def state_label(job: JobInfo) -> str:

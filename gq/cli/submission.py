@@ -112,6 +112,9 @@ def _build(params: dict[str, Any], given: set[str], read_directive: DirectiveRea
     if options["test_only"] and options["wait"]:
         raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
     request = _request(options, content)
+    if options.get("idle_timeout") is not None and not pty:
+        raise UserError("--idle-timeout: only an interactive job has idle time (gq run "
+                        "--pty, gq kernel install)")
     if pty:
         if options["wait"]:
             raise UserError("--pty waits for its job already; leave --wait out")
@@ -320,11 +323,26 @@ def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
         "output": options["output"], "error": options["error"],
         "exclusive": options["exclusive"], "requeue": options["requeue"],
         "interpreter": interpreter, "array": options["array"], "dependency": dependency,
-        "held": options["hold"], "interactive": False}
+        "held": options["hold"], "interactive": False,
+        "idle_timeout": _idle_timeout(options.get("idle_timeout"))}
     return {"script_path": script,
             "script": binascii.b2a_base64(content, newline=False).decode("ascii"),
             "args": args, "workdir": workdir, "env": env, "umask": umask,
             "options": submit_options}
+
+
+def _idle_timeout(given: str | None) -> int | None:
+    """--idle-timeout as -t spells a time (UNLIMITED: none)."""
+    if given is None:
+        return None
+    from gq.slurm.options import is_unlimited
+
+    if is_unlimited(given):
+        return None
+    try:
+        return parse_duration(given)
+    except UserError as exc:
+        raise UserError(f"--idle-timeout: {exc}") from None
 
 
 def _devices(options: dict[str, Any]) -> tuple[int, str | None]:

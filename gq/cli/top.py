@@ -122,7 +122,7 @@ def _view(node: messages.NodeInfo, pending: list[messages.JobInfo]):
             _bar(power, limit, f"{power:.0f} W" if power is not None else "-"),
             str(len(device.jobs)), device.held or ", ".join(reading.throttle if reading else []))
         for job in device.jobs:
-            _row(lanes, device.name, str(job.lane), job.label, job.user, job.name,
+            _row(lanes, device.name, str(job.lane), job.label, job.user, render.name_mark(job),
                           render.lane_state(job),
                           f"{job.steps_done}/{job.steps_total or '?'}")
     queue = Table(box=None, pad_edge=False, header_style="bold")

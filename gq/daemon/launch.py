@@ -158,7 +158,7 @@ def launch_spec(job: Job | JobRow, payload: Payload | PayloadRow, devices: list[
     return LaunchSpec(
         id=job.id, run=run, argv=argv, worker=worker, cwd=job.workdir, env=env,
         stdout=job.stdout_path or None, stderr=job.stderr_path or None, lane=lane,
-        user=job.user, terminal=bool(job.interactive),
+        user=job.user, terminal=bool(job.interactive), idle_timeout=job.idle_timeout,
         priority=job.priority, submit_time=job.submit_time, steps_total=job.steps_total,
         time_limit=job.time_limit, deadline=job.deadline, uid=job.uid, gid=job.gid,
         groups=groups, umask=job.umask, snapshot=job.spool_path or None,

@@ -702,6 +702,9 @@ def _ending(job: Running, report: wire.Exited) -> Ending:
                       f"time limit {format_duration(job.time_limit)} reached")
     if why is StopWhy.DEADLINE:
         return Ending(JobState.DEADLINE, exit_code, "deadline reached")
+    if why is StopWhy.IDLE:  # as Jupyter's culler ends an idle kernel
+        return Ending(JobState.TIMEOUT, exit_code,
+                      f"idle timeout: {report.detail or 'no activity for its --idle-timeout'}")
     if why is StopWhy.REQUEUE:
         return Ending(JobState.PENDING, exit_code, "requeued by user", requeue=True)
     if why is StopWhy.MOVE:
@@ -727,7 +730,8 @@ def _progress(item: wire.JobProgress) -> transitions.Progress:
         steps_done=item.steps_done, attained=item.attained,
         mean_iteration=item.mean_iteration, mean_gap=item.mean_gap,
         mem_persistent=item.mem_persistent, mem_peak=item.mem_peak,
-        holds_lane=item.holds_lane, steps_total=item.steps_total, startup=item.startup)
+        holds_lane=item.holds_lane, steps_total=item.steps_total, startup=item.startup,
+        active_at=item.active_at)
 
 
 def _alone(job: Job | queries.JobRow, devices: list[Device]) -> bool:

@@ -4,6 +4,10 @@ statement ends the iteration it opened. A statement's module calls and optimizer
 the lane as a script's do; between statements, while a person reads and types, the job
 holds nothing and other jobs have the device.
 
+While a statement runs, its terminal's times are kept fresh (:class:`Busy`): its host counts
+the job's idle time from them (:mod:`gq.exec.idleness`), and a long computation is no idle
+time.
+
 Ctrl-C is a KeyboardInterrupt, as in ``python``; one that comes while a statement waits for
 the lane is raised once the lane is granted (a grant lost between worker and host would
 leave the two disagreeing about who holds it), and the statement's end gives it back.
@@ -15,9 +19,54 @@ import code
 import os
 import signal
 import sys
+import threading
 from types import FrameType
 
 from gq.exec import runtime
+
+
+TOUCH_EVERY = 1.0  # seconds between touches of a busy job's terminal (a utime call)
+
+
+class Busy:
+    """Marks the job's terminal as used (its access and modification times now) when a
+    statement or a cell begins and ends, and every TOUCH_EVERY seconds between, as typing
+    would. Nothing where the job has no terminal."""
+
+    def __init__(self, fd: int = 0) -> None:
+        try:
+            self.tty: str | None = os.ttyname(fd)
+        except OSError:
+            self.tty = None
+        self.running = threading.Event()
+        self.ended = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def begin(self) -> None:
+        self.touch()
+        self.ended.clear()
+        self.running.set()
+        if self.thread is None and self.tty is not None:
+            self.thread = threading.Thread(target=self._keep_fresh, name="gq-busy", daemon=True)
+            self.thread.start()
+
+    def end(self) -> None:
+        self.running.clear()
+        self.ended.set()
+        self.touch()
+
+    def touch(self) -> None:
+        if self.tty is not None:
+            try:
+                os.utime(self.tty)
+            except OSError:
+                self.tty = None  # the terminal went away: nothing more to mark
+
+    def _keep_fresh(self) -> None:
+        while True:
+            self.running.wait()
+            while not self.ended.wait(TOUCH_EVERY):
+                self.touch()
 
 
 class StatementConsole(code.InteractiveConsole):
@@ -26,11 +75,14 @@ class StatementConsole(code.InteractiveConsole):
     def __init__(self, namespace: dict, session) -> None:
         super().__init__(namespace, filename="<stdin>")
         self.session = session
+        self.busy = Busy()
 
     def runcode(self, compiled) -> None:
+        self.busy.begin()
         try:
             super().runcode(compiled)
         finally:
+            self.busy.end()
             if self.session is not None:
                 self.session.end_iteration()
 

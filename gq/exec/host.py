@@ -34,7 +34,7 @@ from collections.abc import Callable
 from gq import defaults, policies
 from gq import log as gq_log
 from gq.errors import AlreadyRunning, LaunchError
-from gq.exec import cgroups
+from gq.exec import cgroups, idleness
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.granting import Granter
@@ -46,7 +46,7 @@ from gq.exec.spawn import (JobProcess, group_members, kill_group, start_as_submi
                            step_tasks)
 from gq.exec.terminal import Terminal, Terminals, bind_private
 from gq.queue import spool
-from gq.units import format_size
+from gq.units import format_duration, format_size
 from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.host")
@@ -81,6 +81,7 @@ class Host:
         self.draining = False  # taking no new job, exiting once the last one has ended
         self.child_exited = False
         self._next_housekeeping = 0.0
+        self._next_idle_check = 0.0  # interactive jobs' terminals (gq.exec.idleness)
         self._last_progress = 0.0
         self._memory_watch_at = 0.0  # monotonic: when _watch_host_memory asks again
         self.memory_watch: MemoryWatch | None = None  # made for the first job it watches
@@ -114,7 +115,7 @@ class Host:
                 for chore in (self._reap, self._enforce_time_limits, self._enforce_kills,
                               self._hang_up_untaken,
                               self.granter.close_given_back, self.granter.schedule_waiting_lanes,
-                              self._kill_lingering, self._watch_host_memory):
+                              self._kill_lingering, self._watch_host_memory, self._watch_idle):
                     self._isolated(chore)
             self._isolated(self._maybe_send_progress)
         self.terminals.close()
@@ -394,7 +395,7 @@ class Host:
             submit_time=spec.submit_time, declared_total=spec.steps_total, lane=lane,
             process=process, channel=channel, started_at=time.monotonic(),
             started_wall=time.time(), cgroup=cgroup, time_limit=spec.time_limit,
-            deadline=spec.deadline, interactive=spec.terminal,
+            deadline=spec.deadline, interactive=spec.terminal, idle_timeout=spec.idle_timeout,
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
             if spec.warn_signal is not None else None,
             mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe, page=page,
@@ -551,6 +552,32 @@ class Host:
                 resident.warning = None  # once, as sbatch's
             elif resident.deadline is not None and wall >= resident.deadline:
                 self.kill(resident, StopWhy.DEADLINE)
+
+    def _watch_idle(self) -> None:
+        """Interactive jobs' last activity (gq.exec.idleness), reported as it moves on; one
+        idle for its --idle-timeout is ended, as Jupyter's culler ends an idle kernel. A
+        suspended job's idle time does not run meanwhile, as its time limit does not."""
+        now, wall = time.monotonic(), time.time()
+        if now < self._next_idle_check:
+            return
+        self._next_idle_check = now + idleness.CHECK_EVERY
+        for resident in list(self.residents.values()):
+            if not resident.interactive or resident.kill_deadline is not None \
+                    or resident.exit_status is not None:
+                continue
+            seen = wall if resident.suspended else idleness.last_active(
+                resident.active_at, self.terminals.last_used(resident.job_id),
+                resident.in_iteration, wall)
+            if seen is not None and (resident.active_at is None or seen > resident.active_at):
+                resident.active_at = seen
+                if idleness.worth_reporting(resident.active_told, seen):
+                    resident.active_told, resident.dirty = seen, True
+            idle = idleness.idle_for(resident.active_at, resident.started_wall, wall)
+            if resident.idle_timeout is not None and idle >= resident.idle_timeout:
+                resident.detail = f"no activity for {format_duration(idle)}"
+                log.info("job %d: idle for %.0f s, its --idle-timeout; ending it",
+                         resident.job_id, idle)
+                self.kill(resident, StopWhy.IDLE)
 
     def _warn(self, resident: Resident, signum: int, _before: int, batch_only: bool) -> None:
         """sbatch's --signal: with B: to the job's main process (its batch shell); else to

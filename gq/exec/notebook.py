@@ -16,7 +16,7 @@ import signal
 import sys
 
 from gq.exec import runtime
-from gq.exec.console import interrupting
+from gq.exec.console import Busy, interrupting
 
 
 def serve() -> None:
@@ -38,6 +38,9 @@ def serve() -> None:
     os.environ.pop("JPY_PARENT_PID", None)
     app = IPKernelApp.instance(kernel_class=CellKernel)
     app.initialize(["-f", sys.argv[1]])
+    busy = Busy()  # a cell computing is no idle time (gq.exec.idleness)
+    app.shell.events.register("pre_run_cell", lambda info: busy.begin())
+    app.shell.events.register("post_run_cell", lambda result: busy.end())
     if session is not None:
         app.shell.events.register("post_run_cell", lambda result: session.end_iteration())
     app.start()

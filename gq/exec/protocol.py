@@ -38,7 +38,7 @@ from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/12"
+HOST_VERSION = f"{__version__}/13"
 ExitStatus = Annotated[int, codec.Bounds(0, 255)]
 
 
@@ -58,6 +58,7 @@ class StopWhy(str, enum.Enum):
     MEMORY = "memory"  # measured at a boundary over its memory cap (where no cgroup holds it)
     HOST_MEMORY = "host_memory"  # its processes measured over --host-mem, which no cgroup holds
     HANGUP = "hangup"  # an interactive job's terminal closed, or no client ever took it
+    IDLE = "idle"  # an interactive job idle for its --idle-timeout
 
 
 def host_paths(state_dir: str, device: str) -> tuple[str, str]:
@@ -116,6 +117,7 @@ class LaunchSpec:
     # gq run --pty: it runs on a pseudo-terminal of its own, whose master the host hands to
     # the submitter's gq (see gq.exec.terminal).
     terminal: bool = False
+    idle_timeout: TimeLimit | None = None  # seconds an interactive job may sit idle
 
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
@@ -151,6 +153,7 @@ class JobProgress:
     iterations: Count = 0  # the iterations its memory figures cover (a probe's is over at
     # defaults.PROBE_ITERATIONS)
     startup: Seconds | None = None  # from its launch to its first acquire (None: not yet)
+    active_at: Timestamp | None = None  # an interactive job's last activity (gq.exec.idle)
 
 
 @message

@@ -109,6 +109,9 @@ class Resident:
     time_limit: int | None = None  # seconds; the host enforces it, daemon or not
     deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
     interactive: bool = False  # on a terminal (gq run --pty, a kernel): people first
+    idle_timeout: int | None = None  # seconds it may sit idle (gq.exec.idleness)
+    active_at: float | None = None  # wall clock: its last activity seen
+    active_told: float | None = None  # ... as the daemon was last told it
     warning: tuple[int, int, bool] | None = None  # --signal: number, seconds before, B:
     suspended: bool = False  # gq suspend: its processes stopped; it is granted nothing
     frozen: bool = False  # its processes are stopped now (from a suspend until it is thawed)
@@ -262,7 +265,7 @@ class Resident:
                     mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
                     mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
                     holds_lane=self.in_iteration, iterations=self.iterations,
-                    startup=self.startup)
+                    startup=self.startup, active_at=self.active_at)
 
     @property
     def in_iteration(self) -> bool:

@@ -84,6 +84,18 @@ class Terminals:
         self.discard(job)
         return gone
 
+    def last_used(self, job: int) -> float | None:
+        """When the job's terminal was last typed on or written to (wall clock), as ``w``
+        reads a login's; None for a job without one."""
+        terminal = self.by_job.get(job)
+        if terminal is None:
+            return None
+        try:
+            status = os.stat(terminal.tty)
+        except OSError:
+            return None
+        return max(status.st_atime, status.st_mtime)
+
     def untaken(self, now: float) -> list[Terminal]:
         """The terminals no gq took in time (their gq died while the job was pending),
         closed: which hangs up the jobs still running."""
@@ -106,9 +118,10 @@ class Terminal:
     """One job's terminal: the master until it is handed over, then the client's connection
     (watched for its closing). Registered in the host's selector with itself as the data."""
 
-    def __init__(self, job: int, run: int, uid: int, path: str, master: int,
+    def __init__(self, job: int, run: int, uid: int, path: str, master: int, tty: str,
                  listener: socket.socket, deadline: float, selector: selectors.BaseSelector):
         self.job, self.run, self.uid, self.path = job, run, uid, path
+        self.tty = tty  # the slave's name (/dev/pts/N): its times are the job's idle time
         self.master: int | None = master
         self.listener: socket.socket | None = listener
         self.client: socket.socket | None = None
@@ -124,6 +137,7 @@ class Terminal:
         no pseudo-terminal or socket to spare."""
         master, slave = os.openpty()
         try:
+            tty = os.ttyname(slave)
             fcntl.ioctl(master, termios.TIOCSWINSZ, _DEFAULT_SIZE)
             uid = os.geteuid() if spec.uid is None else spec.uid
             if os.geteuid() == 0 and uid != 0:
@@ -137,7 +151,7 @@ class Terminal:
             os.close(master)
             os.close(slave)
             raise
-        return cls(spec.id, spec.run, uid, path, master, listener,
+        return cls(spec.id, spec.run, uid, path, master, tty, listener,
                    time.monotonic() + wait, selector), slave
 
     @property

@@ -87,6 +87,7 @@ class Job(Base):
     # gq run --pty: it runs on a terminal its submitter's gq holds; its output is that
     # terminal's unless -o/-e name files (its stdout_path and stderr_path are "" then).
     interactive: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    idle_timeout: Mapped[int | None] = mapped_column(Integer)  # seconds (interactive jobs)
 
     # Job arrays: every task is a row; the array's id is its first task's id.
     array_job_id: Mapped[int | None] = mapped_column(Integer, index=True)
@@ -126,6 +127,7 @@ class Job(Base):
     mem_persistent: Mapped[int | None] = mapped_column(Integer)
     mem_peak: Mapped[int | None] = mapped_column(Integer)
     holds_lane: Mapped[bool] = mapped_column(Boolean, default=False)
+    active_at: Mapped[float | None] = mapped_column(Float)  # an interactive job's last activity
 
     @property
     def args(self) -> list[str]:

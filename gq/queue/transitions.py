@@ -80,6 +80,7 @@ class NewJob:
     dependency: str | None = None
     held: bool = False
     interactive: bool = False  # gq run --pty
+    idle_timeout: int | None = None  # seconds an interactive job may sit idle
     array_tasks: tuple[int, ...] | None = None
     array_max_running: int | None = None
     spool_bytes: int = 0  # what the snapshot costs the spool (spool.footprint)
@@ -110,7 +111,8 @@ def submit(session: Session, new: NewJob, resolve_output,
         ooms=0,
         steps_total=new.steps_total, exclusive=new.exclusive,
         requeue=new.requeue, dependency=new.dependency, held=new.held,
-        interactive=new.interactive, script=new.script,
+        interactive=new.interactive, idle_timeout=new.idle_timeout, active_at=None,
+        script=new.script,
         spool_path="", payload_id=payload_id, interpreter=new.interpreter,
         workdir=new.workdir, stdout_path="", stderr_path="", submit_time=new.submit_time,
         output_pattern=new.output_pattern, error_pattern=new.error_pattern,
@@ -246,7 +248,8 @@ def start(session: Session, job_id: int, device: str, lane: int,
     return _move(session, job_id, JobState.PENDING, JobState.RUNNING, None, now,
                  guard=_NOT_HELD, device=device, lane=lane, pid=None,
                  stop_request=None, start_time=now, end_time=None, exit_code=None,
-                 run_count=_NEXT_RUN, steps_done=0, attained=0.0, startup=None)
+                 run_count=_NEXT_RUN, steps_done=0, attained=0.0, startup=None,
+                 active_at=None)
 
 
 def set_pending_reasons(session: Session, reasons: dict[int, str | None]) -> None:
@@ -494,6 +497,7 @@ class Progress:
     steps_total: int | None = None
     mean_gap: float | None = None  # hosts before it was reported send none
     startup: float | None = None  # seconds from launch to its first acquire (None: not yet)
+    active_at: float | None = None  # an interactive job's last activity (None: none seen)
 
 
 def _progress_values(progress: Progress) -> dict[str, Any]:
@@ -502,7 +506,7 @@ def _progress_values(progress: Progress) -> dict[str, Any]:
         "mean_iteration": progress.mean_iteration, "mean_gap": progress.mean_gap,
         "mem_persistent": progress.mem_persistent,
         "mem_peak": progress.mem_peak, "holds_lane": progress.holds_lane,
-        "startup": progress.startup,
+        "startup": progress.startup, "active_at": progress.active_at,
     }
     if progress.steps_total is not None:
         values["steps_total"] = progress.steps_total

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from sqlalchemy.orm import Session
 
 from gq import defaults, messages
 from gq.errors import UserError
+from gq.exec import idleness
 from gq.daemon.memory import over_figure
 from gq.queue import dependencies, queries
 from gq.queue.arrays import parse_label
@@ -85,9 +87,19 @@ def job_info(job: Job, events: list[JobEvent] | None = None,
         mail_user=job.mail_user if detail else None, suspended=job.suspended,
         mem_basis=_basis(job.mem_basis, job.mem),
         on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
-        ooms=job.ooms or 0, interactive=bool(job.interactive),
+        ooms=job.ooms or 0, interactive=bool(job.interactive), idle_timeout=job.idle_timeout,
+        idle=_idle(job),
         mem_over=job.state != JobState.PENDING.value and over_figure(job.mem, job.mem_peak),
         worker=job.interpreter is not None)
+
+
+def _idle(job: Job) -> float | None:
+    """A running interactive job's idle time, from its last activity as its host reported
+    it (gq.exec.idleness): to REPORT_STEP seconds."""
+    if not job.interactive or job.state != JobState.RUNNING.value or job.start_time is None:
+        return None
+    return min(idleness.idle_for(job.active_at, job.start_time, time.time()),
+               float(defaults.MAX_TIME_LIMIT))
 
 
 def _basis(basis: str | None, mem: int | None) -> messages.MemoryBasis | None:

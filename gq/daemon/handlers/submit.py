@@ -149,7 +149,7 @@ def _validate(daemon: NodeView, caller: Caller,
         mail_type=_mail_type(options.mail_type), mail_user=_mail_user(options.mail_user),
         on_oom=_on_oom(options),
         exclusive=options.exclusive, requeue=options.requeue, dependency=dependency,
-        held=options.held, interactive=options.interactive,
+        held=options.held, interactive=options.interactive, idle_timeout=options.idle_timeout,
         array_tasks=tasks.tasks() if tasks else None,
         array_max_running=tasks.max_running if tasks else None,
         spool_bytes=spool.footprint(len(request.script)))
@@ -159,6 +159,9 @@ def _check_interactive(options: messages.SubmitOptions) -> None:
     """An interactive job is one run on one terminal: nothing may run it again (a terminal
     cannot be handed to a later run), and only it may leave its output to the terminal."""
     if not options.interactive:
+        if options.idle_timeout is not None:
+            raise UserError("--idle-timeout: only an interactive job has idle time (gq run "
+                            "--pty, gq kernel install)")
         if options.output is None:
             raise UserError("--output needs a file name (only gq run --pty writes to the "
                             "terminal)")
