@@ -339,3 +339,52 @@ def test_an_idle_repl_shows_its_idle_time_and_its_idle_timeout_ends_it(daemon):
     assert ended["reason"].startswith("idle timeout: no activity for 0:0"), ended
     assert ended["idle"] is None  # idle time is a running job's
 
+
+def test_ipython_runs_under_gq_with_its_cells_holding_the_lane(daemon):
+    """``gq run --pty -- ipython``: IPython's own terminal shell, run by gq's worker on the
+    interpreter ipython is installed for, each cell ending its iteration."""
+    pytest.importorskip("IPython")
+    child = _spawn("run", "--pty", "--", "ipython", "--no-banner", "--colors=NoColor",
+                   "--no-confirm-exit", "--simple-prompt")
+    child.expect(r"In \[1\]: ")
+    child.sendline("import gq, itertools, os, time; print(gq.in_job(), os.environ['GQ_JOB_ID'])")
+    child.expect(r"True (\d+)")
+    job_id = int(child.match.group(1))
+    assert job(job_id)["name"] == "ipython" and job(job_id)["worker"]
+    child.expect(r"In \[2\]: ")
+    child.sendline("g = gq.steps(itertools.count()); next(g); time.sleep(30)")
+    wait_for(lambda: job(job_id)["holds_lane"], 10, what="the cell to hold the lane")
+    child.sendintr()
+    child.expect("KeyboardInterrupt")
+    child.expect(r"In \[3\]: ")
+    wait_for(lambda: not job(job_id)["holds_lane"], 10, what="the lane back between cells")
+    child.sendline("exit")
+    assert _ended(child) == 0
+    assert wait_state(job_id, "COMPLETED")["exit_code"] == 0
+
+
+def test_ipython_is_run_by_the_python_its_script_names_and_else_as_it_is(tmp_path,
+                                                                          monkeypatch):
+    from gq.cli import commands
+    from gq.errors import UserError
+
+    python = os.path.realpath(sys.executable)
+    scripts = {"ipython": f"#!{python}\n", "ipython3": "#!/usr/bin/env python3\n",
+               "ipython4": f"#!{python} -E\n", "ipython5": "#!/bin/bash\nexec python3\n",
+               "ipython6": ""}
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text + "from IPython import start_ipython\n")
+        (tmp_path / name).chmod(0o755)
+    os.symlink(python, tmp_path / "python3")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for name, interpreter in (("ipython", python), ("ipython3", str(tmp_path / "python3"))):
+        queued = commands.from_argv([name, "--no-banner"], interactive=True)
+        assert (queued.interpreter, queued.args, queued.name) == \
+            (interpreter, ["--no-banner"], "ipython"), name
+    for name in ("ipython4", "ipython5", "ipython6"):  # no plain Python named: as it is
+        assert commands.from_argv([name], interactive=True).interpreter is None, name
+    assert commands.from_argv(["ipython"]).interpreter is None  # a batch job: as it is
+    queued = commands.from_argv(["python3", "-m", "IPython", "-i"], interactive=True)
+    assert (queued.interpreter, queued.args) == (str(tmp_path / "python3"), ["-i"])
+    with pytest.raises(UserError, match="ipython9: not found on your PATH"):
+        commands.from_argv(["ipython9"], interactive=True)

@@ -2,7 +2,9 @@
 what to queue for it. A Python command (``python train.py ...``, ``python -m pkg ...``)
 becomes a Python job, with iteration boundaries, run by the interpreter the command names
 as found on the submitter's PATH now; any other command runs from a small sh script. Under
-``gq run --pty``, a Python with no script is a REPL run by gq's worker (gq.exec.console)."""
+``gq run --pty``, a Python with no script is a REPL run by gq's worker (gq.exec.console), and
+so is IPython (``ipython ARGS``, ``python -m IPython ARGS``) by the interpreter it is
+installed for."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ _LAUNCHERS = frozenset({"torch.distributed.run", "torch.distributed.launch",
                         "accelerate.commands.launch", "deepspeed.launcher.runner"})
 _SHELL_SYNTAX = r"[;&|<>()$`\\\"'*?\[\]{}~#\n]"  # what only a shell reads
 _REPL = b"# gq run --pty: python\nfrom gq.exec.console import interact\n\ninteract()\n"
+_IPYTHON = (b"# gq run --pty: ipython\nfrom gq.exec.console import interact_ipython\n\n"
+            b"interact_ipython()\n")
 
 
 class Queued:
@@ -51,6 +55,12 @@ def from_argv(argv: list[str], interactive: bool = False) -> Queued:
     if interactive and re.fullmatch(_PYTHON, program) and argv[1:] in ([], ["-i"]):
         return Queued(os.path.join(os.getcwd(), f"{program} (interactive).py"), _REPL, [],
                       _python(argv[0]), program)
+    if interactive and re.fullmatch(_PYTHON, program) and argv[1:3] == ["-m", "IPython"]:
+        return _ipython(_python(argv[0]), argv[3:])
+    if interactive and re.fullmatch(r"ipython\d*", program):
+        python = _interpreter_of(argv[0])
+        if python is not None:
+            return _ipython(python, argv[1:])
     if re.fullmatch(_PYTHON, program) and len(argv) > 1:
         python = _python(argv[0])
         if (argv[1] == "-m" and len(argv) > 2 and re.fullmatch(_MODULE, argv[2])
@@ -88,6 +98,38 @@ def _python(program: str) -> str:
     if found is None:
         raise UserError(f"{program}: not found on your PATH; give the interpreter's path")
     return os.path.abspath(found)
+
+
+def _ipython(python: str, args: list[str]) -> Queued:
+    return Queued(os.path.join(os.getcwd(), "ipython (interactive).py"), _IPYTHON, args,
+                  python, "ipython")
+
+
+def _interpreter_of(program: str) -> str | None:
+    """The Python a console script (``ipython``) runs on, as its ``#!`` line names it (a
+    path, or ``/usr/bin/env python3`` as PATH finds it); None where it names none (the
+    command then runs as it is)."""
+    import re
+    import shutil
+
+    found = shutil.which(program)
+    if found is None:
+        raise UserError(f"{program}: not found on your PATH; give the interpreter's path")
+    try:
+        with open(found, "rb") as script:
+            first = script.readline(4096)
+    except OSError:
+        return None
+    match = re.fullmatch(rb"#!\s*(/\S+)(?:[ \t]+(\S+))?\s*", first)
+    if match is None:
+        return None
+    named, argument = (None if part is None else part.decode("utf-8", "surrogateescape")
+                       for part in match.groups())
+    if os.path.basename(named) == "env" and argument and re.fullmatch(_PYTHON, argument):
+        return _python(argument)
+    if re.fullmatch(_PYTHON, os.path.basename(named)) and argument is None:
+        return named
+    return None
 
 
 def _module(python: str, module: str, args: list[str]) -> Queued:

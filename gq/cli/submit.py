@@ -81,7 +81,7 @@ def submit(
     wait: bool = typer.Option(False, "-W", "--wait", help="Then wait until it has ended and exit with its exit code (as sbatch --wait)."),
     test_only: bool = typer.Option(False, "--test-only", help="Queue nothing: check the job, say when and where it would start and end, and which queued jobs it would delay (as sbatch --test-only)."),
     idle_timeout: Optional[str] = typer.Option(None, "--idle-timeout", metavar="TIME", help="An interactive job (--pty, gq kernel install) idle this long (as -t: M, M:S, H:M:S, ...) is ended (state TIMEOUT), as Jupyter's culler ends a kernel: idle is no typing, no output, no statement or cell computing [its time limit only]."),
-    pty: bool = typer.Option(False, "--pty", help="gq run: run the command on this terminal once it starts (as srun --pty), its exit status gq's; Ctrl-C while it is pending cancels it. A bare python is a REPL whose statements hold the device only while they run."),
+    pty: bool = typer.Option(False, "--pty", help="gq run: run the command on this terminal once it starts (as srun --pty), its exit status gq's; Ctrl-C while it is pending cancels it. A bare python (or ipython) is a REPL whose statements hold the device only while they run."),
 ) -> None:
     params = dict(ctx.params)
     given = {name for name in params if ctx.get_parameter_source(name).name == "COMMANDLINE"}

@@ -1,6 +1,7 @@
 """The Python REPL of an interactive job (``gq run --pty -- python``): run by gq's worker as
 its script, it is :mod:`code`'s console with readline, as ``python`` gives one, whose every
-statement ends the iteration it opened. A statement's module calls and optimizer steps hold
+statement ends the iteration it opened; ``gq run --pty -- ipython`` is IPython's own terminal
+shell, whose every cell ends it likewise. A statement's module calls and optimizer steps hold
 the lane as a script's do; between statements, while a person reads and types, the job
 holds nothing and other jobs have the device.
 
@@ -109,6 +110,26 @@ def interact() -> None:
     console.interact(banner=f"Python {sys.version} on {sys.platform}\nType \"help\", "
                             "\"copyright\", \"credits\" or \"license\" for more information.",
                      exitmsg="")
+
+
+def interact_ipython() -> None:
+    """IPython's terminal shell, as ``ipython ARGS`` starts it (its profile, configuration
+    and options: the job's arguments), each cell ending the iteration it opened."""
+    from IPython.terminal.ipapp import TerminalIPythonApp
+
+    session = runtime.active
+    args = sys.argv[1:]
+    sys.argv = ["ipython", *args]
+    sys.path[0] = ""
+    app = TerminalIPythonApp.instance()
+    app.initialize(args)
+    busy = Busy()
+    app.shell.events.register("pre_run_cell", lambda info: busy.begin())
+    app.shell.events.register("post_run_cell", lambda result: busy.end())
+    if session is not None:
+        app.shell.events.register("post_run_cell", lambda result: session.end_iteration())
+        signal.signal(signal.SIGINT, interrupting(session))
+    app.start()
 
 
 def interrupting(session):
