@@ -17,10 +17,11 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 person waits for it) is granted before batch jobs, and before a lane kept for one, whenever
 the lane's last grant went to a batch job; after an interactive job's grant the policy picks
 as usual. A statement then waits at most for the batch iteration in progress, and since
-a people-first turn only ever follows a batch job's grant, a person computing on takes at
-most every other grant beyond what the policy gives them: batch jobs are not starved
-(fifo's too: a person does not wait behind a queue of batch iterations). Priority leaves this to
-``--priority`` (``people_first`` false).
+a people-first turn only ever follows a batch job's grant, the turn takes at most every
+other grant: a person computing on and a batch job alternate under fifo (which would
+otherwise keep a person waiting behind the whole batch job), and the policy's own order
+decides the grants between (fair's gives a newcomer the lane until its attained time has
+caught up). Priority leaves this to ``--priority`` (``people_first`` false).
 """
 
 from __future__ import annotations
