@@ -4,10 +4,13 @@ backfill, and rr time slicing, end to end."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from datetime import datetime
 
-from conftest import (DECLARED, KERNEL_LOOP, DaemonControl, gq, gq_ok, job, start_together, submit,
-                      submit_resident, wait_for, wait_state, write_script)
+from conftest import (DECLARED, KERNEL_LOOP, ROOT, DaemonControl, all_jobs, gq, gq_ok, job,
+                      start_together, submit, submit_resident, wait_for, wait_state,
+                      write_script)
 
 
 def ts(text: str) -> float:
@@ -193,3 +196,33 @@ def test_a_shell_job_that_asks_for_a_device_has_it_alone(home, tmp_path):
     gq_ok("cancel", str(beside), str(another))
     assert wait_state(second, "RUNNING")["device"] == shared
     gq_ok("cancel", "--state", "R")
+
+
+def test_a_shell_on_a_terminal_that_asks_for_a_shared_gpu_is_refused(home, tmp_path):
+    """A batch shell job takes its device alone; a shell on a terminal would hold a whole
+    device for as long as a person keeps it open. It is refused, saying what to give, and
+    queues nothing; -G 0, --exclusive or a Python REPL are queued."""
+    import pexpect
+
+    gq_ok("daemon", "start", "--cpu-devices", "2", "--kill-wait", "1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    child = pexpect.spawn(sys.executable, ["-m", "gq", "run", "--pty", "--", "bash", "--norc"],
+                          env=env, encoding="utf-8", timeout=15)
+    child.expect(pexpect.EOF)
+    child.close()
+    said = child.before.strip().splitlines()
+    assert child.exitstatus == 2 and len(said) == 1, said
+    assert said[0] == ("gq: error: a shell on a terminal would use its device outside gq's "
+                       "lanes: give -G 0 for none, --exclusive for a device of its own, or run "
+                       "python or ipython, whose statements hold a shared device only while "
+                       "they run")
+    assert all_jobs() == []
+    for args in (["-G", "0"], ["--exclusive"]):
+        child = pexpect.spawn(sys.executable, ["-m", "gq", "run", "--pty", *args, "--", "sh",
+                                               "-c", "echo on $GQ_JOB_ID"],
+                              env=env, encoding="utf-8", timeout=15)
+        child.expect(r"on (\d+)")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0, args
+    gq_ok("daemon", "stop")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from gq import defaults, messages, validation
+from gq.daemon import admission
 from gq.daemon import devices as devices_mod
 from gq.daemon.access import Caller, check_priority
 from gq.daemon.handlers.common import check_dependency, output_resolver
@@ -123,6 +124,13 @@ def _validate(daemon: NodeView, caller: Caller,
     is_python = script.suffix == ".py"
     if is_python and not (options.interpreter and os.path.isabs(options.interpreter)):
         raise UserError("a .py script needs an interpreter given by its absolute path")
+    if options.interactive and not is_python and not options.exclusive \
+            and admission.has_devices_alone(False, False, options.gpus,
+                                            any(d.whole for d in daemon.devices)):
+        # A batch shell job takes its device alone; a terminal would hold one for the day.
+        raise UserError("a shell on a terminal would use its device outside gq's lanes: give "
+                        "-G 0 for none, --exclusive for a device of its own, or run python or "
+                        "ipython, whose statements hold a shared device only while they run")
     if not is_python and options.interpreter:
         raise UserError("--python applies only to .py scripts")
     dependency = (str(dependencies.parse(options.dependency))
