@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state
 
 sys.path.insert(0, str(ROOT / "tests" / "zoo"))
@@ -165,3 +167,38 @@ def test_a_training_step_compiled_whole_is_granted_the_lane_at_each_call(daemon,
     for kernels, info in zip((mine, theirs), infos):
         busy = sum(end - begin for begin, end in kernels) / 1e9
         assert info["attained"] >= busy * 0.95, (busy, info["attained"])
+
+
+def test_a_ctrl_c_as_the_ready_goes_waits_for_the_grant_and_loses_nothing():
+    """A console's Ctrl-C that comes just as the worker sends its READY, before it waits
+    for the GO: raised at once, it left the READY unanswered while the host granted, and
+    the lane was held by no one who knew it. It is held back until the grant is in."""
+    import signal
+    import socket
+
+    from gq.exec.console import interrupting
+    from gq.exec.protocol import FROM_WORKER, Channel, Go, WorkerChannel, encode
+    from gq.exec.worker import WorkerSession
+
+    class InterruptedAsItSends(WorkerChannel):
+        def send_line(self, line: bytes) -> None:
+            super().send_line(line)
+            interrupting(session)(signal.SIGINT, None)  # the SIGINT, right then
+
+    host_end, worker_end = socket.socketpair()
+    host = Channel(host_end, FROM_WORKER)
+    session = WorkerSession(InterruptedAsItSends(worker_end))
+    try:
+        host_end.sendall(encode(Go()))
+        with pytest.raises(KeyboardInterrupt):
+            session.acquire()
+        assert type(host.receive_one()).__name__ == "Ready"
+        assert session.held  # the grant was read: the statement's end gives it back
+        session.end_iteration()
+        assert type(host.receive_one()).__name__ == "Done"
+        worker_end.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no GO left unread for the next READY
+            worker_end.recv(1)
+    finally:
+        host_end.close()
+        worker_end.close()

@@ -80,9 +80,11 @@ class WorkerSession:
             if lease is not None and lease.take(self.steps, kept):
                 self.held = True
                 return
-            self.channel.send_line(READY)
+            # Before the READY goes: a Ctrl-C between the two would leave it unanswered
+            # here while the host grants, and the lane held by no one who knows it.
             self.awaiting_grant = True
             try:
+                self.channel.send_line(READY)
                 grant = self.channel.receive_one()
                 if not isinstance(grant, Go):  # (the host sends nothing else)
                     raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a "
