@@ -1,6 +1,7 @@
 """A batch job beside an interactive one on one device: the batch job's throughput alone,
-beside an idle REPL and beside a REPL that computes, and how long a REPL's statement waits
-for the lane behind the batch job, under fifo and fair (gq's people-first turn).
+beside an idle REPL and beside a REPL that computes (within its burst, and past it), and how
+long a REPL's statement waits for the lane behind the batch job, under fifo and fair (gq's
+people-first turn).
 
   python bench/interactive.py [--seconds 15] [--iteration 0.05] [--out interactive.json]
 
@@ -24,6 +25,8 @@ import pexpect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Node  # noqa: E402
+
+SETTLE = 30.0  # seconds of the REPL computing between the two windows: past its burst
 
 BATCH = """import gq, sys, time
 iteration = float(sys.argv[1])
@@ -89,11 +92,14 @@ def measure(policy: str, seconds: float, iteration: float) -> dict:
         child = _repl(node)
         idle = _rate(node, batch, seconds)
         waits = _waits(child, 30, iteration)
-        child.sendline(f"n = 0; end = time.monotonic() + {seconds + 5}\n"
+        computing = 2.5 + seconds + SETTLE + seconds + 2.5
+        child.sendline(f"n = 0; end = time.monotonic() + {computing}\n"
                        f"while time.monotonic() < end:\n    step({iteration}); n += 1\n")
         time.sleep(2.5)
-        busy = _rate(node, batch, seconds)
-        child.expect(">>> ", timeout=seconds + 60)
+        busy = _rate(node, batch, seconds)  # within the REPL's burst
+        time.sleep(SETTLE)
+        sustained = _rate(node, batch, seconds)  # past it: the REPL is a batch job now
+        child.expect(">>> ", timeout=computing + 60)
         child.sendline("print('repl', n)")
         child.expect(r"repl (\d+)")
         repl_steps = int(child.match.group(1))
@@ -101,7 +107,8 @@ def measure(policy: str, seconds: float, iteration: float) -> dict:
         child.expect(pexpect.EOF)
         node.gq("cancel", str(batch))
     return {"policy": policy, "batch_alone": alone, "batch_beside_idle_repl": idle,
-            "batch_beside_busy_repl": busy, "repl_busy_rate": repl_steps / (seconds + 5),
+            "batch_beside_busy_repl": busy, "batch_beside_sustained_repl": sustained,
+            "repl_busy_rate": repl_steps / computing,
             "statement_wait_median": statistics.median(waits), "statement_wait_max": max(waits),
             "statement_waits": waits}
 
@@ -125,8 +132,10 @@ def main() -> None:
               f"{run['batch_beside_idle_repl']:.1f} "
               f"({run['batch_beside_idle_repl'] / run['batch_alone']:.0%}), beside a busy REPL "
               f"{run['batch_beside_busy_repl']:.1f} "
-              f"({run['batch_beside_busy_repl'] / run['batch_alone']:.0%}; the REPL "
-              f"{run['repl_busy_rate']:.1f}); a statement waited "
+              f"({run['batch_beside_busy_repl'] / run['batch_alone']:.0%}), "
+              f"{SETTLE:.0f} s later {run['batch_beside_sustained_repl']:.1f} "
+              f"({run['batch_beside_sustained_repl'] / run['batch_alone']:.0%}; the REPL "
+              f"{run['repl_busy_rate']:.1f} all along); a statement waited "
               f"{run['statement_wait_median'] * 1000:.0f} ms (median), "
               f"{run['statement_wait_max'] * 1000:.0f} ms at most")
 

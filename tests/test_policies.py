@@ -265,7 +265,7 @@ def test_an_interactive_job_goes_first_every_other_grant_and_batch_jobs_keep_the
 
     rule = policies.make(policy)
     batch = view(1, submit_time=0.0, attained=0.0, mean_iteration=0.1, steps_total=10)
-    person = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.1, interactive=True)
+    person = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.1, person_waits=True)
     grants, last = [], None
     for _ in range(8):
         decision = lane.next_step(rule, [batch, person], [batch, person], [], 10.0, last=last)
@@ -286,8 +286,28 @@ def test_priority_leaves_an_interactive_job_to_its_priority():
 
     rule = policies.make("priority")
     high = view(1, priority=5)
-    person = view(2, interactive=True)
+    person = view(2, person_waits=True)
     assert lane.next_step(rule, [high, person], [high, person], [], 10.0, last=1) == \
         lane.Grant(high)
     # Alone among the ready, an interactive job is simply granted, under any policy.
     assert lane.next_step(rule, [person], [high, person], [], 10.0, last=1) == lane.Grant(person)
+
+
+def test_an_interactive_job_goes_first_only_within_its_burst():
+    """A REPL that trains without pause is a batch job in disguise: once its recent use of
+    the lane passes PEOPLE_SHARE, it takes the policy's turn, and it goes first again once
+    its use has decayed."""
+    from gq.exec import lanes as lane
+
+    assert lane.within_burst(0.0)
+    used = 0.0
+    for _ in range(600):  # holding the whole lane, second by second
+        used = lane.recent_use(used, 1.0, 1.0)
+    assert not lane.within_burst(used)
+    assert abs(used - lane.PEOPLE_HORIZON) < 1.0  # a share of 1 tends to the horizon
+    for _ in range(600):  # a quarter of it less a little: still first
+        used = lane.recent_use(used, 1.0, lane.PEOPLE_SHARE * 0.95)
+    assert lane.within_burst(used)
+    assert lane.recent_use(10.0, -5.0, -3.0) == 10.0  # a clock or a figure gone backwards
+    late = lane.recent_use(lane.PEOPLE_HORIZON, lane.PEOPLE_HORIZON * 2, 0.0)
+    assert lane.within_burst(late)  # two horizons idle: first again

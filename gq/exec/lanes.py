@@ -14,22 +14,42 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 (e.g. priority with fill off, a higher job in its gap).
 
 **People first.** A ready interactive job (a terminal's statement, a notebook's cell: a
-person waits for it) is granted before batch jobs, and before a lane kept for one, whenever
+person waits for it) within its burst is granted before batch jobs, and before a lane kept for one, whenever
 the lane's last grant went to a batch job; after an interactive job's grant the policy picks
 as usual. A statement then waits at most for the batch iteration in progress, and since
 a people-first turn only ever follows a batch job's grant, the turn takes at most every
 other grant: a person computing on and a batch job alternate under fifo (which would
 otherwise keep a person waiting behind the whole batch job), and the policy's own order
 decides the grants between (fair's gives a newcomer the lane until its attained time has
-caught up). Priority leaves this to ``--priority`` (``people_first`` false).
+caught up). Priority leaves this to ``--priority`` (``people_first`` false). Its burst: a
+person computes in bursts, and a job that used more than PEOPLE_SHARE of the lane over
+the last PEOPLE_HORIZON seconds (decayed) is a batch job in disguise, which takes the
+policy's turn until its use has fallen back; so a REPL that trains without pause gets at
+least that share from the turn, and batch jobs keep the rest of what the policy gives them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gq.policies.base import JobView, Policy, anticipation_window, expected_back, fits_before
+
+
+PEOPLE_HORIZON = 60.0  # seconds over which an interactive job's recent lane use decays (by e)
+PEOPLE_SHARE = 0.25  # the share of the lane it may use recently and still go first
+
+
+def recent_use(previous: float, since: float, added: float) -> float:
+    """Lane seconds used recently: ``previous``, reckoned ``since`` seconds ago and decayed
+    since, plus ``added`` (a job that holds a share r of the lane tends to r * HORIZON)."""
+    return previous * math.exp(-max(0.0, since) / PEOPLE_HORIZON) + max(0.0, added)
+
+
+def within_burst(recent: float) -> bool:
+    """Whether an interactive job with this recent use still goes first."""
+    return recent < PEOPLE_SHARE * PEOPLE_HORIZON
 
 
 @dataclass(frozen=True)
@@ -68,12 +88,12 @@ def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     back, or nothing (no job ready, or the policy leaves the lane idle)."""
     if not ready:
         return None
-    people = [view for view in ready if view.interactive]
+    people = [view for view in ready if view.person_waits]
     if policy.people_first and people \
-            and not any(view.id == last and view.interactive for view in resident):
+            and not any(view.id == last and view.person_waits for view in resident):
         # Among the people, the policy's order (fifo's too: the first of them, not the
         # first batch job, is what their turn is for).
-        chosen = policy.pick(people, [view for view in resident if view.interactive], now)
+        chosen = policy.pick(people, [view for view in resident if view.person_waits], now)
         if chosen is not None:
             return Grant(chosen)
     chosen = policy.pick(ready, resident, now)

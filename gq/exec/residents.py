@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from gq.codec import MessageError
+from gq.exec import lanes
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.lease import Figures, SharedPage
@@ -109,6 +110,9 @@ class Resident:
     time_limit: int | None = None  # seconds; the host enforces it, daemon or not
     deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
     interactive: bool = False  # on a terminal (gq run --pty, a kernel): people first
+    recent_use: float = 0.0  # lane seconds used recently, decayed (gq.exec.lanes.recent_use)
+    recent_at: float = 0.0  # monotonic: when recent_use was reckoned
+    recent_attained: float = 0.0  # its attained time then
     idle_timeout: int | None = None  # seconds it may sit idle (gq.exec.idleness)
     active_at: float | None = None  # wall clock: its last activity seen
     active_told: float | None = None  # ... as the daemon was last told it
@@ -239,6 +243,13 @@ class Resident:
             self.past_total = True
 
     def view(self) -> JobView:
+        person_waits = False
+        if self.interactive:
+            now = time.monotonic()
+            self.recent_use = lanes.recent_use(self.recent_use, now - self.recent_at,
+                                               self.attained - self.recent_attained)
+            self.recent_at, self.recent_attained = now, self.attained
+            person_waits = lanes.within_burst(self.recent_use)
         return JobView(
             id=self.job_id, user=self.user, submit_time=self.submit_time, priority=self.priority,
             steps_done=self.steps_done,
@@ -246,7 +257,7 @@ class Resident:
             attained=self.attained, mean_iteration=self.mean_iteration,
             mean_gap=self.mean_gap,
             released_at=self.released_at, deadline=self._deadline_now(),
-            interactive=self.interactive,
+            person_waits=person_waits,
         )
 
     def _deadline_now(self) -> float | None:

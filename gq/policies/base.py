@@ -25,7 +25,9 @@ class JobView:
     mean_gap: float | None = None  # idle time between a release and the next acquire
     released_at: float | None = None  # end of its last iteration; None before the first
     deadline: float | None = None  # when it must be done (seconds, the caller's clock)
-    interactive: bool = False  # a terminal or a notebook: a person waits on its iterations
+    # An interactive job (a terminal, a notebook) within its burst: a person waits on its
+    # iterations (the lane rule's people-first turn; gq.exec.lanes.within_burst).
+    person_waits: bool = False
 
     @property
     def remaining(self) -> float | None:
