@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import percentile  # noqa: E402
 
 # Run as the hostile user by Debian's python3 (standard library only): raw requests.
-HOSTILE = r'''
+HOSTILE = r"""
 import base64, json, socket, sys, threading, time
 sock_path, script, workdir, seconds, connections, submitters = sys.argv[1:7]
 seconds, connections, submitters = float(seconds), int(connections), int(submitters)
@@ -88,7 +88,7 @@ for t in threads: t.start()
 for t in threads: t.join()
 print(json.dumps({**counts, "idle_connections_kept": kept,
                   "idle_connections_tried": connections}))
-'''
+"""
 
 
 def main() -> None:
@@ -109,8 +109,12 @@ def main() -> None:
     env["GQ_SYSTEM_HOME"] = str(base / "system")
     gq = [sys.executable, "-m", "gq"]
     try:
-        subprocess.run([*gq, "daemon", "start", "--system", "--kill-wait", "1"], env=env,
-                       check=True, capture_output=True)
+        subprocess.run(
+            [*gq, "daemon", "start", "--system", "--kill-wait", "1"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         workdir = Path(user.pw_dir)
         script = workdir / "true.sh"
         script.write_text("true\n")
@@ -126,21 +130,48 @@ def main() -> None:
 
         quiet = status_latency()
         hostile = subprocess.Popen(
-            ["runuser", "-u", name, "--", "/usr/bin/python3", "-c", HOSTILE,
-             str(base / "system" / "gq.sock"), str(script), str(workdir), str(args.seconds),
-             str(args.connections), str(args.submitters)],
-            stdout=subprocess.PIPE, text=True)
+            [
+                "runuser",
+                "-u",
+                name,
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                HOSTILE,
+                str(base / "system" / "gq.sock"),
+                str(script),
+                str(workdir),
+                str(args.seconds),
+                str(args.connections),
+                str(args.submitters),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(min(2.0, args.seconds / 4))  # let the flood reach its limits first
         abused = status_latency()
         flood = json.loads(hostile.communicate(timeout=args.seconds + 120)[0])
-        info = json.loads(subprocess.run([*gq, "info", "--json"], env=env, check=True,
-                                         capture_output=True, text=True).stdout)
-        pending = json.loads(subprocess.run([*gq, "status", "--json", "--state", "PD"],
-                                            env=env, check=True, capture_output=True,
-                                            text=True).stdout)
+        info = json.loads(
+            subprocess.run(
+                [*gq, "info", "--json"], env=env, check=True, capture_output=True, text=True
+            ).stdout
+        )
+        pending = json.loads(
+            subprocess.run(
+                [*gq, "status", "--json", "--state", "PD"],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
         full_queue = status_latency()
-        subprocess.run([*gq, "cancel", "--state", "PD", "--user", name], env=env, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [*gq, "cancel", "--state", "PD", "--user", name],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         bulk = bulk_verbs(gq, env, script, name)
     finally:
         subprocess.run([*gq, "daemon", "stop"], env=env, capture_output=True)
@@ -148,47 +179,65 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
     def summary(times: list[float]) -> dict:
-        return {"p50_ms": statistics.median(times) * 1000,
-                "p95_ms": percentile(times, 95) * 1000}
+        return {"p50_ms": statistics.median(times) * 1000, "p95_ms": percentile(times, 95) * 1000}
 
-    result = {"quiet_status": summary(quiet), "status_under_abuse": summary(abused),
-              "status_with_hostile_pending": summary(full_queue), "flood": flood,
-              "hostile_pending": len(pending), "limits": info["limits"], **bulk}
+    result = {
+        "quiet_status": summary(quiet),
+        "status_under_abuse": summary(abused),
+        "status_with_hostile_pending": summary(full_queue),
+        "flood": flood,
+        "hostile_pending": len(pending),
+        "limits": info["limits"],
+        **bulk,
+    }
     print(json.dumps(result, indent=2))
     ratio = result["status_under_abuse"]["p50_ms"] / result["quiet_status"]["p50_ms"]
-    print(f"\nroot's gq status: {result['quiet_status']['p50_ms']:.0f} ms quiet, "
-          f"{result['status_under_abuse']['p50_ms']:.0f} ms (p95 "
-          f"{result['status_under_abuse']['p95_ms']:.0f}) while one user floods ({ratio:.2f}x), "
-          f"{result['status_with_hostile_pending']['p50_ms']:.0f} ms with their "
-          f"{len(pending)} pending jobs listed")
-    print(f"the flood: {flood['idle_connections_kept']} of {flood['idle_connections_tried']} "
-          f"idle connections kept (limit {info['limits']['max_connections_per_user']} per "
-          f"user); {flood['accepted']} submissions accepted, refused for the pending limit "
-          f"({info['limits']['max_pending']}) {flood['refused_pending_limit']}, for the "
-          f"connection limit {flood['refused_connection_limit']}, otherwise "
-          f"{flood['refused_other']}; {flood['failed']} connections failed")
-    print(f"an array of 9,999 held tasks: submit {bulk['submit_s']:.2f} s, release "
-          f"{bulk['release_s']:.2f} s, hold {bulk['hold_s']:.2f} s, cancel "
-          f"{bulk['cancel_s']:.2f} s (whole commands)")
+    print(
+        f"\nroot's gq status: {result['quiet_status']['p50_ms']:.0f} ms quiet, "
+        f"{result['status_under_abuse']['p50_ms']:.0f} ms (p95 "
+        f"{result['status_under_abuse']['p95_ms']:.0f}) while one user floods ({ratio:.2f}x), "
+        f"{result['status_with_hostile_pending']['p50_ms']:.0f} ms with their "
+        f"{len(pending)} pending jobs listed"
+    )
+    print(
+        f"the flood: {flood['idle_connections_kept']} of {flood['idle_connections_tried']} "
+        f"idle connections kept (limit {info['limits']['max_connections_per_user']} per "
+        f"user); {flood['accepted']} submissions accepted, refused for the pending limit "
+        f"({info['limits']['max_pending']}) {flood['refused_pending_limit']}, for the "
+        f"connection limit {flood['refused_connection_limit']}, otherwise "
+        f"{flood['refused_other']}; {flood['failed']} connections failed"
+    )
+    print(
+        f"an array of 9,999 held tasks: submit {bulk['submit_s']:.2f} s, release "
+        f"{bulk['release_s']:.2f} s, hold {bulk['hold_s']:.2f} s, cancel "
+        f"{bulk['cancel_s']:.2f} s (whole commands)"
+    )
 
 
 def bulk_verbs(gq: list[str], env: dict, script: Path, user: str) -> dict:
     """Seconds for root to submit, release, hold and cancel an array of 9,999 tasks (a held
     blocker keeps the released tasks from starting; with it, the pending limit is met)."""
+
     def timed(*argv: str) -> tuple[float, str]:
         start = time.perf_counter()
-        done = subprocess.run([*gq, *argv], env=env, check=True, capture_output=True,
-                              text=True)
+        done = subprocess.run([*gq, *argv], env=env, check=True, capture_output=True, text=True)
         return time.perf_counter() - start, done.stdout
 
     _, blocker = timed("submit", "--parsable", "--hold", str(script))
-    submit_s, array = timed("submit", "--parsable", "--hold", "--array", "0-9998",
-                            "--dependency", f"afterok:{blocker.strip()}", str(script))
+    submit_s, array = timed(
+        "submit",
+        "--parsable",
+        "--hold",
+        "--array",
+        "0-9998",
+        "--dependency",
+        f"afterok:{blocker.strip()}",
+        str(script),
+    )
     release_s, _ = timed("release", array.strip())
     hold_s, _ = timed("hold", array.strip())
     cancel_s, _ = timed("cancel", array.strip(), blocker.strip())
-    return {"submit_s": submit_s, "release_s": release_s, "hold_s": hold_s,
-            "cancel_s": cancel_s}
+    return {"submit_s": submit_s, "release_s": release_s, "hold_s": hold_s, "cancel_s": cancel_s}
 
 
 if __name__ == "__main__":

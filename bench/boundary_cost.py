@@ -41,10 +41,10 @@ def child(mode: str, model_name: str) -> float:
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    pairs = [m for _ in range(MODELS[model_name])
-             for m in (torch.nn.Linear(16, 16), torch.nn.ReLU())]
-    model = torch.nn.Sequential(*pairs, torch.nn.Linear(16, 1)) if pairs else \
-        torch.nn.Linear(16, 1)
+    pairs = [
+        m for _ in range(MODELS[model_name]) for m in (torch.nn.Linear(16, 16), torch.nn.ReLU())
+    ]
+    model = torch.nn.Sequential(*pairs, torch.nn.Linear(16, 1)) if pairs else torch.nn.Linear(16, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = torch.randn(8, 16)
     if mode != "bare":
@@ -102,8 +102,12 @@ def main() -> None:
     for _ in range(args.runs):  # alternated, so that drift hits each alike
         for model_name in MODELS:
             for mode in MODES:
-                out = subprocess.run([sys.executable, __file__, "--child", mode, model_name],
-                                     check=True, capture_output=True, text=True).stdout
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", mode, model_name],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
                 figures[model_name][mode].append(float(out))
     result = {"runs": args.runs, "models": {}}
     for model_name, by_mode in figures.items():
@@ -117,12 +121,14 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     linear, deep = result["models"]["linear"], result["models"]["deep"]
     nested = (deep["hooks_us"] - linear["hooks_us"]) / 20
-    print(f"\nper iteration, one Linear (bare {linear['iteration_us']['bare']:.1f} us): hooks "
-          f"+{linear['hooks_us']:.1f} us, hooks and a leased session +{linear['leased_us']:.1f}"
-          f" us; 21 module calls (bare {deep['iteration_us']['bare']:.1f} us): hooks "
-          f"+{deep['hooks_us']:.1f} us, leased +{deep['leased_us']:.1f} us, so "
-          f"{nested:.1f} us a nested module call; medians of {args.runs} runs, each its "
-          "fastest batch on one CPU")
+    print(
+        f"\nper iteration, one Linear (bare {linear['iteration_us']['bare']:.1f} us): hooks "
+        f"+{linear['hooks_us']:.1f} us, hooks and a leased session +{linear['leased_us']:.1f}"
+        f" us; 21 module calls (bare {deep['iteration_us']['bare']:.1f} us): hooks "
+        f"+{deep['hooks_us']:.1f} us, leased +{deep['leased_us']:.1f} us, so "
+        f"{nested:.1f} us a nested module call; medians of {args.runs} runs, each its "
+        "fastest batch on one CPU"
+    )
 
 
 if __name__ == "__main__":

@@ -50,21 +50,31 @@ def main() -> None:
         jobs = {job.id: job for job in load(trace)}
         reference = central_fifo(list(jobs.values()), args.gpus)
         central = statistics.fmean(end - jobs[i].submit_time for i, (_, end) in reference.items())
-        result = {"trace": str(args.trace or f"{args.jobs} jobs drawn from {SHIPPED.name}, "
-                                               f"load {args.load}, seed {args.seed}"),
-                  "gpus": args.gpus, "central_fifo_mean_jct": central}
+        result = {
+            "trace": str(
+                args.trace
+                or f"{args.jobs} jobs drawn from {SHIPPED.name}, load {args.load}, seed {args.seed}"
+            ),
+            "gpus": args.gpus,
+            "central_fifo_mean_jct": central,
+        }
         for label, margin in (("moves", None), ("no_moves", NO_MOVES)):
             ends = simulated(trace, args.gpus, margin, Path(scratch) / f"{label}.csv")
             mean = statistics.fmean(end - jobs[i].submit_time for i, end in ends.items())
             later = sorted(((ends[i] - reference[i][1], i) for i in ends), reverse=True)[:5]
-            result[label] = {"mean_jct": mean, "above_central": mean / central - 1,
-                             "latest": [{"job": i, "seconds": round(by, 1)} for by, i in later]}
+            result[label] = {
+                "mean_jct": mean,
+                "above_central": mean / central - 1,
+                "latest": [{"job": i, "seconds": round(by, 1)} for by, i in later],
+            }
     print(json.dumps(result, indent=2))
     print()
-    print(f"{result['trace']} on {args.gpus} devices, no backfill: central FIFO mean JCT "
-          f"{central:.1f} s; gq fifo {result['moves']['mean_jct']:.1f} s "
-          f"({result['moves']['above_central']:+.2%}), without moves "
-          f"{result['no_moves']['mean_jct']:.1f} s ({result['no_moves']['above_central']:+.2%})")
+    print(
+        f"{result['trace']} on {args.gpus} devices, no backfill: central FIFO mean JCT "
+        f"{central:.1f} s; gq fifo {result['moves']['mean_jct']:.1f} s "
+        f"({result['moves']['above_central']:+.2%}), without moves "
+        f"{result['no_moves']['mean_jct']:.1f} s ({result['no_moves']['above_central']:+.2%})"
+    )
 
 
 def drawn(count: int, gpus: int, load_share: float, seed: int) -> list[TraceJob]:
@@ -78,15 +88,29 @@ def drawn(count: int, gpus: int, load_share: float, seed: int) -> list[TraceJob]
     for job_id in range(count):
         model = rng.choice(pool)
         clock += rng.expovariate(rate)
-        jobs.append(TraceJob(job_id, round(clock, 3), model.duration, model.iterations,
-                             gpus=model.gpus))
+        jobs.append(
+            TraceJob(job_id, round(clock, 3), model.duration, model.iterations, gpus=model.gpus)
+        )
     return jobs
 
 
 def simulated(trace: Path, gpus: int, margin: int | None, out: Path) -> dict[int, float]:
     """Each job's end as ``gq simulate`` writes it in its per-job CSV."""
-    command = [sys.executable, "-m", "gq", "simulate", "--trace", str(trace), "--gpus",
-               str(gpus), "--policy", "fifo", "--no-backfill", "--jobs-csv", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "gq",
+        "simulate",
+        "--trace",
+        str(trace),
+        "--gpus",
+        str(gpus),
+        "--policy",
+        "fifo",
+        "--no-backfill",
+        "--jobs-csv",
+        str(out),
+    ]
     if margin is not None:
         command += ["--move-margin", str(margin)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # this tree's gq

@@ -46,10 +46,16 @@ def timed(node: Node, *argv: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--python", default=sys.executable,
-                        help="the interpreter the commands run with (default: this one)")
-    parser.add_argument("--big-queue", action="store_true",
-                        help="gq status with 10 arrays of 1,000 held tasks queued")
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter the commands run with (default: this one)",
+    )
+    parser.add_argument(
+        "--big-queue",
+        action="store_true",
+        help="gq status with 10 arrays of 1,000 held tasks queued",
+    )
     args = parser.parse_args()
     compileall.compile_dir(ROOT / "gq", quiet=1)
     if args.big_queue:
@@ -73,8 +79,12 @@ def main() -> None:
         for _ in range(min(args.runs, 10)):
             job_id = node.submit(str(script))
             info = node.wait_all([job_id])[0]
-            waits.append((datetime.fromisoformat(info["start_time"])
-                          - datetime.fromisoformat(info["submit_time"])).total_seconds())
+            waits.append(
+                (
+                    datetime.fromisoformat(info["start_time"])
+                    - datetime.fromisoformat(info["submit_time"])
+                ).total_seconds()
+            )
     python = statistics.median(bare)
     result = {
         "runs": args.runs,
@@ -88,13 +98,15 @@ def main() -> None:
         "start_wait_max_s": max(waits),
     }
     print(json.dumps(result, indent=2))
-    print(f"\npython -c pass {1000 * python:.0f} ms; gq submit --parsable "
-          f"{1000 * result['submit_median_s']:.0f} ms ({result['submit_ratio']:.2f}x, target "
-          f"<= 2.5x); gq status with 20 jobs {1000 * result['status_median_s']:.0f} ms "
-          f"({result['status_ratio']:.2f}x, target <= 2.5x); whole process, median of "
-          f"{args.runs}. Submit to start on an idle node: median "
-          f"{1000 * result['start_wait_median_s']:.1f} ms, max "
-          f"{1000 * result['start_wait_max_s']:.1f} ms")
+    print(
+        f"\npython -c pass {1000 * python:.0f} ms; gq submit --parsable "
+        f"{1000 * result['submit_median_s']:.0f} ms ({result['submit_ratio']:.2f}x, target "
+        f"<= 2.5x); gq status with 20 jobs {1000 * result['status_median_s']:.0f} ms "
+        f"({result['status_ratio']:.2f}x, target <= 2.5x); whole process, median of "
+        f"{args.runs}. Submit to start on an idle node: median "
+        f"{1000 * result['start_wait_median_s']:.1f} ms, max "
+        f"{1000 * result['start_wait_max_s']:.1f} ms"
+    )
 
 
 ARRAYS, TASKS = 10, 1000
@@ -105,9 +117,14 @@ def big_queue(args: argparse.Namespace) -> None:
     of TASKS held tasks queued."""
     gq = [args.python, "-m", "gq"]
     user = pwd.getpwuid(os.getuid()).pw_name
-    variants = {"status": [], "status --json": ["--json"], "status --all": ["--all"],
-                "status --user": ["--user", user], "status --state PD": ["--state", "PD"],
-                "status --array-tasks": ["--array-tasks"]}
+    variants = {
+        "status": [],
+        "status --json": ["--json"],
+        "status --all": ["--all"],
+        "status --user": ["--user", user],
+        "status --state PD": ["--state", "PD"],
+        "status --array-tasks": ["--array-tasks"],
+    }
     with Node("--kill-wait", "1", "--max-pending", str(ARRAYS * TASKS)) as node:
         _use_this_gq(node)
         held = node.dir / "held.sh"
@@ -123,22 +140,31 @@ def big_queue(args: argparse.Namespace) -> None:
                 times[name].append(timed(node, *gq, "status", *options))
     medians = {name: statistics.median(values) for name, values in times.items()}
     python = medians["python -c pass"]
-    result = {"runs": args.runs, "python": args.python,
-              "pending_array_tasks": ARRAYS * TASKS, "arrays": ARRAYS,
-              "median_s": medians,
-              "ratio": {name: median / python for name, median in medians.items()}}
+    result = {
+        "runs": args.runs,
+        "python": args.python,
+        "pending_array_tasks": ARRAYS * TASKS,
+        "arrays": ARRAYS,
+        "median_s": medians,
+        "ratio": {name: median / python for name, median in medians.items()},
+    }
     print(json.dumps(result, indent=2))
-    print(f"\n{ARRAYS} arrays of {TASKS} held tasks queued; whole process, median of "
-          f"{args.runs}; python -c pass {1000 * python:.0f} ms; "
-          + "; ".join(f"gq {name} {1000 * medians[name]:.0f} ms ({medians[name] / python:.2f}x)"
-                      for name in variants)
-          + " (target <= 2x, --array-tasks excepted)")
+    print(
+        f"\n{ARRAYS} arrays of {TASKS} held tasks queued; whole process, median of "
+        f"{args.runs}; python -c pass {1000 * python:.0f} ms; "
+        + "; ".join(
+            f"gq {name} {1000 * medians[name]:.0f} ms ({medians[name] / python:.2f}x)"
+            for name in variants
+        )
+        + " (target <= 2x, --array-tasks excepted)"
+    )
 
 
 def _use_this_gq(node: Node) -> None:
     """The commands import this gq, wherever they run."""
     node.env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), *filter(None, [node.env.get("PYTHONPATH")])])
+        [str(ROOT), *filter(None, [node.env.get("PYTHONPATH")])]
+    )
 
 
 if __name__ == "__main__":

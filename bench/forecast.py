@@ -16,7 +16,8 @@ Accuracy: a system daemon (run as root) with two emulated devices of two residen
 each, and three submitters:
 root (PyTorch loops, examples/kernel_train.py) and two throwaway users made for the run
 (gq.steps loops, bench/jobs/sleep_loop.py, from a venv of Debian's python3 every user can
-run). Jobs of a few paces arrive every 2.5 s; some give --steps, some -t (twice their run alone, and 20 s),
+run). Jobs of a few paces arrive every 2.5 s; some give --steps, some -t (twice their run
+alone, and 20 s),
 some neither, under each policy in turn. Every 2 s root reads `gq status --start --json`.
 Once all have ended, each forecast is compared with what happened: the start error as a
 share of the job's wait (forecasts made while it was pending, waits of a second or more),
@@ -80,7 +81,8 @@ class Spec:
     give_limit: bool
     job_id: int = 0
     samples: list[tuple[float, str, float | None, float | None, str]] = field(
-        default_factory=list)  # (when, state, start, end, basis)
+        default_factory=list
+    )  # (when, state, start, end, basis)
 
 
 def main() -> None:
@@ -88,13 +90,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--policies", default="fifo,fair")
     parser.add_argument("--pending", type=int, default=1000)
-    parser.add_argument("--startup", action="store_true",
-                        help="only the start-up scenario (no root needed)")
+    parser.add_argument(
+        "--startup", action="store_true", help="only the start-up scenario (no root needed)"
+    )
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     if args.startup:
-        report_startup({kind: startup_scenario(kind, args.repeat)
-                        for kind in ("steps", "torch")})
+        report_startup({kind: startup_scenario(kind, args.repeat) for kind in ("steps", "torch")})
         return
     if os.geteuid() != 0:
         sys.exit("bench/forecast.py needs root: it makes throwaway users")
@@ -108,8 +110,9 @@ def main() -> None:
         submitters[0].workdir.mkdir()
         for short in ("ann", "bob"):
             name = f"gqf{short}{uuid.uuid4().hex[:5]}"
-            subprocess.run(["useradd", "-M", "-d", str(base / name), "-s", "/bin/sh", name],
-                           check=True)
+            subprocess.run(
+                ["useradd", "-M", "-d", str(base / name), "-s", "/bin/sh", name], check=True
+            )
             users.append(name)
             entry = pwd.getpwnam(name)
             (base / name).mkdir(mode=0o755)
@@ -125,33 +128,38 @@ def main() -> None:
     print()
     for policy, figures in result["accuracy"].items():
         given, other = figures["steps_or_limit"], figures["neither"]
-        print(f"{policy}: {figures['jobs']} jobs; with --steps or -t: end error median "
-              f"{given['end_share_median']:.1%} / p90 {given['end_share_p90']:.1%} of wait+run "
-              f"({given['end_seconds_median']:.1f} s / {given['end_seconds_p90']:.1f} s), "
-              f"against run time median {given['end_run_share_median']:.1%} / p90 "
-              f"{given['end_run_share_p90']:.1%}, "
-              f"start error median {given['start_share_median']:.1%} / p90 "
-              f"{given['start_share_p90']:.1%} of wait; at submit: end median "
-              f"{given['at_submit_end_share_median']:.1%}; unknown {given['unknown_share']:.0%}"
-              f"; others: end median {other['end_share_median']:.1%}, unknown "
-              f"{other['unknown_share']:.0%}; forecasts off by more than the time limit: "
-              f"{figures['beyond_time_limit']['running']} of running jobs, "
-              f"{figures['beyond_time_limit']['pending']} of pending ones "
-              f"({figures['beyond_time_limit']['pending_overtaken_later']} of them overtaken "
-              "by a job submitted after the forecast)")
+        print(
+            f"{policy}: {figures['jobs']} jobs; with --steps or -t: end error median "
+            f"{given['end_share_median']:.1%} / p90 {given['end_share_p90']:.1%} of wait+run "
+            f"({given['end_seconds_median']:.1f} s / {given['end_seconds_p90']:.1f} s), "
+            f"against run time median {given['end_run_share_median']:.1%} / p90 "
+            f"{given['end_run_share_p90']:.1%}, "
+            f"start error median {given['start_share_median']:.1%} / p90 "
+            f"{given['start_share_p90']:.1%} of wait; at submit: end median "
+            f"{given['at_submit_end_share_median']:.1%}; unknown {given['unknown_share']:.0%}"
+            f"; others: end median {other['end_share_median']:.1%}, unknown "
+            f"{other['unknown_share']:.0%}; forecasts off by more than the time limit: "
+            f"{figures['beyond_time_limit']['running']} of running jobs, "
+            f"{figures['beyond_time_limit']['pending']} of pending ones "
+            f"({figures['beyond_time_limit']['pending_overtaken_later']} of them overtaken "
+            "by a job submitted after the forecast)"
+        )
     c = result["cost"]
     if c is None:
         return
-    print(f"{c['pending']} pending jobs: gq status --start {c['status_start_ms']:.0f} ms, "
-          f"gq status {c['status_ms']:.0f} ms, python -c pass {c['python_ms']:.0f} ms "
-          f"({c['start_vs_status']:.2f}x status); gq submit --test-only "
-          f"{c['test_only_ms']:.0f} ms; the daemon's forecast took {c['forecast_seconds']} s "
-          "(in its child, off the loop)")
+    print(
+        f"{c['pending']} pending jobs: gq status --start {c['status_start_ms']:.0f} ms, "
+        f"gq status {c['status_ms']:.0f} ms, python -c pass {c['python_ms']:.0f} ms "
+        f"({c['start_vs_status']:.2f}x status); gq submit --test-only "
+        f"{c['test_only_ms']:.0f} ms; the daemon's forecast took {c['forecast_seconds']} s "
+        "(in its child, off the loop)"
+    )
 
 
 # ----- accuracy -------------------------------------------------------------------------
-def accuracy(base: Path, source: Path, submitters: list[Submitter], policy: str,
-             count: int) -> dict:
+def accuracy(
+    base: Path, source: Path, submitters: list[Submitter], policy: str, count: int
+) -> dict:
     home = base / f"system-{policy}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GQ_")}
     env.update(GQ_SYSTEM_HOME=str(home), PYTHONPATH=str(source))
@@ -159,16 +167,39 @@ def accuracy(base: Path, source: Path, submitters: list[Submitter], policy: str,
     def gq(who: Submitter | None, *argv: str) -> str:
         command = [who.python if who else sys.executable, "-m", "gq", *map(str, argv)]
         if who is not None and who.name != "root":
-            command = ["runuser", "-u", who.name, "--", "env",
-                       *[f"{k}={v}" for k, v in env.items()], *command]
-        done = subprocess.run(command, env=env, capture_output=True, text=True,
-                              cwd=who.workdir if who else base, timeout=120)
+            command = [
+                "runuser",
+                "-u",
+                who.name,
+                "--",
+                "env",
+                *[f"{k}={v}" for k, v in env.items()],
+                *command,
+            ]
+        done = subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=who.workdir if who else base,
+            timeout=120,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"gq {' '.join(argv)}: {done.stderr.strip()}")
         return done.stdout
 
-    gq(None, "daemon", "start", "--system", "--cpu-devices", "2", "--max-resident", "2",
-       "--kill-wait", "1")
+    gq(
+        None,
+        "daemon",
+        "start",
+        "--system",
+        "--cpu-devices",
+        "2",
+        "--max-resident",
+        "2",
+        "--kill-wait",
+        "1",
+    )
     try:
         gq(None, "policy", "set", policy)
         specs = workload(submitters, count)
@@ -191,8 +222,15 @@ def accuracy(base: Path, source: Path, submitters: list[Submitter], policy: str,
                     del live[job_id]  # ended
                     continue
                 made = job.get("forecast") or {}
-                live[job_id].samples.append((seen, job["state"], stamp(made.get("start")),
-                                             stamp(made.get("end")), made.get("basis", "?")))
+                live[job_id].samples.append(
+                    (
+                        seen,
+                        job["state"],
+                        stamp(made.get("start")),
+                        stamp(made.get("end")),
+                        made.get("basis", "?"),
+                    )
+                )
             time.sleep(max(0.0, 2.0 - (time.monotonic() - now)))
         ended = {job["id"]: job for job in json.loads(gq(None, "history", "--json"))}
     finally:
@@ -224,10 +262,22 @@ def command(spec: Spec) -> list[str]:
         limit = round(2 * run_seconds + 20)
         options += ["-t", f"{limit // 60}:{limit % 60:02d}"]
     if spec.who.kind == "torch":
-        return [*options, str(ROOT / "examples" / "kernel_train.py"), "--steps",
-                str(spec.steps), "--iter-ms", str(spec.iter_ms)]
-    return [*options, "--python", spec.who.python, str(ROOT / "bench" / "jobs" / "sleep_loop.py"),
-            str(spec.steps), str(spec.iter_ms)]
+        return [
+            *options,
+            str(ROOT / "examples" / "kernel_train.py"),
+            "--steps",
+            str(spec.steps),
+            "--iter-ms",
+            str(spec.iter_ms),
+        ]
+    return [
+        *options,
+        "--python",
+        spec.who.python,
+        str(ROOT / "bench" / "jobs" / "sleep_loop.py"),
+        str(spec.steps),
+        str(spec.iter_ms),
+    ]
 
 
 def stamp(text: str | None) -> float | None:
@@ -239,18 +289,28 @@ def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
     # Forecast ends off by more than the time limit; of a pending job's, those where a job
     # submitted after the forecast started before it (no forecast can know of that job).
     beyond = {"running": 0, "pending": 0, "pending_overtaken_later": 0}
-    starts = [(stamp(ended[s.job_id]["submit_time"]), stamp(ended[s.job_id]["start_time"]))
-              for s in specs]
+    starts = [
+        (stamp(ended[s.job_id]["submit_time"]), stamp(ended[s.job_id]["start_time"])) for s in specs
+    ]
     for spec in specs:
         job = ended[spec.job_id]
-        submitted, start, end = (stamp(job[k]) for k in ("submit_time", "start_time",
-                                                          "end_time"))
-        group = groups.setdefault("steps_or_limit" if spec.give_steps or spec.give_limit
-                                  else "neither", {k: [] for k in (
-                                      "start_share", "end_share", "end_run_share",
-                                      "end_seconds", "at_submit_end_share", "unknown")})
+        submitted, start, end = (stamp(job[k]) for k in ("submit_time", "start_time", "end_time"))
+        group = groups.setdefault(
+            "steps_or_limit" if spec.give_steps or spec.give_limit else "neither",
+            {
+                k: []
+                for k in (
+                    "start_share",
+                    "end_share",
+                    "end_run_share",
+                    "end_seconds",
+                    "at_submit_end_share",
+                    "unknown",
+                )
+            },
+        )
         wait, whole = start - submitted, end - submitted
-        for index, (when, state, f_start, f_end, basis) in enumerate(spec.samples):
+        for index, (when, state, f_start, f_end, _basis) in enumerate(spec.samples):
             group["unknown"].append(1.0 if f_end is None else 0.0)
             if state == "PENDING" and f_start is not None and wait >= 1.0:
                 group["start_share"].append(abs(f_start - start) / wait)
@@ -263,47 +323,87 @@ def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
                 group["at_submit_end_share"].append(abs(f_end - end) / whole)
             if job["time_limit"] and abs(f_end - end) > job["time_limit"]:
                 beyond["pending" if state == "PENDING" else "running"] += 1
-                if state == "PENDING" and any(later_submit > when and later_start < start
-                                              for later_submit, later_start in starts):
+                if state == "PENDING" and any(
+                    later_submit > when and later_start < start
+                    for later_submit, later_start in starts
+                ):
                     beyond["pending_overtaken_later"] += 1
-    summary: dict = {"jobs": len(specs), "beyond_time_limit": beyond,
-                     "states": sorted({ended[s.job_id]["state"] for s in specs}),
-                     "per_job": [_detail(spec, ended[spec.job_id]) for spec in specs]}
+    summary: dict = {
+        "jobs": len(specs),
+        "beyond_time_limit": beyond,
+        "states": sorted({ended[s.job_id]["state"] for s in specs}),
+        "per_job": [_detail(spec, ended[spec.job_id]) for spec in specs],
+    }
     for name, figures in groups.items():
-        summary[name] = {"samples": len(figures["unknown"]),
-                         "unknown_share": statistics.fmean(figures["unknown"] or [0.0])}
-        for key in ("start_share", "end_share", "end_run_share", "end_seconds",
-                    "at_submit_end_share"):
+        summary[name] = {
+            "samples": len(figures["unknown"]),
+            "unknown_share": statistics.fmean(figures["unknown"] or [0.0]),
+        }
+        for key in (
+            "start_share",
+            "end_share",
+            "end_run_share",
+            "end_seconds",
+            "at_submit_end_share",
+        ):
             values = figures[key] or [float("nan")]
             summary[name][f"{key}_median"] = statistics.median(values)
             summary[name][f"{key}_p90"] = percentile(values, 90)
     for name in ("steps_or_limit", "neither"):
-        summary.setdefault(name, {"samples": 0, "unknown_share": float("nan"), **{
-            f"{key}_{q}": float("nan") for key in ("start_share", "end_share", "end_run_share",
-                                                    "end_seconds", "at_submit_end_share")
-            for q in ("median", "p90")}})
+        summary.setdefault(
+            name,
+            {
+                "samples": 0,
+                "unknown_share": float("nan"),
+                **{
+                    f"{key}_{q}": float("nan")
+                    for key in (
+                        "start_share",
+                        "end_share",
+                        "end_run_share",
+                        "end_seconds",
+                        "at_submit_end_share",
+                    )
+                    for q in ("median", "p90")
+                },
+            },
+        )
     return summary
 
 
 def _detail(spec: Spec, job: dict) -> dict:
     """One job: what it gave, when it ran, and each forecast's errors in seconds."""
     submitted, start, end = (stamp(job[k]) for k in ("submit_time", "start_time", "end_time"))
-    return {"id": spec.job_id, "user": spec.who.name, "name": spec.name,
-            "gave": ("steps " if spec.give_steps else "") + ("limit" if spec.give_limit else ""),
-            "wait": round(start - submitted, 2), "run": round(end - start, 2),
-            "samples": [(round(when - submitted, 1), state[:2], basis,
-                         None if f_start is None else round(f_start - start, 2),
-                         None if f_end is None else round(f_end - end, 2))
-                        for when, state, f_start, f_end, basis in spec.samples]}
+    return {
+        "id": spec.job_id,
+        "user": spec.who.name,
+        "name": spec.name,
+        "gave": ("steps " if spec.give_steps else "") + ("limit" if spec.give_limit else ""),
+        "wait": round(start - submitted, 2),
+        "run": round(end - start, 2),
+        "samples": [
+            (
+                round(when - submitted, 1),
+                state[:2],
+                basis,
+                None if f_start is None else round(f_start - start, 2),
+                None if f_end is None else round(f_end - end, 2),
+            )
+            for when, state, f_start, f_end, basis in spec.samples
+        ],
+    }
 
 
 def shared_install(base: Path) -> tuple[str, Path]:
     """A venv of Debian's python3 with gq's dependencies but torch (kept between runs, as the
     tests keep theirs), and a copy of gq's source every user can read."""
     with open(ROOT / "pyproject.toml", "rb") as handle:
-        needs = [d for d in tomllib.load(handle)["project"]["dependencies"]
-                 if not d.startswith("torch")]
-    venv = Path(f"/tmp/gq-test-venv-{hashlib.sha256(chr(10).join(needs).encode()).hexdigest()[:12]}")
+        needs = [
+            d for d in tomllib.load(handle)["project"]["dependencies"] if not d.startswith("torch")
+        ]
+    venv = Path(
+        f"/tmp/gq-test-venv-{hashlib.sha256(chr(10).join(needs).encode()).hexdigest()[:12]}"
+    )
     python = venv / "bin" / "python"
     probe = [str(python), "-c", "import typer, sqlalchemy, alembic, psutil"]
     if not python.exists() or subprocess.run(probe, capture_output=True).returncode != 0:
@@ -335,18 +435,36 @@ def startup_scenario(kind: str, repeat: int) -> dict:
         with node:
             node.gq("policy", "set", "fifo")
             extra = ["--no-torch"] if kind == "steps" else []
-            ids = [node.submit("-J", f"startup-{kind}", "--gpu-mem", "512M", "--steps", steps,
-                               str(ROOT / "examples" / "kernel_train.py"), *extra,
-                               "--steps", steps, "--iter-ms", 30) for steps in STARTUP_STEPS]
+            ids = [
+                node.submit(
+                    "-J",
+                    f"startup-{kind}",
+                    "--gpu-mem",
+                    "512M",
+                    "--steps",
+                    steps,
+                    str(ROOT / "examples" / "kernel_train.py"),
+                    *extra,
+                    "--steps",
+                    steps,
+                    "--iter-ms",
+                    30,
+                )
+                for steps in STARTUP_STEPS
+            ]
             samples: dict[int, list[float | None]] = {job_id: [] for job_id in ids[1:]}
             while True:
-                listed = {job["id"]: job for job in json.loads(
-                    node.gq("status", "--start", "--json", "--all"))}
+                listed = {
+                    job["id"]: job
+                    for job in json.loads(node.gq("status", "--start", "--json", "--all"))
+                }
                 if all(listed[job_id]["state"] == "COMPLETED" for job_id in ids):
                     break
                 first = listed[ids[0]]
-                if (first["state"] == "RUNNING"
-                        and (first.get("forecast") or {}).get("basis") == "known"):
+                if (
+                    first["state"] == "RUNNING"
+                    and (first.get("forecast") or {}).get("basis") == "known"
+                ):
                     for job_id in ids[1:]:
                         if listed[job_id]["state"] == "PENDING":
                             samples[job_id].append(stamp(listed[job_id]["forecast"]["end"]))
@@ -355,16 +473,25 @@ def startup_scenario(kind: str, repeat: int) -> dict:
         for job_id, ends in samples.items():
             start, end = (stamp(ended[job_id][key]) for key in ("start_time", "end_time"))
             errors = [f_end - end for f_end in ends if f_end is not None]  # > 0: late
-            runs.append({"job": job_id, "run": end - start, "samples": len(ends),
-                         "unknown": sum(f_end is None for f_end in ends),
-                         "error_seconds": errors,
-                         "error_share": [error / (end - start) for error in errors]})
+            runs.append(
+                {
+                    "job": job_id,
+                    "run": end - start,
+                    "samples": len(ends),
+                    "unknown": sum(f_end is None for f_end in ends),
+                    "error_seconds": errors,
+                    "error_share": [error / (end - start) for error in errors],
+                }
+            )
     shares = [abs(share) for run in runs for share in run["error_share"]]
     seconds = [abs(error) for run in runs for error in run["error_seconds"]]
-    return {"runs": runs, "share_median": statistics.median(shares) if shares else None,
-            "share_max": max(shares, default=None),
-            "seconds_median": statistics.median(seconds) if seconds else None,
-            "seconds_max": max(seconds, default=None)}
+    return {
+        "runs": runs,
+        "share_median": statistics.median(shares) if shares else None,
+        "share_max": max(shares, default=None),
+        "seconds_median": statistics.median(seconds) if seconds else None,
+        "seconds_max": max(seconds, default=None),
+    }
 
 
 def report_startup(results: dict[str, dict]) -> None:
@@ -375,10 +502,12 @@ def report_startup(results: dict[str, dict]) -> None:
             print(f"{kind}: no forecast of a pending job was made once the first was measured")
             continue
         runs = ", ".join(f"{run['run']:.1f}" for run in figures["runs"])
-        print(f"{kind}: pending jobs' end error against their run time median "
-              f"{figures['share_median']:.1%}, worst {figures['share_max']:.1%} "
-              f"({figures['seconds_median']:.2f} s, worst {figures['seconds_max']:.2f} s); "
-              f"run times {runs} s")
+        print(
+            f"{kind}: pending jobs' end error against their run time median "
+            f"{figures['share_median']:.1%}, worst {figures['share_max']:.1%} "
+            f"({figures['seconds_median']:.2f} s, worst {figures['seconds_max']:.2f} s); "
+            f"run times {runs} s"
+        )
 
 
 # ----- cost -----------------------------------------------------------------------------
@@ -387,8 +516,17 @@ def cost(count: int) -> dict:
         script = node.dir / "wait.sh"
         script.write_text("sleep 1\n")
         for index in range(count):
-            node.submit("--begin", "now+1hour", "--steps", "100", "-t", "10",
-                        "-J", f"later-{index % 20}", str(script))
+            node.submit(
+                "--begin",
+                "now+1hour",
+                "--steps",
+                "100",
+                "-t",
+                "10",
+                "-J",
+                f"later-{index % 20}",
+                str(script),
+            )
         time.sleep(3)  # a forecast is made at most once a second
 
         def timed(*argv: str) -> float:
@@ -401,20 +539,36 @@ def cost(count: int) -> dict:
             runs["python"].append(timed(sys.executable, "-c", "pass"))
             runs["status"].append(timed(sys.executable, "-m", "gq", "status"))
             runs["status_start"].append(timed(sys.executable, "-m", "gq", "status", "--start"))
-        test_only = [timed(sys.executable, "-m", "gq", "submit", "--test-only", "--steps", "100",
-                           "-t", "10", str(script)) for _ in range(5)]
+        test_only = [
+            timed(
+                sys.executable,
+                "-m",
+                "gq",
+                "submit",
+                "--test-only",
+                "--steps",
+                "100",
+                "-t",
+                "10",
+                str(script),
+            )
+            for _ in range(5)
+        ]
         listed = json.loads(node.gq("status", "--start", "--json"))
         log = (node.dir / "home" / "daemon.log").read_text()
     took = [float(m) for m in re.findall(r"forecast of \d+ jobs made in ([\d.]+) s", log)]
     medians = {k: statistics.median(v) * 1000 for k, v in runs.items()}
-    return {"pending": count,
-            "forecast_known": sum(1 for j in listed if (j.get("forecast") or {}).get("end")),
-            "python_ms": medians["python"], "status_ms": medians["status"],
-            "status_start_ms": medians["status_start"],
-            "start_vs_status": medians["status_start"] / medians["status"],
-            "start_vs_python": medians["status_start"] / medians["python"],
-            "test_only_ms": statistics.median(test_only) * 1000,
-            "forecast_seconds": took[-3:] if took else "under 0.25 s (not logged)"}
+    return {
+        "pending": count,
+        "forecast_known": sum(1 for j in listed if (j.get("forecast") or {}).get("end")),
+        "python_ms": medians["python"],
+        "status_ms": medians["status"],
+        "status_start_ms": medians["status_start"],
+        "start_vs_status": medians["status_start"] / medians["status"],
+        "start_vs_python": medians["status_start"] / medians["python"],
+        "test_only_ms": statistics.median(test_only) * 1000,
+        "forecast_seconds": took[-3:] if took else "under 0.25 s (not logged)",
+    }
 
 
 if __name__ == "__main__":

@@ -50,8 +50,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check_lib import (CheckNode, JobFailed, Phase, PhaseTimeout, Sampler,  # noqa: E402
-                           length, mean_interval_ms, merge, overlap, summary, timed, window)
+from gpu_check_lib import (  # noqa: E402
+    CheckNode,
+    JobFailed,
+    Phase,
+    PhaseTimeout,
+    Sampler,
+    length,
+    mean_interval_ms,
+    merge,
+    overlap,
+    summary,
+    timed,
+    window,
+)
 
 HERE = Path(__file__).resolve().parent
 JOB, SHELL_JOB = str(HERE / "gpu_jobs" / "job.py"), str(HERE / "gpu_jobs" / "shell_job.sh")
@@ -60,22 +72,49 @@ KINDS = ("spin", "matmul", "launch", "graph")
 
 
 def config(cpu: bool, quick: bool) -> dict:
-    c = {"spin_ms": 2.0, "iters": {"spin": 1000, "matmul": 300, "launch": 1000, "graph": 1000},
-         "fair_iters": 1000, "high_iters": 400, "high_gap_ms": 6.0, "low_ms": 1.0,
-         "sweep_jobs": 8, "sweep_iters": 400, "escape_iters": 600,
-         "sizes": {"matmul": ["--width", 4096, "--batch", 8192, "--layers", 4],
-                   "launch": ["--layers", 50], "graph": ["--width", 4096],
-                   "sweep": ["--width", 2048, "--batch", 4096, "--layers", 3]},
-         "mem": {"spin": "2G", "matmul": "8G", "launch": "2G", "graph": "4G", "sweep": "4G"},
-         "budgets": {"environment": 40, "alone": 110, "fair_pair": 45, "priority_fill": 60,
-                     "sweep": 70, "escapes": 50},
-         "total": 230, "plain": [], "kinds": list(KINDS)}
+    c = {
+        "spin_ms": 2.0,
+        "iters": {"spin": 1000, "matmul": 300, "launch": 1000, "graph": 1000},
+        "fair_iters": 1000,
+        "high_iters": 400,
+        "high_gap_ms": 6.0,
+        "low_ms": 1.0,
+        "sweep_jobs": 8,
+        "sweep_iters": 400,
+        "escape_iters": 600,
+        "sizes": {
+            "matmul": ["--width", 4096, "--batch", 8192, "--layers", 4],
+            "launch": ["--layers", 50],
+            "graph": ["--width", 4096],
+            "sweep": ["--width", 2048, "--batch", 4096, "--layers", 3],
+        },
+        "mem": {"spin": "2G", "matmul": "8G", "launch": "2G", "graph": "4G", "sweep": "4G"},
+        "budgets": {
+            "environment": 40,
+            "alone": 110,
+            "fair_pair": 45,
+            "priority_fill": 60,
+            "sweep": 70,
+            "escapes": 50,
+        },
+        "total": 230,
+        "plain": [],
+        "kinds": list(KINDS),
+    }
     if cpu:
-        c.update(iters={"spin": 300, "matmul": 300, "launch": 150, "graph": 300},
-                 fair_iters=300, high_iters=150, sweep_iters=100, escape_iters=200,
-                 total=600, mem={k: "1G" for k in c["mem"]})
-        c["sizes"].update(matmul=["--width", 128, "--batch", 128, "--layers", 3],
-                          sweep=["--width", 64, "--batch", 64, "--layers", 2])
+        c.update(
+            iters={"spin": 300, "matmul": 300, "launch": 150, "graph": 300},
+            fair_iters=300,
+            high_iters=150,
+            sweep_iters=100,
+            escape_iters=200,
+            total=600,
+            mem={k: "1G" for k in c["mem"]},
+        )
+        c["sizes"].update(
+            matmul=["--width", 128, "--batch", 128, "--layers", 3],
+            sweep=["--width", 64, "--batch", 64, "--layers", 2],
+        )
         c["budgets"] = {k: v * 2 for k, v in c["budgets"].items()}
     if quick:
         c["iters"] = {k: max(20, v // 3) for k, v in c["iters"].items()}
@@ -83,10 +122,21 @@ def config(cpu: bool, quick: bool) -> dict:
             c[key] = max(30, c[key] // 3)
         c["total"] = 100 if cpu else 150
     if cpu and quick:
-        c.update(plain=["priority_fill", "sweep", "escapes"], sweep_jobs=4, high_iters=40,
-                 kinds=["spin", "graph"],
-                 total=95, budgets={"environment": 10, "alone": 45, "fair_pair": 40,
-                                    "priority_fill": 25, "sweep": 25, "escapes": 25})
+        c.update(
+            plain=["priority_fill", "sweep", "escapes"],
+            sweep_jobs=4,
+            high_iters=40,
+            kinds=["spin", "graph"],
+            total=95,
+            budgets={
+                "environment": 10,
+                "alone": 45,
+                "fair_pair": 40,
+                "priority_fill": 25,
+                "sweep": 25,
+                "escapes": 25,
+            },
+        )
     return c
 
 
@@ -98,8 +148,17 @@ class State:
         self.place = ["-G", "0"] if cpu else []
 
     def args(self, kind, iters, *, ms=None, gap=None, sizes=None, plain=False) -> list:
-        args = ["--kind", kind, "--device", "cpu" if self.cpu else "cuda", "--iters", iters,
-                "--ms", ms or self.cfg["spin_ms"], *self.cfg["sizes"].get(sizes or kind, [])]
+        args = [
+            "--kind",
+            kind,
+            "--device",
+            "cpu" if self.cpu else "cuda",
+            "--iters",
+            iters,
+            "--ms",
+            ms or self.cfg["spin_ms"],
+            *self.cfg["sizes"].get(sizes or kind, []),
+        ]
         return args + (["--gap-ms", gap] if gap else []) + (["--plain"] if plain else [])
 
     def mem(self, kind) -> list:
@@ -122,8 +181,9 @@ def ratio(a, b) -> float | None:
 def environment(ph: Phase, s: State) -> None:
     info = json.loads(s.node.gq("info", "--json"))
     devices = info.get("devices", [])
-    ph.details["gq_devices"] = [{k: d.get(k) for k in ("name", "kind", "model", "memory_total")}
-                                for d in devices]
+    ph.details["gq_devices"] = [
+        {k: d.get(k) for k in ("name", "kind", "model", "memory_total")} for d in devices
+    ]
     ph.fig("gq_devices", ",".join(str(d.get("name")) for d in devices))
     ph.fig("python", platform.python_version())
     ph.fig("cpus", len(os.sched_getaffinity(0)))
@@ -140,26 +200,41 @@ def environment(ph: Phase, s: State) -> None:
         s.place = ["-w", gpus[0]]
         ph.fig("jobs_pinned_to", gpus[0])
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_mode",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=30, check=False).stdout
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,compute_mode", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
     except OSError as error:
         smi = f"{error},,"
     fields = [f.strip() for f in (smi.splitlines() or [",,"])[0].split(",")]
     for name, value in zip(("gpu", "driver", "compute_mode"), fields):
         ph.fig(name, value)
-    probe = subprocess.run([sys.executable, PROBE], capture_output=True, text=True,
-                           timeout=max(5.0, ph.left()), check=False)
+    probe = subprocess.run(
+        [sys.executable, PROBE],
+        capture_output=True,
+        text=True,
+        timeout=max(5.0, ph.left()),
+        check=False,
+    )
     if probe.returncode != 0:
         raise JobFailed(f"env_probe: {probe.stderr.strip()[-300:]}")
     found = json.loads(probe.stdout.strip().splitlines()[-1])
     ph.details["probe"] = found
     ph.fig("torch", found["torch"])
     ph.fig("torch_cuda", found["cuda"])
-    ph.fig("cuda_context_MiB", mib(found.get("context_bytes")),
-           note="NVML's used memory of the process minus torch.cuda.memory_reserved()")
-    ph.fig("cuda_context_by_delta_MiB", mib(found.get("context_bytes_by_delta")),
-           note="device used memory after minus before, minus memory_reserved()")
+    ph.fig(
+        "cuda_context_MiB",
+        mib(found.get("context_bytes")),
+        note="NVML's used memory of the process minus torch.cuda.memory_reserved()",
+    )
+    ph.fig(
+        "cuda_context_by_delta_MiB",
+        mib(found.get("context_bytes_by_delta")),
+        note="device used memory after minus before, minus memory_reserved()",
+    )
 
 
 def alone(ph: Phase, s: State) -> None:
@@ -179,14 +254,23 @@ def alone(ph: Phase, s: State) -> None:
             continue
         s.alone[kind] = {"bare": bare, "gq": under}
         strict = kind in ("spin", "matmul")
-        ph.fig(f"{kind}_throughput_gq/bare", ratio(its(under), its(bare)),
-               ">=" if strict else None, 0.95 if strict else None)
+        ph.fig(
+            f"{kind}_throughput_gq/bare",
+            ratio(its(under), its(bare)),
+            ">=" if strict else None,
+            0.95 if strict else None,
+        )
         truth = length(merge(under["iv"])) / 1e9
         ph.fig(f"{kind}_gq_attained/truth", ratio(job.get("attained"), truth))
-        ph.details[kind] = {"bare_its": its(bare), "gq_its": its(under),
-                            "bare_mean_ms": mean_interval_ms(bare),
-                            "gq_mean_ms": mean_interval_ms(under), "gq_attained": job.get("attained"),
-                            "truth_s": truth, "gq_mean_iteration": job.get("mean_iteration")}
+        ph.details[kind] = {
+            "bare_its": its(bare),
+            "gq_its": its(under),
+            "bare_mean_ms": mean_interval_ms(bare),
+            "gq_mean_ms": mean_interval_ms(under),
+            "gq_attained": job.get("attained"),
+            "truth_s": truth,
+            "gq_mean_iteration": job.get("mean_iteration"),
+        }
 
 
 def fair_pair(ph: Phase, s: State) -> None:
@@ -199,25 +283,39 @@ def fair_pair(ph: Phase, s: State) -> None:
     jobs = ph.gq_jobs(labels)
     lo, hi = window(runs.values())
     ph.details["window_s"] = (hi - lo) / 1e9
-    ph.fig("one_device", int(jobs["A"].get("device") == jobs["B"].get("device")), ">=", 1,
-           note=f"{jobs['A'].get('device')} / {jobs['B'].get('device')}")
-    ph.fig("overlap", overlap([timed(runs[l]) for l in labels], lo, hi), "<=", 0.01)
-    busy = {l: length(merge(runs[l]["iv"], lo, hi)) for l in labels}
-    truth = {l: length(merge(runs[l]["iv"])) / 1e9 for l in labels}
-    attained = {l: jobs[l].get("attained") or 0.0 for l in labels}
+    ph.fig(
+        "one_device",
+        int(jobs["A"].get("device") == jobs["B"].get("device")),
+        ">=",
+        1,
+        note=f"{jobs['A'].get('device')} / {jobs['B'].get('device')}",
+    )
+    ph.fig("overlap", overlap([timed(runs[label]) for label in labels], lo, hi), "<=", 0.01)
+    busy = {label: length(merge(runs[label]["iv"], lo, hi)) for label in labels}
+    truth = {label: length(merge(runs[label]["iv"])) / 1e9 for label in labels}
+    attained = {label: jobs[label].get("attained") or 0.0 for label in labels}
     for label in labels:
         ph.fig(f"share_{label}", ratio(busy[label], sum(busy.values())), "in", (0.45, 0.55))
     for label in labels:
         ph.fig(f"gq_attained/truth_{label}", ratio(attained[label], truth[label]), "in", (0.9, 1.1))
-    ph.fig("gq_share/truth_share_A", ratio(ratio(attained["A"], sum(attained.values())),
-                                           ratio(truth["A"], sum(truth.values()))), "in", (0.9, 1.1))
+    ph.fig(
+        "gq_share/truth_share_A",
+        ratio(ratio(attained["A"], sum(attained.values())), ratio(truth["A"], sum(truth.values()))),
+        "in",
+        (0.9, 1.1),
+    )
     for label in labels:
         ph.fig(f"gq_lane_share_{label}", jobs[label].get("lane_share"))
     pair_ms = mean_interval_ms({"warm": 0, "iv": timed(runs["A"]) + timed(runs["B"])})
     base = s.alone.get("spin", {}).get("bare")
-    ph.fig("stretch_vs_alone", ratio(pair_ms, mean_interval_ms(base) if base else None),
-           note="mean interval in the pair / bare alone")
-    ph.details.update(its={l: its(runs[l]) for l in labels}, truth_s=truth, attained_s=attained)
+    ph.fig(
+        "stretch_vs_alone",
+        ratio(pair_ms, mean_interval_ms(base) if base else None),
+        note="mean interval in the pair / bare alone",
+    )
+    ph.details.update(
+        its={label: its(runs[label]) for label in labels}, truth_s=truth, attained_s=attained
+    )
 
 
 def priority_fill(ph: Phase, s: State) -> None:
@@ -252,18 +350,39 @@ def priority_fill(ph: Phase, s: State) -> None:
     low_iv = [iv for r in low_runs.values() for iv in r["iv"]]
     ph.fig("overlap_high_lows", overlap([timed(high_run), low_iv], lo, hi), "<=", 0.01)
     ph.fig("overlap_any_two", overlap([r["iv"] for r in (high_run, *low_runs.values())], lo, hi))
-    ph.fig("high_jct_plain/gq", ratio(plain_high["wall_s"], high_run["wall_s"]),
-           note="high job's loop time with 2 bare lows at once / under gq; FIKIT: 1.32-16.41x")
+    ph.fig(
+        "high_jct_plain/gq",
+        ratio(plain_high["wall_s"], high_run["wall_s"]),
+        note="high job's loop time with 2 bare lows at once / under gq; FIKIT: 1.32-16.41x",
+    )
     plain_low_iv = [iv for r in plain_low_runs.values() for iv in r["iv"]]
-    ph.fig("plain_overlap_high_lows", overlap(
-        [timed(plain_high), plain_low_iv], plain_high["iv"][plain_high["warm"]][0],
-        plain_high["iv"][-1][1]))
+    ph.fig(
+        "plain_overlap_high_lows",
+        overlap(
+            [timed(plain_high), plain_low_iv],
+            plain_high["iv"][plain_high["warm"]][0],
+            plain_high["iv"][-1][1],
+        ),
+    )
     ph.details.update(
-        alone_its=its(alone_run), high_its=its(high_run), plain_high_its=its(plain_high),
-        plain_low_its={l: its(r) for l, r in plain_low_runs.items()},
-        gq={l: {k: j.get(k) for k in ("attained", "mean_iteration", "mean_gap",
-                                       "iterations_per_second", "lane_share")}
-            for l, j in jobs.items()})
+        alone_its=its(alone_run),
+        high_its=its(high_run),
+        plain_high_its=its(plain_high),
+        plain_low_its={label: its(r) for label, r in plain_low_runs.items()},
+        gq={
+            label: {
+                k: j.get(k)
+                for k in (
+                    "attained",
+                    "mean_iteration",
+                    "mean_gap",
+                    "iterations_per_second",
+                    "lane_share",
+                )
+            }
+            for label, j in jobs.items()
+        },
+    )
 
 
 def sweep(ph: Phase, s: State) -> None:
@@ -280,13 +399,18 @@ def sweep(ph: Phase, s: State) -> None:
         ph.gq_jobs(labels)
         lo = min(r["iv"][0][0] for r in runs.values())
         hi = max(r["iv"][-1][1] for r in runs.values())
-        found[stage] = {"makespan_s": (hi - lo) / 1e9, "utilization": s.sampler.mean(lo, hi),
-                        "overlap": overlap([r["iv"] for r in runs.values()], lo, hi),
-                        "sum_of_runs_s": sum(r["iv"][-1][1] - r["iv"][0][0]
-                                             for r in runs.values()) / 1e9}
+        found[stage] = {
+            "makespan_s": (hi - lo) / 1e9,
+            "utilization": s.sampler.mean(lo, hi),
+            "overlap": overlap([r["iv"] for r in runs.values()], lo, hi),
+            "sum_of_runs_s": sum(r["iv"][-1][1] - r["iv"][0][0] for r in runs.values()) / 1e9,
+        }
     seq, packed = found["seq"], found["packed"]
-    ph.fig("makespan_seq_s", seq["makespan_s"],
-           note="fifo: one at a time, all resident; first iteration to last")
+    ph.fig(
+        "makespan_seq_s",
+        seq["makespan_s"],
+        note="fifo: one at a time, all resident; first iteration to last",
+    )
     ph.fig("seq_sum_of_runs_s", seq["sum_of_runs_s"], note="without fifo's hand-overs")
     ph.fig("makespan_packed_s", packed["makespan_s"], note="fair: packed on one lane")
     ph.fig("makespan_seq/packed", ratio(seq["makespan_s"], packed["makespan_s"]))
@@ -303,23 +427,41 @@ def escapes(ph: Phase, s: State) -> None:
     spin = s.args("spin", s.cfg["escape_iters"], plain=plain)
     ph.submit("shell", spin, stage="a", options=s.mem("spin"), script=SHELL_JOB)
     ph.submit("lane-a", spin, stage="a", options=s.mem("spin"))
-    ph.submit("graph", s.args("graph", s.cfg["escape_iters"], plain=plain), stage="b",
-              options=s.mem("graph"))
+    ph.submit(
+        "graph",
+        s.args("graph", s.cfg["escape_iters"], plain=plain),
+        stage="b",
+        options=s.mem("graph"),
+    )
     ph.submit("lane-b", spin, stage="b", options=s.mem("spin"))
     ph.wait_ready(["shell", "lane-a", "graph", "lane-b"])
-    for stage, pair, name, op in (("a", ["shell", "lane-a"], "shell_job_overlap", None),
-                                  ("b", ["graph", "lane-b"], "graph_job_overlap", "<=")):
+    for stage, pair, name, op in (
+        ("a", ["shell", "lane-a"], "shell_job_overlap", None),
+        ("b", ["graph", "lane-b"], "graph_job_overlap", "<="),
+    ):
         runs = ph.run_stage(stage, pair)
         ph.gq_jobs(pair)
         lo, hi = window(runs.values())
-        ph.fig(name, overlap([timed(r) for r in runs.values()], lo, hi), op, 0.01 if op else None,
-               note=None if op else "a shell job has no lane: expected high today")
-        ph.details[stage] = {l: {"its": its(r), "mean_ms": mean_interval_ms(r)}
-                             for l, r in runs.items()}
+        ph.fig(
+            name,
+            overlap([timed(r) for r in runs.values()], lo, hi),
+            op,
+            0.01 if op else None,
+            note=None if op else "a shell job has no lane: expected high today",
+        )
+        ph.details[stage] = {
+            label: {"its": its(r), "mean_ms": mean_interval_ms(r)} for label, r in runs.items()
+        }
 
 
-PHASES = {"environment": environment, "alone": alone, "fair_pair": fair_pair,
-          "priority_fill": priority_fill, "sweep": sweep, "escapes": escapes}
+PHASES = {
+    "environment": environment,
+    "alone": alone,
+    "fair_pair": fair_pair,
+    "priority_fill": priority_fill,
+    "sweep": sweep,
+    "escapes": escapes,
+}
 
 
 def run_phase(name, fn, s: State, out: Path, deadline: float) -> dict:
@@ -341,8 +483,15 @@ def run_phase(name, fn, s: State, out: Path, deadline: float) -> dict:
         ended = ph.cleanup()
     if error:
         ph.fig("phase", error.strip().splitlines()[-1][:300], status=status)
-    return {"status": status, "seconds": time.monotonic() - started, "budget": budget,
-            "error": error, "ended": ended, "figures": ph.figures, "details": ph.details}
+    return {
+        "status": status,
+        "seconds": time.monotonic() - started,
+        "budget": budget,
+        "error": error,
+        "ended": ended,
+        "figures": ph.figures,
+        "details": ph.details,
+    }
 
 
 def write(out: Path, result: dict, started: float) -> None:
@@ -369,13 +518,20 @@ def main() -> int:
         parser.error(f"no phase {', '.join(unknown)}; the phases: {', '.join(PHASES)}")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gq-gpu-check-"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"gq GPU check ({'cpu' if args.cpu else 'cuda'}{', quick' if args.quick else ''}): "
-          f"results in {out}", flush=True)
+    print(
+        f"gq GPU check ({'cpu' if args.cpu else 'cuda'}{', quick' if args.quick else ''}): "
+        f"results in {out}",
+        flush=True,
+    )
     cfg = config(args.cpu, args.quick)
     started = time.monotonic()
     deadline = started + (args.budget or cfg["total"])
-    result = {"mode": {"cpu": args.cpu, "quick": args.quick}, "config": cfg,
-              "started": datetime.now(UTC).isoformat(timespec="seconds"), "phases": {}}
+    result = {
+        "mode": {"cpu": args.cpu, "quick": args.quick},
+        "config": cfg,
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "phases": {},
+    }
     signal.signal(signal.SIGTERM, _interrupt)
     sampler = Sampler(cuda=not args.cpu)
     sampler.start()
@@ -391,16 +547,20 @@ def main() -> int:
                     phase = run_phase(name, fn, state, out, deadline)
                 except KeyboardInterrupt as stop:
                     result["interrupted"] = f"in {name}: {stop}"
-                    print(f"interrupted in {name}: the daemon is stopped, results so far kept",
-                          file=sys.stderr)
+                    print(
+                        f"interrupted in {name}: the daemon is stopped, results so far kept",
+                        file=sys.stderr,
+                    )
                     code = 2
                     break
                 result["phases"][name] = phase
                 write(out, result, started)  # after each phase: a run killed keeps them
-                marks = " ".join(f"{f['name']}={f['status']}" for f in phase["figures"]
-                                 if f["status"] not in ("INFO",))
-                print(f"[{name}] {phase['status']} in {phase['seconds']:.1f} s {marks}",
-                      flush=True)
+                marks = " ".join(
+                    f"{f['name']}={f['status']}"
+                    for f in phase["figures"]
+                    if f["status"] not in ("INFO",)
+                )
+                print(f"[{name}] {phase['status']} in {phase['seconds']:.1f} s {marks}", flush=True)
                 if phase["status"] == "ERROR":
                     print(phase["error"], file=sys.stderr)
                     code = 3

@@ -70,7 +70,7 @@ def window(runs) -> tuple[float, float]:
 
 
 def timed(run):
-    return run["iv"][run["warm"]:]
+    return run["iv"][run["warm"] :]
 
 
 def mean_interval_ms(run) -> float:
@@ -88,13 +88,23 @@ def figure(name, value, op=None, bound=None, note=None, status=None) -> dict:
     elif not isinstance(value, (int, float)) or value is None or math.isnan(value):
         status, threshold = "N/A", _threshold(op, bound)
     else:
-        ok = (value >= bound if op == ">=" else value <= bound if op == "<="
-              else bound[0] <= value <= bound[1])
+        ok = (
+            value >= bound
+            if op == ">="
+            else value <= bound
+            if op == "<="
+            else bound[0] <= value <= bound[1]
+        )
         status, threshold = ("PASS" if ok else "FAIL"), _threshold(op, bound)
     if isinstance(value, float) and math.isnan(value):
         value = None
-    return {"name": name, "value": value, "threshold": threshold, "status": kept or status,
-            **({"note": note} if note else {})}
+    return {
+        "name": name,
+        "value": value,
+        "threshold": threshold,
+        "status": kept or status,
+        **({"note": note} if note else {}),
+    }
 
 
 def _threshold(op, bound) -> str:
@@ -114,9 +124,15 @@ class CheckNode(Node):
     """bench/harness.py's Node, with every CLI call bounded in time."""
 
     def gq(self, *args: str, timeout: float = 60) -> str:
-        result = subprocess.run([sys.executable, "-m", "gq", *map(str, args)], env=self.env,
-                                cwd=self.dir, capture_output=True, text=True, timeout=timeout,
-                                check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "gq", *map(str, args)],
+            env=self.env,
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if result.returncode != 0:
             raise RuntimeError(f"gq {' '.join(map(str, args))}: {result.stderr.strip()}")
         return result.stdout
@@ -126,8 +142,9 @@ class Phase:
     """One phase's jobs: bare processes and gq jobs, each named by a label, each writing
     DIR/LABEL.json; every wait stops at the phase's deadline (PhaseTimeout)."""
 
-    def __init__(self, name: str, node: CheckNode, out: Path, budget: float, job: str,
-                 gq_options: list[str]):
+    def __init__(
+        self, name: str, node: CheckNode, out: Path, budget: float, job: str, gq_options: list[str]
+    ):
         self.name, self.node, self.job, self.gq_options = name, node, job, gq_options
         self.dir = out / "jobs" / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -168,14 +185,26 @@ class Phase:
         log = open(self.dir / f"{label}.log", "w")
         self.procs[label] = subprocess.Popen(
             [sys.executable, self.job, *self._args(label, args, stage, stop)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(os.environ, **(env or {})))
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ, **(env or {})),
+        )
         log.close()
         self.note(f"started {label}")
 
     def submit(self, label: str, args, stage=None, stop=None, options=(), script=None) -> int:
-        argv = ["submit", "--parsable", "-J", label, "-o", str(self.dir / f"{label}-%j.out"),
-                *self.gq_options, *map(str, options), script or self.job]
+        argv = [
+            "submit",
+            "--parsable",
+            "-J",
+            label,
+            "-o",
+            str(self.dir / f"{label}-%j.out"),
+            *self.gq_options,
+            *map(str, options),
+            script or self.job,
+        ]
         if script:  # a shell job: its first argument is the job script
             argv.append(self.job)
         self.ids[label] = int(self.node.gq(*argv, *self._args(label, args, stage, stop)).strip())
@@ -188,13 +217,15 @@ class Phase:
             proc = self.procs.get(label)
             if proc is not None and proc.poll() is not None and not self._has(label, result):
                 raise JobFailed(f"{label} exited {proc.returncode}: {self._tail(label)}")
-        if any(l in self.ids for l in labels):
+        if any(label in self.ids for label in labels):
             jobs = {j["id"]: j for j in self.node.jobs()}
             for label in labels:
                 job = jobs.get(self.ids.get(label))
                 if job and job["state"] in ENDED and not self._has(label, result):
-                    raise JobFailed(f"{label} (job {job['id']}) {job['state']} "
-                                    f"({job['reason']}): {self._tail(label)}")
+                    raise JobFailed(
+                        f"{label} (job {job['id']}) {job['state']} "
+                        f"({job['reason']}): {self._tail(label)}"
+                    )
 
     def _has(self, label, result) -> bool:
         return Path(f"{self.path(label)}{result}").exists()
@@ -206,7 +237,7 @@ class Phase:
 
     def wait_ready(self, labels) -> None:
         checked = time.monotonic()
-        while not all(Path(f"{self.path(l)}.ready").exists() for l in labels):
+        while not all(Path(f"{self.path(label)}.ready").exists() for label in labels):
             if self.left() <= 0:
                 raise PhaseTimeout(f"waiting for {labels} to be ready")
             if time.monotonic() - checked > 1.0:
@@ -219,7 +250,7 @@ class Phase:
         """Each label's result, once its process or job has ended."""
         checked = time.monotonic()
         while True:
-            if all(self.path(l).exists() for l in labels):
+            if all(self.path(label).exists() for label in labels):
                 break
             if self.left() <= 0:
                 raise PhaseTimeout(f"waiting for {labels} to end")
@@ -231,7 +262,7 @@ class Phase:
             if label in self.procs:
                 self.procs[label].wait(max(1.0, self.left()))
         self.note(f"done {' '.join(labels)}")
-        return {l: json.loads(self.path(l).read_text()) for l in labels}
+        return {label: json.loads(self.path(label).read_text()) for label in labels}
 
     def run_stage(self, stage: str, labels) -> dict[str, dict]:
         self.go(stage)
@@ -239,7 +270,7 @@ class Phase:
 
     def gq_jobs(self, labels) -> dict[str, dict]:
         """gq's view of each labelled job once it has ended (gq status --json)."""
-        ids = [self.ids[l] for l in labels]
+        ids = [self.ids[label] for label in labels]
         jobs = self.node.wait_all(ids, timeout=max(5.0, self.left()))
         self.note(f"ended in gq {' '.join(labels)}")
         return dict(zip(labels, jobs))
@@ -254,8 +285,11 @@ class Phase:
                 ended.append(f"killed bare {label}")
         if self.ids:
             try:
-                active = [j["id"] for j in self.node.jobs()
-                          if j["id"] in self.ids.values() and j["state"] not in ENDED]
+                active = [
+                    j["id"]
+                    for j in self.node.jobs()
+                    if j["id"] in self.ids.values() and j["state"] not in ENDED
+                ]
                 if active:
                     self.node.gq("cancel", *active)
                     self.node.wait_all(active, timeout=30)
@@ -310,10 +344,18 @@ def summary(phases: dict) -> str:
         rows.append((name, "(phase)", f"{phase['seconds']:.1f} s", "", phase["status"]))
         for f in phase["figures"]:
             value = f["value"]
-            text = (f"{value:.4g}" if isinstance(value, float) else "-" if value is None
-                    else str(value))
-            rows.append(("", f["name"], text[:70 if f["name"] == "phase" else 40], f["threshold"],
-                         f["status"]))
+            text = (
+                f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
+            )
+            rows.append(
+                (
+                    "",
+                    f["name"],
+                    text[: 70 if f["name"] == "phase" else 40],
+                    f["threshold"],
+                    f["status"],
+                )
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     counts = {}

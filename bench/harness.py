@@ -20,13 +20,18 @@ class Node:
         self.daemon_args = daemon_args
 
     def gq(self, *args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "gq", *map(str, args)], env=self.env,
-                                cwd=self.dir, capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "gq", *map(str, args)],
+            env=self.env,
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             raise RuntimeError(f"gq {' '.join(map(str, args))}: {result.stderr.strip()}")
         return result.stdout
 
-    def __enter__(self) -> "Node":
+    def __enter__(self) -> Node:
         self.gq("daemon", "start", *self.daemon_args)
         return self
 
@@ -47,8 +52,11 @@ class Node:
         marks = ",".join("?" * len(ids))
         while time.monotonic() < deadline:
             with sqlite3.connect(self.dir / "home" / "gq.db") as db:  # read-only
-                active = db.execute(f"SELECT count(*) FROM jobs WHERE id IN ({marks}) AND "
-                                    "state IN ('PENDING', 'RUNNING')", ids).fetchone()[0]
+                active = db.execute(
+                    f"SELECT count(*) FROM jobs WHERE id IN ({marks}) AND "
+                    "state IN ('PENDING', 'RUNNING')",
+                    ids,
+                ).fetchone()[0]
             if active == 0:
                 jobs = {j["id"]: j for j in self.jobs()}
                 return [jobs[i] for i in ids]
@@ -58,19 +66,27 @@ class Node:
     def array_task_ids(self, array_id: int) -> list[int]:
         """The job ids of an array's tasks, read from the queue (read-only)."""
         with sqlite3.connect(self.dir / "home" / "gq.db") as db:
-            return [row[0] for row in db.execute(
-                "SELECT id FROM jobs WHERE array_job_id = ? ORDER BY id", (array_id,))]
+            return [
+                row[0]
+                for row in db.execute(
+                    "SELECT id FROM jobs WHERE array_job_id = ? ORDER BY id", (array_id,)
+                )
+            ]
 
     def prefill(self, job_id: int, count: int) -> None:
         """``count`` finished copies of job ``job_id`` (once it has ended), written to the
         queue behind the daemon's back, as a month of use leaves it."""
         self.end_states([job_id])
         db = sqlite3.connect(self.dir / "home" / "gq.db", timeout=60)
-        names = ", ".join(f'"{row[1]}"' for row in db.execute("PRAGMA table_info(jobs)")
-                          if row[1] != "id")
-        db.execute(f"INSERT INTO jobs ({names}) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL "
-                   f"SELECT i + 1 FROM n WHERE i < ?) SELECT {names} FROM jobs, n "
-                   "WHERE jobs.id = ?", (count, job_id))
+        names = ", ".join(
+            f'"{row[1]}"' for row in db.execute("PRAGMA table_info(jobs)") if row[1] != "id"
+        )
+        db.execute(
+            f"INSERT INTO jobs ({names}) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL "
+            f"SELECT i + 1 FROM n WHERE i < ?) SELECT {names} FROM jobs, n "
+            "WHERE jobs.id = ?",
+            (count, job_id),
+        )
         db.commit()
         db.close()
 
@@ -80,9 +96,13 @@ class Node:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with sqlite3.connect(self.dir / "home" / "gq.db") as db:  # read-only
-                states = dict(db.execute(
-                    f"SELECT state, count(*) FROM jobs WHERE id BETWEEN ? AND ? AND id IN "
-                    f"({','.join('?' * len(ids))}) GROUP BY state", [min(ids), max(ids), *ids]))
+                states = dict(
+                    db.execute(
+                        f"SELECT state, count(*) FROM jobs WHERE id BETWEEN ? AND ? AND id IN "
+                        f"({','.join('?' * len(ids))}) GROUP BY state",
+                        [min(ids), max(ids), *ids],
+                    )
+                )
             if not {"PENDING", "RUNNING"} & set(states):
                 return states
             time.sleep(0.1)

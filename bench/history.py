@@ -44,19 +44,27 @@ def main() -> None:
         start = time.perf_counter()
         everything = json.loads(node.gq("history", "--limit", "0", "--json"))
         whole = time.perf_counter() - start
-    result = {"finished_jobs": args.finished + 1, "runs": args.runs,
-              "one_finished_job_s": small, f"{args.finished + 1}_finished_jobs_s": large,
-              "ratio_to_python": {name: large[name] / large["python"] for name in COMMANDS},
-              "ratio_to_one_finished_job": {name: large[name] / small[name]
-                                            for name in COMMANDS},
-              "whole_history_s": whole, "whole_history_jobs": len(everything)}
+    result = {
+        "finished_jobs": args.finished + 1,
+        "runs": args.runs,
+        "one_finished_job_s": small,
+        f"{args.finished + 1}_finished_jobs_s": large,
+        "ratio_to_python": {name: large[name] / large["python"] for name in COMMANDS},
+        "ratio_to_one_finished_job": {name: large[name] / small[name] for name in COMMANDS},
+        "whole_history_s": whole,
+        "whole_history_jobs": len(everything),
+    }
     print(json.dumps(result, indent=2))
-    print(f"\nwith {args.finished + 1} finished jobs (vs one): " + "; ".join(
-        f"gq {' '.join(argv)} {1000 * large[name]:.0f} ms ({1000 * small[name]:.0f} ms, "
-        f"{result['ratio_to_python'][name]:.2f}x python -c pass)"
-        for name, argv in COMMANDS.items())
-          + f"; python -c pass {1000 * large['python']:.0f} ms; the whole history "
-          f"(--limit 0 --json, {len(everything)} jobs) {whole:.1f} s")
+    print(
+        f"\nwith {args.finished + 1} finished jobs (vs one): "
+        + "; ".join(
+            f"gq {' '.join(argv)} {1000 * large[name]:.0f} ms ({1000 * small[name]:.0f} ms, "
+            f"{result['ratio_to_python'][name]:.2f}x python -c pass)"
+            for name, argv in COMMANDS.items()
+        )
+        + f"; python -c pass {1000 * large['python']:.0f} ms; the whole history "
+        f"(--limit 0 --json, {len(everything)} jobs) {whole:.1f} s"
+    )
 
 
 def _medians(node: Node, runs: int) -> dict[str, float]:

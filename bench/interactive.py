@@ -36,9 +36,11 @@ for _ in gq.steps(range(10**9)):
         pass
 """
 # Typed at the REPL: a step that busies the CPU, and a loop of them for a while.
-SETUP = ("import gq, itertools, time; g = gq.steps(itertools.count())\n"
-         "def step(seconds):\n    next(g); end = time.perf_counter() + seconds\n"
-         "    while time.perf_counter() < end: pass\n\n")
+SETUP = (
+    "import gq, itertools, time; g = gq.steps(itertools.count())\n"
+    "def step(seconds):\n    next(g); end = time.perf_counter() + seconds\n"
+    "    while time.perf_counter() < end: pass\n\n"
+)
 
 
 def _steps(node: Node, job_id: int) -> int:
@@ -53,9 +55,14 @@ def _rate(node: Node, job_id: int, seconds: float) -> float:
 
 
 def _repl(node: Node) -> pexpect.spawn:
-    child = pexpect.spawn(sys.executable, ["-m", "gq", "run", "--pty", "--gpu-mem", "64M",
-                                           "--", "python"], env=node.env, cwd=str(node.dir),
-                          encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "gq", "run", "--pty", "--gpu-mem", "64M", "--", "python"],
+        env=node.env,
+        cwd=str(node.dir),
+        encoding="utf-8",
+        timeout=60,
+    )
     child.expect(">>> ")
     child.send(SETUP)
     child.expect(">>> ")
@@ -93,8 +100,10 @@ def measure(policy: str, seconds: float, iteration: float) -> dict:
         idle = _rate(node, batch, seconds)
         waits = _waits(child, 30, iteration)
         computing = 2.5 + seconds + SETTLE + seconds + 2.5
-        child.sendline(f"n = 0; end = time.monotonic() + {computing}\n"
-                       f"while time.monotonic() < end:\n    step({iteration}); n += 1\n")
+        child.sendline(
+            f"n = 0; end = time.monotonic() + {computing}\n"
+            f"while time.monotonic() < end:\n    step({iteration}); n += 1\n"
+        )
         time.sleep(2.5)
         busy = _rate(node, batch, seconds)  # within the REPL's burst
         time.sleep(SETTLE)
@@ -106,11 +115,17 @@ def measure(policy: str, seconds: float, iteration: float) -> dict:
         child.sendeof()
         child.expect(pexpect.EOF)
         node.gq("cancel", str(batch))
-    return {"policy": policy, "batch_alone": alone, "batch_beside_idle_repl": idle,
-            "batch_beside_busy_repl": busy, "batch_beside_sustained_repl": sustained,
-            "repl_busy_rate": repl_steps / computing,
-            "statement_wait_median": statistics.median(waits), "statement_wait_max": max(waits),
-            "statement_waits": waits}
+    return {
+        "policy": policy,
+        "batch_alone": alone,
+        "batch_beside_idle_repl": idle,
+        "batch_beside_busy_repl": busy,
+        "batch_beside_sustained_repl": sustained,
+        "repl_busy_rate": repl_steps / computing,
+        "statement_wait_median": statistics.median(waits),
+        "statement_wait_max": max(waits),
+        "statement_waits": waits,
+    }
 
 
 def main() -> None:
@@ -119,25 +134,29 @@ def main() -> None:
     parser.add_argument("--iteration", type=float, default=0.05)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    results = {"iteration": args.iteration, "seconds": args.seconds,
-               "runs": [measure(policy, args.seconds, args.iteration)
-                        for policy in ("fifo", "fair")]}
+    results = {
+        "iteration": args.iteration,
+        "seconds": args.seconds,
+        "runs": [measure(policy, args.seconds, args.iteration) for policy in ("fifo", "fair")],
+    }
     text = json.dumps(results, indent=2)
     if args.out:
         args.out.write_text(text)
     print(text)
     print(f"\nbatch iterations of {args.iteration * 1000:.0f} ms; rates in iterations/s")
     for run in results["runs"]:
-        print(f"{run['policy']:5}: batch alone {run['batch_alone']:.1f}, beside an idle REPL "
-              f"{run['batch_beside_idle_repl']:.1f} "
-              f"({run['batch_beside_idle_repl'] / run['batch_alone']:.0%}), beside a busy REPL "
-              f"{run['batch_beside_busy_repl']:.1f} "
-              f"({run['batch_beside_busy_repl'] / run['batch_alone']:.0%}), "
-              f"{SETTLE:.0f} s later {run['batch_beside_sustained_repl']:.1f} "
-              f"({run['batch_beside_sustained_repl'] / run['batch_alone']:.0%}; the REPL "
-              f"{run['repl_busy_rate']:.1f} all along); a statement waited "
-              f"{run['statement_wait_median'] * 1000:.0f} ms (median), "
-              f"{run['statement_wait_max'] * 1000:.0f} ms at most")
+        print(
+            f"{run['policy']:5}: batch alone {run['batch_alone']:.1f}, beside an idle REPL "
+            f"{run['batch_beside_idle_repl']:.1f} "
+            f"({run['batch_beside_idle_repl'] / run['batch_alone']:.0%}), beside a busy REPL "
+            f"{run['batch_beside_busy_repl']:.1f} "
+            f"({run['batch_beside_busy_repl'] / run['batch_alone']:.0%}), "
+            f"{SETTLE:.0f} s later {run['batch_beside_sustained_repl']:.1f} "
+            f"({run['batch_beside_sustained_repl'] / run['batch_alone']:.0%}; the REPL "
+            f"{run['repl_busy_rate']:.1f} all along); a statement waited "
+            f"{run['statement_wait_median'] * 1000:.0f} ms (median), "
+            f"{run['statement_wait_max'] * 1000:.0f} ms at most"
+        )
 
 
 if __name__ == "__main__":

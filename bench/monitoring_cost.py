@@ -52,22 +52,33 @@ def main() -> None:
             node.submit("--hold", str(script))
         time.sleep(2)  # past start-up
         idle = per_second(node, args.seconds)
-        top = subprocess.Popen([sys.executable, "-m", "gq", "top", "-b"], env=node.env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        top = subprocess.Popen(
+            [sys.executable, "-m", "gq", "top", "-b"],
+            env=node.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             with_top = per_second(node, args.seconds)
         finally:
             top.terminate()
             top.wait()
         scrape = lambda: urllib.request.urlopen(  # noqa: E731
-            f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            f"http://127.0.0.1:{port}/metrics", timeout=5
+        ).read()
         scraped = per_second(node, args.seconds, scrape)
-    result = {"seconds": args.seconds, "daemon_cpu_idle_ms_per_s": idle * 1000,
-              "with_top_ms_per_s": with_top * 1000, "with_scrapes_ms_per_s": scraped * 1000}
+    result = {
+        "seconds": args.seconds,
+        "daemon_cpu_idle_ms_per_s": idle * 1000,
+        "with_top_ms_per_s": with_top * 1000,
+        "with_scrapes_ms_per_s": scraped * 1000,
+    }
     print(json.dumps(result))
-    print(f"daemon CPU per second: idle {idle * 1000:.1f} ms (sampling 4 devices); "
-          f"gq top at 1 Hz {(with_top - idle) * 1000:+.1f} ms; a scrape per second "
-          f"{(scraped - idle) * 1000:+.1f} ms (1 ms = 0.1 % of one core)")
+    print(
+        f"daemon CPU per second: idle {idle * 1000:.1f} ms (sampling 4 devices); "
+        f"gq top at 1 Hz {(with_top - idle) * 1000:+.1f} ms; a scrape per second "
+        f"{(scraped - idle) * 1000:+.1f} ms (1 ms = 0.1 % of one core)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,25 +37,31 @@ def main() -> None:
     parser.add_argument("--injections", type=int, default=50)
     parser.add_argument("daemon_args", nargs="*", metavar="-- DAEMON_OPTION")
     args = parser.parse_args()
-    alone = json.loads(subprocess.run([sys.executable, str(LOOP)], capture_output=True,
-                                      text=True, check=True).stdout.splitlines()[-1])
+    alone = json.loads(
+        subprocess.run(
+            [sys.executable, str(LOOP)], capture_output=True, text=True, check=True
+        ).stdout.splitlines()[-1]
+    )
     began = time.monotonic()
-    with Node("--kill-wait", "1", "--cpu-devices", "2", "--cpu-memory", "2G",
-              *args.daemon_args) as node:
+    with Node(
+        "--kill-wait", "1", "--cpu-devices", "2", "--cpu-memory", "2G", *args.daemon_args
+    ) as node:
         pairs = []
         for index in range(args.injections):
             neighbour = node.submit("--gpu-mem", "400M", str(LOOP))
             how = "allocate" if index % 2 == 0 else "raise"
-            grower = node.submit("--gpu-mem", "300M", str(LOOP), "--grow-mb", "600",
-                                 "--how", how)
+            grower = node.submit("--gpu-mem", "300M", str(LOOP), "--grow-mb", "600", "--how", how)
             pairs.append((neighbour, grower, how))
         ids = [job_id for pair in pairs for job_id in pair[:2]]
         jobs = {job["id"]: job for job in node.wait_all(ids, timeout=1800)}
         elapsed = time.monotonic() - began
         lost, requeued, completed, failed, delays = [], 0, 0, [], []
         for neighbour, grower, how in pairs:
-            losses = json.loads((node.dir / f"gq-{neighbour}.out").read_text().splitlines()[-1]
-                                ) if jobs[neighbour]["state"] == "COMPLETED" else None
+            losses = (
+                json.loads((node.dir / f"gq-{neighbour}.out").read_text().splitlines()[-1])
+                if jobs[neighbour]["state"] == "COMPLETED"
+                else None
+            )
             if losses != alone:
                 lost.append(neighbour)
             shown = json.loads(node.gq("show", "--json", str(grower)))
@@ -66,21 +72,30 @@ def main() -> None:
                 failed.append((grower, how, shown["reason"]))
             events = shown["events"]
             for back, start in zip(events, events[1:]):
-                if back["new_state"] == "PENDING" and back["old_state"] == "RUNNING" and \
-                        start["new_state"] == "RUNNING":
+                if (
+                    back["new_state"] == "PENDING"
+                    and back["old_state"] == "RUNNING"
+                    and start["new_state"] == "RUNNING"
+                ):
                     delays.append(_at(start["time"]) - _at(back["time"]))
     result = {
-        "injections": args.injections, "neighbours_lost": len(lost), "lost": lost,
-        "overshooting_requeued": requeued, "overshooting_completed": completed,
-        "overshooting_failed": failed, "seconds": round(elapsed, 1),
+        "injections": args.injections,
+        "neighbours_lost": len(lost),
+        "lost": lost,
+        "overshooting_requeued": requeued,
+        "overshooting_completed": completed,
+        "overshooting_failed": failed,
+        "seconds": round(elapsed, 1),
         "requeue_to_restart_p50_s": round(percentile(delays, 50), 3),
         "requeue_to_restart_p90_s": round(percentile(delays, 90), 3),
     }
     print(json.dumps(result))
-    print(f"{args.injections} overshoot injections in {elapsed:.0f} s: {len(lost)} neighbours "
-          f"lost; {requeued} overshooting jobs requeued, {completed} completed on a later run, "
-          f"{len(failed)} failed; requeue to restart p50 {result['requeue_to_restart_p50_s']} s, "
-          f"p90 {result['requeue_to_restart_p90_s']} s")
+    print(
+        f"{args.injections} overshoot injections in {elapsed:.0f} s: {len(lost)} neighbours "
+        f"lost; {requeued} overshooting jobs requeued, {completed} completed on a later run, "
+        f"{len(failed)} failed; requeue to restart p50 {result['requeue_to_restart_p50_s']} s, "
+        f"p90 {result['requeue_to_restart_p90_s']} s"
+    )
 
 
 if __name__ == "__main__":

@@ -41,9 +41,16 @@ def long_trace(total_iterations: int, seed: int = 1) -> list[TraceJob]:
     for index, weight in enumerate(weights):
         iterations = max(1, round(weight * scale))
         step = rng.uniform(0.05, 0.5)
-        jobs.append(TraceJob(id=index, submit_time=round(clock, 3), duration=iterations * step,
-                             iterations=iterations, priority=rng.randrange(4),
-                             user=f"user{rng.randrange(8)}"))
+        jobs.append(
+            TraceJob(
+                id=index,
+                submit_time=round(clock, 3),
+                duration=iterations * step,
+                iterations=iterations,
+                priority=rng.randrange(4),
+                user=f"user{rng.randrange(8)}",
+            )
+        )
         clock += rng.expovariate(1.0) * iterations * step * 0.9  # about full load
     return jobs
 
@@ -55,9 +62,17 @@ def many_trace(count: int = 10_000, seed: int = 2) -> list[TraceJob]:
         iterations = max(10, round(10 ** rng.uniform(1, 5)))
         step = rng.uniform(0.01, 0.5)
         gpus = rng.choices([1, 2, 4, 8], weights=[80, 10, 6, 4])[0]
-        jobs.append(TraceJob(id=index, submit_time=round(clock, 3), duration=iterations * step,
-                             iterations=iterations, gpus=gpus, priority=rng.randrange(4),
-                             user=f"user{rng.randrange(20)}"))
+        jobs.append(
+            TraceJob(
+                id=index,
+                submit_time=round(clock, 3),
+                duration=iterations * step,
+                iterations=iterations,
+                gpus=gpus,
+                priority=rng.randrange(4),
+                user=f"user{rng.randrange(20)}",
+            )
+        )
         clock += rng.expovariate(1.0) * 3100.0  # about 0.9 of one device
     return jobs
 
@@ -72,15 +87,27 @@ def one_run(trace: Path, policy: str, gpus: int) -> None:
     started = time.perf_counter()
     result = simulate(jobs, policies.make(policy), gpus=gpus)
     seconds = time.perf_counter() - started
-    print(json.dumps({"seconds": seconds, "stretches": result.events,
-                      "avg_jct": result.summary()["avg_jct"],
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "stretches": result.events,
+                "avg_jct": result.summary()["avg_jct"],
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def measure(trace: Path, policy: str, gpus: int, timeout: float) -> dict:
     try:
-        out = subprocess.run([sys.executable, __file__, "--child", str(trace), policy, str(gpus)],
-                             capture_output=True, text=True, timeout=timeout, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", str(trace), policy, str(gpus)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        ).stdout
     except subprocess.TimeoutExpired:
         return {"seconds": None, "over": timeout}
     return json.loads(out)
@@ -95,8 +122,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gq-sim-scale-"))
-    traces = {"long": long_trace(10 ** 8), "long-1e6": long_trace(10 ** 6),
-              "many": many_trace()}
+    traces = {"long": long_trace(10**8), "long-1e6": long_trace(10**6), "many": many_trace()}
     for name, jobs in traces.items():
         write_gq_csv(jobs, work / f"{name}.csv")
     cases = [("long", 1), ("long-1e6", 1), ("many", 1), ("many", 8)]
@@ -105,21 +131,32 @@ def main() -> None:
         for name, gpus in cases:
             row = measure(work / f"{name}.csv", policy, gpus, args.timeout)
             rows.append({"policy": policy, "trace": name, "gpus": gpus, **row})
-    result = {"traces": {name: {"jobs": len(jobs), "iterations": sum(j.iterations for j in jobs)}
-                         for name, jobs in traces.items()}, "runs": rows}
+    result = {
+        "traces": {
+            name: {"jobs": len(jobs), "iterations": sum(j.iterations for j in jobs)}
+            for name, jobs in traces.items()
+        },
+        "runs": rows,
+    }
     print(json.dumps(result, indent=2))
     print("\npolicy     long(1)   long-1e6(1)  many(1)   many(8)    peak RSS long / long-1e6")
     for policy in args.policies.split(","):
         mine = {(r["trace"], r["gpus"]): r for r in rows if r["policy"] == policy}
 
-        def cell(key):
+        def cell(key, mine=mine):
             row = mine[key]
-            return f"{row['seconds']:7.2f} s" if row["seconds"] is not None else f" >{row['over']:.0f} s "
+            return (
+                f"{row['seconds']:7.2f} s"
+                if row["seconds"] is not None
+                else f" >{row['over']:.0f} s "
+            )
 
         rss = [mine[k].get("peak_rss_mb") for k in (("long", 1), ("long-1e6", 1))]
         memory = " / ".join(f"{m:.0f} MB" if m else "-" for m in rss)
-        print(f"{policy:9} {cell(('long', 1))}  {cell(('long-1e6', 1))}  {cell(('many', 1))}"
-              f" {cell(('many', 8))}   {memory}")
+        print(
+            f"{policy:9} {cell(('long', 1))}  {cell(('long-1e6', 1))}  {cell(('many', 1))}"
+            f" {cell(('many', 8))}   {memory}"
+        )
 
 
 if __name__ == "__main__":

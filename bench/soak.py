@@ -42,24 +42,47 @@ from harness import Node  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20000)
-    parser.add_argument("--batch", type=int, default=1000,
-                        help="submit this many, wait for them to end, read the RSS; again")
-    parser.add_argument("--prefill", type=int, default=10000,
-                        help="finished jobs in the queue before the soak begins")
-    parser.add_argument("--array", type=int, metavar="N",
-                        help="submit the jobs as arrays of N tasks (the batch a multiple of N)")
-    parser.add_argument("--poll", type=float, metavar="SECONDS",
-                        help="run gq status --json every SECONDS meanwhile")
-    parser.add_argument("--single", type=int, default=0, metavar="N",
-                        help="with --array: N jobs one by one too, a batch after each "
-                             "array batch, for their turnover")
-    parser.add_argument("daemon_args", nargs="*", metavar="-- DAEMON_OPTION",
-                        help="options for the daemon, such as -- --max-resident 16")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1000,
+        help="submit this many, wait for them to end, read the RSS; again",
+    )
+    parser.add_argument(
+        "--prefill",
+        type=int,
+        default=10000,
+        help="finished jobs in the queue before the soak begins",
+    )
+    parser.add_argument(
+        "--array",
+        type=int,
+        metavar="N",
+        help="submit the jobs as arrays of N tasks (the batch a multiple of N)",
+    )
+    parser.add_argument(
+        "--poll", type=float, metavar="SECONDS", help="run gq status --json every SECONDS meanwhile"
+    )
+    parser.add_argument(
+        "--single",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --array: N jobs one by one too, a batch after each "
+        "array batch, for their turnover",
+    )
+    parser.add_argument(
+        "daemon_args",
+        nargs="*",
+        metavar="-- DAEMON_OPTION",
+        help="options for the daemon, such as -- --max-resident 16",
+    )
     args = parser.parse_args()
     if args.array is not None and not 1 <= args.array <= args.batch:
         parser.error("--array N: N from 1 to the --batch size")
-    with Node("--kill-wait", "1", "--max-pending", str(max(args.batch, 1000)),
-              *args.daemon_args) as node:
+    with Node(
+        "--kill-wait", "1", "--max-pending", str(max(args.batch, 1000)), *args.daemon_args
+    ) as node:
         os.environ["GQ_HOME"] = node.env["GQ_HOME"]
         os.chdir(node.dir)
         from gq.cli.main import main as gq_main
@@ -81,8 +104,7 @@ def main() -> None:
                 ids += node.array_task_ids(submit("--array", f"0-{count - 1}"))
             return ids
 
-        def run_batch(phase: Phase, submit_batch: Callable[[int], list[int]],
-                      jobs: int) -> None:
+        def run_batch(phase: Phase, submit_batch: Callable[[int], list[int]], jobs: int) -> None:
             """One batch of the phase's ``jobs`` submitted and waited for."""
             batch_start = time.monotonic()
             ids = submit_batch(min(args.batch, jobs - phase.done))
@@ -109,49 +131,72 @@ def main() -> None:
                     run_batch(single, one_by_one, singles)
             while single.done < singles:
                 run_batch(single, one_by_one, singles)
-            cpu = {"daemon": _cpu_seconds(daemon),
-                   "hosts": sum(_cpu_seconds(child) for child in daemon.children()
-                                if "gq.exec.host" in " ".join(child.cmdline())),
-                   "client": _cpu_seconds(psutil.Process())}
-    states, rss_at, per_batch, done = (main_phase.states, main_phase.rss_at,
-                                       main_phase.per_batch, main_phase.done)
+            cpu = {
+                "daemon": _cpu_seconds(daemon),
+                "hosts": sum(
+                    _cpu_seconds(child)
+                    for child in daemon.children()
+                    if "gq.exec.host" in " ".join(child.cmdline())
+                ),
+                "client": _cpu_seconds(psutil.Process()),
+            }
+    states, rss_at, per_batch, done = (
+        main_phase.states,
+        main_phase.rss_at,
+        main_phase.per_batch,
+        main_phase.done,
+    )
     warm = min((n for n in rss_at if n >= 1000), default=min(rss_at))
     rss_end = rss_at[done]
     result = {
-        "jobs": args.jobs, "prefilled_finished_jobs": args.prefill, "states": states,
-        "array_size": args.array, "poll_seconds": args.poll,
-        "polls": poller.count if args.poll else 0, "daemon_options": args.daemon_args,
-        "total_seconds": main_phase.seconds, "jobs_per_second": done / main_phase.seconds,
+        "jobs": args.jobs,
+        "prefilled_finished_jobs": args.prefill,
+        "states": states,
+        "array_size": args.array,
+        "poll_seconds": args.poll,
+        "polls": poller.count if args.poll else 0,
+        "daemon_options": args.daemon_args,
+        "total_seconds": main_phase.seconds,
+        "jobs_per_second": done / main_phase.seconds,
         "jobs_per_second_by_batch": per_batch,
         "daemon_rss_start_mb": rss_start / 2**20,
         "daemon_rss_mb_by_jobs_ended": {n: rss / 2**20 for n, rss in rss_at.items()},
-        "warm_after_jobs": warm, "daemon_rss_warm_mb": rss_at[warm] / 2**20,
+        "warm_after_jobs": warm,
+        "daemon_rss_warm_mb": rss_at[warm] / 2**20,
         "daemon_rss_end_mb": rss_end / 2**20,
         "growth_warm_to_end_mb": (rss_end - rss_at[warm]) / 2**20,
-        "cpu_ms_per_job": {who: seconds * 1000 / (done + single.done)
-                           for who, seconds in cpu.items()},
+        "cpu_ms_per_job": {
+            who: seconds * 1000 / (done + single.done) for who, seconds in cpu.items()
+        },
     }
     if single.done:
-        result["single"] = {"jobs": single.done, "states": single.states,
-                            "jobs_per_second": single.done / single.seconds,
-                            "jobs_per_second_by_batch": single.per_batch}
-        result["array_to_single_turnover"] = (result["jobs_per_second"]
-                                              / result["single"]["jobs_per_second"])
+        result["single"] = {
+            "jobs": single.done,
+            "states": single.states,
+            "jobs_per_second": single.done / single.seconds,
+            "jobs_per_second_by_batch": single.per_batch,
+        }
+        result["array_to_single_turnover"] = (
+            result["jobs_per_second"] / result["single"]["jobs_per_second"]
+        )
     print(json.dumps(result, indent=2))
     shape = f"in arrays of {args.array}" if args.array else "one by one"
-    print(f"\n{args.jobs} jobs {shape} after {args.prefill} finished ones: {states}; "
-          f"{result['jobs_per_second']:.1f} jobs/s (batches {min(per_batch):.0f}-"
-          f"{max(per_batch):.0f}); daemon RSS {result['daemon_rss_start_mb']:.1f} MB at start, "
-          f"{result['daemon_rss_warm_mb']:.1f} MB after {warm} jobs, "
-          f"{result['daemon_rss_end_mb']:.1f} MB after {done} "
-          f"({result['growth_warm_to_end_mb']:+.1f} MB between them); CPU per job: "
-          + ", ".join(f"{who} {ms:.2f} ms" for who, ms in result["cpu_ms_per_job"].items()))
+    print(
+        f"\n{args.jobs} jobs {shape} after {args.prefill} finished ones: {states}; "
+        f"{result['jobs_per_second']:.1f} jobs/s (batches {min(per_batch):.0f}-"
+        f"{max(per_batch):.0f}); daemon RSS {result['daemon_rss_start_mb']:.1f} MB at start, "
+        f"{result['daemon_rss_warm_mb']:.1f} MB after {warm} jobs, "
+        f"{result['daemon_rss_end_mb']:.1f} MB after {done} "
+        f"({result['growth_warm_to_end_mb']:+.1f} MB between them); CPU per job: "
+        + ", ".join(f"{who} {ms:.2f} ms" for who, ms in result["cpu_ms_per_job"].items())
+    )
     if single.done:
-        print(f"and {single.done} jobs one by one: {single.states}; "
-              f"{result['single']['jobs_per_second']:.1f} jobs/s (arrays "
-              f"{result['array_to_single_turnover']:.2f}x that)")
-    if states != {"COMPLETED": args.jobs} or single.states not in ({}, {"COMPLETED":
-                                                                       single.done}):
+        print(
+            f"and {single.done} jobs one by one: {single.states}; "
+            f"{result['single']['jobs_per_second']:.1f} jobs/s (arrays "
+            f"{result['array_to_single_turnover']:.2f}x that)"
+        )
+    if states != {"COMPLETED": args.jobs} or single.states not in ({}, {"COMPLETED": single.done}):
         sys.exit(1)
 
 
@@ -176,7 +221,7 @@ class Poller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "Poller":
+    def __enter__(self) -> Poller:
         self._thread.start()
         return self
 

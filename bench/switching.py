@@ -51,19 +51,25 @@ def read_runs(path: Path) -> list[dict]:
 def switch_latencies(runs: list[dict]) -> list[float]:
     """From one job's iteration end to the other's start, where the other had asked for
     the lane before that end (it was waiting)."""
-    spans = sorted((begin, end, run["job"], asked)
-                   for run in runs for begin, end, asked in run["spans"])
-    return [nxt[0] - prev[1] for prev, nxt in zip(spans, spans[1:])
-            if nxt[2] != prev[2] and nxt[3] <= prev[1]]
+    spans = sorted(
+        (begin, end, run["job"], asked) for run in runs for begin, end, asked in run["spans"]
+    )
+    return [
+        nxt[0] - prev[1]
+        for prev, nxt in zip(spans, spans[1:])
+        if nxt[2] != prev[2] and nxt[3] <= prev[1]
+    ]
 
 
-def measure_switches(node: Node, steps: int, iter_ms: float, gap_ms: float = 0.0,
-                     out_name: str = "switch.jsonl") -> list[float]:
+def measure_switches(
+    node: Node, steps: int, iter_ms: float, gap_ms: float = 0.0, out_name: str = "switch.jsonl"
+) -> list[float]:
     out = node.dir / out_name
     node.gq("policy", "set", "fair")
-    ids = [node.submit(LOOP, "--steps", steps, "--iter-ms", iter_ms, "--gap-ms", gap_ms,
-                       "--out", out)
-           for _ in range(2)]
+    ids = [
+        node.submit(LOOP, "--steps", steps, "--iter-ms", iter_ms, "--gap-ms", gap_ms, "--out", out)
+        for _ in range(2)
+    ]
     node.wait_all(ids)
     runs = read_runs(out)
     # Only the stretch where both jobs were resident and looping counts.
@@ -82,29 +88,37 @@ def _loop_seconds(out: Path) -> list[float]:
     return sorted(run["loop_seconds"] for run in read_runs(out))
 
 
-def measure_overhead(node: Node, iter_ms: float, steps: int, repeats: int,
-                     jobs: int) -> dict:
+def measure_overhead(node: Node, iter_ms: float, steps: int, repeats: int, jobs: int) -> dict:
     """``jobs`` copies of the training loop at once, bare and under gq by turns; each run's
     figure is the mean of its jobs' loop times."""
     bare, under = [], []
     node.gq("policy", "set", "fair" if jobs > 1 else "fifo")
     for index in range(repeats):
         bare_out = node.dir / f"bare-{jobs}-{iter_ms}-{index}.jsonl"
-        runs = [subprocess.Popen([sys.executable, *_loop(iter_ms, steps, bare_out)])
-                for _ in range(jobs)]
+        runs = [
+            subprocess.Popen([sys.executable, *_loop(iter_ms, steps, bare_out)])
+            for _ in range(jobs)
+        ]
         if any(run.wait() for run in runs):
             raise RuntimeError("a bare run failed")
         bare.append(statistics.mean(_loop_seconds(bare_out)))
         gq_out = node.dir / f"gq-{jobs}-{iter_ms}-{index}.jsonl"
-        node.wait_all([node.submit("--gpu-mem", "1G", *_loop(iter_ms, steps, gq_out))
-                       for _ in range(jobs)])
+        node.wait_all(
+            [node.submit("--gpu-mem", "1G", *_loop(iter_ms, steps, gq_out)) for _ in range(jobs)]
+        )
         under.append(statistics.mean(_loop_seconds(gq_out)))
     bare_s, gq_s = statistics.median(bare), statistics.median(under)
-    return {"iter_ms": iter_ms, "jobs": jobs, "steps": steps, "bare_seconds": bare_s,
-            "gq_seconds": gq_s, "overhead": gq_s / bare_s - 1,
-            "per_iteration_us": (gq_s - bare_s) / steps * 1e6,
-            # each run under gq against the bare run just before it: how far the noise goes
-            "pair_overheads": [g / b - 1 for b, g in zip(bare, under)]}
+    return {
+        "iter_ms": iter_ms,
+        "jobs": jobs,
+        "steps": steps,
+        "bare_seconds": bare_s,
+        "gq_seconds": gq_s,
+        "overhead": gq_s / bare_s - 1,
+        "per_iteration_us": (gq_s - bare_s) / steps * 1e6,
+        # each run under gq against the bare run just before it: how far the noise goes
+        "pair_overheads": [g / b - 1 for b, g in zip(bare, under)],
+    }
 
 
 def measure_wake_floor(cpus: tuple[int, int], rounds: int = 3000) -> list[float]:
@@ -155,39 +169,58 @@ def main() -> None:
         latencies = measure_switches(node, int(2000 * scale), 1.0)
         # Gaps past the anticipation limit: no lane is kept for a job in its gap.
         gapped = measure_switches(node, int(800 * scale), 3.0, 2.5, "gapped.jsonl")
-        overheads = [measure_overhead(node, iter_ms, int(steps * scale), 3, jobs)
-                     for jobs in (1, 2) for iter_ms, steps in ((1.0, 2000), (5.0, 600))]
+        overheads = [
+            measure_overhead(node, iter_ms, int(steps * scale), 3, jobs)
+            for jobs in (1, 2)
+            for iter_ms, steps in ((1.0, 2000), (5.0, 600))
+        ]
     result = {
-        "switch": {"count": len(latencies), "p50_us": percentile(latencies, 50) * 1e6,
-                   "p99_us": percentile(latencies, 99) * 1e6, "max_us": max(latencies) * 1e6},
-        "switch_with_gaps": {"count": len(gapped), "p50_us": percentile(gapped, 50) * 1e6,
-                             "p99_us": percentile(gapped, 99) * 1e6},
+        "switch": {
+            "count": len(latencies),
+            "p50_us": percentile(latencies, 50) * 1e6,
+            "p99_us": percentile(latencies, 99) * 1e6,
+            "max_us": max(latencies) * 1e6,
+        },
+        "switch_with_gaps": {
+            "count": len(gapped),
+            "p50_us": percentile(gapped, 50) * 1e6,
+            "p99_us": percentile(gapped, 99) * 1e6,
+        },
         "overhead": overheads,
-        "round_trip_floor": {where: {"p50_us": percentile(trips, 50) * 1e6,
-                                     "p99_us": percentile(trips, 99) * 1e6}
-                             for where, trips in floors.items()},
+        "round_trip_floor": {
+            where: {"p50_us": percentile(trips, 50) * 1e6, "p99_us": percentile(trips, 99) * 1e6}
+            for where, trips in floors.items()
+        },
     }
     print(json.dumps(result, indent=2))
     switch = result["switch"]
-    print(f"\nswitch latency over {switch['count']} switches: p50 {switch['p50_us']:.0f} us "
-          f"(target <= 50: {_verdict(switch['p50_us'] <= 50)}), p99 {switch['p99_us']:.0f} us "
-          f"(target <= 150: {_verdict(switch['p99_us'] <= 150)})")
+    print(
+        f"\nswitch latency over {switch['count']} switches: p50 {switch['p50_us']:.0f} us "
+        f"(target <= 50: {_verdict(switch['p50_us'] <= 50)}), p99 {switch['p99_us']:.0f} us "
+        f"(target <= 150: {_verdict(switch['p99_us'] <= 150)})"
+    )
     gapped = result["switch_with_gaps"]
-    print(f"switch latency, 3 ms iterations with 2.5 ms gaps, over "
-          f"{gapped['count']} switches: p50 {gapped['p50_us']:.0f} us, p99 "
-          f"{gapped['p99_us']:.0f} us")
+    print(
+        f"switch latency, 3 ms iterations with 2.5 ms gaps, over "
+        f"{gapped['count']} switches: p50 {gapped['p50_us']:.0f} us, p99 "
+        f"{gapped['p99_us']:.0f} us"
+    )
     for where, floor in result["round_trip_floor"].items():
-        print(f"round trip between two processes, {where.replace('_', ' ')}: p50 "
-              f"{floor['p50_us']:.0f} us, p99 {floor['p99_us']:.0f} us (the floor: a wake-up "
-              "is half of one)")
+        print(
+            f"round trip between two processes, {where.replace('_', ' ')}: p50 "
+            f"{floor['p50_us']:.0f} us, p99 {floor['p99_us']:.0f} us (the floor: a wake-up "
+            "is half of one)"
+        )
     for row in overheads:
         target = TARGETS[row["iter_ms"]]
-        print(f"overhead, {'alone' if row['jobs'] == 1 else 'two sharing a lane'}, "
-              f"{row['iter_ms']:g} ms of host work an iteration: {100 * row['overhead']:+.2f} % "
-              f"({row['per_iteration_us']:.0f} us per iteration; bare {row['bare_seconds']:.3f} s,"
-              f" gq {row['gq_seconds']:.3f} s; pairs {100 * min(row['pair_overheads']):+.1f} "
-              f"to {100 * max(row['pair_overheads']):+.1f} %; target <= {100 * target:g} %: "
-              f"{_verdict(row['overhead'] <= target)})")
+        print(
+            f"overhead, {'alone' if row['jobs'] == 1 else 'two sharing a lane'}, "
+            f"{row['iter_ms']:g} ms of host work an iteration: {100 * row['overhead']:+.2f} % "
+            f"({row['per_iteration_us']:.0f} us per iteration; bare {row['bare_seconds']:.3f} s,"
+            f" gq {row['gq_seconds']:.3f} s; pairs {100 * min(row['pair_overheads']):+.1f} "
+            f"to {100 * max(row['pair_overheads']):+.1f} %; target <= {100 * target:g} %: "
+            f"{_verdict(row['overhead'] <= target)})"
+        )
 
 
 if __name__ == "__main__":

@@ -57,14 +57,20 @@ def main() -> None:
             flooded.append(run_time(node, honest))
             (node.dir / "stop").touch()
             node.wait_all([flooder], timeout=60)
-    result = {"steps": args.steps, "iteration_ms": args.iteration_ms,
-              "alone_s": alone, "beside_flood_s": flooded,
-              "ratio": statistics.median(flooded) / statistics.median(alone)}
+    result = {
+        "steps": args.steps,
+        "iteration_ms": args.iteration_ms,
+        "alone_s": alone,
+        "beside_flood_s": flooded,
+        "ratio": statistics.median(flooded) / statistics.median(alone),
+    }
     print(json.dumps(result, indent=2))
-    print(f"\nhonest job ({args.steps} x {args.iteration_ms:g} ms): alone "
-          f"{statistics.median(alone):.2f} s, beside a flooding worker "
-          f"{statistics.median(flooded):.2f} s ({result['ratio']:.2f}x), medians of "
-          f"{args.repeats}")
+    print(
+        f"\nhonest job ({args.steps} x {args.iteration_ms:g} ms): alone "
+        f"{statistics.median(alone):.2f} s, beside a flooding worker "
+        f"{statistics.median(flooded):.2f} s ({result['ratio']:.2f}x), medians of "
+        f"{args.repeats}"
+    )
 
 
 def run_time(node: Node, script: Path) -> float:

@@ -45,8 +45,9 @@ def ask(request: Any, home: Home | None = None, wait: float | None = None) -> An
     return _typed(line)
 
 
-def ask_with_fds(request: Any, home: Home | None = None,
-                 wait: float | None = None) -> tuple[Any, list[int]]:
+def ask_with_fds(
+    request: Any, home: Home | None = None, wait: float | None = None
+) -> tuple[Any, list[int]]:
     """:func:`ask`, and the descriptors that came with the answer (gq logs: its file)."""
     line, fds = exchange(_checked(request), home, wait, fds=True)
     try:
@@ -57,22 +58,27 @@ def ask_with_fds(request: Any, home: Home | None = None,
         raise
 
 
-def ask_plain(kind: str, fields: dict[str, Any], answer_kind: str,
-              home: Home | None = None) -> dict[str, Any]:
+def ask_plain(
+    kind: str, fields: dict[str, Any], answer_kind: str, home: Home | None = None
+) -> dict[str, Any]:
     """Send a request of ``kind`` with these fields (plain JSON values; those left out take
     their defaults) and return the fields of its ``answer_kind`` answer, checked no further
     than its version and kind: any other answer (an Error, another version, a malformed
     line) is read by :func:`ask`'s decoder, which says what is wrong. The fields are not
     checked here first (:func:`ask` checks its message): what the caller has not checked
     itself is refused by the daemon, one started to say so where it is a personal one."""
-    line, _ = exchange(jsonline.line({"v": defaults.PROTOCOL_VERSION, "kind": kind,
-                                      **fields}), home)
+    line, _ = exchange(
+        jsonline.line({"v": defaults.PROTOCOL_VERSION, "kind": kind, **fields}), home
+    )
     try:
         answer = jsonline.loads(line.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         answer = None
-    if (isinstance(answer, dict) and answer.get("v") == defaults.PROTOCOL_VERSION
-            and answer.get("kind") == answer_kind):
+    if (
+        isinstance(answer, dict)
+        and answer.get("v") == defaults.PROTOCOL_VERSION
+        and answer.get("kind") == answer_kind
+    ):
         return answer
     unexpected = _typed(line)  # raises for an Error, another version, a malformed line
     raise UserError(f"the daemon answered a {kind!r} request with {unexpected.kind!r}")
@@ -93,9 +99,11 @@ def _typed(line: bytes) -> Any:
     try:
         answer = messages.decode(line, messages.ANSWERS)
     except messages.VersionMismatch as exc:
-        raise UserError(f"the daemon speaks protocol version {exc.theirs} and this gq speaks "
-                        f"{defaults.PROTOCOL_VERSION}: restart the daemon with this gq ('gq daemon "
-                        "restart') or use the gq it was installed with") from None
+        raise UserError(
+            f"the daemon speaks protocol version {exc.theirs} and this gq speaks "
+            f"{defaults.PROTOCOL_VERSION}: restart the daemon with this gq ('gq daemon "
+            "restart') or use the gq it was installed with"
+        ) from None
     except messages.MessageError as exc:
         raise UserError(f"malformed answer from the daemon: {exc}") from None
     if isinstance(answer, messages.Error):
@@ -103,16 +111,18 @@ def _typed(line: bytes) -> Any:
     return answer
 
 
-def exchange(line: bytes, home: Home | None = None, wait: float | None = None,
-             fds: bool = False) -> tuple[bytes, list[int]]:
+def exchange(
+    line: bytes, home: Home | None = None, wait: float | None = None, fds: bool = False
+) -> tuple[bytes, list[int]]:
     """Send one request line to the daemon (started first where it is a personal one that
     is not running) and return its answer line, and the descriptors passed with it when
     ``fds``."""
     home = home or locate()
     sock = _connect(home)
     try:
-        sock.settimeout(defaults.CLIENT_TIMEOUT if wait is None else
-                        None if math.isinf(wait) else wait)
+        sock.settimeout(
+            defaults.CLIENT_TIMEOUT if wait is None else None if math.isinf(wait) else wait
+        )
         try:
             sock.sendall(line)
         except OSError as exc:
@@ -120,8 +130,9 @@ def exchange(line: bytes, home: Home | None = None, wait: float | None = None,
             try:
                 return _read_line(sock, home, fds=fds)
             except Unreachable:
-                raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
-                                  f"see {home.daemon_log}") from None
+                raise Unreachable(
+                    f"the daemon closed the connection ({exc.strerror}); see {home.daemon_log}"
+                ) from None
         return _read_line(sock, home, wait, fds)
     finally:
         sock.close()
@@ -140,8 +151,9 @@ def _checked(request: Any) -> bytes:
     return line
 
 
-def _read_line(sock: _socket.socket, home: Home, wait: float | None = None,
-               fds: bool = False) -> tuple[bytes, list[int]]:
+def _read_line(
+    sock: _socket.socket, home: Home, wait: float | None = None, fds: bool = False
+) -> tuple[bytes, list[int]]:
     buffer, received = bytearray(), []
     if fds:
         from socket import recv_fds
@@ -156,16 +168,20 @@ def _read_line(sock: _socket.socket, home: Home, wait: float | None = None,
         except TimeoutError:
             if wait is not None:
                 raise WaitTimedOut(f"the jobs had not all ended after {wait:g} s") from None
-            raise Unreachable(f"the daemon did not answer within {defaults.CLIENT_TIMEOUT:g} s; "
-                              f"see {home.daemon_log}") from None
+            raise Unreachable(
+                f"the daemon did not answer within {defaults.CLIENT_TIMEOUT:g} s; "
+                f"see {home.daemon_log}"
+            ) from None
         except OSError as exc:
             data = b""
             if not buffer:
-                raise Unreachable(f"the daemon closed the connection ({exc.strerror}); "
-                                  f"see {home.daemon_log}") from None
+                raise Unreachable(
+                    f"the daemon closed the connection ({exc.strerror}); see {home.daemon_log}"
+                ) from None
         if not data:
-            raise Unreachable("the daemon closed the connection without answering; "
-                              f"see {home.daemon_log}")
+            raise Unreachable(
+                f"the daemon closed the connection without answering; see {home.daemon_log}"
+            )
         buffer += data
     return bytes(buffer[: buffer.index(b"\n")]), received
 
@@ -214,9 +230,11 @@ def _wait_for_system_daemon(home: Home) -> _socket.socket:
         sock = _try_connect(home)
         if sock is not None:
             return sock
-    raise Unreachable(f"the node's gq daemon is not running (no answer at {home.socket} for "
-                      f"{defaults.DAEMON_WAIT:g} s); an operator starts it with "
-                      "'gq daemon start --system' or 'systemctl start gq'")
+    raise Unreachable(
+        f"the node's gq daemon is not running (no answer at {home.socket} for "
+        f"{defaults.DAEMON_WAIT:g} s); an operator starts it with "
+        "'gq daemon start --system' or 'systemctl start gq'"
+    )
 
 
 def prepare_personal_home(home: Home) -> None:
@@ -235,9 +253,15 @@ def spawn_daemon(options: list[str], env: dict[str, str], cwd: str, log: int) ->
 
     from gq.exec.spawn import gq_python
 
-    return subprocess.Popen(gq_python("gq.daemon", *options), env=env, cwd=cwd,
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True)
+    return subprocess.Popen(
+        gq_python("gq.daemon", *options),
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
 
 
 def start_daemon(home: Home, options: list[str]) -> _socket.socket:
@@ -260,8 +284,11 @@ def start_daemon(home: Home, options: list[str]) -> _socket.socket:
 
     def spawn() -> DaemonProcess:
         try:
-            fd = os.open(home.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                home.daemon_log,
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
         except OSError as exc:
             raise UserError(f"cannot use {home.root}: {exc.strerror}") from None
         with os.fdopen(fd, "ab") as log:
@@ -284,11 +311,15 @@ def start_daemon(home: Home, options: list[str]) -> _socket.socket:
             time.sleep(0.05)
             continue
         if code is not None:
-            raise Unreachable(f"the gq daemon exited at start (code {code}): "
-                              f"{_last_line(home.daemon_log)}; see {home.daemon_log}")
+            raise Unreachable(
+                f"the gq daemon exited at start (code {code}): "
+                f"{_last_line(home.daemon_log)}; see {home.daemon_log}"
+            )
         time.sleep(0.01)
-    raise Unreachable(f"the gq daemon did not answer within {defaults.DAEMON_START_TIMEOUT:g} s; "
-                      f"see {home.daemon_log}")
+    raise Unreachable(
+        f"the gq daemon did not answer within {defaults.DAEMON_START_TIMEOUT:g} s; "
+        f"see {home.daemon_log}"
+    )
 
 
 def _last_line(path) -> str:

@@ -116,8 +116,11 @@ def _field_names(kind: type) -> tuple[str, ...] | None:
     try:
         return _FIELD_NAMES[kind]
     except KeyError:
-        names = (tuple(spec.name for spec in dataclasses.fields(kind))
-                 if dataclasses.is_dataclass(kind) else None)
+        names = (
+            tuple(spec.name for spec in dataclasses.fields(kind))
+            if dataclasses.is_dataclass(kind)
+            else None
+        )
         _FIELD_NAMES[kind] = names
         return names
 
@@ -126,8 +129,10 @@ def dumps(data: dict[str, Any], limit: int | None = None) -> bytes:
     """One line of JSON; FrameTooLarge past ``limit`` bytes (newline included)."""
     line = jsonline.line(data)
     if limit is not None and len(line) > limit:
-        raise FrameTooLarge(f"{data.get('kind', data.get('op'))!r} message of {len(line)} "
-                            f"bytes is over the {limit}-byte frame")
+        raise FrameTooLarge(
+            f"{data.get('kind', data.get('op'))!r} message of {len(line)} "
+            f"bytes is over the {limit}-byte frame"
+        )
     return line
 
 
@@ -167,8 +172,9 @@ def _compile(cls: type) -> Check:
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = []
     for spec in dataclasses.fields(cls):
-        required = (spec.default is dataclasses.MISSING
-                    and spec.default_factory is dataclasses.MISSING)
+        required = (
+            spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+        )
         fields.append((spec.name, _checker(hints[spec.name]), required))
     names = frozenset(name for name, _, _ in fields)
 
@@ -271,8 +277,9 @@ def _integer(low: float, high: float) -> Check:
         if not isinstance(value, int) or isinstance(value, bool):
             raise MessageError(f"{where}: expected an integer, not {_kind(value)}")
         if not low <= value <= high:
-            raise MessageError(f"{where}: {_short(value)} is out of range "
-                               f"[{_short(low)}, {_short(high)}]")
+            raise MessageError(
+                f"{where}: {_short(value)} is out of range [{_short(low)}, {_short(high)}]"
+            )
         return value
 
     return check
@@ -287,8 +294,9 @@ def _real(low: float, high: float) -> Check:
         except OverflowError:
             raise MessageError(f"{where}: {_short(value)} is out of range") from None
         if not math.isfinite(number) or not low <= number <= high:
-            raise MessageError(f"{where}: {_short(value)} is out of range "
-                               f"[{_short(low)}, {_short(high)}]")
+            raise MessageError(
+                f"{where}: {_short(value)} is out of range [{_short(low)}, {_short(high)}]"
+            )
         return number
 
     return check
@@ -333,8 +341,9 @@ def _member(kind: type[enum.Enum]) -> Check:
         try:
             return values[value]
         except (KeyError, TypeError):
-            raise MessageError(f"{where}: expected one of {', '.join(map(str, values))}, "
-                               f"not {_short(value)}") from None
+            raise MessageError(
+                f"{where}: expected one of {', '.join(map(str, values))}, not {_short(value)}"
+            ) from None
 
     return check
 
@@ -356,8 +365,7 @@ def _mapping(key: Check, item: Check, limit: int) -> Check:
             raise MessageError(f"{where}: expected an object, not {_kind(value)}")
         if len(value) > limit:
             raise MessageError(f"{where}: more than {limit} items")
-        return {key(k, f"{where} key"): item(v, f"{where}[{_short(k)}]")
-                for k, v in value.items()}
+        return {key(k, f"{where} key"): item(v, f"{where}[{_short(k)}]") for k, v in value.items()}
 
     return check
 
@@ -367,6 +375,9 @@ def _kind(value: Any) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else \
-        f"{'-' if value < 0 else ''}a {len(str(abs(value)))}-digit number"
+    text = (
+        repr(value)
+        if not isinstance(value, int) or abs(value) < 10**20
+        else f"{'-' if value < 0 else ''}a {len(str(abs(value)))}-digit number"
+    )
     return text if len(text) <= 40 else text[:37] + "..."

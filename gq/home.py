@@ -132,21 +132,26 @@ class Home:
                 except FileNotFoundError:
                     continue  # made by the daemon, in a directory checked here
                 except OSError as exc:
-                    raise UnsafeStateDirectory(f"cannot check the state directory {given}: "
-                                               f"{directory}: {exc.strerror}") from None
+                    raise UnsafeStateDirectory(
+                        f"cannot check the state directory {given}: {directory}: {exc.strerror}"
+                    ) from None
                 problem = None
                 if info.st_uid not in (0, me):
                     problem = f"is owned by uid {info.st_uid}"
-                elif stat.S_ISDIR(info.st_mode) and info.st_mode & 0o022 and not (
-                        directory != path and info.st_mode & stat.S_ISVTX):
+                elif (
+                    stat.S_ISDIR(info.st_mode)
+                    and info.st_mode & 0o022
+                    and not (directory != path and info.st_mode & stat.S_ISVTX)
+                ):
                     problem = "may be written by other users"
                 if problem:
                     raise UnsafeStateDirectory(
                         f"the system daemon keeps its state only where no other user can "
                         f"change it: {directory} {problem}; choose another GQ_SYSTEM_HOME "
-                        f"than {given}, or fix that directory's owner and mode")
+                        f"than {given}, or fix that directory's owner and mode"
+                    )
 
-    def ensure(self) -> "Home":
+    def ensure(self) -> Home:
         """Create the directories with the mode's permissions (the daemon calls this)."""
         self.check_safe()
         top = 0o755 if self.system else 0o700

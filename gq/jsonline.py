@@ -36,8 +36,9 @@ if make_scanner is not None:
     _scan = make_scanner(_Reading())
     # No markers (None): a dict of them would be shared by every call, and keep the ids
     # of an encoding that raised; gq's messages hold no cycles.
-    _encode = make_encoder(None, _unserialisable, encode_basestring_ascii, None, ":", ",",
-                           False, False, False)
+    _encode = make_encoder(
+        None, _unserialisable, encode_basestring_ascii, None, ":", ",", False, False, False
+    )
 else:
     import json
 

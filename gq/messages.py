@@ -20,8 +20,24 @@ from typing import Annotated, Any, ClassVar
 
 from gq import codec, defaults
 from gq.codec import Bounds, MaxLen, MessageError, message
-from gq.fields import (Args, Count, Cpus, Environment, Gpus, HostMemory, JobId, Name, Path,
-                       Positive, Priority, Seconds, Text, TimeLimit, Timestamp, Umask)
+from gq.fields import (
+    Args,
+    Count,
+    Cpus,
+    Environment,
+    Gpus,
+    HostMemory,
+    JobId,
+    Name,
+    Path,
+    Positive,
+    Priority,
+    Seconds,
+    Text,
+    TimeLimit,
+    Timestamp,
+    Umask,
+)
 
 __all__ = ["MessageError", "VersionMismatch", "encode", "decode"]
 
@@ -620,11 +636,46 @@ class Error:
     exit_code: int = 2
 
 
-REQUESTS: dict[str, type] = {cls.kind: cls for cls in (
-    Submit, ListJobs, ShowJob, OpenLog, ExportScript, Wait, Cancel, Hold, Release, Requeue, Update,
-    SetPolicy, GetPolicy, NodeInfoRequest, Stop, Drain, ResumeDevices, Suspend, SignalJob)}
-ANSWERS: dict[str, type] = {cls.kind: cls for cls in (
-    WaitOver, Submitted, TestOnly, Jobs, LogFile, Script, Report, PolicyInfo, NodeInfo, Done, Error)}
+REQUESTS: dict[str, type] = {
+    cls.kind: cls
+    for cls in (
+        Submit,
+        ListJobs,
+        ShowJob,
+        OpenLog,
+        ExportScript,
+        Wait,
+        Cancel,
+        Hold,
+        Release,
+        Requeue,
+        Update,
+        SetPolicy,
+        GetPolicy,
+        NodeInfoRequest,
+        Stop,
+        Drain,
+        ResumeDevices,
+        Suspend,
+        SignalJob,
+    )
+}
+ANSWERS: dict[str, type] = {
+    cls.kind: cls
+    for cls in (
+        WaitOver,
+        Submitted,
+        TestOnly,
+        Jobs,
+        LogFile,
+        Script,
+        Report,
+        PolicyInfo,
+        NodeInfo,
+        Done,
+        Error,
+    )
+}
 
 
 # ----- the codec ----------------------------------------------------------------------

@@ -7,8 +7,13 @@ import math
 from gq import defaults
 from gq.errors import UserError
 
+# Read by mypy alone (always_true in pyproject.toml): gq status imports neither typing nor re.
+TYPES_ONLY = False
+if TYPES_ONLY:
+    import re
 
-def _match(pattern: str, text: str):
+
+def _match(pattern: str, text: str) -> re.Match[str] | None:
     """``re.match``, importing re on the first parse: the formatters below are on every
     ``gq status``'s path, which re would cost as much as the rest of the command (re keeps
     each pattern compiled)."""
@@ -26,7 +31,9 @@ def parse_size(text: str) -> int:
     """Bytes from ``6G``, ``512M``, ``100K``, ``1T``; a bare number is megabytes, as in sbatch."""
     match = _match(_SIZE, text)
     if not match:
-        raise UserError(f"invalid size {text[:40]!r}: expected a number with K, M, G or T (e.g. 6G)")
+        raise UserError(
+            f"invalid size {text[:40]!r}: expected a number with K, M, G or T (e.g. 6G)"
+        )
     number, unit = match.groups()
     size = int(float(number) * _SIZE_FACTORS[unit.upper()])
     if size <= 0:
@@ -71,15 +78,19 @@ def parse_duration(text: str) -> int:
         if match:
             parts = {k: int(v) for k, v in match.groupdict().items() if v is not None}
             seconds = (
-                parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600
-                + parts.get("m", 0) * 60 + parts.get("s", 0)
+                parts.get("d", 0) * 86400
+                + parts.get("h", 0) * 3600
+                + parts.get("m", 0) * 60
+                + parts.get("s", 0)
             )
             if seconds <= 0:
                 raise UserError(f"invalid time limit {text[:40]!r}: must be greater than zero")
             if seconds > defaults.MAX_TIME_LIMIT:
-                raise UserError(f"invalid time limit {text[:40]!r}: over "
-                                f"{defaults.MAX_TIME_LIMIT // (365 * 86400)} years; leave -t "
-                                "out for no limit")
+                raise UserError(
+                    f"invalid time limit {text[:40]!r}: over "
+                    f"{defaults.MAX_TIME_LIMIT // (365 * 86400)} years; leave -t "
+                    "out for no limit"
+                )
             return seconds
     raise UserError(
         f"invalid time limit {text[:40]!r}: use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S (e.g. 2:00:00)"
@@ -105,10 +116,28 @@ def format_duration(seconds: float | None, padded: bool = False) -> str:
 
 
 _RELATIVE = r"^now(?:\+(?P<n>\d{1,30})(?P<unit>[a-z]*))?$"
-_UNITS = {"": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
-          "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
-          "d": 86400, "day": 86400, "days": 86400, "w": 604800, "week": 604800,
-          "weeks": 604800}
+_UNITS = {
+    "": 1,
+    "s": 1,
+    "sec": 1,
+    "secs": 1,
+    "second": 1,
+    "seconds": 1,
+    "m": 60,
+    "min": 60,
+    "mins": 60,
+    "minute": 60,
+    "minutes": 60,
+    "h": 3600,
+    "hour": 3600,
+    "hours": 3600,
+    "d": 86400,
+    "day": 86400,
+    "days": 86400,
+    "w": 604800,
+    "week": 604800,
+    "weeks": 604800,
+}
 _ABSOLUTE = r"^(?P<date>\d{4}-\d{2}-\d{2})(?:T(?P<time>\d{1,2}:\d{2}(?::\d{2})?))?$"
 _CLOCK = r"^(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?$"
 
@@ -123,9 +152,13 @@ def parse_when(text: str, now: float, flag: str = "--deadline") -> float:
     stripped = text.strip().lower()
     current = datetime.fromtimestamp(now)
     today = current.replace(hour=0, minute=0, second=0, microsecond=0)
-    named = {"today": today, "midnight": today + timedelta(days=1),
-             "tomorrow": today + timedelta(days=1), "noon": today.replace(hour=12),
-             "teatime": today.replace(hour=16)}
+    named = {
+        "today": today,
+        "midnight": today + timedelta(days=1),
+        "tomorrow": today + timedelta(days=1),
+        "noon": today.replace(hour=12),
+        "teatime": today.replace(hour=16),
+    }
     when = None
     if stripped in named:
         when = named[stripped]
@@ -137,8 +170,9 @@ def parse_when(text: str, now: float, flag: str = "--deadline") -> float:
             return _in_range(text, now + int(match.group("n") or 0) * unit, flag)
     elif match := _match(_ABSOLUTE, text.strip()):
         try:
-            when = datetime.fromisoformat(match.group("date") + "T" + (match.group("time")
-                                                                        or "00:00"))
+            when = datetime.fromisoformat(
+                match.group("date") + "T" + (match.group("time") or "00:00")
+            )
         except ValueError:
             when = None
     elif match := _match(_CLOCK, stripped):
@@ -148,9 +182,11 @@ def parse_when(text: str, now: float, flag: str = "--deadline") -> float:
             if when <= current:
                 when += timedelta(days=1)
     if when is None:
-        raise UserError(f"invalid {flag} {text[:40]!r}: use YYYY-MM-DD[THH:MM[:SS]], "
-                        "HH:MM[:SS], now+N[minutes|hours|days], today, tomorrow, midnight or "
-                        "noon")
+        raise UserError(
+            f"invalid {flag} {text[:40]!r}: use YYYY-MM-DD[THH:MM[:SS]], "
+            "HH:MM[:SS], now+N[minutes|hours|days], today, tomorrow, midnight or "
+            "noon"
+        )
     try:
         timestamp = when.timestamp()
     except (ValueError, OverflowError, OSError):  # year 1 in a zone east of UTC, say
@@ -160,8 +196,7 @@ def parse_when(text: str, now: float, flag: str = "--deadline") -> float:
 
 def _in_range(text: str, timestamp: float, flag: str) -> float:
     if not 0 <= timestamp <= defaults.MAX_TIMESTAMP:
-        raise UserError(f"invalid {flag} {text[:40]!r}: give a time between 1970 and "
-                        "the year 9999")
+        raise UserError(f"invalid {flag} {text[:40]!r}: give a time between 1970 and the year 9999")
     return timestamp
 
 
@@ -169,8 +204,9 @@ def parse_address(text: str) -> tuple[str, int]:
     """``ADDR:PORT`` (``:PORT`` is every address, ``[::1]:PORT`` IPv6)."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"invalid --metrics {text!r}: use ADDR:PORT, such as 127.0.0.1:9400 "
-                        "or :9400")
+        raise UserError(
+            f"invalid --metrics {text!r}: use ADDR:PORT, such as 127.0.0.1:9400 or :9400"
+        )
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -186,8 +222,10 @@ def parse_period(text: str) -> float:
     match = _match(_PERIOD, stripped)
     unit = _UNITS.get(match.group("unit") or "d" if match else "")
     if match is None or unit is None or float(match.group("n")) <= 0:
-        raise UserError(f"invalid period {text[:40]!r}: use N followed by seconds, minutes, "
-                        "hours, days or weeks (e.g. 30days), or 'never'")
+        raise UserError(
+            f"invalid period {text[:40]!r}: use N followed by seconds, minutes, "
+            "hours, days or weeks (e.g. 30days), or 'never'"
+        )
     return float(match.group("n")) * unit
 
 

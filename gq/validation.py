@@ -23,8 +23,9 @@ def text(value: str, what: str, limit: int = defaults.MAX_TEXT) -> str:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise UserError(f"{what} is not valid UTF-8 ({value.encode('utf-8', 'replace')[:60]!r})"
-                            ) from None
+            raise UserError(
+                f"{what} is not valid UTF-8 ({value.encode('utf-8', 'replace')[:60]!r})"
+            ) from None
     if len(value) > limit:
         raise UserError(f"{what} is longer than {limit} characters")
     return value
@@ -34,8 +35,10 @@ def job_name(name: str) -> str:
     """A name other users see in their tables: printable text."""
     text(name, f"job name {name[:60]!r}", defaults.MAX_NAME)
     if not name or not name.isprintable():
-        raise UserError(f"job name {name[:60]!r} must be printable text (no control "
-                        "characters, tabs or newlines)")
+        raise UserError(
+            f"job name {name[:60]!r} must be printable text (no control "
+            "characters, tabs or newlines)"
+        )
     return name
 
 
@@ -51,9 +54,11 @@ def payload(env: Mapping[str, str], args: Sequence[str]) -> None:
     (as sent on the wire), every name and value text without NUL, names without '='."""
     size = len(jsonline.dumps(env)) + len(jsonline.dumps(list(args)))
     if size > defaults.MAX_JOB_PAYLOAD:
-        raise UserError(f"the job's environment and arguments take {size >> 10} KiB, over "
-                        f"gq's limit of {defaults.MAX_JOB_PAYLOAD >> 10} KiB; unset large "
-                        "variables (env -u NAME gq submit ...) or pass data in files")
+        raise UserError(
+            f"the job's environment and arguments take {size >> 10} KiB, over "
+            f"gq's limit of {defaults.MAX_JOB_PAYLOAD >> 10} KiB; unset large "
+            "variables (env -u NAME gq submit ...) or pass data in files"
+        )
     for key, value in env.items():
         if not key or "=" in key:
             raise UserError(f"environment variable name {key[:60]!r} is empty or holds '='")

@@ -79,8 +79,9 @@ def all_jobs() -> list[dict]:
     return json.loads(gq_ok("status", "--all", "--limit", "0", "--array-tasks", "--json"))
 
 
-def wait_for(predicate, timeout: float = 30.0, interval: float | None = None,
-             what: str = "condition"):
+def wait_for(
+    predicate, timeout: float = 30.0, interval: float | None = None, what: str = "condition"
+):
     """``predicate()``'s first true value. Without an ``interval`` it is asked again after
     10 ms, then ever less often, up to every 100 ms: most waits are short, and a long one
     polling the daemon 20 times a second cost the suite a good part of a core."""
@@ -100,8 +101,11 @@ def wait_for(predicate, timeout: float = 30.0, interval: float | None = None,
 def wait_for_words(path, count: int, timeout: float = 30.0, what: str = "the file") -> list[str]:
     """The words of ``path`` once it holds ``count`` of them: a shell's ``>`` or Python's
     ``open(..., 'w')`` creates the file before it writes, so existing is not being written."""
-    return wait_for(lambda: path.exists() and len(words := path.read_text().split()) >= count
-                    and words, timeout, what=what)
+    return wait_for(
+        lambda: path.exists() and len(words := path.read_text().split()) >= count and words,
+        timeout,
+        what=what,
+    )
 
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "DEADLINE"}
@@ -109,11 +113,14 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "DEADLINE"}
 
 def wait_state(job_id: int, *states: str, timeout: float = 30.0) -> dict:
     """Wait for the job to reach one of ``states``; fail at once if it ends otherwise."""
+
     def reached():
         info = job(job_id)
         if info["state"] in ENDED and info["state"] not in states:
-            raise AssertionError(f"job {job_id} ended {info['state']} ({info['reason']}) "
-                                 f"instead of reaching {'/'.join(states)}")
+            raise AssertionError(
+                f"job {job_id} ended {info['state']} ({info['reason']}) "
+                f"instead of reaching {'/'.join(states)}"
+            )
         return info["state"] in states and info
 
     return wait_for(reached, timeout, what=f"job {job_id} to reach {'/'.join(states)}")
@@ -143,8 +150,11 @@ def wait_until_waiting(go: Path, count: int) -> None:
     A job that is merely resident may be seconds from its loop, and one started before the
     others would run alone."""
     waiting = Path(f"{go}.waiting")
-    wait_for(lambda: waiting.exists() and len(waiting.read_text().split()) >= count, 60,
-             what=f"{count} jobs to wait for {go.name}")
+    wait_for(
+        lambda: waiting.exists() and len(waiting.read_text().split()) >= count,
+        60,
+        what=f"{count} jobs to wait for {go.name}",
+    )
 
 
 def start_together(go: Path, count: int) -> None:
@@ -172,10 +182,15 @@ def preloaded_daemons(tmp_path_factory) -> str:
     import subprocess
 
     server = tmp_path_factory.mktemp("preloaded") / "daemons.sock"
-    boot = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import runpy; "
-            f"runpy.run_path({str(ROOT / 'tests' / 'preloaded.py')!r}, run_name='__main__')")
-    process = subprocess.Popen([sys.executable, "-I", "-c", boot, str(server)],
-                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    boot = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); import runpy; "
+        f"runpy.run_path({str(ROOT / 'tests' / 'preloaded.py')!r}, run_name='__main__')"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-I", "-c", boot, str(server)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     assert process.stdout.readline() == b"ready\n", "the preloaded daemon server did not start"
     yield str(server)
     process.terminate()
@@ -189,19 +204,26 @@ def home(tmp_path, monkeypatch, preloaded_daemons) -> Path:
     ended) when the test is over. An event of the daemon's loop that failed (it logs it and
     goes on) fails the test: nothing a test does should cause one."""
     from gq import client
+
     from preloaded import PreloadedDaemon
 
     root = tmp_path / "gqhome"
     monkeypatch.setenv("GQ_HOME", str(root))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(client, "spawn_daemon", lambda options, env, cwd, log: PreloadedDaemon(
-        preloaded_daemons, options, env, cwd, log))
+    monkeypatch.setattr(
+        client,
+        "spawn_daemon",
+        lambda options, env, cwd, log: PreloadedDaemon(preloaded_daemons, options, env, cwd, log),
+    )
     yield root
     if gq("daemon", "status").code == 0 or live_hosts(root):
         gq_ok("daemon", "stop")  # a daemon started to stop re-adopted hosts and their jobs
     log = root / "daemon.log"
-    failed = [line for line in (log.read_text().splitlines() if log.exists() else [])
-              if "(the daemon goes on)" in line or PENDING_DRIFT in line]
+    failed = [
+        line
+        for line in (log.read_text().splitlines() if log.exists() else [])
+        if "(the daemon goes on)" in line or PENDING_DRIFT in line
+    ]
     assert not failed, f"the daemon's loop failed: {failed[0]} (see {log})"
 
 
@@ -304,8 +326,11 @@ class SharedInstall:
 
     def env(self, system_home: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GQ_")}
-        env.update(PYTHONPATH=str(self.source), GQ_SYSTEM_HOME=str(system_home),
-                   PYTHONDONTWRITEBYTECODE="1")
+        env.update(
+            PYTHONPATH=str(self.source),
+            GQ_SYSTEM_HOME=str(system_home),
+            PYTHONDONTWRITEBYTECODE="1",
+        )
         return env
 
 
@@ -319,8 +344,9 @@ def shared_install(tmp_path_factory) -> SharedInstall:
     import tomllib
 
     with open(ROOT / "pyproject.toml", "rb") as handle:
-        needs = [d for d in tomllib.load(handle)["project"]["dependencies"]
-                 if not d.startswith("torch")]
+        needs = [
+            d for d in tomllib.load(handle)["project"]["dependencies"] if not d.startswith("torch")
+        ]
     # Kept between runs (keyed by the dependency list): building it takes ~15 s.
     key = hashlib.sha256("\n".join(needs).encode()).hexdigest()[:12]
     venv = Path(f"/tmp/gq-test-venv-{key}")
@@ -334,8 +360,7 @@ def shared_install(tmp_path_factory) -> SharedInstall:
     base = tmp_path_factory.mktemp("shared-node")
     source = base / "src"
     for part in ("gq", "migrations"):
-        shutil.copytree(ROOT / part, source / part,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
     _open_to_all(base)
     return SharedInstall(str(python), source)
 
@@ -378,17 +403,30 @@ class SharedNode:
         self.operators = operators
         self.env = install.env(root)
 
-    def run(self, user: User | None, *args: str, cwd: Path | None = None,
-            timeout: float = 60) -> Result:
+    def run(
+        self, user: User | None, *args: str, cwd: Path | None = None, timeout: float = 60
+    ) -> Result:
         import subprocess
 
         argv = [self.install.python, "-m", "gq", *map(str, args)]
         if user is not None:
-            argv = ["runuser", "-u", user.name, "--", "env",
-                    *[f"{k}={v}" for k, v in self.env.items()], *argv]
-        done = subprocess.run(argv, env=self.env, capture_output=True, text=True,
-                              cwd=cwd or (user.workdir if user else self.root.parent),
-                              timeout=timeout)
+            argv = [
+                "runuser",
+                "-u",
+                user.name,
+                "--",
+                "env",
+                *[f"{k}={v}" for k, v in self.env.items()],
+                *argv,
+            ]
+        done = subprocess.run(
+            argv,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            cwd=cwd or (user.workdir if user else self.root.parent),
+            timeout=timeout,
+        )
         return Result(done.returncode, done.stdout, done.stderr)
 
     def ok(self, user: User | None, *args: str, **kwargs) -> str:
@@ -400,16 +438,30 @@ class SharedNode:
         return json.loads(self.ok(None, "show", "--json", job_id))
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict:
-        return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
-                        what=f"job {job_id} to reach {'/'.join(states)}")
+        return wait_for(
+            lambda: (j := self.job(job_id))["state"] in states and j,
+            timeout,
+            what=f"job {job_id} to reach {'/'.join(states)}",
+        )
 
 
 def _make_user(base: Path, name: str, groups: list[str]) -> User:
     import pwd
     import subprocess
 
-    subprocess.run(["useradd", "-m", "-d", str(base / name), "-s", "/bin/sh",
-                    *(["-G", ",".join(groups)] if groups else []), name], check=True)
+    subprocess.run(
+        [
+            "useradd",
+            "-m",
+            "-d",
+            str(base / name),
+            "-s",
+            "/bin/sh",
+            *(["-G", ",".join(groups)] if groups else []),
+            name,
+        ],
+        check=True,
+    )
     entry = pwd.getpwnam(name)
     (base / name).chmod(0o755)
     return User(name, entry.pw_uid, entry.pw_gid, base / name / "work")
@@ -463,7 +515,17 @@ def shared_node(shared_install, users, tmp_path):
     root = tmp_path / "system"
     node = SharedNode(shared_install, root, users["operators"])
     _open_to_all(tmp_path)
-    node.ok(None, "daemon", "start", "--system", "--kill-wait", "1",
-            "--operators", users["operators"], "--priority-cap", "5")
+    node.ok(
+        None,
+        "daemon",
+        "start",
+        "--system",
+        "--kill-wait",
+        "1",
+        "--operators",
+        users["operators"],
+        "--priority-cap",
+        "5",
+    )
     yield node
     node.run(None, "daemon", "stop")

@@ -28,8 +28,7 @@ MAX_REQUEST = 1 << 20
 class PreloadedDaemon:
     """The client's handle on one forked daemon (what ``client.spawn_daemon`` returns)."""
 
-    def __init__(self, server: str, options: list[str], env: dict[str, str], cwd: str,
-                 log: int):
+    def __init__(self, server: str, options: list[str], env: dict[str, str], cwd: str, log: int):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(server)
         request = json.dumps({"options": options, "env": env, "cwd": cwd}).encode() + b"\n"
@@ -141,9 +140,14 @@ def serve(path: str) -> None:
                     os.close(fd)
                 conn.close()
                 continue
-            keep_out = [selector.fileno(), listener.fileno(), wake_read.fileno(),
-                        wake_write.fileno(), conn.fileno(),
-                        *(c.fileno() for c in waiting.values())]
+            keep_out = [
+                selector.fileno(),
+                listener.fileno(),
+                wake_read.fileno(),
+                wake_write.fileno(),
+                conn.fileno(),
+                *(c.fileno() for c in waiting.values()),
+            ]
             pid = os.fork()
             if pid == 0:
                 _become_daemon(request, fds[0], keep_out)
@@ -178,8 +182,9 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
         conn = waiting.pop(pid, None)
         if conn is not None:
             try:
-                conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode()
-                             + b"\n")
+                conn.sendall(
+                    json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n"
+                )
             except OSError:
                 pass
             conn.close()

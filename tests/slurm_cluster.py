@@ -21,11 +21,12 @@ def missing() -> str | None:
     """Why no Slurm can be started here, or None."""
     if os.geteuid() != 0:
         return "the Slurm tests run slurmctld and slurmd as root"
-    absent = [p for p in PROGRAMS if shutil.which(p) is None
-              and not Path("/usr/sbin", p).exists()]
+    absent = [p for p in PROGRAMS if shutil.which(p) is None and not Path("/usr/sbin", p).exists()]
     if absent:
-        return (f"no Slurm here ({', '.join(absent)} not found): apt-get install slurm-wlm "
-                "munge, as .ci/run does")
+        return (
+            f"no Slurm here ({', '.join(absent)} not found): apt-get install slurm-wlm "
+            "munge, as .ci/run does"
+        )
     return None
 
 
@@ -44,10 +45,18 @@ class Cluster:
     def env(self) -> dict[str, str]:
         return dict(os.environ, SLURM_CONF=str(self.root / "slurm.conf"))
 
-    def run(self, *argv: str, cwd: Path | None = None, input: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(list(argv), capture_output=True, text=True, cwd=cwd,
-                                input=input, env=self.env, timeout=60)
+    def run(
+        self, *argv: str, cwd: Path | None = None, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            input=input,
+            env=self.env,
+            timeout=60,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(argv)}: rc {result.returncode}: {result.stderr}")
         return result
@@ -68,8 +77,11 @@ class Cluster:
         for line in out.splitlines():
             fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
             task = fields.get("ArrayTaskId")
-            label = f"{fields['ArrayJobId']}_{task}" if task and fields.get("ArrayJobId") \
+            label = (
+                f"{fields['ArrayJobId']}_{task}"
+                if task and fields.get("ArrayJobId")
                 else fields.get("JobId", "")
+            )
             rows.append((label, fields.get("JobState", ""), fields.get("ExitCode", "")))
         return rows
 
@@ -78,13 +90,15 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while True:
             rows = self.state(job_id)
-            if rows and all(state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING",
-                                          "REQUEUED", "SUSPENDED")
-                            and not (state == "PENDING") for _, state, _ in rows):
+            if rows and all(
+                state
+                not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED")
+                and not (state == "PENDING")
+                for _, state, _ in rows
+            ):
                 return rows
             if time.monotonic() > deadline:
-                raise AssertionError(f"Slurm job {job_id} did not end: {rows}\n"
-                                     f"{self.log_tail()}")
+                raise AssertionError(f"Slurm job {job_id} did not end: {rows}\n{self.log_tail()}")
             time.sleep(0.3)
 
     def log_tail(self) -> str:
@@ -122,7 +136,8 @@ def start(root: Path) -> Cluster:
     memory = min(4096, int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20) - 512)
     cpus = os.cpu_count() or 1
     (root / "gres.conf").write_text(
-        f"AutoDetect=off\nNodeName={node} Name=gpu Type={GPU_TYPE} File={root}/gpu[0-1]\n")
+        f"AutoDetect=off\nNodeName={node} Name=gpu Type={GPU_TYPE} File={root}/gpu[0-1]\n"
+    )
     (root / "slurm.conf").write_text(f"""\
 ClusterName=gqtest
 SlurmctldHost={node}(127.0.0.1)
@@ -163,18 +178,32 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
     logs = open(root / "daemons.log", "ab")
     try:
-        cluster.processes.append(subprocess.Popen(
-            ["munged", "--foreground", "--force", f"--key-file={key}",
-             f"--socket={socket_path}", f"--pid-file={root}/munge/munged.pid",
-             f"--log-file={root}/munge/munged.log", f"--seed-file={root}/munge/seed"],
-            stdout=logs, stderr=logs))
+        cluster.processes.append(
+            subprocess.Popen(
+                [
+                    "munged",
+                    "--foreground",
+                    "--force",
+                    f"--key-file={key}",
+                    f"--socket={socket_path}",
+                    f"--pid-file={root}/munge/munged.pid",
+                    f"--log-file={root}/munge/munged.log",
+                    f"--seed-file={root}/munge/seed",
+                ],
+                stdout=logs,
+                stderr=logs,
+            )
+        )
         _wait_for(lambda: socket_path.exists(), "munged's socket", cluster)
         for argv in (["slurmctld", "-D", "-i"], ["slurmd", "-D", "-N", node]):
-            cluster.processes.append(subprocess.Popen(
-                argv, stdout=logs, stderr=logs, env=cluster.env, cwd=root))
-        _wait_for(lambda: "idle" in cluster.run("sinfo", "-h", "-o", "%T",
-                                                check=False).stdout,
-                  "the node to be idle", cluster)
+            cluster.processes.append(
+                subprocess.Popen(argv, stdout=logs, stderr=logs, env=cluster.env, cwd=root)
+            )
+        _wait_for(
+            lambda: "idle" in cluster.run("sinfo", "-h", "-o", "%T", check=False).stdout,
+            "the node to be idle",
+            cluster,
+        )
     except BaseException:
         cluster.stop()
         raise
@@ -186,9 +215,11 @@ def _wait_for(condition, what: str, cluster: Cluster, timeout: float = 60.0) -> 
     while not condition():
         dead = [p.args[0] for p in cluster.processes if p.poll() is not None]
         if dead or time.monotonic() > deadline:
-            raise RuntimeError(f"Slurm did not start ({what}; exited: {dead}):\n"
-                               f"{(cluster.root / 'daemons.log').read_text()[-2000:]}\n"
-                               f"{cluster.log_tail()}")
+            raise RuntimeError(
+                f"Slurm did not start ({what}; exited: {dead}):\n"
+                f"{(cluster.root / 'daemons.log').read_text()[-2000:]}\n"
+                f"{cluster.log_tail()}"
+            )
         time.sleep(0.2)
 
 

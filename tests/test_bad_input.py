@@ -96,8 +96,16 @@ def test_missing_script_argument(home):
     assert_nothing_written(home)
 
 
-@pytest.mark.parametrize("line", ["#GQ --mem", "#GQ --no-such-option 3", "#GQ mem=6G",
-                                  "#GQ --time 'unterminated", "#GQ --mem 6G stray"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "#GQ --mem",
+        "#GQ --no-such-option 3",
+        "#GQ mem=6G",
+        "#GQ --time 'unterminated",
+        "#GQ --mem 6G stray",
+    ],
+)
 def test_malformed_directive(home, tmp_path, line):
     bad = write_script(tmp_path / "bad.sh", f"#!/bin/bash\n{line}\necho hi\n")
     assert_refused(gq("submit", str(bad)), f"{bad}:2: malformed #GQ directive")
@@ -116,8 +124,10 @@ def test_unknown_policy(home):
     assert_refused(gq("policy", "set", "priority", "--fill", "sometimes"), "unknown --fill")
 
 
-@pytest.mark.parametrize("command", [["cancel", "999"], ["show", "999"], ["logs", "999"],
-                                     ["cancel", "abc"], ["show", "17x"]])
+@pytest.mark.parametrize(
+    "command",
+    [["cancel", "999"], ["show", "999"], ["logs", "999"], ["cancel", "abc"], ["show", "17x"]],
+)
 def test_unknown_job_ids(home, command):
     result = gq(*command)
     assert_refused(result, "999" if "999" in command else "invalid job id")
@@ -170,9 +180,15 @@ def test_environment_over_the_payload_limit(home, script, monkeypatch):
     assert_nothing_written(home)
 
 
-@pytest.mark.parametrize("command", [["cancel", "99999999999999999999"],
-                                     ["show", "1_99999999999"], ["hold", "9" * 400],
-                                     ["update", "1", "--priority", str(2**64)]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["cancel", "99999999999999999999"],
+        ["show", "1_99999999999"],
+        ["hold", "9" * 400],
+        ["update", "1", "--priority", str(2**64)],
+    ],
+)
 def test_out_of_range_job_ids_and_values(home, command):
     result = gq(*command)
     assert result.code == 2 and result.out == "", result

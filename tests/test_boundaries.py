@@ -29,8 +29,12 @@ def _releases(events: list[Boundary]) -> int:
 def test_one_optimizer_one_iteration_a_step():
     shape, seen = LoopShape(), []
     for _ in range(10):
-        seen += [shape.forward_begins(MODEL, True), shape.forward_ends(True, True),
-                 shape.forward_begins(LOSS, False), shape.forward_ends(False, True)]
+        seen += [
+            shape.forward_begins(MODEL, True),
+            shape.forward_ends(True, True),
+            shape.forward_begins(LOSS, False),
+            shape.forward_ends(False, True),
+        ]
         shape.backward()
         seen.append(shape.optimizer_steps(OPT))
     seen.append(shape.script_ends())
@@ -45,8 +49,12 @@ def test_two_optimizers_a_step_are_one_iteration_once_the_cycle_is_known():
         before = len(seen)
         seen += [shape.forward_begins(D, True), shape.forward_ends(True, True)]
         shape.backward()
-        seen += [shape.forward_begins(G, True), shape.forward_ends(True, True),
-                 shape.forward_begins(D, True), shape.forward_ends(True, True)]
+        seen += [
+            shape.forward_begins(G, True),
+            shape.forward_ends(True, True),
+            shape.forward_begins(D, True),
+            shape.forward_ends(True, True),
+        ]
         shape.backward()
         seen.append(shape.optimizer_steps(OPT_D))
         seen += [shape.forward_begins(D, True), shape.forward_ends(True, True)]
@@ -65,13 +73,21 @@ def test_weights_updated_by_hand_end_a_step_at_the_models_next_call():
     with a loss module under no_grad."""
     shape, seen = LoopShape(), []
     for _ in range(40):
-        seen += [shape.forward_begins(MODEL, True), shape.forward_ends(True, True),
-                 shape.forward_begins(LOSS, False), shape.forward_ends(False, True)]
+        seen += [
+            shape.forward_begins(MODEL, True),
+            shape.forward_ends(True, True),
+            shape.forward_begins(LOSS, False),
+            shape.forward_ends(False, True),
+        ]
         shape.backward()
     evaluation = []
     for _ in range(10):
-        evaluation += [shape.forward_begins(MODEL, True), shape.forward_ends(True, False),
-                       shape.forward_begins(LOSS, False), shape.forward_ends(False, False)]
+        evaluation += [
+            shape.forward_begins(MODEL, True),
+            shape.forward_ends(True, False),
+            shape.forward_begins(LOSS, False),
+            shape.forward_ends(False, False),
+        ]
     seen += evaluation + [shape.script_ends()]
     # 39 steps end at the next training call, the 40th at the first evaluation call.
     assert _counts(seen) == {MANUAL: 40, INFER: 10}
@@ -190,7 +206,7 @@ def test_a_module_found_with_parameters_is_not_asked_again_until_it_is_collected
     assert not boundaries.with_parameters
 
 
-BACKWARD_ONCE_AN_OPTIMIZER_STEPS = '''
+BACKWARD_ONCE_AN_OPTIMIZER_STEPS = """
 import sys
 import torch
 from gq.exec import hooks
@@ -217,7 +233,7 @@ if sys.argv[1] == "wrapped":
 else:
     assert torch.autograd.backward is script_backward
 print("ok")
-'''
+"""
 
 
 @pytest.mark.parametrize("case", ["plain", "wrapped"])
@@ -227,12 +243,13 @@ def test_backward_is_the_scripts_own_again_once_an_optimizer_steps(case, tmp_pat
     (which would lose its own)."""
     script = tmp_path / "backward.py"
     script.write_text(BACKWARD_ONCE_AN_OPTIMIZER_STEPS)
-    done = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script), case], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-HOOKS_AT_WORK = '''
+HOOKS_AT_WORK = """
 import sys
 import threading
 import torch
@@ -370,7 +387,7 @@ for number in range(10):
     with torch.no_grad():
         torch.compile(model, backend=backend)(torch.ones(2))
 print("compiled", len(graphs))
-'''
+"""
 
 
 def test_the_hooks_keep_torch_s_fast_path_and_release_once_every_thread_has_left(tmp_path):
@@ -384,11 +401,13 @@ def test_the_hooks_keep_torch_s_fast_path_and_release_once_every_thread_has_left
     torch.compile still compiles each module on its own."""
     script = tmp_path / "at_work.py"
     script.write_text(HOOKS_AT_WORK)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
-    said = dict(line.split(" ", 1) if " " in line else (line, "")
-                for line in done.stdout.splitlines())
+    said = dict(
+        line.split(" ", 1) if " " in line else (line, "") for line in done.stdout.splitlines()
+    )
     assert said == {
         "step-inside": f"acquire {TRAIN} release acquire {TRAIN} release",
         "raising": f"acquire {INFER} release acquire {INFER} release",
@@ -401,7 +420,7 @@ def test_the_hooks_keep_torch_s_fast_path_and_release_once_every_thread_has_left
     }, done.stdout
 
 
-AFTER_IMPORT = '''
+AFTER_IMPORT = """
 import importlib, importlib.util, sys
 sys.dont_write_bytecode = True
 here = sys.argv[1]
@@ -433,7 +452,7 @@ hooks.install_when_imported(Session())
 assert importlib.util.find_spec("torch") is not None  # as libraries ask, before the script's import
 import torch
 print("wrapped", hasattr(torch.nn.Module.__call__, "__wrapped__"))
-'''
+"""
 
 
 def test_the_hooks_are_installed_however_often_torch_is_looked_for_first(tmp_path):
@@ -443,14 +462,15 @@ def test_the_hooks_are_installed_however_often_torch_is_looked_for_first(tmp_pat
     import that succeeds (not after a probe, nor one that failed, nor at a reload)."""
     script = tmp_path / "after_import.py"
     script.write_text(AFTER_IMPORT)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["watched ['watched']", "wrapped True"], done.stdout
 
 
 # A session that notes what the hooks ask of it, and holds the lane as a worker's does.
-RECORDING = '''
+RECORDING = """
 import torch
 from gq.exec import hooks
 
@@ -464,9 +484,11 @@ class Session:
         self.calls.append("release")
         self.held = False
     def count_step(self, kind): self.calls.append(kind)
-'''
+"""
 
-GRAPH_REPLAYS = RECORDING + '''
+GRAPH_REPLAYS = (
+    RECORDING
+    + """
 class Graph:  # stands in for torch.cuda.CUDAGraph, which needs a GPU to replay
     def replay(self):
         session.calls.append("replay")
@@ -511,7 +533,8 @@ session.acquire = Session.acquire.__get__(session)
 model(torch.ones(2)).sum().backward()
 optimizer.step()
 said("after-a-failed-grant")
-'''
+"""
+)
 
 
 def test_a_cuda_graph_replayed_outside_any_iteration_is_granted_the_lane(tmp_path):
@@ -519,8 +542,9 @@ def test_a_cuda_graph_replayed_outside_any_iteration_is_granted_the_lane(tmp_pat
     the lane's holder."""
     script = tmp_path / "replays.py"
     script.write_text(GRAPH_REPLAYS)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "inference acquire replay release",
@@ -531,7 +555,9 @@ def test_a_cuda_graph_replayed_outside_any_iteration_is_granted_the_lane(tmp_pat
     ], done.stdout
 
 
-SKIPPED_STEPS = RECORDING + '''
+SKIPPED_STEPS = (
+    RECORDING
+    + """
 session = Session()
 hooks.install(session, torch)
 model = torch.nn.Linear(2, 1)
@@ -544,7 +570,8 @@ for scale in (float("inf"), 1.0):  # the first step is skipped: infinite gradien
     scaler.step(optimizer)
     scaler.update()
     print(" ".join(session.calls)); session.calls.clear()
-'''
+"""
+)
 
 
 def test_a_step_a_grad_scaler_skips_still_ends_its_iteration(tmp_path):
@@ -552,8 +579,9 @@ def test_a_step_a_grad_scaler_skips_still_ends_its_iteration(tmp_path):
     those iterations, and the lane was held into the next one."""
     script = tmp_path / "skipped.py"
     script.write_text(SKIPPED_STEPS)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     skipped, stepped = done.stdout.splitlines()
     assert skipped == "acquire release"  # ended at the scaler's update, counted nothing
@@ -562,7 +590,9 @@ def test_a_step_a_grad_scaler_skips_still_ends_its_iteration(tmp_path):
     assert stepped.endswith("acquire train release"), stepped
 
 
-SCALED_GAN = SKIPPED_STEPS[:SKIPPED_STEPS.index("model = ")] + '''
+SCALED_GAN = (
+    SKIPPED_STEPS[: SKIPPED_STEPS.index("model = ")]
+    + """
 scaler = torch.amp.GradScaler("cpu")
 d, g = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)  # one scaler, updated after each step
 od, og = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (d, g))
@@ -573,7 +603,8 @@ for _ in range(3):
         scaler.step(optimizer)
         scaler.update()
     print(" ".join(session.calls)); session.calls.clear()
-'''
+"""
+)
 
 
 def test_a_grad_scaler_updated_after_each_of_a_gan_s_steps_ends_no_iteration_early(tmp_path):
@@ -581,13 +612,16 @@ def test_a_grad_scaler_updated_after_each_of_a_gan_s_steps_ends_no_iteration_ear
     nothing: the lane is held on to G's."""
     script = tmp_path / "gan.py"
     script.write_text(SCALED_GAN)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1:] == ["acquire train release"] * 2, done.stdout
 
 
-COMPILED_STEPS = RECORDING + '''
+COMPILED_STEPS = (
+    RECORDING
+    + """
 session = Session()
 hooks.install(session, torch)
 model = torch.nn.Linear(2, 1)
@@ -644,7 +678,8 @@ with torch.no_grad():
 print("beside-an-open-iteration", " ".join(session.calls))
 stepped.set()
 thread.join()
-'''
+"""
+)
 
 
 def test_a_compiled_function_is_granted_the_lane_and_compiles_without_it(tmp_path):
@@ -654,8 +689,9 @@ def test_a_compiled_function_is_granted_the_lane_and_compiles_without_it(tmp_pat
     let go and taken back before the compiled code runs."""
     script = tmp_path / "compiled.py"
     script.write_text(COMPILED_STEPS)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines == [

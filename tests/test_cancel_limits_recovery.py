@@ -5,8 +5,18 @@ from __future__ import annotations
 import os
 import signal
 
-from conftest import (KERNEL_LOOP, gq, gq_ok, job, pid_alive, submit, wait_for, wait_for_words,
-                      wait_state, write_script)
+from conftest import (
+    KERNEL_LOOP,
+    gq,
+    gq_ok,
+    job,
+    pid_alive,
+    submit,
+    wait_for,
+    wait_for_words,
+    wait_state,
+    write_script,
+)
 
 
 def test_cancel_pending_job_is_immediate_and_it_never_runs(daemon, tmp_path):
@@ -24,11 +34,9 @@ def test_cancel_pending_job_is_immediate_and_it_never_runs(daemon, tmp_path):
 
 
 def test_cancel_running_job_kills_its_process_group(daemon, tmp_path):
-    script = write_script(tmp_path / "tree.sh", (
-        "sleep 300 &\n"
-        "echo child $! > children.txt\n"
-        "sleep 300\n"
-    ))
+    script = write_script(
+        tmp_path / "tree.sh", ("sleep 300 &\necho child $! > children.txt\nsleep 300\n")
+    )
     job_id = submit(str(script))
     info = wait_state(job_id, "RUNNING")
     child = int(wait_for_words(tmp_path / "children.txt", 2, what="the child to start")[1])
@@ -75,13 +83,16 @@ def test_time_limit_ends_job_with_timeout(daemon, tmp_path):
 
 
 def test_job_ignoring_sigterm_is_killed_after_kill_wait(daemon, tmp_path):
-    script = write_script(tmp_path / "stubborn.py", (
-        "import signal, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: print('ignoring TERM', flush=True))\n"
-        "print('ready', flush=True)\n"
-        "while True:\n"
-        "    time.sleep(0.05)\n"
-    ))
+    script = write_script(
+        tmp_path / "stubborn.py",
+        (
+            "import signal, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: print('ignoring TERM', flush=True))\n"
+            "print('ready', flush=True)\n"
+            "while True:\n"
+            "    time.sleep(0.05)\n"
+        ),
+    )
     job_id = submit("-t", "0:01", str(script))
     info = wait_state(job_id, "TIMEOUT", timeout=15)
     assert info["exit_code"] == 128 + 9  # SIGKILL after the 1 s kill wait
@@ -143,9 +154,12 @@ def test_foreground_daemon_for_systemd(home, tmp_path):
 
     from conftest import ROOT
 
-    process = subprocess.Popen([sys.executable, "-m", "gq", "daemon", "start", "--foreground"],
-                               env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gq", "daemon", "start", "--foreground"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for(lambda: gq("daemon", "status").code == 0, 20, what="the foreground daemon")
         assert gq_ok("daemon", "status").startswith(f"gq daemon is running (pid {process.pid}")

@@ -20,11 +20,20 @@ def test_a_central_fifo_queue_starts_each_job_once_its_devices_are_free_in_order
     """Three devices. A takes two; B's two come free only as A ends (10); C, one device,
     starts with B, not before it (strict order), beside it; D asks for four, gets all
     three once B and C have ended; E's start-up and gaps are part of its run."""
-    jobs = [TraceJob(1, 0.0, 10.0, 10, gpus=2), TraceJob(2, 1.0, 5.0, 5, gpus=2),
-            TraceJob(3, 2.0, 3.0, 3), TraceJob(4, 3.0, 1.0, 1, gpus=4),
-            TraceJob(5, 4.0, 2.0, 2, startup=1.5, gap=0.25)]
-    assert central_fifo(jobs, 3) == {1: (0.0, 10.0), 2: (10.0, 15.0), 3: (10.0, 13.0),
-                                     4: (15.0, 16.0), 5: (16.0, 20.0)}
+    jobs = [
+        TraceJob(1, 0.0, 10.0, 10, gpus=2),
+        TraceJob(2, 1.0, 5.0, 5, gpus=2),
+        TraceJob(3, 2.0, 3.0, 3),
+        TraceJob(4, 3.0, 1.0, 1, gpus=4),
+        TraceJob(5, 4.0, 2.0, 2, startup=1.5, gap=0.25),
+    ]
+    assert central_fifo(jobs, 3) == {
+        1: (0.0, 10.0),
+        2: (10.0, 15.0),
+        3: (10.0, 13.0),
+        4: (15.0, 16.0),
+        5: (16.0, 20.0),
+    }
     assert central_fifo(jobs[:1], 1) == {1: (0.0, 10.0)}  # asked for more than there are
     with pytest.raises(ValueError):
         central_fifo(jobs, 0)
@@ -37,13 +46,16 @@ def test_a_job_waiting_behind_another_counts_its_whole_run_where_it_waits():
     rather than behind the 120 s job on the other device (130, as a central FIFO queue
     starts it), moves or none. Its whole run counted, every job ends as the central
     queue's does."""
-    jobs = [TraceJob(1, 0.0, 120.0, 120), TraceJob(2, 0.0, 60.0, 60),
-            TraceJob(3, 1.0, 100.0, 100), TraceJob(4, 70.0, 10.0, 10)]
+    jobs = [
+        TraceJob(1, 0.0, 120.0, 120),
+        TraceJob(2, 0.0, 60.0, 60),
+        TraceJob(3, 1.0, 100.0, 100),
+        TraceJob(4, 70.0, 10.0, 10),
+    ]
     central = {job_id: end for job_id, (_, end) in central_fifo(jobs, 2).items()}
     assert central == {1: 120.0, 2: 60.0, 3: 160.0, 4: 130.0}
     for margin in (5.0, 1e6):
-        result = simulate(jobs, policies.make("fifo"), gpus=2, backfill=False,
-                          move_margin=margin)
+        result = simulate(jobs, policies.make("fifo"), gpus=2, backfill=False, move_margin=margin)
         assert {run.job.id: run.end for run in result.runs} == pytest.approx(central)
 
 
@@ -55,8 +67,9 @@ def test_fifo_without_backfill_is_strict_fifo_on_a_node_of_whole_device_and_shar
     for gpus in (8, 4, 2):
         reference = {job_id: start for job_id, (start, _) in central_fifo(jobs, gpus).items()}
         for margin in (0.0, 5.0, 1e6):
-            result = simulate(jobs, policies.make("fifo"), gpus=gpus, backfill=False,
-                              move_margin=margin)
+            result = simulate(
+                jobs, policies.make("fifo"), gpus=gpus, backfill=False, move_margin=margin
+            )
             first: dict[int, float] = {}
             for piece in result.slices:
                 first[piece.job] = min(first.get(piece.job, math.inf), piece.start)

@@ -167,19 +167,24 @@ def test_without_a_memory_controller_usage_sums_its_processes_up_to_a_bound(v2) 
         cgroup.remove()
 
 
-FORKED = [sys.executable, "-c", (
-    "import os, sys, time\n"
-    "held = bytearray(100 << 20)\n"
-    "held[::4096] = b'x' * len(held[::4096])\n"
-    "children = []\n"
-    "for _ in range(4):\n"
-    "    pid = os.fork()\n"
-    "    if pid == 0:\n"  # a child: it sleeps, sharing the parent's pages
-    "        time.sleep(60)\n"
-    "        os._exit(0)\n"
-    "    children.append(pid)\n"
-    "print(*children, flush=True)\n"
-    "time.sleep(60)\n")]
+FORKED = [
+    sys.executable,
+    "-c",
+    (
+        "import os, sys, time\n"
+        "held = bytearray(100 << 20)\n"
+        "held[::4096] = b'x' * len(held[::4096])\n"
+        "children = []\n"
+        "for _ in range(4):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"  # a child: it sleeps, sharing the parent's pages
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n"
+        "print(*children, flush=True)\n"
+        "time.sleep(60)\n"
+    ),
+]
 
 
 def test_what_forked_processes_share_is_held_once():
@@ -213,13 +218,16 @@ def test_never_created_cgroup(backend: cgroups.Cgroups) -> None:
 
 
 def test_detection_gives_every_caller_the_same_paths(backend: cgroups.Cgroups) -> None:
-    scope = os.path.basename(next(iter(backend.bases.values())))[len("gq-"):]
+    scope = os.path.basename(next(iter(backend.bases.values())))[len("gq-") :]
     again = cgroups.detect(backend.kind, scope)
     assert again is not None and again.bases == backend.bases
-    script = ("import sys; from gq.exec import cgroups; "
-              "print(cgroups.detect(sys.argv[1], sys.argv[2]).job('cpu0', 1, 1).paths)")
-    other = subprocess.run(["python3", "-c", script, backend.kind, scope], check=True,
-                           capture_output=True, text=True).stdout.strip()
+    script = (
+        "import sys; from gq.exec import cgroups; "
+        "print(cgroups.detect(sys.argv[1], sys.argv[2]).job('cpu0', 1, 1).paths)"
+    )
+    other = subprocess.run(
+        ["python3", "-c", script, backend.kind, scope], check=True, capture_output=True, text=True
+    ).stdout.strip()
     assert other == str(backend.job("cpu0", 1, 1).paths)
     elsewhere = cgroups.detect(backend.kind, uuid.uuid4().hex[:12])
     assert elsewhere is not None
@@ -245,12 +253,14 @@ def test_off_and_bad_names() -> None:
             backend.create(device, 1, 1)
         with pytest.raises(ValueError):
             backend.remove_device(device)
-    assert backend.job("cuda_0.a-b", 5, 3).paths == {"memory": "/nonexistent/gq-test/"
-                                                     "cuda_0.a-b/job-5.3"}
+    assert backend.job("cuda_0.a-b", 5, 3).paths == {
+        "memory": "/nonexistent/gq-test/cuda_0.a-b/job-5.3"
+    }
 
 
 def test_a_process_is_found_in_its_job_by_its_cgroup_however_it_left_the_tree(
-        backend: cgroups.Cgroups) -> None:
+    backend: cgroups.Cgroups,
+) -> None:
     """NVML lists a GPU's processes by pid: one a job daemonised (out of its process tree)
     is still the job's, by the cgroup it cannot leave; a process of no job is nobody's."""
     cgroup = backend.create("gpu0", 41, 1)
@@ -272,16 +282,26 @@ def test_the_job_in_a_membership_text_is_read_from_its_exact_shape_only() -> Non
     """Only a proposal (a path elsewhere may end the same way: Cgroups.job_of then looks for
     the process in that job's cgroup under its own base)."""
     base = "gq-abc"
-    v1 = ("12:pids:/user.slice/gq-abc/gpu0/job-17.2\n"
-          "5:memory:/user.slice/gq-abc/gpu0/job-17.2\n")
+    v1 = "12:pids:/user.slice/gq-abc/gpu0/job-17.2\n5:memory:/user.slice/gq-abc/gpu0/job-17.2\n"
     assert cgroups.job_in(v1, base) == ("gpu0", 17, 2)
-    assert cgroups.job_in("0::/system.slice/gq.service/gq-abc/gpu1/job-9.1/inner\n",
-                          base) == ("gpu1", 9, 1)
-    for text in ("0::/gq-other/gpu0/job-17.2\n",  # another instance's
-                 "0::/gq-abc/gpu0/job-x.2\n", "0::/gq-abc/job-17.2\n",
-                 "0::/gq-abc/gpu0/job-17\n", "0::/gq-abc/gpu0/job-1" + "0" * 40 + ".1\n",
-                 "0::/gq-abc/../job-1.1\n", "",  "\x00\x00", "garbage without colons",
-                 "0::/\n", "0::/gq-abc/gpu0\n"):
+    assert cgroups.job_in("0::/system.slice/gq.service/gq-abc/gpu1/job-9.1/inner\n", base) == (
+        "gpu1",
+        9,
+        1,
+    )
+    for text in (
+        "0::/gq-other/gpu0/job-17.2\n",  # another instance's
+        "0::/gq-abc/gpu0/job-x.2\n",
+        "0::/gq-abc/job-17.2\n",
+        "0::/gq-abc/gpu0/job-17\n",
+        "0::/gq-abc/gpu0/job-1" + "0" * 40 + ".1\n",
+        "0::/gq-abc/../job-1.1\n",
+        "",
+        "\x00\x00",
+        "garbage without colons",
+        "0::/\n",
+        "0::/gq-abc/gpu0\n",
+    ):
         assert cgroups.job_in(text, base) is None, text
 
 

@@ -15,36 +15,40 @@ import threading
 from collections import Counter
 
 import pytest
+from test_shared_node import _script
 
 from conftest import pid_alive, wait_for
-from test_shared_node import _script
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "DEADLINE"}
 HOST_DEATH = ("execution host of cpu died", "node failure")
 SHELL = "echo $GQ_JOB_ID >> starts\nsleep 0.$((RANDOM % 3))\nexit ${1:-0}\n"
-STEPS = ("import gq, os, sys, time\n"
-         "open('starts', 'a').write(os.environ['GQ_JOB_ID'] + '\\n')\n"
-         "for _ in gq.steps(range(20)):\n    time.sleep(0.01)\n"
-         "sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)\n")
+STEPS = (
+    "import gq, os, sys, time\n"
+    "open('starts', 'a').write(os.environ['GQ_JOB_ID'] + '\\n')\n"
+    "for _ in gq.steps(range(20)):\n    time.sleep(0.01)\n"
+    "sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)\n"
+)
 # One job runs until the host has been killed under it (then its rerun ends at once).
 UNTIL_HOST_KILLED = "echo $GQ_JOB_ID >> starts\nwhile [ ! -e host-killed ]; do sleep 0.05; done\n"
-TORCH = ("import os, torch\n"
-         "open('starts', 'a').write(os.environ['GQ_JOB_ID'] + '\\n')\n"
-         "model = torch.nn.Linear(8, 1)\n"
-         "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
-         "for _ in range(30):\n"
-         "    optimizer.zero_grad(); model(torch.randn(4, 8)).sum().backward(); optimizer.step()\n")
+TORCH = (
+    "import os, torch\n"
+    "open('starts', 'a').write(os.environ['GQ_JOB_ID'] + '\\n')\n"
+    "model = torch.nn.Linear(8, 1)\n"
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+    "for _ in range(30):\n"
+    "    optimizer.zero_grad(); model(torch.randn(4, 8)).sum().backward(); optimizer.step()\n"
+)
 
 
 @pytest.fixture(scope="session")
 def torch_for_all(shared_install):
     """torch in the interpreter every user can run (the shared install leaves it out)."""
     with shared_install.building():
-        probe = subprocess.run([shared_install.python, "-c", "import torch"],
-                               capture_output=True)
+        probe = subprocess.run([shared_install.python, "-c", "import torch"], capture_output=True)
         if probe.returncode != 0:
-            subprocess.run([shared_install.python, "-m", "pip", "install", "-q",
-                            "torch==2.13.0"], check=True)
+            subprocess.run(
+                [shared_install.python, "-m", "pip", "install", "-q", "torch==2.13.0"], check=True
+            )
     return shared_install.python
 
 
@@ -54,10 +58,12 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
     alice, bob = users["alice"], users["bob"]
     scripts = {}
     for user in (alice, bob):
-        scripts[user.name] = {"sh": _script(user, "job.sh", SHELL),
-                              "steps": _script(user, "steps.py", STEPS),
-                              "torch": _script(user, "train_linear.py", TORCH),
-                              "until": _script(user, "until.sh", UNTIL_HOST_KILLED)}
+        scripts[user.name] = {
+            "sh": _script(user, "job.sh", SHELL),
+            "steps": _script(user, "steps.py", STEPS),
+            "torch": _script(user, "train_linear.py", TORCH),
+            "until": _script(user, "until.sh", UNTIL_HOST_KILLED),
+        }
 
     def plan(user) -> list[list[str]]:
         """Each job's submit arguments; a script's first argument is its exit code."""
@@ -65,12 +71,12 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
         jobs = []
         for index in range(40):
             extra = ["--requeue"] if index % 5 == 0 else []
-            jobs.append([*extra, mine[rng.choice(["sh", "sh", "steps"])],
-                         str(rng.choice([0, 0, 0, 3]))])
+            jobs.append(
+                [*extra, mine[rng.choice(["sh", "sh", "steps"])], str(rng.choice([0, 0, 0, 3]))]
+            )
         if user is alice:
             jobs.insert(20, ["--requeue", mine["until"]])
-        return jobs + [["--python", torch_for_all, mine["torch"]],
-                       ["--array", "0-4", mine["sh"]]]
+        return jobs + [["--python", torch_for_all, mine["torch"]], ["--array", "0-4", mine["sh"]]]
 
     planned = {user.name: plan(user) for user in (alice, bob)}
     problems: list[BaseException] = []
@@ -104,32 +110,60 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
 
     def kill_daemon() -> None:
         os.kill(int((shared_node.root / "daemon.pid").read_text()), signal.SIGKILL)
-        wait_for(lambda: shared_node.run(None, "daemon", "status").code == 1, 10,
-                 what="the daemon to die")
-        shared_node.ok(None, "daemon", "start", "--system", "--kill-wait", "1",
-                       "--operators", users["operators"], "--priority-cap", "5")
+        wait_for(
+            lambda: shared_node.run(None, "daemon", "status").code == 1,
+            10,
+            what="the daemon to die",
+        )
+        shared_node.ok(
+            None,
+            "daemon",
+            "start",
+            "--system",
+            "--kill-wait",
+            "1",
+            "--operators",
+            users["operators"],
+            "--priority-cap",
+            "5",
+        )
 
     def kill_host() -> None:
         """While it runs the job that waits for it (the others may be too short to be
         caught running); that job's rerun then ends."""
-        wait_for(lambda: any(j["state"] == "RUNNING" and j["name"] == "until.sh"
-                             for j in json.loads(shared_node.ok(None, "status", "--json"))),
-                 120, interval=0.05, what="the job that waits for the host kill to run")
+        wait_for(
+            lambda: any(
+                j["state"] == "RUNNING" and j["name"] == "until.sh"
+                for j in json.loads(shared_node.ok(None, "status", "--json"))
+            ),
+            120,
+            interval=0.05,
+            what="the job that waits for the host kill to run",
+        )
         pid = int((shared_node.root / "hosts" / "cpu.pid").read_text().split()[0])
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not pid_alive(pid), 10, what="the host to die")
         (alice.workdir / "host-killed").touch()
 
     stopped = threading.Event()  # a failing test stops its submitters with it
-    threads = [threading.Thread(target=submit_all, args=(user,), daemon=True)
-               for user in (alice, bob)]
+    threads = [
+        threading.Thread(target=submit_all, args=(user,), daemon=True) for user in (alice, bob)
+    ]
     for thread in threads:
         thread.start()
     try:
-        for threshold, act in ((5, kill_daemon), (30, kill_host), (45, kill_daemon),
-                               (70, kill_daemon)):
-            wait_for(lambda t=threshold: finished() >= t, 300, interval=0.3,
-                     what=f"{threshold} jobs to finish")
+        for threshold, act in (
+            (5, kill_daemon),
+            (30, kill_host),
+            (45, kill_daemon),
+            (70, kill_daemon),
+        ):
+            wait_for(
+                lambda t=threshold: finished() >= t,
+                300,
+                interval=0.3,
+                what=f"{threshold} jobs to finish",
+            )
             act()
         for thread in threads:
             thread.join(timeout=300)
@@ -140,7 +174,10 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
     assert total >= 2 * 48 + 1  # 42 jobs, 5 array tasks and 3 in a chain each; one more
     wait_for(lambda: finished() == total, 300, interval=0.5, what="every job to end")
 
-    jobs = {j["id"]: j for j in json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "-r", "--json"))}
+    jobs = {
+        j["id"]: j
+        for j in json.loads(shared_node.ok(None, "status", "--all", "--limit", "0", "-r", "--json"))
+    }
     users_by_name = {user.name: user for user in (alice, bob)}
     starts = Counter()
     for user in (alice, bob):
@@ -168,5 +205,6 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
         code = int(history["args"][0]) if history["args"] else 0  # the script's exit code
         output = users_by_name[info["user"]].workdir / f"gq-{job_id}.out"
         assert (info["state"], info["exit_code"]) == (
-            ("COMPLETED", 0) if code == 0 else ("FAILED", code)), (info, output.read_text())
+            ("COMPLETED", 0) if code == 0 else ("FAILED", code)
+        ), (info, output.read_text())
     assert host_victims >= 1, "the host was killed with no job on it"

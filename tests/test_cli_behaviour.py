@@ -71,9 +71,19 @@ def test_a_held_job_never_starts_even_if_admission_read_it_before(tmp_path):
 
     db = Database(Home(tmp_path / "h").ensure())
     try:
-        new = transitions.NewJob(name="j", user="u", uid=1, gid=1, script="/x.sh", args=[],
-                                 interpreter=None, workdir="/tmp", output_pattern="o",
-                                 error_pattern="o", env={})
+        new = transitions.NewJob(
+            name="j",
+            user="u",
+            uid=1,
+            gid=1,
+            script="/x.sh",
+            args=[],
+            interpreter=None,
+            workdir="/tmp",
+            output_pattern="o",
+            error_pattern="o",
+            env={},
+        )
         with db.write() as session:
             job_id = transitions.submit(session, new, lambda p, i, a, t: p)[0]
         with db.write() as session:  # 'gq hold' wins the race against admission
@@ -89,15 +99,16 @@ def test_a_requeued_job_does_not_keep_its_old_start_time(daemon, tmp_path):
     wait_state(job_id, "RUNNING")
     gq_ok("hold", str(submit("--hold", str(tmp_path / "s.sh"))))  # keep the device busy
     gq_ok("requeue", str(job_id))
+
     def requeued():
         events = [e["reason"] for e in job(job_id)["events"]]
         return "requeued by user" in events
+
     wait_for(requeued, 20, what="the requeue")
     info = job(job_id)
     assert info["state"] == "RUNNING" or info["start_time"] is None
     if info["state"] == "RUNNING":  # started again: its start time is the new run's
-        requeue_time = next(e["time"] for e in info["events"]
-                            if e["reason"] == "requeued by user")
+        requeue_time = next(e["time"] for e in info["events"] if e["reason"] == "requeued by user")
         assert info["start_time"] >= requeue_time
     gq_ok("cancel", "--state", "R")
 
@@ -127,16 +138,27 @@ def test_daemon_stop_never_signals_a_pid_that_is_not_the_daemons(home):
 
 
 def test_a_stopping_daemon_does_not_spin(daemon, tmp_path):
-    script = write_script(tmp_path / "stubborn.py", (
-        "import signal, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(300)\n"))
+    script = write_script(
+        tmp_path / "stubborn.py",
+        (
+            "import signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(300)\n"
+        ),
+    )
     gq_ok("daemon", "stop")
     daemon.start("--kill-wait", "3")
     job_id = submit(str(script))
-    wait_for(lambda: "ready" in (tmp_path / f"gq-{job_id}.out").read_text()
-             if (tmp_path / f"gq-{job_id}.out").exists() else False, 60, what="the job")
+    wait_for(
+        lambda: (
+            "ready" in (tmp_path / f"gq-{job_id}.out").read_text()
+            if (tmp_path / f"gq-{job_id}.out").exists()
+            else False
+        ),
+        60,
+        what="the job",
+    )
     process = psutil.Process(daemon.pid())
     before = sum(process.cpu_times()[:2])
     outcome = []
@@ -155,9 +177,13 @@ def test_another_interpreter_gets_gq_and_none_of_the_daemons_packages(daemon, tm
     other = shutil.which("python3", path="/usr/bin")
     if other is None:
         pytest.skip("needs /usr/bin/python3")
-    script = write_script(tmp_path / "probe.py", (
-        "import importlib.util, gq\n"
-        "print('gq', gq.__version__, 'typer', importlib.util.find_spec('typer') is not None)\n"))
+    script = write_script(
+        tmp_path / "probe.py",
+        (
+            "import importlib.util, gq\n"
+            "print('gq', gq.__version__, 'typer', importlib.util.find_spec('typer') is not None)\n"
+        ),
+    )
     job_id = submit("--python", other, str(script))
     assert wait_state(job_id, "COMPLETED")["exit_code"] == 0
     from gq import __version__
@@ -172,21 +198,61 @@ def test_squeue_formats_and_sort_keys():
     from gq.errors import UserError
     from gq.messages import JobInfo
 
-    base = JobInfo(id=1, label="1", name="train", user="ann", uid=1, state="RUNNING",
-                   reason=None, priority=1, gpus=1, mem=None, time_limit=3600, deadline=None,
-                   steps_total=None, exclusive=False, requeue=False, dependency=None,
-                   held=False, array_job_id=None, array_task_id=None, array_max_running=None,
-                   script=None, args=None, workdir=None, stdout=None, stderr=None,
-                   device="gpu0", lane=0, pid=None, submit_time=1.0, start_time=None,
-                   end_time=None, exit_code=None, run_count=1, steps_done=0, attained=0.0,
-                   mean_iteration=None, mem_persistent=None, mem_peak=None, holds_lane=False)
-    jobs = [base, replace(base, id=2, label="2", name="eval", priority=5, state="PENDING",
-                          device=None), replace(base, id=3, label="3", priority=5)]
+    base = JobInfo(
+        id=1,
+        label="1",
+        name="train",
+        user="ann",
+        uid=1,
+        state="RUNNING",
+        reason=None,
+        priority=1,
+        gpus=1,
+        mem=None,
+        time_limit=3600,
+        deadline=None,
+        steps_total=None,
+        exclusive=False,
+        requeue=False,
+        dependency=None,
+        held=False,
+        array_job_id=None,
+        array_task_id=None,
+        array_max_running=None,
+        script=None,
+        args=None,
+        workdir=None,
+        stdout=None,
+        stderr=None,
+        device="gpu0",
+        lane=0,
+        pid=None,
+        submit_time=1.0,
+        start_time=None,
+        end_time=None,
+        exit_code=None,
+        run_count=1,
+        steps_done=0,
+        attained=0.0,
+        mean_iteration=None,
+        mem_persistent=None,
+        mem_peak=None,
+        holds_lane=False,
+    )
+    jobs = [
+        base,
+        replace(base, id=2, label="2", name="eval", priority=5, state="PENDING", device=None),
+        replace(base, id=3, label="3", priority=5),
+    ]
     ordered = formats.sort("-p,-i", jobs)
     assert [job.id for job in ordered] == [3, 2, 1]
     text = formats.table("%.4i %-6j %t %l|%N", [(j.label, j, "Resources") for j in ordered])
-    assert text.splitlines() == ["JOBI NAME   ST TIME_LIMIT|DEVICE", "   3 train  R 1:00:00|gpu0",
-                                 "   2 eval   PD 1:00:00|", "   1 train  R 1:00:00|gpu0"]
+    assert text.splitlines() == [
+        "JOBI NAME   ST TIME_LIMIT|DEVICE",
+        "   3 train  R 1:00:00|gpu0",
+        "   2 eval   PD 1:00:00|",
+        "   1 train  R 1:00:00|gpu0",
+    ]
     for bad in ("%z", "plain text", "-q"):
         with pytest.raises(UserError):
             formats.table(bad, []) if bad != "-q" else formats.sort(bad, jobs)

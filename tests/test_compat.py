@@ -57,8 +57,7 @@ def test_the_script_sees_its_own_path_and_reads_data_beside_it(daemon, tmp_path)
     job_id = _run(tmp_path, "reads_beside_itself.py")
     assert wait_state(job_id, "COMPLETED")["exit_code"] == 0
     script = ZOO / "reads_beside_itself.py"
-    assert _output(tmp_path, job_id).strip() == (f"rows=3 file={script} argv0={script} "
-                                                 f"path0={ZOO}")
+    assert _output(tmp_path, job_id).strip() == (f"rows=3 file={script} argv0={script} path0={ZOO}")
 
 
 def test_a_traceback_names_the_users_file_with_no_gq_frames(daemon, tmp_path):

@@ -13,18 +13,44 @@ import subprocess
 import sys
 import time
 
-from conftest import (DECLARED, KERNEL_LOOP, ROOT, all_jobs, gq, gq_ok, job, live_hosts, pid_alive,
-                      start_together, submit, wait_for, wait_state, write_script)
+from conftest import (
+    DECLARED,
+    KERNEL_LOOP,
+    ROOT,
+    all_jobs,
+    gq,
+    gq_ok,
+    job,
+    live_hosts,
+    pid_alive,
+    start_together,
+    submit,
+    wait_for,
+    wait_state,
+    write_script,
+)
 
 
 def test_kill9_with_four_resident_srtf_jobs_loses_and_repeats_nothing(daemon, tmp_path):
     gq_ok("policy", "set", "srtf")
     steps = [800, 600, 400, 200]
     go = tmp_path / "go"
-    ids = [submit(*DECLARED, "--steps", str(n), *KERNEL_LOOP, "--steps", str(n), "--iter-ms", "4",
-                  "--start-file", str(go)) for n in steps]
-    workers = {i: wait_for(lambda i=i: job(i)["pid"], 60, what="four resident jobs")
-               for i in ids}
+    ids = [
+        submit(
+            *DECLARED,
+            "--steps",
+            str(n),
+            *KERNEL_LOOP,
+            "--steps",
+            str(n),
+            "--iter-ms",
+            "4",
+            "--start-file",
+            str(go),
+        )
+        for n in steps
+    ]
+    workers = {i: wait_for(lambda i=i: job(i)["pid"], 60, what="four resident jobs") for i in ids}
     start_together(go, len(ids))
     wait_for(lambda: any(job(i)["steps_done"] > 0 for i in ids), 30, what="iterations")
     old = daemon.kill9()
@@ -44,8 +70,7 @@ def test_kill9_with_four_resident_srtf_jobs_loses_and_repeats_nothing(daemon, tm
 
 
 def test_a_job_that_ends_while_no_daemon_runs_keeps_its_exit_code_and_end_time(daemon, tmp_path):
-    script = write_script(tmp_path / "three.sh", "while [ ! -e go ]; do sleep 0.05; done\n"
-                          "exit 3\n")
+    script = write_script(tmp_path / "three.sh", "while [ ! -e go ]; do sleep 0.05; done\nexit 3\n")
     job_id = submit(str(script))
     pid = wait_state(job_id, "RUNNING")["pid"] or wait_for(lambda: job(job_id)["pid"], 10)
     daemon.kill9()
@@ -75,8 +100,9 @@ def test_a_time_limit_passing_while_no_daemon_runs_ends_the_job_timeout(daemon, 
 def test_restart_replaces_the_daemon_and_keeps_the_running_job(daemon, tmp_path):
     # 7.5 s of iterations: a restart on a loaded machine ends well before the job does
     job_id = submit(*KERNEL_LOOP, "--steps", "1500", "--iter-ms", "5")
-    worker = wait_for(lambda: job(job_id)["steps_done"] > 0 and job(job_id)["pid"], 60,
-                      what="the job to iterate")
+    worker = wait_for(
+        lambda: job(job_id)["steps_done"] > 0 and job(job_id)["pid"], 60, what="the job to iterate"
+    )
     old = daemon.pid()
     result = gq("daemon", "restart")
     assert result.code == 0 and "running jobs kept" in result.out, result.err
@@ -87,8 +113,9 @@ def test_restart_replaces_the_daemon_and_keeps_the_running_job(daemon, tmp_path)
 
 def test_stop_keep_jobs_then_start_adopts_them(daemon, tmp_path):
     go = tmp_path / "go"
-    script = write_script(tmp_path / "s.sh", (
-        f"while [ ! -e {go} ]; do sleep 0.05; done; echo finished\n"))
+    script = write_script(
+        tmp_path / "s.sh", (f"while [ ! -e {go} ]; do sleep 0.05; done; echo finished\n")
+    )
     job_id = submit(str(script))
     pid = wait_for(lambda: job(job_id)["pid"], 10, what="the job's process")
     assert "leaving running jobs" in gq_ok("daemon", "stop", "--keep-jobs")
@@ -101,7 +128,8 @@ def test_stop_keep_jobs_then_start_adopts_them(daemon, tmp_path):
 
 
 def test_twenty_kill_restart_cycles_during_fifty_short_jobs_lose_and_repeat_nothing(
-        daemon, tmp_path):
+    daemon, tmp_path
+):
     runs = tmp_path / "runs.log"
     script = write_script(tmp_path / "short.sh", f"echo $GQ_JOB_ID >> {runs}\nsleep 0.2\n")
     ids = [submit(str(script)) for _ in range(50)]
@@ -134,16 +162,25 @@ def test_a_host_of_another_version_is_drained_then_replaced(home, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(old))
 
     def old_gq(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "gq", *args], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "gq", *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
     old_gq("daemon", "start", "--kill-wait", "1")
     script = write_script(tmp_path / "s.sh", "while [ ! -e go ]; do sleep 0.05; done\n")
     job_id = int(old_gq("submit", "--parsable", str(script)))
-    pid = wait_for(lambda: json.loads(old_gq("show", "--json", str(job_id)))["pid"], 20,
-                   what="the job on the old host")
+    pid = wait_for(
+        lambda: json.loads(old_gq("show", "--json", str(job_id)))["pid"],
+        20,
+        what="the job on the old host",
+    )
     old_host = live_hosts(home)
     os.kill(int((home / "daemon.pid").read_text()), 9)
     wait_for(lambda: gq("daemon", "status").code == 1, 10, what="the old daemon to die")
@@ -174,9 +211,16 @@ def test_attaching_reads_past_what_a_host_says_before_answering_hello(tmp_path):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(home.hosts / "cpu.sock"))
     listener.listen(1)
-    state = wire.State(version=wire.HOST_VERSION, pid=os.getpid(), device="cpu", lanes=1,
-                       policy=["fifo", "always", "100ms"], draining=False, residents=[],
-                       exited=[])
+    state = wire.State(
+        version=wire.HOST_VERSION,
+        pid=os.getpid(),
+        device="cpu",
+        lanes=1,
+        policy=["fifo", "always", "100ms"],
+        draining=False,
+        residents=[],
+        exited=[],
+    )
 
     def chatty_host():
         sock, _ = listener.accept()
@@ -212,8 +256,11 @@ def test_a_host_connection_that_drops_is_attached_again_and_keeps_its_jobs(daemo
         other.connect(str(daemon.root / "hosts" / "cpu.sock"))
         other.sendall(b'{"op": "hello"}\n')
         assert b'"op":"state"' in other.recv(1 << 16)
-    wait_for(lambda: "attaching the execution host of cpu again" in daemon.log(), 20,
-             what="the daemon to attach again")
+    wait_for(
+        lambda: "attaching the execution host of cpu again" in daemon.log(),
+        20,
+        what="the daemon to attach again",
+    )
     (tmp_path / "go").touch()
     info = wait_state(job_id, "COMPLETED", timeout=30)
     assert info["run_count"] == 1 and host_process(daemon.pid()).pid == host.pid

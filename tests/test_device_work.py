@@ -43,14 +43,18 @@ def test_a_release_waits_for_the_device_and_a_job_that_never_used_it_pays_nothin
 
 
 def test_two_jobs_kernels_never_overlap_under_one_lane_and_are_billed_as_device_time(
-        daemon, tmp_path):
+    daemon, tmp_path
+):
     gq_ok("policy", "set", "fair")
     go = tmp_path / "go"
     outs = [tmp_path / f"kernels{n}.json" for n in range(2)]
     ids = [submit("--gpu-mem", "64M", KERNELS, str(out), "12", "20", str(go)) for out in outs]
     waiting = Path(f"{go}.waiting")
-    wait_for(lambda: waiting.exists() and len(waiting.read_text().split()) == 2, 60,
-             what="both jobs at their start file")
+    wait_for(
+        lambda: waiting.exists() and len(waiting.read_text().split()) == 2,
+        60,
+        what="both jobs at their start file",
+    )
     go.touch()
     infos = [wait_state(i, "COMPLETED", timeout=90) for i in ids]
     assert infos[0]["device"] == infos[1]["device"]
@@ -66,8 +70,7 @@ def test_two_jobs_kernels_never_overlap_under_one_lane_and_are_billed_as_device_
         assert busy * 0.95 <= attained <= busy * 1.6 + 0.3, (busy, attained)
 
 
-def test_a_job_alone_runs_ahead_of_its_device_and_a_newcomer_waits_for_its_tail(daemon,
-                                                                              tmp_path):
+def test_a_job_alone_runs_ahead_of_its_device_and_a_newcomer_waits_for_its_tail(daemon, tmp_path):
     """Alone on its lane (a lease) a job does not wait for its device at each release: it
     queues on while the device runs (a thread lets the lane's lock go once the device is
     done). A job that comes meanwhile gets the lane only once that tail has run."""

@@ -19,93 +19,153 @@ NOW = 1_000_000.0
 GIB = 1 << 30
 
 
-def device(name: str = "gpu0", index: int = 0, held: str | None = None,
-           memory: int = 16 * GIB) -> admission.DeviceLoad:
-    return admission.DeviceLoad(name, True, [admission.LaneLoad(memory)], 4, index=index,
-                                held=held)
+def device(
+    name: str = "gpu0", index: int = 0, held: str | None = None, memory: int = 16 * GIB
+) -> admission.DeviceLoad:
+    return admission.DeviceLoad(name, True, [admission.LaneLoad(memory)], 4, index=index, held=held)
 
 
-def view(job_id: int, steps: int | None = None, done: int = 0, pace: float | None = None,
-         user: str = "ann", priority: int = 0, submitted: float | None = None) -> JobView:
-    return JobView(id=job_id, user=user, submit_time=NOW - 100 + job_id if submitted is None
-                   else submitted, priority=priority, steps_done=done, steps_total=steps,
-                   attained=done * (pace or 0.0), mean_iteration=pace,
-                   mean_gap=0.0 if pace else None)
+def view(
+    job_id: int,
+    steps: int | None = None,
+    done: int = 0,
+    pace: float | None = None,
+    user: str = "ann",
+    priority: int = 0,
+    submitted: float | None = None,
+) -> JobView:
+    return JobView(
+        id=job_id,
+        user=user,
+        submit_time=NOW - 100 + job_id if submitted is None else submitted,
+        priority=priority,
+        steps_done=done,
+        steps_total=steps,
+        attained=done * (pace or 0.0),
+        mean_iteration=pace,
+        mean_gap=0.0 if pace else None,
+    )
 
 
 def known(steps: int, pace: float, startup: float = 0.0) -> Work:
     return Work(steps, pace, 0.0, startup, Basis.KNOWN)
 
 
-def running(job_id: int, steps: int, done: int, pace: float, started: float,
-            device_name: str = "gpu0", limit: float | None = None) -> Running:
+def running(
+    job_id: int,
+    steps: int,
+    done: int,
+    pace: float,
+    started: float,
+    device_name: str = "gpu0",
+    limit: float | None = None,
+) -> Running:
     seen = view(job_id, steps, done, pace)
-    return Running(seen, forecast.work(seen, limit, None, NOW - started), (device_name,), 0,
-                   started, 0, limit)
+    return Running(
+        seen, forecast.work(seen, limit, None, NOW - started), (device_name,), 0, started, 0, limit
+    )
 
 
-def pending(job_id: int, work: Work, limit: float | None = None, after: tuple[int, ...] = (),
-            begin: float | None = None, priority: int = 0, steps: int | None = None) -> Pending:
-    return Pending(view(job_id, steps, priority=priority),
-                   admission.Request(job_id, 1, admission.Footprint(), time_limit=limit),
-                   work, begin, after)
+def pending(
+    job_id: int,
+    work: Work,
+    limit: float | None = None,
+    after: tuple[int, ...] = (),
+    begin: float | None = None,
+    priority: int = 0,
+    steps: int | None = None,
+) -> Pending:
+    return Pending(
+        view(job_id, steps, priority=priority),
+        admission.Request(job_id, 1, admission.Footprint(), time_limit=limit),
+        work,
+        begin,
+        after,
+    )
 
 
-def snapshot(running_jobs=(), pending_jobs=(), devices=None, policy="fifo",
-             max_resident: int = 4) -> Snapshot:
-    return Snapshot(NOW, (policy, "always", "100ms"), tuple(devices or [device()]), 1, max_resident,
-                    tuple(running_jobs), tuple(pending_jobs))
+def snapshot(
+    running_jobs=(), pending_jobs=(), devices=None, policy="fifo", max_resident: int = 4
+) -> Snapshot:
+    return Snapshot(
+        NOW,
+        (policy, "always", "100ms"),
+        tuple(devices or [device()]),
+        1,
+        max_resident,
+        tuple(running_jobs),
+        tuple(pending_jobs),
+    )
 
 
 def relative(made: forecast.Forecasts) -> dict[int, tuple]:
-    return {job_id: (None if f.start is None else round(f.start - NOW, 6),
-                     None if f.end is None else round(f.end - NOW, 6), f.basis)
-            for job_id, f in made.jobs.items()}
+    return {
+        job_id: (
+            None if f.start is None else round(f.start - NOW, 6),
+            None if f.end is None else round(f.end - NOW, 6),
+            f.basis,
+        )
+        for job_id, f in made.jobs.items()
+    }
 
 
 def test_a_fully_known_fifo_queue_is_forecast_as_the_simulator_runs_it():
     """One device, fifo: a running job 10 of 30 steps in, two pending jobs of known pace.
     The forecast is the simulator's own answer on the same jobs, the running one's done
     iterations taken off, and every forecast is known."""
-    made = forecast.forecast(snapshot(
-        [running(1, 30, 10, 0.5, NOW - 6)],
-        [pending(2, known(20, 1.0, startup=2.0)), pending(3, known(10, 0.2))]))
-    assert relative(made) == {1: (-6.0, 10.0, Basis.KNOWN),
-                              2: (0.0, 30.0, Basis.KNOWN),  # resident at once, runs after 1
-                              3: (0.0, 32.0, Basis.KNOWN)}
+    made = forecast.forecast(
+        snapshot(
+            [running(1, 30, 10, 0.5, NOW - 6)],
+            [pending(2, known(20, 1.0, startup=2.0)), pending(3, known(10, 0.2))],
+        )
+    )
+    assert relative(made) == {
+        1: (-6.0, 10.0, Basis.KNOWN),
+        2: (0.0, 30.0, Basis.KNOWN),  # resident at once, runs after 1
+        3: (0.0, 32.0, Basis.KNOWN),
+    }
     # The same as a simulation of the remaining work from an empty node:
-    alone = simulate([TraceJob(1, 0.0, 10.0, 20), TraceJob(2, 0.0, 20.0, 20, startup=2.0),
-                      TraceJob(3, 0.0, 2.0, 10)], policies.make("fifo"))
+    alone = simulate(
+        [
+            TraceJob(1, 0.0, 10.0, 20),
+            TraceJob(2, 0.0, 20.0, 20, startup=2.0),
+            TraceJob(3, 0.0, 2.0, 10),
+        ],
+        policies.make("fifo"),
+    )
     assert [run.end for run in alone.runs] == [10.0, 30.0, 32.0]
 
 
 def test_what_a_job_will_do_is_known_estimated_or_unknown_from_what_it_gave():
     measured = view(1, steps=100, done=5, pace=0.1)
     assert forecast.work(measured, None, None) == Work(100, 0.1, 0.0, 0.0, Basis.KNOWN)
-    earlier = forecast.past([forecast.Ended(run=12.0, steps=100, attained=10.0, iteration=0.1,
-                                            gap=0.0),
-                             forecast.Ended(run=13.0, steps=100, attained=10.0, iteration=0.1,
-                                            gap=0.0)])
+    earlier = forecast.past(
+        [
+            forecast.Ended(run=12.0, steps=100, attained=10.0, iteration=0.1, gap=0.0),
+            forecast.Ended(run=13.0, steps=100, attained=10.0, iteration=0.1, gap=0.0),
+        ]
+    )
     assert earlier.overhead == pytest.approx(2.0)  # the least: run less device time
     assert earlier.startup is None and earlier.exit_cost == 0.0
     # --steps, not started: its pace from its owner's earlier jobs of the same name
-    assert forecast.work(view(2, steps=50), None, earlier) == \
-        Work(50, 0.1, 0.0, 2.0, Basis.ESTIMATED)
+    assert forecast.work(view(2, steps=50), None, earlier) == Work(
+        50, 0.1, 0.0, 2.0, Basis.ESTIMATED
+    )
     # no --steps: as many steps as the earlier jobs ran
     assert forecast.work(view(3), None, earlier).steps == 100
     # --steps and -t only: the slowest pace that ends in time
-    assert forecast.work(view(4, steps=10), 60, None) == Work(10, 6.0, 0.0, 0.0,
-                                                                 Basis.ESTIMATED)
+    assert forecast.work(view(4, steps=10), 60, None) == Work(10, 6.0, 0.0, 0.0, Basis.ESTIMATED)
     # -t only: device time for the whole limit
     only_limit = forecast.work(view(5), 60, None)
     assert only_limit.basis is Basis.ESTIMATED
     assert only_limit.steps * only_limit.iteration == pytest.approx(60)
     # where no start-up was measured (a host from before), the overhead is all start-up
-    assert forecast.work(view(8, steps=100, done=5, pace=0.1), None, earlier,
-                         elapsed=1.0).teardown == 0.0
+    assert (
+        forecast.work(view(8, steps=100, done=5, pace=0.1), None, earlier, elapsed=1.0).teardown
+        == 0.0
+    )
     # a measured start-up tells start-up and exit apart
-    seen = forecast.Past(run=12.0, steps=100, iteration=0.1, gap=0.0, overhead=2.0,
-                         startup=0.8)
+    seen = forecast.Past(run=12.0, steps=100, iteration=0.1, gap=0.0, overhead=2.0, startup=0.8)
     assert (seen.start_cost, seen.exit_cost) == (0.8, 0.8)  # exit: no longer than start-up
     assert replace(seen, overhead=1.0).exit_cost == pytest.approx(0.2)
     assert replace(seen, exit=0.3).exit_cost == 0.3  # as measured
@@ -122,12 +182,36 @@ def test_a_job_of_a_name_none_has_ended_of_takes_the_pace_of_one_running_not_its
     (52 s where it ran 17 s, a forecast off by more than its limit once the wait before it
     was overestimated too); it now goes at the running one's pace."""
     started = NOW - 10.0
-    sibling = Running(view(1, steps=200, done=100, pace=0.08), known(200, 0.08), ("gpu0",), 0,
-                      started, 0, None, name="sweep")
-    other = Running(view(2, steps=200, done=100, pace=0.5, user="bob"), known(200, 0.5),
-                    ("gpu0",), 0, started, 0, None, name="sweep")
-    unmeasured = Running(view(3, steps=200, done=1, pace=0.9), known(200, 0.9), ("gpu0",), 0,
-                         started, 0, None, name="other")
+    sibling = Running(
+        view(1, steps=200, done=100, pace=0.08),
+        known(200, 0.08),
+        ("gpu0",),
+        0,
+        started,
+        0,
+        None,
+        name="sweep",
+    )
+    other = Running(
+        view(2, steps=200, done=100, pace=0.5, user="bob"),
+        known(200, 0.5),
+        ("gpu0",),
+        0,
+        started,
+        0,
+        None,
+        name="sweep",
+    )
+    unmeasured = Running(
+        view(3, steps=200, done=1, pace=0.9),
+        known(200, 0.9),
+        ("gpu0",),
+        0,
+        started,
+        0,
+        None,
+        name="other",
+    )
     paces = forecast.running_pace([replace(sibling, startup=2.0), other, unmeasured])
     assert set(paces) == {("ann", "sweep"), ("bob", "sweep")}  # one measured: 2 iterations
     pace = paces[("ann", "sweep")]
@@ -146,18 +230,31 @@ def test_start_up_is_learned_as_measured_apart_from_waits_for_the_lane_and_the_e
     its device time (a wait for the lane in it, and progress a second old). The host's own
     measure (launch to first acquire) is what a job of the name goes on, from ended jobs (a
     median) and from a running one alike; the exit is what the overhead leaves of it."""
-    ended = forecast.past([
-        forecast.Ended(run=12.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.5),
-        # bound behind another job: 8 s waiting for the lane, which is no start-up
-        forecast.Ended(run=20.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.7),
-        forecast.Ended(run=12.5, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.9)])
+    ended = forecast.past(
+        [
+            forecast.Ended(run=12.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.5),
+            # bound behind another job: 8 s waiting for the lane, which is no start-up
+            forecast.Ended(run=20.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.7),
+            forecast.Ended(run=12.5, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.9),
+        ]
+    )
     assert (ended.startup, ended.overhead) == (pytest.approx(0.7), pytest.approx(2.0))
     assert ended.exit_cost == pytest.approx(1.5)  # the least overhead less its start-up
-    assert forecast.work(view(4, steps=50), None, ended) == \
-        Work(50, 0.1, 0.0, pytest.approx(0.7), Basis.ESTIMATED, pytest.approx(1.5))
+    assert forecast.work(view(4, steps=50), None, ended) == Work(
+        50, 0.1, 0.0, pytest.approx(0.7), Basis.ESTIMATED, pytest.approx(1.5)
+    )
     # the first of a sweep, 10 s in: it waited 8 s behind another job after a 0.4 s start-up
-    waited = Running(view(1, steps=200, done=10, pace=0.1), known(200, 0.1), ("gpu0",), 0,
-                     NOW - 10.0, 0, None, name="sweep", startup=0.4)
+    waited = Running(
+        view(1, steps=200, done=10, pace=0.1),
+        known(200, 0.1),
+        ("gpu0",),
+        0,
+        NOW - 10.0,
+        0,
+        None,
+        name="sweep",
+        startup=0.4,
+    )
     pace = forecast.running_pace([waited])[("ann", "sweep")]
     assert (pace.start_cost, pace.exit_cost) == (0.4, 0.0)
     assert forecast.work(view(2, steps=50), None, pace).startup == 0.4
@@ -167,6 +264,7 @@ def test_a_running_job_goes_on_from_when_its_progress_was_measured():
     """A host reports progress about once a second: a job 10 of 30 half-second steps in, as
     measured 0.6 s ago, has run on since; it ends, and the job behind it starts and ends,
     0.6 s sooner than from the same progress measured now."""
+
     def made(measured_at):
         job = replace(running(1, 30, 10, 0.5, NOW - 6), measured_at=measured_at)
         return relative(forecast.forecast(snapshot([job], [pending(2, known(20, 1.0))])))
@@ -177,34 +275,52 @@ def test_a_running_job_goes_on_from_when_its_progress_was_measured():
     assert made(NOW - 12.0)[1][1] == 0.0
     # two of a lane, with idle gaps, measured a moment apart under srtf: the first goes on
     # while the second, iterating too, is awaited in its gap (it was: released at no time)
-    gapped = [replace(running(job_id, 100, 10, 0.1, NOW - 3), measured_at=NOW - at,
-                      view=replace(view(job_id, 100, 10, 0.1), mean_gap=0.0002),
-                      work=Work(100, 0.1, 0.0002, 0.0, Basis.KNOWN))
-              for job_id, at in ((1, 0.08762), (2, 0.08759))]
+    gapped = [
+        replace(
+            running(job_id, 100, 10, 0.1, NOW - 3),
+            measured_at=NOW - at,
+            view=replace(view(job_id, 100, 10, 0.1), mean_gap=0.0002),
+            work=Work(100, 0.1, 0.0002, 0.0, Basis.KNOWN),
+        )
+        for job_id, at in ((1, 0.08762), (2, 0.08759))
+    ]
     made_srtf = forecast.forecast(snapshot(gapped, policy="srtf"))
     assert made_srtf.complete and all(f.end is not None for f in made_srtf.jobs.values())
 
 
 def test_a_job_behind_an_estimated_one_is_estimated_and_behind_an_unknown_one_unknown():
-    made = forecast.forecast(snapshot(
-        [running(1, 30, 10, 0.5, NOW - 6)],
-        [pending(2, forecast.work(view(2), 40, None), limit=40),  # -t only
-         pending(3, known(10, 0.2))]))
+    made = forecast.forecast(
+        snapshot(
+            [running(1, 30, 10, 0.5, NOW - 6)],
+            [
+                pending(2, forecast.work(view(2), 40, None), limit=40),  # -t only
+                pending(3, known(10, 0.2)),
+            ],
+        )
+    )
     assert made.jobs[1].basis is Basis.KNOWN
     assert made.jobs[2].basis is Basis.ESTIMATED
     assert made.jobs[3].basis is Basis.ESTIMATED  # it starts when 2 ends: an estimate
     assert made.jobs[3].end == pytest.approx(NOW + 10 + 40 + 2)
-    made = forecast.forecast(snapshot(
-        [running(1, 30, 10, 0.5, NOW - 6)],
-        [pending(2, forecast.work(view(2), None, None)), pending(3, known(10, 0.2))]))
+    made = forecast.forecast(
+        snapshot(
+            [running(1, 30, 10, 0.5, NOW - 6)],
+            [pending(2, forecast.work(view(2), None, None)), pending(3, known(10, 0.2))],
+        )
+    )
     assert made.jobs[2].basis is Basis.UNKNOWN and made.jobs[2].end is None
     assert made.jobs[3].basis is Basis.UNKNOWN and made.jobs[3].end is None  # fifo: never
     # Where the node's recent jobs ran 20 s, the unknown job is simulated for that long: its
     # own end stays unknown, the job behind it gets an estimate.
-    made = forecast.forecast(snapshot(
-        [running(1, 30, 10, 0.5, NOW - 6)],
-        [pending(2, forecast.work(view(2), None, None, typical=20.0)),
-         pending(3, known(10, 0.2))]))
+    made = forecast.forecast(
+        snapshot(
+            [running(1, 30, 10, 0.5, NOW - 6)],
+            [
+                pending(2, forecast.work(view(2), None, None, typical=20.0)),
+                pending(3, known(10, 0.2)),
+            ],
+        )
+    )
     assert made.jobs[2].basis is Basis.UNKNOWN and made.jobs[2].end is None
     assert made.jobs[3].basis is Basis.ESTIMATED
     assert made.jobs[3].end == pytest.approx(NOW + 10 + 20 + 2)
@@ -213,9 +329,13 @@ def test_a_job_behind_an_estimated_one_is_estimated_and_behind_an_unknown_one_un
 def test_a_known_job_beside_an_unknown_one_under_fair_is_an_estimate_not_unknown():
     """Sharing the lane by turns, a job ends however long its neighbour runs: the forecast
     is a bound (the neighbour may end sooner), so it is estimated."""
-    made = forecast.forecast(snapshot(
-        [running(1, 30, 10, 0.5, NOW - 6)],
-        [pending(2, forecast.work(view(2), None, None))], policy="fair"))
+    made = forecast.forecast(
+        snapshot(
+            [running(1, 30, 10, 0.5, NOW - 6)],
+            [pending(2, forecast.work(view(2), None, None))],
+            policy="fair",
+        )
+    )
     assert made.jobs[1].basis is Basis.ESTIMATED
     assert made.jobs[1].end == pytest.approx(NOW + 20, rel=0.1)  # two jobs take turns
     assert made.jobs[2].basis is Basis.UNKNOWN
@@ -227,11 +347,17 @@ def test_the_end_is_never_past_the_start_plus_the_time_limit():
 
 
 def test_a_dependency_starts_a_job_once_the_job_it_waits_for_has_ended():
-    made = forecast.forecast(snapshot(
-        [running(1, 30, 10, 0.5, NOW - 6)],
-        [pending(2, known(10, 1.0), after=(1,)), pending(3, known(5, 1.0), after=(2,)),
-         pending(4, known(5, 1.0), after=(99,)),  # waits for a job outside (held)
-         pending(5, known(5, 1.0), after=(4,))]))
+    made = forecast.forecast(
+        snapshot(
+            [running(1, 30, 10, 0.5, NOW - 6)],
+            [
+                pending(2, known(10, 1.0), after=(1,)),
+                pending(3, known(5, 1.0), after=(2,)),
+                pending(4, known(5, 1.0), after=(99,)),  # waits for a job outside (held)
+                pending(5, known(5, 1.0), after=(4,)),
+            ],
+        )
+    )
     assert relative(made)[2] == (10.0, 20.0, Basis.KNOWN)
     assert relative(made)[3] == (20.0, 25.0, Basis.KNOWN)
     assert made.jobs[4].basis is made.jobs[5].basis is Basis.UNKNOWN
@@ -241,23 +367,30 @@ def test_a_dependency_starts_a_job_once_the_job_it_waits_for_has_ended():
 def test_a_begin_time_and_a_held_device_are_waited_for():
     made = forecast.forecast(snapshot([], [pending(1, known(10, 1.0), begin=NOW + 30)]))
     assert relative(made)[1] == (30.0, 40.0, Basis.KNOWN)
-    made = forecast.forecast(snapshot(
-        [], [pending(1, known(10, 1.0))],
-        devices=[device("gpu0", 0, held="over 85 C"), device("gpu1", 1)]))
+    made = forecast.forecast(
+        snapshot(
+            [],
+            [pending(1, known(10, 1.0))],
+            devices=[device("gpu0", 0, held="over 85 C"), device("gpu1", 1)],
+        )
+    )
     assert made.jobs[1].device == "gpu1"
-    made = forecast.forecast(snapshot([], [pending(1, known(10, 1.0))],
-                                      devices=[device(held="drained: maintenance")]))
+    made = forecast.forecast(
+        snapshot([], [pending(1, known(10, 1.0))], devices=[device(held="drained: maintenance")])
+    )
     assert made.jobs[1].basis is Basis.UNKNOWN and made.jobs[1].start is None
 
 
 def test_a_higher_priority_job_added_delays_the_others_by_its_run():
-    base = snapshot([running(1, 12, 2, 1.0, NOW - 2)],
-                    [pending(2, known(10, 1.0)), pending(3, known(10, 1.0))], policy="priority",
-                    max_resident=1)
+    base = snapshot(
+        [running(1, 12, 2, 1.0, NOW - 2)],
+        [pending(2, known(10, 1.0)), pending(3, known(10, 1.0))],
+        policy="priority",
+        max_resident=1,
+    )
     before = forecast.forecast(base)
     urgent = pending(-1, known(5, 1.0), priority=10)
-    after = forecast.forecast(Snapshot(**{**base.__dict__,
-                                          "pending": base.pending + (urgent,)}))
+    after = forecast.forecast(Snapshot(**{**base.__dict__, "pending": base.pending + (urgent,)}))
     assert relative(after)[-1][:2] == (10.0, 15.0)  # next once the resident one has ended
     assert forecast.delays(before, after) == {2: pytest.approx(5.0), 3: pytest.approx(5.0)}
 
@@ -274,15 +407,20 @@ def test_the_simulator_seeded_with_residents_continues_their_runs():
     started: they run on from there; a job submitted before the clock waits for it. The
     bulk advance agrees with the iteration-by-iteration reference from the same start."""
     jobs = [TraceJob(1, -10.0, 10.0, 10), TraceJob(2, -9.0, 4.0, 4), TraceJob(3, -1.0, 1.0, 1)]
-    start = Start(clock=0.0, residents={1: Resident((0,), -10.0, done=8, attained=8.0),
-                                        2: Resident((0,), -9.0)})
+    start = Start(
+        clock=0.0,
+        residents={1: Resident((0,), -10.0, done=8, attained=8.0), 2: Resident((0,), -9.0)},
+    )
     for name in ("fifo", "srtf", "fair"):
         bulk = simulate(jobs, policies.make(name), start=start)
         step = simulate(jobs, policies.make(name), start=start, step_by_step=True)
         assert [(r.start, r.end) for r in bulk.runs] == [(r.start, r.end) for r in step.runs]
     fifo = simulate(jobs, policies.make("fifo"), start=start)
-    assert {run.job.id: (run.start, run.end) for run in fifo.runs} == \
-        {1: (-10.0, 2.0), 2: (-9.0, 6.0), 3: (0.0, 7.0)}
+    assert {run.job.id: (run.start, run.end) for run in fifo.runs} == {
+        1: (-10.0, 2.0),
+        2: (-9.0, 6.0),
+        3: (0.0, 7.0),
+    }
     # A job's exit after its last iteration: it ends later, and is resident until then, so
     # fifo's next job waits for it, as on the host; srtf's does not.
     jobs[0] = TraceJob(1, -10.0, 10.0, 10, teardown=1.5)

@@ -9,15 +9,36 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (DECLARED, KERNEL_LOOP, all_jobs, gq, gq_ok, job, submit, wait_for,
-                      wait_state, write_script)
+from conftest import (
+    DECLARED,
+    KERNEL_LOOP,
+    all_jobs,
+    gq,
+    gq_ok,
+    job,
+    submit,
+    wait_for,
+    wait_state,
+    write_script,
+)
 
 
 def kernel(steps: int, *extra: str) -> list[str]:
     """A kernel_train.py job of ``steps`` 100 ms iterations, named kt, with --steps given and
     its memory declared (the forecast does not model a probe's wait)."""
-    return [*DECLARED, *extra, "-J", "kt", "--steps", str(steps), *KERNEL_LOOP, "--steps",
-            str(steps), "--iter-ms", "100"]
+    return [
+        *DECLARED,
+        *extra,
+        "-J",
+        "kt",
+        "--steps",
+        str(steps),
+        *KERNEL_LOOP,
+        "--steps",
+        str(steps),
+        "--iter-ms",
+        "100",
+    ]
 
 
 def forecasts() -> dict[int, dict]:
@@ -45,15 +66,17 @@ def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens
     # The first runs long enough for a forecast from its own pace to be made before it ends
     # (forecasts are spaced by ten times their cost, seconds on a busy machine).
     ids = [submit(*kernel(steps)) for steps in (80, 30, 30)]
-    first = wait_for(lambda: (j := job(ids[0]))["steps_done"] >= 3 and j, 120,
-                     what=f"job {ids[0]} to have its pace measured")
+    first = wait_for(
+        lambda: (j := job(ids[0]))["steps_done"] >= 3 and j,
+        120,
+        what=f"job {ids[0]} to have its pace measured",
+    )
     assert first["state"] == "RUNNING"
 
     def made_since_measured():  # the first job's own pace in it, not its owner's last job's
         found = forecasts()
         assert ids[0] in found, f"job {ids[0]} ended before a forecast from its own pace"
-        return (found[ids[0]]["basis"] == "known" and all(found[i]["end"] for i in ids)
-                and found)
+        return found[ids[0]]["basis"] == "known" and all(found[i]["end"] for i in ids) and found
 
     made = wait_for(made_since_measured, 30, what="a forecast from the first job's pace")
     predicted = {i: when(made[i]["end"]) for i in ids}
@@ -69,25 +92,49 @@ def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens
         ended = wait_state(job_id, "COMPLETED", timeout=120)
         actual = when(ended["end_time"])
         run = actual - when(ended["start_time"])
-        assert abs(predicted[job_id] - actual) <= 1.5 + 0.1 * run, \
+        assert abs(predicted[job_id] - actual) <= 1.5 + 0.1 * run, (
             f"job {job_id}: forecast end {predicted[job_id]:.2f}, ended {actual:.2f}"
+        )
 
 
 def test_a_pending_job_is_forecast_with_the_start_up_its_owner_s_job_of_the_name_took(
-        daemon, tmp_path):
+    daemon, tmp_path
+):
     """A script that sets up for 2 s before its first iteration, then waits about 4 s for
     the lane behind another job under fifo: the start-up learned is its 2 s, not the wait,
     and a pending job of the same name (waiting for it to end) is forecast to take that
     start-up and its steps at the running one's pace. Before, the running job's time so far
     less its device time went in, the wait with it: about 8 s where it runs 4."""
-    script = write_script(tmp_path / "slow_start.py", "import sys\nimport time\nimport gq\n\n"
-                          "time.sleep(2)  # its set-up: data, a model, a compile\n"
-                          "for _ in gq.steps(range(int(sys.argv[1]))):\n    time.sleep(0.1)\n")
-    submit(*DECLARED, "-J", "blocker", "--steps", "60", *KERNEL_LOOP, "--steps", "60",
-           "--iter-ms", "100")
+    script = write_script(
+        tmp_path / "slow_start.py",
+        "import sys\nimport time\nimport gq\n\n"
+        "time.sleep(2)  # its set-up: data, a model, a compile\n"
+        "for _ in gq.steps(range(int(sys.argv[1]))):\n    time.sleep(0.1)\n",
+    )
+    submit(
+        *DECLARED,
+        "-J",
+        "blocker",
+        "--steps",
+        "60",
+        *KERNEL_LOOP,
+        "--steps",
+        "60",
+        "--iter-ms",
+        "100",
+    )
     first = submit(*DECLARED, "-J", "slow", "--steps", "80", str(script), "80")
-    later = submit(*DECLARED, "-J", "slow", "--steps", "20", "--dependency",
-                   f"afterok:{first}", str(script), "20")
+    later = submit(
+        *DECLARED,
+        "-J",
+        "slow",
+        "--steps",
+        "20",
+        "--dependency",
+        f"afterok:{first}",
+        str(script),
+        "20",
+    )
     wait_for(lambda: job(first)["steps_done"] >= 3, 120, what=f"job {first}'s pace")
 
     def forecast_while_pending():  # known once made from the first one's pace
@@ -99,8 +146,9 @@ def test_a_pending_job_is_forecast_with_the_start_up_its_owner_s_job_of_the_name
     run = when(made["end"]) - when(made["start"])
     assert 3.5 <= run <= 5.5, f"job {later} forecast to run {run:.2f} s: 2 s start-up and 2 s"
     ended = wait_state(later, "COMPLETED", timeout=120)
-    assert abs(when(made["end"]) - when(ended["end_time"])) <= 2.0, \
+    assert abs(when(made["end"]) - when(ended["end_time"])) <= 2.0, (
         f"job {later}: forecast end {made['end']}, ended {ended['end_time']}"
+    )
 
 
 def test_submit_test_only_says_when_and_whom_it_delays_and_queues_nothing(daemon, tmp_path):
@@ -112,8 +160,11 @@ def test_submit_test_only_says_when_and_whom_it_delays_and_queues_nothing(daemon
     long_job = submit(*kernel(300))
     wait_for(lambda: job(long_job)["steps_done"] >= 3, 120, what="the long job's pace")
     waiting = submit(*kernel(100))
-    wait_for(lambda: (forecasts().get(waiting) or {}).get("end"), 30,
-             what="a forecast of the pending job")
+    wait_for(
+        lambda: (forecasts().get(waiting) or {}).get("end"),
+        30,
+        what="a forecast of the pending job",
+    )
     before = {j["id"] for j in all_jobs()}
     spool = sorted(p.name for p in (Path(daemon.root) / "spool").rglob("*"))
     outputs = sorted(p.name for p in tmp_path.glob("gq-*.out"))
@@ -131,10 +182,12 @@ def test_submit_test_only_says_when_and_whom_it_delays_and_queues_nothing(daemon
 
 def test_test_only_refusals_are_one_line_and_change_nothing(daemon):
     before = all_jobs()
-    for args, words in ((["--wait"], "--test-only queues nothing for --wait"),
-                        (["--hold"], "held job"),
-                        (["--gpus", "99"], "more than this node has"),
-                        (["--dependency", "afterok:12345"], "does not exist")):
+    for args, words in (
+        (["--wait"], "--test-only queues nothing for --wait"),
+        (["--hold"], "held job"),
+        (["--gpus", "99"], "more than this node has"),
+        (["--dependency", "afterok:12345"], "does not exist"),
+    ):
         result = gq("submit", "--test-only", *args, *kernel(5))
         assert result.code != 0, args
         assert words in result.err and len(result.err.strip().splitlines()) == 1, result.err
@@ -148,8 +201,9 @@ def test_a_job_with_nothing_to_go_on_is_unknown_and_a_held_one_too(daemon, tmp_p
     held = submit("--hold", str(script))
     wait_state(running, "RUNNING")
     # A forecast was made once the running job's start is in it (its real start).
-    made = wait_for(lambda: (found := forecasts())[running]["start"] and found, 30,
-                    what="a forecast")
+    made = wait_for(
+        lambda: (found := forecasts())[running]["start"] and found, 30, what="a forecast"
+    )
     assert when(made[running]["start"]) == when(job(running)["start_time"])
     assert made[running]["basis"] == "unknown" and made[running]["end"] is None
     assert made[held]["basis"] == "unknown" and made[held]["start"] is None

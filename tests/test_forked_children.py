@@ -44,10 +44,19 @@ def loop_signals():
 
 def _recorder(write_end: int):
     """What the child is like where it touches the user's file: written to a pipe."""
+
     def record() -> None:
-        os.write(write_end, json.dumps({
-            "uids": os.getresuid(), "wakeup": signal.set_wakeup_fd(-1),
-            "term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}).encode())
+        os.write(
+            write_end,
+            json.dumps(
+                {
+                    "uids": os.getresuid(),
+                    "wakeup": signal.set_wakeup_fd(-1),
+                    "term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                }
+            ).encode(),
+        )
+
     return record
 
 
@@ -71,15 +80,26 @@ def test_the_daemons_opener_is_not_the_owners_to_signal(loop_signals, monkeypatc
 
 
 def _spec(**change) -> LaunchSpec:
-    fields = dict(id=7, run=1, argv=["/bin/true"], worker=False, cwd="/", env={},
-                  stdout="/dev/null", stderr="/dev/null", user="nobody", submit_time=1.0,
-                  uid=NOBODY, gid=NOBODY, groups=[NOBODY])
+    fields = dict(
+        id=7,
+        run=1,
+        argv=["/bin/true"],
+        worker=False,
+        cwd="/",
+        env={},
+        stdout="/dev/null",
+        stderr="/dev/null",
+        user="nobody",
+        submit_time=1.0,
+        uid=NOBODY,
+        gid=NOBODY,
+        groups=[NOBODY],
+    )
     return LaunchSpec(**{**fields, **change})
 
 
 @root_only
-def test_a_jobs_process_leaves_the_hosts_signals_before_it_is_its_users(loop_signals,
-                                                                         monkeypatch):
+def test_a_jobs_process_leaves_the_hosts_signals_before_it_is_its_users(loop_signals, monkeypatch):
     """Where it touches the user's files it is theirs: by then it holds nothing of the
     host's (no socket, no pidfile lock, only its own descriptors and the set-up pipe), and
     no signal disposition or mask of the host's (an ignored SIGQUIT, a blocked SIGUSR1)."""
@@ -87,12 +107,19 @@ def test_a_jobs_process_leaves_the_hosts_signals_before_it_is_its_users(loop_sig
     open_output = spawn._open_output
 
     def recorded(path: str) -> int:
-        os.write(5, json.dumps({  # the job's descriptor 5 is the pipe
-            "uids": os.getresuid(), "wakeup": signal.set_wakeup_fd(-1),
-            "term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
-            "quit": signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL,
-            "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-            "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}).encode())
+        os.write(
+            5,
+            json.dumps(
+                {  # the job's descriptor 5 is the pipe
+                    "uids": os.getresuid(),
+                    "wakeup": signal.set_wakeup_fd(-1),
+                    "term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                    "quit": signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL,
+                    "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+                    "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+                }
+            ).encode(),
+        )
         return open_output(path)
 
     monkeypatch.setattr(spawn, "_open_output", recorded)
@@ -109,7 +136,12 @@ def test_a_jobs_process_leaves_the_hosts_signals_before_it_is_its_users(loop_sig
     os.close(write_end)
     # All its ids are the user's where it touches their files (a FUSE mount asks that).
     assert {k: seen[k] for k in ("uids", "wakeup", "term", "quit", "mask")} == {
-        "uids": [NOBODY] * 3, "wakeup": -1, "term": True, "quit": True, "mask": []}
+        "uids": [NOBODY] * 3,
+        "wakeup": -1,
+        "term": True,
+        "quit": True,
+        "mask": [],
+    }
     # 0-2, its descriptor 5, the set-up pipe (10 and up), and listdir's own (the lowest)
     rest = set(seen["fds"]) - {0, 1, 2, 5}
     assert len(rest) == 2 and min(rest) == 3 and max(rest) >= 10, seen["fds"]
@@ -141,11 +173,14 @@ def test_a_launch_stuck_before_its_exec_costs_the_host_no_wait(monkeypatch):
     assert process.pid not in {child.pid for child in psutil.Process().children()}
 
 
-@pytest.mark.parametrize(("change", "reason"), [
-    ({"cwd": "/no/such/dir"}, "cannot enter working directory /no/such/dir: No such file"),
-    ({"argv": ["/no/such/program"]}, "cannot start /no/such/program: No such file"),
-    ({"stdout": "/"}, "cannot open output file /: Is a directory"),
-])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"cwd": "/no/such/dir"}, "cannot enter working directory /no/such/dir: No such file"),
+        ({"argv": ["/no/such/program"]}, "cannot start /no/such/program: No such file"),
+        ({"stdout": "/"}, "cannot open output file /: Is a directory"),
+    ],
+)
 def test_a_set_up_that_fails_says_why_through_its_pipe(change, reason):
     process = spawn.start_as_submitter(_own_spec(**change), {"PATH": "/usr/bin:/bin"}, {})
     assert process.wait(timeout=10) == spawn.SETUP_FAILED_EXIT
@@ -157,8 +192,9 @@ def test_the_jobs_program_gets_no_descriptor_of_the_hosts_but_its_socket():
     leaked_read, leaked_write = os.pipe()
     os.set_inheritable(leaked_write, True)  # even one the host left inheritable
     passed_read, passed_write = os.pipe()
-    process = spawn.start_as_submitter(_own_spec(argv=["sleep", "30"]),
-                                       {"PATH": "/usr/bin:/bin"}, {4: passed_write})
+    process = spawn.start_as_submitter(
+        _own_spec(argv=["sleep", "30"]), {"PATH": "/usr/bin:/bin"}, {4: passed_write}
+    )
     try:
         assert select.select([process.setup_pipe], [], [], 10)[0]  # readable at its exec
         process.read_setup()
@@ -167,7 +203,11 @@ def test_the_jobs_program_gets_no_descriptor_of_the_hosts_but_its_socket():
         # what it was given stays, a leak among it stays for good.
         deadline = time.monotonic() + 5
         while (fds := {int(fd) for fd in os.listdir(f"/proc/{process.pid}/fd")}) != {
-                0, 1, 2, 4} and time.monotonic() < deadline:
+            0,
+            1,
+            2,
+            4,
+        } and time.monotonic() < deadline:
             time.sleep(0.01)
         assert fds == {0, 1, 2, 4}
         os.write(passed_write, b"x")  # descriptor 4 of the job is the one it was given
@@ -188,8 +228,7 @@ def _run_chores_until(host: Host, done, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_launch_stuck_before_its_exec_holds_up_no_other_job_of_its_host(monkeypatch,
-                                                                         tmp_path):
+def test_a_launch_stuck_before_its_exec_holds_up_no_other_job_of_its_host(monkeypatch, tmp_path):
     """Before, the host waited in the fork for the exec: a user who stopped their job's
     process in that window stopped the device's host (5 s a launch, then a failed launch).
     Now the host answers at once, runs the next job, and the stuck one is a job like any
@@ -199,16 +238,35 @@ def test_a_launch_stuck_before_its_exec_holds_up_no_other_job_of_its_host(monkey
     told: list = []
     monkeypatch.setattr(host, "_tell", told.append)
     open_output = spawn._open_output
-    monkeypatch.setattr(spawn, "_open_output", lambda path: time.sleep(60)
-                        if path.endswith("stuck.out") else open_output(path))
+    monkeypatch.setattr(
+        spawn,
+        "_open_output",
+        lambda path: time.sleep(60) if path.endswith("stuck.out") else open_output(path),
+    )
     env = {"PATH": "/usr/bin:/bin"}
     started = time.monotonic()
-    host._on_launch(Launch(_own_spec(id=1, argv=["true"], env=env,
-                                     stdout=str(tmp_path / "stuck.out"),
-                                     stderr=str(tmp_path / "stuck.out"))))
-    host._on_launch(Launch(_own_spec(id=2, argv=["sh", "-c", "echo ran"], env=env,
-                                     stdout=str(tmp_path / "ok.out"),
-                                     stderr=str(tmp_path / "ok.out"))))
+    host._on_launch(
+        Launch(
+            _own_spec(
+                id=1,
+                argv=["true"],
+                env=env,
+                stdout=str(tmp_path / "stuck.out"),
+                stderr=str(tmp_path / "stuck.out"),
+            )
+        )
+    )
+    host._on_launch(
+        Launch(
+            _own_spec(
+                id=2,
+                argv=["sh", "-c", "echo ran"],
+                env=env,
+                stdout=str(tmp_path / "ok.out"),
+                stderr=str(tmp_path / "ok.out"),
+            )
+        )
+    )
     assert time.monotonic() - started < 1.0
     assert [(type(m), m.job) for m in told] == [(Started, 1), (Started, 2)]
     _run_chores_until(host, lambda: 2 in host.exited)
@@ -313,8 +371,11 @@ def test_a_slow_memory_reading_never_holds_up_its_hosts_loop(monkeypatch):
     monkeypatch.setattr(host, "_tell", lambda message: None)
     cgroup = _NoMemoryController()
     monkeypatch.setattr(host, "_make_cgroup", lambda spec: (cgroup, None))
-    host._on_launch(Launch(_own_spec(id=6, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"},
-                                     host_mem=512 << 20)))
+    host._on_launch(
+        Launch(
+            _own_spec(id=6, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, host_mem=512 << 20)
+        )
+    )
     resident = host.residents[6]
     cgroup.listed = [resident.process.pid]
     assert resident.host_mem_watched == 512 << 20
@@ -356,8 +417,7 @@ def test_a_slow_memory_reading_never_holds_up_its_hosts_loop(monkeypatch):
         round_(None)  # read within its limit
         round_(StopWhy.HOST_MEMORY)
         assert len(read) == 3
-        assert resident.detail == ("over its --host-mem of 512.0M (its processes held "
-                                   "600.0M)")
+        assert resident.detail == ("over its --host-mem of 512.0M (its processes held 600.0M)")
         assert resident.process.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
     finally:
         release.set()
@@ -391,8 +451,10 @@ def test_a_snapshot_is_shown_only_over_a_regular_file_its_user_owns(tmp_path):
             libc = spawn._libc
             assert libc.unshare(spawn._CLONE_NEWNS) == 0
             assert libc.mount(b"none", b"/", None, spawn._MS_REC | 0x100000, None) == 0  # shared
-            shown = {path.name: spawn._show_snapshot_at(str(snapshot), str(path), nobody)
-                     for path in (roots, link, tmp_path, theirs)}
+            shown = {
+                path.name: spawn._show_snapshot_at(str(snapshot), str(path), nobody)
+                for path in (roots, link, tmp_path, theirs)
+            }
             shown["seen"] = theirs.read_text()
             os.write(write_end, json.dumps(shown).encode())
         finally:
@@ -401,6 +463,11 @@ def test_a_snapshot_is_shown_only_over_a_regular_file_its_user_owns(tmp_path):
     os.waitpid(pid, 0)
     shown = json.loads(os.read(read_end, 4096) or b"{}")
     os.close(read_end)
-    assert shown == {"roots.sh": False, "link.sh": False, tmp_path.name: False,
-                     "theirs.sh": True, "seen": "echo snapshot\n"}
+    assert shown == {
+        "roots.sh": False,
+        "link.sh": False,
+        tmp_path.name: False,
+        "theirs.sh": True,
+        "seen": "echo snapshot\n",
+    }
     assert theirs.read_text() == "echo original\n"  # outside that child, nothing changed

@@ -28,8 +28,11 @@ def test_nvml_finds_the_gpus_and_samples_them(daemon):
     assert len(gpus) == torch.cuda.device_count() or any("-mig" in d["name"] for d in gpus)
     first = gpus[0]
     assert first["uuid"] and first["memory_total"] > 0
-    reading = wait_for(lambda: json.loads(gq_ok("info", "--json"))["devices"][0]["reading"], 10,
-                       what="a first sample")
+    reading = wait_for(
+        lambda: json.loads(gq_ok("info", "--json"))["devices"][0]["reading"],
+        10,
+        what="a first sample",
+    )
     assert reading["source"] == "nvml" and reading["memory_total"] == first["memory_total"]
     assert reading["temperature"] is not None and reading["power"] is not None
 
@@ -47,9 +50,22 @@ def test_two_jobs_share_a_lane_and_parked_ones_give_back_cached_memory(daemon, t
     """Both jobs' models are on the GPU before either loop begins (each waits for the start
     file with its weights allocated: NVML sees both processes), then they share its lane."""
     go = tmp_path / "go"
-    ids = [submit("-G", "1", "--gpu-mem", "2G", CUDA_TRAIN, "--mb", "512", "--steps", "200",
-                  "--start-file", str(go))
-           for _ in range(2)]
+    ids = [
+        submit(
+            "-G",
+            "1",
+            "--gpu-mem",
+            "2G",
+            CUDA_TRAIN,
+            "--mb",
+            "512",
+            "--steps",
+            "200",
+            "--start-file",
+            str(go),
+        )
+        for _ in range(2)
+    ]
     devices = [wait_state(i, "RUNNING", timeout=120)["device"] for i in ids]
     if devices[0] != devices[1]:
         pytest.skip("the two jobs went to different GPUs: nothing shares a lane")
@@ -90,8 +106,9 @@ def test_the_per_process_fraction_caps_a_job_at_its_declaration(daemon, tmp_path
     allocation fails at its cap (torch's OutOfMemoryError), and with --oom fail it fails
     saying what it held and asked for, its figure as it was (a later gq requeue must not
     bring back a figure raised past what it declared)."""
-    job_id = submit("--gpu-mem", "1G", "--oom", "fail", CUDA_TRAIN, "--mb", "64",
-                    "--grow-mb", "2048")
+    job_id = submit(
+        "--gpu-mem", "1G", "--oom", "fail", CUDA_TRAIN, "--mb", "64", "--grow-mb", "2048"
+    )
     failed = wait_state(job_id, "FAILED", timeout=120)
     assert failed["reason"].startswith("OutOfMemory (needs ") and "--oom fail" in failed["reason"]
     assert failed["reason"].startswith("OutOfMemory (needs 2.") and failed["ooms"] == 1
@@ -100,14 +117,18 @@ def test_the_per_process_fraction_caps_a_job_at_its_declaration(daemon, tmp_path
 
 
 def test_an_oom_in_one_job_leaves_its_neighbours_losses_as_alone_and_it_is_readmitted(
-        daemon, tmp_path):
+    daemon, tmp_path
+):
     alone = submit("--gpu-mem", "2G", CUDA_TRAIN, "--mb", "256", "--steps", "200")
     wait_state(alone, "COMPLETED", timeout=180)
     solo = output(tmp_path, alone)["losses"]
     neighbour = submit("--gpu-mem", "2G", CUDA_TRAIN, "--mb", "256", "--steps", "200")
     grower = submit("--gpu-mem", "1G", CUDA_TRAIN, "--mb", "64", "--grow-mb", "2048")
-    requeued = wait_for(lambda: (info := job(grower))["ooms"] == 1 and info, 120,
-                        what="the grower to run out of memory")
+    requeued = wait_for(
+        lambda: (info := job(grower))["ooms"] == 1 and info,
+        120,
+        what="the grower to run out of memory",
+    )
     assert requeued["mem"] >= 2 << 30 and requeued["mem_basis"] == "raised"
     again = wait_state(grower, "COMPLETED", timeout=180)
     assert again["run_count"] == 2
@@ -118,12 +139,19 @@ def test_an_oom_in_one_job_leaves_its_neighbours_losses_as_alone_and_it_is_readm
 def test_a_probed_job_is_capped_at_its_figure_and_requeued_past_it(daemon, tmp_path):
     """A job that declares nothing is probed; its figure is then its cap: growing past it
     fails its own allocation, and it goes back to the queue with its figure raised."""
-    job_id = submit(CUDA_TRAIN, "--mb", "256", "--steps", "3000", "--grow-mb", "2048",
-                    "--grow-at", "2000")
-    measured = wait_for(lambda: (info := job(job_id))["mem_basis"] == "measured" and info, 120,
-                        what="the probe's figure")
-    requeued = wait_for(lambda: (info := job(job_id))["ooms"] == 1 and info, 120,
-                        what="the job to run out at its probed cap")
+    job_id = submit(
+        CUDA_TRAIN, "--mb", "256", "--steps", "3000", "--grow-mb", "2048", "--grow-at", "2000"
+    )
+    measured = wait_for(
+        lambda: (info := job(job_id))["mem_basis"] == "measured" and info,
+        120,
+        what="the probe's figure",
+    )
+    requeued = wait_for(
+        lambda: (info := job(job_id))["ooms"] == 1 and info,
+        120,
+        what="the job to run out at its probed cap",
+    )
     assert measured["mem"] < 2 << 30  # the probe saw the model, not the growth
     assert requeued["mem"] >= 2 << 30 and requeued["mem_basis"] == "raised"
     assert wait_state(job_id, "COMPLETED", timeout=180)["run_count"] == 2
@@ -132,13 +160,29 @@ def test_a_probed_job_is_capped_at_its_figure_and_requeued_past_it(daemon, tmp_p
 def test_a_job_that_lifts_its_own_cap_is_flagged_mem(daemon, tmp_path):
     """A script may raise its own per-process fraction past its figure: nothing ends it, but
     its owner sees MEM! in gq status and gq show, and the daemon logs it."""
-    job_id = submit("--gpu-mem", "512M", CUDA_TRAIN, "--mb", "64", "--steps", "1000000",
-                    "--lift-cap", "--grow-mb", "1024", "--grow-at", "5")
-    over = wait_for(lambda: (info := job(job_id))["mem_over"] and info, 120,
-                    what="the job measured over its figure")
+    job_id = submit(
+        "--gpu-mem",
+        "512M",
+        CUDA_TRAIN,
+        "--mb",
+        "64",
+        "--steps",
+        "1000000",
+        "--lift-cap",
+        "--grow-mb",
+        "1024",
+        "--grow-at",
+        "5",
+    )
+    over = wait_for(
+        lambda: (info := job(job_id))["mem_over"] and info,
+        120,
+        what="the job measured over its figure",
+    )
     assert over["mem_peak"] > over["mem"] and over["state"] == "RUNNING"
-    assert any(line.split()[0] == str(job_id) and "MEM!" in line
-               for line in gq_ok("status").splitlines())
+    assert any(
+        line.split()[0] == str(job_id) and "MEM!" in line for line in gq_ok("status").splitlines()
+    )
     assert "MEM! measured" in gq_ok("show", str(job_id))
     wait_for(lambda: "(MEM!)" in daemon.log(), 10, what="the daemon's log line")
     gq_ok("cancel", str(job_id))

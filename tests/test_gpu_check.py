@@ -20,9 +20,22 @@ PHASES = {"environment", "alone", "fair_pair", "priority_fill", "sweep", "escape
 def test_the_gpu_check_runs_on_the_cpu(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GQ_")}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu",
-                           "--quick", "--out", str(out)], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=tmp_path, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_check.py"),
+            "--cpu",
+            "--quick",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "gpu_check.json").read_text())
     assert set(result["phases"]) == PHASES

@@ -14,19 +14,32 @@ import time
 from pathlib import Path
 
 import pytest
+from test_reliability import host_process
 
 from gq import messages
 from gq.defaults import PROTOCOL_VERSION as VERSION
 from gq.exec.protocol import HOST_VERSION
 
-from conftest import (DaemonControl, all_jobs, cgroups_usable, gq, gq_ok, job, live_hosts,
-                      pid_alive, submit, wait_for, wait_for_words, wait_state, write_script)
-from test_reliability import host_process
+from conftest import (
+    DaemonControl,
+    all_jobs,
+    cgroups_usable,
+    gq,
+    gq_ok,
+    job,
+    live_hosts,
+    pid_alive,
+    submit,
+    wait_for,
+    wait_for_words,
+    wait_state,
+    write_script,
+)
 
 NEIGHBOUR = "import gq, time\nfor _ in gq.steps(range(40)):\n    time.sleep(0.01)\n"
 
 # Each task of the array sends one hostile line on its worker's own socket, then iterates.
-HOSTILE = r'''
+HOSTILE = r"""
 import gq, json, os, time
 from gq.exec import runtime
 sock = runtime.active.channel.sock
@@ -46,12 +59,19 @@ sock.sendall(frames[int(os.environ["SLURM_ARRAY_TASK_ID"])])
 time.sleep(0.5)
 for _ in gq.steps(range(3)):
     pass
-'''
-FRAGMENTS = ["total.steps: expected an integer, not null", "total.steps: a 22-digit number",
-             "done.mem_persistent", "not JSON (NaN is not a number)", "nested too deeply",
-             "progress.steps: expected an integer, not str", "not JSON",
-             "a message over 1048576 bytes", "oom.held: expected an integer, not null",
-             "oom.wanted: expected an integer, not list"]
+"""
+FRAGMENTS = [
+    "total.steps: expected an integer, not null",
+    "total.steps: a 22-digit number",
+    "done.mem_persistent",
+    "not JSON (NaN is not a number)",
+    "nested too deeply",
+    "progress.steps: expected an integer, not str",
+    "not JSON",
+    "a message over 1048576 bytes",
+    "oom.held: expected an integer, not null",
+    "oom.wanted: expected an integer, not list",
+]
 
 
 def _db(home: Path) -> sqlite3.Connection:
@@ -64,10 +84,12 @@ def _db(home: Path) -> sqlite3.Connection:
 def test_hostile_worker_frames_end_only_their_own_job(daemon, tmp_path):
     host = host_process(daemon.pid())
     neighbours = [submit(str(write_script(tmp_path / "n.py", NEIGHBOUR))) for _ in range(2)]
-    hostile = submit("--array", f"0-{len(FRAGMENTS) - 1}",
-                     str(write_script(tmp_path / "hostile.py", HOSTILE)))
-    tasks = sorted((j for j in all_jobs() if j["array_job_id"] == hostile),
-                   key=lambda j: j["array_task_id"])
+    hostile = submit(
+        "--array", f"0-{len(FRAGMENTS) - 1}", str(write_script(tmp_path / "hostile.py", HOSTILE))
+    )
+    tasks = sorted(
+        (j for j in all_jobs() if j["array_job_id"] == hostile), key=lambda j: j["array_task_id"]
+    )
     for task, fragment in zip(tasks, FRAGMENTS):
         info = wait_state(task["id"], "FAILED", timeout=60)
         assert info["reason"].startswith("protocol error: its worker sent"), info["reason"]
@@ -89,14 +111,17 @@ def test_an_absurd_total_fails_in_the_script_not_in_the_daemon(daemon, tmp_path)
 
 
 def test_worker_step_counts_are_held_to_what_is_plausible(daemon, tmp_path):
-    script = write_script(tmp_path / "claims.py", (
-        "import gq\n"
-        "from gq.exec import runtime, protocol\n"
-        "for _ in gq.steps(range(5)):\n"
-        "    pass\n"
-        "runtime.active.channel.send(protocol.StepsTaken(10**12))\n"  # more than it declared
-        "runtime.active.channel.send(protocol.StepsTaken(1))\n"  # fewer than it did
-    ))
+    script = write_script(
+        tmp_path / "claims.py",
+        (
+            "import gq\n"
+            "from gq.exec import runtime, protocol\n"
+            "for _ in gq.steps(range(5)):\n"
+            "    pass\n"
+            "runtime.active.channel.send(protocol.StepsTaken(10**12))\n"  # more than it declared
+            "runtime.active.channel.send(protocol.StepsTaken(1))\n"  # fewer than it did
+        ),
+    )
     info = wait_state(submit(str(script)), "COMPLETED", timeout=60)
     assert (info["steps_done"], info["steps_total"]) == (5, 5)
 
@@ -159,19 +184,27 @@ def test_the_daemon_and_hosts_import_nothing_from_their_callers(home, tmp_path, 
 def test_host_death_kills_everything_its_jobs_started(daemon, tmp_path):
     """A daemonised grandchild (its own session, parent 1) dies with its job's host, and a
     requeued job's old run is gone before its new run starts."""
-    script = write_script(tmp_path / "escape.sh", (
-        "setsid sh -c 'echo $$ > escaped-$GQ_JOB_ID-$$; while true; do sleep 0.05; done' &\n"
-        "echo run >> runs-$GQ_JOB_ID\n"
-        "sleep 300\n"
-    ))
+    script = write_script(
+        tmp_path / "escape.sh",
+        (
+            "setsid sh -c 'echo $$ > escaped-$GQ_JOB_ID-$$; while true; do sleep 0.05; done' &\n"
+            "echo run >> runs-$GQ_JOB_ID\n"
+            "sleep 300\n"
+        ),
+    )
     plain, requeued = submit(str(script)), submit("--requeue", str(script))
     escaped, devices = {}, set()
     for job_id in (plain, requeued):
         devices.add(wait_state(job_id, "RUNNING")["device"])  # cpu; gpu0 on a GPU node
-        escaped[job_id] = wait_for(lambda j=job_id: list(tmp_path.glob(f"escaped-{j}-*")), 20,
-                                   what="the escaped grandchild")[0]
-    pids = {j: int(wait_for_words(path, 1, what="the grandchild's pid")[0])
-            for j, path in escaped.items()}
+        escaped[job_id] = wait_for(
+            lambda j=job_id: list(tmp_path.glob(f"escaped-{j}-*")),
+            20,
+            what="the escaped grandchild",
+        )[0]
+    pids = {
+        j: int(wait_for_words(path, 1, what="the grandchild's pid")[0])
+        for j, path in escaped.items()
+    }
     assert all(pid_alive(pid) for pid in pids.values())
     (device,) = devices
     host_process(daemon.pid(), device).kill()
@@ -188,8 +221,10 @@ def test_a_launch_too_large_for_the_wire_fails_only_its_job(daemon, tmp_path):
     script = write_script(tmp_path / "s.sh", "true\n")
     job_id = submit("--hold", str(script))
     db = _db(daemon.root)
-    db.execute("UPDATE payloads SET env = ? WHERE id = (SELECT payload_id FROM jobs WHERE id = ?)",
-               (json.dumps({f"HUGE{i}": "x" * 260_000 for i in range(5)}), job_id))
+    db.execute(
+        "UPDATE payloads SET env = ? WHERE id = (SELECT payload_id FROM jobs WHERE id = ?)",
+        (json.dumps({f"HUGE{i}": "x" * 260_000 for i in range(5)}), job_id),
+    )
     db.close()
     host = host_process(daemon.pid())
     gq_ok("release", str(job_id))
@@ -218,8 +253,10 @@ def test_a_launch_the_hosts_wire_would_refuse_fails_only_its_job(daemon, tmp_pat
     neighbour = submit(str(write_script(tmp_path / "n.py", NEIGHBOUR)))
     job_id = submit("--hold", str(script))
     db = _db(daemon.root)
-    db.execute("UPDATE payloads SET env = ? WHERE id = (SELECT payload_id FROM jobs WHERE id = ?)",
-               (json.dumps({"A": "x\u0000y"}), job_id))
+    db.execute(
+        "UPDATE payloads SET env = ? WHERE id = (SELECT payload_id FROM jobs WHERE id = ?)",
+        (json.dumps({"A": "x\u0000y"}), job_id),
+    )
     db.close()
     host = host_process(daemon.pid())
     gq_ok("release", str(job_id))
@@ -235,18 +272,25 @@ def test_a_workers_memory_claims_are_believed_only_up_to_its_lane(daemon, tmp_pa
     """A worker that reports 2**63-1 bytes used takes at most its lane, as --gpu-mem could
     have asked: its probe's figure is its lane, the next job waits for room, 'gq info' still
     answers, and both complete."""
-    claim = write_script(tmp_path / "claim.py", (
-        "import os, time, gq\n"
-        "from gq.exec import runtime, protocol\n"
-        "session = runtime.active\n"
-        "session.acquire()\n"
-        "session.held = False\n"
-        "session.channel.send(protocol.Done(1, 2**63 - 1, 2**63 - 1))\n"
-        "while not os.path.exists('go'):\n"
-        "    time.sleep(0.02)\n"))
+    claim = write_script(
+        tmp_path / "claim.py",
+        (
+            "import os, time, gq\n"
+            "from gq.exec import runtime, protocol\n"
+            "session = runtime.active\n"
+            "session.acquire()\n"
+            "session.held = False\n"
+            "session.channel.send(protocol.Done(1, 2**63 - 1, 2**63 - 1))\n"
+            "while not os.path.exists('go'):\n"
+            "    time.sleep(0.02)\n"
+        ),
+    )
     claimer = submit(str(claim))
-    probed = wait_for(lambda: (info := job(claimer))["mem_basis"] == "measured" and info, 20,
-                      what="its probe to end")
+    probed = wait_for(
+        lambda: (info := job(claimer))["mem_basis"] == "measured" and info,
+        20,
+        what="its probe to end",
+    )
     lane = json.loads(gq_ok("info", "--json"))["devices"][0]["memory_total"]
     assert probed["mem"] == lane  # believed up to its lane, no further
     other = submit(str(write_script(tmp_path / "n.py", NEIGHBOUR)))
@@ -262,21 +306,25 @@ def test_the_daemon_checks_a_new_name_itself(daemon):
     job_id = submit("--hold", str(write_script(daemon.root.parent / "s.sh", "true\n")))
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(str(daemon.root / "gq.sock"))
-        sock.sendall(json.dumps({"v": VERSION, "kind": "update", "labels": [str(job_id)],
-                                 "name": "\u001b[2Jgone"}).encode() + b"\n")
+        sock.sendall(
+            json.dumps(
+                {"v": VERSION, "kind": "update", "labels": [str(job_id)], "name": "\u001b[2Jgone"}
+            ).encode()
+            + b"\n"
+        )
         answer = sock.makefile("rb").readline()
     assert b"printable" in answer and b'"exit_code":2' in answer.replace(b" ", b""), answer
     assert job(job_id)["name"] == "s.sh"
 
 
-def test_a_big_array_with_big_arguments_lists_small_and_shows_its_first_tasks(daemon,
-                                                                              tmp_path):
+def test_a_big_array_with_big_arguments_lists_small_and_shows_its_first_tasks(daemon, tmp_path):
     """800 tasks that share 240 KB of arguments: listing the queue carries none of them (it
     once sent 190 MB to everyone who typed 'gq status'), each task listed or not, and 'gq
     show' of the array details its first 100 tasks and says how many more there are."""
     big = "a" * 120_000
-    array = submit("--hold", "--array", "0-799", str(write_script(tmp_path / "s.sh", "true\n")),
-                   big, big)
+    array = submit(
+        "--hold", "--array", "0-799", str(write_script(tmp_path / "s.sh", "true\n")), big, big
+    )
     listing = gq("status", "--json", "--array-tasks")
     assert listing.code == 0 and len(listing.out) < 4 << 20, (listing.code, listing.err)
     jobs = json.loads(listing.out)
@@ -304,25 +352,47 @@ def test_hostile_requests_get_one_error_each_and_store_nothing(daemon):
                 answer += chunk
         return messages.decode(answer.strip(), messages.ANSWERS)
 
-    submit_line = {"v": VERSION, "kind": "submit", "script_path": "/tmp/s.sh", "script": "dHJ1ZQo=",
-                   "args": [], "workdir": "/tmp", "env": {}, "umask": 18, "options": {}}
-    hostile = [b"[" * 100_000 + b"]" * 100_000 + b"\n",
-               b'{"v": %d, "kind": "cancel", "labels": ["99999999999999999999"]}\n'
-               % VERSION,
-               b'{"v": %d, "kind": "update", "labels": ["1"], "priority": ' % VERSION
-               + b"9" * 30 + b"}\n"]
-    for change in ({"env": {"A": "b\u0000c"}}, {"env": {"A=B": "c"}}, {"args": ["\ud800"]},
-                   {"options": {"deadline": 1e21}}, {"options": {"name": "x\u0000y"}},
-                   {"options": {"name": "\u001b[2Jwipe"}}, {"options": {"priority": 2**70}},
-                   {"script_path": "/tmp/.."}, {"test_only": None}, {"test_only": 2**70},
-                   {"test_only": "yes"}, {"test_only": 1}, {"test_only": [[[True]]]},
-                   {"options": {"oom": None}}, {"options": {"oom": 2**70}},
-                   {"options": {"oom": "explode"}}, {"options": {"oom": "\u0000"}},
-                   {"options": {"oom": [[["fail"]]]}}):
+    submit_line = {
+        "v": VERSION,
+        "kind": "submit",
+        "script_path": "/tmp/s.sh",
+        "script": "dHJ1ZQo=",
+        "args": [],
+        "workdir": "/tmp",
+        "env": {},
+        "umask": 18,
+        "options": {},
+    }
+    hostile = [
+        b"[" * 100_000 + b"]" * 100_000 + b"\n",
+        b'{"v": %d, "kind": "cancel", "labels": ["99999999999999999999"]}\n' % VERSION,
+        b'{"v": %d, "kind": "update", "labels": ["1"], "priority": ' % VERSION + b"9" * 30 + b"}\n",
+    ]
+    for change in (
+        {"env": {"A": "b\u0000c"}},
+        {"env": {"A=B": "c"}},
+        {"args": ["\ud800"]},
+        {"options": {"deadline": 1e21}},
+        {"options": {"name": "x\u0000y"}},
+        {"options": {"name": "\u001b[2Jwipe"}},
+        {"options": {"priority": 2**70}},
+        {"script_path": "/tmp/.."},
+        {"test_only": None},
+        {"test_only": 2**70},
+        {"test_only": "yes"},
+        {"test_only": 1},
+        {"test_only": [[[True]]]},
+        {"options": {"oom": None}},
+        {"options": {"oom": 2**70}},
+        {"options": {"oom": "explode"}},
+        {"options": {"oom": "\u0000"}},
+        {"options": {"oom": [[["fail"]]]}},
+    ):
         hostile.append(json.dumps({**submit_line, **change}).encode() + b"\n")
     for value in (None, 2**70, "yes", 1, [[[True]]], "\u0000"):
-        hostile.append(json.dumps({"v": VERSION, "kind": "list",
-                                   "forecast": value}).encode() + b"\n")
+        hostile.append(
+            json.dumps({"v": VERSION, "kind": "list", "forecast": value}).encode() + b"\n"
+        )
     hostile.append(b'{"v": %d, "kind": "list", "forecast": NaN}\n' % VERSION)
     for line in hostile:
         answer = exchange(line)
@@ -397,8 +467,7 @@ def test_a_big_array_is_held_released_and_cancelled_in_one_statement_each(home, 
     control.start("--max-array", "3000", "--max-pending", "3001")
     script = write_script(tmp_path / "s.sh", "true\n")
     blocker = submit("--hold", str(script))  # keeps the released tasks from starting
-    array = submit("--hold", "--array", "0-2999", "--dependency", f"afterok:{blocker}",
-                   str(script))
+    array = submit("--hold", "--array", "0-2999", "--dependency", f"afterok:{blocker}", str(script))
     assert gq_ok("release", str(array)).count("Released job") == 3000
     assert gq_ok("hold", str(array)).count("Held job") == 3000
     gq_ok("cancel", str(blocker))
@@ -429,8 +498,11 @@ def test_connections_per_user_are_bounded_and_the_daemon_keeps_accepting(home):
     control = DaemonControl(home)
     control.start("--max-connections-per-user", "4")
     idle = _idle_connections(home, 4)
-    wait_for(lambda: "connections to the daemon open" in gq("status").err, 10,
-             what="the fifth connection to be refused")
+    wait_for(
+        lambda: "connections to the daemon open" in gq("status").err,
+        10,
+        what="the fifth connection to be refused",
+    )
     result = gq("status")
     assert result.code == 1 and "--max-connections-per-user" in result.err
     for sock in idle:
@@ -457,8 +529,11 @@ def test_the_daemon_raises_its_descriptor_limit_and_bounds_all_connections(home)
     line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
     assert line.split()[3] == line.split()[4] != "256", line
     idle = _idle_connections(home, 6)
-    wait_for(lambda: "--max-connections)" in gq("status").err, 10,
-             what="a connection past the total to be refused")
+    wait_for(
+        lambda: "--max-connections)" in gq("status").err,
+        10,
+        what="a connection past the total to be refused",
+    )
     for sock in idle:
         sock.close()
     wait_for(lambda: gq("status").code == 0, 10, what="the daemon to serve again")
@@ -475,8 +550,11 @@ def test_finished_jobs_are_purged_after_the_retention(home, tmp_path):
     wait_state(old, "COMPLETED")
     time.sleep(1.2)
     gq_ok("daemon", "restart")  # a starting daemon purges at once
-    remaining = wait_for(lambda: [j["id"] for j in all_jobs()] if len(all_jobs()) == 2
-                         else None, 20, what="the purge")
+    remaining = wait_for(
+        lambda: [j["id"] for j in all_jobs()] if len(all_jobs()) == 2 else None,
+        20,
+        what="the purge",
+    )
     assert remaining == [done, held]  # kept: a pending job depends on it
     assert not (home / "spool" / str(old)).exists()
     assert "finished jobs are kept 1s" in gq("history").err
@@ -487,8 +565,9 @@ def test_a_running_job_reports_its_processes_and_host_memory(daemon, tmp_path):
     if not cgroups_usable("auto"):
         pytest.skip("no cgroup hierarchy to keep jobs in on this machine")
     job_id = submit(str(write_script(tmp_path / "s.sh", "sleep 300 & sleep 300 & wait\n")))
-    info = wait_for(lambda: (j := job(job_id))["processes"] == 3 and j, 20,
-                    what="the job's three processes")
+    info = wait_for(
+        lambda: (j := job(job_id))["processes"] == 3 and j, 20, what="the job's three processes"
+    )
     assert info["host_memory"] > 0
     assert "Processes: 3" in gq_ok("show", str(job_id))
     gq_ok("cancel", str(job_id))
@@ -501,11 +580,17 @@ def test_jobs_are_kept_in_cgroup_v2_where_one_is_mounted(home, tmp_path):
     control = DaemonControl(home)
     control.start("--cgroup", "v2")
     assert "jobs kept in cgroup v2" in gq_ok("info")
-    script = write_script(tmp_path / "escape.sh", (
-        "setsid sh -c 'echo $$ > escaped; exec sleep 300' &\nsleep 300\n"))
+    script = write_script(
+        tmp_path / "escape.sh", ("setsid sh -c 'echo $$ > escaped; exec sleep 300' &\nsleep 300\n")
+    )
     job_id = submit(str(script))
-    pid = int(wait_for(lambda: (tmp_path / "escaped").exists() and
-                       (tmp_path / "escaped").read_text().strip(), 20, what="the escapee"))
+    pid = int(
+        wait_for(
+            lambda: (tmp_path / "escaped").exists() and (tmp_path / "escaped").read_text().strip(),
+            20,
+            what="the escapee",
+        )
+    )
     gq_ok("cancel", str(job_id))
     wait_state(job_id, "CANCELLED")
     wait_for(lambda: not pid_alive(pid), 10, what="the escaped process to die with its job")
@@ -537,9 +622,17 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
 
     def base_seen_there() -> Path:
         found = subprocess.run(
-            [sys.executable, "-c", "from gq.exec import cgroups; "
-             "print(cgroups.detect('v2', 'probe').bases[cgroups.V2])"],
-            preexec_fn=into_supervisor, capture_output=True, text=True, check=True)
+            [
+                sys.executable,
+                "-c",
+                "from gq.exec import cgroups; "
+                "print(cgroups.detect('v2', 'probe').bases[cgroups.V2])",
+            ],
+            preexec_fn=into_supervisor,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         base = Path(found.stdout.strip())
         base.rmdir()
         return base
@@ -553,15 +646,33 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
     assert base_seen_there().parent == unit
 
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "gq.cli.main", "daemon", "start", "--foreground",
-         "--cgroup", "v2", "--kill-wait", "1"], preexec_fn=into_supervisor,
-        env={**os.environ, "GQ_HOME": str(home)}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "gq.cli.main",
+            "daemon",
+            "start",
+            "--foreground",
+            "--cgroup",
+            "v2",
+            "--kill-wait",
+            "1",
+        ],
+        preexec_fn=into_supervisor,
+        env={**os.environ, "GQ_HOME": str(home)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: gq("daemon", "status").code == 0, 30, what="the daemon")
-        script = write_script(tmp_path / "where.sh", (
-            "cat /proc/self/cgroup > where-$GQ_JOB_ID\n"
-            "while [ ! -e leave ]; do sleep 0.05; done\n"))
+        script = write_script(
+            tmp_path / "where.sh",
+            (
+                "cat /proc/self/cgroup > where-$GQ_JOB_ID\n"
+                "while [ ! -e leave ]; do sleep 0.05; done\n"
+            ),
+        )
         job_id = submit(str(script))
         lines = wait_for_words(tmp_path / f"where-{job_id}", 1, what="the job's cgroup")
         path = next(line for line in lines if line.startswith("0::")).split("::", 1)[1]
@@ -584,14 +695,18 @@ def _remove_cgroup_tree(unit: Path, daemon: subprocess.Popen | None) -> None:
     if daemon is not None and daemon.poll() is None:
         daemon.kill()
         daemon.wait()
-    directories = sorted((p for p in unit.rglob("*") if p.is_dir()),
-                         key=lambda p: len(p.parts), reverse=True) + [unit]
+    directories = sorted(
+        (p for p in unit.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+    ) + [unit]
     for directory in directories:  # hosts and jobs left behind by a failure
         for pid in (directory / "cgroup.procs").read_text().split():
             os.kill(int(pid), 9)
     for directory in directories:
-        wait_for(lambda d=directory: not (d / "cgroup.procs").read_text().split(), 10,
-                 what=f"{directory} to empty")
+        wait_for(
+            lambda d=directory: not (d / "cgroup.procs").read_text().split(),
+            10,
+            what=f"{directory} to empty",
+        )
         directory.rmdir()
 
 
@@ -611,9 +726,12 @@ def test_a_host_that_speaks_garbage_costs_only_its_own_connection(home, tmp_path
     impostor.bind(str(home / "hosts" / "cpu.sock"))
     impostor.listen(8)
     impostor.settimeout(0.2)
-    lines = [b'{"op": "state", "version": "' + HOST_VERSION.encode() + b'", "pid": "abc"}\n',
-             b"[" * 100_000 + b"\n",
-             b'{"op": "state", "pid": ' + str(2**70).encode() + b"}\n", b"\xff" * 100 + b"\n"]
+    lines = [
+        b'{"op": "state", "version": "' + HOST_VERSION.encode() + b'", "pid": "abc"}\n',
+        b"[" * 100_000 + b"\n",
+        b'{"op": "state", "pid": ' + str(2**70).encode() + b"}\n",
+        b"\xff" * 100 + b"\n",
+    ]
     served, stop = [], threading.Event()
 
     def serve():
@@ -651,8 +769,10 @@ def test_an_exit_that_cannot_be_recorded_fails_its_job_and_is_acknowledged(daemo
     script = write_script(tmp_path / "s.sh", "true\n")
     job_id = submit("--hold", str(script))
     db = _db(daemon.root)
-    db.execute(f"CREATE TRIGGER refuse BEFORE UPDATE OF state ON jobs WHEN NEW.id = {job_id} "
-               "AND NEW.state = 'COMPLETED' BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    db.execute(
+        f"CREATE TRIGGER refuse BEFORE UPDATE OF state ON jobs WHEN NEW.id = {job_id} "
+        "AND NEW.state = 'COMPLETED' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
     db.close()
     gq_ok("release", str(job_id))
     info = wait_state(job_id, "FAILED", timeout=20)
@@ -664,8 +784,7 @@ def test_an_exit_that_cannot_be_recorded_fails_its_job_and_is_acknowledged(daemo
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (gives a directory to another uid)")
-def test_the_system_daemon_keeps_no_state_where_another_user_could_change_it(tmp_path,
-                                                                             monkeypatch):
+def test_the_system_daemon_keeps_no_state_where_another_user_could_change_it(tmp_path, monkeypatch):
     """Root would write its log, socket and spool there: a directory on the way that another
     user owns, or may write, would let them swap those files for links (a root write into
     any file). Refused by the CLI and by the daemon itself (systemd starts it directly),
@@ -678,15 +797,22 @@ def test_the_system_daemon_keeps_no_state_where_another_user_could_change_it(tmp
         os.chmod(directory, mode)
     os.chown(owned, 65534, 65534)
     monkeypatch.delenv("GQ_HOME", raising=False)
-    for parent, problem in ((owned, "is owned by uid 65534"),
-                            (shared, "may be written by other users")):
+    for parent, problem in (
+        (owned, "is owned by uid 65534"),
+        (shared, "may be written by other users"),
+    ):
         monkeypatch.setenv("GQ_SYSTEM_HOME", str(parent / "state"))
         result = gq("daemon", "start", "--system")
         assert result.code == 2 and problem in result.err and "GQ_SYSTEM_HOME" in result.err
         assert len(result.err.strip().splitlines()) == 1
-        daemon = subprocess.run(gq_python("gq.daemon", "--system"), capture_output=True,
-                                text=True, timeout=60, cwd="/",
-                                env=dict(os.environ, GQ_SYSTEM_HOME=str(parent / "state")))
+        daemon = subprocess.run(
+            gq_python("gq.daemon", "--system"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            env=dict(os.environ, GQ_SYSTEM_HOME=str(parent / "state")),
+        )
         assert daemon.returncode == 1 and problem in daemon.stderr
         assert list(parent.iterdir()) == []
     monkeypatch.setenv("GQ_SYSTEM_HOME", str(sticky / "state"))
@@ -698,8 +824,7 @@ def test_the_system_daemon_keeps_no_state_where_another_user_could_change_it(tmp
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (gives a directory to another uid)")
-def test_a_state_directory_made_by_another_user_in_the_meantime_is_refused(tmp_path,
-                                                                           monkeypatch):
+def test_a_state_directory_made_by_another_user_in_the_meantime_is_refused(tmp_path, monkeypatch):
     """Under a sticky /tmp, a missing state directory passes the first check; a user who
     makes it before root does would own it: the check after mkdir refuses it."""
     from gq import home as home_module
@@ -715,8 +840,13 @@ def test_a_state_directory_made_by_another_user_in_the_meantime_is_refused(tmp_p
         os.chown(node.root, 65534, 65534)
         made(*args, **kwargs)
 
-    monkeypatch.setattr(type(node.root), "mkdir", lambda self, *a, **k: raced_mkdir(*a, **k)
-                        if self == node.root else made.__func__(self, *a, **k))
+    monkeypatch.setattr(
+        type(node.root),
+        "mkdir",
+        lambda self, *a, **k: (
+            raced_mkdir(*a, **k) if self == node.root else made.__func__(self, *a, **k)
+        ),
+    )
     with pytest.raises(home_module.UnsafeStateDirectory, match="is owned by uid 65534"):
         node.ensure()
     assert list(node.root.iterdir()) == []
@@ -728,9 +858,17 @@ def test_a_value_a_user_chose_cannot_forge_a_line_of_the_daemons_log():
     from gq import log
 
     formatter = log._OneLine("%(levelname)s %(message)s")
-    record = logging.LogRecord("gq", logging.INFO, __file__, 1, "job %d: %s", (
-        7, "cannot enter working directory /w/x\n2026-01-01 daemon INFO forged\x1b[2J"), None)
+    record = logging.LogRecord(
+        "gq",
+        logging.INFO,
+        __file__,
+        1,
+        "job %d: %s",
+        (7, "cannot enter working directory /w/x\n2026-01-01 daemon INFO forged\x1b[2J"),
+        None,
+    )
     line = formatter.format(record)
     assert "\n" not in line and "\x1b" not in line
-    assert line == ("INFO job 7: cannot enter working directory /w/x\\n2026-01-01 daemon INFO "
-                    "forged\\x1b[2J")
+    assert line == (
+        "INFO job 7: cannot enter working directory /w/x\\n2026-01-01 daemon INFO forged\\x1b[2J"
+    )

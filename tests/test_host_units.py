@@ -6,16 +6,26 @@ from __future__ import annotations
 import pytest
 
 from gq.errors import LaunchError
-from gq.exec.residents import Resident
 from gq.exec.protocol import LaunchSpec
+from gq.exec.residents import Resident
 from gq.exec.spawn import identity
 from gq.policies import make
 
 
 def resident(declared: int | None = None) -> Resident:
-    return Resident(job_id=1, run=1, user="u", priority=0, submit_time=0.0,
-                    declared_total=declared, lane=0, process=None, channel=None,
-                    started_at=0.0, started_wall=0.0)
+    return Resident(
+        job_id=1,
+        run=1,
+        user="u",
+        priority=0,
+        submit_time=0.0,
+        declared_total=declared,
+        lane=0,
+        process=None,
+        channel=None,
+        started_at=0.0,
+        started_wall=0.0,
+    )
 
 
 def test_steps_never_decrease_nor_pass_the_total():
@@ -91,8 +101,21 @@ def test_a_total_declared_at_submit_is_the_jobs_own_no_longer():
 
 
 def _spec(**change) -> LaunchSpec:
-    fields = dict(id=7, run=1, argv=["/bin/true"], worker=False, cwd="/", env={}, stdout="/o",
-                  stderr="/o", user="u", submit_time=1.0, uid=1000, gid=1000, groups=[1000, 27])
+    fields = dict(
+        id=7,
+        run=1,
+        argv=["/bin/true"],
+        worker=False,
+        cwd="/",
+        env={},
+        stdout="/o",
+        stderr="/o",
+        user="u",
+        submit_time=1.0,
+        uid=1000,
+        gid=1000,
+        groups=[1000, 27],
+    )
     return LaunchSpec(**{**fields, **change})
 
 
@@ -110,7 +133,6 @@ def test_a_personal_host_runs_only_its_owners_jobs(monkeypatch):
     assert identity(_spec()) is None
     with pytest.raises(LaunchError, match="cannot run it"):
         identity(_spec(uid=1001))
-
 
 
 def test_an_interactive_jobs_idle_time_runs_from_its_last_activity_and_never_backwards():
@@ -133,5 +155,12 @@ def test_an_interactive_jobs_idle_time_runs_from_its_last_activity_and_never_bac
 def test_status_marks_an_interactive_job_idle_as_w_spells_it():
     from gq.cli import render
 
-    assert [render.idle_time(s) for s in (5, 59.9, 60, 725, 3600, 12000, 86400 * 3)] == \
-        ["5s", "59s", "1:00", "12:05", "1:00m", "3:20m", "3days"]
+    assert [render.idle_time(s) for s in (5, 59.9, 60, 725, 3600, 12000, 86400 * 3)] == [
+        "5s",
+        "59s",
+        "1:00",
+        "12:05",
+        "1:00m",
+        "3:20m",
+        "3days",
+    ]

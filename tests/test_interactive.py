@@ -22,8 +22,9 @@ PROMPT = "gq> "  # bash's PS1 in these tests (root's default ends in '#')
 def _spawn(*args: str, env: dict | None = None, **kwargs) -> pexpect.spawn:
     """``python -m gq ARGS`` on a pseudo-terminal of its own, this gq first on its path."""
     env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT), PS1=PROMPT)
-    return pexpect.spawn(sys.executable, ["-m", "gq", *args], env=env, encoding="utf-8",
-                         timeout=15, **kwargs)
+    return pexpect.spawn(
+        sys.executable, ["-m", "gq", *args], env=env, encoding="utf-8", timeout=15, **kwargs
+    )
 
 
 def _ended(child: pexpect.spawn) -> int:
@@ -33,23 +34,30 @@ def _ended(child: pexpect.spawn) -> int:
 
 
 def test_pty_without_a_terminal_is_one_line_exit_2_and_queues_nothing(daemon):
-    done = subprocess.run([sys.executable, "-m", "gq", "run", "--pty", "--", "bash"],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    done = subprocess.run(
+        [sys.executable, "-m", "gq", "run", "--pty", "--", "bash"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1 and "--pty needs a terminal" in done.stderr
     assert all_jobs() == []
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--array", "0-1"], "--pty runs one job on your terminal: it takes no --array"),
-    (["--requeue"], "it takes no --requeue"),
-    (["--retries", "2"], "it takes no --retries"),
-    (["--wait"], "--pty waits for its job already"),
-    (["--idle-timeout", "soon"], "--idle-timeout: invalid time limit 'soon'"),
-    (["--idle-timeout", "-5"], "--idle-timeout: invalid time limit '-5'"),
-    (["--idle-timeout", "9" * 30], "--idle-timeout: invalid time limit"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--array", "0-1"], "--pty runs one job on your terminal: it takes no --array"),
+        (["--requeue"], "it takes no --requeue"),
+        (["--retries", "2"], "it takes no --retries"),
+        (["--wait"], "--pty waits for its job already"),
+        (["--idle-timeout", "soon"], "--idle-timeout: invalid time limit 'soon'"),
+        (["--idle-timeout", "-5"], "--idle-timeout: invalid time limit '-5'"),
+        (["--idle-timeout", "9" * 30], "--idle-timeout: invalid time limit"),
+    ],
+)
 def test_pty_refuses_what_would_run_it_again_and_queues_nothing(daemon, args, said):
     child = _spawn("run", "--pty", *args, "--", "bash")
     assert _ended(child) == 2
@@ -62,21 +70,30 @@ def test_only_an_interactive_job_leaves_its_output_to_a_terminal(daemon, tmp_pat
     from gq import client, messages
     from gq.errors import UserError
 
-    request = messages.Submit(script_path=str(tmp_path / "a.sh"), script=b"true\n", args=[],
-                              workdir=str(tmp_path), env={}, umask=0o022,
-                              options=messages.SubmitOptions(output=None))
+    request = messages.Submit(
+        script_path=str(tmp_path / "a.sh"),
+        script=b"true\n",
+        args=[],
+        workdir=str(tmp_path),
+        env={},
+        umask=0o022,
+        options=messages.SubmitOptions(output=None),
+    )
     with pytest.raises(UserError, match="--output needs a file name"):
         client.ask(request)
     # Only an interactive job has idle time, whichever way the request came.
     request.options = messages.SubmitOptions(idle_timeout=60)
     with pytest.raises(UserError, match="--idle-timeout: only an interactive job has idle"):
         client.ask(request)
-    for args in (["submit", "--idle-timeout", "5", "--wrap", "true"],
-                 ["run", "--idle-timeout", "5", "--", "true"]):
+    for args in (
+        ["submit", "--idle-timeout", "5", "--wrap", "true"],
+        ["run", "--idle-timeout", "5", "--", "true"],
+    ):
         refused = gq(*args)
         assert refused.code == 2 and refused.err == (
             "gq: error: --idle-timeout: only an interactive job has idle time (gq run --pty, "
-            "gq kernel install)\n"), refused
+            "gq kernel install)\n"
+        ), refused
     assert gq("submit", "--pty", "--wrap", "true").err.startswith("gq: error: --pty is gq run's")
     assert all_jobs() == []
 
@@ -140,8 +157,19 @@ def test_a_command_that_ends_before_gq_attaches_still_shows_its_output(daemon):
 
 
 def test_output_goes_to_the_file_o_names_and_input_comes_from_the_terminal(daemon, tmp_path):
-    child = _spawn("run", "--pty", "-G", "0", "-o", "out.txt", "--", "sh", "-c",
-                   "read x; echo got $x", cwd=str(tmp_path))
+    child = _spawn(
+        "run",
+        "--pty",
+        "-G",
+        "0",
+        "-o",
+        "out.txt",
+        "--",
+        "sh",
+        "-c",
+        "read x; echo got $x",
+        cwd=str(tmp_path),
+    )
     child.sendline("hi")
     assert _ended(child) == 0
     assert (tmp_path / "out.txt").read_text() == "got hi\n"
@@ -209,15 +237,27 @@ def test_a_terminal_no_gq_takes_hangs_its_job_up(home):
     daemon.stop()
 
 
-def test_the_job_runs_as_its_submitter_whose_terminal_no_one_else_can_take(shared_node,
-                                                                           users):
+def test_the_job_runs_as_its_submitter_whose_terminal_no_one_else_can_take(shared_node, users):
     alice, bob = users["alice"], users["bob"]
     env = {**shared_node.env, "PS1": PROMPT}
-    as_alice = ["runuser", "-u", alice.name, "--", "env", *[f"{k}={v}" for k, v in env.items()],
-                shared_node.install.python, "-m", "gq"]
-    child = pexpect.spawn(as_alice[0], [*as_alice[1:], "run", "--pty", "-G", "0", "--",
-                                        "bash", "--norc"], cwd=str(alice.workdir),
-                          encoding="utf-8", timeout=20)
+    as_alice = [
+        "runuser",
+        "-u",
+        alice.name,
+        "--",
+        "env",
+        *[f"{k}={v}" for k, v in env.items()],
+        shared_node.install.python,
+        "-m",
+        "gq",
+    ]
+    child = pexpect.spawn(
+        as_alice[0],
+        [*as_alice[1:], "run", "--pty", "-G", "0", "--", "bash", "--norc"],
+        cwd=str(alice.workdir),
+        encoding="utf-8",
+        timeout=20,
+    )
     child.expect(PROMPT)
     child.sendline("id -u; stat -c %U $(tty)")
     child.expect(rf"{alice.uid}\r\n{alice.name}\r\n")
@@ -227,9 +267,13 @@ def test_the_job_runs_as_its_submitter_whose_terminal_no_one_else_can_take(share
     # Alice's gq dies while her job is pending: when it starts, its terminal's socket waits
     # for her, and no one else may take it.
     held = int(shared_node.ok(alice, "submit", "--parsable", "--hold", "--wrap", "true"))
-    child = pexpect.spawn(as_alice[0], [*as_alice[1:], "run", "--pty", "-G", "0", "--after",
-                                        str(held), "--", "bash", "--norc"],
-                          cwd=str(alice.workdir), encoding="utf-8", timeout=20)
+    child = pexpect.spawn(
+        as_alice[0],
+        [*as_alice[1:], "run", "--pty", "-G", "0", "--after", str(held), "--", "bash", "--norc"],
+        cwd=str(alice.workdir),
+        encoding="utf-8",
+        timeout=20,
+    )
     child.expect(r"job (\d+) pending")
     job_id = int(child.match.group(1))
     child.kill(signal.SIGKILL)
@@ -239,23 +283,30 @@ def test_the_job_runs_as_its_submitter_whose_terminal_no_one_else_can_take(share
     path = shared_node.root / "terminals" / f"{job_id}.sock"
     wait_for(path.exists, 10, what="the job's terminal socket")
     assert (path.stat().st_uid, path.stat().st_mode & 0o777) == (alice.uid, 0o600)
-    take = ("import json, socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
-            " line, fds, _, _ = socket.recv_fds(s, 4096, 1); print(len(fds), json.loads(line))")
-    refused = subprocess.run(["runuser", "-u", bob.name, "--", shared_node.install.python,
-                              "-c", take, str(path)], capture_output=True, text=True)
+    take = (
+        "import json, socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
+        " line, fds, _, _ = socket.recv_fds(s, 4096, 1); print(len(fds), json.loads(line))"
+    )
+    refused = subprocess.run(
+        ["runuser", "-u", bob.name, "--", shared_node.install.python, "-c", take, str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode != 0 and "PermissionError" in refused.stderr
     with socket.socket(socket.AF_UNIX) as root_peer:  # root passes the file's mode, not
         root_peer.connect(str(path))  # the host's check of who is asking
         assert socket.recv_fds(root_peer, 4096, 1)[:2] == (b"", [])
-    taken = subprocess.run(["runuser", "-u", alice.name, "--", shared_node.install.python,
-                            "-c", take, str(path)], capture_output=True, text=True)
+    taken = subprocess.run(
+        ["runuser", "-u", alice.name, "--", shared_node.install.python, "-c", take, str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert taken.stdout.startswith("1 {") and f"'job': {job_id}" in taken.stdout, taken
     info = shared_node.wait_state(job_id, "FAILED")  # the taker left: the job hung up
     assert (info["user"], info["reason"]) == (alice.name, "hung up: its terminal was closed")
 
 
-def test_ctrl_c_while_a_statement_waits_for_the_lane_leaves_the_lane_to_others(daemon,
-                                                                               tmp_path):
+def test_ctrl_c_while_a_statement_waits_for_the_lane_leaves_the_lane_to_others(daemon, tmp_path):
     """The interrupt comes once the lane is granted, and the statement's end gives it back:
     a grant lost between worker and host would leave the idle REPL holding the lane."""
     gq_ok("policy", "set", "fair")  # (fifo gives a later job no turn while the first runs)
@@ -265,23 +316,29 @@ def test_ctrl_c_while_a_statement_waits_for_the_lane_leaves_the_lane_to_others(d
     wait_for(lambda: job(batch_id)["holds_lane"], 15, what="the batch job's iteration")
     child = _spawn("run", "--pty", "--gpu-mem", "64M", "--", "python")
     child.expect(">>> ")
-    child.sendline("import gq, itertools, os; print('asking', os.environ['GQ_JOB_ID']); "
-                   "g = gq.steps(itertools.count()); next(g)")
+    child.sendline(
+        "import gq, itertools, os; print('asking', os.environ['GQ_JOB_ID']); "
+        "g = gq.steps(itertools.count()); next(g)"
+    )
     child.expect(r"asking (\d+)")
     repl_id = int(child.match.group(1))
     child.sendintr()  # while the batch job's 1 s iteration holds the lane
     child.expect("KeyboardInterrupt")
     child.expect(">>> ")
     steps = job(batch_id)["steps_done"]
-    wait_for(lambda: job(batch_id)["steps_done"] > steps + 1, 15,
-             what="the batch job to go on while the REPL is idle")
+    wait_for(
+        lambda: job(batch_id)["steps_done"] > steps + 1,
+        15,
+        what="the batch job to go on while the REPL is idle",
+    )
     assert not job(repl_id)["holds_lane"] and job(repl_id)["state"] == "RUNNING"
     child.sendeof()
     assert _ended(child) == 0
 
 
-def test_a_statement_goes_before_batch_iterations_which_still_get_every_other_turn(daemon,
-                                                                                   tmp_path):
+def test_a_statement_goes_before_batch_iterations_which_still_get_every_other_turn(
+    daemon, tmp_path
+):
     """People first, under fifo too: a REPL's statement is granted after at most the batch
     iteration in progress, not after the batch job's end; while it computes on, the batch
     job still gets a turn between each of its iterations."""
@@ -297,8 +354,10 @@ def test_a_statement_goes_before_batch_iterations_which_still_get_every_other_tu
     repl_id = int(child.match.group(1))
     assert job(repl_id)["device"] == job(batch_id)["device"]
     child.expect(">>> ")
-    child.sendline("g = gq.steps(itertools.count()); t = time.monotonic(); next(g); "
-                   "print('granted after %.1f s' % (time.monotonic() - t))")
+    child.sendline(
+        "g = gq.steps(itertools.count()); t = time.monotonic(); next(g); "
+        "print('granted after %.1f s' % (time.monotonic() - t))"
+    )
     child.expect(r"granted after (\d+\.\d) s", timeout=10)
     assert float(child.match.group(1)) < 3.0  # a 0.5 s batch iteration, not the batch job
     child.expect(">>> ")
@@ -328,12 +387,14 @@ def test_an_idle_repl_shows_its_idle_time_and_its_idle_timeout_ends_it(daemon):
     child.expect("slept", timeout=20)
     child.expect(">>> ")
     assert time.monotonic() - began >= 6 and job(job_id)["state"] == "RUNNING"
-    info = wait_for(lambda: (lambda j: j if j["idle"] and j["idle"] >= 1 else None)(job(job_id)),
-                    10, what="the REPL's idle time to show")
+    info = wait_for(
+        lambda: (lambda j: j if j["idle"] and j["idle"] >= 1 else None)(job(job_id)),
+        10,
+        what="the REPL's idle time to show",
+    )
     assert info["idle_timeout"] == 4 and info["interactive"]
     assert "ended when idle 0:04 (--idle-timeout)" in gq_ok("show", str(job_id))
-    child.expect(rf"gq: job {job_id} TIMEOUT: idle timeout: no activity for 0:0[4-7]",
-                 timeout=20)
+    child.expect(rf"gq: job {job_id} TIMEOUT: idle timeout: no activity for 0:0[4-7]", timeout=20)
     assert _ended(child) == 128 + signal.SIGHUP
     ended = wait_state(job_id, "TIMEOUT")
     assert ended["reason"].startswith("idle timeout: no activity for 0:0"), ended
@@ -344,8 +405,16 @@ def test_ipython_runs_under_gq_with_its_cells_holding_the_lane(daemon):
     """``gq run --pty -- ipython``: IPython's own terminal shell, run by gq's worker on the
     interpreter ipython is installed for, each cell ending its iteration."""
     pytest.importorskip("IPython")
-    child = _spawn("run", "--pty", "--", "ipython", "--no-banner", "--colors=NoColor",
-                   "--no-confirm-exit", "--simple-prompt")
+    child = _spawn(
+        "run",
+        "--pty",
+        "--",
+        "ipython",
+        "--no-banner",
+        "--colors=NoColor",
+        "--no-confirm-exit",
+        "--simple-prompt",
+    )
     child.expect(r"In \[1\]: ")
     child.sendline("import gq, itertools, os, time; print(gq.in_job(), os.environ['GQ_JOB_ID'])")
     child.expect(r"True (\d+)")
@@ -363,15 +432,18 @@ def test_ipython_runs_under_gq_with_its_cells_holding_the_lane(daemon):
     assert wait_state(job_id, "COMPLETED")["exit_code"] == 0
 
 
-def test_ipython_is_run_by_the_python_its_script_names_and_else_as_it_is(tmp_path,
-                                                                          monkeypatch):
+def test_ipython_is_run_by_the_python_its_script_names_and_else_as_it_is(tmp_path, monkeypatch):
     from gq.cli import commands
     from gq.errors import UserError
 
     python = os.path.realpath(sys.executable)
-    scripts = {"ipython": f"#!{python}\n", "ipython3": "#!/usr/bin/env python3\n",
-               "ipython4": f"#!{python} -E\n", "ipython5": "#!/bin/bash\nexec python3\n",
-               "ipython6": ""}
+    scripts = {
+        "ipython": f"#!{python}\n",
+        "ipython3": "#!/usr/bin/env python3\n",
+        "ipython4": f"#!{python} -E\n",
+        "ipython5": "#!/bin/bash\nexec python3\n",
+        "ipython6": "",
+    }
     for name, text in scripts.items():
         (tmp_path / name).write_text(text + "from IPython import start_ipython\n")
         (tmp_path / name).chmod(0o755)
@@ -379,8 +451,11 @@ def test_ipython_is_run_by_the_python_its_script_names_and_else_as_it_is(tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))
     for name, interpreter in (("ipython", python), ("ipython3", str(tmp_path / "python3"))):
         queued = commands.from_argv([name, "--no-banner"], interactive=True)
-        assert (queued.interpreter, queued.args, queued.name) == \
-            (interpreter, ["--no-banner"], "ipython"), name
+        assert (queued.interpreter, queued.args, queued.name) == (
+            interpreter,
+            ["--no-banner"],
+            "ipython",
+        ), name
     for name in ("ipython4", "ipython5", "ipython6"):  # no plain Python named: as it is
         assert commands.from_argv([name], interactive=True).interpreter is None, name
     assert commands.from_argv(["ipython"]).interpreter is None  # a batch job: as it is

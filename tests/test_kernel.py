@@ -38,20 +38,23 @@ def _kernel(name: str):
     return manager, client
 
 
-def _run(client, code: str, timeout: float = 15,
-         stop_on_error: bool = True) -> tuple[dict, list[dict]]:
+def _run(
+    client, code: str, timeout: float = 15, stop_on_error: bool = True
+) -> tuple[dict, list[dict]]:
     """Execute a cell: its reply's content and what it published (stream, result, error).
     A cell expected to fail passes stop_on_error=False: otherwise ipykernel aborts the cells
     that reach it before it has finished with the error, as a notebook's queued cells."""
     published = []
-    reply = client.execute_interactive(code, timeout=timeout, output_hook=published.append,
-                                       stop_on_error=stop_on_error)
+    reply = client.execute_interactive(
+        code, timeout=timeout, output_hook=published.append, stop_on_error=stop_on_error
+    )
     return reply["content"], published
 
 
 def _result(published: list[dict]) -> str:
-    return "".join(m["content"]["data"]["text/plain"] for m in published
-                   if m["msg_type"] == "execute_result")
+    return "".join(
+        m["content"]["data"]["text/plain"] for m in published if m["msg_type"] == "execute_result"
+    )
 
 
 def _job_of(client) -> int:
@@ -62,7 +65,8 @@ def _job_of(client) -> int:
 
 def test_install_refuses_what_it_cannot_use_and_changes_nothing(data_dir):
     assert gq_ok("kernel", "install", "--name", "gpu", "-G", "0", "-t", "10:00").startswith(
-        "Installed kernel gpu in ")
+        "Installed kernel gpu in "
+    )
     spec = json.loads((data_dir / "kernels" / "gpu" / "kernel.json").read_text())
     assert spec["argv"][-6:] == ["kernel", "run", "--spec", "gpu", "--", "{connection_file}"]
     assert spec["interrupt_mode"] == "signal"
@@ -82,12 +86,19 @@ def test_install_refuses_what_it_cannot_use_and_changes_nothing(data_dir):
         assert done.code == 2 and done.err.count("\n") == 1 and said in done.err, (args, done)
     assert sorted(os.listdir(data_dir / "kernels")) == ["gpu"]
     assert gq_ok("kernel", "install", "--name", "gpu", "--replace", "-G", "0").startswith(
-        "Installed")
+        "Installed"
+    )
     assert gq_ok("kernel", "list").split("\t")[:2] == ["gpu", "-G 0"]
     os.makedirs(data_dir / "kernels" / "other")
     (data_dir / "kernels" / "other" / "kernel.json").write_text(
-        json.dumps({"argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                    "display_name": "other", "language": "python"}))
+        json.dumps(
+            {
+                "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "other",
+                "language": "python",
+            }
+        )
+    )
     assert "other" not in gq_ok("kernel", "list")
     refused = gq("kernel", "remove", "other")
     assert refused.code == 2 and "kernel 'other' is not gq's" in refused.err
@@ -104,13 +115,13 @@ def test_without_jupyter_installed_a_kernel_command_names_the_extra(data_dir, mo
         monkeypatch.setitem(sys.modules, module, None)  # import fails, as if not installed
     for args in (["list"], ["install", "--name", "k"], ["remove", "k"]):
         done = gq("kernel", *args)
-        assert done.code == 2 and done.err == ("gq: error: gq kernel needs Jupyter's client: "
-                                               "pip install 'gq[jupyter]'\n"), done
+        assert done.code == 2 and done.err == (
+            "gq: error: gq kernel needs Jupyter's client: pip install 'gq[jupyter]'\n"
+        ), done
     assert not data_dir.exists()
 
 
-def test_cells_run_in_a_gq_job_with_errors_and_interrupts_and_shutdown_ends_it(daemon,
-                                                                                data_dir):
+def test_cells_run_in_a_gq_job_with_errors_and_interrupts_and_shutdown_ends_it(daemon, data_dir):
     gq_ok("kernel", "install", "--name", "gqk", "-G", "0")
     manager, client = _kernel("gqk")
     try:
@@ -123,13 +134,20 @@ def test_cells_run_in_a_gq_job_with_errors_and_interrupts_and_shutdown_ends_it(d
         assert (content["status"], content["ename"]) == ("error", "ZeroDivisionError")
         assert manager.is_alive()
         client.execute("import time; time.sleep(30)", stop_on_error=False)
-        wait_for(lambda: client.iopub_channel.get_msg(timeout=10)["content"].get(
-            "execution_state") == "busy", 10, what="the sleeping cell to start")
+        wait_for(
+            lambda: (
+                client.iopub_channel.get_msg(timeout=10)["content"].get("execution_state") == "busy"
+            ),
+            10,
+            what="the sleeping cell to start",
+        )
         began = time.monotonic()
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=10)
-        while reply["parent_header"].get("msg_type") != "execute_request" \
-                or reply["content"]["status"] == "ok":
+        while (
+            reply["parent_header"].get("msg_type") != "execute_request"
+            or reply["content"]["status"] == "ok"
+        ):
             reply = client.get_shell_msg(timeout=10)
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - began < 5
@@ -142,15 +160,13 @@ def test_cells_run_in_a_gq_job_with_errors_and_interrupts_and_shutdown_ends_it(d
     assert wait_state(job_id, "COMPLETED")["exit_code"] == 0  # the kernel's own clean end
 
 
-def test_a_killed_launcher_cancels_its_kernel_and_a_cancelled_kernel_ends_it(daemon,
-                                                                             data_dir):
+def test_a_killed_launcher_cancels_its_kernel_and_a_cancelled_kernel_ends_it(daemon, data_dir):
     gq_ok("kernel", "install", "--name", "gqk", "-G", "0")
     manager, client = _kernel("gqk")
     job_id = _job_of(client)
     client.stop_channels()
     manager.provisioner.process.send_signal(signal.SIGTERM)  # as a shutdown unanswered
-    wait_for(lambda: manager.provisioner.process.poll() is not None, 10,
-             what="the launcher to end")
+    wait_for(lambda: manager.provisioner.process.poll() is not None, 10, what="the launcher to end")
     assert manager.provisioner.process.returncode == 128 + signal.SIGTERM
     assert wait_state(job_id, "CANCELLED")["state"] == "CANCELLED"
 
@@ -158,8 +174,11 @@ def test_a_killed_launcher_cancels_its_kernel_and_a_cancelled_kernel_ends_it(dae
     job_id = _job_of(client)
     client.stop_channels()
     gq_ok("cancel", str(job_id))
-    wait_for(lambda: manager.provisioner.process.poll() is not None, 15,
-             what="the launcher to end with its job")
+    wait_for(
+        lambda: manager.provisioner.process.poll() is not None,
+        15,
+        what="the launcher to end with its job",
+    )
     assert manager.provisioner.process.returncode != 0
     wait_state(job_id, "CANCELLED")
     manager.cleanup_resources()
@@ -171,10 +190,14 @@ def test_a_pending_kernel_says_why_and_its_shutdown_cancels_it(daemon, data_dir,
     manager = jupyter_client.KernelManager(kernel_name="later", shutdown_wait_time=1.0)
     with open(tmp_path / "launcher.err", "w") as said:  # what the Jupyter server logs
         manager.start_kernel(stderr=said)
-    (kernel_id,) = wait_for(lambda: [j["id"] for j in all_jobs() if j["id"] != held], 10,
-                            what="the kernel's job")
-    wait_for(lambda: f"job {kernel_id} pending (Dependency)" in
-             (tmp_path / "launcher.err").read_text(), 10, what="the launcher to say why")
+    (kernel_id,) = wait_for(
+        lambda: [j["id"] for j in all_jobs() if j["id"] != held], 10, what="the kernel's job"
+    )
+    wait_for(
+        lambda: f"job {kernel_id} pending (Dependency)" in (tmp_path / "launcher.err").read_text(),
+        10,
+        what="the launcher to say why",
+    )
     assert job(kernel_id)["interactive"] and manager.is_alive()
     manager.shutdown_kernel(now=False)  # no kernel answers: Jupyter's SIGTERM follows
     assert wait_state(kernel_id, "CANCELLED")["start_time"] is None
@@ -183,9 +206,9 @@ def test_a_pending_kernel_says_why_and_its_shutdown_cancels_it(daemon, data_dir,
 
 
 @pytest.mark.long
-def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(daemon,
-                                                                              data_dir,
-                                                                              tmp_path):
+def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(
+    daemon, data_dir, tmp_path
+):
     gq_ok("policy", "set", "fair")  # (fifo gives a later job no turn while the first runs)
     batch = tmp_path / "batch.py"
     batch.write_text("import gq, time\nfor _ in gq.steps(range(100000)):\n    time.sleep(0.2)\n")
@@ -195,26 +218,37 @@ def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(da
     manager, client = _kernel("shared")
     try:
         kernel_id = _job_of(client)
-        content, _ = _run(client, "import time, torch\nm = torch.nn.Linear(8, 8)\n"
-                                  "x = torch.ones(8)\nm(x).sum().item()", timeout=60)
+        content, _ = _run(
+            client,
+            "import time, torch\nm = torch.nn.Linear(8, 8)\nx = torch.ones(8)\nm(x).sum().item()",
+            timeout=60,
+        )
         assert content["status"] == "ok", content
         # Between cells: the forward's iteration ended with its cell, the batch job goes on.
         steps = job(batch_id)["steps_done"]
-        wait_for(lambda: job(batch_id)["steps_done"] > steps + 2, 15,
-                 what="the batch job to go on while the kernel is idle")
+        wait_for(
+            lambda: job(batch_id)["steps_done"] > steps + 2,
+            15,
+            what="the batch job to go on while the kernel is idle",
+        )
         assert not job(kernel_id)["holds_lane"] and job(kernel_id)["state"] == "RUNNING"
         # A cell that computes holds the lane; its interrupt gives it back.
         client.execute("t = time.time()\nwhile time.time() - t < 30:\n    m(x)")
         wait_for(lambda: job(kernel_id)["holds_lane"], 15, what="the cell to hold the lane")
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=15)
-        while reply["parent_header"].get("msg_type") != "execute_request" \
-                or reply["content"]["status"] == "ok":
+        while (
+            reply["parent_header"].get("msg_type") != "execute_request"
+            or reply["content"]["status"] == "ok"
+        ):
             reply = client.get_shell_msg(timeout=15)
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         steps = job(batch_id)["steps_done"]
-        wait_for(lambda: job(batch_id)["steps_done"] > steps + 2, 15,
-                 what="the batch job to go on after the interrupted cell")
+        wait_for(
+            lambda: job(batch_id)["steps_done"] > steps + 2,
+            15,
+            what="the batch job to go on after the interrupted cell",
+        )
         assert not job(kernel_id)["holds_lane"]
     finally:
         client.stop_channels()
@@ -227,8 +261,9 @@ def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(da
 def test_an_idle_kernel_is_ended_at_its_idle_timeout_and_says_so(daemon, data_dir, tmp_path):
     """As Jupyter's culler ends an idle kernel: a cell that computes past the timeout is not
     idle; a kernel that then sits idle that long is ended, and its launcher says why."""
-    assert gq_ok("kernel", "install", "--name", "culled", "-G", "0", "--idle-timeout",
-                 "0:04").startswith("Installed")
+    assert gq_ok(
+        "kernel", "install", "--name", "culled", "-G", "0", "--idle-timeout", "0:04"
+    ).startswith("Installed")
     assert "--idle-timeout 0:04" in gq_ok("kernel", "list")
     manager = jupyter_client.KernelManager(kernel_name="culled")
     with open(tmp_path / "launcher.err", "w") as said:  # what the Jupyter server logs
@@ -269,14 +304,19 @@ def test_a_restart_ends_the_job_and_starts_a_new_one_on_the_same_ports(daemon, d
     wait_state(second, "COMPLETED")
 
 
-def test_a_signal_request_takes_a_few_signals_to_running_jobs_and_a_kernel_its_file(daemon, data_dir):
+def test_a_signal_request_takes_a_few_signals_to_running_jobs_and_a_kernel_its_file(
+    daemon, data_dir
+):
     from gq import client, messages
     from gq.errors import UserError
 
     held = submit("--hold", "--wrap", "true")
-    for name, said in [("KILL", "cannot send SIGKILL to a job; give one of INT, HUP"),
-                       ("9", "cannot send SIG9"), ("", "cannot send SIG to a job"),
-                       ("INT", f"job {held} is PENDING; only a running job can be signalled")]:
+    for name, said in [
+        ("KILL", "cannot send SIGKILL to a job; give one of INT, HUP"),
+        ("9", "cannot send SIG9"),
+        ("", "cannot send SIG to a job"),
+        ("INT", f"job {held} is PENDING; only a running job can be signalled"),
+    ]:
         with pytest.raises(UserError, match=said):
             client.ask(messages.SignalJob(str(held), name))
     with pytest.raises(UserError, match="999"):

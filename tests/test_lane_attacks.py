@@ -7,23 +7,25 @@ from __future__ import annotations
 
 import json
 
-from conftest import gq_ok, job, submit, wait_for, wait_state, write_script
 from test_reliability import host_process
 
+from conftest import gq_ok, job, submit, wait_for, wait_state, write_script
+
 # 10 ms of work an iteration, each one's end noted in argv[1], argv[2] iterations.
-LOOP = '''
+LOOP = """
 log = open(sys.argv[1], "a", buffering=1)
 for i in gq.steps(range(int(sys.argv[2]))):
     begin = time.monotonic()
     while time.monotonic() - begin < 0.01:
         pass
     log.write(json.dumps(time.monotonic()) + "\\n")
-'''
+"""
 
 # Scribbles random words over the first WORDS words of its page (argv[3]; the first 8 are
 # where the semaphore a host once posted on lay), from a thread, all the time, while it
 # iterates, alone and beside another job; notes its iterations.
-SCRIBBLER = '''
+SCRIBBLER = (
+    """
 import json, os, random, sys, threading, time
 import gq
 from gq.exec import runtime
@@ -41,9 +43,12 @@ def scribble():
 
 
 threading.Thread(target=scribble, daemon=True).start()
-''' + LOOP
+"""
+    + LOOP
+)
 
-HONEST = '''
+HONEST = (
+    """
 import json, os, stat, sys, time
 import gq
 from gq.exec import runtime
@@ -62,7 +67,9 @@ for fd in os.listdir("/proc/self/fd"):
 assert [os.fstat(page.fd).st_dev, os.fstat(page.fd).st_ino] in mine
 with open(sys.argv[1] + ".inodes", "w") as out:
     json.dump(sorted(mine), out)
-''' + LOOP
+"""
+    + LOOP
+)
 
 
 def _times(path) -> list[float]:
@@ -84,8 +91,9 @@ def test_a_job_that_scribbles_over_its_page_costs_no_one_else_anything(daemon, t
     hostile_log, honest_log = tmp_path / "hostile.log", tmp_path / "honest.log"
     hostile = submit("--gpu-mem", "64M", script, str(hostile_log), "400", "8")
     wait_for(lambda: len(_times(hostile_log)) >= 20, 60, what="the scribbler alone a while")
-    honest = submit("--gpu-mem", "64M", str(write_script(tmp_path / "o.py", HONEST)),
-                    str(honest_log), "100")
+    honest = submit(
+        "--gpu-mem", "64M", str(write_script(tmp_path / "o.py", HONEST)), str(honest_log), "100"
+    )
     assert wait_state(honest, "COMPLETED", timeout=120)["steps_done"] == 100
     assert wait_state(hostile, "COMPLETED", timeout=120)["steps_done"] == 400
     assert host_process(daemon.pid()).pid == host.pid  # the host never went down
@@ -94,11 +102,11 @@ def test_a_job_that_scribbles_over_its_page_costs_no_one_else_anything(daemon, t
     both = (mine[0], min(mine[-1], theirs[-1]))
     during = [t for t in theirs if both[0] <= t <= both[1]]
     if len(during) >= 10:  # the scribbler was still there for a while of it
-        share = sum(both[0] <= t <= both[1] for t in mine) / (len(during) + len(
-            [t for t in mine if both[0] <= t <= both[1]]))
+        share = sum(both[0] <= t <= both[1] for t in mine) / (
+            len(during) + len([t for t in mine if both[0] <= t <= both[1]])
+        )
         assert share >= 0.35, share
-    after = submit(str(write_script(tmp_path / "after.py", HONEST)), str(tmp_path / "a.log"),
-                   "10")
+    after = submit(str(write_script(tmp_path / "after.py", HONEST)), str(tmp_path / "a.log"), "10")
     assert wait_state(after, "COMPLETED", timeout=60)["steps_done"] == 10
 
 
@@ -107,16 +115,22 @@ def test_two_jobs_on_one_lane_share_no_memory_and_no_descriptor(daemon, tmp_path
     semaphore words, once): each job's page and descriptors are its own."""
     go = tmp_path / "go"
     logs = [tmp_path / f"j{n}.log" for n in range(2)]
-    body = HONEST.replace("log = open", "while not os.path.exists(%r):\n    time.sleep(0.01)\n"
-                          "log = open" % str(go))
+    body = HONEST.replace(
+        "log = open", f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\nlog = open"
+    )
     script = write_script(tmp_path / "j.py", body)
     ids = [submit("--gpu-mem", "64M", str(script), str(log), "20") for log in logs]
-    wait_for(lambda: all((tmp_path / f"j{n}.log.inodes").exists() for n in range(2)), 60,
-             what="both jobs' descriptors")
+    wait_for(
+        lambda: all((tmp_path / f"j{n}.log.inodes").exists() for n in range(2)),
+        60,
+        what="both jobs' descriptors",
+    )
     go.touch()
     infos = [wait_state(i, "COMPLETED", timeout=60) for i in ids]
     assert infos[0]["device"] == infos[1]["device"]
-    first, second = ({tuple(key) for key in json.loads((tmp_path / f"j{n}.log.inodes")
-                                                       .read_text())} for n in range(2))
+    first, second = (
+        {tuple(key) for key in json.loads((tmp_path / f"j{n}.log.inodes").read_text())}
+        for n in range(2)
+    )
     assert first and second and not first & second
     assert all(job(i)["steps_done"] == 20 for i in ids)

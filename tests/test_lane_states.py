@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gq.exec.residents import (HOLDS_LANE, TRANSITIONS, WANTS_LANE, Event, IllegalStep,
-                               Standing, step)
+from gq.exec.residents import (
+    HOLDS_LANE,
+    TRANSITIONS,
+    WANTS_LANE,
+    Event,
+    IllegalStep,
+    Standing,
+    step,
+)
 
 WORKER_EVENTS = (Event.ASK, Event.RELEASE)
 
@@ -24,40 +31,46 @@ def test_a_job_that_leaves_its_lane_is_idle_from_anywhere(standing):
     assert step(standing, Event.LEAVE) is Standing.IDLE
 
 
-@pytest.mark.parametrize("standing, event, after", [
-    (Standing.IDLE, Event.ASK, Standing.WAITING),
-    (Standing.WAITING, Event.GRANT, Standing.HOLDING),
-    (Standing.WAITING, Event.LEASE, Standing.LEASED),
-    (Standing.HOLDING, Event.RELEASE, Standing.IDLE),
-    (Standing.LEASED, Event.RECALL, Standing.RECALLED),
-    (Standing.RECALLED, Event.TAKEN_BACK, Standing.IDLE),
-    (Standing.RECALLED, Event.RELEASE, Standing.IDLE),
-    (Standing.HOLDING, Event.STOP, Standing.STOPPED),
-    (Standing.RECALLED, Event.STOP, Standing.STOPPED),
-    (Standing.STOPPED, Event.GRANT, Standing.HOLDING),
-    (Standing.STOPPED, Event.RELEASE, Standing.IDLE),
-    # What changes nothing: a duplicate READY, a Done never owed or already counted.
-    (Standing.WAITING, Event.ASK, Standing.WAITING),
-    (Standing.HOLDING, Event.ASK, Standing.HOLDING),
-    (Standing.IDLE, Event.RELEASE, Standing.IDLE),
-    (Standing.WAITING, Event.RELEASE, Standing.WAITING),
-    (Standing.LEASED, Event.RELEASE, Standing.IDLE),  # it gave its lease back
-    (Standing.RECALLED, Event.UNTAKEN, Standing.HOLDING),
-])
+@pytest.mark.parametrize(
+    "standing, event, after",
+    [
+        (Standing.IDLE, Event.ASK, Standing.WAITING),
+        (Standing.WAITING, Event.GRANT, Standing.HOLDING),
+        (Standing.WAITING, Event.LEASE, Standing.LEASED),
+        (Standing.HOLDING, Event.RELEASE, Standing.IDLE),
+        (Standing.LEASED, Event.RECALL, Standing.RECALLED),
+        (Standing.RECALLED, Event.TAKEN_BACK, Standing.IDLE),
+        (Standing.RECALLED, Event.RELEASE, Standing.IDLE),
+        (Standing.HOLDING, Event.STOP, Standing.STOPPED),
+        (Standing.RECALLED, Event.STOP, Standing.STOPPED),
+        (Standing.STOPPED, Event.GRANT, Standing.HOLDING),
+        (Standing.STOPPED, Event.RELEASE, Standing.IDLE),
+        # What changes nothing: a duplicate READY, a Done never owed or already counted.
+        (Standing.WAITING, Event.ASK, Standing.WAITING),
+        (Standing.HOLDING, Event.ASK, Standing.HOLDING),
+        (Standing.IDLE, Event.RELEASE, Standing.IDLE),
+        (Standing.WAITING, Event.RELEASE, Standing.WAITING),
+        (Standing.LEASED, Event.RELEASE, Standing.IDLE),  # it gave its lease back
+        (Standing.RECALLED, Event.UNTAKEN, Standing.HOLDING),
+    ],
+)
 def test_moves(standing, event, after):
     assert step(standing, event) is after
 
 
-@pytest.mark.parametrize("standing, event", [
-    (Standing.IDLE, Event.GRANT),  # granted without asking
-    (Standing.HOLDING, Event.GRANT),  # granted twice
-    (Standing.LEASED, Event.LEASE),
-    (Standing.IDLE, Event.RECALL),  # nothing to recall
-    (Standing.HOLDING, Event.RECALL),
-    (Standing.LEASED, Event.TAKEN_BACK),  # taken back without being asked back first
-    (Standing.IDLE, Event.STOP),  # stopped inside an iteration it is not in
-    (Standing.LEASED, Event.STOP),  # a lease is asked back before its job is stopped
-])
+@pytest.mark.parametrize(
+    "standing, event",
+    [
+        (Standing.IDLE, Event.GRANT),  # granted without asking
+        (Standing.HOLDING, Event.GRANT),  # granted twice
+        (Standing.LEASED, Event.LEASE),
+        (Standing.IDLE, Event.RECALL),  # nothing to recall
+        (Standing.HOLDING, Event.RECALL),
+        (Standing.LEASED, Event.TAKEN_BACK),  # taken back without being asked back first
+        (Standing.IDLE, Event.STOP),  # stopped inside an iteration it is not in
+        (Standing.LEASED, Event.STOP),  # a lease is asked back before its job is stopped
+    ],
+)
 def test_a_move_the_table_does_not_have_is_the_host_s_error(standing, event):
     with pytest.raises(IllegalStep, match=event.value):
         step(standing, event)

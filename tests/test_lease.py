@@ -11,7 +11,6 @@ import socket
 import time
 
 import pytest
-from conftest import all_jobs, gq_ok, job, submit, wait_for, wait_state, write_script
 from test_reliability import host_process
 
 from gq import defaults, policies
@@ -21,6 +20,8 @@ from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
 from gq.exec.protocol import FROM_WORKER, Channel, Ready, WorkerChannel, encode
 from gq.exec.residents import Resident, Standing
 from gq.exec.worker import WorkerSession
+
+from conftest import all_jobs, gq_ok, job, submit, wait_for, wait_state, write_script
 
 
 def _pair() -> tuple[SharedPage, SharedPage]:
@@ -105,13 +106,16 @@ def test_a_page_cannot_be_shrunk_under_the_host():
     page.close()
 
 
-@pytest.mark.parametrize("change, fragment", [
-    (dict(iterations=1), "iterations went from 5 to 1"),
-    (dict(steps=2), "steps went from 5 to 2"),
-    (dict(iterations=10 ** 15), "iterations in a lease of"),
-    (dict(mem_peak=-7), "a negative figure"),
-    (dict(steps_at_take=-1), "a negative figure"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (dict(iterations=1), "iterations went from 5 to 1"),
+        (dict(steps=2), "steps went from 5 to 2"),
+        (dict(iterations=10**15), "iterations in a lease of"),
+        (dict(mem_peak=-7), "a negative figure"),
+        (dict(steps_at_take=-1), "a negative figure"),
+    ],
+)
 def test_impossible_figures_are_named(change, fragment):
     seen = Figures(steps=5, iterations=5)
     now = Figures(**{**seen.__dict__, **change})
@@ -121,15 +125,31 @@ def test_impossible_figures_are_named(change, fragment):
 
 
 def _resident(**fields) -> Resident:
-    return Resident(**{**dict(job_id=1, run=1, user="u", priority=0, submit_time=0.0,
-                              declared_total=10, lane=0, process=None, channel=None,
-                              started_at=0.0, started_wall=0.0), **fields})
+    return Resident(
+        **{
+            **dict(
+                job_id=1,
+                run=1,
+                user="u",
+                priority=0,
+                submit_time=0.0,
+                declared_total=10,
+                lane=0,
+                process=None,
+                channel=None,
+                started_at=0.0,
+                started_wall=0.0,
+            ),
+            **fields,
+        }
+    )
 
 
 def test_a_leased_jobs_page_gives_counts_and_memory_never_time():
     resident = _resident()
-    resident.take_figures(Figures(steps=4, iterations=4, mem_persistent=5, mem_peak=9,
-                                  steps_at_take=3))
+    resident.take_figures(
+        Figures(steps=4, iterations=4, mem_persistent=5, mem_peak=9, steps_at_take=3)
+    )
     assert resident.iterations == 4 and resident.steps_done == 4
     assert resident.attained == 0.0  # billed by the host alone
     assert (resident.mem_persistent, resident.mem_peak) == (5, 9) and not resident.past_total
@@ -154,8 +174,9 @@ def test_a_lease_s_mean_counts_every_iteration_in_its_time_and_half_the_one_unde
     counted as none: 43 ms read where it ran 30, and its forecasts ran 1.7 s late."""
     resident = _resident(iterations=7, attained=0.21)
     assert resident.mean_iteration == pytest.approx(0.03)
-    leased = _resident(iterations=7, attained=0.21, standing=Standing.LEASED,
-                       granted_at=time.monotonic() - 0.015)
+    leased = _resident(
+        iterations=7, attained=0.21, standing=Standing.LEASED, granted_at=time.monotonic() - 0.015
+    )
     assert leased.mean_iteration == pytest.approx(0.03, rel=0.05)
     # its first iteration timed (a plain grant), the rest leased: that one stays out
     mixed = _resident(iterations=7, attained=0.28, timed=1, first_iteration=0.1)
@@ -203,9 +224,13 @@ def _host_with_worker(worker) -> tuple[Host, Resident, int, socket.socket]:
 
 def _add(host: Host, job_id: int, sock: socket.socket, page: SharedPage | None) -> Resident:
     sock.setblocking(False)
-    resident = _resident(job_id=job_id, declared_total=None, started_at=time.monotonic(),
-                         channel=Channel(sock, FROM_WORKER, chunk=defaults.WORKER_READ),
-                         page=page)
+    resident = _resident(
+        job_id=job_id,
+        declared_total=None,
+        started_at=time.monotonic(),
+        channel=Channel(sock, FROM_WORKER, chunk=defaults.WORKER_READ),
+        page=page,
+    )
     host.residents[job_id] = resident
     host.lanes[0].residents.append(resident)
     host.selector.register(sock, selectors.EVENT_READ, resident)
@@ -236,8 +261,9 @@ def _grant_then_lease(session) -> None:
 
 def test_a_lease_asked_back_inside_an_iteration_ends_with_it_billed_its_wall_time():
     host, resident, child, _ = _host_with_worker(_grant_then_lease)
-    _serve(host, lambda: resident.standing is Standing.LEASED
-           and resident.page.read().iterations == 1)
+    _serve(
+        host, lambda: resident.standing is Standing.LEASED and resident.page.read().iterations == 1
+    )
     time.sleep(0.05)
     other_end, theirs = socket.socketpair()
     other = _add(host, 2, other_end, None)
@@ -278,7 +304,7 @@ def test_a_job_that_writes_its_lease_back_keeps_the_lane_for_no_longer_than_its_
 
 
 # ----- with a daemon, a host and workers ----------------------------------------------
-LEASED = '''
+LEASED = """
 import json, os, sys, time
 import gq
 from gq.exec import runtime
@@ -302,9 +328,9 @@ for i in gq.steps(items()):
     begin = time.monotonic()
     while time.monotonic() - begin < 0.01:
         pass
-'''
+"""
 
-OTHER = '''
+OTHER = """
 import json, time
 import gq
 
@@ -316,7 +342,7 @@ for i in gq.steps(range(30)):
     if i == 29:
         with open("b.ended", "w") as mark:
             mark.write(json.dumps(time.monotonic()))
-'''
+"""
 
 
 def test_a_job_alone_keeps_its_lane_and_gives_it_up_in_its_gap(daemon, tmp_path):
@@ -351,7 +377,7 @@ def _text(path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-HOSTILE = '''
+HOSTILE = """
 import sys, time
 import gq
 from gq.exec import runtime
@@ -377,18 +403,18 @@ def items():
 
 for i in gq.steps(items()):
     time.sleep(0.005)
-'''
+"""
 
 
-def test_a_worker_that_writes_impossible_figures_loses_its_job_and_nothing_else(daemon,
-                                                                                tmp_path):
+def test_a_worker_that_writes_impossible_figures_loses_its_job_and_nothing_else(daemon, tmp_path):
     host = host_process(daemon.pid())
     script = write_script(tmp_path / "hostile.py", HOSTILE)
     fragments = ["iterations went from", "iterations in a lease of", "a negative figure"]
     for kind, fragment in enumerate(fragments):
         info = wait_state(submit(str(script), str(kind)), "FAILED", timeout=60)
-        assert info["reason"].startswith("protocol error: its worker wrote impossible "
-                                         "figures on its page"), info["reason"]
+        assert info["reason"].startswith(
+            "protocol error: its worker wrote impossible figures on its page"
+        ), info["reason"]
         assert fragment in info["reason"], (fragment, info["reason"])
     assert host_process(daemon.pid()).pid == host.pid  # the host never went down
     after = submit(str(write_script(tmp_path / "ok.py", OTHER)))
@@ -396,7 +422,7 @@ def test_a_worker_that_writes_impossible_figures_loses_its_job_and_nothing_else(
     assert len(all_jobs()) == len(fragments) + 1
 
 
-SHRINK = '''
+SHRINK = """
 import os
 import gq
 
@@ -412,15 +438,16 @@ except PermissionError:
     print("sealed")
 for _ in gq.steps(range(20)):
     pass
-'''
+"""
 
 
 def test_a_job_that_tries_to_shrink_its_page_cannot(daemon, tmp_path):
     """A shrunk page would make the host's next read of it a SIGBUS: every job on the
     device would lose its host."""
     host = host_process(daemon.pid())
-    info = wait_state(submit(str(write_script(tmp_path / "s.py", SHRINK))), "COMPLETED",
-                      "FAILED", timeout=60)
+    info = wait_state(
+        submit(str(write_script(tmp_path / "s.py", SHRINK))), "COMPLETED", "FAILED", timeout=60
+    )
     out = (tmp_path / f"gq-{info['id']}.out").read_text()
     assert out.splitlines()[0] == "sealed", out
     assert info["state"] == "COMPLETED" and info["steps_done"] == 20

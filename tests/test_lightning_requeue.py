@@ -77,8 +77,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.long
-def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(daemon,
-                                                                            tmp_path):
+def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(daemon, tmp_path):
     import torch
 
     script = write_script(tmp_path / "light.py", LIGHT)
@@ -87,10 +86,14 @@ def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(da
     job_id = submit("-t", "10:00", "--signal", "USR1@35", "--requeue", str(script))
     bare = tmp_path / "bare"
     bare.mkdir()
-    by_hand = subprocess.run([sys.executable, str(script)], cwd=bare, capture_output=True,
-                             text=True, timeout=120, env={
-                                 k: v for k, v in os.environ.items()
-                                 if not k.startswith(("GQ_", "SLURM_"))})
+    by_hand = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=bare,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("GQ_", "SLURM_"))},
+    )
     assert by_hand.returncode == 0, by_hand.stderr
     wait_for((tmp_path / "training").exists, 120, what="the first run training")
     started = datetime.fromisoformat(job(job_id)["start_time"]).timestamp()

@@ -19,20 +19,30 @@ HAND_WRITTEN_SGD = str(ROOT / "tests" / "zoo" / "hand_written_sgd.py")
 def test_a_long_iteration_shows_its_lane_held_and_its_service_growing(daemon, tmp_path):
     """Before, the daemon heard of a grant only at the iteration's end: a job inside a long
     iteration showed `waits` and 0 s of service until it left it."""
-    script = write_script(tmp_path / "long.py", (
-        "import gq, time\n"
-        "for _ in gq.steps(range(2)):\n"
-        "    time.sleep(8)\n"))
+    script = write_script(
+        tmp_path / "long.py", ("import gq, time\nfor _ in gq.steps(range(2)):\n    time.sleep(8)\n")
+    )
     job_id = submit(str(script))
     wait_state(job_id, "RUNNING")
     started = time.monotonic()
-    seen = wait_for(lambda: (lambda info: info if info["holds_lane"] and info["attained"] >= 1.0
-                             else None)(job(job_id)), 6, interval=0.1,
-                    what="the lane held and service counted inside the first iteration")
+    seen = wait_for(
+        lambda: (lambda info: info if info["holds_lane"] and info["attained"] >= 1.0 else None)(
+            job(job_id)
+        ),
+        6,
+        interval=0.1,
+        what="the lane held and service counted inside the first iteration",
+    )
     assert time.monotonic() - started < 7 and seen["steps_done"] == 0
     assert "holds" in gq_ok("status")
-    later = wait_for(lambda: (lambda info: info if info["attained"] >= seen["attained"] + 1.0
-                              else None)(job(job_id)), 5, interval=0.1, what="service to grow")
+    later = wait_for(
+        lambda: (lambda info: info if info["attained"] >= seen["attained"] + 1.0 else None)(
+            job(job_id)
+        ),
+        5,
+        interval=0.1,
+        what="service to grow",
+    )
     assert later["steps_done"] == 0 and later["holds_lane"]
     gq_ok("cancel", str(job_id))
 
@@ -66,11 +76,17 @@ def _run_launchers(tmp_path) -> dict[str, str]:
     project = tmp_path / "project"
     project.mkdir()
     (project / "config.txt").write_text("lr=3e-4\n")
-    body = ('HERE=$(cd "$(dirname "$0")" && pwd)\n'
-            'echo "$0 $HERE $(cat "$HERE/config.txt") args=$*"\n'
-            'echo "source=${BASH_SOURCE:-none}"\n')
-    firsts = {"plain.sh": "", "bash.sh": "#!/bin/bash\n", "env.sh": "#!/usr/bin/env bash\n",
-              "sh.sh": "#!/bin/sh -e\n"}
+    body = (
+        'HERE=$(cd "$(dirname "$0")" && pwd)\n'
+        'echo "$0 $HERE $(cat "$HERE/config.txt") args=$*"\n'
+        'echo "source=${BASH_SOURCE:-none}"\n'
+    )
+    firsts = {
+        "plain.sh": "",
+        "bash.sh": "#!/bin/bash\n",
+        "env.sh": "#!/usr/bin/env bash\n",
+        "sh.sh": "#!/bin/sh -e\n",
+    }
     ids = {}
     for name, first in firsts.items():
         script = write_script(project / name, first + body)
@@ -97,25 +113,45 @@ def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):
 
     project = tmp_path / "project"
     bound = os.geteuid() == 0 and root_mount_shared()
-    expected = {name: f"source={project / name}" if bound else "source=/dev/fd/3"
-                for name in ("plain.sh", "bash.sh", "env.sh")}
+    expected = {
+        name: f"source={project / name}" if bound else "source=/dev/fd/3"
+        for name in ("plain.sh", "bash.sh", "env.sh")
+    }
     assert _run_launchers(tmp_path) == {**expected, "sh.sh": "source=none"}  # dash has none
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="needs root and unshare(1)")
-def test_a_root_host_with_a_shared_root_shows_the_snapshot_under_the_scripts_name(
-        home, tmp_path):
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
+)
+def test_a_root_host_with_a_shared_root_shows_the_snapshot_under_the_scripts_name(home, tmp_path):
     """As under systemd: the daemon and its hosts in a mount namespace whose root is shared.
     Each job's namespace is a slave of it, and the snapshot is bound over the script there:
     BASH_SOURCE names the script, and nothing outside the job sees the bind."""
-    subprocess.run(["unshare", "--mount", "--propagation", "shared", sys.executable, "-m",
-                    "gq", "daemon", "start", "--kill-wait", "1"], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "shared",
+            sys.executable,
+            "-m",
+            "gq",
+            "daemon",
+            "start",
+            "--kill-wait",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     project = tmp_path / "project"
     assert _run_launchers(tmp_path) == {
-        "plain.sh": f"source={project / 'plain.sh'}", "bash.sh": f"source={project / 'bash.sh'}",
-        "env.sh": f"source={project / 'env.sh'}", "sh.sh": "source=none"}
+        "plain.sh": f"source={project / 'plain.sh'}",
+        "bash.sh": f"source={project / 'bash.sh'}",
+        "env.sh": f"source={project / 'env.sh'}",
+        "sh.sh": "source=none",
+    }
 
 
 def test_shells_named_by_a_first_line():
@@ -134,15 +170,19 @@ def test_a_job_completed_by_a_resumed_run_shows_as_done(daemon, tmp_path):
     """A requeued job that resumes from its checkpoint counts only its last run's steps:
     it showed `Steps: 20/30` and a two-thirds bar once COMPLETED."""
     checkpoint, waiting = tmp_path / "checkpoint", tmp_path / "waiting"
-    script = write_script(tmp_path / "resume.py", (
-        "import gq, os, sys, time\n"
-        f"done = int(open({str(checkpoint)!r}).read()) if os.path.exists({str(checkpoint)!r})"
-        " else 0\n"
-        "for step in gq.steps(range(done, 30)):\n"
-        f"    open({str(checkpoint)!r}, 'w').write(str(step + 1))\n"
-        "    if step == 9 and done == 0:\n"
-        f"        open({str(waiting)!r}, 'w').close()\n"
-        "        time.sleep(300)\n"))
+    script = write_script(
+        tmp_path / "resume.py",
+        (
+            "import gq, os, sys, time\n"
+            f"done = int(open({str(checkpoint)!r}).read()) if os.path.exists({str(checkpoint)!r})"
+            " else 0\n"
+            "for step in gq.steps(range(done, 30)):\n"
+            f"    open({str(checkpoint)!r}, 'w').write(str(step + 1))\n"
+            "    if step == 9 and done == 0:\n"
+            f"        open({str(waiting)!r}, 'w').close()\n"
+            "        time.sleep(300)\n"
+        ),
+    )
     job_id = submit("--steps", "30", str(script))
     wait_for(waiting.exists, 60, what="the first run to reach its checkpoint")
     gq_ok("requeue", str(job_id))

@@ -11,12 +11,25 @@ from datetime import datetime
 
 import pytest
 
-from conftest import (PYTHON, ROOT, DaemonControl, all_jobs, cgroups_usable, gq, gq_ok, job,
-                      submit, wait_for, wait_state, write_script)
 from gq import defaults
 from gq.daemon import memory
 from gq.exec import memory as worker_memory
 from gq.messages import OnOutOfMemory
+
+from conftest import (
+    PYTHON,
+    ROOT,
+    DaemonControl,
+    all_jobs,
+    cgroups_usable,
+    gq,
+    gq_ok,
+    job,
+    submit,
+    wait_for,
+    wait_state,
+    write_script,
+)
 
 M = 1 << 20
 G = 1 << 30
@@ -30,8 +43,9 @@ LOOP = ROOT / "bench" / "jobs" / "memory_loop.py"
 
 def _bare_losses(*args: str) -> list[float]:
     """The neighbour's result run bare, outside gq."""
-    done = subprocess.run([PYTHON, str(LOOP), *args], capture_output=True, text=True,
-                          check=True, timeout=120)
+    done = subprocess.run(
+        [PYTHON, str(LOOP), *args], capture_output=True, text=True, check=True, timeout=120
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -45,56 +59,113 @@ def _losses(tmp_path, job_id: int) -> list[float]:
 
 # ----- the verdict (pure) ---------------------------------------------------------------
 def test_a_run_that_ran_out_is_requeued_with_its_figure_raised_to_what_it_asked_for():
-    verdict = memory.after_shortage(held=5 * G, wanted=7 * G + 100 * M, figure=4 * G,
-                                    on_oom=OnOutOfMemory.REQUEUE, ooms=0, retries=None,
-                                    free=5 * G, largest=16 * G)
+    verdict = memory.after_shortage(
+        held=5 * G,
+        wanted=7 * G + 100 * M,
+        figure=4 * G,
+        on_oom=OnOutOfMemory.REQUEUE,
+        ooms=0,
+        retries=None,
+        free=5 * G,
+        largest=16 * G,
+    )
     assert verdict.requeue and verdict.figure == 7 * G + 100 * M
     assert verdict.reason == "OutOfMemory (needs 7.1G, 5.0G free)"
 
 
 def test_a_run_that_did_not_say_what_it_asked_for_grows_its_figure():
-    verdict = memory.after_shortage(held=400 * M, wanted=None, figure=400 * M,
-                                    on_oom=OnOutOfMemory.REQUEUE, ooms=0, retries=None,
-                                    free=0, largest=G)
+    verdict = memory.after_shortage(
+        held=400 * M,
+        wanted=None,
+        figure=400 * M,
+        on_oom=OnOutOfMemory.REQUEUE,
+        ooms=0,
+        retries=None,
+        free=0,
+        largest=G,
+    )
     assert verdict.requeue and verdict.figure == int(400 * M * defaults.OOM_GROWTH)
     assert verdict.reason == "OutOfMemory (needs 600.0M, 0B free)"
 
 
-@pytest.mark.parametrize("on_oom, ooms, retries, largest, why", [
-    (OnOutOfMemory.FAIL, 0, None, 16 * G, "--oom fail"),
-    (OnOutOfMemory.REQUEUE, 0, None, 6 * G, "no device of this node offers 7.0G"),
-    (OnOutOfMemory.REQUEUE, defaults.OOM_REQUEUES, None, 16 * G, "ran out of memory 4 times"),
-    (OnOutOfMemory.REQUEUE, 1, 1, 16 * G, "ran out of memory 2 times"),
-])
+@pytest.mark.parametrize(
+    "on_oom, ooms, retries, largest, why",
+    [
+        (OnOutOfMemory.FAIL, 0, None, 16 * G, "--oom fail"),
+        (OnOutOfMemory.REQUEUE, 0, None, 6 * G, "no device of this node offers 7.0G"),
+        (OnOutOfMemory.REQUEUE, defaults.OOM_REQUEUES, None, 16 * G, "ran out of memory 4 times"),
+        (OnOutOfMemory.REQUEUE, 1, 1, 16 * G, "ran out of memory 2 times"),
+    ],
+)
 def test_a_run_that_ran_out_fails_where_it_must(on_oom, ooms, retries, largest, why):
-    verdict = memory.after_shortage(held=G, wanted=7 * G, figure=None, on_oom=on_oom,
-                                    ooms=ooms, retries=retries, free=2 * G, largest=largest)
+    verdict = memory.after_shortage(
+        held=G,
+        wanted=7 * G,
+        figure=None,
+        on_oom=on_oom,
+        ooms=ooms,
+        retries=retries,
+        free=2 * G,
+        largest=largest,
+    )
     assert not verdict.requeue and verdict.figure == 7 * G
-    assert verdict.reason.startswith("OutOfMemory (needs 7.0G, 2.0G free); ") and \
-        why in verdict.reason
+    assert (
+        verdict.reason.startswith("OutOfMemory (needs 7.0G, 2.0G free); ") and why in verdict.reason
+    )
 
 
 def test_more_retries_allow_more_runs_out_of_memory():
-    verdict = memory.after_shortage(held=G, wanted=2 * G, figure=G, on_oom=OnOutOfMemory.REQUEUE,
-                                    ooms=5, retries=10, free=G, largest=8 * G)
+    verdict = memory.after_shortage(
+        held=G,
+        wanted=2 * G,
+        figure=G,
+        on_oom=OnOutOfMemory.REQUEUE,
+        ooms=5,
+        retries=10,
+        free=G,
+        largest=8 * G,
+    )
     assert verdict.requeue
 
 
 def test_a_run_out_of_memory_within_its_own_figure_still_grows_it():
     """Its allocator's cache or a neighbour over its own figure: raised all the same, and
     counted, so that runs out of memory end."""
-    verdict = memory.after_shortage(held=300 * M, wanted=500 * M, figure=G,
-                                    on_oom=OnOutOfMemory.REQUEUE, ooms=0, retries=None,
-                                    free=0, largest=8 * G)
+    verdict = memory.after_shortage(
+        held=300 * M,
+        wanted=500 * M,
+        figure=G,
+        on_oom=OnOutOfMemory.REQUEUE,
+        ooms=0,
+        retries=None,
+        free=0,
+        largest=8 * G,
+    )
     assert verdict.requeue and verdict.figure == int(G * defaults.OOM_GROWTH)
-    nothing = memory.after_shortage(held=0, wanted=0, figure=None, on_oom=OnOutOfMemory.REQUEUE,
-                                    ooms=0, retries=None, free=0, largest=8 * G)
+    nothing = memory.after_shortage(
+        held=0,
+        wanted=0,
+        figure=None,
+        on_oom=OnOutOfMemory.REQUEUE,
+        ooms=0,
+        retries=None,
+        free=0,
+        largest=8 * G,
+    )
     assert nothing.figure >= 1  # a figure of 0 would be no cap at all
 
 
 def test_no_retries_means_no_run_out_of_memory_is_retried():
-    verdict = memory.after_shortage(held=G, wanted=2 * G, figure=G, on_oom=OnOutOfMemory.REQUEUE,
-                                    ooms=0, retries=0, free=G, largest=8 * G)
+    verdict = memory.after_shortage(
+        held=G,
+        wanted=2 * G,
+        figure=G,
+        on_oom=OnOutOfMemory.REQUEUE,
+        ooms=0,
+        retries=0,
+        free=G,
+        largest=8 * G,
+    )
     assert not verdict.requeue and "ran out of memory 1 times" in verdict.reason
 
 
@@ -106,12 +177,18 @@ def test_a_probed_figure_is_the_peak_and_its_margin():
 def test_the_worker_knows_an_out_of_memory_error_and_what_it_asked_for():
     import torch
 
-    cuda = worker_memory.shortage(torch.OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 8 GiB"))
+    cuda = worker_memory.shortage(
+        torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 8 GiB"
+        )
+    )
     assert cuda is not None and cuda.wanted == cuda.held + 2 * G and cuda.held > 0
-    cpu = worker_memory.shortage(RuntimeError(
-        "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
-        "you tried to allocate 1048576 bytes. Error code 12 (Cannot allocate memory)"))
+    cpu = worker_memory.shortage(
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 1048576 bytes. Error code 12 (Cannot allocate memory)"
+        )
+    )
     assert cpu is not None and cpu.wanted == cpu.held + M
     plain = worker_memory.shortage(MemoryError())
     assert plain is not None and plain.wanted is None
@@ -152,11 +229,19 @@ def test_a_job_out_of_memory_waits_for_room_and_its_neighbour_finishes_as_alone(
     leave = tmp_path / "leave"
     neighbour = submit("--gpu-mem", "600M", str(LOOP), "--steps", "30", "--leave", str(leave))
     wait_state(neighbour, "RUNNING")
-    short = submit("--gpu-mem", "400M", str(LOOP), "--steps", "20", "--grow-mb", "600",
-                   "--how", "raise")
-    waiting = wait_for(lambda: (info := job(short))["reason"] and
-                       info["reason"].startswith("OutOfMemory") and info["state"] == "PENDING"
-                       and info, 60, what="the job to wait for room")
+    short = submit(
+        "--gpu-mem", "400M", str(LOOP), "--steps", "20", "--grow-mb", "600", "--how", "raise"
+    )
+    waiting = wait_for(
+        lambda: (
+            (info := job(short))["reason"]
+            and info["reason"].startswith("OutOfMemory")
+            and info["state"] == "PENDING"
+            and info
+        ),
+        60,
+        what="the job to wait for room",
+    )
     assert job(neighbour)["state"] == "RUNNING"
     assert waiting["reason"].startswith("OutOfMemory (needs ") and "free)" in waiting["reason"]
     leave.touch()
@@ -199,14 +284,18 @@ def test_without_a_cgroup_the_host_ends_a_job_over_its_cap_at_a_boundary(home, t
     held, and run again until it completes."""
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "8G", "--cgroup", "off")
     over = submit("--gpu-mem", "600M", str(LOOP), "--grow-mb", "700")
-    requeued = wait_for(lambda: (info := job(over))["ooms"] == 1 and info, 60,
-                        what="the job to be ended for its memory")
+    requeued = wait_for(
+        lambda: (info := job(over))["ooms"] == 1 and info,
+        60,
+        what="the job to be ended for its memory",
+    )
     assert requeued["mem"] > 700 * M  # what it held: its allocation and the interpreter
     assert requeued["mem_basis"] == "raised"
     finished = wait_state(over, "COMPLETED", timeout=60)
     assert finished["run_count"] == 2
-    event = next(e for e in finished["events"] if e["old_state"] == "RUNNING"
-                 and e["new_state"] == "PENDING")
+    event = next(
+        e for e in finished["events"] if e["old_state"] == "RUNNING" and e["new_state"] == "PENDING"
+    )
     assert event["reason"].startswith("OutOfMemory (needs ")
 
 
@@ -236,12 +325,16 @@ def test_host_mem_holds_where_no_cgroup_can_hold_it(home, tmp_path, kind):
     if kind == "v2" and "without its memory controller" not in info:
         pytest.skip("v2's memory controller holds the limit here: the kernel enforces it")
     assert "(--host-mem checked every 1 s)" in info
-    grow = write_script(tmp_path / "grow.py", (
-        "import os, sys, time\n"
-        "held = bytearray(int(sys.argv[1]) << 20)\n"
-        "held[::4096] = b'x' * len(held[::4096])\n"
-        "open(f\"grown-{os.environ['GQ_JOB_ID']}\", 'w').close()\n"
-        "while not os.path.exists('leave'):\n    time.sleep(0.05)\n"))
+    grow = write_script(
+        tmp_path / "grow.py",
+        (
+            "import os, sys, time\n"
+            "held = bytearray(int(sys.argv[1]) << 20)\n"
+            "held[::4096] = b'x' * len(held[::4096])\n"
+            "open(f\"grown-{os.environ['GQ_JOB_ID']}\", 'w').close()\n"
+            "while not os.path.exists('leave'):\n    time.sleep(0.05)\n"
+        ),
+    )
     over = submit("--gpu-mem", "1G", "--host-mem", "200M", str(grow), "400")
     within = submit("--gpu-mem", "1G", "--host-mem", "2G", str(grow), "300")
     failed = wait_state(over, "FAILED", timeout=30)
@@ -249,8 +342,11 @@ def test_host_mem_holds_where_no_cgroup_can_hold_it(home, tmp_path, kind):
     assert (failed["ooms"], failed["mem"], failed["run_count"]) == (0, G, 1)
     wait_for(lambda: (tmp_path / f"grown-{within}").exists(), 30, what="the other's growth")
     if kind == "v2":
-        held = wait_for(lambda: (job(within)["host_memory"] or 0) > 300 * M and
-                        job(within)["host_memory"], 10, what="its processes' memory")
+        held = wait_for(
+            lambda: (job(within)["host_memory"] or 0) > 300 * M and job(within)["host_memory"],
+            10,
+            what="its processes' memory",
+        )
         assert held < 2 * G
     (tmp_path / "leave").touch()
     assert wait_state(within, "COMPLETED", timeout=30)["exit_code"] == 0
@@ -270,21 +366,25 @@ def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp
     and emulated devices the figure is no cap (a probe sees the worker's resident memory at
     its boundaries, not all its cgroup counts): growing past it later is flagged, MEM! in gq
     status and gq show and the daemon's log, and the job goes on."""
-    slow = write_script(tmp_path / "slow.py", (
-        "import os, sys, time, torch\n"
-        "model = torch.nn.Linear(8, 1)\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "kept = []\n"
-        "for step in range(int(sys.argv[1])):\n"
-        "    opt.zero_grad()\n"
-        "    model(torch.randn(4, 8)).sum().backward()\n"
-        "    time.sleep(0.3)\n"
-        "    opt.step()\n"
-        "    if step == 6 and len(sys.argv) > 2:\n"
-        "        kept.append(bytearray(300 << 20))\n"
-        "        kept[-1][::4096] = b'x' * len(kept[-1][::4096])\n"
-        "while len(sys.argv) > 2 and not os.path.exists('leave'):\n"
-        "    time.sleep(0.05)\n"))
+    slow = write_script(
+        tmp_path / "slow.py",
+        (
+            "import os, sys, time, torch\n"
+            "model = torch.nn.Linear(8, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "kept = []\n"
+            "for step in range(int(sys.argv[1])):\n"
+            "    opt.zero_grad()\n"
+            "    model(torch.randn(4, 8)).sum().backward()\n"
+            "    time.sleep(0.3)\n"
+            "    opt.step()\n"
+            "    if step == 6 and len(sys.argv) > 2:\n"
+            "        kept.append(bytearray(300 << 20))\n"
+            "        kept[-1][::4096] = b'x' * len(kept[-1][::4096])\n"
+            "while len(sys.argv) > 2 and not os.path.exists('leave'):\n"
+            "    time.sleep(0.05)\n"
+        ),
+    )
     control = DaemonControl(home)
     control.start("--cpu-devices", "1", "--cpu-memory", "8G")
     probed = submit(str(slow), "10", "grow")
@@ -293,14 +393,24 @@ def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp
     waiting = job(second)
     assert waiting["state"] == "PENDING" and job(probed)["steps_done"] < defaults.PROBE_ITERATIONS
     joined = wait_state(second, "RUNNING", "COMPLETED", timeout=60)
-    assert _at(joined["start_time"]) - _at(started["start_time"]) >= \
-        defaults.PROBE_ITERATIONS * 0.3 * 0.9
-    figure = wait_for(lambda: (info := job(probed))["mem_basis"] == "measured"
-                      and info["mem_persistent"] and info, 30, what="the probe's figure")
+    assert (
+        _at(joined["start_time"]) - _at(started["start_time"])
+        >= defaults.PROBE_ITERATIONS * 0.3 * 0.9
+    )
+    figure = wait_for(
+        lambda: (
+            (info := job(probed))["mem_basis"] == "measured" and info["mem_persistent"] and info
+        ),
+        30,
+        what="the probe's figure",
+    )
     assert figure["mem"] >= figure["mem_persistent"] > 0
     assert "(measured: the peak of its first iterations and 10%)" in gq_ok("show", str(probed))
-    over = wait_for(lambda: (info := job(probed))["mem_over"] and info, 30,
-                    what="the job measured over its figure")
+    over = wait_for(
+        lambda: (info := job(probed))["mem_over"] and info,
+        30,
+        what="the job measured over its figure",
+    )
     assert over["mem_peak"] > over["mem"]
     status = gq_ok("status")
     assert any(line.split()[0] == str(probed) and "MEM!" in line for line in status.splitlines())
@@ -314,8 +424,10 @@ def test_a_probe_that_measures_nothing_leaves_no_figure_and_opens_the_lane(home,
     """A Python job that runs no iteration is waited for --probe-wait at most: then it has
     no figure (none of 0, which would be no cap), and the next job joins it."""
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "8G", "--probe-wait", "4s")
-    idle = write_script(tmp_path / "idle.py", "import os, time\n"
-                        "while not os.path.exists('leave'):\n    time.sleep(0.05)\n")
+    idle = write_script(
+        tmp_path / "idle.py",
+        "import os, time\nwhile not os.path.exists('leave'):\n    time.sleep(0.05)\n",
+    )
     quiet = submit(str(idle))
     started = wait_state(quiet, "RUNNING")
     other = submit("--gpu-mem", "100M", str(write_script(tmp_path / "s.py", "pass\n")))
@@ -341,18 +453,26 @@ def test_a_bad_oom_choice_is_refused_and_queues_nothing(daemon, tmp_path):
 
 def test_a_worker_that_lies_about_its_memory_loses_only_its_own_job(daemon, tmp_path):
     """An out-of-memory report out of bounds is a protocol error: its job fails saying so."""
-    liar = write_script(tmp_path / "liar.py", (
-        "import os, socket\n"
-        "s = socket.socket(fileno=4)  # its worker's socket to the host\n"
-        "s.sendall(b'{\"op\": \"oom\", \"held\": -5, \"wanted\": 1e400}\\n')\n"
-        "import time; time.sleep(30)\n"))
+    liar = write_script(
+        tmp_path / "liar.py",
+        (
+            "import os, socket\n"
+            "s = socket.socket(fileno=4)  # its worker's socket to the host\n"
+            's.sendall(b\'{"op": "oom", "held": -5, "wanted": 1e400}\\n\')\n'
+            "import time; time.sleep(30)\n"
+        ),
+    )
     failed = wait_state(submit(str(liar)), "FAILED", timeout=30)
     assert failed["reason"].startswith("protocol error") and "oom" in failed["reason"]
-    absurd = write_script(tmp_path / "absurd.py", (
-        "import socket, sys\n"
-        "s = socket.socket(fileno=4)\n"
-        "s.sendall(b'{\"op\": \"oom\", \"held\": 1, \"wanted\": 9223372036854775807}\\n')\n"
-        "sys.exit(1)\n"))
+    absurd = write_script(
+        tmp_path / "absurd.py",
+        (
+            "import socket, sys\n"
+            "s = socket.socket(fileno=4)\n"
+            's.sendall(b\'{"op": "oom", "held": 1, "wanted": 9223372036854775807}\\n\')\n'
+            "sys.exit(1)\n"
+        ),
+    )
     liar = wait_state(submit("--gpu-mem", "100M", str(absurd)), "FAILED", timeout=30)
     assert "no device of this node offers" in liar["reason"]
     assert liar["mem"] == 100 * M  # not the figure it claimed: a gq requeue brings back 100M

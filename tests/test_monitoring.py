@@ -17,11 +17,21 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import (KERNEL_LOOP, gq, gq_ok, job, submit, submit_resident, wait_for, wait_state,
-                      write_script)
 from gq.daemon import admission, devices, sampling
 from gq.daemon.guard import Guard, Limits
 from gq.messages import DeviceReading
+
+from conftest import (
+    KERNEL_LOOP,
+    gq,
+    gq_ok,
+    job,
+    submit,
+    submit_resident,
+    wait_for,
+    wait_state,
+    write_script,
+)
 
 
 # ----- the guard (pure) -----------------------------------------------------------------
@@ -50,11 +60,25 @@ def test_guard_without_a_figure_or_a_limit_holds_nothing():
 
 
 # ----- placement keys (pure) ------------------------------------------------------------
-def load(name: str, index: int, residents: int = 0, utilization: float = 0.0,
-         held: str | None = None, links: tuple[int, ...] = ()) -> admission.DeviceLoad:
-    return admission.DeviceLoad(name=name, gpu=True, index=index, residents=residents,
-                                lanes=[admission.LaneLoad(1 << 30)], max_resident=4,
-                                utilization=utilization, held=held, links=links)
+def load(
+    name: str,
+    index: int,
+    residents: int = 0,
+    utilization: float = 0.0,
+    held: str | None = None,
+    links: tuple[int, ...] = (),
+) -> admission.DeviceLoad:
+    return admission.DeviceLoad(
+        name=name,
+        gpu=True,
+        index=index,
+        residents=residents,
+        lanes=[admission.LaneLoad(1 << 30)],
+        max_resident=4,
+        utilization=utilization,
+        held=held,
+        links=links,
+    )
 
 
 def test_a_shared_job_goes_to_the_less_busy_device_when_headroom_and_residents_tie():
@@ -62,22 +86,31 @@ def test_a_shared_job_goes_to_the_less_busy_device_when_headroom_and_residents_t
     outcome = admission.place([admission.Request(1, 1, admission.Footprint())], loads)
     assert outcome.placements[0].devices == ("gpu1",)
     # Fewer residents still come first.
-    loads = [load("gpu0", 0, 1, utilization=0.0), load("gpu1", 1, 2, utilization=0.0),
-             load("gpu2", 2, 0, utilization=99.0)]
+    loads = [
+        load("gpu0", 0, 1, utilization=0.0),
+        load("gpu1", 1, 2, utilization=0.0),
+        load("gpu2", 2, 0, utilization=99.0),
+    ]
     outcome = admission.place([admission.Request(1, 1, admission.Footprint())], loads)
     assert outcome.placements[0].devices == ("gpu2",)
 
 
 def test_a_held_device_takes_no_job_and_the_waiting_jobs_say_why():
     why = "gpu0 too hot: 91 C (--max-temp 80); admits again at 75 C"
-    outcome = admission.place([admission.Request(1, 1, admission.Footprint()),
-                               admission.Request(2, 1, admission.Footprint())],
-                              [load("gpu0", 0, held=why)])
+    outcome = admission.place(
+        [
+            admission.Request(1, 1, admission.Footprint()),
+            admission.Request(2, 1, admission.Footprint()),
+        ],
+        [load("gpu0", 0, held=why)],
+    )
     assert outcome.placements == []
     assert outcome.reasons == {1: f"Resources ({why})", 2: f"Priority ({why})"}
     # Another device takes the job instead.
-    outcome = admission.place([admission.Request(1, 1, admission.Footprint())],
-                              [load("gpu0", 0, held=why), load("gpu1", 1, residents=3)])
+    outcome = admission.place(
+        [admission.Request(1, 1, admission.Footprint())],
+        [load("gpu0", 0, held=why), load("gpu1", 1, residents=3)],
+    )
     assert outcome.placements[0].devices == ("gpu1",)
 
 
@@ -118,7 +151,9 @@ def fake_nvml(job_pid: int) -> types.SimpleNamespace:
 
     def memory(handle):
         total = {"board0": 80 << 30, "board1": 80 << 30, "mig-a": 10 << 30, "mig-b": 20 << 30}
-        return types.SimpleNamespace(total=total[handle], used=3 << 30, free=total[handle] - (3 << 30))
+        return types.SimpleNamespace(
+            total=total[handle], used=3 << 30, free=total[handle] - (3 << 30)
+        )
 
     def utilization(handle):
         if handle.startswith("mig"):
@@ -128,15 +163,23 @@ def fake_nvml(job_pid: int) -> types.SimpleNamespace:
     def processes(handle):
         if handle != "board0":
             return []
-        return [types.SimpleNamespace(pid=job_pid, usedGpuMemory=2 << 30),
-                types.SimpleNamespace(pid=999999, usedGpuMemory=1 << 30)]
+        return [
+            types.SimpleNamespace(pid=job_pid, usedGpuMemory=2 << 30),
+            types.SimpleNamespace(pid=999999, usedGpuMemory=1 << 30),
+        ]
 
     return types.SimpleNamespace(
-        NVMLError=FakeNvmlError, NVML_DEVICE_MIG_ENABLE=1, NVML_TEMPERATURE_GPU=0,
-        NVML_CLOCK_SM=1, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1, NVML_VOLATILE_ECC=0,
-        nvmlClocksThrottleReasonGpuIdle=1, nvmlClocksThrottleReasonSwPowerCap=4,
+        NVMLError=FakeNvmlError,
+        NVML_DEVICE_MIG_ENABLE=1,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_CLOCK_SM=1,
+        NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
+        NVML_VOLATILE_ECC=0,
+        nvmlClocksThrottleReasonGpuIdle=1,
+        nvmlClocksThrottleReasonSwPowerCap=4,
         nvmlClocksThrottleReasonHwThermalSlowdown=0x40,
-        nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
         nvmlDeviceGetCount=lambda: 2,
         nvmlDeviceGetHandleByIndex=lambda i: boards[i],
         nvmlDeviceGetHandleByUUID=lambda u: next(h for h, v in uuids.items() if v == u),
@@ -148,11 +191,14 @@ def fake_nvml(job_pid: int) -> types.SimpleNamespace:
         nvmlDeviceGetMigDeviceHandleByIndex=mig_handle,
         nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 10,
         nvmlDeviceGetUtilizationRates=utilization,
-        nvmlDeviceGetPowerUsage=lambda h: 312_500, nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000,
+        nvmlDeviceGetPowerUsage=lambda h: 312_500,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000,
         nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 4 | 0x40,
-        nvmlDeviceGetTemperature=lambda h, sensor: 71, nvmlDeviceGetClockInfo=lambda h, c: 1980,
+        nvmlDeviceGetTemperature=lambda h, sensor: 71,
+        nvmlDeviceGetClockInfo=lambda h, c: 1980,
         nvmlDeviceGetTotalEccErrors=lambda h, kind, counter: 0,
-        nvmlDeviceGetComputeRunningProcesses=processes)
+        nvmlDeviceGetComputeRunningProcesses=processes,
+    )
 
 
 def test_nvml_discovery_sampling_mig_and_the_jobs_view(monkeypatch):
@@ -161,7 +207,10 @@ def test_nvml_discovery_sampling_mig_and_the_jobs_view(monkeypatch):
     found, note = devices.discover()
     assert note is None
     assert [(d.name, d.index, d.uuid, d.memory_total >> 30) for d in found if d.kind == "cuda"] == [
-        ("gpu0", 0, "GPU-0000", 80), ("gpu1-mig0", 1, "MIG-aaaa", 10), ("gpu1-mig2", 2, "MIG-bbbb", 20)]
+        ("gpu0", 0, "GPU-0000", 80),
+        ("gpu1-mig0", 1, "MIG-aaaa", 10),
+        ("gpu1-mig2", 2, "MIG-bbbb", 20),
+    ]
     assert found[0].links == (0, 10) and found[-1].kind == "cpu"
     # Every GPU goes by its UUID, so the user's CUDA_DEVICE_ORDER cannot renumber them.
     env = devices.environment([found[0], found[2]])
@@ -170,8 +219,15 @@ def test_nvml_discovery_sampling_mig_and_the_jobs_view(monkeypatch):
     sampler = sampling.Sampler(found)
     samples = sampler.sample({"gpu0": [(7, os.getpid())]})
     gpu0 = samples["gpu0"]
-    assert (gpu0.source, gpu0.utilization, gpu0.temperature, gpu0.power, gpu0.power_limit,
-            gpu0.sm_clock, gpu0.ecc_errors) == ("nvml", 87.0, 71, 312.5, 700.0, 1980, 0)
+    assert (
+        gpu0.source,
+        gpu0.utilization,
+        gpu0.temperature,
+        gpu0.power,
+        gpu0.power_limit,
+        gpu0.sm_clock,
+        gpu0.ecc_errors,
+    ) == ("nvml", 87.0, 71, 312.5, 700.0, 1980, 0)
     assert gpu0.throttle == ["sw_power_cap", "hw_thermal"]
     assert gpu0.external_memory == 1 << 30  # the foreign process, not the gq job
     assert sorted((p.pid, p.job) for p in gpu0.processes) == [(os.getpid(), 7), (999999, None)]
@@ -220,10 +276,14 @@ def device_reading(name: str) -> dict:
 def test_a_job_is_placed_on_the_idle_device_and_info_reports_the_samples(home, tmp_path):
     gq_ok("daemon", "start", "--cpu-devices", "2", "--kill-wait", "1")
     # (Python jobs: a shell job would have its device alone)
-    busy = submit("--gpu-mem", "100M", str(write_script(tmp_path / "busy.py",
-                                                        "while True:\n    pass\n")))
-    idle = submit("--gpu-mem", "100M", str(write_script(tmp_path / "idle.py",
-                                                        "import time\ntime.sleep(300)\n")))
+    busy = submit(
+        "--gpu-mem", "100M", str(write_script(tmp_path / "busy.py", "while True:\n    pass\n"))
+    )
+    idle = submit(
+        "--gpu-mem",
+        "100M",
+        str(write_script(tmp_path / "idle.py", "import time\ntime.sleep(300)\n")),
+    )
     busy_device = wait_state(busy, "RUNNING")["device"]
     idle_device = wait_state(idle, "RUNNING")["device"]
     assert {busy_device, idle_device} == {"cpu0", "cpu1"}
@@ -231,15 +291,20 @@ def test_a_job_is_placed_on_the_idle_device_and_info_reports_the_samples(home, t
     def measured():
         hot, cold = device_reading(busy_device), device_reading(idle_device)
         readings = hot["reading"], cold["reading"]
-        return (all(r and r["utilization"] is not None for r in readings)
-                # (a spinning shell may get a third of a core on a machine busy elsewhere)
-                and hot["reading"]["utilization"] > cold["reading"]["utilization"] + 15
-                and cold["reading"]["utilization"] < 20 and (hot, cold))
+        return (
+            all(r and r["utilization"] is not None for r in readings)
+            # (a spinning shell may get a third of a core on a machine busy elsewhere)
+            and hot["reading"]["utilization"] > cold["reading"]["utilization"] + 15
+            and cold["reading"]["utilization"] < 20
+            and (hot, cold)
+        )
 
     hot, cold = wait_for(measured, 30, what="both devices sampled")
     assert hot["reading"]["source"] == "psutil"
     assert {p["job"] for p in hot["reading"]["processes"]} == {busy}
-    assert hot["reading"]["memory_used"] > 0 and hot["reading"]["memory_total"] == hot["memory_total"]
+    assert (
+        hot["reading"]["memory_used"] > 0 and hot["reading"]["memory_total"] == hot["memory_total"]
+    )
     text = gq_ok("info")
     assert f"{busy_device}: " in text and "% busy" in text
     third = submit("--gpu-mem", "100M", str(tmp_path / "idle.py"))
@@ -249,8 +314,18 @@ def test_a_job_is_placed_on_the_idle_device_and_info_reports_the_samples(home, t
 def test_the_guard_holds_a_hot_device_then_admits_below_the_hysteresis(home, tmp_path):
     readings = tmp_path / "readings.jsonl"
     readings.write_text(json.dumps({"device": "cpu0", "temperature": 91}) + "\n")
-    gq_ok("daemon", "start", "--cpu-devices", "1", "--kill-wait", "1", "--max-temp", "80",
-          "--readings", str(readings))
+    gq_ok(
+        "daemon",
+        "start",
+        "--cpu-devices",
+        "1",
+        "--kill-wait",
+        "1",
+        "--max-temp",
+        "80",
+        "--readings",
+        str(readings),
+    )
     wait_for(lambda: device_reading("cpu0")["held"], 15, what="the guard to hold cpu0")
     waiting = submit(str(write_script(tmp_path / "s.sh", "sleep 300\n")))
     reason = wait_for(lambda: job(waiting)["reason"], 10, what="a reason")
@@ -258,8 +333,11 @@ def test_the_guard_holds_a_hot_device_then_admits_below_the_hysteresis(home, tmp
     assert "guard: cpu0 too hot" in gq_ok("info")
     with readings.open("a") as out:  # under the limit, not yet under the margin
         out.write(json.dumps({"device": "cpu0", "temperature": 78}) + "\n")
-    info = wait_for(lambda: "78 C" in (job(waiting)["reason"] or "") and job(waiting), 15,
-                    what="the reason to follow the reading")
+    info = wait_for(
+        lambda: "78 C" in (job(waiting)["reason"] or "") and job(waiting),
+        15,
+        what="the reason to follow the reading",
+    )
     assert info["state"] == "PENDING"
     with readings.open("a") as out:
         out.write("not a reading\n" + json.dumps({"device": "cpu0", "temperature": 74}) + "\n")
@@ -302,13 +380,17 @@ def test_metrics_are_served_and_jobs_keep_their_figures(home, tmp_path):
         """Once the metrics show both jobs completed and what the host counts of its lanes,
         which it reports with its progress (once a second, and the jobs take less)."""
         families = scrape(port)
-        done = value(families.get("gq_jobs", []), "gq_jobs", state="COMPLETED", user=job(ids[0])["user"])
-        switched = value(families.get("gq_lane_switches", []), "gq_lane_switches_total",
-                         device="cpu")
+        done = value(
+            families.get("gq_jobs", []), "gq_jobs", state="COMPLETED", user=job(ids[0])["user"]
+        )
+        switched = value(
+            families.get("gq_lane_switches", []), "gq_lane_switches_total", device="cpu"
+        )
         return done == 2 and (switched or 0) > 2 and families  # they took turns
 
-    families = wait_for(scraped, 15, what="the metrics to show both jobs completed and the "
-                                           "lane passed between them")
+    families = wait_for(
+        scraped, 15, what="the metrics to show both jobs completed and the lane passed between them"
+    )
     assert value(families["gq_job_wait_seconds"], "gq_job_wait_seconds_count") == 2
     assert value(families["gq_job_run_seconds"], "gq_job_run_seconds_count", state="COMPLETED") == 2
     assert value(families["gq_lane_residents"], "gq_lane_residents", device="cpu", lane="0") == 0
@@ -325,13 +407,15 @@ def test_metrics_are_served_and_jobs_keep_their_figures(home, tmp_path):
 
 
 def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):
-    for args, words in ((["--metrics", "nowhere"], "invalid --metrics 'nowhere'"),
-                        (["--metrics", "127.0.0.1:0"], "invalid --metrics"),
-                        (["--max-temp", "-5"], "--max-temp, --max-power and --client-timeout must be"),
-                        (["--readings", str(tmp_path / "missing")], "no such file"),
-                        (["--probe-wait", "0"], "--probe-wait 0: give a time of more than 0"),
-                        (["--probe-wait", "2hours"], "at most 1hour"),
-                        (["--probe-wait", "soon"], "invalid --probe-wait soon")):
+    for args, words in (
+        (["--metrics", "nowhere"], "invalid --metrics 'nowhere'"),
+        (["--metrics", "127.0.0.1:0"], "invalid --metrics"),
+        (["--max-temp", "-5"], "--max-temp, --max-power and --client-timeout must be"),
+        (["--readings", str(tmp_path / "missing")], "no such file"),
+        (["--probe-wait", "0"], "--probe-wait 0: give a time of more than 0"),
+        (["--probe-wait", "2hours"], "at most 1hour"),
+        (["--probe-wait", "soon"], "invalid --probe-wait soon"),
+    ):
         result = gq("daemon", "start", *args)
         assert result.code == 2 and words in result.err and result.err.count("\n") == 1
     assert not home.exists() or not (home / "daemon.pid").exists()
@@ -352,11 +436,18 @@ def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):
 def test_top_shows_the_node_and_quits_on_q(daemon, tmp_path):
     waiting = submit("--hold", str(write_script(tmp_path / "s.sh", "sleep 300\n")))
     batch = gq_ok("top", "-b", "-n", "1")
-    assert "DEVICE" in batch and "cpu" in batch and f"{waiting} " in batch and "JobHeldUser" in batch
+    assert (
+        "DEVICE" in batch and "cpu" in batch and f"{waiting} " in batch and "JobHeldUser" in batch
+    )
     assert gq("top", "-n", "0").code == 2
     main, other = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "gq.cli.main", "top"], stdin=other,
-                               stdout=other, stderr=other, env=os.environ.copy())
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gq.cli.main", "top"],
+        stdin=other,
+        stdout=other,
+        stderr=other,
+        env=os.environ.copy(),
+    )
     os.close(other)
     seen = b""
 

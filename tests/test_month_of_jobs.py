@@ -13,7 +13,7 @@ import pytest
 from gq import codec, defaults
 from gq.queue.states import JobState
 
-from conftest import DaemonControl,  gq, gq_ok, job, submit, wait_for, wait_state, write_script
+from conftest import DaemonControl, gq, gq_ok, job, submit, wait_for, wait_state, write_script
 
 FINISHED = defaults.LIST_PAGE + 50  # more than one of the daemon's pages
 
@@ -24,9 +24,12 @@ def _copies_of(root, job_id: int, count: int) -> None:
     db = sqlite3.connect(root / "gq.db", timeout=30)
     columns = [row[1] for row in db.execute("PRAGMA table_info(jobs)") if row[1] != "id"]
     names = ", ".join(f'"{name}"' for name in columns)
-    db.execute(f"INSERT INTO jobs ({names}) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL "
-               f"SELECT i + 1 FROM n WHERE i < {count}) SELECT {names} FROM jobs, n "
-               "WHERE jobs.id = ?", (job_id,))
+    db.execute(
+        f"INSERT INTO jobs ({names}) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL "
+        f"SELECT i + 1 FROM n WHERE i < {count}) SELECT {names} FROM jobs, n "
+        "WHERE jobs.id = ?",
+        (job_id,),
+    )
     db.commit()
     db.close()
 
@@ -38,8 +41,9 @@ def _ids(out: str) -> list[int]:
 def test_finished_jobs_are_listed_a_page_at_a_time_the_last_ended_first(daemon, tmp_path):
     script = write_script(tmp_path / "s.sh", "true\n")
     go = tmp_path / "go"
-    slow = submit(str(write_script(tmp_path / "slow.sh",
-                                   f"while [ ! -e {go} ]; do sleep 0.02; done\n")))
+    slow = submit(
+        str(write_script(tmp_path / "slow.sh", f"while [ ! -e {go} ]; do sleep 0.02; done\n"))
+    )
     first = submit(str(script))
     wait_state(first, "COMPLETED")
     _copies_of(daemon.root, first, FINISHED)
@@ -50,7 +54,10 @@ def test_finished_jobs_are_listed_a_page_at_a_time_the_last_ended_first(daemon, 
     assert _ids(gq_ok("history", "--limit", "1", "--json")) == [slow]
     listed = gq("history", "--limit", "3")
     assert [int(row.split()[0]) for row in listed.out.splitlines()[1:]] == [
-        newest - 1, newest, slow]  # the last ended at the bottom
+        newest - 1,
+        newest,
+        slow,
+    ]  # the last ended at the bottom
 
     table = gq("history")
     assert table.code == 0, table.err
@@ -81,15 +88,25 @@ def test_a_job_that_ends_between_two_pages_is_listed_once_as_it_ended(monkeypatc
         fields = {f.name: None for f in dataclasses.fields(messages.JobInfo)}
         return messages.JobInfo(**{**fields, "id": job_id, "state": state})
 
-    pages = [codec.to_wire(answer) for answer in (
-        messages.Jobs([info(1, "RUNNING"), info(9, "COMPLETED")], older_end=5.0, older=9),
-        messages.Jobs([info(1, "CANCELLED"), info(8, "COMPLETED")]))]
+    pages = [
+        codec.to_wire(answer)
+        for answer in (
+            messages.Jobs([info(1, "RUNNING"), info(9, "COMPLETED")], older_end=5.0, older=9),
+            messages.Jobs([info(1, "CANCELLED"), info(8, "COMPLETED")]),
+        )
+    ]
     asked = []
-    monkeypatch.setattr(listing.client, "ask_plain", lambda kind, fields, answer_kind: (
-        asked.append((kind, fields, answer_kind)) or pages.pop(0)))
+    monkeypatch.setattr(
+        listing.client,
+        "ask_plain",
+        lambda kind, fields, answer_kind: asked.append((kind, fields, answer_kind)) or pages.pop(0),
+    )
     listed = listing.listed(None, None, 0)
-    assert [(job.id, job.state) for job in listed.jobs] == [(1, "CANCELLED"), (8, "COMPLETED"),
-                                                            (9, "COMPLETED")]
+    assert [(job.id, job.state) for job in listed.jobs] == [
+        (1, "CANCELLED"),
+        (8, "COMPLETED"),
+        (9, "COMPLETED"),
+    ]
     kind, fields, answer_kind = asked[1]
     assert (kind, answer_kind, fields["before_end"], fields["before"]) == ("list", "jobs", 5.0, 9)
     assert fields["states"] == sorted(s.value for s in JobState if s.terminal)
@@ -101,8 +118,14 @@ def test_a_bad_page_request_is_refused(daemon):
     for args in (("history", "--limit", "-1"), ("status", "--all", "--limit", "x")):
         result = gq(*args)
         assert result.code == 2 and "--limit" in result.err, result
-    for bad in ({"limit": 0}, {"before": 0}, {"limit": 2**70}, {"before": "7"},
-                {"before_end": -1.0}, {"before_end": "NaN"}):
+    for bad in (
+        {"limit": 0},
+        {"before": 0},
+        {"limit": 2**70},
+        {"before": "7"},
+        {"before_end": -1.0},
+        {"before_end": "NaN"},
+    ):
         line = json.dumps({"v": defaults.PROTOCOL_VERSION, "kind": "list", **bad}).encode()
         with pytest.raises(messages.MessageError):
             messages.decode(line, messages.REQUESTS)
@@ -119,18 +142,23 @@ def test_many_exits_at_once_are_recorded_and_one_bad_one_fails_alone(home, tmp_p
     tasks = [entry["id"] for entry in json.loads(gq_ok("show", "--json", str(array)))]
     refused = tasks[3]
     db = sqlite3.connect(home / "gq.db", timeout=30)
-    db.execute(f"CREATE TRIGGER refuse BEFORE UPDATE OF state ON jobs WHEN NEW.id = {refused} "
-               "AND NEW.state = 'COMPLETED' BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    db.execute(
+        f"CREATE TRIGGER refuse BEFORE UPDATE OF state ON jobs WHEN NEW.id = {refused} "
+        "AND NEW.state = 'COMPLETED' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
     db.commit()
     db.close()
     gq_ok("release", str(array))
-    wait_for(lambda: all(job(t)["state"] == "RUNNING" for t in tasks), 30,
-             what="all eight tasks to run")
+    wait_for(
+        lambda: all(job(t)["state"] == "RUNNING" for t in tasks), 30, what="all eight tasks to run"
+    )
     go.touch()
     for task in tasks:
         info = wait_state(task, "COMPLETED", "FAILED", timeout=30)
         if task == refused:
             assert (info["state"], info["reason"]) == (
-                "FAILED", "its exit could not be recorded; see the daemon's log")
+                "FAILED",
+                "its exit could not be recorded; see the daemon's log",
+            )
         else:
             assert info["state"] == "COMPLETED", info

@@ -8,9 +8,22 @@ import os
 import sys
 from datetime import datetime
 
-from conftest import (DECLARED, KERNEL_LOOP, ROOT, DaemonControl, all_jobs, gq, gq_ok, job,
-                      start_together, submit, submit_resident, wait_for, wait_state,
-                      write_script)
+from conftest import (
+    DECLARED,
+    KERNEL_LOOP,
+    ROOT,
+    DaemonControl,
+    all_jobs,
+    gq,
+    gq_ok,
+    job,
+    start_together,
+    submit,
+    submit_resident,
+    wait_for,
+    wait_state,
+    write_script,
+)
 
 
 def ts(text: str) -> float:
@@ -40,8 +53,10 @@ def test_four_one_device_jobs_land_on_four_devices(home, tmp_path):
 
 def test_backfill_runs_a_short_job_in_the_hole_without_delaying_the_blocked_one(home, tmp_path):
     gq_ok("daemon", "start", "--cpu-devices", "2", "--kill-wait", "1")
-    sleep = lambda seconds: str(write_script(tmp_path / f"sleep{seconds}.sh",  # noqa: E731
-                                             f"sleep {seconds}\n"))
+
+    def sleep(seconds: int) -> str:
+        return str(write_script(tmp_path / f"sleep{seconds}.sh", f"sleep {seconds}\n"))
+
     first = submit("-t", "0:10", sleep(4))  # one device, ends within 10 s at the latest
     wait_state(first, "RUNNING")
     blocked = submit("-G", "2", sleep(0.2))  # needs both: reserved from first's limit
@@ -91,10 +106,34 @@ def test_rr_gives_resident_jobs_turns_within_one_quantum(daemon, tmp_path):
 def test_deadlines_met_missed_and_impossible(daemon, tmp_path):
     gq_ok("policy", "set", "deadline")
     go = tmp_path / "go"
-    relaxed = submit(*DECLARED, "--deadline", "now+10minutes", "--steps", "300", *KERNEL_LOOP,
-                     "--steps", "300", "--iter-ms", "4", "--start-file", str(go))
-    urgent = submit(*DECLARED, "--deadline", "now+2minutes", "--steps", "100", *KERNEL_LOOP,
-                    "--steps", "100", "--iter-ms", "4", "--start-file", str(go))
+    relaxed = submit(
+        *DECLARED,
+        "--deadline",
+        "now+10minutes",
+        "--steps",
+        "300",
+        *KERNEL_LOOP,
+        "--steps",
+        "300",
+        "--iter-ms",
+        "4",
+        "--start-file",
+        str(go),
+    )
+    urgent = submit(
+        *DECLARED,
+        "--deadline",
+        "now+2minutes",
+        "--steps",
+        "100",
+        *KERNEL_LOOP,
+        "--steps",
+        "100",
+        "--iter-ms",
+        "4",
+        "--start-file",
+        str(go),
+    )
     start_together(go, 2)
     urgent_info = wait_state(urgent, "COMPLETED", timeout=60)
     relaxed_info = wait_state(relaxed, "COMPLETED", timeout=60)
@@ -117,8 +156,7 @@ def test_deadlines_met_missed_and_impossible(daemon, tmp_path):
 
 def test_deadline_spellings_and_refusals(daemon, tmp_path):
     script = str(write_script(tmp_path / "s.sh", "true\n"))
-    for bad, message in (("soon", "invalid --deadline 'soon'"),
-                         ("2001-01-01", "has passed")):
+    for bad, message in (("soon", "invalid --deadline 'soon'"), ("2001-01-01", "has passed")):
         result = gq("submit", "--deadline", bad, script)
         assert result.code == 2 and message in result.err, result.err
     job_id = submit("--hold", "--deadline", "now+1hour", script)
@@ -133,10 +171,14 @@ def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home
     moves (its worker restarted, the run not counted) once the other device's short job is
     seen to end first; the jobs that run iterations stay where they are."""
     DaemonControl(home).start("--cpu-devices", "2", "--move-margin", "1")
-    loop = write_script(tmp_path / "loop.py", (
-        "import sys, time\nimport gq\n"
-        "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
-        "    time.sleep(0.05)\n"))
+    loop = write_script(
+        tmp_path / "loop.py",
+        (
+            "import sys, time\nimport gq\n"
+            "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
+            "    time.sleep(0.05)\n"
+        ),
+    )
     # Each declares its memory: a job that declares none has its lane to itself until it
     # has been measured, and nothing would bind behind it.
     long = submit("--gpu-mem", "200M", str(loop), "60")
@@ -150,8 +192,7 @@ def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home
     assert info["run_count"] == 1  # the run that ran no iteration is not counted
     ended = wait_state(long, "COMPLETED", timeout=60)
     assert info["end_time"] < ended["end_time"]
-    assert all("moved" not in (e["reason"] or "") for j in (long, short)
-               for e in job(j)["events"])
+    assert all("moved" not in (e["reason"] or "") for j in (long, short) for e in job(j)["events"])
 
 
 def test_a_job_pinned_to_its_device_is_never_moved_off_it(home, tmp_path):
@@ -160,10 +201,14 @@ def test_a_job_pinned_to_its_device_is_never_moved_off_it(home, tmp_path):
     moved, placed back and moved again every second, never starting, as a GPU job was
     moved toward the cpu device of a GPU node)."""
     DaemonControl(home).start("--cpu-devices", "2", "--move-margin", "1")
-    loop = write_script(tmp_path / "loop.py", (
-        "import sys, time\nimport gq\n"
-        "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
-        "    time.sleep(0.05)\n"))
+    loop = write_script(
+        tmp_path / "loop.py",
+        (
+            "import sys, time\nimport gq\n"
+            "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
+            "    time.sleep(0.05)\n"
+        ),
+    )
     long = submit("--gpu-mem", "200M", "-w", "cpu0", str(loop), "60")
     short = submit("--gpu-mem", "200M", "-w", "cpu1", str(loop), "10")
     pinned = submit("--gpu-mem", "200M", "-w", "cpu0", str(loop), "5")
@@ -206,21 +251,32 @@ def test_a_shell_on_a_terminal_that_asks_for_a_shared_gpu_is_refused(home, tmp_p
 
     gq_ok("daemon", "start", "--cpu-devices", "2", "--kill-wait", "1")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = pexpect.spawn(sys.executable, ["-m", "gq", "run", "--pty", "--", "bash", "--norc"],
-                          env=env, encoding="utf-8", timeout=15)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "gq", "run", "--pty", "--", "bash", "--norc"],
+        env=env,
+        encoding="utf-8",
+        timeout=15,
+    )
     child.expect(pexpect.EOF)
     child.close()
     said = child.before.strip().splitlines()
     assert child.exitstatus == 2 and len(said) == 1, said
-    assert said[0] == ("gq: error: a shell on a terminal would use its device outside gq's "
-                       "lanes: give -G 0 for none, --exclusive for a device of its own, or run "
-                       "python or ipython, whose statements hold a shared device only while "
-                       "they run")
+    assert said[0] == (
+        "gq: error: a shell on a terminal would use its device outside gq's "
+        "lanes: give -G 0 for none, --exclusive for a device of its own, or run "
+        "python or ipython, whose statements hold a shared device only while "
+        "they run"
+    )
     assert all_jobs() == []
     for args in (["-G", "0"], ["--exclusive"]):
-        child = pexpect.spawn(sys.executable, ["-m", "gq", "run", "--pty", *args, "--", "sh",
-                                               "-c", "echo on $GQ_JOB_ID"],
-                              env=env, encoding="utf-8", timeout=15)
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "gq", "run", "--pty", *args, "--", "sh", "-c", "echo on $GQ_JOB_ID"],
+            env=env,
+            encoding="utf-8",
+            timeout=15,
+        )
         child.expect(r"on (\d+)")
         child.expect(pexpect.EOF)
         child.close()

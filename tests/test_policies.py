@@ -143,8 +143,9 @@ def test_deadline_policy_is_earliest_deadline_first_and_puts_lost_causes_after()
     assert [j.id for j in edf.order([none, later, soon])] == [1, 2, 3]
     assert edf.pick([none, later, soon], [], 0.0).id == 1
     # 50 steps of 3 s left cannot end by 100: the job that can still make it goes first
-    lost = JobView(id=1, submit_time=2.0, deadline=100.0, steps_done=50, steps_total=100,
-                   mean_iteration=3.0)
+    lost = JobView(
+        id=1, submit_time=2.0, deadline=100.0, steps_done=50, steps_total=100, mean_iteration=3.0
+    )
     assert edf.pick([lost, later], [], 0.0).id == 2
 
 
@@ -166,8 +167,9 @@ def test_deadline_spellings():
             parse_when(bad, now)
 
 
-@pytest.mark.parametrize("name,quantum", [("priority", "100ms"), ("fair", "100ms"),
-                                           ("rr", "100ms"), ("rr", "2it")])
+@pytest.mark.parametrize(
+    "name,quantum", [("priority", "100ms"), ("fair", "100ms"), ("rr", "100ms"), ("rr", "2it")]
+)
 def test_turn_taking_policies_pick_the_least_turn_key_among_their_sharers(name, quantum):
     """What the simulator settles in closed form is what ``pick`` does one grant at a time."""
     import random
@@ -178,10 +180,17 @@ def test_turn_taking_policies_pick_the_least_turn_key_among_their_sharers(name, 
     policy = policies.make(name, quantum=quantum)
     assert isinstance(policy, TakesTurns)
     for _ in range(300):
-        ready = [JobView(id=i, submit_time=rng.choice([0.0, 1.0, 2.0]), user=rng.choice("ab"),
-                         priority=rng.randrange(3), steps_done=rng.randrange(6),
-                         attained=rng.choice([0.0, 0.05, 0.1, 0.15, 0.5, 3.0]))
-                 for i in range(rng.randint(1, 6))]
+        ready = [
+            JobView(
+                id=i,
+                submit_time=rng.choice([0.0, 1.0, 2.0]),
+                user=rng.choice("ab"),
+                priority=rng.randrange(3),
+                steps_done=rng.randrange(6),
+                attained=rng.choice([0.0, 0.05, 0.1, 0.15, 0.5, 3.0]),
+            )
+            for i in range(rng.randint(1, 6))
+        ]
         sharers = policy.sharers(ready)
         expected = min(sharers, key=lambda j: turn_key(policy, j, ready))
         assert policy.pick(ready, ready, 0.0).id == expected.id
@@ -204,6 +213,7 @@ def test_iterations_to_turn_is_the_least_count_that_reaches_the_turn():
         assert turn_of(service + count * per, quantum) >= turn
         assert count == 0 or turn_of(service + (count - 1) * per, quantum) < turn
 
+
 # ----- a free lane's next step (gq.exec.lanes: the host's rule and the simulator's) -----
 def test_a_free_lane_is_kept_for_a_preferred_job_in_a_gap_too_short_to_fill():
     from gq.exec import lanes as lane
@@ -215,8 +225,9 @@ def test_a_free_lane_is_kept_for_a_preferred_job_in_a_gap_too_short_to_fill():
     # Nothing else ready: nothing to decide, whatever is awaited.
     assert lane.next_step(rule, [], [high, low], [in_gap], 10.001) is None
     # The low job became ready in the high one's gap (nothing was ready at its release).
-    assert lane.next_step(rule, [low], [high, low], [in_gap], 10.001) == \
-        lane.KeepFor(high, in_gap.until)
+    assert lane.next_step(rule, [low], [high, low], [in_gap], 10.001) == lane.KeepFor(
+        high, in_gap.until
+    )
     # ... and is granted once the window has passed.
     assert lane.next_step(rule, [low], [high, low], [in_gap], in_gap.until) == lane.Grant(low)
 
@@ -229,18 +240,22 @@ def test_a_free_lane_is_granted_to_a_job_whose_iteration_fits_in_the_awaited_gap
     from gq.exec import lanes as lane
 
     rule = policies.make(policy)
-    preferred = view(1, priority=5, attained=1.0, mean_iteration=0.0002, mean_gap=0.001,
-                     released_at=10.0)
+    preferred = view(
+        1, priority=5, attained=1.0, mean_iteration=0.0002, mean_gap=0.001, released_at=10.0
+    )
     in_gap = lane.awaited(preferred, released_at=10.0, mean_gap=0.001)
-    short, long, unknown = (view(2, attained=2.0, mean_iteration=iteration)
-                            for iteration in (0.0002, 0.005, None))
+    short, long, unknown = (
+        view(2, attained=2.0, mean_iteration=iteration) for iteration in (0.0002, 0.005, None)
+    )
     for other, kept in ((short, False), (long, True), (unknown, True)):
         decision = lane.next_step(rule, [other], [preferred, other], [in_gap], 10.0001)
-        assert decision == (lane.KeepFor(preferred, in_gap.until) if kept
-                            else lane.Grant(other)), other
+        assert decision == (lane.KeepFor(preferred, in_gap.until) if kept else lane.Grant(other)), (
+            other
+        )
     # It fits by what is left of the gap: late in it, the short job no longer does.
-    assert lane.next_step(rule, [short], [preferred, short], [in_gap], 10.0009) == \
-        lane.KeepFor(preferred, in_gap.until)
+    assert lane.next_step(rule, [short], [preferred, short], [in_gap], 10.0009) == lane.KeepFor(
+        preferred, in_gap.until
+    )
 
 
 def test_a_free_lane_is_not_kept_for_a_job_the_policy_does_not_prefer_or_a_long_gap():
@@ -273,12 +288,13 @@ def test_an_interactive_job_goes_first_every_other_grant_and_batch_jobs_keep_the
         grants.append(decision.job.id)
         last = decision.job.id
     assert grants[0] == 2  # nothing granted before: the person first
-    assert all(2 in grants[i:i + 2] for i in range(0, 8, 2))  # and every other grant on
-    assert all(1 in grants[i:i + 3] for i in range(6))  # never two turns of the person's in a row
+    assert all(2 in grants[i : i + 2] for i in range(0, 8, 2))  # and every other grant on
+    assert all(1 in grants[i : i + 3] for i in range(6))  # never two turns of the person's in a row
     # Ahead of a lane kept for a batch job in its short gap, too.
     in_gap = lane.awaited(batch, released_at=10.0, mean_gap=0.001)
-    assert lane.next_step(rule, [person], [batch, person], [in_gap], 10.0001,
-                          last=batch.id) == lane.Grant(person)
+    assert lane.next_step(
+        rule, [person], [batch, person], [in_gap], 10.0001, last=batch.id
+    ) == lane.Grant(person)
 
 
 def test_priority_leaves_an_interactive_job_to_its_priority():
@@ -287,8 +303,9 @@ def test_priority_leaves_an_interactive_job_to_its_priority():
     rule = policies.make("priority")
     high = view(1, priority=5)
     person = view(2, person_waits=True)
-    assert lane.next_step(rule, [high, person], [high, person], [], 10.0, last=1) == \
-        lane.Grant(high)
+    assert lane.next_step(rule, [high, person], [high, person], [], 10.0, last=1) == lane.Grant(
+        high
+    )
     # Alone among the ready, an interactive job is simply granted, under any policy.
     assert lane.next_step(rule, [person], [high, person], [], 10.0, last=1) == lane.Grant(person)
 

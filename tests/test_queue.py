@@ -22,9 +22,19 @@ from gq.queue.states import JobState
 
 
 def _new_job(name="j") -> transitions.NewJob:
-    return transitions.NewJob(name=name, user="u", uid=1000, gid=1000, script="/x.sh", args=[],
-                              interpreter=None,
-                              workdir="/tmp", output_pattern="o", error_pattern="o", env={})
+    return transitions.NewJob(
+        name=name,
+        user="u",
+        uid=1000,
+        gid=1000,
+        script="/x.sh",
+        args=[],
+        interpreter=None,
+        workdir="/tmp",
+        output_pattern="o",
+        error_pattern="o",
+        env={},
+    )
 
 
 @pytest.fixture
@@ -36,8 +46,9 @@ def db(tmp_path) -> Database:
 
 def _add(db, name="j", snapshot=lambda job_id: "") -> int:
     with db.write() as session:
-        return transitions.submit(session, _new_job(name), lambda p, i, a, t: f"{p}-{i}",
-                                  snapshot)[0]
+        return transitions.submit(session, _new_job(name), lambda p, i, a, t: f"{p}-{i}", snapshot)[
+            0
+        ]
 
 
 def test_head_revision_constant_matches_migrations():
@@ -92,15 +103,19 @@ def test_upgrade_from_first_revision_keeps_rows(tmp_path):
         "spool_path, args, workdir, stdout_path, stderr_path, env, submit_time, "
         "cancel_requested, run_count, steps_done, attained, holds_lane) VALUES "
         "(7, 'old', 'ann', 'RUNNING', 3, 1, 0, 0, '/s.py', '/spool/s.py', '[]', '/w', "
-        "'/w/o', '/w/o', '{}', 1.0, 1, 0, 0, 0.0, 0)")
+        "'/w/o', '/w/o', '{}', 1.0, 1, 0, 0, 0.0, 0)"
+    )
     connection.execute(
         "INSERT INTO jobs (id, name, user, state, priority, gpus, exclusive, requeue, script, "
         "spool_path, args, workdir, stdout_path, stderr_path, env, submit_time, "
         "cancel_requested, run_count, steps_done, attained, holds_lane) VALUES "
         "(8, 'mine', 'root', 'COMPLETED', 0, 1, 0, 0, '/s.sh', '/spool/s.sh', '[]', '/w', "
-        "'/w/o', '/w/o', '{}', 2.0, 0, 1, 0, 0.0, 0)")
-    connection.execute("INSERT INTO job_events (job_id, time, new_state, reason) "
-                       "VALUES (7, 1.0, 'PENDING', 'submitted')")
+        "'/w/o', '/w/o', '{}', 2.0, 0, 1, 0, 0.0, 0)"
+    )
+    connection.execute(
+        "INSERT INTO job_events (job_id, time, new_state, reason) "
+        "VALUES (7, 1.0, 'PENDING', 'submitted')"
+    )
     connection.execute("INSERT INTO settings (key, value) VALUES ('policy', '\"srtf\"')")
     connection.commit()
     connection.close()
@@ -136,18 +151,97 @@ def test_upgrade_to_0006_moves_payloads_and_clears_what_no_valid_gq_writes(tmp_p
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0005")
     connection = sqlite3.connect(home.db)
-    columns = ("id, name, user, state, priority, gpus, exclusive, requeue, script, spool_path, "
-               "args, workdir, stdout_path, stderr_path, env, submit_time, run_count, "
-               "steps_done, attained, holds_lane, array_job_id, array_task_id, held, "
-               "mem_persistent, deadline, mean_iteration")
+    columns = (
+        "id, name, user, state, priority, gpus, exclusive, requeue, script, spool_path, "
+        "args, workdir, stdout_path, stderr_path, env, submit_time, run_count, "
+        "steps_done, attained, holds_lane, array_job_id, array_task_id, held, "
+        "mem_persistent, deadline, mean_iteration"
+    )
     rows = [
-        (1, "arr", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", "/sp/1/s.sh", '["--lr", "3"]', "/w",
-         "/w/o", "/w/o", '{"A": "1"}', 1.0, 0, 0, 0.0, 0, 1, 0, 0, None, None, None),
-        (2, "arr", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", "/sp/1/s.sh", '["--lr", "3"]', "/w",
-         "/w/o", "/w/o", '{"A": "1"}', 1.0, 0, 0, 0.0, 0, 1, 1, 0, None, None, None),
-        (3, "bad\x00name", "bob", "RUNNING", 0, 1, 0, 0, "/t.py", "/sp/3/t.py", "not json",
-         "/w", "/w/o", "/w/o", '{"B": "2"}', 2.0, 1, 0, 0.0, 0, None, None, 0, "abc",
-         1e21, float("inf")),
+        (
+            1,
+            "arr",
+            "ann",
+            "PENDING",
+            0,
+            1,
+            0,
+            0,
+            "/s.sh",
+            "/sp/1/s.sh",
+            '["--lr", "3"]',
+            "/w",
+            "/w/o",
+            "/w/o",
+            '{"A": "1"}',
+            1.0,
+            0,
+            0,
+            0.0,
+            0,
+            1,
+            0,
+            0,
+            None,
+            None,
+            None,
+        ),
+        (
+            2,
+            "arr",
+            "ann",
+            "PENDING",
+            0,
+            1,
+            0,
+            0,
+            "/s.sh",
+            "/sp/1/s.sh",
+            '["--lr", "3"]',
+            "/w",
+            "/w/o",
+            "/w/o",
+            '{"A": "1"}',
+            1.0,
+            0,
+            0,
+            0.0,
+            0,
+            1,
+            1,
+            0,
+            None,
+            None,
+            None,
+        ),
+        (
+            3,
+            "bad\x00name",
+            "bob",
+            "RUNNING",
+            0,
+            1,
+            0,
+            0,
+            "/t.py",
+            "/sp/3/t.py",
+            "not json",
+            "/w",
+            "/w/o",
+            "/w/o",
+            '{"B": "2"}',
+            2.0,
+            1,
+            0,
+            0.0,
+            0,
+            None,
+            None,
+            0,
+            "abc",
+            1e21,
+            float("inf"),
+        ),
     ]
     connection.executemany(f"INSERT INTO jobs ({columns}) VALUES ({', '.join('?' * 26)})", rows)
     connection.commit()
@@ -157,10 +251,16 @@ def test_upgrade_to_0006_moves_payloads_and_clears_what_no_valid_gq_writes(tmp_p
         first, second, bad = (queries.job(session, i) for i in (1, 2, 3))
         assert first.payload_id == second.payload_id  # an array's tasks share one
         assert (first.args, queries.payload(session, first.payload_id).env) == (
-            ["--lr", "3"], {"A": "1"})
+            ["--lr", "3"],
+            {"A": "1"},
+        )
         assert bad.args == [] and queries.payload(session, bad.payload_id).env == {"B": "2"}
         assert (bad.name, bad.mem_persistent, bad.deadline, bad.mean_iteration) == (
-            "bad?name", None, None, None)
+            "bad?name",
+            None,
+            None,
+            None,
+        )
     assert engine.current_revision(home.db) == HEAD_REVISION
     with database.write() as session:  # purged ids are never given again
         transitions.purge(session, [3])
@@ -177,17 +277,91 @@ def test_upgrade_to_0007_measures_the_snapshots_kept(tmp_path):
     kept.parent.mkdir()
     kept.write_bytes(b"x" * 1234)
     connection = sqlite3.connect(home.db)
-    connection.executemany("INSERT INTO payloads (id, env, args) VALUES (?, '{}', '[]')",
-                           [(1,), (2,)])
-    columns = ("id, name, user, state, priority, gpus, exclusive, requeue, script, spool_path, "
-               "workdir, stdout_path, stderr_path, submit_time, run_count, steps_done, "
-               "attained, holds_lane, held, payload_id, array_job_id, array_task_id, uid")
-    rows = [(7, "a", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", str(kept), "/w", "/w/o", "/w/o",
-             1.0, 0, 0, 0.0, 0, 0, 1, 7, 0, 1000),
-            (8, "a", "ann", "PENDING", 0, 1, 0, 0, "/s.sh", str(kept), "/w", "/w/o", "/w/o",
-             1.0, 0, 0, 0.0, 0, 0, 1, 7, 1, 1000),
-            (9, "b", "ann", "COMPLETED", 0, 1, 0, 0, "/t.sh", "/gone/9/t.sh", "/w", "/w/o",
-             "/w/o", 2.0, 1, 0, 0.0, 0, 0, 2, None, None, 1000)]
+    connection.executemany(
+        "INSERT INTO payloads (id, env, args) VALUES (?, '{}', '[]')", [(1,), (2,)]
+    )
+    columns = (
+        "id, name, user, state, priority, gpus, exclusive, requeue, script, spool_path, "
+        "workdir, stdout_path, stderr_path, submit_time, run_count, steps_done, "
+        "attained, holds_lane, held, payload_id, array_job_id, array_task_id, uid"
+    )
+    rows = [
+        (
+            7,
+            "a",
+            "ann",
+            "PENDING",
+            0,
+            1,
+            0,
+            0,
+            "/s.sh",
+            str(kept),
+            "/w",
+            "/w/o",
+            "/w/o",
+            1.0,
+            0,
+            0,
+            0.0,
+            0,
+            0,
+            1,
+            7,
+            0,
+            1000,
+        ),
+        (
+            8,
+            "a",
+            "ann",
+            "PENDING",
+            0,
+            1,
+            0,
+            0,
+            "/s.sh",
+            str(kept),
+            "/w",
+            "/w/o",
+            "/w/o",
+            1.0,
+            0,
+            0,
+            0.0,
+            0,
+            0,
+            1,
+            7,
+            1,
+            1000,
+        ),
+        (
+            9,
+            "b",
+            "ann",
+            "COMPLETED",
+            0,
+            1,
+            0,
+            0,
+            "/t.sh",
+            "/gone/9/t.sh",
+            "/w",
+            "/w/o",
+            "/w/o",
+            2.0,
+            1,
+            0,
+            0.0,
+            0,
+            0,
+            2,
+            None,
+            None,
+            1000,
+        ),
+    ]
     connection.executemany(f"INSERT INTO jobs ({columns}) VALUES ({', '.join('?' * 23)})", rows)
     connection.commit()
     connection.close()
@@ -234,21 +408,36 @@ def test_purge_forgets_old_finished_jobs_but_what_pending_jobs_depend_on(db):
 def test_a_new_database_has_the_schema_the_migrations_build(tmp_path):
     """New databases are made from the models at once; old ones are upgraded by Alembic:
     both must end with the same tables, columns, keys and indexes."""
+
     def schema(path) -> dict:
         connection = sqlite3.connect(path)
-        tables = [name for (name,) in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        tables = [
+            name
+            for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
         found = {}
         for table in tables:
             columns = connection.execute(f"PRAGMA table_info({table})").fetchall()
             keys = connection.execute(f"PRAGMA foreign_key_list({table})").fetchall()
-            indexes = {(name, unique, tuple(c[2] for c in connection.execute(
-                f"PRAGMA index_info({name})"))) for _, name, unique, *_ in connection.execute(
-                f"PRAGMA index_list({table})") if not name.startswith("sqlite_autoindex")}
-            found[table] = (sorted((c[1], c[2].upper(), c[3], c[5]) for c in columns),
-                            sorted((k[2], k[3], k[4], k[6]) for k in keys), indexes)
+            indexes = {
+                (
+                    name,
+                    unique,
+                    tuple(c[2] for c in connection.execute(f"PRAGMA index_info({name})")),
+                )
+                for _, name, unique, *_ in connection.execute(f"PRAGMA index_list({table})")
+                if not name.startswith("sqlite_autoindex")
+            }
+            found[table] = (
+                sorted((c[1], c[2].upper(), c[3], c[5]) for c in columns),
+                sorted((k[2], k[3], k[4], k[6]) for k in keys),
+                indexes,
+            )
         autoincrement = connection.execute(
-            "SELECT sql LIKE '%AUTOINCREMENT%' FROM sqlite_master WHERE name = 'jobs'").fetchone()
+            "SELECT sql LIKE '%AUTOINCREMENT%' FROM sqlite_master WHERE name = 'jobs'"
+        ).fetchone()
         connection.close()
         return {"tables": found, "autoincrement": autoincrement}
 
@@ -286,8 +475,7 @@ def test_snapshots_of_an_older_gq_become_the_daemons_own(db):
     os.chmod(old / "s.sh", 0o500)
     assert spool.make_private(db.home) == 1
     assert (stat.S_IMODE(old.stat().st_mode), old.stat().st_uid) == (0o700, 0)
-    assert (stat.S_IMODE((old / "s.sh").stat().st_mode), (old / "s.sh").stat().st_uid) == (
-        0o555, 0)
+    assert (stat.S_IMODE((old / "s.sh").stat().st_mode), (old / "s.sh").stat().st_uid) == (0o555, 0)
     assert spool.make_private(db.home) == 0
 
 
@@ -305,7 +493,9 @@ def test_what_the_spool_keeps_per_user_is_tallied_through_submit_drop_and_purge(
         connection = sqlite3.connect(db.home.db)
         row = connection.execute(
             "SELECT coalesce(sum(spool_bytes), 0) FROM payloads WHERE id IN "
-            "(SELECT payload_id FROM jobs WHERE uid = ?)", (uid,)).fetchone()
+            "(SELECT payload_id FROM jobs WHERE uid = ?)",
+            (uid,),
+        ).fetchone()
         connection.close()
         return row[0]
 
@@ -336,23 +526,35 @@ def test_upgrade_to_0008_keeps_jobs_with_no_sbatch_extras(tmp_path):
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0007")
     connection = sqlite3.connect(home.db)
-    connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) "
-                       "VALUES (1, '{}', '[\"--lr\"]', 0)")
+    connection.execute(
+        "INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[\"--lr\"]', 0)"
+    )
     connection.execute(
         "INSERT INTO jobs (id, name, user, state, priority, gpus, mem, exclusive, requeue, "
         "script, spool_path, workdir, stdout_path, stderr_path, submit_time, run_count, "
         "steps_done, attained, holds_lane, held, payload_id, uid) VALUES (5, 'run12', 'ann', "
         "'PENDING', 0, 1, 1024, 0, 0, '/s.sh', '', '/w', '/w/run12-5.out', '/w/run12-5.out', "
-        "1.0, 0, 0, 0.0, 0, 0, 1, 1000)")
+        "1.0, 0, 0, 0.0, 0, 0, 1, 1000)"
+    )
     connection.commit()
     connection.close()
     database = Database(home)
     with database.read() as session:
         job = queries.job(session, 5)
-        assert (job.name, job.mem, job.args, job.stdout_path) == ("run12", 1024, ["--lr"],
-                                                                  "/w/run12-5.out")
-        assert (job.host_mem, job.cpus, job.gpu_type, job.begin_time, job.output_pattern,
-                job.error_pattern) == (None,) * 6
+        assert (job.name, job.mem, job.args, job.stdout_path) == (
+            "run12",
+            1024,
+            ["--lr"],
+            "/w/run12-5.out",
+        )
+        assert (
+            job.host_mem,
+            job.cpus,
+            job.gpu_type,
+            job.begin_time,
+            job.output_pattern,
+            job.error_pattern,
+        ) == (None,) * 6
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
 
@@ -361,21 +563,25 @@ def test_upgrade_to_0009_keeps_jobs_unpinned_without_retries(tmp_path):
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0008")
     connection = sqlite3.connect(home.db)
-    connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)")
+    connection.execute(
+        "INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)"
+    )
     connection.execute(
         "INSERT INTO jobs (id, name, user, state, priority, gpus, exclusive, requeue, script, "
         "spool_path, workdir, stdout_path, stderr_path, submit_time, run_count, steps_done, "
         "attained, holds_lane, held, payload_id, uid, host_mem, warn_signal) VALUES (4, 'a', "
         "'ann', 'FAILED', 0, 1, 0, 0, '/s.sh', '', '/w', '/w/o', '/w/o', 1.0, 1, 0, 0.0, 0, 0, "
-        "1, 1000, 1048576, 'B:10@60')")
+        "1, 1000, 1048576, 'B:10@60')"
+    )
     connection.commit()
     connection.close()
     database = Database(home)
     with database.read() as session:
         job = queries.job(session, 4)
         assert (job.host_mem, job.warn_signal, job.state) == (1 << 20, "B:10@60", "FAILED")
-        assert (job.nodelist, job.retries, job.retries_left, job.retry_delay, job.ntasks) == \
-            (None,) * 5
+        assert (job.nodelist, job.retries, job.retries_left, job.retry_delay, job.ntasks) == (
+            None,
+        ) * 5
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
 
@@ -384,15 +590,38 @@ def _finished_jobs(home: Home, rows: list[dict]) -> None:
     """Finished jobs written into an older revision's queue: each row's values over those of
     a completed job of ann's, with one payload for all."""
     connection = sqlite3.connect(home.db)
-    connection.execute("INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)")
+    connection.execute(
+        "INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)"
+    )
     for values in rows:
-        row = dict(name="a", user="ann", state="COMPLETED", priority=0, gpus=1, exclusive=0,
-                   requeue=0, script="/s.sh", spool_path="", workdir="/w", stdout_path="/w/o",
-                   stderr_path="/w/o", submit_time=1.0, run_count=1, steps_done=0,
-                   attained=0.0, holds_lane=0, held=0, payload_id=1, uid=1000, suspended=0)
+        row = dict(
+            name="a",
+            user="ann",
+            state="COMPLETED",
+            priority=0,
+            gpus=1,
+            exclusive=0,
+            requeue=0,
+            script="/s.sh",
+            spool_path="",
+            workdir="/w",
+            stdout_path="/w/o",
+            stderr_path="/w/o",
+            submit_time=1.0,
+            run_count=1,
+            steps_done=0,
+            attained=0.0,
+            holds_lane=0,
+            held=0,
+            payload_id=1,
+            uid=1000,
+            suspended=0,
+        )
         row.update(values)
-        connection.execute(f"INSERT INTO jobs ({', '.join(row)}) VALUES "
-                           f"({', '.join('?' * len(row))})", list(row.values()))
+        connection.execute(
+            f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+            list(row.values()),
+        )
     connection.commit()
     connection.close()
 
@@ -402,8 +631,13 @@ def test_upgrade_to_0011_indexes_end_times_and_keeps_finished_jobs(tmp_path):
     jobs intact (one without an end time gets one) and paged, the last ended first."""
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0010")
-    _finished_jobs(home, [dict(id=job_id, end_time=end)
-                          for job_id, end in ((3, 10.0), (4, 30.0), (5, 20.0), (6, None))])
+    _finished_jobs(
+        home,
+        [
+            dict(id=job_id, end_time=end)
+            for job_id, end in ((3, 10.0), (4, 30.0), (5, 20.0), (6, None))
+        ],
+    )
     database = Database(home)
     indexes = {row[1] for row in sqlite3.connect(home.db).execute("PRAGMA index_list(jobs)")}
     assert "ix_jobs_end_time" in indexes
@@ -425,25 +659,45 @@ def test_upgrade_to_0012_indexes_a_users_runs_by_name_and_keeps_them(tmp_path):
     index, its jobs intact, and the read finds them by it, the last ended first."""
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0011")
-    _finished_jobs(home, [
-        dict(id=job_id, name=name, user=user, state=state, start_time=2.0, end_time=end,
-             steps_done=job_id * 10, attained=1.5)
-        for job_id, name, user, state, end in ((3, "train", "ann", "COMPLETED", 10.0),
-                                               (4, "train", "ann", "COMPLETED", 30.0),
-                                               (5, "train", "ann", "FAILED", 40.0),
-                                               (6, "train", "bob", "COMPLETED", 50.0),
-                                               (7, "eval", "ann", "COMPLETED", 60.0))])
+    _finished_jobs(
+        home,
+        [
+            dict(
+                id=job_id,
+                name=name,
+                user=user,
+                state=state,
+                start_time=2.0,
+                end_time=end,
+                steps_done=job_id * 10,
+                attained=1.5,
+            )
+            for job_id, name, user, state, end in (
+                (3, "train", "ann", "COMPLETED", 10.0),
+                (4, "train", "ann", "COMPLETED", 30.0),
+                (5, "train", "ann", "FAILED", 40.0),
+                (6, "train", "bob", "COMPLETED", 50.0),
+                (7, "eval", "ann", "COMPLETED", 60.0),
+            )
+        ],
+    )
     database = Database(home)
     indexes = {row[1] for row in sqlite3.connect(home.db).execute("PRAGMA index_list(jobs)")}
     assert "ix_jobs_user_name_end" in indexes
-    plan = " ".join(str(row) for row in sqlite3.connect(home.db).execute(
-        "EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE user = 'ann' AND name = 'train' "
-        "AND end_time IS NOT NULL ORDER BY end_time DESC"))
+    plan = " ".join(
+        str(row)
+        for row in sqlite3.connect(home.db).execute(
+            "EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE user = 'ann' AND name = 'train' "
+            "AND end_time IS NOT NULL ORDER BY end_time DESC"
+        )
+    )
     assert "ix_jobs_user_name_end" in plan
     with database.read() as session:
         runs = queries.recent_runs(session, "ann", "train", 5)
-        assert [(start, end, steps) for start, end, steps, *_ in runs] == \
-            [(2.0, 30.0, 40), (2.0, 10.0, 30)]  # completed ones only, the last ended first
+        assert [(start, end, steps) for start, end, steps, *_ in runs] == [
+            (2.0, 30.0, 40),
+            (2.0, 10.0, 30),
+        ]  # completed ones only, the last ended first
         assert len(queries.recent_runs(session, "ann", "train", 1)) == 1
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
@@ -454,13 +708,22 @@ def test_upgrade_to_0013_keeps_jobs_and_reads_their_memory_as_declared(tmp_path)
     of memory, requeued at an out-of-memory, and its --gpu-mem read as declared."""
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0012")
-    _finished_jobs(home, [dict(id=3, mem=2 << 30, end_time=5.0),
-                          dict(id=4, mem=None, state="PENDING", end_time=None)])
+    _finished_jobs(
+        home,
+        [
+            dict(id=3, mem=2 << 30, end_time=5.0),
+            dict(id=4, mem=None, state="PENDING", end_time=None),
+        ],
+    )
     database = Database(home)
     with database.read() as session:
         declared, undeclared = queries.job(session, 3), queries.job(session, 4)
-        assert (declared.mem, declared.mem_basis, declared.on_oom, declared.ooms) == \
-            (2 << 30, None, None, 0)
+        assert (declared.mem, declared.mem_basis, declared.on_oom, declared.ooms) == (
+            2 << 30,
+            None,
+            None,
+            0,
+        )
         assert (undeclared.state, undeclared.ooms) == ("PENDING", 0)
         info = job_info(declared, detail=False)
         assert (info.mem_basis.value, info.on_oom.value, info.ooms) == ("declared", "requeue", 0)
@@ -468,8 +731,10 @@ def test_upgrade_to_0013_keeps_jobs_and_reads_their_memory_as_declared(tmp_path)
     with database.write() as session:
         transitions.set_memory_figure(session, 4, 300 << 20, MemoryBasis.MEASURED)
     with database.read() as session:
-        assert (queries.job(session, 4).mem, queries.job(session, 4).mem_basis) == \
-            (300 << 20, "measured")
+        assert (queries.job(session, 4).mem, queries.job(session, 4).mem_basis) == (
+            300 << 20,
+            "measured",
+        )
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
 
@@ -483,11 +748,18 @@ def test_upgrade_to_0014_pages_history_by_end_time_for_all_and_for_one_user(tmp_
 
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0013")
-    _finished_jobs(home, [dict(id=job_id, user=user, state=state, end_time=end)
-                          for job_id, user, state, end in ((3, "ann", "COMPLETED", 10.0),
-                                                           (4, "bob", "FAILED", 30.0),
-                                                           (5, "ann", "COMPLETED", 20.0),
-                                                           (6, "ann", "CANCELLED", 40.0))])
+    _finished_jobs(
+        home,
+        [
+            dict(id=job_id, user=user, state=state, end_time=end)
+            for job_id, user, state, end in (
+                (3, "ann", "COMPLETED", 10.0),
+                (4, "bob", "FAILED", 30.0),
+                (5, "ann", "COMPLETED", 20.0),
+                (6, "ann", "CANCELLED", 40.0),
+            )
+        ],
+    )
     database = Database(home)
     assert engine.current_revision(home.db) == HEAD_REVISION
     raw = sqlite3.connect(home.db)
@@ -497,20 +769,29 @@ def test_upgrade_to_0014_pages_history_by_end_time_for_all_and_for_one_user(tmp_
 
     def explain(conn, cursor, statement, parameters, context, executemany):
         if "ORDER BY jobs.end_time DESC" in statement:
-            plans.append(" ".join(row[3] for row in raw.execute(
-                f"EXPLAIN QUERY PLAN {statement}", parameters)))
+            plans.append(
+                " ".join(
+                    row[3] for row in raw.execute(f"EXPLAIN QUERY PLAN {statement}", parameters)
+                )
+            )
 
     with database.read() as session:
         event.listen(session.get_bind(), "before_cursor_execute", explain)
         try:
-            pages = [queries.finished_page(session, finished, 2),
-                     queries.finished_page(session, finished, 2, before=(20.0, 5)),
-                     queries.finished_page(session, finished, 5, users=["ann"]),
-                     queries.finished_page(session, [JobState.FAILED], 5)]
+            pages = [
+                queries.finished_page(session, finished, 2),
+                queries.finished_page(session, finished, 2, before=(20.0, 5)),
+                queries.finished_page(session, finished, 5, users=["ann"]),
+                queries.finished_page(session, [JobState.FAILED], 5),
+            ]
         finally:
             event.remove(session.get_bind(), "before_cursor_execute", explain)
     assert [([job.id for job in page], older) for page, older in pages] == [
-        ([6, 4], (30.0, 4)), ([3], None), ([6, 5, 3], None), ([4], None)]
+        ([6, 4], (30.0, 4)),
+        ([3], None),
+        ([6, 5, 3], None),
+        ([4], None),
+    ]
     everyone, next_page, anns, failed = plans
     for plan in (everyone, next_page):
         assert "ix_jobs_end_time" in plan and "TEMP B-TREE" not in plan, plan
@@ -548,19 +829,34 @@ def test_prepared_statements_read_and_write_what_sqlalchemy_would(db):
     with db.write() as session:
         assert transitions.start(session, second, "cpu", 0)
         transitions.set_pending_reasons(session, {first: "Resources", third: None})
-        transitions.submit(session, transitions.NewJob(**{
-            **_new_job("d").__dict__, "env": {"K": "v w"}, "args": ["--x", "ü"],
-            "exclusive": True, "held": True}), lambda p, i, a, t: "o")
-    by_ids = Prepared(select(Job.__table__).where(
-        Job.__table__.c.id.in_(bindparam("ids", expanding=True))).order_by(Job.__table__.c.id))
+        transitions.submit(
+            session,
+            transitions.NewJob(
+                **{
+                    **_new_job("d").__dict__,
+                    "env": {"K": "v w"},
+                    "args": ["--x", "ü"],
+                    "exclusive": True,
+                    "held": True,
+                }
+            ),
+            lambda p, i, a, t: "o",
+        )
+    by_ids = Prepared(
+        select(Job.__table__)
+        .where(Job.__table__.c.id.in_(bindparam("ids", expanding=True)))
+        .order_by(Job.__table__.c.id)
+    )
     payloads = Prepared(select(Payload.__table__).order_by(Payload.__table__.c.id))
     with db.read() as session:
         for ids in ([], [first], [first, second, third, first + 99], list(range(1, 5))):
-            core = [tuple(row) for row in session.connection().execute(
-                by_ids.statement, {"ids": ids})]
+            core = [
+                tuple(row) for row in session.connection().execute(by_ids.statement, {"ids": ids})
+            ]
             assert [tuple(row) for row in by_ids.rows(session, {"ids": ids})] == core
         assert [tuple(row) for row in payloads.rows(session)] == [
-            tuple(row) for row in session.connection().execute(payloads.statement)]
+            tuple(row) for row in session.connection().execute(payloads.statement)
+        ]
         held = queries.for_scheduling(session, JobState.PENDING, held=True)
         pending = queries.for_scheduling(session, JobState.PENDING, held=False)
         running = queries.for_scheduling(session, JobState.RUNNING)
@@ -603,8 +899,9 @@ def test_a_transaction_commits_or_rolls_back_prepared_and_session_work_as_one(db
 def test_retries_and_lost_launches_move_jobs_through_kept_statements(db):
     job_id = _add(db)
     with db.write() as session:
-        session.execute(update(Job).where(Job.id == job_id)
-                        .values(retries=1, retries_left=1, retry_delay=30.0))
+        session.execute(
+            update(Job).where(Job.id == job_id).values(retries=1, retries_left=1, retry_delay=30.0)
+        )
     kept = None
     for _ in range(2):  # the second round reuses what the first compiled
         with db.write() as session:
@@ -613,8 +910,13 @@ def test_retries_and_lost_launches_move_jobs_through_kept_statements(db):
             assert transitions.start(session, job_id, "cpu", 0, now=102.0)
             assert transitions.retry(session, job_id, 3, "failed", now=200.0)
             job = queries.job(session, job_id)
-            assert (job.state, job.run_count, job.retries_left, job.begin_time,
-                    job.exit_code) == ("PENDING", 1, 0, 230.0, 3)
+            assert (job.state, job.run_count, job.retries_left, job.begin_time, job.exit_code) == (
+                "PENDING",
+                1,
+                0,
+                230.0,
+                3,
+            )
             assert transitions.start(session, job_id, "cpu", 0, now=300.0)
             assert not transitions.retry(session, job_id, 3, "failed", now=301.0)  # none left
             assert transitions.finish(session, job_id, JobState.FAILED, 3, "failed")
@@ -678,21 +980,34 @@ def test_upgrade_to_0015_keeps_jobs_as_batch_jobs_and_takes_interactive_ones(tmp
     takes an interactive one (gq run --pty) whose output is its terminal's."""
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0014")
-    _finished_jobs(home, [dict(id=3, end_time=5.0),
-                          dict(id=4, state="PENDING", end_time=None)])
+    _finished_jobs(home, [dict(id=3, end_time=5.0), dict(id=4, state="PENDING", end_time=None)])
     database = Database(home)
     assert engine.current_revision(home.db) == HEAD_REVISION
-    new = transitions.NewJob(name="sh", user="ann", uid=1000, gid=1000, script="/(command)",
-                             args=[], interpreter=None, workdir="/w", output_pattern=None,
-                             error_pattern=None, env={}, interactive=True)
+    new = transitions.NewJob(
+        name="sh",
+        user="ann",
+        uid=1000,
+        gid=1000,
+        script="/(command)",
+        args=[],
+        interpreter=None,
+        workdir="/w",
+        output_pattern=None,
+        error_pattern=None,
+        env={},
+        interactive=True,
+    )
     with database.write() as session:
         added = transitions.submit(session, new, lambda p, i, a, t: f"/w/{p}-{i}")[0]
     with database.read() as session:
         old, pending, interactive = (queries.job(session, i) for i in (3, 4, added))
         assert (old.state, old.interactive, old.stdout_path) == ("COMPLETED", False, "/w/o")
         assert (pending.state, pending.interactive) == ("PENDING", False)
-        assert (interactive.interactive, interactive.stdout_path,
-                interactive.stderr_path) == (True, "", "")
+        assert (interactive.interactive, interactive.stdout_path, interactive.stderr_path) == (
+            True,
+            "",
+            "",
+        )
         assert job_info(interactive).interactive and not job_info(old, detail=False).interactive
 
 
@@ -702,26 +1017,47 @@ def test_upgrade_to_0016_keeps_runs_and_learns_start_ups_from_new_ones(tmp_path)
     job's progress records its start-up, which its next run starts without."""
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0014")
-    _finished_jobs(home, [dict(id=3, name="train", start_time=2.0, end_time=14.0, steps_done=100,
-                               attained=10.0, mean_iteration=0.1),
-                          dict(id=4, name="train", state="RUNNING", start_time=20.0,
-                               end_time=None)])
+    _finished_jobs(
+        home,
+        [
+            dict(
+                id=3,
+                name="train",
+                start_time=2.0,
+                end_time=14.0,
+                steps_done=100,
+                attained=10.0,
+                mean_iteration=0.1,
+            ),
+            dict(id=4, name="train", state="RUNNING", start_time=20.0, end_time=None),
+        ],
+    )
     database = Database(home)
     assert engine.current_revision(home.db) == HEAD_REVISION
     with database.read() as session:
-        assert queries.recent_runs(session, "ann", "train", 5) == \
-            [(2.0, 14.0, 100, 10.0, 0.1, None, None)]
+        assert queries.recent_runs(session, "ann", "train", 5) == [
+            (2.0, 14.0, 100, 10.0, 0.1, None, None)
+        ]
     with database.write() as session:
-        transitions.record_progress(session, 4, transitions.Progress(
-            steps_done=5, attained=0.5, mean_iteration=0.1, mem_persistent=None,
-            mem_peak=None, holds_lane=True, startup=1.25))
+        transitions.record_progress(
+            session,
+            4,
+            transitions.Progress(
+                steps_done=5,
+                attained=0.5,
+                mean_iteration=0.1,
+                mem_persistent=None,
+                mem_peak=None,
+                holds_lane=True,
+                startup=1.25,
+            ),
+        )
     with database.read() as session:
         assert queries.job(session, 4).startup == 1.25
     with database.write() as session:
         transitions.finish(session, 4, JobState.COMPLETED, 0, None, now=30.0)
     with database.read() as session:
-        assert [run[-1] for run in queries.recent_runs(session, "ann", "train", 5)] == \
-            [1.25, None]
+        assert [run[-1] for run in queries.recent_runs(session, "ann", "train", 5)] == [1.25, None]
     database.close()
 
 
@@ -732,22 +1068,48 @@ def test_upgrade_to_0017_keeps_jobs_and_learns_idle_time_from_new_runs(tmp_path)
     now = time.time()
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0016")
-    _finished_jobs(home, [dict(id=3, end_time=5.0),
-                          dict(id=4, state="RUNNING", start_time=now - 1100, end_time=None)])
+    _finished_jobs(
+        home,
+        [
+            dict(id=3, end_time=5.0),
+            dict(id=4, state="RUNNING", start_time=now - 1100, end_time=None),
+        ],
+    )
     database = Database(home)
     assert engine.current_revision(home.db) == HEAD_REVISION
     with database.write() as session:
         session.execute(update(Job).where(Job.id == 4).values(interactive=True))
-    new = transitions.NewJob(name="python", user="ann", uid=1000, gid=1000, script="/(python)",
-                             args=[], interpreter="/usr/bin/python3", workdir="/w",
-                             output_pattern=None, error_pattern=None, env={}, interactive=True,
-                             idle_timeout=600)
+    new = transitions.NewJob(
+        name="python",
+        user="ann",
+        uid=1000,
+        gid=1000,
+        script="/(python)",
+        args=[],
+        interpreter="/usr/bin/python3",
+        workdir="/w",
+        output_pattern=None,
+        error_pattern=None,
+        env={},
+        interactive=True,
+        idle_timeout=600,
+    )
     with database.write() as session:
         added = transitions.submit(session, new, lambda p, i, a, t: f"/w/{p}-{i}")[0]
         transitions.start(session, added, "cpu", 0, now=now - 1000)
-        transitions.record_progress(session, added, transitions.Progress(
-            steps_done=0, attained=0.0, mean_iteration=None, mem_persistent=None,
-            mem_peak=None, holds_lane=False, active_at=now - 950))
+        transitions.record_progress(
+            session,
+            added,
+            transitions.Progress(
+                steps_done=0,
+                attained=0.0,
+                mean_iteration=None,
+                mem_persistent=None,
+                mem_peak=None,
+                holds_lane=False,
+                active_at=now - 950,
+            ),
+        )
     with database.read() as session:
         old, running, fresh = (queries.job(session, i) for i in (3, 4, added))
         assert (old.state, old.idle_timeout, old.active_at) == ("COMPLETED", None, None)

@@ -14,19 +14,35 @@ import psutil
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import (ROOT, DaemonControl, all_jobs, gq, gq_ok, job, live_hosts, pid_alive,
-                      submit, wait_for, wait_for_words, wait_state, write_script)
 from gq import defaults
+
+from conftest import (
+    ROOT,
+    DaemonControl,
+    all_jobs,
+    gq,
+    gq_ok,
+    job,
+    live_hosts,
+    pid_alive,
+    submit,
+    wait_for,
+    wait_for_words,
+    wait_state,
+    write_script,
+)
 
 
 def host_process(daemon_pid: int, device: str | None = None) -> psutil.Process:
     """The daemon's execution host (of ``device``, where the node has several: a GPU node
     has one for each GPU and one for its cpu device)."""
+
     def find():
         for child in psutil.Process(daemon_pid).children():
             argv = child.cmdline()
             if "gq.exec.host" in " ".join(argv) and (
-                    device is None or device in argv[argv.index("--device") + 1:][:1]):
+                device is None or device in argv[argv.index("--device") + 1 :][:1]
+            ):
                 return child
         return None
 
@@ -55,26 +71,31 @@ def test_killed_execution_host_is_noticed_and_replaced(daemon, tmp_path):
 
 
 def test_cancel_ends_children_and_double_forked_grandchildren(daemon, tmp_path):
-    script = write_script(tmp_path / "forks.py", (
-        "import os, time\n"
-        "pids = []\n"
-        "child = os.fork()\n"
-        "if child == 0:\n"
-        "    time.sleep(300); os._exit(0)\n"
-        "middle = os.fork()\n"
-        "if middle == 0:\n"
-        "    grandchild = os.fork()\n"
-        "    if grandchild == 0:\n"
-        "        time.sleep(300); os._exit(0)\n"
-        "    open('grandchild.pid', 'w').write(str(grandchild))\n"
-        "    os._exit(0)  # the grandchild is orphaned: a classic double fork\n"
-        "os.waitpid(middle, 0)\n"
-        "open('child.pid', 'w').write(str(child))\n"
-        "time.sleep(300)\n"
-    ))
+    script = write_script(
+        tmp_path / "forks.py",
+        (
+            "import os, time\n"
+            "pids = []\n"
+            "child = os.fork()\n"
+            "if child == 0:\n"
+            "    time.sleep(300); os._exit(0)\n"
+            "middle = os.fork()\n"
+            "if middle == 0:\n"
+            "    grandchild = os.fork()\n"
+            "    if grandchild == 0:\n"
+            "        time.sleep(300); os._exit(0)\n"
+            "    open('grandchild.pid', 'w').write(str(grandchild))\n"
+            "    os._exit(0)  # the grandchild is orphaned: a classic double fork\n"
+            "os.waitpid(middle, 0)\n"
+            "open('child.pid', 'w').write(str(child))\n"
+            "time.sleep(300)\n"
+        ),
+    )
     job_id = submit(str(script))
-    pids = [int(wait_for_words(tmp_path / name, 1, 30, what="the forks")[0])
-            for name in ("child.pid", "grandchild.pid")]
+    pids = [
+        int(wait_for_words(tmp_path / name, 1, 30, what="the forks")[0])
+        for name in ("child.pid", "grandchild.pid")
+    ]
     assert all(pid_alive(p) for p in pids)
     gq_ok("cancel", str(job_id))
     wait_state(job_id, "CANCELLED", timeout=10)
@@ -82,10 +103,18 @@ def test_cancel_ends_children_and_double_forked_grandchildren(daemon, tmp_path):
 
 
 def test_cancel_of_job_ignoring_sigterm_uses_sigkill(daemon, tmp_path):
-    script = write_script(tmp_path / "stubborn.sh", "trap '' TERM\necho up\nwhile true; do sleep 0.1; done\n")
+    script = write_script(
+        tmp_path / "stubborn.sh", "trap '' TERM\necho up\nwhile true; do sleep 0.1; done\n"
+    )
     job_id = submit(str(script))
-    wait_for(lambda: (tmp_path / f"gq-{job_id}.out").exists()
-             and "up" in (tmp_path / f"gq-{job_id}.out").read_text(), 10, what="the job")
+    wait_for(
+        lambda: (
+            (tmp_path / f"gq-{job_id}.out").exists()
+            and "up" in (tmp_path / f"gq-{job_id}.out").read_text()
+        ),
+        10,
+        what="the job",
+    )
     gq_ok("cancel", str(job_id))
     info = wait_state(job_id, "CANCELLED", timeout=10)
     assert info["exit_code"] == 128 + 9
@@ -124,11 +153,23 @@ while time.monotonic() < deadline:
 def test_eight_concurrent_submitters_and_a_status_loop(daemon, tmp_path):
     script = write_script(tmp_path / "t.sh", "true\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    status = subprocess.Popen([sys.executable, "-c", STATUS_LOOP, "20"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    submitters = [subprocess.Popen([sys.executable, "-c", SUBMITTER, str(script), "50"],
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True) for _ in range(8)]
+    status = subprocess.Popen(
+        [sys.executable, "-c", STATUS_LOOP, "20"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    submitters = [
+        subprocess.Popen(
+            [sys.executable, "-c", SUBMITTER, str(script), "50"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
     ids, errors = [], []
     for process in submitters:
         out, err = process.communicate(timeout=240)
@@ -171,15 +212,25 @@ def _exchange(root, payload: bytes, timeout: float = 10) -> bytes:
     return answer
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(payload=st.one_of(
-    st.binary(max_size=4096),
-    st.dictionaries(st.sampled_from(["v", "kind", "labels", "states", "script", "options",
-                                     "name", "x"]),
-                    st.one_of(st.none(), st.integers(), st.text(max_size=20),
-                              st.lists(st.text(max_size=5), max_size=3),
-                              st.sampled_from([1, "submit", "list", "cancel", "show"])),
-                    max_size=6).map(lambda d: json.dumps(d).encode())))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    payload=st.one_of(
+        st.binary(max_size=4096),
+        st.dictionaries(
+            st.sampled_from(["v", "kind", "labels", "states", "script", "options", "name", "x"]),
+            st.one_of(
+                st.none(),
+                st.integers(),
+                st.text(max_size=20),
+                st.lists(st.text(max_size=5), max_size=3),
+                st.sampled_from([1, "submit", "list", "cancel", "show"]),
+            ),
+            max_size=6,
+        ).map(lambda d: json.dumps(d).encode()),
+    )
+)
 @example(payload=b'{"v": "\\n"}')  # a version that is a newline: once quoted raw
 def test_fuzzed_requests_get_an_error_answer_and_do_no_harm(daemon, payload):
     from gq import messages
@@ -205,8 +256,9 @@ def test_silent_garbage_and_huge_clients_neither_block_others_nor_crash_it(home,
     started = time.monotonic()
     assert gq_ok("status").startswith("JOBID")
     assert time.monotonic() - started < 5
-    garbage = messages.decode(_exchange(daemon.root, b"\x00\xff garbage\n").strip(),
-                              messages.ANSWERS)
+    garbage = messages.decode(
+        _exchange(daemon.root, b"\x00\xff garbage\n").strip(), messages.ANSWERS
+    )
     assert isinstance(garbage, messages.Error) and "malformed request" in garbage.message
     huge = _exchange(daemon.root, b"x" * (100 << 20) + b"\n", timeout=60)
     refused = messages.decode(huge.strip(), messages.ANSWERS)
@@ -223,8 +275,9 @@ def test_silent_garbage_and_huge_clients_neither_block_others_nor_crash_it(home,
 def test_protocol_versions_that_differ_say_so_in_one_line(daemon, monkeypatch):
     from gq import messages
 
-    answer = messages.decode(_exchange(daemon.root, b'{"v": 99, "kind": "list"}\n').strip(),
-                             messages.ANSWERS)
+    answer = messages.decode(
+        _exchange(daemon.root, b'{"v": 99, "kind": "list"}\n').strip(), messages.ANSWERS
+    )
     assert isinstance(answer, messages.Error)
     assert f"protocol version {defaults.PROTOCOL_VERSION} and the client 99" in answer.message
     ours = defaults.PROTOCOL_VERSION
@@ -245,13 +298,20 @@ def test_a_stop_ends_the_jobs_of_a_host_the_daemon_has_just_let_go(daemon, tmp_p
     intruder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:  # root's own connection: the host takes it for a newer daemon and drops the old
         intruder.connect(str(daemon.root / "hosts" / "cpu.sock"))
-        wait_for(lambda: "let go of the execution host" in daemon.log(), 10, interval=0.005,
-                 what="the daemon to let its host go")
+        wait_for(
+            lambda: "let go of the execution host" in daemon.log(),
+            10,
+            interval=0.005,
+            what="the daemon to let its host go",
+        )
         gq_ok("daemon", "stop")
     finally:
         intruder.close()
-    assert wait_for(lambda: not host.is_running() or host.status() == psutil.STATUS_ZOMBIE,
-                    15, what="the host to exit")
+    assert wait_for(
+        lambda: not host.is_running() or host.status() == psutil.STATUS_ZOMBIE,
+        15,
+        what="the host to exit",
+    )
     assert live_hosts(daemon.root) == []
     gq_ok("daemon", "start")
     info = job(job_id)

@@ -12,8 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (DECLARED, KERNEL_LOOP, PYTHON, gq_ok, job, start_together, submit,
-                      wait_for, wait_state, write_script)
+from conftest import (
+    DECLARED,
+    KERNEL_LOOP,
+    PYTHON,
+    gq_ok,
+    job,
+    start_together,
+    submit,
+    wait_for,
+    wait_state,
+    write_script,
+)
 
 TRAIN = str(Path(__file__).resolve().parents[1] / "examples" / "kernel_train.py")
 
@@ -52,16 +62,19 @@ def test_inference_under_no_grad_counts_outermost_calls(daemon):
 
 
 def test_explicit_api_steps_step_and_total(daemon, tmp_path):
-    script = write_script(tmp_path / "api.py", (
-        "import gq, time\n"
-        "assert gq.in_job()\n"
-        "for item in gq.steps(range(12)):\n"
-        "    time.sleep(0.001)\n"
-        "gq.set_total_steps(20)\n"
-        "for _ in range(8):\n"
-        "    time.sleep(0.001)\n"
-        "    gq.step()\n"
-    ))
+    script = write_script(
+        tmp_path / "api.py",
+        (
+            "import gq, time\n"
+            "assert gq.in_job()\n"
+            "for item in gq.steps(range(12)):\n"
+            "    time.sleep(0.001)\n"
+            "gq.set_total_steps(20)\n"
+            "for _ in range(8):\n"
+            "    time.sleep(0.001)\n"
+            "    gq.step()\n"
+        ),
+    )
     info = wait_state(submit(str(script)), "COMPLETED", timeout=30)
     assert info["steps_done"] == 20 and info["steps_total"] == 20
 
@@ -69,26 +82,52 @@ def test_explicit_api_steps_step_and_total(daemon, tmp_path):
 def test_job_api_is_a_no_op_outside_gq(tmp_path):
     import subprocess
 
-    script = write_script(tmp_path / "plain.py", (
-        "import gq\n"
-        "assert not gq.in_job()\n"
-        "gq.set_total_steps(3)\n"
-        "print(sum(gq.steps([1, 2, 3])))\n"
-        "gq.step()\n"
-    ))
+    script = write_script(
+        tmp_path / "plain.py",
+        (
+            "import gq\n"
+            "assert not gq.in_job()\n"
+            "gq.set_total_steps(3)\n"
+            "print(sum(gq.steps([1, 2, 3])))\n"
+            "gq.step()\n"
+        ),
+    )
     out = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "6"
 
 
 def _long_and_short(tmp_path, long_steps: int = 300) -> tuple[int, int]:
     start = tmp_path / "go"
-    long = submit(*DECLARED, "-J", "long", "--steps", str(long_steps), *KERNEL_LOOP, "--steps",
-                  str(long_steps), "--iter-ms", "5",
-                  "--start-file", str(start))
+    long = submit(
+        *DECLARED,
+        "-J",
+        "long",
+        "--steps",
+        str(long_steps),
+        *KERNEL_LOOP,
+        "--steps",
+        str(long_steps),
+        "--iter-ms",
+        "5",
+        "--start-file",
+        str(start),
+    )
     # 100 x 5 ms: under fifo the short job gets the lane when the long script returns, and
     # must outlast the long process's teardown for the end times to show the order.
-    short = submit(*DECLARED, "-J", "short", "--steps", "100", *KERNEL_LOOP, "--steps", "100",
-                   "--iter-ms", "5", "--start-file", str(start))
+    short = submit(
+        *DECLARED,
+        "-J",
+        "short",
+        "--steps",
+        "100",
+        *KERNEL_LOOP,
+        "--steps",
+        "100",
+        "--iter-ms",
+        "5",
+        "--start-file",
+        str(start),
+    )
     wait_state(long, "RUNNING")
     wait_state(short, "RUNNING")  # both resident on the one device
     start_together(start, 2)
@@ -104,13 +143,17 @@ def test_srtf_finishes_the_short_job_first(daemon, tmp_path):
     assert ts(short_info["end_time"]) < ts(long_info["end_time"])
     # The short job ran nearly alone: its loop took far less than the long one's.
     assert loop_seconds(tmp_path / f"gq-{short}.out") < 0.5 * loop_seconds(
-        tmp_path / f"gq-{long}.out")
+        tmp_path / f"gq-{long}.out"
+    )
 
 
 def test_fifo_finishes_the_first_job_first_and_the_second_waits(daemon, tmp_path):
     long, short = _long_and_short(tmp_path)
-    waiting = wait_for(lambda: (s := job(short), l := job(long)) and l["steps_done"] > 0 and (s, l),
-                       30, what="long job progress")
+    waiting = wait_for(
+        lambda: (s := job(short), g := job(long)) and g["steps_done"] > 0 and (s, g),
+        30,
+        what="long job progress",
+    )
     assert waiting[0]["steps_done"] == 0 and not waiting[0]["holds_lane"]
     assert "waits" in gq_ok("status")
     long_info = wait_state(long, "COMPLETED", timeout=60)
@@ -131,8 +174,21 @@ def test_policy_change_takes_effect_on_running_jobs(daemon, tmp_path):
 def test_fair_share_between_two_equal_jobs(daemon, tmp_path):
     gq_ok("policy", "set", "fair")
     start = tmp_path / "go"
-    ids = [submit(*DECLARED, "--steps", "500", *KERNEL_LOOP, "--steps", "500", "--iter-ms", "4",
-                  "--start-file", str(start)) for _ in range(2)]
+    ids = [
+        submit(
+            *DECLARED,
+            "--steps",
+            "500",
+            *KERNEL_LOOP,
+            "--steps",
+            "500",
+            "--iter-ms",
+            "4",
+            "--start-file",
+            str(start),
+        )
+        for _ in range(2)
+    ]
     for job_id in ids:
         wait_state(job_id, "RUNNING")
     start_together(start, 2)
@@ -164,17 +220,41 @@ def test_priority_job_runs_almost_as_if_alone_while_low_jobs_fill_its_gaps(daemo
     add to its time alone, so that a loaded machine, which stretches every run, fails
     neither."""
     spans_file, stop = tmp_path / "spans.jsonl", tmp_path / "stop"
-    high_args = [*DECLARED, *KERNEL_LOOP, "--steps", "60", "--iter-ms", "10", "--gap-ms", "20",
-                 "--spans-out", str(spans_file)]
-    low_args = [*DECLARED, "--priority", "0", *KERNEL_LOOP, "--steps", "800", "--iter-ms", "4",
-                "--spans-out", str(spans_file), "--stop-file", str(stop)]
+    high_args = [
+        *DECLARED,
+        *KERNEL_LOOP,
+        "--steps",
+        "60",
+        "--iter-ms",
+        "10",
+        "--gap-ms",
+        "20",
+        "--spans-out",
+        str(spans_file),
+    ]
+    low_args = [
+        *DECLARED,
+        "--priority",
+        "0",
+        *KERNEL_LOOP,
+        "--steps",
+        "800",
+        "--iter-ms",
+        "4",
+        "--spans-out",
+        str(spans_file),
+        "--stop-file",
+        str(stop),
+    ]
     alone = submit("--priority", "10", *high_args)
     alone_info = wait_state(alone, "COMPLETED", timeout=60)
     beside = {}
     for policy in ("fifo", "priority"):
         gq_ok("policy", "set", policy)
         lows = [submit(*low_args) for _ in range(2)]
-        wait_for(lambda: job(lows[0])["steps_done"] > 0, 60, what="the first low job to run")
+        wait_for(
+            lambda lows=lows: job(lows[0])["steps_done"] > 0, 60, what="the first low job to run"
+        )
         high = submit("--priority", "10", *high_args)
         beside[policy] = (high, wait_state(high, "COMPLETED", timeout=120))
         if policy == "fifo":  # it ended after both
@@ -189,8 +269,9 @@ def test_priority_job_runs_almost_as_if_alone_while_low_jobs_fill_its_gaps(daemo
         (the start-up, beside busy jobs on a loaded machine, varies by more than their
         effect)."""
         output, alone_output = tmp_path / f"gq-{job_id}.out", tmp_path / f"gq-{alone}.out"
-        return ((jct(info) - startup_seconds(output))
-                / (jct(alone_info) - startup_seconds(alone_output)) - 1)
+        return (jct(info) - startup_seconds(output)) / (
+            jct(alone_info) - startup_seconds(alone_output)
+        ) - 1
 
     fifo_rest, priority_rest = rest(*beside["fifo"]), rest(*beside["priority"])
     assert fifo_rest > 1.0, fifo_rest  # it waited for the lows: at least the second's 3.2 s
@@ -219,16 +300,34 @@ def test_worker_crashes_leave_other_resident_jobs_running(home, tmp_path):
     gq_ok("daemon", "start", "--kill-wait", "1", "--max-resident", "6")
     gq_ok("policy", "set", "fair")
     # Declared: six jobs that each probed their memory would start one after another.
-    survivors = [submit(*DECLARED, *KERNEL_LOOP, "--steps", "60", "--iter-ms", "3")
-                 for _ in range(2)]
-    crashers = {how: submit(*DECLARED, *KERNEL_LOOP, "--steps", "60", "--iter-ms", "3",
-                            "--crash-at", "20", "--crash-how", how)
-                for how in ("exception", "os_exit", "sigsegv", "sys_exit0")}
-    ended = {how: wait_state(job_id, "COMPLETED", "FAILED", timeout=60)
-             for how, job_id in crashers.items()}
+    survivors = [
+        submit(*DECLARED, *KERNEL_LOOP, "--steps", "60", "--iter-ms", "3") for _ in range(2)
+    ]
+    crashers = {
+        how: submit(
+            *DECLARED,
+            *KERNEL_LOOP,
+            "--steps",
+            "60",
+            "--iter-ms",
+            "3",
+            "--crash-at",
+            "20",
+            "--crash-how",
+            how,
+        )
+        for how in ("exception", "os_exit", "sigsegv", "sys_exit0")
+    }
+    ended = {
+        how: wait_state(job_id, "COMPLETED", "FAILED", timeout=60)
+        for how, job_id in crashers.items()
+    }
     assert {how: info["state"] for how, info in ended.items()} == {
-        "exception": "FAILED", "os_exit": "FAILED", "sigsegv": "FAILED",
-        "sys_exit0": "COMPLETED"}
+        "exception": "FAILED",
+        "os_exit": "FAILED",
+        "sigsegv": "FAILED",
+        "sys_exit0": "COMPLETED",
+    }
     assert (ended["exception"]["exit_code"], ended["os_exit"]["exit_code"]) == (1, 3)
     assert ended["sigsegv"]["reason"] == "killed by signal SIGSEGV"
     assert ended["sigsegv"]["exit_code"] == 139
@@ -246,21 +345,30 @@ def test_resident_cap_and_exclusive(home, tmp_path):
         first, second, third, fourth = (submit(str(script)) for _ in range(4))
         wait_state(first, "RUNNING")
         wait_state(second, "RUNNING")
-        info = wait_for(lambda: (j := job(third))["reason"] == "Resources" and j, 10,
-                        what="third job to wait for resources")
+        info = wait_for(
+            lambda: (j := job(third))["reason"] == "Resources" and j,
+            10,
+            what="third job to wait for resources",
+        )
         assert info["state"] == "PENDING"
         assert job(fourth)["reason"] == "Priority"  # behind the third, as squeue says
         gq_ok("cancel", str(first), str(fourth))
         wait_state(third, "RUNNING")
         exclusive = submit("--exclusive", str(script))
-        info = wait_for(lambda: (j := job(exclusive))["reason"] == "Resources" and j, 10,
-                        what="the exclusive job to wait for its device")
+        info = wait_for(
+            lambda: (j := job(exclusive))["reason"] == "Resources" and j,
+            10,
+            what="the exclusive job to wait for its device",
+        )
         assert info["state"] == "PENDING"
         gq_ok("cancel", str(second), str(third))
         wait_state(exclusive, "RUNNING")
         later = submit(str(script))
-        info = wait_for(lambda: (j := job(later))["reason"] == "Resources" and j, 10,
-                        what="the later job to be refused the exclusive device")
+        info = wait_for(
+            lambda: (j := job(later))["reason"] == "Resources" and j,
+            10,
+            what="the later job to be refused the exclusive device",
+        )
         assert info["state"] == "PENDING"  # nothing shares an exclusive device
         gq_ok("cancel", str(exclusive), str(later))
     finally:
@@ -275,8 +383,9 @@ def test_memory_requests_admit_only_what_fits(daemon, tmp_path):
     second = submit("--mem", big, str(script))
     small = submit("--mem", "64M", str(script))
     wait_state(first, "RUNNING")
-    info = wait_for(lambda: (j := job(second))["reason"] == "Resources" and j, 10,
-                    what="second big job to wait")
+    info = wait_for(
+        lambda: (j := job(second))["reason"] == "Resources" and j, 10, what="second big job to wait"
+    )
     assert info["state"] == "PENDING"
     # No backfill: the small job queues behind the big one it would overtake.
     assert job(small)["state"] == "PENDING"
@@ -302,19 +411,28 @@ def test_measured_memory_counts_for_admission(home, tmp_path):
     control = DaemonControl(home)
     control.start("--cpu-memory", "1G", "--max-resident", "8")
     try:
-        hog = write_script(tmp_path / "hog.py", (
-            "import gq, time\n"
-            "held = b'x' * (600 << 20)  # resident: every page written\n"
-            "for _ in gq.steps(range(3000)):\n"
-            "    time.sleep(0.01)\n"
-        ))
+        hog = write_script(
+            tmp_path / "hog.py",
+            (
+                "import gq, time\n"
+                "held = b'x' * (600 << 20)  # resident: every page written\n"
+                "for _ in gq.steps(range(3000)):\n"
+                "    time.sleep(0.01)\n"
+            ),
+        )
         hog_id = submit(str(hog))
-        wait_for(lambda: (job(hog_id)["mem_persistent"] or 0) > 600 << 20, 20,
-                 what="the hog's memory to be measured")
+        wait_for(
+            lambda: (job(hog_id)["mem_persistent"] or 0) > 600 << 20,
+            20,
+            what="the hog's memory to be measured",
+        )
         small = write_script(tmp_path / "small.sh", "true\n")
         second = submit("--mem", "500M", str(small))
-        info = wait_for(lambda: (j := job(second))["reason"] == "Resources" and j, 10,
-                        what="the second job to wait for memory")
+        info = wait_for(
+            lambda: (j := job(second))["reason"] == "Resources" and j,
+            10,
+            what="the second job to wait for memory",
+        )
         assert info["state"] == "PENDING"
         assert json.loads(gq_ok("info", "--json"))["devices"][0]["memory_total"] == 1 << 30
         gq_ok("cancel", str(hog_id))
@@ -324,20 +442,23 @@ def test_measured_memory_counts_for_admission(home, tmp_path):
 
 
 def test_forked_children_do_not_speak_for_the_job(daemon, tmp_path):
-    script = write_script(tmp_path / "forking.py", (
-        "import os, gq, torch\n"
-        "model = torch.nn.Linear(4, 1)\n"
-        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "for step in gq.steps(range(10)):\n"
-        "    if step == 3:\n"
-        "        child = os.fork()\n"
-        "        if child == 0:  # like a DataLoader worker: runs modules, steps, exits\n"
-        "            assert not gq.in_job()\n"
-        "            for _ in range(5):\n"
-        "                model(torch.ones(4)).sum().backward(); optimizer.step(); gq.step()\n"
-        "            os._exit(0)\n"
-        "        os.waitpid(child, 0)\n"
-    ))
+    script = write_script(
+        tmp_path / "forking.py",
+        (
+            "import os, gq, torch\n"
+            "model = torch.nn.Linear(4, 1)\n"
+            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for step in gq.steps(range(10)):\n"
+            "    if step == 3:\n"
+            "        child = os.fork()\n"
+            "        if child == 0:  # like a DataLoader worker: runs modules, steps, exits\n"
+            "            assert not gq.in_job()\n"
+            "            for _ in range(5):\n"
+            "                model(torch.ones(4)).sum().backward(); optimizer.step(); gq.step()\n"
+            "            os._exit(0)\n"
+            "        os.waitpid(child, 0)\n"
+        ),
+    )
     info = wait_state(submit(str(script)), "COMPLETED", timeout=60)
     assert info["steps_done"] == 10
 
@@ -350,14 +471,30 @@ def test_two_lanes_run_iterations_in_parallel(home, tmp_path):
     control.start("--lanes", "2")
     try:
         start = tmp_path / "go"
-        ids = [submit(*DECLARED, "--steps", "400", TRAIN, "--steps", "400", "--iter-ms", "5",
-                      "--start-file", str(start)) for _ in range(2)]
+        ids = [
+            submit(
+                *DECLARED,
+                "--steps",
+                "400",
+                TRAIN,
+                "--steps",
+                "400",
+                "--iter-ms",
+                "5",
+                "--start-file",
+                str(start),
+            )
+            for _ in range(2)
+        ]
         for job_id in ids:
             wait_state(job_id, "RUNNING")
         assert sorted(job(i)["lane"] for i in ids) == [0, 1]
         start_together(start, 2)
-        both = wait_for(lambda: all(job(i)["steps_done"] > 0 for i in ids)
-                        and [job(i) for i in ids], 30, what="both lanes to progress")
+        both = wait_for(
+            lambda: all(job(i)["steps_done"] > 0 for i in ids) and [job(i) for i in ids],
+            30,
+            what="both lanes to progress",
+        )
         assert all(j["state"] == "RUNNING" for j in both)
         assert "2 lane(s) per device" in gq_ok("info")
         for job_id in ids:

@@ -33,15 +33,21 @@ def assert_refused(result, *fragments: str) -> None:
 
 def test_job_runs_as_its_submitter_with_its_groups_umask_and_home(shared_node, users):
     alice = users["alice"]
-    script = _script(alice, "who.sh", "id -u; id -g; umask; echo $HOME $USER; pwd; touch made\n"
-                                      "srun id -u; echo $SLURM_JOB_USER $SLURM_JOB_UID\n")
-    job_id = _submit(shared_node, alice, "--notify", "id -u > hooked; echo $HOME >> hooked",
-                     script)
+    script = _script(
+        alice,
+        "who.sh",
+        "id -u; id -g; umask; echo $HOME $USER; pwd; touch made\n"
+        "srun id -u; echo $SLURM_JOB_USER $SLURM_JOB_UID\n",
+    )
+    job_id = _submit(shared_node, alice, "--notify", "id -u > hooked; echo $HOME >> hooked", script)
     info = shared_node.wait_state(job_id, "COMPLETED")
     assert (info["user"], info["uid"]) == (alice.name, alice.uid)
     hooked = alice.workdir / "hooked"  # its --notify ran as alice, in her directory
-    wait_for(lambda: hooked.exists() and len(hooked.read_text().splitlines()) == 2, 15,
-             what="the --notify hook")
+    wait_for(
+        lambda: hooked.exists() and len(hooked.read_text().splitlines()) == 2,
+        15,
+        what="the --notify hook",
+    )
     assert hooked.read_text().split() == [str(alice.uid), str(alice.workdir.parent)]
     assert hooked.stat().st_uid == alice.uid
     out = alice.workdir / f"gq-{job_id}.out"
@@ -73,12 +79,18 @@ def test_system_state_permissions(shared_node, users):
 
 def test_others_cannot_act_on_a_job_but_its_owner_operators_and_root_can(shared_node, users):
     alice, bob, carol = users["alice"], users["bob"], users["carol"]
-    job_id = _submit(shared_node, alice, "--priority", "1", _script(alice, "long.sh", "sleep 300\n"))
+    job_id = _submit(
+        shared_node, alice, "--priority", "1", _script(alice, "long.sh", "sleep 300\n")
+    )
     shared_node.wait_state(job_id, "RUNNING")
-    for args, verb in ((["cancel", job_id], "cancel"), (["hold", job_id], "hold"),
-                       (["update", job_id, "--priority", "0"], "update"),
-                       (["requeue", job_id], "requeue"), (["logs", job_id], "read the logs of"),
-                       (["export", "slurm", job_id], "export")):
+    for args, verb in (
+        (["cancel", job_id], "cancel"),
+        (["hold", job_id], "hold"),
+        (["update", job_id, "--priority", "0"], "update"),
+        (["requeue", job_id], "requeue"),
+        (["logs", job_id], "read the logs of"),
+        (["export", "slurm", job_id], "export"),
+    ):
         result = shared_node.run(bob, *args)
         assert_refused(result, f"job {job_id} belongs to {alice.name}", verb)
     assert_refused(shared_node.run(bob, "cancel", "--user", alice.name), "only an operator")
@@ -107,8 +119,9 @@ def test_only_operators_change_the_node_and_raise_priorities(shared_node, users)
     assert "[]" == shared_node.ok(None, "status", "--all", "--json").strip()
     job_id = _submit(shared_node, alice, "--hold", "--priority", "5", script)
     shared_node.ok(alice, "update", job_id, "--priority", "2")  # lowering is always allowed
-    assert_refused(shared_node.run(alice, "update", job_id, "--priority", "7"),
-                   "only an operator may raise")
+    assert_refused(
+        shared_node.run(alice, "update", job_id, "--priority", "7"), "only an operator may raise"
+    )
     assert shared_node.job(job_id)["priority"] == 2
     shared_node.ok(None, "update", job_id, "--priority", "50")  # root may
     shared_node.ok(None, "policy", "set", "srtf")
@@ -167,29 +180,35 @@ def test_fair_shares_the_node_between_kernel_reported_users(shared_node, users):
     shared_node.ok(None, "policy", "set", "fair")
     # Each job writes when each of its iterations ran: the shares are read from what ran,
     # not from progress sampled through status calls, which a loaded machine spaces out.
-    body = ("import gq, json, os, time\n"
-            "while not os.path.exists('go'): time.sleep(0.01)\n"
-            "spans = []\n"
-            "for _ in gq.steps(range(500), total=500):\n"
-            "    begin = time.monotonic()\n"
-            "    time.sleep(0.004)\n"
-            "    spans.append((begin, time.monotonic()))\n"
-            "with open(f\"spans-{os.environ['GQ_JOB_ID']}\", 'w') as out:\n"
-            "    json.dump(spans, out)\n")
+    body = (
+        "import gq, json, os, time\n"
+        "while not os.path.exists('go'): time.sleep(0.01)\n"
+        "spans = []\n"
+        "for _ in gq.steps(range(500), total=500):\n"
+        "    begin = time.monotonic()\n"
+        "    time.sleep(0.004)\n"
+        "    spans.append((begin, time.monotonic()))\n"
+        "with open(f\"spans-{os.environ['GQ_JOB_ID']}\", 'w') as out:\n"
+        "    json.dump(spans, out)\n"
+    )
     start = {u.name: u.workdir / "go" for u in (alice, bob)}
     owners = [alice, alice, bob]
     # Declared: a job that declares nothing has its lane to itself until its probe ends,
     # and each waits for its start file before its first iteration.
-    ids = [_submit(shared_node, owner, "--gpu-mem", "200M", _script(owner, "f.py", body))
-           for owner in owners]
+    ids = [
+        _submit(shared_node, owner, "--gpu-mem", "200M", _script(owner, "f.py", body))
+        for owner in owners
+    ]
     for job_id in ids:
         shared_node.wait_state(job_id, "RUNNING")
     for path in start.values():
         path.touch()
     for job_id in ids:
         assert shared_node.wait_state(job_id, "COMPLETED", timeout=60)["attained"] >= 1.8
-    spans = [json.loads((owner.workdir / f"spans-{job_id}").read_text())
-             for owner, job_id in zip(owners, ids)]
+    spans = [
+        json.loads((owner.workdir / f"spans-{job_id}").read_text())
+        for owner, job_id in zip(owners, ids)
+    ]
     # While all three ran (from the last one's first iteration to the first one's end):
     # bob's one job had as much of the lane as alice's two together.
     since, until = max(s[0][0] for s in spans), min(s[-1][1] for s in spans)
@@ -202,23 +221,39 @@ def test_fair_shares_the_node_between_kernel_reported_users(shared_node, users):
     assert abs(a - b) <= 0.25 * max(a, b) + 0.01, (a, b)  # within two iterations and 25 %
 
 
-def test_system_daemon_kill9_keeps_users_jobs_and_a_cancel_waits_for_its_return(shared_node,
-                                                                                users):
+def test_system_daemon_kill9_keeps_users_jobs_and_a_cancel_waits_for_its_return(shared_node, users):
     alice = users["alice"]
-    train = _script(alice, "t.py", "import gq, time\n"
-                    "for _ in gq.steps(range(150), total=150):\n    time.sleep(0.01)\n"
-                    "print('trained', flush=True)\n")
+    train = _script(
+        alice,
+        "t.py",
+        "import gq, time\n"
+        "for _ in gq.steps(range(150), total=150):\n    time.sleep(0.01)\n"
+        "print('trained', flush=True)\n",
+    )
     trained = _submit(shared_node, alice, train)
     sleeper = _submit(shared_node, alice, _script(alice, "s.sh", "sleep 300\n"))
     worker = wait_for(lambda: shared_node.job(trained)["pid"], 30, what="the training job")
     wait_for(lambda: shared_node.job(sleeper)["pid"], 30, what="the sleeping job")
     os.kill(int((shared_node.root / "daemon.pid").read_text()), 9)
-    wait_for(lambda: shared_node.run(None, "daemon", "status").code == 1, 10,
-             what="the system daemon to die")
+    wait_for(
+        lambda: shared_node.run(None, "daemon", "status").code == 1,
+        10,
+        what="the system daemon to die",
+    )
     with ThreadPoolExecutor(max_workers=1) as pool:
         cancel = pool.submit(shared_node.run, alice, "cancel", sleeper)  # waits for the daemon
-        shared_node.ok(None, "daemon", "start", "--system", "--kill-wait", "1",
-                       "--operators", users["operators"], "--priority-cap", "5")
+        shared_node.ok(
+            None,
+            "daemon",
+            "start",
+            "--system",
+            "--kill-wait",
+            "1",
+            "--operators",
+            users["operators"],
+            "--priority-cap",
+            "5",
+        )
         result = cancel.result(timeout=60)
     assert result.code == 0 and f"Cancelling job {sleeper}" in result.out, result.err
     assert shared_node.wait_state(sleeper, "CANCELLED")["run_count"] == 1

@@ -10,8 +10,9 @@ import sqlite3
 import stat
 import subprocess
 
-from conftest import wait_for
 from test_shared_node import _script, _submit, assert_refused
+
+from conftest import wait_for
 
 
 def test_logs_open_output_with_the_owners_rights_never_roots(shared_node, users):
@@ -20,9 +21,11 @@ def test_logs_open_output_with_the_owners_rights_never_roots(shared_node, users)
     closed.mkdir(mode=0o700)
     (closed / "exists.out").write_text("root's secret\n")
     script = _script(alice, "w.sh", "echo mine\n")
-    jobs = {name: _submit(shared_node, alice, "-o", str(closed / name), script)
-            for name in ("exists.out", "missing.out")}
-    for name, job_id in jobs.items():
+    jobs = {
+        name: _submit(shared_node, alice, "-o", str(closed / name), script)
+        for name in ("exists.out", "missing.out")
+    }
+    for job_id in jobs.values():
         info = shared_node.wait_state(job_id, "FAILED")
         assert "Permission denied" in info["reason"], info["reason"]
         for reader in (alice, carol):  # the owner, and an operator acting for her
@@ -37,12 +40,26 @@ def test_logs_open_output_with_the_owners_rights_never_roots(shared_node, users)
 
 def test_only_operators_raise_a_time_limit_or_a_priority(shared_node, users):
     alice, carol = users["alice"], users["carol"]
-    job_id = _submit(shared_node, alice, "--hold", "-t", "10:00", "--priority", "2",
-                     _script(alice, "s.sh", "true\n"))
-    assert_refused(shared_node.run(alice, "update", job_id, "-t", "20:00"),
-                   "only an operator may raise", "--time")
-    assert_refused(shared_node.run(alice, "update", job_id, "--priority", "3"),
-                   "only an operator may raise", "--priority")
+    job_id = _submit(
+        shared_node,
+        alice,
+        "--hold",
+        "-t",
+        "10:00",
+        "--priority",
+        "2",
+        _script(alice, "s.sh", "true\n"),
+    )
+    assert_refused(
+        shared_node.run(alice, "update", job_id, "-t", "20:00"),
+        "only an operator may raise",
+        "--time",
+    )
+    assert_refused(
+        shared_node.run(alice, "update", job_id, "--priority", "3"),
+        "only an operator may raise",
+        "--priority",
+    )
     shared_node.ok(alice, "update", job_id, "-t", "5:00", "--priority", "1")  # lowering
     assert (shared_node.job(job_id)["time_limit"], shared_node.job(job_id)["priority"]) == (300, 1)
     shared_node.ok(carol, "update", job_id, "-t", "1:00:00", "--priority", "4")
@@ -53,8 +70,7 @@ def test_only_operators_raise_a_time_limit_or_a_priority(shared_node, users):
 def test_a_job_that_names_no_owner_is_never_run_as_root(shared_node, users):
     alice = users["alice"]
     marker = shared_node.root.parent / "ran-as-root"
-    job_id = _submit(shared_node, alice, "--hold",
-                     _script(alice, "m.sh", f"touch {marker}\n"))
+    job_id = _submit(shared_node, alice, "--hold", _script(alice, "m.sh", f"touch {marker}\n"))
     db = sqlite3.connect(shared_node.root / "gq.db", timeout=30, isolation_level=None)
     db.execute("UPDATE jobs SET uid = NULL WHERE id = ?", (job_id,))  # an older gq's row
     db.close()
@@ -68,11 +84,15 @@ def test_nobody_but_root_can_hold_the_daemons_lock(shared_node, users):
     alice = users["alice"]
     pidfile = shared_node.root / "daemon.pid"
     assert stat.S_IMODE(pidfile.stat().st_mode) == 0o600
-    grab = ("import fcntl, sys\n"
-            "try:\n    f = open(sys.argv[1])\nexcept PermissionError:\n    sys.exit(7)\n"
-            "fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)\n")
-    tried = subprocess.run(["runuser", "-u", alice.name, "--", shared_node.install.python,
-                            "-c", grab, str(pidfile)], capture_output=True)
+    grab = (
+        "import fcntl, sys\n"
+        "try:\n    f = open(sys.argv[1])\nexcept PermissionError:\n    sys.exit(7)\n"
+        "fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)\n"
+    )
+    tried = subprocess.run(
+        ["runuser", "-u", alice.name, "--", shared_node.install.python, "-c", grab, str(pidfile)],
+        capture_output=True,
+    )
     assert tried.returncode == 7, tried.stderr
     result = shared_node.run(alice, "daemon", "status")  # answered by the daemon itself
     assert result.code == 0 and "is running" in result.out
@@ -81,17 +101,41 @@ def test_nobody_but_root_can_hold_the_daemons_lock(shared_node, users):
 def test_one_users_idle_connections_cost_another_user_nothing(shared_node, users):
     alice, bob = users["alice"], users["bob"]
     shared_node.run(None, "daemon", "stop")
-    shared_node.ok(None, "daemon", "start", "--system", "--kill-wait", "1",
-                   "--operators", users["operators"], "--max-connections-per-user", "8")
-    hold = ("import socket, sys, time\n"
-            "socks = []\n"
-            "for _ in range(40):\n"
-            "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); socks.append(s)\n"
-            "print('connected', flush=True)\n"
-            "sys.stdin.read()\n")
-    holder = subprocess.Popen(["runuser", "-u", alice.name, "--", shared_node.install.python,
-                               "-c", hold, str(shared_node.root / "gq.sock")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    shared_node.ok(
+        None,
+        "daemon",
+        "start",
+        "--system",
+        "--kill-wait",
+        "1",
+        "--operators",
+        users["operators"],
+        "--max-connections-per-user",
+        "8",
+    )
+    hold = (
+        "import socket, sys, time\n"
+        "socks = []\n"
+        "for _ in range(40):\n"
+        "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); socks.append(s)\n"
+        "print('connected', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [
+            "runuser",
+            "-u",
+            alice.name,
+            "--",
+            shared_node.install.python,
+            "-c",
+            hold,
+            str(shared_node.root / "gq.sock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "connected"
         refused = shared_node.run(alice, "status")
@@ -102,8 +146,11 @@ def test_one_users_idle_connections_cost_another_user_nothing(shared_node, users
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
-    wait_for(lambda: shared_node.run(alice, "status").code == 0, 15,
-             what="alice to be served once her connections closed")
+    wait_for(
+        lambda: shared_node.run(alice, "status").code == 0,
+        15,
+        what="alice to be served once her connections closed",
+    )
     assert os.path.exists(shared_node.root / "gq.sock")
 
 
@@ -141,9 +188,19 @@ def test_a_snapshot_is_roots_out_of_reach_of_its_user_and_read_by_the_job(shared
     snapshot = shared_node.root / "spool" / str(held) / "launch.sh"
     assert snapshot.stat().st_uid == 0 and stat.S_IMODE(snapshot.parent.stat().st_mode) == 0o700
     for user in (alice, bob):
-        tried = subprocess.run(["runuser", "-u", user.name, "--", "sh", "-c",
-                                f"echo more >> {snapshot} || cat {snapshot}"],
-                               capture_output=True, text=True)
+        tried = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                user.name,
+                "--",
+                "sh",
+                "-c",
+                f"echo more >> {snapshot} || cat {snapshot}",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert tried.returncode != 0 and "Permission denied" in tried.stderr
     assert snapshot.read_text() == shell.read_text()
     shared_node.ok(alice, "release", held)
@@ -152,4 +209,3 @@ def test_a_snapshot_is_roots_out_of_reach_of_its_user_and_read_by_the_job(shared
     ran = _submit(shared_node, alice, str(python))
     assert shared_node.wait_state(ran, "COMPLETED", "FAILED")["state"] == "COMPLETED"
     assert (alice.workdir / f"gq-{ran}.out").read_text() == f"argv0 {python}\n"
-

@@ -10,19 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gq, gq_ok, submit, wait_state, write_script
-from conftest import job as job_info
 from gq import policies
 from gq.sim.simulator import simulate
 from gq.sim.traces import TraceJob, load, write_gq_csv
+
+from conftest import gq, gq_ok, submit, wait_state, write_script
+from conftest import job as job_info
 
 # The public 60-job Tiresias trace (see tests/data/README.md), shipped with the tests.
 SHIPPED = Path(__file__).resolve().parent / "data" / "tiresias-60.csv"
 
 
 def job(id, submit, duration, iterations, gpus=1, **kw) -> TraceJob:
-    return TraceJob(id=id, submit_time=submit, duration=duration, iterations=iterations,
-                    gpus=gpus, **kw)
+    return TraceJob(
+        id=id, submit_time=submit, duration=duration, iterations=iterations, gpus=gpus, **kw
+    )
 
 
 def ends(result) -> dict[int, float]:
@@ -104,18 +106,32 @@ def test_simulate_cli_compare_and_json(home):
     table = gq_ok("simulate", "--trace", SHIPPED, "--compare", "fifo,srtf,fair,priority")
     assert "4195.9" in table and "srtf" in table and "1.35x" in table
     data = json.loads(gq_ok("simulate", "--trace", SHIPPED, "--policy", "srtf", "--json"))
-    assert {"policy", "jobs", "avg_jct", "median_jct", "p95_jct", "makespan",
-            "utilization"} <= set(data)
+    assert {"policy", "jobs", "avg_jct", "median_jct", "p95_jct", "makespan", "utilization"} <= set(
+        data
+    )
     assert data["jobs"] == 60 and data["policy"] == "srtf"
-    many = json.loads(gq_ok("simulate", "--trace", SHIPPED, "--compare", "fifo,srtf",
-                            "--json", "--gpus", "4", "--switch-cost", "0.1"))
+    many = json.loads(
+        gq_ok(
+            "simulate",
+            "--trace",
+            SHIPPED,
+            "--compare",
+            "fifo,srtf",
+            "--json",
+            "--gpus",
+            "4",
+            "--switch-cost",
+            "0.1",
+        )
+    )
     assert [d["policy"] for d in many] == ["fifo", "srtf"]
 
 
 def test_simulate_jobs_csv(home, tmp_path):
     trace = tmp_path / "t.csv"
-    trace.write_text("submit_time,duration,steps,priority,user,gpus,mem\n0,4,4,0,ann,1,\n"
-                     "1,1,1,0,bob,1,\n")
+    trace.write_text(
+        "submit_time,duration,steps,priority,user,gpus,mem\n0,4,4,0,ann,1,\n1,1,1,0,bob,1,\n"
+    )
     out = tmp_path / "jobs.csv"
     gq_ok("simulate", "--trace", trace, "--policy", "srtf", "--jobs-csv", out)
     rows = out.read_text().splitlines()
@@ -139,12 +155,15 @@ def test_plot_with_matplotlib(home, tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--policy", "lottery"], "unknown policy 'lottery'"),
-    (["--gpus", "0"], "invalid --gpus 0"),
-    (["--switch-cost", "-1"], "invalid --switch-cost"),
-    (["--share-slice", "1.5"], "invalid --share-slice 1.5: a fraction from 0 to 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--policy", "lottery"], "unknown policy 'lottery'"),
+        (["--gpus", "0"], "invalid --gpus 0"),
+        (["--switch-cost", "-1"], "invalid --switch-cost"),
+        (["--share-slice", "1.5"], "invalid --share-slice 1.5: a fraction from 0 to 1"),
+    ],
+)
 def test_simulate_bad_options(home, tmp_path, args, message):
     trace = tmp_path / "t.csv"
     trace.write_text("submit_time,duration,steps\n0,1,1\n")
@@ -152,19 +171,24 @@ def test_simulate_bad_options(home, tmp_path, args, message):
     assert result.code == 2 and message in result.err
 
 
-@pytest.mark.parametrize("content,message", [
-    ("", "has no jobs"),
-    ("a,b\n1,2\n", "unknown columns"),
-    ("submit_time,duration,steps\n0,1,1\n0,abc,1\n", "row 2: duration 'abc' is not a number"),
-    ("submit_time,duration,steps\n0,1,1.5\n", "row 1: steps '1.5' is not an integer"),
-    ("submit_time,duration,steps\n0,1,1\n,1,1\n", "row 2: no submit_time"),
-    ("submit_time,duration,steps\n0,1,1\n0,1,1,7\n", "row 2: 3 columns expected"),
-    ("submit_time,duration,steps\n0,1,1\n0\n", "row 2: 3 columns expected"),
-    ("submit_time,duration,steps\n0,-1,1\n", "row 1: job 0 needs positive duration"),
-    ("submit_time,duration,steps,gap\n0,1,1,0\n0,1,1,-2\n", "row 2: job 1 has a negative"),
-    ("job_id,num_gpu,submit_time,iterations,duration\n4,1,0,10,x\n",
-     "row 1: duration 'x' is not a number"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("", "has no jobs"),
+        ("a,b\n1,2\n", "unknown columns"),
+        ("submit_time,duration,steps\n0,1,1\n0,abc,1\n", "row 2: duration 'abc' is not a number"),
+        ("submit_time,duration,steps\n0,1,1.5\n", "row 1: steps '1.5' is not an integer"),
+        ("submit_time,duration,steps\n0,1,1\n,1,1\n", "row 2: no submit_time"),
+        ("submit_time,duration,steps\n0,1,1\n0,1,1,7\n", "row 2: 3 columns expected"),
+        ("submit_time,duration,steps\n0,1,1\n0\n", "row 2: 3 columns expected"),
+        ("submit_time,duration,steps\n0,-1,1\n", "row 1: job 0 needs positive duration"),
+        ("submit_time,duration,steps,gap\n0,1,1,0\n0,1,1,-2\n", "row 2: job 1 has a negative"),
+        (
+            "job_id,num_gpu,submit_time,iterations,duration\n4,1,0,10,x\n",
+            "row 1: duration 'x' is not a number",
+        ),
+    ],
+)
 def test_simulate_bad_traces(home, tmp_path, content, message):
     trace = tmp_path / "t.csv"
     trace.write_text(content)
@@ -179,19 +203,28 @@ def test_missing_trace(home, tmp_path):
 
 
 def test_history_csv_round_trips_into_the_simulator(daemon, tmp_path):
-    script = write_script(tmp_path / "api.py", (
-        "import gq, time\n"
-        "for _ in gq.steps(range(5)):\n"
-        "    time.sleep(0.01)\n"
-    ))
+    script = write_script(
+        tmp_path / "api.py",
+        ("import gq, time\nfor _ in gq.steps(range(5)):\n    time.sleep(0.01)\n"),
+    )
     ids = [submit(str(script)) for _ in range(2)]
     for job_id in ids:
         wait_state(job_id, "COMPLETED")
     csv_text = gq_ok("history", "--csv")
     lines = csv_text.splitlines()
     header = lines[0].split(",")
-    assert header[:10] == ["id", "submit_time", "duration", "steps", "priority", "user", "gpus",
-                           "mem", "time_limit", "deadline"]
+    assert header[:10] == [
+        "id",
+        "submit_time",
+        "duration",
+        "steps",
+        "priority",
+        "user",
+        "gpus",
+        "mem",
+        "time_limit",
+        "deadline",
+    ]
     # A gap column where a busy machine made the worker's turnaround a measurable gap (> 2 ms).
     assert header[10:] in ([], ["gap"])
     assert len(lines) == 3 and all(line.split(",")[3] == "5" for line in lines[1:])
@@ -204,15 +237,18 @@ def test_history_csv_round_trips_into_the_simulator(daemon, tmp_path):
 def test_history_csv_carries_measured_gaps_into_the_simulator(daemon, tmp_path):
     """Fetching the next batch happens released (gq.steps): 30 ms of it is an idle gap the
     host measures, gq show reports, and gq history --csv hands to the simulator."""
-    script = write_script(tmp_path / "loader.py", (
-        "import gq, time\n"
-        "def batches():\n"
-        "    for i in range(12):\n"
-        "        time.sleep(0.03)\n"
-        "        yield i\n"
-        "for _ in gq.steps(batches()):\n"
-        "    time.sleep(0.005)\n"
-    ))
+    script = write_script(
+        tmp_path / "loader.py",
+        (
+            "import gq, time\n"
+            "def batches():\n"
+            "    for i in range(12):\n"
+            "        time.sleep(0.03)\n"
+            "        yield i\n"
+            "for _ in gq.steps(batches()):\n"
+            "    time.sleep(0.005)\n"
+        ),
+    )
     plain = write_script(tmp_path / "plain.py", "print('no iterations')\n")
     gapped_id, plain_id = submit(str(script)), submit(str(plain))
     for job_id in (gapped_id, plain_id):
@@ -237,9 +273,18 @@ def generated(count: int, seed: int) -> list[TraceJob]:
     jobs, clock = [], 0.0
     for index in range(count):
         iterations = rng.randint(1, 400)
-        jobs.append(job(index, round(clock, 3), iterations * rng.uniform(0.01, 0.3), iterations,
-                        gpus=rng.choice([1, 1, 1, 2, 4]), priority=rng.randrange(3),
-                        user=f"u{rng.randrange(3)}", startup=rng.choice([0.0, 0.0, 1.5])))
+        jobs.append(
+            job(
+                index,
+                round(clock, 3),
+                iterations * rng.uniform(0.01, 0.3),
+                iterations,
+                gpus=rng.choice([1, 1, 1, 2, 4]),
+                priority=rng.randrange(3),
+                user=f"u{rng.randrange(3)}",
+                startup=rng.choice([0.0, 0.0, 1.5]),
+            )
+        )
         clock += rng.expovariate(1 / 8)
     return jobs
 
@@ -306,19 +351,27 @@ def gapped(count: int, seed: int) -> list[TraceJob]:
     """Generated jobs (see ``generated``), some with idle gaps: none, too short to fill, or
     long enough for others' iterations."""
     rng = random.Random(seed)
-    return [replace(j, gap=rng.choice([0.0, 0.0, 0.001, 0.05, 0.2]))
-            for j in generated(count, seed)]
+    return [
+        replace(j, gap=rng.choice([0.0, 0.0, 0.001, 0.05, 0.2])) for j in generated(count, seed)
+    ]
 
 
-@pytest.mark.parametrize("name,fill", [("fifo", "always"), ("srtf", "always"),
-                                       ("fair", "always"), ("rr", "always"),
-                                       ("priority", "always"), ("priority", "gapfit"),
-                                       ("priority", "never")])
+@pytest.mark.parametrize(
+    "name,fill",
+    [
+        ("fifo", "always"),
+        ("srtf", "always"),
+        ("fair", "always"),
+        ("rr", "always"),
+        ("priority", "always"),
+        ("priority", "gapfit"),
+        ("priority", "never"),
+    ],
+)
 def test_bulk_advance_with_gaps_agrees_with_iteration_by_iteration(name, fill):
     for gpus, lanes in ((1, 1), (4, 1), (1, 2)):
         jobs = gapped(30, seed=gpus + lanes)
-        step = simulate(jobs, policies.make(name, fill), gpus=gpus, lanes=lanes,
-                        step_by_step=True)
+        step = simulate(jobs, policies.make(name, fill), gpus=gpus, lanes=lanes, step_by_step=True)
         bulk = simulate(jobs, policies.make(name, fill), gpus=gpus, lanes=lanes)
         assert ends(bulk) == pytest.approx(ends(step), rel=1e-9, abs=1e-6)
         assert bulk.busy == pytest.approx(step.busy)
@@ -331,8 +384,9 @@ def test_a_job_alone_with_gaps_runs_in_bulk_and_ends_after_its_last_gap():
     assert result.events <= 3 and result.busy == pytest.approx(10)
 
 
-@pytest.mark.parametrize("fill,high_end,low_end", [("never", 12, 32), ("always", 14, 23),
-                                                   ("gapfit", 13, 25)])
+@pytest.mark.parametrize(
+    "fill,high_end,low_end", [("never", 12, 32), ("always", 14, 23), ("gapfit", 13, 25)]
+)
 def test_fill_modes_on_paper(fill, high_end, low_end):
     """H: 3 iterations of 1 s, 3 s idle after each, priority 1; L: 10 iterations of 2 s.
     never: L waits until H has exited (12). always: L's iterations overrun H's gaps by 1 s
@@ -349,9 +403,13 @@ def test_anticipation_keeps_the_lane_for_a_gap_too_short_to_fill():
     """A (5 iterations of 1 s, priority 1) and B (3 of 1 s) under priority. B fills A's first
     gap (its length is not known yet). Once known, a 1 ms gap is anticipated: B waits until
     A has exited. A 10 ms gap is filled by B every time."""
+
     def run(gap):
-        return ends(simulate([job(1, 0, 5, 5, priority=1, gap=gap), job(2, 0, 3, 3)],
-                             policies.make("priority")))
+        return ends(
+            simulate(
+                [job(1, 0, 5, 5, priority=1, gap=gap), job(2, 0, 3, 3)], policies.make("priority")
+            )
+        )
 
     short = run(0.001)
     assert short[1] == pytest.approx(2 + 4 * 1.001)
@@ -365,6 +423,7 @@ def test_a_job_whose_iteration_fits_runs_in_the_anticipated_gaps():
     """Under srtf, A (40 iterations of 0.2 ms, 1 ms gaps) is preferred to B (50 of them):
     its gaps are anticipated, yet B's iterations fit in them, so both run as if alone
     (B but for a wait or two). B's iterations of 10 ms do not fit: B waits out A's gaps."""
+
     def ends_of(*jobs):
         return ends(simulate(list(jobs), policies.make("srtf")))
 
@@ -407,11 +466,13 @@ def test_gap_and_startup_columns_in_both_layouts(home, tmp_path):
     assert ours.read_text().splitlines()[0].endswith(",gap,startup")
     assert load(ours) == jobs
     tiresias = tmp_path / "tiresias.csv"
-    tiresias.write_text("job_id,num_gpu,submit_time,iterations,duration,gap\n"
-                        "7,1,0,100,1,0.01\n8,1,0,100,1,\n")
+    tiresias.write_text(
+        "job_id,num_gpu,submit_time,iterations,duration,gap\n7,1,0,100,1,0.01\n8,1,0,100,1,\n"
+    )
     assert [j.gap for j in load(tiresias)] == [0.01, 0.0]
-    never = json.loads(gq_ok("simulate", "--trace", ours, "--policy", "priority", "--fill",
-                             "never", "--json"))
+    never = json.loads(
+        gq_ok("simulate", "--trace", ours, "--policy", "priority", "--fill", "never", "--json")
+    )
     always = json.loads(gq_ok("simulate", "--trace", ours, "--policy", "priority", "--json"))
     assert never["makespan"] > always["makespan"]  # L waits out every gap of the high job
 
@@ -430,8 +491,10 @@ def test_a_job_waits_where_it_will_run_soonest_not_where_it_was_first_put(tmp_pa
     """Three jobs on two devices under fifo: the third starts when the short job's device
     frees (JCT 59, as a central FIFO queue), not behind the long job (149); bound before
     the paces were known, it moves there once they are."""
-    trace = ("submit_time,duration,steps,priority,user,gpus\n"
-             "0,100,1000,0,u,1\n0,10,100,0,u,1\n{third},50,500,0,u,1\n")
+    trace = (
+        "submit_time,duration,steps,priority,user,gpus\n"
+        "0,100,1000,0,u,1\n0,10,100,0,u,1\n{third},50,500,0,u,1\n"
+    )
     assert _jcts_of(trace.format(third=1), 2, tmp_path) == pytest.approx({0: 100, 1: 10, 2: 59})
     assert _jcts_of(trace.format(third=0.05), 2, tmp_path)[2] == pytest.approx(59.95)
     for policy in ("srtf", "fair"):  # the third job gets turns at once: nothing to move

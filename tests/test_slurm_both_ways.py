@@ -55,8 +55,7 @@ def _results(tmp_path: Path, spaced: Path, project: Path) -> dict:
 
 
 @pytest.mark.long
-def test_scripts_move_both_ways_between_gq_and_a_real_slurm(slurm, home, tmp_path,
-                                                            monkeypatch):
+def test_scripts_move_both_ways_between_gq_and_a_real_slurm(slurm, home, tmp_path, monkeypatch):
     """Both directions in one test, so that one xdist worker alone starts a Slurm."""
     (tmp_path / "out").mkdir()
     (tmp_path / "in").mkdir()
@@ -69,33 +68,85 @@ def test_scripts_move_both_ways_between_gq_and_a_real_slurm(slurm, home, tmp_pat
 def _jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, tmp_path):
     spaced = tmp_path / "dir with space"
     spaced.mkdir()
-    array = write_script(spaced / "task.sh", (
-        'echo "task=$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT name=$SLURM_JOB_NAME '
-        'gq=$GQ_ARRAY_TASK_ID"\n'))
-    step = write_script(tmp_path / "step.sh", (
-        f'sleep 0.2\necho "$SLURM_JOB_NAME" >> "{tmp_path}/order.log"\n'))
+    array = write_script(
+        spaced / "task.sh",
+        (
+            'echo "task=$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT name=$SLURM_JOB_NAME '
+            'gq=$GQ_ARRAY_TASK_ID"\n'
+        ),
+    )
+    step = write_script(
+        tmp_path / "step.sh", (f'sleep 0.2\necho "$SLURM_JOB_NAME" >> "{tmp_path}/order.log"\n')
+    )
     project = tmp_path / "project"
     project.mkdir()
     (project / "helper.py").write_text("VALUE = 'from the sibling module'\n")
     venv = tmp_path / "venv"
-    subprocess.run(["/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable,
-                    "-m", "venv", "--without-pip", str(venv)], check=True)
-    main = write_script(project / "main.py", (
-        "import sys\nimport helper\n"
-        "print(helper.VALUE, sys.prefix == sys.base_prefix and 'system' or 'venv', "
-        "sys.argv[1:])\n"))
-    memory = write_script(tmp_path / "mem.sh", (
-        f'{sys.executable} -c "b = bytearray($1 << 20); import time; time.sleep($2); '
-        'print(\'held\', len(b) >> 20)"\n'))
+    subprocess.run(
+        [
+            "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable,
+            "-m",
+            "venv",
+            "--without-pip",
+            str(venv),
+        ],
+        check=True,
+    )
+    main = write_script(
+        project / "main.py",
+        (
+            "import sys\nimport helper\n"
+            "print(helper.VALUE, sys.prefix == sys.base_prefix and 'system' or 'venv', "
+            "sys.argv[1:])\n"
+        ),
+    )
+    memory = write_script(
+        tmp_path / "mem.sh",
+        (
+            f'{sys.executable} -c "b = bytearray($1 << 20); import time; time.sleep($2); '
+            "print('held', len(b) >> 20)\"\n"
+        ),
+    )
     plain = write_script(tmp_path / "plain.sh", 'echo "exclusive ran"\n')
 
     jobs = {
-        "array": submit("-J", "my array", "--array", "0-4%2", "-o", "arr-%A_%a.out",
-                        "-D", str(spaced), str(array)),
-        "venv": submit("--python", str(venv / "bin" / "python"), "-o", "venv-%j.out",
-                       "-D", str(project), str(main), "--lr", "3e-4"),
-        "fits": submit("--gpu-mem", "256M", "--host-mem", "300M", "-o", "fits-%j.out",
-                       "--deadline", "now+1day", "-t", "5:00", str(memory), "100", "0"),
+        "array": submit(
+            "-J",
+            "my array",
+            "--array",
+            "0-4%2",
+            "-o",
+            "arr-%A_%a.out",
+            "-D",
+            str(spaced),
+            str(array),
+        ),
+        "venv": submit(
+            "--python",
+            str(venv / "bin" / "python"),
+            "-o",
+            "venv-%j.out",
+            "-D",
+            str(project),
+            str(main),
+            "--lr",
+            "3e-4",
+        ),
+        "fits": submit(
+            "--gpu-mem",
+            "256M",
+            "--host-mem",
+            "300M",
+            "-o",
+            "fits-%j.out",
+            "--deadline",
+            "now+1day",
+            "-t",
+            "5:00",
+            str(memory),
+            "100",
+            "0",
+        ),
         "exclusive": submit("-G", "1", "--exclusive", "-o", "excl-%j.out", str(plain)),
     }
     first = submit("-J", "one", str(step))
@@ -114,7 +165,7 @@ def _jobs_exported_from_gq_run_on_slurm_with_the_same_results(slurm, tmp_path):
     exported = {name: gq("export", "slurm", str(job_id)) for name, job_id in jobs.items()}
     for name, result in exported.items():
         assert result.code == 0, (name, result.err)
-    assert '#SBATCH --array=0-4%2' in exported["array"].out
+    assert "#SBATCH --array=0-4%2" in exported["array"].out
     assert '#SBATCH --job-name="my array"' in exported["array"].out
     assert f'#SBATCH --chdir="{spaced}"' in exported["array"].out
     assert "#SBATCH --mem=300M" in exported["fits"].out
@@ -151,21 +202,25 @@ CLUSTER_SCRIPTS = {
         "#!/bin/bash\n#SBATCH -J train\n#SBATCH --gres=gpu:1\n#SBATCH -c 2 --mem=1G\n"
         "#SBATCH -t 0:10:00\n#SBATCH -N 1 -n 1\n#SBATCH -o %x-%j.out\n"
         "cd $SLURM_SUBMIT_DIR\n"
-        "srun python3 train.py --epochs 2\n"),
+        "srun python3 train.py --epochs 2\n"
+    ),
     # Two GPUs of a type, one torchrun launching a process per GPU.
     "dist.sbatch": (
         "#!/bin/bash\n#SBATCH --job-name=dist --gres=gpu:fake:2 --ntasks-per-node=1 --mem=2G\n"
         "#SBATCH --output=%x-%j.out --error=%x-%j.err\n"
-        "srun torchrun --standalone --nproc_per_node=2 dist.py\n"),
+        "srun torchrun --standalone --nproc_per_node=2 dist.py\n"
+    ),
     "array.sbatch": (
         "#!/bin/bash\n#SBATCH --array=1-3\n#SBATCH -J prep\n#SBATCH -o %x_%A_%a.out\n"
         'echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT ($SLURM_ARRAY_TASK_MIN-'
-        '$SLURM_ARRAY_TASK_MAX) on $SLURM_JOB_NODELIST"\n'),
+        '$SLURM_ARRAY_TASK_MAX) on $SLURM_JOB_NODELIST"\n'
+    ),
     # CPU-only preprocessing: no GPU asked for, so none visible.
     "cpu.sbatch": (
         "#!/bin/bash\n#SBATCH -J cpu -c 2 --mem-per-cpu=200M -t 5 -o %x-%j.out\n"
-        '#SBATCH --partition=debug --account=lab --mail-type=END\n'
-        'echo "cpus=$SLURM_CPUS_PER_TASK gpus=${CUDA_VISIBLE_DEVICES:-none}"\n'),
+        "#SBATCH --partition=debug --account=lab --mail-type=END\n"
+        'echo "cpus=$SLURM_CPUS_PER_TASK gpus=${CUDA_VISIBLE_DEVICES:-none}"\n'
+    ),
     # Resumable: requeued on a node failure, warned before its limit (which it does not
     # reach here: Slurm may send the warning only at its next half-minute check).
     "resume.sbatch": (
@@ -173,27 +228,36 @@ CLUSTER_SCRIPTS = {
         "trap 'echo \"checkpointed on USR1\"; exit 0' USR1\n"
         "start=$(cat ckpt 2>/dev/null || echo 0)\n"
         "for i in $(seq $start 4); do sleep 0.1; done\n"
-        'echo "steps $start-4, restarts=${SLURM_RESTART_COUNT:-0}"\n'),
+        'echo "steps $start-4, restarts=${SLURM_RESTART_COUNT:-0}"\n'
+    ),
 }
-TRAIN = ("import os, sys\n"
-         "print('train', sys.argv[1:], 'proc', os.environ['SLURM_PROCID'], 'of',\n"
-         "      os.environ['SLURM_NTASKS'], 'cpus', os.environ['SLURM_CPUS_PER_TASK'],\n"
-         "      'name', os.environ['SLURM_JOB_NAME'], 'in', os.getcwd() == os.environ['SLURM_SUBMIT_DIR'])\n")
-DIST = ("import torch, torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "value = torch.tensor([dist.get_rank() + 1.0])\n"
-        "dist.all_reduce(value)\n"
-        "print(f'rank {dist.get_rank()} of {dist.get_world_size()} sum {int(value.item())}\\n',\n"
-        "      end='', flush=True)\n"
-        "dist.destroy_process_group()\n")
+TRAIN = (
+    "import os, sys\n"
+    "print('train', sys.argv[1:], 'proc', os.environ['SLURM_PROCID'], 'of',\n"
+    "      os.environ['SLURM_NTASKS'], 'cpus', os.environ['SLURM_CPUS_PER_TASK'],\n"
+    "      'name', os.environ['SLURM_JOB_NAME'], 'in',\n"
+    "      os.getcwd() == os.environ['SLURM_SUBMIT_DIR'])\n"
+)
+DIST = (
+    "import torch, torch.distributed as dist\n"
+    "dist.init_process_group('gloo')\n"
+    "value = torch.tensor([dist.get_rank() + 1.0])\n"
+    "dist.all_reduce(value)\n"
+    "print(f'rank {dist.get_rank()} of {dist.get_world_size()} sum {int(value.item())}\\n',\n"
+    "      end='', flush=True)\n"
+    "dist.destroy_process_group()\n"
+)
 
 
 def _normalised(directory: Path) -> dict[str, str]:
     """Each output's name and text with job ids (which differ by system) as ID."""
     found = {}
     for path in directory.glob("*.out"):
-        name = re.sub(r"\d{2,}|(?<=[-_])\d(?=[._])", "ID", path.name) if "prep" not in \
-            path.name else re.sub(r"_\d+_", "_ID_", path.name)
+        name = (
+            re.sub(r"\d{2,}|(?<=[-_])\d(?=[._])", "ID", path.name)
+            if "prep" not in path.name
+            else re.sub(r"_\d+_", "_ID_", path.name)
+        )
         found[name] = "".join(sorted(path.read_text().splitlines(keepends=True)))
     return found
 
@@ -209,8 +273,9 @@ def _cluster_scripts_run_under_gq_unchanged(slurm, home, tmp_path, monkeypatch):
         for name, text in CLUSTER_SCRIPTS.items():
             write_script(directory / name, text)
         sides[side] = directory
-    slurm_ids = [slurm.sbatch(sides["slurm"] / name, cwd=sides["slurm"])
-                 for name in CLUSTER_SCRIPTS]
+    slurm_ids = [
+        slurm.sbatch(sides["slurm"] / name, cwd=sides["slurm"]) for name in CLUSTER_SCRIPTS
+    ]
     monkeypatch.chdir(sides["gq"])
     submitted = {name: gq("submit", "--parsable", name) for name in CLUSTER_SCRIPTS}
     for name, result in submitted.items():
@@ -218,8 +283,9 @@ def _cluster_scripts_run_under_gq_unchanged(slurm, home, tmp_path, monkeypatch):
     # What gq cannot do as Slurm would is said, one line each; nothing else.
     assert submitted["train.sbatch"].err == ""
     assert submitted["cpu.sbatch"].err.count("ignored") == 2  # --partition, --account
-    assert "--mail-type: this node has no mail command" in submitted["cpu.sbatch"].err \
-        or shutil.which("mail")
+    assert "--mail-type: this node has no mail command" in submitted[
+        "cpu.sbatch"
+    ].err or shutil.which("mail")
     assert "ask for no GPU, so it runs with -G 0" in submitted["resume.sbatch"].err
     for name, result in submitted.items():
         info = wait_state(int(result.out), "COMPLETED", "FAILED", timeout=90)
@@ -227,8 +293,9 @@ def _cluster_scripts_run_under_gq_unchanged(slurm, home, tmp_path, monkeypatch):
     shown = job(int(submitted["dist.sbatch"].out))
     assert shown["gpus"] == 2 and shown["gpu_type"] == "fake"
     for slurm_id in slurm_ids:
-        assert all(state == "COMPLETED" for _, state, _ in slurm.wait_done(slurm_id)), \
+        assert all(state == "COMPLETED" for _, state, _ in slurm.wait_done(slurm_id)), (
             slurm.log_tail()
+        )
     under_gq, on_slurm = _normalised(sides["gq"]), _normalised(sides["slurm"])
     assert len(on_slurm) == 7  # train, dist, three array tasks, cpu, resume
     assert under_gq == on_slurm
@@ -241,11 +308,15 @@ def _srun_and_slurm_tools_in_a_gq_job_never_reach_the_cluster(slurm, tmp_path, m
     job of the cluster (Slurm's own tools would refuse its SLURM_JOB_ID, beyond any
     cluster's ids, rather than act on one)."""
     monkeypatch.setenv("SLURM_CONF", str(slurm.root / "slurm.conf"))
-    script = write_script(tmp_path / "probe.sh", (
-        "srun -n 2 sh -c 'echo step $SLURM_PROCID'\n"
-        "scontrol show job $SLURM_JOB_ID | head -n 1 | cut -d ' ' -f 1\n"
-        "scontrol requeue 1 2> /dev/null; echo requeue=$?\n"
-        'echo "id=$SLURM_JOB_ID gq=$GQ_JOB_ID"\n'))
+    script = write_script(
+        tmp_path / "probe.sh",
+        (
+            "srun -n 2 sh -c 'echo step $SLURM_PROCID'\n"
+            "scontrol show job $SLURM_JOB_ID | head -n 1 | cut -d ' ' -f 1\n"
+            "scontrol requeue 1 2> /dev/null; echo requeue=$?\n"
+            'echo "id=$SLURM_JOB_ID gq=$GQ_JOB_ID"\n'
+        ),
+    )
     before = sorted(slurm.run("squeue", "-h", "-a", "-t", "all", "-o", "%i").stdout.split())
     job_id = submit("-G", "1", "-o", str(tmp_path / "probe-%j.out"), str(script))
     wait_state(job_id, "COMPLETED", timeout=30)
@@ -254,6 +325,4 @@ def _srun_and_slurm_tools_in_a_gq_job_never_reach_the_cluster(slurm, tmp_path, m
     assert out[2:4] == [f"JobId={10_000_000_000 + job_id}", "requeue=1"]
     assert out[4] == f"id={10_000_000_000 + job_id} gq={job_id}"
     # No job or step appeared on the cluster (squeue lists in no fixed order).
-    assert sorted(slurm.run("squeue", "-h", "-a", "-t", "all", "-o", "%i").stdout.split()) \
-        == before
-
+    assert sorted(slurm.run("squeue", "-h", "-a", "-t", "all", "-o", "%i").stdout.split()) == before

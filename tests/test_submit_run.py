@@ -8,20 +8,22 @@ import time
 import psutil
 import pytest
 
-from conftest import (PYTHON, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state,
-                      write_script)
+from conftest import PYTHON, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state, write_script
 
 
 def test_job_runs_in_submit_dir_with_gq_environment(daemon, tmp_path, monkeypatch):
     monkeypatch.setenv("SUBMITTER_VAR", "from-submitter")
-    script = write_script(tmp_path / "env.py", (
-        "import os, sys\n"
-        "for key in ('GQ_JOB_ID', 'GQ_JOB_NAME', 'GQ_DEVICE', 'CUDA_VISIBLE_DEVICES',\n"
-        "            'SUBMITTER_VAR'):\n"
-        "    print(f'{key}={os.environ.get(key)!r}')\n"
-        "print('cwd', os.getcwd())\n"
-        "print('argv', sys.argv[1:])\n"
-    ))
+    script = write_script(
+        tmp_path / "env.py",
+        (
+            "import os, sys\n"
+            "for key in ('GQ_JOB_ID', 'GQ_JOB_NAME', 'GQ_DEVICE', 'CUDA_VISIBLE_DEVICES',\n"
+            "            'SUBMITTER_VAR'):\n"
+            "    print(f'{key}={os.environ.get(key)!r}')\n"
+            "print('cwd', os.getcwd())\n"
+            "print('argv', sys.argv[1:])\n"
+        ),
+    )
     job_id = submit(str(script), "--lr", "3e-4", "-J", "not-a-gq-option")
     info = wait_state(job_id, "COMPLETED")
     assert info["exit_code"] == 0
@@ -76,8 +78,9 @@ def test_output_patterns_and_chdir(daemon, tmp_path):
     workdir = tmp_path / "work"
     workdir.mkdir()
     script = write_script(tmp_path / "out.sh", "echo to-stdout\necho to-stderr >&2\npwd\n")
-    job_id = submit("-J", "named", "-D", str(workdir), "-o", "%x-%j.log", "-e", "err-%j.log",
-                    str(script))
+    job_id = submit(
+        "-J", "named", "-D", str(workdir), "-o", "%x-%j.log", "-e", "err-%j.log", str(script)
+    )
     wait_state(job_id, "COMPLETED")
     out = (workdir / f"named-{job_id}.log").read_text()
     assert "to-stdout" in out and str(workdir) in out and "to-stderr" not in out
@@ -87,15 +90,19 @@ def test_output_patterns_and_chdir(daemon, tmp_path):
 
 
 def test_directives_apply_and_command_line_wins(daemon, tmp_path):
-    script = write_script(tmp_path / "directed.sh", (
-        "#!/bin/bash\n"
-        "# a comment before the directives\n"
-        "#GQ -J from-directive\n"
-        "#GQ --time 0:05 --priority 7\n"
-        "#GQ --mem 1G\n"
-        "echo body\n"
-        "#GQ --priority 99\n"  # after the first comment block: not a directive
-    ), 0o755)
+    script = write_script(
+        tmp_path / "directed.sh",
+        (
+            "#!/bin/bash\n"
+            "# a comment before the directives\n"
+            "#GQ -J from-directive\n"
+            "#GQ --time 0:05 --priority 7\n"
+            "#GQ --mem 1G\n"
+            "echo body\n"
+            "#GQ --priority 99\n"  # after the first comment block: not a directive
+        ),
+        0o755,
+    )
     job_id = submit("--priority", "3", str(script))
     info = wait_state(job_id, "COMPLETED")
     assert info["name"] == "from-directive"
@@ -136,17 +143,26 @@ def test_concurrent_first_commands_start_one_daemon_and_lose_no_job(home, tmp_pa
     import subprocess
 
     script = write_script(tmp_path / "q.sh", "true\n")
-    clients = [subprocess.Popen([PYTHON, "-m", "gq", "submit", "--parsable", "--hold",
-                                 str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for _ in range(8)]
+    clients = [
+        subprocess.Popen(
+            [PYTHON, "-m", "gq", "submit", "--parsable", "--hold", str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
     outcomes = [(c.wait(60), *c.communicate()) for c in clients]
     assert all(code == 0 and err == "" for code, _, err in outcomes), outcomes
     ids = sorted(int(out) for _, out, _ in outcomes)
     assert ids == list(range(1, 9))
     assert sorted(j["id"] for j in all_jobs()) == ids
-    daemons = [p for p in psutil.process_iter(["cmdline", "environ"])
-               if "run_module('gq.daemon'" in " ".join(p.info["cmdline"] or [])
-               and (p.info["environ"] or {}).get("GQ_HOME") == str(home)]
+    daemons = [
+        p
+        for p in psutil.process_iter(["cmdline", "environ"])
+        if "run_module('gq.daemon'" in " ".join(p.info["cmdline"] or [])
+        and (p.info["environ"] or {}).get("GQ_HOME") == str(home)
+    ]
     assert len(daemons) == 1, daemons
 
 
@@ -159,8 +175,9 @@ def test_start_latency_on_idle_node_uses_the_poke(daemon, tmp_path):
     info = wait_state(job_id, "COMPLETED", "RUNNING")
     from datetime import datetime
 
-    waited = (datetime.fromisoformat(info["start_time"])
-              - datetime.fromisoformat(info["submit_time"])).total_seconds()
+    waited = (
+        datetime.fromisoformat(info["start_time"]) - datetime.fromisoformat(info["submit_time"])
+    ).total_seconds()
     assert waited < 0.9, f"job waited {waited:.3f}s on an idle node"
 
 
@@ -168,8 +185,9 @@ def test_second_daemon_start_says_already_running(daemon):
     result = gq("daemon", "start")
     assert result.code == 0
     assert f"already running (pid {daemon.pid()})" in result.out
-    assert gq("daemon", "status").out.startswith(f"gq daemon is running (pid {daemon.pid()}, "
-                                                 "personal mode")
+    assert gq("daemon", "status").out.startswith(
+        f"gq daemon is running (pid {daemon.pid()}, personal mode"
+    )
 
 
 def test_unwritable_output_path_fails_job_naming_the_path(daemon, tmp_path):
@@ -185,11 +203,27 @@ def test_status_filters_and_json_fields(daemon, tmp_path):
     wait_state(running, "RUNNING")
     pending = submit("--exclusive", "-J", "waiting", str(script))
     jobs = {j["id"]: j for j in all_jobs()}
-    required = {"id", "name", "user", "state", "priority", "device", "submit_time",
-                "start_time", "end_time", "exit_code", "steps_done", "steps_total", "reason"}
+    required = {
+        "id",
+        "name",
+        "user",
+        "state",
+        "priority",
+        "device",
+        "submit_time",
+        "start_time",
+        "end_time",
+        "exit_code",
+        "steps_done",
+        "steps_total",
+        "reason",
+    }
     assert required <= set(jobs[running])
-    assert jobs[running]["submit_time"].endswith(("+00:00", "Z")) or "+" in jobs[
-        running]["submit_time"] or "-" in jobs[running]["submit_time"][19:]
+    assert (
+        jobs[running]["submit_time"].endswith(("+00:00", "Z"))
+        or "+" in jobs[running]["submit_time"]
+        or "-" in jobs[running]["submit_time"][19:]
+    )
     import json
 
     only_pending = json.loads(gq_ok("status", "--json", "--state", "PD"))
@@ -198,7 +232,10 @@ def test_status_filters_and_json_fields(daemon, tmp_path):
     text = gq_ok("status")
     assert "waiting" in text and " PD " in text and " R " in text
     assert gq_ok("status", "-S", "-i", "-o", "%i:%t:%R").splitlines() == [
-        "JOBID:ST:REASON", f"{pending}:PD:Resources", f"{running}:R:"]
+        "JOBID:ST:REASON",
+        f"{pending}:PD:Resources",
+        f"{running}:R:",
+    ]
     gq_ok("cancel", str(running), str(pending))
     wait_state(running, "CANCELLED")
 
@@ -215,8 +252,7 @@ def test_history_reports_wait_run_and_jct(daemon, tmp_path):
     assert row["jct"] >= row["run_time"]
     assert abs(row["jct"] - (row["wait_time"] + row["run_time"])) < 0.05
     assert str(job_id) in gq_ok("history")
-    assert [r["id"] for r in json.loads(gq_ok("history", "--json", "--since", "1hour"))] == [
-        job_id]
+    assert [r["id"] for r in json.loads(gq_ok("history", "--json", "--since", "1hour"))] == [job_id]
     assert json.loads(gq_ok("history", "--json", "--since", "2099-01-01")) == []
 
 
@@ -225,7 +261,10 @@ def test_show_has_state_history(daemon, tmp_path):
     job_id = submit(str(script))
     info = wait_state(job_id, "COMPLETED")
     assert [(e["old_state"], e["new_state"]) for e in info["events"]] == [
-        (None, "PENDING"), ("PENDING", "RUNNING"), ("RUNNING", "COMPLETED")]
+        (None, "PENDING"),
+        ("PENDING", "RUNNING"),
+        ("RUNNING", "COMPLETED"),
+    ]
     text = gq_ok("show", str(job_id))
     assert "PENDING -> RUNNING" in text and "ExitCode: 0" in text
 
@@ -281,7 +320,8 @@ def test_python_interpreter_option(daemon, tmp_path):
     job_id = submit("--python", sys.executable, str(script))
     wait_state(job_id, "COMPLETED")
     assert (tmp_path / f"gq-{job_id}.out").read_text().strip() == os.path.realpath(
-        sys.executable) or sys.executable in (tmp_path / f"gq-{job_id}.out").read_text()
+        sys.executable
+    ) or sys.executable in (tmp_path / f"gq-{job_id}.out").read_text()
 
 
 def test_a_command_line_instead_of_a_script(daemon, tmp_path, monkeypatch):
@@ -291,9 +331,13 @@ def test_a_command_line_instead_of_a_script(daemon, tmp_path, monkeypatch):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "__main__.py").write_text("import sys\nprint('module', sys.argv[1:])\n")
-    write_script(tmp_path / "train.py", (
-        "import sys\nimport gq\nfor _ in gq.steps(range(3), total=3):\n    pass\n"
-        "print('train', sys.argv[1:])\n"))
+    write_script(
+        tmp_path / "train.py",
+        (
+            "import sys\nimport gq\nfor _ in gq.steps(range(3), total=3):\n    pass\n"
+            "print('train', sys.argv[1:])\n"
+        ),
+    )
     python = os.path.basename(PYTHON)
     jobs = {
         "script": submit_via("run", "--", python, "train.py", "--lr", "3e-4"),
@@ -305,18 +349,28 @@ def test_a_command_line_instead_of_a_script(daemon, tmp_path, monkeypatch):
     for job_id in jobs.values():
         wait_state(job_id, "COMPLETED", timeout=30)
     out = {name: (tmp_path / f"gq-{job_id}.out").read_text() for name, job_id in jobs.items()}
-    assert out == {"script": "train ['--lr', '3e-4']\n", "module": "module ['a b']\n",
-                   "plain": "one two|three|", "wrapped": "train ['--wrapped']\n",
-                   "shell": "wrap\ndone\n"}
+    assert out == {
+        "script": "train ['--lr', '3e-4']\n",
+        "module": "module ['a b']\n",
+        "plain": "one two|three|",
+        "wrapped": "train ['--wrapped']\n",
+        "shell": "wrap\ndone\n",
+    }
     shown = {name: job(job_id) for name, job_id in jobs.items()}
     assert (shown["script"]["steps_done"], shown["wrapped"]["steps_done"]) == (3, 3)
     assert [shown[n]["name"] for n in ("script", "module", "plain", "shell")] == [
-        "train.py", "mod", "printf", "wrap"]
+        "train.py",
+        "mod",
+        "printf",
+        "wrap",
+    ]
     count = len(all_jobs())
-    for args, words in ((["run"], "give the command to run"),
-                        (["submit", "--wrap", "true", "train.py"], "either a SCRIPT or --wrap"),
-                        (["run", "--", "python9.9", "train.py"], "python9.9: not found on your"),
-                        (["run", "--wrap", "x", "--", "true"], "--wrap is gq submit's")):
+    for args, words in (
+        (["run"], "give the command to run"),
+        (["submit", "--wrap", "true", "train.py"], "either a SCRIPT or --wrap"),
+        (["run", "--", "python9.9", "train.py"], "python9.9: not found on your"),
+        (["run", "--wrap", "x", "--", "true"], "--wrap is gq submit's"),
+    ):
         result = gq(*args)
         assert result.code == 2 and words in result.err and len(result.err.splitlines()) == 1
     assert len(all_jobs()) == count
@@ -333,22 +387,30 @@ def test_wait_blocks_on_one_connection_until_the_jobs_end(daemon, tmp_path):
     import sys
 
     go = tmp_path / "go"
-    held = write_script(tmp_path / "held.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n"
-                                              "exit ${1:-0}\n")
+    held = write_script(
+        tmp_path / "held.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\nexit ${{1:-0}}\n"
+    )
     first, second = submit(str(held)), submit(str(held), "7")
-    waiter = subprocess.Popen([sys.executable, "-m", "gq", "wait"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "gq", "wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_state(first, "RUNNING")
     timed_out = gq("wait", str(first), "--timeout", "0.2")
     assert timed_out.code == 124 and "had not all ended after 0.2 s" in timed_out.err
     assert waiter.poll() is None  # both still run: the waiter has had no answer
-    wait_for(lambda: "waits for 2 job(s) to end" in daemon.log(), 30,
-             what="the waiter to be waiting")  # it may start slowly on a busy machine
+    wait_for(
+        lambda: "waits for 2 job(s) to end" in daemon.log(), 30, what="the waiter to be waiting"
+    )  # it may start slowly on a busy machine
     go.touch()
     out, err = waiter.communicate(timeout=30)
     assert waiter.returncode == 7, err  # the first failure's exit code
-    assert out.splitlines() == [f"Job {first} COMPLETED (exit code 0)",
-                                f"Job {second} FAILED (exit code 7)"]
+    assert out.splitlines() == [
+        f"Job {first} COMPLETED (exit code 0)",
+        f"Job {second} FAILED (exit code 7)",
+    ]
     done = gq("submit", "--wait", str(held), "3")
     assert done.code == 3 and done.out.splitlines()[-1].endswith("FAILED (exit code 3)")
     assert gq("wait", str(first)).code == 0  # already ended: answered at once
@@ -362,8 +424,17 @@ def test_a_launcher_of_processes_runs_as_a_plain_command(daemon, monkeypatch):
     own), while another module is a Python job."""
     monkeypatch.setenv("PATH", f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}")
     python = os.path.basename(PYTHON)
-    launched = submit_via("run", "--hold", "--", python, "-m", "torch.distributed.run",
-                          "--nproc_per_node", "2", "train.py")
+    launched = submit_via(
+        "run",
+        "--hold",
+        "--",
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "train.py",
+    )
     module = submit_via("run", "--hold", "--", python, "-m", "pkg")
     assert (job(launched)["worker"], job(module)["worker"]) == (False, True)
     gq_ok("cancel", str(launched), str(module))

@@ -55,28 +55,36 @@ if __name__ == "__main__":
 
 @pytest.mark.long
 def test_signal_reaches_the_main_process_or_the_srun_step_never_dataloader_workers(
-        daemon, tmp_path):
+    daemon, tmp_path
+):
     """Once every job's workers are up, their limit is lowered to bring the signal on: the
     main process (or the task srun started) writes the checkpoint with the step it reached
     and both its workers alive; no worker writes one (fork workers inherit the handler) or
     dies of it (spawn workers keep SIGUSR1's default action), and each job completes early
     instead of failing or timing out."""
     train = write_script(tmp_path / "train.py", TRAIN)
-    step = write_script(tmp_path / "step.sh", (
-        f"srun {sys.executable} {train} fork\n"
-        "echo \"shell lived on: $?\"\n"))
+    step = write_script(
+        tmp_path / "step.sh", (f'srun {sys.executable} {train} fork\necho "shell lived on: $?"\n')
+    )
     # Due 60 s in, unless the limit is lowered; declared, so that they start together
     # (jobs that declare nothing start one after another, each probed alone).
     limit = ("-t", "5", "--signal", "USR1@240", "--gpu-mem", "2G")
-    jobs = {"fork": submit(*limit, str(train), "fork"),
-            "spawn": submit(*limit, str(train), "spawn"),
-            "srun": submit(*limit, str(step))}
+    jobs = {
+        "fork": submit(*limit, str(train), "fork"),
+        "spawn": submit(*limit, str(train), "spawn"),
+        "srun": submit(*limit, str(step)),
+    }
     for job_id in jobs.values():
-        wait_for(lambda: (tmp_path / f"ready-{job_id}").exists(), 60,
-                 what=f"job {job_id}'s DataLoader workers")
+        wait_for(
+            lambda job_id=job_id: (tmp_path / f"ready-{job_id}").exists(),
+            60,
+            what=f"job {job_id}'s DataLoader workers",
+        )
     gq_ok("update", *map(str, jobs.values()), "-t", "4:05")  # the signal is due at once
-    ended = {kind: wait_state(job_id, "COMPLETED", "FAILED", "TIMEOUT", timeout=30)["state"]
-             for kind, job_id in jobs.items()}
+    ended = {
+        kind: wait_state(job_id, "COMPLETED", "FAILED", "TIMEOUT", timeout=30)["state"]
+        for kind, job_id in jobs.items()
+    }
     for kind, job_id in jobs.items():
         out = (tmp_path / f"gq-{job_id}.out").read_text()
         assert ended[kind] == "COMPLETED", (kind, ended, out)

@@ -19,16 +19,41 @@ from gq import codec, defaults, messages
 from gq.codec import INT64_MAX, FrameTooLarge, MessageError
 from gq.exec import protocol as wire
 
-HOSTILE_VALUES = [None, 2**70, -(2**70), "abc", "", "x" * 70_000, "\x00", "\ud800", 1.5,
-                  True, [], {}, [[[[1]]]], {"a": {"b": 1}}, -1, 0]
+HOSTILE_VALUES = [
+    None,
+    2**70,
+    -(2**70),
+    "abc",
+    "",
+    "x" * 70_000,
+    "\x00",
+    "\ud800",
+    1.5,
+    True,
+    [],
+    {},
+    [[[[1]]]],
+    {"a": {"b": 1}},
+    -1,
+    0,
+]
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=4),
-    max_leaves=12)
-TABLES = {"from worker": wire.FROM_WORKER, "to daemon": wire.TO_DAEMON,
-          "to host": wire.TO_HOST, "to worker": wire.TO_WORKER}
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+TABLES = {
+    "from worker": wire.FROM_WORKER,
+    "to daemon": wire.TO_DAEMON,
+    "to host": wire.TO_HOST,
+    "to worker": wire.TO_WORKER,
+}
 
 
 def _valid(value, hint_owner, name) -> None:
@@ -87,28 +112,34 @@ def test_arbitrary_bytes_never_raise_anything_but_message_error(payload):
         pass
 
 
-@pytest.mark.parametrize("frame,fragment", [
-    ({"op": "total", "steps": None}, "total.steps: expected an integer, not null"),
-    ({"op": "total", "steps": 2**70}, "out of range"),
-    ({"op": "total", "steps": 0}, "out of range"),
-    ({"op": "done", "steps": 3, "mem_persistent": "abc"}, "done.mem_persistent"),
-    ({"op": "done", "steps": -1}, "done.steps"),
-    ({"op": "progress", "steps": True}, "expected an integer, not bool"),
-    ({"op": "ready", "extra": 1}, "unknown field 'extra'"),
-    ({"op": "launch"}, "unknown op"),
-    ({"op": 7}, "unknown op"),
-])
+@pytest.mark.parametrize(
+    "frame,fragment",
+    [
+        ({"op": "total", "steps": None}, "total.steps: expected an integer, not null"),
+        ({"op": "total", "steps": 2**70}, "out of range"),
+        ({"op": "total", "steps": 0}, "out of range"),
+        ({"op": "done", "steps": 3, "mem_persistent": "abc"}, "done.mem_persistent"),
+        ({"op": "done", "steps": -1}, "done.steps"),
+        ({"op": "progress", "steps": True}, "expected an integer, not bool"),
+        ({"op": "ready", "extra": 1}, "unknown field 'extra'"),
+        ({"op": "launch"}, "unknown op"),
+        ({"op": 7}, "unknown op"),
+    ],
+)
 def test_each_hostile_worker_frame_is_named_in_its_refusal(frame, fragment):
     with pytest.raises(MessageError, match=fragment.replace("(", r"\(")):
         wire.decode(json.dumps(frame).encode(), wire.FROM_WORKER)
 
 
-@pytest.mark.parametrize("bad", [None, 2**70, -1, 0, "abc", "\x00", 1.5, True, [[[[1]]]],
-                                 {"a": 1}, float("nan")])
+@pytest.mark.parametrize(
+    "bad", [None, 2**70, -1, 0, "abc", "\x00", 1.5, True, [[[[1]]]], {"a": 1}, float("nan")]
+)
 def test_a_hostile_memory_cap_is_refused_on_the_hosts_and_the_workers_wire(bad):
     """Cap (daemon to host) and Go.mem_cap (host to worker): bytes from 1 to the bound."""
-    frames = [({"op": "cap", "job": 1, "run": 1, "mem_cap": bad}, wire.TO_HOST),
-              ({"op": "go", "mem_cap": bad}, wire.TO_WORKER)]
+    frames = [
+        ({"op": "cap", "job": 1, "run": 1, "mem_cap": bad}, wire.TO_HOST),
+        ({"op": "go", "mem_cap": bad}, wire.TO_WORKER),
+    ]
     for frame, kinds in frames:
         if bad is None and frame["op"] == "go":
             assert wire.decode(json.dumps(frame).encode(), kinds).mem_cap is None  # no cap
@@ -119,32 +150,50 @@ def test_a_hostile_memory_cap_is_refused_on_the_hosts_and_the_workers_wire(bad):
     assert (good.job, good.run, good.mem_cap) == (1, 2, 1 << 20)
 
 
-@pytest.mark.parametrize("line", [
-    b'{"op": "done", "steps": NaN}', b'{"op": "done", "steps": 1, "mem_peak": Infinity}',
-    b'{"op": "done", "steps": 1e400}', b"[" * 100_000 + b"]" * 100_000,
-    b'{"op": "done", "steps": ' + b"9" * 5000 + b"}", b"\xff\xfe not utf-8",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"op": "done", "steps": NaN}',
+        b'{"op": "done", "steps": 1, "mem_peak": Infinity}',
+        b'{"op": "done", "steps": 1e400}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"op": "done", "steps": ' + b"9" * 5000 + b"}",
+        b"\xff\xfe not utf-8",
+    ],
+)
 def test_frames_that_are_not_json_a_python_process_can_trust(line):
     with pytest.raises(MessageError):
         wire.decode(line, wire.FROM_WORKER)
 
 
 def test_strings_are_checked_for_nul_utf8_and_length():
-    spec = dict(id=1, run=1, argv=["/bin/true"], worker=False, cwd="/", env={}, stdout="/o",
-                stderr="/o", user="u", submit_time=1.0)
+    spec = dict(
+        id=1,
+        run=1,
+        argv=["/bin/true"],
+        worker=False,
+        cwd="/",
+        env={},
+        stdout="/o",
+        stderr="/o",
+        user="u",
+        submit_time=1.0,
+    )
     good = wire.encode(wire.Launch(wire.LaunchSpec(**spec)))
     assert wire.decode(good, wire.TO_HOST).job.argv == ["/bin/true"]
-    for field, value, fragment in (("argv", ["/bin/\x00true"], "NUL"),
-                                   ("env", {"A=B": "1"}, "without '='"),
-                                   ("env", {"A": "\ud800"}, "UTF-8"),
-                                   ("user", "u" * (defaults.MAX_NAME + 1), "longer than"),
-                                   ("cwd", "/" * (defaults.MAX_PATH + 1), "longer than"),
-                                   ("uid", -1, "out of range"),
-                                   ("submit_time", defaults.MAX_TIMESTAMP * 2, "out of range"),
-                                   ("snapshot", "/spool/1/\x00s.sh", "NUL"),
-                                   ("snapshot", 2**70, "snapshot"),
-                                   ("script_name", "/" * (defaults.MAX_PATH + 1), "longer than"),
-                                   ("script_name", ["/a.sh"], "script_name")):
+    for field, value, fragment in (
+        ("argv", ["/bin/\x00true"], "NUL"),
+        ("env", {"A=B": "1"}, "without '='"),
+        ("env", {"A": "\ud800"}, "UTF-8"),
+        ("user", "u" * (defaults.MAX_NAME + 1), "longer than"),
+        ("cwd", "/" * (defaults.MAX_PATH + 1), "longer than"),
+        ("uid", -1, "out of range"),
+        ("submit_time", defaults.MAX_TIMESTAMP * 2, "out of range"),
+        ("snapshot", "/spool/1/\x00s.sh", "NUL"),
+        ("snapshot", 2**70, "snapshot"),
+        ("script_name", "/" * (defaults.MAX_PATH + 1), "longer than"),
+        ("script_name", ["/a.sh"], "script_name"),
+    ):
         frame = json.loads(good)
         frame["job"][field] = value
         with pytest.raises(MessageError, match=fragment):
@@ -165,8 +214,16 @@ def test_a_message_over_the_frame_is_refused_by_its_sender():
 
 
 def test_a_foreign_hosts_state_is_read_for_what_draining_needs():
-    line = json.dumps({"op": "state", "version": "0.0.1/1", "pid": 42, "residents": "?",
-                       "exited": [{"op": "old"}], "draining": False}).encode()
+    line = json.dumps(
+        {
+            "op": "state",
+            "version": "0.0.1/1",
+            "pid": 42,
+            "residents": "?",
+            "exited": [{"op": "old"}],
+            "draining": False,
+        }
+    ).encode()
     state = wire.decode(line, wire.TO_DAEMON)
     assert isinstance(state, wire.ForeignState) and (state.pid, state.version) == (42, "0.0.1/1")
 
@@ -212,30 +269,46 @@ def test_a_flooding_worker_gets_a_bounded_turn_of_its_host():
 def test_client_requests_bound_every_field():
     base = messages.Submit("/w/s.sh", b"true\n", [], "/w", {}, 0o022, messages.SubmitOptions())
     assert messages.decode(messages.encode(base), messages.REQUESTS).script == b"true\n"
-    for change, fragment in (({"priority": 2**40}, "priority"), ({"gpus": -1}, "gpus"),
-                             ({"time_limit": 0}, "time_limit"), ({"steps": -5}, "steps"),
-                             ({"deadline": 1e21}, "deadline"), ({"name": "a\x00b"}, "NUL"),
-                             ({"host_mem": 2**70}, "host_mem"), ({"cpus": 0}, "cpus"),
-                             ({"ntasks": 2**70}, "ntasks"), ({"retries": -1}, "retries"),
-                             ({"warn_signal": "B:" * 40}, "warn_signal"),
-                             ({"nodelist": ["gpu0\x00"]}, "NUL"),
-                             ({"mail_user": "x" * 10_000}, "mail_user"),
-                             ({"gpu_type": 7}, "gpu_type"),
-                             ({"idle_timeout": 2**70}, "idle_timeout"),
-                             ({"idle_timeout": 0}, "idle_timeout"),
-                             ({"idle_timeout": "1:00"}, "idle_timeout"),
-                             ({"idle_timeout": [60]}, "idle_timeout")):
+    for change, fragment in (
+        ({"priority": 2**40}, "priority"),
+        ({"gpus": -1}, "gpus"),
+        ({"time_limit": 0}, "time_limit"),
+        ({"steps": -5}, "steps"),
+        ({"deadline": 1e21}, "deadline"),
+        ({"name": "a\x00b"}, "NUL"),
+        ({"host_mem": 2**70}, "host_mem"),
+        ({"cpus": 0}, "cpus"),
+        ({"ntasks": 2**70}, "ntasks"),
+        ({"retries": -1}, "retries"),
+        ({"warn_signal": "B:" * 40}, "warn_signal"),
+        ({"nodelist": ["gpu0\x00"]}, "NUL"),
+        ({"mail_user": "x" * 10_000}, "mail_user"),
+        ({"gpu_type": 7}, "gpu_type"),
+        ({"idle_timeout": 2**70}, "idle_timeout"),
+        ({"idle_timeout": 0}, "idle_timeout"),
+        ({"idle_timeout": "1:00"}, "idle_timeout"),
+        ({"idle_timeout": [60]}, "idle_timeout"),
+    ):
         request = dataclasses.replace(base, options=dataclasses.replace(base.options, **change))
         with pytest.raises(MessageError, match=fragment):
             messages.decode(messages.encode(request), messages.REQUESTS)
-    for name, raw in (("retry_delay", b"NaN"), ("begin", b"Infinity"), ("retry_delay", b"-1e999"),
-                      ("idle_timeout", b"NaN"), ("idle_timeout", b"1e999")):
+    for name, raw in (
+        ("retry_delay", b"NaN"),
+        ("begin", b"Infinity"),
+        ("retry_delay", b"-1e999"),
+        ("idle_timeout", b"NaN"),
+        ("idle_timeout", b"1e999"),
+    ):
         options = dataclasses.replace(base.options, **{name: 12345.5})
         line = messages.encode(dataclasses.replace(base, options=options))
         with pytest.raises(MessageError):  # what no client of ours sends, a hostile one may
             messages.decode(line.replace(b"12345.5", raw), messages.REQUESTS)
-    deep = (b'{"v": %d, "kind": "list", "users": ' % defaults.PROTOCOL_VERSION
-            + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    deep = (
+        b'{"v": %d, "kind": "list", "users": ' % defaults.PROTOCOL_VERSION
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}"
+    )
     with pytest.raises(MessageError, match="nested too deeply"):
         messages.decode(deep, messages.REQUESTS)
 
@@ -252,26 +325,64 @@ def test_codec_refuses_annotations_it_cannot_check():
 
 def test_the_state_of_the_previous_releases_host_is_read_in_full_to_adopt_its_jobs():
     """What a host of the dict-based protocol (HOST_VERSION .../1) answered a hello with."""
-    figures = {"steps_done": 5, "steps_total": None, "attained": 0.5, "mean_iteration": 0.1,
-               "mean_gap": None, "mem_persistent": 1000, "mem_peak": 2000, "holds_lane": False}
-    line = json.dumps({
-        "op": "state", "version": "0.1.0/1", "pid": 4321, "device": "cpu", "lanes": 1,
-        "policy": ["fifo", "always", "100ms"], "draining": False,
-        "residents": [{"job": 3, "run": 1, **figures, "pid": 99, "started": 1.7e9,
-                       "time_limit": None, "kill_why": None}],
-        "exited": [{"job": 4, "run": 2, **figures, "op": "exited", "code": 0, "signal": None,
-                    "kill_why": "cancel", "end_time": 1.7e9}]}).encode()
+    figures = {
+        "steps_done": 5,
+        "steps_total": None,
+        "attained": 0.5,
+        "mean_iteration": 0.1,
+        "mean_gap": None,
+        "mem_persistent": 1000,
+        "mem_peak": 2000,
+        "holds_lane": False,
+    }
+    line = json.dumps(
+        {
+            "op": "state",
+            "version": "0.1.0/1",
+            "pid": 4321,
+            "device": "cpu",
+            "lanes": 1,
+            "policy": ["fifo", "always", "100ms"],
+            "draining": False,
+            "residents": [
+                {
+                    "job": 3,
+                    "run": 1,
+                    **figures,
+                    "pid": 99,
+                    "started": 1.7e9,
+                    "time_limit": None,
+                    "kill_why": None,
+                }
+            ],
+            "exited": [
+                {
+                    "job": 4,
+                    "run": 2,
+                    **figures,
+                    "op": "exited",
+                    "code": 0,
+                    "signal": None,
+                    "kill_why": "cancel",
+                    "end_time": 1.7e9,
+                }
+            ],
+        }
+    ).encode()
     state = wire.decode(line, wire.TO_DAEMON)
     assert isinstance(state, wire.State) and state.version == "0.1.0/1"
     assert [r.job for r in state.residents] == [3]
     assert (state.exited[0].job, state.exited[0].kill_why) == (4, wire.StopWhy.CANCEL)
 
 
-@pytest.mark.parametrize("encode", [
-    lambda text: b"\xef\xbb\xbf" + text.encode(),  # a UTF-8 byte-order mark
-    lambda text: text.encode("utf-16"),
-    lambda text: text.encode("utf-32-le"),
-])
+@pytest.mark.parametrize(
+    "encode",
+    [
+        lambda text: b"\xef\xbb\xbf" + text.encode(),  # a UTF-8 byte-order mark
+        lambda text: text.encode("utf-16"),
+        lambda text: text.encode("utf-32-le"),
+    ],
+)
 def test_a_frame_in_anything_but_plain_utf8_is_refused(encode):
     """Every gq peer writes UTF-8 without a byte-order mark; json.loads would guess at the
     rest, the codec does not."""
@@ -283,10 +394,14 @@ def test_a_frame_in_anything_but_plain_utf8_is_refused(encode):
 
 # ----- gq's JSON framing (gq/jsonline.py, on _json without importing json) ------------------
 _JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 70), 1 << 70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -299,8 +414,10 @@ def test_the_framing_writes_what_json_writes_and_reads_it_back(value):
     assert jsonline.loads(f" {text}\n") == value
 
 
-@pytest.mark.parametrize("text", ["NaN", "[Infinity]", "[-Infinity]", "{} x", "", " ", "{",
-                                  "[1,]", "\ufeff{}", "{'a': 1}"])
+@pytest.mark.parametrize(
+    "text",
+    ["NaN", "[Infinity]", "[-Infinity]", "{} x", "", " ", "{", "[1,]", "\ufeff{}", "{'a': 1}"],
+)
 def test_the_framing_reads_nothing_json_would_refuse_nor_a_number_that_is_not_finite(text):
     from gq import jsonline
 
@@ -328,8 +445,9 @@ def test_the_framing_without_the_accelerator_reads_and_writes_alike():
         except ValueError:
             print("refused")
     """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and result.stdout == "refused\n", result.stderr
     from gq import jsonline
 

@@ -7,8 +7,11 @@ import os
 
 import torch
 
-result = {"torch": torch.__version__, "cuda": torch.version.cuda,
-          "cuda_available": torch.cuda.is_available()}
+result = {
+    "torch": torch.__version__,
+    "cuda": torch.version.cuda,
+    "cuda_available": torch.cuda.is_available(),
+}
 if torch.cuda.is_available():
     import pynvml
 
@@ -22,9 +25,13 @@ if torch.cuda.is_available():
     after = pynvml.nvmlDeviceGetMemoryInfo(handle).used
     processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     mine = [p.usedGpuMemory for p in processes if p.pid == os.getpid()]
-    result.update(gpu=torch.cuda.get_device_name(0), reserved=reserved,
-                  device_used_delta=after - before, nvml_pids=[p.pid for p in processes],
-                  nvml_process_used=mine[0] if mine else None)
+    result.update(
+        gpu=torch.cuda.get_device_name(0),
+        reserved=reserved,
+        device_used_delta=after - before,
+        nvml_pids=[p.pid for p in processes],
+        nvml_process_used=mine[0] if mine else None,
+    )
     used = mine[0] if mine and mine[0] is not None else None
     if used is None and len(processes) == 1:  # another pid namespace: the one process is us
         used = processes[0].usedGpuMemory

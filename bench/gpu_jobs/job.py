@@ -58,10 +58,19 @@ def ready_and_wait():
 
 def finish(intervals, loop_ns, extra):
     done = len(intervals) - a.warm
-    result = {"kind": a.kind, "device": a.device, "plain": a.plain, "pid": os.getpid(),
-              "gq_job": os.environ.get("GQ_JOB_ID"), "warm": a.warm, "iters": done,
-              "iv": intervals, "wall_s": loop_ns / 1e9,
-              "its": done / (loop_ns / 1e9) if done > 0 and loop_ns > 0 else None, **extra}
+    result = {
+        "kind": a.kind,
+        "device": a.device,
+        "plain": a.plain,
+        "pid": os.getpid(),
+        "gq_job": os.environ.get("GQ_JOB_ID"),
+        "warm": a.warm,
+        "iters": done,
+        "iv": intervals,
+        "wall_s": loop_ns / 1e9,
+        "its": done / (loop_ns / 1e9) if done > 0 and loop_ns > 0 else None,
+        **extra,
+    }
     with open(a.out + ".tmp", "w") as out:
         json.dump(result, out)
     os.replace(a.out + ".tmp", a.out)

@@ -36,8 +36,9 @@ for step in range(args.steps):
     losses.append(round(loss.item(), 6))
     if step == args.grow_at and args.grow_mb and first_run:
         if args.how == "raise":
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate "
-                                         f"{args.grow_mb}.00 MiB.")
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {args.grow_mb}.00 MiB."
+            )
         kept.append(bytearray(args.grow_mb << 20))
         kept[-1][::4096] = b"x" * len(kept[-1][::4096])
     time.sleep(args.pause)

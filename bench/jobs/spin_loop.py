@@ -16,8 +16,12 @@ import gq
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--iter-ms", type=float, required=True)
-parser.add_argument("--gap-ms", type=float, default=0.0,
-                    help="busy work between iterations (fetching the next item: released)")
+parser.add_argument(
+    "--gap-ms",
+    type=float,
+    default=0.0,
+    help="busy work between iterations (fetching the next item: released)",
+)
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 
@@ -46,5 +50,7 @@ for _ in gq.steps(items(), total=args.steps):
     spans.append((begin, time.monotonic(), asked[0]))
 loop = time.monotonic() - start
 with open(args.out, "a") as out:
-    out.write(json.dumps({"job": os.environ.get("GQ_JOB_ID"), "loop_seconds": loop,
-                          "spans": spans}) + "\n")
+    out.write(
+        json.dumps({"job": os.environ.get("GQ_JOB_ID"), "loop_seconds": loop, "spans": spans})
+        + "\n"
+    )

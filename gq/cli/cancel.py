@@ -13,10 +13,20 @@ from gq.queue.states import JobState
 
 
 def cancel(
-    job_ids: Optional[list[str]] = typer.Argument(None, metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task)."),
-    state: Optional[str] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only jobs in this state (PD or R)."),
+    job_ids: Optional[list[str]] = typer.Argument(
+        None, metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task)."
+    ),
+    state: Optional[str] = typer.Option(
+        None, "-t", "--state", metavar="STATE", help="Only jobs in this state (PD or R)."
+    ),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Only jobs with this name."),
-    user: Optional[str] = typer.Option(None, "-u", "--user", metavar="USER", help="Only this user's jobs (others' need an operator)."),
+    user: Optional[str] = typer.Option(
+        None,
+        "-u",
+        "--user",
+        metavar="USER",
+        help="Only this user's jobs (others' need an operator).",
+    ),
 ) -> None:
     """Cancel jobs by id, or every active job of yours matching --state/--name/--user.
 

@@ -18,12 +18,19 @@ _PYTHON = r"python(\d+(\.\d+)?)?"
 _MODULE = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
 # Modules that start the training in processes of their own: gq's worker would see none of
 # their iterations, so they run as plain commands (a device of their own on a GPU).
-_LAUNCHERS = frozenset({"torch.distributed.run", "torch.distributed.launch",
-                        "accelerate.commands.launch", "deepspeed.launcher.runner"})
+_LAUNCHERS = frozenset(
+    {
+        "torch.distributed.run",
+        "torch.distributed.launch",
+        "accelerate.commands.launch",
+        "deepspeed.launcher.runner",
+    }
+)
 _SHELL_SYNTAX = r"[;&|<>()$`\\\"'*?\[\]{}~#\n]"  # what only a shell reads
 _REPL = b"# gq run --pty: python\nfrom gq.exec.console import interact\n\ninteract()\n"
-_IPYTHON = (b"# gq run --pty: ipython\nfrom gq.exec.console import interact_ipython\n\n"
-            b"interact_ipython()\n")
+_IPYTHON = (
+    b"# gq run --pty: ipython\nfrom gq.exec.console import interact_ipython\n\ninteract_ipython()\n"
+)
 
 
 class Queued:
@@ -34,8 +41,9 @@ class Queued:
 
     __slots__ = ("path", "content", "args", "interpreter", "name")
 
-    def __init__(self, path: str, content: bytes | None, args: list[str],
-                 interpreter: str | None, name: str):
+    def __init__(
+        self, path: str, content: bytes | None, args: list[str], interpreter: str | None, name: str
+    ):
         self.path = path
         self.content = content
         self.args = args
@@ -53,8 +61,13 @@ def from_argv(argv: list[str], interactive: bool = False) -> Queued:
         raise UserError("give the command to run: gq run [OPTIONS] -- COMMAND [ARGS]...")
     program = os.path.basename(argv[0])
     if interactive and re.fullmatch(_PYTHON, program) and argv[1:] in ([], ["-i"]):
-        return Queued(os.path.join(os.getcwd(), f"{program} (interactive).py"), _REPL, [],
-                      _python(argv[0]), program)
+        return Queued(
+            os.path.join(os.getcwd(), f"{program} (interactive).py"),
+            _REPL,
+            [],
+            _python(argv[0]),
+            program,
+        )
     if interactive and re.fullmatch(_PYTHON, program) and argv[1:3] == ["-m", "IPython"]:
         return _ipython(_python(argv[0]), argv[3:])
     if interactive and re.fullmatch(r"ipython\d*", program):
@@ -63,14 +76,19 @@ def from_argv(argv: list[str], interactive: bool = False) -> Queued:
             return _ipython(python, argv[1:])
     if re.fullmatch(_PYTHON, program) and len(argv) > 1:
         python = _python(argv[0])
-        if (argv[1] == "-m" and len(argv) > 2 and re.fullmatch(_MODULE, argv[2])
-                and argv[2] not in _LAUNCHERS):
+        if (
+            argv[1] == "-m"
+            and len(argv) > 2
+            and re.fullmatch(_MODULE, argv[2])
+            and argv[2] not in _LAUNCHERS
+        ):
             return _module(python, argv[2], argv[3:])
         if argv[1].endswith(".py") and not argv[1].startswith("-"):
             return Queued(argv[1], None, argv[2:], python, os.path.basename(argv[1]))
     text = f"#!/bin/sh\n# gq run\nexec {shlex.join(argv)}\n"
-    return Queued(os.path.join(os.getcwd(), "(command)"), text.encode(), [], None,
-                  program or "command")
+    return Queued(
+        os.path.join(os.getcwd(), "(command)"), text.encode(), [], None, program or "command"
+    )
 
 
 def from_wrap(command: str) -> Queued:
@@ -79,7 +97,7 @@ def from_wrap(command: str) -> Queued:
     import re
 
     if not command.strip():
-        raise UserError("--wrap needs a command, such as --wrap \"python train.py\"")
+        raise UserError('--wrap needs a command, such as --wrap "python train.py"')
     if not re.search(_SHELL_SYNTAX, command):
         words = command.split()
         if re.fullmatch(_PYTHON, os.path.basename(words[0])):
@@ -101,8 +119,9 @@ def _python(program: str) -> str:
 
 
 def _ipython(python: str, args: list[str]) -> Queued:
-    return Queued(os.path.join(os.getcwd(), "ipython (interactive).py"), _IPYTHON, args,
-                  python, "ipython")
+    return Queued(
+        os.path.join(os.getcwd(), "ipython (interactive).py"), _IPYTHON, args, python, "ipython"
+    )
 
 
 def _interpreter_of(program: str) -> str | None:
@@ -123,8 +142,9 @@ def _interpreter_of(program: str) -> str | None:
     match = re.fullmatch(rb"#!\s*(/\S+)(?:[ \t]+(\S+))?\s*", first)
     if match is None:
         return None
-    named, argument = (None if part is None else part.decode("utf-8", "surrogateescape")
-                       for part in match.groups())
+    named, argument = (
+        None if part is None else part.decode("utf-8", "surrogateescape") for part in match.groups()
+    )
     if os.path.basename(named) == "env" and argument and re.fullmatch(_PYTHON, argument):
         return _python(argument)
     if re.fullmatch(_PYTHON, os.path.basename(named)) and argument is None:
@@ -135,7 +155,10 @@ def _interpreter_of(program: str) -> str | None:
 def _module(python: str, module: str, args: list[str]) -> Queued:
     """``python -m MODULE``: a small script that runs the module as __main__, from the
     working directory (first on sys.path, as ``-m`` puts it)."""
-    text = (f"# gq run: python -m {module}\nimport runpy\n"
-            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
-    return Queued(os.path.join(os.getcwd(), f"{module} (python -m).py"), text.encode(), args,
-                  python, module)
+    text = (
+        f"# gq run: python -m {module}\nimport runpy\n"
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+    )
+    return Queued(
+        os.path.join(os.getcwd(), f"{module} (python -m).py"), text.encode(), args, python, module
+    )

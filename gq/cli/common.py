@@ -9,6 +9,7 @@ import typer
 
 from gq import client, messages
 
+
 def ask(request: Any, wait: float | None = None) -> Any:
     return client.ask(request, wait=wait)
 

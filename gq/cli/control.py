@@ -16,7 +16,9 @@ from gq.queue import dependencies
 from gq.queue.states import JobState
 from gq.units import parse_duration, parse_when
 
-IDS = typer.Argument(..., metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task).")
+IDS = typer.Argument(
+    ..., metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task)."
+)
 
 
 def hold(job_ids: list[str] = IDS) -> None:
@@ -32,9 +34,23 @@ def release(job_ids: list[str] = IDS) -> None:
 
 
 def requeue(
-    job_ids: Optional[list[str]] = typer.Argument(None, metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task)."),
-    state: Optional[str] = typer.Option(None, "-t", "--state", metavar="STATE", help="Every job of yours in this state (F, say), or of the given ids."),
-    user: Optional[str] = typer.Option(None, "-u", "--user", metavar="USER", help="With --state: this user's jobs (others' need an operator)."),
+    job_ids: Optional[list[str]] = typer.Argument(
+        None, metavar="JOBID", help="Job ids: 17 (a job or a whole array), 17_3 (one task)."
+    ),
+    state: Optional[str] = typer.Option(
+        None,
+        "-t",
+        "--state",
+        metavar="STATE",
+        help="Every job of yours in this state (F, say), or of the given ids.",
+    ),
+    user: Optional[str] = typer.Option(
+        None,
+        "-u",
+        "--user",
+        metavar="USER",
+        help="With --state: this user's jobs (others' need an operator).",
+    ),
 ) -> None:
     """Put jobs back in the queue under the same id: running ones are stopped first
     (SIGTERM, then SIGKILL after the kill wait); ended ones run again
@@ -50,23 +66,56 @@ def requeue(
 
 def update(
     job_ids: list[str] = IDS,
-    priority: Optional[int] = typer.Option(None, "--priority", help="New priority (pending or running)."),
-    time_limit: Optional[str] = typer.Option(None, "-t", "--time", metavar="TIME", help="New time limit (pending or running)."),
-    name: Optional[str] = typer.Option(None, "-J", "--name", help="New name (pending jobs only, as the rest below)."),
-    begin: Optional[str] = typer.Option(None, "--begin", metavar="TIME", help="Start no earlier: now+1hour, 16:00, now."),
-    args: Optional[str] = typer.Option(None, "--args", metavar="ARGS", help="New arguments for the script, as a shell would split them: --args '--lr 3e-4'."),
-    chdir: Optional[str] = typer.Option(None, "-D", "--chdir", metavar="DIR", help="New working directory."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="PATTERN", help="New stdout file (%j, %x, ... as at submit)."),
-    error: Optional[str] = typer.Option(None, "-e", "--error", metavar="PATTERN", help="New stderr file."),
-    dependency: Optional[str] = typer.Option(None, "-d", "--dependency", metavar="SPEC", help="New dependency (afterok:17, ...); '' removes it."),
+    priority: Optional[int] = typer.Option(
+        None, "--priority", help="New priority (pending or running)."
+    ),
+    time_limit: Optional[str] = typer.Option(
+        None, "-t", "--time", metavar="TIME", help="New time limit (pending or running)."
+    ),
+    name: Optional[str] = typer.Option(
+        None, "-J", "--name", help="New name (pending jobs only, as the rest below)."
+    ),
+    begin: Optional[str] = typer.Option(
+        None, "--begin", metavar="TIME", help="Start no earlier: now+1hour, 16:00, now."
+    ),
+    args: Optional[str] = typer.Option(
+        None,
+        "--args",
+        metavar="ARGS",
+        help="New arguments for the script, as a shell would split them: --args '--lr 3e-4'.",
+    ),
+    chdir: Optional[str] = typer.Option(
+        None, "-D", "--chdir", metavar="DIR", help="New working directory."
+    ),
+    output: Optional[str] = typer.Option(
+        None,
+        "-o",
+        "--output",
+        metavar="PATTERN",
+        help="New stdout file (%j, %x, ... as at submit).",
+    ),
+    error: Optional[str] = typer.Option(
+        None, "-e", "--error", metavar="PATTERN", help="New stderr file."
+    ),
+    dependency: Optional[str] = typer.Option(
+        None,
+        "-d",
+        "--dependency",
+        metavar="SPEC",
+        help="New dependency (afterok:17, ...); '' removes it.",
+    ),
 ) -> None:
     """Change a job's priority or time limit (pending or running), or a pending job's name,
     begin time, arguments, directory, output files or dependency, its script staying as
     it was submitted (like scontrol update, pueue edit)."""
-    if all(value is None for value in (priority, time_limit, name, begin, args, chdir, output,
-                                       error, dependency)):
-        raise UserError("nothing to update: give --priority, --time, --name, --begin, --args, "
-                        "--chdir, --output, --error or --dependency")
+    if all(
+        value is None
+        for value in (priority, time_limit, name, begin, args, chdir, output, error, dependency)
+    ):
+        raise UserError(
+            "nothing to update: give --priority, --time, --name, --begin, --args, "
+            "--chdir, --output, --error or --dependency"
+        )
     when = parse_when(begin, time.time(), "--begin") if begin is not None else None
     limit = parse_duration(time_limit) if time_limit is not None else None
     if priority is not None:
@@ -87,14 +136,31 @@ def update(
             raise UserError(f"--chdir {workdir} is not a directory")
     if dependency:
         dependencies.parse(dependency)
-    print_report(ask(messages.Update(labels(job_ids), priority=priority, time_limit=limit,
-                                     name=name, begin=when, args=words, workdir=workdir,
-                                     output=output, error=error, dependency=dependency)))
+    print_report(
+        ask(
+            messages.Update(
+                labels(job_ids),
+                priority=priority,
+                time_limit=limit,
+                name=name,
+                begin=when,
+                args=words,
+                workdir=workdir,
+                output=output,
+                error=error,
+                dependency=dependency,
+            )
+        )
+    )
 
 
 def drain(
-    devices: Optional[list[str]] = typer.Argument(None, metavar="DEVICE", help="Devices to drain (as 'gq info' names them) [the whole node]."),
-    reason: Optional[str] = typer.Option(None, "--reason", metavar="TEXT", help="Why, shown in 'gq info' and pending jobs' REASON."),
+    devices: Optional[list[str]] = typer.Argument(
+        None, metavar="DEVICE", help="Devices to drain (as 'gq info' names them) [the whole node]."
+    ),
+    reason: Optional[str] = typer.Option(
+        None, "--reason", metavar="TEXT", help="Why, shown in 'gq info' and pending jobs' REASON."
+    ),
 ) -> None:
     """Admit no new job to the node, or to some devices (like scontrol update
     state=drain); running and resident jobs go on. Operators only; 'gq resume' undoes it."""
@@ -110,7 +176,11 @@ def suspend(job_ids: list[str] = IDS) -> None:
 
 
 def resume(
-    targets: Optional[list[str]] = typer.Argument(None, metavar="JOBID|DEVICE", help="Suspended jobs to go on, or drained devices [the node and every device]."),
+    targets: Optional[list[str]] = typer.Argument(
+        None,
+        metavar="JOBID|DEVICE",
+        help="Suspended jobs to go on, or drained devices [the node and every device].",
+    ),
 ) -> None:
     """Let suspended jobs go on (gq resume 17), or undo 'gq drain' (gq resume, gq resume
     gpu1). Operators only."""

@@ -11,97 +11,281 @@ import typer
 from gq import client, defaults, home, messages, validation
 from gq.errors import UserError
 from gq.exec.cgroups import KINDS
-from gq.units import (format_period, format_size_exact, parse_address, parse_period,
-                      parse_seconds, parse_size)
+from gq.units import (
+    format_period,
+    format_size_exact,
+    parse_address,
+    parse_period,
+    parse_seconds,
+    parse_size,
+)
 
-app = typer.Typer(help="Start, stop or check the node daemon (personal, or the node's shared "
-                       "one with --system).", no_args_is_help=True)
+app = typer.Typer(
+    help="Start, stop or check the node daemon (personal, or the node's shared one with --system).",
+    no_args_is_help=True,
+)
 
 
 @app.command()
 def start(
-    system: bool = typer.Option(False, "--system", help="The node's shared daemon (root): state in /var/lib/gq (GQ_SYSTEM_HOME), socket open to all users."),
+    system: bool = typer.Option(
+        False,
+        "--system",
+        help="The node's shared daemon (root): state in /var/lib/gq (GQ_SYSTEM_HOME), socket open to all users.",
+    ),
     foreground: bool = typer.Option(False, "--foreground", help="Stay attached (for systemd)."),
-    lanes: int = typer.Option(defaults.LANES, "--lanes", help="Lanes per device: iterations that run at once."),
-    max_resident: int = typer.Option(defaults.MAX_RESIDENT, "--max-resident", help="Jobs kept resident per device."),
-    kill_wait: float = typer.Option(defaults.KILL_WAIT, "--kill-wait", metavar="SECONDS", help="Seconds between SIGTERM and SIGKILL."),
-    cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory", metavar="SIZE", help="Memory the cpu device offers jobs (e.g. 8G) [all RAM]."),
-    probe_mem: str = typer.Option(format_size_exact(defaults.PROBE_MEMORY), "--probe-mem", metavar="SIZE", help="Device memory a job that declares none (no --gpu-mem) needs free to start; its first iterations then run with the lane to itself, and their measured peak becomes its figure."),
-    probe_wait: str = typer.Option(format_period(defaults.PROBE_IDLE_SECONDS), "--probe-wait", metavar="SECONDS", help="How long a probed job may take to begin its first iteration (imports, CUDA's start, loading its model) before its probe ends with nothing measured and its lane opens."),
-    cpu_devices: Optional[int] = typer.Option(None, "--cpu-devices", metavar="N", help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory."),
-    device_model: Optional[str] = typer.Option(None, "--device-model", metavar="NAME", help="Model name of the emulated devices, which --gpus TYPE:N matches (tests, demos)."),
-    on_finish: Optional[str] = typer.Option(None, "--on-finish", metavar="CMD", help="Run CMD (sh) as each job's owner once it has ended, with GQ_JOB_ID, GQ_JOB_STATE, GQ_JOB_EXIT_CODE, ... set (at most a minute)."),
-    attach_wait: str = typer.Option(format_period(defaults.ATTACH_WAIT), "--attach-wait", metavar="SECONDS", help="How long a started interactive job (gq run --pty) waits for its gq to take its terminal before it is hung up."),
-    move_margin: float = typer.Option(defaults.MOVE_MARGIN, "--move-margin", metavar="SECONDS", help="Under fifo, a resident that has run no iteration moves to a device that would start it this much sooner."),
-    operators: Optional[str] = typer.Option(None, "--operators", metavar="GROUP", help="Members of GROUP act on every job and the node, like root."),
-    priority_cap: int = typer.Option(defaults.PRIORITY_CAP, "--priority-cap", metavar="N", help="System mode: the highest --priority users may ask for."),
-    max_temp: Optional[float] = typer.Option(None, "--max-temp", metavar="C", help=f"Admit no job to a device hotter than C degrees, until {defaults.TEMP_HYSTERESIS:g} under."),
-    max_power: Optional[float] = typer.Option(None, "--max-power", metavar="W", help=f"Admit no job to a device drawing more than W watts, until {defaults.POWER_HYSTERESIS:.0%} under."),
-    metrics: Optional[str] = typer.Option(None, "--metrics", metavar="ADDR:PORT", help="Serve Prometheus metrics at http://ADDR:PORT/metrics."),
-    client_timeout: float = typer.Option(defaults.CONNECTION_IDLE, "--client-timeout", metavar="SECONDS", help="Drop a client that sends no request (or reads no answer) for this long."),
-    readings: Optional[str] = typer.Option(None, "--readings", metavar="FILE", help="Overlay recorded device readings (JSON lines) on the samples (tests, demos)."),
-    cgroup: str = typer.Option(defaults.CGROUP, "--cgroup", metavar="KIND", help="Where each job's processes are kept: auto (v2 if it has controllers, else v1), v2, v1, or off (process groups)."),
-    retention: str = typer.Option(format_period(defaults.RETENTION), "--retention", metavar="PERIOD", help="Purge finished jobs this long after they end: 30days, 12hours, never."),
-    max_pending: int = typer.Option(defaults.MAX_PENDING_PER_USER, "--max-pending", metavar="N", help="Pending jobs one user may have (array tasks count one each)."),
-    max_array: int = typer.Option(defaults.MAX_ARRAY_SIZE, "--max-array", metavar="N", help="Tasks in one job array."),
-    max_connections_per_user: int = typer.Option(defaults.MAX_CONNECTIONS_PER_USER, "--max-connections-per-user", metavar="N", help="Connections one user may hold open."),
-    max_connections: int = typer.Option(defaults.MAX_CONNECTIONS, "--max-connections", metavar="N", help="Connections in total (within the descriptor limit)."),
-    max_request: str = typer.Option(format_size_exact(defaults.MAX_REQUEST), "--max-request", metavar="SIZE", help="Largest request (a script travels in it)."),
-    max_spool: str = typer.Option(format_size_exact(defaults.MAX_SPOOL_PER_USER), "--max-spool", metavar="SIZE", help="Script snapshots the spool keeps for one user's jobs; the oldest finished jobs' go first."),
+    lanes: int = typer.Option(
+        defaults.LANES, "--lanes", help="Lanes per device: iterations that run at once."
+    ),
+    max_resident: int = typer.Option(
+        defaults.MAX_RESIDENT, "--max-resident", help="Jobs kept resident per device."
+    ),
+    kill_wait: float = typer.Option(
+        defaults.KILL_WAIT,
+        "--kill-wait",
+        metavar="SECONDS",
+        help="Seconds between SIGTERM and SIGKILL.",
+    ),
+    cpu_memory: Optional[str] = typer.Option(
+        None,
+        "--cpu-memory",
+        metavar="SIZE",
+        help="Memory the cpu device offers jobs (e.g. 8G) [all RAM].",
+    ),
+    probe_mem: str = typer.Option(
+        format_size_exact(defaults.PROBE_MEMORY),
+        "--probe-mem",
+        metavar="SIZE",
+        help="Device memory a job that declares none (no --gpu-mem) needs free to start; its first iterations then run with the lane to itself, and their measured peak becomes its figure.",
+    ),
+    probe_wait: str = typer.Option(
+        format_period(defaults.PROBE_IDLE_SECONDS),
+        "--probe-wait",
+        metavar="SECONDS",
+        help="How long a probed job may take to begin its first iteration (imports, CUDA's start, loading its model) before its probe ends with nothing measured and its lane opens.",
+    ),
+    cpu_devices: Optional[int] = typer.Option(
+        None,
+        "--cpu-devices",
+        metavar="N",
+        help="Emulate N devices on the cpu (tests, demos): each its own host and share of --cpu-memory.",
+    ),
+    device_model: Optional[str] = typer.Option(
+        None,
+        "--device-model",
+        metavar="NAME",
+        help="Model name of the emulated devices, which --gpus TYPE:N matches (tests, demos).",
+    ),
+    on_finish: Optional[str] = typer.Option(
+        None,
+        "--on-finish",
+        metavar="CMD",
+        help="Run CMD (sh) as each job's owner once it has ended, with GQ_JOB_ID, GQ_JOB_STATE, GQ_JOB_EXIT_CODE, ... set (at most a minute).",
+    ),
+    attach_wait: str = typer.Option(
+        format_period(defaults.ATTACH_WAIT),
+        "--attach-wait",
+        metavar="SECONDS",
+        help="How long a started interactive job (gq run --pty) waits for its gq to take its terminal before it is hung up.",
+    ),
+    move_margin: float = typer.Option(
+        defaults.MOVE_MARGIN,
+        "--move-margin",
+        metavar="SECONDS",
+        help="Under fifo, a resident that has run no iteration moves to a device that would start it this much sooner.",
+    ),
+    operators: Optional[str] = typer.Option(
+        None,
+        "--operators",
+        metavar="GROUP",
+        help="Members of GROUP act on every job and the node, like root.",
+    ),
+    priority_cap: int = typer.Option(
+        defaults.PRIORITY_CAP,
+        "--priority-cap",
+        metavar="N",
+        help="System mode: the highest --priority users may ask for.",
+    ),
+    max_temp: Optional[float] = typer.Option(
+        None,
+        "--max-temp",
+        metavar="C",
+        help=f"Admit no job to a device hotter than C degrees, until {defaults.TEMP_HYSTERESIS:g} under.",
+    ),
+    max_power: Optional[float] = typer.Option(
+        None,
+        "--max-power",
+        metavar="W",
+        help=f"Admit no job to a device drawing more than W watts, until {defaults.POWER_HYSTERESIS:.0%} under.",
+    ),
+    metrics: Optional[str] = typer.Option(
+        None,
+        "--metrics",
+        metavar="ADDR:PORT",
+        help="Serve Prometheus metrics at http://ADDR:PORT/metrics.",
+    ),
+    client_timeout: float = typer.Option(
+        defaults.CONNECTION_IDLE,
+        "--client-timeout",
+        metavar="SECONDS",
+        help="Drop a client that sends no request (or reads no answer) for this long.",
+    ),
+    readings: Optional[str] = typer.Option(
+        None,
+        "--readings",
+        metavar="FILE",
+        help="Overlay recorded device readings (JSON lines) on the samples (tests, demos).",
+    ),
+    cgroup: str = typer.Option(
+        defaults.CGROUP,
+        "--cgroup",
+        metavar="KIND",
+        help="Where each job's processes are kept: auto (v2 if it has controllers, else v1), v2, v1, or off (process groups).",
+    ),
+    retention: str = typer.Option(
+        format_period(defaults.RETENTION),
+        "--retention",
+        metavar="PERIOD",
+        help="Purge finished jobs this long after they end: 30days, 12hours, never.",
+    ),
+    max_pending: int = typer.Option(
+        defaults.MAX_PENDING_PER_USER,
+        "--max-pending",
+        metavar="N",
+        help="Pending jobs one user may have (array tasks count one each).",
+    ),
+    max_array: int = typer.Option(
+        defaults.MAX_ARRAY_SIZE, "--max-array", metavar="N", help="Tasks in one job array."
+    ),
+    max_connections_per_user: int = typer.Option(
+        defaults.MAX_CONNECTIONS_PER_USER,
+        "--max-connections-per-user",
+        metavar="N",
+        help="Connections one user may hold open.",
+    ),
+    max_connections: int = typer.Option(
+        defaults.MAX_CONNECTIONS,
+        "--max-connections",
+        metavar="N",
+        help="Connections in total (within the descriptor limit).",
+    ),
+    max_request: str = typer.Option(
+        format_size_exact(defaults.MAX_REQUEST),
+        "--max-request",
+        metavar="SIZE",
+        help="Largest request (a script travels in it).",
+    ),
+    max_spool: str = typer.Option(
+        format_size_exact(defaults.MAX_SPOOL_PER_USER),
+        "--max-spool",
+        metavar="SIZE",
+        help="Script snapshots the spool keeps for one user's jobs; the oldest finished jobs' go first.",
+    ),
 ) -> None:
     """Start the node daemon (detached unless --foreground); its log is daemon.log in its
     state directory. A personal daemon also starts by itself on the first command."""
-    if lanes < 1 or max_resident < 1 or kill_wait < 0 or (cpu_devices is not None
-                                                           and not 1 <= cpu_devices <= 64):
-        raise UserError("--lanes and --max-resident must be at least 1, --cpu-devices 1 to "
-                        "64, --kill-wait not negative")
-    if (max_temp is not None and max_temp <= 0) or (max_power is not None and max_power <= 0) \
-            or client_timeout <= 0 or not 0 <= move_margin < 1e9:
-        raise UserError("--max-temp, --max-power and --client-timeout must be positive, "
-                        "--move-margin not negative")
+    if (
+        lanes < 1
+        or max_resident < 1
+        or kill_wait < 0
+        or (cpu_devices is not None and not 1 <= cpu_devices <= 64)
+    ):
+        raise UserError(
+            "--lanes and --max-resident must be at least 1, --cpu-devices 1 to "
+            "64, --kill-wait not negative"
+        )
+    if (
+        (max_temp is not None and max_temp <= 0)
+        or (max_power is not None and max_power <= 0)
+        or client_timeout <= 0
+        or not 0 <= move_margin < 1e9
+    ):
+        raise UserError(
+            "--max-temp, --max-power and --client-timeout must be positive, "
+            "--move-margin not negative"
+        )
     if metrics is not None:
         parse_address(metrics)
     if readings is not None and not os.path.isfile(readings):
         raise UserError(f"--readings {readings}: no such file")
     if system and os.geteuid() != 0:
-        raise UserError("only root starts the system daemon (sudo gq daemon start --system, "
-                        "or the systemd unit)")
+        raise UserError(
+            "only root starts the system daemon (sudo gq daemon start --system, "
+            "or the systemd unit)"
+        )
     if cgroup not in KINDS:
         raise UserError(f"--cgroup {cgroup}: choose one of {', '.join(KINDS)}")
     retention_s = parse_period(retention)
     probe_wait_s = parse_seconds(probe_wait, "--probe-wait")
     if not 0 < probe_wait_s <= defaults.MAX_PROBE_WAIT:
-        raise UserError(f"--probe-wait {probe_wait[:40]}: give a time of more than 0 and at "
-                        f"most {format_period(defaults.MAX_PROBE_WAIT)} (60, 90s, 5min)")
+        raise UserError(
+            f"--probe-wait {probe_wait[:40]}: give a time of more than 0 and at "
+            f"most {format_period(defaults.MAX_PROBE_WAIT)} (60, 90s, 5min)"
+        )
     attach_wait_s = parse_seconds(attach_wait, "--attach-wait")
     if not 0 < attach_wait_s <= defaults.MAX_ATTACH_WAIT:
-        raise UserError(f"--attach-wait {attach_wait[:40]}: give a time of more than 0 and "
-                        f"at most {format_period(defaults.MAX_ATTACH_WAIT)} (30, 90s, 5min)")
+        raise UserError(
+            f"--attach-wait {attach_wait[:40]}: give a time of more than 0 and "
+            f"at most {format_period(defaults.MAX_ATTACH_WAIT)} (30, 90s, 5min)"
+        )
     request_bytes = parse_size(max_request)
     spool_bytes = parse_size(max_spool)
-    for flag, value in (("--max-pending", max_pending), ("--max-array", max_array),
-                        ("--max-connections-per-user", max_connections_per_user),
-                        ("--max-connections", max_connections)):
+    for flag, value in (
+        ("--max-pending", max_pending),
+        ("--max-array", max_array),
+        ("--max-connections-per-user", max_connections_per_user),
+        ("--max-connections", max_connections),
+    ):
         if value < 1:
             raise UserError(f"{flag} must be at least 1")
     if request_bytes < defaults.MAX_SCRIPT + defaults.MAX_JOB_PAYLOAD:
-        raise UserError(f"--max-request must be at least "
-                        f"{(defaults.MAX_SCRIPT + defaults.MAX_JOB_PAYLOAD) >> 10}K (a script "
-                        "of the largest size must fit)")
+        raise UserError(
+            f"--max-request must be at least "
+            f"{(defaults.MAX_SCRIPT + defaults.MAX_JOB_PAYLOAD) >> 10}K (a script "
+            "of the largest size must fit)"
+        )
     if spool_bytes < defaults.MAX_SCRIPT:
-        raise UserError(f"--max-spool must be at least {defaults.MAX_SCRIPT >> 20}M (a script "
-                        "of the largest size must fit)")
+        raise UserError(
+            f"--max-spool must be at least {defaults.MAX_SCRIPT >> 20}M (a script "
+            "of the largest size must fit)"
+        )
     target = home.system() if system else home.personal()
-    options = ["--lanes", str(lanes), "--max-resident", str(max_resident),
-               "--kill-wait", str(kill_wait), "--priority-cap", str(priority_cap),
-               "--client-timeout", str(client_timeout), "--cgroup", cgroup,
-               "--retention", format_period(retention_s), "--max-pending", str(max_pending),
-               "--max-array", str(max_array),
-               "--max-connections-per-user", str(max_connections_per_user),
-               "--max-connections", str(max_connections), "--max-request", str(request_bytes),
-               "--max-spool", str(spool_bytes), "--move-margin", str(move_margin),
-               "--probe-mem", str(parse_size(probe_mem)),
-               "--probe-wait", str(probe_wait_s), "--attach-wait", str(attach_wait_s)]
+    options = [
+        "--lanes",
+        str(lanes),
+        "--max-resident",
+        str(max_resident),
+        "--kill-wait",
+        str(kill_wait),
+        "--priority-cap",
+        str(priority_cap),
+        "--client-timeout",
+        str(client_timeout),
+        "--cgroup",
+        cgroup,
+        "--retention",
+        format_period(retention_s),
+        "--max-pending",
+        str(max_pending),
+        "--max-array",
+        str(max_array),
+        "--max-connections-per-user",
+        str(max_connections_per_user),
+        "--max-connections",
+        str(max_connections),
+        "--max-request",
+        str(request_bytes),
+        "--max-spool",
+        str(spool_bytes),
+        "--move-margin",
+        str(move_margin),
+        "--probe-mem",
+        str(parse_size(probe_mem)),
+        "--probe-wait",
+        str(probe_wait_s),
+        "--attach-wait",
+        str(attach_wait_s),
+    ]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:
@@ -110,17 +294,22 @@ def start(
         if cpu_devices is None:
             raise UserError("--device-model names emulated devices; give --cpu-devices too")
         if not device_model.isprintable() or not 0 < len(device_model) <= defaults.MAX_NAME:
-            raise UserError(f"--device-model {device_model[:60]!r}: give a printable name of "
-                            f"1 to {defaults.MAX_NAME} characters")
+            raise UserError(
+                f"--device-model {device_model[:60]!r}: give a printable name of "
+                f"1 to {defaults.MAX_NAME} characters"
+            )
         options += ["--device-model", device_model]
     if operators is not None:
         options += ["--operators", operators]
     if on_finish is not None:
         validation.text(on_finish, "--on-finish", defaults.MAX_TEXT)
         options += ["--on-finish", on_finish]
-    for flag, value in (("--max-temp", max_temp), ("--max-power", max_power),
-                        ("--metrics", metrics),
-                        ("--readings", readings and os.path.abspath(readings))):
+    for flag, value in (
+        ("--max-temp", max_temp),
+        ("--max-power", max_power),
+        ("--metrics", metrics),
+        ("--readings", readings and os.path.abspath(readings)),
+    ):
         if value is not None:
             options += [flag, str(value)]
     if foreground:
@@ -135,14 +324,22 @@ def start(
         typer.echo(f"gq daemon is already running (pid {pid})")
         return
     client.start_daemon(target, options).close()
-    typer.echo(f"gq daemon started (pid {running_pid(target)}, {target.mode} mode); "
-               f"log: {target.daemon_log}")
+    typer.echo(
+        f"gq daemon started (pid {running_pid(target)}, {target.mode} mode); "
+        f"log: {target.daemon_log}"
+    )
 
 
 @app.command()
 def stop(
-    keep_jobs: bool = typer.Option(False, "--keep-jobs", help="Leave running jobs running (their hosts keep them); a new daemon re-adopts them."),
-    timeout: float = typer.Option(60.0, "--timeout", metavar="SECONDS", help="Seconds to wait for it to exit."),
+    keep_jobs: bool = typer.Option(
+        False,
+        "--keep-jobs",
+        help="Leave running jobs running (their hosts keep them); a new daemon re-adopts them.",
+    ),
+    timeout: float = typer.Option(
+        60.0, "--timeout", metavar="SECONDS", help="Seconds to wait for it to exit."
+    ),
 ) -> None:
     """Stop the daemon (operators only). Running jobs are ended, and --requeue ones go back
     to the queue, unless --keep-jobs."""
@@ -167,7 +364,9 @@ def stop(
 
 @app.command()
 def restart(
-    timeout: float = typer.Option(60.0, "--timeout", metavar="SECONDS", help="Seconds to wait for the old daemon to exit."),
+    timeout: float = typer.Option(
+        60.0, "--timeout", metavar="SECONDS", help="Seconds to wait for the old daemon to exit."
+    ),
 ) -> None:
     """Replace the daemon without touching running jobs (after an upgrade, say): it stops
     leaving its jobs to their hosts, and a new one, started with the same options,
@@ -184,8 +383,10 @@ def restart(
         client.ask(messages.Stop(keep_jobs=True), target)
         _wait_gone(target, pid, timeout)
     client.start_daemon(target, options).close()
-    typer.echo(f"gq daemon restarted (pid {running_pid(target)}, was "
-               f"{pid if pid is not None else 'not running'}); running jobs kept")
+    typer.echo(
+        f"gq daemon restarted (pid {running_pid(target)}, was "
+        f"{pid if pid is not None else 'not running'}); running jobs kept"
+    )
 
 
 def _stop_by_asking(target: home.Home, keep_jobs: bool, timeout: float) -> None:

@@ -19,9 +19,11 @@ class Directive:
         self.prefix = prefix
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Directive)
-                and (self.line, self.tokens, self.prefix) == (other.line, other.tokens,
-                                                              other.prefix))
+        return isinstance(other, Directive) and (self.line, self.tokens, self.prefix) == (
+            other.line,
+            other.tokens,
+            other.prefix,
+        )
 
     def __repr__(self) -> str:
         return f"Directive({self.line!r}, {self.tokens!r}, {self.prefix!r})"
@@ -39,7 +41,7 @@ def read(text: str, source: str) -> list[Directive]:
         prefix = line.split(maxsplit=1)[0]
         if prefix not in PREFIXES:
             continue
-        body = line[len(prefix):]
+        body = line[len(prefix) :]
         import shlex
 
         try:
@@ -47,7 +49,9 @@ def read(text: str, source: str) -> list[Directive]:
         except ValueError as exc:
             raise UserError(f"{source}:{number}: malformed {prefix} directive: {exc}") from None
         if not tokens or not tokens[0].startswith("-"):
-            raise UserError(f"{source}:{number}: malformed {prefix} directive {line!r}: "
-                            f"expected options such as '{prefix} -t 1:00:00'")
+            raise UserError(
+                f"{source}:{number}: malformed {prefix} directive {line!r}: "
+                f"expected options such as '{prefix} -t 1:00:00'"
+            )
         found.append(Directive(number, tokens, prefix))
     return found

@@ -16,7 +16,11 @@ app = typer.Typer(help="Write jobs out for another scheduler.", no_args_is_help=
 
 
 @app.command("slurm")
-def slurm(job_ids: list[str] = typer.Argument(..., metavar="JOBID...", help="Job ids (17, a whole array, or 17_3).")) -> None:
+def slurm(
+    job_ids: list[str] = typer.Argument(
+        ..., metavar="JOBID...", help="Job ids (17, a whole array, or 17_3)."
+    ),
+) -> None:
     """Print an sbatch script for the job (gq export slurm 17 | sbatch): its options as
     #SBATCH lines, its interpreter, script and directory where they still are (else its
     snapshot inlined). Several jobs, or one with dependencies, give one bash script that
@@ -42,9 +46,12 @@ def _exported(label: str) -> export.Exported:
     except UnicodeDecodeError:
         raise UserError(f"job {job.label}'s script is not UTF-8 text; cannot export it") from None
     return export.Exported(
-        job=job, body=body, array_tasks=answer.array_tasks,
+        job=job,
+        body=body,
+        array_tasks=answer.array_tasks,
         script_unchanged=_same_file(job.script, answer.body),
-        interpreter_exists=bool(job.interpreter) and os.access(job.interpreter, os.X_OK))
+        interpreter_exists=bool(job.interpreter) and os.access(job.interpreter, os.X_OK),
+    )
 
 
 def _same_file(path: str | None, snapshot: bytes) -> bool:

@@ -21,8 +21,12 @@ FIELDS: dict[str, tuple[str, Callable[[JobInfo, str, str], object]]] = {
     "t": ("ST", lambda job, label, reason: render.state_label(job)),
     "T": ("STATE", lambda job, label, reason: job.state),
     "M": ("TIME", lambda job, label, reason: render.duration(render.elapsed(job, time.time()))),
-    "l": ("TIME_LIMIT", lambda job, label, reason: render.duration(job.time_limit)
-          if job.time_limit else "UNLIMITED"),
+    "l": (
+        "TIME_LIMIT",
+        lambda job, label, reason: (
+            render.duration(job.time_limit) if job.time_limit else "UNLIMITED"
+        ),
+    ),
     "R": ("REASON", lambda job, label, reason: reason),
     "N": ("DEVICE", lambda job, label, reason: job.device or ""),
     "p": ("PRIORITY", lambda job, label, reason: job.priority),
@@ -32,8 +36,10 @@ FIELDS: dict[str, tuple[str, Callable[[JobInfo, str, str], object]]] = {
     "e": ("END_TIME", lambda job, label, reason: render.short_time(job.end_time)),
     "b": ("TRES_PER_NODE", lambda job, label, reason: f"gpu:{job.gpus}" if job.gpus else "N/A"),
     "C": ("CPUS", lambda job, label, reason: job.cpus or 1),
-    "m": ("MIN_MEMORY", lambda job, label, reason: render.size(job.host_mem)
-          if job.host_mem else "0"),
+    "m": (
+        "MIN_MEMORY",
+        lambda job, label, reason: render.size(job.host_mem) if job.host_mem else "0",
+    ),
     "P": ("PARTITION", lambda job, label, reason: "gq"),
     "D": ("NODES", lambda job, label, reason: 1),
     "L": ("LANE", lambda job, label, reason: render.lane_state(job)),
@@ -42,11 +48,18 @@ FIELDS: dict[str, tuple[str, Callable[[JobInfo, str, str], object]]] = {
 _CODE = re.compile(r"%([.-])?(\d{1,3})?([A-Za-z%])")
 # sort key -> the value jobs are ordered by
 SORT_KEYS: dict[str, Callable[[JobInfo], object]] = {
-    "i": lambda job: job.id, "j": lambda job: job.name, "u": lambda job: job.user,
-    "t": lambda job: job.state, "T": lambda job: job.state, "p": lambda job: job.priority,
-    "V": lambda job: job.submit_time, "S": lambda job: job.start_time or 0.0,
-    "e": lambda job: job.end_time or 0.0, "M": lambda job: render.elapsed(job) or 0.0,
-    "l": lambda job: job.time_limit or 0, "N": lambda job: job.device or "",
+    "i": lambda job: job.id,
+    "j": lambda job: job.name,
+    "u": lambda job: job.user,
+    "t": lambda job: job.state,
+    "T": lambda job: job.state,
+    "p": lambda job: job.priority,
+    "V": lambda job: job.submit_time,
+    "S": lambda job: job.start_time or 0.0,
+    "e": lambda job: job.end_time or 0.0,
+    "M": lambda job: render.elapsed(job) or 0.0,
+    "l": lambda job: job.time_limit or 0,
+    "N": lambda job: job.device or "",
 }
 
 
@@ -55,7 +68,14 @@ def table(spec: str, rows: list[tuple[str, JobInfo, str]]) -> str:
     parts = _parse(spec)
     lines = [_line(parts, lambda code: FIELDS[code][0])]
     for label, job, reason in rows:
-        lines.append(_line(parts, lambda code: FIELDS[code][1](job, label, reason)))
+        lines.append(
+            _line(
+                parts,
+                lambda code, job=job, label=label, reason=reason: FIELDS[code][1](
+                    job, label, reason
+                ),
+            )
+        )
     return "\n".join(render.printable(line.rstrip()) for line in lines)
 
 
@@ -63,14 +83,15 @@ def _parse(spec: str) -> list[str | tuple[bool, int | None, str]]:
     parts: list[str | tuple[bool, int | None, str]] = []
     position = 0
     for match in _CODE.finditer(spec):
-        parts.append(spec[position:match.start()])
+        parts.append(spec[position : match.start()])
         align, width, code = match.groups()
         right = align == "."
         if code == "%":
             parts.append("%")
         elif code not in FIELDS:
-            raise UserError(f"invalid --format field %{code}: use "
-                            f"{' '.join('%' + c for c in FIELDS)}")
+            raise UserError(
+                f"invalid --format field %{code}: use {' '.join('%' + c for c in FIELDS)}"
+            )
         else:
             parts.append((bool(right), int(width) if width else None, code))
         position = match.end()
@@ -104,7 +125,9 @@ def sort(spec: str, jobs: list[JobInfo]) -> list[JobInfo]:
         descending = key.startswith("-")
         code = key.lstrip("+-")
         if code not in SORT_KEYS:
-            raise UserError(f"invalid --sort key {key!r}: use {', '.join(SORT_KEYS)} (a "
-                            "leading - for descending)")
+            raise UserError(
+                f"invalid --sort key {key!r}: use {', '.join(SORT_KEYS)} (a "
+                "leading - for descending)"
+            )
         ordered.sort(key=SORT_KEYS[code], reverse=descending)
     return ordered

@@ -19,15 +19,31 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
         data = dataclasses.asdict(node)
         data["started"] = render.iso(node.started)
         data["uptime"] = time.time() - node.started
-        data["devices"] = [dict(dataclasses.asdict(d), jobs=[
-            {"id": j.id, "job_id": j.label, "name": j.name, "user": j.user, "lane": j.lane,
-             "holds_lane": j.holds_lane} for j in d.jobs]) for d in node.devices]
+        data["devices"] = [
+            dict(
+                dataclasses.asdict(d),
+                jobs=[
+                    {
+                        "id": j.id,
+                        "job_id": j.label,
+                        "name": j.name,
+                        "user": j.user,
+                        "lane": j.lane,
+                        "holds_lane": j.holds_lane,
+                    }
+                    for j in d.jobs
+                ],
+            )
+            for d in node.devices
+        ]
         typer.echo(render.dumps(data))
         return
     cap = "" if node.priority_cap is None else f"; users' priority cap {node.priority_cap}"
-    typer.echo(f"daemon: {node.mode} mode, pid {node.pid}, up "
-               f"{render.duration(time.time() - node.started)}, {node.lanes} lane(s) per "
-               f"device, up to {node.max_resident} resident jobs per device")
+    typer.echo(
+        f"daemon: {node.mode} mode, pid {node.pid}, up "
+        f"{render.duration(time.time() - node.started)}, {node.lanes} lane(s) per "
+        f"device, up to {node.max_resident} resident jobs per device"
+    )
     typer.echo(f"operators: {', '.join(node.operators)}{cap}")
     from gq.policies import label
 
@@ -37,38 +53,60 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
     if node.note:
         typer.echo(node.note)
     if "*" in node.drained:
-        typer.echo(render.printable(f"node: draining ({node.drained['*']}); no new job starts; "
-                                    "'gq resume' undoes it"))
+        typer.echo(
+            render.printable(
+                f"node: draining ({node.drained['*']}); no new job starts; 'gq resume' undoes it"
+            )
+        )
     for device in node.devices:
-        free = ("now" if not device.residents else "unknown (a job has no time limit)"
-                if device.free_at is None else render.short_time(device.free_at))
-        typer.echo(f"{device.name}: {device.model}, {render.size(device.memory_total)} memory "
-                   f"({render.size(device.lane_memory)} per lane), "
-                   f"{len(device.jobs)} resident job(s); placement: "
-                   f"{render.size(device.headroom)} headroom, free {free}")
+        free = (
+            "now"
+            if not device.residents
+            else "unknown (a job has no time limit)"
+            if device.free_at is None
+            else render.short_time(device.free_at)
+        )
+        typer.echo(
+            f"{device.name}: {device.model}, {render.size(device.memory_total)} memory "
+            f"({render.size(device.lane_memory)} per lane), "
+            f"{len(device.jobs)} resident job(s); placement: "
+            f"{render.size(device.headroom)} headroom, free {free}"
+        )
         if device.reading is not None:
             typer.echo(f"  now: {_figures(device.reading)}")
         if device.held:
             typer.echo(f"  guard: {device.held}; no new job starts here")
         if device.name in node.drained:
-            typer.echo(render.printable(f"  draining ({node.drained[device.name]}); no new job "
-                                        f"starts here; 'gq resume {device.name}' undoes it"))
+            typer.echo(
+                render.printable(
+                    f"  draining ({node.drained[device.name]}); no new job "
+                    f"starts here; 'gq resume {device.name}' undoes it"
+                )
+            )
         for job in device.jobs:
-            lane = (("holds" if job.holds_lane else "waits for") if job.worker
-                    else "is a plain process in")
-            typer.echo(render.printable(f"  job {job.label} ({job.name}, {job.user}) {lane} "
-                                        f"lane {job.lane}"))
+            lane = (
+                ("holds" if job.holds_lane else "waits for")
+                if job.worker
+                else "is a plain process in"
+            )
+            typer.echo(
+                render.printable(
+                    f"  job {job.label} ({job.name}, {job.user}) {lane} lane {job.lane}"
+                )
+            )
 
 
 def _limits(limits: messages.NodeLimits) -> str:
-    return (f"limits: {limits.max_pending} pending jobs per user, {limits.max_array} tasks "
-            f"per array, {limits.max_connections_per_user} connections per user "
-            f"({limits.max_connections} in all), requests up to "
-            f"{render.size(limits.max_request)} (scripts {render.size(limits.max_script)}, "
-            f"{render.size(limits.max_spool)} of them kept per user, "
-            f"environment and arguments {render.size(limits.max_job_payload)}); finished "
-            f"jobs kept {_kept(limits.retention)}; jobs kept in "
-            f"{limits.containment}")
+    return (
+        f"limits: {limits.max_pending} pending jobs per user, {limits.max_array} tasks "
+        f"per array, {limits.max_connections_per_user} connections per user "
+        f"({limits.max_connections} in all), requests up to "
+        f"{render.size(limits.max_request)} (scripts {render.size(limits.max_script)}, "
+        f"{render.size(limits.max_spool)} of them kept per user, "
+        f"environment and arguments {render.size(limits.max_job_payload)}); finished "
+        f"jobs kept {_kept(limits.retention)}; jobs kept in "
+        f"{limits.containment}"
+    )
 
 
 def _kept(retention: float | None) -> str:
@@ -83,9 +121,14 @@ def _figures(reading: messages.DeviceReading) -> str:
     if reading.utilization is not None:
         parts.append(f"{reading.utilization:.0f}% busy")
     if reading.memory_used is not None:
-        parts.append(f"{render.size(reading.memory_used)} used"
-                     + (f" ({render.size(reading.external_memory)} outside gq)"
-                        if reading.external_memory else ""))
+        parts.append(
+            f"{render.size(reading.memory_used)} used"
+            + (
+                f" ({render.size(reading.external_memory)} outside gq)"
+                if reading.external_memory
+                else ""
+            )
+        )
     if reading.temperature is not None:
         parts.append(f"{reading.temperature:.0f} C")
     if reading.power is not None:

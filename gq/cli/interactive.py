@@ -41,8 +41,10 @@ _MOST_BUFFERED = 1 << 20  # typed bytes held for a job that reads none: stdin wa
 def need_terminal() -> None:
     """--pty reads from a terminal: refused (nothing queued) where stdin is none."""
     if not os.isatty(0):
-        raise UserError("--pty needs a terminal on stdin (run it from an interactive shell, "
-                        "or leave --pty out to queue a batch job)")
+        raise UserError(
+            "--pty needs a terminal on stdin (run it from an interactive shell, "
+            "or leave --pty out to queue a batch job)"
+        )
 
 
 def run(job_id: int) -> int:
@@ -69,8 +71,9 @@ def run(job_id: int) -> int:
         return exit_status(label)
 
 
-def wait_for_terminal(label: str, path: str,
-                       status: StatusLine) -> tuple[int, socket.socket] | None:
+def wait_for_terminal(
+    label: str, path: str, status: StatusLine
+) -> tuple[int, socket.socket] | None:
     """The master of the job's terminal once its host hands it over, and the connection
     it came on; None for a job that ended without one to take (it never started, or no gq
     took it in time)."""
@@ -109,8 +112,9 @@ def _take_terminal(path: str, label: str) -> tuple[int, socket.socket] | None:
         except (FileNotFoundError, ConnectionRefusedError):
             return None
         except OSError as exc:
-            raise UserError(f"cannot reach job {label}'s terminal at {path}: "
-                            f"{exc.strerror}") from None
+            raise UserError(
+                f"cannot reach job {label}'s terminal at {path}: {exc.strerror}"
+            ) from None
         sock.settimeout(defaults.CLIENT_TIMEOUT)
         try:
             line, fds, _, _ = socket.recv_fds(sock, defaults.MAX_FRAME, 1)
@@ -125,8 +129,10 @@ def _take_terminal(path: str, label: str) -> tuple[int, socket.socket] | None:
         if given is None or str(given.job) != label:
             for fd in fds:
                 os.close(fd)
-            raise UserError(f"job {label}'s terminal socket handed over something else; "
-                            "see the execution host's log")
+            raise UserError(
+                f"job {label}'s terminal socket handed over something else; "
+                "see the execution host's log"
+            )
         taken, sock = (fds[0], sock), None
         return taken
     finally:
@@ -165,7 +171,7 @@ def relay(master: int) -> int | None:
                 typed += data
             if master in writable:
                 try:
-                    typed = typed[os.write(master, typed):]
+                    typed = typed[os.write(master, typed) :]
                 except BlockingIOError:
                     pass
     finally:
@@ -187,7 +193,7 @@ def _to_terminal(master: int) -> bool:
         return False
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view):]
+        view = view[os.write(1, view) :]
     return True
 
 
@@ -225,8 +231,10 @@ def exit_status(label: str) -> int:
         return 0
     if ended.state != "FAILED" or ended.exit_code is None:
         job = client.ask(messages.ShowJob(label)).jobs[0]
-        print(f"gq: job {label} {ended.state}" + (f": {job.reason}" if job.reason else ""),
-              file=sys.stderr)
+        print(
+            f"gq: job {label} {ended.state}" + (f": {job.reason}" if job.reason else ""),
+            file=sys.stderr,
+        )
     return min(255, ended.exit_code) if ended.exit_code else 1
 
 
@@ -246,7 +254,7 @@ class StatusLine:
             print(text, file=sys.stderr, flush=True)
             return
         width = os.get_terminal_size(sys.stderr.fileno()).columns
-        sys.stderr.write("\r" + text[:max(1, width - 1)] + "\x1b[K")
+        sys.stderr.write("\r" + text[: max(1, width - 1)] + "\x1b[K")
         sys.stderr.flush()
 
     def clear(self) -> None:

@@ -41,38 +41,87 @@ run; held; waiting for a job it cannot follow).
 """
 
 
-LIMIT_HELP = (f"Show at most N finished jobs, those that ended last (default "
-              f"{defaults.LISTED_FINISHED}, or all of them with --json or --csv; 0: all of "
-              "them, fetched a page at a time).")
+LIMIT_HELP = (
+    f"Show at most N finished jobs, those that ended last (default "
+    f"{defaults.LISTED_FINISHED}, or all of them with --json or --csv; 0: all of "
+    "them, fetched a page at a time)."
+)
 
 
 def status(
     all_jobs: bool = typer.Option(False, "-a", "--all", help="Include finished jobs."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON objects."),
-    user: Optional[list[str]] = typer.Option(None, "-u", "--user", metavar="USER", help="Only these users' jobs."),
-    state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these states (PD, R, CD, ...; comma-separated)."),
-    format_spec: Optional[str] = typer.Option(None, "-o", "--format", metavar="FORMAT", help="Columns as squeue's: '%.18i %.9P %.8j %.8u %.2t %.10M %R' (also GQ_STATUS_FORMAT)."),
-    sort_spec: Optional[str] = typer.Option(None, "-S", "--sort", metavar="KEYS", help="Order by squeue's keys: -p,i (priority down, then id)."),
+    user: Optional[list[str]] = typer.Option(
+        None, "-u", "--user", metavar="USER", help="Only these users' jobs."
+    ),
+    state: Optional[list[str]] = typer.Option(
+        None,
+        "-t",
+        "--state",
+        metavar="STATE",
+        help="Only these states (PD, R, CD, ...; comma-separated).",
+    ),
+    format_spec: Optional[str] = typer.Option(
+        None,
+        "-o",
+        "--format",
+        metavar="FORMAT",
+        help="Columns as squeue's: '%.18i %.9P %.8j %.8u %.2t %.10M %R' (also GQ_STATUS_FORMAT).",
+    ),
+    sort_spec: Optional[str] = typer.Option(
+        None,
+        "-S",
+        "--sort",
+        metavar="KEYS",
+        help="Order by squeue's keys: -p,i (priority down, then id).",
+    ),
     limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N", help=LIMIT_HELP),
-    start: bool = typer.Option(False, "--start", help="Forecast start and end of pending and running jobs (as squeue --start)."),
-    long: bool = typer.Option(False, "-l", "--long", help="More columns: TIME_LIMIT, and the forecast START and END."),
-    array_tasks: bool = typer.Option(False, "-r", "--array-tasks", help="Each pending array task on its own line (as squeue -r); without it, an array's pending tasks that never started are one line, 17_[5-99%8]."),
+    start: bool = typer.Option(
+        False,
+        "--start",
+        help="Forecast start and end of pending and running jobs (as squeue --start).",
+    ),
+    long: bool = typer.Option(
+        False, "-l", "--long", help="More columns: TIME_LIMIT, and the forecast START and END."
+    ),
+    array_tasks: bool = typer.Option(
+        False,
+        "-r",
+        "--array-tasks",
+        help="Each pending array task on its own line (as squeue -r); without it, an array's pending tasks that never started are one line, 17_[5-99%8].",
+    ),
 ) -> None:
-    listing.status(all_jobs=all_jobs, json_out=json_out, user=user, state=state,
-                   format_spec=format_spec, sort_spec=sort_spec, limit=limit, start=start,
-                   long=long, array_tasks=array_tasks)
+    listing.status(
+        all_jobs=all_jobs,
+        json_out=json_out,
+        user=user,
+        state=state,
+        format_spec=format_spec,
+        sort_spec=sort_spec,
+        limit=limit,
+        start=start,
+        long=long,
+        array_tasks=array_tasks,
+    )
 
 
 def show(
-    job_id: str = typer.Argument(..., metavar="JOBID", help="17, 17_3 (one task), or an array's id (all its tasks)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (a list for an array)."),
+    job_id: str = typer.Argument(
+        ..., metavar="JOBID", help="17, 17_3 (one task), or an array's id (all its tasks)."
+    ),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object (a list for an array)."
+    ),
 ) -> None:
     """Everything about one job, with its state history (like scontrol show job)."""
     answer = ask(messages.ShowJob(labels([job_id])[0]))
     listing.note_stale(answer)
     if answer.more:
-        print(f"gq: note: {answer.more} more tasks of array {job_id} not shown; 'gq show "
-              f"{job_id}_N' shows one, 'gq status -r --json' lists them all", file=sys.stderr)
+        print(
+            f"gq: note: {answer.more} more tasks of array {job_id} not shown; 'gq show "
+            f"{job_id}_N' shows one, 'gq status -r --json' lists them all",
+            file=sys.stderr,
+        )
     if json_out:
         data = [render.job_json(job) for job in answer.jobs]
         typer.echo(render.dumps(data[0] if len(data) == 1 else data))
@@ -97,28 +146,40 @@ def _interactive(job: messages.JobInfo) -> str:
 
 def _print_job(job: messages.JobInfo) -> None:
     lines = [
-        ("JobId", job.label), ("Name", job.name), ("User", f"{job.user} (uid {job.uid})"),
-        ("State", f"{job.state} ({render.state_label(job)})"), ("Reason", job.reason or "-"),
-        ("Priority", job.priority), ("Command", " ".join([job.script, *job.args])),
+        ("JobId", job.label),
+        ("Name", job.name),
+        ("User", f"{job.user} (uid {job.uid})"),
+        ("State", f"{job.state} ({render.state_label(job)})"),
+        ("Reason", job.reason or "-"),
+        ("Priority", job.priority),
+        ("Command", " ".join([job.script, *job.args])),
         ("Interactive", _interactive(job)),
-        ("WorkDir", job.workdir), ("StdOut", job.stdout or "(its terminal)"),
+        ("WorkDir", job.workdir),
+        ("StdOut", job.stdout or "(its terminal)"),
         ("StdErr", job.stderr or "(its terminal)"),
         ("Gpus", f"{job.gpu_type}:{job.gpus}" if job.gpu_type else job.gpus),
         ("GpuMem", render.memory_figure(job)),
-        ("OutOfMemory", f"{job.on_oom.value}" + (f" ({job.ooms} run(s) ran out so far)"
-                                                  if job.ooms else "")),
+        (
+            "OutOfMemory",
+            f"{job.on_oom.value}" + (f" ({job.ooms} run(s) ran out so far)" if job.ooms else ""),
+        ),
         ("HostMem", render.size(job.host_mem) if job.host_mem else "-"),
         ("CpusPerTask", job.cpus or "-"),
         ("TimeLimit", render.duration(job.time_limit) if job.time_limit else "UNLIMITED"),
         ("BeginTime", render.short_time(job.begin_time) if job.begin_time else "-"),
         ("Signal", job.warn_signal or "-"),
         ("NodeList", job.nodelist or "-"),
-        ("Retries", f"{job.retries - (job.retries_left or 0)} of {job.retries} used"
-         if job.retries else "-"),
+        (
+            "Retries",
+            f"{job.retries - (job.retries_left or 0)} of {job.retries} used"
+            if job.retries
+            else "-",
+        ),
         ("Deadline", _deadline_line(job)),
         ("Exclusive", "yes" if job.exclusive else "no"),
         ("Requeue", "yes" if job.requeue else "no"),
-        ("Dependency", job.dependency or "-"), ("Held", "yes" if job.held else "no"),
+        ("Dependency", job.dependency or "-"),
+        ("Held", "yes" if job.held else "no"),
         ("Device", f"{job.device or '-'}" + (f" lane {job.lane}" if job.lane is not None else "")),
         ("SubmitTime", render.short_time(job.submit_time)),
         ("StartTime", render.short_time(job.start_time)),
@@ -126,9 +187,15 @@ def _print_job(job: messages.JobInfo) -> None:
         ("RunTime", render.duration(render.elapsed(job))),
         ("Forecast", _forecast_line(job)),
         ("ExitCode", "-" if job.exit_code is None else job.exit_code),
-        ("Steps", f"{job.steps_done}/{job.steps_total or '?'}" + (
-            f" (counted by run {job.run_count}; the job completed)"
-            if render.resumed_and_done(job) else "")),
+        (
+            "Steps",
+            f"{job.steps_done}/{job.steps_total or '?'}"
+            + (
+                f" (counted by run {job.run_count}; the job completed)"
+                if render.resumed_and_done(job)
+                else ""
+            ),
+        ),
         ("MeanIteration", f"{job.mean_iteration * 1000:.2f} ms" if job.mean_iteration else "-"),
         ("MeanGap", f"{job.mean_gap * 1000:.2f} ms" if job.mean_gap is not None else "-"),
         ("AttainedDeviceTime", f"{job.attained:.2f} s"),
@@ -147,8 +214,11 @@ def _print_job(job: messages.JobInfo) -> None:
     for event in job.events or []:
         old = event.old_state or "-"
         reason = f"  ({event.reason})" if event.reason else ""
-        typer.echo(render.printable(
-            f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}"))
+        typer.echo(
+            render.printable(
+                f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}"
+            )
+        )
 
 
 def _forecast_line(job: messages.JobInfo) -> str:
@@ -157,10 +227,12 @@ def _forecast_line(job: messages.JobInfo) -> str:
         return "-"
     if job.forecast == "unknown":
         return "unknown (no --steps, --time or earlier runs of this name to go on)"
-    start = "" if job.start_time is not None else (
-        f"start {render.forecast_time(job, end=False)}, ")
+    start = (
+        "" if job.start_time is not None else (f"start {render.forecast_time(job, end=False)}, ")
+    )
     return f"{start}end {render.forecast_time(job, end=True)}" + (
-        " (estimated)" if job.forecast == "estimated" else "")
+        " (estimated)" if job.forecast == "estimated" else ""
+    )
 
 
 def _figure(value: float | None, form: str) -> str:
@@ -182,10 +254,20 @@ def _deadline_line(job: messages.JobInfo) -> str:
 
 def history(
     json_out: bool = typer.Option(False, "--json", help="Print JSON objects."),
-    user: Optional[list[str]] = typer.Option(None, "-u", "--user", metavar="USER", help="Only these users' jobs."),
-    state: Optional[list[str]] = typer.Option(None, "-t", "--state", metavar="STATE", help="Only these end states."),
+    user: Optional[list[str]] = typer.Option(
+        None, "-u", "--user", metavar="USER", help="Only these users' jobs."
+    ),
+    state: Optional[list[str]] = typer.Option(
+        None, "-t", "--state", metavar="STATE", help="Only these end states."
+    ),
     csv_out: bool = typer.Option(False, "--csv", help="Print a trace for 'gq simulate'."),
-    since: Optional[str] = typer.Option(None, "-S", "--since", metavar="WHEN", help="Only jobs that ended since then: 2days, 12hours (ago), or a time as --begin takes it."),
+    since: Optional[str] = typer.Option(
+        None,
+        "-S",
+        "--since",
+        metavar="WHEN",
+        help="Only jobs that ended since then: 2days, 12hours (ago), or a time as --begin takes it.",
+    ),
     limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N", help=LIMIT_HELP),
 ) -> None:
     """Finished jobs (like sacct): wait time, run time, JCT, exit code, and what each
@@ -195,10 +277,13 @@ def history(
     trace layout, so 'gq simulate --trace' can replay the jobs.
     """
     states = listing.states_named(state) or sorted(TERMINAL)
-    answer = listing.listed(states, user or None,
-                            listing.limit_or_default(limit, json_out or csv_out),
-                            _since(since) if since is not None else None,
-                            array_tasks=True)  # as sacct: a line for each task
+    answer = listing.listed(
+        states,
+        user or None,
+        listing.limit_or_default(limit, json_out or csv_out),
+        _since(since) if since is not None else None,
+        array_tasks=True,
+    )  # as sacct: a line for each task
     answer.jobs.sort(key=lambda job: (job.end_time or 0.0, job.id))  # the last ended last
     if csv_out:
         _write_trace(answer.jobs)
@@ -210,18 +295,51 @@ def history(
     for job in answer.jobs:
         data = render.job_json(job)
         missed = data["missed_by"]
-        rows.append([job.label, job.name, job.user, job.state,
-                     "-" if job.exit_code is None else str(job.exit_code),
-                     render.duration(data["wait_time"]), render.duration(data["run_time"]),
-                     render.duration(data["jct"]),
-                     _figure(data["iterations_per_second"], "{:.1f}"),
-                     _figure(data["lane_share"], "{:.0%}"), render.size(job.mem_peak),
-                     render.short_time(job.end_time),
-                     "-" if job.deadline is None else
-                     ("met" if missed is None and job.state != "DEADLINE" else
-                      "?" if missed is None else render.duration(missed))])
-    typer.echo(render.table(["JOBID", "NAME", "USER", "STATE", "EXIT", "WAIT", "RUN", "JCT",
-                             "IT/S", "SHARE", "PEAK MEM", "END", "MISSED BY"], rows))
+        rows.append(
+            [
+                job.label,
+                job.name,
+                job.user,
+                job.state,
+                "-" if job.exit_code is None else str(job.exit_code),
+                render.duration(data["wait_time"]),
+                render.duration(data["run_time"]),
+                render.duration(data["jct"]),
+                _figure(data["iterations_per_second"], "{:.1f}"),
+                _figure(data["lane_share"], "{:.0%}"),
+                render.size(job.mem_peak),
+                render.short_time(job.end_time),
+                "-"
+                if job.deadline is None
+                else (
+                    "met"
+                    if missed is None and job.state != "DEADLINE"
+                    else "?"
+                    if missed is None
+                    else render.duration(missed)
+                ),
+            ]
+        )
+    typer.echo(
+        render.table(
+            [
+                "JOBID",
+                "NAME",
+                "USER",
+                "STATE",
+                "EXIT",
+                "WAIT",
+                "RUN",
+                "JCT",
+                "IT/S",
+                "SHARE",
+                "PEAK MEM",
+                "END",
+                "MISSED BY",
+            ],
+            rows,
+        )
+    )
     _note_reach(answer)
 
 
@@ -240,10 +358,15 @@ def _note_reach(answer: messages.Jobs) -> None:
         return
     from gq.units import format_period
 
-    since = (f"; the oldest kept ended {render.short_time(answer.kept_since)}"
-             if answer.kept_since is not None else "")
-    print(f"gq: note: finished jobs are kept {format_period(answer.retention)} after they "
-          f"end{since}", file=sys.stderr)
+    since = (
+        f"; the oldest kept ended {render.short_time(answer.kept_since)}"
+        if answer.kept_since is not None
+        else ""
+    )
+    print(
+        f"gq: note: finished jobs are kept {format_period(answer.retention)} after they end{since}",
+        file=sys.stderr,
+    )
 
 
 def _write_trace(jobs: list[messages.JobInfo]) -> None:
@@ -255,19 +378,32 @@ def _write_trace(jobs: list[messages.JobInfo]) -> None:
 
     ran = [j for j in jobs if j.start_time is not None and j.end_time is not None]
     first = min((j.submit_time for j in ran), default=0.0)
-    trace = [TraceJob(id=j.id, submit_time=j.submit_time - first,
-                      duration=(j.attained if j.steps_done and j.attained > 0
-                                else max(j.end_time - j.start_time, 1e-3)),
-                      iterations=max(1, j.steps_done), gpus=max(1, j.gpus),
-                      priority=j.priority, user=j.user, mem=j.mem, time_limit=j.time_limit,
-                      gap=j.mean_gap if anticipation_window(j.mean_gap) is None and j.mean_gap
-                      else 0.0)
-             for j in ran]
+    trace = [
+        TraceJob(
+            id=j.id,
+            submit_time=j.submit_time - first,
+            duration=(
+                j.attained
+                if j.steps_done and j.attained > 0
+                else max(j.end_time - j.start_time, 1e-3)
+            ),
+            iterations=max(1, j.steps_done),
+            gpus=max(1, j.gpus),
+            priority=j.priority,
+            user=j.user,
+            mem=j.mem,
+            time_limit=j.time_limit,
+            gap=j.mean_gap if anticipation_window(j.mean_gap) is None and j.mean_gap else 0.0,
+        )
+        for j in ran
+    ]
     write_gq_csv(trace, sys.stdout)
 
 
 def logs(
-    job_id: str = typer.Argument(..., metavar="JOBID", help="The job id (17, or 17_3 for an array task)."),
+    job_id: str = typer.Argument(
+        ..., metavar="JOBID", help="The job id (17, or 17_3 for an array task)."
+    ),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
     stderr: bool = typer.Option(False, "--err", help="Show the job's stderr file instead."),
 ) -> None:
@@ -280,8 +416,9 @@ def logs(
     if not follow:
         if fd is None:
             if answer.job.state == JobState.PENDING.value:
-                print(f"gq: job {answer.job.label} is pending; it has no output yet",
-                      file=sys.stderr)
+                print(
+                    f"gq: job {answer.job.label} is pending; it has no output yet", file=sys.stderr
+                )
                 return
             raise UserError(f"job {answer.job.label}'s output file {answer.path} does not exist")
         with os.fdopen(fd, "rb") as handle:
@@ -321,12 +458,14 @@ def _open_log(label: str, stderr: bool) -> tuple[int | None, messages.LogFile]:
     except FileNotFoundError:
         return None, answer
     except OSError as exc:
-        raise UserError(f"cannot open job {answer.job.label}'s output file {answer.path}: "
-                        f"{exc.strerror}") from None
+        raise UserError(
+            f"cannot open job {answer.job.label}'s output file {answer.path}: {exc.strerror}"
+        ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UserError(f"job {answer.job.label}'s output {answer.path} is not a regular "
-                        "file; not read")
+        raise UserError(
+            f"job {answer.job.label}'s output {answer.path} is not a regular file; not read"
+        )
     os.set_blocking(fd, True)
     return fd, answer
 

@@ -22,8 +22,9 @@ import typer
 from gq.cli.common import usage_message
 from gq.errors import UserError
 
-app = typer.Typer(help="Jupyter kernels that run as gq jobs (pip install 'gq[jupyter]').",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Jupyter kernels that run as gq jobs (pip install 'gq[jupyter]').", no_args_is_help=True
+)
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # as Jupyter's kernel names, bounded
 # Options that would run a kernel more than once, or not at all.
@@ -50,14 +51,19 @@ def _submit_options(options: list[str]) -> tuple[Any, dict[str, Any], set[str]]:
     except typer.TyperException as exc:
         raise UserError(f"submit options: {usage_message(exc)}") from None
     if parsed.params.get("script") is not None:
-        raise UserError(f"submit options: unexpected {parsed.params['script']!r}; the kernel "
-                        "is the job's command")
-    given = {name for name in parsed.params
-             if parsed.get_parameter_source(name).name == "COMMANDLINE"}
+        raise UserError(
+            f"submit options: unexpected {parsed.params['script']!r}; the kernel "
+            "is the job's command"
+        )
+    given = {
+        name for name in parsed.params if parsed.get_parameter_source(name).name == "COMMANDLINE"
+    }
     for name in _NOT_FOR_A_KERNEL:
         if name in given and parsed.params[name] not in (None, False):
-            raise UserError(f"--{name.replace('_', '-')}: a kernel runs once, as an "
-                            "interactive job; leave it out")
+            raise UserError(
+                f"--{name.replace('_', '-')}: a kernel runs once, as an "
+                "interactive job; leave it out"
+            )
     return command, dict(parsed.params), given
 
 
@@ -82,12 +88,13 @@ def _gq_spec(name: str) -> dict[str, Any] | None:
     return (spec.metadata or {}).get("gq")
 
 
-@app.command("install", context_settings={"allow_extra_args": True,
-                                          "ignore_unknown_options": True})
+@app.command("install", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def install(
     ctx: typer.Context,
     name: str = typer.Option("gq", "--name", help="The kernel's name (lower case, digits, . _ -)."),
-    display_name: Optional[str] = typer.Option(None, "--display-name", help="What notebooks show; default: Python (gq) and its options."),
+    display_name: Optional[str] = typer.Option(
+        None, "--display-name", help="What notebooks show; default: Python (gq) and its options."
+    ),
     replace: bool = typer.Option(False, "--replace", help="Overwrite a kernel of that name."),
 ) -> None:
     """Install a Jupyter kernel that runs as a gq job; any other options are gq run's
@@ -97,16 +104,29 @@ def install(
     """
     options = list(ctx.args)
     if not _NAME.fullmatch(name):
-        raise UserError(f"--name {name!r}: a kernel's name is 1-64 lower-case letters, "
-                        "digits, '.', '_' or '-', starting with a letter or digit")
+        raise UserError(
+            f"--name {name!r}: a kernel's name is 1-64 lower-case letters, "
+            "digits, '.', '_' or '-', starting with a letter or digit"
+        )
     _check(options)
     specs = _specs()
     if name in specs.find_kernel_specs() and not replace:
-        raise UserError(f"a kernel named {name!r} exists already; give --replace to "
-                        "overwrite it, or another --name")
+        raise UserError(
+            f"a kernel named {name!r} exists already; give --replace to "
+            "overwrite it, or another --name"
+        )
     spec = {
-        "argv": [sys.executable, "-m", "gq", "kernel", "run", "--spec", name, "--",
-                 "{connection_file}"],
+        "argv": [
+            sys.executable,
+            "-m",
+            "gq",
+            "kernel",
+            "run",
+            "--spec",
+            name,
+            "--",
+            "{connection_file}",
+        ],
         "display_name": display_name or " ".join(["Python (gq)", *options]),
         "language": "python",
         "interrupt_mode": "signal",
@@ -125,16 +145,14 @@ def list_kernels() -> None:
     for name, found in sorted(_specs().get_all_specs().items()):
         settings = (found["spec"].get("metadata") or {}).get("gq")
         if settings is not None:
-            print(f"{name}\t{' '.join(settings.get('submit', [])) or '-'}\t"
-                  f"{found['resource_dir']}")
+            print(f"{name}\t{' '.join(settings.get('submit', [])) or '-'}\t{found['resource_dir']}")
 
 
 @app.command("remove")
 def remove(name: str = typer.Argument(..., help="A kernel gq installed.")) -> None:
     """Remove a kernel gq installed (others are jupyter kernelspec remove's)."""
     if _gq_spec(name) is None:
-        raise UserError(f"kernel {name!r} is not gq's; remove it with jupyter kernelspec "
-                        "remove")
+        raise UserError(f"kernel {name!r} is not gq's; remove it with jupyter kernelspec remove")
     print(f"Removed kernel {name} from {_specs().remove_kernel_spec(name)}")
 
 
@@ -152,7 +170,8 @@ def run(
     if settings is None:
         raise UserError(f"kernel {spec!r} is not gq's")
     command, params, given = _submit_options(list(settings.get("submit", [])))
-    code = submission.queue(True, params, given, functools.partial(read_directive, command),
-                            kernel=connection_file)
+    code = submission.queue(
+        True, params, given, functools.partial(read_directive, command), kernel=connection_file
+    )
     if code:
         raise typer.Exit(code)

@@ -49,11 +49,18 @@ def kernel_job(connection_file: str | None) -> commands.Queued:
     if connection_file is not None:
         path = os.path.abspath(connection_file)
         if not os.path.isfile(path):
-            raise UserError(f"{connection_file}: no such connection file (Jupyter writes it "
-                            "before it starts the kernel)")
+            raise UserError(
+                f"{connection_file}: no such connection file (Jupyter writes it "
+                "before it starts the kernel)"
+            )
         args = [path]
-    return commands.Queued(os.path.join(os.getcwd(), "jupyter kernel.py"), _KERNEL, args,
-                           sys.executable, "jupyter-kernel")
+    return commands.Queued(
+        os.path.join(os.getcwd(), "jupyter kernel.py"),
+        _KERNEL,
+        args,
+        sys.executable,
+        "jupyter-kernel",
+    )
 
 
 def launch(job_id: int) -> int:
@@ -66,8 +73,8 @@ def launch(job_id: int) -> int:
         signal.signal(signum, _ending)
     try:
         taken = interactive.wait_for_terminal(
-            label, wire.terminal_socket(str(locate().terminals), job_id),
-            interactive.StatusLine())
+            label, wire.terminal_socket(str(locate().terminals), job_id), interactive.StatusLine()
+        )
     except _Ended as ended:
         _cancel(label)
         return 128 + ended.signum

@@ -22,15 +22,29 @@ if TYPE_CHECKING:
     from gq.messages import JobInfo, Jobs
 
 
-def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[str] | None,
-           format_spec: str | None, sort_spec: str | None, limit: int | None, start: bool,
-           long: bool, array_tasks: bool) -> None:
+def status(
+    all_jobs: bool,
+    json_out: bool,
+    user: list[str] | None,
+    state: list[str] | None,
+    format_spec: str | None,
+    sort_spec: str | None,
+    limit: int | None,
+    start: bool,
+    long: bool,
+    array_tasks: bool,
+) -> None:
     """gq status with its options' values (see ``gq status --help``). An array's pending
     tasks come folded into one row from the daemon (squeue's 17_[5-99%8]), each on its own
     with ``array_tasks``."""
     states = states_named(state) or (None if all_jobs else sorted(ACTIVE))
-    answer = listed(states, user or None, limit_or_default(limit, json_out),
-                    forecast=start or long, array_tasks=array_tasks)
+    answer = listed(
+        states,
+        user or None,
+        limit_or_default(limit, json_out),
+        forecast=start or long,
+        array_tasks=array_tasks,
+    )
     note_stale(answer)
     jobs = answer.jobs
     if sort_spec:
@@ -47,27 +61,59 @@ def status(all_jobs: bool, json_out: bool, user: list[str] | None, state: list[s
         print(formats.table(format_spec, [(job.label, job, reason(job)) for job in jobs]))
         return
     if start:
-        rows = [[job.label, render.name_mark(job), job.user, render.state_label(job),
-                 job.device or "-",
-                 render.forecast_time(job, end=False), render.forecast_time(job, end=True),
-                 reason(job)]
-                for job in jobs if job.state not in TERMINAL]
-        print(render.table(["JOBID", "NAME", "USER", "ST", "DEVICE", "START_TIME",
-                            "END_TIME", "REASON"], rows))
+        rows = [
+            [
+                job.label,
+                render.name_mark(job),
+                job.user,
+                render.state_label(job),
+                job.device or "-",
+                render.forecast_time(job, end=False),
+                render.forecast_time(job, end=True),
+                reason(job),
+            ]
+            for job in jobs
+            if job.state not in TERMINAL
+        ]
+        print(
+            render.table(
+                ["JOBID", "NAME", "USER", "ST", "DEVICE", "START_TIME", "END_TIME", "REASON"], rows
+            )
+        )
         _note_forecast(answer)
         return
     now = time.time()
     rows = []
     for job in jobs:
-        row = [job.label, render.name_mark(job), job.user, render.state_label(job),
-               render.duration(render.elapsed(job, now)), job.device or "-",
-               render.lane_state(job), render.progress(job)]
+        row = [
+            job.label,
+            render.name_mark(job),
+            job.user,
+            render.state_label(job),
+            render.duration(render.elapsed(job, now)),
+            job.device or "-",
+            render.lane_state(job),
+            render.progress(job),
+        ]
         if long:
-            row += [render.duration(job.time_limit) if job.time_limit else "UNLIMITED",
-                    render.forecast_time(job, end=False), render.forecast_time(job, end=True)]
+            row += [
+                render.duration(job.time_limit) if job.time_limit else "UNLIMITED",
+                render.forecast_time(job, end=False),
+                render.forecast_time(job, end=True),
+            ]
         rows.append([*row, reason(job)])
-    headers = ["JOBID", "NAME", "USER", "ST", "TIME", "DEVICE", "LANE", "PROGRESS",
-               *(["TIME_LIMIT", "START", "END"] if long else []), "REASON"]
+    headers = [
+        "JOBID",
+        "NAME",
+        "USER",
+        "ST",
+        "TIME",
+        "DEVICE",
+        "LANE",
+        "PROGRESS",
+        *(["TIME_LIMIT", "START", "END"] if long else []),
+        "REASON",
+    ]
     print(render.table(headers, rows))
     if long:
         _note_forecast(answer)
@@ -90,29 +136,46 @@ def limit_or_default(given: int | None, whole: bool) -> int:
     return 0 if whole else defaults.LISTED_FINISHED
 
 
-def listed(states: list[str] | None, users: list[str] | None, limit: int,
-           ended_since: float | None = None, forecast: bool = False,
-           array_tasks: bool = False) -> Jobs:
+def listed(
+    states: list[str] | None,
+    users: list[str] | None,
+    limit: int,
+    ended_since: float | None = None,
+    forecast: bool = False,
+    array_tasks: bool = False,
+) -> Jobs:
     """Pending and running jobs in ``states`` (names), and the ``limit`` finished ones that
     ended last (0: every one): the daemon sends finished jobs a page at a time. A job listed
     on more than one page (it ended, or was requeued, meanwhile) is listed as the last page
     saw it. In id order; an array's pending tasks folded as gq.messages.JobInfo says unless
     ``array_tasks``."""
-    asked = {"states": states, "users": users, "ended_since": ended_since,
-             "forecast": forecast, "array_tasks": array_tasks}
+    asked = {
+        "states": states,
+        "users": users,
+        "ended_since": ended_since,
+        "forecast": forecast,
+        "array_tasks": array_tasks,
+    }
     answer = _page(asked, limit=limit or None)
     jobs = {job.id: job for job in answer.jobs}
     finished = sum(1 for job in answer.jobs if job.state in TERMINAL)
     asked["states"] = sorted(TERMINAL.intersection(states) if states else TERMINAL)
     while answer.older is not None and (limit == 0 or finished < limit):
-        answer = _page(asked, before_end=answer.older_end, before=answer.older,
-                       limit=limit - finished if limit else None)
+        answer = _page(
+            asked,
+            before_end=answer.older_end,
+            before=answer.older,
+            limit=limit - finished if limit else None,
+        )
         jobs.update((job.id, job) for job in answer.jobs)
         finished += len(answer.jobs)
     answer.jobs = sorted(jobs.values(), key=lambda job: job.id)
     if answer.older is not None:
-        print(f"gq: note: the {finished} finished jobs that ended last shown; --limit N for "
-              "more, --limit 0 for all", file=sys.stderr)
+        print(
+            f"gq: note: the {finished} finished jobs that ended last shown; --limit N for "
+            "more, --limit 0 for all",
+            file=sys.stderr,
+        )
     return answer
 
 
@@ -130,8 +193,9 @@ def note_stale(answer: Jobs) -> None:
 
 def _note_forecast(answer: Jobs) -> None:
     if answer.forecast_made is None and any(job.state not in TERMINAL for job in answer.jobs):
-        print("gq: note: the daemon has made no forecast yet; ask again in a second",
-              file=sys.stderr)
+        print(
+            "gq: note: the daemon has made no forecast yet; ask again in a second", file=sys.stderr
+        )
 
 
 def reason(job: JobInfo) -> str:
@@ -143,7 +207,6 @@ def reason(job: JobInfo) -> str:
     if job.state == "RUNNING" and missed is not None:
         return f"DeadlineAtRisk (misses it by ~{render.duration(missed)} at this pace)"
     if job.mem_over:
-        over = (f"MEM! (measured {render.size(job.mem_peak)}, over its "
-                f"{render.size(job.mem)})")
+        over = f"MEM! (measured {render.size(job.mem_peak)}, over its {render.size(job.mem)})"
         return f"{over} {job.reason}" if job.reason else over
     return job.reason or ""

@@ -58,8 +58,9 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "export": ("export", "app", True),
     "kernel": ("kernel", "app", True),
 }
-_EXTRA = {name: {"context_settings": {"allow_interspersed_args": False}}
-          for name in ("submit", "run")}
+_EXTRA = {
+    name: {"context_settings": {"allow_interspersed_args": False}} for name in ("submit", "run")
+}
 
 
 def _version(value: bool) -> None:
@@ -76,14 +77,27 @@ def make_app(only: str | None = None) -> typer.Typer:
     """The typer app with every command, or with ``only`` that one."""
     import typer
 
-    app = typer.Typer(name="gq", help=HELP, add_completion=True, no_args_is_help=True,
-                      pretty_exceptions_enable=False, rich_markup_mode=None,
-                      context_settings={"help_option_names": ["-h", "--help"]})
+    app = typer.Typer(
+        name="gq",
+        help=HELP,
+        add_completion=True,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
 
     @app.callback()
-    def _root(version: bool = typer.Option(False, "--version", "-V", is_eager=True,
-                                           callback=_version,
-                                           help="Print gq's version and exit.")) -> None:
+    def _root(
+        version: bool = typer.Option(
+            False,
+            "--version",
+            "-V",
+            is_eager=True,
+            callback=_version,
+            help="Print gq's version and exit.",
+        ),
+    ) -> None:
         pass
 
     for name, (module_name, attribute, group) in COMMANDS.items():

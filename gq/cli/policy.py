@@ -7,8 +7,10 @@ import typer
 from gq import messages
 from gq.cli.common import ask
 
-app = typer.Typer(help="Show or set the scheduling policy (fifo, srtf, fair, priority, rr, deadline).",
-                  invoke_without_command=True)
+app = typer.Typer(
+    help="Show or set the scheduling policy (fifo, srtf, fair, priority, rr, deadline).",
+    invoke_without_command=True,
+)
 
 DESCRIPTIONS = {
     "fifo": "earliest-submitted job runs until it ends; later ones wait",
@@ -29,9 +31,13 @@ def policy(ctx: typer.Context) -> None:
 
 @app.command("set")
 def set_policy(
-    name: str = typer.Argument(..., metavar="POLICY", help="fifo, srtf, fair, priority, rr or deadline."),
+    name: str = typer.Argument(
+        ..., metavar="POLICY", help="fifo, srtf, fair, priority, rr or deadline."
+    ),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
-    quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms, 2s) or iterations (10it) per turn."),
+    quantum: str = typer.Option(
+        "100ms", "--quantum", help="rr only: device time (100ms, 2s) or iterations (10it) per turn."
+    ),
 ) -> None:
     """Set the node's policy (operators only); hosts switch at the next iteration boundary."""
     typer.echo(ask(messages.SetPolicy(name, fill, quantum)).message)
@@ -43,5 +49,6 @@ def show_policy() -> None:
     from gq.policies import label
 
     answer = ask(messages.GetPolicy())
-    typer.echo(f"{label(answer.name, answer.fill, answer.quantum)}: "
-               f"{DESCRIPTIONS.get(answer.name, '')}")
+    typer.echo(
+        f"{label(answer.name, answer.fill, answer.quantum)}: {DESCRIPTIONS.get(answer.name, '')}"
+    )

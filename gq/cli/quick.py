@@ -38,39 +38,81 @@ class Kind:
 
 
 STATUS: Options = {
-    "-a": ("all_jobs", Kind.FLAG), "--all": ("all_jobs", Kind.FLAG),
+    "-a": ("all_jobs", Kind.FLAG),
+    "--all": ("all_jobs", Kind.FLAG),
     "--json": ("json_out", Kind.FLAG),
-    "-u": ("user", Kind.LIST), "--user": ("user", Kind.LIST),
-    "-t": ("state", Kind.LIST), "--state": ("state", Kind.LIST),
-    "-o": ("format_spec", Kind.VALUE), "--format": ("format_spec", Kind.VALUE),
-    "-S": ("sort_spec", Kind.VALUE), "--sort": ("sort_spec", Kind.VALUE),
+    "-u": ("user", Kind.LIST),
+    "--user": ("user", Kind.LIST),
+    "-t": ("state", Kind.LIST),
+    "--state": ("state", Kind.LIST),
+    "-o": ("format_spec", Kind.VALUE),
+    "--format": ("format_spec", Kind.VALUE),
+    "-S": ("sort_spec", Kind.VALUE),
+    "--sort": ("sort_spec", Kind.VALUE),
     "--limit": ("limit", Kind.COUNT),
     "--start": ("start", Kind.FLAG),
-    "-l": ("long", Kind.FLAG), "--long": ("long", Kind.FLAG),
-    "-r": ("array_tasks", Kind.FLAG), "--array-tasks": ("array_tasks", Kind.FLAG),
+    "-l": ("long", Kind.FLAG),
+    "--long": ("long", Kind.FLAG),
+    "-r": ("array_tasks", Kind.FLAG),
+    "--array-tasks": ("array_tasks", Kind.FLAG),
 }
 
 _SUBMIT_VALUES = {
-    "wrap": ["--wrap"], "job_name": ["-J", "--job-name"], "gpus": ["-G", "--gpus"],
-    "gpus_per_node": ["--gpus-per-node"], "gres": ["--gres"], "gpu_mem": ["--gpu-mem"],
-    "mem": ["--mem"], "host_mem": ["--host-mem"], "mem_per_cpu": ["--mem-per-cpu"],
-    "mem_per_gpu": ["--mem-per-gpu"], "nodelist": ["-w", "--nodelist"],
-    "time_limit": ["-t", "--time"], "warn_signal": ["--signal"], "begin": ["--begin"],
-    "deadline": ["--deadline"], "output": ["-o", "--output"], "error": ["-e", "--error"],
-    "chdir": ["-D", "--chdir"], "oom": ["--oom"], "retry_delay": ["--retry-delay"],
-    "python": ["--python"], "array": ["-a", "--array"], "dependency": ["-d", "--dependency"],
-    "after": ["--after"], "notify": ["--notify"], "mail_type": ["--mail-type"],
-    "mail_user": ["--mail-user"], "idle_timeout": ["--idle-timeout"],
+    "wrap": ["--wrap"],
+    "job_name": ["-J", "--job-name"],
+    "gpus": ["-G", "--gpus"],
+    "gpus_per_node": ["--gpus-per-node"],
+    "gres": ["--gres"],
+    "gpu_mem": ["--gpu-mem"],
+    "mem": ["--mem"],
+    "host_mem": ["--host-mem"],
+    "mem_per_cpu": ["--mem-per-cpu"],
+    "mem_per_gpu": ["--mem-per-gpu"],
+    "nodelist": ["-w", "--nodelist"],
+    "time_limit": ["-t", "--time"],
+    "warn_signal": ["--signal"],
+    "begin": ["--begin"],
+    "deadline": ["--deadline"],
+    "output": ["-o", "--output"],
+    "error": ["-e", "--error"],
+    "chdir": ["-D", "--chdir"],
+    "oom": ["--oom"],
+    "retry_delay": ["--retry-delay"],
+    "python": ["--python"],
+    "array": ["-a", "--array"],
+    "dependency": ["-d", "--dependency"],
+    "after": ["--after"],
+    "notify": ["--notify"],
+    "mail_type": ["--mail-type"],
+    "mail_user": ["--mail-user"],
+    "idle_timeout": ["--idle-timeout"],
 }
-_SUBMIT_INTS = {"cpus_per_task": ["-c", "--cpus-per-task"], "ntasks": ["-n", "--ntasks"],
-                "priority": ["--priority"], "steps": ["--steps"], "retries": ["--retries"]}
-_SUBMIT_FLAGS = {"exclusive": ["--exclusive"], "requeue": ["--requeue"], "hold": ["-H", "--hold"],
-                 "parsable": ["--parsable"], "wait": ["-W", "--wait"],
-                 "test_only": ["--test-only"], "pty": ["--pty"]}
-SUBMIT: Options = {option: (name, kind)
-                   for table, kind in ((_SUBMIT_VALUES, Kind.VALUE), (_SUBMIT_INTS, Kind.INT),
-                                       (_SUBMIT_FLAGS, Kind.FLAG))
-                   for name, options in table.items() for option in options}
+_SUBMIT_INTS = {
+    "cpus_per_task": ["-c", "--cpus-per-task"],
+    "ntasks": ["-n", "--ntasks"],
+    "priority": ["--priority"],
+    "steps": ["--steps"],
+    "retries": ["--retries"],
+}
+_SUBMIT_FLAGS = {
+    "exclusive": ["--exclusive"],
+    "requeue": ["--requeue"],
+    "hold": ["-H", "--hold"],
+    "parsable": ["--parsable"],
+    "wait": ["-W", "--wait"],
+    "test_only": ["--test-only"],
+    "pty": ["--pty"],
+}
+SUBMIT: Options = {
+    option: (name, kind)
+    for table, kind in (
+        (_SUBMIT_VALUES, Kind.VALUE),
+        (_SUBMIT_INTS, Kind.INT),
+        (_SUBMIT_FLAGS, Kind.FLAG),
+    )
+    for name, options in table.items()
+    for option in options
+}
 
 OPTIONS: dict[str, Options] = {"status": STATUS, "submit": SUBMIT, "run": SUBMIT}
 # Defaults other than False (flags) and None, as the typer commands declare them.
@@ -97,8 +139,9 @@ def parse(args: list[str], command: str) -> Parsed | None:
     """What a command line gives ``command``'s parameters; None for a line this module
     leaves to typer."""
     options = OPTIONS[command]
-    params: dict[str, Any] = {name: False if kind == Kind.FLAG else None
-                              for name, kind in options.values()}
+    params: dict[str, Any] = {
+        name: False if kind == Kind.FLAG else None for name, kind in options.values()
+    }
     params.update(DEFAULTS[command])
     given: set[str] = set()
     rest = list(args)
@@ -148,8 +191,7 @@ def _split(token: str, options: Options) -> tuple[str | None, str | None]:
         option, value = token.split("=", 1)
         return (option, value) if option in options else (None, None)
     option = token[:2]
-    if (not token.startswith("--") and option in options
-            and options[option][1] != Kind.FLAG):
+    if not token.startswith("--") and option in options and options[option][1] != Kind.FLAG:
         return option, token[2:]
     return None, None
 
@@ -183,6 +225,5 @@ def _directive(tokens: list[str], script: str, line: int, prefix: str) -> dict[s
         # Under the app's own context, as on typer's path: a command remembers the help
         # option of the first context it is read in (-h, or only --help without it).
         parent = group.context_class(group, info_name="gq", **group.context_settings)
-        return submit.read_directive(group.commands["submit"], tokens, script, line, prefix,
-                                     parent)
+        return submit.read_directive(group.commands["submit"], tokens, script, line, prefix, parent)
     return {name: parsed.params[name] for name in parsed.given}

@@ -75,39 +75,84 @@ def lane_share(job: JobInfo) -> float | None:
 
 def job_json(job: JobInfo) -> dict[str, Any]:
     data = {
-        "id": job.id, "job_id": job.label, "name": job.name, "user": job.user, "uid": job.uid,
-        "state": "SUSPENDED" if job.suspended else job.state, "suspended": job.suspended,
-        "priority": job.priority, "device": job.device, "lane": job.lane,
-        "submit_time": iso(job.submit_time), "start_time": iso(job.start_time),
-        "end_time": iso(job.end_time), "exit_code": job.exit_code,
-        "steps_done": job.steps_done, "steps_total": job.steps_total, "reason": job.reason,
-        "gpus": job.gpus, "gpu_type": job.gpu_type, "mem": job.mem, "gpu_mem": job.mem,
-        "host_mem": job.host_mem, "cpus_per_task": job.cpus, "time_limit": job.time_limit,
-        "begin_time": iso(job.begin_time), "signal": job.warn_signal,
-        "nodelist": job.nodelist, "retries": job.retries, "retry_delay": job.retry_delay,
-        "deadline": iso(job.deadline), "missed_by": deadline_miss(job),
-        "exclusive": job.exclusive, "requeue": job.requeue, "worker": job.worker,
-        "interactive": job.interactive, "idle_timeout": job.idle_timeout, "idle": job.idle,
-        "dependency": job.dependency, "held": job.held, "array_job_id": job.array_job_id,
-        "array_task_id": job.array_task_id, "array_max_running": job.array_max_running,
-        "array_task_string": job.array_task_string, "array_task_count": job.array_task_count,
-        "pid": job.pid, "run_count": job.run_count,
-        "holds_lane": job.holds_lane, "attained": job.attained,
-        "mean_iteration": job.mean_iteration, "mean_gap": job.mean_gap,
-        "mem_persistent": job.mem_persistent, "mem_basis": job.mem_basis,
-        "on_oom": job.on_oom, "ooms": job.ooms, "mem_over": job.mem_over,
-        "mem_peak": job.mem_peak, "host_memory": job.host_memory, "processes": job.processes,
-        "iterations_per_second": iteration_rate(job), "lane_share": lane_share(job),
+        "id": job.id,
+        "job_id": job.label,
+        "name": job.name,
+        "user": job.user,
+        "uid": job.uid,
+        "state": "SUSPENDED" if job.suspended else job.state,
+        "suspended": job.suspended,
+        "priority": job.priority,
+        "device": job.device,
+        "lane": job.lane,
+        "submit_time": iso(job.submit_time),
+        "start_time": iso(job.start_time),
+        "end_time": iso(job.end_time),
+        "exit_code": job.exit_code,
+        "steps_done": job.steps_done,
+        "steps_total": job.steps_total,
+        "reason": job.reason,
+        "gpus": job.gpus,
+        "gpu_type": job.gpu_type,
+        "mem": job.mem,
+        "gpu_mem": job.mem,
+        "host_mem": job.host_mem,
+        "cpus_per_task": job.cpus,
+        "time_limit": job.time_limit,
+        "begin_time": iso(job.begin_time),
+        "signal": job.warn_signal,
+        "nodelist": job.nodelist,
+        "retries": job.retries,
+        "retry_delay": job.retry_delay,
+        "deadline": iso(job.deadline),
+        "missed_by": deadline_miss(job),
+        "exclusive": job.exclusive,
+        "requeue": job.requeue,
+        "worker": job.worker,
+        "interactive": job.interactive,
+        "idle_timeout": job.idle_timeout,
+        "idle": job.idle,
+        "dependency": job.dependency,
+        "held": job.held,
+        "array_job_id": job.array_job_id,
+        "array_task_id": job.array_task_id,
+        "array_max_running": job.array_max_running,
+        "array_task_string": job.array_task_string,
+        "array_task_count": job.array_task_count,
+        "pid": job.pid,
+        "run_count": job.run_count,
+        "holds_lane": job.holds_lane,
+        "attained": job.attained,
+        "mean_iteration": job.mean_iteration,
+        "mean_gap": job.mean_gap,
+        "mem_persistent": job.mem_persistent,
+        "mem_basis": job.mem_basis,
+        "on_oom": job.on_oom,
+        "ooms": job.ooms,
+        "mem_over": job.mem_over,
+        "mem_peak": job.mem_peak,
+        "host_memory": job.host_memory,
+        "processes": job.processes,
+        "iterations_per_second": iteration_rate(job),
+        "lane_share": lane_share(job),
         "wait_time": wait_time(job) if job.state != "PENDING" else None,
         "run_time": elapsed(job),
         "jct": (job.end_time - job.submit_time) if job.end_time is not None else None,
     }
     if job.forecast is not None:
-        data["forecast"] = {"start": iso(job.forecast_start), "end": iso(job.forecast_end),
-                            "basis": job.forecast}
+        data["forecast"] = {
+            "start": iso(job.forecast_start),
+            "end": iso(job.forecast_end),
+            "basis": job.forecast,
+        }
     if job.script is not None:  # answers about one job carry its command and paths
-        data.update(script=job.script, args=job.args, workdir=job.workdir, stdout=job.stdout,
-                    stderr=job.stderr)
+        data.update(
+            script=job.script,
+            args=job.args,
+            workdir=job.workdir,
+            stdout=job.stdout,
+            stderr=job.stderr,
+        )
     if job.events is not None:
         data["events"] = [event_json(e) for e in job.events]
     return data
@@ -131,8 +176,12 @@ def memory_figure(job: JobInfo) -> str:
 
 
 def event_json(event: EventInfo) -> dict[str, Any]:
-    return {"time": iso(event.time), "old_state": event.old_state,
-            "new_state": event.new_state, "reason": event.reason}
+    return {
+        "time": iso(event.time),
+        "old_state": event.old_state,
+        "new_state": event.new_state,
+        "reason": event.reason,
+    }
 
 
 def dumps(value: Any) -> str:
@@ -174,8 +223,11 @@ def progress(job: JobInfo, width: int = 10) -> str:
 def resumed_and_done(job: JobInfo) -> bool:
     """A job completed by a later run (resumed from a checkpoint, say), which counted only
     its own steps: fewer than the total, and done all the same."""
-    return (job.state == "COMPLETED" and job.steps_total is not None
-            and job.steps_done < job.steps_total)
+    return (
+        job.state == "COMPLETED"
+        and job.steps_total is not None
+        and job.steps_done < job.steps_total
+    )
 
 
 def lane_state(job: JobInfo) -> str:
@@ -227,8 +279,11 @@ def deadline_miss(job: JobInfo, now: float | None = None) -> float | None:
     if job.deadline is None:
         return None
     if job.state == "DEADLINE":
-        left = ((job.steps_total - job.steps_done) * job.mean_iteration
-                if job.steps_total and job.mean_iteration else None)
+        left = (
+            (job.steps_total - job.steps_done) * job.mean_iteration
+            if job.steps_total and job.mean_iteration
+            else None
+        )
         return left
     end = predicted_end(job, now) if job.state == "RUNNING" else job.end_time
     if end is None or end <= job.deadline:

@@ -13,20 +13,50 @@ from gq.errors import UserError
 
 
 def simulate(
-    trace: Path = typer.Option(..., "--trace", help="CSV: Tiresias layout or gq's (gq history --csv)."),
-    policy: str = typer.Option("fifo", "--policy", help="fifo, srtf, fair, priority, rr or deadline."),
-    compare: Optional[str] = typer.Option(None, "--compare", help="Comma-separated policies to compare, e.g. fifo,srtf,fair,priority."),
+    trace: Path = typer.Option(
+        ..., "--trace", help="CSV: Tiresias layout or gq's (gq history --csv)."
+    ),
+    policy: str = typer.Option(
+        "fifo", "--policy", help="fifo, srtf, fair, priority, rr or deadline."
+    ),
+    compare: Optional[str] = typer.Option(
+        None, "--compare", help="Comma-separated policies to compare, e.g. fifo,srtf,fair,priority."
+    ),
     gpus: int = typer.Option(1, "--gpus", help="Devices of the simulated node."),
-    lanes: int = typer.Option(1, "--lanes", help="Lanes per device, as gq daemon start --lanes: iterations that run at once on one device."),
-    switch_cost: float = typer.Option(0.0, "--switch-cost", help="Seconds a device pays to change job."),
+    lanes: int = typer.Option(
+        1,
+        "--lanes",
+        help="Lanes per device, as gq daemon start --lanes: iterations that run at once on one device.",
+    ),
+    switch_cost: float = typer.Option(
+        0.0, "--switch-cost", help="Seconds a device pays to change job."
+    ),
     fill: str = typer.Option("always", "--fill", help="priority only: always, gapfit or never."),
-    quantum: str = typer.Option("100ms", "--quantum", help="rr only: device time (100ms) or iterations (10it) per turn."),
-    move_margin: float = typer.Option(defaults.MOVE_MARGIN, "--move-margin", metavar="SECONDS", help="As the daemon's: under fifo, a job that has run no iteration moves to a device that would start it this much sooner."),
-    backfill: bool = typer.Option(True, "--backfill/--no-backfill", help="EASY backfill of jobs whose time limit (the trace's, else their duration) ends before a blocked job's start."),
-    share_slice: Optional[float] = typer.Option(None, "--share-slice", metavar="FRACTION", help="Jobs that would take turns every iteration take them in slices of this share of their iterations (fewer events, approximate) [0: exact; 0.001 for fair with --switch-cost]."),
+    quantum: str = typer.Option(
+        "100ms", "--quantum", help="rr only: device time (100ms) or iterations (10it) per turn."
+    ),
+    move_margin: float = typer.Option(
+        defaults.MOVE_MARGIN,
+        "--move-margin",
+        metavar="SECONDS",
+        help="As the daemon's: under fifo, a job that has run no iteration moves to a device that would start it this much sooner.",
+    ),
+    backfill: bool = typer.Option(
+        True,
+        "--backfill/--no-backfill",
+        help="EASY backfill of jobs whose time limit (the trace's, else their duration) ends before a blocked job's start.",
+    ),
+    share_slice: Optional[float] = typer.Option(
+        None,
+        "--share-slice",
+        metavar="FRACTION",
+        help="Jobs that would take turns every iteration take them in slices of this share of their iterations (fewer events, approximate) [0: exact; 0.001 for fair with --switch-cost].",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON, one object per policy."),
     jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", help="Write per-job results here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw timeline and JCT CDF (needs matplotlib)."),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="Draw timeline and JCT CDF (needs matplotlib)."
+    ),
 ) -> None:
     """What would each policy have done with these jobs? Same policy code, simulated clock.
 
@@ -64,10 +94,21 @@ def simulate(
     with _ProgressBar(len(names) * len(jobs)) as bar:
         results = []
         for name in names:
-            results.append(run_simulation(
-                jobs, policies.make(name, fill, quantum), gpus=gpus, switch_cost=switch_cost,
-                backfill=backfill, share_slice=share_slice, lanes=lanes, move_margin=move_margin,
-                progress=lambda done, total, before=len(results) * len(jobs): bar(before + done)))
+            results.append(
+                run_simulation(
+                    jobs,
+                    policies.make(name, fill, quantum),
+                    gpus=gpus,
+                    switch_cost=switch_cost,
+                    backfill=backfill,
+                    share_slice=share_slice,
+                    lanes=lanes,
+                    move_margin=move_margin,
+                    progress=lambda done, total, before=len(results) * len(jobs): bar(
+                        before + done
+                    ),
+                )
+            )
     summaries = [r.summary() for r in results]
     if jobs_csv is not None:
         _write_jobs(results, jobs_csv)
@@ -81,8 +122,13 @@ def simulate(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(box=None, pad_edge=False, header_style="bold",
-                  title=f"{trace.name}: {len(jobs)} jobs on {gpus} device(s)", title_justify="left")
+    table = Table(
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        title=f"{trace.name}: {len(jobs)} jobs on {gpus} device(s)",
+        title_justify="left",
+    )
     with_deadlines = summaries[0]["deadlines_met"] is not None
     columns = ["POLICY", "AVG JCT", "MEDIAN JCT", "P95 JCT", "MAKESPAN", "UTIL", "VS FIFO"]
     for column in columns + (["DEADLINES MET"] if with_deadlines else []):
@@ -91,9 +137,16 @@ def simulate(
     for s in summaries:
         ratio = f"{baseline / s['avg_jct']:.2f}x" if baseline else "-"
         met = [f"{100 * s['deadlines_met']:.0f}%"] if with_deadlines else []
-        table.add_row(s["policy"], f"{s['avg_jct']:.1f}", f"{s['median_jct']:.1f}",
-                      f"{s['p95_jct']:.1f}", f"{s['makespan']:.1f}",
-                      f"{100 * s['utilization']:.1f}%", ratio, *met)
+        table.add_row(
+            s["policy"],
+            f"{s['avg_jct']:.1f}",
+            f"{s['median_jct']:.1f}",
+            f"{s['p95_jct']:.1f}",
+            f"{s['makespan']:.1f}",
+            f"{100 * s['utilization']:.1f}%",
+            ratio,
+            *met,
+        )
     Console(highlight=False).print(table)
 
 
@@ -113,7 +166,7 @@ class _ProgressBar:
         self.shown = None
         self.wanted = sys.stderr.isatty()
 
-    def __enter__(self) -> "_ProgressBar":
+    def __enter__(self) -> _ProgressBar:
         return self
 
     def __call__(self, done: int) -> None:
@@ -144,13 +197,31 @@ def _write_jobs(results, path: Path) -> None:
     try:
         with open(path, "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["policy", "job_id", "submit_time", "start_time", "end_time", "jct",
-                             "iterations", "gpus"])
+            writer.writerow(
+                [
+                    "policy",
+                    "job_id",
+                    "submit_time",
+                    "start_time",
+                    "end_time",
+                    "jct",
+                    "iterations",
+                    "gpus",
+                ]
+            )
             for result in results:
                 for run in result.runs:
-                    writer.writerow([result.policy, run.job.id, run.job.submit_time,
-                                     f"{run.start:.3f}", f"{run.end:.3f}",
-                                     f"{run.end - run.job.submit_time:.3f}", run.job.iterations,
-                                     run.gpus])
+                    writer.writerow(
+                        [
+                            result.policy,
+                            run.job.id,
+                            run.job.submit_time,
+                            f"{run.start:.3f}",
+                            f"{run.end:.3f}",
+                            f"{run.end - run.job.submit_time:.3f}",
+                            run.job.iterations,
+                            run.gpus,
+                        ]
+                    )
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror}") from None

@@ -32,12 +32,20 @@ if TYPE_CHECKING:
     DirectiveReader = Callable[[list[str], str, int, str], dict[str, Any]]
 
 # Options that set one thing between them: the first source that gives one decides it.
-_SAME_SETTING = ({"gpus", "gpus_per_node", "gres"}, {"gpu_mem", "mem"},
-                 {"host_mem", "mem_per_cpu", "mem_per_gpu"})
+_SAME_SETTING = (
+    {"gpus", "gpus_per_node", "gres"},
+    {"gpu_mem", "mem"},
+    {"host_mem", "mem_per_cpu", "mem_per_gpu"},
+)
 
 
-def queue(run: bool, params: dict[str, Any], given: set[str],
-          read_directive: DirectiveReader, kernel: str | None = None) -> int:
+def queue(
+    run: bool,
+    params: dict[str, Any],
+    given: set[str],
+    read_directive: DirectiveReader,
+    kernel: str | None = None,
+) -> int:
     """Queue the job the command's parameters say (``given``: those on its command line;
     ``run``: gq run's command line rather than a script) and print its id; the exit
     status: 0, or the job's own exit code with --wait or --pty (then on this terminal).
@@ -53,11 +61,11 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
             from gq.cli import interactive
 
             if not run:
-                raise UserError("--pty is gq run's: gq run --pty [OPTIONS] -- COMMAND "
-                                "[ARGS]...")
+                raise UserError("--pty is gq run's: gq run --pty [OPTIONS] -- COMMAND [ARGS]...")
             interactive.need_terminal()
-        queued = _what_to_queue(run, params["script"], list(params["args"] or []),
-                                params["wrap"], pty)
+        queued = _what_to_queue(
+            run, params["script"], list(params["args"] or []), params["wrap"], pty
+        )
     request, options = _build(params, given, read_directive, queued, pty)
     if options["test_only"]:
         request["test_only"] = True
@@ -71,8 +79,11 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
     if pty:
         return interactive.run(job_id)
     if options["mail_type"] and _no_mail_command():
-        print("gq: warning: --mail-type: this node has no mail command; no mail will be "
-              "sent for it (--notify runs a command of yours instead)", file=sys.stderr)
+        print(
+            "gq: warning: --mail-type: this node has no mail command; no mail will be "
+            "sent for it (--notify runs a command of yours instead)",
+            file=sys.stderr,
+        )
     if options["old_mem"]:  # once it was accepted: a refusal says one line, its reason
         from gq.slurm.options import DEPRECATED_MEM
 
@@ -86,8 +97,7 @@ def queue(run: bool, params: dict[str, Any], given: set[str],
     return until_ended(messages.Wait([str(job_id)]), math.inf)
 
 
-def check_kernel(params: dict[str, Any], given: set[str],
-                 read_directive: DirectiveReader) -> None:
+def check_kernel(params: dict[str, Any], given: set[str], read_directive: DirectiveReader) -> None:
     """gq kernel install: its submit options checked as a kernel's submission would check
     them, without the daemon (which checks them again at each start)."""
     from gq.cli import kernel_launch
@@ -95,15 +105,19 @@ def check_kernel(params: dict[str, Any], given: set[str],
     _build(params, given, read_directive, kernel_launch.kernel_job(None), True)
 
 
-def _build(params: dict[str, Any], given: set[str], read_directive: DirectiveReader,
-           queued: commands.Queued, pty: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _build(
+    params: dict[str, Any],
+    given: set[str],
+    read_directive: DirectiveReader,
+    queued: commands.Queued,
+    pty: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The request for what is queued (and the options it was built from), its directives
     read and everything checked that needs no daemon."""
     content = queued.content if queued.content is not None else _read_script(queued.path)
     options = _with_directives(params, given, read_directive, queued.path, content)
     if bool(options.get("pty")) != bool(params.get("pty")):
-        raise UserError(f"{queued.path}: a directive cannot ask for a terminal; give "
-                        "gq run --pty")
+        raise UserError(f"{queued.path}: a directive cannot ask for a terminal; give gq run --pty")
     options.update(script=queued.path, args=queued.args)
     if queued.interpreter is not None and not options["python"]:
         options["python"] = queued.interpreter
@@ -113,8 +127,10 @@ def _build(params: dict[str, Any], given: set[str], read_directive: DirectiveRea
         raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
     request = _request(options, content)
     if options.get("idle_timeout") is not None and not pty:
-        raise UserError("--idle-timeout: only an interactive job has idle time (gq run "
-                        "--pty, gq kernel install)")
+        raise UserError(
+            "--idle-timeout: only an interactive job has idle time (gq run "
+            "--pty, gq kernel install)"
+        )
     if pty:
         if options["wait"]:
             raise UserError("--pty waits for its job already; leave --wait out")
@@ -137,30 +153,43 @@ def _print_test_only(answer: Any) -> None:
 
     tasks = f"its {answer.tasks} tasks" if answer.tasks > 1 else "the job"
     if answer.start is None:
-        print(f"gq: {tasks} would start at an unknown time (the jobs before it, or the "
-              "job itself, give no --steps, --time or earlier runs to go on)")
+        print(
+            f"gq: {tasks} would start at an unknown time (the jobs before it, or the "
+            "job itself, give no --steps, --time or earlier runs to go on)"
+        )
     else:
         mark = "~" if answer.basis == "estimated" else ""
-        end = (f"{mark}{render.short_time(answer.end)}" if answer.end is not None
-               else "an unknown time")
-        print(f"gq: {tasks} would start at {mark}{render.short_time(answer.start)} on "
-              f"{answer.device} and end at {end}" + (" (estimated)" if mark else ""))
+        end = (
+            f"{mark}{render.short_time(answer.end)}"
+            if answer.end is not None
+            else "an unknown time"
+        )
+        print(
+            f"gq: {tasks} would start at {mark}{render.short_time(answer.start)} on "
+            f"{answer.device} and end at {end}" + (" (estimated)" if mark else "")
+        )
     if answer.delays:
-        print("gq: it would delay " + ", ".join(
-            f"job {delay.job_id} by {render.duration(delay.seconds)}"
-            for delay in answer.delays))
+        print(
+            "gq: it would delay "
+            + ", ".join(
+                f"job {delay.job_id} by {render.duration(delay.seconds)}" for delay in answer.delays
+            )
+        )
     else:
         print("gq: it would delay no queued job")
     print("gq: nothing was queued (--test-only)")
 
 
-def _what_to_queue(run: bool, script: str | None, args: list[str],
-                   wrap: str | None, pty: bool = False) -> commands.Queued:
+def _what_to_queue(
+    run: bool, script: str | None, args: list[str], wrap: str | None, pty: bool = False
+) -> commands.Queued:
     """gq run's command line (``pty``: on a terminal), --wrap's, or the script named."""
     if run:
         if wrap is not None:
-            raise UserError("gq run takes its command after its options (gq run [OPTIONS] -- "
-                            "COMMAND [ARGS]...); --wrap is gq submit's")
+            raise UserError(
+                "gq run takes its command after its options (gq run [OPTIONS] -- "
+                "COMMAND [ARGS]...); --wrap is gq submit's"
+            )
         return commands.from_argv([script, *args] if script is not None else [], pty)
     if wrap is not None:
         if script is not None:
@@ -185,13 +214,20 @@ def _read_script(path: str) -> bytes:
     if b"\0" in content[:8192]:
         raise UserError(f"script {path} is a binary file; submit a script that runs it")
     if len(content) > defaults.MAX_SCRIPT:
-        raise UserError(f"script {path} is over {defaults.MAX_SCRIPT >> 20} MiB; submit a "
-                        "smaller script that reads its data from files")
+        raise UserError(
+            f"script {path} is over {defaults.MAX_SCRIPT >> 20} MiB; submit a "
+            "smaller script that reads its data from files"
+        )
     return content
 
 
-def _with_directives(params: dict[str, Any], given: set[str], read_directive: DirectiveReader,
-                     script: str, content: bytes) -> dict[str, Any]:
+def _with_directives(
+    params: dict[str, Any],
+    given: set[str],
+    read_directive: DirectiveReader,
+    script: str,
+    content: bytes,
+) -> dict[str, Any]:
     """Command-line values, then #GQ directives, then #SBATCH ones, for what each left unset.
     Every directive is read before anything is said about any of them."""
     options = dict(params)
@@ -213,8 +249,9 @@ def _with_directives(params: dict[str, Any], given: set[str], read_directive: Di
                 notices.setdefault(notice, directive.line)
             if not tokens:
                 continue
-        read.append((directive.prefix,
-                     read_directive(tokens, script, directive.line, directive.prefix)))
+        read.append(
+            (directive.prefix, read_directive(tokens, script, directive.line, directive.prefix))
+        )
     for notice, line in notices.items():
         print(f"gq: warning: {script}:{line}: #SBATCH {notice}", file=sys.stderr)
     old_mem = "mem" in given
@@ -232,9 +269,11 @@ def _with_directives(params: dict[str, Any], given: set[str], read_directive: Di
     options["old_mem"] = old_mem
     if any(d.prefix == "#SBATCH" for d in found) and not decided & _SAME_SETTING[0]:
         options["gpus"] = "0"  # a cluster's script that asks for no GPU gets none there
-        print(f"gq: note: {script}: its #SBATCH lines ask for no GPU, so it runs with "
-              "-G 0, as on a cluster; give -G 1 (or #SBATCH --gres=gpu:1) for a device",
-              file=sys.stderr)
+        print(
+            f"gq: note: {script}: its #SBATCH lines ask for no GPU, so it runs with "
+            "-G 0, as on a cluster; give -G 1 (or #SBATCH --gres=gpu:1) for a device",
+            file=sys.stderr,
+        )
     return options
 
 
@@ -256,8 +295,9 @@ def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
         raise UserError(f"invalid --steps {steps}: must be a positive number of iterations")
     if steps is not None:
         validation.integer(steps, "--steps", 1, validation.INT64_MAX)
-    validation.integer(options["priority"], "--priority", -defaults.MAX_PRIORITY,
-                       defaults.MAX_PRIORITY)
+    validation.integer(
+        options["priority"], "--priority", -defaults.MAX_PRIORITY, defaults.MAX_PRIORITY
+    )
     if options["job_name"] is not None:
         validation.job_name(options["job_name"])
     for flag in ("output", "error"):
@@ -274,8 +314,7 @@ def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
         limit = None if is_unlimited(limit) else parse_duration(limit)
     now = time.time()
     deadline = parse_when(options["deadline"], now) if options["deadline"] is not None else None
-    begin = (parse_when(options["begin"], now, "--begin") if options["begin"] is not None
-             else None)
+    begin = parse_when(options["begin"], now, "--begin") if options["begin"] is not None else None
     warn = None
     if options["warn_signal"] is not None:
         from gq.slurm.options import parse_signal
@@ -295,8 +334,9 @@ def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
         raise UserError("--python applies only to .py scripts")
     if options["dependency"] and options["after"]:
         raise UserError("give either --dependency or --after, not both")
-    dependency = options["dependency"] or (f"afterok:{options['after']}" if options["after"]
-                                           else None)
+    dependency = options["dependency"] or (
+        f"afterok:{options['after']}" if options["after"] else None
+    )
     if dependency is not None:
         from gq.queue import dependencies
 
@@ -313,22 +353,46 @@ def _request(options: dict[str, Any], content: bytes) -> dict[str, Any]:
     umask = os.umask(0o022)
     os.umask(umask)
     submit_options = {
-        "name": options["job_name"], "gpus": gpus, "gpu_type": gpu_type, "mem": mem,
-        "host_mem": host_mem, "cpus": cpus, "time_limit": limit, "deadline": deadline,
-        "begin": begin, "warn_signal": warn, "nodelist": _device_names(options["nodelist"]),
-        "ntasks": _count(options["ntasks"], "--ntasks"), "notify": options["notify"],
-        "mail_type": options["mail_type"], "mail_user": options["mail_user"],
-        "retries": _retries(options), "retry_delay": _retry_delay(options["retry_delay"]),
-        "oom": _on_oom(options["oom"]), "priority": options["priority"], "steps": steps,
-        "output": options["output"], "error": options["error"],
-        "exclusive": options["exclusive"], "requeue": options["requeue"],
-        "interpreter": interpreter, "array": options["array"], "dependency": dependency,
-        "held": options["hold"], "interactive": False,
-        "idle_timeout": _idle_timeout(options.get("idle_timeout"))}
-    return {"script_path": script,
-            "script": binascii.b2a_base64(content, newline=False).decode("ascii"),
-            "args": args, "workdir": workdir, "env": env, "umask": umask,
-            "options": submit_options}
+        "name": options["job_name"],
+        "gpus": gpus,
+        "gpu_type": gpu_type,
+        "mem": mem,
+        "host_mem": host_mem,
+        "cpus": cpus,
+        "time_limit": limit,
+        "deadline": deadline,
+        "begin": begin,
+        "warn_signal": warn,
+        "nodelist": _device_names(options["nodelist"]),
+        "ntasks": _count(options["ntasks"], "--ntasks"),
+        "notify": options["notify"],
+        "mail_type": options["mail_type"],
+        "mail_user": options["mail_user"],
+        "retries": _retries(options),
+        "retry_delay": _retry_delay(options["retry_delay"]),
+        "oom": _on_oom(options["oom"]),
+        "priority": options["priority"],
+        "steps": steps,
+        "output": options["output"],
+        "error": options["error"],
+        "exclusive": options["exclusive"],
+        "requeue": options["requeue"],
+        "interpreter": interpreter,
+        "array": options["array"],
+        "dependency": dependency,
+        "held": options["hold"],
+        "interactive": False,
+        "idle_timeout": _idle_timeout(options.get("idle_timeout")),
+    }
+    return {
+        "script_path": script,
+        "script": binascii.b2a_base64(content, newline=False).decode("ascii"),
+        "args": args,
+        "workdir": workdir,
+        "env": env,
+        "umask": umask,
+        "options": submit_options,
+    }
 
 
 def _idle_timeout(given: str | None) -> int | None:
@@ -355,16 +419,18 @@ def _devices(options: dict[str, Any]) -> tuple[int, str | None]:
     if options["gres"] is not None:
         gpus = slurm_options.parse_gres(options["gres"])
     else:
-        gpus = (slurm_options.parse_gpus(options["gpus"], "--gpus") if options["gpus"] is not None
-                else slurm_options.parse_gpus(options["gpus_per_node"], "--gpus-per-node"))
+        gpus = (
+            slurm_options.parse_gpus(options["gpus"], "--gpus")
+            if options["gpus"] is not None
+            else slurm_options.parse_gpus(options["gpus_per_node"], "--gpus-per-node")
+        )
     return gpus.count, gpus.type
 
 
 def _host_memory(options: dict[str, Any], gpus: int, cpus: int | None) -> int | None:
     """Host memory in bytes from --host-mem (#SBATCH --mem), --mem-per-cpu or --mem-per-gpu;
     None for no limit (none given, or 0 as sbatch's --mem=0)."""
-    for name, times in (("host_mem", 1), ("mem_per_cpu", cpus or 1),
-                        ("mem_per_gpu", max(gpus, 1))):
+    for name, times in (("host_mem", 1), ("mem_per_cpu", cpus or 1), ("mem_per_gpu", max(gpus, 1))):
         text = options[name]
         if text is None:
             continue
@@ -382,8 +448,9 @@ def _device_names(text: str | None) -> list[str] | None:
         return None
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     if not names or any(not n.isprintable() or len(n) > 64 for n in names):
-        raise UserError(f"invalid --nodelist {text[:60]!r}: give device names such as "
-                        "gpu0,gpu2 (see 'gq info')")
+        raise UserError(
+            f"invalid --nodelist {text[:60]!r}: give device names such as gpu0,gpu2 (see 'gq info')"
+        )
     return names
 
 

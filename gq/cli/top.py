@@ -9,8 +9,9 @@ import sys
 import termios
 import time
 import tty
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import typer
 
@@ -23,9 +24,18 @@ BAR = 12
 
 
 def top(
-    delay: float = typer.Option(1.0, "-d", "--delay", metavar="SECONDS", help="Seconds between refreshes."),
-    iterations: Optional[int] = typer.Option(None, "-n", "--iterations", metavar="N", help="Refresh N times, then exit."),
-    batch: bool = typer.Option(False, "-b", "--batch", help="Print each refresh as plain text (for pipes and logs), not full-screen."),
+    delay: float = typer.Option(
+        1.0, "-d", "--delay", metavar="SECONDS", help="Seconds between refreshes."
+    ),
+    iterations: Optional[int] = typer.Option(
+        None, "-n", "--iterations", metavar="N", help="Refresh N times, then exit."
+    ),
+    batch: bool = typer.Option(
+        False,
+        "-b",
+        "--batch",
+        help="Print each refresh as plain text (for pipes and logs), not full-screen.",
+    ),
 ) -> None:
     """Live view of devices (utilization, memory, temperature, power), resident jobs per
     lane and the pending queue, refreshed every second; q quits (like top).
@@ -97,9 +107,12 @@ def _view(node: messages.NodeInfo, pending: list[messages.JobInfo]):
 
     running = sum(len(d.jobs) for d in node.devices)
     waiting = sum(job.array_task_count or 1 for job in pending)  # a folded array's tasks
-    header = Text(f"gq top  {time.strftime('%H:%M:%S')}  policy {label(node.policy, node.fill, node.quantum)}"
-                  f"  {running} running, {waiting} pending  ({node.mode} daemon, pid "
-                  f"{node.pid})", style="bold")
+    header = Text(
+        f"gq top  {time.strftime('%H:%M:%S')}  policy {label(node.policy, node.fill, node.quantum)}"
+        f"  {running} running, {waiting} pending  ({node.mode} daemon, pid "
+        f"{node.pid})",
+        style="bold",
+    )
     devices = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("DEVICE", "UTIL", "MEMORY", "TEMP", "POWER", "JOBS", "NOTE"):
         devices.add_column(column)
@@ -110,32 +123,73 @@ def _view(node: messages.NodeInfo, pending: list[messages.JobInfo]):
         reading = device.reading
         util = reading.utilization if reading else None
         used = reading.memory_used if reading else None
-        total = (reading.memory_total if reading and reading.memory_total else None) or \
-            device.memory_total
+        total = (
+            reading.memory_total if reading and reading.memory_total else None
+        ) or device.memory_total
         power = reading.power if reading else None
         limit = reading.power_limit if reading else None
-        _row(devices,
-            device.name, _bar(util, 100, f"{util:.0f}%" if util is not None else "-"),
-            _bar(used, total, f"{render.size(used)}/{render.size(total)}" if used is not None else "-"),
-            _bar(reading.temperature if reading else None, 100,
-                 f"{reading.temperature:.0f} C" if reading and reading.temperature is not None else "-"),
+        _row(
+            devices,
+            device.name,
+            _bar(util, 100, f"{util:.0f}%" if util is not None else "-"),
+            _bar(
+                used,
+                total,
+                f"{render.size(used)}/{render.size(total)}" if used is not None else "-",
+            ),
+            _bar(
+                reading.temperature if reading else None,
+                100,
+                f"{reading.temperature:.0f} C"
+                if reading and reading.temperature is not None
+                else "-",
+            ),
             _bar(power, limit, f"{power:.0f} W" if power is not None else "-"),
-            str(len(device.jobs)), device.held or ", ".join(reading.throttle if reading else []))
+            str(len(device.jobs)),
+            device.held or ", ".join(reading.throttle if reading else []),
+        )
         for job in device.jobs:
-            _row(lanes, device.name, str(job.lane), job.label, job.user, render.name_mark(job),
-                          render.lane_state(job),
-                          f"{job.steps_done}/{job.steps_total or '?'}")
+            _row(
+                lanes,
+                device.name,
+                str(job.lane),
+                job.label,
+                job.user,
+                render.name_mark(job),
+                render.lane_state(job),
+                f"{job.steps_done}/{job.steps_total or '?'}",
+            )
     queue = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("JOBID", "USER", "NAME", "PRIO", "GPUS", "WAIT", "REASON"):
         queue.add_column(column)
     now = time.time()
     for job in pending[:50]:
-        _row(queue, job.label, job.user, job.name, str(job.priority), str(job.gpus),
-                      render.duration(now - job.submit_time), job.reason or "")
-    more = (Text(f"... and {len(pending) - 50} more lines of pending jobs") if len(pending) > 50
-            else Text(""))
-    return Group(header, Text(""), devices, Text(""), lanes, Text(""), queue, more,
-                 Text("q quits", style="dim"))
+        _row(
+            queue,
+            job.label,
+            job.user,
+            job.name,
+            str(job.priority),
+            str(job.gpus),
+            render.duration(now - job.submit_time),
+            job.reason or "",
+        )
+    more = (
+        Text(f"... and {len(pending) - 50} more lines of pending jobs")
+        if len(pending) > 50
+        else Text("")
+    )
+    return Group(
+        header,
+        Text(""),
+        devices,
+        Text(""),
+        lanes,
+        Text(""),
+        queue,
+        more,
+        Text("q quits", style="dim"),
+    )
 
 
 def _row(table, *cells: str) -> None:

@@ -17,25 +17,38 @@ from gq.units import parse_period
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m gq.daemon")
-    parser.add_argument("--system", action="store_true",
-                        help="the node's shared daemon (root; state in GQ_SYSTEM_HOME)")
+    parser.add_argument(
+        "--system",
+        action="store_true",
+        help="the node's shared daemon (root; state in GQ_SYSTEM_HOME)",
+    )
     parser.add_argument("--lanes", type=int, default=defaults.LANES)
     parser.add_argument("--max-resident", type=int, default=defaults.MAX_RESIDENT)
     parser.add_argument("--kill-wait", type=float, default=defaults.KILL_WAIT)
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
-    parser.add_argument("--probe-mem", type=_positive, default=defaults.PROBE_MEMORY,
-                        help="bytes free a job that declares no memory needs to start")
-    parser.add_argument("--probe-wait", type=_seconds_up_to(defaults.MAX_PROBE_WAIT),
-                        default=defaults.PROBE_IDLE_SECONDS,
-                        help="seconds a probe waits for a job's first iteration")
+    parser.add_argument(
+        "--probe-mem",
+        type=_positive,
+        default=defaults.PROBE_MEMORY,
+        help="bytes free a job that declares no memory needs to start",
+    )
+    parser.add_argument(
+        "--probe-wait",
+        type=_seconds_up_to(defaults.MAX_PROBE_WAIT),
+        default=defaults.PROBE_IDLE_SECONDS,
+        help="seconds a probe waits for a job's first iteration",
+    )
     parser.add_argument("--cpu-devices", type=int, help="emulate this many devices")
     parser.add_argument("--device-model", help="the emulated devices' model name")
     parser.add_argument("--operators", help="group whose members are operators")
     parser.add_argument("--on-finish", help="command run as each job's owner once it ends")
     parser.add_argument("--move-margin", type=float, default=defaults.MOVE_MARGIN)
-    parser.add_argument("--attach-wait", type=_seconds_up_to(defaults.MAX_ATTACH_WAIT),
-                        default=defaults.ATTACH_WAIT,
-                        help="seconds a started interactive job waits for its gq")
+    parser.add_argument(
+        "--attach-wait",
+        type=_seconds_up_to(defaults.MAX_ATTACH_WAIT),
+        default=defaults.ATTACH_WAIT,
+        help="seconds a started interactive job waits for its gq",
+    )
     parser.add_argument("--priority-cap", type=int, default=defaults.PRIORITY_CAP)
     parser.add_argument("--max-temp", type=float, help="admit nothing to a device hotter (C)")
     parser.add_argument("--max-power", type=float, help="... or drawing more (W)")
@@ -46,8 +59,9 @@ def main() -> None:
     parser.add_argument("--retention", type=_period, default=defaults.RETENTION)
     parser.add_argument("--max-pending", type=int, default=defaults.MAX_PENDING_PER_USER)
     parser.add_argument("--max-array", type=int, default=defaults.MAX_ARRAY_SIZE)
-    parser.add_argument("--max-connections-per-user", type=int,
-                        default=defaults.MAX_CONNECTIONS_PER_USER)
+    parser.add_argument(
+        "--max-connections-per-user", type=int, default=defaults.MAX_CONNECTIONS_PER_USER
+    )
     parser.add_argument("--max-connections", type=int, default=defaults.MAX_CONNECTIONS)
     parser.add_argument("--max-request", type=int, default=defaults.MAX_REQUEST)
     parser.add_argument("--max-spool", type=int, default=defaults.MAX_SPOOL_PER_USER)
@@ -71,21 +85,34 @@ def main() -> None:
         sys.exit(defaults.ALREADY_RUNNING_EXIT)
     from gq.daemon.node import Daemon, DaemonOptions
 
-    options = DaemonOptions(lanes=args.lanes, max_resident=args.max_resident,
-                            kill_grace=args.kill_wait, cpu_memory=args.cpu_memory,
-                            cpu_devices=args.cpu_devices, device_model=args.device_model,
-                            on_finish=args.on_finish, move_margin=args.move_margin,
-                            operator_group=args.operators, priority_cap=args.priority_cap,
-                            max_temp=args.max_temp, max_power=args.max_power,
-                            readings=args.readings, metrics=args.metrics,
-                            client_timeout=args.client_timeout, cgroup=args.cgroup,
-                            retention=args.retention, max_pending=args.max_pending,
-                            max_array=args.max_array,
-                            max_connections_per_user=args.max_connections_per_user,
-                            max_connections=args.max_connections,
-                            max_request=args.max_request, max_spool=args.max_spool,
-                            probe_mem=args.probe_mem, probe_wait=args.probe_wait,
-                            attach_wait=args.attach_wait)
+    options = DaemonOptions(
+        lanes=args.lanes,
+        max_resident=args.max_resident,
+        kill_grace=args.kill_wait,
+        cpu_memory=args.cpu_memory,
+        cpu_devices=args.cpu_devices,
+        device_model=args.device_model,
+        on_finish=args.on_finish,
+        move_margin=args.move_margin,
+        operator_group=args.operators,
+        priority_cap=args.priority_cap,
+        max_temp=args.max_temp,
+        max_power=args.max_power,
+        readings=args.readings,
+        metrics=args.metrics,
+        client_timeout=args.client_timeout,
+        cgroup=args.cgroup,
+        retention=args.retention,
+        max_pending=args.max_pending,
+        max_array=args.max_array,
+        max_connections_per_user=args.max_connections_per_user,
+        max_connections=args.max_connections,
+        max_request=args.max_request,
+        max_spool=args.max_spool,
+        probe_mem=args.probe_mem,
+        probe_wait=args.probe_wait,
+        attach_wait=args.attach_wait,
+    )
     Daemon(where, options).run(pidfile)
 
 
@@ -98,11 +125,13 @@ def _positive(text: str) -> int:
 
 def _seconds_up_to(limit: float):
     """An argparse type: seconds, more than 0 and at most ``limit``."""
+
     def seconds(text: str) -> float:
         value = float(text)
         if not 0 < value <= limit:
-            raise argparse.ArgumentTypeError(f"{text}: give seconds, more than 0 and at most "
-                                             f"{limit:g}")
+            raise argparse.ArgumentTypeError(
+                f"{text}: give seconds, more than 0 and at most {limit:g}"
+            )
         return value
 
     return seconds

@@ -49,8 +49,7 @@ class Rules:
         return group.gr_gid in groups or name in group.gr_mem
 
 
-def check_may_act(caller: Caller, owner_uid: int | None, owner: str, verb: str,
-                  label: str) -> None:
+def check_may_act(caller: Caller, owner_uid: int | None, owner: str, verb: str, label: str) -> None:
     """Refused unless the caller owns the job or is an operator."""
     if caller.operator or caller.uid == owner_uid:
         return
@@ -59,28 +58,36 @@ def check_may_act(caller: Caller, owner_uid: int | None, owner: str, verb: str,
 
 def check_operator(caller: Caller, what: str) -> None:
     if not caller.operator:
-        raise Refused(f"only an operator (root or the daemon's operator group) may {what}; "
-                      f"{caller.name} is not one")
+        raise Refused(
+            f"only an operator (root or the daemon's operator group) may {what}; "
+            f"{caller.name} is not one"
+        )
 
 
-def check_priority(rules: Rules, caller: Caller, wanted: int, current: int | None,
-                   label: str | None = None) -> None:
+def check_priority(
+    rules: Rules, caller: Caller, wanted: int, current: int | None, label: str | None = None
+) -> None:
     """Above the node's cap only operators go; anyone may lower their own job's priority."""
     if rules.priority_cap is None or caller.operator or wanted <= rules.priority_cap:
         return
     if current is not None and wanted <= current:
         return
     where = f" for job {label}" if label else ""
-    raise Refused(f"--priority {wanted}{where} is above this node's cap of "
-                  f"{rules.priority_cap} for users; ask an operator")
+    raise Refused(
+        f"--priority {wanted}{where} is above this node's cap of "
+        f"{rules.priority_cap} for users; ask an operator"
+    )
 
 
-def check_may_raise(rules: Rules, caller: Caller, option: str, wanted: int,
-                    current: int | None, label: str) -> None:
+def check_may_raise(
+    rules: Rules, caller: Caller, option: str, wanted: int, current: int | None, label: str
+) -> None:
     """A job's priority or time limit (``current``; None is no limit) goes up only by an
     operator's hand: its owner may lower it. A job started on a short limit (backfilled
     before a reservation, say) keeps the promise it was admitted on."""
     if caller.operator or current is None or wanted <= current:
         return
-    raise Refused(f"only an operator may raise job {label}'s {option} (from {current} to "
-                  f"{wanted}); {caller.name} may lower it")
+    raise Refused(
+        f"only an operator may raise job {label}'s {option} (from {current} to "
+        f"{wanted}); {caller.name} may lower it"
+    )

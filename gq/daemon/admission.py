@@ -2,8 +2,9 @@
 and the simulator both call :func:`place`).
 
 A job fits a lane while Σ persistent + max ephemeral ≤ lane capacity over the lane's jobs
-(the Salus condition; on a GPU each job's persistent memory counts its CUDA context too), the device's resident cap is not reached, and no exclusive job holds
-the device, nor the thermal and power guard holds it. Jobs are taken in the policy's order.
+(the Salus condition; on a GPU each job's persistent memory counts its CUDA context too),
+the device's resident cap is not reached, and no exclusive job holds the device, nor the
+thermal and power guard holds it. Jobs are taken in the policy's order.
 A shared job goes where it leaves the most headroom (free memory under the safety
 condition), then to the fewest resident jobs, then to the least measured utilization; a job
 of k whole devices takes the k empty ones that leave the largest contiguous free set, then
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 RESOURCES = "Resources"  # squeue's reason: next in line, no room yet
@@ -52,8 +53,7 @@ class LaneLoad:
         every = self.footprints + ([extra] if extra is not None else [])
         if not every:
             return 0
-        return (sum(f.persistent + self.overhead for f in every)
-                + max(f.ephemeral for f in every))
+        return sum(f.persistent + self.overhead for f in every) + max(f.ephemeral for f in every)
 
     def fits(self, extra: Footprint) -> bool:
         return self.need(extra) <= self.capacity
@@ -138,9 +138,14 @@ class Outcome:
     reserved_start: float | None = None
 
 
-def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float = 0.0,
-          backfill: bool = True, node: NodeRoom | None = None,
-          waits_behind: bool = False) -> Outcome:
+def place(
+    ordered: Sequence[Request],
+    devices: Sequence[DeviceLoad],
+    now: float = 0.0,
+    backfill: bool = True,
+    node: NodeRoom | None = None,
+    waits_behind: bool = False,
+) -> Outcome:
     """Place the jobs in order (see the module's text). ``waits_behind``: the policy makes
     a newcomer wait for the residents before it (fifo), so a job placed on a lane in this
     pass adds its time limit (unknown: forever) to the wait of the ones placed after it."""
@@ -150,8 +155,9 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
     for request in ordered:
         if full and outcome.reserved_start is not None:
             # Nothing fits anywhere: what the long tail of a big queue costs a pass.
-            outcome.reasons[request.job_id] = (NODE_ROOM if node is not None
-                                               and not node.fits(request) else PRIORITY)
+            outcome.reasons[request.job_id] = (
+                NODE_ROOM if node is not None and not node.fits(request) else PRIORITY
+            )
             continue
         candidates = usable(request.gpus, request.only, devices)
         if node is not None and not node.fits(request):
@@ -173,15 +179,19 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
                 reserved = {d.name for d in candidates}
             continue
         # An unknown reserved start (a running job has no limit) admits no job before it.
-        ends_in_time = (backfill and request.time_limit is not None
-                        and outcome.reserved_start != math.inf
-                        and now + request.time_limit <= outcome.reserved_start)
+        ends_in_time = (
+            backfill
+            and request.time_limit is not None
+            and outcome.reserved_start != math.inf
+            and now + request.time_limit <= outcome.reserved_start
+        )
         if placement is not None and set(placement.devices) & reserved and not ends_in_time:
             # It would delay the blocked job there: only devices it does not wait for.
             placement = _choose(request, [d for d in candidates if d.name not in reserved])
             if placement is None:
                 outcome.reasons[request.job_id] = (
-                    NO_LIMIT if backfill and request.time_limit is None else PRIORITY)
+                    NO_LIMIT if backfill and request.time_limit is None else PRIORITY
+                )
                 continue
         if placement is None:
             outcome.reasons[request.job_id] = _why(PRIORITY, request, candidates)
@@ -192,8 +202,9 @@ def place(ordered: Sequence[Request], devices: Sequence[DeviceLoad], now: float 
     return outcome
 
 
-def usable(gpus: int, only: frozenset[str] | None,
-           devices: Sequence[DeviceLoad]) -> list[DeviceLoad]:
+def usable(
+    gpus: int, only: frozenset[str] | None, devices: Sequence[DeviceLoad]
+) -> list[DeviceLoad]:
     """The devices a job of ``gpus`` devices may use at all: the GPUs (or emulated ones)
     for -G 1 and more, the ``cpu`` device for -G 0 (or a whole device to share, where the
     node has nothing else), of its type and named devices (``only``)."""
@@ -220,25 +231,28 @@ class Unstarted:
     only: frozenset[str] | None
 
 
-def move(waiting: Sequence[Unstarted], devices: Sequence[DeviceLoad],
-         margin: float) -> int | None:
+def move(waiting: Sequence[Unstarted], devices: Sequence[DeviceLoad], margin: float) -> int | None:
     """The job to move (one per pass: the one that gains most), where another device it
     may use, with room, would start it sooner by more than ``margin`` seconds; None if none
     would."""
     best_gain, chosen = margin, None
     for job in waiting:
-        elsewhere = [lane.starts_in for device in usable(job.gpus, job.only, devices)
-                     if device.name != job.device
-                     and _takes_shared(device) and device.held is None
-                     for lane in device.lanes if lane.fits(job.footprint)]
+        elsewhere = [
+            lane.starts_in
+            for device in usable(job.gpus, job.only, devices)
+            if device.name != job.device and _takes_shared(device) and device.held is None
+            for lane in device.lanes
+            if lane.fits(job.footprint)
+        ]
         gain = job.starts_in - min(elsewhere, default=math.inf)
         if gain > best_gain:
             best_gain, chosen = gain, job.job_id
     return chosen
 
 
-def _reservation(request: Request, candidates: list[DeviceLoad],
-                 now: float) -> tuple[float, set[str]]:
+def _reservation(
+    request: Request, candidates: list[DeviceLoad], now: float
+) -> tuple[float, set[str]]:
     """When, and on which devices, the blocked job will start at the latest."""
     count = max(1, request.gpus) if (request.exclusive or request.gpus > 1) else 1
     soonest = sorted(candidates, key=lambda d: (max(d.free_at, now), d.index))[:count]
@@ -272,9 +286,18 @@ def _choose(request: Request, devices: list[DeviceLoad], guarded: bool = True) -
         for index, lane in enumerate(device.lanes):
             if lane.fits(request.footprint):
                 # to the millisecond: predictions that differ by rounding are a tie
-                options.append((round(lane.starts_in, 3), -lane.headroom(request.footprint),
-                                device.residents, device.utilization, len(lane.footprints),
-                                device.index, device.name, index))
+                options.append(
+                    (
+                        round(lane.starts_in, 3),
+                        -lane.headroom(request.footprint),
+                        device.residents,
+                        device.utilization,
+                        len(lane.footprints),
+                        device.index,
+                        device.name,
+                        index,
+                    )
+                )
     if not options:
         return None
     best = min(options)
@@ -293,9 +316,15 @@ def _takes_shared(device: DeviceLoad) -> bool:
 def _soonest_start(request: Request, devices: list[DeviceLoad]) -> float:
     """When the job could get its first iteration at the soonest on any of the devices, full
     ones included (once what is resident there before it has ended)."""
-    return min((lane.starts_in for device in devices for lane in device.lanes
-                if lane.fits_alone(request.footprint)),
-               default=math.inf)
+    return min(
+        (
+            lane.starts_in
+            for device in devices
+            for lane in device.lanes
+            if lane.fits_alone(request.footprint)
+        ),
+        default=math.inf,
+    )
 
 
 def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
@@ -304,11 +333,14 @@ def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
     if len(empty) > 12:  # too many to try every set: the first ones
         return sorted(empty, key=lambda d: d.index)[:count]
 
-    def distance(chosen: tuple[DeviceLoad, ...]) -> int:
-        return sum(first.links[second.index] for first, second in
-                   itertools.combinations(chosen, 2) if second.index < len(first.links))
+    def distance(chosen: Iterable[DeviceLoad]) -> int:
+        return sum(
+            first.links[second.index]
+            for first, second in itertools.combinations(chosen, 2)
+            if second.index < len(first.links)
+        )
 
-    def score(chosen: tuple[DeviceLoad, ...]) -> tuple[int, int, int, list[int]]:
+    def score(chosen: Iterable[DeviceLoad]) -> tuple[int, ...]:  # (a tuple of count)
         left = sorted(d.index for d in empty if d not in chosen)
         longest = run = 0
         for previous, index in zip([None, *left], left):
@@ -316,13 +348,19 @@ def _least_fragmenting(empty: list[DeviceLoad], count: int) -> list[DeviceLoad]:
             longest = max(longest, run)
         indices = sorted(d.index for d in chosen)
         spread = indices[-1] - indices[0]
-        return (-longest, distance(chosen), spread, indices)
+        return (-longest, distance(chosen), spread, *indices)  # all sets of ``count``
 
     return list(min(itertools.combinations(empty, count), key=score))
 
 
-def _commit(placement: Placement, request: Request, devices: Sequence[DeviceLoad],
-            now: float, node: NodeRoom | None = None, waits_behind: bool = False) -> None:
+def _commit(
+    placement: Placement,
+    request: Request,
+    devices: Sequence[DeviceLoad],
+    now: float,
+    node: NodeRoom | None = None,
+    waits_behind: bool = False,
+) -> None:
     """Take the room: later jobs of the same pass see the job there, and until when."""
     if node is not None:
         node.take(request)

@@ -22,8 +22,7 @@ def acquire_pidfile(home: Home) -> IO[str]:
     """Lock and fill the pidfile; keep the returned file open for the daemon's lifetime."""
     # Only the daemon's own user may open it: anyone who can open a file can flock it, and
     # a lock held by someone else would keep the daemon from starting.
-    fd = os.open(home.daemon_pidfile, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+    fd = os.open(home.daemon_pidfile, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.fchmod(fd, 0o600)
     handle = os.fdopen(fd, "r+")
     try:

@@ -33,8 +33,14 @@ class Device:
         return self.kind == "cuda" and self.uuid is not None and self.uuid.startswith("MIG-")
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "index": self.index,
-                "memory_total": self.memory_total, "model": self.model, "uuid": self.uuid}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "index": self.index,
+            "memory_total": self.memory_total,
+            "model": self.model,
+            "uuid": self.uuid,
+        }
 
 
 def cpu_device() -> Device:
@@ -42,9 +48,13 @@ def cpu_device() -> Device:
 
     import psutil
 
-    return Device(name="cpu", kind="cpu", index=None,
-                  memory_total=psutil.virtual_memory().total,
-                  model=platform.processor() or platform.machine())
+    return Device(
+        name="cpu",
+        kind="cpu",
+        index=None,
+        memory_total=psutil.virtual_memory().total,
+        model=platform.processor() or platform.machine(),
+    )
 
 
 def discover() -> tuple[list[Device], str | None]:
@@ -63,7 +73,9 @@ def discover() -> tuple[list[Device], str | None]:
     finally:
         pynvml.nvmlShutdown()
     if not gpus:
-        return [cpu_device()], "no NVIDIA GPU found (NVML sees 0 devices); jobs run on the cpu device"
+        return [
+            cpu_device()
+        ], "no NVIDIA GPU found (NVML sees 0 devices); jobs run on the cpu device"
     return gpus + [cpu_device()], None
 
 
@@ -72,24 +84,37 @@ def nvml_devices(nvml) -> list[Device]:
     numbered in that order."""
     count = nvml.nvmlDeviceGetCount()
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    links = [tuple(_link(nvml, handles[i], handles[j]) for j in range(count))
-             for i in range(count)]
+    links = [tuple(_link(nvml, handles[i], handles[j]) for j in range(count)) for i in range(count)]
     devices: list[Device] = []
     for number, handle in enumerate(handles):
         model = _text(nvml.nvmlDeviceGetName(handle))
         instances = _mig_instances(nvml, handle)
         if not instances:
-            devices.append(Device(
-                name=f"gpu{number}", kind="cuda", index=len(devices),
-                memory_total=int(nvml.nvmlDeviceGetMemoryInfo(handle).total), model=model,
-                uuid=_text(nvml.nvmlDeviceGetUUID(handle)), gpu=number, links=links[number]))
+            devices.append(
+                Device(
+                    name=f"gpu{number}",
+                    kind="cuda",
+                    index=len(devices),
+                    memory_total=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    model=model,
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                    gpu=number,
+                    links=links[number],
+                )
+            )
             continue
         for slot, instance in instances:
-            devices.append(Device(
-                name=f"gpu{number}-mig{slot}", kind="cuda", index=len(devices),
-                memory_total=int(nvml.nvmlDeviceGetMemoryInfo(instance).total),
-                model=f"{model} MIG {slot}", uuid=_text(nvml.nvmlDeviceGetUUID(instance)),
-                gpu=number))
+            devices.append(
+                Device(
+                    name=f"gpu{number}-mig{slot}",
+                    kind="cuda",
+                    index=len(devices),
+                    memory_total=int(nvml.nvmlDeviceGetMemoryInfo(instance).total),
+                    model=f"{model} MIG {slot}",
+                    uuid=_text(nvml.nvmlDeviceGetUUID(instance)),
+                    gpu=number,
+                )
+            )
     return devices
 
 
@@ -125,8 +150,16 @@ def _text(value: bytes | str) -> str:
 def emulated(count: int, memory_total: int, model: str | None = None) -> list[Device]:
     """``count`` devices that stand in for GPUs on the cpu, sharing ``memory_total``;
     ``model`` names them for ``--gpus TYPE:N`` (tests, demos of a typed node)."""
-    return [Device(name=f"cpu{i}", kind="emulated", index=i, memory_total=memory_total // count,
-                   model=model or f"emulated device {i + 1} of {count}") for i in range(count)]
+    return [
+        Device(
+            name=f"cpu{i}",
+            kind="emulated",
+            index=i,
+            memory_total=memory_total // count,
+            model=model or f"emulated device {i + 1} of {count}",
+        )
+        for i in range(count)
+    ]
 
 
 def _letters(text: str) -> str:

@@ -61,9 +61,14 @@ class _Child:
 
 
 class Forecaster:
-    def __init__(self, db: Database, scheduler: Scheduler, selector: selectors.BaseSelector,
-                 reply: Callable[[Connection, bytes], None],
-                 alive: Callable[[Connection], bool]):
+    def __init__(
+        self,
+        db: Database,
+        scheduler: Scheduler,
+        selector: selectors.BaseSelector,
+        reply: Callable[[Connection, bytes], None],
+        alive: Callable[[Connection], bool],
+    ):
         self.db = db
         self.scheduler = scheduler
         self.selector = selector
@@ -85,36 +90,70 @@ class Forecaster:
         """Refuse a --test-only beyond what one user, and all, may have waiting."""
         mine = sum(1 for what in self.parked.values() if what.uid == uid)
         if mine >= defaults.MAX_TEST_ONLY_PER_USER or len(self.parked) >= defaults.MAX_TEST_ONLY:
-            raise UserError(f"uid {uid} (or the node) has as many gq submit --test-only "
-                            "requests waiting as it may; try again in a few seconds", 1)
+            raise UserError(
+                f"uid {uid} (or the node) has as many gq submit --test-only "
+                "requests waiting as it may; try again in a few seconds",
+                1,
+            )
 
     def what_if(self, new: NewJob, uid: int) -> WhatIf:
         """A --test-only's job (each task of an array) as the next forecast adds it."""
         self.check_room(uid)
         if new.held:
-            raise UserError("a held job (--hold) starts only once released; there is no start "
-                            "to forecast: submit with --test-only but without --hold")
+            raise UserError(
+                "a held job (--hold) starts only once released; there is no start "
+                "to forecast: submit with --test-only but without --hold"
+            )
         now = time.time()
-        rows = [SchedulingRow(
-            id=-index, user=new.user, name=new.name, submit_time=now, priority=new.priority,
-            steps_total=new.steps_total, deadline=new.deadline, time_limit=new.time_limit,
-            dependency=new.dependency, reason=None, gpus=new.gpus, mem=new.mem,
-            exclusive=new.exclusive, array_job_id=None, array_max_running=None,
-            stop_request=None, held=False, begin_time=new.begin_time, gpu_type=new.gpu_type,
-            host_mem=new.host_mem, cpus=new.cpus, nodelist=new.nodelist, suspended=False,
-            steps_done=0, attained=0.0, mean_iteration=None, mean_gap=None, holds_lane=False,
-            interpreter=new.interpreter, mem_basis=None)
-            for index in range(1, len(new.array_tasks or [None]) + 1)]
+        rows = [
+            SchedulingRow(
+                id=-index,
+                user=new.user,
+                name=new.name,
+                submit_time=now,
+                priority=new.priority,
+                steps_total=new.steps_total,
+                deadline=new.deadline,
+                time_limit=new.time_limit,
+                dependency=new.dependency,
+                reason=None,
+                gpus=new.gpus,
+                mem=new.mem,
+                exclusive=new.exclusive,
+                array_job_id=None,
+                array_max_running=None,
+                stop_request=None,
+                held=False,
+                begin_time=new.begin_time,
+                gpu_type=new.gpu_type,
+                host_mem=new.host_mem,
+                cpus=new.cpus,
+                nodelist=new.nodelist,
+                suspended=False,
+                steps_done=0,
+                attained=0.0,
+                mean_iteration=None,
+                mean_gap=None,
+                holds_lane=False,
+                interpreter=new.interpreter,
+                mem_basis=None,
+            )
+            for index in range(1, len(new.array_tasks or [None]) + 1)
+        ]
         needs, runs = {}, {}
         self.reads_left = max(self.reads_left, 1)  # its own name's runs, whatever is left
         if new.dependency:
             need = dependencies.parse(new.dependency)
             needs = {row.id: need for row in rows}
             with self.db.read() as session:
-                runs = {job_id: [(JobState(state), started) for state, started in states]
-                        for job_id, states in queries.run_states(session, need.job_ids).items()}
-        return WhatIf(uid, tuple(self.scheduler.forecast_pending(
-            rows, needs, runs, self.history, self.typical())))
+                runs = {
+                    job_id: [(JobState(state), started) for state, started in states]
+                    for job_id, states in queries.run_states(session, need.job_ids).items()
+                }
+        return WhatIf(
+            uid,
+            tuple(self.scheduler.forecast_pending(rows, needs, runs, self.history, self.typical())),
+        )
 
     def park(self, connection: Connection, what_if: WhatIf) -> None:
         self.parked[connection] = what_if
@@ -135,9 +174,12 @@ class Forecaster:
             self._past.clear()
         with self.db.read() as session:
             rows = queries.recent_runs(session, user, name, defaults.FORECAST_HISTORY)
-        summary = forecast.past([
-            forecast.Ended(end - start, steps, attained, iteration, gap, startup)
-            for start, end, steps, attained, iteration, gap, startup in rows])
+        summary = forecast.past(
+            [
+                forecast.Ended(end - start, steps, attained, iteration, gap, startup)
+                for start, end, steps, attained, iteration, gap, startup in rows
+            ]
+        )
         self._past[(user, name)] = (now, summary)
         return summary
 
@@ -242,15 +284,19 @@ class Forecaster:
         os.waitpid(child.pid, 0)
         self.last_end = time.monotonic()
         cost = self.last_end - child.started
-        self.next_at = self.last_end + max(defaults.FORECAST_PERIOD,
-                                           defaults.FORECAST_SPACING * cost)
+        self.next_at = self.last_end + max(
+            defaults.FORECAST_PERIOD, defaults.FORECAST_SPACING * cost
+        )
         if made is not None:
             self.current, answers = made
             slow = self.current.seconds >= defaults.FORECAST_PERIOD / 4
-            log.log(logging.INFO if slow or not self.current.complete else logging.DEBUG,
-                    "forecast of %d jobs made in %.3f s%s", len(self.current.jobs),
-                    self.current.seconds, "" if self.current.complete else
-                    " (its budget ran out: later jobs are unknown)")
+            log.log(
+                logging.INFO if slow or not self.current.complete else logging.DEBUG,
+                "forecast of %d jobs made in %.3f s%s",
+                len(self.current.jobs),
+                self.current.seconds,
+                "" if self.current.complete else " (its budget ran out: later jobs are unknown)",
+            )
         else:
             log.warning("no forecast made this time (the child failed or overran)")
             answers = [None] * len(child.asked)
@@ -262,6 +308,7 @@ class Forecaster:
 def _simulate(snapshot: forecast.Snapshot, asked: list[tuple[forecast.Pending, ...]]):
     """In the child: the forecast, and each --test-only job's (the queue with it added),
     each simulation within the budget."""
+
     def budget() -> Callable[[], bool]:
         deadline = time.monotonic() + defaults.FORECAST_BUDGET
         return lambda: time.monotonic() > deadline
@@ -269,27 +316,34 @@ def _simulate(snapshot: forecast.Snapshot, asked: list[tuple[forecast.Pending, .
     began = time.monotonic()
     base = forecast.forecast(snapshot, budget())
     base.seconds = time.monotonic() - began
-    answers = [forecast.forecast(replace(snapshot, pending=snapshot.pending + jobs), budget())
-               for jobs in asked]
+    answers = [
+        forecast.forecast(replace(snapshot, pending=snapshot.pending + jobs), budget())
+        for jobs in asked
+    ]
     return base, answers
 
 
 def _signature(snapshot: forecast.Snapshot) -> tuple:
     """What a forecast depends on that changes: the jobs, their progress, the devices."""
-    return (snapshot.policy,
-            tuple((job.view.id, job.view.steps_done, job.devices) for job in snapshot.running),
-            tuple((job.view.id, job.view.priority, job.after, job.begin_time)
-                  for job in snapshot.pending),
-            tuple((device.name, device.held) for device in snapshot.devices))
+    return (
+        snapshot.policy,
+        tuple((job.view.id, job.view.steps_done, job.devices) for job in snapshot.running),
+        tuple(
+            (job.view.id, job.view.priority, job.after, job.begin_time) for job in snapshot.pending
+        ),
+        tuple((device.name, device.held) for device in snapshot.devices),
+    )
 
 
-def _test_only(what: WhatIf, base: forecast.Forecasts,
-               made: forecast.Forecasts | None) -> messages.TestOnly | messages.Error:
+def _test_only(
+    what: WhatIf, base: forecast.Forecasts, made: forecast.Forecasts | None
+) -> messages.TestOnly | messages.Error:
     """The answer to a --test-only: where and when its job would start and end, and whom
     it would delay."""
     if made is None:
-        return messages.Error("no forecast could be made for this job now (see the daemon's "
-                              "log); try again", 1)
+        return messages.Error(
+            "no forecast could be made for this job now (see the daemon's log); try again", 1
+        )
     ids = [job.view.id for job in what.jobs]
     own = [made.jobs.get(job_id) for job_id in ids]
     known = [f for f in own if f is not None and f.start is not None]
@@ -298,8 +352,10 @@ def _test_only(what: WhatIf, base: forecast.Forecasts,
     worst = max((f.basis for f in own if f is not None), default=forecast.Basis.UNKNOWN)
     delayed = forecast.delays(base, made)
     return messages.TestOnly(
-        tasks=len(ids), start=first.start if first else None,
+        tasks=len(ids),
+        start=first.start if first else None,
         end=max(ends) if first and all(e is not None for e in ends) else None,
         device=first.device if first else None,
         basis=(worst if first else forecast.Basis.UNKNOWN).name.lower(),
-        delays=[messages.Delay(job_id, by) for job_id, by in sorted(delayed.items())])
+        delays=[messages.Delay(job_id, by) for job_id, by in sorted(delayed.items())],
+    )

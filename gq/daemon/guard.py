@@ -43,11 +43,15 @@ class Guard:
         if limits.max_temp is not None and reading.temperature is not None:
             resume = limits.max_temp - defaults.TEMP_HYSTERESIS
             if reading.temperature > (resume if margin else limits.max_temp):
-                return (f"{device} too hot: {reading.temperature:g} C (--max-temp "
-                        f"{limits.max_temp:g}); admits again at {resume:g} C")
+                return (
+                    f"{device} too hot: {reading.temperature:g} C (--max-temp "
+                    f"{limits.max_temp:g}); admits again at {resume:g} C"
+                )
         if limits.max_power is not None and reading.power is not None:
             resume = limits.max_power * (1 - defaults.POWER_HYSTERESIS)
             if reading.power > (resume if margin else limits.max_power):
-                return (f"{device} over its power limit: {reading.power:g} W (--max-power "
-                        f"{limits.max_power:g}); admits again at {resume:g} W")
+                return (
+                    f"{device} over its power limit: {reading.power:g} W (--max-power "
+                    f"{limits.max_power:g}); admits again at {resume:g} W"
+                )
         return None

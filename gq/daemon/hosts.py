@@ -55,8 +55,9 @@ class HostHandle:
         return self.version == wire.HOST_VERSION
 
     @classmethod
-    def attach(cls, device: Device, home: Home, settings: HostSettings, start: bool = True
-               ) -> tuple["HostHandle", wire.State | wire.ForeignState]:
+    def attach(
+        cls, device: Device, home: Home, settings: HostSettings, start: bool = True
+    ) -> tuple[HostHandle, wire.State | wire.ForeignState]:
         """Connect to the device's live host, or start one (unless not ``start``); return it
         with its state."""
         process = None
@@ -77,11 +78,13 @@ class HostHandle:
                 state = channel.receive_one()
         except (EOFError, OSError, MessageError) as exc:
             channel.close()
-            raise HostUnavailable(f"no state from the execution host of {device.name}: "
-                                  f"{exc}") from None
+            raise HostUnavailable(
+                f"no state from the execution host of {device.name}: {exc}"
+            ) from None
         sock.setblocking(False)
-        return cls(device, channel, state.pid, state.version, process,
-                   draining=state.draining), state
+        return cls(
+            device, channel, state.pid, state.version, process, draining=state.draining
+        ), state
 
     def send(self, message: object) -> bool:
         return self.channel.send(message)
@@ -141,24 +144,46 @@ def _connect(home: Home, device: Device) -> socket.socket | None:
         sock.close()
         if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):
             return None
-        raise HostUnavailable(f"cannot reach the execution host of {device.name}: "
-                              f"{exc.strerror}") from None
+        raise HostUnavailable(
+            f"cannot reach the execution host of {device.name}: {exc.strerror}"
+        ) from None
 
 
 def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Popen:
-    argv = gq_python("gq.exec.host", "--device", device.name, "--lanes", str(settings.lanes),
-                     "--state-dir", str(home.hosts), "--kill-grace", str(settings.kill_grace),
-                     "--cgroup", settings.cgroup, "--scope", home.tag,
-                     "--terminals", str(home.terminals),
-                     "--attach-wait", str(settings.attach_wait))
+    argv = gq_python(
+        "gq.exec.host",
+        "--device",
+        device.name,
+        "--lanes",
+        str(settings.lanes),
+        "--state-dir",
+        str(home.hosts),
+        "--kill-grace",
+        str(settings.kill_grace),
+        "--cgroup",
+        settings.cgroup,
+        "--scope",
+        home.tag,
+        "--terminals",
+        str(home.terminals),
+        "--attach-wait",
+        str(settings.attach_wait),
+    )
     if device.kind == "cuda":
         argv += ["--cuda", "--memory", str(device.memory_total)]
     log_path = os.path.join(home.hosts, f"{device.name}.log")
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+    fd = os.open(
+        log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
     with os.fdopen(fd, "ab") as log:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                cwd=home.hosts, start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=home.hosts,
+            start_new_session=True,
+        )
 
 
 def _wait_for_socket(home: Home, device: Device, process: subprocess.Popen) -> socket.socket:
@@ -169,8 +194,11 @@ def _wait_for_socket(home: Home, device: Device, process: subprocess.Popen) -> s
             return sock
         code = process.poll()
         if code is not None and code != defaults.ALREADY_RUNNING_EXIT:
-            raise HostUnavailable(f"the execution host of {device.name} exited at start "
-                                  f"(code {code}); see {home.hosts}/{device.name}.log")
+            raise HostUnavailable(
+                f"the execution host of {device.name} exited at start "
+                f"(code {code}); see {home.hosts}/{device.name}.log"
+            )
         time.sleep(0.01)
-    raise HostUnavailable(f"the execution host of {device.name} did not start in "
-                          f"{defaults.DAEMON_START_TIMEOUT:g} s")
+    raise HostUnavailable(
+        f"the execution host of {device.name} did not start in {defaults.DAEMON_START_TIMEOUT:g} s"
+    )

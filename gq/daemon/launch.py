@@ -43,10 +43,10 @@ def shim_directory(home: Home) -> str:
     or not at all."""
     directory = home.root / "bin"
     directory.mkdir(mode=0o755, exist_ok=True)
-    scontrol = slurm_env.scontrol_shim(sys.executable, gq_only_path(home), str(home.root),
-                                       home.mode)
-    for name, content in (("srun", slurm_env.SHIM.read_bytes()),
-                          ("scontrol", scontrol.encode())):
+    scontrol = slurm_env.scontrol_shim(
+        sys.executable, gq_only_path(home), str(home.root), home.mode
+    )
+    for name, content in (("srun", slurm_env.SHIM.read_bytes()), ("scontrol", scontrol.encode())):
         _write_whole(directory / name, content)
     return str(directory)
 
@@ -118,13 +118,21 @@ def account(job: Job) -> tuple[dict[str, str], list[int]]:
         entry = pwd.getpwuid(job.uid)
     except KeyError:
         raise ValueError(f"its submitter's account (uid {job.uid}) no longer exists") from None
-    return ({"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name},
-            os.getgrouplist(entry.pw_name, job.gid))
+    return (
+        {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name},
+        os.getgrouplist(entry.pw_name, job.gid),
+    )
 
 
-def launch_spec(job: Job | JobRow, payload: Payload | PayloadRow, devices: list[Device], lane: int,
-                run: int, home: Home,
-                array_span: tuple[int, int, int, int] | None = None) -> LaunchSpec:
+def launch_spec(
+    job: Job | JobRow,
+    payload: Payload | PayloadRow,
+    devices: list[Device],
+    lane: int,
+    run: int,
+    home: Home,
+    array_span: tuple[int, int, int, int] | None = None,
+) -> LaunchSpec:
     """Everything the host needs to start this run of the job as its submitter (an array
     task's ``array_span``: its array's task count, lowest and highest task id, step); from
     the job's and its payload's columns (ORM objects or plain rows).
@@ -133,12 +141,22 @@ def launch_spec(job: Job | JobRow, payload: Payload | PayloadRow, devices: list[
     system = home.system
     argv, worker = command(job, list(payload.args))
     batch = slurm_env.BatchJob(
-        id=job.id, name=job.name, user=job.user, uid=job.uid, gid=job.gid,
-        workdir=job.workdir, run=run, cpus=job.cpus, host_mem=job.host_mem, ntasks=job.ntasks,
-        time_limit=job.time_limit, devices=tuple(d.index for d in devices
-                                                 if d.whole and d.index is not None),
-        array_job_id=job.array_job_id, array_task_id=job.array_task_id,
-        array_span=array_span)
+        id=job.id,
+        name=job.name,
+        user=job.user,
+        uid=job.uid,
+        gid=job.gid,
+        workdir=job.workdir,
+        run=run,
+        cpus=job.cpus,
+        host_mem=job.host_mem,
+        ntasks=job.ntasks,
+        time_limit=job.time_limit,
+        devices=tuple(d.index for d in devices if d.whole and d.index is not None),
+        array_job_id=job.array_job_id,
+        array_task_id=job.array_task_id,
+        array_span=array_span,
+    )
     env = slurm_env.for_job(dict(payload.env), batch, slurm_env.node_name(), shim_directory(home))
     groups: list[int] = []
     if system:
@@ -152,18 +170,39 @@ def launch_spec(job: Job | JobRow, payload: Payload | PayloadRow, devices: list[
         env.update(GQ_ARRAY_JOB_ID=str(job.array_job_id), GQ_ARRAY_TASK_ID=str(job.array_task_id))
     if worker and job.interpreter != sys.executable:
         # Another interpreter may not have gq installed: let it find this one.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"),
-                                                          gq_only_path(home)]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [env.get("PYTHONPATH"), gq_only_path(home)])
+        )
     warn = parse_signal(job.warn_signal) if job.warn_signal else None
     return LaunchSpec(
-        id=job.id, run=run, argv=argv, worker=worker, cwd=job.workdir, env=env,
-        stdout=job.stdout_path or None, stderr=job.stderr_path or None, lane=lane,
-        user=job.user, terminal=bool(job.interactive), idle_timeout=job.idle_timeout,
-        priority=job.priority, submit_time=job.submit_time, steps_total=job.steps_total,
-        time_limit=job.time_limit, deadline=job.deadline, uid=job.uid, gid=job.gid,
-        groups=groups, umask=job.umask, snapshot=job.spool_path or None,
-        script_name=None if worker else job.script, host_mem=job.host_mem, cpus=job.cpus,
-        warn_signal=warn.number if warn else None, warn_before=warn.before if warn else 60,
-        warn_main=warn.batch if warn else False, mem_cap=job.mem,
-        probe=worker and job.mem is None)
-
+        id=job.id,
+        run=run,
+        argv=argv,
+        worker=worker,
+        cwd=job.workdir,
+        env=env,
+        stdout=job.stdout_path or None,
+        stderr=job.stderr_path or None,
+        lane=lane,
+        user=job.user,
+        terminal=bool(job.interactive),
+        idle_timeout=job.idle_timeout,
+        priority=job.priority,
+        submit_time=job.submit_time,
+        steps_total=job.steps_total,
+        time_limit=job.time_limit,
+        deadline=job.deadline,
+        uid=job.uid,
+        gid=job.gid,
+        groups=groups,
+        umask=job.umask,
+        snapshot=job.spool_path or None,
+        script_name=None if worker else job.script,
+        host_mem=job.host_mem,
+        cpus=job.cpus,
+        warn_signal=warn.number if warn else None,
+        warn_before=warn.before if warn else 60,
+        warn_main=warn.batch if warn else False,
+        mem_cap=job.mem,
+        probe=worker and job.mem is None,
+    )

@@ -47,14 +47,21 @@ def shortage_reason(need: int, free: int) -> str:
     return f"OutOfMemory (needs {format_size(need)}, {format_size(max(free, 0))} free)"
 
 
-def after_shortage(held: int, wanted: int | None, figure: int | None, on_oom: OnOutOfMemory,
-                   ooms: int, retries: int | None, free: int, largest: int) -> Verdict:
+def after_shortage(
+    held: int,
+    wanted: int | None,
+    figure: int | None,
+    on_oom: OnOutOfMemory,
+    ooms: int,
+    retries: int | None,
+    free: int,
+    largest: int,
+) -> Verdict:
     """What a run that ran out of memory comes to: it ``held`` so much and ``wanted`` so much
     (None: it did not say; then its figure grows by ``OOM_GROWTH``), had the ``figure``, had
     run out ``ooms`` times before; ``free``: what its lane had left beside its neighbours;
     ``largest``: what the largest lane of an empty device offers."""
-    need = wanted if wanted is not None else math.ceil(max(held, figure or 0) *
-                                                        defaults.OOM_GROWTH)
+    need = wanted if wanted is not None else math.ceil(max(held, figure or 0) * defaults.OOM_GROWTH)
     if figure is not None and need <= figure:
         # It ran out within its own figure: its allocator's cache, or a neighbour over its
         # own. Grown all the same, so that runs out of memory end (each is counted).
@@ -65,8 +72,12 @@ def after_shortage(held: int, wanted: int | None, figure: int | None, on_oom: On
     if on_oom is OnOutOfMemory.FAIL:
         return Verdict(False, need, f"{reason}; --oom fail")
     if need > largest:
-        return Verdict(False, need, f"{reason}; no device of this node offers "
-                                    f"{format_size(need)} (at most {format_size(largest)})")
+        return Verdict(
+            False,
+            need,
+            f"{reason}; no device of this node offers "
+            f"{format_size(need)} (at most {format_size(largest)})",
+        )
     if ooms >= allowed:
         return Verdict(False, need, f"{reason}; ran out of memory {ooms + 1} times")
     return Verdict(True, need, reason)

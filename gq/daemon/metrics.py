@@ -50,10 +50,19 @@ class Metrics:
         self.snapshot = Snapshot()
         self.hostname = socket.gethostname()
         self.registry = CollectorRegistry(auto_describe=True)
-        self.wait = Histogram("gq_job_wait_seconds", "Time from submission to start.",
-                              buckets=WAIT_BUCKETS, registry=self.registry)
-        self.run_time = Histogram("gq_job_run_seconds", "Time from start to end, by end state.",
-                                  ["state"], buckets=RUN_BUCKETS, registry=self.registry)
+        self.wait = Histogram(
+            "gq_job_wait_seconds",
+            "Time from submission to start.",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.run_time = Histogram(
+            "gq_job_run_seconds",
+            "Time from start to end, by end state.",
+            ["state"],
+            buckets=RUN_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_Collector(self))
         self.server, self.thread = start_http_server(port, host, registry=self.registry)
 
@@ -68,20 +77,26 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator:
         snapshot = self.metrics.snapshot  # replaced whole by the loop: read it once
-        jobs = GaugeMetricFamily("gq_jobs", "Jobs in the queue by state and user.",
-                                 labels=["state", "user"])
+        jobs = GaugeMetricFamily(
+            "gq_jobs", "Jobs in the queue by state and user.", labels=["state", "user"]
+        )
         for (state, user), count in sorted(snapshot.jobs.items()):
             jobs.add_metric([state, user], count)
         yield jobs
-        switches = CounterMetricFamily("gq_lane_switches", "Times a lane passed from one job "
-                                       "to another.", labels=["device"])
+        switches = CounterMetricFamily(
+            "gq_lane_switches", "Times a lane passed from one job to another.", labels=["device"]
+        )
         for device, count in sorted(snapshot.switches.items()):
             switches.add_metric([device], count)
         yield switches
-        residents = GaugeMetricFamily("gq_lane_residents", "Jobs resident on a lane.",
-                                      labels=["device", "lane"])
-        held = GaugeMetricFamily("gq_lane_held", "1 while a job runs an iteration on the lane.",
-                                 labels=["device", "lane"])
+        residents = GaugeMetricFamily(
+            "gq_lane_residents", "Jobs resident on a lane.", labels=["device", "lane"]
+        )
+        held = GaugeMetricFamily(
+            "gq_lane_held",
+            "1 while a job runs an iteration on the lane.",
+            labels=["device", "lane"],
+        )
         for lane in snapshot.lanes:
             residents.add_metric([lane.device, str(lane.lane)], lane.residents)
             held.add_metric([lane.device, str(lane.lane)], int(lane.held))
@@ -92,45 +107,76 @@ class _Collector(Collector):
     def _devices(self, snapshot: Snapshot) -> Iterator:
         labels = ["gpu", "UUID", "device", "modelName", "Hostname"]
         families = {
-            "utilization": GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "Utilization (in %).",
-                                             labels=labels),
-            "fb_used": GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Memory used (in MiB).",
-                                         labels=labels),
-            "fb_free": GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Memory free (in MiB).",
-                                         labels=labels),
-            "temperature": GaugeMetricFamily("DCGM_FI_DEV_GPU_TEMP", "Temperature (in C).",
-                                             labels=labels),
-            "power": GaugeMetricFamily("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).",
-                                       labels=labels),
-            "power_limit": GaugeMetricFamily("DCGM_FI_DEV_POWER_MGMT_LIMIT",
-                                             "Power limit (in W).", labels=labels),
-            "sm_clock": GaugeMetricFamily("DCGM_FI_DEV_SM_CLOCK", "SM clock (in MHz).",
-                                          labels=labels),
-            "ecc_errors": GaugeMetricFamily("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-                                            "Uncorrected ECC errors since the driver loaded.",
-                                            labels=labels),
-            "external": GaugeMetricFamily("gq_device_external_memory_bytes", "Device memory "
-                                          "used by processes gq did not start.", labels=labels),
-            "throttled": GaugeMetricFamily("gq_device_throttled", "1 per reason the clocks "
-                                           "are held down now.", labels=[*labels, "reason"]),
-            "guard": GaugeMetricFamily("gq_device_guard_held", "1 while the thermal and power "
-                                       "guard admits no job to the device.", labels=labels),
+            "utilization": GaugeMetricFamily(
+                "DCGM_FI_DEV_GPU_UTIL", "Utilization (in %).", labels=labels
+            ),
+            "fb_used": GaugeMetricFamily(
+                "DCGM_FI_DEV_FB_USED", "Memory used (in MiB).", labels=labels
+            ),
+            "fb_free": GaugeMetricFamily(
+                "DCGM_FI_DEV_FB_FREE", "Memory free (in MiB).", labels=labels
+            ),
+            "temperature": GaugeMetricFamily(
+                "DCGM_FI_DEV_GPU_TEMP", "Temperature (in C).", labels=labels
+            ),
+            "power": GaugeMetricFamily(
+                "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=labels
+            ),
+            "power_limit": GaugeMetricFamily(
+                "DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power limit (in W).", labels=labels
+            ),
+            "sm_clock": GaugeMetricFamily(
+                "DCGM_FI_DEV_SM_CLOCK", "SM clock (in MHz).", labels=labels
+            ),
+            "ecc_errors": GaugeMetricFamily(
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                "Uncorrected ECC errors since the driver loaded.",
+                labels=labels,
+            ),
+            "external": GaugeMetricFamily(
+                "gq_device_external_memory_bytes",
+                "Device memory used by processes gq did not start.",
+                labels=labels,
+            ),
+            "throttled": GaugeMetricFamily(
+                "gq_device_throttled",
+                "1 per reason the clocks are held down now.",
+                labels=[*labels, "reason"],
+            ),
+            "guard": GaugeMetricFamily(
+                "gq_device_guard_held",
+                "1 while the thermal and power guard admits no job to the device.",
+                labels=labels,
+            ),
         }
         for device in self.metrics.devices:
             reading = snapshot.readings.get(device.name)
             if reading is None:
                 continue
-            values = [str(device.index if device.index is not None else 0), device.uuid or "",
-                      device.name, device.model, self.metrics.hostname]
-            free = (None if reading.memory_used is None or reading.memory_total is None
-                    else (reading.memory_total - reading.memory_used) / MIB)
+            values = [
+                str(device.index if device.index is not None else 0),
+                device.uuid or "",
+                device.name,
+                device.model,
+                self.metrics.hostname,
+            ]
+            free = (
+                None
+                if reading.memory_used is None or reading.memory_total is None
+                else (reading.memory_total - reading.memory_used) / MIB
+            )
             figures = {
                 "utilization": reading.utilization,
                 "fb_used": None if reading.memory_used is None else reading.memory_used / MIB,
-                "fb_free": free, "temperature": reading.temperature, "power": reading.power,
-                "power_limit": reading.power_limit, "sm_clock": reading.sm_clock,
-                "ecc_errors": reading.ecc_errors, "external": reading.external_memory,
-                "guard": int(device.name in snapshot.guard)}
+                "fb_free": free,
+                "temperature": reading.temperature,
+                "power": reading.power,
+                "power_limit": reading.power_limit,
+                "sm_clock": reading.sm_clock,
+                "ecc_errors": reading.ecc_errors,
+                "external": reading.external_memory,
+                "guard": int(device.name in snapshot.guard),
+            }
             for key, value in figures.items():
                 if value is not None:
                     families[key].add_metric(values, value)

@@ -21,9 +21,16 @@ log = logging.getLogger("gq.daemon")
 
 
 class Monitor:
-    def __init__(self, db: Database, devices: list[Device], lanes: int, limits: Limits,
-                 readings: str | None, wake: Callable[[], None],
-                 job_of: Callable[[int], int | None] | None = None):
+    def __init__(
+        self,
+        db: Database,
+        devices: list[Device],
+        lanes: int,
+        limits: Limits,
+        readings: str | None,
+        wake: Callable[[], None],
+        job_of: Callable[[int], int | None] | None = None,
+    ):
         self.db = db
         self.devices = devices
         self.lanes = lanes
@@ -61,8 +68,7 @@ class Monitor:
         if self.metrics is not None:
             self.metrics.snapshot = self._snapshot(running, switches)
 
-    def _snapshot(self, running: dict[int, Running],
-                  switches: dict[str, int]) -> metrics.Snapshot:
+    def _snapshot(self, running: dict[int, Running], switches: dict[str, int]) -> metrics.Snapshot:
         """What a scrape reports until the next sample."""
         with self.db.read() as session:
             counts = queries.counts_by_state_and_user(session)
@@ -75,9 +81,13 @@ class Monitor:
                 state = lanes[device.name, job.lane]
                 state.residents += 1
                 state.held |= job.holds_lane
-        return metrics.Snapshot(jobs=counts, readings=dict(self.readings),
-                                lanes=list(lanes.values()), switches=dict(switches),
-                                guard=dict(self.guard.held))
+        return metrics.Snapshot(
+            jobs=counts,
+            readings=dict(self.readings),
+            lanes=list(lanes.values()),
+            switches=dict(switches),
+            guard=dict(self.guard.held),
+        )
 
     def close(self) -> None:
         self.sampler.close()

@@ -80,17 +80,42 @@ class DaemonOptions:
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
-        argv = ["--lanes", str(self.lanes), "--max-resident", str(self.max_resident),
-                "--kill-wait", str(self.kill_grace), "--priority-cap", str(self.priority_cap),
-                "--client-timeout", str(self.client_timeout), "--cgroup", self.cgroup,
-                "--retention", format_period(self.retention),
-                "--max-pending", str(self.max_pending), "--max-spool", str(self.max_spool),
-                "--max-array", str(self.max_array),
-                "--max-connections-per-user", str(self.max_connections_per_user),
-                "--max-connections", str(self.max_connections),
-                "--max-request", str(self.max_request), "--move-margin", str(self.move_margin),
-                "--probe-mem", str(self.probe_mem), "--probe-wait", str(self.probe_wait),
-                "--attach-wait", str(self.attach_wait)]
+        argv = [
+            "--lanes",
+            str(self.lanes),
+            "--max-resident",
+            str(self.max_resident),
+            "--kill-wait",
+            str(self.kill_grace),
+            "--priority-cap",
+            str(self.priority_cap),
+            "--client-timeout",
+            str(self.client_timeout),
+            "--cgroup",
+            self.cgroup,
+            "--retention",
+            format_period(self.retention),
+            "--max-pending",
+            str(self.max_pending),
+            "--max-spool",
+            str(self.max_spool),
+            "--max-array",
+            str(self.max_array),
+            "--max-connections-per-user",
+            str(self.max_connections_per_user),
+            "--max-connections",
+            str(self.max_connections),
+            "--max-request",
+            str(self.max_request),
+            "--move-margin",
+            str(self.move_margin),
+            "--probe-mem",
+            str(self.probe_mem),
+            "--probe-wait",
+            str(self.probe_wait),
+            "--attach-wait",
+            str(self.attach_wait),
+        ]
         if self.cpu_memory is not None:
             argv += ["--cpu-memory", str(self.cpu_memory)]
         if self.cpu_devices is not None:
@@ -101,8 +126,12 @@ class DaemonOptions:
             argv += ["--operators", self.operator_group]
         if self.on_finish is not None:
             argv += ["--on-finish", self.on_finish]
-        for flag, value in (("--max-temp", self.max_temp), ("--max-power", self.max_power),
-                            ("--readings", self.readings), ("--metrics", self.metrics)):
+        for flag, value in (
+            ("--max-temp", self.max_temp),
+            ("--max-power", self.max_power),
+            ("--readings", self.readings),
+            ("--metrics", self.metrics),
+        ):
             if value is not None:
                 argv += [flag, str(value)]
         return argv
@@ -115,41 +144,71 @@ class Daemon:
         self.db = Database(home)
         self.devices, self.device_note = discover()
         if options.cpu_devices:
-            memory = options.cpu_memory or next(d for d in self.devices
-                                                if d.kind == "cpu").memory_total
+            memory = (
+                options.cpu_memory or next(d for d in self.devices if d.kind == "cpu").memory_total
+            )
             self.devices = emulated(options.cpu_devices, memory, options.device_model)
-            self.device_note = (f"{options.cpu_devices} devices emulated on the cpu "
-                                "(--cpu-devices), each with its own execution host")
+            self.device_note = (
+                f"{options.cpu_devices} devices emulated on the cpu "
+                "(--cpu-devices), each with its own execution host"
+            )
         elif options.cpu_memory is not None:
-            self.devices = [replace(d, memory_total=options.cpu_memory) if d.kind == "cpu" else d
-                            for d in self.devices]
+            self.devices = [
+                replace(d, memory_total=options.cpu_memory) if d.kind == "cpu" else d
+                for d in self.devices
+            ]
         self.selector = selectors.DefaultSelector()
         self.stopping = False
         self.keep_jobs = False  # stopping leaves running jobs to their hosts
         self.stop_deadline = 0.0
         self.woken = True
         self.started_at = time.time()
-        self.rules = Rules(daemon_uid=os.geteuid(), operator_group=options.operator_group,
-                           priority_cap=options.priority_cap if home.system else None)
+        self.rules = Rules(
+            daemon_uid=os.geteuid(),
+            operator_group=options.operator_group,
+            priority_cap=options.priority_cap if home.system else None,
+        )
         lanes = max(1, options.lanes)
         self.supervisor = Supervisor(
-            home, self.db, self.devices,
-            HostSettings(lanes=lanes, kill_grace=options.kill_grace, cgroup=options.cgroup,
-                         attach_wait=options.attach_wait),
-            self.selector, self.rescan, lambda: self.monitor.metrics, options.probe_wait)
+            home,
+            self.db,
+            self.devices,
+            HostSettings(
+                lanes=lanes,
+                kill_grace=options.kill_grace,
+                cgroup=options.cgroup,
+                attach_wait=options.attach_wait,
+            ),
+            self.selector,
+            self.rescan,
+            lambda: self.monitor.metrics,
+            options.probe_wait,
+        )
         job_cgroups = self.supervisor.cgroups
-        self.monitor = Monitor(self.db, self.devices, lanes,
-                               Limits(options.max_temp, options.max_power), options.readings,
-                               self.rescan, job_cgroups.job_of if job_cgroups else None)
-        self.scheduler = Scheduler(self.db, self.devices, Capacity(lanes, options.max_resident,
-                                                                   options.probe_mem),
-                                   self.supervisor, self.monitor, self.rescan,
-                                   options.move_margin)
+        self.monitor = Monitor(
+            self.db,
+            self.devices,
+            lanes,
+            Limits(options.max_temp, options.max_power),
+            options.readings,
+            self.rescan,
+            job_cgroups.job_of if job_cgroups else None,
+        )
+        self.scheduler = Scheduler(
+            self.db,
+            self.devices,
+            Capacity(lanes, options.max_resident, options.probe_mem),
+            self.supervisor,
+            self.monitor,
+            self.rescan,
+            options.move_margin,
+        )
         self.server: Server | None = None
         self.waiters = Waiters(self.db)
         self.notifier = Notifier(self.db, home, options.on_finish)
-        self.forecaster = Forecaster(self.db, self.scheduler, self.selector, self._reply,
-                                     self._connected)
+        self.forecaster = Forecaster(
+            self.db, self.scheduler, self.selector, self._reply, self._connected
+        )
 
     # ----- what handlers see (gq.daemon.handlers.NodeView) ----------------------------
     def rescan(self) -> None:
@@ -226,15 +285,24 @@ class Daemon:
             descriptors = _raise_descriptor_limit()
             limits = ConnectionLimits(
                 per_user=self.options.max_connections_per_user,
-                total=max(1, min(self.options.max_connections,
-                                 descriptors - defaults.DESCRIPTOR_RESERVE)),
-                request=self.options.max_request, idle=self.options.client_timeout)
-            self.server = Server(self.home, self.selector, self._dispatch, self._identify,
-                                 limits, park=self._park)
-            log.info("daemon %d up (%s mode) on %s; %d descriptors, at most %d clients "
-                     "(%d per user)", os.getpid(), self.home.mode,
-                     ", ".join(d.name for d in self.devices), descriptors, limits.total,
-                     limits.per_user)
+                total=max(
+                    1, min(self.options.max_connections, descriptors - defaults.DESCRIPTOR_RESERVE)
+                ),
+                request=self.options.max_request,
+                idle=self.options.client_timeout,
+            )
+            self.server = Server(
+                self.home, self.selector, self._dispatch, self._identify, limits, park=self._park
+            )
+            log.info(
+                "daemon %d up (%s mode) on %s; %d descriptors, at most %d clients (%d per user)",
+                os.getpid(),
+                self.home.mode,
+                ", ".join(d.name for d in self.devices),
+                descriptors,
+                limits.total,
+                limits.per_user,
+            )
             self._loop(wake_read)
         finally:
             if self.server is not None:
@@ -279,10 +347,10 @@ class Daemon:
             _isolated(self.supervisor.restart_dead, now)
             if now - last_sample >= defaults.SAMPLE_PERIOD:
                 last_sample = now
-                _isolated(self.monitor.sample, self.supervisor.running,
-                          self.supervisor.switches)
-            if ((self.woken and now - last_scan >= defaults.SCAN_GAP)
-                    or now - last_scan >= defaults.POLL_PERIOD):
+                _isolated(self.monitor.sample, self.supervisor.running, self.supervisor.switches)
+            if (
+                self.woken and now - last_scan >= defaults.SCAN_GAP
+            ) or now - last_scan >= defaults.POLL_PERIOD:
                 self.woken = False
                 last_scan = now
                 _isolated(self.scheduler.scan)
@@ -343,8 +411,7 @@ def _isolated(action: Callable, *args) -> None:
     try:
         action(*args)
     except Exception:  # noqa: BLE001 - the daemon must outlive any one event
-        log.exception("error in %s (the daemon goes on)", getattr(action, "__qualname__",
-                                                                   action))
+        log.exception("error in %s (the daemon goes on)", getattr(action, "__qualname__", action))
 
 
 def _raise_descriptor_limit() -> int:

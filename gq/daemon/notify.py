@@ -38,10 +38,16 @@ log = logging.getLogger("gq.daemon")
 _NEWEST_EVENT = Prepared(select(func.max(JobEvent.id)))
 FAILURES = frozenset({JobState.FAILED.value, JobState.TIMEOUT.value, JobState.DEADLINE.value})
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL")
-SBATCH_ONLY_MAIL_TYPES = ("INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90",
-                          "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
-_MAIL = ('printf "%s\\n" "$GQ_MAIL_BODY" | "$GQ_MAIL_PROGRAM" -s "$GQ_MAIL_SUBJECT" '
-         '"$GQ_MAIL_USER"')
+SBATCH_ONLY_MAIL_TYPES = (
+    "INVALID_DEPEND",
+    "STAGE_OUT",
+    "TIME_LIMIT",
+    "TIME_LIMIT_90",
+    "TIME_LIMIT_80",
+    "TIME_LIMIT_50",
+    "ARRAY_TASKS",
+)
+_MAIL = 'printf "%s\\n" "$GQ_MAIL_BODY" | "$GQ_MAIL_PROGRAM" -s "$GQ_MAIL_SUBJECT" "$GQ_MAIL_USER"'
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,12 @@ def mail_events(mail_type: str | None, old: str | None, new: str) -> bool:
     if "ALL" in wanted:
         wanted |= {"BEGIN", "END", "FAIL", "REQUEUE"}
     terminal = JobState(new).terminal
-    return (("BEGIN" in wanted and new == JobState.RUNNING.value)
-            or ("END" in wanted and terminal)
-            or ("FAIL" in wanted and new in FAILURES)
-            or ("REQUEUE" in wanted and old == JobState.RUNNING.value
-                and new == JobState.PENDING.value))
+    return (
+        ("BEGIN" in wanted and new == JobState.RUNNING.value)
+        or ("END" in wanted and terminal)
+        or ("FAIL" in wanted and new in FAILURES)
+        or ("REQUEUE" in wanted and old == JobState.RUNNING.value and new == JobState.PENDING.value)
+    )
 
 
 class Notifier:
@@ -93,8 +100,9 @@ class Notifier:
         position is written to the queue only when hooks were queued: a restarted daemon
         that reads a stretch again finds no hook in it."""
         now = time.monotonic()
-        if (self.db.writes == self.writes_seen or now < self.next_look) and \
-                self.last_event is not None:
+        if (
+            self.db.writes == self.writes_seen or now < self.next_look
+        ) and self.last_event is not None:
             self.tend()  # no transaction since the last look (no new event), or too soon
             return
         self.next_look = now + defaults.HOOK_LOOK_PERIOD
@@ -102,26 +110,28 @@ class Notifier:
         with self.db.read() as session:
             newest = _NEWEST_EVENT.scalar(session) or 0
             if self.last_event is None:
-                self.last_event = self.saved = queue_settings.get(session,
-                                                                  queue_settings.NOTIFIED)
+                self.last_event = self.saved = queue_settings.get(session, queue_settings.NOTIFIED)
                 if self.last_event is None:  # a new queue, or one from before: from now on
                     self.last_event = newest
             if newest <= self.last_event:
                 self.tend()
                 return
-            rows = session.execute(self._events, {"after": self.last_event,
-                                                  "newest": newest}).all()
+            rows = session.execute(self._events, {"after": self.last_event, "newest": newest}).all()
             for event, job in rows:
                 for hook in self._hooks(session, event, job):
                     mine = self.queued_by_user.get(job.user, 0)
                     if mine >= defaults.MAX_QUEUED_HOOKS_PER_USER:
-                        log.warning("job %d: %s not run: %d hooks of %s's wait already",
-                                    job.id, hook.what, mine, job.user)
+                        log.warning(
+                            "job %d: %s not run: %d hooks of %s's wait already",
+                            job.id,
+                            hook.what,
+                            mine,
+                            job.user,
+                        )
                         continue
                     self.queued.append(hook)
                     self.queued_by_user[job.user] = mine + 1
-        self.last_event = (rows[-1][0].id if len(rows) == defaults.HOOK_EVENTS_PER_PASS
-                           else newest)
+        self.last_event = rows[-1][0].id if len(rows) == defaults.HOOK_EVENTS_PER_PASS else newest
         if rows or now >= self.next_save:
             self.save_position()
         self.tend()
@@ -134,10 +144,10 @@ class Notifier:
             return
         with self.db.read() as session:
             newest = _NEWEST_EVENT.scalar(session) or 0
-            first = session.execute(self._events, {"after": self.last_event,
-                                                   "newest": newest}).first()
-        self.last_event = first[0].id - 1 if first is not None else max(newest,
-                                                                         self.last_event)
+            first = session.execute(
+                self._events, {"after": self.last_event, "newest": newest}
+            ).first()
+        self.last_event = first[0].id - 1 if first is not None else max(newest, self.last_event)
         self.save_position()
 
     def save_position(self) -> None:
@@ -159,10 +169,13 @@ class Notifier:
         if self.on_finish:
             terminal = [state.value for state in JobState if state.terminal]
             wanted = or_(wanted, JobEvent.new_state.in_(terminal))
-        return (select(JobEvent, Job).join(Job, Job.id == JobEvent.job_id)
-                .where(JobEvent.id > bindparam("after"), JobEvent.id <= bindparam("newest"),
-                       wanted)
-                .order_by(JobEvent.id).limit(defaults.HOOK_EVENTS_PER_PASS))
+        return (
+            select(JobEvent, Job)
+            .join(Job, Job.id == JobEvent.job_id)
+            .where(JobEvent.id > bindparam("after"), JobEvent.id <= bindparam("newest"), wanted)
+            .order_by(JobEvent.id)
+            .limit(defaults.HOOK_EVENTS_PER_PASS)
+        )
 
     def tend(self) -> None:
         """Collect hooks that ended, kill those past their time, start queued ones: at most
@@ -176,13 +189,18 @@ class Notifier:
             if status is None:
                 kill_group(running.process.pid, signal.SIGKILL)
                 running.process.wait(1.0)
-                log.warning("job %d: its %s hook ran past %g s; killed", running.hook.job_id,
-                            running.hook.what, defaults.HOOK_TIMEOUT)
+                log.warning(
+                    "job %d: its %s hook ran past %g s; killed",
+                    running.hook.job_id,
+                    running.hook.what,
+                    defaults.HOOK_TIMEOUT,
+                )
             running.process.read_setup()  # closes its set-up pipe, whatever the outcome
             if status not in (None, 0):
                 why = running.process.setup_failure or f"exit status {status}"
-                log.warning("job %d: its %s hook failed (%s)", running.hook.job_id,
-                            running.hook.what, why)
+                log.warning(
+                    "job %d: its %s hook failed (%s)", running.hook.job_id, running.hook.what, why
+                )
             self.running.remove(running)
         busy: dict[str, int] = {}
         for running in self.running:
@@ -214,8 +232,7 @@ class Notifier:
             hooks.append(("--on-finish", self.on_finish))
         if job.mail_type and mail_events(job.mail_type, event.old_state, event.new_state):
             if self.mail is None:
-                log.warning("job %d: no mail command on this node; its mail is not sent",
-                            job.id)
+                log.warning("job %d: no mail command on this node; its mail is not sent", job.id)
             else:
                 hooks.append(("mail", _MAIL))
         if not hooks:
@@ -229,32 +246,55 @@ class Notifier:
                 log.warning("job %d: its hooks are not run: %s", job.id, exc)
                 return []
         env = {**self._environment(session, job, event), **identity}
-        return [Hook(job.id, what, self._spec(job, command, env, groups))
-                for what, command in hooks]
+        return [
+            Hook(job.id, what, self._spec(job, command, env, groups)) for what, command in hooks
+        ]
 
     def _environment(self, session, job: Job, event: JobEvent) -> dict[str, str]:
-        env = {key: value for key, value in queries.payload(session, job.payload_id).env.items()
-               if key == "PATH" or key.startswith("LANG") or key.startswith("LC_")}
+        env = {
+            key: value
+            for key, value in queries.payload(session, job.payload_id).env.items()
+            if key == "PATH" or key.startswith("LANG") or key.startswith("LC_")
+        }
         ran = (job.end_time or event.time) - job.start_time if job.start_time else 0.0
         state = event.new_state
         env.update(
-            GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name, GQ_JOB_STATE=state,
-            GQ_JOB_USER=job.user, GQ_JOB_EXIT_CODE="" if job.exit_code is None or
-            not JobState(state).terminal else str(job.exit_code),
-            GQ_JOB_RUN_TIME=f"{max(0.0, ran):.0f}", GQ_JOB_OUTPUT=job.stdout_path,
-            GQ_JOB_ERROR=job.stderr_path, GQ_MAIL_PROGRAM=self.mail or "mail",
+            GQ_JOB_ID=str(job.id),
+            GQ_JOB_NAME=job.name,
+            GQ_JOB_STATE=state,
+            GQ_JOB_USER=job.user,
+            GQ_JOB_EXIT_CODE=""
+            if job.exit_code is None or not JobState(state).terminal
+            else str(job.exit_code),
+            GQ_JOB_RUN_TIME=f"{max(0.0, ran):.0f}",
+            GQ_JOB_OUTPUT=job.stdout_path,
+            GQ_JOB_ERROR=job.stderr_path,
+            GQ_MAIL_PROGRAM=self.mail or "mail",
             GQ_MAIL_USER=job.mail_user or job.user,
             GQ_MAIL_SUBJECT=f"gq job {job.label} ({job.name}) {state}",
-            GQ_MAIL_BODY=(f"gq job {job.label} ({job.name}) of {job.user}: {state}"
-                          f"{'' if job.exit_code is None else f', exit code {job.exit_code}'}"
-                          f", run time {max(0.0, ran):.0f} s; output {job.stdout_path}"))
+            GQ_MAIL_BODY=(
+                f"gq job {job.label} ({job.name}) of {job.user}: {state}"
+                f"{'' if job.exit_code is None else f', exit code {job.exit_code}'}"
+                f", run time {max(0.0, ran):.0f} s; output {job.stdout_path}"
+            ),
+        )
         env.setdefault("PATH", os.defpath)
         return env
 
-    def _spec(self, job: Job, command: str, env: dict[str, str],
-              groups: list[int]) -> LaunchSpec:
+    def _spec(self, job: Job, command: str, env: dict[str, str], groups: list[int]) -> LaunchSpec:
         return LaunchSpec(
-            id=job.id, run=max(1, job.run_count), argv=["/bin/sh", "-c", command],
-            worker=False, cwd=job.workdir if os.path.isabs(job.workdir) else "/", env=env,
-            stdout="/dev/null", stderr="/dev/null", user=job.user, submit_time=job.submit_time,
-            uid=job.uid, gid=job.gid, groups=groups, umask=job.umask)
+            id=job.id,
+            run=max(1, job.run_count),
+            argv=["/bin/sh", "-c", command],
+            worker=False,
+            cwd=job.workdir if os.path.isabs(job.workdir) else "/",
+            env=env,
+            stdout="/dev/null",
+            stderr="/dev/null",
+            user=job.user,
+            submit_time=job.submit_time,
+            uid=job.uid,
+            gid=job.gid,
+            groups=groups,
+            umask=job.umask,
+        )

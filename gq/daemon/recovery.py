@@ -21,8 +21,9 @@ NODE_FAILURE = "node failure"
 LAUNCH_LOST = "its launch was lost while the daemon restarted; requeued"
 
 
-def kill_leftovers(backend: Cgroups | None, device: str, job_id: int, run: int,
-                   pid: int | None) -> None:
+def kill_leftovers(
+    backend: Cgroups | None, device: str, job_id: int, run: int, pid: int | None
+) -> None:
     """Workers die with their host, but what they started may not: kill the run's cgroup
     (everything it started, daemonised or not) and wait for it to empty; without cgroups,
     its process group."""
@@ -51,8 +52,9 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def recover(db: Database, device: str, adopted: set[int], survived: bool,
-            cgroups: Cgroups | None) -> list[int]:
+def recover(
+    db: Database, device: str, adopted: set[int], survived: bool, cgroups: Cgroups | None
+) -> list[int]:
     """End or requeue every job RUNNING on ``device`` that its just-attached host does not
     run (is not among the ``adopted``); return their ids.
 
@@ -62,24 +64,37 @@ def recover(db: Database, device: str, adopted: set[int], survived: bool,
     killed, then it is FAILED, or PENDING again for --requeue jobs.
     """
     with db.read() as session:
-        stale = [(job.id, job.run_count, job.pid, job.requeue, job.stop_request)
-                 for job in queries.jobs(session, states=[JobState.RUNNING])
-                 if job.id not in adopted and (job.device or "").split(",")[0] == device]
+        stale = [
+            (job.id, job.run_count, job.pid, job.requeue, job.stop_request)
+            for job in queries.jobs(session, states=[JobState.RUNNING])
+            if job.id not in adopted and (job.device or "").split(",")[0] == device
+        ]
     for job_id, run, pid, requeue, stop_request in stale:
         never_started = pid is None and survived
         if not never_started:
             kill_leftovers(cgroups, device, job_id, run, pid)
         with db.write() as session:
             if never_started and stop_request == transitions.CANCEL:
-                transitions.finish(session, job_id, JobState.CANCELLED, None,
-                                   "cancelled before its launch reached the host")
+                transitions.finish(
+                    session,
+                    job_id,
+                    JobState.CANCELLED,
+                    None,
+                    "cancelled before its launch reached the host",
+                )
             elif never_started:
                 transitions.requeue(session, job_id, LAUNCH_LOST, started=False)
             elif requeue:
                 transitions.requeue(session, job_id, f"{NODE_FAILURE}; requeued")
             else:
                 transitions.finish(session, job_id, JobState.FAILED, None, NODE_FAILURE)
-        log.warning("job %d was running on no live host: %s", job_id,
-                    "cancelled" if never_started and stop_request == transitions.CANCEL
-                    else "requeued" if never_started or requeue else "failed")
+        log.warning(
+            "job %d was running on no live host: %s",
+            job_id,
+            "cancelled"
+            if never_started and stop_request == transitions.CANCEL
+            else "requeued"
+            if never_started or requeue
+            else "failed",
+        )
     return [job_id for job_id, *_ in stale]

@@ -17,8 +17,13 @@ from gq.queue.engine import Database
 log = logging.getLogger("gq.daemon")
 
 
-def purge(db: Database, home: Home, retention: float, now: float | None = None,
-          batch: int = defaults.PURGE_BATCH) -> int:
+def purge(
+    db: Database,
+    home: Home,
+    retention: float,
+    now: float | None = None,
+    batch: int = defaults.PURGE_BATCH,
+) -> int:
     """Purge up to ``batch`` jobs that ended before ``now - retention``; how many went."""
     cutoff = (time.time() if now is None else now) - retention
     with db.write() as session:
@@ -37,8 +42,9 @@ def purge(db: Database, home: Home, retention: float, now: float | None = None,
         kept = queries.spool_paths_in_use(session, paths)
     spool.discard_snapshots(home, paths - kept)
     if doomed:
-        log.info("purged %d job(s) that ended before the retention of %s", len(doomed),
-                 _days(retention))
+        log.info(
+            "purged %d job(s) that ended before the retention of %s", len(doomed), _days(retention)
+        )
     return len(doomed)
 
 

@@ -26,16 +26,28 @@ from gq.messages import DeviceProcess, DeviceReading
 log = logging.getLogger("gq.daemon")
 
 # The figures a readings file may set, and the type each must have.
-RECORDED = {"utilization": float, "memory_used": int, "memory_total": int,
-            "external_memory": int, "temperature": float, "power": float,
-            "power_limit": float, "sm_clock": int, "ecc_errors": int}
+RECORDED = {
+    "utilization": float,
+    "memory_used": int,
+    "memory_total": int,
+    "external_memory": int,
+    "temperature": float,
+    "power": float,
+    "power_limit": float,
+    "sm_clock": int,
+    "ecc_errors": int,
+}
 
 
 class Sampler:
     """Reads every device; :meth:`sample` takes each device's jobs as (job id, pid)."""
 
-    def __init__(self, devices: Sequence[Device], readings: Path | None = None,
-                 job_of: Callable[[int], int | None] | None = None):
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        readings: Path | None = None,
+        job_of: Callable[[int], int | None] | None = None,
+    ):
         self.devices = list(devices)
         cuda = [d for d in self.devices if d.kind == "cuda"]
         self.nvml = _Nvml(cuda, job_of) if cuda else None
@@ -86,9 +98,14 @@ class Sampler:
             except (ValueError, KeyError, TypeError, AttributeError):
                 if number not in self._bad_lines:
                     self._bad_lines.add(number)
-                    log.warning("--readings %s line %d is not a reading; skipped "
-                                "(expected {\"device\": NAME, FIGURE: NUMBER, ...} with "
-                                "figures among %s)", self.readings, number, ", ".join(RECORDED))
+                    log.warning(
+                        "--readings %s line %d is not a reading; skipped "
+                        '(expected {"device": NAME, FIGURE: NUMBER, ...} with '
+                        "figures among %s)",
+                        self.readings,
+                        number,
+                        ", ".join(RECORDED),
+                    )
                 continue
             latest.setdefault(str(device), {}).update(figures)
         return latest
@@ -141,9 +158,15 @@ class _Psutil:
                 rss += memory
                 processes.append(DeviceProcess(process.pid, memory, job_id))
         utilization = min(100.0, 100.0 * busy / self.period) if self.period > 0 else None
-        return DeviceReading(time=now, source="psutil", utilization=utilization,
-                             memory_used=rss, memory_total=device.memory_total,
-                             temperature=self.temperature, processes=processes)
+        return DeviceReading(
+            time=now,
+            source="psutil",
+            utilization=utilization,
+            memory_used=rss,
+            memory_total=device.memory_total,
+            temperature=self.temperature,
+            processes=processes,
+        )
 
     def _tree(self, pid: int) -> list:
         try:
@@ -157,8 +180,9 @@ class _Psutil:
             sensors = self.psutil.sensors_temperatures()
         except (AttributeError, OSError):
             return None
-        currents = [entry.current for entries in sensors.values() for entry in entries
-                    if entry.current]
+        currents = [
+            entry.current for entries in sensors.values() for entry in entries if entry.current
+        ]
         return max(currents, default=None)
 
 
@@ -174,11 +198,15 @@ class _Nvml:
         self.handles = {}
         self.boards = {}  # temperature and power are the physical GPU's
         for device in devices:
-            board = pynvml.nvmlDeviceGetHandleByIndex(device.gpu if device.gpu is not None
-                                                      else device.index)
+            board = pynvml.nvmlDeviceGetHandleByIndex(
+                device.gpu if device.gpu is not None else device.index
+            )
             self.boards[device.name] = board
-            self.handles[device.name] = (pynvml.nvmlDeviceGetHandleByUUID(device.uuid)
-                                         if device.mig and device.uuid else board)
+            self.handles[device.name] = (
+                pynvml.nvmlDeviceGetHandleByUUID(device.uuid)
+                if device.mig and device.uuid
+                else board
+            )
 
     def close(self) -> None:
         self.nvml.nvmlShutdown()
@@ -191,23 +219,30 @@ class _Nvml:
         limit = self._get(nvml.nvmlDeviceGetEnforcedPowerLimit, board)
         reasons = self._get(nvml.nvmlDeviceGetCurrentClocksThrottleReasons, board)
         job_of = self._job_finder(jobs)
-        processes = [DeviceProcess(p.pid, p.usedGpuMemory, job_of(p.pid))
-                     for p in self._get(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []]
+        processes = [
+            DeviceProcess(p.pid, p.usedGpuMemory, job_of(p.pid))
+            for p in self._get(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        ]
         return DeviceReading(
-            time=now, source="nvml",
+            time=now,
+            source="nvml",
             utilization=None if utilization is None else float(utilization.gpu),
             memory_used=None if memory is None else int(memory.used),
             memory_total=None if memory is None else int(memory.total),
             external_memory=sum(p.memory or 0 for p in processes if p.job is None),
-            temperature=self._get(nvml.nvmlDeviceGetTemperature, board,
-                                  nvml.NVML_TEMPERATURE_GPU),
+            temperature=self._get(nvml.nvmlDeviceGetTemperature, board, nvml.NVML_TEMPERATURE_GPU),
             power=None if power is None else power / 1000.0,
             power_limit=None if limit is None else limit / 1000.0,
             sm_clock=self._get(nvml.nvmlDeviceGetClockInfo, board, nvml.NVML_CLOCK_SM),
             throttle=[] if reasons is None else throttle_reasons(nvml, reasons),
-            ecc_errors=self._get(nvml.nvmlDeviceGetTotalEccErrors, handle,
-                                 nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC),
-            processes=processes)
+            ecc_errors=self._get(
+                nvml.nvmlDeviceGetTotalEccErrors,
+                handle,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvml.NVML_VOLATILE_ECC,
+            ),
+            processes=processes,
+        )
 
     def _get(self, call, *args):
         """One figure, or None where the device does not report it (MIG, older boards)."""
@@ -230,21 +265,24 @@ class _Nvml:
         tree = {pid: job for job, pid in jobs}
         for job, pid in jobs:
             try:
-                tree.update({child.pid: job for child in
-                             psutil.Process(pid).children(recursive=True)})
+                tree.update(
+                    {child.pid: job for child in psutil.Process(pid).children(recursive=True)}
+                )
             except psutil.Error:
                 continue
         return tree.get
 
 
-_THROTTLE = (("nvmlClocksThrottleReasonGpuIdle", "idle"),
-             ("nvmlClocksThrottleReasonApplicationsClocksSetting", "app_clocks"),
-             ("nvmlClocksThrottleReasonSwPowerCap", "sw_power_cap"),
-             ("nvmlClocksThrottleReasonHwSlowdown", "hw_slowdown"),
-             ("nvmlClocksThrottleReasonSyncBoost", "sync_boost"),
-             ("nvmlClocksThrottleReasonSwThermalSlowdown", "sw_thermal"),
-             ("nvmlClocksThrottleReasonHwThermalSlowdown", "hw_thermal"),
-             ("nvmlClocksThrottleReasonHwPowerBrakeSlowdown", "hw_power_brake"))
+_THROTTLE = (
+    ("nvmlClocksThrottleReasonGpuIdle", "idle"),
+    ("nvmlClocksThrottleReasonApplicationsClocksSetting", "app_clocks"),
+    ("nvmlClocksThrottleReasonSwPowerCap", "sw_power_cap"),
+    ("nvmlClocksThrottleReasonHwSlowdown", "hw_slowdown"),
+    ("nvmlClocksThrottleReasonSyncBoost", "sync_boost"),
+    ("nvmlClocksThrottleReasonSwThermalSlowdown", "sw_thermal"),
+    ("nvmlClocksThrottleReasonHwThermalSlowdown", "hw_thermal"),
+    ("nvmlClocksThrottleReasonHwPowerBrakeSlowdown", "hw_power_brake"),
+)
 
 
 def throttle_reasons(nvml, mask: int) -> list[str]:

@@ -55,10 +55,15 @@ class Connection:
 
 
 class Server:
-    def __init__(self, home: Home, selector: selectors.BaseSelector, dispatch: Dispatch,
-                 identify: Callable[[int, int, int], Caller],
-                 limits: ConnectionLimits = ConnectionLimits(),
-                 park: Callable[[Connection, object], None] | None = None):
+    def __init__(
+        self,
+        home: Home,
+        selector: selectors.BaseSelector,
+        dispatch: Dispatch,
+        identify: Callable[[int, int, int], Caller],
+        limits: ConnectionLimits = ConnectionLimits(),
+        park: Callable[[Connection, object], None] | None = None,
+    ):
         self.home = home
         self.limits = limits
         self.idle = limits.idle
@@ -94,13 +99,15 @@ class Server:
                 return
             sock.setblocking(False)
             pid, uid, gid = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )
             refusal = self._over_limit(uid)
             if refusal is not None:
                 _refuse(sock, refusal)
                 continue
-            connection = Connection(sock, self.identify(pid, uid, gid),
-                                    time.monotonic() + self.idle)
+            connection = Connection(
+                sock, self.identify(pid, uid, gid), time.monotonic() + self.idle
+            )
             self.connections.add(connection)
             self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
             self.selector.register(sock, selectors.EVENT_READ, connection)
@@ -108,11 +115,15 @@ class Server:
     def _over_limit(self, uid: int) -> str | None:
         """Why a new connection of ``uid`` is refused, if it is."""
         if self.per_uid.get(uid, 0) >= self.limits.per_user:
-            return (f"uid {uid} has {self.limits.per_user} connections to the daemon open "
-                    "(its limit, --max-connections-per-user); close some and try again")
+            return (
+                f"uid {uid} has {self.limits.per_user} connections to the daemon open "
+                "(its limit, --max-connections-per-user); close some and try again"
+            )
         if len(self.connections) >= self.limits.total:
-            return (f"the daemon has {self.limits.total} clients connected (its limit, "
-                    "--max-connections); try again shortly")
+            return (
+                f"the daemon has {self.limits.total} clients connected (its limit, "
+                "--max-connections); try again shortly"
+            )
         return None
 
     def service(self, connection: Connection, mask: int) -> None:
@@ -130,8 +141,9 @@ class Server:
     def expire(self, now: float) -> None:
         """Drop clients that sent no request, or read no answer, in time."""
         for connection in [c for c in self.connections if now > c.deadline]:
-            log.info("dropping uid %d's connection: idle for %g s", connection.caller.uid,
-                     self.idle)
+            log.info(
+                "dropping uid %d's connection: idle for %g s", connection.caller.uid, self.idle
+            )
             self._drop(connection)
 
     def next_deadline(self) -> float | None:
@@ -156,17 +168,31 @@ class Server:
         connection.inbox += chunk
         if self._over_buffer(connection):
             connection.inbox.clear()
-            self._answer(connection, messages.encode(messages.Error(
-                f"uid {connection.caller.uid} has over {defaults.MAX_BUFFERED_PER_USER} bytes "
-                "of requests in flight; refused")), [])
+            self._answer(
+                connection,
+                messages.encode(
+                    messages.Error(
+                        f"uid {connection.caller.uid} has over "
+                        f"{defaults.MAX_BUFFERED_PER_USER} bytes of requests in flight; refused"
+                    )
+                ),
+                [],
+            )
             return
         newline = connection.inbox.find(b"\n")
         if newline < 0 or newline > self.limits.request:
             if len(connection.inbox) > self.limits.request:
                 connection.inbox.clear()
-                self._answer(connection, messages.encode(messages.Error(
-                    f"request over {self.limits.request} bytes (the daemon's --max-request); "
-                    "refused")), [])
+                self._answer(
+                    connection,
+                    messages.encode(
+                        messages.Error(
+                            f"request over {self.limits.request} bytes (the daemon's "
+                            "--max-request); refused"
+                        )
+                    ),
+                    [],
+                )
             return
         line = bytes(connection.inbox[:newline])
         connection.inbox.clear()
@@ -186,16 +212,18 @@ class Server:
         self.selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
         self._write(connection)
         if connection in self.connections and self._over_buffer(connection):
-            log.warning("dropping uid %d's connection: its clients leave over %d bytes of "
-                        "answers unread", connection.caller.uid, defaults.MAX_BUFFERED_PER_USER)
+            log.warning(
+                "dropping uid %d's connection: its clients leave over %d bytes of answers unread",
+                connection.caller.uid,
+                defaults.MAX_BUFFERED_PER_USER,
+            )
             self._drop(connection)
 
     def _over_buffer(self, connection: Connection) -> bool:
         """Whether the daemon holds more than its share of bytes for this connection's uid:
         requests still arriving and answers its clients do not read, on all its connections."""
         uid = connection.caller.uid
-        held = sum(len(c.inbox) + len(c.outbox) for c in self.connections
-                   if c.caller.uid == uid)
+        held = sum(len(c.inbox) + len(c.outbox) for c in self.connections if c.caller.uid == uid)
         return held > defaults.MAX_BUFFERED_PER_USER
 
     def _write(self, connection: Connection) -> None:

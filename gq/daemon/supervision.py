@@ -92,10 +92,17 @@ def probed(job) -> bool:
 
 
 class Supervisor:
-    def __init__(self, home: Home, db: Database, devices: list[Device], settings: HostSettings,
-                 selector: selectors.BaseSelector, wake: Callable[[], None],
-                 metrics: Callable[[], Metrics | None],
-                 probe_wait: float = defaults.PROBE_IDLE_SECONDS):
+    def __init__(
+        self,
+        home: Home,
+        db: Database,
+        devices: list[Device],
+        settings: HostSettings,
+        selector: selectors.BaseSelector,
+        wake: Callable[[], None],
+        metrics: Callable[[], Metrics | None],
+        probe_wait: float = defaults.PROBE_IDLE_SECONDS,
+    ):
         self.home = home
         self.probe_wait = probe_wait  # seconds a probe waits for a first iteration
         self.db = db
@@ -112,13 +119,17 @@ class Supervisor:
         self.switches: dict[str, int] = {}  # lane switches per device, as its host counts them
         self.policy: wire.SetPolicy | None = None
         self._handlers: dict[type, Callable] = {
-            wire.Started: self._on_started, wire.LaunchFailed: self._on_launch_failed,
-            wire.Exited: self._on_exit, wire.Progress: self._on_progress,
+            wire.Started: self._on_started,
+            wire.LaunchFailed: self._on_launch_failed,
+            wire.Exited: self._on_exit,
+            wire.Progress: self._on_progress,
             wire.State: lambda name, _: log.warning("host %s sent its state unasked", name),
             wire.ForeignState: lambda name, _: None,
         }
-        self._together: dict[type, Callable] = {wire.Started: self._on_starts,
-                                                wire.Exited: self._on_exits}
+        self._together: dict[type, Callable] = {
+            wire.Started: self._on_starts,
+            wire.Exited: self._on_exits,
+        }
 
     # ----- attaching ------------------------------------------------------------------
     def attach(self, device: Device, start: bool = True) -> None:
@@ -133,18 +144,27 @@ class Supervisor:
         self.hosts[device.name] = host
         self.selector.register(host.channel.sock, selectors.EVENT_READ, device.name)
         if not host.current:
-            log.warning("the execution host of %s runs version %s, this daemon %s: draining "
-                        "it (no new jobs; it exits after its last one)", device.name,
-                        host.version, HOST_VERSION)
+            log.warning(
+                "the execution host of %s runs version %s, this daemon %s: draining "
+                "it (no new jobs; it exits after its last one)",
+                device.name,
+                host.version,
+                HOST_VERSION,
+            )
             if not host.draining:
                 host.draining = True
                 self.send(device.name, wire.Drain())
         if not isinstance(state, wire.State):
             return  # unreadable: its jobs are recovered once it has gone
         if host.process is None:
-            log.info("re-adopted the execution host of %s (pid %d): %d job(s) running, "
-                     "%d ended meanwhile", device.name, host.pid, len(state.residents),
-                     len(state.exited))
+            log.info(
+                "re-adopted the execution host of %s (pid %d): %d job(s) running, "
+                "%d ended meanwhile",
+                device.name,
+                host.pid,
+                len(state.residents),
+                len(state.exited),
+            )
         if self.policy is not None and host.current:
             self.send(device.name, self.policy)
         for job in [r for r in self.running.values() if r.host == device.name]:
@@ -153,11 +173,17 @@ class Supervisor:
         self._adopt(host, state)
         # Only now, with the device's host attached, is a job the queue says runs there and
         # the host does not know lost for sure.
-        recovered = recovery.recover(self.db, device.name, set(self.running),
-                                     survived=host.process is None, cgroups=self.cgroups)
+        recovered = recovery.recover(
+            self.db,
+            device.name,
+            set(self.running),
+            survived=host.process is None,
+            cgroups=self.cgroups,
+        )
         if recovered:
-            log.warning("jobs left running on %s that its host does not run: %s",
-                        device.name, recovered)
+            log.warning(
+                "jobs left running on %s that its host does not run: %s", device.name, recovered
+            )
 
     def _adopt(self, host: HostHandle, state: wire.State) -> None:
         """Take over the jobs a host runs, and record those that ended while no daemon ran.
@@ -177,8 +203,12 @@ class Supervisor:
         for item in state.residents:
             row = this_run(item)
             if row is None:
-                log.warning("host of %s runs job %d (run %d), which the queue does not: "
-                            "ending it", name, item.job, item.run)
+                log.warning(
+                    "host of %s runs job %d (run %d), which the queue does not: ending it",
+                    name,
+                    item.job,
+                    item.run,
+                )
                 self.send(name, wire.Kill(item.job, StopWhy.STRAY))
                 continue
             job = self.running[row.id] = self._running_from(row, name)
@@ -205,13 +235,24 @@ class Supervisor:
     def _running_from(self, row: Job, host: str) -> Running:
         names = (row.device or host).split(",")
         devices = [d for d in self.devices if d.name in names]
-        return Running(job_id=row.id, run=row.run_count, started=row.start_time or time.time(),
-                       devices=devices,
-                       lane=row.lane or 0, host=host, time_limit=row.time_limit,
-                       requeue=row.requeue, footprint=footprint(row),
-                       exclusive=_alone(row, devices), priority=row.priority, pid=row.pid,
-                       host_mem=row.host_mem, cpus=row.cpus, probing=probed(row),
-                       interactive=bool(row.interactive))
+        return Running(
+            job_id=row.id,
+            run=row.run_count,
+            started=row.start_time or time.time(),
+            devices=devices,
+            lane=row.lane or 0,
+            host=host,
+            time_limit=row.time_limit,
+            requeue=row.requeue,
+            footprint=footprint(row),
+            exclusive=_alone(row, devices),
+            priority=row.priority,
+            pid=row.pid,
+            host_mem=row.host_mem,
+            cpus=row.cpus,
+            probing=probed(row),
+            interactive=bool(row.interactive),
+        )
 
     # ----- talking to hosts -----------------------------------------------------------
     def send(self, name: str, message: object) -> None:
@@ -230,25 +271,44 @@ class Supervisor:
                 if transitions.start(session, job_id, ",".join(d.name for d in devices), lane):
                     started.append((job_id, devices, lane))  # else cancelled or held meanwhile
             jobs, payloads = queries.launching(session, [job_id for job_id, _, _ in started])
-            spans = {array_id: queries.array_span(session, array_id)
-                     for array_id in {job.array_job_id for job in jobs.values()} - {None}}
+            spans = {
+                array_id: queries.array_span(session, array_id)
+                for array_id in {job.array_job_id for job in jobs.values()} - {None}
+            }
         for job_id, devices, lane in started:
             job = jobs[job_id]
-            self._send_launch(job, payloads.get(job.payload_id), devices, lane,
-                              spans.get(job.array_job_id))
+            self._send_launch(
+                job, payloads.get(job.payload_id), devices, lane, spans.get(job.array_job_id)
+            )
 
-    def _send_launch(self, job: queries.JobRow, payload: queries.PayloadRow | None,
-                     devices: list[Device], lane: int,
-                     span: tuple[int, int, int, int] | None) -> None:
+    def _send_launch(
+        self,
+        job: queries.JobRow,
+        payload: queries.PayloadRow | None,
+        devices: list[Device],
+        lane: int,
+        span: tuple[int, int, int, int] | None,
+    ) -> None:
         """Launch one started job (its row and its payload's, as read in its transaction;
         a job whose payload is missing fails, as any job gq cannot launch)."""
-        running = Running(job_id=job.id, run=job.run_count, started=job.start_time,
-                          devices=devices, lane=lane, host=devices[0].name,
-                          time_limit=job.time_limit, requeue=job.requeue,
-                          footprint=footprint(job), exclusive=_alone(job, devices),
-                          priority=job.priority, host_mem=job.host_mem, cpus=job.cpus,
-                          suspended=False, probing=probed(job),
-                          interactive=bool(job.interactive))
+        running = Running(
+            job_id=job.id,
+            run=job.run_count,
+            started=job.start_time,
+            devices=devices,
+            lane=lane,
+            host=devices[0].name,
+            time_limit=job.time_limit,
+            requeue=job.requeue,
+            footprint=footprint(job),
+            exclusive=_alone(job, devices),
+            priority=job.priority,
+            host_mem=job.host_mem,
+            cpus=job.cpus,
+            suspended=False,
+            probing=probed(job),
+            interactive=bool(job.interactive),
+        )
         self.running[job.id] = running
         if (metrics := self.metrics()) is not None:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))
@@ -263,8 +323,9 @@ class Supervisor:
             self.end(running, None, JobState.FAILED, f"cannot launch job {job.id}: {exc}")
         except Exception:  # noqa: BLE001 - recorded started, it must not stay RUNNING
             log.exception("cannot launch job %d", job.id)
-            self.end(running, None, JobState.FAILED,
-                     f"cannot launch job {job.id}; see the daemon's log")
+            self.end(
+                running, None, JobState.FAILED, f"cannot launch job {job.id}; see the daemon's log"
+            )
 
     def kill(self, job: Running, why: StopWhy) -> None:
         job.kill_why = why
@@ -306,9 +367,13 @@ class Supervisor:
                     together(name, messages)
                     messages = []
                 except Exception:  # noqa: BLE001 - each on its own below
-                    log.exception("cannot record %d %s reports from the host of %s together; "
-                                  "recording them one by one", len(messages), kind.__name__,
-                                  name)
+                    log.exception(
+                        "cannot record %d %s reports from the host of %s together; "
+                        "recording them one by one",
+                        len(messages),
+                        kind.__name__,
+                        name,
+                    )
             for message in messages:
                 self._isolated(name, self._handlers[type(message)], message)
                 if self.hosts.get(name) is not host:
@@ -326,11 +391,14 @@ class Supervisor:
         try:
             handler(name, message)
         except Exception:  # noqa: BLE001 - one report must not stop the daemon
-            log.exception("error handling %s from the host of %s (job %s)",
-                          type(message).__name__, name, getattr(message, "job", "-"))
+            log.exception(
+                "error handling %s from the host of %s (job %s)",
+                type(message).__name__,
+                name,
+                getattr(message, "job", "-"),
+            )
 
-    def _this_run(self, message: wire.Started | wire.LaunchFailed | wire.Exited
-                  ) -> Running | None:
+    def _this_run(self, message: wire.Started | wire.LaunchFailed | wire.Exited) -> Running | None:
         job = self.running.get(message.job)
         return job if job is not None and job.run == message.run else None
 
@@ -338,8 +406,11 @@ class Supervisor:
         self._on_starts(name, [message])
 
     def _on_starts(self, name: str, messages: list[wire.Started]) -> None:
-        started = [(job, message.pid) for message in messages
-                   if (job := self._this_run(message)) is not None]
+        started = [
+            (job, message.pid)
+            for message in messages
+            if (job := self._this_run(message)) is not None
+        ]
         if not started:
             return
         with self.db.write() as session:
@@ -378,11 +449,19 @@ class Supervisor:
         peak = measured.persistent + measured.ephemeral  # believed up to its lane
         if job.probing and iterations >= defaults.PROBE_ITERATIONS:
             self.end_probe(job, peak)
-        elif not job.probing and not job.over and job.footprint.persistent and \
-                memory.over_figure(job.footprint.persistent, peak):
+        elif (
+            not job.probing
+            and not job.over
+            and job.footprint.persistent
+            and memory.over_figure(job.footprint.persistent, peak)
+        ):
             job.over = True
-            log.warning("job %d holds %s of device memory, more than its figure of %s (MEM!)",
-                        job.job_id, format_size(peak), format_size(job.footprint.persistent))
+            log.warning(
+                "job %d holds %s of device memory, more than its figure of %s (MEM!)",
+                job.job_id,
+                format_size(peak),
+                format_size(job.footprint.persistent),
+            )
 
     def end_probes(self, now: float) -> None:
         """Probes that ran their time (jobs of fewer iterations, counted from the first, or
@@ -390,9 +469,11 @@ class Supervisor:
         they were measured to hold so far; where nothing was, they have none, and count as
         what they are seen to hold."""
         for job in list(self.running.values()):
-            since, limit = ((job.iterating_since, defaults.PROBE_SECONDS)
-                            if job.iterating_since is not None
-                            else (job.started, self.probe_wait))
+            since, limit = (
+                (job.iterating_since, defaults.PROBE_SECONDS)
+                if job.iterating_since is not None
+                else (job.started, self.probe_wait)
+            )
             if job.probing and now - since >= limit:
                 measured = job.measured or admission.Footprint()
                 self.end_probe(job, measured.persistent + measured.ephemeral)
@@ -404,14 +485,18 @@ class Supervisor:
         if peak > 0:  # kept in the queue first: a probe whose figure was lost goes on
             figure = min(memory.probed_figure(peak), self._lane_memory(job))
             with self.db.write() as session:
-                transitions.set_memory_figure(session, job.job_id, figure,
-                                              messages.MemoryBasis.MEASURED)
+                transitions.set_memory_figure(
+                    session, job.job_id, figure, messages.MemoryBasis.MEASURED
+                )
             job.footprint = admission.Footprint(persistent=figure)
             self._send_cap(job.host, job.job_id, job.run, figure)
             log.info("job %d: probed at %s of device memory", job.job_id, format_size(figure))
         else:
-            log.info("job %d: no memory measured by its probe's end; it counts as what it "
-                     "is seen to hold", job.job_id)
+            log.info(
+                "job %d: no memory measured by its probe's end; it counts as what it "
+                "is seen to hold",
+                job.job_id,
+            )
         job.probing = False
         self.wake()
 
@@ -426,13 +511,13 @@ class Supervisor:
         try:
             message = wire.checked(wire.Cap(job_id, run, figure))
         except MessageError as exc:
-            log.warning("job %d: its figure of %d bytes cannot be its cap: %s", job_id, figure,
-                        exc)
+            log.warning("job %d: its figure of %d bytes cannot be its cap: %s", job_id, figure, exc)
             return
         self.send(name, message)
 
-    def _plausible_footprint(self, job: Running, progress: transitions.Progress
-                             ) -> admission.Footprint:
+    def _plausible_footprint(
+        self, job: Running, progress: transitions.Progress
+    ) -> admission.Footprint:
         """The memory a job's worker reports, believed up to its lane's capacity: as much as
         the job could have asked for with --gpu-mem, never more (the figures are its word)."""
         lane = self._lane_memory(job)
@@ -441,23 +526,40 @@ class Supervisor:
         return admission.Footprint(persistent, max(0, peak - persistent))
 
     # ----- job ends -------------------------------------------------------------------
-    def _reported_end(self, job: Running, report: wire.Exited) -> tuple[
-            Running, Ending, float | None, transitions.Progress]:
+    def _reported_end(
+        self, job: Running, report: wire.Exited
+    ) -> tuple[Running, Ending, float | None, transitions.Progress]:
         """A run's end as its host reported it, as :meth:`_record_ends` takes it: a run that
         ran out of memory with what its lane had free beside its neighbours."""
         ending = _ending(job, report)
         shortage = report.shortage
         why = report.kill_why or job.kill_why
-        if shortage is not None and (report.code or report.signal) and \
-                why in (None, StopWhy.MEMORY):
+        if (
+            shortage is not None
+            and (report.code or report.signal)
+            and why in (None, StopWhy.MEMORY)
+        ):
             # What a job could get at most: a lane of an empty device of the kind and
             # model it runs on (its words are believed no further).
-            largest = max(d.memory_total for d in self.devices
-                          if (d.whole, d.model) == (job.devices[0].whole, job.devices[0].model)
-                          ) // self.settings.lanes
-            ending = Ending(JobState.FAILED, ending.exit_code, None, ran_out=RanOut(
-                min(shortage.held, largest + 1), None if shortage.wanted is None
-                else min(shortage.wanted, largest + 1), self._free_beside(job), largest))
+            largest = (
+                max(
+                    d.memory_total
+                    for d in self.devices
+                    if (d.whole, d.model) == (job.devices[0].whole, job.devices[0].model)
+                )
+                // self.settings.lanes
+            )
+            ending = Ending(
+                JobState.FAILED,
+                ending.exit_code,
+                None,
+                ran_out=RanOut(
+                    min(shortage.held, largest + 1),
+                    None if shortage.wanted is None else min(shortage.wanted, largest + 1),
+                    self._free_beside(job),
+                    largest,
+                ),
+            )
         return job, ending, report.end_time or None, _progress(report)
 
     def _lane_memory(self, job: Running) -> int:
@@ -466,12 +568,17 @@ class Supervisor:
 
     def _free_beside(self, job: Running) -> int:
         """What the job's lane had free beside the other jobs there."""
-        lane = admission.LaneLoad(self._lane_memory(job),
-                                  overhead=max(map(context_memory, job.devices)))
+        lane = admission.LaneLoad(
+            self._lane_memory(job), overhead=max(map(context_memory, job.devices))
+        )
         names = {d.name for d in job.devices}
-        lane.footprints = [other.footprint_now() for other in self.running.values()
-                           if other is not job and other.lane == job.lane
-                           and names & {d.name for d in other.devices}]
+        lane.footprints = [
+            other.footprint_now()
+            for other in self.running.values()
+            if other is not job
+            and other.lane == job.lane
+            and names & {d.name for d in other.devices}
+        ]
         return lane.headroom()
 
     def _on_exit(self, name: str, report: wire.Exited) -> None:
@@ -484,29 +591,47 @@ class Supervisor:
             try:
                 self._record_ends([self._reported_end(job, report)])
             except Exception:  # noqa: BLE001 - recorded as a failure below
-                log.exception("cannot record the exit of job %d (run %d): %r", job.job_id,
-                              job.run, report)
+                log.exception(
+                    "cannot record the exit of job %d (run %d): %r", job.job_id, job.run, report
+                )
                 self.progress.pop(job.job_id, None)
-                self.end(job, None, JobState.FAILED,
-                         "its exit could not be recorded; see the daemon's log")
+                self.end(
+                    job,
+                    None,
+                    JobState.FAILED,
+                    "its exit could not be recorded; see the daemon's log",
+                )
         self.send(name, wire.Ack(report.job, report.run))
 
     def _on_exits(self, name: str, reports: list[wire.Exited]) -> None:
         """Several exits in one transaction, acknowledged once it has committed."""
-        self._record_ends([self._reported_end(job, report) for report in reports
-                           if (job := self._this_run(report)) is not None])
+        self._record_ends(
+            [
+                self._reported_end(job, report)
+                for report in reports
+                if (job := self._this_run(report)) is not None
+            ]
+        )
         for report in reports:
             self.send(name, wire.Ack(report.job, report.run))
 
-    def end(self, job: Running, exit_code: int | None, state: JobState, reason: str | None,
-            requeue: bool = False, end: float | None = None, counted: bool = True) -> None:
+    def end(
+        self,
+        job: Running,
+        exit_code: int | None,
+        state: JobState,
+        reason: str | None,
+        requeue: bool = False,
+        end: float | None = None,
+        counted: bool = True,
+    ) -> None:
         """Record the run's end: the job's end state, or back to the queue (``requeue``;
         ``counted=False``: a run that ran no iteration, not counted among its runs)."""
-        self._record_ends([(job, Ending(state, exit_code, reason, requeue, counted), end,
-                            None)])
+        self._record_ends([(job, Ending(state, exit_code, reason, requeue, counted), end, None)])
 
-    def _record_ends(self, ends: list[tuple[Running, Ending, float | None,
-                                            transitions.Progress | None]]) -> None:
+    def _record_ends(
+        self, ends: list[tuple[Running, Ending, float | None, transitions.Progress | None]]
+    ) -> None:
         """Record runs' ends (each with its end time, and its last progress if its exit
         report carried one) in one transaction; forget the runs once it has committed."""
         requeued, verdicts = set(), {}
@@ -515,28 +640,42 @@ class Supervisor:
                 progress = last or self.progress.get(job.job_id)
                 reason = ending.reason
                 if ending.ran_out is not None:
-                    verdict = verdicts[job.job_id] = self._ran_out(session, job, ending, end,
-                                                                   progress)
+                    verdict = verdicts[job.job_id] = self._ran_out(
+                        session, job, ending, end, progress
+                    )
                     if verdict is not None and verdict.requeue:
                         requeued.add(job.job_id)
                     continue
                 if not ending.requeue and ending.state is not JobState.FAILED:
-                    transitions.finish(session, job.job_id, ending.state, ending.exit_code,
-                                       reason, now=end, progress=progress)
+                    transitions.finish(
+                        session,
+                        job.job_id,
+                        ending.state,
+                        ending.exit_code,
+                        reason,
+                        now=end,
+                        progress=progress,
+                    )
                     continue  # the common case: one statement and its event
                 if progress is not None:
                     transitions.record_progress(session, job.job_id, progress)
                 if ending.requeue:
-                    transitions.requeue(session, job.job_id, reason if ending.state is
-                                        JobState.PENDING else f"{reason}; requeued",
-                                        now=end, started=ending.counted)
+                    transitions.requeue(
+                        session,
+                        job.job_id,
+                        reason if ending.state is JobState.PENDING else f"{reason}; requeued",
+                        now=end,
+                        started=ending.counted,
+                    )
                     requeued.add(job.job_id)
-                elif transitions.retry(session, job.job_id, ending.exit_code,
-                                       f"{reason or 'failed'}; retried", now=end):
+                elif transitions.retry(
+                    session, job.job_id, ending.exit_code, f"{reason or 'failed'}; retried", now=end
+                ):
                     requeued.add(job.job_id)  # --retries: it had runs left
                 else:
-                    transitions.finish(session, job.job_id, ending.state, ending.exit_code,
-                                       reason, now=end)
+                    transitions.finish(
+                        session, job.job_id, ending.state, ending.exit_code, reason, now=end
+                    )
         metrics = self.metrics()
         for job, ending, end, _ in ends:
             self.running.pop(job.job_id, None)
@@ -544,15 +683,26 @@ class Supervisor:
             again = job.job_id in requeued
             if metrics is not None:
                 metrics.run_time.labels("REQUEUED" if again else ending.state.value).observe(
-                    max(0.0, (end or time.time()) - job.started))
+                    max(0.0, (end or time.time()) - job.started)
+                )
             verdict = verdicts.get(job.job_id)
             reason = verdict.reason if verdict is not None else ending.reason
-            log.info("job %d %s%s", job.job_id, "requeued" if again else ending.state.value,
-                     f" ({reason})" if reason else "")
+            log.info(
+                "job %d %s%s",
+                job.job_id,
+                "requeued" if again else ending.state.value,
+                f" ({reason})" if reason else "",
+            )
         self.wake()
 
-    def _ran_out(self, session, job: Running, ending: Ending, end: float | None,
-                 progress: transitions.Progress | None) -> memory.Verdict | None:
+    def _ran_out(
+        self,
+        session,
+        job: Running,
+        ending: Ending,
+        end: float | None,
+        progress: transitions.Progress | None,
+    ) -> memory.Verdict | None:
         """Record a run that ran out of memory: back to the queue with its figure raised, or
         FAILED (see :mod:`gq.daemon.memory`); the verdict (None: the job was no longer
         RUNNING, and nothing changed)."""
@@ -562,12 +712,25 @@ class Supervisor:
         ran_out = ending.ran_out
         assert ran_out is not None
         verdict = memory.after_shortage(
-            ran_out.held, ran_out.wanted, row.mem, messages.OnOutOfMemory(
-                row.on_oom or messages.OnOutOfMemory.REQUEUE),
-            row.ooms or 0, row.retries, ran_out.free, ran_out.largest)
-        changed = transitions.ran_out_of_memory(session, job.job_id, verdict.requeue,
-                                                verdict.figure, verdict.reason,
-                                                ending.exit_code, now=end, progress=progress)
+            ran_out.held,
+            ran_out.wanted,
+            row.mem,
+            messages.OnOutOfMemory(row.on_oom or messages.OnOutOfMemory.REQUEUE),
+            row.ooms or 0,
+            row.retries,
+            ran_out.free,
+            ran_out.largest,
+        )
+        changed = transitions.ran_out_of_memory(
+            session,
+            job.job_id,
+            verdict.requeue,
+            verdict.figure,
+            verdict.reason,
+            ending.exit_code,
+            now=end,
+            progress=progress,
+        )
         return verdict if changed else None
 
     def flush(self) -> None:
@@ -587,8 +750,7 @@ class Supervisor:
                     with self.db.write() as session:
                         transitions.record_progress(session, job_id, progress)
                 except Exception:  # noqa: BLE001
-                    log.exception("cannot record job %d's progress %r; dropped", job_id,
-                                  progress)
+                    log.exception("cannot record job %d's progress %r; dropped", job_id, progress)
 
     # ----- hosts that go away ---------------------------------------------------------
     def restart_dead(self, now: float) -> None:
@@ -623,8 +785,13 @@ class Supervisor:
         self.down_since[name] = time.monotonic()
         lost = [r for r in self.running.values() if r.host == name]
         if host.alive(grace=_EXITING):  # its jobs stay counted until the next attach
-            log.warning("let go of the execution host of %s (%s); it keeps its %d job(s) "
-                        "and is attached again", name, why, len(lost))
+            log.warning(
+                "let go of the execution host of %s (%s); it keeps its %d job(s) "
+                "and is attached again",
+                name,
+                why,
+                len(lost),
+            )
             return
         if host.draining and not lost:
             log.info("the drained execution host of %s has exited", name)
@@ -632,8 +799,9 @@ class Supervisor:
         log.error("the execution host of %s died with %d job(s)", name, len(lost))
         for job in lost:
             recovery.kill_leftovers(self.cgroups, name, job.job_id, job.run, job.pid)
-            self.end(job, None, JobState.FAILED, f"execution host of {name} died",
-                     requeue=job.requeue)
+            self.end(
+                job, None, JobState.FAILED, f"execution host of {name} died", requeue=job.requeue
+            )
 
     def close(self, keep_jobs: bool) -> None:
         """The daemon stops: hosts keep their jobs (``keep_jobs``) or end them and exit."""
@@ -693,28 +861,37 @@ def _ending(job: Running, report: wire.Exited) -> Ending:
     if why is StopWhy.PROTOCOL:
         return Ending(JobState.FAILED, exit_code, f"protocol error: {report.detail}")
     if why is StopWhy.LAUNCH:
-        return Ending(JobState.FAILED, None, report.detail or "its process could not be "
-                      "started")
+        return Ending(JobState.FAILED, None, report.detail or "its process could not be started")
     if why is StopWhy.CANCEL:
         return Ending(JobState.CANCELLED, exit_code, "cancelled by user")
     if why is StopWhy.TIMEOUT:
-        return Ending(JobState.TIMEOUT, exit_code,
-                      f"time limit {format_duration(job.time_limit)} reached")
+        return Ending(
+            JobState.TIMEOUT, exit_code, f"time limit {format_duration(job.time_limit)} reached"
+        )
     if why is StopWhy.DEADLINE:
         return Ending(JobState.DEADLINE, exit_code, "deadline reached")
     if why is StopWhy.IDLE:  # as Jupyter's culler ends an idle kernel
-        return Ending(JobState.TIMEOUT, exit_code,
-                      f"idle timeout: {report.detail or 'no activity for its --idle-timeout'}")
+        return Ending(
+            JobState.TIMEOUT,
+            exit_code,
+            f"idle timeout: {report.detail or 'no activity for its --idle-timeout'}",
+        )
     if why is StopWhy.REQUEUE:
         return Ending(JobState.PENDING, exit_code, "requeued by user", requeue=True)
     if why is StopWhy.MOVE:
-        return Ending(JobState.PENDING, exit_code, "moved: another device starts it sooner",
-                      requeue=True, counted=False)
+        return Ending(
+            JobState.PENDING,
+            exit_code,
+            "moved: another device starts it sooner",
+            requeue=True,
+            counted=False,
+        )
     if why is StopWhy.HOST_MEMORY:
         return Ending(JobState.FAILED, exit_code, report.detail or "over its --host-mem")
     if why is StopWhy.HANGUP:  # as a login shell's end when its terminal closes
-        return Ending(JobState.FAILED, exit_code,
-                      f"hung up: {report.detail or 'its terminal was closed'}")
+        return Ending(
+            JobState.FAILED, exit_code, f"hung up: {report.detail or 'its terminal was closed'}"
+        )
     if why is StopWhy.SHUTDOWN:
         return Ending(JobState.FAILED, exit_code, "daemon stopped", requeue=job.requeue)
     if signum is not None:
@@ -727,14 +904,21 @@ def _ending(job: Running, report: wire.Exited) -> Ending:
 
 def _progress(item: wire.JobProgress) -> transitions.Progress:
     return transitions.Progress(
-        steps_done=item.steps_done, attained=item.attained,
-        mean_iteration=item.mean_iteration, mean_gap=item.mean_gap,
-        mem_persistent=item.mem_persistent, mem_peak=item.mem_peak,
-        holds_lane=item.holds_lane, steps_total=item.steps_total, startup=item.startup,
-        active_at=item.active_at)
+        steps_done=item.steps_done,
+        attained=item.attained,
+        mean_iteration=item.mean_iteration,
+        mean_gap=item.mean_gap,
+        mem_persistent=item.mem_persistent,
+        mem_peak=item.mem_peak,
+        holds_lane=item.holds_lane,
+        steps_total=item.steps_total,
+        startup=item.startup,
+        active_at=item.active_at,
+    )
 
 
 def _alone(job: Job | queries.JobRow, devices: list[Device]) -> bool:
     """Whether the running job has its devices to itself (see admission's rule)."""
-    return admission.has_devices_alone(job.exclusive, job.interpreter is not None, job.gpus,
-                                       any(d.whole for d in devices))
+    return admission.has_devices_alone(
+        job.exclusive, job.interpreter is not None, job.gpus, any(d.whole for d in devices)
+    )

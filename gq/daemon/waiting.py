@@ -39,11 +39,17 @@ def ended(session, job_ids: list[int]) -> messages.WaitOver:
     """How each job ended (a light read: a few columns, however many jobs)."""
     rows = []
     for part in chunks(sorted(job_ids)):
-        rows += session.execute(select(Job.id, Job.array_job_id, Job.array_task_id, Job.state,
-                                       Job.exit_code).where(Job.id.in_(part))).all()
-    return messages.WaitOver([
-        messages.EndedJob(str(job_id) if array is None else f"{array}_{task}", state, code)
-        for job_id, array, task, state, code in rows])
+        rows += session.execute(
+            select(Job.id, Job.array_job_id, Job.array_task_id, Job.state, Job.exit_code).where(
+                Job.id.in_(part)
+            )
+        ).all()
+    return messages.WaitOver(
+        [
+            messages.EndedJob(str(job_id) if array is None else f"{array}_{task}", state, code)
+            for job_id, array, task, state, code in rows
+        ]
+    )
 
 
 class Waiters:
@@ -57,8 +63,10 @@ class Waiters:
         for at once, over all their connections."""
         held = sum(len(w.unfinished) for w in self.waiting.values() if w.uid == uid)
         if held + count > defaults.MAX_WAITED:
-            raise UserError(f"uid {uid} waits for {held} jobs already; {count} more would "
-                            f"pass the node's limit of {defaults.MAX_WAITED}; wait for fewer")
+            raise UserError(
+                f"uid {uid} waits for {held} jobs already; {count} more would "
+                f"pass the node's limit of {defaults.MAX_WAITED}; wait for fewer"
+            )
 
     def add(self, connection: Connection, waiting: Waiting) -> None:
         if self.last_event is None:
@@ -76,9 +84,10 @@ class Waiters:
             del self.waiting[connection]  # its client went away
         with self.db.read() as session:
             rows = session.execute(
-                select(JobEvent.id, JobEvent.job_id).where(
-                    JobEvent.id > (self.last_event or 0), JobEvent.new_state.in_(_ENDED))
-                .order_by(JobEvent.id)).all()
+                select(JobEvent.id, JobEvent.job_id)
+                .where(JobEvent.id > (self.last_event or 0), JobEvent.new_state.in_(_ENDED))
+                .order_by(JobEvent.id)
+            ).all()
             if rows:
                 self.last_event = rows[-1][0]
             done = {job_id for _, job_id in rows}

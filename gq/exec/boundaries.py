@@ -39,8 +39,11 @@ class Boundary:
 
 
 # Every boundary there is, made once: one is decided at every optimizer step.
-_BOUNDARIES = {(count, release): Boundary(count, release)
-               for count in (None, TRAIN, MANUAL, INFER) for release in (False, True)}
+_BOUNDARIES = {
+    (count, release): Boundary(count, release)
+    for count in (None, TRAIN, MANUAL, INFER)
+    for release in (False, True)
+}
 NOTHING = _BOUNDARIES[None, False]
 
 
@@ -60,8 +63,7 @@ class LoopShape:
     def forward_begins(self, module: object, has_parameters: bool) -> Boundary:
         """An outermost module call begins (before the lane is acquired for it)."""
         boundary = NOTHING
-        if (self.first_optimizer is None and self.backward_since_boundary
-                and module == self.model):
+        if self.first_optimizer is None and self.backward_since_boundary and module == self.model:
             boundary = _BOUNDARIES[MANUAL, True]
             self.backward_since_boundary = False
         if has_parameters and self.model is None:

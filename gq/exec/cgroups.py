@@ -77,10 +77,13 @@ class JobCgroup:
                 unenforced.append("its memory limit")
         if cpus is not None:
             quota = f"{cpus * _CPU_PERIOD} {_CPU_PERIOD}"
-            done = (_write(self.paths[V2], "cpu.max", quota) if self.v2 else
-                    "cpu" in self.paths and
-                    _write(self.paths["cpu"], "cpu.cfs_period_us", str(_CPU_PERIOD)) and
-                    _write(self.paths["cpu"], "cpu.cfs_quota_us", str(cpus * _CPU_PERIOD)))
+            done = (
+                _write(self.paths[V2], "cpu.max", quota)
+                if self.v2
+                else "cpu" in self.paths
+                and _write(self.paths["cpu"], "cpu.cfs_period_us", str(_CPU_PERIOD))
+                and _write(self.paths["cpu"], "cpu.cfs_quota_us", str(cpus * _CPU_PERIOD))
+            )
             if not done:
                 unenforced.append("its CPU count")
         return unenforced
@@ -250,8 +253,9 @@ class Cgroups:
     def job(self, device: str, job_id: int, run: int) -> JobCgroup:
         """The run's cgroup (naming only: nothing is read or made)."""
         name = f"{_plain(device)}/job-{int(job_id)}.{int(run)}"
-        return JobCgroup(name, {hierarchy: os.path.join(base, name)
-                                for hierarchy, base in self.bases.items()})
+        return JobCgroup(
+            name, {hierarchy: os.path.join(base, name) for hierarchy, base in self.bases.items()}
+        )
 
     def create(self, device: str, job_id: int, run: int) -> JobCgroup:
         """Make the run's cgroup (and its parents) in every hierarchy; OSError on failure."""
@@ -351,8 +355,12 @@ def detect(kind: str, scope: str) -> Cgroups | None:
     return None
 
 
-def _bases(mounts: dict[str, tuple[str, str]], own: dict[str, str],
-           hierarchies: tuple[str, ...], base_name: str) -> dict[str, str]:
+def _bases(
+    mounts: dict[str, tuple[str, str]],
+    own: dict[str, str],
+    hierarchies: tuple[str, ...],
+    base_name: str,
+) -> dict[str, str]:
     """The base directory in each of ``hierarchies`` where this process may make cgroups."""
     bases = {}
     for hierarchy in hierarchies:
@@ -430,7 +438,7 @@ def _directory(point: str, root: str, path: str) -> str | None:
     if root != "/":
         if path != root and not path.startswith(root + "/"):
             return None
-        path = path[len(root):]
+        path = path[len(root) :]
     parts = [part for part in path.split("/") if part]
     if ".." in parts:
         return None

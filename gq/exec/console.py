@@ -25,7 +25,6 @@ from types import FrameType
 
 from gq.exec import runtime
 
-
 TOUCH_EVERY = 1.0  # seconds between touches of a busy job's terminal (a utime call)
 
 
@@ -107,9 +106,11 @@ def interact() -> None:
         with open(startup, "rb") as handle:
             exec(compile(handle.read(), startup, "exec"), namespace)
     console = StatementConsole(namespace, session)
-    console.interact(banner=f"Python {sys.version} on {sys.platform}\nType \"help\", "
-                            "\"copyright\", \"credits\" or \"license\" for more information.",
-                     exitmsg="")
+    console.interact(
+        banner=f'Python {sys.version} on {sys.platform}\nType "help", '
+        '"copyright", "credits" or "license" for more information.',
+        exitmsg="",
+    )
 
 
 def interact_ipython() -> None:
@@ -135,6 +136,7 @@ def interact_ipython() -> None:
 def interrupting(session):
     """The SIGINT handler of a statement (or a cell): a KeyboardInterrupt, held back while
     the worker waits for a grant."""
+
     def on_interrupt(signum: int, frame: FrameType | None) -> None:
         if session.awaiting_grant:
             session.interrupted = True  # raised as the grant comes in

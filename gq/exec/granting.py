@@ -35,8 +35,7 @@ from gq.exec import lanes as lane_rule
 from gq.exec import protocol as wire
 from gq.exec.lease import implausible
 from gq.exec.protocol import StopWhy
-from gq.exec.residents import (HOLDS_LANE, Event, Lane, Resident, Standing, ready_to_grant,
-                               step)
+from gq.exec.residents import HOLDS_LANE, Event, Lane, Resident, Standing, ready_to_grant, step
 from gq.policies.base import JobView, Policy
 
 log = logging.getLogger("gq.host")
@@ -59,9 +58,16 @@ class Granter:
     """The lanes of one device and the jobs resident on them (the host's own list and
     dict: the host adds a launched job to both, and this takes it off its lane)."""
 
-    def __init__(self, lanes: list[Lane], residents: dict[int, Resident],
-                 selector: selectors.BaseSelector, host: Processes, cuda: bool,
-                 policy: Policy, lane_memory: int | None = None):
+    def __init__(
+        self,
+        lanes: list[Lane],
+        residents: dict[int, Resident],
+        selector: selectors.BaseSelector,
+        host: Processes,
+        cuda: bool,
+        policy: Policy,
+        lane_memory: int | None = None,
+    ):
         self.lanes = lanes
         self.residents = residents
         self.selector = selector
@@ -82,8 +88,9 @@ class Granter:
             if holder is not None:
                 if holder.standing is Standing.RECALLED:  # tried more rarely as it goes on
                     asked = now - holder.recalled_at
-                    due = min(due, min(defaults.RECALL_POLL_MAX,
-                                       max(defaults.RECALL_POLL, asked / 4)))
+                    due = min(
+                        due, min(defaults.RECALL_POLL_MAX, max(defaults.RECALL_POLL, asked / 4))
+                    )
                 continue
             if not ready_to_grant(lane):
                 continue
@@ -163,7 +170,7 @@ class Granter:
     def end_for_protocol(self, resident: Resident, detail: str) -> None:
         """A worker that breaks the protocol loses its job, at once, and nothing else."""
         log.warning("job %d: %s; ending it", resident.job_id, detail)
-        resident.detail = detail[:defaults.MAX_TEXT]
+        resident.detail = detail[: defaults.MAX_TEXT]
         self.drop_channel(resident)
         self.host.kill(resident, StopWhy.PROTOCOL, grace=0.0)
 
@@ -237,10 +244,18 @@ class Granter:
         peak = resident.mem_peak
         if peak is None:
             return
-        if (resident.mem_cap is not None and not self.cuda and resident.cgroup_cap is None
-                and peak > resident.mem_cap):
-            log.warning("job %d: holds %d bytes, over its cap of %d; ending it",
-                        resident.job_id, peak, resident.mem_cap)
+        if (
+            resident.mem_cap is not None
+            and not self.cuda
+            and resident.cgroup_cap is None
+            and peak > resident.mem_cap
+        ):
+            log.warning(
+                "job %d: holds %d bytes, over its cap of %d; ending it",
+                resident.job_id,
+                peak,
+                resident.mem_cap,
+            )
             resident.shortage = wire.Shortage(held=peak)
             self.host.kill(resident, StopWhy.MEMORY, grace=0.0)
         elif resident.probing and resident.iterations >= defaults.PROBE_ITERATIONS:
@@ -275,13 +290,18 @@ class Granter:
             self.host.freeze(chosen, False)
         else:
             lease = self._offer_lease(lane, chosen)
-            if chosen.channel.send(wire.Go(
+            if chosen.channel.send(
+                wire.Go(
                     empty_cache=self._short_of_memory(lane),
-                    mem_cap=chosen.mem_cap if chosen.cap_unsent else None, lease=lease)):
+                    mem_cap=chosen.mem_cap if chosen.cap_unsent else None,
+                    lease=lease,
+                )
+            ):
                 chosen.cap_unsent = False
             else:
-                log.warning("job %d's worker hung up before its grant; the lane goes on",
-                            chosen.job_id)
+                log.warning(
+                    "job %d's worker hung up before its grant; the lane goes on", chosen.job_id
+                )
                 self.drop_channel(chosen)  # its exit is reaped and reported as usual
                 return
         self._move(chosen, Event.LEASE if lease else Event.GRANT)
@@ -300,21 +320,31 @@ class Granter:
         caps = [r.mem_cap for r in live]
         return self.lane_memory is None or None in caps or sum(caps) > self.lane_memory
 
-    def _decide(self, lane: Lane, ready: list[Resident],
-                now: float) -> lane_rule.Grant | lane_rule.KeepFor | None:
+    def _decide(
+        self, lane: Lane, ready: list[Resident], now: float
+    ) -> lane_rule.Grant | lane_rule.KeepFor | None:
         views, in_gaps = self._lane_views(lane)
-        return lane_rule.next_step(self.policy, [views[r.job_id] for r in ready],
-                                   list(views.values()), in_gaps, now, last=lane.last_job)
+        return lane_rule.next_step(
+            self.policy,
+            [views[r.job_id] for r in ready],
+            list(views.values()),
+            in_gaps,
+            now,
+            last=lane.last_job,
+        )
 
     def _lane_views(self, lane: Lane) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
         """The residents as policies see them, each made once (a suspended job counts for
         none), and those in their gaps the lane may be kept for."""
         views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
-        in_gaps = [awaited for r in lane.residents
-                   if r.standing is Standing.IDLE and not r.suspended
-                   and r.released_at is not None
-                   and (awaited := lane_rule.awaited(views[r.job_id], r.released_at,
-                                                     r.mean_gap))]
+        in_gaps = [
+            awaited
+            for r in lane.residents
+            if r.standing is Standing.IDLE
+            and not r.suspended
+            and r.released_at is not None
+            and (awaited := lane_rule.awaited(views[r.job_id], r.released_at, r.mean_gap))
+        ]
         return views, in_gaps
 
     def _hold(self, lane: Lane, chosen: Resident, now: float) -> None:
@@ -337,19 +367,28 @@ class Granter:
     def _leasable(self, resident: Resident) -> bool:
         """Whether the job may cross boundaries without a message: not where the host
         checks its figures at every boundary, nor while a Go must bring it something."""
-        return (resident.page is not None and resident.channel is not None
-                and not resident.suspended and not resident.probing and not resident.cap_unsent
-                and not (resident.mem_cap is not None and not self.cuda
-                         and resident.cgroup_cap is None))
+        return (
+            resident.page is not None
+            and resident.channel is not None
+            and not resident.suspended
+            and not resident.probing
+            and not resident.cap_unsent
+            and not (resident.mem_cap is not None and not self.cuda and resident.cgroup_cap is None)
+        )
 
     def _offer_lease(self, lane: Lane, chosen: Resident) -> int:
         """The number of the lease a Go to ``chosen`` brings, where it is alone on its lane
         (no other job there could ask for it), its page written and the lock let go; else
         0."""
         page = chosen.page
-        if page is None or not self._leasable(chosen) or any(
+        if (
+            page is None
+            or not self._leasable(chosen)
+            or any(
                 other is not chosen and other.channel is not None and not other.suspended
-                for other in lane.residents):
+                for other in lane.residents
+            )
+        ):
             return 0
         figures = page.read()
         if figures is None:
@@ -408,8 +447,11 @@ class Granter:
         """A lease asked back inside an iteration is over once its lock comes free, Done
         or not (a job that wrote its lease's word back would otherwise keep the lane)."""
         for resident in list(self.residents.values()):
-            if (resident.standing is Standing.RECALLED and resident.page is not None
-                    and self._take_back(resident)):
+            if (
+                resident.standing is Standing.RECALLED
+                and resident.page is not None
+                and self._take_back(resident)
+            ):
                 self.schedule(self.lanes[resident.lane])
 
     def _read_page(self, resident: Resident, final: bool = False) -> bool:
@@ -432,13 +474,18 @@ class Granter:
             problem = "its page stayed half-written"
         else:
             resident.page_unread = None
-            problem = implausible(resident.page_seen, figures, resident.lease_base,
-                                  int((now - resident.lease_started) * 1e9))
+            problem = implausible(
+                resident.page_seen,
+                figures,
+                resident.lease_base,
+                int((now - resident.lease_started) * 1e9),
+            )
         if problem is None:
             resident.take_figures(figures)
             return True
-        self.end_for_protocol(resident, f"its worker wrote impossible figures on its page "
-                                        f"({problem})")
+        self.end_for_protocol(
+            resident, f"its worker wrote impossible figures on its page ({problem})"
+        )
         return False
 
     def read_leased_pages(self) -> None:

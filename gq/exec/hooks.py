@@ -116,8 +116,9 @@ class _Boundaries:
         self.local.depth = 0
         with self.lock:
             self.inside -= 1
-            self._apply(self.shape.forward_ends(self.local.with_parameters,
-                                                self.torch.is_grad_enabled()))
+            self._apply(
+                self.shape.forward_ends(self.local.with_parameters, self.torch.is_grad_enabled())
+            )
 
     def after_backward(self) -> None:
         with self.lock:
@@ -179,8 +180,11 @@ class _Boundaries:
         its optimizer step, say) may have kernels to queue under the grant."""
         with self.lock:
             others_inside = self.inside - (1 if getattr(self.local, "depth", 0) else 0)
-            if (others_inside or self.opener != threading.get_ident()
-                    or not getattr(self.session, "held", False)):
+            if (
+                others_inside
+                or self.opener != threading.get_ident()
+                or not getattr(self.session, "held", False)
+            ):
                 return
             self.session.release()
             self.compile_released = True
@@ -235,11 +239,15 @@ def install(session: JobSession, torch) -> None:
     granted = None
     if compile_function is not None:
         torch.compile = _granting_compiled(compile_function, boundaries)
-        granted = _outermost(lambda function, *args, **kwargs: function(*args, **kwargs),
-                             boundaries, with_parameters=True)
+        granted = _outermost(
+            lambda function, *args, **kwargs: function(*args, **kwargs),
+            boundaries,
+            with_parameters=True,
+        )
         boundaries.granted_call = granted
-    _after_import("torch._dynamo",
-                  lambda dynamo: _leave_to_dynamo(dynamo, boundaries, noted, granted))
+    _after_import(
+        "torch._dynamo", lambda dynamo: _leave_to_dynamo(dynamo, boundaries, noted, granted)
+    )
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     update = getattr(scaler_class, "update", None)
     if update is not None:
@@ -284,6 +292,7 @@ def install(session: JobSession, torch) -> None:
 
 def _then(method, after: Callable[[], None]):
     """``method``, then ``after`` once it has returned."""
+
     @functools.wraps(method)
     def noted(*args, **kwargs):
         result = method(*args, **kwargs)
@@ -295,6 +304,7 @@ def _then(method, after: Callable[[], None]):
 
 def _noting_replays(replay, boundaries: _Boundaries):
     """``CUDAGraph.replay``, granted the lane where no iteration holds it."""
+
     @functools.wraps(replay)
     def noted(graph, *args, **kwargs):
         if not boundaries.replay_begins():
@@ -338,6 +348,7 @@ def _granting_compiled(compile_function, boundaries: _Boundaries):
     that gq sees: the compiled code runs them inlined, and only the optimizer's hook runs,
     too late to acquire. Each call of it is therefore an outermost call of its own, counted
     as a model's (with parameters: its end under no_grad is an evaluation batch)."""
+
     @functools.wraps(compile_function)
     def compile(*args, **options):
         model = args[0] if args else options.get("model")

@@ -39,11 +39,10 @@ from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.granting import Granter
 from gq.exec.lease import SharedPage
-from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.memory_watch import MemoryWatch, Watched
+from gq.exec.protocol import FROM_WORKER, HOST_VERSION, TO_HOST, Channel, StopWhy, host_paths
 from gq.exec.residents import Lane, Resident
-from gq.exec.spawn import (JobProcess, group_members, kill_group, start_as_submitter,
-                           step_tasks)
+from gq.exec.spawn import JobProcess, group_members, kill_group, start_as_submitter, step_tasks
 from gq.exec.terminal import Terminal, Terminals, bind_private
 from gq.queue import spool
 from gq.units import format_duration, format_size
@@ -59,10 +58,18 @@ _REAP_WAIT = 1.0
 class Host:
     """One device's execution host (see the module's docstring); :meth:`run` is its loop."""
 
-    def __init__(self, device: str, cuda: bool, lanes: int, listener: socket.socket,
-                 kill_grace: float, cgroup_backend: cgroups.Cgroups | None = None,
-                 memory: int | None = None, terminal_dir: str | None = None,
-                 attach_wait: float = defaults.ATTACH_WAIT):
+    def __init__(
+        self,
+        device: str,
+        cuda: bool,
+        lanes: int,
+        listener: socket.socket,
+        kill_grace: float,
+        cgroup_backend: cgroups.Cgroups | None = None,
+        memory: int | None = None,
+        terminal_dir: str | None = None,
+        attach_wait: float = defaults.ATTACH_WAIT,
+    ):
         self.device = device
         self.cuda = cuda
         self.lanes = [Lane(i) for i in range(max(1, lanes))]
@@ -86,15 +93,26 @@ class Host:
         self._memory_watch_at = 0.0  # monotonic: when _watch_host_memory asks again
         self.memory_watch: MemoryWatch | None = None  # made for the first job it watches
         self._reported_switches: list[int] = []
-        self.granter = Granter(self.lanes, self.residents, self.selector, self, cuda,
-                               policies.make(*self.policy_name),
-                               None if memory is None else memory // len(self.lanes))
+        self.granter = Granter(
+            self.lanes,
+            self.residents,
+            self.selector,
+            self,
+            cuda,
+            policies.make(*self.policy_name),
+            None if memory is None else memory // len(self.lanes),
+        )
         self._from_daemon_handlers: dict[type, Callable] = {
-            wire.Hello: self._on_hello, wire.Launch: self._on_launch,
-            wire.Kill: self._on_kill, wire.Ack: self._on_ack, wire.Update: self._on_update,
+            wire.Hello: self._on_hello,
+            wire.Launch: self._on_launch,
+            wire.Kill: self._on_kill,
+            wire.Ack: self._on_ack,
+            wire.Update: self._on_update,
             wire.Cap: self._on_cap,
-            wire.SetPolicy: self._on_policy, wire.Shutdown: lambda _: self._shutdown(),
-            wire.Drain: self._on_drain, wire.Suspend: self._on_suspend,
+            wire.SetPolicy: self._on_policy,
+            wire.Shutdown: lambda _: self._shutdown(),
+            wire.Drain: self._on_drain,
+            wire.Suspend: self._on_suspend,
             wire.SignalGroup: self._on_signal,
         }
 
@@ -112,10 +130,17 @@ class Host:
             if not events or self.child_exited or now >= self._next_housekeeping:
                 self._next_housekeeping = now + HOUSEKEEPING_PERIOD
                 self.child_exited = False
-                for chore in (self._reap, self._enforce_time_limits, self._enforce_kills,
-                              self._hang_up_untaken,
-                              self.granter.close_given_back, self.granter.schedule_waiting_lanes,
-                              self._kill_lingering, self._watch_host_memory, self._watch_idle):
+                for chore in (
+                    self._reap,
+                    self._enforce_time_limits,
+                    self._enforce_kills,
+                    self._hang_up_untaken,
+                    self.granter.close_given_back,
+                    self.granter.schedule_waiting_lanes,
+                    self._kill_lingering,
+                    self._watch_host_memory,
+                    self._watch_idle,
+                ):
                     self._isolated(chore)
             self._isolated(self._maybe_send_progress)
         self.terminals.close()
@@ -159,8 +184,9 @@ class Host:
                 log.exception("error in %s (the host goes on)", action.__name__)
                 return
             log.exception("error on job %d's message; ending the job", resident.job_id)
-            self.granter.end_for_protocol(resident, f"the execution host failed on its "
-                                                    f"message ({type(exc).__name__})")
+            self.granter.end_for_protocol(
+                resident, f"the execution host failed on its message ({type(exc).__name__})"
+            )
 
     def _timeout(self) -> float:
         timeout = 0.25 if self.residents else defaults.PROGRESS_PERIOD
@@ -243,22 +269,29 @@ class Host:
         is held to it from its next grant. Sent again (a daemon that attached again), it
         changes nothing: a job that lifted its own fraction is not capped anew."""
         resident = self.residents.get(message.job)
-        if (resident is None or resident.run != message.run or resident.exit_status is not None
-                or resident.mem_cap == message.mem_cap):
+        if (
+            resident is None
+            or resident.run != message.run
+            or resident.exit_status is not None
+            or resident.mem_cap == message.mem_cap
+        ):
             return
         if not self.cuda:
-            log.warning("job %d: a device-memory cap is for a GPU's jobs; ignored here",
-                        resident.job_id)
+            log.warning(
+                "job %d: a device-memory cap is for a GPU's jobs; ignored here", resident.job_id
+            )
             return
         self.granter.cap(resident, message.mem_cap)
-        log.info("job %d: capped at %d bytes of device memory", resident.job_id,
-                 message.mem_cap)
+        log.info("job %d: capped at %d bytes of device memory", resident.job_id, message.mem_cap)
 
     def _on_suspend(self, message: wire.Suspend) -> None:
         resident = self.residents.get(message.job)
-        if resident is None or resident.exit_status is not None \
-                or resident.suspended == message.suspended \
-                or (message.suspended and resident.kill_deadline is not None):
+        if (
+            resident is None
+            or resident.exit_status is not None
+            or resident.suspended == message.suspended
+            or (message.suspended and resident.kill_deadline is not None)
+        ):
             return  # gone, as asked already, or being ended: its SIGTERM must be seen
         self.granter.suspend(resident, message.suspended)
 
@@ -266,8 +299,11 @@ class Host:
         """Its main process group, as Jupyter signals a kernel's (not its cgroup: what a
         cell started in a session of its own is the cell's to stop)."""
         resident = self.residents.get(message.job)
-        if resident is None or resident.exit_status is not None \
-                or resident.kill_deadline is not None:
+        if (
+            resident is None
+            or resident.exit_status is not None
+            or resident.kill_deadline is not None
+        ):
             return  # gone, or being ended already
         kill_group(resident.process.pid, message.signum)
 
@@ -301,21 +337,28 @@ class Host:
     def _state(self) -> wire.State:
         """Everything a daemon that (re)connects must know."""
         self.granter.read_leased_pages()
-        return wire.State(version=HOST_VERSION, pid=os.getpid(), device=self.device,
-                          lanes=len(self.lanes), policy=list(self.policy_name),
-                          draining=self.draining,
-                          residents=[r.resident_state() for r in self.residents.values()],
-                          exited=list(self.exited.values()))
+        return wire.State(
+            version=HOST_VERSION,
+            pid=os.getpid(),
+            device=self.device,
+            lanes=len(self.lanes),
+            policy=list(self.policy_name),
+            draining=self.draining,
+            residents=[r.resident_state() for r in self.residents.values()],
+            exited=list(self.exited.values()),
+        )
 
     def _on_launch(self, message: wire.Launch) -> None:
         spec = message.job
         if self.draining or self.stopping:
-            self._tell(wire.LaunchFailed(spec.id, spec.run, "its execution host is being "
-                                                            "replaced; requeued"))
+            self._tell(
+                wire.LaunchFailed(
+                    spec.id, spec.run, "its execution host is being replaced; requeued"
+                )
+            )
             return
         if spec.id in self.residents:
-            log.warning("job %d is resident already; launch of run %d refused", spec.id,
-                        spec.run)
+            log.warning("job %d is resident already; launch of run %d refused", spec.id, spec.run)
             self._tell(wire.LaunchFailed(spec.id, spec.run, "already running on this host"))
             return
         try:
@@ -327,8 +370,7 @@ class Host:
         self.lanes[resident.lane].residents.append(resident)
         if resident.channel is not None:
             self.selector.register(resident.channel.sock, selectors.EVENT_READ, resident)
-        self.selector.register(resident.process.setup_pipe, selectors.EVENT_READ,
-                               resident.process)
+        self.selector.register(resident.process.setup_pipe, selectors.EVENT_READ, resident.process)
         self._tell(wire.Started(spec.id, resident.run, resident.process.pid))
 
     def _set_up(self, process: JobProcess) -> None:
@@ -389,32 +431,53 @@ class Host:
             channel = Channel(host_end, FROM_WORKER, chunk=defaults.WORKER_READ)
         lane = spec.lane
         if lane is None or not 0 <= lane < len(self.lanes):
-            lane = min(self.lanes, key=lambda l: len(l.residents)).index
+            lane = min(self.lanes, key=lambda option: len(option.residents)).index
         return Resident(
-            job_id=spec.id, run=spec.run, user=spec.user, priority=spec.priority,
-            submit_time=spec.submit_time, declared_total=spec.steps_total, lane=lane,
-            process=process, channel=channel, started_at=time.monotonic(),
-            started_wall=time.time(), cgroup=cgroup, time_limit=spec.time_limit,
-            deadline=spec.deadline, interactive=spec.terminal, idle_timeout=spec.idle_timeout,
+            job_id=spec.id,
+            run=spec.run,
+            user=spec.user,
+            priority=spec.priority,
+            submit_time=spec.submit_time,
+            declared_total=spec.steps_total,
+            lane=lane,
+            process=process,
+            channel=channel,
+            started_at=time.monotonic(),
+            started_wall=time.time(),
+            cgroup=cgroup,
+            time_limit=spec.time_limit,
+            deadline=spec.deadline,
+            interactive=spec.terminal,
+            idle_timeout=spec.idle_timeout,
             warning=(spec.warn_signal, spec.warn_before, spec.warn_main)
-            if spec.warn_signal is not None else None,
-            mem_cap=spec.mem_cap, cgroup_cap=cgroup_cap, probing=spec.probe, page=page,
-            host_mem_watched=spec.host_mem if cgroup is None or not cgroup.memory_limited
+            if spec.warn_signal is not None
             else None,
+            mem_cap=spec.mem_cap,
+            cgroup_cap=cgroup_cap,
+            probing=spec.probe,
+            page=page,
+            host_mem_watched=spec.host_mem if cgroup is None or not cgroup.memory_limited else None,
         )
 
     def _hang_up_untaken(self) -> None:
         for terminal in self.terminals.untaken(time.monotonic()):
-            self._hang_up(terminal.job, terminal.run, "no gq took its terminal within "
-                                                      f"{self.terminals.wait:g} s")
+            self._hang_up(
+                terminal.job,
+                terminal.run,
+                f"no gq took its terminal within {self.terminals.wait:g} s",
+            )
 
     def _hang_up(self, job: int, run: int, detail: str) -> None:
         """The run's terminal is gone: the kernel has sent its session SIGHUP, which ends a
         shell or a REPL as it ends a login shell; what is left is killed after the kill
         wait."""
         resident = self.residents.get(job)
-        if (resident is None or resident.run != run or resident.exit_status is not None
-                or resident.kill_why is not None):
+        if (
+            resident is None
+            or resident.run != run
+            or resident.exit_status is not None
+            or resident.kill_why is not None
+        ):
             return
         log.info("job %d: hung up (%s)", job, detail)
         resident.kill_why, resident.detail = StopWhy.HANGUP, detail
@@ -433,16 +496,24 @@ class Host:
             cgroup = self.cgroups.create(self.device, spec.id, spec.run)
         except OSError as exc:
             raise LaunchError(f"cannot make job {spec.id}'s cgroup: {exc.strerror}") from None
-        caps = [cap for cap in (spec.host_mem, None if self.cuda else spec.mem_cap)
-                if cap is not None]
+        caps = [
+            cap for cap in (spec.host_mem, None if self.cuda else spec.mem_cap) if cap is not None
+        ]
         unenforced = cgroup.limit(min(caps) if caps else None, spec.cpus)
         if unenforced:
-            log.warning("job %d: its cgroup cannot enforce %s here (its host checks its "
-                        "memory instead)", spec.id, " or ".join(unenforced))
+            log.warning(
+                "job %d: its cgroup cannot enforce %s here (its host checks its memory instead)",
+                spec.id,
+                " or ".join(unenforced),
+            )
         # Only where the device figure is the binding limit is a kill there a device
         # shortage (at --host-mem's, the job fails as it always has).
-        holds = (not self.cuda and spec.mem_cap is not None and min(caps) == spec.mem_cap
-                 and "its memory limit" not in unenforced)
+        holds = (
+            not self.cuda
+            and spec.mem_cap is not None
+            and min(caps) == spec.mem_cap
+            and "its memory limit" not in unenforced
+        )
         return cgroup, spec.mem_cap if holds else None
 
     # ----- exits and kills ------------------------------------------------------------
@@ -480,9 +551,14 @@ class Host:
         resident.exit_status, resident.exited_at, resident.ended_wall = code, now, time.time()
         if self.terminals.job_ended(resident.job_id) and resident.kill_why is None:
             resident.kill_why, resident.detail = StopWhy.HANGUP, "its terminal was closed"
-        if (code != 0 and resident.shortage is None and resident.cgroup_cap is not None
-                and resident.kill_why is None and resident.cgroup is not None
-                and resident.cgroup.oom_kills()):
+        if (
+            code != 0
+            and resident.shortage is None
+            and resident.cgroup_cap is not None
+            and resident.kill_why is None
+            and resident.cgroup is not None
+            and resident.cgroup.oom_kills()
+        ):
             # The kernel killed it at its cgroup's limit: it held that much, and wanted more.
             resident.shortage = wire.Shortage(held=resident.cgroup_cap)
         self.granter.leave_lane(resident)
@@ -498,8 +574,11 @@ class Host:
             return True
         if now - resident.exited_at < _REAP_WAIT:
             return False
-        log.warning("job %d: processes left in %s after SIGKILL; killing them again",
-                    resident.job_id, cgroup.name)
+        log.warning(
+            "job %d: processes left in %s after SIGKILL; killing them again",
+            resident.job_id,
+            cgroup.name,
+        )
         self.lingering.append(cgroup)
         return True
 
@@ -546,8 +625,11 @@ class Host:
             ran = now - resident.started_at - resident.paused
             if resident.time_limit is not None and ran >= resident.time_limit:
                 self.kill(resident, StopWhy.TIMEOUT)
-            elif (resident.warning is not None and resident.time_limit is not None
-                  and ran >= resident.time_limit - resident.warning[1]):
+            elif (
+                resident.warning is not None
+                and resident.time_limit is not None
+                and ran >= resident.time_limit - resident.warning[1]
+            ):
                 self._warn(resident, *resident.warning)
                 resident.warning = None  # once, as sbatch's
             elif resident.deadline is not None and wall >= resident.deadline:
@@ -562,12 +644,22 @@ class Host:
             return
         self._next_idle_check = now + idleness.CHECK_EVERY
         for resident in list(self.residents.values()):
-            if not resident.interactive or resident.kill_deadline is not None \
-                    or resident.exit_status is not None:
+            if (
+                not resident.interactive
+                or resident.kill_deadline is not None
+                or resident.exit_status is not None
+            ):
                 continue
-            seen = wall if resident.suspended else idleness.last_active(
-                resident.active_at, self.terminals.last_used(resident.job_id),
-                resident.in_iteration, wall)
+            seen = (
+                wall
+                if resident.suspended
+                else idleness.last_active(
+                    resident.active_at,
+                    self.terminals.last_used(resident.job_id),
+                    resident.in_iteration,
+                    wall,
+                )
+            )
             if seen is not None and (resident.active_at is None or seen > resident.active_at):
                 resident.active_at = seen
                 if idleness.worth_reporting(resident.active_told, seen):
@@ -575,8 +667,9 @@ class Host:
             idle = idleness.idle_for(resident.active_at, resident.started_wall, wall)
             if resident.idle_timeout is not None and idle >= resident.idle_timeout:
                 resident.detail = f"no activity for {format_duration(idle)}"
-                log.info("job %d: idle for %.0f s, its --idle-timeout; ending it",
-                         resident.job_id, idle)
+                log.info(
+                    "job %d: idle for %.0f s, its --idle-timeout; ending it", resident.job_id, idle
+                )
                 self.kill(resident, StopWhy.IDLE)
 
     def _warn(self, resident: Resident, signum: int, _before: int, batch_only: bool) -> None:
@@ -590,8 +683,12 @@ class Host:
         if not batch_only:
             members = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
             tasks = step_tasks(members or group_members(main))  # no cgroup: its group
-        log.info("job %d: signal %d before its time limit to %s", resident.job_id, signum,
-                 f"{len(tasks)} srun task(s)" if tasks else "its main process")
+        log.info(
+            "job %d: signal %d before its time limit to %s",
+            resident.job_id,
+            signum,
+            f"{len(tasks)} srun task(s)" if tasks else "its main process",
+        )
         _send(tasks or {main}, signum)
 
     def _watch_host_memory(self) -> None:
@@ -604,9 +701,11 @@ class Host:
         if now < self._memory_watch_at or (watch is not None and watch.busy):
             return
         self._memory_watch_at = now + defaults.HOST_MEMORY_WATCH
-        watched = [Watched(r.job_id, r.run, r.host_mem_watched, r.cgroup, r.process.pid)
-                   for r in self.residents.values() if r.host_mem_watched is not None
-                   and r.kill_why is None and r.exit_status is None]
+        watched = [
+            Watched(r.job_id, r.run, r.host_mem_watched, r.cgroup, r.process.pid)
+            for r in self.residents.values()
+            if r.host_mem_watched is not None and r.kill_why is None and r.exit_status is None
+        ]
         if not watched:
             return
         if watch is None:  # a thread only where some job needs one
@@ -623,19 +722,29 @@ class Host:
         for reading in self.memory_watch.take():
             job = reading.job
             resident = self.residents.get(job.job_id)
-            if (resident is None or resident.run != job.run or resident.kill_why is not None
-                    or resident.exit_status is not None or reading.held <= job.limit):
+            if (
+                resident is None
+                or resident.run != job.run
+                or resident.kill_why is not None
+                or resident.exit_status is not None
+                or reading.held <= job.limit
+            ):
                 continue
-            resident.detail = (f"over its --host-mem of {format_size(job.limit)} (its "
-                               f"processes held {format_size(reading.held)})")
+            resident.detail = (
+                f"over its --host-mem of {format_size(job.limit)} (its "
+                f"processes held {format_size(reading.held)})"
+            )
             log.warning("job %d: %s; ending it", resident.job_id, resident.detail)
             self.kill(resident, StopWhy.HOST_MEMORY, grace=0.0)
 
     def _enforce_kills(self) -> None:
         now = time.monotonic()
         for resident in self.residents.values():
-            if (resident.kill_deadline is not None and now >= resident.kill_deadline
-                    and resident.exit_status is None):
+            if (
+                resident.kill_deadline is not None
+                and now >= resident.kill_deadline
+                and resident.exit_status is None
+            ):
                 self._signal_job(resident, signal.SIGKILL)
 
     def _shutdown(self) -> None:
@@ -668,8 +777,9 @@ def _lane_page(job_id: int) -> tuple[SharedPage | None, int | None]:
     try:
         return SharedPage.create()
     except OSError as exc:
-        log.warning("job %d: no page to share with its worker (%s); it runs without leases",
-                    job_id, exc)
+        log.warning(
+            "job %d: no page to share with its worker (%s); it runs without leases", job_id, exc
+        )
         return None, None
 
 
@@ -689,8 +799,9 @@ def _open_snapshot(spec: wire.LaunchSpec) -> int | None:
     try:
         return spool.open_regular(spec.snapshot)
     except OSError as exc:
-        raise LaunchError(f"cannot open job {spec.id}'s script snapshot: {exc.strerror}; "
-                          "submit the script again") from None
+        raise LaunchError(
+            f"cannot open job {spec.id}'s script snapshot: {exc.strerror}; submit the script again"
+        ) from None
 
 
 def _peer_uid(sock: socket.socket) -> int:
@@ -720,8 +831,9 @@ def listen(state_dir: str, device: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="gq-host",
-                                     description="gq execution host (started by the daemon)")
+    parser = argparse.ArgumentParser(
+        prog="gq-host", description="gq execution host (started by the daemon)"
+    )
     parser.add_argument("--device", required=True)
     parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--lanes", type=int, default=1)
@@ -731,8 +843,12 @@ def main() -> None:
     parser.add_argument("--cgroup", choices=cgroups.KINDS, default=defaults.CGROUP)
     parser.add_argument("--scope", required=True, help="this gq instance's cgroup tag")
     parser.add_argument("--terminals", help="where interactive jobs' terminal sockets go")
-    parser.add_argument("--attach-wait", type=float, default=defaults.ATTACH_WAIT,
-                        help="seconds a started interactive job waits for its gq")
+    parser.add_argument(
+        "--attach-wait",
+        type=float,
+        default=defaults.ATTACH_WAIT,
+        help="seconds a started interactive job waits for its gq",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     gq_log.configure(f"host[{args.device}]")
@@ -742,11 +858,24 @@ def main() -> None:
         log.error("another execution host of %s is running", args.device)
         raise SystemExit(defaults.ALREADY_RUNNING_EXIT) from None
     backend = cgroups.detect(args.cgroup, args.scope)
-    log.info("jobs' processes are kept in %s", f"cgroup {backend.kind} hierarchies"
-             if backend is not None else "process groups (no cgroup hierarchy to use)")
+    log.info(
+        "jobs' processes are kept in %s",
+        f"cgroup {backend.kind} hierarchies"
+        if backend is not None
+        else "process groups (no cgroup hierarchy to use)",
+    )
     try:
-        Host(args.device, args.cuda, args.lanes, listener, args.kill_grace, backend,
-             args.memory, args.terminals, args.attach_wait).run()
+        Host(
+            args.device,
+            args.cuda,
+            args.lanes,
+            listener,
+            args.kill_grace,
+            backend,
+            args.memory,
+            args.terminals,
+            args.attach_wait,
+        ).run()
     finally:
         os.unlink(host_paths(args.state_dir, args.device)[1])
         pidfile.close()

@@ -16,8 +16,9 @@ CHECK_EVERY = 1.0  # seconds between looks at the interactive jobs' terminals
 REPORT_STEP = 5.0  # a later activity than the one reported by less is not reported yet
 
 
-def last_active(previous: float | None, terminal_used: float | None, holds_lane: bool,
-                wall: float) -> float | None:
+def last_active(
+    previous: float | None, terminal_used: float | None, holds_lane: bool, wall: float
+) -> float | None:
     """The latest activity known (wall clock), at most ``wall``; None while none is."""
     times = [t for t in (previous, terminal_used) if t is not None]
     if holds_lane:

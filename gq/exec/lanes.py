@@ -14,16 +14,16 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 (e.g. priority with fill off, a higher job in its gap).
 
 **People first.** A ready interactive job (a terminal's statement, a notebook's cell: a
-person waits for it) within its burst is granted before batch jobs, and before a lane kept for one, whenever
-the lane's last grant went to a batch job; after an interactive job's grant the policy picks
-as usual. A statement then waits at most for the batch iteration in progress, and since
-a people-first turn only ever follows a batch job's grant, the turn takes at most every
-other grant: a person computing on and a batch job alternate under fifo (which would
-otherwise keep a person waiting behind the whole batch job), and the policy's own order
-decides the grants between (fair's gives a newcomer the lane until its attained time has
-caught up). Priority leaves this to ``--priority`` (``people_first`` false). Its burst: a
-person computes in bursts, and a job that used more than PEOPLE_SHARE of the lane over
-the last PEOPLE_HORIZON seconds (decayed) is a batch job in disguise, which takes the
+person waits for it) within its burst is granted before batch jobs, and before a lane kept
+for one, whenever the lane's last grant went to a batch job; after an interactive job's
+grant the policy picks as usual. A statement then waits at most for the batch iteration in
+progress, and since a people-first turn only ever follows a batch job's grant, the turn
+takes at most every other grant: a person computing on and a batch job alternate under fifo
+(which would otherwise keep a person waiting behind the whole batch job), and the policy's
+own order decides the grants between (fair's gives a newcomer the lane until its attained
+time has caught up). Priority leaves this to ``--priority`` (``people_first`` false). Its
+burst: a person computes in bursts, and a job that used more than PEOPLE_SHARE of the lane
+over the last PEOPLE_HORIZON seconds (decayed) is a batch job in disguise, which takes the
 policy's turn until its use has fallen back; so a REPL that trains without pause gets at
 least that share from the turn, and batch jobs keep the rest of what the policy gives them.
 """
@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gq.policies.base import JobView, Policy, anticipation_window, expected_back, fits_before
-
 
 PEOPLE_HORIZON = 60.0  # seconds over which an interactive job's recent lane use decays (by e)
 PEOPLE_SHARE = 0.25  # the share of the lane it may use recently and still go first
@@ -78,9 +77,14 @@ def awaited(view: JobView, released_at: float, mean_gap: float | None) -> Awaite
     return None if window is None else Awaited(view, released_at + window)
 
 
-def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobView],
-              waiting_for: Sequence[Awaited], now: float,
-              last: int | None = None) -> Grant | KeepFor | None:
+def next_step(
+    policy: Policy,
+    ready: Sequence[JobView],
+    resident: Sequence[JobView],
+    waiting_for: Sequence[Awaited],
+    now: float,
+    last: int | None = None,
+) -> Grant | KeepFor | None:
     """The free lane's decision: an interactive job's people-first turn where ``last`` (the
     job granted the lane last) was no interactive job; else grant the ready job the policy
     picks, keep the lane for an awaited job the policy prefers to every ready one (until it
@@ -89,8 +93,11 @@ def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     if not ready:
         return None
     people = [view for view in ready if view.person_waits]
-    if policy.people_first and people \
-            and not any(view.id == last and view.person_waits for view in resident):
+    if (
+        policy.people_first
+        and people
+        and not any(view.id == last and view.person_waits for view in resident)
+    ):
         # Among the people, the policy's order (fifo's too: the first of them, not the
         # first batch job, is what their turn is for).
         chosen = policy.pick(people, [view for view in resident if view.person_waits], now)
@@ -101,8 +108,12 @@ def next_step(policy: Policy, ready: Sequence[JobView], resident: Sequence[JobVi
     if live:
         preferred = policy.pick([*ready, *(a.view for a in live)], resident, now)
         for candidate in live:
-            if preferred is not None and candidate.view.id == preferred.id and not (
-                    chosen is not None
-                    and fits_before(chosen, expected_back(candidate.view), now)):
+            if (
+                preferred is not None
+                and candidate.view.id == preferred.id
+                and not (
+                    chosen is not None and fits_before(chosen, expected_back(candidate.view), now)
+                )
+            ):
                 return KeepFor(candidate.view, candidate.until)
     return None if chosen is None else Grant(chosen)

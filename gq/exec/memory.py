@@ -78,8 +78,10 @@ def shortage(exc: BaseException) -> OutOfMemory | None:
         text = str(exc)[:4096]
         if isinstance(device_error, type) and isinstance(exc, device_error):
             held = cuda.memory_reserved() if cuda is not None else rss_bytes()
-        elif cuda is None and (isinstance(exc, MemoryError) or (
-                isinstance(exc, RuntimeError) and _CPU_ASKED.search(text))):
+        elif cuda is None and (
+            isinstance(exc, MemoryError)
+            or (isinstance(exc, RuntimeError) and _CPU_ASKED.search(text))
+        ):
             held = rss_bytes()  # on the cpu device its host memory is its device memory
         else:  # a GPU job short of host memory is not short of device memory
             exc, seen = exc.__cause__ or exc.__context__, seen + 1
@@ -100,6 +102,7 @@ def _asked(text: str) -> int | None:
 def cap_devices(torch, cap: int) -> None:
     """Hold the process's CUDA allocations to ``cap`` bytes on each device it sees: an
     allocation past it fails with ``OutOfMemoryError`` in this job, not in its neighbours."""
+
     def apply() -> None:
         for index in range(torch.cuda.device_count()):
             total = torch.cuda.get_device_properties(index).total_memory

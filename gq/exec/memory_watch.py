@@ -91,8 +91,7 @@ class MemoryWatch:
         over = []
         for job in jobs:
             try:
-                pids = (job.cgroup.pids() if job.cgroup is not None
-                        else group_members(job.pgid))
+                pids = job.cgroup.pids() if job.cgroup is not None else group_members(job.pgid)
             except OSError:  # its cgroup gone, no descriptor left for /proc: next round
                 continue
             if resident_bytes(pids) > job.limit:

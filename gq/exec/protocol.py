@@ -32,9 +32,28 @@ from typing import Annotated, Any, ClassVar
 
 from gq import __version__, codec, defaults
 from gq.codec import Bounds, MaxLen, MessageError, message
-from gq.fields import (Args, Count, Cpus, Environment, Groups, HostMemory, JobId, Lane, Name,
-                       Path, Pid, Positive, Priority, Seconds, Signal, Text, TimeLimit,
-                       Timestamp, Uid, Umask)
+from gq.fields import (
+    Args,
+    Count,
+    Cpus,
+    Environment,
+    Groups,
+    HostMemory,
+    JobId,
+    Lane,
+    Name,
+    Path,
+    Pid,
+    Positive,
+    Priority,
+    Seconds,
+    Signal,
+    Text,
+    TimeLimit,
+    Timestamp,
+    Uid,
+    Umask,
+)
 
 log = logging.getLogger(__name__)
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
@@ -383,8 +402,9 @@ def _table(*classes: type) -> dict[str, type]:
     return {cls.op: cls for cls in classes}
 
 
-TO_HOST = _table(Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Ack, Drain,
-                 Shutdown)
+TO_HOST = _table(
+    Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Ack, Drain, Shutdown
+)
 TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
 TO_WORKER = _table(Go)
@@ -404,8 +424,9 @@ def checked(message: Any) -> Any:
     within its bounds; else MessageError. For messages built from what users gave (a
     launch) or from what a worker said (a report on its job): refused here, such a value
     costs its own job, not the receiver's trust in the whole channel."""
-    return codec.build(type(message), codec.to_wire(message),
-                       getattr(message, "op", type(message).__name__))
+    return codec.build(
+        type(message), codec.to_wire(message), getattr(message, "op", type(message).__name__)
+    )
 
 
 def decode(line: bytes, kinds: dict[str, type]) -> Any:
@@ -424,8 +445,10 @@ def _foreign_state(data: dict[str, Any]) -> State | ForeignState:
     version's schema (its jobs can then be adopted while it drains), else only for its
     version, pid and draining flag."""
     try:
-        exited = [{k: v for k, v in item.items() if k != "op"} if isinstance(item, dict)
-                  else item for item in data.get("exited", [])]
+        exited = [
+            {k: v for k, v in item.items() if k != "op"} if isinstance(item, dict) else item
+            for item in data.get("exited", [])
+        ]
         return codec.build(State, {**data, "exited": exited}, "state")
     except (MessageError, TypeError, AttributeError):
         minimal = {key: data[key] for key in ("version", "pid", "draining") if key in data}

@@ -229,8 +229,7 @@ class Resident:
         under srtf for ever."""
         if self.declared_total is not None or total == self.worker_total:
             return
-        if total < self.steps_done or (self.worker_total is not None
-                                       and total > self.worker_total):
+        if total < self.steps_done or (self.worker_total is not None and total > self.worker_total):
             self.past_total = True
         self.worker_total, self.dirty = total, True
 
@@ -246,17 +245,23 @@ class Resident:
         person_waits = False
         if self.interactive:
             now = time.monotonic()
-            self.recent_use = lanes.recent_use(self.recent_use, now - self.recent_at,
-                                               self.attained - self.recent_attained)
+            self.recent_use = lanes.recent_use(
+                self.recent_use, now - self.recent_at, self.attained - self.recent_attained
+            )
             self.recent_at, self.recent_attained = now, self.attained
             person_waits = lanes.within_burst(self.recent_use)
         return JobView(
-            id=self.job_id, user=self.user, submit_time=self.submit_time, priority=self.priority,
+            id=self.job_id,
+            user=self.user,
+            submit_time=self.submit_time,
+            priority=self.priority,
             steps_done=self.steps_done,
             steps_total=None if self.past_total else self.steps_total,
-            attained=self.attained, mean_iteration=self.mean_iteration,
+            attained=self.attained,
+            mean_iteration=self.mean_iteration,
             mean_gap=self.mean_gap,
-            released_at=self.released_at, deadline=self._deadline_now(),
+            released_at=self.released_at,
+            deadline=self._deadline_now(),
             person_waits=person_waits,
         )
 
@@ -271,12 +276,21 @@ class Resident:
 
     def _figures(self) -> dict:
         """What the daemon is told."""
-        return dict(job=self.job_id, run=self.run, steps_done=self.steps_done,
-                    steps_total=self.steps_total, attained=self.billed,
-                    mean_iteration=self.mean_iteration, mean_gap=self.mean_gap,
-                    mem_persistent=self.mem_persistent, mem_peak=self.mem_peak,
-                    holds_lane=self.in_iteration, iterations=self.iterations,
-                    startup=self.startup, active_at=self.active_at)
+        return dict(
+            job=self.job_id,
+            run=self.run,
+            steps_done=self.steps_done,
+            steps_total=self.steps_total,
+            attained=self.billed,
+            mean_iteration=self.mean_iteration,
+            mean_gap=self.mean_gap,
+            mem_persistent=self.mem_persistent,
+            mem_peak=self.mem_peak,
+            holds_lane=self.in_iteration,
+            iterations=self.iterations,
+            startup=self.startup,
+            active_at=self.active_at,
+        )
 
     @property
     def in_iteration(self) -> bool:
@@ -290,8 +304,11 @@ class Resident:
         self.iterations += figures.iterations - seen.iterations
         self.record_steps(figures.steps)
         total = self.steps_total
-        if figures.iterations > seen.iterations and total is not None \
-                and figures.steps_at_take >= total:
+        if (
+            figures.iterations > seen.iterations
+            and total is not None
+            and figures.steps_at_take >= total
+        ):
             self.past_total = True  # it went on iterating after all its steps
         if figures.mem_peak >= 0:
             self.mem_persistent = max(0, figures.mem_persistent)
@@ -299,10 +316,15 @@ class Resident:
         self.dirty = True
 
     def resident_state(self) -> wire.ResidentState:
-        return within_bounds(wire.ResidentState(**self._figures(), pid=self.process.pid,
-                                                 started=self.started_wall,
-                                                 time_limit=self.time_limit,
-                                                 kill_why=self.kill_why))
+        return within_bounds(
+            wire.ResidentState(
+                **self._figures(),
+                pid=self.process.pid,
+                started=self.started_wall,
+                time_limit=self.time_limit,
+                kill_why=self.kill_why,
+            )
+        )
 
     def exit_report(self) -> wire.Exited:
         """How its run ended, and when its process was collected. A process whose set-up
@@ -312,12 +334,25 @@ class Resident:
         assert code is not None, "reported before its process was collected"
         failure = self.process.setup_failure
         if failure is not None:
-            return within_bounds(wire.Exited(**self._figures(), kill_why=StopWhy.LAUNCH,
-                                              detail=failure, end_time=self.ended_wall))
-        return within_bounds(wire.Exited(**self._figures(), code=code if code >= 0 else None,
-                                          signal=-code if code < 0 else None,
-                                          kill_why=self.kill_why, detail=self.detail,
-                                          end_time=self.ended_wall, shortage=self.shortage))
+            return within_bounds(
+                wire.Exited(
+                    **self._figures(),
+                    kill_why=StopWhy.LAUNCH,
+                    detail=failure,
+                    end_time=self.ended_wall,
+                )
+            )
+        return within_bounds(
+            wire.Exited(
+                **self._figures(),
+                code=code if code >= 0 else None,
+                signal=-code if code < 0 else None,
+                kill_why=self.kill_why,
+                detail=self.detail,
+                end_time=self.ended_wall,
+                shortage=self.shortage,
+            )
+        )
 
 
 @dataclass
@@ -332,8 +367,11 @@ class Lane:
 
 def ready_to_grant(lane: Lane) -> list[Resident]:
     """The lane's residents that wait for an iteration and may be granted one."""
-    return [r for r in lane.residents
-            if r.standing in WANTS_LANE and not r.suspended and r.channel is not None]
+    return [
+        r
+        for r in lane.residents
+        if r.standing in WANTS_LANE and not r.suspended and r.channel is not None
+    ]
 
 
 def within_bounds(report):
@@ -344,7 +382,15 @@ def within_bounds(report):
     try:
         return wire.checked(report)
     except MessageError as exc:
-        log.warning("job %d: a figure out of bounds (%s); reported without its figures",
-                    report.job, exc)
-        return dataclasses.replace(report, attained=0.0, mean_iteration=None, mean_gap=None,
-                                   mem_persistent=None, mem_peak=None, iterations=0)
+        log.warning(
+            "job %d: a figure out of bounds (%s); reported without its figures", report.job, exc
+        )
+        return dataclasses.replace(
+            report,
+            attained=0.0,
+            mean_iteration=None,
+            mean_gap=None,
+            mem_persistent=None,
+            mem_peak=None,
+            iterations=0,
+        )

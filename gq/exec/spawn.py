@@ -32,8 +32,15 @@ _MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
 _libc = ctypes.CDLL(None, use_errno=True)
 # The job's output: never through a link, never a controlling terminal, never a wait for a
 # FIFO's reader.
-_OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NOCTTY
-                 | os.O_NONBLOCK | os.O_CLOEXEC)
+_OUTPUT_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_APPEND
+    | os.O_NOFOLLOW
+    | os.O_NOCTTY
+    | os.O_NONBLOCK
+    | os.O_CLOEXEC
+)
 SETUP_FAILED_EXIT = 127  # the child's exit status when its set-up failed before the exec
 
 
@@ -43,8 +50,10 @@ def identity(spec: LaunchSpec) -> tuple[int, int, list[int]] | None:
     root submitted it, and never one whose identity is missing."""
     if os.geteuid() != 0:
         if spec.uid not in (None, os.geteuid()):
-            raise LaunchError(f"job {spec.id} belongs to uid {spec.uid}; this execution host "
-                              f"runs as uid {os.geteuid()} and cannot run it")
+            raise LaunchError(
+                f"job {spec.id} belongs to uid {spec.uid}; this execution host "
+                f"runs as uid {os.geteuid()} and cannot run it"
+            )
         return None
     if spec.uid is None or spec.gid is None:
         raise LaunchError(f"job {spec.id} has no uid or gid; refusing to run it as root")
@@ -97,8 +106,9 @@ class JobProcess:
         return self.returncode
 
 
-def start_as_submitter(spec: LaunchSpec, env: dict[str, str], fds: dict[int, int],
-                       cgroup: JobCgroup | None = None) -> JobProcess:
+def start_as_submitter(
+    spec: LaunchSpec, env: dict[str, str], fds: dict[int, int], cgroup: JobCgroup | None = None
+) -> JobProcess:
     """Fork the job's process and return once it leads its own session and sits in its
     cgroup: until then it is root's, and nothing a user does can delay the host. Still as
     root, the child then keeps only the descriptors the job gets (``fds``: its number in the
@@ -128,8 +138,9 @@ def start_as_submitter(spec: LaunchSpec, env: dict[str, str], fds: dict[int, int
             os.close(fd)
         raise LaunchError(f"cannot start job {spec.id}: {exc.strerror}") from None
     if pid == 0:
-        _become_job(spec, argv, env, fds, cgroup, switch_to, host, placed_write,
-                    setup_write, may_show)  # never returns
+        _become_job(
+            spec, argv, env, fds, cgroup, switch_to, host, placed_write, setup_write, may_show
+        )  # never returns
     os.close(placed_write)
     os.close(setup_write)
     try:
@@ -143,27 +154,48 @@ class _SetupFailed(Exception):
     """Why a job's process cannot reach its exec, in words for its job's reason."""
 
 
-def _become_job(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[int, int],
-                cgroup: JobCgroup | None, switch_to: tuple[int, int, list[int]] | None,
-                host: int, placed_write: int, setup_write: int, may_show: bool) -> None:
+def _become_job(
+    spec: LaunchSpec,
+    argv: list[str],
+    env: dict[str, str],
+    fds: dict[int, int],
+    cgroup: JobCgroup | None,
+    switch_to: tuple[int, int, list[int]] | None,
+    host: int,
+    placed_write: int,
+    setup_write: int,
+    may_show: bool,
+) -> None:
     """In the forked child: become the job's process and exec it. Never returns: a failure
     is written to the set-up pipe and the child exits with ``SETUP_FAILED_EXIT``."""
     try:
         try:
-            _set_up(spec, argv, env, fds, cgroup, switch_to, host, placed_write, setup_write,
-                    may_show)
+            _set_up(
+                spec, argv, env, fds, cgroup, switch_to, host, placed_write, setup_write, may_show
+            )
         except _SetupFailed as exc:
-            os.write(setup_write, str(exc).encode(errors="replace")[:defaults.MAX_TEXT])
+            os.write(setup_write, str(exc).encode(errors="replace")[: defaults.MAX_TEXT])
         except BaseException as exc:  # noqa: BLE001 - nothing may return into the host's code
-            os.write(setup_write, f"cannot start job {spec.id}: {exc}".encode(
-                errors="replace")[:defaults.MAX_TEXT])
+            os.write(
+                setup_write,
+                f"cannot start job {spec.id}: {exc}".encode(errors="replace")[: defaults.MAX_TEXT],
+            )
     finally:
         os._exit(SETUP_FAILED_EXIT)
 
 
-def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[int, int],
-            cgroup: JobCgroup | None, switch_to: tuple[int, int, list[int]] | None,
-            host: int, placed_write: int, setup_write: int, may_show: bool) -> None:
+def _set_up(
+    spec: LaunchSpec,
+    argv: list[str],
+    env: dict[str, str],
+    fds: dict[int, int],
+    cgroup: JobCgroup | None,
+    switch_to: tuple[int, int, list[int]] | None,
+    host: int,
+    placed_write: int,
+    setup_write: int,
+    may_show: bool,
+) -> None:
     # As root, which no user can signal: leave the host's signal handling (its wakeup
     # socket is shared across the fork), lead a session of its own, enter the cgroup.
     wakeup.detach_in_child()
@@ -172,8 +204,9 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[in
         if cgroup is not None:
             cgroup.enter()
     except OSError as exc:
-        raise _SetupFailed(f"cannot put job {spec.id}'s process in its cgroup: "
-                           f"{exc.strerror}") from None
+        raise _SetupFailed(
+            f"cannot put job {spec.id}'s process in its cgroup: {exc.strerror}"
+        ) from None
     finally:
         os.close(placed_write)  # the host goes on from here
     # Still root's: nothing of the host's may be open once the user can reach the process
@@ -183,8 +216,12 @@ def _set_up(spec: LaunchSpec, argv: list[str], env: dict[str, str], fds: dict[in
     _close_all_but((0, 1, 2, setup_write, *fds))
     _default_signals()
     if spec.script_name is not None:
-        shown = (may_show and spec.snapshot is not None and SCRIPT_FD in fds
-                 and _show_snapshot_at(spec.snapshot, spec.script_name, switch_to))
+        shown = (
+            may_show
+            and spec.snapshot is not None
+            and SCRIPT_FD in fds
+            and _show_snapshot_at(spec.snapshot, spec.script_name, switch_to)
+        )
         env = {**env, "GQ_SCRIPT_SOURCE": spec.script_name if shown else SCRIPT_PATH}
         if shown and argv[0] == SCRIPT_PATH:
             argv = [spec.script_name, *argv[1:]]
@@ -236,8 +273,9 @@ def root_mount_shared() -> bool:
     return False
 
 
-def _show_snapshot_at(snapshot: str, path: str,
-                      switch_to: tuple[int, int, list[int]] | None) -> bool:
+def _show_snapshot_at(
+    snapshot: str, path: str, switch_to: tuple[int, int, list[int]] | None
+) -> bool:
     """Still root, in a mount namespace of the job's own: bind the snapshot over ``path``,
     the script it was submitted as, so that the script runs under its own name (``$0`` and
     ``BASH_SOURCE`` name it, the files beside it are found) while what runs is the snapshot.
@@ -263,11 +301,20 @@ def _show_snapshot_at(snapshot: str, path: str,
         return False
     try:
         info = os.fstat(target)
-        if not stat.S_ISREG(info.st_mode) or (switch_to is not None
-                                               and info.st_uid != switch_to[0]):
+        if not stat.S_ISREG(info.st_mode) or (
+            switch_to is not None and info.st_uid != switch_to[0]
+        ):
             return False
-        return _libc.mount(f"/proc/self/fd/{source}".encode(),
-                           f"/proc/self/fd/{target}".encode(), None, _MS_BIND, None) == 0
+        return (
+            _libc.mount(
+                f"/proc/self/fd/{source}".encode(),
+                f"/proc/self/fd/{target}".encode(),
+                None,
+                _MS_BIND,
+                None,
+            )
+            == 0
+        )
     finally:
         os.close(source)
         os.close(target)
@@ -295,8 +342,9 @@ def _place(fds: dict[int, int]) -> None:
     """Give the job's descriptors their numbers, inheritable (any of them may sit where
     another must go, so all move above those first)."""
     low = max((2, *fds)) + 1
-    moved = {target: fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, low)
-             for target, source in fds.items()}
+    moved = {
+        target: fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, low) for target, source in fds.items()
+    }
     for target, source in moved.items():
         os.dup2(source, target, inheritable=True)
 
@@ -376,7 +424,7 @@ def group_members(pgid: int) -> set[int]:
                 stat = handle.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "(comm)": state, ppid, pgrp
+        fields = stat[stat.rfind(b")") + 2 :].split()  # after "(comm)": state, ppid, pgrp
         if len(fields) > 2 and int(fields[2]) == pgid:
             members.add(int(entry))
     return members
@@ -444,6 +492,8 @@ def gq_python(module: str, *args: str) -> list[str]:
     no PYTHON* variables, no user site), with this very gq first on its path."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     package_parent = os.path.dirname(root)
-    boot = (f"import sys; sys.path.insert(0, {package_parent!r}); import runpy; "
-            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    boot = (
+        f"import sys; sys.path.insert(0, {package_parent!r}); import runpy; "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
     return [sys.executable, "-I", "-c", boot, *args]

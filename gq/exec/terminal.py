@@ -39,8 +39,7 @@ class Terminals:
     """A host's interactive jobs' terminals, by job: each from its job's start until its gq
     has taken it and the job has ended, or until no gq took it in time."""
 
-    def __init__(self, directory: str | None, wait: float,
-                 selector: selectors.BaseSelector):
+    def __init__(self, directory: str | None, wait: float, selector: selectors.BaseSelector):
         self.directory = directory
         self.wait = wait  # seconds a started job's terminal waits to be taken
         self.selector = selector
@@ -50,8 +49,9 @@ class Terminals:
         """The job's new terminal; the slave, for the job's process (the caller closes it
         once the process has it; :meth:`discard` if it never starts)."""
         if self.directory is None:
-            raise LaunchError(f"job {spec.id} is interactive; this execution host has no "
-                              "directory for terminals")
+            raise LaunchError(
+                f"job {spec.id} is interactive; this execution host has no directory for terminals"
+            )
         try:
             terminal, slave = Terminal.open(spec, self.directory, self.wait, self.selector)
         except OSError as exc:
@@ -118,8 +118,18 @@ class Terminal:
     """One job's terminal: the master until it is handed over, then the client's connection
     (watched for its closing). Registered in the host's selector with itself as the data."""
 
-    def __init__(self, job: int, run: int, uid: int, path: str, master: int, tty: str,
-                 listener: socket.socket, deadline: float, selector: selectors.BaseSelector):
+    def __init__(
+        self,
+        job: int,
+        run: int,
+        uid: int,
+        path: str,
+        master: int,
+        tty: str,
+        listener: socket.socket,
+        deadline: float,
+        selector: selectors.BaseSelector,
+    ):
         self.job, self.run, self.uid, self.path = job, run, uid, path
         self.tty = tty  # the slave's name (/dev/pts/N): its times are the job's idle time
         self.master: int | None = master
@@ -130,8 +140,9 @@ class Terminal:
         selector.register(listener, selectors.EVENT_READ, self)
 
     @classmethod
-    def open(cls, spec: LaunchSpec, directory: str, wait: float,
-             selector: selectors.BaseSelector) -> tuple[Terminal, int]:
+    def open(
+        cls, spec: LaunchSpec, directory: str, wait: float, selector: selectors.BaseSelector
+    ) -> tuple[Terminal, int]:
         """A new pair for the job, and its socket; the terminal and the slave (the job's,
         to be closed by the caller once the job's process has it). OSError if the node has
         no pseudo-terminal or socket to spare."""
@@ -151,8 +162,9 @@ class Terminal:
             os.close(master)
             os.close(slave)
             raise
-        return cls(spec.id, spec.run, uid, path, master, tty, listener,
-                   time.monotonic() + wait, selector), slave
+        return cls(
+            spec.id, spec.run, uid, path, master, tty, listener, time.monotonic() + wait, selector
+        ), slave
 
     @property
     def handed_over(self) -> bool:
@@ -169,16 +181,22 @@ class Terminal:
         except OSError as exc:  # out of descriptors: the client tries again
             log.warning("job %d: cannot accept its terminal's client: %s", self.job, exc)
             return False
-        uid = _PEERCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                     _PEERCRED.size))[1]
+        uid = _PEERCRED.unpack(
+            connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )[1]
         if uid != self.uid:
-            log.warning("job %d: uid %d asked for its terminal, which is uid %d's; refused",
-                        self.job, uid, self.uid)
+            log.warning(
+                "job %d: uid %d asked for its terminal, which is uid %d's; refused",
+                self.job,
+                uid,
+                self.uid,
+            )
             connection.close()
             return False
         try:
-            socket.send_fds(connection, [encode(TerminalHandedOver(self.job, self.run))],
-                            [self.master])
+            socket.send_fds(
+                connection, [encode(TerminalHandedOver(self.job, self.run))], [self.master]
+            )
         except OSError as exc:
             log.warning("job %d: cannot hand its terminal over: %s", self.job, exc)
             connection.close()

@@ -26,8 +26,18 @@ from gq import defaults
 from gq.codec import INT64_MAX
 from gq.exec import device_sync, hooks, memory, runtime
 from gq.exec.lease import SharedPage, WorkerLease
-from gq.exec.protocol import (SCRIPT_FD, SCRIPT_PATH, Done, Finished, Go, Ready, StepsTaken,
-                              Total, WorkerChannel, encode)
+from gq.exec.protocol import (
+    SCRIPT_FD,
+    SCRIPT_PATH,
+    Done,
+    Finished,
+    Go,
+    Ready,
+    StepsTaken,
+    Total,
+    WorkerChannel,
+    encode,
+)
 
 READY = encode(Ready())
 _PLACE = {kind: place for place, kind in enumerate(runtime.COUNTED_FIRST)}
@@ -37,8 +47,9 @@ class WorkerSession:
     """The job side of the protocol (see :mod:`gq.exec.runtime`); safe to call from
     several threads: one READY/GO exchange at a time."""
 
-    def __init__(self, channel: WorkerChannel, memory_cap: int | None = None,
-                 page: SharedPage | None = None):
+    def __init__(
+        self, channel: WorkerChannel, memory_cap: int | None = None, page: SharedPage | None = None
+    ):
         self.channel = channel
         self.device = device_sync.DeviceWork()
         self.lease = WorkerLease(page, self.device) if page is not None else None
@@ -87,8 +98,7 @@ class WorkerSession:
                 self.channel.send_line(READY)
                 grant = self.channel.receive_one()
                 if not isinstance(grant, Go):  # (the host sends nothing else)
-                    raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a "
-                                          "grant")
+                    raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a grant")
                 # Lanes short of memory: give back cached blocks when parked.
                 self.empty_cache_after = grant.empty_cache
                 if grant.mem_cap is not None:
@@ -174,8 +184,10 @@ class WorkerSession:
 
     def set_total_steps(self, total: int) -> None:
         if not 1 <= total <= INT64_MAX:
-            raise ValueError(f"gq.set_total_steps({total}): the total must be a whole number "
-                             f"of iterations from 1 to {INT64_MAX}")
+            raise ValueError(
+                f"gq.set_total_steps({total}): the total must be a whole number "
+                f"of iterations from 1 to {INT64_MAX}"
+            )
         if not self.detached:
             with self.lock:
                 self.channel.send(Total(total))
@@ -214,12 +226,22 @@ def run_script(snapshot: str, submitted: str) -> None:
             source = handle.read()
     code = compile(source, submitted, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=submitted, __cached__=None, __loader__=None,
-                         __package__=None, __spec__=None, __builtins__=builtins)
+    main.__dict__.update(
+        __file__=submitted,
+        __cached__=None,
+        __loader__=None,
+        __package__=None,
+        __spec__=None,
+        __builtins__=builtins,
+    )
     sys.modules["__main__"] = main
     # Tracebacks quote the lines that ran (the snapshot), not a later edit of the file.
-    linecache.cache[submitted] = (len(source), None,
-                                  source.decode(errors="replace").splitlines(True), submitted)
+    linecache.cache[submitted] = (
+        len(source),
+        None,
+        source.decode(errors="replace").splitlines(True),
+        submitted,
+    )
     exec(code, main.__dict__)
 
 
@@ -244,8 +266,9 @@ def main(argv: list[str]) -> None:
     if page_fd and page_fd.isdigit():
         os.set_inheritable(int(page_fd), False)  # the job's own programs get no lane
         page = SharedPage.attach(int(page_fd))
-    session = WorkerSession(WorkerChannel(socket.socket(fileno=fd)),
-                            int(cap) if cap and cap.isdigit() else None, page)
+    session = WorkerSession(
+        WorkerChannel(socket.socket(fileno=fd)), int(cap) if cap and cap.isdigit() else None, page
+    )
     runtime.active = session
     hooks.install_when_imported(session)
     sys.argv = [submitted, *argv[1:]]

@@ -49,8 +49,7 @@ def expected_back(job: JobView) -> float | None:
 def fits_before(job: JobView, back: float | None, now: float) -> bool:
     """Whether ``job``'s iteration, begun ``now``, is expected to end by ``back`` (False
     where either is unknown)."""
-    return back is not None and job.mean_iteration is not None \
-        and now + job.mean_iteration <= back
+    return back is not None and job.mean_iteration is not None and now + job.mean_iteration <= back
 
 
 def time_left(job: JobView, ran: float, time_limit: float | None) -> float:
@@ -83,8 +82,9 @@ class Policy(Protocol):
         """Admission order of pending jobs, best first."""
         ...
 
-    def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
-             now: float) -> JobView | None:
+    def pick(
+        self, ready: Sequence[JobView], resident: Sequence[JobView], now: float
+    ) -> JobView | None:
         """The READY job that gets the lane's next iteration, or None to leave it idle.
 
         ``resident`` holds every job on the lane, ready or not (``ready`` is a subset).
@@ -124,8 +124,7 @@ def turn_of(service: float, quantum: float) -> float:
     return math.floor(service / quantum + TURN_SLACK) if quantum else service
 
 
-def iterations_to_turn(service: float, per_iteration: float, quantum: float,
-                       turn: float) -> int:
+def iterations_to_turn(service: float, per_iteration: float, quantum: float, turn: float) -> int:
     """The fewest further iterations that bring a job to ``turn`` or later (inverse of
     :func:`turn_of`)."""
     target = (turn - TURN_SLACK) * quantum if quantum else turn
@@ -137,11 +136,16 @@ def iterations_to_turn(service: float, per_iteration: float, quantum: float,
     return max(count, 1)
 
 
-def turn_key(policy: TakesTurns, job: JobView, resident: Sequence[JobView]) -> tuple:
+def turn_key(
+    policy: TakesTurns, job: JobView, resident: Sequence[JobView]
+) -> tuple[float, float, float, int]:
     """What ``policy.pick`` chooses the least of among its sharers, all residents ready."""
     owner = policy.owner(job)
-    owned = sum(turn_of(policy.service(other), policy.quantum)
-                for other in resident if policy.owner(other) == owner)
+    owned = sum(
+        turn_of(policy.service(other), policy.quantum)
+        for other in resident
+        if policy.owner(other) == owner
+    )
     return (owned, turn_of(policy.service(job), policy.quantum), *by_submission(job))
 
 
@@ -158,9 +162,14 @@ def by_submission(job: JobView) -> tuple[float, int]:
     return (job.submit_time, job.id)
 
 
-def run_length(policy: Policy, chosen: JobView, ready: Sequence[JobView],
-               resident: Sequence[JobView], after: Callable[[int], tuple[JobView, float]],
-               limit: int) -> int:
+def run_length(
+    policy: Policy,
+    chosen: JobView,
+    ready: Sequence[JobView],
+    resident: Sequence[JobView],
+    after: Callable[[int], tuple[JobView, float]],
+    limit: int,
+) -> int:
     """How many iterations in a row (1 to ``limit``) ``policy`` grants ``chosen`` if nothing
     else changes on the lane: ``after(k)`` is chosen's view, and the clock, once it has run
     k more iterations. This is what a simulator needs to advance in bulk.

@@ -33,10 +33,14 @@ class Deadline:
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=lambda job: (_due(job), *by_submission(job)))
 
-    def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
-             now: float) -> JobView | None:
-        return min(ready, key=lambda job: (not feasible(job, now), _due(job),
-                                           *by_submission(job)), default=None)
+    def pick(
+        self, ready: Sequence[JobView], resident: Sequence[JobView], now: float
+    ) -> JobView | None:
+        return min(
+            ready,
+            key=lambda job: (not feasible(job, now), _due(job), *by_submission(job)),
+            default=None,
+        )
 
 
 def _due(job: JobView) -> float:

@@ -25,13 +25,15 @@ class Fair:
             seen[job.user] += 1
         return [entry[-1] for entry in sorted(ranked, key=lambda e: e[:3])]
 
-    def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
-             now: float) -> JobView | None:
+    def pick(
+        self, ready: Sequence[JobView], resident: Sequence[JobView], now: float
+    ) -> JobView | None:
         per_user: dict[str, float] = defaultdict(float)
         for job in resident:
             per_user[job.user] += job.attained
-        return min(ready, key=lambda j: (per_user[j.user], j.attained, j.submit_time, j.id),
-                   default=None)
+        return min(
+            ready, key=lambda j: (per_user[j.user], j.attained, j.submit_time, j.id), default=None
+        )
 
     def sharers(self, ready: Sequence[JobView]) -> list[JobView]:
         return list(ready)

@@ -39,8 +39,9 @@ class Priority:
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=_rank)
 
-    def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
-             now: float) -> JobView | None:
+    def pick(
+        self, ready: Sequence[JobView], resident: Sequence[JobView], now: float
+    ) -> JobView | None:
         best = min(ready, key=_grant_rank, default=None)
         if best is None or self.fill == "always":
             return best

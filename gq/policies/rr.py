@@ -22,8 +22,10 @@ def parse_quantum(text: str) -> tuple[float, bool]:
     iterations) and whether it counts iterations."""
     match = _QUANTUM.match(text)
     if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"invalid quantum {text!r}: use a positive time such as 100ms or 2s, "
-                         "or iterations such as 10it")
+        raise ValueError(
+            f"invalid quantum {text!r}: use a positive time such as 100ms or 2s, "
+            "or iterations such as 10it"
+        )
     amount, unit = float(match.group(1)), match.group(2)
     return (amount / 1000 if unit == "ms" else amount), unit == "it"
 
@@ -56,6 +58,7 @@ class RoundRobin:
     def order(self, pending: Sequence[JobView]) -> list[JobView]:
         return sorted(pending, key=by_submission)
 
-    def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
-             now: float) -> JobView | None:
+    def pick(
+        self, ready: Sequence[JobView], resident: Sequence[JobView], now: float
+    ) -> JobView | None:
         return min(ready, key=lambda job: (self.turn(job), *by_submission(job)), default=None)

@@ -34,6 +34,7 @@ class Srtf:
 
         return sorted(pending, key=admission)
 
-    def pick(self, ready: Sequence[JobView], resident: Sequence[JobView],
-             now: float) -> JobView | None:
+    def pick(
+        self, ready: Sequence[JobView], resident: Sequence[JobView], now: float
+    ) -> JobView | None:
         return min(ready, key=_urgency, default=None)

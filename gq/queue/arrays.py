@@ -33,15 +33,18 @@ def parse(text: str) -> ArraySpec:
     max_running = None
     if limit:
         if not limit.isdigit() or not 1 <= int(limit) <= MAX_TASK_ID:
-            raise UserError(f"invalid --array {text!r}: the %limit must be a number from 1 to "
-                            f"{MAX_TASK_ID}")
+            raise UserError(
+                f"invalid --array {text!r}: the %limit must be a number from 1 to {MAX_TASK_ID}"
+            )
         max_running = int(limit)
     ranges = []
     for part in spec.split(","):
         match = _PART.match(part.strip())
         if not match:
-            raise UserError(f"invalid --array {text!r}: use ranges, lists and steps such as "
-                            "0-99%8, 1,3,5 or 0-20:5")
+            raise UserError(
+                f"invalid --array {text!r}: use ranges, lists and steps such as "
+                "0-99%8, 1,3,5 or 0-20:5"
+            )
         first, last, step = match.groups()
         last = first if last is None else last
         if int(last) < int(first) or (step is not None and int(step) < 1):
@@ -86,6 +89,8 @@ def parse_label(text: str) -> str:
     """A job id as typed: ``17`` (a job, or a whole array), ``17_3`` (task 3 of array 17)."""
     match = _LABEL.match(text)
     if not match or int(match.group(1)) > _MAX_ID or int(match.group(2) or 0) > MAX_TASK_ID:
-        raise UserError(f"invalid job id {text[:40]!r}: expected a number such as 17, or 17_3 "
-                        "for task 3 of array 17")
+        raise UserError(
+            f"invalid job id {text[:40]!r}: expected a number such as 17, or 17_3 "
+            "for task 3 of array 17"
+        )
     return text

@@ -36,7 +36,8 @@ class Dependency:
     def __str__(self) -> str:
         """sbatch's spelling, without the blanks a user may have typed: afterok:3:4,after:5."""
         return ("?" if self.any_of else ",").join(
-            f"{c.kind}:{':'.join(map(str, c.job_ids))}" for c in self.clauses)
+            f"{c.kind}:{':'.join(map(str, c.job_ids))}" for c in self.clauses
+        )
 
     @property
     def job_ids(self) -> set[int]:
@@ -52,12 +53,13 @@ def parse(text: str) -> Dependency:
     for part in stripped.split("?" if any_of else ","):
         match = _CLAUSE.match(part.strip())
         if not match:
-            raise UserError(f"invalid dependency {part[:60]!r}: expected TYPE:ID[:ID...] with TYPE "
-                            f"one of {', '.join(KINDS)} (e.g. afterok:17)")
+            raise UserError(
+                f"invalid dependency {part[:60]!r}: expected TYPE:ID[:ID...] with TYPE "
+                f"one of {', '.join(KINDS)} (e.g. afterok:17)"
+            )
         ids = tuple(int(i) for i in match.group(2).split(":"))
         if any(not 1 <= job_id <= MAX_JOB_ID for job_id in ids):
-            raise UserError(f"invalid dependency {part[:60]!r}: job ids go from 1 to "
-                            f"{MAX_JOB_ID}")
+            raise UserError(f"invalid dependency {part[:60]!r}: job ids go from 1 to {MAX_JOB_ID}")
         clauses.append(Clause(match.group(1), ids))
     return Dependency(tuple(clauses), any_of)
 
@@ -97,7 +99,8 @@ def evaluate(dependency: Dependency, jobs: dict[int, list[tuple[JobState, bool]]
             if not runs:
                 per_job.append(Outcome.NEVER)
                 continue
-            per_job.append(_combine([_one(clause.kind, s, started) for s, started in runs],
-                                    any_of=False))
+            per_job.append(
+                _combine([_one(clause.kind, s, started) for s, started in runs], any_of=False)
+            )
         clause_outcomes.append(_combine(per_job, any_of=False))
     return _combine(clause_outcomes, dependency.any_of)

@@ -36,8 +36,7 @@ class Database:
         # The daemon's own connection: every transaction it makes runs on it (one at a
         # time: the daemon has one thread), its sessions joined to it through this engine.
         self._connection = _connect(home.db)
-        self._sessions = sessionmaker(
-            _joining_engine(self._connection), expire_on_commit=False)
+        self._sessions = sessionmaker(_joining_engine(self._connection), expire_on_commit=False)
         self._pending_changed: set[int] | None = None  # None: not watched yet
 
     def pending_changes(self) -> set[int] | None:
@@ -147,8 +146,12 @@ _WATCH_PENDING = [
 def _connect(path: Path) -> sqlite3.Connection:
     # isolation_level=None: transactions begin where gq says, not before each statement
     connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", f"busy_timeout={BUSY_TIMEOUT_MS}",
-                   "foreign_keys=ON"):
+    for pragma in (
+        "journal_mode=WAL",
+        "synchronous=NORMAL",
+        f"busy_timeout={BUSY_TIMEOUT_MS}",
+        "foreign_keys=ON",
+    ):
         connection.execute(f"PRAGMA {pragma}")
     return connection
 
@@ -156,8 +159,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 def _joining_engine(connection: sqlite3.Connection) -> Engine:
     """An engine whose one connection is ``connection``, whose transaction a
     :class:`Transaction` has begun: its sessions join it instead of beginning their own."""
-    engine = create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool,
-                           pool_reset_on_return=None)
+    engine = create_engine(
+        "sqlite://", creator=lambda: connection, poolclass=StaticPool, pool_reset_on_return=None
+    )
 
     @event.listens_for(engine, "begin")
     def _on_begin(sa_connection) -> None:
@@ -219,9 +223,11 @@ def _create(path: Path) -> None:
     engine = create_engine(f"sqlite:///{path}")
     with engine.begin() as connection:
         Base.metadata.create_all(connection)
-        connection.exec_driver_sql("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT "
-                                   "NULL, CONSTRAINT alembic_version_pkc PRIMARY KEY "
-                                   "(version_num))")
+        connection.exec_driver_sql(
+            "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT "
+            "NULL, CONSTRAINT alembic_version_pkc PRIMARY KEY "
+            "(version_num))"
+        )
         connection.exec_driver_sql("INSERT INTO alembic_version VALUES (?)", (HEAD_REVISION,))
     engine.dispose()
 

@@ -37,13 +37,15 @@ class SpoolUsage(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_user_state", "user", "state"),
-                      Index("ix_jobs_uid_payload", "uid", "payload_id"),  # old snapshots
-                      # a user's recent runs of one name, for forecasts
-                      Index("ix_jobs_user_name_end", "user", "name", "end_time"),
-                      # a user's history (--user), the last ended first
-                      Index("ix_jobs_user_end", "user", "end_time"),
-                      {"sqlite_autoincrement": True})  # ids are never given twice
+    __table_args__ = (
+        Index("ix_jobs_user_state", "user", "state"),
+        Index("ix_jobs_uid_payload", "uid", "payload_id"),  # old snapshots
+        # a user's recent runs of one name, for forecasts
+        Index("ix_jobs_user_name_end", "user", "name", "end_time"),
+        # a user's history (--user), the last ended first
+        Index("ix_jobs_user_end", "user", "end_time"),
+        {"sqlite_autoincrement": True},
+    )  # ids are never given twice
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(255))

@@ -52,8 +52,9 @@ class Prepared:
         self.statement = statement
         self._forms: dict[tuple[str, ...], _Form] = {}
 
-    def execute(self, transaction: Transaction, params: Mapping[str, Any] | None = None
-                ) -> sqlite3.Cursor:
+    def execute(
+        self, transaction: Transaction, params: Mapping[str, Any] | None = None
+    ) -> sqlite3.Cursor:
         params = params or {}
         form = self._form(params)
         return transaction.sqlite.execute(form.sql, _bound(form, params))
@@ -63,8 +64,9 @@ class Prepared:
             form = self._form(rows[0])
             transaction.sqlite.executemany(form.sql, [_bound(form, row) for row in rows])
 
-    def rows(self, transaction: Transaction,
-             params: Mapping[str, Any] | None = None) -> list[Sequence[Any]]:
+    def rows(
+        self, transaction: Transaction, params: Mapping[str, Any] | None = None
+    ) -> list[Sequence[Any]]:
         """The rows read, each column converted as SQLAlchemy would."""
         params = params or {}
         form = self._form(params)
@@ -96,8 +98,9 @@ class Prepared:
 
 def _compile(statement: Any, keys: tuple[str, ...]) -> _Form:
     compiled = statement.compile(dialect=_DIALECT, column_keys=list(keys) or None)
-    missing = sorted(column.key for column in [*compiled.insert_prefetch,
-                                               *compiled.update_prefetch])
+    missing = sorted(
+        column.key for column in [*compiled.insert_prefetch, *compiled.update_prefetch]
+    )
     if missing:
         raise TypeError(f"a prepared statement needs every column with a default: {missing}")
     sql = compiled.string
@@ -114,10 +117,12 @@ def _compile(statement: Any, keys: tuple[str, ...]) -> _Form:
         given = name in keys or bind.required or bind.expanding
         names.append(name if given else None)  # else a value written into the statement
         constants.append(None if given else bind.effective_value)
-    processors = (column.type.result_processor(_DIALECT, None)
-                  for column in statement.exported_columns)  # a SELECT's, or RETURNING's
-    results = tuple((index, convert) for index, convert in enumerate(processors)
-                    if convert is not None)
+    processors = (
+        column.type.result_processor(_DIALECT, None) for column in statement.exported_columns
+    )  # a SELECT's, or RETURNING's
+    results = tuple(
+        (index, convert) for index, convert in enumerate(processors) if convert is not None
+    )
     return _Form(sql, tuple(names), tuple(constants), tuple(converters), results)
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from gq.home import Home
 
-
 _BLOCK = 4096
 
 
@@ -46,7 +45,7 @@ def snapshot(home: Home, job_id: int, name: str, content: bytes) -> Path:
     try:
         written = memoryview(content)
         while written:
-            written = written[os.write(fd, written):]
+            written = written[os.write(fd, written) :]
     finally:
         os.close(fd)
     return target

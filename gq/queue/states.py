@@ -25,7 +25,7 @@ class JobState(str, Enum):
         return self in TERMINAL
 
     @classmethod
-    def parse(cls, text: str) -> "JobState":
+    def parse(cls, text: str) -> JobState:
         """Accept full names and squeue's short codes, any case."""
         wanted = text.strip().upper()
         for state in cls:
@@ -45,8 +45,14 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.DEADLINE}),
     # RUNNING -> PENDING is a requeue (node failure of a --requeue job).
     JobState.RUNNING: frozenset(
-        {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
-         JobState.DEADLINE, JobState.PENDING}
+        {
+            JobState.COMPLETED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.TIMEOUT,
+            JobState.DEADLINE,
+            JobState.PENDING,
+        }
     ),
     # A finished job leaves its end state only by an explicit requeue (same id, new run).
     JobState.COMPLETED: frozenset({JobState.PENDING}),

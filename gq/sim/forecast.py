@@ -110,16 +110,21 @@ def past(ended: Sequence[Ended]) -> Past | None:
         return None
     paces = [job.iteration for job in ended if job.iteration]
     gaps = [job.gap or 0.0 for job in ended if job.iteration]
-    overheads = [max(0.0, job.run - job.attained - job.steps * (job.gap or 0.0))
-                 for job in ended]
-    startups = [(job.startup, overhead) for job, overhead in zip(ended, overheads)
-                if job.startup is not None]
-    return Past(run=statistics.median(job.run for job in ended),
-                steps=round(statistics.median(job.steps for job in ended)),
-                iteration=statistics.median(paces) if paces else None,
-                gap=statistics.median(gaps) if gaps else None, overhead=min(overheads),
-                startup=statistics.median(s for s, _ in startups) if startups else None,
-                exit=min(max(0.0, o - s) for s, o in startups) if startups else None)
+    overheads = [max(0.0, job.run - job.attained - job.steps * (job.gap or 0.0)) for job in ended]
+    startups = [
+        (job.startup, overhead)
+        for job, overhead in zip(ended, overheads)
+        if job.startup is not None
+    ]
+    return Past(
+        run=statistics.median(job.run for job in ended),
+        steps=round(statistics.median(job.steps for job in ended)),
+        iteration=statistics.median(paces) if paces else None,
+        gap=statistics.median(gaps) if gaps else None,
+        overhead=min(overheads),
+        startup=statistics.median(s for s, _ in startups) if startups else None,
+        exit=min(max(0.0, o - s) for s, o in startups) if startups else None,
+    )
 
 
 def running_pace(running: Sequence[Running]) -> dict[tuple[str, str], Past]:
@@ -133,13 +138,24 @@ def running_pace(running: Sequence[Running]) -> dict[tuple[str, str], Past]:
         if key in paces or view.mean_iteration is None or view.steps_done < MEASURED_AFTER:
             continue
         startup = job.startup or 0.0
-        paces[key] = Past(run=None, steps=None, iteration=view.mean_iteration,
-                          gap=view.mean_gap or 0.0, overhead=startup, startup=startup)
+        paces[key] = Past(
+            run=None,
+            steps=None,
+            iteration=view.mean_iteration,
+            gap=view.mean_gap or 0.0,
+            overhead=startup,
+            startup=startup,
+        )
     return paces
 
 
-def work(view: JobView, time_limit: float | None, previous: Past | None,
-         elapsed: float | None = None, typical: float | None = None) -> Work:
+def work(
+    view: JobView,
+    time_limit: float | None,
+    previous: Past | None,
+    elapsed: float | None = None,
+    typical: float | None = None,
+) -> Work:
     """What the job will do in all, from its view (steps given and done, pace measured),
     its time limit, and its owner's recent jobs of the same name; ``elapsed``: seconds
     it has run (None: it has not started); ``typical``: the run time of the node's recent
@@ -162,8 +178,13 @@ def work(view: JobView, time_limit: float | None, previous: Past | None,
         # spread over its steps: the slowest pace that ends in time
         per_step = max(time_limit - startup, 0.0) / view.steps_total
         return Work(view.steps_total, per_step, 0.0, startup, Basis.ESTIMATED)
-    if (view.steps_total is None and previous is not None and previous.steps is not None
-            and previous.iteration and iteration):
+    if (
+        view.steps_total is None
+        and previous is not None
+        and previous.steps is not None
+        and previous.iteration
+        and iteration
+    ):
         steps = max(previous.steps, view.steps_done + 1)
         return Work(steps, iteration, gap, startup, Basis.ESTIMATED, teardown)
     run = previous.run if previous is not None and view.steps_total is None else None
@@ -177,15 +198,27 @@ def work(view: JobView, time_limit: float | None, previous: Past | None,
     return _running_for(view, HORIZON, elapsed, measured_pace, gap, startup, Basis.UNKNOWN)
 
 
-def _running_for(view: JobView, run: float, elapsed: float | None, iteration: float | None,
-                 gap: float, startup: float, basis: Basis) -> Work:
+def _running_for(
+    view: JobView,
+    run: float,
+    elapsed: float | None,
+    iteration: float | None,
+    gap: float,
+    startup: float,
+    basis: Basis,
+) -> Work:
     """A job that runs ``run`` seconds in all, iterations at its pace where one is known
     (else of :data:`UNKNOWN_PACE` after its start-up): what is left, as iterations."""
     period = (iteration + gap) if iteration else UNKNOWN_PACE
     left = max(run - (elapsed or 0.0), period)
     steps = view.steps_done + max(1, math.ceil(left / period))
-    return Work(steps, iteration or UNKNOWN_PACE, gap if iteration else 0.0,
-                0.0 if iteration else startup, basis)
+    return Work(
+        steps,
+        iteration or UNKNOWN_PACE,
+        gap if iteration else 0.0,
+        0.0 if iteration else startup,
+        basis,
+    )
 
 
 @dataclass(frozen=True)
@@ -263,9 +296,15 @@ def forecast(snapshot: Snapshot, stop: Callable[[], bool] | None = None) -> Fore
         return found
     devices = snapshot.devices
     result = simulate(
-        seeded.traces, policies.make(*snapshot.policy), gpus=len(devices),
-        lanes=snapshot.lanes, max_resident=snapshot.max_resident,
-        move_margin=snapshot.move_margin, stop=stop, start=seeded.start)
+        seeded.traces,
+        policies.make(*snapshot.policy),
+        gpus=len(devices),
+        lanes=snapshot.lanes,
+        max_resident=snapshot.max_resident,
+        move_margin=snapshot.move_margin,
+        stop=stop,
+        start=seeded.start,
+    )
     found.complete = result.complete
     shared = _neighbours_basis(result, seeded.basis, snapshot.lanes)
     for run in result.runs:
@@ -281,10 +320,12 @@ def forecast(snapshot: Snapshot, stop: Callable[[], bool] | None = None) -> Fore
         if end is None or end > HORIZON / 2:
             quality = Basis.UNKNOWN
         found.jobs[job_id] = Forecast(
-            job_id, snapshot.now + start,
+            job_id,
+            snapshot.now + start,
             None if quality is Basis.UNKNOWN else snapshot.now + end,
             ",".join(devices[lane // snapshot.lanes].name for lane in run.lanes) or None,
-            quality)
+            quality,
+        )
     return found
 
 
@@ -303,19 +344,32 @@ class _Seeded:
         now, lanes = snapshot.now, snapshot.lanes
         index = {device.name: position for position, device in enumerate(snapshot.devices)}
         traces, residents, arrivals, after, basis, unknown = [], {}, {}, {}, {}, {}
-        placed = [job for job in snapshot.running
-                  if job.devices and all(name in index for name in job.devices)]
+        placed = [
+            job
+            for job in snapshot.running
+            if job.devices and all(name in index for name in job.devices)
+        ]
         running_ids = {job.view.id for job in placed}
         pending_ids = _reachable(snapshot.pending, running_ids)
         for job in placed:
             view = job.view
-            trace = _trace(view, job.work, job.memory, len(job.devices), job.time_limit, now,
-                           floor=view.steps_done + 1)
+            trace = _trace(
+                view,
+                job.work,
+                job.memory,
+                len(job.devices),
+                job.time_limit,
+                now,
+                floor=view.steps_done + 1,
+            )
             traces.append(trace)
             residents[view.id] = Resident(
                 tuple(index[name] * lanes + job.lane for name in job.devices),
-                job.started - now, min(view.steps_done, trace.iterations - 1), view.attained,
-                since=None if job.measured_at is None else min(job.measured_at - now, 0.0))
+                job.started - now,
+                min(view.steps_done, trace.iterations - 1),
+                view.attained,
+                since=None if job.measured_at is None else min(job.measured_at - now, 0.0),
+            )
             basis[view.id] = job.work.basis
         for job in snapshot.pending:
             view, request = job.view, job.request
@@ -323,8 +377,16 @@ class _Seeded:
                 unknown[view.id] = Forecast.unknown(view.id)
                 continue
             footprint = request.footprint
-            traces.append(_trace(view, job.work, footprint.persistent + footprint.ephemeral,
-                                 request.gpus, request.time_limit, now))
+            traces.append(
+                _trace(
+                    view,
+                    job.work,
+                    footprint.persistent + footprint.ephemeral,
+                    request.gpus,
+                    request.time_limit,
+                    now,
+                )
+            )
             if job.begin_time is not None:
                 arrivals[view.id] = job.begin_time - now
             if job.after:
@@ -334,14 +396,18 @@ class _Seeded:
             if job.view.id not in running_ids:  # on a device the snapshot does not have
                 unknown[job.view.id] = Forecast.unknown(job.view.id)
         devices = snapshot.devices
-        start = Start(clock=0.0, residents=residents, arrivals=arrivals, after=after,
-                      held={position: device.held for position, device in enumerate(devices)
-                            if device.held},
-                      names=tuple(device.name for device in devices),
-                      capacities=tuple(sum(lane.capacity for lane in device.lanes)
-                                       for device in devices),
-                      overheads=tuple(max((lane.overhead for lane in device.lanes), default=0)
-                                      for device in devices))
+        start = Start(
+            clock=0.0,
+            residents=residents,
+            arrivals=arrivals,
+            after=after,
+            held={position: device.held for position, device in enumerate(devices) if device.held},
+            names=tuple(device.name for device in devices),
+            capacities=tuple(sum(lane.capacity for lane in device.lanes) for device in devices),
+            overheads=tuple(
+                max((lane.overhead for lane in device.lanes), default=0) for device in devices
+            ),
+        )
         return cls(traces, start, basis, unknown)
 
 
@@ -352,27 +418,41 @@ def _reachable(pending: Sequence[Pending], running: set[int]) -> set[int]:
     reachable: set[int] = set()
     left = list(pending)
     while True:
-        more = [job for job in left
-                if all(i in running or i in reachable for i in job.after)]
+        more = [job for job in left if all(i in running or i in reachable for i in job.after)]
         if not more:
             return reachable
         reachable.update(job.view.id for job in more)
         left = [job for job in left if job.view.id not in reachable]
 
 
-def _trace(view: JobView, work: Work, memory: int, gpus: int, time_limit: float | None,
-           now: float, floor: int = 1) -> TraceJob:
+def _trace(
+    view: JobView,
+    work: Work,
+    memory: int,
+    gpus: int,
+    time_limit: float | None,
+    now: float,
+    floor: int = 1,
+) -> TraceJob:
     steps = max(work.steps, floor)
-    return TraceJob(view.id, view.submit_time - now, steps * work.iteration, steps,
-                    gpus=max(1, gpus), priority=view.priority, user=view.user,
-                    mem=memory or None, startup=work.startup,
-                    time_limit=None if time_limit is None else float(time_limit),
-                    deadline=None if view.deadline is None else view.deadline - now,
-                    gap=work.gap, teardown=work.teardown)
+    return TraceJob(
+        view.id,
+        view.submit_time - now,
+        steps * work.iteration,
+        steps,
+        gpus=max(1, gpus),
+        priority=view.priority,
+        user=view.user,
+        mem=memory or None,
+        startup=work.startup,
+        time_limit=None if time_limit is None else float(time_limit),
+        deadline=None if view.deadline is None else view.deadline - now,
+        gap=work.gap,
+        teardown=work.teardown,
+    )
 
 
-def _neighbours_basis(result: Result, basis: dict[int, Basis],
-                      lanes: int) -> dict[int, Basis]:
+def _neighbours_basis(result: Result, basis: dict[int, Basis], lanes: int) -> dict[int, Basis]:
     """For each job, the worst basis among the jobs that ran on one of its lanes before it
     ended, itself included (an unknown one makes a forecast estimated, not unknown: the
     forecast is then a bound)."""

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field, replace
 
 from gq import defaults
 from gq.daemon import admission
-from gq.policies import JobView, Policy
 from gq.exec import lanes as lane_rule
+from gq.policies import JobView, Policy
 from gq.policies.base import TakesTurns, anticipation_window, run_length, time_left
 from gq.sim import turns
 from gq.sim.traces import TraceJob
@@ -74,9 +74,13 @@ class JobRun:
         """What it asks admission for (the same at every placement)."""
         if self._request is None:
             job = self.job
-            self._request = admission.Request(job.id, self.gpus,
-                                              admission.Footprint(job.mem or 0),
-                                              exclusive=self.gpus > 1, time_limit=job.limit)
+            self._request = admission.Request(
+                job.id,
+                self.gpus,
+                admission.Footprint(job.mem or 0),
+                exclusive=self.gpus > 1,
+                time_limit=job.limit,
+            )
         return self._request
 
     def view(self) -> JobView:
@@ -87,12 +91,19 @@ class JobRun:
     def projected(self, more: int, released_at: float | None) -> JobView:
         """Its view after ``more`` further iterations, the last ending at ``released_at``."""
         job, done = self.job, self.done + more
-        return JobView(id=job.id, user=job.user, submit_time=job.submit_time,
-                       priority=job.priority, steps_done=done, steps_total=job.iterations,
-                       attained=self.attained + more * job.iteration_time,
-                       mean_iteration=job.iteration_time if done >= MEASURED_AFTER else None,
-                       mean_gap=job.gap if done >= MEASURED_AFTER else None,
-                       released_at=released_at, deadline=job.deadline)
+        return JobView(
+            id=job.id,
+            user=job.user,
+            submit_time=job.submit_time,
+            priority=job.priority,
+            steps_done=done,
+            steps_total=job.iterations,
+            attained=self.attained + more * job.iteration_time,
+            mean_iteration=job.iteration_time if done >= MEASURED_AFTER else None,
+            mean_gap=job.gap if done >= MEASURED_AFTER else None,
+            released_at=released_at,
+            deadline=job.deadline,
+        )
 
     def finish_iterations(self, count: int, released_at: float) -> None:
         """``count`` more iterations, the last released at ``released_at``; the job is ready
@@ -192,12 +203,15 @@ class Result:
         first = min(run.job.submit_time for run in self.runs)
         makespan = max(run.end for run in self.runs) - first
         return {
-            "policy": self.policy, "jobs": len(self.runs),
-            "avg_jct": statistics.fmean(jcts), "median_jct": statistics.median(jcts),
+            "policy": self.policy,
+            "jobs": len(self.runs),
+            "avg_jct": statistics.fmean(jcts),
+            "median_jct": statistics.median(jcts),
             "p95_jct": jcts[min(len(jcts) - 1, int(round(0.95 * (len(jcts) - 1))))],
             "makespan": makespan,
-            "utilization": (self.busy / (self.gpus * self.lanes * makespan)
-                            if makespan > 0 else 0.0),
+            "utilization": (
+                self.busy / (self.gpus * self.lanes * makespan) if makespan > 0 else 0.0
+            ),
             "deadlines_met": self.deadlines_met(),
         }
 
@@ -249,13 +263,22 @@ class Start:
     overheads: tuple[int, ...] = ()
 
 
-def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: float = 0.0,
-             capacity: int | None = None, max_resident: int | None = None,
-             backfill: bool = True, step_by_step: bool = False,
-             share_slice: float | None = None, lanes: int = 1,
-             progress: Callable[[int, int], None] | None = None,
-             move_margin: float = defaults.MOVE_MARGIN, start: Start | None = None,
-             stop: Callable[[], bool] | None = None) -> Result:
+def simulate(
+    jobs: list[TraceJob],
+    policy: Policy,
+    gpus: int = 1,
+    switch_cost: float = 0.0,
+    capacity: int | None = None,
+    max_resident: int | None = None,
+    backfill: bool = True,
+    step_by_step: bool = False,
+    share_slice: float | None = None,
+    lanes: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    move_margin: float = defaults.MOVE_MARGIN,
+    start: Start | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Result:
     """Run the trace through ``policy`` on ``gpus`` devices of ``lanes`` lanes each (a lane
     runs one iteration at a time, lanes of a device at once; ``capacity``, a device's
     memory, is split between them; a multi-GPU job takes whole devices and runs on one lane
@@ -267,15 +290,43 @@ def simulate(jobs: list[TraceJob], policy: Policy, gpus: int = 1, switch_cost: f
     events, ends the run early when it says so (a result that is not ``complete``)."""
     if gpus < 1 or lanes < 1:
         raise ValueError("gpus and lanes must be at least 1")
-    simulation = _Simulation(jobs, policy, gpus, switch_cost, capacity, max_resident,
-                             backfill, step_by_step, share_slice, lanes, progress, move_margin,
-                             start, stop)
+    simulation = _Simulation(
+        jobs,
+        policy,
+        gpus,
+        switch_cost,
+        capacity,
+        max_resident,
+        backfill,
+        step_by_step,
+        share_slice,
+        lanes,
+        progress,
+        move_margin,
+        start,
+        stop,
+    )
     return simulation.run()
 
 
 class _Simulation:
-    def __init__(self, jobs, policy, gpus, switch_cost, capacity, max_resident, backfill,
-                 step_by_step, share_slice, lanes, progress, move_margin, start, stop):
+    def __init__(
+        self,
+        jobs,
+        policy,
+        gpus,
+        switch_cost,
+        capacity,
+        max_resident,
+        backfill,
+        step_by_step,
+        share_slice,
+        lanes,
+        progress,
+        move_margin,
+        start,
+        stop,
+    ):
         # A trace's every job ends; on a live node (``start``) one may never start (it waits
         # for devices that take no job): it is left with no end.
         self.strict = start is None
@@ -286,8 +337,9 @@ class _Simulation:
         self.lanes_per_device = lanes
         self.switch_cost = switch_cost
         every = capacity if capacity is not None else 1 << 62
-        self.lane_capacity = [(start.capacities[d] if start.capacities else every) // lanes
-                              for d in range(gpus)]
+        self.lane_capacity = [
+            (start.capacities[d] if start.capacities else every) // lanes for d in range(gpus)
+        ]
         self.overheads = start.overheads
         self.max_resident = max_resident or 1 << 30
         self.backfill = backfill
@@ -311,10 +363,15 @@ class _Simulation:
         for job_id, ids in start.after.items():
             for other in ids:
                 self.dependants.setdefault(other, []).append(job_id)
-        self.earliest = {job.id: max(job.submit_time, start.clock,
-                                     start.arrivals.get(job.id, -math.inf)) for job in jobs}
-        self.events = [(self.earliest[job.id], ARRIVE, i, job.id) for i, job in enumerate(jobs)
-                       if job.id not in start.residents and not self.waiting_for.get(job.id)]
+        self.earliest = {
+            job.id: max(job.submit_time, start.clock, start.arrivals.get(job.id, -math.inf))
+            for job in jobs
+        }
+        self.events = [
+            (self.earliest[job.id], ARRIVE, i, job.id)
+            for i, job in enumerate(jobs)
+            if job.id not in start.residents and not self.waiting_for.get(job.id)
+        ]
         self.sequence = len(jobs)
         for job_id, resident in start.residents.items():
             self._seat(self.runs[job_id], resident, start.clock)
@@ -362,9 +419,16 @@ class _Simulation:
         return self._result(complete=True)
 
     def _result(self, complete: bool) -> Result:
-        return Result(self.policy.name, sorted(self.runs.values(), key=lambda r: r.job.id),
-                      self.slices, self.busy, self.gpus, self.stretches, self.lanes_per_device,
-                      complete)
+        return Result(
+            self.policy.name,
+            sorted(self.runs.values(), key=lambda r: r.job.id),
+            self.slices,
+            self.busy,
+            self.gpus,
+            self.stretches,
+            self.lanes_per_device,
+            complete,
+        )
 
     def _push(self, time: float, kind: int, payload) -> None:
         heapq.heappush(self.events, (time, kind, self.sequence, payload))
@@ -377,8 +441,7 @@ class _Simulation:
         run.lanes, run.start = resident.lanes, resident.start
         run.done, run.attained = resident.done, resident.attained
         measured = clock if resident.since is None else min(clock, resident.since)
-        run.ready_at = measured if resident.done else max(clock,
-                                                          resident.start + run.job.startup)
+        run.ready_at = measured if resident.done else max(clock, resident.start + run.job.startup)
         if resident.done:  # between two iterations then, as far as anyone knows
             run.released_at = measured
         for index in run.lanes:
@@ -407,24 +470,39 @@ class _Simulation:
 
     def _room(self) -> bool:
         """Whether any device could take a job now (else placement is not worth asking)."""
-        return any(len(jobs) < self.max_resident and not any(r.gpus > 1 for r in jobs)
-                   for jobs in self._device_residents())
+        return any(
+            len(jobs) < self.max_resident and not any(r.gpus > 1 for r in jobs)
+            for jobs in self._device_residents()
+        )
 
     def _loads(self, now: float) -> list[admission.DeviceLoad]:
         """Each device as admission sees it (the daemon's Scheduler.loads)."""
         per_lane = self.lanes_per_device
-        return [admission.DeviceLoad(
-            name=self.names[device], gpu=True, index=device, held=self.held.get(device),
-            lanes=[admission.LaneLoad(self.lane_capacity[device],
-                                      [admission.Footprint(r.job.mem or 0)
-                                       for r in self.lanes[device * per_lane + k].residents],
-                                      self._starts_in(self.lanes[device * per_lane + k], now),
-                                      self.overheads[device] if self.overheads else 0)
-                   for k in range(per_lane)],
-            max_resident=self.max_resident, residents=len(jobs),
-            exclusive=any(r.gpus > 1 for r in jobs),
-            free_at=max((r.start + r.job.limit for r in jobs), default=0.0))
-            for device, jobs in enumerate(self._device_residents())]
+        return [
+            admission.DeviceLoad(
+                name=self.names[device],
+                gpu=True,
+                index=device,
+                held=self.held.get(device),
+                lanes=[
+                    admission.LaneLoad(
+                        self.lane_capacity[device],
+                        [
+                            admission.Footprint(r.job.mem or 0)
+                            for r in self.lanes[device * per_lane + k].residents
+                        ],
+                        self._starts_in(self.lanes[device * per_lane + k], now),
+                        self.overheads[device] if self.overheads else 0,
+                    )
+                    for k in range(per_lane)
+                ],
+                max_resident=self.max_resident,
+                residents=len(jobs),
+                exclusive=any(r.gpus > 1 for r in jobs),
+                free_at=max((r.start + r.job.limit for r in jobs), default=0.0),
+            )
+            for device, jobs in enumerate(self._device_residents())
+        ]
 
     def _move_unstarted(self, now: float) -> set[int]:
         """Residents that have run no iteration go back to the queue where another device
@@ -442,11 +520,21 @@ class _Simulation:
             for run in lane.residents:
                 if run.done or run.gpus > 1 or run is current or run.start is None:
                     continue
-                ahead = [other for other in lane.residents if (other.job.submit_time,
-                         other.job.id) < (run.job.submit_time, run.job.id)]
-                waiting.append(admission.Unstarted(
-                    run.job.id, self.names[lane.device], admission.Footprint(run.job.mem or 0),
-                    self._time_left(lane, ahead, now), gpus=run.gpus, only=None))
+                ahead = [
+                    other
+                    for other in lane.residents
+                    if (other.job.submit_time, other.job.id) < (run.job.submit_time, run.job.id)
+                ]
+                waiting.append(
+                    admission.Unstarted(
+                        run.job.id,
+                        self.names[lane.device],
+                        admission.Footprint(run.job.mem or 0),
+                        self._time_left(lane, ahead, now),
+                        gpus=run.gpus,
+                        only=None,
+                    )
+                )
         chosen = admission.move(waiting, self._loads(now), self.move_margin)
         if chosen is None:
             return ()
@@ -465,13 +553,15 @@ class _Simulation:
         requests = [runs[view.id].request for view in order]
         per_lane = self.lanes_per_device
         loads = self._loads(now)
-        outcome = admission.place(requests, loads, now=now, backfill=self.backfill,
-                                  waits_behind=self.policy.waits_behind)
+        outcome = admission.place(
+            requests, loads, now=now, backfill=self.backfill, waits_behind=self.policy.waits_behind
+        )
         touched = set()
         for placement in outcome.placements:
             run = self.pending.pop(placement.job_id)
-            run.lanes = tuple(self.device_index[name] * per_lane + placement.lane
-                              for name in placement.devices)
+            run.lanes = tuple(
+                self.device_index[name] * per_lane + placement.lane for name in placement.devices
+            )
             run.start = now
             run.ready_at = now + run.job.startup
             for index in run.lanes:
@@ -503,13 +593,14 @@ class _Simulation:
             if isinstance(stretch, Stretch) and stretch.run is run and now > stretch.begin:
                 # iterations of the stretch released by now (the k-th at begin + k periods
                 # less a gap): what a stretch of one at a time would have counted
-                done = min(stretch.count, max(0, math.floor(
-                    (now - stretch.begin + run.job.gap) / run.period + EPSILON)))
+                done = min(
+                    stretch.count,
+                    max(0, math.floor((now - stretch.begin + run.job.gap) / run.period + EPSILON)),
+                )
             view = run.projected(done, run.released_at) if done else run.view()
             limit = run.job.time_limit
             if limit is None:
-                view = replace(view, mean_iteration=run.job.iteration_time,
-                               mean_gap=run.job.gap)
+                view = replace(view, mean_iteration=run.job.iteration_time, mean_gap=run.job.gap)
             total += time_left(view, now - (run.start or now), limit)
         return total
 
@@ -577,7 +668,11 @@ class _Simulation:
         self.busy += stretch.count * run.job.iteration_time * len(run.lanes)
         previous = self.slices[-1] if self.slices else None
         if previous and (previous.device, previous.lane, previous.job, previous.end) == (
-                lane.device, lane.index % self.lanes_per_device, run.job.id, stretch.begin):
+            lane.device,
+            lane.index % self.lanes_per_device,
+            run.job.id,
+            stretch.begin,
+        ):
             self.slices[-1] = self._slice(lane, run, previous.start, end)
         else:
             self.slices.append(self._slice(lane, run, stretch.begin, end))
@@ -589,17 +684,18 @@ class _Simulation:
         for lane in self.lanes:
             if lane.stretch is not None or lane.owner is not None:
                 continue
-            ready = [r for r in lane.residents
-                     if r.ready_at <= now and r.lanes[0] == lane.index]
+            ready = [r for r in lane.residents if r.ready_at <= now and r.lanes[0] == lane.index]
             if not ready:
                 continue
             ready_views = [r.view() for r in ready]
             resident_views = [r.view() for r in lane.residents]
-            in_gaps = [awaited for run, view in zip(lane.residents, resident_views)
-                       if run.ready_at > now and (awaited := lane_rule.awaited(
-                           view, run.released_at, self._measured_gap(run)))]
-            decision = lane_rule.next_step(self.policy, ready_views, resident_views, in_gaps,
-                                           now)
+            in_gaps = [
+                awaited
+                for run, view in zip(lane.residents, resident_views)
+                if run.ready_at > now
+                and (awaited := lane_rule.awaited(view, run.released_at, self._measured_gap(run)))
+            ]
+            decision = lane_rule.next_step(self.policy, ready_views, resident_views, in_gaps, now)
             if not isinstance(decision, lane_rule.Grant):
                 continue
             chosen_view = decision.job
@@ -634,13 +730,19 @@ class _Simulation:
         """Whether the host would keep the lane for the job in its gaps, if preferred."""
         return anticipation_window(cls._measured_gap(run)) is not None
 
-    def _shared_window(self, lane: Lane, ready: list[JobRun], ready_views: list[JobView],
-                       now: float) -> SharedWindow | None:
+    def _shared_window(
+        self, lane: Lane, ready: list[JobRun], ready_views: list[JobView], now: float
+    ) -> SharedWindow | None:
         """The turns the policy's sharers take before the next event, settled at once
         (:mod:`gq.sim.turns`); None where ordinary stretches are due: some resident job is
         not ready, a switch has a cost, or there is not room for two turns each."""
-        if (not isinstance(self.policy, TakesTurns) or self.step_by_step or self.switch_cost
-                or self.share_slice or len(ready) != len(lane.residents)):
+        if (
+            not isinstance(self.policy, TakesTurns)
+            or self.step_by_step
+            or self.switch_cost
+            or self.share_slice
+            or len(ready) != len(lane.residents)
+        ):
             return None
         views = self.policy.sharers(ready_views)
         group = [self.runs[view.id] for view in views]
@@ -650,21 +752,37 @@ class _Simulation:
         if budget < 2 * sum(r.job.iteration_time for r in group):
             return None
         service = self.policy.service
-        counts = turns.settle(self.policy, [
-            turns.Sharer(view, run.job.iteration_time,
-                         service(run.projected(1, None)) - service(view),
-                         run.job.iterations - run.done - 1)
-            for view, run in zip(views, group)], budget)
+        counts = turns.settle(
+            self.policy,
+            [
+                turns.Sharer(
+                    view,
+                    run.job.iteration_time,
+                    service(run.projected(1, None)) - service(view),
+                    run.job.iterations - run.done - 1,
+                )
+                for view, run in zip(views, group)
+            ],
+            budget,
+        )
         if counts is None or sum(counts) < 2 * len(group):
             return None
-        order = sorted(zip(group, counts), key=lambda pair: (pair[0].attained,
-                                                             pair[0].job.submit_time,
-                                                             pair[0].job.id))
+        order = sorted(
+            zip(group, counts),
+            key=lambda pair: (pair[0].attained, pair[0].job.submit_time, pair[0].job.id),
+        )
         length = sum(n * r.job.iteration_time for r, n in order)
         return SharedWindow([(r, n) for r, n in order if n], now, now + length, self.sequence)
 
-    def _length(self, lane: Lane, run: JobRun, chosen: JobView, ready: list[JobView],
-                resident: list[JobView], begin: float) -> int:
+    def _length(
+        self,
+        lane: Lane,
+        run: JobRun,
+        chosen: JobView,
+        ready: list[JobView],
+        resident: list[JobView],
+        begin: float,
+    ) -> int:
         """How many iterations the chosen job runs before the policy is asked again. A job
         with gaps runs one, unless nothing else could take the lane in its gaps: it is alone
         on the lane, or the host anticipates it."""
@@ -683,9 +801,14 @@ class _Simulation:
         if len(resident) == 1:
             return left
         period = run.period
-        count = run_length(self.policy, chosen, ready, resident,
-                           lambda k: (run.projected(k, run.release_after(begin, k)),
-                                      begin + k * period), left)
+        count = run_length(
+            self.policy,
+            chosen,
+            ready,
+            resident,
+            lambda k: (run.projected(k, run.release_after(begin, k)), begin + k * period),
+            left,
+        )
         if self.share_slice and count < left:
             count = min(left, max(count, math.ceil(self.share_slice * run.job.iterations)))
         return count

@@ -14,8 +14,17 @@ from pathlib import Path
 from gq.errors import UserError
 
 TIRESIAS_COLUMNS = {"job_id", "num_gpu", "submit_time", "iterations", "duration"}
-GQ_COLUMNS = ["submit_time", "duration", "steps", "priority", "user", "gpus", "mem",
-              "time_limit", "deadline"]
+GQ_COLUMNS = [
+    "submit_time",
+    "duration",
+    "steps",
+    "priority",
+    "user",
+    "gpus",
+    "mem",
+    "time_limit",
+    "deadline",
+]
 OPTIONAL_COLUMNS = ["gap", "startup"]
 
 
@@ -65,20 +74,22 @@ def load(path: Path) -> list[TraceJob]:
     elif set(GQ_COLUMNS[:3]) <= columns:
         parse = _gq
     else:
-        raise UserError(f"trace {path}: unknown columns {sorted(c for c in columns if c)}; "
-                        f"expected the Tiresias layout ({', '.join(sorted(TIRESIAS_COLUMNS))}) "
-                        f"or gq's ({', '.join(GQ_COLUMNS)}), either with "
-                        f"{' and '.join(OPTIONAL_COLUMNS)}")
+        raise UserError(
+            f"trace {path}: unknown columns {sorted(c for c in columns if c)}; "
+            f"expected the Tiresias layout ({', '.join(sorted(TIRESIAS_COLUMNS))}) "
+            f"or gq's ({', '.join(GQ_COLUMNS)}), either with "
+            f"{' and '.join(OPTIONAL_COLUMNS)}"
+        )
     jobs = []
     for number, row in enumerate(rows, start=1):
         where = f"trace {path}, row {number}"
         if None in row or None in row.values():
-            raise UserError(f"{where}: {len(row) - (None in row)} columns expected, "
-                            "a different number found")
+            raise UserError(
+                f"{where}: {len(row) - (None in row)} columns expected, a different number found"
+            )
         job = parse(number, _Fields(row, where))
         if job.duration <= 0 or job.iterations <= 0 or job.gpus < 1:
-            raise UserError(f"{where}: job {job.id} needs positive duration, iterations "
-                            "and gpus")
+            raise UserError(f"{where}: job {job.id} needs positive duration, iterations and gpus")
         if min(job.submit_time, job.gap, job.startup) < 0:
             raise UserError(f"{where}: job {job.id} has a negative submit time, gap or startup")
         jobs.append(job)
@@ -94,8 +105,13 @@ class _Fields:
     def get(self, column: str, kind: Callable, default=None):
         text = (self.row.get(column) or "").strip()
         if not text:
-            if default is not None or column not in ("submit_time", "duration", "job_id",
-                                                     "iterations", "num_gpu"):
+            if default is not None or column not in (
+                "submit_time",
+                "duration",
+                "job_id",
+                "iterations",
+                "num_gpu",
+            ):
                 return default
             raise UserError(f"{self.where}: no {column}")
         try:
@@ -106,34 +122,60 @@ class _Fields:
 
 
 def _tiresias(number: int, row: _Fields) -> TraceJob:
-    return TraceJob(id=row.get("job_id", int), submit_time=row.get("submit_time", float),
-                    duration=row.get("duration", float), iterations=row.get("iterations", int),
-                    gpus=row.get("num_gpu", int), user=row.row.get("user") or "",
-                    gap=row.get("gap", float, 0.0), startup=row.get("startup", float, 0.0))
+    return TraceJob(
+        id=row.get("job_id", int),
+        submit_time=row.get("submit_time", float),
+        duration=row.get("duration", float),
+        iterations=row.get("iterations", int),
+        gpus=row.get("num_gpu", int),
+        user=row.row.get("user") or "",
+        gap=row.get("gap", float, 0.0),
+        startup=row.get("startup", float, 0.0),
+    )
 
 
 def _gq(number: int, row: _Fields) -> TraceJob:
-    return TraceJob(id=row.get("id", int, number - 1), submit_time=row.get("submit_time", float),
-                    duration=row.get("duration", float), iterations=row.get("steps", int, 1),
-                    gpus=max(1, row.get("gpus", int, 1)), priority=row.get("priority", int, 0),
-                    user=row.row.get("user") or "", mem=row.get("mem", int),
-                    time_limit=row.get("time_limit", float),
-                    deadline=row.get("deadline", float),
-                    gap=row.get("gap", float, 0.0), startup=row.get("startup", float, 0.0))
+    return TraceJob(
+        id=row.get("id", int, number - 1),
+        submit_time=row.get("submit_time", float),
+        duration=row.get("duration", float),
+        iterations=row.get("steps", int, 1),
+        gpus=max(1, row.get("gpus", int, 1)),
+        priority=row.get("priority", int, 0),
+        user=row.row.get("user") or "",
+        mem=row.get("mem", int),
+        time_limit=row.get("time_limit", float),
+        deadline=row.get("deadline", float),
+        gap=row.get("gap", float, 0.0),
+        startup=row.get("startup", float, 0.0),
+    )
 
 
 def write_gq_csv(jobs: list[TraceJob], path_or_handle) -> None:
     """gq's layout; the optional columns only where some job has them."""
-    handle = open(path_or_handle, "w", newline="") if isinstance(path_or_handle, (str, Path)) \
+    handle = (
+        open(path_or_handle, "w", newline="")
+        if isinstance(path_or_handle, (str, Path))
         else path_or_handle
+    )
     optional = [c for c in OPTIONAL_COLUMNS if any(getattr(job, c) for job in jobs)]
     writer = csv.writer(handle)
     writer.writerow(["id", *GQ_COLUMNS, *optional])
     for job in jobs:
-        writer.writerow([job.id, f"{job.submit_time:.3f}", f"{job.duration:.3f}", job.iterations,
-                         job.priority, job.user, job.gpus, job.mem if job.mem is not None else "",
-                         job.time_limit if job.time_limit is not None else "",
-                         job.deadline if job.deadline is not None else "",
-                         *(f"{getattr(job, c):.6g}" for c in optional)])
+        writer.writerow(
+            [
+                job.id,
+                f"{job.submit_time:.3f}",
+                f"{job.duration:.3f}",
+                job.iterations,
+                job.priority,
+                job.user,
+                job.gpus,
+                job.mem if job.mem is not None else "",
+                job.time_limit if job.time_limit is not None else "",
+                job.deadline if job.deadline is not None else "",
+                *(f"{getattr(job, c):.6g}" for c in optional),
+            ]
+        )
     if handle is not path_or_handle:
         handle.close()

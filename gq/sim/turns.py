@@ -32,11 +32,15 @@ class Sharer:
     cap: int  # most iterations it may take in the window (one short of its end)
 
 
+# Each sharer's (service, service per iteration), by its place among the sharers.
+Services = list[tuple[float, float]]
+
+
 def settle(policy: TakesTurns, sharers: Sequence[Sharer], budget: float) -> list[int] | None:
     """Iterations each sharer runs in the longest settled window of at most ``budget``
     seconds, or None where there is none to settle."""
     quantum = policy.quantum
-    services = [(policy.service(s.view), s.per_iteration) for s in sharers]
+    services: Services = [(policy.service(s.view), s.per_iteration) for s in sharers]
     if any(per <= 0 for _, per in services):
         return None
     owners: dict[object, list[int]] = {}
@@ -45,8 +49,9 @@ def settle(policy: TakesTurns, sharers: Sequence[Sharer], budget: float) -> list
     groups = list(owners.values())
     for members in groups:
         # A larger owner's total must grow by its jobs' device time (fair's attained time).
-        if len(members) > 1 and (quantum or any(
-                not math.isclose(services[i][1], sharers[i].seconds) for i in members)):
+        if len(members) > 1 and (
+            quantum or any(not math.isclose(services[i][1], sharers[i].seconds) for i in members)
+        ):
             return None
     levels = [sum(services[i][0] for i in members) for members in groups]
     rates = [sharers[m[0]].seconds / services[m[0]][1] if len(m) == 1 else 1.0 for m in groups]
@@ -55,12 +60,13 @@ def settle(policy: TakesTurns, sharers: Sequence[Sharer], budget: float) -> list
     turn = turn_of(min(level, ceiling), quantum)
     counts = _counts(sharers, services, groups, turn, quantum)
     if counts is not None and any(c > s.cap for c, s in zip(counts, sharers)):
-        counts = _highest_within_caps(sharers, services, groups, turn, quantum,
-                                      low=turn_of(min(levels), quantum))
+        counts = _highest_within_caps(
+            sharers, services, groups, turn, quantum, low=turn_of(min(levels), quantum)
+        )
     return counts if counts and any(counts) else None
 
 
-def _ceiling(sharers: Sequence[Sharer], services, members: list[int]) -> float:
+def _ceiling(sharers: Sequence[Sharer], services: Services, members: list[int]) -> float:
     """The owner's level at which one of its jobs reaches its cap (for a larger owner, as if
     its jobs' iterations were infinitely short: the caps are checked again on the counts)."""
     reach = [services[i][0] + sharers[i].cap * services[i][1] for i in members]
@@ -86,8 +92,13 @@ def _water_level(levels: list[float], rates: list[float], budget: float) -> floa
     return current + left / rate
 
 
-def _counts(sharers: Sequence[Sharer], services, groups: list[list[int]], turn: float,
-            quantum: float) -> list[int] | None:
+def _counts(
+    sharers: Sequence[Sharer],
+    services: Services,
+    groups: list[list[int]],
+    turn: float,
+    quantum: float,
+) -> list[int] | None:
     """Each job's iterations once every owner has just reached ``turn``."""
     counts = [0] * len(sharers)
     for members in groups:
@@ -102,8 +113,13 @@ def _counts(sharers: Sequence[Sharer], services, groups: list[list[int]], turn: 
     return counts
 
 
-def _share_inside(sharers: Sequence[Sharer], services, members: list[int], owned: float,
-                  counts: list[int]) -> bool:
+def _share_inside(
+    sharers: Sequence[Sharer],
+    services: Services,
+    members: list[int],
+    owned: float,
+    counts: list[int],
+) -> bool:
     """Fill in the iterations of one owner's jobs taking turns by attained time until they
     have used ``owned`` seconds (the first grant that reaches it included). False if that
     took too many single grants to be worth it."""
@@ -114,8 +130,10 @@ def _share_inside(sharers: Sequence[Sharer], services, members: list[int], owned
     for index, start, step in zip(members, attained, seconds):
         counts[index] = iterations_to_turn(start, step, 0.0, inner)
         used += counts[index] * step
-    heap = [(start + counts[i] * step, sharers[i].view.submit_time, sharers[i].view.id, i, step)
-            for i, start, step in zip(members, attained, seconds)]
+    heap = [
+        (start + counts[i] * step, sharers[i].view.submit_time, sharers[i].view.id, i, step)
+        for i, start, step in zip(members, attained, seconds)
+    ]
     heapq.heapify(heap)
     for _ in range(MAX_STEPS_PER_JOB * len(members)):
         if used >= owned:
@@ -127,8 +145,14 @@ def _share_inside(sharers: Sequence[Sharer], services, members: list[int], owned
     return used >= owned
 
 
-def _highest_within_caps(sharers, services, groups, high: float, quantum: float,
-                         low: float) -> list[int] | None:
+def _highest_within_caps(
+    sharers: Sequence[Sharer],
+    services: Services,
+    groups: list[list[int]],
+    high: float,
+    quantum: float,
+    low: float,
+) -> list[int] | None:
     """The counts at the highest level from ``low`` to ``high`` that take no job past its cap."""
     best = None
     for _ in range(BISECTIONS):

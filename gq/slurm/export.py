@@ -52,13 +52,16 @@ def submitter(items: list[Exported]) -> tuple[str, list[str]]:
     """A bash script that submits several jobs with sbatch in id order, each dependency
     rewritten to the Slurm ids of the jobs exported with it."""
     items = sorted(items, key=lambda item: item.job.id)
-    exported = {item.job.id for item in items} | {item.job.array_job_id for item in items
-                                                  if item.job.array_job_id is not None}
+    exported = {item.job.id for item in items} | {
+        item.job.array_job_id for item in items if item.job.array_job_id is not None
+    }
     notes: list[str] = []
-    out = ["#!/bin/bash",
-           f"# Exported from gq jobs {', '.join(i.job.label for i in items)}: run it with "
-           "bash where sbatch is; it submits them in order.",
-           "set -euo pipefail"]
+    out = [
+        "#!/bin/bash",
+        f"# Exported from gq jobs {', '.join(i.job.label for i in items)}: run it with "
+        "bash where sbatch is; it submits them in order.",
+        "set -euo pipefail",
+    ]
     names = []
     for item in items:
         job = item.job
@@ -71,12 +74,19 @@ def submitter(items: list[Exported]) -> tuple[str, list[str]]:
             depend = f' "--dependency={_chained(job, exported)}"'
         marker = f"GQ_JOB_{job.label}_EOF"
         if marker in text.splitlines():
-            raise UserError(f"job {job.label}'s script contains the line {marker}; cannot "
-                            "inline it")
-        out += [f"{variable}=$(sbatch --parsable{depend} <<'{marker}'", text.rstrip("\n"),
-                marker, ")", f"{variable}=${{{variable}%%;*}}  # ID;CLUSTER on federations"]
-    out.append(f'echo "gq jobs {" ".join(i.job.label for i in items)} are Slurm jobs '
-               f'{" ".join(names)}"')
+            raise UserError(
+                f"job {job.label}'s script contains the line {marker}; cannot inline it"
+            )
+        out += [
+            f"{variable}=$(sbatch --parsable{depend} <<'{marker}'",
+            text.rstrip("\n"),
+            marker,
+            ")",
+            f"{variable}=${{{variable}%%;*}}  # ID;CLUSTER on federations",
+        ]
+    out.append(
+        f'echo "gq jobs {" ".join(i.job.label for i in items)} are Slurm jobs {" ".join(names)}"'
+    )
     return "\n".join(out) + "\n", notes
 
 
@@ -84,12 +94,15 @@ def _chained(job: JobInfo, exported: set[int]) -> str:
     """The job's dependency with each gq id as the shell variable of its Slurm id."""
     missing = sorted(set(dependencies.parse(job.dependency or "").job_ids) - exported)
     if missing:
-        raise UserError(f"job {job.label} depends on job(s) {', '.join(map(str, missing))}, "
-                        "which are not exported with it; add them to the command")
+        raise UserError(
+            f"job {job.label} depends on job(s) {', '.join(map(str, missing))}, "
+            "which are not exported with it; add them to the command"
+        )
     text = re.sub(r"\s", "", job.dependency or "")  # blanks the parser let pass
     if not re.fullmatch(r"[a-z]+(?::\d+)+(?:[,?][a-z]+(?::\d+)+)*", text):
-        raise UserError(f"job {job.label}'s dependency {text[:60]!r} cannot be written for "
-                        "sbatch; not exported")
+        raise UserError(
+            f"job {job.label}'s dependency {text[:60]!r} cannot be written for sbatch; not exported"
+        )
     return re.sub(r"(?<=:)(\d+)", lambda m: f"${{job_{m.group(1)}}}", text)
 
 
@@ -141,17 +154,22 @@ def _comments(job: JobInfo, notes: list[str]) -> list[str]:
     """What Slurm has no option for, said in the script and on stderr."""
     said = []
     if job.mem:
-        said.append(f"gq --gpu-mem {format_size(job.mem)}: device memory; a Slurm GPU is "
-                    "the job's alone, whatever it needs")
+        said.append(
+            f"gq --gpu-mem {format_size(job.mem)}: device memory; a Slurm GPU is "
+            "the job's alone, whatever it needs"
+        )
     if job.exclusive and job.gpus <= 1:
         said.append("gq --exclusive: a whole device, as every Slurm GPU is")
     if job.steps_total:
         said.append(f"gq --steps {job.steps_total}: Slurm does not use it")
     if job.priority > 0:
-        said.append(f"gq --priority {job.priority}: sbatch lets only administrators raise a "
-                    "job's priority")
-        notes.append(f"job {job.label}: --priority {job.priority} is not carried (only Slurm "
-                     "administrators raise priorities)")
+        said.append(
+            f"gq --priority {job.priority}: sbatch lets only administrators raise a job's priority"
+        )
+        notes.append(
+            f"job {job.label}: --priority {job.priority} is not carried (only Slurm "
+            "administrators raise priorities)"
+        )
     return [f"# {text}" for text in said]
 
 
@@ -164,26 +182,38 @@ def _command(item: Exported, notes: list[str]) -> list[str]:
     python = job.script.endswith(".py") if job.script else False
     lines = ['export GQ_JOB_ID="$SLURM_JOB_ID" GQ_JOB_NAME="$SLURM_JOB_NAME"']
     if job.array_job_id is not None:
-        lines.append('export GQ_ARRAY_JOB_ID="$SLURM_ARRAY_JOB_ID" '
-                     'GQ_ARRAY_TASK_ID="$SLURM_ARRAY_TASK_ID"')
+        lines.append(
+            'export GQ_ARRAY_JOB_ID="$SLURM_ARRAY_JOB_ID" GQ_ARRAY_TASK_ID="$SLURM_ARRAY_TASK_ID"'
+        )
     interpreter = "python3"
     if python and job.interpreter:
         if item.interpreter_exists:
             interpreter = shlex.quote(job.interpreter)
         else:
-            notes.append(f"job {job.label}: its interpreter {job.interpreter} is gone; "
-                         "the script runs with python3 from PATH")
+            notes.append(
+                f"job {job.label}: its interpreter {job.interpreter} is gone; "
+                "the script runs with python3 from PATH"
+            )
     if item.script_unchanged:
-        return lines + [f"exec {_runner(item.body, interpreter if python else None)}"
-                        f"{shlex.quote(script)} {args}".rstrip()]
-    notes.append(f"job {job.label}: {script} is gone or changed since it was submitted; its "
-                 "snapshot is inlined")
+        return lines + [
+            f"exec {_runner(item.body, interpreter if python else None)}"
+            f"{shlex.quote(script)} {args}".rstrip()
+        ]
+    notes.append(
+        f"job {job.label}: {script} is gone or changed since it was submitted; its "
+        "snapshot is inlined"
+    )
     if END in item.body.splitlines():
         raise UserError(f"job {job.label}'s script contains the line {END}; cannot inline it")
     suffix = re.sub(r"[^A-Za-z0-9._-]", "", PurePosixPath(script).suffix)
     copy = f'"${{TMPDIR:-/tmp}}/gq-export-{job.label}-$SLURM_JOB_ID{suffix}"'
-    run = (f'{interpreter} "$script"' if python else
-           '"$script"' if item.body.startswith("#!") else 'bash "$script"')
+    run = (
+        f'{interpreter} "$script"'
+        if python
+        else '"$script"'
+        if item.body.startswith("#!")
+        else 'bash "$script"'
+    )
     if python:  # its sibling modules, where they still are
         directory = shlex.quote(str(PurePosixPath(script).parent))
         lines.append(f'export PYTHONPATH={directory}"${{PYTHONPATH:+:$PYTHONPATH}}"')
@@ -221,8 +251,10 @@ def _pair(option: str, value: str) -> str:
     (blanks, quotes, backslashes, #). A value no #SBATCH line can hold (a newline in a
     directory's name) is refused: the rest of it would run as a command on the cluster."""
     if not value.isprintable():
-        raise UserError(f"{option} {value[:60]!r} holds a newline or another control "
-                        "character, which no #SBATCH line can carry; not exported")
+        raise UserError(
+            f"{option} {value[:60]!r} holds a newline or another control "
+            "character, which no #SBATCH line can carry; not exported"
+        )
     if re.fullmatch(r"[\w@%+=:,./-]+", value):
         return f"{option}={value}"
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
@@ -237,8 +269,7 @@ def _pattern(job: JobInfo, path: str) -> str:
     """An output pattern rebuilt from a resolved path (jobs from before patterns were
     kept): the job id where it stands alone as a number, as %j (%A_%a for a task)."""
     resolved = PurePosixPath(path)
-    task = (rf"{job.array_job_id}_{job.array_task_id}" if job.array_job_id is not None
-            else None)
+    task = rf"{job.array_job_id}_{job.array_task_id}" if job.array_job_id is not None else None
     name = resolved.name
     if task is not None and re.search(rf"(?<!\d){task}(?!\d)", name):
         name = re.sub(rf"(?<!\d){task}(?!\d)", "%A_%a", name, count=1)

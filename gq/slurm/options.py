@@ -26,62 +26,147 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option(("-J", "--job-name"), "--job-name", True, "job name", "job name (%x)"),
-    Option(("-G", "--gpus"), "--gpus", True, "GPUs for the job, [TYPE:]N",
-           "devices, [TYPE:]N: 0 none, 1 one shared device, N>1 whole devices; TYPE matched "
-           "to the device model"),
-    Option(("--gpus-per-node",), "--gpus-per-node", True, "GPUs on each node, [TYPE:]N",
-           "as --gpus (one node)"),
-    Option(("--gres",), "--gres", True, "generic resources, e.g. gpu:a100:2",
-           "its gpu[:TYPE][:N] part as --gpus; other resources are not used"),
-    Option(("--mem",), "--host-mem", True, "real memory per node (0: all of it)",
-           "host memory, the limit of the job's cgroup (0: no limit)"),
-    Option(("--mem-per-cpu",), "--mem-per-cpu", True, "real memory per CPU",
-           "host memory: this times --cpus-per-task"),
-    Option(("--mem-per-gpu",), "--mem-per-gpu", True, "real memory per GPU",
-           "host memory: this times the devices asked for"),
-    Option(("-c", "--cpus-per-task"), "--cpus-per-task", True, "CPUs per task",
-           "CPUs the job may use (SLURM_CPUS_PER_TASK; its cgroup's CPU quota where v2)"),
+    Option(
+        ("-G", "--gpus"),
+        "--gpus",
+        True,
+        "GPUs for the job, [TYPE:]N",
+        "devices, [TYPE:]N: 0 none, 1 one shared device, N>1 whole devices; TYPE matched "
+        "to the device model",
+    ),
+    Option(
+        ("--gpus-per-node",),
+        "--gpus-per-node",
+        True,
+        "GPUs on each node, [TYPE:]N",
+        "as --gpus (one node)",
+    ),
+    Option(
+        ("--gres",),
+        "--gres",
+        True,
+        "generic resources, e.g. gpu:a100:2",
+        "its gpu[:TYPE][:N] part as --gpus; other resources are not used",
+    ),
+    Option(
+        ("--mem",),
+        "--host-mem",
+        True,
+        "real memory per node (0: all of it)",
+        "host memory, the limit of the job's cgroup (0: no limit)",
+    ),
+    Option(
+        ("--mem-per-cpu",),
+        "--mem-per-cpu",
+        True,
+        "real memory per CPU",
+        "host memory: this times --cpus-per-task",
+    ),
+    Option(
+        ("--mem-per-gpu",),
+        "--mem-per-gpu",
+        True,
+        "real memory per GPU",
+        "host memory: this times the devices asked for",
+    ),
+    Option(
+        ("-c", "--cpus-per-task"),
+        "--cpus-per-task",
+        True,
+        "CPUs per task",
+        "CPUs the job may use (SLURM_CPUS_PER_TASK; its cgroup's CPU quota where v2)",
+    ),
     Option(("-t", "--time"), "--time", True, "time limit (UNLIMITED: none)", "time limit"),
-    Option(("--begin",), "--begin", True, "not started before this time",
-           "pending (BeginTime) until this time"),
-    Option(("--deadline",), "--deadline", True, "removed if it cannot end by then",
-           "removed (DEADLINE) if it cannot end by then"),
-    Option(("--signal",), "--signal", True, "[B:]SIG[@SECONDS]: SIG that long (60) before "
-           "the time limit, to the job's steps (B: its batch shell alone)",
-           "the same: B: the job's main process; else the tasks srun started, or where "
-           "there are none the main process alone, never what these fork for themselves"),
+    Option(
+        ("--begin",),
+        "--begin",
+        True,
+        "not started before this time",
+        "pending (BeginTime) until this time",
+    ),
+    Option(
+        ("--deadline",),
+        "--deadline",
+        True,
+        "removed if it cannot end by then",
+        "removed (DEADLINE) if it cannot end by then",
+    ),
+    Option(
+        ("--signal",),
+        "--signal",
+        True,
+        "[B:]SIG[@SECONDS]: SIG that long (60) before "
+        "the time limit, to the job's steps (B: its batch shell alone)",
+        "the same: B: the job's main process; else the tasks srun started, or where "
+        "there are none the main process alone, never what these fork for themselves",
+    ),
     Option(("-o", "--output"), "--output", True, "stdout file pattern", "stdout file pattern"),
     Option(("-e", "--error"), "--error", True, "stderr file pattern", "stderr file pattern"),
     Option(("-D", "--chdir"), "--chdir", True, "working directory", "working directory"),
     Option(("-a", "--array"), "--array", True, "job array, 0-99%8", "job array, 0-99%8"),
-    Option(("-d", "--dependency"), "--dependency", True, "afterok:ID..., after, afterany",
-           "the same"),
-    Option(("--requeue",), "--requeue", False, "requeue after a node failure",
-           "requeue when its host dies"),
-    Option(("--exclusive",), "--exclusive", False, "the whole node, shared with no job",
-           "whole devices, shared with no job"),
+    Option(
+        ("-d", "--dependency"), "--dependency", True, "afterok:ID..., after, afterany", "the same"
+    ),
+    Option(
+        ("--requeue",),
+        "--requeue",
+        False,
+        "requeue after a node failure",
+        "requeue when its host dies",
+    ),
+    Option(
+        ("--exclusive",),
+        "--exclusive",
+        False,
+        "the whole node, shared with no job",
+        "whole devices, shared with no job",
+    ),
     Option(("-H", "--hold"), "--hold", False, "submitted held", "submitted held"),
-    Option(("--nice",), "--priority", True, "lower priority by N (negative: admins only)",
-           "--priority -N"),
-    Option(("-w", "--nodelist"), None, True, "the nodes to run on",
-           "this node (gq's own -w names devices)", single=""),
-    Option(("--mail-type",), "--mail-type", True, "mail at BEGIN, END, FAIL, REQUEUE, ALL",
-           "the same, through this node's mail command"),
+    Option(
+        ("--nice",),
+        "--priority",
+        True,
+        "lower priority by N (negative: admins only)",
+        "--priority -N",
+    ),
+    Option(
+        ("-w", "--nodelist"),
+        None,
+        True,
+        "the nodes to run on",
+        "this node (gq's own -w names devices)",
+        single="",
+    ),
+    Option(
+        ("--mail-type",),
+        "--mail-type",
+        True,
+        "mail at BEGIN, END, FAIL, REQUEUE, ALL",
+        "the same, through this node's mail command",
+    ),
     Option(("--mail-user",), "--mail-user", True, "whom to mail [the submitter]", "the same"),
     Option(("-N", "--nodes"), None, True, "nodes", "one node", single="1"),
-    Option(("-n", "--ntasks"), "--ntasks", True, "tasks (srun starts as many)",
-           "the same: SLURM_NTASKS, the copies the job's srun starts"),
+    Option(
+        ("-n", "--ntasks"),
+        "--ntasks",
+        True,
+        "tasks (srun starts as many)",
+        "the same: SLURM_NTASKS, the copies the job's srun starts",
+    ),
     Option(("--ntasks-per-node",), "--ntasks", True, "tasks per node", "as --ntasks (one node)"),
-    Option(("--gpus-per-task",), "--gpus", True, "GPUs per task, [TYPE:]N",
-           "as --gpus (for one task)"),
+    Option(
+        ("--gpus-per-task",), "--gpus", True, "GPUs per task, [TYPE:]N", "as --gpus (for one task)"
+    ),
 )
 BY_SBATCH: dict[str, Option] = {name: option for option in OPTIONS for name in option.sbatch}
 BY_GQ: dict[str, Option] = {}  # the first option of each gq name: its own sbatch spelling
 for _option in OPTIONS:
     if _option.gq:
         BY_GQ.setdefault(_option.gq, _option)
-DEPRECATED_MEM = ("--mem on gq's command line and in #GQ lines is device memory, as before; "
-                  "write --gpu-mem (in #SBATCH lines and on a cluster --mem is host memory)")
+DEPRECATED_MEM = (
+    "--mem on gq's command line and in #GQ lines is device memory, as before; "
+    "write --gpu-mem (in #SBATCH lines and on a cluster --mem is host memory)"
+)
 _NICE_DEFAULT = "100"  # sbatch's adjustment for a bare --nice
 
 
@@ -117,8 +202,7 @@ def translate(tokens: list[str], node: str = "") -> tuple[list[str], list[str]]:
             else:
                 raise UserError(f"#SBATCH {name} needs a value")
         if option.gq is None:
-            if value.strip() not in (option.single, node if name in ("-w", "--nodelist")
-                                     else None):
+            if value.strip() not in (option.single, node if name in ("-w", "--nodelist") else None):
                 notices.append(f"{name}={value}: gq runs {option.gq_meaning}; ignored")
         elif name == "--gres":
             gpus, others = split_gres(value)
@@ -127,8 +211,10 @@ def translate(tokens: list[str], node: str = "") -> tuple[list[str], list[str]]:
             notices += [f"--gres={other}: gq has no such resource; ignored" for other in others]
         elif name == "--nice":
             number = value.strip()
-            out += ["--priority", str(-int(number)) if re.fullmatch(r"-?\d{1,9}", number)
-                    else number]
+            out += [
+                "--priority",
+                str(-int(number)) if re.fullmatch(r"-?\d{1,9}", number) else number,
+            ]
         elif name == "--exclusive":
             out.append("--exclusive")  # =user and =mcs narrow whom Slurm lets share the node
         else:
@@ -161,8 +247,7 @@ def parse_gpus(text: str, flag: str = "--gpus") -> Gpus:
     """``--gpus [TYPE:]N`` (also --gpus-per-node)."""
     match = _GPUS.match(text.strip())
     if not match:
-        raise UserError(f"invalid {flag} {text[:40]}: give a count, or TYPE:COUNT such as "
-                        "a100:2")
+        raise UserError(f"invalid {flag} {text[:40]}: give a count, or TYPE:COUNT such as a100:2")
     return Gpus(int(match["count"]), match["type"])
 
 
@@ -170,8 +255,9 @@ def parse_gres(text: str) -> Gpus:
     """``--gres gpu[:TYPE][:N]`` (N defaults to 1, as in Slurm)."""
     gpus, others = split_gres(text)
     if others:
-        raise UserError(f"invalid --gres {text!r}: gq has only gpu (gpu[:TYPE][:N]); "
-                        f"not {', '.join(others)}")
+        raise UserError(
+            f"invalid --gres {text!r}: gq has only gpu (gpu[:TYPE][:N]); not {', '.join(others)}"
+        )
     match = _GRES_GPU.match(gpus or "")
     if not match:
         raise UserError(f"invalid --gres {text!r}: use gpu[:TYPE][:N], such as gpu:a100:2")
@@ -197,7 +283,9 @@ class WarnSignal:
         return f"{'B:' if self.batch else ''}{self.number}@{self.before}"
 
 
-_SIGNAL = re.compile(r"^(?:(?P<where>[BR]{1,2}):)?(?P<sig>[A-Za-z0-9]{1,12})(?:@(?P<time>\d{1,5}))?$")
+_SIGNAL = re.compile(
+    r"^(?:(?P<where>[BR]{1,2}):)?(?P<sig>[A-Za-z0-9]{1,12})(?:@(?P<time>\d{1,5}))?$"
+)
 
 
 def parse_signal(text: str) -> WarnSignal:
@@ -214,8 +302,14 @@ def parse_signal(text: str) -> WarnSignal:
         else:
             known = getattr(signals, name if name.startswith("SIG") else f"SIG{name}", None)
             number = int(known) if isinstance(known, signals.Signals) else None
-    if match is None or number is None or not 1 <= number < signals.NSIG \
-            or int(match["time"] or 60) > 65535:
-        raise UserError(f"invalid --signal {text[:40]}: use [B:]SIG[@SECONDS], such as "
-                        "B:USR1@120 (SIG a name or number, SECONDS up to 65535)")
+    if (
+        match is None
+        or number is None
+        or not 1 <= number < signals.NSIG
+        or int(match["time"] or 60) > 65535
+    ):
+        raise UserError(
+            f"invalid --signal {text[:40]}: use [B:]SIG[@SECONDS], such as "
+            "B:USR1@120 (SIG a name or number, SECONDS up to 65535)"
+        )
     return WarnSignal(number, int(match["time"] or 60), "B" in (match["where"] or ""))

@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 
 NAME = "scontrol (gq)"
 MAX_HOSTNAMES = 10_000  # what one hostlist may expand to
-USAGE = ("inside a gq job scontrol understands: requeue ID, show job ID, show hostnames "
-         "[LIST], update JobId=ID TimeLimit=TIME (ID: this job's, $SLURM_JOB_ID)")
+USAGE = (
+    "inside a gq job scontrol understands: requeue ID, show job ID, show hostnames "
+    "[LIST], update JobId=ID TimeLimit=TIME (ID: this job's, $SLURM_JOB_ID)"
+)
 
 
 class Refusal(UserError):
@@ -84,8 +86,10 @@ def own_job(environ: Mapping[str, str]) -> OwnJob:
     """The job this process belongs to, from the variables gq gave it."""
     text = environ.get("GQ_JOB_ID", "")
     if not text.isdigit() or len(text) > 12:
-        raise Refusal("runs only inside a gq job, which sets GQ_JOB_ID; outside one use gq "
-                      "(gq show, gq requeue, gq update)")
+        raise Refusal(
+            "runs only inside a gq job, which sets GQ_JOB_ID; outside one use gq "
+            "(gq show, gq requeue, gq update)"
+        )
     job_id = int(text)
     spellings = {str(job_id), slurm_id(job_id)}
     array, task = environ.get("GQ_ARRAY_JOB_ID", ""), environ.get("GQ_ARRAY_TASK_ID", "")
@@ -104,8 +108,10 @@ def parse(argv: list[str], own: OwnJob) -> Command:
         return Requeue()
     if verb == "show" and len(words) >= 2 and words[1].lower() in ("job", "jobid"):
         if len(words) != 3:
-            raise Refusal(f"show job: give this job's id (scontrol show job {own.slurm}); "
-                          "inside a gq job scontrol shows its own job alone")
+            raise Refusal(
+                f"show job: give this job's id (scontrol show job {own.slurm}); "
+                "inside a gq job scontrol shows its own job alone"
+            )
         _check_own(words[2], own)
         return ShowJob(one_line)
     if verb == "show" and len(words) in (2, 3) and words[1].lower() == "hostnames":
@@ -121,14 +127,15 @@ def _update(pairs: list[str], own: OwnJob) -> SetTimeLimit:
     for pair in pairs:
         key, equals, value = pair.partition("=")
         if not equals:
-            raise Refusal(f"update: {pair[:40]!r} is not KEY=VALUE; give JobId=ID "
-                          "TimeLimit=TIME")
+            raise Refusal(f"update: {pair[:40]!r} is not KEY=VALUE; give JobId=ID TimeLimit=TIME")
         fields[key.lower()] = value
     job = fields.pop("jobid", None) or fields.pop("job", None)
     limit = fields.pop("timelimit", None)
     if job is None or limit is None or fields:
-        raise Refusal("update: only JobId=ID TimeLimit=TIME can be updated from inside a gq "
-                      "job (gq update changes the rest)")
+        raise Refusal(
+            "update: only JobId=ID TimeLimit=TIME can be updated from inside a gq "
+            "job (gq update changes the rest)"
+        )
     _check_own(job, own)
     try:
         return SetTimeLimit(parse_duration(limit))
@@ -138,8 +145,10 @@ def _update(pairs: list[str], own: OwnJob) -> SetTimeLimit:
 
 def _check_own(text: str, own: OwnJob) -> None:
     if text not in own.spellings:
-        raise Refusal(f"job {text[:40]} is not this job ({own.slurm}): inside a gq job "
-                      "scontrol acts on its own job alone")
+        raise Refusal(
+            f"job {text[:40]} is not this job ({own.slurm}): inside a gq job "
+            "scontrol acts on its own job alone"
+        )
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -182,19 +191,21 @@ def _expanded(part: str, room: int, whole: str) -> list[str]:
         return [part]
     closing = part.index("]", opening)
     values = []
-    for item in part[opening + 1:closing].split(","):
+    for item in part[opening + 1 : closing].split(","):
         match = _RANGE.match(item)
         if match is None or int(match[2] or match[1]) < int(match[1]):
-            raise Refusal(f"invalid hostlist {whole[:60]!r}: {item[:20]!r} is not a range "
-                          "such as 01-04")
+            raise Refusal(
+                f"invalid hostlist {whole[:60]!r}: {item[:20]!r} is not a range such as 01-04"
+            )
         low, high, width = int(match[1]), int(match[2] or match[1]), len(match[1])
         if len(values) + high - low + 1 > room:
             raise Refusal(f"hostlist {whole[:60]!r} names more than {MAX_HOSTNAMES} hosts")
         values.extend(f"{number:0{width}d}" for number in range(low, high + 1))
     names: list[str] = []
     for value in values:
-        names.extend(_expanded(part[:opening] + value + part[closing + 1:],
-                               room - len(names), whole))
+        names.extend(
+            _expanded(part[:opening] + value + part[closing + 1 :], room - len(names), whole)
+        )
     return names
 
 
@@ -219,12 +230,13 @@ def show_job(job: JobInfo, now: float, one_line: bool = False) -> str:
         [f"JobId={slurm_id(job.id)}", f"JobName={job.name}"],
         [f"UserId={job.user}({job.uid if job.uid is not None else '?'})"],
         [f"Priority={job.priority}", f"Partition={PARTITION}"],
-        [f"JobState={state}", f"Reason={_reason(job)}",
-         f"Dependency={job.dependency or '(null)'}"],
-        [f"Requeue={int(job.requeue)}", f"Restarts={_restarts(job)}",
-         f"ExitCode={code if code >= 0 else 0}:{-code if code < 0 else 0}"],
-        [f"RunTime={format_duration(elapsed(job, now) or 0, padded=True)}",
-         f"TimeLimit={limit}"],
+        [f"JobState={state}", f"Reason={_reason(job)}", f"Dependency={job.dependency or '(null)'}"],
+        [
+            f"Requeue={int(job.requeue)}",
+            f"Restarts={_restarts(job)}",
+            f"ExitCode={code if code >= 0 else 0}:{-code if code < 0 else 0}",
+        ],
+        [f"RunTime={format_duration(elapsed(job, now) or 0, padded=True)}", f"TimeLimit={limit}"],
         [f"SubmitTime={short_time(job.submit_time)}"],
         [f"StartTime={short_time(job.start_time) if started else 'Unknown'}", f"EndTime={end}"],
         [f"NodeList={node_name() if started else '(null)'}"],
@@ -236,12 +248,15 @@ def show_job(job: JobInfo, now: float, one_line: bool = False) -> str:
         [f"StdOut={job.stdout or '(null)'}"],
     ]
     if job.array_job_id is not None:
-        groups[0] += [f"ArrayJobId={slurm_id(job.array_job_id)}",
-                      f"ArrayTaskId={job.array_task_id}"]
+        groups[0] += [
+            f"ArrayJobId={slurm_id(job.array_job_id)}",
+            f"ArrayTaskId={job.array_task_id}",
+        ]
     if one_line:
         return " ".join(field for group in groups for field in group)
-    return "\n".join(("" if index == 0 else "   ") + " ".join(group)
-                     for index, group in enumerate(groups))
+    return "\n".join(
+        ("" if index == 0 else "   ") + " ".join(group) for index, group in enumerate(groups)
+    )
 
 
 def _reason(job: JobInfo) -> str:
@@ -273,8 +288,11 @@ def run(argv: list[str], environ: Mapping[str, str], home: Home) -> str:
         answer = client.ask(messages.ShowJob(label), home)  # an array's first task: all
         mine = next(job for job in answer.jobs if job.id == own.id)
         return show_job(mine, time.time(), command.one_line)
-    request = (messages.Requeue([label]) if isinstance(command, Requeue)
-               else messages.Update([label], time_limit=command.seconds))
+    request = (
+        messages.Requeue([label])
+        if isinstance(command, Requeue)
+        else messages.Update([label], time_limit=command.seconds)
+    )
     report = client.ask(request, home)
     refused = [line.text for line in report.lines if line.level == messages.REFUSED]
     if refused:
@@ -299,4 +317,3 @@ def main(argv: list[str], root: str, mode: str) -> int:
     if text:
         print(text)
     return 0
-

@@ -57,7 +57,9 @@ def upgrade() -> None:
     op.create_table(
         "job_events",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("time", sa.Float, nullable=False),
         sa.Column("old_state", sa.String(16)),
         sa.Column("new_state", sa.String(16), nullable=False),
@@ -65,9 +67,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_job_events_job_id", "job_events", ["job_id"])
     op.create_table(
-        "settings",
-        sa.Column("key", sa.String(64), primary_key=True),
-        sa.Column("value", sa.JSON),
+        "settings", sa.Column("key", sa.String(64), primary_key=True), sa.Column("value", sa.JSON)
     )
 
 

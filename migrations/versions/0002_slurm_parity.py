@@ -29,11 +29,18 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("cancel_requested", sa.Boolean, nullable=False,
-                                   server_default=sa.false()))
+        batch.add_column(
+            sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false())
+        )
     op.execute("UPDATE jobs SET cancel_requested = 1 WHERE stop_request = 'cancel'")
     with op.batch_alter_table("jobs") as batch:
         batch.drop_index("ix_jobs_array_job_id")
-        for column in ("stop_request", "array_max_running", "array_task_id", "array_job_id",
-                       "held", "dependency"):
+        for column in (
+            "stop_request",
+            "array_max_running",
+            "array_task_id",
+            "array_job_id",
+            "held",
+            "dependency",
+        ):
             batch.drop_column(column)

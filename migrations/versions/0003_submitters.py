@@ -31,8 +31,10 @@ def upgrade() -> None:
             entry = pwd.getpwnam(name)
         except KeyError:
             continue
-        connection.execute(sa.text("UPDATE jobs SET uid = :uid, gid = :gid WHERE user = :name"),
-                           {"uid": entry.pw_uid, "gid": entry.pw_gid, "name": name})
+        connection.execute(
+            sa.text("UPDATE jobs SET uid = :uid, gid = :gid WHERE user = :name"),
+            {"uid": entry.pw_uid, "gid": entry.pw_gid, "name": name},
+        )
 
 
 def downgrade() -> None:

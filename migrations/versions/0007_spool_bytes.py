@@ -23,28 +23,37 @@ _BLOCK = 4096
 
 def upgrade() -> None:
     with op.batch_alter_table("payloads") as batch:
-        batch.add_column(sa.Column("spool_bytes", sa.Integer, nullable=False,
-                                   server_default="0"))
+        batch.add_column(sa.Column("spool_bytes", sa.Integer, nullable=False, server_default="0"))
     op.create_index("ix_jobs_uid_payload", "jobs", ["uid", "payload_id"])
-    op.create_table("spool_usage",
-                    sa.Column("uid", sa.Integer, primary_key=True, autoincrement=False),
-                    sa.Column("bytes", sa.Integer, nullable=False))
+    op.create_table(
+        "spool_usage",
+        sa.Column("uid", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("bytes", sa.Integer, nullable=False),
+    )
     connection = op.get_bind()
-    rows = connection.execute(sa.text(
-        "SELECT payload_id, min(spool_path) FROM jobs WHERE spool_path != '' "
-        "GROUP BY payload_id")).fetchall()
+    rows = connection.execute(
+        sa.text(
+            "SELECT payload_id, min(spool_path) FROM jobs WHERE spool_path != '' "
+            "GROUP BY payload_id"
+        )
+    ).fetchall()
     for payload_id, path in rows:
         try:
             size = os.lstat(path).st_size
         except OSError:
             continue
         size = -(-size // _BLOCK) * _BLOCK + 2 * _BLOCK  # as gq.queue.spool.footprint
-        connection.execute(sa.text("UPDATE payloads SET spool_bytes = :size WHERE id = :id"),
-                           {"size": size, "id": payload_id})
-    connection.execute(sa.text(
-        "INSERT INTO spool_usage (uid, bytes) SELECT owners.uid, sum(payloads.spool_bytes) "
-        "FROM (SELECT DISTINCT payload_id, uid FROM jobs WHERE uid IS NOT NULL) AS owners "
-        "JOIN payloads ON payloads.id = owners.payload_id GROUP BY owners.uid"))
+        connection.execute(
+            sa.text("UPDATE payloads SET spool_bytes = :size WHERE id = :id"),
+            {"size": size, "id": payload_id},
+        )
+    connection.execute(
+        sa.text(
+            "INSERT INTO spool_usage (uid, bytes) SELECT owners.uid, sum(payloads.spool_bytes) "
+            "FROM (SELECT DISTINCT payload_id, uid FROM jobs WHERE uid IS NOT NULL) AS owners "
+            "JOIN payloads ON payloads.id = owners.payload_id GROUP BY owners.uid"
+        )
+    )
 
 
 def downgrade() -> None:

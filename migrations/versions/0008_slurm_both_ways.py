@@ -20,9 +20,15 @@ revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
-_COLUMNS = (("host_mem", sa.Integer), ("cpus", sa.Integer), ("begin_time", sa.Float),
-            ("gpu_type", sa.Text), ("warn_signal", sa.String(32)), ("output_pattern", sa.Text),
-            ("error_pattern", sa.Text))
+_COLUMNS = (
+    ("host_mem", sa.Integer),
+    ("cpus", sa.Integer),
+    ("begin_time", sa.Float),
+    ("gpu_type", sa.Text),
+    ("warn_signal", sa.String(32)),
+    ("output_pattern", sa.Text),
+    ("error_pattern", sa.Text),
+)
 
 
 def upgrade() -> None:

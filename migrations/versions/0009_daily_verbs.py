@@ -17,8 +17,13 @@ revision = "0009"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
-_COLUMNS = (("nodelist", sa.Text), ("retries", sa.Integer), ("retries_left", sa.Integer),
-            ("retry_delay", sa.Float), ("ntasks", sa.Integer))
+_COLUMNS = (
+    ("nodelist", sa.Text),
+    ("retries", sa.Integer),
+    ("retries_left", sa.Integer),
+    ("retry_delay", sa.Float),
+    ("ntasks", sa.Integer),
+)
 
 
 def upgrade() -> None:

@@ -22,8 +22,9 @@ _COLUMNS = (("notify", sa.Text), ("mail_type", sa.String(64)), ("mail_user", sa.
 
 def upgrade() -> None:
     columns.add("jobs", _COLUMNS)
-    op.add_column("jobs", sa.Column("suspended", sa.Boolean, nullable=False,
-                                    server_default=sa.false()))
+    op.add_column(
+        "jobs", sa.Column("suspended", sa.Boolean, nullable=False, server_default=sa.false())
+    )
 
 
 def downgrade() -> None:

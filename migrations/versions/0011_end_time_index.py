@@ -19,8 +19,10 @@ _FINISHED = "('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'DEADLINE')"
 
 
 def upgrade() -> None:
-    op.execute(f"UPDATE jobs SET end_time = coalesce(start_time, submit_time) "
-               f"WHERE end_time IS NULL AND state IN {_FINISHED}")
+    op.execute(
+        f"UPDATE jobs SET end_time = coalesce(start_time, submit_time) "
+        f"WHERE end_time IS NULL AND state IN {_FINISHED}"
+    )
     op.create_index("ix_jobs_end_time", "jobs", ["end_time"])
 
 

@@ -15,8 +15,9 @@ depends_on = None
 
 def upgrade() -> None:
     # In place (SQLite's ALTER TABLE ADD COLUMN): every job from before is a batch job.
-    op.add_column("jobs", sa.Column("interactive", sa.Boolean(), nullable=False,
-                                    server_default="0"))
+    op.add_column(
+        "jobs", sa.Column("interactive", sa.Boolean(), nullable=False, server_default="0")
+    )
 
 
 def downgrade() -> None:

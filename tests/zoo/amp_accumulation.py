@@ -1,5 +1,6 @@
 """Mixed precision with a GradScaler and gradient accumulation: 50 optimizer steps, with 20
 evaluation forwards (no_grad) along the way, 4 of them before the first step."""
+
 import torch
 
 torch.manual_seed(0)

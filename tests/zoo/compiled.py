@@ -1,4 +1,5 @@
 """A compiled model (torch.compile, eager backend: no C compiler needed) trained 20 steps."""
+
 import torch
 
 torch.manual_seed(0)

@@ -47,7 +47,16 @@ for step in range(args.steps):
             torch.cuda.set_per_process_memory_fraction(1.0)
         kept.append(torch.empty(args.grow_mb << 20, dtype=torch.uint8, device=device))
 torch.cuda.synchronize()
-print(json.dumps({
-    "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "count": torch.cuda.device_count(),
-    "name": torch.cuda.get_device_name(0), "allocated": torch.cuda.memory_allocated(),
-    "reserved": torch.cuda.memory_reserved(), "losses": losses}), flush=True)
+print(
+    json.dumps(
+        {
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "count": torch.cuda.device_count(),
+            "name": torch.cuda.get_device_name(0),
+            "allocated": torch.cuda.memory_allocated(),
+            "reserved": torch.cuda.memory_reserved(),
+            "losses": losses,
+        }
+    ),
+    flush=True,
+)

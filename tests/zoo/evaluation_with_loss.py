@@ -1,4 +1,5 @@
 """Evaluation only: 30 batches, each a model call and a loss module's call at top level."""
+
 import torch
 
 model = torch.nn.Linear(8, 3)

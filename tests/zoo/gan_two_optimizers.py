@@ -1,6 +1,7 @@
 """A GAN's loop as pytorch/examples' dcgan has it: per iteration the discriminator's
 backward twice and its step, then the generator's forward through the discriminator, its
 backward and step. 25 iterations."""
+
 import torch
 
 torch.manual_seed(0)

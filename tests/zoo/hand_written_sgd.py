@@ -1,6 +1,7 @@
 """Weights updated by hand, no optimizer (as pytorch/examples' word_language_model): 40
 training batches through a loss module, then 10 evaluation batches: 40 training steps.
 An argument: seconds of host-side work after each update."""
+
 import sys
 import time
 

@@ -1,4 +1,5 @@
 """LBFGS with a closure: the optimizer calls the model several times per step."""
+
 import torch
 
 torch.manual_seed(0)

@@ -1,4 +1,5 @@
 """Forward passes with grad enabled and no optimizer at all (feature extraction, say)."""
+
 import torch
 
 model = torch.nn.Linear(8, 8)

@@ -1,5 +1,6 @@
 """Under no_grad, a module call raises (and is caught); then the job idles, calling no
 module: its lane must be free for other jobs meanwhile."""
+
 import pathlib
 import sys
 import time

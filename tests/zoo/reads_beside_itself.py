@@ -1,4 +1,5 @@
 """Reads data relative to its own file, and says how it was named."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Four threads, each calling a Linear layer 300 times under no_grad (an inference server)."""
+
 import threading
 
 import torch

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gq import defaults, messages
 from gq.daemon.access import Caller, Rules, check_operator
-from gq.daemon.handlers import control, node, query, submit
 from gq.daemon.forecasting import WhatIf
+from gq.daemon.handlers import control, node, query, submit
 from gq.daemon.waiting import Waiters, Waiting
 from gq.errors import UserError
 
 if TYPE_CHECKING:
     from gq.daemon.admission import DeviceLoad
-    from gq.daemon.forecasting import Forecaster
     from gq.daemon.devices import Device
+    from gq.daemon.forecasting import Forecaster
     from gq.daemon.monitoring import Monitor
     from gq.daemon.node import DaemonOptions
     from gq.daemon.server import ConnectionLimits
@@ -99,14 +99,19 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     messages.NodeInfoRequest: node.info,
     messages.Stop: node.stop,
 }
-OPERATORS_ONLY = {messages.SetPolicy: "change the policy", messages.Stop: "stop the daemon",
-                  messages.Drain: "drain devices", messages.ResumeDevices: "resume devices",
-                  # A suspended job's time limit stops: a user could hold a device forever.
-                  messages.Suspend: "suspend or resume jobs"}
+OPERATORS_ONLY = {
+    messages.SetPolicy: "change the policy",
+    messages.Stop: "stop the daemon",
+    messages.Drain: "drain devices",
+    messages.ResumeDevices: "resume devices",
+    # A suspended job's time limit stops: a user could hold a device forever.
+    messages.Suspend: "suspend or resume jobs",
+}
 
 
-def dispatch(daemon: NodeView, caller: Caller,
-             line: bytes) -> tuple[bytes, list[int]] | Waiting | WhatIf:
+def dispatch(
+    daemon: NodeView, caller: Caller, line: bytes
+) -> tuple[bytes, list[int]] | Waiting | WhatIf:
     """Decode one request line, authorize it, run its handler; always an answer line,
     whatever the line held and whatever the handler did, or a :class:`Waiting` (gq wait:
     the answer comes once the jobs have ended) or a :class:`WhatIf` (gq submit --test-only:
@@ -114,9 +119,11 @@ def dispatch(daemon: NodeView, caller: Caller,
     try:
         request = messages.decode(line, messages.REQUESTS)
     except messages.VersionMismatch as exc:
-        return _error(f"this daemon speaks protocol version {defaults.PROTOCOL_VERSION} and "
-                      f"the client {str(exc.theirs)[:40]}: use the gq that matches the daemon, or "
-                      "restart it"), []
+        return _error(
+            f"this daemon speaks protocol version {defaults.PROTOCOL_VERSION} and "
+            f"the client {str(exc.theirs)[:40]}: use the gq that matches the daemon, or "
+            "restart it"
+        ), []
     except messages.MessageError as exc:
         return _error(f"malformed request: {exc}"), []
     fds: list[int] = []
@@ -134,8 +141,9 @@ def dispatch(daemon: NodeView, caller: Caller,
     except Exception:  # noqa: BLE001 - a request must not take the daemon down
         _close(fds)
         log.exception("request %s from %s failed", request.kind, caller.name)
-        return _error(f"the daemon failed on this {request.kind} request; its log has the "
-                      "details", 1), []
+        return _error(
+            f"the daemon failed on this {request.kind} request; its log has the details", 1
+        ), []
 
 
 def _close(fds: list[int]) -> None:

@@ -10,9 +10,9 @@ import time
 from sqlalchemy.orm import Session
 
 from gq import defaults, messages
+from gq.daemon.memory import over_figure
 from gq.errors import UserError
 from gq.exec import idleness
-from gq.daemon.memory import over_figure
 from gq.queue import dependencies, queries
 from gq.queue.arrays import parse_label
 from gq.queue.models import Job, JobEvent
@@ -38,8 +38,9 @@ def resolve_all(session: Session, labels: list[str]) -> list[Job]:
         if task:
             jobs = queries.resolve(session, label)
         else:  # a job, a whole array, or an array task by its own job id (as Slurm allows)
-            jobs = runs[int(array_id)] or ([by_own_id[int(array_id)]]
-                                          if int(array_id) in by_own_id else [])
+            jobs = runs[int(array_id)] or (
+                [by_own_id[int(array_id)]] if int(array_id) in by_own_id else []
+            )
         if not jobs:
             raise UserError(f"no job {label} (see 'gq status --all' for the ids in the queue)")
         for job in sorted(jobs, key=lambda j: j.id):
@@ -53,44 +54,84 @@ def resolve_one(session: Session, label: str) -> Job:
 
 
 def event_info(event: JobEvent) -> messages.EventInfo:
-    return messages.EventInfo(time=event.time, old_state=event.old_state,
-                              new_state=event.new_state, reason=event.reason)
+    return messages.EventInfo(
+        time=event.time, old_state=event.old_state, new_state=event.new_state, reason=event.reason
+    )
 
 
-def job_info(job: Job, events: list[JobEvent] | None = None,
-             detail: bool = True) -> messages.JobInfo:
+def job_info(
+    job: Job, events: list[JobEvent] | None = None, detail: bool = True
+) -> messages.JobInfo:
     """A job as clients see it; ``detail=False`` (lists) leaves out its command, directory
     and output paths, and needs no payload loaded."""
     return messages.JobInfo(
-        id=job.id, label=job.label, name=job.name, user=job.user, uid=job.uid, state=job.state,
-        reason=job.reason, priority=job.priority, gpus=job.gpus, mem=job.mem,
-        time_limit=job.time_limit, deadline=job.deadline, steps_total=job.steps_total, exclusive=job.exclusive,
-        requeue=job.requeue, dependency=job.dependency, held=job.held,
-        array_job_id=job.array_job_id, array_task_id=job.array_task_id,
+        id=job.id,
+        label=job.label,
+        name=job.name,
+        user=job.user,
+        uid=job.uid,
+        state=job.state,
+        reason=job.reason,
+        priority=job.priority,
+        gpus=job.gpus,
+        mem=job.mem,
+        time_limit=job.time_limit,
+        deadline=job.deadline,
+        steps_total=job.steps_total,
+        exclusive=job.exclusive,
+        requeue=job.requeue,
+        dependency=job.dependency,
+        held=job.held,
+        array_job_id=job.array_job_id,
+        array_task_id=job.array_task_id,
         array_max_running=job.array_max_running,
-        script=job.script if detail else None, args=list(job.args) if detail else None,
-        workdir=job.workdir if detail else None, stdout=job.stdout_path if detail else None,
-        stderr=job.stderr_path if detail else None, device=job.device,
-        lane=job.lane, pid=job.pid, submit_time=job.submit_time, start_time=job.start_time,
-        end_time=job.end_time, exit_code=job.exit_code, run_count=job.run_count,
-        steps_done=job.steps_done, attained=job.attained, mean_iteration=job.mean_iteration,
+        script=job.script if detail else None,
+        args=list(job.args) if detail else None,
+        workdir=job.workdir if detail else None,
+        stdout=job.stdout_path if detail else None,
+        stderr=job.stderr_path if detail else None,
+        device=job.device,
+        lane=job.lane,
+        pid=job.pid,
+        submit_time=job.submit_time,
+        start_time=job.start_time,
+        end_time=job.end_time,
+        exit_code=job.exit_code,
+        run_count=job.run_count,
+        steps_done=job.steps_done,
+        attained=job.attained,
+        mean_iteration=job.mean_iteration,
         mean_gap=job.mean_gap,
-        mem_persistent=job.mem_persistent, mem_peak=job.mem_peak, holds_lane=job.holds_lane,
+        mem_persistent=job.mem_persistent,
+        mem_peak=job.mem_peak,
+        holds_lane=job.holds_lane,
         events=None if events is None else [event_info(e) for e in events],
-        host_mem=job.host_mem, cpus=job.cpus, gpu_type=job.gpu_type, begin_time=job.begin_time,
+        host_mem=job.host_mem,
+        cpus=job.cpus,
+        gpu_type=job.gpu_type,
+        begin_time=job.begin_time,
         output_pattern=job.output_pattern if detail else None,
         error_pattern=job.error_pattern if detail else None,
-        interpreter=job.interpreter if detail else None, warn_signal=job.warn_signal,
-        nodelist=job.nodelist, retries=job.retries, retry_delay=job.retry_delay,
-        retries_left=job.retries_left, ntasks=job.ntasks,
-        notify=job.notify if detail else None, mail_type=job.mail_type,
-        mail_user=job.mail_user if detail else None, suspended=job.suspended,
+        interpreter=job.interpreter if detail else None,
+        warn_signal=job.warn_signal,
+        nodelist=job.nodelist,
+        retries=job.retries,
+        retry_delay=job.retry_delay,
+        retries_left=job.retries_left,
+        ntasks=job.ntasks,
+        notify=job.notify if detail else None,
+        mail_type=job.mail_type,
+        mail_user=job.mail_user if detail else None,
+        suspended=job.suspended,
         mem_basis=_basis(job.mem_basis, job.mem),
         on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
-        ooms=job.ooms or 0, interactive=bool(job.interactive), idle_timeout=job.idle_timeout,
+        ooms=job.ooms or 0,
+        interactive=bool(job.interactive),
+        idle_timeout=job.idle_timeout,
         idle=_idle(job),
         mem_over=job.state != JobState.PENDING.value and over_figure(job.mem, job.mem_peak),
-        worker=job.interpreter is not None)
+        worker=job.interpreter is not None,
+    )
 
 
 def _idle(job: Job) -> float | None:
@@ -98,8 +139,10 @@ def _idle(job: Job) -> float | None:
     it (gq.exec.idleness): to REPORT_STEP seconds."""
     if not job.interactive or job.state != JobState.RUNNING.value or job.start_time is None:
         return None
-    return min(idleness.idle_for(job.active_at, job.start_time, time.time()),
-               float(defaults.MAX_TIME_LIMIT))
+    return min(
+        idleness.idle_for(job.active_at, job.start_time, time.time()),
+        float(defaults.MAX_TIME_LIMIT),
+    )
 
 
 def _basis(basis: str | None, mem: int | None) -> messages.MemoryBasis | None:
@@ -119,9 +162,16 @@ def output_resolver(name: str, user: str, workdir: str):
     node = node_name()
 
     def resolve(pattern: str, job_id: int, array_id: int | None, task: int | None) -> str:
-        values = {"j": job_id, "x": name, "u": user, "N": node, "n": 0, "t": 0,
-                  "A": array_id if array_id is not None else job_id,
-                  "a": task if task is not None else 0}
+        values = {
+            "j": job_id,
+            "x": name,
+            "u": user,
+            "N": node,
+            "n": 0,
+            "t": 0,
+            "A": array_id if array_id is not None else job_id,
+            "a": task if task is not None else 0,
+        }
 
         def fill(code: re.Match) -> str:
             if code.group(0) == "%%":
@@ -132,9 +182,11 @@ def output_resolver(name: str, user: str, workdir: str):
 
         path = os.path.join(workdir, _CODE.sub(fill, pattern))
         if len(path) > defaults.MAX_PATH:
-            raise UserError(f"output path {pattern[:60]!r} is {len(path)} characters long once "
-                            f"%j, %x, %u, %N, %A and %a are filled in, over gq's limit of "
-                            f"{defaults.MAX_PATH}; give a shorter -o/-e")
+            raise UserError(
+                f"output path {pattern[:60]!r} is {len(path)} characters long once "
+                f"%j, %x, %u, %N, %A and %a are filled in, over gq's limit of "
+                f"{defaults.MAX_PATH}; give a shorter -o/-e"
+            )
         return path
 
     return resolve
@@ -147,5 +199,7 @@ def check_dependency(session: Session, text: str | None) -> None:
     runs = queries.runs_of(session, dependencies.parse(text).job_ids)
     missing = sorted(job_id for job_id, found in runs.items() if not found)
     if missing:
-        raise UserError(f"dependency on job {', '.join(map(str, missing))}, which does not exist "
-                        "(see 'gq status --all')")
+        raise UserError(
+            f"dependency on job {', '.join(map(str, missing))}, which does not exist "
+            "(see 'gq status --all')"
+        )

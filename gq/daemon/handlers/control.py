@@ -34,36 +34,51 @@ def _named(session: Session, caller: Caller, labels: list[str], verb: str) -> li
 def cancel(daemon: NodeView, caller: Caller, request: messages.Cancel) -> messages.Report:
     """Pending jobs end at once; running ones are stopped by the daemon (SIGTERM, then
     SIGKILL after the kill wait) and end CANCELLED once they have exited."""
-    if not request.labels and request.state is None and request.name is None \
-            and request.user is None:
+    if (
+        not request.labels
+        and request.state is None
+        and request.name is None
+        and request.user is None
+    ):
         raise UserError("nothing to cancel: give job ids or --state/--name/--user")
     wanted = JobState.parse(request.state) if request.state else None
     if wanted is not None and wanted.terminal:
         raise UserError(f"--state {request.state}: only PENDING or RUNNING jobs can be cancelled")
     if request.user is not None and request.user != caller.name and not caller.operator:
-        raise Refused(f"only an operator may cancel {request.user}'s jobs; "
-                      f"{caller.name} is not one")
+        raise Refused(
+            f"only an operator may cancel {request.user}'s jobs; {caller.name} is not one"
+        )
     with daemon.db.write() as session:
         named = _named(session, caller, request.labels, "cancel")
         ended = [job for job in named if JobState(job.state).terminal]
         candidates = queries.jobs(
-            session, ids=[job.id for job in named] if request.labels else None,
+            session,
+            ids=[job.id for job in named] if request.labels else None,
             states=[wanted] if wanted else [JobState.PENDING, JobState.RUNNING],
             users=[request.user] if request.user else None,
-            names=[request.name] if request.name else None, payloads=False)
+            names=[request.name] if request.name else None,
+            payloads=False,
+        )
         if not caller.operator:  # filters alone reach only the caller's own jobs
             candidates = [job for job in candidates if job.uid == caller.uid]
         pending = [job for job in candidates if job.state == JobState.PENDING.value]
         running = [job for job in candidates if job.state == JobState.RUNNING.value]
-        cancelled = set(transitions.cancel_pending_many(session, [j.id for j in pending],
-                                                        "cancelled by user"))
-        stopping = set(transitions.request_stop(session, [j.id for j in running],
-                                                transitions.CANCEL))
+        cancelled = set(
+            transitions.cancel_pending_many(session, [j.id for j in pending], "cancelled by user")
+        )
+        stopping = set(
+            transitions.request_stop(session, [j.id for j in running], transitions.CANCEL)
+        )
     lines = [Line(f"Cancelled job {job.label}") for job in pending if job.id in cancelled]
-    lines += [Line(f"Cancelling job {job.label} (running; it ends after SIGTERM)")
-              for job in running if job.id in stopping]
-    lines += [Line(f"job {job.label} already ended ({job.state}); nothing to cancel", WARNING)
-              for job in ended]
+    lines += [
+        Line(f"Cancelling job {job.label} (running; it ends after SIGTERM)")
+        for job in running
+        if job.id in stopping
+    ]
+    lines += [
+        Line(f"job {job.label} already ended ({job.state}); nothing to cancel", WARNING)
+        for job in ended
+    ]
     daemon.rescan()
     return messages.Report(lines)
 
@@ -71,9 +86,12 @@ def cancel(daemon: NodeView, caller: Caller, request: messages.Cancel) -> messag
 def _outcome(jobs: list[Job], done: list[int], success: str, failure: str) -> list[Line]:
     """A line per job: ``success`` where it changed, else ``failure`` (refused)."""
     changed = set(done)
-    return [Line(success.format(label=job.label)) if job.id in changed
-            else Line(failure.format(label=job.label, state=job.state), REFUSED)
-            for job in jobs]
+    return [
+        Line(success.format(label=job.label))
+        if job.id in changed
+        else Line(failure.format(label=job.label, state=job.state), REFUSED)
+        for job in jobs
+    ]
 
 
 def hold(daemon: NodeView, caller: Caller, request: messages.Hold) -> messages.Report:
@@ -82,32 +100,46 @@ def hold(daemon: NodeView, caller: Caller, request: messages.Hold) -> messages.R
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "hold")
         theirs = [job.id for job in jobs if job.uid != caller.uid]
-        held = transitions.set_held(session, [job.id for job in jobs if job.uid == caller.uid],
-                                    True)
+        held = transitions.set_held(
+            session, [job.id for job in jobs if job.uid == caller.uid], True
+        )
         held += transitions.set_held(session, theirs, True, by_operator=True)
     admin = {job.id for job in jobs if job.reason == transitions.HELD_ADMIN}
     daemon.rescan()
-    return messages.Report(_outcome(jobs, held + [j for j in admin if j not in held],
-                                    "Held job {label}",
-                                    "job {label} is {state}; only pending jobs can be held"))
+    return messages.Report(
+        _outcome(
+            jobs,
+            held + [j for j in admin if j not in held],
+            "Held job {label}",
+            "job {label} is {state}; only pending jobs can be held",
+        )
+    )
 
 
 def release(daemon: NodeView, caller: Caller, request: messages.Release) -> messages.Report:
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "release")
-        admin = {job.id for job in jobs
-                 if job.reason == transitions.HELD_ADMIN and not caller.operator}
-        pending = [job for job in jobs
-                   if job.state == JobState.PENDING.value and job.id not in admin]
+        admin = {
+            job.id for job in jobs if job.reason == transitions.HELD_ADMIN and not caller.operator
+        }
+        pending = [
+            job for job in jobs if job.state == JobState.PENDING.value and job.id not in admin
+        ]
         released = set(transitions.set_held(session, [j.id for j in pending if j.held], False))
     lines = []
     for job in jobs:
         if job.id in admin:
-            lines.append(Line(f"job {job.label} was held by an operator (JobHeldAdmin); only "
-                              "an operator may release it", REFUSED))
+            lines.append(
+                Line(
+                    f"job {job.label} was held by an operator (JobHeldAdmin); only "
+                    "an operator may release it",
+                    REFUSED,
+                )
+            )
         elif job.state != JobState.PENDING.value:
-            lines.append(Line(f"job {job.label} is {job.state}; only pending jobs can be "
-                              "released", REFUSED))
+            lines.append(
+                Line(f"job {job.label} is {job.state}; only pending jobs can be released", REFUSED)
+            )
         elif job.id in released:
             lines.append(Line(f"Released job {job.label}"))
         else:
@@ -122,41 +154,57 @@ def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> mess
     if not request.labels and request.state is None:
         raise UserError("nothing to requeue: give job ids or --state (FAILED, say)")
     if request.user is not None and request.user != caller.name and not caller.operator:
-        raise Refused(f"only an operator may requeue {request.user}'s jobs; "
-                      f"{caller.name} is not one")
+        raise Refused(
+            f"only an operator may requeue {request.user}'s jobs; {caller.name} is not one"
+        )
     lines = []
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "requeue")
         if request.state is not None:
-            chosen = queries.jobs(session, ids=[job.id for job in jobs] if jobs else None,
-                                  states=[JobState.parse(request.state)],
-                                  users=[request.user or caller.name])
+            chosen = queries.jobs(
+                session,
+                ids=[job.id for job in jobs] if jobs else None,
+                states=[JobState.parse(request.state)],
+                users=[request.user or caller.name],
+            )
             jobs = [job for job in chosen if caller.operator or job.uid == caller.uid]
             if not jobs:
-                raise UserError(f"no {request.state} job of {request.user or caller.name}'s "
-                                "to requeue")
+                raise UserError(
+                    f"no {request.state} job of {request.user or caller.name}'s to requeue"
+                )
         for job in [job for job in jobs if job.interactive]:
-            lines.append(Line(f"job {job.label} ran on its submitter's terminal (gq run "
-                              "--pty), which no later run could have; run it again with gq "
-                              "run --pty", REFUSED))
+            lines.append(
+                Line(
+                    f"job {job.label} ran on its submitter's terminal (gq run "
+                    "--pty), which no later run could have; run it again with gq "
+                    "run --pty",
+                    REFUSED,
+                )
+            )
         jobs = [job for job in jobs if not job.interactive]
         running = [job for job in jobs if job.state == JobState.RUNNING.value]
-        stopping = set(transitions.request_stop(session, [j.id for j in running],
-                                                transitions.REQUEUE))
+        stopping = set(
+            transitions.request_stop(session, [j.id for j in running], transitions.REQUEUE)
+        )
         for job in jobs:
             state = JobState(job.state)
             if job.id in stopping:
-                lines.append(Line(f"Requeueing job {job.label} (running; it restarts after "
-                                  "it stops)"))
+                lines.append(
+                    Line(f"Requeueing job {job.label} (running; it restarts after it stops)")
+                )
             elif state.terminal and not job.spool_path:
-                lines.append(Line(f"job {job.label}'s script was dropped from the spool to "
-                                  "make room for newer ones (the daemon's --max-spool); "
-                                  "submit the script again", REFUSED))
+                lines.append(
+                    Line(
+                        f"job {job.label}'s script was dropped from the spool to "
+                        "make room for newer ones (the daemon's --max-spool); "
+                        "submit the script again",
+                        REFUSED,
+                    )
+                )
             elif state.terminal and transitions.requeue_finished(session, job):
                 lines.append(Line(f"Requeued job {job.label}"))
             else:
-                lines.append(Line(f"job {job.label} is {job.state}; nothing to requeue",
-                                  REFUSED))
+                lines.append(Line(f"job {job.label} is {job.state}; nothing to requeue", REFUSED))
     daemon.rescan()
     return messages.Report(lines)
 
@@ -167,22 +215,25 @@ def suspend(daemon: NodeView, caller: Caller, request: messages.Suspend) -> mess
     verb = "suspend" if request.suspended else "resume"
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, verb)
-        changed = transitions.set_suspended(session, [job.id for job in jobs],
-                                            request.suspended)
+        changed = transitions.set_suspended(session, [job.id for job in jobs], request.suspended)
     daemon.rescan()
     done = "Suspended job {label}" if request.suspended else "Resumed job {label}"
-    failure = ("job {label} is {state}; only a running job can be suspended"
-               if request.suspended else "job {label} is not suspended; nothing to resume")
+    failure = (
+        "job {label} is {state}; only a running job can be suspended"
+        if request.suspended
+        else "job {label} is not suspended; nothing to resume"
+    )
     return messages.Report(_outcome(jobs, changed, done, failure))
 
 
-def signal_job(daemon: NodeView, caller: Caller,
-               request: messages.SignalJob) -> messages.Report:
+def signal_job(daemon: NodeView, caller: Caller, request: messages.SignalJob) -> messages.Report:
     """A running job's main process group gets the signal (its owner's or an operator's)."""
     signum = messages.SIGNALS_TO_JOBS.get(request.signal)
     if signum is None:
-        raise UserError(f"cannot send SIG{request.signal} to a job; give one of "
-                        + ", ".join(messages.SIGNALS_TO_JOBS))
+        raise UserError(
+            f"cannot send SIG{request.signal} to a job; give one of "
+            + ", ".join(messages.SIGNALS_TO_JOBS)
+        )
     with daemon.db.write() as session:
         job = _named(session, caller, [request.label], "signal")[0]
     if not daemon.signal_job(job.id, signum):
@@ -197,8 +248,10 @@ def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messag
     lower their own): a job backfilled on a short limit keeps the promise it was admitted on."""
     edits = [key for key in _PENDING_ONLY if getattr(request, key) is not None]
     if request.priority is None and request.time_limit is None and not edits:
-        raise UserError("nothing to update: give --priority, --time, --name, --begin, --args, "
-                        "--chdir, --output, --error or --dependency")
+        raise UserError(
+            "nothing to update: give --priority, --time, --name, --begin, --args, "
+            "--chdir, --output, --error or --dependency"
+        )
     if request.name is not None:
         validation.job_name(request.name)
     if request.workdir is not None and not request.workdir.startswith("/"):
@@ -208,39 +261,57 @@ def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messag
         jobs = _named(session, caller, request.labels, "update")
         for job in jobs:
             if request.priority is not None:
-                check_may_raise(daemon.rules, caller, "--priority", request.priority,
-                                job.priority, job.label)
+                check_may_raise(
+                    daemon.rules, caller, "--priority", request.priority, job.priority, job.label
+                )
             if request.time_limit is not None:
-                check_may_raise(daemon.rules, caller, "--time", request.time_limit,
-                                job.time_limit, job.label)
+                check_may_raise(
+                    daemon.rules, caller, "--time", request.time_limit, job.time_limit, job.label
+                )
         if dependency:
             check_dependency(session, dependency)
             named = {job.id for job in jobs} | {job.array_job_id for job in jobs}
             if set(dependencies.parse(dependency).job_ids) & named:
-                raise UserError("a job cannot depend on itself (nor an array's task on its "
-                                "array)")
+                raise UserError("a job cannot depend on itself (nor an array's task on its array)")
         if request.args is not None:
             _check_whole_payloads(session, jobs)
-        changed = set(transitions.modify(
-            session, [job.id for job in jobs], name=request.name, priority=request.priority,
-            time_limit=request.time_limit, begin=request.begin, dependency=dependency,
-            workdir=request.workdir, pending_only=bool(edits)))
+        changed = set(
+            transitions.modify(
+                session,
+                [job.id for job in jobs],
+                name=request.name,
+                priority=request.priority,
+                time_limit=request.time_limit,
+                begin=request.begin,
+                dependency=dependency,
+                workdir=request.workdir,
+                pending_only=bool(edits),
+            )
+        )
         pending = [job for job in jobs if job.id in changed]
         if request.args is not None:
             _set_args(session, pending, list(request.args))
-        if request.output is not None or request.error is not None or \
-                request.workdir is not None:
+        if request.output is not None or request.error is not None or request.workdir is not None:
             _set_outputs(session, pending, request)
-    failure = ("job {label} is {state}; only a pending job can have its "
-               f"{', '.join(_PENDING_ONLY[key] for key in edits)} changed" if edits else
-               "job {label} is {state}; only pending or running jobs can be updated")
+    failure = (
+        "job {label} is {state}; only a pending job can have its "
+        f"{', '.join(_PENDING_ONLY[key] for key in edits)} changed"
+        if edits
+        else "job {label} is {state}; only pending or running jobs can be updated"
+    )
     daemon.rescan()
     return messages.Report(_outcome(jobs, list(changed), "Updated job {label}", failure))
 
 
-_PENDING_ONLY = {"name": "name", "begin": "begin time", "args": "arguments",
-                 "workdir": "working directory", "output": "output", "error": "error output",
-                 "dependency": "dependency"}
+_PENDING_ONLY = {
+    "name": "name",
+    "begin": "begin time",
+    "args": "arguments",
+    "workdir": "working directory",
+    "output": "output",
+    "error": "error output",
+    "dependency": "dependency",
+}
 
 
 def _dependency(text: str | None) -> str | None:
@@ -259,11 +330,15 @@ def _check_whole_payloads(session: Session, jobs: list[Job]) -> None:
         label = next(job.label for job in jobs if job.payload_id == payload_id)
         sharing = queries.payload_jobs(session, payload_id)
         if not {job_id for job_id, _ in sharing} <= named:
-            raise UserError(f"job {label} shares its arguments with the rest of its array; "
-                            "give the array's id to update them all")
+            raise UserError(
+                f"job {label} shares its arguments with the rest of its array; "
+                "give the array's id to update them all"
+            )
         if len(sharing) > 1 and any(state != JobState.PENDING.value for _, state in sharing):
-            raise UserError(f"job {label}'s arguments are shared with tasks that are not "
-                            "pending; they can change only while every task is pending")
+            raise UserError(
+                f"job {label}'s arguments are shared with tasks that are not "
+                "pending; they can change only while every task is pending"
+            )
 
 
 def _set_args(session: Session, jobs: list[Job], args: list[str]) -> None:
@@ -281,15 +356,20 @@ def _set_outputs(session: Session, jobs: list[Job], request: messages.Update) ->
     paths = {}
     for job in jobs:
         # The name and directory as this very update leaves them (the rows were read before).
-        resolve = output_resolver(request.name or job.name, job.user,
-                                  request.workdir or job.workdir)
+        resolve = output_resolver(
+            request.name or job.name, job.user, request.workdir or job.workdir
+        )
         output = request.output or job.output_pattern
         separate = job.error_pattern is not None and job.error_pattern != job.output_pattern
-        error = request.error or (job.error_pattern if separate or request.output is None
-                                  else output)
+        error = request.error or (
+            job.error_pattern if separate or request.output is None else output
+        )
         if output is None or error is None:  # a job from before patterns were kept
             continue
-        paths[job.id] = (output, error,
-                         resolve(output, job.id, job.array_job_id, job.array_task_id),
-                         resolve(error, job.id, job.array_job_id, job.array_task_id))
+        paths[job.id] = (
+            output,
+            error,
+            resolve(output, job.id, job.array_job_id, job.array_task_id),
+            resolve(error, job.id, job.array_job_id, job.array_task_id),
+        )
     transitions.set_outputs(session, paths)

@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 def set_policy(daemon: NodeView, caller: Caller, request: messages.SetPolicy) -> messages.Done:
     """Hosts switch at their next iteration boundary (the daemon's next scan sends it)."""
     if request.name not in policies.NAMES:
-        raise UserError(f"unknown policy {request.name!r}; choose one of "
-                        f"{', '.join(policies.NAMES)}")
+        raise UserError(
+            f"unknown policy {request.name!r}; choose one of {', '.join(policies.NAMES)}"
+        )
     if request.fill not in policies.FILL_MODES:
-        raise UserError(f"unknown --fill {request.fill!r}; choose one of "
-                        f"{', '.join(policies.FILL_MODES)}")
+        raise UserError(
+            f"unknown --fill {request.fill!r}; choose one of {', '.join(policies.FILL_MODES)}"
+        )
     try:
         policies.make(request.name, request.fill, request.quantum)
     except ValueError as exc:
@@ -35,8 +37,9 @@ def set_policy(daemon: NodeView, caller: Caller, request: messages.SetPolicy) ->
         settings.put(session, settings.FILL, request.fill)
         settings.put(session, settings.QUANTUM, request.quantum)
     daemon.rescan()
-    return messages.Done(f"Policy set to "
-                         f"{policies.label(request.name, request.fill, request.quantum)}")
+    return messages.Done(
+        f"Policy set to {policies.label(request.name, request.fill, request.quantum)}"
+    )
 
 
 def drain(daemon: NodeView, caller: Caller, request: messages.Drain) -> messages.Done:
@@ -50,12 +53,15 @@ def drain(daemon: NodeView, caller: Caller, request: messages.Drain) -> messages
         drained.update({name: reason for name in names or [settings.NODE]})
         settings.put(session, settings.DRAINED, drained)
     daemon.rescan()
-    return messages.Done(f"Draining {', '.join(names) or 'the node'} ({reason}): no new job "
-                         "starts there; running jobs go on")
+    return messages.Done(
+        f"Draining {', '.join(names) or 'the node'} ({reason}): no new job "
+        "starts there; running jobs go on"
+    )
 
 
-def resume_devices(daemon: NodeView, caller: Caller,
-                   request: messages.ResumeDevices) -> messages.Done:
+def resume_devices(
+    daemon: NodeView, caller: Caller, request: messages.ResumeDevices
+) -> messages.Done:
     names = _device_names(daemon, request.devices)
     with daemon.db.write() as session:
         drained = dict(settings.get(session, settings.DRAINED))
@@ -70,46 +76,70 @@ def _device_names(daemon: NodeView, names: list[str]) -> list[str]:
     known = {d.name for d in daemon.devices}
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise UserError(f"no device {', '.join(n[:40] for n in unknown)} on this node (its "
-                        f"devices: {', '.join(sorted(known))})")
+        raise UserError(
+            f"no device {', '.join(n[:40] for n in unknown)} on this node (its "
+            f"devices: {', '.join(sorted(known))})"
+        )
     return list(dict.fromkeys(names))
 
 
-def get_policy(daemon: NodeView, caller: Caller, request: messages.GetPolicy) -> messages.PolicyInfo:
+def get_policy(
+    daemon: NodeView, caller: Caller, request: messages.GetPolicy
+) -> messages.PolicyInfo:
     with daemon.db.read() as session:
-        return messages.PolicyInfo(settings.get(session, settings.POLICY),
-                                   settings.get(session, settings.FILL),
-                                   settings.get(session, settings.QUANTUM))
+        return messages.PolicyInfo(
+            settings.get(session, settings.POLICY),
+            settings.get(session, settings.FILL),
+            settings.get(session, settings.QUANTUM),
+        )
 
 
 def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) -> messages.NodeInfo:
     with daemon.db.read() as session:
         config = settings.get_all(session)
-        running = [job_info(job, detail=False) for job in
-                   queries.jobs(session, states=[JobState.RUNNING], payloads=False)]
+        running = [
+            job_info(job, detail=False)
+            for job in queries.jobs(session, states=[JobState.RUNNING], payloads=False)
+        ]
     loads = {load.name: load for load in daemon.loads()}
     devices = []
     for d in daemon.devices:
         load = loads.get(d.name)
-        devices.append(messages.DeviceInfo(
-            name=d.name, kind=d.kind, index=d.index, memory_total=d.memory_total, model=d.model,
-            lane_memory=daemon.lane_memory(d),
-            jobs=[j for j in running if d.name in (j.device or "").split(",")],
-            headroom=max(lane.headroom() for lane in load.lanes) if load else None,
-            residents=load.residents if load else 0,
-            free_at=None if load is None or load.free_at == math.inf else load.free_at,
-            uuid=d.uuid, reading=daemon.monitor.readings.get(d.name),
-            held=daemon.monitor.guard.held.get(d.name)))
+        devices.append(
+            messages.DeviceInfo(
+                name=d.name,
+                kind=d.kind,
+                index=d.index,
+                memory_total=d.memory_total,
+                model=d.model,
+                lane_memory=daemon.lane_memory(d),
+                jobs=[j for j in running if d.name in (j.device or "").split(",")],
+                headroom=max(lane.headroom() for lane in load.lanes) if load else None,
+                residents=load.residents if load else 0,
+                free_at=None if load is None or load.free_at == math.inf else load.free_at,
+                uuid=d.uuid,
+                reading=daemon.monitor.readings.get(d.name),
+                held=daemon.monitor.guard.held.get(d.name),
+            )
+        )
     rules = daemon.rules
     return messages.NodeInfo(
-        pid=os.getpid(), mode=daemon.home.mode, started=daemon.started_at,
-        lanes=daemon.options.lanes, max_resident=daemon.options.max_resident,
-        policy=config[settings.POLICY], fill=config[settings.FILL],
-        quantum=config[settings.QUANTUM], note=daemon.device_note,
+        pid=os.getpid(),
+        mode=daemon.home.mode,
+        started=daemon.started_at,
+        lanes=daemon.options.lanes,
+        max_resident=daemon.options.max_resident,
+        policy=config[settings.POLICY],
+        fill=config[settings.FILL],
+        quantum=config[settings.QUANTUM],
+        note=daemon.device_note,
         devices=devices,
-        operators=_operators(daemon), priority_cap=rules.priority_cap,
-        options=_shown_options(daemon.options.to_argv(), caller), limits=_limits(daemon),
-        drained=dict(config[settings.DRAINED]))
+        operators=_operators(daemon),
+        priority_cap=rules.priority_cap,
+        options=_shown_options(daemon.options.to_argv(), caller),
+        limits=_limits(daemon),
+        drained=dict(config[settings.DRAINED]),
+    )
 
 
 def _shown_options(argv: list[str], caller: Caller) -> list[str]:
@@ -129,12 +159,17 @@ def _finite(seconds: float) -> float | None:
 def _limits(daemon: NodeView) -> messages.NodeLimits:
     connections = daemon.connection_limits
     return messages.NodeLimits(
-        max_pending=daemon.options.max_pending, max_spool=daemon.options.max_spool,
+        max_pending=daemon.options.max_pending,
+        max_spool=daemon.options.max_spool,
         max_array=daemon.options.max_array,
-        max_connections_per_user=connections.per_user, max_connections=connections.total,
-        max_request=connections.request, retention=_finite(daemon.options.retention),
-        max_script=defaults.MAX_SCRIPT, max_job_payload=defaults.MAX_JOB_PAYLOAD,
-        containment=daemon.containment)
+        max_connections_per_user=connections.per_user,
+        max_connections=connections.total,
+        max_request=connections.request,
+        retention=_finite(daemon.options.retention),
+        max_script=defaults.MAX_SCRIPT,
+        max_job_payload=defaults.MAX_JOB_PAYLOAD,
+        containment=daemon.containment,
+    )
 
 
 def _operators(daemon: NodeView) -> list[str]:

@@ -9,9 +9,8 @@ import pwd
 from typing import TYPE_CHECKING
 
 from gq import defaults, messages
-from gq.daemon import ownerfiles
+from gq.daemon import ownerfiles, waiting
 from gq.daemon.access import Caller, check_may_act
-from gq.daemon import waiting
 from gq.daemon.handlers.common import job_info, resolve, resolve_all, resolve_one
 from gq.daemon.waiting import Waiting
 from gq.errors import UserError
@@ -27,42 +26,69 @@ if TYPE_CHECKING:
 def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> messages.Jobs:
     """Anyone may list the queue, as squeue lets them: every pending and running job, and
     finished ones a page at a time, newest first."""
-    states = (list(JobState) if request.states is None
-              else [JobState.parse(s) for s in request.states])
+    states = (
+        list(JobState) if request.states is None else [JobState.parse(s) for s in request.states]
+    )
     active = [state for state in states if not state.terminal]
     finished = [state for state in states if state.terminal]
     limit = min(request.limit or defaults.LIST_PAGE, defaults.LIST_PAGE)
-    fold = (not request.array_tasks and JobState.PENDING in active
-            and request.ended_since is None)  # (a pending job has not ended)
+    fold = (
+        not request.array_tasks and JobState.PENDING in active and request.ended_since is None
+    )  # (a pending job has not ended)
     with daemon.db.read() as session:
-        jobs = list(queries.jobs(session, states=active, users=request.users, payloads=False,
-                                 ended_since=request.ended_since,
-                                 unstarted_tasks=not fold)) if active else []
+        jobs = (
+            list(
+                queries.jobs(
+                    session,
+                    states=active,
+                    users=request.users,
+                    payloads=False,
+                    ended_since=request.ended_since,
+                    unstarted_tasks=not fold,
+                )
+            )
+            if active
+            else []
+        )
         groups = queries.unstarted_task_groups(session, request.users) if fold else []
         older = None
         if finished:
-            before = (None if request.before_end is None or request.before is None
-                      else (request.before_end, request.before))
-            page, older = queries.finished_page(session, finished, limit, users=request.users,
-                                                before=before, ended_since=request.ended_since)
+            before = (
+                None
+                if request.before_end is None or request.before is None
+                else (request.before_end, request.before)
+            )
+            page, older = queries.finished_page(
+                session,
+                finished,
+                limit,
+                users=request.users,
+                before=before,
+                ended_since=request.ended_since,
+            )
             jobs += reversed(page)
         kept_since = queries.oldest_end(session) if finished else None
         infos = [job_info(job, detail=False) for job in jobs]
         if groups:
             infos = sorted(infos + _folded(session, groups), key=lambda info: info.id)
         made = _forecast(daemon, infos) if request.forecast else None
-        return messages.Jobs(infos, stale=daemon.stale(), forecast_made=made,
-                             retention=None if math.isinf(daemon.options.retention)
-                             else daemon.options.retention, kept_since=kept_since,
-                             older_end=older[0] if older else None,
-                             older=older[1] if older else None)
+        return messages.Jobs(
+            infos,
+            stale=daemon.stale(),
+            forecast_made=made,
+            retention=None if math.isinf(daemon.options.retention) else daemon.options.retention,
+            kept_since=kept_since,
+            older_end=older[0] if older else None,
+            older=older[1] if older else None,
+        )
 
 
 def _folded(session, groups: list[tuple[int, list[int]]]) -> list[messages.JobInfo]:
     """One record for each group of an array's unstarted tasks (squeue's 17_[5-99%8]): its
     first task's, the task ids its own; a group of one is that task's own record."""
-    first = {job.id: job for job in queries.jobs(session, ids=[g[0] for g in groups],
-                                                payloads=False)}
+    first = {
+        job.id: job for job in queries.jobs(session, ids=[g[0] for g in groups], payloads=False)
+    }
     infos = []
     for job_id, tasks in groups:
         info = job_info(first[job_id], detail=False)
@@ -70,14 +96,15 @@ def _folded(session, groups: list[tuple[int, list[int]]]) -> list[messages.JobIn
             info.array_task_string = arrays.ranges(tasks)
             info.array_task_count = len(tasks)
             info.array_task_id = None
-            info.label = (f"{info.array_job_id}_"
-                          f"{arrays.bracketed(info.array_task_string, info.array_max_running)}")
+            info.label = (
+                f"{info.array_job_id}_"
+                f"{arrays.bracketed(info.array_task_string, info.array_max_running)}"
+            )
         infos.append(info)
     return infos
 
 
-def wait(daemon: NodeView, caller: Caller,
-         request: messages.Wait) -> messages.WaitOver | Waiting:
+def wait(daemon: NodeView, caller: Caller, request: messages.Wait) -> messages.WaitOver | Waiting:
     """The jobs named (a whole array for its id), or the caller's (``user``'s) pending and
     running ones: how they ended, now or once the last has (anyone may wait, as anyone may
     list the queue)."""
@@ -85,14 +112,21 @@ def wait(daemon: NodeView, caller: Caller,
         if request.labels:
             jobs = resolve_all(session, request.labels)
         else:
-            jobs = queries.jobs(session, states=[JobState.PENDING, JobState.RUNNING],
-                                users=[request.user or caller.name], payloads=False)
+            jobs = queries.jobs(
+                session,
+                states=[JobState.PENDING, JobState.RUNNING],
+                users=[request.user or caller.name],
+                payloads=False,
+            )
             if not jobs:
-                raise UserError(f"{request.user or caller.name} has no pending or running job "
-                                "to wait for")
+                raise UserError(
+                    f"{request.user or caller.name} has no pending or running job to wait for"
+                )
         if len(jobs) > defaults.MAX_WAITED:
-            raise UserError(f"{len(jobs)} jobs is more than one gq wait waits for "
-                            f"({defaults.MAX_WAITED}); wait for fewer")
+            raise UserError(
+                f"{len(jobs)} jobs is more than one gq wait waits for "
+                f"({defaults.MAX_WAITED}); wait for fewer"
+            )
         ids = [job.id for job in jobs]
         unfinished = {job.id for job in jobs if not JobState(job.state).terminal}
         if not unfinished:
@@ -107,7 +141,7 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
     there are: each carries its arguments, so all of a big array's would be a huge answer."""
     with daemon.db.read() as session:
         jobs = resolve(session, request.label)
-        shown = jobs[:defaults.MAX_SHOWN_JOBS]
+        shown = jobs[: defaults.MAX_SHOWN_JOBS]
         history = queries.events(session, [job.id for job in shown])
         infos = []
         summed = defaults.USAGE_PROCESSES  # for the whole request: an array's tasks share it
@@ -118,8 +152,12 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
                 info.host_memory, info.processes = usage.memory, usage.processes
                 summed -= usage.summed
             infos.append(info)
-        return messages.Jobs(infos, stale=daemon.stale(), more=len(jobs) - len(shown),
-                             forecast_made=_forecast(daemon, infos))
+        return messages.Jobs(
+            infos,
+            stale=daemon.stale(),
+            more=len(jobs) - len(shown),
+            forecast_made=_forecast(daemon, infos),
+        )
 
 
 def _forecast(daemon: NodeView, infos: list[messages.JobInfo]) -> float | None:
@@ -146,8 +184,10 @@ def open_log(daemon: NodeView, caller: Caller, request: messages.OpenLog):
     check_may_act(caller, job.uid, job.user, "read the logs of", job.label)
     path = job.stderr_path if request.stderr else job.stdout_path
     if not path:
-        raise UserError(f"job {job.label} is interactive: its output went to its terminal "
-                        "(gq run --pty -o FILE keeps it in a file)")
+        raise UserError(
+            f"job {job.label} is interactive: its output went to its terminal "
+            "(gq run --pty -o FILE keeps it in a file)"
+        )
     if caller.uid == job.uid:
         return messages.LogFile(info, path, exists=True, opened=False)
     try:
@@ -155,8 +195,9 @@ def open_log(daemon: NodeView, caller: Caller, request: messages.OpenLog):
     except FileNotFoundError:
         return messages.LogFile(info, path, exists=False)
     except OSError as exc:
-        raise UserError(f"cannot open job {job.label}'s output file {path} as {job.user}: "
-                        f"{exc.strerror}") from None
+        raise UserError(
+            f"cannot open job {job.label}'s output file {path} as {job.user}: {exc.strerror}"
+        ) from None
     return messages.LogFile(info, path, exists=True), [fd]
 
 
@@ -171,14 +212,18 @@ def export(daemon: NodeView, caller: Caller, request: messages.ExportScript) -> 
             tasks = list(queries.array_task_ids(session, job.array_job_id))
     check_may_act(caller, job.uid, job.user, "export", job.label)
     if not job.spool_path:
-        raise UserError(f"job {job.label}'s script was dropped from the spool to make room "
-                        "for newer ones (the daemon's --max-spool); nothing to export")
+        raise UserError(
+            f"job {job.label}'s script was dropped from the spool to make room "
+            "for newer ones (the daemon's --max-spool); nothing to export"
+        )
     try:
         body = spool.read(job.spool_path, defaults.MAX_SCRIPT)
     except ValueError:
-        raise UserError(f"the snapshot of job {job.label} has grown past "
-                        f"{defaults.MAX_SCRIPT >> 20} MiB since it was submitted; not "
-                        "exported") from None
+        raise UserError(
+            f"the snapshot of job {job.label} has grown past "
+            f"{defaults.MAX_SCRIPT >> 20} MiB since it was submitted; not "
+            "exported"
+        ) from None
     except OSError as exc:
         raise UserError(f"cannot read the snapshot of job {job.label}: {exc.strerror}") from None
     return messages.Script(info, body, tasks)
