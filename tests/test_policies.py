@@ -281,20 +281,41 @@ def test_an_interactive_job_goes_first_every_other_grant_and_batch_jobs_keep_the
     rule = policies.make(policy)
     batch = view(1, submit_time=0.0, attained=0.0, mean_iteration=0.1, steps_total=10)
     person = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.1, person_waits=True)
-    grants, last = [], None
+    grants, turn = [], False
     for _ in range(8):
-        decision = lane.next_step(rule, [batch, person], [batch, person], [], 10.0, last=last)
+        decision = lane.next_step(rule, [batch, person], [batch, person], [], 10.0, after_turn=turn)
         assert isinstance(decision, lane.Grant), decision
         grants.append(decision.job.id)
-        last = decision.job.id
+        turn = decision.turn
     assert grants[0] == 2  # nothing granted before: the person first
     assert all(2 in grants[i : i + 2] for i in range(0, 8, 2))  # and every other grant on
     assert all(1 in grants[i : i + 3] for i in range(6))  # never two turns of the person's in a row
     # Ahead of a lane kept for a batch job in its short gap, too.
     in_gap = lane.awaited(batch, released_at=10.0, mean_gap=0.001)
-    assert lane.next_step(
-        rule, [person], [batch, person], [in_gap], 10.0001, last=batch.id
-    ) == lane.Grant(person)
+    assert lane.next_step(rule, [person], [batch, person], [in_gap], 10.0001) == lane.Grant(
+        person, turn=True
+    )
+
+
+@pytest.mark.parametrize("policy", ["fifo", "fair"])
+def test_several_interactive_jobs_share_one_turn_in_two(policy):
+    """Two REPLs (or three) cannot hand the lane to each other turn after turn: after a
+    people-first turn, whoever it went to, the policy picks; under fifo that is the batch
+    job submitted first, so it gets every other grant."""
+    from gq.exec import lanes as lane
+
+    rule = policies.make(policy)
+    batch = view(1, submit_time=0.0, attained=5.0, mean_iteration=0.1)
+    people = [view(i, submit_time=5.0 + i, attained=9.0, person_waits=True) for i in (2, 3, 4)]
+    grants, turn = [], False
+    for _ in range(12):
+        decision = lane.next_step(
+            rule, [batch, *people], [batch, *people], [], 10.0, after_turn=turn
+        )
+        assert isinstance(decision, lane.Grant), decision
+        grants.append(decision.job.id)
+        turn = decision.turn
+    assert grants.count(1) == 6 and grants[1::2] == [1] * 6, grants
 
 
 def test_priority_leaves_an_interactive_job_to_its_priority():
@@ -303,11 +324,9 @@ def test_priority_leaves_an_interactive_job_to_its_priority():
     rule = policies.make("priority")
     high = view(1, priority=5)
     person = view(2, person_waits=True)
-    assert lane.next_step(rule, [high, person], [high, person], [], 10.0, last=1) == lane.Grant(
-        high
-    )
+    assert lane.next_step(rule, [high, person], [high, person], [], 10.0) == lane.Grant(high)
     # Alone among the ready, an interactive job is simply granted, under any policy.
-    assert lane.next_step(rule, [person], [high, person], [], 10.0, last=1) == lane.Grant(person)
+    assert lane.next_step(rule, [person], [high, person], [], 10.0) == lane.Grant(person)
 
 
 def test_an_interactive_job_goes_first_only_within_its_burst():
@@ -328,3 +347,12 @@ def test_an_interactive_job_goes_first_only_within_its_burst():
     assert lane.recent_use(10.0, -5.0, -3.0) == 10.0  # a clock or a figure gone backwards
     late = lane.recent_use(lane.PEOPLE_HORIZON, lane.PEOPLE_HORIZON * 2, 0.0)
     assert lane.within_burst(late)  # two horizons idle: first again
+    # The iteration about to be granted counts at its measured length: a statement that
+    # held the lane ten minutes does not go first again until that has decayed.
+    assert not lane.within_burst(0.0, next_iteration=600.0)
+    burst = lane.Burst(at=0.0)
+    burst.add(600.0, 600.0)
+    burst.add(0.0, 600.0 + 60.0)
+    assert not lane.within_burst(burst.used)
+    burst.add(0.0, 600.0 + 60.0 * 4)
+    assert lane.within_burst(burst.used)

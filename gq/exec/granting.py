@@ -24,6 +24,7 @@ progress early) is :class:`Processes`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import selectors
@@ -76,6 +77,9 @@ class Granter:
         self.policy = policy
         self.lane_memory = lane_memory  # bytes of device memory a lane has, where known
         self._leases_made = 0  # numbers the leases (a page's word: never 0)
+        # Each user's recent interactive use of this device's lanes: what the lane rule's
+        # people-first turns allow them (gq.exec.lanes), across all their interactive jobs.
+        self.bursts: dict[str, lane_rule.Burst] = {}
 
     def due_in(self, now: float) -> float:
         """How soon the lanes must be looked at again with no event (math.inf: not before
@@ -306,6 +310,7 @@ class Granter:
                 return
         self._move(chosen, Event.LEASE if lease else Event.GRANT)
         self._hold(lane, chosen, now)
+        lane.after_turn = decision.turn
         if lease:
             chosen.lease, chosen.lease_started = lease, chosen.granted_at
 
@@ -323,20 +328,32 @@ class Granter:
     def _decide(
         self, lane: Lane, ready: list[Resident], now: float
     ) -> lane_rule.Grant | lane_rule.KeepFor | None:
-        views, in_gaps = self._lane_views(lane)
+        views, in_gaps = self._lane_views(lane, now)
         return lane_rule.next_step(
             self.policy,
             [views[r.job_id] for r in ready],
             list(views.values()),
             in_gaps,
             now,
-            last=lane.last_job,
+            after_turn=lane.after_turn,
         )
 
-    def _lane_views(self, lane: Lane) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
+    def _lane_views(
+        self, lane: Lane, now: float
+    ) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
         """The residents as policies see them, each made once (a suspended job counts for
-        none), and those in their gaps the lane may be kept for."""
+        none; an interactive one waits on a person while its owner's burst allows), and
+        those in their gaps the lane may be kept for."""
         views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
+        for resident in lane.residents:
+            if resident.interactive and not resident.suspended:
+                burst = self.bursts.setdefault(resident.user, lane_rule.Burst(at=now))
+                burst.add(resident.attained - resident.burst_counted, now)
+                resident.burst_counted = resident.attained
+                if lane_rule.within_burst(burst.used, resident.mean_iteration):
+                    views[resident.job_id] = dataclasses.replace(
+                        views[resident.job_id], person_waits=True
+                    )
         in_gaps = [
             awaited
             for r in lane.residents

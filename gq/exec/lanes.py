@@ -14,18 +14,22 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 (e.g. priority with fill off, a higher job in its gap).
 
 **People first.** A ready interactive job (a terminal's statement, a notebook's cell: a
-person waits for it) within its burst is granted before batch jobs, and before a lane kept
-for one, whenever the lane's last grant went to a batch job; after an interactive job's
-grant the policy picks as usual. A statement then waits at most for the batch iteration in
-progress, and since a people-first turn only ever follows a batch job's grant, the turn
-takes at most every other grant: a person computing on and a batch job alternate under fifo
-(which would otherwise keep a person waiting behind the whole batch job), and the policy's
-own order decides the grants between (fair's gives a newcomer the lane until its attained
-time has caught up). Priority leaves this to ``--priority`` (``people_first`` false). Its
-burst: a person computes in bursts, and a job that used more than PEOPLE_SHARE of the lane
-over the last PEOPLE_HORIZON seconds (decayed) is a batch job in disguise, which takes the
-policy's turn until its use has fallen back; so a REPL that trains without pause gets at
-least that share from the turn, and batch jobs keep the rest of what the policy gives them.
+person waits for it) within its owner's burst is granted before batch jobs, and before a
+lane kept for one, unless the lane's last grant was such a turn; then the policy picks as
+usual. A statement waits at most for the batch iteration in progress, and the turns take
+at most every other grant, however many interactive jobs share the lane: a person computing
+on and a batch job alternate under fifo (which would otherwise keep a person waiting behind
+the whole batch job), and the policy's own order decides the grants between (fair's gives
+a newcomer the lane until its attained time has caught up). Priority leaves this to
+``--priority`` (``people_first`` false).
+
+The burst is the owner's, across their interactive jobs on the lane's device (a second
+REPL, or a new one, starts on the same account): a person computes in bursts, and a user
+whose interactive jobs used more than PEOPLE_SHARE of the lane over the last PEOPLE_HORIZON
+seconds (decayed), counting the iteration about to be granted at its measured length, runs
+batch jobs in disguise, which take the policy's turn until the use has fallen back. So a
+REPL that trains without pause gets about that share from the turns, and batch jobs keep
+the rest of what the policy gives them.
 """
 
 from __future__ import annotations
@@ -36,19 +40,33 @@ from dataclasses import dataclass
 
 from gq.policies.base import JobView, Policy, anticipation_window, expected_back, fits_before
 
-PEOPLE_HORIZON = 60.0  # seconds over which an interactive job's recent lane use decays (by e)
-PEOPLE_SHARE = 0.25  # the share of the lane it may use recently and still go first
+PEOPLE_HORIZON = 60.0  # seconds over which a user's recent interactive use decays (by e)
+PEOPLE_SHARE = 0.25  # the share of the lane that use may reach and still go first
 
 
 def recent_use(previous: float, since: float, added: float) -> float:
     """Lane seconds used recently: ``previous``, reckoned ``since`` seconds ago and decayed
-    since, plus ``added`` (a job that holds a share r of the lane tends to r * HORIZON)."""
+    since, plus ``added`` (a user who holds a share r of the lane tends to r * HORIZON)."""
     return previous * math.exp(-max(0.0, since) / PEOPLE_HORIZON) + max(0.0, added)
 
 
-def within_burst(recent: float) -> bool:
-    """Whether an interactive job with this recent use still goes first."""
-    return recent < PEOPLE_SHARE * PEOPLE_HORIZON
+def within_burst(recent: float, next_iteration: float | None = None) -> bool:
+    """Whether an interactive job whose owner used ``recent`` still goes first, its next
+    iteration (its measured mean; unknown: nothing) counted."""
+    return recent + (next_iteration or 0.0) < PEOPLE_SHARE * PEOPLE_HORIZON
+
+
+@dataclass
+class Burst:
+    """A user's recent interactive use of a device's lanes (seconds, decayed), as of ``at``
+    (monotonic)."""
+
+    used: float = 0.0
+    at: float = 0.0
+
+    def add(self, seconds: float, now: float) -> None:
+        self.used = recent_use(self.used, now - self.at, seconds)
+        self.at = now
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,7 @@ class Awaited:
 @dataclass(frozen=True)
 class Grant:
     job: JobView
+    turn: bool = False  # a people-first turn: the next decision is the policy's own
 
 
 @dataclass(frozen=True)
@@ -83,26 +102,22 @@ def next_step(
     resident: Sequence[JobView],
     waiting_for: Sequence[Awaited],
     now: float,
-    last: int | None = None,
+    after_turn: bool = False,
 ) -> Grant | KeepFor | None:
-    """The free lane's decision: an interactive job's people-first turn where ``last`` (the
-    job granted the lane last) was no interactive job; else grant the ready job the policy
-    picks, keep the lane for an awaited job the policy prefers to every ready one (until it
-    is ready or ``until``) unless the pick's iteration is expected to end before that job is
-    back, or nothing (no job ready, or the policy leaves the lane idle)."""
+    """The free lane's decision: a people-first turn for an interactive job within its
+    burst, unless the lane's last grant was one (``after_turn``); else grant the ready job
+    the policy picks, keep the lane for an awaited job the policy prefers to every ready one
+    (until it is ready or ``until``) unless the pick's iteration is expected to end before
+    that job is back, or nothing (no job ready, or the policy leaves the lane idle)."""
     if not ready:
         return None
     people = [view for view in ready if view.person_waits]
-    if (
-        policy.people_first
-        and people
-        and not any(view.id == last and view.person_waits for view in resident)
-    ):
+    if policy.people_first and people and not after_turn:
         # Among the people, the policy's order (fifo's too: the first of them, not the
         # first batch job, is what their turn is for).
         chosen = policy.pick(people, [view for view in resident if view.person_waits], now)
         if chosen is not None:
-            return Grant(chosen)
+            return Grant(chosen, turn=True)
     chosen = policy.pick(ready, resident, now)
     live = [a for a in waiting_for if now < a.until]
     if live:

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, field
 
 from gq.codec import MessageError
-from gq.exec import lanes
 from gq.exec import protocol as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.lease import Figures, SharedPage
@@ -110,9 +109,7 @@ class Resident:
     time_limit: int | None = None  # seconds; the host enforces it, daemon or not
     deadline: float | None = None  # wall clock; enforced likewise (state DEADLINE)
     interactive: bool = False  # on a terminal (gq run --pty, a kernel): people first
-    recent_use: float = 0.0  # lane seconds used recently, decayed (gq.exec.lanes.recent_use)
-    recent_at: float = 0.0  # monotonic: when recent_use was reckoned
-    recent_attained: float = 0.0  # its attained time then
+    burst_counted: float = 0.0  # its attained time its owner's burst counts already
     idle_timeout: int | None = None  # seconds it may sit idle (gq.exec.idleness)
     active_at: float | None = None  # wall clock: its last activity seen
     active_told: float | None = None  # ... as the daemon was last told it
@@ -242,14 +239,6 @@ class Resident:
             self.past_total = True
 
     def view(self) -> JobView:
-        person_waits = False
-        if self.interactive:
-            now = time.monotonic()
-            self.recent_use = lanes.recent_use(
-                self.recent_use, now - self.recent_at, self.attained - self.recent_attained
-            )
-            self.recent_at, self.recent_attained = now, self.attained
-            person_waits = lanes.within_burst(self.recent_use)
         return JobView(
             id=self.job_id,
             user=self.user,
@@ -262,7 +251,6 @@ class Resident:
             mean_gap=self.mean_gap,
             released_at=self.released_at,
             deadline=self._deadline_now(),
-            person_waits=person_waits,
         )
 
     def _deadline_now(self) -> float | None:
@@ -362,6 +350,7 @@ class Lane:
     residents: list[Resident] = field(default_factory=list)
     kept_until: float | None = None  # kept free for a job in its gap until then (monotonic)
     last_job: int | None = None  # the job granted it last
+    after_turn: bool = False  # its last grant was a people-first turn (gq.exec.lanes)
     switches: int = 0  # grants to a job other than the last one
 
 
