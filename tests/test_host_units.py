@@ -138,11 +138,14 @@ def test_a_personal_host_runs_only_its_owners_jobs(monkeypatch):
 def test_an_interactive_jobs_idle_time_runs_from_its_last_activity_and_never_backwards():
     from gq.exec import idleness
 
-    assert idleness.last_active(None, None, False, 100.0) is None
-    assert idleness.last_active(None, 90.0, False, 100.0) == 90.0
-    assert idleness.last_active(95.0, 90.0, False, 100.0) == 95.0  # a terminal's time reset
-    assert idleness.last_active(95.0, 90.0, True, 100.0) == 100.0  # holding the lane: now
-    assert idleness.last_active(None, 1e12, False, 100.0) == 100.0  # the future counts as now
+    assert idleness.last_active(None, None, False, 100.0, 40.0) is None
+    assert idleness.last_active(None, 90.0, False, 100.0, 40.0) == 90.0
+    assert idleness.last_active(95.0, 90.0, False, 100.0, 40.0) == 95.0  # a terminal's reset
+    assert idleness.last_active(95.0, 90.0, True, 100.0, 40.0) == 100.0  # holding the lane: now
+    assert idleness.last_active(None, 1e12, False, 100.0, 40.0) == 100.0  # the future: now
+    # Times set on its terminal before its start (1969, say) count as its start: the wire
+    # takes no time before 1970, and the daemon dropped the host that sent one.
+    assert idleness.last_active(None, -100.0, False, 100.0, 40.0) == 40.0
     assert idleness.idle_for(None, 40.0, 100.0) == 60.0  # none seen: since its start
     assert idleness.idle_for(30.0, 40.0, 100.0) == 60.0  # a time before its start: its start
     assert idleness.idle_for(90.0, 40.0, 100.0) == 10.0

@@ -463,3 +463,33 @@ def test_ipython_is_run_by_the_python_its_script_names_and_else_as_it_is(tmp_pat
     assert (queued.interpreter, queued.args) == (str(tmp_path / "python3"), ["-i"])
     with pytest.raises(UserError, match="ipython9: not found on your PATH"):
         commands.from_argv(["ipython9"], interactive=True)
+
+
+def test_terminal_times_a_job_sets_before_1970_cost_no_one_else_anything(daemon, tmp_path):
+    """A job owns its terminal and may set its times to 1969: taken as its last activity,
+    the host sent the daemon a time the wire refuses, and the daemon dropped the host's
+    every report, other users' jobs on the device with them."""
+    batch = tmp_path / "batch.py"
+    batch.write_text("import gq, time\nfor _ in gq.steps(range(100000)):\n    time.sleep(0.05)\n")
+    batch_id = submit("--gpu-mem", "64M", str(batch))
+    wait_for(lambda: job(batch_id)["steps_done"] > 0, 15, what="the batch job's steps")
+    child = _spawn(
+        "run",
+        "--pty",
+        "--gpu-mem",
+        "64M",
+        "--",
+        sys.executable,
+        "-c",
+        "import os, time; os.utime(os.ttyname(0), (-100, -100)); time.sleep(4)",
+    )
+    assert _ended(child) == 0
+    steps = job(batch_id)["steps_done"]
+    wait_for(
+        lambda: job(batch_id)["steps_done"] > steps + 5,
+        10,
+        what="the batch job's progress to go on reaching the daemon",
+    )
+    log = (daemon.root / "daemon.log").read_text()
+    assert "out of range" not in log and "protocol" not in log, log[-2000:]
+    gq_ok("cancel", str(batch_id))

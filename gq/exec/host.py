@@ -658,6 +658,7 @@ class Host:
                     self.terminals.last_used(resident.job_id),
                     resident.in_iteration,
                     wall,
+                    resident.started_wall,
                 )
             )
             if seen is not None and (resident.active_at is None or seen > resident.active_at):

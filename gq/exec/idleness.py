@@ -6,8 +6,9 @@ terminal's access time) or written to (its modification time), as ``w`` counts a
 idle time; the kernel keeps those times to within 8 s. A REPL's statement or a notebook's
 cell that computes keeps its terminal's times fresh (:mod:`gq.exec.console`), so a long
 computation is not idle time. Those times are the job's to set: a job can only make itself
-look busier than it is, which costs no one else anything (its time limit still holds), and
-a time in the future counts as now.
+look busier than it is, which costs no one else anything (its time limit still holds); a
+time in the future counts as now, and one before the job's start as its start (a job that
+set its terminal's times to 1969 would otherwise send the daemon a time the wire refuses).
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ REPORT_STEP = 5.0  # a later activity than the one reported by less is not repor
 
 
 def last_active(
-    previous: float | None, terminal_used: float | None, holds_lane: bool, wall: float
+    previous: float | None,
+    terminal_used: float | None,
+    holds_lane: bool,
+    wall: float,
+    started: float,
 ) -> float | None:
-    """The latest activity known (wall clock), at most ``wall``; None while none is."""
+    """The latest activity known (wall clock), from ``started`` to ``wall``; None while none
+    is."""
     times = [t for t in (previous, terminal_used) if t is not None]
     if holds_lane:
         times.append(wall)
     latest = max(times, default=None)
-    return None if latest is None else min(latest, wall)
+    return None if latest is None else min(max(latest, started), wall)
 
 
 def idle_for(active_at: float | None, started: float, wall: float) -> float:

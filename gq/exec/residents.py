@@ -382,4 +382,5 @@ def within_bounds(report):
             mem_persistent=None,
             mem_peak=None,
             iterations=0,
+            active_at=None,
         )

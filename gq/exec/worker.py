@@ -108,6 +108,8 @@ class WorkerSession:
                 self.held = True
             finally:
                 self.awaiting_grant = False
+                if not self.held:  # no grant came: an interrupt held back goes with it
+                    self.interrupted = False
             if self.interrupted:  # held: the statement's end gives the lane back
                 self.interrupted = False
                 raise KeyboardInterrupt
