@@ -205,3 +205,36 @@ def test_a_ctrl_c_as_the_ready_goes_waits_for_the_grant_and_loses_nothing():
     finally:
         host_end.close()
         worker_end.close()
+
+
+def test_a_ctrl_c_as_a_release_goes_waits_for_the_done_and_loses_nothing():
+    """A console's Ctrl-C that comes as the worker releases, before its DONE is sent:
+    raised there, the host never heard of the release and the lane stayed with an idle
+    REPL (seen as a batch job that stopped after an interrupted notebook cell)."""
+    import signal
+    import socket
+
+    from gq.exec.console import interrupting
+    from gq.exec.protocol import FROM_WORKER, Channel, Go, WorkerChannel, encode
+    from gq.exec.worker import WorkerSession
+
+    class InterruptedBeforeItSends(WorkerChannel):
+        def send(self, message) -> None:
+            interrupting(session)(signal.SIGINT, None)  # the SIGINT, right then
+            super().send(message)
+
+    host_end, worker_end = socket.socketpair()
+    host_end.settimeout(5)  # a DONE that never comes fails the test
+    host = Channel(host_end, FROM_WORKER)
+    session = WorkerSession(InterruptedBeforeItSends(worker_end))
+    try:
+        host_end.sendall(encode(Go()))
+        session.acquire()
+        assert type(host.receive_one()).__name__ == "Ready"
+        with pytest.raises(KeyboardInterrupt):
+            session.release()
+        assert type(host.receive_one()).__name__ == "Done"  # sent before the interrupt
+        assert not session.held
+    finally:
+        host_end.close()
+        worker_end.close()

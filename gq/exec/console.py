@@ -135,11 +135,11 @@ def interact_ipython() -> None:
 
 def interrupting(session):
     """The SIGINT handler of a statement (or a cell): a KeyboardInterrupt, held back while
-    the worker waits for a grant."""
+    the worker and its host exchange a READY and its GO, or a release and its DONE."""
 
     def on_interrupt(signum: int, frame: FrameType | None) -> None:
-        if session.awaiting_grant:
-            session.interrupted = True  # raised as the grant comes in
+        if session.exchanging:
+            session.interrupted = True  # raised once the exchange is complete
             return
         signal.default_int_handler(signum, frame)  # python's own (no frame of gq's shown)
 

@@ -69,9 +69,10 @@ class WorkerSession:
         self.detached = False
         self.at_finish: list = []  # what runs as the script ends (the hooks' last boundary)
         self.ending = None  # the hooks' way to end an iteration now, where they are installed
-        # A READY is out and its GO not in: a console's Ctrl-C then waits for the grant
-        # (``interrupted``), which would otherwise be lost between the two ends.
-        self.awaiting_grant = False
+        # Between a READY and its GO, or a release and its DONE: a console's Ctrl-C then
+        # waits for the exchange to be complete (``interrupted``); raised in the middle, it
+        # would leave worker and host disagreeing about who holds the lane.
+        self.exchanging = False
         self.interrupted = False
         # A forked child (a DataLoader worker, say) must not speak on its parent's socket.
         os.register_at_fork(after_in_child=self._detach)
@@ -86,33 +87,39 @@ class WorkerSession:
         with self.lock:
             if self.held:
                 return
-            lease = self.lease
-            kept = self._settle()
-            if lease is not None and lease.take(self.steps, kept):
-                self.held = True
-                return
-            # Before the READY goes: a Ctrl-C between the two would leave it unanswered
-            # here while the host grants, and the lane held by no one who knows it.
-            self.awaiting_grant = True
+            self.exchanging = True  # (before a held-back DONE or the READY goes)
             try:
-                self.channel.send_line(READY)
-                grant = self.channel.receive_one()
-                if not isinstance(grant, Go):  # (the host sends nothing else)
-                    raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a grant")
-                # Lanes short of memory: give back cached blocks when parked.
-                self.empty_cache_after = grant.empty_cache
-                if grant.mem_cap is not None:
-                    self.cap_memory(grant.mem_cap)
-                if grant.lease and lease is not None:
-                    lease.granted(grant.lease, self.steps)
-                self.held = True
+                lease = self.lease
+                kept = self._settle()
+                if lease is not None and lease.take(self.steps, kept):
+                    self.held = True
+                else:
+                    self._ask()
             finally:
-                self.awaiting_grant = False
+                self.exchanging = False
                 if not self.held:  # no grant came: an interrupt held back goes with it
                     self.interrupted = False
-            if self.interrupted:  # held: the statement's end gives the lane back
-                self.interrupted = False
-                raise KeyboardInterrupt
+        self._raise_held_back()  # held: the statement's end gives the lane back
+
+    def _ask(self) -> None:
+        """READY, then wait for the GO."""
+        self.channel.send_line(READY)
+        grant = self.channel.receive_one()
+        if not isinstance(grant, Go):  # (the host sends nothing else)
+            raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a grant")
+        # Lanes short of memory: give back cached blocks when parked.
+        self.empty_cache_after = grant.empty_cache
+        if grant.mem_cap is not None:
+            self.cap_memory(grant.mem_cap)
+        if grant.lease and self.lease is not None:
+            self.lease.granted(grant.lease, self.steps)
+        self.held = True
+
+    def _raise_held_back(self) -> None:
+        """A Ctrl-C that came during an exchange, raised now that it is complete."""
+        if self.interrupted:
+            self.interrupted = False
+            raise KeyboardInterrupt
 
     def cap_memory(self, cap: int) -> None:
         """Hold its CUDA allocations to ``cap`` bytes from now on (its probe's figure); before
@@ -136,40 +143,52 @@ class WorkerSession:
         if self.detached:
             return
         with self.lock:
-            steps = self.steps
-            lease = self.lease
-            if not self.held:
-                if steps != self.reported:  # steps taken outside a grant (released loops)
-                    self.reported = steps
-                    self.channel.send(StepsTaken(steps))
-                return
-            self.held = False
-            now = time.monotonic()
-            if now - self.sampled_at >= defaults.MEMORY_SAMPLE_PERIOD:
-                self.sample, self.sampled_at = memory.sample(), now
-            if self.empty_cache_after:
-                memory.release_cached()
-            self.reported = steps
-            sample = self.sample
-            done = Done(steps, sample.persistent, sample.peak)
-            if lease is not None and lease.active:
-                if lease.release(steps, sample.persistent, sample.peak):
-                    return  # (the lock goes once the device has run the iteration)
-                self.channel.send(done)  # asked back: the device was waited for
-                return
-            # The lane passes on once the device has run what this iteration queued: the
-            # host hears of the release then, from a thread that waits for the device,
-            # while this one runs on (its gap's work beside the device's tail).
-            self.device.then(lambda: self.channel.send(done))
+            self.exchanging = True
+            try:
+                self._release()
+            finally:
+                self.exchanging = False
+        self._raise_held_back()
+
+    def _release(self) -> None:
+        """The DONE (or the lease's release, or the steps taken outside a grant)."""
+        steps = self.steps
+        lease = self.lease
+        if not self.held:
+            if steps != self.reported:  # steps taken outside a grant (released loops)
+                self.reported = steps
+                self.channel.send(StepsTaken(steps))
+            return
+        self.held = False
+        now = time.monotonic()
+        if now - self.sampled_at >= defaults.MEMORY_SAMPLE_PERIOD:
+            self.sample, self.sampled_at = memory.sample(), now
+        if self.empty_cache_after:
+            memory.release_cached()
+        self.reported = steps
+        sample = self.sample
+        done = Done(steps, sample.persistent, sample.peak)
+        if lease is not None and lease.active:
+            if lease.release(steps, sample.persistent, sample.peak):
+                return  # (the lock goes once the device has run the iteration)
+            self.channel.send(done)  # asked back: the device was waited for
+            return
+        # The lane passes on once the device has run what this iteration queued: the
+        # host hears of the release then, from a thread that waits for the device,
+        # while this one runs on (its gap's work beside the device's tail).
+        self.device.then(lambda: self.channel.send(done))
 
     def end_iteration(self) -> None:
         """A console's statement is over: whatever iteration it left open ends here (through
         the hooks, where they are installed, so that they agree), and the lane goes to other
         jobs until a statement uses the device again."""
-        if self.ending is not None:
-            self.ending()
-        else:
-            self.release()
+        try:
+            if self.ending is not None:
+                self.ending()
+            else:
+                self.release()
+        except KeyboardInterrupt:
+            pass  # a Ctrl-C as the statement ends: nothing is left for it to stop
 
     def _settle(self) -> bool:
         """Before asking for the lane again: a Done the device still holds back is waited
