@@ -238,3 +238,82 @@ def test_a_ctrl_c_as_a_release_goes_waits_for_the_done_and_loses_nothing():
     finally:
         host_end.close()
         worker_end.close()
+
+
+HOOKS_INTERRUPTED = r"""
+import signal, socket, sys, threading, time
+import torch
+from gq.exec import hooks
+from gq.exec.console import interrupting
+from gq.exec.protocol import FROM_WORKER, Channel, Go, WorkerChannel, encode
+from gq.exec.worker import WorkerSession
+
+host_end, worker_end = socket.socketpair()
+session = WorkerSession(WorkerChannel(worker_end))
+heard = []
+
+def host():
+    channel = Channel(host_end, FROM_WORKER)
+    while True:
+        message = channel.receive_one()
+        heard.append(type(message).__name__)
+        if heard[-1] == "Ready":
+            host_end.sendall(encode(Go()))
+
+threading.Thread(target=host, daemon=True).start()
+hooks.install(session, torch)
+boundaries = session.ending.__self__
+
+class TrippingLock:
+    # The hooks' lock, whose next acquire comes with a SIGINT once armed.
+    def __init__(self):
+        self.lock, self.armed = threading.Lock(), False
+    def acquire(self, *args):
+        if self.armed:
+            self.armed = False
+            interrupting(session)(signal.SIGINT, None)
+        return self.lock.acquire(*args)
+    def release(self):
+        self.lock.release()
+    __enter__ = acquire
+    def __exit__(self, *exc):
+        self.release()
+
+boundaries.lock = TrippingLock()
+if hasattr(boundaries, "section"):
+    boundaries.section = type(boundaries.section)(boundaries.lock, session)
+
+class Arming(torch.nn.Linear):
+    def forward(self, x):
+        boundaries.lock.armed = True  # the SIGINT comes as the call is counted out
+        return super().forward(x)
+
+model = Arming(4, 4)
+try:
+    model(torch.ones(4))
+except KeyboardInterrupt:
+    print("interrupted")
+session.end_iteration()  # the statement's end
+deadline = time.monotonic() + 3
+while "Done" not in heard and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("heard", " ".join(heard))
+"""
+
+
+def test_a_ctrl_c_as_the_hooks_count_a_call_out_leaves_no_iteration_open(tmp_path):
+    """A console's Ctrl-C that came as the hooks counted an outermost call out (waiting
+    for their lock) left the call counted inside for good: the statement's end released
+    nothing, and the lane stayed with an idle REPL. The hooks' sections hold it back."""
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", HOOKS_INTERRUPTED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["interrupted", "heard Ready Done"], done

@@ -135,11 +135,12 @@ def interact_ipython() -> None:
 
 def interrupting(session):
     """The SIGINT handler of a statement (or a cell): a KeyboardInterrupt, held back while
-    the worker and its host exchange a READY and its GO, or a release and its DONE."""
+    the worker and its host exchange a READY and its GO, or a release and its DONE, and
+    while the hooks count what is inside an iteration."""
 
     def on_interrupt(signum: int, frame: FrameType | None) -> None:
-        if session.exchanging:
-            session.interrupted = True  # raised once the exchange is complete
+        if session.holding:
+            session.interrupted = True  # raised once the section is over
             return
         signal.default_int_handler(signum, frame)  # python's own (no frame of gq's shown)
 

@@ -36,6 +36,33 @@ from gq.exec.boundaries import NOTHING, Boundary, LoopShape
 from gq.exec.runtime import JobSession
 
 
+class _Section:
+    """The hooks' lock, taken as a section a console's Ctrl-C waits out: a KeyboardInterrupt
+    between counting a call inside and asking for the lane (or releasing it and counting it
+    out) would leave an iteration no release ever ends. One held back is raised as the
+    section ends, with everything counted (gq.exec.worker's hold_interrupts)."""
+
+    __slots__ = ("lock", "hold", "let", "raise_held_back", "held")
+
+    def __init__(self, lock: threading.Lock, session: JobSession):
+        self.lock = lock
+        self.hold = getattr(session, "hold_interrupts", None)
+        self.let = getattr(session, "let_interrupts", None)
+        self.raise_held_back = getattr(session, "raise_held_back", None)
+        self.held = threading.local()
+
+    def __enter__(self) -> None:
+        self.held.now = self.hold is not None and self.hold()
+        self.lock.acquire()
+
+    def __exit__(self, kind, _value, _traceback) -> None:
+        self.lock.release()
+        if self.held.now:
+            self.let(True)
+            if kind is None:
+                self.raise_held_back()
+
+
 class _Boundaries:
     """Entering and leaving outermost module calls, counted under one lock, so that the
     lane is released only when no thread is inside a module call, and no thread enters one
@@ -50,6 +77,7 @@ class _Boundaries:
         # .with_parameters: whether its outermost call's module has parameters
         self.local = threading.local()
         self.lock = threading.Lock()
+        self.section = _Section(self.lock, session)
         self.inside = 0  # threads now inside an outermost module call
         self.release_owed = False  # an iteration ended while a thread was inside a call
         # The lane is held for a CUDA graph's replay that nothing has ended yet (one with
@@ -101,7 +129,7 @@ class _Boundaries:
         if with_parameters is None:
             with_parameters = self._has_parameters(module)
         local.with_parameters = with_parameters
-        with self.lock:
+        with self.section:
             boundary = self.shape.forward_begins(id(module), with_parameters)
             if boundary is not NOTHING:
                 self._apply(boundary)
@@ -113,19 +141,19 @@ class _Boundaries:
 
     def leave(self) -> None:
         """This thread's outermost module call has ended (or raised)."""
-        self.local.depth = 0
-        with self.lock:
+        with self.section:
+            self.local.depth = 0
             self.inside -= 1
             self._apply(
                 self.shape.forward_ends(self.local.with_parameters, self.torch.is_grad_enabled())
             )
 
     def after_backward(self) -> None:
-        with self.lock:
+        with self.section:
             self.shape.backward()
 
     def after_optimizer_step(self, optimizer, _args, _kwargs):
-        with self.lock:
+        with self.section:
             self.stepped = True  # (a scaler's update in the middle of a cycle ends nothing)
             self._apply(self.shape.optimizer_steps(id(optimizer)))
             if self.stop_noting_backward is not None and not self.shape.needs_backward:
@@ -137,7 +165,7 @@ class _Boundaries:
         iteration (a thread inside a module call, or the lane held between a forward and
         its optimizer step) nothing more; outside any, the replay is an iteration of its
         own, granted before it is queued and released after (True)."""
-        with self.lock:
+        with self.section:
             if self.inside:
                 return False
             if getattr(self.session, "held", False):
@@ -156,7 +184,7 @@ class _Boundaries:
         """A replay under no_grad ends its iteration (an inference graph); with grad enabled
         the lane stays held for what may follow (an eager optimizer step, which releases
         it), and the next replay ends it if nothing else has."""
-        with self.lock:
+        with self.section:
             self.inside -= 1
             if self.torch.is_grad_enabled():
                 self.replay_open = True
@@ -168,7 +196,7 @@ class _Boundaries:
         skipped the optimizer's step (infinite gradients, as fp16 training meets at its
         start), no step hook ends the iteration, and the lane would be held into the
         next one. Where the step ran, the lane is free already and this does nothing."""
-        with self.lock:
+        with self.section:
             if self.inside == 0 and not self.stepped and getattr(self.session, "held", False):
                 self._end_iteration()
 
@@ -178,7 +206,7 @@ class _Boundaries:
         job's grant. The lane is let go meanwhile where this thread's call took it and no
         other thread is inside a call: another thread's iteration (between its forward and
         its optimizer step, say) may have kernels to queue under the grant."""
-        with self.lock:
+        with self.section:
             others_inside = self.inside - (1 if getattr(self.local, "depth", 0) else 0)
             if (
                 others_inside
@@ -191,19 +219,19 @@ class _Boundaries:
 
     def compile_ends(self) -> None:
         """The compiled code runs next, within the iteration it was compiled in."""
-        with self.lock:
+        with self.section:
             if self.compile_released:
                 self.compile_released = False
                 self.session.acquire()
 
     def script_ends(self) -> None:
-        with self.lock:
+        with self.section:
             self._apply(self.shape.script_ends())
 
     def end_now(self) -> None:
         """A console's statement is over: so is its iteration (once no thread is inside a
         module call)."""
-        with self.lock:
+        with self.section:
             self._end_iteration()
 
     def _has_parameters(self, module) -> bool:
@@ -263,6 +291,7 @@ def install(session: JobSession, torch) -> None:
         job: its module calls are torch's alone, and a lock another thread held as it was
         forked is not waited for."""
         boundaries.lock = threading.Lock()
+        boundaries.section = _Section(boundaries.lock, boundaries.session)
         if module_class.__call__ is noted:
             module_class.__call__ = call
         if replays is not None and graph_class.replay is replays:

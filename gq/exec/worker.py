@@ -69,11 +69,14 @@ class WorkerSession:
         self.detached = False
         self.at_finish: list = []  # what runs as the script ends (the hooks' last boundary)
         self.ending = None  # the hooks' way to end an iteration now, where they are installed
-        # Between a READY and its GO, or a release and its DONE: a console's Ctrl-C then
-        # waits for the exchange to be complete (``interrupted``); raised in the middle, it
-        # would leave worker and host disagreeing about who holds the lane.
-        self.exchanging = False
+        # Sections a console's Ctrl-C waits out (``interrupted``), nested: an exchange with
+        # the host (READY to GO, release to DONE) and the hooks' count of the calls inside
+        # an iteration. Raised in the middle, it would leave worker, hooks and host
+        # disagreeing about who holds the lane; it is raised as the outermost one ends.
+        # Signals come to the main thread alone: only its sections count.
+        self.holding = 0
         self.interrupted = False
+        self.main_thread = threading.main_thread().ident
         # A forked child (a DataLoader worker, say) must not speak on its parent's socket.
         os.register_at_fork(after_in_child=self._detach)
 
@@ -87,7 +90,7 @@ class WorkerSession:
         with self.lock:
             if self.held:
                 return
-            self.exchanging = True  # (before a held-back DONE or the READY goes)
+            held = self.hold_interrupts()  # (before a held-back DONE or the READY goes)
             try:
                 lease = self.lease
                 kept = self._settle()
@@ -96,10 +99,10 @@ class WorkerSession:
                 else:
                     self._ask()
             finally:
-                self.exchanging = False
+                self.let_interrupts(held)
                 if not self.held:  # no grant came: an interrupt held back goes with it
                     self.interrupted = False
-        self._raise_held_back()  # held: the statement's end gives the lane back
+        self.raise_held_back()  # held: the statement's end gives the lane back
 
     def _ask(self) -> None:
         """READY, then wait for the GO."""
@@ -115,9 +118,21 @@ class WorkerSession:
             self.lease.granted(grant.lease, self.steps)
         self.held = True
 
-    def _raise_held_back(self) -> None:
-        """A Ctrl-C that came during an exchange, raised now that it is complete."""
-        if self.interrupted:
+    def hold_interrupts(self) -> bool:
+        """A section begins that a console's Ctrl-C waits out; whether it counts (on the
+        main thread): give that to :meth:`let_interrupts`, in a ``finally``."""
+        if threading.get_ident() != self.main_thread:
+            return False
+        self.holding += 1
+        return True
+
+    def let_interrupts(self, held: bool) -> None:
+        if held:
+            self.holding -= 1
+
+    def raise_held_back(self) -> None:
+        """A Ctrl-C that came during a section, raised once the outermost one is over."""
+        if self.interrupted and not self.holding:
             self.interrupted = False
             raise KeyboardInterrupt
 
@@ -143,12 +158,12 @@ class WorkerSession:
         if self.detached:
             return
         with self.lock:
-            self.exchanging = True
+            held = self.hold_interrupts()
             try:
                 self._release()
             finally:
-                self.exchanging = False
-        self._raise_held_back()
+                self.let_interrupts(held)
+        self.raise_held_back()
 
     def _release(self) -> None:
         """The DONE (or the lease's release, or the steps taken outside a grant)."""
