@@ -133,14 +133,16 @@ def test_cells_run_in_a_gq_job_with_errors_and_interrupts_and_shutdown_ends_it(d
         content, _ = _run(client, "1 / 0", stop_on_error=False)
         assert (content["status"], content["ename"]) == ("error", "ZeroDivisionError")
         assert manager.is_alive()
-        client.execute("import time; time.sleep(30)", stop_on_error=False)
-        wait_for(
-            lambda: (
-                client.iopub_channel.get_msg(timeout=10)["content"].get("execution_state") == "busy"
-            ),
-            10,
-            what="the sleeping cell to start",
-        )
+        sleeping = client.execute("import time; time.sleep(30)", stop_on_error=False)
+
+        def sleeping_cell_started() -> bool:  # its own input, not another request's status
+            message = client.iopub_channel.get_msg(timeout=10)
+            return (
+                message["msg_type"] == "execute_input"
+                and message["parent_header"].get("msg_id") == sleeping
+            )
+
+        wait_for(sleeping_cell_started, 10, what="the sleeping cell to start")
         began = time.monotonic()
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=10)
@@ -203,6 +205,41 @@ def test_a_pending_kernel_says_why_and_its_shutdown_cancels_it(daemon, data_dir,
     assert wait_state(kernel_id, "CANCELLED")["start_time"] is None
     refused = gq("kernel", "run", "--spec", "nothing", "--", "conn.json")
     assert refused.code == 2 and "no kernel named 'nothing'" in refused.err
+
+
+def test_a_kernel_that_waited_says_why_in_its_first_cell(daemon, data_dir, tmp_path):
+    """A notebook shows no launcher's log: the first cell of a kernel that was pending says
+    why it waited, once; the note is gone after."""
+    held = submit("--hold", "--wrap", "true")
+    gq_ok("kernel", "install", "--name", "later", "-G", "0", "--after", str(held))
+    manager = jupyter_client.KernelManager(kernel_name="later")
+    with open(tmp_path / "launcher.err", "w") as said:
+        manager.start_kernel(stderr=said)
+    client = manager.client()
+    client.start_channels()
+    try:
+        wait_for(
+            lambda: (
+                " pending (Dependency); a shutdown of the kernel cancels it"
+                in (tmp_path / "launcher.err").read_text()
+            ),
+            10,
+            what="the launcher to say why",
+        )
+        gq_ok("release", str(held))
+        client.wait_for_ready(timeout=30)
+        content, published = _run(client, "import os; int(os.environ['GQ_JOB_ID'])")
+        kernel_id = int(_result(published))
+        streams = "".join(m["content"]["text"] for m in published if m["msg_type"] == "stream")
+        assert streams == (
+            f"gq: this kernel waited for its device: job {kernel_id} pending (Dependency)\n"
+        ), published
+        content, published = _run(client, "'second'")
+        assert not [m for m in published if m["msg_type"] == "stream"], published
+        assert not list((tmp_path / "runtime").glob("*.gq-pending"))
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
 
 
 @pytest.mark.long

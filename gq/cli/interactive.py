@@ -86,19 +86,20 @@ def wait_for_terminal(
             job = client.ask(messages.ShowJob(label)).jobs[0]
             if job.state in TERMINAL:
                 return _take_terminal(path, label)  # it ended as it was looked for
-            status.show(describe(job))
+            status.show(describe(job, status.hint))
             next_ask = time.monotonic() + ASK_EVERY
         time.sleep(LOOK_EVERY)
 
 
-def describe(job: messages.JobInfo) -> str:
-    """The status line of a job not yet attached: id, state, reason, forecast start."""
+def describe(job: messages.JobInfo, hint: str = "Ctrl-C cancels it") -> str:
+    """The status line of a job not yet attached: id, state, reason, forecast start, and
+    while it is pending, ``hint`` (how to give up waiting)."""
     if job.state == "PENDING":
         text = f"gq: job {job.label} pending ({job.reason or 'None'})"
         start = render.forecast_time(job, end=False)
         if start not in ("-", "?"):
             text += f", starts {start}"
-        return text + "; Ctrl-C cancels it"
+        return f"{text}; {hint}"
     return f"gq: job {job.label} {job.state.lower()} on {job.device or '-'}, attaching"
 
 
@@ -241,6 +242,8 @@ def exit_status(label: str) -> int:
 class StatusLine:
     """One line on stderr, redrawn in place where stderr is a terminal (else each new one
     on a line of its own)."""
+
+    hint = "Ctrl-C cancels it"  # how the one who waits gives up, said while pending
 
     def __init__(self) -> None:
         self.shown = ""

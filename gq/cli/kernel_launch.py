@@ -63,7 +63,34 @@ def kernel_job(connection_file: str | None) -> commands.Queued:
     )
 
 
-def launch(job_id: int) -> int:
+class PendingStatus(interactive.StatusLine):
+    """The launcher's status line (the Jupyter server's log), also kept beside the
+    connection file while the job is pending: the kernel's first cell says why it waited
+    (:mod:`gq.exec.notebook`), which a notebook shows where the server's log is not seen."""
+
+    hint = "a shutdown of the kernel cancels it"
+
+    def __init__(self, connection_file: str | None) -> None:
+        super().__init__()
+        self.note = None if connection_file is None else pending_note(connection_file)
+
+    def show(self, text: str) -> None:
+        if text != self.shown and self.note is not None and " pending (" in text:
+            try:
+                with open(self.note + ".new", "w", encoding="utf-8") as handle:
+                    handle.write(text.removeprefix("gq: ").removesuffix(f"; {self.hint}"))
+                os.replace(self.note + ".new", self.note)
+            except OSError:
+                self.note = None  # the note is a courtesy: the server's log still says it
+        super().show(text)
+
+
+def pending_note(connection_file: str) -> str:
+    """Where the launcher leaves why a kernel waits, for the kernel to say."""
+    return os.path.abspath(connection_file) + ".gq-pending"
+
+
+def launch(job_id: int, connection_file: str | None = None) -> int:
     """Stand in for the kernel's job until it ends; its exit code, or 128 + the signal
     that ended the launcher (the job is then cancelled, and waited for)."""
     label = str(job_id)
@@ -73,7 +100,9 @@ def launch(job_id: int) -> int:
         signal.signal(signum, _ending)
     try:
         taken = interactive.wait_for_terminal(
-            label, wire.terminal_socket(str(locate().terminals), job_id), interactive.StatusLine()
+            label,
+            wire.terminal_socket(str(locate().terminals), job_id),
+            PendingStatus(connection_file),
         )
     except _Ended as ended:
         _cancel(label)

@@ -75,7 +75,7 @@ def queue(
         return 0
     job_id = client.ask_plain("submit", request, "submitted")["job_id"]
     if kernel is not None:
-        return kernel_launch.launch(job_id)
+        return kernel_launch.launch(job_id, kernel)
     if pty:
         return interactive.run(job_id)
     if options["mail_type"] and _no_mail_command():

@@ -38,9 +38,29 @@ def serve() -> None:
     os.environ.pop("JPY_PARENT_PID", None)
     app = IPKernelApp.instance(kernel_class=CellKernel)
     app.initialize(["-f", sys.argv[1]])
+    _say_why_it_waited(app.shell, sys.argv[1] + ".gq-pending")
     busy = Busy()  # a cell computing is no idle time (gq.exec.idleness)
     app.shell.events.register("pre_run_cell", lambda info: busy.begin())
     app.shell.events.register("post_run_cell", lambda result: busy.end())
     if session is not None:
         app.shell.events.register("post_run_cell", lambda result: session.end_iteration())
     app.start()
+
+
+def _say_why_it_waited(shell, note: str) -> None:
+    """The first cell's output says why the kernel waited for its device, as its launcher
+    left it (gq.cli.kernel_launch): a notebook shows no launcher's log."""
+    try:
+        with open(note, encoding="utf-8", errors="replace") as handle:
+            said = handle.read(1024).strip()
+        os.unlink(note)
+    except OSError:
+        return
+    if not said:
+        return
+
+    def once(info) -> None:
+        shell.events.unregister("pre_run_cell", once)
+        print(f"gq: this kernel waited for its device: {said}", file=sys.stderr)
+
+    shell.events.register("pre_run_cell", once)
