@@ -481,7 +481,7 @@ def test_terminal_times_a_job_sets_before_1970_cost_no_one_else_anything(daemon,
         "--",
         sys.executable,
         "-c",
-        "import os, time; os.utime(os.ttyname(0), (-100, -100)); time.sleep(4)",
+        "import os, time; os.utime(os.ttyname(0), (-100, -100)); time.sleep(2.5)",
     )
     assert _ended(child) == 0
     steps = job(batch_id)["steps_done"]
