@@ -36,31 +36,34 @@ from gq.exec.boundaries import NOTHING, Boundary, LoopShape
 from gq.exec.runtime import JobSession
 
 
+def _nothing() -> None:
+    pass
+
+
 class _Section:
     """The hooks' lock, taken as a section a console's Ctrl-C waits out: a KeyboardInterrupt
     between counting a call inside and asking for the lane (or releasing it and counting it
     out) would leave an iteration no release ever ends. One held back is raised as the
     section ends, with everything counted (gq.exec.worker's hold_interrupts)."""
 
-    __slots__ = ("lock", "hold", "let", "raise_held_back", "held")
+    __slots__ = ("lock", "hold", "let", "raise_held_back")
 
     def __init__(self, lock: threading.Lock, session: JobSession):
         self.lock = lock
-        self.hold = getattr(session, "hold_interrupts", None)
-        self.let = getattr(session, "let_interrupts", None)
-        self.raise_held_back = getattr(session, "raise_held_back", None)
-        self.held = threading.local()
+        # A session without them (a test's stand-in) holds nothing back.
+        self.hold = getattr(session, "hold_interrupts", _nothing)
+        self.let = getattr(session, "let_interrupts", _nothing)
+        self.raise_held_back = getattr(session, "raise_held_back", _nothing)
 
     def __enter__(self) -> None:
-        self.held.now = self.hold is not None and self.hold()
+        self.hold()
         self.lock.acquire()
 
     def __exit__(self, kind, _value, _traceback) -> None:
         self.lock.release()
-        if self.held.now:
-            self.let(True)
-            if kind is None:
-                self.raise_held_back()
+        self.let()
+        if kind is None:
+            self.raise_held_back()
 
 
 class _Boundaries:

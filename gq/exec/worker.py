@@ -90,7 +90,7 @@ class WorkerSession:
         with self.lock:
             if self.held:
                 return
-            held = self.hold_interrupts()  # (before a held-back DONE or the READY goes)
+            self.hold_interrupts()  # (before a held-back DONE or the READY goes)
             try:
                 lease = self.lease
                 kept = self._settle()
@@ -99,7 +99,7 @@ class WorkerSession:
                 else:
                     self._ask()
             finally:
-                self.let_interrupts(held)
+                self.let_interrupts()
                 if not self.held:  # no grant came: an interrupt held back goes with it
                     self.interrupted = False
         self.raise_held_back()  # held: the statement's end gives the lane back
@@ -118,21 +118,21 @@ class WorkerSession:
             self.lease.granted(grant.lease, self.steps)
         self.held = True
 
-    def hold_interrupts(self) -> bool:
-        """A section begins that a console's Ctrl-C waits out; whether it counts (on the
-        main thread): give that to :meth:`let_interrupts`, in a ``finally``."""
-        if threading.get_ident() != self.main_thread:
-            return False
-        self.holding += 1
-        return True
+    def hold_interrupts(self) -> None:
+        """A section begins that a console's Ctrl-C waits out (on the main thread, where
+        signals come; elsewhere nothing): end it with :meth:`let_interrupts`, in a
+        ``finally``, on the same thread."""
+        if threading.get_ident() == self.main_thread:
+            self.holding += 1
 
-    def let_interrupts(self, held: bool) -> None:
-        if held:
+    def let_interrupts(self) -> None:
+        if threading.get_ident() == self.main_thread:
             self.holding -= 1
 
     def raise_held_back(self) -> None:
-        """A Ctrl-C that came during a section, raised once the outermost one is over."""
-        if self.interrupted and not self.holding:
+        """A Ctrl-C that came during a section, raised once the outermost one is over (on
+        the main thread, whose sections held it back)."""
+        if self.interrupted and not self.holding and threading.get_ident() == self.main_thread:
             self.interrupted = False
             raise KeyboardInterrupt
 
@@ -158,11 +158,11 @@ class WorkerSession:
         if self.detached:
             return
         with self.lock:
-            held = self.hold_interrupts()
+            self.hold_interrupts()
             try:
                 self._release()
             finally:
-                self.let_interrupts(held)
+                self.let_interrupts()
         self.raise_held_back()
 
     def _release(self) -> None:
