@@ -23,6 +23,7 @@ import sys
 from gq import client, messages
 from gq.cli import commands, interactive
 from gq.errors import UserError
+from gq.exec import notebook
 from gq.exec import protocol as wire
 from gq.home import locate
 
@@ -72,7 +73,7 @@ class PendingStatus(interactive.StatusLine):
 
     def __init__(self, connection_file: str | None) -> None:
         super().__init__()
-        self.note = None if connection_file is None else pending_note(connection_file)
+        self.note = None if connection_file is None else notebook.pending_note(connection_file)
 
     def show(self, text: str) -> None:
         if text != self.shown and self.note is not None and " pending (" in text:
@@ -83,11 +84,6 @@ class PendingStatus(interactive.StatusLine):
             except OSError:
                 self.note = None  # the note is a courtesy: the server's log still says it
         super().show(text)
-
-
-def pending_note(connection_file: str) -> str:
-    """Where the launcher leaves why a kernel waits, for the kernel to say."""
-    return os.path.abspath(connection_file) + ".gq-pending"
 
 
 def launch(job_id: int, connection_file: str | None = None) -> int:

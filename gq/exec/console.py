@@ -124,13 +124,20 @@ def interact_ipython() -> None:
     sys.path[0] = ""
     app = TerminalIPythonApp.instance()
     app.initialize(args)
-    busy = Busy()
-    app.shell.events.register("pre_run_cell", lambda info: busy.begin())
-    app.shell.events.register("post_run_cell", lambda result: busy.end())
+    end_cells(app.shell, session)
     if session is not None:
-        app.shell.events.register("post_run_cell", lambda result: session.end_iteration())
         signal.signal(signal.SIGINT, interrupting(session))
     app.start()
+
+
+def end_cells(shell, session) -> None:
+    """An IPython shell's (a terminal's, a kernel's) every cell marks its terminal busy
+    while it runs and ends the iteration it opened."""
+    busy = Busy()  # a cell computing is no idle time (gq.exec.idleness)
+    shell.events.register("pre_run_cell", lambda info: busy.begin())
+    shell.events.register("post_run_cell", lambda result: busy.end())
+    if session is not None:
+        shell.events.register("post_run_cell", lambda result: session.end_iteration())
 
 
 def interrupting(session):

@@ -16,7 +16,7 @@ import signal
 import sys
 
 from gq.exec import runtime
-from gq.exec.console import Busy, interrupting
+from gq.exec.console import end_cells, interrupting
 
 
 def serve() -> None:
@@ -29,7 +29,8 @@ def serve() -> None:
     class CellKernel(IPythonKernel):
         def pre_handler_hook(self) -> None:
             """While a request is handled, SIGINT is the cell's KeyboardInterrupt (ipykernel
-            sets python's handler here), deferred while a READY waits for its grant."""
+            sets python's handler here), held back while the worker exchanges with its host
+            or the hooks count a call (gq.exec.console.interrupting)."""
             handler = signal.default_int_handler if session is None else interrupting(session)
             self.saved_sigint_handler = signal.signal(signal.SIGINT, handler)
 
@@ -38,13 +39,15 @@ def serve() -> None:
     os.environ.pop("JPY_PARENT_PID", None)
     app = IPKernelApp.instance(kernel_class=CellKernel)
     app.initialize(["-f", sys.argv[1]])
-    _say_why_it_waited(app.shell, sys.argv[1] + ".gq-pending")
-    busy = Busy()  # a cell computing is no idle time (gq.exec.idleness)
-    app.shell.events.register("pre_run_cell", lambda info: busy.begin())
-    app.shell.events.register("post_run_cell", lambda result: busy.end())
-    if session is not None:
-        app.shell.events.register("post_run_cell", lambda result: session.end_iteration())
+    _say_why_it_waited(app.shell, pending_note(sys.argv[1]))
+    end_cells(app.shell, session)
     app.start()
+
+
+def pending_note(connection_file: str) -> str:
+    """Where a kernel's launcher leaves why it waits (gq.cli.kernel_launch), for its first
+    cell to say."""
+    return os.path.abspath(connection_file) + ".gq-pending"
 
 
 def _say_why_it_waited(shell, note: str) -> None:
