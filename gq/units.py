@@ -7,9 +7,8 @@ import math
 from gq import defaults
 from gq.errors import UserError
 
-# Read by mypy alone (always_true in pyproject.toml): gq status imports neither typing nor re.
-TYPES_ONLY = False
-if TYPES_ONLY:
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (nor re): every
+if TYPE_CHECKING:  # gq status imports this module
     import re
 
 

@@ -66,3 +66,12 @@ def payload(env: Mapping[str, str], args: Sequence[str]) -> None:
         text(value, f"environment variable {key[:60]}", defaults.MAX_JOB_PAYLOAD)
     for index, arg in enumerate(args, start=1):
         text(arg, f"argument {index} ({arg[:40]!r})", defaults.MAX_JOB_PAYLOAD)
+
+
+def idle_timeout(interactive: bool, given: object) -> None:
+    """--idle-timeout is an interactive job's alone: a batch job has no idle time."""
+    if given is not None and not interactive:
+        raise UserError(
+            "--idle-timeout: only an interactive job has idle time (gq run --pty, "
+            "gq kernel install)"
+        )

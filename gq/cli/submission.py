@@ -126,11 +126,7 @@ def _build(
     if options["test_only"] and options["wait"]:
         raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
     request = _request(options, content)
-    if options.get("idle_timeout") is not None and not pty:
-        raise UserError(
-            "--idle-timeout: only an interactive job has idle time (gq run "
-            "--pty, gq kernel install)"
-        )
+    validation.idle_timeout(pty, options.get("idle_timeout"))
     if pty:
         if options["wait"]:
             raise UserError("--pty waits for its job already; leave --wait out")

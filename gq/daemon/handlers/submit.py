@@ -208,12 +208,8 @@ def _validate(daemon: NodeView, caller: Caller, request: messages.Submit) -> tra
 def _check_interactive(options: messages.SubmitOptions) -> None:
     """An interactive job is one run on one terminal: nothing may run it again (a terminal
     cannot be handed to a later run), and only it may leave its output to the terminal."""
+    validation.idle_timeout(options.interactive, options.idle_timeout)
     if not options.interactive:
-        if options.idle_timeout is not None:
-            raise UserError(
-                "--idle-timeout: only an interactive job has idle time (gq run "
-                "--pty, gq kernel install)"
-            )
         if options.output is None:
             raise UserError("--output needs a file name (only gq run --pty writes to the terminal)")
         return
