@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import signal
@@ -422,32 +423,35 @@ def sweep(ph: Phase, s: State) -> None:
 
 
 def escapes(ph: Phase, s: State) -> None:
+    """Work that gq finds no iteration in. A shell job asking for a GPU has the device alone
+    (gq cannot put its kernels in a lane), so its lane job starts once it has ended: on a GPU
+    the two never overlap. A CUDA graph replayed outside any module call is still in a lane.
+    One pair at a time: the second pair waits behind the shell job anyway."""
     s.node.gq("policy", "set", "fair")
     plain = "escapes" in s.cfg["plain"]
     spin = s.args("spin", s.cfg["escape_iters"], plain=plain)
-    ph.submit("shell", spin, stage="a", options=s.mem("spin"), script=SHELL_JOB)
-    ph.submit("lane-a", spin, stage="a", options=s.mem("spin"))
-    ph.submit(
-        "graph",
-        s.args("graph", s.cfg["escape_iters"], plain=plain),
-        stage="b",
-        options=s.mem("graph"),
-    )
-    ph.submit("lane-b", spin, stage="b", options=s.mem("spin"))
-    ph.wait_ready(["shell", "lane-a", "graph", "lane-b"])
-    for stage, pair, name, op in (
-        ("a", ["shell", "lane-a"], "shell_job_overlap", None),
-        ("b", ["graph", "lane-b"], "graph_job_overlap", "<="),
+    graph = s.args("graph", s.cfg["escape_iters"], plain=plain)
+    for stage, pair, name in (
+        ("a", {"shell": (spin, SHELL_JOB), "lane-a": (spin, None)}, "shell_job_overlap"),
+        ("b", {"graph": (graph, None), "lane-b": (spin, None)}, "graph_job_overlap"),
     ):
-        runs = ph.run_stage(stage, pair)
-        ph.gq_jobs(pair)
-        lo, hi = window(runs.values())
+        for label, (args, script) in pair.items():
+            kind = "graph" if label == "graph" else "spin"
+            ph.submit(label, args, stage=stage, options=s.mem(kind), script=script)
+        first = list(pair)[:1] if stage == "a" and s.cuda else list(pair)
+        ph.wait_ready(first)
+        runs = ph.run_stage(stage, list(pair))
+        ph.gq_jobs(list(pair))
+        # On a GPU the shell job and its lane job run one after the other: their whole runs.
+        alone = stage == "a" and s.cuda
+        lo, hi = (-math.inf, math.inf) if alone else window(runs.values())
+        # On gq's cpu device a shell job shares it (no device to have alone): INFO there.
+        checked = s.cuda or stage == "b"
         ph.fig(
             name,
             overlap([timed(r) for r in runs.values()], lo, hi),
-            op,
-            0.01 if op else None,
-            note=None if op else "a shell job has no lane: expected high today",
+            "<=" if checked else None,
+            0.01 if checked else None,
         )
         ph.details[stage] = {
             label: {"its": its(r), "mean_ms": mean_interval_ms(r)} for label, r in runs.items()
