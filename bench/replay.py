@@ -33,7 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gq import policies  # noqa: E402
-from gq.sim.simulator import JobRun, Result, Slice, simulate  # noqa: E402
+from gq.sim.node import JobRun  # noqa: E402
+from gq.sim.results import Result, Slice  # noqa: E402
+from gq.sim.simulator import simulate  # noqa: E402
 from gq.sim.traces import TraceJob, load  # noqa: E402
 
 from harness import Node  # noqa: E402

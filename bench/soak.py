@@ -136,7 +136,7 @@ def main() -> None:
                 "hosts": sum(
                     _cpu_seconds(child)
                     for child in daemon.children()
-                    if "gq.exec.host" in " ".join(child.cmdline())
+                    if "gq.exec.host_startup" in " ".join(child.cmdline())
                 ),
                 "client": _cpu_seconds(psutil.Process()),
             }

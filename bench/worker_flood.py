@@ -28,8 +28,8 @@ for _ in gq.steps(range({steps}), total={steps}):
 """
 # Runs released (never asks for the lane) and writes well-formed lines without pause.
 FLOOD = """import os, time
-from gq.exec import runtime, protocol
-line = protocol.encode(protocol.StepsTaken(1)) * 64
+from gq.exec import protocol, runtime, worker_messages
+line = protocol.encode(worker_messages.StepsTaken(1)) * 64
 sock = runtime.active.channel.sock
 while not os.path.exists('stop'):
     sock.sendall(line)

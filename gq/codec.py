@@ -80,6 +80,7 @@ Pid = Annotated[int, Bounds(1, (1 << 31) - 1)]
 NonNegative = Annotated[float, Bounds(0.0, math.inf)]
 
 
+@typing.dataclass_transform()  # for type checkers: a message class is a dataclass
 def message(cls):
     """A message class: a dataclass without generated repr and eq, which cost the client
     much of its import time."""

@@ -1,6 +1,6 @@
 """Every tunable of gq in one place (as rq keeps ``rq/defaults.py``)."""
 
-# The client-daemon protocol's version (gq/messages.py): one more with every change a
+# The client-daemon protocol's version (gq/messages/): one more with every change a
 # daemon of the version before would misread.
 PROTOCOL_VERSION = 7
 

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gq.exec import cgroups
+from gq.exec import cgroup_files, cgroups
+from gq.exec.cgroup_hierarchies import V2
 
 # A daemonised child (its own session, out of the job's process group) and a plain one.
 JOB = ["sh", "-c", "setsid sleep 300 & sleep 300 & wait"]
@@ -130,9 +131,9 @@ def test_v1_without_freezer_kills_listed_pids_until_empty(v1: cgroups.Cgroups) -
 
 
 def test_v2_without_cgroup_kill_freezes(v2: cgroups.Cgroups, monkeypatch) -> None:
-    if not os.path.exists(os.path.join(v2.bases[cgroups.V2], "cgroup.freeze")):
+    if not os.path.exists(os.path.join(v2.bases[V2], "cgroup.freeze")):
         pytest.skip("this v2 hierarchy has no cgroup.freeze")
-    write = cgroups._write
+    write = cgroup_files.write
     frozen = []
 
     def no_cgroup_kill(path: str, control: str, value: str) -> bool:
@@ -143,7 +144,7 @@ def test_v2_without_cgroup_kill_freezes(v2: cgroups.Cgroups, monkeypatch) -> Non
             frozen.append(path)
         return write(path, control, value)
 
-    monkeypatch.setattr(cgroups, "_write", no_cgroup_kill)
+    monkeypatch.setattr(cgroup_files, "write", no_cgroup_kill)
     _kill_whole_job(v2)
     assert frozen
 

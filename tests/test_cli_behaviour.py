@@ -66,12 +66,12 @@ def test_cancel_of_a_pending_job_says_one_thing(daemon, tmp_path):
 
 def test_a_held_job_never_starts_even_if_admission_read_it_before(tmp_path):
     from gq.home import Home
-    from gq.queue import transitions
+    from gq.queue import job_updates, submissions, transitions
     from gq.queue.engine import Database
 
     db = Database(Home(tmp_path / "h").ensure())
     try:
-        new = transitions.NewJob(
+        new = submissions.NewJob(
             name="j",
             user="u",
             uid=1,
@@ -85,9 +85,9 @@ def test_a_held_job_never_starts_even_if_admission_read_it_before(tmp_path):
             env={},
         )
         with db.write() as session:
-            job_id = transitions.submit(session, new, lambda p, i, a, t: p)[0]
+            job_id = submissions.submit(session, new, lambda p, i, a, t: p)[0]
         with db.write() as session:  # 'gq hold' wins the race against admission
-            assert transitions.set_held(session, [job_id], True) == [job_id]
+            assert job_updates.set_held(session, [job_id], True) == [job_id]
         with db.write() as session:
             assert not transitions.start(session, job_id, "cpu", 0)
     finally:

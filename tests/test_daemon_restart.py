@@ -204,6 +204,7 @@ def test_attaching_reads_past_what_a_host_says_before_answering_hello(tmp_path):
 
     from gq.daemon.devices import Device
     from gq.daemon.hosts import HostHandle, HostSettings
+    from gq.exec import host_messages
     from gq.exec import protocol as wire
     from gq.home import Home
 
@@ -211,8 +212,8 @@ def test_attaching_reads_past_what_a_host_says_before_answering_hello(tmp_path):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(home.hosts / "cpu.sock"))
     listener.listen(1)
-    state = wire.State(
-        version=wire.HOST_VERSION,
+    state = host_messages.State(
+        version=host_messages.HOST_VERSION,
         pid=os.getpid(),
         device="cpu",
         lanes=1,
@@ -224,9 +225,9 @@ def test_attaching_reads_past_what_a_host_says_before_answering_hello(tmp_path):
 
     def chatty_host():
         sock, _ = listener.accept()
-        sock.sendall(wire.encode(wire.Progress(jobs=[])))  # before any hello
+        sock.sendall(wire.encode(host_messages.Progress(jobs=[])))  # before any hello
         channel = wire.Channel(sock, wire.TO_HOST)
-        assert isinstance(channel.receive_one(), wire.Hello)
+        assert isinstance(channel.receive_one(), host_messages.Hello)
         sock.sendall(wire.encode(state))
         sock.close()
 
@@ -236,7 +237,7 @@ def test_attaching_reads_past_what_a_host_says_before_answering_hello(tmp_path):
     host, answer = HostHandle.attach(device, home, HostSettings(1, 1.0, "off"))
     thread.join(10)
     listener.close()
-    assert isinstance(answer, wire.State) and answer.pid == os.getpid()
+    assert isinstance(answer, host_messages.State) and answer.pid == os.getpid()
     assert host.pid == os.getpid() and host.process is None and host.current
 
 

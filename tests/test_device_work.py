@@ -112,8 +112,9 @@ def test_a_release_through_the_host_is_told_once_the_device_is_done_and_before_a
     import socket
     import time
 
-    from gq.exec.protocol import FROM_WORKER, Channel, Go, WorkerChannel, encode
+    from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
     from gq.exec.worker import WorkerSession
+    from gq.exec.worker_messages import Go
 
     device = FakeDevice()
     device_sync.stand_in(device)
@@ -180,8 +181,9 @@ def test_a_ctrl_c_as_the_ready_goes_waits_for_the_grant_and_loses_nothing():
     import socket
 
     from gq.exec.console import interrupting
-    from gq.exec.protocol import FROM_WORKER, Channel, Go, WorkerChannel, encode
+    from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
     from gq.exec.worker import WorkerSession
+    from gq.exec.worker_messages import Go
 
     class InterruptedAsItSends(WorkerChannel):
         def send_line(self, line: bytes) -> None:
@@ -215,8 +217,9 @@ def test_a_ctrl_c_as_a_release_goes_waits_for_the_done_and_loses_nothing():
     import socket
 
     from gq.exec.console import interrupting
-    from gq.exec.protocol import FROM_WORKER, Channel, Go, WorkerChannel, encode
+    from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
     from gq.exec.worker import WorkerSession
+    from gq.exec.worker_messages import Go
 
     class InterruptedBeforeItSends(WorkerChannel):
         def send(self, message) -> None:
@@ -245,8 +248,9 @@ import signal, socket, sys, threading, time
 import torch
 from gq.exec import hooks
 from gq.exec.console import interrupting
-from gq.exec.protocol import FROM_WORKER, Channel, Go, WorkerChannel, encode
+from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
 from gq.exec.worker import WorkerSession
+from gq.exec.worker_messages import Go
 
 host_end, worker_end = socket.socketpair()
 session = WorkerSession(WorkerChannel(worker_end))

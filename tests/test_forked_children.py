@@ -23,7 +23,7 @@ from gq import wakeup
 from gq.daemon import ownerfiles
 from gq.exec import spawn
 from gq.exec.host import Host
-from gq.exec.protocol import Launch, LaunchSpec, Started, StopWhy
+from gq.exec.host_messages import Launch, LaunchSpec, Started, StopWhy
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (takes another uid)")
@@ -224,7 +224,7 @@ def _run_chores_until(host: Host, done, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, "the host never saw it"
-        host._reap()
+        host.jobs.reap()
         time.sleep(0.01)
 
 
@@ -329,14 +329,14 @@ def test_an_exited_jobs_leftovers_never_hold_up_its_host(monkeypatch):
     told: list = []
     monkeypatch.setattr(host, "_tell", told.append)
     cgroup = _SlowToEmpty(passes=3)
-    monkeypatch.setattr(host, "_make_cgroup", lambda spec: (cgroup, None))
+    monkeypatch.setattr(host.jobs, "_make_cgroup", lambda spec: (cgroup, None))
     host._on_launch(Launch(_own_spec(id=5, argv=["true"], env={"PATH": "/usr/bin:/bin"})))
     resident = host.residents[5]
     assert resident.process.wait(timeout=10) == 0
     turns = []
     while 5 not in host.exited:
         started = time.monotonic()
-        host._reap()
+        host.jobs.reap()
         turns.append(time.monotonic() - started)
         assert len(turns) < 100
     assert max(turns) < 0.1 and len(turns) == 4  # three looks at leftovers, then reported
@@ -370,7 +370,7 @@ def test_a_slow_memory_reading_never_holds_up_its_hosts_loop(monkeypatch):
     host = Host("cpu0", False, 1, listener, kill_grace=1.0)
     monkeypatch.setattr(host, "_tell", lambda message: None)
     cgroup = _NoMemoryController()
-    monkeypatch.setattr(host, "_make_cgroup", lambda spec: (cgroup, None))
+    monkeypatch.setattr(host.jobs, "_make_cgroup", lambda spec: (cgroup, None))
     host._on_launch(
         Launch(
             _own_spec(id=6, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, host_mem=512 << 20)
@@ -397,16 +397,16 @@ def test_a_slow_memory_reading_never_holds_up_its_hosts_loop(monkeypatch):
 
     def round_(expected) -> None:
         started = time.monotonic()
-        host._memory_watch_at = 0.0
-        host._watch_host_memory()
-        assert time.monotonic() - started < 0.5 and host.memory_watch.busy
-        host._watch_host_memory()  # asked again while reading: nothing more is asked
+        host.host_memory.next_ask = 0.0
+        host.host_memory.watch()
+        assert time.monotonic() - started < 0.5 and host.host_memory.memory_watch.busy
+        host.host_memory.watch()  # asked again while reading: nothing more is asked
         release.set()
-        assert select.select([host.memory_watch.wake], [], [], 10)[0]
+        assert select.select([host.host_memory.memory_watch.wake], [], [], 10)[0]
         wait_until = time.monotonic() + 10
-        while host.memory_watch.busy and time.monotonic() < wait_until:
+        while host.host_memory.memory_watch.busy and time.monotonic() < wait_until:
             time.sleep(0.001)
-        host._on_memory_readings()
+        host.host_memory.on_readings()
         release.clear()
         assert resident.kill_why is expected
 

@@ -18,7 +18,7 @@ from test_reliability import host_process
 
 from gq import messages
 from gq.defaults import PROTOCOL_VERSION as VERSION
-from gq.exec.protocol import HOST_VERSION
+from gq.exec.host_messages import HOST_VERSION
 
 from conftest import (
     DaemonControl,
@@ -115,11 +115,12 @@ def test_worker_step_counts_are_held_to_what_is_plausible(daemon, tmp_path):
         tmp_path / "claims.py",
         (
             "import gq\n"
-            "from gq.exec import runtime, protocol\n"
+            "from gq.exec import runtime\n"
+            "from gq.exec.worker_messages import StepsTaken\n"
             "for _ in gq.steps(range(5)):\n"
             "    pass\n"
-            "runtime.active.channel.send(protocol.StepsTaken(10**12))\n"  # more than it declared
-            "runtime.active.channel.send(protocol.StepsTaken(1))\n"  # fewer than it did
+            "runtime.active.channel.send(StepsTaken(10**12))\n"  # more than it declared
+            "runtime.active.channel.send(StepsTaken(1))\n"  # fewer than it did
         ),
     )
     info = wait_state(submit(str(script)), "COMPLETED", timeout=60)
@@ -276,11 +277,11 @@ def test_a_workers_memory_claims_are_believed_only_up_to_its_lane(daemon, tmp_pa
         tmp_path / "claim.py",
         (
             "import os, time, gq\n"
-            "from gq.exec import runtime, protocol\n"
+            "from gq.exec import runtime, worker_messages\n"
             "session = runtime.active\n"
             "session.acquire()\n"
             "session.held = False\n"
-            "session.channel.send(protocol.Done(1, 2**63 - 1, 2**63 - 1))\n"
+            "session.channel.send(worker_messages.Done(1, 2**63 - 1, 2**63 - 1))\n"
             "while not os.path.exists('go'):\n"
             "    time.sleep(0.02)\n"
         ),
@@ -606,14 +607,14 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
     import sys
     import uuid
 
-    from gq.exec import cgroups
+    from gq.exec import cgroup_hierarchies as hierarchies
 
     if not cgroups_usable("v2"):
         pytest.skip("no cgroup v2 hierarchy this process may use")
-    point, root = cgroups._mounts()[cgroups.V2]
-    own = cgroups._directory(point, root, cgroups._own_cgroups()[cgroups.V2])
+    point, root = hierarchies.mounts()[hierarchies.V2]
+    own = hierarchies._directory(point, root, hierarchies.own_cgroups()[hierarchies.V2])
     unit = Path(own) / f"gq-test-{uuid.uuid4().hex[:8]}.service"
-    supervisor = unit / cgroups.SUPERVISOR
+    supervisor = unit / hierarchies.SUPERVISOR
     supervisor.mkdir(parents=True)
 
     def into_supervisor() -> None:  # as systemd starts a unit's main process
@@ -626,7 +627,8 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
                 sys.executable,
                 "-c",
                 "from gq.exec import cgroups; "
-                "print(cgroups.detect('v2', 'probe').bases[cgroups.V2])",
+                "from gq.exec.cgroup_hierarchies import V2; "
+                "print(cgroups.detect('v2', 'probe').bases[V2])",
             ],
             preexec_fn=into_supervisor,
             capture_output=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gq.errors import LaunchError
-from gq.exec.protocol import LaunchSpec
+from gq.exec.host_messages import LaunchSpec
 from gq.exec.residents import Resident
 from gq.exec.spawn import identity
 from gq.policies import make

@@ -15,14 +15,25 @@ from sqlalchemy import update
 from gq.daemon.handlers.common import job_info
 from gq.home import Home
 from gq.messages import MemoryBasis
-from gq.queue import engine, queries, transitions
+from gq.queue import (
+    engine,
+    job_updates,
+    lookups,
+    purging,
+    queries,
+    scheduling_rows,
+    spool_usage,
+    stats,
+    submissions,
+    transitions,
+)
 from gq.queue.engine import HEAD_REVISION, Database, migrate, migrations_dir
 from gq.queue.models import Job
 from gq.queue.states import JobState
 
 
-def _new_job(name="j") -> transitions.NewJob:
-    return transitions.NewJob(
+def _new_job(name="j") -> submissions.NewJob:
+    return submissions.NewJob(
         name=name,
         user="u",
         uid=1000,
@@ -46,7 +57,7 @@ def db(tmp_path) -> Database:
 
 def _add(db, name="j", snapshot=lambda job_id: "") -> int:
     with db.write() as session:
-        return transitions.submit(session, _new_job(name), lambda p, i, a, t: f"{p}-{i}", snapshot)[
+        return submissions.submit(session, _new_job(name), lambda p, i, a, t: f"{p}-{i}", snapshot)[
             0
         ]
 
@@ -66,8 +77,8 @@ def test_transitions_are_guarded_and_recorded(db):
         assert transitions.finish(session, job_id, JobState.COMPLETED, 0, None)
         assert not transitions.finish(session, job_id, JobState.FAILED, 1, "again")
     with db.read() as session:
-        job = queries.job(session, job_id)
-        events = [(e.old_state, e.new_state) for e in queries.events(session, [job_id])[job_id]]
+        job = lookups.job(session, job_id)
+        events = [(e.old_state, e.new_state) for e in lookups.events(session, [job_id])[job_id]]
     assert job.state == "COMPLETED" and job.exit_code == 0 and job.run_count == 1
     assert events == [(None, "PENDING"), ("PENDING", "RUNNING"), ("RUNNING", "COMPLETED")]
 
@@ -121,16 +132,16 @@ def test_upgrade_from_first_revision_keeps_rows(tmp_path):
     connection.close()
     database = Database(home)  # opening upgrades
     with database.read() as session:
-        job = queries.job(session, 7)
+        job = lookups.job(session, 7)
         assert (job.name, job.user, job.priority, job.state) == ("old", "ann", 3, "RUNNING")
         assert job.stop_request == "cancel"  # 0002 carried the old cancel flag over
         assert job.array_job_id is None and not job.held and job.dependency is None
         # 0003: submitters by name (a name this machine does not know keeps none); 0004; 0005
         assert (job.uid, job.gid, job.umask, job.deadline) == (None, None, 0o022, None)
         assert job.mean_gap is None and job.mean_iteration is None
-        mine = queries.job(session, 8)
+        mine = lookups.job(session, 8)
         assert (mine.uid, mine.gid, mine.state) == (0, 0, "COMPLETED")
-        assert [e.reason for e in queries.events(session, [7])[7]] == ["submitted"]
+        assert [e.reason for e in lookups.events(session, [7])[7]] == ["submitted"]
         from gq.queue import settings
 
         assert settings.get(session, "policy") == "srtf"
@@ -248,13 +259,13 @@ def test_upgrade_to_0006_moves_payloads_and_clears_what_no_valid_gq_writes(tmp_p
     connection.close()
     database = Database(home)  # opening upgrades
     with database.read() as session:
-        first, second, bad = (queries.job(session, i) for i in (1, 2, 3))
+        first, second, bad = (lookups.job(session, i) for i in (1, 2, 3))
         assert first.payload_id == second.payload_id  # an array's tasks share one
-        assert (first.args, queries.payload(session, first.payload_id).env) == (
+        assert (first.args, lookups.payload(session, first.payload_id).env) == (
             ["--lr", "3"],
             {"A": "1"},
         )
-        assert bad.args == [] and queries.payload(session, bad.payload_id).env == {"B": "2"}
+        assert bad.args == [] and lookups.payload(session, bad.payload_id).env == {"B": "2"}
         assert (bad.name, bad.mem_persistent, bad.deadline, bad.mean_iteration) == (
             "bad?name",
             None,
@@ -263,7 +274,7 @@ def test_upgrade_to_0006_moves_payloads_and_clears_what_no_valid_gq_writes(tmp_p
         )
     assert engine.current_revision(home.db) == HEAD_REVISION
     with database.write() as session:  # purged ids are never given again
-        transitions.purge(session, [3])
+        purging.purge(session, [3])
     assert _add(database) == 4
     database.close()
 
@@ -368,10 +379,10 @@ def test_upgrade_to_0007_measures_the_snapshots_kept(tmp_path):
     database = Database(home)
     with database.read() as session:
         assert [j.id for j in queries.jobs(session)] == [7, 8, 9]
-        assert queries.payload(session, 1).spool_bytes == 3 * 4096  # an array counts once
-        assert queries.payload(session, 2).spool_bytes == 0  # its snapshot is gone
-        assert queries.spool_bytes(session, 1000) == 3 * 4096
-        assert [tuple(r) for r in queries.finished_snapshots(session, 1000)] == []
+        assert lookups.payload(session, 1).spool_bytes == 3 * 4096  # an array counts once
+        assert lookups.payload(session, 2).spool_bytes == 0  # its snapshot is gone
+        assert spool_usage.spool_bytes(session, 1000) == 3 * 4096
+        assert [tuple(r) for r in spool_usage.finished_snapshots(session, 1000)] == []
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
 
@@ -396,11 +407,11 @@ def test_purge_forgets_old_finished_jobs_but_what_pending_jobs_depend_on(db):
         for job_id, end in ((old, 100.0), (needed, 100.0), (recent, 990.0)):
             assert transitions.start(session, job_id, "cpu", 0, now=end - 1)
             assert transitions.finish(session, job_id, JobState.COMPLETED, 0, None, now=end)
-        queries.job(session, waiting).dependency = f"afterok:{needed}"
+        lookups.job(session, waiting).dependency = f"afterok:{needed}"
     assert retention.purge(db, db.home, retention=500.0, now=1000.0) == 1
     with db.read() as session:
         assert [j.id for j in queries.jobs(session)] == [needed, recent, waiting]
-        assert queries.events(session, [old]) == {old: []}
+        assert lookups.events(session, [old]) == {old: []}
     assert not spool.job_dir(db.home, old).exists() and spool.job_dir(db.home, needed).exists()
     assert sqlite3.connect(db.home.db).execute("SELECT count(*) FROM payloads").fetchone() == (3,)
 
@@ -487,7 +498,7 @@ def test_what_the_spool_keeps_per_user_is_tallied_through_submit_drop_and_purge(
     def submit(uid: int, size: int, tasks=None) -> list[int]:
         new = replace(_new_job("s"), uid=uid, gid=uid, spool_bytes=size, array_tasks=tasks)
         with db.write() as session:
-            return transitions.submit(session, new, lambda p, i, a, t: f"{p}-{i}")
+            return submissions.submit(session, new, lambda p, i, a, t: f"{p}-{i}")
 
     def recomputed(uid: int) -> int:
         connection = sqlite3.connect(db.home.db)
@@ -502,22 +513,22 @@ def test_what_the_spool_keeps_per_user_is_tallied_through_submit_drop_and_purge(
     alice = [submit(1001, 8192), submit(1001, 12288, tasks=(0, 1, 2)), submit(1001, 16384)]
     bob = submit(1002, 8192)
     with db.read() as session:
-        assert queries.spool_bytes(session, 1001) == 8192 + 12288 + 16384 == recomputed(1001)
-        assert queries.spool_bytes(session, 1002) == 8192
+        assert spool_usage.spool_bytes(session, 1001) == 8192 + 12288 + 16384 == recomputed(1001)
+        assert spool_usage.spool_bytes(session, 1002) == 8192
     with db.write() as session:
-        first = queries.job(session, alice[0][0]).payload_id
-        transitions.drop_snapshots(session, 1001, [first])
+        first = lookups.job(session, alice[0][0]).payload_id
+        spool_usage.drop_snapshots(session, 1001, [first])
     with db.read() as session:
-        assert queries.spool_bytes(session, 1001) == 12288 + 16384 == recomputed(1001)
+        assert spool_usage.spool_bytes(session, 1001) == 12288 + 16384 == recomputed(1001)
     with db.write() as session:
-        transitions.purge(session, alice[1][:2])  # the array's payload is still used
+        purging.purge(session, alice[1][:2])  # the array's payload is still used
     with db.read() as session:
-        assert queries.spool_bytes(session, 1001) == 12288 + 16384
+        assert spool_usage.spool_bytes(session, 1001) == 12288 + 16384
     with db.write() as session:
-        transitions.purge(session, alice[1][2:] + alice[2] + bob)
+        purging.purge(session, alice[1][2:] + alice[2] + bob)
     with db.read() as session:
-        assert queries.spool_bytes(session, 1001) == 0 == recomputed(1001)
-        assert queries.spool_bytes(session, 1002) == 0
+        assert spool_usage.spool_bytes(session, 1001) == 0 == recomputed(1001)
+        assert spool_usage.spool_bytes(session, 1002) == 0
 
 
 def test_upgrade_to_0008_keeps_jobs_with_no_sbatch_extras(tmp_path):
@@ -540,7 +551,7 @@ def test_upgrade_to_0008_keeps_jobs_with_no_sbatch_extras(tmp_path):
     connection.close()
     database = Database(home)
     with database.read() as session:
-        job = queries.job(session, 5)
+        job = lookups.job(session, 5)
         assert (job.name, job.mem, job.args, job.stdout_path) == (
             "run12",
             1024,
@@ -577,7 +588,7 @@ def test_upgrade_to_0009_keeps_jobs_unpinned_without_retries(tmp_path):
     connection.close()
     database = Database(home)
     with database.read() as session:
-        job = queries.job(session, 4)
+        job = lookups.job(session, 4)
         assert (job.host_mem, job.warn_signal, job.state) == (1 << 20, "B:10@60", "FAILED")
         assert (job.nodelist, job.retries, job.retries_left, job.retry_delay, job.ntasks) == (
             None,
@@ -642,14 +653,14 @@ def test_upgrade_to_0011_indexes_end_times_and_keeps_finished_jobs(tmp_path):
     indexes = {row[1] for row in sqlite3.connect(home.db).execute("PRAGMA index_list(jobs)")}
     assert "ix_jobs_end_time" in indexes
     with database.read() as session:
-        assert queries.job(session, 6).end_time == 1.0  # a first version's: its submission
+        assert lookups.job(session, 6).end_time == 1.0  # a first version's: its submission
         page, older = queries.finished_page(session, [JobState.COMPLETED], 2)
         assert ([job.id for job in page], older) == ([4, 5], (20.0, 5))  # the last ended first
         page, older = queries.finished_page(session, [JobState.COMPLETED], 2, before=older)
         assert ([job.id for job in page], older) == ([3, 6], None)
         page, _ = queries.finished_page(session, [JobState.COMPLETED], 5, ended_since=15.0)
         assert [job.id for job in page] == [4, 5]
-        assert queries.oldest_end(session) == 1.0
+        assert stats.oldest_end(session) == 1.0
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
 
@@ -693,12 +704,12 @@ def test_upgrade_to_0012_indexes_a_users_runs_by_name_and_keeps_them(tmp_path):
     )
     assert "ix_jobs_user_name_end" in plan
     with database.read() as session:
-        runs = queries.recent_runs(session, "ann", "train", 5)
+        runs = stats.recent_runs(session, "ann", "train", 5)
         assert [(start, end, steps) for start, end, steps, *_ in runs] == [
             (2.0, 30.0, 40),
             (2.0, 10.0, 30),
         ]  # completed ones only, the last ended first
-        assert len(queries.recent_runs(session, "ann", "train", 1)) == 1
+        assert len(stats.recent_runs(session, "ann", "train", 1)) == 1
     assert engine.current_revision(home.db) == HEAD_REVISION
     database.close()
 
@@ -717,7 +728,7 @@ def test_upgrade_to_0013_keeps_jobs_and_reads_their_memory_as_declared(tmp_path)
     )
     database = Database(home)
     with database.read() as session:
-        declared, undeclared = queries.job(session, 3), queries.job(session, 4)
+        declared, undeclared = lookups.job(session, 3), lookups.job(session, 4)
         assert (declared.mem, declared.mem_basis, declared.on_oom, declared.ooms) == (
             2 << 30,
             None,
@@ -729,9 +740,9 @@ def test_upgrade_to_0013_keeps_jobs_and_reads_their_memory_as_declared(tmp_path)
         assert (info.mem_basis.value, info.on_oom.value, info.ooms) == ("declared", "requeue", 0)
         assert job_info(undeclared, detail=False).mem_basis is None
     with database.write() as session:
-        transitions.set_memory_figure(session, 4, 300 << 20, MemoryBasis.MEASURED)
+        job_updates.set_memory_figure(session, 4, 300 << 20, MemoryBasis.MEASURED)
     with database.read() as session:
-        assert (queries.job(session, 4).mem, queries.job(session, 4).mem_basis) == (
+        assert (lookups.job(session, 4).mem, lookups.job(session, 4).mem_basis) == (
             300 << 20,
             "measured",
         )
@@ -828,10 +839,10 @@ def test_prepared_statements_read_and_write_what_sqlalchemy_would(db):
     first, second, third = (_add(db, name) for name in ("a", "b", "c"))
     with db.write() as session:
         assert transitions.start(session, second, "cpu", 0)
-        transitions.set_pending_reasons(session, {first: "Resources", third: None})
-        transitions.submit(
+        job_updates.set_pending_reasons(session, {first: "Resources", third: None})
+        submissions.submit(
             session,
-            transitions.NewJob(
+            submissions.NewJob(
                 **{
                     **_new_job("d").__dict__,
                     "env": {"K": "v w"},
@@ -857,9 +868,9 @@ def test_prepared_statements_read_and_write_what_sqlalchemy_would(db):
         assert [tuple(row) for row in payloads.rows(session)] == [
             tuple(row) for row in session.connection().execute(payloads.statement)
         ]
-        held = queries.for_scheduling(session, JobState.PENDING, held=True)
-        pending = queries.for_scheduling(session, JobState.PENDING, held=False)
-        running = queries.for_scheduling(session, JobState.RUNNING)
+        held = scheduling_rows.for_scheduling(session, JobState.PENDING, held=True)
+        pending = scheduling_rows.for_scheduling(session, JobState.PENDING, held=False)
+        running = scheduling_rows.for_scheduling(session, JobState.RUNNING)
     assert [row.id for row in pending] == [first, third] and pending[0].reason == "Resources"
     assert running[0].id == second and running[0].held is False
     assert held[0].held is True and held[0].exclusive is True  # booleans, not 0 and 1
@@ -881,16 +892,16 @@ def test_a_transaction_commits_or_rolls_back_prepared_and_session_work_as_one(db
             settings.put(session, settings.POLICY, "srtf")  # through the session
             raise RuntimeError("boom")
     with db.read() as session:
-        assert queries.job(session, job_id).state == JobState.PENDING.value
+        assert lookups.job(session, job_id).state == JobState.PENDING.value
         assert settings.get(session, settings.POLICY) != "srtf"
-        assert queries.events(session, [job_id])[job_id][-1].new_state == "PENDING"
+        assert lookups.events(session, [job_id])[job_id][-1].new_state == "PENDING"
     writes = db.writes
     with db.write() as session:
         assert transitions.start(session, job_id, "cpu", 0)
         settings.put(session, settings.POLICY, "srtf")
     assert db.writes == writes + 1 and db.settings()[settings.POLICY] == "srtf"
     with db.read() as session:
-        assert queries.job(session, job_id).state == JobState.RUNNING.value
+        assert lookups.job(session, job_id).state == JobState.RUNNING.value
         with pytest.raises(RuntimeError, match="inside another"):
             with db.write():
                 pass
@@ -909,7 +920,7 @@ def test_retries_and_lost_launches_move_jobs_through_kept_statements(db):
             assert transitions.requeue(session, job_id, "launch lost", now=101.0, started=False)
             assert transitions.start(session, job_id, "cpu", 0, now=102.0)
             assert transitions.retry(session, job_id, 3, "failed", now=200.0)
-            job = queries.job(session, job_id)
+            job = lookups.job(session, job_id)
             assert (job.state, job.run_count, job.retries_left, job.begin_time, job.exit_code) == (
                 "PENDING",
                 1,
@@ -921,7 +932,7 @@ def test_retries_and_lost_launches_move_jobs_through_kept_statements(db):
             assert not transitions.retry(session, job_id, 3, "failed", now=301.0)  # none left
             assert transitions.finish(session, job_id, JobState.FAILED, 3, "failed")
         with db.write() as session:  # a new session: the job as it is now, not as read
-            assert transitions.requeue_finished(session, queries.job(session, job_id))
+            assert transitions.requeue_finished(session, lookups.job(session, job_id))
             session.execute(update(Job).where(Job.id == job_id).values(run_count=0))
         assert kept in (None, len(transitions._kept))
         kept = len(transitions._kept)
@@ -931,7 +942,7 @@ def test_the_pending_rows_kept_between_passes_are_those_a_full_read_finds(db):
     """A pass reads again only the pending jobs a transaction changed: after each kind of
     change (submit, hold, release, update, reasons, start, requeue, cancel, a rolled-back
     one), what it keeps is exactly what reading them all finds."""
-    kept = queries.PendingRows(reread_after=3600)
+    kept = scheduling_rows.PendingRows(reread_after=3600)
 
     def read(now: float = 0.0) -> list:
         changed = db.pending_changes()
@@ -940,7 +951,7 @@ def test_the_pending_rows_kept_between_passes_are_those_a_full_read_finds(db):
 
     def full() -> list:
         with db.read() as session:
-            return queries.for_scheduling(session, JobState.PENDING, held=False)
+            return scheduling_rows.for_scheduling(session, JobState.PENDING, held=False)
 
     assert read() == [] and db.pending_changes() == set()  # the watch has begun
     first, second, third = _add(db), _add(db), _add(db)
@@ -949,14 +960,14 @@ def test_the_pending_rows_kept_between_passes_are_those_a_full_read_finds(db):
         rows = kept.read(session, {first, second, third}, 0.0)
     assert rows == full() and [row.id for row in rows] == [first, second, third]
     steps = [
-        lambda s: transitions.set_held(s, [second], True),
-        lambda s: transitions.modify(s, [first], priority=7, time_limit=60),
-        lambda s: transitions.set_pending_reasons(s, {third: "Resources"}),
-        lambda s: transitions.set_held(s, [second], False),
+        lambda s: job_updates.set_held(s, [second], True),
+        lambda s: job_updates.modify(s, [first], priority=7, time_limit=60),
+        lambda s: job_updates.set_pending_reasons(s, {third: "Resources"}),
+        lambda s: job_updates.set_held(s, [second], False),
         lambda s: transitions.start(s, first, "cpu0", 0),
         lambda s: transitions.requeue(s, first, "requeued"),
         lambda s: transitions.cancel_pending(s, third, "cancelled by user"),
-        lambda s: transitions.submit(s, _new_job(), lambda p, i, a, t: p),
+        lambda s: submissions.submit(s, _new_job(), lambda p, i, a, t: p),
     ]
     for step in steps:
         with db.write() as session:
@@ -964,7 +975,7 @@ def test_the_pending_rows_kept_between_passes_are_those_a_full_read_finds(db):
         assert read() == full()
     with pytest.raises(RuntimeError):
         with db.write() as session:
-            transitions.modify(session, [second], priority=3)
+            job_updates.modify(session, [second], priority=3)
             raise RuntimeError("rolled back")
     assert read() == full() and all(row.priority != 3 for row in full())
     # a write from outside the daemon is seen at the next full read
@@ -983,7 +994,7 @@ def test_upgrade_to_0015_keeps_jobs_as_batch_jobs_and_takes_interactive_ones(tmp
     _finished_jobs(home, [dict(id=3, end_time=5.0), dict(id=4, state="PENDING", end_time=None)])
     database = Database(home)
     assert engine.current_revision(home.db) == HEAD_REVISION
-    new = transitions.NewJob(
+    new = submissions.NewJob(
         name="sh",
         user="ann",
         uid=1000,
@@ -998,9 +1009,9 @@ def test_upgrade_to_0015_keeps_jobs_as_batch_jobs_and_takes_interactive_ones(tmp
         interactive=True,
     )
     with database.write() as session:
-        added = transitions.submit(session, new, lambda p, i, a, t: f"/w/{p}-{i}")[0]
+        added = submissions.submit(session, new, lambda p, i, a, t: f"/w/{p}-{i}")[0]
     with database.read() as session:
-        old, pending, interactive = (queries.job(session, i) for i in (3, 4, added))
+        old, pending, interactive = (lookups.job(session, i) for i in (3, 4, added))
         assert (old.state, old.interactive, old.stdout_path) == ("COMPLETED", False, "/w/o")
         assert (pending.state, pending.interactive) == ("PENDING", False)
         assert (interactive.interactive, interactive.stdout_path, interactive.stderr_path) == (
@@ -1035,14 +1046,14 @@ def test_upgrade_to_0016_keeps_runs_and_learns_start_ups_from_new_ones(tmp_path)
     database = Database(home)
     assert engine.current_revision(home.db) == HEAD_REVISION
     with database.read() as session:
-        assert queries.recent_runs(session, "ann", "train", 5) == [
+        assert stats.recent_runs(session, "ann", "train", 5) == [
             (2.0, 14.0, 100, 10.0, 0.1, None, None)
         ]
     with database.write() as session:
-        transitions.record_progress(
+        job_updates.record_progress(
             session,
             4,
-            transitions.Progress(
+            job_updates.Progress(
                 steps_done=5,
                 attained=0.5,
                 mean_iteration=0.1,
@@ -1053,11 +1064,11 @@ def test_upgrade_to_0016_keeps_runs_and_learns_start_ups_from_new_ones(tmp_path)
             ),
         )
     with database.read() as session:
-        assert queries.job(session, 4).startup == 1.25
+        assert lookups.job(session, 4).startup == 1.25
     with database.write() as session:
         transitions.finish(session, 4, JobState.COMPLETED, 0, None, now=30.0)
     with database.read() as session:
-        assert [run[-1] for run in queries.recent_runs(session, "ann", "train", 5)] == [1.25, None]
+        assert [run[-1] for run in stats.recent_runs(session, "ann", "train", 5)] == [1.25, None]
     database.close()
 
 
@@ -1079,7 +1090,7 @@ def test_upgrade_to_0017_keeps_jobs_and_learns_idle_time_from_new_runs(tmp_path)
     assert engine.current_revision(home.db) == HEAD_REVISION
     with database.write() as session:
         session.execute(update(Job).where(Job.id == 4).values(interactive=True))
-    new = transitions.NewJob(
+    new = submissions.NewJob(
         name="python",
         user="ann",
         uid=1000,
@@ -1095,12 +1106,12 @@ def test_upgrade_to_0017_keeps_jobs_and_learns_idle_time_from_new_runs(tmp_path)
         idle_timeout=600,
     )
     with database.write() as session:
-        added = transitions.submit(session, new, lambda p, i, a, t: f"/w/{p}-{i}")[0]
+        added = submissions.submit(session, new, lambda p, i, a, t: f"/w/{p}-{i}")[0]
         transitions.start(session, added, "cpu", 0, now=now - 1000)
-        transitions.record_progress(
+        job_updates.record_progress(
             session,
             added,
-            transitions.Progress(
+            job_updates.Progress(
                 steps_done=0,
                 attained=0.0,
                 mean_iteration=None,
@@ -1111,7 +1122,7 @@ def test_upgrade_to_0017_keeps_jobs_and_learns_idle_time_from_new_runs(tmp_path)
             ),
         )
     with database.read() as session:
-        old, running, fresh = (queries.job(session, i) for i in (3, 4, added))
+        old, running, fresh = (lookups.job(session, i) for i in (3, 4, added))
         assert (old.state, old.idle_timeout, old.active_at) == ("COMPLETED", None, None)
         assert job_info(old).idle is None  # ended: no idle time
         assert running.active_at is None and job_info(running).idle >= 1100  # since its start

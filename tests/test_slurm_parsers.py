@@ -200,13 +200,13 @@ def test_sbatch_environment_on_one_node():
 
 def test_an_arrays_step_is_known_only_when_its_tasks_are_evenly_spaced(tmp_path):
     from gq.home import Home
-    from gq.queue import queries, transitions
+    from gq.queue import lookups, submissions
     from gq.queue.engine import Database
 
     database = Database(Home(tmp_path / "q").ensure())
     spans = {}
     for spec in ("0-20:5", "1,2,5", "1,3,5", "7", "2,4"):
-        new = transitions.NewJob(
+        new = submissions.NewJob(
             name="a",
             user="u",
             uid=1,
@@ -221,9 +221,9 @@ def test_an_arrays_step_is_known_only_when_its_tasks_are_evenly_spaced(tmp_path)
             array_tasks=arrays.parse(spec).tasks(),
         )
         with database.write() as session:
-            first = transitions.submit(session, new, lambda *a: "/w/o")[0]
+            first = submissions.submit(session, new, lambda *a: "/w/o")[0]
         with database.read() as session:
-            spans[spec] = queries.array_span(session, first)
+            spans[spec] = lookups.array_span(session, first)
     database.close()
     assert spans == {
         "0-20:5": (5, 0, 20, 5),

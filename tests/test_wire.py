@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gq import codec, defaults, messages
 from gq.codec import INT64_MAX, FrameTooLarge, MessageError
+from gq.exec import host_messages, worker_messages
 from gq.exec import protocol as wire
 
 HOSTILE_VALUES = [
@@ -179,7 +180,7 @@ def test_strings_are_checked_for_nul_utf8_and_length():
         user="u",
         submit_time=1.0,
     )
-    good = wire.encode(wire.Launch(wire.LaunchSpec(**spec)))
+    good = wire.encode(host_messages.Launch(host_messages.LaunchSpec(**spec)))
     assert wire.decode(good, wire.TO_HOST).job.argv == ["/bin/true"]
     for field, value, fragment in (
         ("argv", ["/bin/\x00true"], "NUL"),
@@ -201,7 +202,7 @@ def test_strings_are_checked_for_nul_utf8_and_length():
 
 
 def test_a_message_over_the_frame_is_refused_by_its_sender():
-    huge = wire.LaunchFailed(1, 1, "x" * defaults.MAX_FRAME)
+    huge = host_messages.LaunchFailed(1, 1, "x" * defaults.MAX_FRAME)
     with pytest.raises(FrameTooLarge):
         wire.encode(huge)
     left, right = socket.socketpair()
@@ -225,7 +226,8 @@ def test_a_foreign_hosts_state_is_read_for_what_draining_needs():
         }
     ).encode()
     state = wire.decode(line, wire.TO_DAEMON)
-    assert isinstance(state, wire.ForeignState) and (state.pid, state.version) == (42, "0.0.1/1")
+    assert isinstance(state, host_messages.ForeignState)
+    assert (state.pid, state.version) == (42, "0.0.1/1")
 
 
 @settings(max_examples=200, deadline=None)
@@ -255,7 +257,7 @@ def test_a_flooding_worker_gets_a_bounded_turn_of_its_host():
     left, right = socket.socketpair()
     right.setblocking(False)
     channel = wire.Channel(right, wire.FROM_WORKER, chunk=defaults.WORKER_READ)
-    line = wire.encode(wire.StepsTaken(7))
+    line = wire.encode(worker_messages.StepsTaken(7))
     left.sendall(line * 3000)
     turns = []
     while sum(turns) < 3000:
@@ -370,9 +372,9 @@ def test_the_state_of_the_previous_releases_host_is_read_in_full_to_adopt_its_jo
         }
     ).encode()
     state = wire.decode(line, wire.TO_DAEMON)
-    assert isinstance(state, wire.State) and state.version == "0.1.0/1"
+    assert isinstance(state, host_messages.State) and state.version == "0.1.0/1"
     assert [r.job for r in state.residents] == [3]
-    assert (state.exited[0].job, state.exited[0].kill_why) == (4, wire.StopWhy.CANCEL)
+    assert (state.exited[0].job, state.exited[0].kill_why) == (4, host_messages.StopWhy.CANCEL)
 
 
 @pytest.mark.parametrize(

@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING
 
 from gq import defaults, messages
 from gq.errors import UserError
-from gq.queue import dependencies, queries
+from gq.queue import dependencies, lookups, stats
 from gq.queue.engine import Database
-from gq.queue.queries import SchedulingRow
+from gq.queue.scheduling_rows import SchedulingRow
 from gq.queue.states import JobState
 from gq.sim import forecast
 
 if TYPE_CHECKING:
     from gq.daemon.scheduling import Scheduler
     from gq.daemon.server import Connection
-    from gq.queue.transitions import NewJob
+    from gq.queue.submissions import NewJob
 
 log = logging.getLogger("gq.daemon")
 _READ = 1 << 16
@@ -148,7 +148,7 @@ class Forecaster:
             with self.db.read() as session:
                 runs = {
                     job_id: [(JobState(state), started) for state, started in states]
-                    for job_id, states in queries.run_states(session, need.job_ids).items()
+                    for job_id, states in lookups.run_states(session, need.job_ids).items()
                 }
         return WhatIf(
             uid,
@@ -173,7 +173,7 @@ class Forecaster:
         if len(self._past) > 10_000:
             self._past.clear()
         with self.db.read() as session:
-            rows = queries.recent_runs(session, user, name, defaults.FORECAST_HISTORY)
+            rows = stats.recent_runs(session, user, name, defaults.FORECAST_HISTORY)
         summary = forecast.past(
             [
                 forecast.Ended(end - start, steps, attained, iteration, gap, startup)
@@ -188,7 +188,7 @@ class Forecaster:
         now = time.monotonic()
         if now - self._typical[0] >= defaults.FORECAST_HISTORY_TTL:
             with self.db.read() as session:
-                runs = queries.recent_run_times(session, defaults.FORECAST_TYPICAL)
+                runs = stats.recent_run_times(session, defaults.FORECAST_TYPICAL)
             self._typical = (now, statistics.median(runs) if runs else None)
         return self._typical[1]
 

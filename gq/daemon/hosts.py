@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from gq import defaults
 from gq.codec import MessageError
 from gq.daemon.devices import Device
-from gq.exec import protocol as wire
+from gq.exec import host_messages as wire
 from gq.exec.protocol import TO_DAEMON, Channel, host_paths
 from gq.exec.spawn import gq_python
 from gq.home import Home
@@ -151,7 +151,7 @@ def _connect(home: Home, device: Device) -> socket.socket | None:
 
 def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Popen:
     argv = gq_python(
-        "gq.exec.host",
+        "gq.exec.host_startup",
         "--device",
         device.name,
         "--lanes",

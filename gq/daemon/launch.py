@@ -10,11 +10,11 @@ from pathlib import Path
 
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
-from gq.exec.protocol import SCRIPT_PATH, LaunchSpec
+from gq.exec.host_messages import SCRIPT_PATH, LaunchSpec
 from gq.home import Home
 from gq.queue import spool
+from gq.queue.lookups import JobRow, PayloadRow
 from gq.queue.models import Job, Payload
-from gq.queue.queries import JobRow, PayloadRow
 from gq.slurm import environment as slurm_env
 from gq.slurm.options import parse_signal
 

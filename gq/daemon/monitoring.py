@@ -10,11 +10,11 @@ from pathlib import Path
 from gq.daemon import metrics
 from gq.daemon.devices import Device
 from gq.daemon.guard import Guard, Limits
+from gq.daemon.running import Running
 from gq.daemon.sampling import Sampler
-from gq.daemon.supervision import Running
 from gq.errors import UserError
 from gq.messages import DeviceReading
-from gq.queue import queries
+from gq.queue import stats
 from gq.queue.engine import Database
 
 log = logging.getLogger("gq.daemon")
@@ -71,7 +71,7 @@ class Monitor:
     def _snapshot(self, running: dict[int, Running], switches: dict[str, int]) -> metrics.Snapshot:
         """What a scrape reports until the next sample."""
         with self.db.read() as session:
-            counts = queries.counts_by_state_and_user(session)
+            counts = stats.counts_by_state_and_user(session)
         lanes: dict[tuple[str, int], metrics.LaneState] = {}
         for device in self.devices:
             for lane in range(self.lanes):

@@ -38,7 +38,7 @@ from gq.daemon.scheduling import Capacity, Scheduler
 from gq.daemon.server import Connection, ConnectionLimits, Server
 from gq.daemon.supervision import Supervisor
 from gq.daemon.waiting import Waiters, Waiting
-from gq.exec.protocol import StopWhy
+from gq.exec.host_messages import StopWhy
 from gq.home import Home
 from gq.queue import settings as queue_settings
 from gq.queue import spool

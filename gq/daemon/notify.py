@@ -24,10 +24,10 @@ from sqlalchemy import bindparam, func, or_, select
 from gq import defaults
 from gq.daemon.launch import account
 from gq.errors import LaunchError
-from gq.exec.protocol import LaunchSpec
+from gq.exec.host_messages import LaunchSpec
 from gq.exec.spawn import JobProcess, kill_group, start_as_submitter
 from gq.home import Home
-from gq.queue import queries
+from gq.queue import lookups
 from gq.queue import settings as queue_settings
 from gq.queue.engine import Database
 from gq.queue.models import Job, JobEvent
@@ -253,7 +253,7 @@ class Notifier:
     def _environment(self, session, job: Job, event: JobEvent) -> dict[str, str]:
         env = {
             key: value
-            for key, value in queries.payload(session, job.payload_id).env.items()
+            for key, value in lookups.payload(session, job.payload_id).env.items()
             if key == "PATH" or key.startswith("LANG") or key.startswith("LC_")
         }
         ran = (job.end_time or event.time) - job.start_time if job.start_time else 0.0

@@ -12,7 +12,7 @@ import psutil
 from gq import defaults
 from gq.exec.cgroups import Cgroups
 from gq.exec.spawn import environ_value
-from gq.queue import queries, transitions
+from gq.queue import job_updates, queries, transitions
 from gq.queue.engine import Database
 from gq.queue.states import JobState
 
@@ -74,7 +74,7 @@ def recover(
         if not never_started:
             kill_leftovers(cgroups, device, job_id, run, pid)
         with db.write() as session:
-            if never_started and stop_request == transitions.CANCEL:
+            if never_started and stop_request == job_updates.CANCEL:
                 transitions.finish(
                     session,
                     job_id,
@@ -92,7 +92,7 @@ def recover(
             "job %d was running on no live host: %s",
             job_id,
             "cancelled"
-            if never_started and stop_request == transitions.CANCEL
+            if never_started and stop_request == job_updates.CANCEL
             else "requeued"
             if never_started or requeue
             else "failed",

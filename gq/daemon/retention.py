@@ -11,7 +11,7 @@ import time
 from gq import defaults
 from gq.errors import UserError
 from gq.home import Home
-from gq.queue import dependencies, queries, spool, transitions
+from gq.queue import dependencies, purging, spool
 from gq.queue.engine import Database
 
 log = logging.getLogger("gq.daemon")
@@ -27,19 +27,19 @@ def purge(
     """Purge up to ``batch`` jobs that ended before ``now - retention``; how many went."""
     cutoff = (time.time() if now is None else now) - retention
     with db.write() as session:
-        candidates = queries.finished_before(session, cutoff, batch)
+        candidates = purging.finished_before(session, cutoff, batch)
         if not candidates:
             return 0
         needed: set[int] = set()
-        for text in queries.pending_dependencies(session):
+        for text in purging.pending_dependencies(session):
             try:
                 needed |= dependencies.parse(text).job_ids
             except UserError:  # an old row's: it names no job to keep
                 continue
         doomed = [(job_id, path) for job_id, path in candidates if job_id not in needed]
-        transitions.purge(session, [job_id for job_id, _ in doomed])
+        purging.purge(session, [job_id for job_id, _ in doomed])
         paths = {path for _, path in doomed if path}
-        kept = queries.spool_paths_in_use(session, paths)
+        kept = purging.spool_paths_in_use(session, paths)
     spool.discard_snapshots(home, paths - kept)
     if doomed:
         log.info(

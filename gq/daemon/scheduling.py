@@ -1,10 +1,12 @@
 """The scheduling pass: which pending jobs start now, on which devices, and why the others
-wait (squeue's reasons); and the requests users made of running jobs (stop, new priority
-or time limit), passed on to their hosts.
+wait (squeue's reasons, :mod:`gq.daemon.pending_reasons`); and the requests users made of
+running jobs (stop, new priority or time limit), passed on to their hosts.
 
 Admission itself is pure (:mod:`gq.daemon.admission`, shared with the simulator); this
 module reads the queue, builds admission's view of the node (:meth:`Scheduler.loads`) and
-acts on the outcome through the supervisor.
+acts on the outcome through the supervisor. How long a newcomer waits behind a lane's
+residents, and moving one that has not started, are :mod:`gq.daemon.lane_waits`; the jobs
+of a forecast's snapshot of what the pass read, :mod:`gq.daemon.forecast_jobs`.
 """
 
 from __future__ import annotations
@@ -19,41 +21,23 @@ from dataclasses import dataclass
 import psutil
 
 from gq import defaults, policies
-from gq.daemon import admission, memory
+from gq.daemon import admission, forecast_jobs, lane_waits, pending_reasons
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device, context_memory
 from gq.daemon.monitoring import Monitor
-from gq.daemon.supervision import Supervisor, footprint
-from gq.exec import protocol as wire
-from gq.exec.protocol import StopWhy
-from gq.messages import MemoryBasis
-from gq.policies.base import time_left
-from gq.queue import dependencies, queries, transitions
+from gq.daemon.running import footprint
+from gq.daemon.supervision import Supervisor
+from gq.exec import host_messages as wire
+from gq.exec.host_messages import StopWhy
+from gq.queue import dependencies, job_updates, lookups, scheduling_rows
 from gq.queue import settings as queue_settings
 from gq.queue.engine import Database
-from gq.queue.queries import SchedulingRow as Row
+from gq.queue.scheduling_rows import SchedulingRow as Row
 from gq.queue.states import JobState
 from gq.sim import forecast
-from gq.units import format_duration
 
 log = logging.getLogger("gq.daemon")
-# squeue's reasons for a pending job
-DEPENDENCY = "Dependency"
-ARRAY_LIMIT = "JobArrayTaskLimit"
-NEVER_SATISFIED = "DependencyNeverSatisfied"
-BEGIN_TIME = "BeginTime"
-DRAINING = "ReqNodeNotAvail"
 PENDING_DRIFT = "pending jobs' rows read again differ from those kept between passes"
-
-
-@dataclass(frozen=True)
-class Pass:
-    """What the last scheduling pass read: the forecast's starting point."""
-
-    pending: Sequence[Row]  # not held
-    running: Sequence[Row]
-    needs: dict[int, dependencies.Dependency]
-    runs: dict[int, list[tuple[JobState, bool]]]
 
 
 @dataclass(frozen=True)
@@ -90,11 +74,11 @@ class Scheduler:
         self.node_memory = psutil.virtual_memory().total
         self.node_cpus = os.cpu_count() or 1
         self._per_row: dict[Row, tuple[policies.JobView, admission.Request]] = {}
-        self._pending = queries.PendingRows(defaults.PENDING_REREAD_PERIOD)
+        self._pending = scheduling_rows.PendingRows(defaults.PENDING_REREAD_PERIOD)
         # What a job that declares no memory needs free to start: the probe's first guess,
         # at most a lane of the smallest device (else it could never start there).
         self.probe_guess = min([capacity.probe, *map(self.lane_memory, devices)])
-        self.last_pass: Pass | None = None
+        self.last_pass: forecast_jobs.Pass | None = None
         # (user, name) -> the pace of their running job of that name, at the last snapshot
         self.running_paces: dict[tuple[str, str], forecast.Past] = {}
 
@@ -113,8 +97,8 @@ class Scheduler:
                     _listed(self._pending.drifted),
                 )
                 self._pending.drifted = []
-            late_held = queries.held_with_deadline(session)
-            running = queries.for_scheduling(session, JobState.RUNNING)
+            late_held = scheduling_rows.held_with_deadline(session)
+            running = scheduling_rows.for_scheduling(session, JobState.RUNNING)
             needs: dict[int, dependencies.Dependency] = {}
             for job in pending:
                 if job.dependency:
@@ -122,16 +106,16 @@ class Scheduler:
             referenced = set().union(*(need.job_ids for need in needs.values()))
             runs = {
                 job_id: [(JobState(state), started) for state, started in states]
-                for job_id, states in queries.run_states(session, referenced).items()
+                for job_id, states in lookups.run_states(session, referenced).items()
             }
         self.apply_policy(config)
         self._follow_running(running)
         self.drained = dict(config[queue_settings.DRAINED])
-        self.last_pass = Pass(pending, running, needs, runs)
-        eligible = self._eligible(pending, late_held, needs, runs)
+        self.last_pass = forecast_jobs.Pass(pending, running, needs, runs)
+        eligible = pending_reasons.eligible(self.db, self.wake, pending, late_held, needs, runs)
         placed = 0
         if eligible and queue_settings.NODE in self.drained:
-            self._hold_for_drain(eligible, self.drained[queue_settings.NODE])
+            pending_reasons.hold_for_drain(self.db, eligible, self.drained[queue_settings.NODE])
         elif eligible:
             array_running: dict[int, int] = {}
             for row in running:
@@ -140,63 +124,9 @@ class Scheduler:
             placed = self._admit(eligible, array_running, self._node_room(running), running)
         # Not in a pass that launched jobs: their lanes' waits are not in the rows read.
         if self.policy.waits_behind and len(self.devices) > 1 and not placed:
-            self._move_unstarted(running)
-
-    def _move_unstarted(self, rows: Sequence[Row]) -> None:
-        """A resident that has run no iteration, waiting behind jobs that end later than
-        another device would start it, goes back to the queue (its process ended, the run
-        not counted), and admission places it there: one a pass."""
-        now = time.time()
-        waiting = []
-        lane_rows: dict[tuple[str, int], list[Row]] = {}
-        for row in rows:
-            job = self.supervisor.running.get(row.id)
-            if job is not None and len(job.devices) == 1:
-                lane_rows.setdefault((job.devices[0].name, job.lane), []).append(row)
-        for (device, _lane), residents in lane_rows.items():
-            for row in residents:
-                job = self.supervisor.running[row.id]
-                if (
-                    row.steps_done
-                    or row.attained
-                    or row.holds_lane
-                    or job.holds_lane
-                    or row.interpreter is None
-                    or job.exclusive
-                    or job.kill_why is not None
-                    or job.suspended
-                    or job.interactive
-                ):
-                    continue
-                starts_in = sum(
-                    self._time_left(other, now)
-                    for other in residents
-                    if (other.submit_time, other.id) < (row.submit_time, row.id)
-                )
-                waiting.append(
-                    admission.Unstarted(
-                        row.id,
-                        device,
-                        job.footprint_now(),
-                        starts_in,
-                        gpus=row.gpus,
-                        only=self._allowed(row.gpu_type, row.nodelist),
-                    )
-                )
-        chosen = admission.move(waiting, self.loads(rows), self.move_margin)
-        if chosen is not None:
-            # Not marked as being killed: its host refuses if it was granted an iteration
-            # meanwhile, and then its run goes on as if nothing had been asked.
-            log.info("job %d: moving it to a device that starts it sooner", chosen)
-            self.supervisor.ask_to_move(self.supervisor.running[chosen])
-
-    def _hold_for_drain(self, eligible: list[Row], why: str) -> None:
-        """The node is drained: every job that could start waits, saying so."""
-        reason = _draining(why)
-        changed = {job.id: reason for job in eligible if job.reason != reason}
-        if changed:
-            with self.db.write() as session:
-                transitions.set_pending_reasons(session, changed)
+            lane_waits.move_unstarted(
+                running, self.supervisor, self._allowed, self.loads, self.move_margin
+            )
 
     def _parsed(self, text: str) -> dependencies.Dependency:
         """A dependency's parse, kept: the same few texts recur in every pass."""
@@ -233,53 +163,6 @@ class Scheduler:
             if bool(row.suspended) != job.suspended and job.kill_why is None:
                 self.supervisor.suspend(job, bool(row.suspended))
 
-    def _eligible(
-        self,
-        pending: Sequence[Row],
-        late_held: Sequence[Row],
-        needs: dict[int, dependencies.Dependency],
-        runs: dict[int, list[tuple[JobState, bool]]],
-    ) -> list[Row]:
-        """Pending jobs that may start now; the others get squeue's reason. Held jobs are
-        not read here (holding set their reason) unless their deadline may pass."""
-        eligible, reasons, never, late = [], {}, [], []
-        now = time.time()
-        for job in late_held:
-            if now + (job.time_limit or 0) > (job.deadline or math.inf):
-                late.append(job)
-        for job in pending:
-            if job.deadline is not None and now + (job.time_limit or 0) > job.deadline:
-                late.append(job)  # as Slurm: removed once it can no longer end in time
-                continue
-            if job.begin_time is not None and job.begin_time > now:
-                if job.reason != BEGIN_TIME:
-                    reasons[job.id] = BEGIN_TIME
-                continue
-            need = needs.get(job.id)
-            outcome = (
-                dependencies.evaluate(need, runs)
-                if need is not None
-                else dependencies.Outcome.SATISFIED
-            )
-            if outcome is dependencies.Outcome.NEVER:
-                never.append(job.id)
-            elif outcome is dependencies.Outcome.WAITING:
-                if job.reason != DEPENDENCY:
-                    reasons[job.id] = DEPENDENCY
-            else:
-                eligible.append(job)
-        if never or late or reasons:
-            with self.db.write() as session:
-                transitions.cancel_pending_many(session, never, NEVER_SATISFIED, now)
-                for job in late:
-                    transitions.cancel_pending(
-                        session, job.id, _too_late(job, now), state=JobState.DEADLINE
-                    )
-                transitions.set_pending_reasons(session, reasons)
-        if never or late:
-            self.wake()  # their dependants may now be unsatisfiable too
-        return eligible
-
     def _admit(
         self,
         pending: list[Row],
@@ -304,29 +187,15 @@ class Scheduler:
         outcome = admission.place(
             requests, loads, now=time.time(), node=node, waits_behind=self.policy.waits_behind
         )
-        reasons = dict(outcome.reasons)  # Resources for the first blocked job, as squeue
-        for request in requests:  # one that ran out of memory says how much it waits for
-            if (
-                reasons.get(request.job_id) == admission.RESOURCES
-                and by_id[request.job_id].mem_basis == MemoryBasis.RAISED.value
-            ):
-                reasons[request.job_id] = memory.shortage_reason(
-                    request.footprint.persistent, _most_free(loads, request)
-                )
-        if self.drained:  # a job that may run only where an operator drains says so
-            every = frozenset(d.name for d in self.devices)
-            for request in requests:
-                allowed = request.only if request.only is not None else every
-                if request.job_id in reasons and allowed and allowed <= set(self.drained):
-                    why = "; ".join(sorted(set(self.drained[name] for name in allowed)))
-                    reasons[request.job_id] = _draining(why)
-        reasons.update({job_id: ARRAY_LIMIT for job_id in throttled})
+        reasons = pending_reasons.blocked(
+            outcome, requests, by_id, throttled, loads, self.drained, self.devices
+        )
         changed = {
             job_id: reason for job_id, reason in reasons.items() if by_id[job_id].reason != reason
         }
         if changed:
             with self.db.write() as session:
-                transitions.set_pending_reasons(session, changed)
+                job_updates.set_pending_reasons(session, changed)
         if outcome.placements:
             self.supervisor.launch(
                 [
@@ -442,24 +311,8 @@ class Scheduler:
                     admission.Footprint(lane.capacity) if job.probing else job.footprint_now()
                 )
         if self.policy.waits_behind:
-            self._add_time_left(loads, running)
+            lane_waits.add_time_left(loads, running, self.supervisor.running)
         return list(loads.values())
-
-    def _add_time_left(self, loads: dict[str, admission.DeviceLoad], rows: Sequence[Row]) -> None:
-        now = time.time()
-        for row in rows:
-            job = self.supervisor.running.get(row.id)
-            if job is None:
-                continue
-            left = self._time_left(row, now)
-            for device in job.devices:
-                if (load := loads.get(device.name)) is not None:
-                    load.lanes[job.lane].starts_in += left
-
-    def _time_left(self, row: Row, now: float) -> float:
-        """How long a running job will still hold its lane, as far as its row tells."""
-        job = self.supervisor.running[row.id]
-        return time_left(_view(row), now - job.started, job.time_limit)
 
     def snapshot(
         self, past: Callable[[str, str], forecast.Past | None], typical: float | None
@@ -470,32 +323,11 @@ class Scheduler:
         them; ``past`` gives a user's recent jobs of a name, ``typical`` the node's jobs'
         usual run time. A job whose dependency the forecast cannot follow (on an array,
         afternotok, one of several) is left out."""
-        seen = self.last_pass or Pass((), (), {}, {})
+        seen = self.last_pass or forecast_jobs.Pass((), (), {}, {})
         now = time.time()
-        running = []
-        for row in seen.running:
-            job = self.supervisor.running.get(row.id)
-            if job is None:
-                continue  # its host has not reported it yet
-            latest = job.latest  # its host's last report: fresher than its row
-            view = _view(row) if latest is None else _view(row, latest)
-            footprint_now = job.footprint_now()
-            running.append(
-                forecast.Running(
-                    view,
-                    forecast.work(
-                        view, job.time_limit, past(row.user, row.name), now - job.started, typical
-                    ),
-                    tuple(d.name for d in job.devices),
-                    job.lane,
-                    job.started,
-                    footprint_now.persistent + footprint_now.ephemeral,
-                    job.time_limit,
-                    row.name,
-                    startup=None if latest is None else latest.startup,
-                    measured_at=None if latest is None else job.latest_at,
-                )
-            )
+        running = forecast_jobs.running_jobs(
+            seen.running, self.supervisor.running, past, typical, now
+        )
         self.running_paces = forecast.running_pace(running)
         pending = (
             self.forecast_pending(seen.pending, seen.needs, seen.runs, past, typical)
@@ -530,90 +362,17 @@ class Scheduler:
         made for a pass already, else made now), what each will do (from the owner's ended
         jobs of its name, else the pace of one running at the last snapshot), what it waits
         for."""
-        pending = []
-        for row in rows:
-            after = _waits_for(needs.get(row.id), runs)
-            if after is None:
-                continue
-            view, request = self._per_row.get(row) or self._made(row)
-            previous = past(row.user, row.name) or self.running_paces.get((row.user, row.name))
-            pending.append(
-                forecast.Pending(
-                    view,
-                    request,
-                    forecast.work(view, row.time_limit, previous, typical=typical),
-                    row.begin_time,
-                    after,
-                )
-            )
-        return pending
-
-
-def _waits_for(
-    need: dependencies.Dependency | None, runs: dict[int, list[tuple[JobState, bool]]]
-) -> tuple[int, ...] | None:
-    """The jobs that must end before a job with this dependency starts (``after``: start; a
-    forecast takes its end, the later); None where a forecast cannot say (a dependency on an
-    array's tasks, one that needs a failure, or any one of several)."""
-    if need is None or dependencies.evaluate(need, runs) is dependencies.Outcome.SATISFIED:
-        return ()
-    if need.any_of or any(clause.kind == "afternotok" for clause in need.clauses):
-        return None
-    waits = []
-    for clause in need.clauses:
-        for job_id in clause.job_ids:
-            states = runs.get(job_id, [])
-            if len(states) != 1:
-                return None
-            state, started = states[0]
-            if not state.terminal and not (clause.kind == "after" and started):
-                waits.append(job_id)
-    return tuple(waits)
-
-
-def _most_free(loads: list[admission.DeviceLoad], request: admission.Request) -> int:
-    """The most memory a lane of the devices a job may use has free now."""
-    return max(
-        (
-            lane.headroom()
-            for load in admission.usable(request.gpus, request.only, loads)
-            for lane in load.lanes
-        ),
-        default=0,
-    )
-
-
-def _view(row: Row, progress: transitions.Progress | None = None) -> policies.JobView:
-    """A running job's progress as policies see it: its row's, or ``progress`` (its host's
-    last report, not yet flushed to the row)."""
-    shown = row if progress is None else progress
-    total = shown.steps_total if shown.steps_total is not None else row.steps_total
-    return policies.JobView(
-        id=row.id,
-        user=row.user,
-        submit_time=row.submit_time,
-        priority=row.priority,
-        steps_done=shown.steps_done,
-        steps_total=total,
-        attained=shown.attained,
-        mean_iteration=shown.mean_iteration,
-        mean_gap=shown.mean_gap,
-    )
+        return forecast_jobs.pending_jobs(
+            rows,
+            needs,
+            runs,
+            lambda row: self._per_row.get(row) or self._made(row),
+            past,
+            self.running_paces,
+            typical,
+        )
 
 
 def _listed(job_ids: list[int], most: int = 10) -> str:
     shown = ", ".join(map(str, job_ids[:most]))
     return shown + (f" and {len(job_ids) - most} more" if len(job_ids) > most else "")
-
-
-def _draining(why: str) -> str:
-    return f"{DRAINING}: draining ({why})"
-
-
-def _too_late(job: Row, now: float) -> str:
-    if now >= (job.deadline or 0):
-        return "deadline passed before it could start"
-    return (
-        f"cannot end before its deadline: its time limit {format_duration(job.time_limit)} "
-        "ends after it"
-    )

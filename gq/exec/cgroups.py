@@ -10,7 +10,9 @@ cgroup (on v2, beside it where that is systemd's ``supervisor`` leaf of a delega
 passes controllers only below cgroups that hold no processes): one gq instance (one state
 directory) never meets another's cgroups, and its daemon and hosts, which share their
 cgroups, work out the same paths. :func:`detect` returns None where there is no hierarchy
-this process may use; callers then keep jobs in process groups.
+this process may use; callers then keep jobs in process groups. Finding the hierarchies and
+the base is :mod:`gq.exec.cgroup_hierarchies`'s; their files are read and written through
+:mod:`gq.exec.cgroup_files`.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import signal
 import time
 from dataclasses import dataclass
 
+from gq.exec import cgroup_files as files
+from gq.exec import cgroup_hierarchies as hierarchies
+from gq.exec.cgroup_hierarchies import V2
+
 KINDS = ("auto", "v2", "v1", "off")
-V2 = "unified"  # the v2 hierarchy's key in a backend's bases and a job's paths
-_V1_HIERARCHIES = ("freezer", "memory", "pids", "cpu")
 _V2_CONTROLLERS = ("memory", "pids", "cpu")
-# The leaf of its unit's cgroup that systemd starts the daemon in (DelegateSubgroup=, as
-# packaging/gq.service asks): gq's cgroups go beside it on v2.
-SUPERVISOR = "supervisor"
 _CPU_PERIOD = 100_000  # microseconds of the CPU quota's period (the kernel's default)
 _MEMORY_FILES = {V2: "memory.current", "memory": "memory.usage_in_bytes"}
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -64,7 +65,7 @@ class JobCgroup:
         a job's forked child, still as root, before it drops privileges and execs."""
         pid = str(os.getpid()).encode()
         for procs in self._procs:
-            _put(procs, pid)
+            files.put(procs, pid)
 
     def limit(self, memory: int | None, cpus: int | None) -> list[str]:
         """Cap its memory (bytes, swap included where v1 counts it) and its CPU time (``cpus``
@@ -78,11 +79,11 @@ class JobCgroup:
         if cpus is not None:
             quota = f"{cpus * _CPU_PERIOD} {_CPU_PERIOD}"
             done = (
-                _write(self.paths[V2], "cpu.max", quota)
+                files.write(self.paths[V2], "cpu.max", quota)
                 if self.v2
                 else "cpu" in self.paths
-                and _write(self.paths["cpu"], "cpu.cfs_period_us", str(_CPU_PERIOD))
-                and _write(self.paths["cpu"], "cpu.cfs_quota_us", str(cpus * _CPU_PERIOD))
+                and files.write(self.paths["cpu"], "cpu.cfs_period_us", str(_CPU_PERIOD))
+                and files.write(self.paths["cpu"], "cpu.cfs_quota_us", str(cpus * _CPU_PERIOD))
             )
             if not done:
                 unenforced.append("its CPU count")
@@ -91,20 +92,20 @@ class JobCgroup:
     def _limit_memory(self, memory: int) -> bool:
         if self.v2:
             # No swapping past the limit either: the job is killed there, as on a cluster.
-            done = _write(self.paths[V2], "memory.max", str(memory))
-            _write(self.paths[V2], "memory.swap.max", "0")
+            done = files.write(self.paths[V2], "memory.max", str(memory))
+            files.write(self.paths[V2], "memory.swap.max", "0")
             return done
         if "memory" not in self.paths:
             return False
-        done = _write(self.paths["memory"], "memory.limit_in_bytes", str(memory))
-        _write(self.paths["memory"], "memory.memsw.limit_in_bytes", str(memory))
+        done = files.write(self.paths["memory"], "memory.limit_in_bytes", str(memory))
+        files.write(self.paths["memory"], "memory.memsw.limit_in_bytes", str(memory))
         return done
 
     def pids(self) -> list[int]:
         """The processes in it now, in any of its hierarchies (none where it does not exist)."""
         found: set[int] = set()
         for path in self.paths.values():
-            found.update(int(pid) for pid in _read(path, "cgroup.procs").split())
+            found.update(int(pid) for pid in files.read(path, "cgroup.procs").split())
         return sorted(found)
 
     def kill(self, timeout: float) -> bool:
@@ -128,7 +129,7 @@ class JobCgroup:
     def _kill_all(self) -> None:
         """SIGKILL everything in it, with nothing able to fork meanwhile where the kernel
         allows: v2's cgroup.kill, else the processes frozen while they are signalled."""
-        if self.v2 and _write(self.paths[V2], "cgroup.kill", "1"):
+        if self.v2 and files.write(self.paths[V2], "cgroup.kill", "1"):
             return
         frozen = self._freeze(True)
         try:
@@ -155,7 +156,7 @@ class JobCgroup:
             value = "FROZEN" if frozen else "THAWED"
         else:
             return False
-        if not _write(path, control, value):
+        if not files.write(path, control, value):
             return False
         deadline = time.monotonic() + _FREEZE_WAIT
         while frozen and not self._is_frozen() and time.monotonic() < deadline:
@@ -165,9 +166,9 @@ class JobCgroup:
     def _is_frozen(self) -> bool:
         """Whether the freeze holds (or there is nothing left to wait for)."""
         if self.v2:
-            events = _read(self.paths[V2], "cgroup.events")
+            events = files.read(self.paths[V2], "cgroup.events")
             return not events or "frozen 1" in events.splitlines()
-        return _read(self.paths["freezer"], "freezer.state").strip() in ("FROZEN", "")
+        return files.read(self.paths["freezer"], "freezer.state").strip() in ("FROZEN", "")
 
     def usage(self, processes_summed: int = 0) -> Usage:
         """What it holds: the memory charged to it, or where no memory controller serves
@@ -178,7 +179,7 @@ class JobCgroup:
         memory = None
         for hierarchy, control in _MEMORY_FILES.items():
             if hierarchy in self.paths:
-                memory = _number(_read(self.paths[hierarchy], control))
+                memory = files.number(files.read(self.paths[hierarchy], control))
         pids = self.pids()
         if memory is None and 0 < len(pids) <= processes_summed:
             return Usage(memory=resident_bytes(pids), processes=len(pids), summed=len(pids))
@@ -188,15 +189,15 @@ class JobCgroup:
         """How many of its processes the kernel killed at its memory limit (0 where no
         memory hierarchy serves it, or the kernel does not count them)."""
         if self.v2:
-            text = _read(self.paths[V2], "memory.events")
+            text = files.read(self.paths[V2], "memory.events")
         elif "memory" in self.paths:
-            text = _read(self.paths["memory"], "memory.oom_control")
+            text = files.read(self.paths["memory"], "memory.oom_control")
         else:
             return 0
         for line in text.splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
-                return _number(value) or 0
+                return files.number(value) or 0
         return 0
 
     def remove(self) -> None:
@@ -262,11 +263,11 @@ class Cgroups:
         cgroup = self.job(device, job_id, run)
         for hierarchy, path in cgroup.paths.items():
             device_dir = os.path.dirname(path)
-            _make(device_dir)
+            files.make(device_dir)
             if hierarchy == V2:
                 base = self.bases[V2]
                 _offer_controllers(os.path.dirname(base), base, device_dir)
-            _make(path)
+            files.make(path)
         return cgroup
 
     def holds_memory(self) -> bool:
@@ -274,7 +275,7 @@ class Cgroups:
         memory controller passed on to the base (offered to it as it was detected)."""
         if self.kind == "v1":
             return "memory" in self.bases
-        return "memory" in _read(self.bases[V2], "cgroup.controllers").split()
+        return "memory" in files.read(self.bases[V2], "cgroup.controllers").split()
 
     def job_of(self, pid: int) -> int | None:
         """The job of this instance whose cgroup holds process ``pid``, or None: a process
@@ -340,133 +341,19 @@ def detect(kind: str, scope: str) -> Cgroups | None:
     base_name = f"gq-{_plain(scope)}"
     if kind == "off":
         return None
-    mounts, own = _mounts(), _own_cgroups()
+    mounts, own = hierarchies.mounts(), hierarchies.own_cgroups()
     if kind in ("auto", "v2") and V2 in mounts:
         # Hybrid machines mount an empty v2 hierarchy beside v1's: auto leaves that alone.
-        if kind == "v2" or "memory" in _read(mounts[V2][0], "cgroup.controllers").split():
-            bases = _bases(mounts, own, (V2,), base_name)
+        if kind == "v2" or "memory" in files.read(mounts[V2][0], "cgroup.controllers").split():
+            bases = hierarchies.bases(mounts, own, (V2,), base_name)
             if bases:
                 _offer_controllers(os.path.dirname(bases[V2]), bases[V2])
                 return Cgroups("v2", bases)
     if kind in ("auto", "v1"):
-        bases = _bases(mounts, own, _V1_HIERARCHIES, base_name)
+        bases = hierarchies.bases(mounts, own, hierarchies.V1_HIERARCHIES, base_name)
         if bases:
             return Cgroups("v1", bases)
     return None
-
-
-def _bases(
-    mounts: dict[str, tuple[str, str]],
-    own: dict[str, str],
-    hierarchies: tuple[str, ...],
-    base_name: str,
-) -> dict[str, str]:
-    """The base directory in each of ``hierarchies`` where this process may make cgroups."""
-    bases = {}
-    for hierarchy in hierarchies:
-        if hierarchy not in mounts or hierarchy not in own:
-            continue
-        directory = _directory(*mounts[hierarchy], own[hierarchy])
-        if directory is not None and hierarchy == V2:
-            directory = _beside_supervisor(directory, base_name)
-        if directory is not None and _usable(os.path.join(directory, base_name)):
-            bases[hierarchy] = os.path.join(directory, base_name)
-    return bases
-
-
-def _beside_supervisor(directory: str, base_name: str) -> str:
-    """Where gq's base goes on v2: in the daemon's own cgroup, or where that is the leaf
-    systemd starts a delegated unit's main process in (DelegateSubgroup=supervisor), beside
-    it, in the unit's cgroup (v2 passes controllers only below cgroups that hold no
-    processes). Only where systemd marked that cgroup delegated (its ``trusted.delegate``
-    attribute): a cgroup that merely has that name is not gq's to change."""
-    if os.path.basename(directory) != SUPERVISOR:
-        return directory
-    unit = os.path.dirname(directory)
-    if _delegated(unit) and _usable(os.path.join(unit, base_name)):
-        return unit
-    return directory
-
-
-def _delegated(path: str) -> bool:
-    for name in ("trusted.delegate", "user.delegate"):
-        try:
-            if os.getxattr(path, name).strip() in (b"1", b"yes", b"true"):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def _mounts() -> dict[str, tuple[str, str]]:
-    """Mount point and root of each hierarchy (V2, or a v1 controller of interest)."""
-    found: dict[str, tuple[str, str]] = {}
-    for line in _read("/proc/self", "mountinfo").splitlines():
-        fields = line.split()
-        if "-" not in fields[6:]:
-            continue
-        separator = fields.index("-", 6)
-        if len(fields) < separator + 4:
-            continue
-        fstype, options = fields[separator + 1], fields[separator + 3].split(",")
-        root, point = _unescape(fields[3]), _unescape(fields[4])
-        if fstype == "cgroup2":
-            found.setdefault(V2, (point, root))
-        elif fstype == "cgroup":
-            for hierarchy in _V1_HIERARCHIES:
-                if hierarchy in options:
-                    found.setdefault(hierarchy, (point, root))
-    return found
-
-
-def _own_cgroups() -> dict[str, str]:
-    """The calling process's cgroup in each hierarchy (V2, or a v1 controller)."""
-    found: dict[str, str] = {}
-    for line in _read("/proc/self", "cgroup").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        for hierarchy in controllers.split(",") if controllers else [V2]:
-            found[hierarchy] = path
-    return found
-
-
-def _directory(point: str, root: str, path: str) -> str | None:
-    """Where cgroup ``path`` lies under a mount of the hierarchy's ``root``; None where that
-    mount does not show it (a container's view, another cgroup namespace)."""
-    if root != "/":
-        if path != root and not path.startswith(root + "/"):
-            return None
-        path = path[len(root) :]
-    parts = [part for part in path.split("/") if part]
-    if ".." in parts:
-        return None
-    return os.path.join(point, *parts)
-
-
-def _usable(base: str) -> bool:
-    """Whether this process may make cgroups in ``base``, made here where missing (and
-    kept: the instance's jobs go there). Never makes the parents: they are our own cgroup."""
-    try:
-        os.mkdir(base)
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    return os.access(base, os.W_OK | os.X_OK)
-
-
-def _make(path: str) -> None:
-    """mkdir -p, again where another host of the instance removed an empty parent meanwhile
-    (``remove_device`` as it exits)."""
-    for attempt in range(3):
-        try:
-            os.makedirs(path, exist_ok=True)
-            return
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
 
 
 def _offer_controllers(*parents: str) -> None:
@@ -475,11 +362,11 @@ def _offer_controllers(*parents: str) -> None:
     its own may not pass controllers on (v2's no-internal-processes rule), nor one not
     delegated to us; kill, freeze and the process list work without."""
     for parent in parents:
-        available = _read(parent, "cgroup.controllers").split()
-        enabled = _read(parent, "cgroup.subtree_control").split()
+        available = files.read(parent, "cgroup.controllers").split()
+        enabled = files.read(parent, "cgroup.subtree_control").split()
         for controller in _V2_CONTROLLERS:
             if controller in available and controller not in enabled:
-                _write(parent, "cgroup.subtree_control", f"+{controller}")
+                files.write(parent, "cgroup.subtree_control", f"+{controller}")
 
 
 def _plain(name: str) -> str:
@@ -487,40 +374,3 @@ def _plain(name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
         raise ValueError(f"{name!r} is not a plain name for a cgroup")
     return name
-
-
-def _unescape(text: str) -> str:
-    """A mountinfo field as the path it stands for (spaces and the like come as \\040)."""
-    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), text)
-
-
-def _put(path: str, data: bytes) -> None:
-    """Write a control file: one write, nothing buffered, created never (OSError)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-def _write(path: str, control: str, value: str) -> bool:
-    """Write a control file; False where the kernel refuses (missing, busy, not allowed)."""
-    try:
-        _put(os.path.join(path, control), value.encode())
-    except OSError:
-        return False
-    return True
-
-
-def _read(path: str, control: str) -> str:
-    """A control file's text; empty where it cannot be read (no such cgroup or file)."""
-    try:
-        with open(os.path.join(path, control)) as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
-def _number(text: str) -> int | None:
-    text = text.strip()
-    return int(text) if text.isdigit() else None

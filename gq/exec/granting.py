@@ -1,10 +1,11 @@
 """Who gets each lane's next iteration: the host's side of the lanes.
 
-The execution host (:mod:`gq.exec.host`) owns the jobs' processes and the daemon's link;
-this owns the hot path: the workers' READY and DONE, and the grant each free lane gets as
-:mod:`gq.exec.lanes` decides (the simulator predicts with the same rule). Every move of a
-job between standings goes through :func:`gq.exec.residents.step`, the one table of what
-may follow what.
+The execution host (:mod:`gq.exec.host`) owns the daemon's link and, through
+:mod:`gq.exec.job_processes`, the jobs' processes; this owns the hot path: the workers'
+READY and DONE, and the grant each free lane gets as :mod:`gq.exec.lanes` decides (the
+simulator predicts with the same rule), given the views :mod:`gq.exec.lane_views` makes of
+the residents. Every move of a job between standings goes through
+:func:`gq.exec.residents.step`, the one table of what may follow what.
 
 Two ways to hold a lane:
 
@@ -14,7 +15,8 @@ Two ways to hold a lane:
   grant never overlaps it, and that time is device time.
 - **a lease**, for a job alone on its lane (:mod:`gq.exec.lease`): granted with its Go, it
   crosses boundaries on its page's lock without a message until another job asks; it is
-  billed the lease's whole wall time, as the host saw it begin and end.
+  billed the lease's whole wall time, as the host saw it begin and end. The host's books
+  on leases are :mod:`gq.exec.leasing`'s.
 
 No memory a job can write reaches a call that can fail the host (the lock is the kernel's),
 nothing is shared between two jobs, and time is never billed on a job's word: a lie costs
@@ -24,7 +26,6 @@ progress early) is :class:`Processes`.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import selectors
@@ -33,11 +34,12 @@ from typing import Protocol
 
 from gq import defaults
 from gq.exec import lanes as lane_rule
-from gq.exec import protocol as wire
-from gq.exec.lease import implausible
-from gq.exec.protocol import StopWhy
-from gq.exec.residents import HOLDS_LANE, Event, Lane, Resident, Standing, ready_to_grant, step
-from gq.policies.base import JobView, Policy
+from gq.exec import worker_messages as wire
+from gq.exec.host_messages import Shortage, StopWhy
+from gq.exec.lane_views import decide
+from gq.exec.leasing import Leases, bill, move
+from gq.exec.residents import HOLDS_LANE, Event, Lane, Resident, Standing, ready_to_grant
+from gq.policies.base import Policy
 
 log = logging.getLogger("gq.host")
 
@@ -76,7 +78,7 @@ class Granter:
         self.cuda = cuda
         self.policy = policy
         self.lane_memory = lane_memory  # bytes of device memory a lane has, where known
-        self._leases_made = 0  # numbers the leases (a page's word: never 0)
+        self.leases = Leases(lanes, cuda, self.end_for_protocol)
         # Each user's recent interactive use of this device's lanes: what the lane rule's
         # people-first turns allow them (gq.exec.lanes), across all their interactive jobs.
         self.bursts: dict[str, lane_rule.Burst] = {}
@@ -115,7 +117,7 @@ class Granter:
         resident.mem_cap = mem_cap
         resident.cap_unsent = resident.channel is not None
         if resident.standing is Standing.LEASED:
-            self._recall(resident)
+            self.leases.recall(resident)
             self.schedule(self.lanes[resident.lane])
 
     def suspend(self, resident: Resident, suspended: bool) -> None:
@@ -124,14 +126,14 @@ class Granter:
         now = time.monotonic()
         lane = self.lanes[resident.lane]
         if resident.standing is Standing.LEASED:  # inside an iteration or not decides
-            self._recall(resident)
+            self.leases.recall(resident)
         if suspended:
             resident.suspended, resident.suspended_at = True, now
             if resident.standing in (Standing.HOLDING, Standing.RECALLED):
                 if resident.standing is Standing.RECALLED:
-                    self._read_page(resident)  # the lease's iterations so far
-                self._bill(resident, now)
-                self._move(resident, Event.STOP)
+                    self.leases.read_page(resident)  # the lease's iterations so far
+                bill(resident, now)
+                move(resident, Event.STOP)
                 lane.holder = None
             self.host.freeze(resident, True)
             log.info("job %d suspended", resident.job_id)
@@ -161,7 +163,7 @@ class Granter:
             elif kind is wire.StepsTaken:
                 resident.record_steps(message.steps)
             elif kind is wire.OutOfMemory:
-                resident.shortage = wire.Shortage(message.held, message.wanted)
+                resident.shortage = Shortage(message.held, message.wanted)
             elif kind is wire.Finished:
                 self.leave_lane(resident)
             if resident.channel is not channel:
@@ -183,10 +185,10 @@ class Granter:
         thinks it holds the lane (a lease it did not take up, a grant it never said Done
         to), its hold ends here, billed until now and timed not at all."""
         if resident.standing is Standing.LEASED:
-            self._recall(resident, between=True)
+            self.leases.recall(resident, between=True)
         if resident.standing is Standing.HOLDING and resident.channel is not None:
-            self._bill(resident, now)
-            self._move(resident, Event.RELEASE)
+            bill(resident, now)
+            move(resident, Event.RELEASE)
             self.lanes[resident.lane].holder = None
             resident.released_at = now
         if resident.channel is None:
@@ -195,7 +197,7 @@ class Granter:
             resident.startup = max(0.0, now - resident.started_at - resident.paused)
             resident.dirty = True
         if resident.standing is not Standing.IDLE:
-            self._move(resident, Event.ASK)  # nothing changes: it asked already, or is
+            move(resident, Event.ASK)  # nothing changes: it asked already, or is
             return  # recalled inside an iteration while saying it is not (its own loss)
         lane = self.lanes[resident.lane]
         if resident not in lane.residents:  # a thread of a script said to be finished
@@ -204,19 +206,19 @@ class Granter:
             resident.gaps += 1
             resident.gap_total += max(0.0, now - resident.released_at)
         resident.asks_for_iteration()
-        self._move(resident, Event.ASK)
+        move(resident, Event.ASK)
         self.schedule(lane)
 
     def _on_done(self, resident: Resident, message: wire.Done, now: float) -> None:
         lane = self.lanes[resident.lane]
         standing = resident.standing
         if standing in (Standing.RECALLED, Standing.LEASED):  # it gave the lane back
-            self._lease_over(resident, now, Event.RELEASE)
+            self.leases.end(resident, now, Event.RELEASE)
             resident.record_steps(message.steps)
             self.schedule(lane)
             return
         if standing is Standing.STOPPED:  # its iteration ended as it was being suspended
-            self._move(resident, Event.RELEASE)
+            move(resident, Event.RELEASE)
             resident.iterations += 1
             resident.record_steps(message.steps)
             resident.released_at = now
@@ -224,7 +226,7 @@ class Granter:
                 self.host.freeze(resident, False)
             return
         if standing is not Standing.HOLDING:
-            self._move(resident, Event.RELEASE)  # a Done already counted, or never owed
+            move(resident, Event.RELEASE)  # a Done already counted, or never owed
             return
         length = max(0.0, now - resident.granted_at)
         resident.attained += length
@@ -235,7 +237,7 @@ class Granter:
         resident.mem_persistent = message.mem_persistent
         resident.mem_peak = message.mem_peak
         resident.dirty = True
-        self._move(resident, Event.RELEASE)
+        move(resident, Event.RELEASE)
         resident.released_at = now
         lane.holder = None
         self._check_memory(resident)
@@ -260,7 +262,7 @@ class Granter:
                 peak,
                 resident.mem_cap,
             )
-            resident.shortage = wire.Shortage(held=peak)
+            resident.shortage = Shortage(held=peak)
             self.host.kill(resident, StopWhy.MEMORY, grace=0.0)
         elif resident.probing and resident.iterations >= defaults.PROBE_ITERATIONS:
             resident.probing = False
@@ -274,12 +276,12 @@ class Granter:
         holder = lane.holder
         if holder is not None:
             if ready and holder.standing is Standing.LEASED:
-                self._recall(holder)
+                self.leases.recall(holder)
             if lane.holder is not None:
                 return
         if not ready:
             return
-        decision = self._decide(lane, ready, time.monotonic())
+        decision = decide(self.policy, lane, ready, self.bursts, time.monotonic())
         if isinstance(decision, lane_rule.KeepFor):
             lane.kept_until = decision.until
             return
@@ -293,7 +295,7 @@ class Granter:
         if chosen.standing is Standing.STOPPED:  # resumed inside its iteration: goes on
             self.host.freeze(chosen, False)
         else:
-            lease = self._offer_lease(lane, chosen)
+            lease = self.leases.offer(lane, chosen)
             if chosen.channel.send(
                 wire.Go(
                     empty_cache=self._short_of_memory(lane),
@@ -308,7 +310,7 @@ class Granter:
                 )
                 self.drop_channel(chosen)  # its exit is reaped and reported as usual
                 return
-        self._move(chosen, Event.LEASE if lease else Event.GRANT)
+        move(chosen, Event.LEASE if lease else Event.GRANT)
         self._hold(lane, chosen, now)
         lane.after_turn = decision.turn
         if lease:
@@ -325,45 +327,6 @@ class Granter:
         caps = [r.mem_cap for r in live]
         return self.lane_memory is None or None in caps or sum(caps) > self.lane_memory
 
-    def _decide(
-        self, lane: Lane, ready: list[Resident], now: float
-    ) -> lane_rule.Grant | lane_rule.KeepFor | None:
-        views, in_gaps = self._lane_views(lane, now)
-        return lane_rule.next_step(
-            self.policy,
-            [views[r.job_id] for r in ready],
-            list(views.values()),
-            in_gaps,
-            now,
-            after_turn=lane.after_turn,
-        )
-
-    def _lane_views(
-        self, lane: Lane, now: float
-    ) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
-        """The residents as policies see them, each made once (a suspended job counts for
-        none; an interactive one waits on a person while its owner's burst allows), and
-        those in their gaps the lane may be kept for."""
-        views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
-        for resident in lane.residents:
-            if resident.interactive and not resident.suspended:
-                burst = self.bursts.setdefault(resident.user, lane_rule.Burst(at=now))
-                burst.add(resident.attained - resident.burst_counted, now)
-                resident.burst_counted = resident.attained
-                if lane_rule.within_burst(burst.used, resident.mean_iteration):
-                    views[resident.job_id] = dataclasses.replace(
-                        views[resident.job_id], person_waits=True
-                    )
-        in_gaps = [
-            awaited
-            for r in lane.residents
-            if r.standing is Standing.IDLE
-            and not r.suspended
-            and r.released_at is not None
-            and (awaited := lane_rule.awaited(views[r.job_id], r.released_at, r.mean_gap))
-        ]
-        return views, in_gaps
-
     def _hold(self, lane: Lane, chosen: Resident, now: float) -> None:
         chosen.granted_at = now
         chosen.dirty = True  # the daemon hears of the grant with the next progress
@@ -372,94 +335,7 @@ class Granter:
             lane.switches += 1
         lane.last_job = chosen.job_id
 
-    def _move(self, resident: Resident, event: Event) -> None:
-        resident.standing = step(resident.standing, event)
-
-    def _bill(self, resident: Resident, now: float) -> None:
-        """The lane time it held since its grant (or its lease began), as the host saw it."""
-        resident.attained += max(0.0, now - resident.granted_at)
-        resident.granted_at = now
-
-    # ----- leases (gq.exec.lease) -------------------------------------------------------
-    def _leasable(self, resident: Resident) -> bool:
-        """Whether the job may cross boundaries without a message: not where the host
-        checks its figures at every boundary, nor while a Go must bring it something."""
-        return (
-            resident.page is not None
-            and resident.channel is not None
-            and not resident.suspended
-            and not resident.probing
-            and not resident.cap_unsent
-            and not (resident.mem_cap is not None and not self.cuda and resident.cgroup_cap is None)
-        )
-
-    def _offer_lease(self, lane: Lane, chosen: Resident) -> int:
-        """The number of the lease a Go to ``chosen`` brings, where it is alone on its lane
-        (no other job there could ask for it), its page written and the lock let go; else
-        0."""
-        page = chosen.page
-        if (
-            page is None
-            or not self._leasable(chosen)
-            or any(
-                other is not chosen and other.channel is not None and not other.suspended
-                for other in lane.residents
-            )
-        ):
-            return 0
-        figures = page.read()
-        if figures is None:
-            return 0  # being written: no lease this time
-        self._leases_made += 1
-        chosen.lease_base = chosen.page_seen = figures
-        chosen.page_unread = None
-        page.offer(self._leases_made)  # the word first: the worker takes the lock after it
-        page.give()
-        return self._leases_made
-
-    def _recall(self, resident: Resident, between: bool = False) -> None:
-        """The host wants the lane back: taken at once where the job is in its gap; inside
-        an iteration, the job keeps it until that iteration's end. ``between``: the job
-        said it is between iterations (its READY), whatever its page says."""
-        page = resident.page
-        assert page is not None and resident.standing is Standing.LEASED
-        page.offer(0)  # before the lock is tried: a job that lets it go after sees this
-        self._move(resident, Event.RECALL)
-        resident.recalled_at = time.monotonic()
-        self._take_back(resident, between)
-
-    def _take_back(self, resident: Resident, between: bool = False) -> bool:
-        """Whether the lease asked back is over: its lock taken where the page notes the
-        lease taken up (else the Go was still on its way, or the worker's take failed: the
-        iteration it grants is a plain one, which its Done ends; the lock stays taken)."""
-        page = resident.page
-        assert page is not None
-        if not page.try_take():
-            return False
-        taken_up = page.read()
-        if not between and (taken_up is None or taken_up.lease != resident.lease):
-            # Never taken up: its iteration is a plain grant, which its Done ends.
-            self._move(resident, Event.UNTAKEN)
-            resident.lease = 0
-            return False
-        self._lease_over(resident, time.monotonic(), Event.TAKEN_BACK)
-        return True
-
-    def _lease_over(self, resident: Resident, now: float, event: Event) -> None:
-        """The lease is over, the job out of its iterations (``event``: the host took its
-        lock, or it said so with a Done): billed the lease's wall time, its final page taken
-        in (the worker writes it before it lets the lock go), the lock the host's again."""
-        page = resident.page
-        if event is Event.RELEASE and page is not None:
-            page.try_take()  # (a worker that holds it still harms only its next lease)
-        self._bill(resident, now)
-        self._move(resident, event)
-        resident.released_at, resident.lease = now, 0
-        lane = self.lanes[resident.lane]
-        if lane.holder is resident:
-            lane.holder = None
-        self._read_page(resident, final=True)
-
+    # ----- leases (gq.exec.leasing) -----------------------------------------------------
     def close_given_back(self) -> None:
         """A lease asked back inside an iteration is over once its lock comes free, Done
         or not (a job that wrote its lease's word back would otherwise keep the lane)."""
@@ -467,48 +343,14 @@ class Granter:
             if (
                 resident.standing is Standing.RECALLED
                 and resident.page is not None
-                and self._take_back(resident)
+                and self.leases.take_back(resident)
             ):
                 self.schedule(self.lanes[resident.lane])
-
-    def _read_page(self, resident: Resident, final: bool = False) -> bool:
-        """Take in a leased job's counts from its page. Impossible ones end the job
-        (False). A page being written is read next time, unless it must be ``final`` now
-        or has been written to for too long."""
-        page = resident.page
-        if page is None:
-            return True
-        figures = page.read()
-        now = time.monotonic()
-        if figures is None:
-            # Half-written: read next time, unless it must be final now or the same write
-            # has been going on too long (a live writer's count moves on).
-            sequence = page.sequence()
-            if resident.page_unread is None or resident.page_unread[0] != sequence:
-                resident.page_unread = (sequence, now)
-            if not final and now - resident.page_unread[1] < defaults.PAGE_UNREADABLE_SECONDS:
-                return True
-            problem = "its page stayed half-written"
-        else:
-            resident.page_unread = None
-            problem = implausible(
-                resident.page_seen,
-                figures,
-                resident.lease_base,
-                int((now - resident.lease_started) * 1e9),
-            )
-        if problem is None:
-            resident.take_figures(figures)
-            return True
-        self.end_for_protocol(
-            resident, f"its worker wrote impossible figures on its page ({problem})"
-        )
-        return False
 
     def read_leased_pages(self) -> None:
         for resident in list(self.residents.values()):
             if resident.standing in (Standing.LEASED, Standing.RECALLED):
-                self._read_page(resident)
+                self.leases.read_page(resident)
 
     # ----- a job leaving its lane -------------------------------------------------------
     def schedule_waiting_lanes(self) -> None:
@@ -537,14 +379,14 @@ class Granter:
     def _release_lane(self, resident: Resident) -> None:
         now = time.monotonic()
         if resident.standing in HOLDS_LANE:
-            self._bill(resident, now)
+            bill(resident, now)
             page = resident.page
             if resident.standing is not Standing.HOLDING and page is not None:
                 page.offer(0)  # a thread of the job that runs on must not take the lane
                 page.try_take()
-                self._read_page(resident)  # what its page says of its lease, if readable
+                self.leases.read_page(resident)  # what its page says of its lease, if readable
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             lane.holder = None
-        self._move(resident, Event.LEAVE)
+        move(resident, Event.LEAVE)
         self.schedule(lane)

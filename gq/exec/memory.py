@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 
 from gq.exec import device_sync
-from gq.exec.protocol import OutOfMemory
+from gq.exec.worker_messages import OutOfMemory
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 # What the allocators say they were asked for: CUDA's caching allocator ("Tried to allocate

@@ -3,17 +3,25 @@ controller passed on to gq's cgroups, or no cgroup at all): what their processes
 read in a thread of the host's own. Reading a process's proportional set size walks its
 mappings under its memory lock, so the job decides how long a reading takes (thousands of
 mappings, or threads that keep the lock busy: seconds); the host's loop grants the device's
-other jobs their iterations meanwhile, and acts on each reading as it comes."""
+other jobs their iterations meanwhile, and acts on each reading as it comes
+(:class:`HostMemoryLimits`: which jobs are read, and ending those over their limit)."""
 
 from __future__ import annotations
 
 import logging
+import selectors
 import socket
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from gq import defaults
 from gq.exec.cgroups import JobCgroup, held_bytes, resident_bytes
+from gq.exec.host_messages import StopWhy
+from gq.exec.residents import Resident
 from gq.exec.spawn import group_members
+from gq.units import format_size
 
 log = logging.getLogger("gq.host")
 
@@ -107,3 +115,67 @@ class MemoryWatch:
             self._waker.send(b"r")
         except BlockingIOError:  # a wake-up is pending already
             pass
+
+
+class HostMemoryLimits:
+    """The host's side of the watch: which of its resident jobs (the host's own dict) are
+    read, and ending those read to hold more than their --host-mem (through ``kill``, the
+    jobs' processes' :meth:`~gq.exec.job_processes.JobProcesses.kill`)."""
+
+    def __init__(
+        self,
+        residents: dict[int, Resident],
+        selector: selectors.BaseSelector,
+        kill: Callable[[Resident, StopWhy, float], None],
+    ):
+        self.residents = residents
+        self.selector = selector
+        self.kill = kill
+        self.next_ask = 0.0  # monotonic: when watch asks again
+        self.memory_watch: MemoryWatch | None = None  # made for the first job it watches
+
+    def watch(self) -> None:
+        """Jobs whose --host-mem no cgroup holds (v2's memory controller not passed on to
+        them, or no cgroup): every HOST_MEMORY_WATCH seconds, once the last readings are in,
+        their watch (:class:`MemoryWatch`) is asked to read what their processes hold;
+        :meth:`on_readings` acts on what it reads."""
+        now = time.monotonic()
+        watch = self.memory_watch
+        if now < self.next_ask or (watch is not None and watch.busy):
+            return
+        self.next_ask = now + defaults.HOST_MEMORY_WATCH
+        watched = [
+            Watched(r.job_id, r.run, r.host_mem_watched, r.cgroup, r.process.pid)
+            for r in self.residents.values()
+            if r.host_mem_watched is not None and r.kill_why is None and r.exit_status is None
+        ]
+        if not watched:
+            return
+        if watch is None:  # a thread only where some job needs one
+            watch = self.memory_watch = MemoryWatch()
+            self.selector.register(watch.wake, selectors.EVENT_READ, "memory")
+        watch.ask(watched)
+
+    def on_readings(self) -> None:
+        """A job whose processes were read to hold more than its --host-mem is ended, failed
+        as a kill at its cgroup's limit would fail it (Slurm's OverMemoryKill, where its
+        cgroups do not hold memory); a reading of a run that has ended or is being ended
+        meanwhile is dropped."""
+        assert self.memory_watch is not None
+        for reading in self.memory_watch.take():
+            job = reading.job
+            resident = self.residents.get(job.job_id)
+            if (
+                resident is None
+                or resident.run != job.run
+                or resident.kill_why is not None
+                or resident.exit_status is not None
+                or reading.held <= job.limit
+            ):
+                continue
+            resident.detail = (
+                f"over its --host-mem of {format_size(job.limit)} (its "
+                f"processes held {format_size(reading.held)})"
+            )
+            log.warning("job %d: %s; ending it", resident.job_id, resident.detail)
+            self.kill(resident, StopWhy.HOST_MEMORY, 0.0)  # no grace

@@ -1,9 +1,9 @@
 """What an execution host knows of each job resident on its device and of each lane: a
 job's process, its iterations and gaps as measured (by the host, or from its worker's page
 under a lease), the view of it a policy is given, and what is reported of it to the daemon
-(progress, its state to a daemon that attaches, its exit). :mod:`gq.exec.host` and
-:mod:`gq.exec.granting` keep these records and change them as events arrive; nothing here
-does I/O.
+(progress, its state to a daemon that attaches, its exit). :mod:`gq.exec.host`,
+:mod:`gq.exec.job_processes` and :mod:`gq.exec.granting` keep these records and change them
+as events arrive; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 from gq.codec import MessageError
-from gq.exec import protocol as wire
+from gq.exec import host_messages as wire
 from gq.exec.cgroups import JobCgroup
+from gq.exec.host_messages import StopWhy
 from gq.exec.lease import Figures, SharedPage
-from gq.exec.protocol import Channel, StopWhy
+from gq.exec.protocol import Channel, checked
 from gq.exec.spawn import JobProcess
 from gq.policies.base import JobView
 
@@ -369,7 +370,7 @@ def within_bounds(report):
     and an exit report it can never take would be kept and sent again for ever: the job's
     measured figures are left out of it instead."""
     try:
-        return wire.checked(report)
+        return checked(report)
     except MessageError as exc:
         log.warning(
             "job %d: a figure out of bounds (%s); reported without its figures", report.job, exc

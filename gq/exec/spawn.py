@@ -24,7 +24,7 @@ import time
 from gq import defaults, wakeup
 from gq.errors import LaunchError
 from gq.exec.cgroups import JobCgroup
-from gq.exec.protocol import SCRIPT_FD, SCRIPT_PATH, TERMINAL_FD, LaunchSpec
+from gq.exec.host_messages import SCRIPT_FD, SCRIPT_PATH, TERMINAL_FD, LaunchSpec
 
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNS = 0x00020000

@@ -4,7 +4,7 @@ The host opens the pair; the job's process gets the slave as its controlling ter
 its standard streams (:func:`gq.exec.spawn.start_as_submitter`). The host keeps the master
 only until the submitter's gq takes it: it listens on a socket of the job's own
 (``terminals/<job>.sock``, which only the job's user may connect to), checks the peer's
-uid (SO_PEERCRED), passes the master beside a :class:`~gq.exec.protocol.TerminalHandedOver`
+uid (SO_PEERCRED), passes the master beside a :class:`~gq.exec.host_messages.TerminalHandedOver`
 line (SCM_RIGHTS) and closes its own copy. From then on the client holds the only master:
 its exit, or its terminal's, hangs the job's session up (the kernel's SIGHUP), as a closed
 terminal hangs up a login shell, with no root process relaying anything. The host reads
@@ -28,7 +28,8 @@ import termios
 import time
 
 from gq.errors import LaunchError
-from gq.exec.protocol import LaunchSpec, TerminalHandedOver, encode, terminal_socket
+from gq.exec.host_messages import LaunchSpec, TerminalHandedOver
+from gq.exec.protocol import encode, terminal_socket
 
 log = logging.getLogger("gq.host")
 _DEFAULT_SIZE = struct.pack("HHHH", 24, 80, 0, 0)  # rows, columns: until the client's comes

@@ -25,19 +25,10 @@ import types
 from gq import defaults
 from gq.codec import INT64_MAX
 from gq.exec import device_sync, hooks, memory, runtime
+from gq.exec.host_messages import SCRIPT_FD, SCRIPT_PATH
 from gq.exec.lease import SharedPage, WorkerLease
-from gq.exec.protocol import (
-    SCRIPT_FD,
-    SCRIPT_PATH,
-    Done,
-    Finished,
-    Go,
-    Ready,
-    StepsTaken,
-    Total,
-    WorkerChannel,
-    encode,
-)
+from gq.exec.protocol import WorkerChannel, encode
+from gq.exec.worker_messages import Done, Finished, Go, Ready, StepsTaken, Total
 
 READY = encode(Ready())
 _PLACE = {kind: place for place, kind in enumerate(runtime.COUNTED_FIRST)}

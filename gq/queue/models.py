@@ -1,4 +1,6 @@
-"""SQLAlchemy models of the queue. Rows of `jobs` are written only by `transitions.py`."""
+"""SQLAlchemy models of the queue. Rows of `jobs` are written only by `submissions.py`,
+`transitions.py`, `job_updates.py`, `spool_usage.py` (a dropped snapshot's path) and
+`purging.py`."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class Payload(Base):
 
 class SpoolUsage(Base):
     """What the spool keeps for each user's jobs (the sum of their payloads' spool_bytes),
-    kept up to date by transitions.py so that a submit checks --max-spool in one read."""
+    kept up to date by spool_usage.py so that a submit checks --max-spool in one read."""
 
     __tablename__ = "spool_usage"
 

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from gq import defaults, policies
 from gq.daemon import admission
 from gq.policies import JobView
-from gq.sim.simulator import MEASURED_AFTER, Resident, Result, Start, simulate
+from gq.sim.node import MEASURED_AFTER
+from gq.sim.results import Result
+from gq.sim.simulator import Resident, Start, simulate
 from gq.sim.traces import TraceJob
 
 HORIZON = 365 * 86400.0  # seconds an unknown job is simulated to run

@@ -13,7 +13,7 @@ from gq import defaults, messages
 from gq.daemon.memory import over_figure
 from gq.errors import UserError
 from gq.exec import idleness
-from gq.queue import dependencies, queries
+from gq.queue import dependencies, lookups, queries
 from gq.queue.arrays import parse_label
 from gq.queue.models import Job, JobEvent
 from gq.queue.states import JobState
@@ -29,14 +29,14 @@ def resolve_all(session: Session, labels: list[str]) -> list[Job]:
     """The jobs the labels name, in the order named, each once; an error naming the first
     label that names none. A few queries, however many labels."""
     plain = sorted({int(parse_label(label)) for label in labels if "_" not in label})
-    runs = queries.runs_of(session, plain)
+    runs = lookups.runs_of(session, plain)
     alone = [job_id for job_id in plain if not runs[job_id]]
     by_own_id = {job.id: job for job in queries.jobs(session, ids=alone)} if alone else {}
     found: dict[int, Job] = {}
     for label in labels:
         array_id, _, task = parse_label(label).partition("_")
         if task:
-            jobs = queries.resolve(session, label)
+            jobs = lookups.resolve(session, label)
         else:  # a job, a whole array, or an array task by its own job id (as Slurm allows)
             jobs = runs[int(array_id)] or (
                 [by_own_id[int(array_id)]] if int(array_id) in by_own_id else []
@@ -196,7 +196,7 @@ def check_dependency(session: Session, text: str | None) -> None:
     """Every job a dependency names exists (or existed: its row is kept)."""
     if text is None:
         return
-    runs = queries.runs_of(session, dependencies.parse(text).job_ids)
+    runs = lookups.runs_of(session, dependencies.parse(text).job_ids)
     missing = sorted(job_id for job_id, found in runs.items() if not found)
     if missing:
         raise UserError(

@@ -16,7 +16,7 @@ from gq.daemon.access import Caller, check_may_act, check_may_raise
 from gq.daemon.handlers.common import check_dependency, output_resolver, resolve_all
 from gq.errors import Refused, UserError
 from gq.messages import REFUSED, WARNING, Line
-from gq.queue import dependencies, queries, transitions
+from gq.queue import dependencies, job_updates, lookups, queries, transitions
 from gq.queue.models import Job
 from gq.queue.states import JobState
 
@@ -67,7 +67,7 @@ def cancel(daemon: NodeView, caller: Caller, request: messages.Cancel) -> messag
             transitions.cancel_pending_many(session, [j.id for j in pending], "cancelled by user")
         )
         stopping = set(
-            transitions.request_stop(session, [j.id for j in running], transitions.CANCEL)
+            job_updates.request_stop(session, [j.id for j in running], job_updates.CANCEL)
         )
     lines = [Line(f"Cancelled job {job.label}") for job in pending if job.id in cancelled]
     lines += [
@@ -100,11 +100,11 @@ def hold(daemon: NodeView, caller: Caller, request: messages.Hold) -> messages.R
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "hold")
         theirs = [job.id for job in jobs if job.uid != caller.uid]
-        held = transitions.set_held(
+        held = job_updates.set_held(
             session, [job.id for job in jobs if job.uid == caller.uid], True
         )
-        held += transitions.set_held(session, theirs, True, by_operator=True)
-    admin = {job.id for job in jobs if job.reason == transitions.HELD_ADMIN}
+        held += job_updates.set_held(session, theirs, True, by_operator=True)
+    admin = {job.id for job in jobs if job.reason == job_updates.HELD_ADMIN}
     daemon.rescan()
     return messages.Report(
         _outcome(
@@ -120,12 +120,12 @@ def release(daemon: NodeView, caller: Caller, request: messages.Release) -> mess
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, "release")
         admin = {
-            job.id for job in jobs if job.reason == transitions.HELD_ADMIN and not caller.operator
+            job.id for job in jobs if job.reason == job_updates.HELD_ADMIN and not caller.operator
         }
         pending = [
             job for job in jobs if job.state == JobState.PENDING.value and job.id not in admin
         ]
-        released = set(transitions.set_held(session, [j.id for j in pending if j.held], False))
+        released = set(job_updates.set_held(session, [j.id for j in pending if j.held], False))
     lines = []
     for job in jobs:
         if job.id in admin:
@@ -184,7 +184,7 @@ def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> mess
         jobs = [job for job in jobs if not job.interactive]
         running = [job for job in jobs if job.state == JobState.RUNNING.value]
         stopping = set(
-            transitions.request_stop(session, [j.id for j in running], transitions.REQUEUE)
+            job_updates.request_stop(session, [j.id for j in running], job_updates.REQUEUE)
         )
         for job in jobs:
             state = JobState(job.state)
@@ -215,7 +215,7 @@ def suspend(daemon: NodeView, caller: Caller, request: messages.Suspend) -> mess
     verb = "suspend" if request.suspended else "resume"
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, verb)
-        changed = transitions.set_suspended(session, [job.id for job in jobs], request.suspended)
+        changed = job_updates.set_suspended(session, [job.id for job in jobs], request.suspended)
     daemon.rescan()
     done = "Suspended job {label}" if request.suspended else "Resumed job {label}"
     failure = (
@@ -276,7 +276,7 @@ def update(daemon: NodeView, caller: Caller, request: messages.Update) -> messag
         if request.args is not None:
             _check_whole_payloads(session, jobs)
         changed = set(
-            transitions.modify(
+            job_updates.modify(
                 session,
                 [job.id for job in jobs],
                 name=request.name,
@@ -328,7 +328,7 @@ def _check_whole_payloads(session: Session, jobs: list[Job]) -> None:
     named = {job.id for job in jobs}
     for payload_id in {job.payload_id for job in jobs}:
         label = next(job.label for job in jobs if job.payload_id == payload_id)
-        sharing = queries.payload_jobs(session, payload_id)
+        sharing = lookups.payload_jobs(session, payload_id)
         if not {job_id for job_id, _ in sharing} <= named:
             raise UserError(
                 f"job {label} shares its arguments with the rest of its array; "
@@ -343,8 +343,8 @@ def _check_whole_payloads(session: Session, jobs: list[Job]) -> None:
 
 def _set_args(session: Session, jobs: list[Job], args: list[str]) -> None:
     for payload_id in {job.payload_id for job in jobs}:
-        validation.payload(queries.payload(session, payload_id).env, args)
-        transitions.set_args(session, payload_id, args)
+        validation.payload(lookups.payload(session, payload_id).env, args)
+        job_updates.set_args(session, payload_id, args)
 
 
 def _set_outputs(session: Session, jobs: list[Job], request: messages.Update) -> None:
@@ -372,4 +372,4 @@ def _set_outputs(session: Session, jobs: list[Job], request: messages.Update) ->
             resolve(output, job.id, job.array_job_id, job.array_task_id),
             resolve(error, job.id, job.array_job_id, job.array_task_id),
         )
-    transitions.set_outputs(session, paths)
+    job_updates.set_outputs(session, paths)

@@ -14,7 +14,7 @@ from gq.daemon.access import Caller, check_may_act
 from gq.daemon.handlers.common import job_info, resolve, resolve_all, resolve_one
 from gq.daemon.waiting import Waiting
 from gq.errors import UserError
-from gq.queue import arrays, queries, spool
+from gq.queue import arrays, lookups, queries, spool, stats
 from gq.queue.models import Job
 from gq.queue.states import JobState
 from gq.sim.forecast import Basis
@@ -67,7 +67,7 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
                 ended_since=request.ended_since,
             )
             jobs += reversed(page)
-        kept_since = queries.oldest_end(session) if finished else None
+        kept_since = stats.oldest_end(session) if finished else None
         infos = [job_info(job, detail=False) for job in jobs]
         if groups:
             infos = sorted(infos + _folded(session, groups), key=lambda info: info.id)
@@ -142,7 +142,7 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
     with daemon.db.read() as session:
         jobs = resolve(session, request.label)
         shown = jobs[: defaults.MAX_SHOWN_JOBS]
-        history = queries.events(session, [job.id for job in shown])
+        history = lookups.events(session, [job.id for job in shown])
         infos = []
         summed = defaults.USAGE_PROCESSES  # for the whole request: an array's tasks share it
         for job in shown:
@@ -209,7 +209,7 @@ def export(daemon: NodeView, caller: Caller, request: messages.ExportScript) -> 
         info = job_info(job)
         tasks = None
         if job.array_job_id is not None and request.label == str(job.array_job_id):
-            tasks = list(queries.array_task_ids(session, job.array_job_id))
+            tasks = list(lookups.array_task_ids(session, job.array_job_id))
     check_may_act(caller, job.uid, job.user, "export", job.label)
     if not job.spool_path:
         raise UserError(

@@ -23,7 +23,7 @@ from gq.daemon.forecasting import WhatIf
 from gq.daemon.handlers.common import check_dependency, output_resolver
 from gq.daemon.notify import MAIL_TYPES, SBATCH_ONLY_MAIL_TYPES
 from gq.errors import Refused, UserError
-from gq.queue import arrays, dependencies, queries, spool, transitions
+from gq.queue import arrays, dependencies, spool, spool_usage, stats, submissions
 from gq.slurm.options import GPU_TYPE, parse_signal
 from gq.units import format_size
 
@@ -60,7 +60,7 @@ def submit(
             check_dependency(session, new.dependency)
             _check_pending_limit(daemon, session, caller, len(new.array_tasks or (None,)))
             dropped = _make_room_in_spool(daemon, session, caller, new.spool_bytes)
-            job_id = transitions.submit(
+            job_id = submissions.submit(
                 session, new, output_resolver(new.name, new.user, new.workdir), snapshot
             )[0]
     except BaseException:
@@ -72,7 +72,7 @@ def submit(
     return messages.Submitted(job_id)
 
 
-def _validate(daemon: NodeView, caller: Caller, request: messages.Submit) -> transitions.NewJob:
+def _validate(daemon: NodeView, caller: Caller, request: messages.Submit) -> submissions.NewJob:
     options = request.options
     script = PurePosixPath(request.script_path)
     if not script.is_absolute() or not PurePosixPath(request.workdir).is_absolute():
@@ -161,7 +161,7 @@ def _validate(daemon: NodeView, caller: Caller, request: messages.Submit) -> tra
             f"allows in one array ({daemon.options.max_array}, the daemon's "
             "--max-array)"
         )
-    return transitions.NewJob(
+    return submissions.NewJob(
         name=options.name or _name_of(script),
         user=caller.name,
         uid=caller.uid,
@@ -305,7 +305,7 @@ def _name_of(script: PurePosixPath) -> str:
 
 def _check_pending_limit(daemon: NodeView, session, caller: Caller, adding: int) -> None:
     limit = daemon.options.max_pending
-    pending = queries.pending_count(session, caller.name)
+    pending = stats.pending_count(session, caller.name)
     if pending + adding > limit:
         raise UserError(
             f"{caller.name} has {pending} pending job(s); {adding} more would pass "
@@ -321,11 +321,11 @@ def _make_room_in_spool(daemon: NodeView, session, caller: Caller, size: int) ->
     exported); refused when their unfinished jobs' alone leave no room. The paths to delete
     once the submission commits."""
     limit = daemon.options.max_spool
-    kept = queries.spool_bytes(session, caller.uid)
+    kept = spool_usage.spool_bytes(session, caller.uid)
     excess = kept + size - limit
     if excess <= 0:
         return set()
-    finished = queries.finished_snapshots(session, caller.uid)
+    finished = spool_usage.finished_snapshots(session, caller.uid)
     droppable = sum(freed for _, freed in finished)
     if excess > droppable:
         unfinished = kept - droppable
@@ -342,7 +342,7 @@ def _make_room_in_spool(daemon: NodeView, session, caller: Caller, size: int) ->
         excess -= freed
         if excess <= 0:
             break
-    return transitions.drop_snapshots(session, caller.uid, freeing)
+    return spool_usage.drop_snapshots(session, caller.uid, freeing)
 
 
 def _local(timestamp: float) -> str:

@@ -1,0 +1,62 @@
+"""The daemon's record of a job running on an execution host (:class:`Running`): where it
+runs, what it holds, what its host last said of it; and what a job asks for when it starts
+(its footprint, whether it is probed), which admission counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gq.daemon import admission
+from gq.daemon.devices import Device
+from gq.exec.host_messages import StopWhy
+from gq.queue import job_updates
+
+
+@dataclass
+class Running:
+    job_id: int
+    run: int  # the job's run_count for this run: host reports name it
+    started: float  # wall clock: with the time limit, when its devices are free at the latest
+    devices: list[Device]
+    lane: int
+    host: str
+    time_limit: int | None
+    requeue: bool
+    footprint: admission.Footprint
+    exclusive: bool
+    priority: int
+    host_mem: int | None = None  # what it holds of the node's RAM and CPUs (admission counts)
+    cpus: int | None = None
+    suspended: bool | None = None  # as its host was last told (None: not told since attach)
+    measured: admission.Footprint | None = None  # from the job's own memory reports
+    pid: int | None = None  # its process, once its host has started it
+    holds_lane: bool = False  # as its host last reported
+    kill_why: StopWhy | None = None
+    # It declared no memory: its lane is its own until its first figures are known.
+    probing: bool = False
+    iterating_since: float | None = None  # wall clock: its first iteration began (probes)
+    over: bool = False  # measured over its figure (MEM!), logged once
+    interactive: bool = False  # its terminal is its submitter's: never moved elsewhere
+    # Its host's last report, and when it came (wall clock): fresher than its row, which is
+    # flushed about once a second; a forecast goes on from it.
+    latest: job_updates.Progress | None = None
+    latest_at: float = 0.0
+
+    def footprint_now(self) -> admission.Footprint:
+        """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
+        if self.measured is None:
+            return self.footprint
+        return max(self.footprint, self.measured, key=lambda f: f.persistent + f.ephemeral)
+
+
+def footprint(job) -> admission.Footprint:
+    """What a job (a row, or anything with its ``mem``) asked for, or was measured or
+    raised to (see :mod:`gq.daemon.memory`)."""
+    return admission.Footprint(persistent=job.mem or 0, ephemeral=0)
+
+
+def probed(job) -> bool:
+    """Whether a job is probed: it declared no memory and runs under gq's worker, which
+    reports its figures (a plain process counts as what it is measured to hold)."""
+    return job.mem is None and job.interpreter is not None

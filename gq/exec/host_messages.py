@@ -1,0 +1,317 @@
+"""The messages between the daemon and an execution host: what the daemon tells a host
+(Hello, Launch, Kill, ...), what a host reports (State, Started, Exited, Progress, ...),
+the records inside them (LaunchSpec, JobProgress, ResidentState, Shortage), why a host
+ends a run (StopWhy), and the descriptors a job's process starts with. Also the one
+message a host sends a client: an interactive job's terminal (TerminalHandedOver).
+
+How they travel (framing, decode, the tables of what each end receives) is
+:mod:`gq.exec.protocol`; bump HOST_VERSION here on any change to these messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import field
+from typing import Annotated, ClassVar
+
+from gq import __version__, codec, defaults
+from gq.codec import Bounds, MaxLen, message
+from gq.fields import (
+    Args,
+    Count,
+    Cpus,
+    Environment,
+    Groups,
+    HostMemory,
+    JobId,
+    Lane,
+    Name,
+    Path,
+    Pid,
+    Positive,
+    Priority,
+    Seconds,
+    Signal,
+    Text,
+    TimeLimit,
+    Timestamp,
+    Uid,
+    Umask,
+)
+
+# gq's version and that of the daemon-host protocol (bump it on any change to it).
+HOST_VERSION = f"{__version__}/13"
+ExitStatus = Annotated[int, codec.Bounds(0, 255)]
+
+
+class StopWhy(str, enum.Enum):
+    """Why a host ended a job's process (its exit report says so; the daemon decides the
+    job's end state from it)."""
+
+    CANCEL = "cancel"
+    REQUEUE = "requeue"
+    TIMEOUT = "timeout"
+    DEADLINE = "deadline"
+    SHUTDOWN = "shutdown"
+    STRAY = "stray"  # a run the queue does not know
+    PROTOCOL = "protocol"  # its worker sent what the protocol does not allow
+    LAUNCH = "launch"  # its process could not be set up before its exec (detail says why)
+    MOVE = "move"  # it ran no iteration and another device starts it sooner: requeued
+    MEMORY = "memory"  # measured at a boundary over its memory cap (where no cgroup holds it)
+    HOST_MEMORY = "host_memory"  # its processes measured over --host-mem, which no cgroup holds
+    HANGUP = "hangup"  # an interactive job's terminal closed, or no client ever took it
+    IDLE = "idle"  # an interactive job idle for its --idle-timeout
+
+
+# ----- records ------------------------------------------------------------------------
+@message
+class LaunchSpec:
+    """Everything a host needs to start one run of a job as its submitter."""
+
+    id: JobId
+    run: Positive
+    argv: Annotated[Args, MaxLen(defaults.MAX_JOB_PAYLOAD // 2)]
+    worker: bool  # it speaks the worker protocol (Python scripts do)
+    cwd: Path
+    env: Environment
+    stdout: Path | None  # None: its terminal (an interactive job's)
+    stderr: Path | None
+    user: Name
+    submit_time: Timestamp
+    uid: Uid | None = None  # None: run as the host's own user (personal mode only)
+    gid: Uid | None = None
+    groups: Groups = field(default_factory=list)
+    umask: Umask = 0o022
+    lane: Lane | None = None
+    priority: Priority = 0
+    steps_total: Positive | None = None
+    time_limit: TimeLimit | None = None
+    deadline: Timestamp | None = None
+    # The script's snapshot: the host opens it (the job's user cannot reach the spool) and
+    # the job's process gets it as descriptor SCRIPT_FD, named in argv as SCRIPT_PATH.
+    snapshot: Path | None = None
+    # A plain script's submitted path: where a root host shows the snapshot to the job, in
+    # a mount namespace of its own; GQ_SCRIPT_SOURCE says where the shell reads it from.
+    script_name: Path | None = None
+    host_mem: HostMemory | None = None  # bytes: its cgroup's memory limit
+    cpus: Cpus | None = None  # its cgroup's CPU quota (where the cpu controller serves)
+    # sbatch's --signal: this signal, warn_before seconds before the time limit, to the
+    # job's main process alone (warn_main, B:) or to its steps (the tasks srun started, else
+    # the main process).
+    warn_signal: Signal | None = None
+    warn_before: Annotated[int, Bounds(0, 65535)] = 60
+    warn_main: bool = False
+    # Its device-memory figure (--gpu-mem, or as measured or raised since): on a GPU the
+    # worker caps its own allocations there; on the cpu and emulated devices its cgroup's
+    # memory limit does, else the host at each boundary.
+    mem_cap: HostMemory | None = None
+    probe: bool = False  # a Python job that declared nothing: its first figures go at once
+    # gq run --pty: it runs on a pseudo-terminal of its own, whose master the host hands to
+    # the submitter's gq (see gq.exec.terminal).
+    terminal: bool = False
+    idle_timeout: TimeLimit | None = None  # seconds an interactive job may sit idle
+
+
+# The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
+# only), and a Python job's socket to its host and page shared with it (gq.exec.lease);
+# an interactive job's terminal arrives as TERMINAL_FD and becomes its 0-2.
+SCRIPT_FD, WORKER_FD, PAGE_FD, TERMINAL_FD = 3, 4, 5, 6
+SCRIPT_PATH = f"/dev/fd/{SCRIPT_FD}"
+
+
+@message
+class Shortage:
+    """What a run held, and what it asked for (None: it did not say), when it ran out of
+    memory."""
+
+    held: Count
+    wanted: Count | None = None
+
+
+@message
+class JobProgress:
+    """What a host measured of one run; the daemon flushes it to the queue."""
+
+    job: JobId
+    run: Positive
+    steps_done: Count = 0
+    steps_total: Positive | None = None
+    attained: Seconds = 0.0
+    mean_iteration: Seconds | None = None
+    mean_gap: Seconds | None = None
+    mem_persistent: Count | None = None
+    mem_peak: Count | None = None
+    holds_lane: bool = False
+    iterations: Count = 0  # the iterations its memory figures cover (a probe's is over at
+    # defaults.PROBE_ITERATIONS)
+    startup: Seconds | None = None  # from its launch to its first acquire (None: not yet)
+    active_at: Timestamp | None = None  # an interactive job's last activity (gq.exec.idle)
+
+
+@message
+class ResidentState(JobProgress):
+    """A run a host has resident, as a (re)connecting daemon learns it."""
+
+    pid: Pid | None = None
+    started: Timestamp | None = None
+    time_limit: TimeLimit | None = None
+    kill_why: StopWhy | None = None
+
+
+# ----- daemon → host ------------------------------------------------------------------
+@message
+class Hello:
+    op: ClassVar[str] = "hello"
+
+
+@message
+class Launch:
+    op: ClassVar[str] = "launch"
+    job: LaunchSpec
+
+
+@message
+class Kill:
+    """SIGTERM to the run's processes now, SIGKILL after the kill wait."""
+
+    op: ClassVar[str] = "kill"
+    job: JobId
+    why: StopWhy
+
+
+@message
+class Update:
+    op: ClassVar[str] = "update"
+    job: JobId
+    priority: Priority
+    time_limit: TimeLimit | None = None
+
+
+@message
+class Cap:
+    """A probed GPU job's figure is known: from now on the run's allocator holds at most
+    ``mem_cap`` bytes of device memory, as if it had declared that much."""
+
+    op: ClassVar[str] = "cap"
+    job: JobId
+    run: Positive
+    mem_cap: HostMemory
+
+
+@message
+class Suspend:
+    """Stop a job's processes in place (``suspended``), or let them go on: it keeps its
+    memory, holds no lane meanwhile, and its time limit does not run."""
+
+    op: ClassVar[str] = "suspend"
+    job: JobId
+    suspended: bool
+
+
+@message
+class SignalGroup:
+    """Send the job's main process group a signal (gq kernel run's interrupt)."""
+
+    op: ClassVar[str] = "signal"
+    job: JobId
+    signum: Annotated[int, codec.Bounds(1, 64)]
+
+
+@message
+class SetPolicy:
+    op: ClassVar[str] = "policy"
+    name: Name
+    fill: Name
+    quantum: Name
+
+
+@message
+class Ack:
+    """The daemon recorded this run's exit: the host may forget it."""
+
+    op: ClassVar[str] = "ack"
+    job: JobId
+    run: Positive
+
+
+@message
+class Drain:
+    op: ClassVar[str] = "drain"
+
+
+@message
+class Shutdown:
+    op: ClassVar[str] = "shutdown"
+
+
+# ----- host → daemon ------------------------------------------------------------------
+@message
+class Exited(JobProgress):
+    """How a run ended; kept by the host until a daemon acknowledges it."""
+
+    op: ClassVar[str] = "exited"
+    code: ExitStatus | None = None
+    signal: Signal | None = None
+    kill_why: StopWhy | None = None
+    detail: Text | None = None  # what its worker did wrong (PROTOCOL), why no exec (LAUNCH)
+    end_time: Timestamp = 0.0
+    shortage: Shortage | None = None  # it ran out of memory
+
+
+@message
+class State:
+    """Everything a daemon that (re)connects must know."""
+
+    op: ClassVar[str] = "state"
+    version: Name
+    pid: Pid
+    device: Name
+    lanes: Positive
+    policy: Annotated[list[Name], MaxLen(3)]
+    draining: bool
+    residents: list[ResidentState]
+    exited: list[Exited]
+
+
+@message
+class ForeignState:
+    """The State of a host of another version: read only for what draining it needs."""
+
+    op: ClassVar[str] = "state"
+    version: Text
+    pid: Pid
+    draining: bool = False
+
+
+@message
+class Started:
+    op: ClassVar[str] = "started"
+    job: JobId
+    run: Positive
+    pid: Pid
+
+
+@message
+class LaunchFailed:
+    op: ClassVar[str] = "launch_failed"
+    job: JobId
+    run: Positive
+    reason: Text
+
+
+@message
+class Progress:
+    op: ClassVar[str] = "progress"
+    jobs: list[JobProgress]
+    switches: Annotated[list[Count], MaxLen(1 << 16)] = field(default_factory=list)
+
+
+# ----- host → client -------------------------------------------------------------------
+@message
+class TerminalHandedOver:
+    """Sent, with the master of the job's pseudo-terminal beside it (SCM_RIGHTS), to the
+    submitter's gq that connected to the job's terminal socket: the host keeps no copy."""
+
+    op: ClassVar[str] = "terminal"
+    job: JobId
+    run: Positive

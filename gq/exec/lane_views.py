@@ -1,0 +1,61 @@
+"""What the lane rule (:mod:`gq.exec.lanes`, pure) is given at a free lane of the host's:
+the lane's residents as policies see them, each interactive one marked as a person waiting
+while its owner's burst allows (each user's recent interactive use of the device, counted
+here across all their interactive jobs), and the jobs in their gaps that the lane may be
+kept for. The granter (:mod:`gq.exec.granting`) asks through :func:`decide`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gq.exec import lanes as lane_rule
+from gq.exec.residents import Lane, Resident, Standing
+from gq.policies.base import JobView, Policy
+
+
+def decide(
+    policy: Policy,
+    lane: Lane,
+    ready: list[Resident],
+    bursts: dict[str, lane_rule.Burst],
+    now: float,
+) -> lane_rule.Grant | lane_rule.KeepFor | None:
+    """The lane rule's decision for ``lane``, its ``ready`` residents among those it may
+    grant (``bursts``: each user's, kept by the caller and brought up to ``now`` here)."""
+    views, in_gaps = lane_views(lane, bursts, now)
+    return lane_rule.next_step(
+        policy,
+        [views[r.job_id] for r in ready],
+        list(views.values()),
+        in_gaps,
+        now,
+        after_turn=lane.after_turn,
+    )
+
+
+def lane_views(
+    lane: Lane, bursts: dict[str, lane_rule.Burst], now: float
+) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
+    """The residents as policies see them, each made once (a suspended job counts for
+    none; an interactive one waits on a person while its owner's burst allows), and
+    those in their gaps the lane may be kept for."""
+    views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
+    for resident in lane.residents:
+        if resident.interactive and not resident.suspended:
+            burst = bursts.setdefault(resident.user, lane_rule.Burst(at=now))
+            burst.add(resident.attained - resident.burst_counted, now)
+            resident.burst_counted = resident.attained
+            if lane_rule.within_burst(burst.used, resident.mean_iteration):
+                views[resident.job_id] = dataclasses.replace(
+                    views[resident.job_id], person_waits=True
+                )
+    in_gaps = [
+        awaited
+        for r in lane.residents
+        if r.standing is Standing.IDLE
+        and not r.suspended
+        and r.released_at is not None
+        and (awaited := lane_rule.awaited(views[r.job_id], r.released_at, r.mean_gap))
+    ]
+    return views, in_gaps

@@ -1,0 +1,81 @@
+"""Forgetting old jobs (the daemon's --retention): which finished jobs may go, and their
+deletion with their events and the payloads no job uses any more."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from gq.queue.models import Job, Payload
+from gq.queue.queries import CHUNK, chunks
+from gq.queue.spool_usage import count_spool
+from gq.queue.states import JobState
+
+
+def finished_before(session: Session, cutoff: float, limit: int) -> Sequence[tuple[int, str]]:
+    """Ids and snapshot paths of jobs that ended before ``cutoff``, oldest first."""
+    terminal = [s.value for s in JobState if s.terminal]
+    return session.execute(
+        select(Job.id, Job.spool_path)
+        .where(Job.state.in_(terminal), Job.end_time < cutoff)
+        .order_by(Job.end_time)
+        .limit(limit)
+    ).all()
+
+
+def pending_dependencies(session: Session) -> Sequence[str]:
+    return session.scalars(
+        select(Job.dependency).where(
+            Job.state == JobState.PENDING.value, Job.dependency.is_not(None)
+        )
+    ).all()
+
+
+def spool_paths_in_use(session: Session, paths: Iterable[str]) -> set[str]:
+    wanted = sorted(set(paths))
+    used: set[str] = set()
+    for start in range(0, len(wanted), CHUNK):
+        used.update(
+            session.scalars(
+                select(Job.spool_path)
+                .distinct()
+                .where(Job.spool_path.in_(wanted[start : start + CHUNK]))
+            ).all()
+        )
+    return used
+
+
+def purge(session: Session, job_ids: list[int]) -> None:
+    """Forget finished jobs: their rows, their events, and payloads no job uses any more."""
+    owners: dict[int, int | None] = {}  # payload -> its submitter's uid
+    for part in chunks(job_ids):
+        owners.update(
+            (payload, uid)
+            for payload, uid in session.execute(
+                delete(Job)
+                .where(Job.id.in_(part))
+                .returning(Job.payload_id, Job.uid)
+                .execution_options(synchronize_session=False)
+            )
+        )
+    freed: dict[int, int] = {}
+    for part in chunks(sorted(owners)):
+        for payload, size in session.execute(
+            delete(Payload)
+            .where(
+                Payload.id.in_(part),
+                ~Payload.id.in_(
+                    Job.__table__.select()
+                    .with_only_columns(Job.payload_id)
+                    .where(Job.payload_id.in_(part))
+                ),
+            )
+            .returning(Payload.id, Payload.spool_bytes)
+            .execution_options(synchronize_session=False)
+        ):
+            uid = owners[payload]
+            if uid is not None:
+                freed[uid] = freed.get(uid, 0) - size
+    count_spool(session, freed)

@@ -1,0 +1,59 @@
+"""What a simulation hands back: the jobs' runs, the timeline of device time each got, and
+the summary figures (job completion times, makespan, utilization, deadlines met)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from gq.sim.node import JobRun
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One stretch of device time given to a job (for timelines)."""
+
+    device: int
+    job: int
+    start: float
+    end: float
+    lane: int = 0
+
+
+@dataclass
+class Result:
+    policy: str
+    runs: list[JobRun]
+    slices: list[Slice]
+    busy: float
+    gpus: int
+    events: int = 0  # stretches scheduled: what the run cost
+    lanes: int = 1  # per device: utilization is the share of lane time busy
+    complete: bool = True  # False: stopped early (``stop``); jobs not ended have end None
+
+    def jcts(self) -> list[float]:
+        return [run.end - run.job.submit_time for run in self.runs]
+
+    def summary(self) -> dict:
+        jcts = sorted(self.jcts())
+        first = min(run.job.submit_time for run in self.runs)
+        makespan = max(run.end for run in self.runs) - first
+        return {
+            "policy": self.policy,
+            "jobs": len(self.runs),
+            "avg_jct": statistics.fmean(jcts),
+            "median_jct": statistics.median(jcts),
+            "p95_jct": jcts[min(len(jcts) - 1, int(round(0.95 * (len(jcts) - 1))))],
+            "makespan": makespan,
+            "utilization": (
+                self.busy / (self.gpus * self.lanes * makespan) if makespan > 0 else 0.0
+            ),
+            "deadlines_met": self.deadlines_met(),
+        }
+
+    def deadlines_met(self) -> float | None:
+        """The share of jobs with a deadline that ended by it (None: no job had one)."""
+        due = [run for run in self.runs if run.job.deadline is not None]
+        if not due:
+            return None
+        return sum(run.end <= run.job.deadline for run in due) / len(due)
