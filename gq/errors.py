@@ -16,6 +16,13 @@ class UserError(Exception):
             self.exit_code = exit_code
 
 
+class MissingExtra(UserError):
+    """A command needs an optional part of gq that is not installed."""
+
+    def __init__(self, what: str, extra: str):
+        super().__init__(f"{what} needs gq's '{extra}' extra: pip install 'gq[{extra}]'")
+
+
 class WaitTimedOut(UserError):
     """gq wait --timeout passed before the jobs ended (exit status 124, as timeout(1))."""
 

@@ -469,3 +469,36 @@ def test_top_shows_the_node_and_quits_on_q(daemon, tmp_path):
         if process.poll() is None:
             process.kill()
         os.close(main)
+
+
+# ----- optional parts missing -------------------------------------------------------------
+def test_metrics_without_the_prometheus_client_are_refused_in_one_line(home, monkeypatch):
+    """prometheus-client is the 'metrics' extra: without it --metrics is refused at once,
+    saying what to install, and no daemon starts."""
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    refused = gq("daemon", "start", "--kill-wait", "1", "--metrics", f"127.0.0.1:{free_port()}")
+    assert refused.code == 2
+    assert refused.err.strip() == (
+        "gq: error: --metrics needs gq's 'metrics' extra: pip install 'gq[metrics]'"
+    )
+    assert gq("daemon", "status").code == 1
+
+
+def test_no_nvml_module_leaves_the_cpu_device_and_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py (the 'gpu' extra) missing
+    found, note = devices.discover()
+    assert [d.name for d in found] == ["cpu"]
+    assert note == "no NVIDIA GPU found: nvidia-ml-py is not installed (pip install 'gq[gpu]')"
+
+
+def test_the_daemon_and_the_cli_import_without_the_optional_parts():
+    """Neither the daemon nor any command imports an extra at start-up."""
+    code = (
+        "import sys\n"
+        "for extra in ('prometheus_client', 'pynvml', 'matplotlib', 'ipykernel'):\n"
+        "    sys.modules[extra] = None\n"
+        "import gq.daemon.node, gq.daemon.__main__, gq.cli.main\n"
+        "import gq.exec.host_startup, gq.exec.worker\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from gq import client, defaults, home, messages, validation
-from gq.errors import UserError
+from gq.errors import MissingExtra, UserError
 from gq.exec.cgroups import KINDS
 from gq.units import (
     format_period,
@@ -206,6 +206,10 @@ def start(
         )
     if metrics is not None:
         parse_address(metrics)
+        try:
+            import prometheus_client  # noqa: F401 - an extra: only asked whether it is there
+        except ImportError:
+            raise MissingExtra("--metrics", "metrics") from None
     if readings is not None and not os.path.isfile(readings):
         raise UserError(f"--readings {readings}: no such file")
     if system and os.geteuid() != 0:

@@ -32,16 +32,6 @@ class Device:
     def mig(self) -> bool:
         return self.kind == "cuda" and self.uuid is not None and self.uuid.startswith("MIG-")
 
-    def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "index": self.index,
-            "memory_total": self.memory_total,
-            "model": self.model,
-            "uuid": self.uuid,
-        }
-
 
 def cpu_device() -> Device:
     import platform
@@ -63,7 +53,9 @@ def discover() -> tuple[list[Device], str | None]:
     try:
         import pynvml
     except ImportError:
-        return [cpu_device()], "no NVIDIA GPU found: nvidia-ml-py is not installed"
+        return [
+            cpu_device()
+        ], "no NVIDIA GPU found: nvidia-ml-py is not installed (pip install 'gq[gpu]')"
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:

@@ -1,8 +1,9 @@
 """Prometheus metrics (``gq daemon start --metrics ADDR:PORT``), served at ``/metrics`` by
 prometheus_client's own thread.
 
-The daemon's loop hands over a :class:`Snapshot` once a second and observes job starts and
-ends; a scrape only reads the latest snapshot, so it never touches the queue or the loop.
+The daemon's loop hands over a :class:`gq.daemon.monitoring.Snapshot` once a second and
+observes job starts and ends; a scrape only reads the latest snapshot, so it never touches
+the queue or the loop.
 Device figures carry the names NVIDIA's DCGM exporter gives them, so existing GPU
 dashboards work unchanged; everything else is ``gq_*``.
 """
@@ -11,36 +12,18 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gq.daemon.devices import Device
-from gq.messages import DeviceReading
+from gq.daemon.monitoring import Snapshot
 from gq.units import parse_address
 
 WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600)
 RUN_BUCKETS = (10, 60, 300, 900, 3600, 3 * 3600, 12 * 3600, 24 * 3600, 72 * 3600, 168 * 3600)
 MIB = 1 << 20
-
-
-@dataclass
-class LaneState:
-    device: str
-    lane: int
-    residents: int
-    held: bool  # a job holds it (runs an iteration) now
-
-
-@dataclass
-class Snapshot:
-    jobs: dict[tuple[str, str], int] = field(default_factory=dict)  # (state, user) -> count
-    readings: dict[str, DeviceReading] = field(default_factory=dict)
-    lanes: list[LaneState] = field(default_factory=list)
-    switches: dict[str, int] = field(default_factory=dict)  # per device, since its host began
-    guard: dict[str, str] = field(default_factory=dict)  # devices the guard holds, and why
 
 
 class Metrics:

@@ -5,19 +5,40 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gq.daemon import metrics
 from gq.daemon.devices import Device
 from gq.daemon.guard import Guard, Limits
 from gq.daemon.running import Running
 from gq.daemon.sampling import Sampler
-from gq.errors import UserError
+from gq.errors import MissingExtra, UserError
 from gq.messages import DeviceReading
 from gq.queue import stats
 from gq.queue.engine import Database
 
 log = logging.getLogger("gq.daemon")
+
+if TYPE_CHECKING:
+    from gq.daemon.metrics import Metrics
+
+
+@dataclass
+class LaneState:
+    device: str
+    lane: int
+    residents: int
+    held: bool  # a job holds it (runs an iteration) now
+
+
+@dataclass
+class Snapshot:
+    jobs: dict[tuple[str, str], int] = field(default_factory=dict)  # (state, user) -> count
+    readings: dict[str, DeviceReading] = field(default_factory=dict)
+    lanes: list[LaneState] = field(default_factory=list)
+    switches: dict[str, int] = field(default_factory=dict)  # per device, since its host began
+    guard: dict[str, str] = field(default_factory=dict)  # devices the guard holds, and why
 
 
 class Monitor:
@@ -38,12 +59,18 @@ class Monitor:
         self.guard = Guard(limits)
         self.readings: dict[str, DeviceReading] = {}  # the latest sample of each device
         self.sampler = Sampler(devices, Path(readings) if readings else None, job_of)
-        self.metrics: metrics.Metrics | None = None
+        self.metrics: Metrics | None = None
 
     def serve_metrics(self, address: str) -> None:
         """Start the Prometheus endpoint; a daemon that cannot exits at start, saying why."""
         try:
-            self.metrics = metrics.Metrics(address, self.devices)
+            # prometheus-client is an extra ('gq[metrics]'): imported only where asked for.
+            from gq.daemon.metrics import Metrics
+        except ImportError:
+            log.error("cannot serve metrics: %s", MissingExtra("--metrics", "metrics"))
+            raise SystemExit(2) from None
+        try:
+            self.metrics = Metrics(address, self.devices)
         except (OSError, UserError) as exc:
             message = getattr(exc, "strerror", None) or exc
             log.error("cannot serve metrics on %s: %s", address, message)
@@ -68,20 +95,20 @@ class Monitor:
         if self.metrics is not None:
             self.metrics.snapshot = self._snapshot(running, switches)
 
-    def _snapshot(self, running: dict[int, Running], switches: dict[str, int]) -> metrics.Snapshot:
+    def _snapshot(self, running: dict[int, Running], switches: dict[str, int]) -> Snapshot:
         """What a scrape reports until the next sample."""
         with self.db.read() as session:
             counts = stats.counts_by_state_and_user(session)
-        lanes: dict[tuple[str, int], metrics.LaneState] = {}
+        lanes: dict[tuple[str, int], LaneState] = {}
         for device in self.devices:
             for lane in range(self.lanes):
-                lanes[device.name, lane] = metrics.LaneState(device.name, lane, 0, False)
+                lanes[device.name, lane] = LaneState(device.name, lane, 0, False)
         for job in running.values():
             for device in job.devices:
                 state = lanes[device.name, job.lane]
                 state.residents += 1
                 state.held |= job.holds_lane
-        return metrics.Snapshot(
+        return Snapshot(
             jobs=counts,
             readings=dict(self.readings),
             lanes=list(lanes.values()),
