@@ -28,9 +28,9 @@ for _ in gq.steps(range({steps}), total={steps}):
 """
 # Runs released (never asks for the lane) and writes well-formed lines without pause.
 FLOOD = """import os, time
-from gq.exec import protocol, runtime, worker_messages
+from gq.exec import job_session, protocol, worker_messages
 line = protocol.encode(worker_messages.StepsTaken(1)) * 64
-sock = runtime.active.channel.sock
+sock = job_session.active.channel.sock
 while not os.path.exists('stop'):
     sock.sendall(line)
 """

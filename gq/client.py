@@ -303,7 +303,7 @@ def start_daemon(home: Home, options: list[str]) -> _socket.socket:
             return sock
         code = process.poll()
         if code == defaults.ALREADY_RUNNING_EXIT:
-            from gq.daemon.control import running_pid
+            from gq.daemon.pidfiles import running_pid
 
             # The lock's holder is starting (its socket comes) or stopping (then start again).
             if running_pid(home) is None:

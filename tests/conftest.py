@@ -229,10 +229,10 @@ def home(tmp_path, monkeypatch, preloaded_daemons) -> Path:
 
 def live_hosts(root: Path) -> list[int]:
     """Pids of the execution hosts that hold their pidfile lock under ``root``."""
-    from gq.daemon import control
+    from gq.daemon import pidfiles
     from gq.home import Home
 
-    return control.live_hosts(Home(root))
+    return pidfiles.live_hosts(Home(root))
 
 
 class DaemonControl:

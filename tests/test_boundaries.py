@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gq.exec.boundaries import Boundary, LoopShape
-from gq.exec.runtime import INFER, MANUAL, TRAIN
+from gq.exec.job_session import INFER, MANUAL, TRAIN
 
 MODEL, LOSS, D, G, OPT, OPT_D, OPT_G = "model", "loss", "D", "G", "opt", "optD", "optG"
 

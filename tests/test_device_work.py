@@ -91,14 +91,16 @@ def test_a_job_alone_runs_ahead_of_its_device_and_a_newcomer_waits_for_its_tail(
 def test_memory_figures_are_the_device_s_reserved_peak_and_leave_the_script_s_own_alone():
     """The cap holds reserved memory, so the figure is the reserved peak; and the peak
     statistics a training framework logs are the script's: gq never resets them."""
-    from gq.exec import memory
+    from gq.exec import worker_memory
 
     device = FakeDevice()
     device.allocated, device.reserved_peak = 3 << 20, 9 << 20
     device_sync.stand_in(device)
     try:
         for _ in range(3):
-            assert memory.sample() == memory.MemorySample(persistent=3 << 20, peak=9 << 20)
+            assert worker_memory.sample() == worker_memory.MemorySample(
+                persistent=3 << 20, peak=9 << 20
+            )
     finally:
         device_sync.stand_in(None)
     assert device.resets == 0

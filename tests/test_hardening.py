@@ -41,8 +41,8 @@ NEIGHBOUR = "import gq, time\nfor _ in gq.steps(range(40)):\n    time.sleep(0.01
 # Each task of the array sends one hostile line on its worker's own socket, then iterates.
 HOSTILE = r"""
 import gq, json, os, time
-from gq.exec import runtime
-sock = runtime.active.channel.sock
+from gq.exec import job_session
+sock = job_session.active.channel.sock
 frames = [
     b'{"op": "total", "steps": null}\n',
     b'{"op": "total", "steps": ' + str(2**70).encode() + b'}\n',
@@ -115,12 +115,12 @@ def test_worker_step_counts_are_held_to_what_is_plausible(daemon, tmp_path):
         tmp_path / "claims.py",
         (
             "import gq\n"
-            "from gq.exec import runtime\n"
+            "from gq.exec import job_session\n"
             "from gq.exec.worker_messages import StepsTaken\n"
             "for _ in gq.steps(range(5)):\n"
             "    pass\n"
-            "runtime.active.channel.send(StepsTaken(10**12))\n"  # more than it declared
-            "runtime.active.channel.send(StepsTaken(1))\n"  # fewer than it did
+            "job_session.active.channel.send(StepsTaken(10**12))\n"  # more than it declared
+            "job_session.active.channel.send(StepsTaken(1))\n"  # fewer than it did
         ),
     )
     info = wait_state(submit(str(script)), "COMPLETED", timeout=60)
@@ -277,8 +277,8 @@ def test_a_workers_memory_claims_are_believed_only_up_to_its_lane(daemon, tmp_pa
         tmp_path / "claim.py",
         (
             "import os, time, gq\n"
-            "from gq.exec import runtime, worker_messages\n"
-            "session = runtime.active\n"
+            "from gq.exec import job_session, worker_messages\n"
+            "session = job_session.active\n"
             "session.acquire()\n"
             "session.held = False\n"
             "session.channel.send(worker_messages.Done(1, 2**63 - 1, 2**63 - 1))\n"

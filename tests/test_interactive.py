@@ -433,7 +433,7 @@ def test_ipython_runs_under_gq_with_its_cells_holding_the_lane(daemon):
 
 
 def test_ipython_is_run_by_the_python_its_script_names_and_else_as_it_is(tmp_path, monkeypatch):
-    from gq.cli import commands
+    from gq.cli import command_lines
     from gq.errors import UserError
 
     python = os.path.realpath(sys.executable)
@@ -450,19 +450,19 @@ def test_ipython_is_run_by_the_python_its_script_names_and_else_as_it_is(tmp_pat
     os.symlink(python, tmp_path / "python3")
     monkeypatch.setenv("PATH", str(tmp_path))
     for name, interpreter in (("ipython", python), ("ipython3", str(tmp_path / "python3"))):
-        queued = commands.from_argv([name, "--no-banner"], interactive=True)
+        queued = command_lines.from_argv([name, "--no-banner"], interactive=True)
         assert (queued.interpreter, queued.args, queued.name) == (
             interpreter,
             ["--no-banner"],
             "ipython",
         ), name
     for name in ("ipython4", "ipython5", "ipython6"):  # no plain Python named: as it is
-        assert commands.from_argv([name], interactive=True).interpreter is None, name
-    assert commands.from_argv(["ipython"]).interpreter is None  # a batch job: as it is
-    queued = commands.from_argv(["python3", "-m", "IPython", "-i"], interactive=True)
+        assert command_lines.from_argv([name], interactive=True).interpreter is None, name
+    assert command_lines.from_argv(["ipython"]).interpreter is None  # a batch job: as it is
+    queued = command_lines.from_argv(["python3", "-m", "IPython", "-i"], interactive=True)
     assert (queued.interpreter, queued.args) == (str(tmp_path / "python3"), ["-i"])
     with pytest.raises(UserError, match="ipython9: not found on your PATH"):
-        commands.from_argv(["ipython9"], interactive=True)
+        command_lines.from_argv(["ipython9"], interactive=True)
 
 
 def test_terminal_times_a_job_sets_before_1970_cost_no_one_else_anything(daemon, tmp_path):

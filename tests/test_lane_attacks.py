@@ -28,9 +28,9 @@ SCRIBBLER = (
     """
 import json, os, random, sys, threading, time
 import gq
-from gq.exec import runtime
+from gq.exec import job_session
 
-page = runtime.active.lease.page
+page = job_session.active.lease.page
 words = min(int(sys.argv[3]), len(page.map) // 8)
 
 
@@ -51,9 +51,9 @@ HONEST = (
     """
 import json, os, stat, sys, time
 import gq
-from gq.exec import runtime
+from gq.exec import job_session
 
-page = runtime.active.lease.page
+page = job_session.active.lease.page
 mine = []  # what another process could share with it: sockets, pipes, shared memory
 for fd in os.listdir("/proc/self/fd"):
     try:

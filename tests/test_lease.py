@@ -14,7 +14,7 @@ import pytest
 from test_reliability import host_process
 
 from gq import defaults, policies
-from gq.exec import runtime
+from gq.exec import job_session
 from gq.exec.host import Host
 from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
 from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
@@ -210,7 +210,7 @@ def _host_with_worker(worker) -> tuple[Host, Resident, int, socket.socket]:
     if child == 0:
         host_end.close()
         session = WorkerSession(WorkerChannel(worker_end), None, SharedPage.attach(page_fd))
-        runtime.active = session
+        job_session.active = session
         try:
             worker(session)
         finally:
@@ -253,7 +253,7 @@ def _grant_then_lease(session) -> None:
     session.release()  # no message
     session.acquire()
     _spin(0.2)  # another job asks meanwhile
-    session.count_step(runtime.EXPLICIT)
+    session.count_step(job_session.EXPLICIT)
     session.release()  # asked back: a Done
     session.acquire()  # READY
     session.release()
@@ -308,10 +308,10 @@ def test_a_job_that_writes_its_lease_back_keeps_the_lane_for_no_longer_than_its_
 LEASED = """
 import json, os, sys, time
 import gq
-from gq.exec import runtime
+from gq.exec import job_session
 
 log = open("a.jsonl", "a", buffering=1)
-lease = runtime.active.lease
+lease = job_session.active.lease
 
 
 def items():
@@ -381,9 +381,9 @@ def _text(path) -> str:
 HOSTILE = """
 import sys, time
 import gq
-from gq.exec import runtime
+from gq.exec import job_session
 
-lease = runtime.active.lease
+lease = job_session.active.lease
 kind = int(sys.argv[1])
 
 

@@ -155,7 +155,7 @@ def test_a_root_host_with_a_shared_root_shows_the_snapshot_under_the_scripts_nam
 
 
 def test_shells_named_by_a_first_line():
-    from gq.daemon.launch import shell_of
+    from gq.daemon.launch_specs import shell_of
 
     assert shell_of("/bin/bash") == ["/bin/bash"]
     assert shell_of("/bin/bash -e") == ["/bin/bash", "-e"]

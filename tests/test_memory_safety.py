@@ -12,8 +12,8 @@ from datetime import datetime
 import pytest
 
 from gq import defaults
-from gq.daemon import memory
-from gq.exec import memory as worker_memory
+from gq.daemon import memory_figures
+from gq.exec import worker_memory
 from gq.messages import OnOutOfMemory
 
 from conftest import (
@@ -59,7 +59,7 @@ def _losses(tmp_path, job_id: int) -> list[float]:
 
 # ----- the verdict (pure) ---------------------------------------------------------------
 def test_a_run_that_ran_out_is_requeued_with_its_figure_raised_to_what_it_asked_for():
-    verdict = memory.after_shortage(
+    verdict = memory_figures.after_shortage(
         held=5 * G,
         wanted=7 * G + 100 * M,
         figure=4 * G,
@@ -74,7 +74,7 @@ def test_a_run_that_ran_out_is_requeued_with_its_figure_raised_to_what_it_asked_
 
 
 def test_a_run_that_did_not_say_what_it_asked_for_grows_its_figure():
-    verdict = memory.after_shortage(
+    verdict = memory_figures.after_shortage(
         held=400 * M,
         wanted=None,
         figure=400 * M,
@@ -98,7 +98,7 @@ def test_a_run_that_did_not_say_what_it_asked_for_grows_its_figure():
     ],
 )
 def test_a_run_that_ran_out_fails_where_it_must(on_oom, ooms, retries, largest, why):
-    verdict = memory.after_shortage(
+    verdict = memory_figures.after_shortage(
         held=G,
         wanted=7 * G,
         figure=None,
@@ -115,7 +115,7 @@ def test_a_run_that_ran_out_fails_where_it_must(on_oom, ooms, retries, largest, 
 
 
 def test_more_retries_allow_more_runs_out_of_memory():
-    verdict = memory.after_shortage(
+    verdict = memory_figures.after_shortage(
         held=G,
         wanted=2 * G,
         figure=G,
@@ -131,7 +131,7 @@ def test_more_retries_allow_more_runs_out_of_memory():
 def test_a_run_out_of_memory_within_its_own_figure_still_grows_it():
     """Its allocator's cache or a neighbour over its own figure: raised all the same, and
     counted, so that runs out of memory end."""
-    verdict = memory.after_shortage(
+    verdict = memory_figures.after_shortage(
         held=300 * M,
         wanted=500 * M,
         figure=G,
@@ -142,7 +142,7 @@ def test_a_run_out_of_memory_within_its_own_figure_still_grows_it():
         largest=8 * G,
     )
     assert verdict.requeue and verdict.figure == int(G * defaults.OOM_GROWTH)
-    nothing = memory.after_shortage(
+    nothing = memory_figures.after_shortage(
         held=0,
         wanted=0,
         figure=None,
@@ -156,7 +156,7 @@ def test_a_run_out_of_memory_within_its_own_figure_still_grows_it():
 
 
 def test_no_retries_means_no_run_out_of_memory_is_retried():
-    verdict = memory.after_shortage(
+    verdict = memory_figures.after_shortage(
         held=G,
         wanted=2 * G,
         figure=G,
@@ -170,7 +170,7 @@ def test_no_retries_means_no_run_out_of_memory_is_retried():
 
 
 def test_a_probed_figure_is_the_peak_and_its_margin():
-    assert memory.probed_figure(1000 * M) == int(1000 * M * (1 + defaults.MEMORY_MARGIN))
+    assert memory_figures.probed_figure(1000 * M) == int(1000 * M * (1 + defaults.MEMORY_MARGIN))
 
 
 # ----- the worker's recognition ---------------------------------------------------------

@@ -321,7 +321,7 @@ def start(
 
         argv = gq_python("gq.daemon", *(["--system"] if system else []), *options)
         os.execv(argv[0], argv)
-    from gq.daemon.control import running_pid
+    from gq.daemon.pidfiles import running_pid
 
     pid = running_pid(target)
     if pid is not None:
@@ -347,7 +347,7 @@ def stop(
 ) -> None:
     """Stop the daemon (operators only). Running jobs are ended, and --requeue ones go back
     to the queue, unless --keep-jobs."""
-    from gq.daemon.control import live_hosts, readable, running_pid
+    from gq.daemon.pidfiles import live_hosts, readable, running_pid
 
     target = home.locate()
     if not readable(target):  # a system daemon, asked by someone who may not test its lock
@@ -375,7 +375,7 @@ def restart(
     """Replace the daemon without touching running jobs (after an upgrade, say): it stops
     leaving its jobs to their hosts, and a new one, started with the same options,
     re-adopts them."""
-    from gq.daemon.control import running_pid
+    from gq.daemon.pidfiles import running_pid
 
     target = home.locate()
     if target.system and os.geteuid() != 0:
@@ -407,7 +407,7 @@ def _stop_by_asking(target: home.Home, keep_jobs: bool, timeout: float) -> None:
 
 
 def _wait_gone(target: home.Home, pid: int, timeout: float) -> None:
-    from gq.daemon.control import running_pid
+    from gq.daemon.pidfiles import running_pid
 
     deadline = time.monotonic() + timeout
     while running_pid(target) is not None:
@@ -419,7 +419,7 @@ def _wait_gone(target: home.Home, pid: int, timeout: float) -> None:
 @app.command()
 def status() -> None:
     """Say whether the daemon runs; exit 0 if it does, 1 if not (like systemctl is-active)."""
-    from gq.daemon.control import readable, running_pid
+    from gq.daemon.pidfiles import readable, running_pid
 
     target = home.locate()
     pid = running_pid(target)

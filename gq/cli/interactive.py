@@ -30,7 +30,7 @@ from gq.cli import render
 from gq.errors import UserError
 from gq.exec import protocol as wire
 from gq.home import locate
-from gq.queue.statenames import TERMINAL
+from gq.queue.state_codes import TERMINAL
 
 LOOK_EVERY = 0.1  # seconds between looks for a started job's terminal
 ASK_EVERY = 0.5  # ... and between asks for a pending job's state

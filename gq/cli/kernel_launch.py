@@ -21,7 +21,7 @@ import signal
 import sys
 
 from gq import client, messages
-from gq.cli import commands, interactive
+from gq.cli import command_lines, interactive
 from gq.errors import UserError
 from gq.exec import notebook
 from gq.exec import protocol as wire
@@ -38,7 +38,7 @@ class _Ended(Exception):
         self.signum = signum
 
 
-def kernel_job(connection_file: str | None) -> commands.Queued:
+def kernel_job(connection_file: str | None) -> command_lines.Queued:
     """What is queued for a kernel: the kernel's snapshot, run by this interpreter (the one
     the kernelspec names, which has ipykernel), on the connection file (None: a kernel
     checked at its install, whose file Jupyter writes at each start)."""
@@ -55,7 +55,7 @@ def kernel_job(connection_file: str | None) -> commands.Queued:
                 "before it starts the kernel)"
             )
         args = [path]
-    return commands.Queued(
+    return command_lines.Queued(
         os.path.join(os.getcwd(), "jupyter kernel.py"),
         _KERNEL,
         args,

@@ -15,7 +15,7 @@ import time
 
 from gq import client, defaults
 from gq.cli import render
-from gq.queue.statenames import ACTIVE, TERMINAL
+from gq.queue.state_codes import ACTIVE, TERMINAL
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:

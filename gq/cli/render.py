@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from gq import defaults
-from gq.queue.statenames import SHORT
+from gq.queue.state_codes import SHORT
 from gq.units import format_duration, format_size
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing

@@ -17,7 +17,7 @@ import sys
 import time
 
 from gq import client, defaults, validation
-from gq.cli import commands, directives
+from gq.cli import command_lines, directives
 from gq.errors import UserError
 from gq.home import absolute
 from gq.units import parse_duration, parse_seconds, parse_size, parse_when
@@ -109,7 +109,7 @@ def _build(
     params: dict[str, Any],
     given: set[str],
     read_directive: DirectiveReader,
-    queued: commands.Queued,
+    queued: command_lines.Queued,
     pty: bool,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The request for what is queued (and the options it was built from), its directives
@@ -178,7 +178,7 @@ def _print_test_only(answer: Any) -> None:
 
 def _what_to_queue(
     run: bool, script: str | None, args: list[str], wrap: str | None, pty: bool = False
-) -> commands.Queued:
+) -> command_lines.Queued:
     """gq run's command line (``pty``: on a terminal), --wrap's, or the script named."""
     if run:
         if wrap is not None:
@@ -186,14 +186,14 @@ def _what_to_queue(
                 "gq run takes its command after its options (gq run [OPTIONS] -- "
                 "COMMAND [ARGS]...); --wrap is gq submit's"
             )
-        return commands.from_argv([script, *args] if script is not None else [], pty)
+        return command_lines.from_argv([script, *args] if script is not None else [], pty)
     if wrap is not None:
         if script is not None:
             raise UserError("give either a SCRIPT or --wrap CMD, not both")
-        return commands.from_wrap(wrap)
+        return command_lines.from_wrap(wrap)
     if script is None:
         raise UserError("give the script to run (or --wrap CMD; gq run -- CMD runs a command)")
-    return commands.Queued(script, None, args, None, os.path.basename(script))
+    return command_lines.Queued(script, None, args, None, os.path.basename(script))
 
 
 def _read_script(path: str) -> bytes:

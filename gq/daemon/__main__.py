@@ -10,7 +10,7 @@ import signal
 import sys
 
 from gq import defaults, home, log
-from gq.daemon.control import acquire_pidfile
+from gq.daemon.pidfiles import acquire_pidfile
 from gq.errors import AlreadyRunning, UnsafeStateDirectory, UserError
 from gq.units import parse_period
 

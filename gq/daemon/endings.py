@@ -1,6 +1,6 @@
 """How a run ends: what a host's exit report means for its job (:func:`_ending`: why it was
 stopped, if it was, else its exit status), a run that ran out of memory (requeued with its
-figure raised, or failed: see :mod:`gq.daemon.memory`), and recording runs' ends in the
+figure raised, or failed: see :mod:`gq.daemon.memory_figures`), and recording runs' ends in the
 queue, several in one transaction, before the host is told to forget them.
 
 :class:`Endings` is a part of :class:`gq.daemon.supervision.Supervisor`.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gq import messages
-from gq.daemon import admission, memory
+from gq.daemon import admission, memory_figures
 from gq.daemon.devices import Device, context_memory
 from gq.daemon.hosts import HostSettings
 from gq.daemon.progress import progress_of
@@ -295,16 +295,16 @@ class Endings:
         ending: Ending,
         end: float | None,
         progress: job_updates.Progress | None,
-    ) -> memory.Verdict | None:
+    ) -> memory_figures.Verdict | None:
         """Record a run that ran out of memory: back to the queue with its figure raised, or
-        FAILED (see :mod:`gq.daemon.memory`); the verdict (None: the job was no longer
+        FAILED (see :mod:`gq.daemon.memory_figures`); the verdict (None: the job was no longer
         RUNNING, and nothing changed)."""
         row = lookups.job(session, job.job_id)
         if row is None:
             return None
         ran_out = ending.ran_out
         assert ran_out is not None
-        verdict = memory.after_shortage(
+        verdict = memory_figures.after_shortage(
             ran_out.held,
             ran_out.wanted,
             row.mem,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import IO
 
 from gq import defaults
-from gq.daemon import handlers, heap, retention
+from gq.daemon import handlers, heap_trim, retention
 from gq.daemon.access import Caller, Rules
 from gq.daemon.devices import Device, discover, emulated
 from gq.daemon.forecasting import Forecaster, WhatIf
@@ -368,7 +368,7 @@ class Daemon:
                 _isolated(retention.purge, self.db, self.home, self.options.retention)
             if now - last_trim >= defaults.HEAP_TRIM_PERIOD:
                 last_trim = now
-                _isolated(heap.give_back)
+                _isolated(heap_trim.give_back)
         _isolated(self.supervisor.flush)
         _isolated(self.notifier.close)
         _isolated(self.forecaster.close)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, func, or_, select
 
 from gq import defaults
-from gq.daemon.launch import account
+from gq.daemon.launch_specs import account
 from gq.errors import LaunchError
 from gq.exec.host_messages import LaunchSpec
 from gq.exec.spawn import JobProcess, kill_group, start_as_submitter

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from gq.daemon import admission, memory
+from gq.daemon import admission, memory_figures
 from gq.daemon.devices import Device
 from gq.messages import MemoryBasis
 from gq.queue import dependencies, job_updates, transitions
@@ -108,7 +108,7 @@ def blocked(
             reasons.get(request.job_id) == admission.RESOURCES
             and rows[request.job_id].mem_basis == MemoryBasis.RAISED.value
         ):
-            reasons[request.job_id] = memory.shortage_reason(
+            reasons[request.job_id] = memory_figures.shortage_reason(
                 request.footprint.persistent, _most_free(loads, request)
             )
     if drained:  # a job that may run only where an operator drains says so

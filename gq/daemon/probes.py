@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from gq import defaults, messages
 from gq.codec import MessageError
-from gq.daemon import admission, memory
+from gq.daemon import admission, memory_figures
 from gq.daemon.hosts import HostHandle, HostSettings
 from gq.daemon.running import Running
 from gq.exec import host_messages as wire
@@ -49,7 +49,7 @@ class Probes:
             not job.probing
             and not job.over
             and job.footprint.persistent
-            and memory.over_figure(job.footprint.persistent, peak)
+            and memory_figures.over_figure(job.footprint.persistent, peak)
         ):
             job.over = True
             log.warning(
@@ -79,7 +79,7 @@ class Probes:
         shown by gq show; on a GPU its cap from now on), and its lane is open to others
         again."""
         if peak > 0:  # kept in the queue first: a probe whose figure was lost goes on
-            figure = min(memory.probed_figure(peak), self._lane_memory(job))
+            figure = min(memory_figures.probed_figure(peak), self._lane_memory(job))
             with self.db.write() as session:
                 job_updates.set_memory_figure(
                     session, job.job_id, figure, messages.MemoryBasis.MEASURED

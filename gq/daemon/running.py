@@ -52,7 +52,7 @@ class Running:
 
 def footprint(job) -> admission.Footprint:
     """What a job (a row, or anything with its ``mem``) asked for, or was measured or
-    raised to (see :mod:`gq.daemon.memory`)."""
+    raised to (see :mod:`gq.daemon.memory_figures`)."""
     return admission.Footprint(persistent=job.mem or 0, ephemeral=0)
 
 

@@ -29,7 +29,7 @@ from gq.daemon import admission, recovery
 from gq.daemon.devices import Device
 from gq.daemon.endings import Endings
 from gq.daemon.hosts import HostHandle, HostSettings, HostUnavailable
-from gq.daemon.launch import launch_spec
+from gq.daemon.launch_specs import launch_spec
 from gq.daemon.probes import Probes
 from gq.daemon.progress import ProgressReports, progress_of
 from gq.daemon.running import Running, footprint, probed

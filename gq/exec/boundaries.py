@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gq.exec.runtime import INFER, MANUAL, TRAIN
+from gq.exec.job_session import INFER, MANUAL, TRAIN
 
 
 @dataclass(frozen=True)

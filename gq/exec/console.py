@@ -23,7 +23,7 @@ import sys
 import threading
 from types import FrameType
 
-from gq.exec import runtime
+from gq.exec import job_session
 
 TOUCH_EVERY = 1.0  # seconds between touches of a busy job's terminal (a utime call)
 
@@ -90,7 +90,7 @@ class StatementConsole(code.InteractiveConsole):
 def interact() -> None:
     """Run the REPL in ``__main__``, as ``python`` with no script does: its argv, its path,
     its interactive hook (readline, completion, history) and PYTHONSTARTUP."""
-    session = runtime.active
+    session = job_session.active
     namespace = sys.modules["__main__"].__dict__
     for name in ("__file__", "__cached__"):  # the worker's label is no file of the user's
         namespace.pop(name, None)
@@ -118,7 +118,7 @@ def interact_ipython() -> None:
     and options: the job's arguments), each cell ending the iteration it opened."""
     from IPython.terminal.ipapp import TerminalIPythonApp
 
-    session = runtime.active
+    session = job_session.active
     args = sys.argv[1:]
     sys.argv = ["ipython", *args]
     sys.path[0] = ""

@@ -42,7 +42,7 @@ _stand_in: Any = None
 
 def stand_in(module: Any) -> None:
     """Use ``module`` (current_device, Event(blocking=...) with record, query and
-    synchronize, and the memory statistics gq.exec.memory reads) in place of torch.cuda
+    synchronize, and the memory statistics gq.exec.worker_memory reads) in place of torch.cuda
     from now on, initialised or not: a fake device, for tests without a GPU (None: torch's
     own again)."""
     global _stand_in

@@ -31,9 +31,9 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from gq.exec import memory
+from gq.exec import worker_memory
 from gq.exec.boundaries import NOTHING, Boundary, LoopShape
-from gq.exec.runtime import JobSession
+from gq.exec.job_session import JobSession
 
 
 def _nothing() -> None:
@@ -319,7 +319,7 @@ def install(session: JobSession, torch) -> None:
         session.ending = boundaries.end_now
     cap = getattr(session, "memory_cap", None)
     if cap is not None:  # before the script's first allocation, which follows its import
-        memory.cap_devices(torch, cap)
+        worker_memory.cap_devices(torch, cap)
 
 
 def _then(method, after: Callable[[], None]):

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from gq.exec import runtime
+from gq.exec import job_session
 from gq.exec.console import end_cells, interrupting
 
 
@@ -24,7 +24,7 @@ def serve() -> None:
     from ipykernel.ipkernel import IPythonKernel
     from ipykernel.kernelapp import IPKernelApp
 
-    session = runtime.active
+    session = job_session.active
 
     class CellKernel(IPythonKernel):
         def pre_handler_hook(self) -> None:

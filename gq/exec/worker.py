@@ -24,18 +24,18 @@ import types
 
 from gq import defaults
 from gq.codec import INT64_MAX
-from gq.exec import device_sync, hooks, memory, runtime
+from gq.exec import device_sync, hooks, job_session, worker_memory
 from gq.exec.host_messages import SCRIPT_FD, SCRIPT_PATH
 from gq.exec.lease import SharedPage, WorkerLease
 from gq.exec.protocol import WorkerChannel, encode
 from gq.exec.worker_messages import Done, Finished, Go, Ready, StepsTaken, Total
 
 READY = encode(Ready())
-_PLACE = {kind: place for place, kind in enumerate(runtime.COUNTED_FIRST)}
+_PLACE = {kind: place for place, kind in enumerate(job_session.COUNTED_FIRST)}
 
 
 class WorkerSession:
-    """The job side of the protocol (see :mod:`gq.exec.runtime`); safe to call from
+    """The job side of the protocol (see :mod:`gq.exec.job_session`); safe to call from
     several threads: one READY/GO exchange at a time."""
 
     def __init__(
@@ -48,14 +48,14 @@ class WorkerSession:
         self.lock = threading.RLock()
         self.held = False
         self.empty_cache_after = False
-        self.counts = dict.fromkeys(runtime.COUNTED_FIRST, 0)
+        self.counts = dict.fromkeys(job_session.COUNTED_FIRST, 0)
         # What is reported: explicit steps if any, else optimizer steps, else hand-written
         # training steps, else evaluation batches (the count of the first kind counted, in
         # COUNTED_FIRST's order; kept as steps are counted, read at every boundary).
         self.steps = 0
-        self.counted = len(runtime.COUNTED_FIRST)  # that kind's place in the order
+        self.counted = len(job_session.COUNTED_FIRST)  # that kind's place in the order
         self.reported = 0
-        self.sample = memory.MemorySample(0, 0)
+        self.sample = worker_memory.MemorySample(0, 0)
         self.sampled_at = 0.0
         self.detached = False
         self.at_finish: list = []  # what runs as the script ends (the hooks' last boundary)
@@ -73,7 +73,7 @@ class WorkerSession:
 
     def _detach(self) -> None:
         self.detached = True
-        runtime.active = None
+        job_session.active = None
 
     def acquire(self) -> None:
         if self.held or self.detached:
@@ -133,7 +133,7 @@ class WorkerSession:
         self.memory_cap = cap
         torch = sys.modules.get("torch")
         if torch is not None:
-            memory.cap_devices(torch, cap)
+            worker_memory.cap_devices(torch, cap)
 
     def count_step(self, kind: str) -> None:
         if self.detached:  # (its lock may have been held as it was forked)
@@ -168,9 +168,9 @@ class WorkerSession:
         self.held = False
         now = time.monotonic()
         if now - self.sampled_at >= defaults.MEMORY_SAMPLE_PERIOD:
-            self.sample, self.sampled_at = memory.sample(), now
+            self.sample, self.sampled_at = worker_memory.sample(), now
         if self.empty_cache_after:
-            memory.release_cached()
+            worker_memory.release_cached()
         self.reported = steps
         sample = self.sample
         done = Done(steps, sample.persistent, sample.peak)
@@ -223,7 +223,7 @@ class WorkerSession:
         """Tell the host, as the script ends on it, that it ran out of memory and how much it
         held and asked for: its job goes back to the queue (or fails), and no neighbour is
         blamed."""
-        found = memory.shortage(exc)
+        found = worker_memory.shortage(exc)
         if found is not None and not self.detached:
             with self.lock:
                 self.channel.send(found)
@@ -296,7 +296,7 @@ def main(argv: list[str]) -> None:
     session = WorkerSession(
         WorkerChannel(socket.socket(fileno=fd)), int(cap) if cap and cap.isdigit() else None, page
     )
-    runtime.active = session
+    job_session.active = session
     hooks.install_when_imported(session)
     sys.argv = [submitted, *argv[1:]]
     sys.path[0] = os.path.dirname(submitted)  # sibling imports, as `python script.py` has

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from gq.queue import statenames
+from gq.queue import state_codes
 
 
 class JobState(str, Enum):
@@ -37,9 +37,9 @@ class JobState(str, Enum):
         raise UserError(f"unknown job state {text!r}: use one of {names}")
 
 
-_SHORT = {JobState(name): short for name, short in statenames.SHORT.items()}
-TERMINAL = frozenset(JobState(name) for name in statenames.TERMINAL)
-ACTIVE = frozenset(JobState(name) for name in statenames.ACTIVE)
+_SHORT = {JobState(name): short for name, short in state_codes.SHORT.items()}
+TERMINAL = frozenset(JobState(name) for name in state_codes.TERMINAL)
+ACTIVE = frozenset(JobState(name) for name in state_codes.ACTIVE)
 
 ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.DEADLINE}),

@@ -10,7 +10,7 @@ import time
 from sqlalchemy.orm import Session
 
 from gq import defaults, messages
-from gq.daemon.memory import over_figure
+from gq.daemon.memory_figures import over_figure
 from gq.errors import UserError
 from gq.exec import idleness
 from gq.queue import dependencies, lookups, queries
