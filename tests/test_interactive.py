@@ -127,7 +127,10 @@ def test_bash_runs_on_the_terminal_with_its_size_signals_and_exit_status(daemon,
     child.expect("33 101")
     child.expect(PROMPT)
     for key in ("c", "z"):  # to the job's foreground process (cat, once it echoes), not gq
-        child.sendline("cat")
+        # Typed only once bash has left readline (which turns the terminal's echo off), so
+        # that the terminal echoes it and cat prints it: 'ready' comes just before cat runs.
+        child.sendline('echo rea""dy; cat')
+        child.expect("ready\r\n")
         child.sendline("ping")
         child.expect("ping\r\nping\r\n")
         child.sendcontrol(key)
