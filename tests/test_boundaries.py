@@ -148,7 +148,7 @@ def test_the_hooks_never_fail_a_module_that_overrides_parameters():
     forward call under gq: the hooks asked it for an iterator."""
     import torch
 
-    from gq.exec import hooks
+    from gq.exec import outermost_calls
 
     class ListParameters(torch.nn.Module):
         def __init__(self):
@@ -175,7 +175,7 @@ def test_the_hooks_never_fail_a_module_that_overrides_parameters():
             self.calls.append(kind)
 
     session = Session()
-    boundaries = hooks._Boundaries(session, torch)
+    boundaries = outermost_calls.Boundaries(session, torch)
     module = ListParameters()
     boundaries.enter(module)
     boundaries.leave()
@@ -193,9 +193,9 @@ def test_a_module_found_with_parameters_is_not_asked_again_until_it_is_collected
     again, since a model may build its layers in its first call."""
     import torch
 
-    from gq.exec import hooks
+    from gq.exec import outermost_calls
 
-    boundaries = hooks._Boundaries(object(), torch)
+    boundaries = outermost_calls.Boundaries(object(), torch)
     lazy = torch.nn.Module()
     assert boundaries._has_parameters(lazy) is False
     lazy.layer = torch.nn.Linear(2, 2)  # built in its first call

@@ -501,11 +501,11 @@ def test_the_fields_a_submission_sends_are_the_typed_submit_message(options, tmp
     with every option set as given: a field that one side renames, or that SubmitOptions
     gains, fails here."""
     from gq import codec, jsonline, messages
-    from gq.cli import submission
+    from gq.cli import submit_request
 
     script = write_script(tmp_path / "job.py", "print(1)\n")
     parsed = quick.parse([*options, str(script), "arg"], "submit")
-    fields = submission._request(parsed.params, script.read_bytes())
+    fields = submit_request.build(parsed.params, script.read_bytes())
     line = jsonline.dumps({"v": defaults.PROTOCOL_VERSION, "kind": "submit", **fields})
     decoded = messages.decode(line.encode(), messages.REQUESTS)
     assert isinstance(decoded, messages.Submit) and decoded.script == script.read_bytes()
@@ -625,13 +625,13 @@ def test_paths_above_a_link_are_the_links_and_a_deleted_directory_finds_the_daem
     """A submission keeps '..' as given (above a symbolic link is not the link's parent's),
     as pathlib did; a command run from a directory since deleted still finds its daemon
     (the working directory is looked up only for a relative path)."""
-    from gq.cli import submission
+    from gq.cli import submit_request
 
     (tmp_path / "real" / "inner").mkdir(parents=True)
     (tmp_path / "link").symlink_to(tmp_path / "real" / "inner")
     script = write_script(tmp_path / "real" / "job.sh", "true\n")
     parsed = quick.parse(["-D", "link/..", "link/../job.sh"], "submit")
-    fields = submission._request(parsed.params, script.read_bytes())
+    fields = submit_request.build(parsed.params, script.read_bytes())
     assert (fields["workdir"], fields["script_path"]) == (
         f"{tmp_path}/link/..",
         f"{tmp_path}/link/../job.sh",

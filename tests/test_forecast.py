@@ -1,5 +1,6 @@
-"""Forecasts as a pure function of a snapshot of the node (gq.sim.forecast), and the
-simulator started from a node that already runs jobs."""
+"""Forecasts as a pure function of a snapshot of the node (gq.sim.forecast), what each job
+will still do (gq.sim.work_estimates), and the simulator started from a node that already
+runs jobs."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 from gq import policies
 from gq.daemon import admission
 from gq.policies import JobView
-from gq.sim import forecast
-from gq.sim.forecast import Basis, Pending, Running, Snapshot, Work
+from gq.sim import forecast, work_estimates
+from gq.sim.forecast import Pending, Running, Snapshot
 from gq.sim.simulator import Resident, Start, simulate
 from gq.sim.traces import TraceJob
+from gq.sim.work_estimates import Basis, Ended, Past, Work
 
 NOW = 1_000_000.0
 GIB = 1 << 30
@@ -62,7 +64,13 @@ def running(
 ) -> Running:
     seen = view(job_id, steps, done, pace)
     return Running(
-        seen, forecast.work(seen, limit, None, NOW - started), (device_name,), 0, started, 0, limit
+        seen,
+        work_estimates.work(seen, limit, None, NOW - started),
+        (device_name,),
+        0,
+        started,
+        0,
+        limit,
     )
 
 
@@ -138,42 +146,46 @@ def test_a_fully_known_fifo_queue_is_forecast_as_the_simulator_runs_it():
 
 def test_what_a_job_will_do_is_known_estimated_or_unknown_from_what_it_gave():
     measured = view(1, steps=100, done=5, pace=0.1)
-    assert forecast.work(measured, None, None) == Work(100, 0.1, 0.0, 0.0, Basis.KNOWN)
-    earlier = forecast.past(
+    assert work_estimates.work(measured, None, None) == Work(100, 0.1, 0.0, 0.0, Basis.KNOWN)
+    earlier = work_estimates.past(
         [
-            forecast.Ended(run=12.0, steps=100, attained=10.0, iteration=0.1, gap=0.0),
-            forecast.Ended(run=13.0, steps=100, attained=10.0, iteration=0.1, gap=0.0),
+            Ended(run=12.0, steps=100, attained=10.0, iteration=0.1, gap=0.0),
+            Ended(run=13.0, steps=100, attained=10.0, iteration=0.1, gap=0.0),
         ]
     )
     assert earlier.overhead == pytest.approx(2.0)  # the least: run less device time
     assert earlier.startup is None and earlier.exit_cost == 0.0
     # --steps, not started: its pace from its owner's earlier jobs of the same name
-    assert forecast.work(view(2, steps=50), None, earlier) == Work(
+    assert work_estimates.work(view(2, steps=50), None, earlier) == Work(
         50, 0.1, 0.0, 2.0, Basis.ESTIMATED
     )
     # no --steps: as many steps as the earlier jobs ran
-    assert forecast.work(view(3), None, earlier).steps == 100
+    assert work_estimates.work(view(3), None, earlier).steps == 100
     # --steps and -t only: the slowest pace that ends in time
-    assert forecast.work(view(4, steps=10), 60, None) == Work(10, 6.0, 0.0, 0.0, Basis.ESTIMATED)
+    assert work_estimates.work(view(4, steps=10), 60, None) == Work(
+        10, 6.0, 0.0, 0.0, Basis.ESTIMATED
+    )
     # -t only: device time for the whole limit
-    only_limit = forecast.work(view(5), 60, None)
+    only_limit = work_estimates.work(view(5), 60, None)
     assert only_limit.basis is Basis.ESTIMATED
     assert only_limit.steps * only_limit.iteration == pytest.approx(60)
     # where no start-up was measured (a host from before), the overhead is all start-up
     assert (
-        forecast.work(view(8, steps=100, done=5, pace=0.1), None, earlier, elapsed=1.0).teardown
+        work_estimates.work(
+            view(8, steps=100, done=5, pace=0.1), None, earlier, elapsed=1.0
+        ).teardown
         == 0.0
     )
     # a measured start-up tells start-up and exit apart
-    seen = forecast.Past(run=12.0, steps=100, iteration=0.1, gap=0.0, overhead=2.0, startup=0.8)
+    seen = Past(run=12.0, steps=100, iteration=0.1, gap=0.0, overhead=2.0, startup=0.8)
     assert (seen.start_cost, seen.exit_cost) == (0.8, 0.8)  # exit: no longer than start-up
     assert replace(seen, overhead=1.0).exit_cost == pytest.approx(0.2)
     assert replace(seen, exit=0.3).exit_cost == 0.3  # as measured
-    pending_work = forecast.work(view(9, steps=50), None, seen)
+    pending_work = work_estimates.work(view(9, steps=50), None, seen)
     assert (pending_work.startup, pending_work.teardown) == (0.8, 0.8)
     # nothing: unknown
-    assert forecast.work(view(6), None, None).basis is Basis.UNKNOWN
-    assert forecast.work(view(7, steps=10), None, None).basis is Basis.UNKNOWN
+    assert work_estimates.work(view(6), None, None).basis is Basis.UNKNOWN
+    assert work_estimates.work(view(7, steps=10), None, None).basis is Basis.UNKNOWN
 
 
 def test_a_job_of_a_name_none_has_ended_of_takes_the_pace_of_one_running_not_its_limit():
@@ -217,11 +229,11 @@ def test_a_job_of_a_name_none_has_ended_of_takes_the_pace_of_one_running_not_its
     pace = paces[("ann", "sweep")]
     assert (pace.iteration, pace.run, pace.steps) == (0.08, None, None)
     assert pace.startup == 2.0  # as its host measured it
-    estimated = forecast.work(view(4, steps=200), 52.0, pace)
+    estimated = work_estimates.work(view(4, steps=200), 52.0, pace)
     assert estimated == Work(200, 0.08, 0.0, 2.0, Basis.ESTIMATED)
-    assert forecast.work(view(4, steps=200), 52.0, None).iteration == pytest.approx(0.26)
+    assert work_estimates.work(view(4, steps=200), 52.0, None).iteration == pytest.approx(0.26)
     # without --steps its whole run is unknown: the limit still bounds it
-    assert forecast.work(view(5), 52.0, pace).steps * 0.08 == pytest.approx(52.0, abs=0.1)
+    assert work_estimates.work(view(5), 52.0, pace).steps * 0.08 == pytest.approx(52.0, abs=0.1)
 
 
 def test_start_up_is_learned_as_measured_apart_from_waits_for_the_lane_and_the_exit():
@@ -230,17 +242,17 @@ def test_start_up_is_learned_as_measured_apart_from_waits_for_the_lane_and_the_e
     its device time (a wait for the lane in it, and progress a second old). The host's own
     measure (launch to first acquire) is what a job of the name goes on, from ended jobs (a
     median) and from a running one alike; the exit is what the overhead leaves of it."""
-    ended = forecast.past(
+    ended = work_estimates.past(
         [
-            forecast.Ended(run=12.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.5),
+            Ended(run=12.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.5),
             # bound behind another job: 8 s waiting for the lane, which is no start-up
-            forecast.Ended(run=20.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.7),
-            forecast.Ended(run=12.5, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.9),
+            Ended(run=20.0, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.7),
+            Ended(run=12.5, steps=100, attained=10.0, iteration=0.1, gap=0.0, startup=0.9),
         ]
     )
     assert (ended.startup, ended.overhead) == (pytest.approx(0.7), pytest.approx(2.0))
     assert ended.exit_cost == pytest.approx(1.5)  # the least overhead less its start-up
-    assert forecast.work(view(4, steps=50), None, ended) == Work(
+    assert work_estimates.work(view(4, steps=50), None, ended) == Work(
         50, 0.1, 0.0, pytest.approx(0.7), Basis.ESTIMATED, pytest.approx(1.5)
     )
     # the first of a sweep, 10 s in: it waited 8 s behind another job after a 0.4 s start-up
@@ -257,7 +269,7 @@ def test_start_up_is_learned_as_measured_apart_from_waits_for_the_lane_and_the_e
     )
     pace = forecast.running_pace([waited])[("ann", "sweep")]
     assert (pace.start_cost, pace.exit_cost) == (0.4, 0.0)
-    assert forecast.work(view(2, steps=50), None, pace).startup == 0.4
+    assert work_estimates.work(view(2, steps=50), None, pace).startup == 0.4
 
 
 def test_a_running_job_goes_on_from_when_its_progress_was_measured():
@@ -293,7 +305,7 @@ def test_a_job_behind_an_estimated_one_is_estimated_and_behind_an_unknown_one_un
         snapshot(
             [running(1, 30, 10, 0.5, NOW - 6)],
             [
-                pending(2, forecast.work(view(2), 40, None), limit=40),  # -t only
+                pending(2, work_estimates.work(view(2), 40, None), limit=40),  # -t only
                 pending(3, known(10, 0.2)),
             ],
         )
@@ -305,7 +317,7 @@ def test_a_job_behind_an_estimated_one_is_estimated_and_behind_an_unknown_one_un
     made = forecast.forecast(
         snapshot(
             [running(1, 30, 10, 0.5, NOW - 6)],
-            [pending(2, forecast.work(view(2), None, None)), pending(3, known(10, 0.2))],
+            [pending(2, work_estimates.work(view(2), None, None)), pending(3, known(10, 0.2))],
         )
     )
     assert made.jobs[2].basis is Basis.UNKNOWN and made.jobs[2].end is None
@@ -316,7 +328,7 @@ def test_a_job_behind_an_estimated_one_is_estimated_and_behind_an_unknown_one_un
         snapshot(
             [running(1, 30, 10, 0.5, NOW - 6)],
             [
-                pending(2, forecast.work(view(2), None, None, typical=20.0)),
+                pending(2, work_estimates.work(view(2), None, None, typical=20.0)),
                 pending(3, known(10, 0.2)),
             ],
         )
@@ -332,7 +344,7 @@ def test_a_known_job_beside_an_unknown_one_under_fair_is_an_estimate_not_unknown
     made = forecast.forecast(
         snapshot(
             [running(1, 30, 10, 0.5, NOW - 6)],
-            [pending(2, forecast.work(view(2), None, None))],
+            [pending(2, work_estimates.work(view(2), None, None))],
             policy="fair",
         )
     )

@@ -21,7 +21,7 @@ import pytest
 
 from gq import wakeup
 from gq.daemon import ownerfiles
-from gq.exec import spawn
+from gq.exec import process_groups, spawn
 from gq.exec.host import Host
 from gq.exec.host_messages import Launch, LaunchSpec, Started, StopWhy
 
@@ -166,7 +166,7 @@ def test_a_launch_stuck_before_its_exec_costs_the_host_no_wait(monkeypatch):
     assert process.poll() is None
     # It leads its own group already: a cancel that comes at once reaches it.
     assert os.getpgid(process.pid) == process.pid
-    spawn.kill_group(process.pid, signal.SIGKILL)
+    process_groups.kill_group(process.pid, signal.SIGKILL)
     assert process.wait(timeout=10) == -signal.SIGKILL
     process.read_setup()
     assert process.setup_failure is None  # killed, not failed: it said nothing
@@ -213,7 +213,7 @@ def test_the_jobs_program_gets_no_descriptor_of_the_hosts_but_its_socket():
         os.write(passed_write, b"x")  # descriptor 4 of the job is the one it was given
         assert os.read(passed_read, 1) == b"x"
     finally:
-        spawn.kill_group(process.pid, signal.SIGKILL)
+        process_groups.kill_group(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
         for fd in (leaked_read, leaked_write, passed_read, passed_write):
             os.close(fd)

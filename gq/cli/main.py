@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "status": ("jobs", "status", False),
     "show": ("jobs", "show", False),
     "history": ("jobs", "history", False),
-    "logs": ("jobs", "logs", False),
+    "logs": ("logs", "logs", False),
     "wait": ("wait", "wait", False),
     "cancel": ("cancel", "cancel", False),
     "hold": ("control", "hold", False),

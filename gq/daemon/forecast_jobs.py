@@ -18,7 +18,7 @@ from gq.daemon.running import Running
 from gq.queue import dependencies
 from gq.queue.scheduling_rows import SchedulingRow as Row
 from gq.queue.states import JobState
-from gq.sim import forecast
+from gq.sim import forecast, work_estimates
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Pass:
 def running_jobs(
     rows: Sequence[Row],
     jobs: dict[int, Running],
-    past: Callable[[str, str], forecast.Past | None],
+    past: Callable[[str, str], work_estimates.Past | None],
     typical: float | None,
     now: float,
 ) -> list[forecast.Running]:
@@ -51,7 +51,7 @@ def running_jobs(
         running.append(
             forecast.Running(
                 view,
-                forecast.work(
+                work_estimates.work(
                     view, job.time_limit, past(row.user, row.name), now - job.started, typical
                 ),
                 tuple(d.name for d in job.devices),
@@ -72,8 +72,8 @@ def pending_jobs(
     needs: dict[int, dependencies.Dependency],
     runs: dict[int, list[tuple[JobState, bool]]],
     made: Callable[[Row], tuple[policies.JobView, admission.Request]],
-    past: Callable[[str, str], forecast.Past | None],
-    paces: dict[tuple[str, str], forecast.Past],
+    past: Callable[[str, str], work_estimates.Past | None],
+    paces: dict[tuple[str, str], work_estimates.Past],
     typical: float | None,
 ) -> list[forecast.Pending]:
     """Pending jobs as a forecast takes them: the view and request admission takes
@@ -90,7 +90,7 @@ def pending_jobs(
             forecast.Pending(
                 view,
                 request,
-                forecast.work(view, row.time_limit, previous, typical=typical),
+                work_estimates.work(view, row.time_limit, previous, typical=typical),
                 row.begin_time,
                 after,
             )

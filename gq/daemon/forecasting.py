@@ -30,7 +30,7 @@ from gq.queue import dependencies, lookups, stats
 from gq.queue.engine import Database
 from gq.queue.scheduling_rows import SchedulingRow
 from gq.queue.states import JobState
-from gq.sim import forecast
+from gq.sim import forecast, work_estimates
 
 if TYPE_CHECKING:
     from gq.daemon.scheduling import Scheduler
@@ -81,7 +81,7 @@ class Forecaster:
         self.last_end = -math.inf  # monotonic: when the last child ended
         self.reads_left = defaults.FORECAST_HISTORY_READS  # for the snapshot being made
         self.signature: tuple | None = None  # what the last forecast was made from
-        self._past: dict[tuple[str, str], tuple[float, forecast.Past | None]] = {}
+        self._past: dict[tuple[str, str], tuple[float, work_estimates.Past | None]] = {}
         self._running: dict[int, tuple[str, str]] = {}  # id -> (user, name), at the last tick
         self._typical: tuple[float, float | None] = (-math.inf, None)  # read at, seconds
 
@@ -161,7 +161,7 @@ class Forecaster:
         # and again gets no more forecasts than one a second.
         self.next_at = min(self.next_at, self.last_end + defaults.FORECAST_PERIOD)
 
-    def history(self, user: str, name: str) -> forecast.Past | None:
+    def history(self, user: str, name: str) -> work_estimates.Past | None:
         """The user's recent completed jobs of that name, summarised (kept a while)."""
         now = time.monotonic()
         kept = self._past.get((user, name))
@@ -174,9 +174,9 @@ class Forecaster:
             self._past.clear()
         with self.db.read() as session:
             rows = stats.recent_runs(session, user, name, defaults.FORECAST_HISTORY)
-        summary = forecast.past(
+        summary = work_estimates.past(
             [
-                forecast.Ended(end - start, steps, attained, iteration, gap, startup)
+                work_estimates.Ended(end - start, steps, attained, iteration, gap, startup)
                 for start, end, steps, attained, iteration, gap, startup in rows
             ]
         )
@@ -349,13 +349,13 @@ def _test_only(
     known = [f for f in own if f is not None and f.start is not None]
     first = min(known, key=lambda f: f.start) if len(known) == len(own) else None
     ends = [f.end for f in own if f is not None]
-    worst = max((f.basis for f in own if f is not None), default=forecast.Basis.UNKNOWN)
+    worst = max((f.basis for f in own if f is not None), default=work_estimates.Basis.UNKNOWN)
     delayed = forecast.delays(base, made)
     return messages.TestOnly(
         tasks=len(ids),
         start=first.start if first else None,
         end=max(ends) if first and all(e is not None for e in ends) else None,
         device=first.device if first else None,
-        basis=(worst if first else forecast.Basis.UNKNOWN).name.lower(),
+        basis=(worst if first else work_estimates.Basis.UNKNOWN).name.lower(),
         delays=[messages.Delay(job_id, by) for job_id, by in sorted(delayed.items())],
     )

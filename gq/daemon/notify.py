@@ -25,7 +25,8 @@ from gq import defaults
 from gq.daemon.launch_specs import account
 from gq.errors import LaunchError
 from gq.exec.host_messages import LaunchSpec
-from gq.exec.spawn import JobProcess, kill_group, start_as_submitter
+from gq.exec.process_groups import kill_group
+from gq.exec.spawn import JobProcess, start_as_submitter
 from gq.home import Home
 from gq.queue import lookups
 from gq.queue import settings as queue_settings

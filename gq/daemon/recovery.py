@@ -11,7 +11,7 @@ import psutil
 
 from gq import defaults
 from gq.exec.cgroups import Cgroups
-from gq.exec.spawn import environ_value
+from gq.exec.process_groups import environ_value
 from gq.queue import job_updates, queries, transitions
 from gq.queue.engine import Database
 from gq.queue.states import JobState

@@ -34,7 +34,7 @@ from gq.queue import settings as queue_settings
 from gq.queue.engine import Database
 from gq.queue.scheduling_rows import SchedulingRow as Row
 from gq.queue.states import JobState
-from gq.sim import forecast
+from gq.sim import forecast, work_estimates
 
 log = logging.getLogger("gq.daemon")
 PENDING_DRIFT = "pending jobs' rows read again differ from those kept between passes"
@@ -80,7 +80,7 @@ class Scheduler:
         self.probe_guess = min([capacity.probe, *map(self.lane_memory, devices)])
         self.last_pass: forecast_jobs.Pass | None = None
         # (user, name) -> the pace of their running job of that name, at the last snapshot
-        self.running_paces: dict[tuple[str, str], forecast.Past] = {}
+        self.running_paces: dict[tuple[str, str], work_estimates.Past] = {}
 
     def lane_memory(self, device: Device) -> int:
         """What one lane of the device offers: its memory split evenly between lanes."""
@@ -315,7 +315,7 @@ class Scheduler:
         return list(loads.values())
 
     def snapshot(
-        self, past: Callable[[str, str], forecast.Past | None], typical: float | None
+        self, past: Callable[[str, str], work_estimates.Past | None], typical: float | None
     ) -> forecast.Snapshot:
         """The node as the last pass saw it, for a forecast: the devices as admission sees
         them (those that take no job now held), the running jobs with their progress, and
@@ -355,7 +355,7 @@ class Scheduler:
         rows: Sequence[Row],
         needs: dict[int, dependencies.Dependency],
         runs: dict[int, list[tuple[JobState, bool]]],
-        past: Callable[[str, str], forecast.Past | None],
+        past: Callable[[str, str], work_estimates.Past | None],
         typical: float | None,
     ) -> list[forecast.Pending]:
         """Pending jobs as a forecast takes them: the view and request admission takes (one

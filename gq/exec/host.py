@@ -39,9 +39,10 @@ from gq.exec.granting import Granter
 from gq.exec.host_messages import HOST_VERSION, StopWhy
 from gq.exec.job_processes import JobProcesses
 from gq.exec.memory_watch import HostMemoryLimits
+from gq.exec.process_groups import kill_group
 from gq.exec.protocol import TO_HOST, Channel
 from gq.exec.residents import Lane, Resident
-from gq.exec.spawn import JobProcess, kill_group
+from gq.exec.spawn import JobProcess
 from gq.exec.terminal import Terminal, Terminals
 from gq.wakeup import received, signal_socket
 

@@ -25,9 +25,10 @@ from gq.exec.cgroups import JobCgroup
 from gq.exec.granting import Granter
 from gq.exec.host_messages import StopWhy
 from gq.exec.lease import SharedPage
+from gq.exec.process_groups import group_members, kill_group, step_tasks
 from gq.exec.protocol import FROM_WORKER, Channel
 from gq.exec.residents import Lane, Resident
-from gq.exec.spawn import JobProcess, group_members, kill_group, start_as_submitter, step_tasks
+from gq.exec.spawn import JobProcess, start_as_submitter
 from gq.exec.terminal import Terminals
 from gq.queue import spool
 from gq.units import format_duration

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from gq import defaults
 from gq.exec.cgroups import JobCgroup, held_bytes, resident_bytes
 from gq.exec.host_messages import StopWhy
+from gq.exec.process_groups import group_members
 from gq.exec.residents import Resident
-from gq.exec.spawn import group_members
 from gq.units import format_size
 
 log = logging.getLogger("gq.host")

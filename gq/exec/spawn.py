@@ -1,5 +1,6 @@
-"""Starting and signalling a job's processes: as its submitter, in its own process group
-(and cgroup, where the host has them), dying with its execution host.
+"""Starting a job's process: as its submitter, in its own process group (and cgroup, where
+the host has them), dying with its execution host. Signalling and reading its processes once
+they run is :mod:`gq.exec.process_groups`'s.
 
 A host never waits on a job's process once it is the user's: the fork returns as soon as
 the child leads its own session and sits in its cgroup (still as root, which no user can
@@ -403,82 +404,6 @@ def _open_output(path: str | None) -> int:
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)  # the job writes as usual
     return fd
-
-
-def kill_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def group_members(pgid: int) -> set[int]:
-    """The processes of a process group now (read from /proc; those that are gone or
-    cannot be read are left out)."""
-    members = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()  # after "(comm)": state, ppid, pgrp
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            members.add(int(entry))
-    return members
-
-
-def step_tasks(pids: set[int]) -> set[int]:
-    """The processes among ``pids`` that srun started: gq's srun puts each task's own pid in
-    its environment as ``SLURM_TASK_PID`` (as slurmstepd does), which the processes a task
-    forks for itself (DataLoader workers, multiprocessing's helpers) inherit with their
-    parent's pid, not their own."""
-    return {pid for pid in pids if _task_pid(pid) == pid}
-
-
-def _task_pid(pid: int) -> int | None:
-    """``SLURM_TASK_PID`` as the process was started with it (its /proc environ), or None."""
-    value = environ_value(pid, b"SLURM_TASK_PID")
-    return int(value) if value is not None and value.isdigit() and len(value) <= 10 else None
-
-
-# How much of a process's environment root reads: a job can point its environ at gigabytes
-# of untouched memory (prctl PR_SET_MM needs no privilege), so no more than this is read.
-ENVIRON_READ_LIMIT = 256 << 10
-
-
-def environ_value(pid: int, name: bytes) -> bytes | None:
-    """The value of ``name`` in the environment process ``pid`` was started with, where it
-    is within the first :data:`ENVIRON_READ_LIMIT` bytes; None where it is not, or the
-    process is gone. For root's reading of a job's processes: bounded, and not split."""
-    try:
-        fd = os.open(f"/proc/{int(pid)}/environ", os.O_RDONLY | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    chunks, size, whole = [], 0, False
-    try:
-        while size < ENVIRON_READ_LIMIT:
-            chunk = os.read(fd, ENVIRON_READ_LIMIT - size)
-            if not chunk:
-                whole = True
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    environ = b"\0" + b"".join(chunks)
-    at = environ.find(b"\0" + name + b"=")
-    if at < 0:
-        return None
-    start = at + len(name) + 2
-    end = environ.find(b"\0", start)
-    if end < 0:  # the last one read: whole only where the environment ended there
-        return environ[start:] if whole else None
-    return environ[start:end]
 
 
 def die_with_parent() -> None:

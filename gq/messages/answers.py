@@ -13,10 +13,8 @@ from gq.codec import Bounds, MaxLen, message
 from gq.fields import Count, JobId, Name, Text, Timestamp
 from gq.messages.records import DeviceInfo, JobInfo, Label, Line
 
-dataclass = message
 
-
-@dataclass
+@message
 class Submitted:
     """The id of the job (or array) queued."""
 
@@ -24,7 +22,7 @@ class Submitted:
     job_id: int
 
 
-@dataclass
+@message
 class Delay:
     """How much later a queued job would end were the submission queued too."""
 
@@ -32,7 +30,7 @@ class Delay:
     seconds: Annotated[float, Bounds(0, 1e12)]  # how much later it would end
 
 
-@dataclass
+@message
 class TestOnly:
     """What a submission would do (gq submit --test-only): when its first task would start,
     where, and when its last would end (None: unknown), how well that is known, and the
@@ -47,7 +45,7 @@ class TestOnly:
     delays: list[Delay]
 
 
-@dataclass
+@message
 class Jobs:
     """The answer to ListJobs or ShowJob: jobs, and how to ask for the next page."""
 
@@ -63,7 +61,7 @@ class Jobs:
     forecast_made: Timestamp | None = None  # when the forecasts given were made
 
 
-@dataclass
+@message
 class LogFile:
     """A job's output file: opened by the daemon with its owner's rights, the descriptor
     beside the message (SCM_RIGHTS); or, for the owner (``opened`` false), named for the
@@ -76,7 +74,7 @@ class LogFile:
     opened: bool = True
 
 
-@dataclass
+@message
 class Script:
     """A job's script as it would run, to export."""
 
@@ -87,7 +85,7 @@ class Script:
     array_tasks: Annotated[list[int], MaxLen(defaults.MAX_ARRAY_SIZE)] | None = None
 
 
-@dataclass
+@message
 class EndedJob:
     """How one job ended: its state and exit code."""
 
@@ -96,7 +94,7 @@ class EndedJob:
     exit_code: int | None
 
 
-@dataclass
+@message
 class WaitOver:
     """The answer to a Wait: how each job ended, in id order."""
 
@@ -104,7 +102,7 @@ class WaitOver:
     jobs: Annotated[list[EndedJob], MaxLen(defaults.MAX_WAITED)]
 
 
-@dataclass
+@message
 class Report:
     """Lines of text for the caller to print."""
 
@@ -112,7 +110,7 @@ class Report:
     lines: list[Line]
 
 
-@dataclass
+@message
 class PolicyInfo:
     """The node's scheduling policy and its settings."""
 
@@ -122,7 +120,7 @@ class PolicyInfo:
     quantum: str
 
 
-@dataclass
+@message
 class NodeLimits:
     """What one user may ask of the node (the daemon's options), and how jobs are kept."""
 
@@ -138,7 +136,7 @@ class NodeLimits:
     containment: str  # "cgroup v1", "cgroup v2" or "process groups", and what that holds
 
 
-@dataclass
+@message
 class NodeInfo:
     """The node as gq info shows it."""
 
@@ -160,7 +158,7 @@ class NodeInfo:
     drained: dict[Name, Text] = field(default_factory=dict)  # device ("*": node) -> reason
 
 
-@dataclass
+@message
 class Done:
     """A request carried out; ``message`` says what was done."""
 
@@ -168,7 +166,7 @@ class Done:
     message: str
 
 
-@dataclass
+@message
 class Error:
     """A refused request: ``message`` is one line for stderr, ``exit_code`` the CLI's."""
 

@@ -13,7 +13,6 @@ from typing import Annotated
 from gq.codec import MaxLen, message
 from gq.fields import Args, Count, Name, Path, Seconds, TimeLimit, Timestamp
 
-dataclass = message
 Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
 # Task ids and ranges (0-99,200): at most every id up to 4,000,000, each with its comma.
 TaskIds = Annotated[str, MaxLen(8 * 4_000_001)]
@@ -35,7 +34,7 @@ class MemoryBasis(str, enum.Enum):
     RAISED = "raised"  # what it asked for when it ran out of memory
 
 
-@dataclass
+@message
 class EventInfo:
     """One change of a job's state: when, from what to what, and why."""
 
@@ -45,7 +44,7 @@ class EventInfo:
     reason: str | None
 
 
-@dataclass
+@message
 class JobInfo:
     """One job as clients see it; times are seconds since the epoch."""
 
@@ -141,7 +140,7 @@ class JobInfo:
     array_task_count: Count | None = None
 
 
-@dataclass
+@message
 class DeviceProcess:
     """A process on a device, and the gq job it belongs to."""
 
@@ -150,7 +149,7 @@ class DeviceProcess:
     job: int | None  # the gq job it belongs to; None: a process gq did not start
 
 
-@dataclass
+@message
 class DeviceReading:
     """One sample of a device (every figure None where the device cannot tell)."""
 
@@ -169,7 +168,7 @@ class DeviceReading:
     processes: list[DeviceProcess] = field(default_factory=list)
 
 
-@dataclass
+@message
 class DeviceInfo:
     """A device as clients see it: its memory, its lanes and the jobs on it."""
 
@@ -193,7 +192,7 @@ class DeviceInfo:
 INFO, WARNING, REFUSED = "info", "warning", "refused"
 
 
-@dataclass
+@message
 class Line:
     """One line of a command's report: ``info`` to stdout; ``warning`` to stderr; ``refused``
     to stderr, and the command exits 2."""

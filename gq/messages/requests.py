@@ -27,12 +27,11 @@ from gq.fields import (
 )
 from gq.messages.records import Label, OnOutOfMemory
 
-dataclass = message
 Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
 Snapshot = Annotated[bytes, MaxLen(defaults.MAX_SCRIPT)]
 
 
-@dataclass
+@message
 class SubmitOptions:
     """Everything the client parsed from the command line and the script's directives."""
 
@@ -68,7 +67,7 @@ class SubmitOptions:
     idle_timeout: TimeLimit | None = None  # seconds an interactive job may sit idle
 
 
-@dataclass
+@message
 class Submit:
     """Queue a job (or an array): its script's snapshot, arguments, environment and options."""
 
@@ -83,7 +82,7 @@ class Submit:
     test_only: bool = False  # sbatch --test-only: when it would start and end; queue nothing
 
 
-@dataclass
+@message
 class ListJobs:
     """status and history: jobs in ``states`` (all states when None)."""
 
@@ -103,7 +102,7 @@ class ListJobs:
     array_tasks: bool = False
 
 
-@dataclass
+@message
 class ShowJob:
     """One job with its state history; an array's id lists every task."""
 
@@ -111,7 +110,7 @@ class ShowJob:
     label: Label
 
 
-@dataclass
+@message
 class OpenLog:
     """A job's output file, opened by the daemon as its owner may and passed as a descriptor."""
 
@@ -120,7 +119,7 @@ class OpenLog:
     stderr: bool = False
 
 
-@dataclass
+@message
 class ExportScript:
     """A job's script as sbatch would run it (gq export)."""
 
@@ -128,7 +127,7 @@ class ExportScript:
     label: Label
 
 
-@dataclass
+@message
 class Wait:
     """Answered (with the jobs, as a list) once every one of them has ended: the jobs named,
     or else the caller's (``user``'s) pending and running ones."""
@@ -138,7 +137,7 @@ class Wait:
     user: Name | None = None
 
 
-@dataclass
+@message
 class Cancel:
     """Cancel the jobs named, narrowed by state, name and user as scancel does."""
 
@@ -149,7 +148,7 @@ class Cancel:
     user: Name | None = None
 
 
-@dataclass
+@message
 class Hold:
     """Keep pending jobs from starting until released."""
 
@@ -157,7 +156,7 @@ class Hold:
     labels: Labels
 
 
-@dataclass
+@message
 class Release:
     """Let held jobs start again."""
 
@@ -165,7 +164,7 @@ class Release:
     labels: Labels
 
 
-@dataclass
+@message
 class Requeue:
     """Put jobs back in the queue under the same ids; running ones are stopped first."""
 
@@ -175,7 +174,7 @@ class Requeue:
     user: Name | None = None
 
 
-@dataclass
+@message
 class Update:
     """Change jobs' priority or time limit, or pending jobs' other fields (scontrol update)."""
 
@@ -193,7 +192,7 @@ class Update:
     dependency: Text | None = None  # "" removes it
 
 
-@dataclass
+@message
 class Suspend:
     """Stop running jobs in place (``suspended``), or let them go on."""
 
@@ -206,7 +205,7 @@ class Suspend:
 SIGNALS_TO_JOBS = {"INT": 2, "HUP": 1, "QUIT": 3, "USR1": 10, "USR2": 12}
 
 
-@dataclass
+@message
 class SignalJob:
     """Send a running job's main process group one of :data:`SIGNALS_TO_JOBS` (a kernel's
     interrupt), as Jupyter sends its kernel's: the job goes on unless the signal ends it."""
@@ -216,7 +215,7 @@ class SignalJob:
     signal: Annotated[str, MaxLen(8)]
 
 
-@dataclass
+@message
 class Drain:
     """Admit no new job to these devices (none named: to the node); operators only."""
 
@@ -225,7 +224,7 @@ class Drain:
     reason: Text | None = None
 
 
-@dataclass
+@message
 class ResumeDevices:
     """Undo a drain of these devices (none named: of the node and every device)."""
 
@@ -233,7 +232,7 @@ class ResumeDevices:
     devices: Annotated[list[Name], MaxLen(defaults.MAX_GPUS)]
 
 
-@dataclass
+@message
 class SetPolicy:
     """Set the node's scheduling policy and its settings."""
 
@@ -243,21 +242,21 @@ class SetPolicy:
     quantum: Name = "100ms"
 
 
-@dataclass
+@message
 class GetPolicy:
     """The node's scheduling policy and its settings."""
 
     kind: ClassVar[str] = "policy-get"
 
 
-@dataclass
+@message
 class NodeInfoRequest:
     """The node's devices, lanes, limits and settings (gq info)."""
 
     kind: ClassVar[str] = "info"
 
 
-@dataclass
+@message
 class Stop:
     """Stop the daemon; ``keep_jobs`` leaves running jobs to their execution hosts."""
 

@@ -17,7 +17,7 @@ from gq.errors import UserError
 from gq.queue import arrays, lookups, queries, spool, stats
 from gq.queue.models import Job
 from gq.queue.states import JobState
-from gq.sim.forecast import Basis
+from gq.sim.work_estimates import Basis
 
 if TYPE_CHECKING:
     from gq.daemon.handlers import NodeView
