@@ -107,6 +107,12 @@ class Home:
         return self.root / "terminals"
 
     @property
+    def progress(self) -> Path:
+        """Step counts of jobs gq's worker does not run, one file per run, each its job's
+        to write (gq.exec.rank_progress): like ``terminals``, anyone may pass, no one list."""
+        return self.root / "progress"
+
+    @property
     def tag(self) -> str:
         """A short name unique to this state directory (its jobs' cgroups go by it)."""
         import hashlib
@@ -160,10 +166,12 @@ class Home:
         self.spool.mkdir(mode=0o711 if self.system else 0o700, exist_ok=True)
         self.hosts.mkdir(mode=0o700, exist_ok=True)
         self.terminals.mkdir(mode=0o711 if self.system else 0o700, exist_ok=True)
+        self.progress.mkdir(mode=0o711 if self.system else 0o700, exist_ok=True)
         if self.system:  # an existing directory keeps its mode through mkdir: set it
             os.chmod(self.root, top)
             os.chmod(self.spool, 0o711)
             os.chmod(self.terminals, 0o711)
+            os.chmod(self.progress, 0o711)
         return self
 
 

@@ -209,7 +209,7 @@ def test_a_module_found_with_parameters_is_not_asked_again_until_it_is_collected
 BACKWARD_ONCE_AN_OPTIMIZER_STEPS = """
 import sys
 import torch
-from gq.exec import hooks
+from gq.exec import hooks, import_watch
 
 class Session:
     def acquire(self): pass
@@ -254,7 +254,7 @@ import sys
 import threading
 import torch
 import torch.nn.modules.module as module_hooks
-from gq.exec import hooks
+from gq.exec import hooks, import_watch
 
 class Session:
     def __init__(self): self.calls, self.blocked = [], None
@@ -425,7 +425,7 @@ import importlib, importlib.util, sys
 sys.dont_write_bytecode = True
 here = sys.argv[1]
 sys.path.insert(0, here)
-from gq.exec import hooks
+from gq.exec import hooks, import_watch
 
 class Session:
     def acquire(self): pass
@@ -433,7 +433,7 @@ class Session:
     def count_step(self, kind): pass
 
 seen = []
-hooks._after_import("watched", lambda module: seen.append(module.__name__))
+import_watch.after_import("watched", lambda module: seen.append(module.__name__))
 with open(here + "/watched.py", "w") as source:
     source.write("raise RuntimeError('half-built')")
 assert importlib.util.find_spec("watched") is not None  # asked whether it is there
@@ -472,7 +472,7 @@ def test_the_hooks_are_installed_however_often_torch_is_looked_for_first(tmp_pat
 # A session that notes what the hooks ask of it, and holds the lane as a worker's does.
 RECORDING = """
 import torch
-from gq.exec import hooks
+from gq.exec import hooks, import_watch
 
 class Session:
     def __init__(self): self.calls, self.held = [], False

@@ -166,6 +166,8 @@ def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Pop
         home.tag,
         "--terminals",
         str(home.terminals),
+        "--progress",
+        str(home.progress),
         "--attach-wait",
         str(settings.attach_wait),
     )

@@ -19,6 +19,7 @@ from gq.slurm import environment as slurm_env
 from gq.slurm.options import parse_signal
 
 _GQ_PACKAGE = Path(__file__).resolve().parents[1]
+_RANK_SITE = _GQ_PACKAGE / "exec" / "rank_site" / "sitecustomize.py"
 
 
 @functools.cache
@@ -48,6 +49,16 @@ def shim_directory(home: Home) -> str:
     )
     for name, content in (("srun", slurm_env.SHIM.read_bytes()), ("scontrol", scontrol.encode())):
         _write_whole(directory / name, content)
+    return str(directory)
+
+
+@functools.cache
+def rank_site_directory(home: Home) -> str:
+    """A directory holding gq's ``sitecustomize`` for jobs its worker does not run (see
+    :mod:`gq.exec.rank_progress`), where every job's user can reach it, as the shims are."""
+    directory = home.root / "rank_site"
+    directory.mkdir(mode=0o755, exist_ok=True)
+    _write_whole(directory / "sitecustomize.py", _RANK_SITE.read_bytes())
     return str(directory)
 
 
@@ -172,6 +183,12 @@ def launch_spec(
         # Another interpreter may not have gq installed: let it find this one.
         env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [env.get("PYTHONPATH"), gq_only_path(home)])
+        )
+    elif not worker:
+        # Its Python processes load gq's sitecustomize first (it loads any it hides): the
+        # lowest rank's steps are counted (gq.exec.rank_progress).
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [rank_site_directory(home), env.get("PYTHONPATH"), gq_only_path(home)])
         )
     warn = parse_signal(job.warn_signal) if job.warn_signal else None
     return LaunchSpec(

@@ -27,11 +27,11 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import os
-import sys
 import threading
 from collections.abc import Callable
 
 from gq.exec import worker_memory
+from gq.exec.import_watch import after_import
 from gq.exec.job_session import JobSession
 from gq.exec.outermost_calls import Boundaries, Section
 
@@ -53,7 +53,7 @@ def install(session: JobSession, torch) -> None:
             with_parameters=True,
         )
         boundaries.granted_call = granted
-    _after_import(
+    after_import(
         "torch._dynamo", lambda dynamo: _leave_to_dynamo(dynamo, boundaries, noted, granted)
     )
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
@@ -225,44 +225,6 @@ def _noting_backward(backward, boundaries: Boundaries):
     return noted
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then(module)`` right after the module ``name`` is first imported. It stays on
-    ``sys.meta_path`` (a string compared at each import): a finder that took itself off when
-    asked would be off after a mere probe (``importlib.util.find_spec("torch")``, as
-    libraries ask whether torch is there) or an import that failed, and taking it off can
-    make another thread's import skip a finder."""
-
-    def __init__(self, name: str, then: Callable):
-        self.name = name
-        self.then = then
-        self.done = False
-
-    def find_spec(self, name, path, target=None):
-        if name != self.name or self.done:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-        if spec is None or spec.loader is None:
-            return spec
-        loader_exec = spec.loader.exec_module
-
-        def exec_module(module):
-            loader_exec(module)  # one that raises leaves it watching for the next try
-            if module.__name__ == self.name and not self.done:  # (a loader may be shared)
-                self.done = True
-                self.then(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def _after_import(name: str, then: Callable) -> None:
-    module = sys.modules.get(name)
-    if module is not None:
-        then(module)
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, then))
-
-
 def install_when_imported(session: JobSession) -> None:
     """The hooks, once the script imports torch (a script that never does pays nothing)."""
-    _after_import("torch", lambda torch: install(session, torch))
+    after_import("torch", lambda torch: install(session, torch))

@@ -41,6 +41,7 @@ from gq.exec.job_processes import JobProcesses
 from gq.exec.memory_watch import HostMemoryLimits
 from gq.exec.process_groups import kill_group
 from gq.exec.protocol import TO_HOST, Channel
+from gq.exec.rank_progress import RankProgress
 from gq.exec.residents import Lane, Resident
 from gq.exec.spawn import JobProcess
 from gq.exec.terminal import Terminal, Terminals
@@ -64,6 +65,7 @@ class Host:
         memory: int | None = None,
         terminal_dir: str | None = None,
         attach_wait: float = defaults.ATTACH_WAIT,
+        progress_dir: str | None = None,
     ):
         self.device = device
         self.cuda = cuda
@@ -76,6 +78,7 @@ class Host:
         self.exited: dict[int, wire.Exited] = {}  # exit reports no daemon has acknowledged
         self.selector = selectors.DefaultSelector()
         self.terminals = Terminals(terminal_dir, attach_wait, self.selector)  # gq run --pty's
+        self.rank_progress = RankProgress(progress_dir)  # plain processes' counted steps
         self.stopping = False  # ending every job, then exiting
         self.draining = False  # taking no new job, exiting once the last one has ended
         self.child_exited = False
@@ -102,6 +105,7 @@ class Host:
             self._report_exit,
             kill_grace,
             cgroup_backend,
+            self.rank_progress,
         )
         self.host_memory = HostMemoryLimits(self.residents, self.selector, self.jobs.kill)
         self._from_daemon_handlers: dict[type, Callable] = {
@@ -142,6 +146,7 @@ class Host:
                     self.jobs.kill_lingering,
                     self.host_memory.watch,
                     self.jobs.watch_idle,
+                    self._read_rank_progress,
                 ):
                     self._isolated(chore)
             self._isolated(self._maybe_send_progress)
@@ -231,6 +236,9 @@ class Host:
         if self.daemon is not None and self.greeted and not self.daemon.send(message):
             log.warning("the daemon went away")
             self._forget_daemon()
+
+    def _read_rank_progress(self) -> None:
+        self.rank_progress.read_all(self.residents)
 
     def _report_exit(self, report: wire.Exited) -> None:
         """A job has ended and nothing of it is left: its report is kept until a daemon

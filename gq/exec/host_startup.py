@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--cgroup", choices=cgroups.KINDS, default=defaults.CGROUP)
     parser.add_argument("--scope", required=True, help="this gq instance's cgroup tag")
     parser.add_argument("--terminals", help="where interactive jobs' terminal sockets go")
+    parser.add_argument("--progress", help="where plain processes' step counts go")
     parser.add_argument(
         "--attach-wait",
         type=float,
@@ -89,6 +90,7 @@ def main() -> None:
             args.memory,
             args.terminals,
             args.attach_wait,
+            args.progress,
         ).run()
     finally:
         os.unlink(host_paths(args.state_dir, args.device)[1])

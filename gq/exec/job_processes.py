@@ -27,6 +27,7 @@ from gq.exec.host_messages import StopWhy
 from gq.exec.lease import SharedPage
 from gq.exec.process_groups import group_members, kill_group, step_tasks
 from gq.exec.protocol import FROM_WORKER, Channel
+from gq.exec.rank_progress import RankProgress
 from gq.exec.residents import Lane, Resident
 from gq.exec.spawn import JobProcess, start_as_submitter
 from gq.exec.terminal import Terminals
@@ -56,6 +57,7 @@ class JobProcesses:
         report_exit: Callable[[wire.Exited], None],
         kill_grace: float,
         cgroup_backend: cgroups.Cgroups | None = None,
+        progress: RankProgress | None = None,
     ):
         self.device = device
         self.cuda = cuda
@@ -67,6 +69,7 @@ class JobProcesses:
         self.report_exit = report_exit  # the host keeps it until a daemon acknowledges it
         self.kill_grace = kill_grace
         self.cgroups = cgroup_backend
+        self.progress = progress or RankProgress(None)
         self.lingering: list[JobCgroup] = []  # killed, not empty yet: killed again until so
         self._next_idle_check = 0.0  # interactive jobs' terminals (gq.exec.idleness)
 
@@ -77,7 +80,7 @@ class JobProcesses:
         env = dict(spec.env)
         fds: dict[int, int] = {}
         script = _open_snapshot(spec)
-        worker_end = host_end = page = page_fd = slave = None
+        worker_end = host_end = page = page_fd = slave = progress_file = None
         try:
             if script is not None:
                 fds[wire.SCRIPT_FD] = script
@@ -93,6 +96,10 @@ class JobProcesses:
                     fds[wire.PAGE_FD] = page_fd
                 if spec.mem_cap is not None and self.cuda:
                     env["GQ_MEM_CAP"] = str(spec.mem_cap)
+            else:
+                progress_file = self.progress.create(spec.id, spec.run, spec.uid, spec.gid)
+                if progress_file is not None:
+                    env["GQ_PROGRESS_FILE"] = progress_file
             cgroup, cgroup_cap = self._make_cgroup(spec)
             try:
                 process = start_as_submitter(spec, env, fds, cgroup)
@@ -106,6 +113,7 @@ class JobProcesses:
             if page is not None:
                 page.close()
             self.terminals.discard(spec.id)
+            self.progress.remove(progress_file)
             raise
         finally:
             if slave is not None:
@@ -148,6 +156,8 @@ class JobProcesses:
             probing=spec.probe,
             page=page,
             host_mem_watched=spec.host_mem if cgroup is None or not cgroup.memory_limited else None,
+            progress_file=progress_file,
+            uid=spec.uid,
         )
 
     def set_up(self, process: JobProcess) -> None:
@@ -218,6 +228,7 @@ class JobProcesses:
             self.granter.from_worker(resident)
         if resident.channel is not None:
             self.granter.drop_channel(resident)
+        self.progress.take_last(resident)
         resident.exit_status, resident.exited_at, resident.ended_wall = code, now, time.time()
         if self.terminals.job_ended(resident.job_id) and resident.kill_why is None:
             resident.kill_why, resident.detail = StopWhy.HANGUP, "its terminal was closed"
