@@ -186,10 +186,11 @@ def launch_spec(
         )
     elif not worker:
         # Its Python processes load gq's sitecustomize first (it loads any it hides): the
-        # lowest rank's steps are counted (gq.exec.rank_progress).
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [rank_site_directory(home), env.get("PYTHONPATH"), gq_only_path(home)])
-        )
+        # lowest rank's steps are counted (gq.exec.rank_progress). Once: a job submitted
+        # from within a job inherits the path.
+        site = rank_site_directory(home)
+        inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+        env["PYTHONPATH"] = os.pathsep.join([site, *inherited])
     warn = parse_signal(job.warn_signal) if job.warn_signal else None
     return LaunchSpec(
         id=job.id,

@@ -78,7 +78,7 @@ class Host:
         self.exited: dict[int, wire.Exited] = {}  # exit reports no daemon has acknowledged
         self.selector = selectors.DefaultSelector()
         self.terminals = Terminals(terminal_dir, attach_wait, self.selector)  # gq run --pty's
-        self.rank_progress = RankProgress(progress_dir)  # plain processes' counted steps
+        self.rank_progress = RankProgress(progress_dir, device)  # plain processes' steps
         self.stopping = False  # ending every job, then exiting
         self.draining = False  # taking no new job, exiting once the last one has ended
         self.child_exited = False

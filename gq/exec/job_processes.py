@@ -69,7 +69,7 @@ class JobProcesses:
         self.report_exit = report_exit  # the host keeps it until a daemon acknowledges it
         self.kill_grace = kill_grace
         self.cgroups = cgroup_backend
-        self.progress = progress or RankProgress(None)
+        self.progress = progress or RankProgress(None, device)
         self.lingering: list[JobCgroup] = []  # killed, not empty yet: killed again until so
         self._next_idle_check = 0.0  # interactive jobs' terminals (gq.exec.idleness)
 
@@ -78,9 +78,10 @@ class JobProcesses:
         """Start the job's process as its submitter, in its own process group and cgroup,
         with its snapshot open as SCRIPT_FD and, for a Python job, its socket as WORKER_FD."""
         env = dict(spec.env)
+        env.pop("GQ_PROGRESS_SOCKET", None)  # a job submitted from a job's: not that one's
         fds: dict[int, int] = {}
         script = _open_snapshot(spec)
-        worker_end = host_end = page = page_fd = slave = progress_file = None
+        worker_end = host_end = page = page_fd = slave = progress = None
         try:
             if script is not None:
                 fds[wire.SCRIPT_FD] = script
@@ -97,9 +98,9 @@ class JobProcesses:
                 if spec.mem_cap is not None and self.cuda:
                     env["GQ_MEM_CAP"] = str(spec.mem_cap)
             else:
-                progress_file = self.progress.create(spec.id, spec.run, spec.uid, spec.gid)
-                if progress_file is not None:
-                    env["GQ_PROGRESS_FILE"] = progress_file
+                progress = self.progress.bind(spec.id, spec.run, spec.uid, spec.gid)
+                if progress is not None:
+                    env["GQ_PROGRESS_SOCKET"] = progress.getsockname()
             cgroup, cgroup_cap = self._make_cgroup(spec)
             try:
                 process = start_as_submitter(spec, env, fds, cgroup)
@@ -113,7 +114,7 @@ class JobProcesses:
             if page is not None:
                 page.close()
             self.terminals.discard(spec.id)
-            self.progress.remove(progress_file)
+            self.progress.discard(progress)
             raise
         finally:
             if slave is not None:
@@ -156,8 +157,7 @@ class JobProcesses:
             probing=spec.probe,
             page=page,
             host_mem_watched=spec.host_mem if cgroup is None or not cgroup.memory_limited else None,
-            progress_file=progress_file,
-            uid=spec.uid,
+            step_socket=progress,
         )
 
     def set_up(self, process: JobProcess) -> None:
@@ -228,7 +228,7 @@ class JobProcesses:
             self.granter.from_worker(resident)
         if resident.channel is not None:
             self.granter.drop_channel(resident)
-        self.progress.take_last(resident)
+        self.progress.close(resident)
         resident.exit_status, resident.exited_at, resident.ended_wall = code, now, time.time()
         if self.terminals.job_ended(resident.job_id) and resident.kill_why is None:
             resident.kill_why, resident.detail = StopWhy.HANGUP, "its terminal was closed"

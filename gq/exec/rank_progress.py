@@ -2,111 +2,139 @@
 ``torchrun`` (``srun -n 2``, accelerate, deepspeed) starts.
 
 Such a job's processes get no lane and no boundaries, but their steps can still be
-counted: every Python process of the job loads a ``sitecustomize`` from gq (see
-``gq/exec/rank_site/``), and the process of the lowest rank (``RANK``, else
-``SLURM_PROCID``, 0) counts its optimizer's steps (:mod:`gq.exec.rank_steps`) into a
-file the host made for the run. The host reads that file each second.
+counted: every Python process of the job loads gq's ``sitecustomize`` first
+(``gq/exec/rank_site/``), and the job's lowest rank (``RANK``, else ``SLURM_PROCID``, 0)
+sends the count of its first optimizer's steps, as a datagram, to a socket the host bound
+for the run. The host reads what came each second.
 
-The file is the job's to write, and so hostile: the host made it (the job's own, mode
-0600, in a directory of the host's that no one else may change names in), opens it without
-following links and without blocking, reads a few bytes, and believes a count only as it
-believes a worker's (never less than before, never past the job's total).
+What arrives is the job's to send, and so hostile: the socket is the job's user's alone to
+send to (0600, in a directory of the host's that no one else may change names in), takes
+no disk (a job that sends faster than the host reads is refused by its own full buffer),
+and the host believes a count only as it believes a worker's: plain digits within int64,
+never less than before, never past the job's total.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
+import socket
 import time
 
 from gq.exec.residents import Resident
+from gq.exec.terminal import bind_private
 from gq.validation import INT64_MAX
 
 log = logging.getLogger("gq.host")
 
-READ_EVERY = 1.0  # seconds between two reads of every file
-MOST_BYTES = 32  # a count is at most 19 digits, padded
+READ_EVERY = 1.0  # seconds between two reads of every run's socket
+MOST_BYTES = 32  # a count is at most 19 digits
+# Datagrams taken from one socket a read, past what a full one holds (net.unix.max_dgram_qlen,
+# 512 by default): the largest plausible count among them counts.
+MOST_READS = 1024
 
 
 class RankProgress:
-    """The progress files of one host's runs, in ``directory`` (None: counts none)."""
+    """The progress sockets of one device's runs, in ``directory`` (None: counts none)."""
 
-    def __init__(self, directory: str | None):
+    def __init__(self, directory: str | None, device: str):
         self.directory = directory
+        self.device = device
         self._next_read = 0.0
+        self.sweep()
 
-    def create(self, job_id: int, run: int, uid: int | None, gid: int | None) -> str | None:
-        """A new empty file for the run, the job's own; None where the host keeps none."""
+    def sweep(self) -> None:
+        """What a host of this device left before it (killed, say): no run of it lives."""
+        if self.directory is None:
+            return
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(f"{self.device}."):
+                _unlink(os.path.join(self.directory, name))
+
+    def bind(self, job_id: int, run: int, uid: int | None, gid: int | None):
+        """The run's socket, its user's alone to send to; None where the host keeps none or
+        cannot make one (its steps then go uncounted, nothing else changes)."""
         if self.directory is None:
             return None
-        path = os.path.join(self.directory, f"{job_id}.{run}")
+        path = os.path.join(self.directory, f"{self.device}.{job_id}.{run}")
         try:
-            os.unlink(path)  # a run of that number this host left behind (killed, say)
-        except FileNotFoundError:
-            pass
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            sock = bind_private(path, socket.SOCK_DGRAM)
         except OSError as exc:
-            log.warning("job %d: no progress file (%s); its steps go uncounted", job_id, exc)
+            log.warning("job %d: no progress socket (%s); its steps go uncounted", job_id, exc)
             return None
         try:
             if os.geteuid() == 0 and uid is not None and uid != 0:
-                os.fchown(fd, uid, -1 if gid is None else gid)
-        finally:
-            os.close(fd)
-        return path
+                os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
+            sock.setblocking(False)
+        except OSError as exc:
+            log.warning("job %d: no progress socket (%s); its steps go uncounted", job_id, exc)
+            sock.close()
+            _unlink(path)
+            return None
+        return sock
 
     def read_all(self, residents: dict[int, Resident]) -> None:
-        """Each run's count, about once a second, taken as a worker's would be."""
+        """Each run's latest count, about once a second, taken as a worker's would be."""
         now = time.monotonic()
         if now < self._next_read:
             return
         self._next_read = now + READ_EVERY
         for resident in residents.values():
-            if resident.progress_file is not None and resident.exit_status is None:
-                count = read_count(resident.progress_file, resident.uid)
-                if count is not None:
-                    resident.record_steps(count)
+            if resident.step_socket is not None:
+                take(resident)
 
-    def take_last(self, resident: Resident) -> None:
-        """The run's process has exited: its last count (written as its ranks exit), then
-        the file goes."""
-        if resident.progress_file is None:
-            return
-        count = read_count(resident.progress_file, resident.uid)
-        if count is not None:
-            resident.record_steps(count)
-        self.remove(resident.progress_file)
-        resident.progress_file = None
+    def close(self, resident: Resident) -> None:
+        """The run's process has exited: what it sent last, then the socket goes."""
+        if resident.step_socket is not None:
+            take(resident)
+            self.discard(resident.step_socket)
+            resident.step_socket = None
 
     @staticmethod
-    def remove(path: str | None) -> None:
-        if path is not None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+    def discard(sock: socket.socket | None) -> None:
+        if sock is not None:
+            path = sock.getsockname()
+            sock.close()
+            if isinstance(path, str) and path:
+                _unlink(path)
 
 
-def read_count(path: str, uid: int | None) -> int | None:
-    """The count in the file, or None where it holds none a host can trust: not a regular
-    file of the job's user (swapped for a link, a FIFO, a device), or anything but digits."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+def take(resident: Resident) -> None:
+    """The datagrams waiting on the run's socket: the largest plausible count counts."""
+    assert resident.step_socket is not None
+    best = None
+    for _ in range(MOST_READS):
+        try:
+            data = resident.step_socket.recv(MOST_BYTES + 1)
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError:
+            break
+        count = parse_count(data)
+        if count is not None and (best is None or count > best):
+            best = count
+    if best is not None:
+        resident.record_steps(best)
+
+
+def parse_count(data: bytes) -> int | None:
+    """A count, or None where the datagram holds anything but one: plain ASCII digits,
+    at most int64."""
+    if len(data) > MOST_BYTES:
         return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or (uid is not None and info.st_uid != uid):
-            return None
-        data = os.pread(fd, MOST_BYTES, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    text = data.strip(b" \n\0")
+    text = data.strip(b" \n")
     if not text.isdigit() or len(text) > 19:  # bytes.isdigit: ASCII digits only
         return None
     count = int(text)
     return count if count <= INT64_MAX else None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

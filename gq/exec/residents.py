@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -146,10 +147,8 @@ class Resident:
     mem_cap: int | None = None  # bytes of device memory it may hold (its figure)
     cgroup_cap: int | None = None  # its cgroup's memory limit, where that holds mem_cap
     host_mem_watched: int | None = None  # its --host-mem, where no cgroup holds it
-    # A plain process's steps, as its lowest rank counts them (gq.exec.rank_progress),
-    # in a file of the job's user (uid).
-    progress_file: str | None = None
-    uid: int | None = None
+    # Where a plain process's lowest rank sends its count of steps (gq.exec.rank_progress).
+    step_socket: socket.socket | None = None
     cap_unsent: bool = False  # a CUDA worker is told its probed cap with its next grant
     probing: bool = False  # it declared no memory: its first figures go to the daemon at once
     page: SharedPage | None = None  # shared with its worker (gq.exec.lease)

@@ -266,14 +266,14 @@ def _listen(path: str, uid: int, gid: int | None) -> socket.socket:
     return listener
 
 
-def bind_private(path: str) -> socket.socket:
+def bind_private(path: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
     """A unix socket bound at ``path`` (whatever was there removed), made 0600 as it is
-    bound, so that no one can connect before its owner is set."""
+    bound, so that no one can connect (or send) before its owner is set."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = socket.socket(socket.AF_UNIX, kind)
     old_umask = os.umask(0o177)
     try:
         listener.bind(path)
