@@ -30,7 +30,9 @@ def data_dir(tmp_path, monkeypatch):
 
 def _kernel(name: str):
     """The kernel started as Jupyter starts it, its blocking client ready; its job id."""
-    manager = jupyter_client.KernelManager(kernel_name=name)
+    # Jupyter's SIGTERM comes after shutdown_wait_time (5 s by default): a busy machine may
+    # take longer than that to end a kernel's job, which then ends CANCELLED.
+    manager = jupyter_client.KernelManager(kernel_name=name, shutdown_wait_time=30.0)
     manager.start_kernel()
     client = manager.client()
     client.start_channels()
@@ -265,7 +267,7 @@ def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(
         steps = job(batch_id)["steps_done"]
         wait_for(
             lambda: job(batch_id)["steps_done"] > steps + 2,
-            15,
+            30,
             what="the batch job to go on while the kernel is idle",
         )
         assert not job(kernel_id)["holds_lane"] and job(kernel_id)["state"] == "RUNNING"
@@ -283,7 +285,7 @@ def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(
         steps = job(batch_id)["steps_done"]
         wait_for(
             lambda: job(batch_id)["steps_done"] > steps + 2,
-            15,
+            30,
             what="the batch job to go on after the interrupted cell",
         )
         assert not job(kernel_id)["holds_lane"]
