@@ -245,7 +245,7 @@ def test_a_ctrl_c_as_a_release_goes_waits_for_the_done_and_loses_nothing():
         worker_end.close()
 
 
-HOOKS_INTERRUPTED = r"""
+HOOKS_SCAFFOLD = r"""
 import signal, socket, sys, threading, time
 import torch
 from gq.exec import hooks
@@ -270,6 +270,22 @@ threading.Thread(target=host, daemon=True).start()
 hooks.install(session, torch)
 boundaries = session.ending.__self__
 
+"""
+# How a statement ends, interrupted: what its end gives back, as the host hears it.
+STATEMENT_END = r"""
+try:
+    model(torch.ones(4))
+except KeyboardInterrupt:
+    print("interrupted")
+session.end_iteration()  # the statement's end
+deadline = time.monotonic() + 3
+while "Done" not in heard and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("heard", " ".join(heard))
+"""
+HOOKS_INTERRUPTED = (
+    HOOKS_SCAFFOLD
+    + r"""
 class TrippingLock:
     # The hooks' lock, whose next acquire comes with a SIGINT once armed.
     def __init__(self):
@@ -295,16 +311,25 @@ class Arming(torch.nn.Linear):
         return super().forward(x)
 
 model = Arming(4, 4)
-try:
-    model(torch.ones(4))
-except KeyboardInterrupt:
-    print("interrupted")
-session.end_iteration()  # the statement's end
-deadline = time.monotonic() + 3
-while "Done" not in heard and time.monotonic() < deadline:
-    time.sleep(0.01)
-print("heard", " ".join(heard))
 """
+    + STATEMENT_END
+)
+# The SIGINT comes while the hooks' own code runs between its sections: in the finally
+# that leaves the outermost call, before it has counted the call out.
+HOOKS_INTERRUPTED_BETWEEN = (
+    HOOKS_SCAFFOLD
+    + r"""
+leave = boundaries.leave
+
+def interrupted_leave():
+    interrupting(session)(signal.SIGINT, sys._getframe(1))  # in the hooks' frame
+    leave()
+
+boundaries.leave = interrupted_leave
+model = torch.nn.Linear(4, 4)
+"""
+    + STATEMENT_END
+)
 
 
 def test_a_ctrl_c_as_the_hooks_count_a_call_out_leaves_no_iteration_open(tmp_path):
@@ -316,6 +341,25 @@ def test_a_ctrl_c_as_the_hooks_count_a_call_out_leaves_no_iteration_open(tmp_pat
 
     done = subprocess.run(
         [sys.executable, "-c", HOOKS_INTERRUPTED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["interrupted", "heard Ready Done"], done
+
+
+def test_a_ctrl_c_between_the_hooks_sections_is_raised_after_the_call_is_counted_out():
+    """A Ctrl-C can come while the hooks run outside their sections, in the finally that
+    counts an outermost call out: raised there, the call stayed counted inside and the lane
+    with an idle kernel (a batch job beside an interrupted notebook cell stopped, now and
+    then, under load). It is held back to the end of the call's counting out."""
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", HOOKS_INTERRUPTED_BETWEEN],
         capture_output=True,
         text=True,
         timeout=120,

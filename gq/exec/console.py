@@ -140,13 +140,24 @@ def end_cells(shell, session) -> None:
         shell.events.register("post_run_cell", lambda result: session.end_iteration())
 
 
+# The modules that mark a job's boundaries and speak for it to its host. A Ctrl-C that
+# comes while one of them runs (even between its sections: in the finally that would leave a
+# module call, say) would leave the hooks counting a call that never ends, and the lane held
+# for good; it is raised at the next section's end instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_BOUNDARY_CODE = frozenset(
+    os.path.join(_HERE, name)
+    for name in ("hooks.py", "outermost_calls.py", "boundaries.py", "worker.py", "lease.py")
+)
+
+
 def interrupting(session):
     """The SIGINT handler of a statement (or a cell): a KeyboardInterrupt, held back while
-    the worker and its host exchange a READY and its GO, or a release and its DONE, and
-    while the hooks count what is inside an iteration."""
+    the worker and its host exchange a READY and its GO, or a release and its DONE, while
+    the hooks count what is inside an iteration, and while gq's boundary code runs at all."""
 
     def on_interrupt(signum: int, frame: FrameType | None) -> None:
-        if session.holding:
+        if session.holding or (frame is not None and frame.f_code.co_filename in _BOUNDARY_CODE):
             session.interrupted = True  # raised once the section is over
             return
         signal.default_int_handler(signum, frame)  # python's own (no frame of gq's shown)
