@@ -10,3 +10,6 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
         || "$PYTHON" -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 fi
 "$PYTHON" -m pip install --quiet -e ".[test,plot]"
+# Every command and every job imports gq: compile it once here, since an environment may ask
+# Python not to write bytecode (PYTHONDONTWRITEBYTECODE), and each process would compile it.
+"$PYTHON" -m compileall -q gq migrations

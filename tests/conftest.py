@@ -361,6 +361,8 @@ def shared_install(tmp_path_factory) -> SharedInstall:
     source = base / "src"
     for part in ("gq", "migrations"):
         shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+    # Compiled once for every user's processes (none of them may write it there).
+    subprocess.run([str(python), "-m", "compileall", "-q", str(source)], check=True)
     _open_to_all(base)
     return SharedInstall(str(python), source)
 
