@@ -22,7 +22,7 @@ import socket
 import time
 
 from gq.exec.residents import Resident
-from gq.exec.terminal import bind_private
+from gq.exec.terminal import bind_for_user
 from gq.validation import INT64_MAX
 
 log = logging.getLogger("gq.host")
@@ -62,20 +62,11 @@ class RankProgress:
             return None
         path = os.path.join(self.directory, f"{self.device}.{job_id}.{run}")
         try:
-            sock = bind_private(path, socket.SOCK_DGRAM)
+            return bind_for_user(path, socket.SOCK_DGRAM, uid, gid)
         except OSError as exc:
             log.warning("job %d: no progress socket (%s); its steps go uncounted", job_id, exc)
-            return None
-        try:
-            if os.geteuid() == 0 and uid is not None and uid != 0:
-                os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
-            sock.setblocking(False)
-        except OSError as exc:
-            log.warning("job %d: no progress socket (%s); its steps go uncounted", job_id, exc)
-            sock.close()
             _unlink(path)
             return None
-        return sock
 
     def read_all(self, residents: dict[int, Resident]) -> None:
         """Each run's latest count, about once a second, taken as a worker's would be."""
@@ -110,9 +101,7 @@ def take(resident: Resident) -> None:
     for _ in range(MOST_READS):
         try:
             data = resident.step_socket.recv(MOST_BYTES + 1)
-        except (BlockingIOError, InterruptedError):
-            break
-        except OSError:
+        except OSError:  # nothing more waiting (BlockingIOError), or none can come
             break
         count = parse_count(data)
         if count is not None and (best is None or count > best):

@@ -252,18 +252,29 @@ class Terminal:
 
 
 def _listen(path: str, uid: int, gid: int | None) -> socket.socket:
-    """The job's socket, made private (0600) before anyone can connect, then given to the
-    job's user (its directory is root's: no one else can make or swap names there)."""
-    listener = bind_private(path)
+    """The job's terminal socket, its user's alone to connect to."""
+    listener = bind_for_user(path, socket.SOCK_STREAM, uid, gid)
     try:
-        if os.geteuid() == 0 and uid != 0:
-            os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
         listener.listen(4)
     except BaseException:
         listener.close()
         raise
-    listener.setblocking(False)
     return listener
+
+
+def bind_for_user(path: str, kind: int, uid: int | None, gid: int | None) -> socket.socket:
+    """A job's socket, made private (0600) before anyone can connect, then given to the
+    job's user (its directory is root's: no one else can make or swap names there), and
+    non-blocking: the host never waits on what a job sends."""
+    sock = bind_private(path, kind)
+    try:
+        if os.geteuid() == 0 and uid is not None and uid != 0:
+            os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def bind_private(path: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
