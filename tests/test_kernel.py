@@ -32,7 +32,9 @@ def _kernel(name: str):
     """The kernel started as Jupyter starts it, its blocking client ready; its job id."""
     # Jupyter's SIGTERM comes after shutdown_wait_time (5 s by default): a busy machine may
     # take longer than that to end a kernel's job, which then ends CANCELLED.
-    manager = jupyter_client.KernelManager(kernel_name=name, shutdown_wait_time=30.0)
+    manager = jupyter_client.KernelManager(
+        transport="ipc", kernel_name=name, shutdown_wait_time=30.0
+    )
     manager.start_kernel()
     client = manager.client()
     client.start_channels()
@@ -191,7 +193,9 @@ def test_a_killed_launcher_cancels_its_kernel_and_a_cancelled_kernel_ends_it(dae
 def test_a_pending_kernel_says_why_and_its_shutdown_cancels_it(daemon, data_dir, tmp_path):
     held = submit("--hold", "--wrap", "true")
     gq_ok("kernel", "install", "--name", "later", "-G", "0", "--after", str(held))
-    manager = jupyter_client.KernelManager(kernel_name="later", shutdown_wait_time=1.0)
+    manager = jupyter_client.KernelManager(
+        transport="ipc", kernel_name="later", shutdown_wait_time=1.0
+    )
     with open(tmp_path / "launcher.err", "w") as said:  # what the Jupyter server logs
         manager.start_kernel(stderr=said)
     (kernel_id,) = wait_for(
@@ -214,7 +218,7 @@ def test_a_kernel_that_waited_says_why_in_its_first_cell(daemon, data_dir, tmp_p
     why it waited, once; the note is gone after."""
     held = submit("--hold", "--wrap", "true")
     gq_ok("kernel", "install", "--name", "later", "-G", "0", "--after", str(held))
-    manager = jupyter_client.KernelManager(kernel_name="later")
+    manager = jupyter_client.KernelManager(transport="ipc", kernel_name="later")
     with open(tmp_path / "launcher.err", "w") as said:
         manager.start_kernel(stderr=said)
     client = manager.client()
@@ -304,7 +308,7 @@ def test_an_idle_kernel_is_ended_at_its_idle_timeout_and_says_so(daemon, data_di
         "kernel", "install", "--name", "culled", "-G", "0", "--idle-timeout", "0:04"
     ).startswith("Installed")
     assert "--idle-timeout 0:04" in gq_ok("kernel", "list")
-    manager = jupyter_client.KernelManager(kernel_name="culled")
+    manager = jupyter_client.KernelManager(transport="ipc", kernel_name="culled")
     with open(tmp_path / "launcher.err", "w") as said:  # what the Jupyter server logs
         manager.start_kernel(stderr=said)
     client = manager.client()
