@@ -75,8 +75,8 @@ class _Idle:
 def _leased_session():
     """The worker's session as the host left it after a Go with a lease."""
     from gq.exec.lease import SharedPage
-    from gq.exec.protocol import WorkerChannel
     from gq.exec.worker import WorkerSession
+    from gq.exec.worker_link import WorkerChannel
 
     host_page, fd = SharedPage.create()
     host_page.offer(1)

@@ -28,8 +28,8 @@ for _ in gq.steps(range({steps}), total={steps}):
 """
 # Runs released (never asks for the lane) and writes well-formed lines without pause.
 FLOOD = """import os, time
-from gq.exec import job_session, protocol, worker_messages
-line = protocol.encode(worker_messages.StepsTaken(1)) * 64
+from gq.exec import job_session, worker_link
+line = worker_link.line("progress", steps=1) * 64
 sock = job_session.active.channel.sock
 while not os.path.exists('stop'):
     sock.sendall(line)

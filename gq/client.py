@@ -63,24 +63,29 @@ def ask_plain(
 ) -> dict[str, Any]:
     """Send a request of ``kind`` with these fields (plain JSON values; those left out take
     their defaults) and return the fields of its ``answer_kind`` answer, checked no further
-    than its version and kind: any other answer (an Error, another version, a malformed
-    line) is read by :func:`ask`'s decoder, which says what is wrong. The fields are not
-    checked here first (:func:`ask` checks its message): what the caller has not checked
-    itself is refused by the daemon, one started to say so where it is a personal one."""
+    than its version and kind; an Error answer raises UserError. Without gq's typed
+    messages, and so without msgspec: for the commands typed most, and for what runs in a
+    job, whose interpreter may have none of gq's dependencies (the scontrol shim). Any other
+    answer (a malformed line) is read by :func:`ask`'s decoder, which says what is wrong.
+    The fields are not checked here first (:func:`ask` checks its message): what the caller
+    has not checked itself is refused by the daemon, one started to say so where it is a
+    personal one."""
     line, _ = exchange(
         jsonline.line({"v": defaults.PROTOCOL_VERSION, "kind": kind, **fields}), home
     )
     try:
         answer = jsonline.loads(line.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         answer = None
-    if (
-        isinstance(answer, dict)
-        and answer.get("v") == defaults.PROTOCOL_VERSION
-        and answer.get("kind") == answer_kind
-    ):
-        return answer
-    unexpected = _typed(line)  # raises for an Error, another version, a malformed line
+    if isinstance(answer, dict) and "v" in answer:
+        if answer["v"] != defaults.PROTOCOL_VERSION:
+            raise _version_error(answer["v"])
+        if answer.get("kind") == answer_kind:
+            return answer
+        message, code = answer.get("message"), answer.get("exit_code", 2)
+        if answer.get("kind") == "error" and isinstance(message, str):
+            raise UserError(message, code if type(code) is int and 0 < code < 256 else 2)
+    unexpected = _typed(line)  # raises for a malformed line
     raise UserError(f"the daemon answered a {kind!r} request with {unexpected.kind!r}")
 
 
@@ -99,16 +104,20 @@ def _typed(line: bytes) -> Any:
     try:
         answer = messages.decode(line, messages.ANSWERS)
     except messages.VersionMismatch as exc:
-        raise UserError(
-            f"the daemon speaks protocol version {exc.theirs} and this gq speaks "
-            f"{defaults.PROTOCOL_VERSION}: restart the daemon with this gq ('gq daemon "
-            "restart') or use the gq it was installed with"
-        ) from None
+        raise _version_error(exc.theirs) from None
     except messages.MessageError as exc:
         raise UserError(f"malformed answer from the daemon: {exc}") from None
     if isinstance(answer, messages.Error):
         raise UserError(answer.message, answer.exit_code)
     return answer
+
+
+def _version_error(theirs: object) -> UserError:
+    return UserError(
+        f"the daemon speaks protocol version {str(theirs)[:40]} and this gq speaks "
+        f"{defaults.PROTOCOL_VERSION}: restart the daemon with this gq ('gq daemon "
+        "restart') or use the gq it was installed with"
+    )
 
 
 def exchange(

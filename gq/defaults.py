@@ -150,3 +150,9 @@ OOM_GROWTH = 1.5  # a figure is raised this much when the job did not say what i
 SAMPLE_PERIOD = 1.0  # read every device this often
 TEMP_HYSTERESIS = 5.0  # a device held for heat admits again this many degrees under --max-temp
 POWER_HYSTERESIS = 0.1  # ... held for power, once this share under --max-power
+
+# The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
+# only), and a Python job's socket to its host and page shared with it (gq.exec.lease);
+# an interactive job's terminal arrives as TERMINAL_FD and becomes its 0-2.
+SCRIPT_FD, WORKER_FD, PAGE_FD, TERMINAL_FD = 3, 4, 5, 6
+SCRIPT_PATH = f"/dev/fd/{SCRIPT_FD}"

@@ -27,11 +27,7 @@ Name = Annotated[str, MaxLen(defaults.MAX_NAME)]
 Path = Annotated[str, MaxLen(defaults.MAX_PATH)]
 Text = Annotated[str, MaxLen(defaults.MAX_TEXT)]
 Arg = Annotated[str, MaxLen(defaults.MAX_JOB_PAYLOAD)]
-EnvKey = Annotated[
-    str,
-    MaxLen(defaults.MAX_NAME * 4),
-    Where(lambda key: key != "" and "=" not in key, "a name without '='"),
-]
+EnvKey = Annotated[str, MaxLen(defaults.MAX_NAME * 4), Where("^[^=]+$", "a name without '='")]
 # Room beyond what a submission may carry for what gq adds at launch (its own PYTHONPATH
 # entry), so that every job the daemon accepted also fits the host's wire.
 EnvValue = Annotated[str, MaxLen(defaults.MAX_JOB_PAYLOAD + 2 * defaults.MAX_PATH)]

@@ -192,7 +192,7 @@ def test_another_interpreter_gets_gq_and_none_of_the_daemons_packages(daemon, tm
 
 
 def test_squeue_formats_and_sort_keys():
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from gq.cli import formats
     from gq.errors import UserError

@@ -257,8 +257,8 @@ def test_a_host_connection_that_drops_is_attached_again_and_keeps_its_jobs(daemo
     host = host_process(daemon.pid())
     with socket_module.socket(socket_module.AF_UNIX) as other:
         other.connect(str(daemon.root / "hosts" / "cpu.sock"))
-        other.sendall(b'{"op": "hello"}\n')
-        assert b'"op":"state"' in other.recv(1 << 16)
+        other.sendall(b'{"op":"hello"}\n')  # as every daemon greets a host
+        assert b'"kind":"state"' in other.recv(1 << 16)
     wait_for(
         lambda: "attaching the execution host of cpu again" in daemon.log(),
         20,

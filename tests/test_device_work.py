@@ -114,8 +114,9 @@ def test_a_release_through_the_host_is_told_once_the_device_is_done_and_before_a
     import socket
     import time
 
-    from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
+    from gq.exec.protocol import FROM_WORKER, Channel, encode
     from gq.exec.worker import WorkerSession
+    from gq.exec.worker_link import WorkerChannel
     from gq.exec.worker_messages import Go
 
     device = FakeDevice()
@@ -183,8 +184,9 @@ def test_a_ctrl_c_as_the_ready_goes_waits_for_the_grant_and_loses_nothing():
     import socket
 
     from gq.exec.console import interrupting
-    from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
+    from gq.exec.protocol import FROM_WORKER, Channel, encode
     from gq.exec.worker import WorkerSession
+    from gq.exec.worker_link import WorkerChannel
     from gq.exec.worker_messages import Go
 
     class InterruptedAsItSends(WorkerChannel):
@@ -219,14 +221,15 @@ def test_a_ctrl_c_as_a_release_goes_waits_for_the_done_and_loses_nothing():
     import socket
 
     from gq.exec.console import interrupting
-    from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
+    from gq.exec.protocol import FROM_WORKER, Channel, encode
     from gq.exec.worker import WorkerSession
+    from gq.exec.worker_link import WorkerChannel
     from gq.exec.worker_messages import Go
 
     class InterruptedBeforeItSends(WorkerChannel):
-        def send(self, message) -> None:
+        def send(self, kind, **fields) -> bool:
             interrupting(session)(signal.SIGINT, None)  # the SIGINT, right then
-            super().send(message)
+            return super().send(kind, **fields)
 
     host_end, worker_end = socket.socketpair()
     host_end.settimeout(5)  # a DONE that never comes fails the test
@@ -250,7 +253,8 @@ import signal, socket, sys, threading, time
 import torch
 from gq.exec import hooks
 from gq.exec.console import interrupting
-from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
+from gq.exec.protocol import FROM_WORKER, Channel, encode
+from gq.exec.worker_link import WorkerChannel
 from gq.exec.worker import WorkerSession
 from gq.exec.worker_messages import Go
 

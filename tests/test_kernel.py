@@ -364,7 +364,7 @@ def test_a_signal_request_takes_a_few_signals_to_running_jobs_and_a_kernel_its_f
             client.ask(messages.SignalJob(str(held), name))
     with pytest.raises(UserError, match="999"):
         client.ask(messages.SignalJob("999", "INT"))
-    with pytest.raises(UserError, match="longer than 8 characters"):
+    with pytest.raises(UserError, match="signal.signal: expected `str` of length <= 8"):
         client.ask(messages.SignalJob(str(held), "INT" * 10))
     assert job(held)["state"] == "PENDING"
     gq_ok("kernel", "install", "--name", "gqk", "-G", "0")

@@ -17,9 +17,10 @@ from gq import defaults, policies
 from gq.exec import job_session
 from gq.exec.host import Host
 from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
-from gq.exec.protocol import FROM_WORKER, Channel, WorkerChannel, encode
+from gq.exec.protocol import FROM_WORKER, Channel, encode
 from gq.exec.residents import Resident, Standing
 from gq.exec.worker import WorkerSession
+from gq.exec.worker_link import WorkerChannel
 from gq.exec.worker_messages import Ready
 
 from conftest import all_jobs, gq_ok, job, submit, wait_for, wait_state, write_script

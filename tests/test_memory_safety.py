@@ -458,7 +458,7 @@ def test_a_worker_that_lies_about_its_memory_loses_only_its_own_job(daemon, tmp_
         (
             "import os, socket\n"
             "s = socket.socket(fileno=4)  # its worker's socket to the host\n"
-            's.sendall(b\'{"op": "oom", "held": -5, "wanted": 1e400}\\n\')\n'
+            's.sendall(b\'{"kind": "oom", "held": -5, "wanted": 1e400}\\n\')\n'
             "import time; time.sleep(30)\n"
         ),
     )
@@ -469,7 +469,7 @@ def test_a_worker_that_lies_about_its_memory_loses_only_its_own_job(daemon, tmp_
         (
             "import socket, sys\n"
             "s = socket.socket(fileno=4)\n"
-            's.sendall(b\'{"op": "oom", "held": 1, "wanted": 9223372036854775807}\\n\')\n'
+            's.sendall(b\'{"kind": "oom", "held": 1, "wanted": 9223372036854775807}\\n\')\n'
             "sys.exit(1)\n"
         ),
     )

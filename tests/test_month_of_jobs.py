@@ -4,13 +4,13 @@ others."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 
+import msgspec
 import pytest
 
-from gq import codec, defaults
+from gq import defaults
 from gq.queue.states import JobState
 
 from conftest import DaemonControl, gq, gq_ok, job, submit, wait_for, wait_state, write_script
@@ -85,11 +85,11 @@ def test_a_job_that_ends_between_two_pages_is_listed_once_as_it_ended(monkeypatc
     from gq.cli import listing
 
     def info(job_id: int, state: str) -> messages.JobInfo:
-        fields = {f.name: None for f in dataclasses.fields(messages.JobInfo)}
+        fields = dict.fromkeys(messages.JobInfo.__struct_fields__)
         return messages.JobInfo(**{**fields, "id": job_id, "state": state})
 
     pages = [
-        codec.to_wire(answer)
+        msgspec.to_builtins(answer)
         for answer in (
             messages.Jobs([info(1, "RUNNING"), info(9, "COMPLETED")], older_end=5.0, older=9),
             messages.Jobs([info(1, "CANCELLED"), info(8, "COMPLETED")]),

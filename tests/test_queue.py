@@ -13,6 +13,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import update
 
 from gq.daemon.handlers.common import job_info
+from gq.exec.host_messages import JobProgress
 from gq.home import Home
 from gq.messages import MemoryBasis
 from gq.queue import (
@@ -1053,7 +1054,9 @@ def test_upgrade_to_0016_keeps_runs_and_learns_start_ups_from_new_ones(tmp_path)
         job_updates.record_progress(
             session,
             4,
-            job_updates.Progress(
+            JobProgress(
+                job=1,
+                run=1,
                 steps_done=5,
                 attained=0.5,
                 mean_iteration=0.1,
@@ -1111,7 +1114,9 @@ def test_upgrade_to_0017_keeps_jobs_and_learns_idle_time_from_new_runs(tmp_path)
         job_updates.record_progress(
             session,
             added,
-            job_updates.Progress(
+            JobProgress(
+                job=1,
+                run=1,
                 steps_done=0,
                 attained=0.0,
                 mean_iteration=None,

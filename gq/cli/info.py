@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import typer
 
-from gq import messages
+from gq import codec, messages
 from gq.cli import render
 from gq.cli.common import ask
 
@@ -16,12 +15,13 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
     """Devices (NVML, or the cpu device), memory, lanes, resident jobs, policy, daemon."""
     node = ask(messages.NodeInfoRequest())
     if json_out:
-        data = dataclasses.asdict(node)
+        data = codec.fields_of(node)
+        del data["v"]
         data["started"] = render.iso(node.started)
         data["uptime"] = time.time() - node.started
         data["devices"] = [
             dict(
-                dataclasses.asdict(d),
+                codec.fields_of(d),
                 jobs=[
                     {
                         "id": j.id,

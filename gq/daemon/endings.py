@@ -19,10 +19,9 @@ from gq import messages
 from gq.daemon import admission, memory_figures
 from gq.daemon.devices import Device, context_memory
 from gq.daemon.hosts import HostSettings
-from gq.daemon.progress import progress_of
 from gq.daemon.running import Running
 from gq.exec import host_messages as wire
-from gq.exec.host_messages import StopWhy
+from gq.exec.host_messages import JobProgress, StopWhy
 from gq.queue import job_updates, lookups, transitions
 from gq.queue.engine import Database
 from gq.queue.states import JobState
@@ -116,7 +115,7 @@ class Endings:
     devices: list[Device]
     settings: HostSettings
     running: dict[int, Running]
-    progress: dict[int, job_updates.Progress]
+    progress: dict[int, JobProgress]
     metrics: Callable[[], Metrics | None]
     wake: Callable[[], None]
     send: Callable[[str, object], None]
@@ -125,7 +124,7 @@ class Endings:
 
     def _reported_end(
         self, job: Running, report: wire.Exited
-    ) -> tuple[Running, Ending, float | None, job_updates.Progress]:
+    ) -> tuple[Running, Ending, float | None, JobProgress]:
         """A run's end as its host reported it, as :meth:`_record_ends` takes it: a run that
         ran out of memory with what its lane had free beside its neighbours."""
         ending = _ending(job, report)
@@ -157,7 +156,7 @@ class Endings:
                     largest,
                 ),
             )
-        return job, ending, report.end_time or None, progress_of(report)
+        return job, ending, report.end_time or None, report
 
     def _free_beside(self, job: Running) -> int:
         """What the job's lane had free beside the other jobs there."""
@@ -223,7 +222,7 @@ class Endings:
         self._record_ends([(job, Ending(state, exit_code, reason, requeue, counted), end, None)])
 
     def _record_ends(
-        self, ends: list[tuple[Running, Ending, float | None, job_updates.Progress | None]]
+        self, ends: list[tuple[Running, Ending, float | None, JobProgress | None]]
     ) -> None:
         """Record runs' ends (each with its end time, and its last progress if its exit
         report carried one) in one transaction; forget the runs once it has committed."""
@@ -289,12 +288,7 @@ class Endings:
         self.wake()
 
     def _ran_out(
-        self,
-        session,
-        job: Running,
-        ending: Ending,
-        end: float | None,
-        progress: job_updates.Progress | None,
+        self, session, job: Running, ending: Ending, end: float | None, progress: JobProgress | None
     ) -> memory_figures.Verdict | None:
         """Record a run that ran out of memory: back to the queue with its figure raised, or
         FAILED (see :mod:`gq.daemon.memory_figures`); the verdict (None: the job was no longer

@@ -17,8 +17,8 @@ from gq import policies
 from gq.daemon import admission
 from gq.daemon.running import Running
 from gq.daemon.supervision import Supervisor
+from gq.exec.host_messages import JobProgress
 from gq.policies.base import time_left
-from gq.queue import job_updates
 from gq.queue.scheduling_rows import SchedulingRow as Row
 
 log = logging.getLogger("gq.daemon")
@@ -104,7 +104,7 @@ def _time_left(row: Row, running: dict[int, Running], now: float) -> float:
     return time_left(running_view(row), now - job.started, job.time_limit)
 
 
-def running_view(row: Row, progress: job_updates.Progress | None = None) -> policies.JobView:
+def running_view(row: Row, progress: JobProgress | None = None) -> policies.JobView:
     """A running job's progress as policies see it: its row's, or ``progress`` (its host's
     last report, not yet flushed to the row)."""
     shown = row if progress is None else progress

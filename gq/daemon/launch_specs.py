@@ -10,7 +10,8 @@ from pathlib import Path
 
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
-from gq.exec.host_messages import SCRIPT_PATH, LaunchSpec
+from gq.defaults import SCRIPT_PATH
+from gq.exec.host_messages import LaunchSpec
 from gq.home import Home
 from gq.queue import spool
 from gq.queue.lookups import JobRow, PayloadRow

@@ -12,12 +12,12 @@ import logging
 from collections.abc import Callable
 
 from gq import defaults, messages
-from gq.codec import MessageError
+from gq.codec import MessageError, checked
 from gq.daemon import admission, memory_figures
 from gq.daemon.hosts import HostHandle, HostSettings
 from gq.daemon.running import Running
 from gq.exec import host_messages as wire
-from gq.exec.protocol import checked
+from gq.exec.host_messages import JobProgress
 from gq.queue import job_updates
 from gq.queue.engine import Database
 from gq.units import format_size
@@ -111,9 +111,7 @@ class Probes:
             return
         self.send(name, message)
 
-    def _plausible_footprint(
-        self, job: Running, progress: job_updates.Progress
-    ) -> admission.Footprint:
+    def _plausible_footprint(self, job: Running, progress: JobProgress) -> admission.Footprint:
         """The memory a job's worker reports, believed up to its lane's capacity: as much as
         the job could have asked for with --gpu-mem, never more (the figures are its word)."""
         lane = self._lane_memory(job)

@@ -27,9 +27,9 @@ class ProgressReports:
     # What it uses of the rest of the supervisor (see gq.daemon.supervision, gq.daemon.probes)
     db: Database
     running: dict[int, Running]
-    progress: dict[int, job_updates.Progress]
+    progress: dict[int, wire.JobProgress]
     switches: dict[str, int]
-    _plausible_footprint: Callable[[Running, job_updates.Progress], admission.Footprint]
+    _plausible_footprint: Callable[[Running, wire.JobProgress], admission.Footprint]
     _check_figure: Callable[[Running, int], None]
 
     def _on_progress(self, name: str, message: wire.Progress) -> None:
@@ -38,7 +38,7 @@ class ProgressReports:
             job = self.running.get(item.job)
             if job is None or item.run != job.run:
                 continue
-            progress = self.progress[job.job_id] = progress_of(item)
+            progress = self.progress[job.job_id] = item
             job.latest, job.latest_at = progress, received
             job.holds_lane = progress.holds_lane
             if job.iterating_since is None and (progress.holds_lane or progress.attained):
@@ -67,19 +67,3 @@ class ProgressReports:
                         job_updates.record_progress(session, job_id, progress)
                 except Exception:  # noqa: BLE001
                     log.exception("cannot record job %d's progress %r; dropped", job_id, progress)
-
-
-def progress_of(item: wire.JobProgress) -> job_updates.Progress:
-    """A job's progress as its host reported it, as the queue keeps it."""
-    return job_updates.Progress(
-        steps_done=item.steps_done,
-        attained=item.attained,
-        mean_iteration=item.mean_iteration,
-        mean_gap=item.mean_gap,
-        mem_persistent=item.mem_persistent,
-        mem_peak=item.mem_peak,
-        holds_lane=item.holds_lane,
-        steps_total=item.steps_total,
-        startup=item.startup,
-        active_at=item.active_at,
-    )

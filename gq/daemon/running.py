@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 from gq.daemon import admission
 from gq.daemon.devices import Device
-from gq.exec.host_messages import StopWhy
-from gq.queue import job_updates
+from gq.exec.host_messages import JobProgress, StopWhy
 
 
 @dataclass
@@ -40,7 +39,7 @@ class Running:
     interactive: bool = False  # its terminal is its submitter's: never moved elsewhere
     # Its host's last report, and when it came (wall clock): fresher than its row, which is
     # flushed about once a second; a forecast goes on from it.
-    latest: job_updates.Progress | None = None
+    latest: JobProgress | None = None
     latest_at: float = 0.0
 
     def footprint_now(self) -> admission.Footprint:

@@ -24,19 +24,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gq import defaults, messages
-from gq.codec import FrameTooLarge, MessageError
+from gq.codec import FrameTooLarge, MessageError, checked
 from gq.daemon import admission, recovery
 from gq.daemon.devices import Device
 from gq.daemon.endings import Endings
 from gq.daemon.hosts import HostHandle, HostSettings, HostUnavailable
 from gq.daemon.launch_specs import launch_spec
 from gq.daemon.probes import Probes
-from gq.daemon.progress import ProgressReports, progress_of
+from gq.daemon.progress import ProgressReports
 from gq.daemon.running import Running, footprint, probed
 from gq.exec import cgroups
 from gq.exec import host_messages as wire
 from gq.exec.host_messages import HOST_VERSION, StopWhy
-from gq.exec.protocol import checked
 from gq.home import Home
 from gq.queue import job_updates, lookups, queries, transitions
 from gq.queue.engine import Database
@@ -75,7 +74,7 @@ class Supervisor(ProgressReports, Probes, Endings):
         self.hosts: dict[str, HostHandle] = {}
         self.down_since: dict[str, float] = {}
         self.running: dict[int, Running] = {}
-        self.progress: dict[int, job_updates.Progress] = {}
+        self.progress: dict[int, wire.JobProgress] = {}
         self.switches: dict[str, int] = {}  # lane switches per device, as its host counts them
         self.policy: wire.SetPolicy | None = None
         self._handlers: dict[type, Callable] = {
@@ -176,7 +175,7 @@ class Supervisor(ProgressReports, Probes, Endings):
             if row.mem is not None and row.mem_basis == messages.MemoryBasis.MEASURED:
                 # Its probe ended while no daemon ran, or its cap was never sent: again.
                 self._send_cap(name, row.id, row.run_count, row.mem)
-            progress = self.progress[row.id] = progress_of(item)
+            progress = self.progress[row.id] = item
             job.latest, job.latest_at = progress, time.time()
             if progress.holds_lane or progress.attained:
                 job.iterating_since = time.time()  # a probe's time runs from now on

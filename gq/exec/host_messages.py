@@ -11,11 +11,12 @@ How they travel (framing, decode, the tables of what each end receives) is
 from __future__ import annotations
 
 import enum
-from dataclasses import field
-from typing import Annotated, ClassVar
+from typing import Annotated
 
-from gq import __version__, codec, defaults
-from gq.codec import Bounds, MaxLen, message
+from msgspec import field
+
+from gq import __version__
+from gq.codec import Bounds, MaxLen, Message, Record
 from gq.fields import (
     Args,
     Count,
@@ -40,8 +41,8 @@ from gq.fields import (
 )
 
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/13"
-ExitStatus = Annotated[int, codec.Bounds(0, 255)]
+HOST_VERSION = f"{__version__}/14"
+ExitStatus = Annotated[int, Bounds(0, 255)]
 
 
 class StopWhy(str, enum.Enum):
@@ -64,13 +65,12 @@ class StopWhy(str, enum.Enum):
 
 
 # ----- records ------------------------------------------------------------------------
-@message
-class LaunchSpec:
+class LaunchSpec(Record):
     """Everything a host needs to start one run of a job as its submitter."""
 
     id: JobId
     run: Positive
-    argv: Annotated[Args, MaxLen(defaults.MAX_JOB_PAYLOAD // 2)]
+    argv: Args
     worker: bool  # it speaks the worker protocol (Python scripts do)
     cwd: Path
     env: Environment
@@ -112,15 +112,7 @@ class LaunchSpec:
     idle_timeout: TimeLimit | None = None  # seconds an interactive job may sit idle
 
 
-# The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
-# only), and a Python job's socket to its host and page shared with it (gq.exec.lease);
-# an interactive job's terminal arrives as TERMINAL_FD and becomes its 0-2.
-SCRIPT_FD, WORKER_FD, PAGE_FD, TERMINAL_FD = 3, 4, 5, 6
-SCRIPT_PATH = f"/dev/fd/{SCRIPT_FD}"
-
-
-@message
-class Shortage:
+class Shortage(Record):
     """What a run held, and what it asked for (None: it did not say), when it ran out of
     memory."""
 
@@ -128,8 +120,7 @@ class Shortage:
     wanted: Count | None = None
 
 
-@message
-class JobProgress:
+class JobProgress(Record):
     """What a host measured of one run; the daemon flushes it to the queue."""
 
     job: JobId
@@ -148,7 +139,6 @@ class JobProgress:
     active_at: Timestamp | None = None  # an interactive job's last activity (gq.exec.idle)
 
 
-@message
 class ResidentState(JobProgress):
     """A run a host has resident, as a (re)connecting daemon learns it."""
 
@@ -159,97 +149,76 @@ class ResidentState(JobProgress):
 
 
 # ----- daemon → host ------------------------------------------------------------------
-@message
-class Hello:
-    op: ClassVar[str] = "hello"
+class Hello(Message, tag="hello"):
+    pass
 
 
-@message
-class Launch:
-    op: ClassVar[str] = "launch"
+class Launch(Message, tag="launch"):
     job: LaunchSpec
 
 
-@message
-class Kill:
+class Kill(Message, tag="kill"):
     """SIGTERM to the run's processes now, SIGKILL after the kill wait."""
 
-    op: ClassVar[str] = "kill"
     job: JobId
     why: StopWhy
 
 
-@message
-class Update:
-    op: ClassVar[str] = "update"
+class Update(Message, tag="update"):
     job: JobId
     priority: Priority
     time_limit: TimeLimit | None = None
 
 
-@message
-class Cap:
+class Cap(Message, tag="cap"):
     """A probed GPU job's figure is known: from now on the run's allocator holds at most
     ``mem_cap`` bytes of device memory, as if it had declared that much."""
 
-    op: ClassVar[str] = "cap"
     job: JobId
     run: Positive
     mem_cap: HostMemory
 
 
-@message
-class Suspend:
+class Suspend(Message, tag="suspend"):
     """Stop a job's processes in place (``suspended``), or let them go on: it keeps its
     memory, holds no lane meanwhile, and its time limit does not run."""
 
-    op: ClassVar[str] = "suspend"
     job: JobId
     suspended: bool
 
 
-@message
-class SignalGroup:
+class SignalGroup(Message, tag="signal"):
     """Send the job's main process group a signal (gq kernel run's interrupt)."""
 
-    op: ClassVar[str] = "signal"
     job: JobId
-    signum: Annotated[int, codec.Bounds(1, 64)]
+    signum: Annotated[int, Bounds(1, 64)]
 
 
-@message
-class SetPolicy:
-    op: ClassVar[str] = "policy"
+class SetPolicy(Message, tag="policy"):
     name: Name
     fill: Name
     quantum: Name
 
 
-@message
-class Ack:
+class Ack(Message, tag="ack"):
     """The daemon recorded this run's exit: the host may forget it."""
 
-    op: ClassVar[str] = "ack"
     job: JobId
     run: Positive
 
 
-@message
-class Drain:
-    op: ClassVar[str] = "drain"
+class Drain(Message, tag="drain"):
+    pass
 
 
-@message
-class Shutdown:
-    op: ClassVar[str] = "shutdown"
+class Shutdown(Message, tag="shutdown"):
+    pass
 
 
 # ----- host → daemon ------------------------------------------------------------------
-@message
-class Exited(JobProgress):
+class Exited(JobProgress, Message, tag="exited"):
     """How a run ended; kept by the host until a daemon acknowledges it."""
 
-    op: ClassVar[str] = "exited"
     code: ExitStatus | None = None
     signal: Signal | None = None
     kill_why: StopWhy | None = None
@@ -258,11 +227,9 @@ class Exited(JobProgress):
     shortage: Shortage | None = None  # it ran out of memory
 
 
-@message
-class State:
+class State(Message, tag="state"):
     """Everything a daemon that (re)connects must know."""
 
-    op: ClassVar[str] = "state"
     version: Name
     pid: Pid
     device: Name
@@ -273,45 +240,35 @@ class State:
     exited: list[Exited]
 
 
-@message
-class ForeignState:
+class ForeignState(Message, tag="state"):
     """The State of a host of another version: read only for what draining it needs."""
 
-    op: ClassVar[str] = "state"
     version: Text
     pid: Pid
     draining: bool = False
 
 
-@message
-class Started:
-    op: ClassVar[str] = "started"
+class Started(Message, tag="started"):
     job: JobId
     run: Positive
     pid: Pid
 
 
-@message
-class LaunchFailed:
-    op: ClassVar[str] = "launch_failed"
+class LaunchFailed(Message, tag="launch_failed"):
     job: JobId
     run: Positive
     reason: Text
 
 
-@message
-class Progress:
-    op: ClassVar[str] = "progress"
+class Progress(Message, tag="progress"):
     jobs: list[JobProgress]
     switches: Annotated[list[Count], MaxLen(1 << 16)] = field(default_factory=list)
 
 
 # ----- host → client -------------------------------------------------------------------
-@message
-class TerminalHandedOver:
+class TerminalHandedOver(Message, tag="terminal"):
     """Sent, with the master of the job's pseudo-terminal beside it (SCM_RIGHTS), to the
     submitter's gq that connected to the job's terminal socket: the host keeps no copy."""
 
-    op: ClassVar[str] = "terminal"
     job: JobId
     run: Positive

@@ -84,17 +84,17 @@ class JobProcesses:
         worker_end = host_end = page = page_fd = slave = progress = None
         try:
             if script is not None:
-                fds[wire.SCRIPT_FD] = script
+                fds[defaults.SCRIPT_FD] = script
             if spec.terminal:
-                slave = fds[wire.TERMINAL_FD] = self.terminals.open(spec)
+                slave = fds[defaults.TERMINAL_FD] = self.terminals.open(spec)
             if spec.worker:
                 host_end, worker_end = socket.socketpair()
-                env["GQ_WORKER_FD"] = str(wire.WORKER_FD)
-                fds[wire.WORKER_FD] = worker_end.fileno()
+                env["GQ_WORKER_FD"] = str(defaults.WORKER_FD)
+                fds[defaults.WORKER_FD] = worker_end.fileno()
                 page, page_fd = _lane_page(spec.id)
                 if page_fd is not None:
-                    env["GQ_PAGE_FD"] = str(wire.PAGE_FD)
-                    fds[wire.PAGE_FD] = page_fd
+                    env["GQ_PAGE_FD"] = str(defaults.PAGE_FD)
+                    fds[defaults.PAGE_FD] = page_fd
                 if spec.mem_cap is not None and self.cuda:
                     env["GQ_MEM_CAP"] = str(spec.mem_cap)
             else:

@@ -44,8 +44,8 @@ import mmap
 import os
 from dataclasses import dataclass
 
-from gq.codec import INT64_MAX
 from gq.exec.device_sync import DeviceWork
+from gq.validation import INT64_MAX
 
 PAGE_SIZE = mmap.PAGESIZE
 # The page as 64-bit words (native order: both ends are on one machine).

@@ -1,7 +1,8 @@
 """The wire between the daemon, the execution hosts and the workers: how their messages
-travel. Every message is a dataclass defined once, used by both ends, checked field by field
-on decode (see :mod:`gq.codec`), framed as one line of JSON ``{"op": KIND, fields...}`` of at
-most ``defaults.MAX_FRAME`` bytes, which both ends enforce. The messages themselves are in
+travel. Every message is a msgspec struct defined once, used by both ends, checked field by
+field on decode (see :mod:`gq.codec`), framed as one line of JSON ``{"kind": KIND,
+fields...}`` (the client wire's framing, without its version) of at most
+``defaults.MAX_FRAME`` bytes, which both ends enforce. The messages themselves are in
 :mod:`gq.exec.host_messages` (daemon ↔ host, host → client) and
 :mod:`gq.exec.worker_messages` (worker ↔ host); this module holds the tables of what each
 end receives, the framing and the channels, and where a host's sockets are.
@@ -27,12 +28,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-from gq import codec, defaults
-from gq.codec import MessageError
+from gq import codec, defaults, jsonline
+from gq.codec import MessageError, Wire
 from gq.exec.host_messages import (
     HOST_VERSION,
     Ack,
@@ -70,61 +70,71 @@ def terminal_socket(directory: str, job: int) -> str:
 
 
 # ----- what each end receives ---------------------------------------------------------
-def _table(*classes: type) -> dict[str, type]:
-    return {cls.op: cls for cls in classes}
-
-
-TO_HOST = _table(
+TO_HOST = Wire(
     Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Ack, Drain, Shutdown
 )
-TO_DAEMON = _table(State, Started, LaunchFailed, Exited, Progress)
-FROM_WORKER = _table(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
-TO_WORKER = _table(Go)
-TO_CLIENT = _table(TerminalHandedOver)
+TO_DAEMON = Wire(State, Started, LaunchFailed, Exited, Progress)
+FROM_WORKER = Wire(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
+TO_WORKER = Wire(Go)
+TO_CLIENT = Wire(TerminalHandedOver)
+_FOREIGN_STATE = Wire(ForeignState)
 
 
 # ----- framing ------------------------------------------------------------------------
+# Hello and Drain as hosts of every version read them, the kind spelt "op" as the framing
+# before this one did: a daemon greets and drains a host so, whatever its version, and a
+# host of another version is then drained and replaced (its State read as far as it can).
+_AS_EVERY_HOST_READS = {Hello: b'{"op":"hello"}\n', Drain: b'{"op":"drain"}\n'}
+_FROM_ANY_DAEMON = {line.rstrip(): cls for cls, line in _AS_EVERY_HOST_READS.items()}
+
+
 def encode(message: Any) -> bytes:
-    """One line ``{"op": ..., fields...}``; FrameTooLarge past the frame limit."""
-    data = {"op": message.op}
-    data.update(codec.to_wire(message))
-    return codec.dumps(data, defaults.MAX_FRAME)
+    """One line ``{"kind": ..., fields...}``; FrameTooLarge past the frame limit."""
+    return _AS_EVERY_HOST_READS.get(type(message)) or codec.encode(message, defaults.MAX_FRAME)
 
 
-def checked(message: Any) -> Any:
-    """``message`` (or a record inside one) as its receiver will decode it, every field
-    within its bounds; else MessageError. For messages built from what users gave (a
-    launch) or from what a worker said (a report on its job): refused here, such a value
-    costs its own job, not the receiver's trust in the whole channel."""
-    return codec.build(
-        type(message), codec.to_wire(message), getattr(message, "op", type(message).__name__)
-    )
-
-
-def decode(line: bytes, kinds: dict[str, type]) -> Any:
-    """The message a line holds, every field checked; MessageError otherwise."""
-    data = codec.loads(line)
-    op = data.pop("op", None)
-    if not isinstance(op, str) or op not in kinds:
-        raise MessageError(f"unknown op {str(op)[:40]!r}")
-    if kinds[op] is State and data.get("version") != HOST_VERSION:
-        return _foreign_state(data)
-    return codec.build(kinds[op], data, op)
-
-
-def _foreign_state(data: dict[str, Any]) -> State | ForeignState:
-    """The state of a host of another version: read in full where it still fits this
-    version's schema (its jobs can then be adopted while it drains), else only for its
-    version, pid and draining flag."""
+def decode(line: bytes, wire: Wire) -> Any:
+    """The message a line holds, every field checked; MessageError otherwise. A host's
+    State of another version is read as far as this version can (see _foreign_state)."""
+    if wire is TO_HOST and line in _FROM_ANY_DAEMON:
+        return _FROM_ANY_DAEMON[line]()
     try:
-        exited = [
-            {k: v for k, v in item.items() if k != "op"} if isinstance(item, dict) else item
-            for item in data.get("exited", [])
-        ]
-        return codec.build(State, {**data, "exited": exited}, "state")
-    except (MessageError, TypeError, AttributeError):
+        return wire.decode(line)
+    except MessageError:
+        foreign = _foreign_state(line) if wire is TO_DAEMON else None
+        if foreign is None:
+            raise
+        return foreign
+
+
+def _foreign_state(line: bytes) -> State | ForeignState | None:
+    """The State of a host of another version that did not decode as this version's: read
+    in full where it fits this schema once its kinds are spelt as this framing spells them
+    (its jobs are then adopted while it drains), else only for its version, pid and
+    draining flag. None for anything else."""
+    try:
+        data = jsonline.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("kind", data.get("op")) != "state":
+        return None
+    if data.get("version") == HOST_VERSION:
+        return None
+    exited = data.get("exited")
+    if isinstance(exited, list):
+        exited = [_respelt(item, "exited") for item in exited]
+    try:
+        return TO_DAEMON.decode(jsonline.line({**_respelt(data, "state"), "exited": exited}))
+    except (MessageError, ValueError):
         minimal = {key: data[key] for key in ("version", "pid", "draining") if key in data}
-        return codec.build(ForeignState, minimal, "state")
+        return _FOREIGN_STATE.decode(jsonline.line({"kind": "state", **minimal}))
+
+
+def _respelt(data: Any, kind: str) -> Any:
+    """A message of the framing before this one, which spelt its kind "op"."""
+    if not isinstance(data, dict):
+        return data
+    return {"kind": kind, **{k: v for k, v in data.items() if k not in ("op", "kind")}}
 
 
 class Channel:
@@ -132,7 +142,7 @@ class Channel:
     side and receives ``kinds``. The first line that fails to decode ends the channel
     (``error`` says why): framing, and trust in the peer, are lost with it."""
 
-    def __init__(self, sock: socket.socket, kinds: dict[str, type], chunk: int = 1 << 16):
+    def __init__(self, sock: socket.socket, kinds: Wire, chunk: int = 1 << 16):
         self.sock = sock
         self.kinds = kinds
         self.chunk = chunk  # bytes read each time the socket polls readable
@@ -221,25 +231,6 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
-
-
-class WorkerChannel(Channel):
-    """A worker's end of its socket to its host: it sends what workers send and receives
-    its grants, blocking. Two of the job's threads may send (a Done the device held back
-    goes from the thread that waited for it): each line goes whole."""
-
-    def __init__(self, sock: socket.socket):
-        super().__init__(sock, TO_WORKER)
-        self._sending = threading.Lock()
-
-    def send(self, message: Any) -> bool:
-        with self._sending:
-            return super().send(message)
-
-    def send_line(self, line: bytes) -> None:
-        """A line encoded once, ahead (the worker's READY)."""
-        with self._sending:
-            self.sock.sendall(line)
 
 
 def _quote(line: bytes) -> str:

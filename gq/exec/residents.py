@@ -8,19 +8,20 @@ as events arrive; nothing here does I/O.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import socket
 import time
 from dataclasses import dataclass, field
 
-from gq.codec import MessageError
+import msgspec
+
+from gq.codec import MessageError, checked
 from gq.exec import host_messages as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.host_messages import StopWhy
 from gq.exec.lease import Figures, SharedPage
-from gq.exec.protocol import Channel, checked
+from gq.exec.protocol import Channel
 from gq.exec.spawn import JobProcess
 from gq.policies.base import JobView
 
@@ -378,7 +379,7 @@ def within_bounds(report):
         log.warning(
             "job %d: a figure out of bounds (%s); reported without its figures", report.job, exc
         )
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             report,
             attained=0.0,
             mean_iteration=None,

@@ -23,9 +23,10 @@ import termios
 import time
 
 from gq import defaults, wakeup
+from gq.defaults import SCRIPT_FD, SCRIPT_PATH, TERMINAL_FD
 from gq.errors import LaunchError
 from gq.exec.cgroups import JobCgroup
-from gq.exec.host_messages import SCRIPT_FD, SCRIPT_PATH, TERMINAL_FD, LaunchSpec
+from gq.exec.host_messages import LaunchSpec
 
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNS = 0x00020000

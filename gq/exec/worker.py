@@ -23,14 +23,11 @@ import traceback
 import types
 
 from gq import defaults
-from gq.codec import INT64_MAX
 from gq.exec import device_sync, hooks, job_session, worker_memory
-from gq.exec.host_messages import SCRIPT_FD, SCRIPT_PATH
 from gq.exec.lease import SharedPage, WorkerLease
-from gq.exec.protocol import WorkerChannel, encode
-from gq.exec.worker_messages import Done, Finished, Go, Ready, StepsTaken, Total
+from gq.exec.worker_link import READY, WorkerChannel
+from gq.validation import INT64_MAX
 
-READY = encode(Ready())
 _PLACE = {kind: place for place, kind in enumerate(job_session.COUNTED_FIRST)}
 
 
@@ -98,9 +95,7 @@ class WorkerSession:
     def _ask(self) -> None:
         """READY, then wait for the GO."""
         self.channel.send_line(READY)
-        grant = self.channel.receive_one()
-        if not isinstance(grant, Go):  # (the host sends nothing else)
-            raise ConnectionError(f"gq: the execution host sent {grant.op!r}, not a grant")
+        grant = self.channel.receive_grant()
         # Lanes short of memory: give back cached blocks when parked.
         self.empty_cache_after = grant.empty_cache
         if grant.mem_cap is not None:
@@ -163,7 +158,7 @@ class WorkerSession:
         if not self.held:
             if steps != self.reported:  # steps taken outside a grant (released loops)
                 self.reported = steps
-                self.channel.send(StepsTaken(steps))
+                self.channel.send("progress", steps=steps)
             return
         self.held = False
         now = time.monotonic()
@@ -173,16 +168,16 @@ class WorkerSession:
             worker_memory.release_cached()
         self.reported = steps
         sample = self.sample
-        done = Done(steps, sample.persistent, sample.peak)
+        figures = {"steps": steps, "mem_persistent": sample.persistent, "mem_peak": sample.peak}
         if lease is not None and lease.active:
             if lease.release(steps, sample.persistent, sample.peak):
                 return  # (the lock goes once the device has run the iteration)
-            self.channel.send(done)  # asked back: the device was waited for
+            self.channel.send("done", **figures)  # asked back: the device was waited for
             return
         # The lane passes on once the device has run what this iteration queued: the
         # host hears of the release then, from a thread that waits for the device,
         # while this one runs on (its gap's work beside the device's tail).
-        self.device.then(lambda: self.channel.send(done))
+        self.device.then(lambda: self.channel.send("done", **figures))
 
     def end_iteration(self) -> None:
         """A console's statement is over: whatever iteration it left open ends here (through
@@ -217,7 +212,7 @@ class WorkerSession:
             )
         if not self.detached:
             with self.lock:
-                self.channel.send(Total(total))
+                self.channel.send("total", steps=total)
 
     def ran_out_of_memory(self, exc: BaseException) -> None:
         """Tell the host, as the script ends on it, that it ran out of memory and how much it
@@ -226,7 +221,7 @@ class WorkerSession:
         found = worker_memory.shortage(exc)
         if found is not None and not self.detached:
             with self.lock:
-                self.channel.send(found)
+                self.channel.send("oom", held=found.held, wanted=found.wanted)
 
     def finish(self) -> None:
         """The script is over: free the lane now, not after the interpreter's teardown."""
@@ -239,14 +234,14 @@ class WorkerSession:
                 self.release()
             if self._settle() and self.lease is not None:  # the lease's lock: let it go
                 self.lease.hand_back()
-            self.channel.send(Finished())
+            self.channel.send("finished")
 
 
 def run_script(snapshot: str, submitted: str) -> None:
     """Run the snapshot as ``__main__`` as if ``python SUBMITTED`` ran it. The snapshot is
-    the descriptor the host opened (SCRIPT_PATH), closed once read, or a file."""
-    if snapshot == SCRIPT_PATH:
-        with os.fdopen(SCRIPT_FD, "rb") as handle:
+    the descriptor the host opened (defaults.SCRIPT_PATH), closed once read, or a file."""
+    if snapshot == defaults.SCRIPT_PATH:
+        with os.fdopen(defaults.SCRIPT_FD, "rb") as handle:
             source = handle.read()
     else:
         with open(snapshot, "rb") as handle:

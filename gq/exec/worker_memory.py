@@ -6,9 +6,9 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gq.exec import device_sync
-from gq.exec.worker_messages import OutOfMemory
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 # What the allocators say they were asked for: CUDA's caching allocator ("Tried to allocate
@@ -59,6 +59,14 @@ def sample() -> MemorySample:
     return MemorySample(persistent=persistent, peak=max(persistent, cuda.max_memory_reserved()))
 
 
+class Shortage(NamedTuple):
+    """What a process held and asked for (None: it did not say) when it ran out of memory:
+    the worker's OutOfMemory message."""
+
+    held: int
+    wanted: int | None
+
+
 def release_cached() -> None:
     """Return a parked worker's cached CUDA blocks so lane-mates can use the room."""
     cuda = _cuda_in_use()
@@ -66,7 +74,7 @@ def release_cached() -> None:
         cuda.empty_cache()
 
 
-def shortage(exc: BaseException) -> OutOfMemory | None:
+def shortage(exc: BaseException) -> Shortage | None:
     """Whether an exception that ends a script is an out-of-memory error (torch's
     ``OutOfMemoryError``, its CPU allocator's refusal, or ``MemoryError``), here or among its
     causes; then what the process held and asked for, as its host is told."""
@@ -87,7 +95,7 @@ def shortage(exc: BaseException) -> OutOfMemory | None:
             exc, seen = exc.__cause__ or exc.__context__, seen + 1
             continue
         asked = _asked(text)
-        return OutOfMemory(held=held, wanted=held + asked if asked is not None else None)
+        return Shortage(held, held + asked if asked is not None else None)
     return None
 
 

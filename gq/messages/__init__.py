@@ -1,17 +1,17 @@
 """What a client may ask the daemon, and what it answers: every request and answer is a
-dataclass defined once in this package, used by both ends (as pueue's client and daemon
+msgspec struct defined once in this package, used by both ends (as pueue's client and daemon
 share ``pueue_lib``'s message types): requests in :mod:`gq.messages.requests`, answers in
 :mod:`gq.messages.answers`, the records both carry (a job, a device, a report's line) in
 :mod:`gq.messages.records`. Every one of them is a name of this package too
 (``messages.Submit``, ``messages.JobInfo``): the package is the wire's one vocabulary.
 
-On the wire each message is one line of JSON, ``{"v": VERSION, "kind": ..., fields...}``
+On the wire each message is one line of JSON, ``{"kind": ..., fields..., "v": VERSION}``
 (VERSION: ``defaults.PROTOCOL_VERSION``), one request and one answer per connection over
 the daemon's Unix stream socket.
 :func:`decode` checks the version, the kind and every field's type and range (see
 :mod:`gq.codec`), and rejects anything else in one place, so handlers only ever see
-well-formed messages. This package imports nothing beyond the standard library and gq's
-codec; ``gq status`` and ``gq submit`` send their requests' fields without it
+well-formed messages. Importing msgspec takes about as long as Python takes to start, so
+``gq status`` and ``gq submit`` send their requests' fields without this package
 (gq/client.py's ``ask_plain``), and the daemon checks them here as it checks any.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from gq import codec, defaults
-from gq.codec import MessageError
+from gq.codec import MessageError, VersionMismatch
 from gq.messages.answers import (
     Delay,
     Done,
@@ -133,70 +133,49 @@ __all__ = [
 ]
 
 
-class VersionMismatch(codec.VersionMismatch):
-    """The other end speaks another protocol version than this gq's."""
-
-    def __init__(self, theirs: object):
-        super().__init__(theirs, defaults.PROTOCOL_VERSION)
-
-
-REQUESTS: dict[str, type] = {
-    cls.kind: cls
-    for cls in (
-        Submit,
-        ListJobs,
-        ShowJob,
-        OpenLog,
-        ExportScript,
-        Wait,
-        Cancel,
-        Hold,
-        Release,
-        Requeue,
-        Update,
-        SetPolicy,
-        GetPolicy,
-        NodeInfoRequest,
-        Stop,
-        Drain,
-        ResumeDevices,
-        Suspend,
-        SignalJob,
-    )
-}
-ANSWERS: dict[str, type] = {
-    cls.kind: cls
-    for cls in (
-        WaitOver,
-        Submitted,
-        TestOnly,
-        Jobs,
-        LogFile,
-        Script,
-        Report,
-        PolicyInfo,
-        NodeInfo,
-        Done,
-        Error,
-    )
-}
+REQUESTS = codec.Wire(
+    Submit,
+    ListJobs,
+    ShowJob,
+    OpenLog,
+    ExportScript,
+    Wait,
+    Cancel,
+    Hold,
+    Release,
+    Requeue,
+    Update,
+    SetPolicy,
+    GetPolicy,
+    NodeInfoRequest,
+    Stop,
+    Drain,
+    ResumeDevices,
+    Suspend,
+    SignalJob,
+    version=defaults.PROTOCOL_VERSION,
+)
+ANSWERS = codec.Wire(
+    WaitOver,
+    Submitted,
+    TestOnly,
+    Jobs,
+    LogFile,
+    Script,
+    Report,
+    PolicyInfo,
+    NodeInfo,
+    Done,
+    Error,
+    version=defaults.PROTOCOL_VERSION,
+)
 
 
-# ----- the codec ----------------------------------------------------------------------
 def encode(message: Any) -> bytes:
-    """One line: the version, the kind, then the fields."""
-    data = {"v": defaults.PROTOCOL_VERSION, "kind": message.kind}
-    data.update(codec.to_wire(message))
-    return codec.dumps(data)
+    """One line: the kind, the fields, the version."""
+    return codec.encode(message)
 
 
-def decode(line: bytes, kinds: dict[str, type]) -> Any:
+def decode(line: bytes, wire: codec.Wire) -> Any:
     """The message a line holds, every field checked; MessageError otherwise."""
-    data = codec.loads(line)
-    if data.get("v") != defaults.PROTOCOL_VERSION:
-        raise VersionMismatch(data.get("v"))
-    kind = data.pop("kind", None)
-    del data["v"]
-    if not isinstance(kind, str) or kind not in kinds:
-        raise MessageError(f"unknown kind {str(kind)[:40]!r}")
-    return codec.build(kinds[kind], data, kind)
+    return wire.decode(line)

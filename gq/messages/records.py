@@ -7,15 +7,26 @@ monitoring and the queue use them too, without any request.
 from __future__ import annotations
 
 import enum
-from dataclasses import field
 from typing import Annotated
 
-from gq.codec import MaxLen, message
+from msgspec import field
+
+from gq import defaults
+from gq.codec import Bounds, Int, MaxLen, Message, Record, Str
 from gq.fields import Args, Count, Name, Path, Seconds, TimeLimit, Timestamp
 
 Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
 # Task ids and ranges (0-99,200): at most every id up to 4,000,000, each with its comma.
 TaskIds = Annotated[str, MaxLen(8 * 4_000_001)]
+
+
+class ClientMessage(Message, kw_only=True):
+    """A request or an answer between a client and the daemon: it says the protocol version
+    it speaks, which its receiver checks before anything else."""
+
+    v: Annotated[int, Bounds(defaults.PROTOCOL_VERSION, defaults.PROTOCOL_VERSION)] = (
+        defaults.PROTOCOL_VERSION
+    )
 
 
 class OnOutOfMemory(str, enum.Enum):
@@ -34,40 +45,38 @@ class MemoryBasis(str, enum.Enum):
     RAISED = "raised"  # what it asked for when it ran out of memory
 
 
-@message
-class EventInfo:
+class EventInfo(Record):
     """One change of a job's state: when, from what to what, and why."""
 
     time: float
-    old_state: str | None
-    new_state: str
-    reason: str | None
+    old_state: Str | None
+    new_state: Str
+    reason: Str | None
 
 
-@message
-class JobInfo:
+class JobInfo(Record):
     """One job as clients see it; times are seconds since the epoch."""
 
-    id: int
-    label: str  # Slurm's spelling: 17, or 17_3 for task 3 of array 17
-    name: str
-    user: str
-    uid: int | None
-    state: str
-    reason: str | None
-    priority: int
-    gpus: int
-    mem: int | None
-    time_limit: int | None
+    id: Int
+    label: Str  # Slurm's spelling: 17, or 17_3 for task 3 of array 17
+    name: Str
+    user: Str
+    uid: Int | None
+    state: Str
+    reason: Str | None
+    priority: Int
+    gpus: Int
+    mem: Int | None
+    time_limit: Int | None
     deadline: float | None
-    steps_total: int | None
+    steps_total: Int | None
     exclusive: bool
     requeue: bool
-    dependency: str | None
+    dependency: Str | None
     held: bool
-    array_job_id: int | None
-    array_task_id: int | None
-    array_max_running: int | None
+    array_job_id: Int | None
+    array_task_id: Int | None
+    array_max_running: Int | None
     # The command, its directory and output paths: in answers about one job (show, logs,
     # export), None in lists (status, history, info), which would otherwise carry up to
     # 256 KiB of arguments per job to everyone who lists the queue.
@@ -76,39 +85,39 @@ class JobInfo:
     workdir: Path | None
     stdout: Path | None
     stderr: Path | None
-    device: str | None
-    lane: int | None
-    pid: int | None
+    device: Str | None
+    lane: Int | None
+    pid: Int | None
     submit_time: float
     start_time: float | None
     end_time: float | None
-    exit_code: int | None
-    run_count: int
-    steps_done: int
+    exit_code: Int | None
+    run_count: Int
+    steps_done: Int
     attained: float
     mean_iteration: float | None
-    mem_persistent: int | None
-    mem_peak: int | None
+    mem_persistent: Int | None
+    mem_peak: Int | None
     holds_lane: bool
     events: list[EventInfo] | None = None
     mean_gap: float | None = None
-    host_memory: int | None = None  # bytes its processes hold on the host (its cgroup)
-    processes: int | None = None  # how many processes it has (its cgroup), while it runs
-    host_mem: int | None = None  # what it asked for: host memory (bytes), CPUs, GPU type,
-    cpus: int | None = None  # begin time
-    gpu_type: str | None = None
+    host_memory: Int | None = None  # bytes its processes hold on the host (its cgroup)
+    processes: Int | None = None  # how many processes it has (its cgroup), while it runs
+    host_mem: Int | None = None  # what it asked for: host memory (bytes), CPUs, GPU type,
+    cpus: Int | None = None  # begin time
+    gpu_type: Str | None = None
     begin_time: float | None = None
     output_pattern: Path | None = None  # -o/-e as given (%x-%j.out); None for jobs from
     error_pattern: Path | None = None  # before they were kept, and in lists
     interpreter: Path | None = None  # a Python job's, in answers about one job
-    warn_signal: str | None = None  # --signal, as [B:]NUMBER@SECONDS
-    nodelist: str | None = None  # -w: the devices it may run on, comma-separated
-    retries: int | None = None  # --retries and --retry-delay
-    retries_left: int | None = None
-    ntasks: int | None = None
-    notify: str | None = None
-    mail_type: str | None = None
-    mail_user: str | None = None
+    warn_signal: Str | None = None  # --signal, as [B:]NUMBER@SECONDS
+    nodelist: Str | None = None  # -w: the devices it may run on, comma-separated
+    retries: Int | None = None  # --retries and --retry-delay
+    retries_left: Int | None = None
+    ntasks: Int | None = None
+    notify: Str | None = None
+    mail_type: Str | None = None
+    mail_user: Str | None = None
     suspended: bool = False
     retry_delay: float | None = None
     # Its forecast (gq status --start or -l, gq show): start and end, and how well they are
@@ -121,7 +130,7 @@ class JobInfo:
     # more than ``mem`` (gq status's MEM!).
     mem_basis: MemoryBasis | None = None
     on_oom: OnOutOfMemory = OnOutOfMemory.REQUEUE
-    ooms: int = 0
+    ooms: Int = 0
     mem_over: bool = False
     # Whether it runs gq's worker (a Python script), which takes turns on its lane; a plain
     # process (a shell script) never holds nor waits for one.
@@ -140,62 +149,58 @@ class JobInfo:
     array_task_count: Count | None = None
 
 
-@message
-class DeviceProcess:
+class DeviceProcess(Record):
     """A process on a device, and the gq job it belongs to."""
 
-    pid: int
-    memory: int | None  # bytes on the device (NVML), or resident memory (psutil)
-    job: int | None  # the gq job it belongs to; None: a process gq did not start
+    pid: Int
+    memory: Int | None  # bytes on the device (NVML), or resident memory (psutil)
+    job: Int | None  # the gq job it belongs to; None: a process gq did not start
 
 
-@message
-class DeviceReading:
+class DeviceReading(Record):
     """One sample of a device (every figure None where the device cannot tell)."""
 
     time: float
-    source: str  # nvml | psutil | recorded (a --readings file overlays the sample)
+    source: Str  # nvml | psutil | recorded (a --readings file overlays the sample)
     utilization: float | None = None  # percent of the last period the device was busy
-    memory_used: int | None = None
-    memory_total: int | None = None
-    external_memory: int = 0  # used by processes gq did not start; admission subtracts it
+    memory_used: Int | None = None
+    memory_total: Int | None = None
+    external_memory: Int = 0  # used by processes gq did not start; admission subtracts it
     temperature: float | None = None  # degrees Celsius
     power: float | None = None  # watts
     power_limit: float | None = None
-    sm_clock: int | None = None  # MHz
-    throttle: list[str] = field(default_factory=list)  # why clocks are held down
-    ecc_errors: int | None = None  # uncorrected, since the driver loaded
+    sm_clock: Int | None = None  # MHz
+    throttle: list[Str] = field(default_factory=list)  # why clocks are held down
+    ecc_errors: Int | None = None  # uncorrected, since the driver loaded
     processes: list[DeviceProcess] = field(default_factory=list)
 
 
-@message
-class DeviceInfo:
+class DeviceInfo(Record):
     """A device as clients see it: its memory, its lanes and the jobs on it."""
 
-    name: str
-    kind: str
-    index: int | None
-    memory_total: int
-    model: str
-    lane_memory: int
+    name: Str
+    kind: Str
+    index: Int | None
+    memory_total: Int
+    model: Str
+    lane_memory: Int
     jobs: list[JobInfo] = field(default_factory=list)
     # What placement sees: the most memory a lane has left under the safety condition, the
     # resident jobs, and when they must all have ended (None: one has no time limit).
-    headroom: int | None = None
-    residents: int = 0
+    headroom: Int | None = None
+    residents: Int = 0
     free_at: float | None = None
-    uuid: str | None = None
+    uuid: Str | None = None
     reading: DeviceReading | None = None  # the latest sample
-    held: str | None = None  # why the thermal and power guard admits no job to it now
+    held: Str | None = None  # why the thermal and power guard admits no job to it now
 
 
 INFO, WARNING, REFUSED = "info", "warning", "refused"
 
 
-@message
-class Line:
+class Line(Record):
     """One line of a command's report: ``info`` to stdout; ``warning`` to stderr; ``refused``
     to stderr, and the command exits 2."""
 
-    text: str
-    level: str = INFO
+    text: Str
+    level: Str = INFO

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 from gq import defaults
-from gq.codec import Bounds, MaxLen, message
+from gq.codec import Bounds, MaxLen, Record
 from gq.fields import (
     Args,
     Count,
@@ -25,14 +25,13 @@ from gq.fields import (
     Timestamp,
     Umask,
 )
-from gq.messages.records import Label, OnOutOfMemory
+from gq.messages.records import ClientMessage, Label, OnOutOfMemory
 
 Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
 Snapshot = Annotated[bytes, MaxLen(defaults.MAX_SCRIPT)]
 
 
-@message
-class SubmitOptions:
+class SubmitOptions(Record):
     """Everything the client parsed from the command line and the script's directives."""
 
     name: Name | None = None
@@ -67,11 +66,9 @@ class SubmitOptions:
     idle_timeout: TimeLimit | None = None  # seconds an interactive job may sit idle
 
 
-@message
-class Submit:
+class Submit(ClientMessage, tag="submit"):
     """Queue a job (or an array): its script's snapshot, arguments, environment and options."""
 
-    kind: ClassVar[str] = "submit"
     script_path: Path  # as submitted, absolute
     script: Snapshot  # the snapshot: read by the client, with the caller's own rights
     args: Args
@@ -82,11 +79,9 @@ class Submit:
     test_only: bool = False  # sbatch --test-only: when it would start and end; queue nothing
 
 
-@message
-class ListJobs:
+class ListJobs(ClientMessage, tag="list"):
     """status and history: jobs in ``states`` (all states when None)."""
 
-    kind: ClassVar[str] = "list"
     states: Annotated[list[Name], MaxLen(16)] | None = None
     users: Annotated[list[Name], MaxLen(1024)] | None = None
     ended_since: Timestamp | None = None  # history --since: jobs that ended since then
@@ -102,83 +97,65 @@ class ListJobs:
     array_tasks: bool = False
 
 
-@message
-class ShowJob:
+class ShowJob(ClientMessage, tag="show"):
     """One job with its state history; an array's id lists every task."""
 
-    kind: ClassVar[str] = "show"
     label: Label
 
 
-@message
-class OpenLog:
+class OpenLog(ClientMessage, tag="logs"):
     """A job's output file, opened by the daemon as its owner may and passed as a descriptor."""
 
-    kind: ClassVar[str] = "logs"
     label: Label
     stderr: bool = False
 
 
-@message
-class ExportScript:
+class ExportScript(ClientMessage, tag="export"):
     """A job's script as sbatch would run it (gq export)."""
 
-    kind: ClassVar[str] = "export"
     label: Label
 
 
-@message
-class Wait:
+class Wait(ClientMessage, tag="wait"):
     """Answered (with the jobs, as a list) once every one of them has ended: the jobs named,
     or else the caller's (``user``'s) pending and running ones."""
 
-    kind: ClassVar[str] = "wait"
     labels: Labels
     user: Name | None = None
 
 
-@message
-class Cancel:
+class Cancel(ClientMessage, tag="cancel"):
     """Cancel the jobs named, narrowed by state, name and user as scancel does."""
 
-    kind: ClassVar[str] = "cancel"
     labels: Labels
     state: Name | None = None
     name: Name | None = None
     user: Name | None = None
 
 
-@message
-class Hold:
+class Hold(ClientMessage, tag="hold"):
     """Keep pending jobs from starting until released."""
 
-    kind: ClassVar[str] = "hold"
     labels: Labels
 
 
-@message
-class Release:
+class Release(ClientMessage, tag="release"):
     """Let held jobs start again."""
 
-    kind: ClassVar[str] = "release"
     labels: Labels
 
 
-@message
-class Requeue:
+class Requeue(ClientMessage, tag="requeue"):
     """Put jobs back in the queue under the same ids; running ones are stopped first."""
 
-    kind: ClassVar[str] = "requeue"
     labels: Labels
     state: Name | None = None  # or every job of the caller's (--user's) in this state
     user: Name | None = None
 
 
-@message
-class Update:
+class Update(ClientMessage, tag="update"):
     """Change jobs' priority or time limit, or pending jobs' other fields (scontrol update)."""
 
-    kind: ClassVar[str] = "update"
     labels: Labels
     priority: Priority | None = None
     time_limit: TimeLimit | None = None
@@ -192,11 +169,9 @@ class Update:
     dependency: Text | None = None  # "" removes it
 
 
-@message
-class Suspend:
+class Suspend(ClientMessage, tag="suspend"):
     """Stop running jobs in place (``suspended``), or let them go on."""
 
-    kind: ClassVar[str] = "suspend"
     labels: Labels
     suspended: bool = True
 
@@ -205,60 +180,44 @@ class Suspend:
 SIGNALS_TO_JOBS = {"INT": 2, "HUP": 1, "QUIT": 3, "USR1": 10, "USR2": 12}
 
 
-@message
-class SignalJob:
+class SignalJob(ClientMessage, tag="signal"):
     """Send a running job's main process group one of :data:`SIGNALS_TO_JOBS` (a kernel's
     interrupt), as Jupyter sends its kernel's: the job goes on unless the signal ends it."""
 
-    kind: ClassVar[str] = "signal"
     label: Label
     signal: Annotated[str, MaxLen(8)]
 
 
-@message
-class Drain:
+class Drain(ClientMessage, tag="drain"):
     """Admit no new job to these devices (none named: to the node); operators only."""
 
-    kind: ClassVar[str] = "drain"
     devices: Annotated[list[Name], MaxLen(defaults.MAX_GPUS)]
     reason: Text | None = None
 
 
-@message
-class ResumeDevices:
+class ResumeDevices(ClientMessage, tag="resume-devices"):
     """Undo a drain of these devices (none named: of the node and every device)."""
 
-    kind: ClassVar[str] = "resume-devices"
     devices: Annotated[list[Name], MaxLen(defaults.MAX_GPUS)]
 
 
-@message
-class SetPolicy:
+class SetPolicy(ClientMessage, tag="policy-set"):
     """Set the node's scheduling policy and its settings."""
 
-    kind: ClassVar[str] = "policy-set"
     name: Name
     fill: Name = "always"
     quantum: Name = "100ms"
 
 
-@message
-class GetPolicy:
+class GetPolicy(ClientMessage, tag="policy-get"):
     """The node's scheduling policy and its settings."""
 
-    kind: ClassVar[str] = "policy-get"
 
-
-@message
-class NodeInfoRequest:
+class NodeInfoRequest(ClientMessage, tag="info"):
     """The node's devices, lanes, limits and settings (gq info)."""
 
-    kind: ClassVar[str] = "info"
 
-
-@message
-class Stop:
+class Stop(ClientMessage, tag="stop"):
     """Stop the daemon; ``keep_jobs`` leaves running jobs to their execution hosts."""
 
-    kind: ClassVar[str] = "stop"
     keep_jobs: bool = False

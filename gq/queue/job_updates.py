@@ -10,12 +10,12 @@ decoding and the request handlers), so that no row can break a query for anyone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
+from gq.exec.host_messages import JobProgress
 from gq.messages import MemoryBasis
 from gq.queue.models import Job, Payload
 from gq.queue.prepared import Prepared
@@ -212,21 +212,7 @@ def set_outputs(session: Session, paths: dict[int, tuple[str, str, str, str]]) -
     )
 
 
-@dataclass(frozen=True)
-class Progress:
-    steps_done: int
-    attained: float
-    mean_iteration: float | None
-    mem_persistent: int | None
-    mem_peak: int | None
-    holds_lane: bool
-    steps_total: int | None = None
-    mean_gap: float | None = None  # hosts before it was reported send none
-    startup: float | None = None  # seconds from launch to its first acquire (None: not yet)
-    active_at: float | None = None  # an interactive job's last activity (None: none seen)
-
-
-def progress_values(progress: Progress) -> dict[str, Any]:
+def progress_values(progress: JobProgress) -> dict[str, Any]:
     values: dict[str, Any] = {
         "steps_done": progress.steps_done,
         "attained": progress.attained,
@@ -243,7 +229,7 @@ def progress_values(progress: Progress) -> dict[str, Any]:
     return values
 
 
-def record_progress(session: Session, job_id: int, progress: Progress) -> None:
+def record_progress(session: Session, job_id: int, progress: JobProgress) -> None:
     values = progress_values(progress)
     statement = _kept.get(("progress", *values))
     if statement is None:

@@ -17,8 +17,9 @@ from typing import Any
 from sqlalchemy import ClauseElement, bindparam, func, insert, update
 from sqlalchemy.orm import Session
 
+from gq.exec.host_messages import JobProgress
 from gq.messages import MemoryBasis
-from gq.queue.job_updates import Progress, progress_values
+from gq.queue.job_updates import progress_values
 from gq.queue.models import Job, JobEvent
 from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
@@ -163,7 +164,7 @@ def finish(
     exit_code: int | None,
     reason: str | None,
     now: float | None = None,
-    progress: Progress | None = None,
+    progress: JobProgress | None = None,
 ) -> bool:
     """End a RUNNING job in a terminal state (with its last ``progress``, in the same
     statement)."""
@@ -241,7 +242,7 @@ def ran_out_of_memory(
     reason: str,
     exit_code: int | None,
     now: float | None = None,
-    progress: Progress | None = None,
+    progress: JobProgress | None = None,
 ) -> bool:
     """A RUNNING job's run ran out of memory: it goes back to the queue (``requeue``) with
     its device-memory figure raised to what it asked for (``figure``), to start once that

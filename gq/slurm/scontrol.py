@@ -281,20 +281,20 @@ def run(argv: list[str], environ: Mapping[str, str], home: Home) -> str:
     if isinstance(command, ShowHostnames):
         hostlist = command.hostlist or environ.get("SLURM_JOB_NODELIST") or node_name()
         return "\n".join(expand_hostlist(hostlist))
-    from gq import client, messages
+    # Plain requests: the shim runs under the job's interpreter, which may lack msgspec.
+    from gq import client
 
     label = str(own.id)
     if isinstance(command, ShowJob):
-        answer = client.ask(messages.ShowJob(label), home)  # an array's first task: all
-        mine = next(job for job in answer.jobs if job.id == own.id)
-        return show_job(mine, time.time(), command.one_line)
-    request = (
-        messages.Requeue([label])
-        if isinstance(command, Requeue)
-        else messages.Update([label], time_limit=command.seconds)
-    )
-    report = client.ask(request, home)
-    refused = [line.text for line in report.lines if line.level == messages.REFUSED]
+        answer = client.ask_plain("show", {"label": label}, "jobs", home)  # an array: all
+        mine = next(job for job in answer["jobs"] if job["id"] == own.id)
+        return show_job(client.Fields(mine), time.time(), command.one_line)
+    if isinstance(command, Requeue):
+        report = client.ask_plain("requeue", {"labels": [label]}, "report", home)
+    else:
+        asked = {"labels": [label], "time_limit": command.seconds}
+        report = client.ask_plain("update", asked, "report", home)
+    refused = [line["text"] for line in report["lines"] if line["level"] == "refused"]
     if refused:
         raise Refusal(refused[0])
     return ""

@@ -99,7 +99,7 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     messages.NodeInfoRequest: node.info,
     messages.Stop: node.stop,
 }
-OPERATORS_ONLY = {
+OPERATORS_ONLY: dict[type, str] = {
     messages.SetPolicy: "change the policy",
     messages.Stop: "stop the daemon",
     messages.Drain: "drain devices",
