@@ -106,7 +106,7 @@ class Wire:
         # What a refusal names where the line has no kind: a record's class.
         self.name = classes[0].__name__ if len(classes) == 1 else ""
         # A union of a tuple of classes, which X | Y cannot spell.
-        self._decoder = msgspec.json.Decoder(Union[classes])  # type: ignore[valid-type]  # noqa: UP007
+        self._decoder = msgspec.json.Decoder(Union[classes])  # noqa: UP007
 
     def decode(self, line: bytes) -> Any:
         """The message a line holds, every field checked; MessageError otherwise

@@ -325,7 +325,11 @@ class Granter:
         if len(live) < 2:
             return False
         caps = [r.mem_cap for r in live]
-        return self.lane_memory is None or None in caps or sum(caps) > self.lane_memory
+        return (
+            self.lane_memory is None
+            or None in caps
+            or sum(cap for cap in caps if cap is not None) > self.lane_memory
+        )
 
     def _hold(self, lane: Lane, chosen: Resident, now: float) -> None:
         chosen.granted_at = now

@@ -174,10 +174,14 @@ class WorkerSession:
                 return  # (the lock goes once the device has run the iteration)
             self.channel.send("done", **figures)  # asked back: the device was waited for
             return
+
         # The lane passes on once the device has run what this iteration queued: the
         # host hears of the release then, from a thread that waits for the device,
         # while this one runs on (its gap's work beside the device's tail).
-        self.device.then(lambda: self.channel.send("done", **figures))
+        def send_done() -> None:
+            self.channel.send("done", **figures)
+
+        self.device.then(send_done)
 
     def end_iteration(self) -> None:
         """A console's statement is over: whatever iteration it left open ends here (through

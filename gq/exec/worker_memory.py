@@ -74,7 +74,7 @@ def release_cached() -> None:
         cuda.empty_cache()
 
 
-def shortage(exc: BaseException) -> Shortage | None:
+def shortage(exc: BaseException | None) -> Shortage | None:
     """Whether an exception that ends a script is an out-of-memory error (torch's
     ``OutOfMemoryError``, its CPU allocator's refusal, or ``MemoryError``), here or among its
     causes; then what the process held and asked for, as its host is told."""
