@@ -85,7 +85,10 @@ def ask_plain(
         message, code = answer.get("message"), answer.get("exit_code", 2)
         if answer.get("kind") == "error" and isinstance(message, str):
             raise UserError(message, code if type(code) is int and 0 < code < 256 else 2)
-    unexpected = _typed(line)  # raises for a malformed line
+    try:
+        unexpected = _typed(line)  # raises for a malformed line
+    except ImportError:  # (a job's interpreter without msgspec: the scontrol shim)
+        raise UserError(f"malformed answer from the daemon to a {kind!r} request") from None
     raise UserError(f"the daemon answered a {kind!r} request with {unexpected.kind!r}")
 
 

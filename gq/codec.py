@@ -25,7 +25,7 @@ from typing import Annotated, Any, Union
 import msgspec
 
 from gq import jsonline
-from gq.validation import INT64_MAX
+from gq.validation import INT64_MAX, printable
 
 INT64_MIN = -INT64_MAX - 1
 DEFAULT_TEXT = 1 << 16  # characters of a string field typed Str
@@ -37,7 +37,10 @@ class MessageError(Exception):
 
 class VersionMismatch(MessageError):
     def __init__(self, theirs: object, ours: object):
-        super().__init__(f"protocol version {theirs!r}, expected {ours!r}")
+        # What the peer sent may be anything JSON holds: only a short, printable version
+        # of it is kept.
+        theirs = theirs if isinstance(theirs, int) else printable(repr(theirs)[:40])
+        super().__init__(f"protocol version {theirs}, expected {ours!r}")
         self.theirs = theirs
 
 
@@ -110,36 +113,44 @@ class Wire:
 
     def decode(self, line: bytes) -> Any:
         """The message a line holds, every field checked; MessageError otherwise
-        (VersionMismatch where the line says another version than this wire's)."""
+        (VersionMismatch where the line says another version than this wire's, or none:
+        checked first, so that a peer of another version hears that, whatever else its
+        line holds)."""
         try:
+            if self.version is not None:
+                theirs = _ENVELOPE.decode(line).v
+                if theirs != self.version:
+                    raise VersionMismatch(theirs, self.version)
             message = self._decoder.decode(line)
         except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise self._refusal(exc, line) from None
+        except RecursionError:  # msgspec skips an unknown field's value recursively
+            raise MessageError("nested too deeply") from None
         if b"\\u0000" in line:
             self._refuse_nul(message)
         return message
 
     def _refusal(self, exc: Exception, line: bytes) -> MessageError:
+        """Why a line was refused, in one printable line: msgspec's words quote what the
+        peer sent (an unknown field's name), which may hold anything."""
         try:
             envelope = _ENVELOPE.decode(line)
         except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
             envelope = None
         except RecursionError:
             return MessageError("nested too deeply")
-        if self.version is not None and envelope is not None and envelope.v != self.version:
-            return VersionMismatch(envelope.v, self.version)
         if isinstance(exc, UnicodeDecodeError):
             return MessageError("not JSON (not valid UTF-8)")
         if not isinstance(exc, msgspec.ValidationError):  # (which is a DecodeError too)
-            return MessageError(f"not JSON ({str(exc)[:100]})")
+            return MessageError(f"not JSON ({printable(str(exc)[:100])})")
         if envelope is None:
             return MessageError("not a JSON object")
         reason, _, path = str(exc).partition(" - at ")
         if path == "`$.kind`" or "missing required field `kind`" in reason:
             return MessageError(f"unknown kind {str(envelope.kind)[:40]!r}")
         kind = envelope.kind if isinstance(envelope.kind, str) else self.name
-        where = kind[:40] + _where(path)
-        return MessageError(f"{where}: {reason[:1].lower()}{reason[1:200]}")
+        where = printable(kind[:40] + _where(path)[:200])
+        return MessageError(f"{where}: {printable(reason[:1].lower() + reason[1:200])}")
 
     def _refuse_nul(self, message: Any) -> None:
         """A line whose JSON escapes a NUL: refused where a decoded string holds one."""

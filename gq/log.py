@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import logging
 
+from gq.validation import printable
+
 
 class _OneLine(logging.Formatter):
     """Control characters in a message are written escaped; tracebacks stay as they are."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
-        line = super().formatMessage(record)
-        if line.isprintable():
-            return line
-        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+        return printable(super().formatMessage(record))
 
 
 def configure(who: str) -> None:

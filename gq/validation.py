@@ -14,6 +14,16 @@ if TYPE_CHECKING:  # imports this module
 INT64_MAX = (1 << 63) - 1  # the widest integer the wire and the queue carry
 
 
+def printable(value: object) -> str:
+    """Text as it may reach a log, a job's reason or someone's terminal: control characters
+    (NUL, escape sequences, newlines) shown escaped, so that nothing a user chose can forge
+    a line or draw on another's screen."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def text(value: str, what: str, limit: int = defaults.MAX_TEXT) -> str:
     """Text that every process and the queue can carry: UTF-8, no NUL, at most ``limit``
     characters."""

@@ -54,6 +54,11 @@ frames = [
     b'{' + b'x' * (2 << 20),
     b'{"kind": "oom", "held": null}\n',
     b'{"kind": "oom", "held": 1, "wanted": [[[1]]]}\n',
+    # A NUL in what the refusal quotes: its exit report once held it, and the daemon could
+    # never take that report (the host sent it again at every attach).
+    b'{"kind": "ready", "x\\u0000": 1}\n',
+    b'{"kind": "done", "steps": -1, "kind": "\\u0000"}\n',
+    b'{"x": ' + b'[' * 5000 + b']' * 5000 + b', "kind": "ready"}\n',
 ]
 sock.sendall(frames[int(os.environ["SLURM_ARRAY_TASK_ID"])])
 time.sleep(0.5)
@@ -71,6 +76,9 @@ FRAGMENTS = [
     "a message over 1048576 bytes",
     "oom.held: expected `int`, got `null`",
     "oom.wanted: expected `int | null`, got `array`",
+    "ready: object contains unknown field `x\\x00`",
+    "\\x00.steps: expected `int` >= 0",
+    "nested too deeply",
 ]
 
 

@@ -205,6 +205,104 @@ def test_strings_are_checked_for_nul_utf8_and_length():
             wire.decode(json.dumps(frame).encode(), wire.TO_HOST)
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"kind": "ready", "x\\u0000": 1}',
+        b'{"kind": "done", "steps": -1, "kind": "\\u0000"}',
+        b'{"kind": "ready", "a\\nFAKE root: a line\\u001b[31m": 1}',
+        b'{"kind": "\\u0000\\n"}',
+    ],
+)
+def test_a_refusal_quotes_what_the_peer_sent_printably(line):
+    """A refusal names what the peer sent (an unknown field, its kind), and goes into a
+    job's reason and its exit report: a NUL there made that report one the daemon could
+    never take, and a newline or an escape would forge a line."""
+    with pytest.raises(MessageError) as refused:
+        wire.decode(line, wire.FROM_WORKER)
+    assert str(refused.value).isprintable(), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "line,table",
+    [
+        (b'{"x": ' + b"[" * 2000 + b"]" * 2000 + b', "kind": "ready"}', wire.FROM_WORKER),
+        (b'{"kind": ' + b"[" * 998 + b"]" * 998 + b"}", wire.TO_WORKER),
+        (b'{"x": ' + b"[" * 2000 + b"]" * 2000 + b', "kind": "list", "v": 7}', None),
+        (b'{"kind": "list", "v": ' + b"[" * 995 + b"]" * 995 + b"}", None),
+        (b'{"kind": "state", "version": "old", "pid": 1e999}', wire.TO_DAEMON),
+        (
+            b'{"op": "state", "version": "old", "pid": 5, "x": ' + b"[" * 993 + b"]" * 993 + b"}",
+            wire.TO_DAEMON,
+        ),
+    ],
+    ids=[
+        "a deep value before the kind",
+        "a deep kind",
+        "a deep value in a request",
+        "a deep version",
+        "a foreign state's infinite pid",
+        "a foreign state too deep to write back",
+    ],
+)
+def test_deep_values_and_numbers_json_cannot_spell_are_refused_as_messages(line, table):
+    """msgspec skips an unknown field's value recursively (a RecursionError got out of
+    decode), and a foreign host's State written back for the decoder may hold inf."""
+    try:
+        if table is None:
+            messages.decode(line, messages.REQUESTS)
+        else:
+            decoded = wire.decode(line, table)
+            assert isinstance(decoded, host_messages.ForeignState)  # the draining fields
+    except MessageError as exc:
+        assert str(exc).isprintable()
+
+
+def test_a_request_without_its_version_is_refused_as_of_another_version():
+    for line in (b'{"kind": "list"}', b'{"kind": "list", "ended_since": 1e999}'):
+        with pytest.raises(messages.VersionMismatch, match="protocol version None"):
+            messages.decode(line, messages.REQUESTS)
+
+
+def test_an_answer_the_plain_client_cannot_read_is_a_user_error_without_msgspec(tmp_path):
+    """The scontrol shim reads answers plain in a job's interpreter, which may lack
+    msgspec: an answer it did not expect is still a one-line UserError there."""
+    version = defaults.PROTOCOL_VERSION
+    answers = [
+        b'{"kind":"report","lines":[],"v":%d}\n' % version,
+        b'{"kind":"error","message":"refused: no","exit_code":3,"v":%d}\n' % version,
+    ]
+    code = f"""if True:
+        import socket, sys, threading
+        sys.modules["msgspec"] = None
+        from gq import client
+        from gq.errors import UserError
+        from gq.home import SYSTEM, Home
+        home = Home({str(tmp_path)!r}, SYSTEM)
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(home.socket_path)
+        listener.listen(4)
+        answers = {answers!r}
+        def serve():
+            for answer in answers:
+                peer, _ = listener.accept()
+                peer.recv(1 << 16)
+                peer.sendall(answer)
+                peer.close()
+        threading.Thread(target=serve, daemon=True).start()
+        for _ in answers:
+            try:
+                client.ask_plain("show", {{"label": "1"}}, "jobs", home)
+            except UserError as exc:
+                print(exc.exit_code, exc)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == [
+        "2 malformed answer from the daemon to a 'show' request",
+        "3 refused: no",
+    ], done.stdout + done.stderr
+
+
 def test_a_message_over_the_frame_is_refused_by_its_sender():
     huge = host_messages.LaunchFailed(1, 1, "x" * defaults.MAX_FRAME)
     with pytest.raises(FrameTooLarge):

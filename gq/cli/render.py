@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from gq import defaults
+from gq import defaults, validation
 from gq.queue.state_codes import SHORT
 from gq.units import format_duration, format_size
 
@@ -190,13 +190,7 @@ def dumps(value: Any) -> str:
     return json.dumps(value, indent=2)
 
 
-def printable(value: object) -> str:
-    """Text as it may reach someone's terminal: control characters (escape sequences,
-    newlines) shown escaped, so that nothing a user names a job can draw on another's."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+printable = validation.printable  # what a user named, as it may reach a terminal
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -40,6 +40,7 @@ from gq.exec.lane_views import decide
 from gq.exec.leasing import Leases, bill, move
 from gq.exec.residents import HOLDS_LANE, Event, Lane, Resident, Standing, ready_to_grant
 from gq.policies.base import Policy
+from gq.validation import printable
 
 log = logging.getLogger("gq.host")
 
@@ -176,7 +177,7 @@ class Granter:
     def end_for_protocol(self, resident: Resident, detail: str) -> None:
         """A worker that breaks the protocol loses its job, at once, and nothing else."""
         log.warning("job %d: %s; ending it", resident.job_id, detail)
-        resident.detail = detail[: defaults.MAX_TEXT]
+        resident.detail = printable(detail)[: defaults.MAX_TEXT]
         self.drop_channel(resident)
         self.host.kill(resident, StopWhy.PROTOCOL, grace=0.0)
 

@@ -123,11 +123,17 @@ def _foreign_state(line: bytes) -> State | ForeignState | None:
     exited = data.get("exited")
     if isinstance(exited, list):
         exited = [_respelt(item, "exited") for item in exited]
+    # Written back for the decoder: a number JSON cannot spell (1e999 reads as inf) or a
+    # depth Python cannot write refuses the State, as any malformed line.
     try:
         return TO_DAEMON.decode(jsonline.line({**_respelt(data, "state"), "exited": exited}))
-    except (MessageError, ValueError):
-        minimal = {key: data[key] for key in ("version", "pid", "draining") if key in data}
+    except (MessageError, ValueError, RecursionError):
+        pass
+    minimal = {key: data[key] for key in ("version", "pid", "draining") if key in data}
+    try:
         return _FOREIGN_STATE.decode(jsonline.line({"kind": "state", **minimal}))
+    except (MessageError, ValueError, RecursionError):
+        return None
 
 
 def _respelt(data: Any, kind: str) -> Any:

@@ -372,20 +372,27 @@ def within_bounds(report):
     """A report on a job as the daemon will decode it. A measured figure past the wire's
     bounds (from a worker's word, say) would make the daemon drop the whole connection,
     and an exit report it can never take would be kept and sent again for ever: the job's
-    measured figures are left out of it instead."""
+    measured figures are left out of it instead, and then what its worker did wrong."""
     try:
         return checked(report)
     except MessageError as exc:
         log.warning(
             "job %d: a figure out of bounds (%s); reported without its figures", report.job, exc
         )
-        return msgspec.structs.replace(
-            report,
-            attained=0.0,
-            mean_iteration=None,
-            mean_gap=None,
-            mem_persistent=None,
-            mem_peak=None,
-            iterations=0,
-            active_at=None,
-        )
+    bare = msgspec.structs.replace(
+        report,
+        attained=0.0,
+        mean_iteration=None,
+        mean_gap=None,
+        mem_persistent=None,
+        mem_peak=None,
+        iterations=0,
+        active_at=None,
+    )
+    try:
+        return checked(bare)
+    except MessageError as exc:
+        if not isinstance(bare, wire.Exited):
+            return bare  # what is left are the host's own counts
+        log.warning("job %d: its report is refused still (%s); sent without detail", bare.job, exc)
+        return checked(msgspec.structs.replace(bare, detail=None))

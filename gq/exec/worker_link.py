@@ -71,7 +71,7 @@ class WorkerChannel:
         del self._buffer[: newline + 1]
         try:
             go = jsonline.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             go = None
         if not isinstance(go, dict) or go.get("kind") != "go":
             kind = go.get("kind") if isinstance(go, dict) else text[:40]
