@@ -274,7 +274,9 @@ def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(
             30,
             what="the batch job to go on while the kernel is idle",
         )
-        assert not job(kernel_id)["holds_lane"] and job(kernel_id)["state"] == "RUNNING"
+        # Its release reaches the queue within a host report and a flush (a second each).
+        wait_for(lambda: not job(kernel_id)["holds_lane"], 10, what="the kernel's release")
+        assert job(kernel_id)["state"] == "RUNNING"
         # A cell that computes holds the lane; its interrupt gives it back.
         client.execute("t = time.time()\nwhile time.time() - t < 30:\n    m(x)")
         wait_for(lambda: job(kernel_id)["holds_lane"], 15, what="the cell to hold the lane")
@@ -292,7 +294,7 @@ def test_a_cell_holds_the_lane_while_it_computes_and_a_batch_job_runs_between(
             30,
             what="the batch job to go on after the interrupted cell",
         )
-        assert not job(kernel_id)["holds_lane"]
+        wait_for(lambda: not job(kernel_id)["holds_lane"], 10, what="the kernel's release")
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=False)
