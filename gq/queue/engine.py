@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
@@ -93,7 +93,14 @@ class Database:
         self._connection.close()
 
 
-class Transaction:
+# For type checkers a Transaction is the Session it answers as (see __getattr__).
+if TYPE_CHECKING:
+    _AnswersAsSession = Session
+else:
+    _AnswersAsSession = object
+
+
+class Transaction(_AnswersAsSession):
     """One transaction on the database's connection. The statements on a job's path run on
     that connection directly (:class:`gq.queue.prepared.Prepared`: a SQLAlchemy session
     costs more than SQLite's work for them); everything else is a SQLAlchemy ``Session``'s,
