@@ -1136,3 +1136,9 @@ def test_upgrade_to_0017_keeps_jobs_and_learns_idle_time_from_new_runs(tmp_path)
         assert info.idle_timeout == 600
         assert 950 <= info.idle < 960  # since its last activity, not its start
     database.close()
+
+
+def test_a_scheduling_row_names_the_columns_it_is_read_from_in_their_order():
+    from gq.queue.scheduling_rows import SCHEDULING_COLUMNS, SchedulingRow
+
+    assert SchedulingRow._fields == tuple(column.key for column in SCHEDULING_COLUMNS)

@@ -5,9 +5,9 @@ passes so that a pass reads again only what changed."""
 from __future__ import annotations
 
 import math
-from collections import namedtuple
 from collections.abc import Sequence
 from operator import itemgetter
+from typing import NamedTuple
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
@@ -19,7 +19,7 @@ from gq.queue.states import JobState
 
 # What the scheduling pass reads of a job: plain rows, not ORM objects, so that a queue of
 # many thousands of pending jobs costs the daemon little each pass.
-_SCHEDULING = (
+SCHEDULING_COLUMNS = (
     Job.id,
     Job.user,
     Job.name,
@@ -53,15 +53,47 @@ _SCHEDULING = (
 )
 
 
-# Plain records of those rows: SQLAlchemy's Row reads a column by name in microseconds, and a
-# pass reads a dozen of every pending job's.
-SchedulingRow = namedtuple("SchedulingRow", [column.key for column in _SCHEDULING])
+class SchedulingRow(NamedTuple):
+    """One such row as a plain record: SQLAlchemy's Row reads a column by name in
+    microseconds, and a pass reads a dozen of every pending job's. Its fields are the
+    columns above, in their order (a test holds them to that)."""
+
+    id: int
+    user: str
+    name: str
+    submit_time: float
+    priority: int
+    steps_total: int | None
+    deadline: float | None
+    time_limit: int | None
+    dependency: str | None
+    reason: str | None
+    gpus: int
+    mem: int | None
+    exclusive: bool
+    array_job_id: int | None
+    array_max_running: int | None
+    stop_request: str | None
+    held: bool
+    begin_time: float | None
+    gpu_type: str | None
+    host_mem: int | None
+    cpus: int | None
+    nodelist: str | None
+    suspended: bool
+    steps_done: int
+    attained: float
+    mean_iteration: float | None
+    mean_gap: float | None
+    holds_lane: bool
+    interpreter: str | None
+    mem_basis: str | None
 
 
 # Read every pass: constructed once (constructing a statement costs more than running it).
 _FOR_SCHEDULING = {
     (state, held): Prepared(
-        select(*_SCHEDULING)
+        select(*SCHEDULING_COLUMNS)
         .where(Job.state == state.value)
         .order_by(Job.id)
         .where(*([] if held is None else [Job.held.is_(held)]))
@@ -70,7 +102,7 @@ _FOR_SCHEDULING = {
     for held in (None, False, True)
 }
 _HELD_WITH_DEADLINE = Prepared(
-    select(*_SCHEDULING).where(
+    select(*SCHEDULING_COLUMNS).where(
         Job.state == JobState.PENDING.value, Job.held.is_(True), Job.deadline.is_not(None)
     )
 )
@@ -83,7 +115,7 @@ def for_scheduling(session: Session, state: JobState, held: bool | None = None) 
 
 
 _PENDING_BY_ID = Prepared(
-    select(*_SCHEDULING).where(
+    select(*SCHEDULING_COLUMNS).where(
         Job.id.in_(bindparam("ids", expanding=True)),
         Job.state == JobState.PENDING.value,
         Job.held.is_(False),
