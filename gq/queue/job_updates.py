@@ -10,10 +10,9 @@ decoding and the request handlers), so that no row can break a query for anyone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, or_, select, update
-from sqlalchemy.orm import Session
 
 from gq.exec.host_messages import JobProgress
 from gq.messages import MemoryBasis
@@ -21,6 +20,9 @@ from gq.queue.models import Job, Payload
 from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
 from gq.queue.states import JobState
+
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
 
 HELD = "JobHeldUser"  # squeue's reason for a held job
 HELD_ADMIN = "JobHeldAdmin"  # held by an operator for its owner: only an operator releases it
@@ -32,7 +34,7 @@ _JOBS = Job.__table__
 _kept: dict[tuple, Any] = {}
 
 
-def set_pending_reasons(session: Session, reasons: dict[int, str | None]) -> None:
+def set_pending_reasons(session: Transaction, reasons: dict[int, str | None]) -> None:
     """Why PENDING jobs are still waiting (squeue's REASON), one statement per reason and
     chunk of ids; not a state change."""
     by_reason: dict[str | None, list[int]] = {}
@@ -59,11 +61,11 @@ _RECORD_PID = Prepared(
 )
 
 
-def record_pid(session: Session, job_id: int, pid: int) -> None:
+def record_pid(session: Transaction, job_id: int, pid: int) -> None:
     _RECORD_PID.execute(session, {"b_id": job_id, "b_pid": pid})
 
 
-def set_memory_figure(session: Session, job_id: int, figure: int, basis: MemoryBasis) -> None:
+def set_memory_figure(session: Transaction, job_id: int, figure: int, basis: MemoryBasis) -> None:
     """A job's device-memory figure, and where it came from (a probe's measure); not a
     state change."""
     _SET_FIGURE.execute(session, {"b_id": job_id, "b_mem": figure, "b_basis": basis.value})
@@ -79,7 +81,7 @@ _SET_FIGURE = Prepared(
 CANCEL, REQUEUE = "cancel", "requeue"
 
 
-def request_stop(session: Session, job_ids: list[int], what: str) -> list[int]:
+def request_stop(session: Transaction, job_ids: list[int], what: str) -> list[int]:
     """Ask the daemon to end RUNNING jobs: it kills them, then records CANCELLED (cancel)
     or puts them back in the queue (requeue) once they have exited. The ids asked."""
     assert what in (CANCEL, REQUEUE)
@@ -97,7 +99,7 @@ def request_stop(session: Session, job_ids: list[int], what: str) -> list[int]:
 
 
 def set_held(
-    session: Session, job_ids: list[int], held: bool, by_operator: bool = False
+    session: Transaction, job_ids: list[int], held: bool, by_operator: bool = False
 ) -> list[int]:
     """Hold or release PENDING jobs (squeue's JobHeldUser, or JobHeldAdmin when an operator
     holds another user's job); the ids that were pending."""
@@ -116,7 +118,7 @@ def set_held(
 
 
 def modify(
-    session: Session,
+    session: Transaction,
     job_ids: list[int],
     *,
     name: str | None = None,
@@ -170,7 +172,7 @@ def modify(
     return changed
 
 
-def set_suspended(session: Session, job_ids: list[int], suspended: bool) -> list[int]:
+def set_suspended(session: Transaction, job_ids: list[int], suspended: bool) -> list[int]:
     """gq suspend / gq resume: RUNNING jobs stopped in place, or let go on (their hosts
     are told by the next scheduling pass). The ids changed."""
     changed: list[int] = []
@@ -190,12 +192,12 @@ def set_suspended(session: Session, job_ids: list[int], suspended: bool) -> list
     return changed
 
 
-def set_args(session: Session, payload_id: int, args: list[str]) -> None:
+def set_args(session: Transaction, payload_id: int, args: list[str]) -> None:
     """New arguments for every (pending) job of one submission."""
     session.execute(update(Payload).where(Payload.id == payload_id).values(args=list(args)))
 
 
-def set_outputs(session: Session, paths: dict[int, tuple[str, str, str, str]]) -> None:
+def set_outputs(session: Transaction, paths: dict[int, tuple[str, str, str, str]]) -> None:
     """Each PENDING job's output and error patterns and the paths filled in from them."""
     session.execute(
         update(Job),
@@ -229,7 +231,7 @@ def progress_values(progress: JobProgress) -> dict[str, Any]:
     return values
 
 
-def record_progress(session: Session, job_id: int, progress: JobProgress) -> None:
+def record_progress(session: Transaction, job_id: int, progress: JobProgress) -> None:
     values = progress_values(progress)
     statement = _kept.get(("progress", *values))
     if statement is None:

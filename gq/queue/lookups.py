@@ -6,16 +6,20 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import bindparam, func, select
-from sqlalchemy.orm import Session, undefer
+from sqlalchemy.orm import undefer
 
 from gq.queue.models import Job, JobEvent, Payload
 from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
 
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
 
-def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple[str, bool]]]:
+
+def run_states(session: Transaction, job_ids: Iterable[int]) -> dict[int, list[tuple[str, bool]]]:
     """Each id's (state, started) pair, or one per task when the id names a job array: what
     a dependency on it looks at."""
     wanted = sorted(set(job_ids))
@@ -34,7 +38,7 @@ def run_states(session: Session, job_ids: Iterable[int]) -> dict[int, list[tuple
     return found
 
 
-def payload_jobs(session: Session, payload_id: int) -> list[tuple[int, str]]:
+def payload_jobs(session: Transaction, payload_id: int) -> list[tuple[int, str]]:
     """The jobs of one submission (one, or an array's tasks): id and state."""
     return [
         (job_id, state)
@@ -44,7 +48,7 @@ def payload_jobs(session: Session, payload_id: int) -> list[tuple[int, str]]:
     ]
 
 
-def array_task_ids(session: Session, array_job_id: int) -> list[int]:
+def array_task_ids(session: Transaction, array_job_id: int) -> list[int]:
     """The task ids of a job array, in order."""
     return list(
         session.scalars(
@@ -65,7 +69,7 @@ _ARRAY_SPAN = Prepared(
 )
 
 
-def array_span(session: Session, array_job_id: int) -> tuple[int, int, int, int]:
+def array_span(session: Transaction, array_job_id: int) -> tuple[int, int, int, int]:
     """How many tasks a job array has, its lowest task id, its highest, and its step: the
     spacing of an evenly spaced array (0-20:5), else 1 (one row read, however large)."""
     count, low, high, total, squares = _ARRAY_SPAN.rows(session, {"array": array_job_id})[0]
@@ -85,11 +89,11 @@ def array_span(session: Session, array_job_id: int) -> tuple[int, int, int, int]
     return count, low, high, step
 
 
-def job(session: Session, job_id: int) -> Job | None:
+def job(session: Transaction, job_id: int) -> Job | None:
     return session.get(Job, job_id)
 
 
-def payload(session: Session, payload_id: int) -> Payload:
+def payload(session: Transaction, payload_id: int) -> Payload:
     """A job's environment and arguments, for its launch."""
     return session.scalars(
         select(Payload).options(undefer(Payload.env)).where(Payload.id == payload_id)
@@ -111,7 +115,7 @@ _PAYLOAD_ROWS = Prepared(
 
 
 def launching(
-    session: Session, job_ids: Sequence[int]
+    session: Transaction, job_ids: Sequence[int]
 ) -> tuple[dict[int, JobRow], dict[int, PayloadRow]]:
     """What launching these jobs reads: their rows, and their payloads' rows (environment and
     arguments) by payload id. Plain records, with the columns as attributes: a pass that
@@ -130,7 +134,7 @@ def launching(
     return jobs, payloads
 
 
-def events(session: Session, job_ids: Iterable[int]) -> dict[int, list[JobEvent]]:
+def events(session: Transaction, job_ids: Iterable[int]) -> dict[int, list[JobEvent]]:
     """The state history of each job, oldest first: a few queries however many jobs."""
     found: dict[int, list[JobEvent]] = {job_id: [] for job_id in job_ids}
     for part in chunks(sorted(found)):
@@ -141,7 +145,7 @@ def events(session: Session, job_ids: Iterable[int]) -> dict[int, list[JobEvent]
     return found
 
 
-def runs_of(session: Session, job_ids: Iterable[int]) -> dict[int, list[Job]]:
+def runs_of(session: Transaction, job_ids: Iterable[int]) -> dict[int, list[Job]]:
     """Each id's job, or every task when the id names a job array."""
     wanted = sorted(set(job_ids))
     found: dict[int, list[Job]] = {job_id: [] for job_id in wanted}
@@ -157,7 +161,7 @@ def runs_of(session: Session, job_ids: Iterable[int]) -> dict[int, list[Job]]:
     return found
 
 
-def resolve(session: Session, label: str) -> list[Job]:
+def resolve(session: Transaction, label: str) -> list[Job]:
     """Jobs a user names: ``17`` (a job, or a whole array), ``17_3`` (one task)."""
     array_id, _, task = label.partition("_")
     if task:

@@ -4,17 +4,20 @@ deletion with their events and the payloads no job uses any more."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, select
-from sqlalchemy.orm import Session
 
 from gq.queue.models import Job, Payload
 from gq.queue.queries import CHUNK, chunks
 from gq.queue.spool_usage import count_spool
 from gq.queue.states import JobState
 
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
 
-def finished_before(session: Session, cutoff: float, limit: int) -> Sequence[tuple[int, str]]:
+
+def finished_before(session: Transaction, cutoff: float, limit: int) -> Sequence[tuple[int, str]]:
     """Ids and snapshot paths of jobs that ended before ``cutoff``, oldest first."""
     terminal = [s.value for s in JobState if s.terminal]
     return session.execute(
@@ -25,7 +28,7 @@ def finished_before(session: Session, cutoff: float, limit: int) -> Sequence[tup
     ).all()
 
 
-def pending_dependencies(session: Session) -> Sequence[str]:
+def pending_dependencies(session: Transaction) -> Sequence[str]:
     return session.scalars(
         select(Job.dependency).where(
             Job.state == JobState.PENDING.value, Job.dependency.is_not(None)
@@ -33,7 +36,7 @@ def pending_dependencies(session: Session) -> Sequence[str]:
     ).all()
 
 
-def spool_paths_in_use(session: Session, paths: Iterable[str]) -> set[str]:
+def spool_paths_in_use(session: Transaction, paths: Iterable[str]) -> set[str]:
     wanted = sorted(set(paths))
     used: set[str] = set()
     for start in range(0, len(wanted), CHUNK):
@@ -47,7 +50,7 @@ def spool_paths_in_use(session: Session, paths: Iterable[str]) -> set[str]:
     return used
 
 
-def purge(session: Session, job_ids: list[int]) -> None:
+def purge(session: Transaction, job_ids: list[int]) -> None:
     """Forget finished jobs: their rows, their events, and payloads no job uses any more."""
     owners: dict[int, int | None] = {}  # payload -> its submitter's uid
     for part in chunks(job_ids):

@@ -6,12 +6,16 @@ gq.queue.scheduling_rows', counts and run history gq.queue.stats'."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import and_, func, or_, select
-from sqlalchemy.orm import Session, lazyload
+from sqlalchemy.orm import lazyload
 
 from gq.queue.models import Job
 from gq.queue.states import JobState
+
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
 
 # SQLite allows 32766 bound parameters a statement: long id lists go in chunks of this.
 CHUNK = 10_000
@@ -23,7 +27,7 @@ def chunks(values: Sequence[int]) -> Iterable[list[int]]:
 
 
 def jobs(
-    session: Session,
+    session: Transaction,
     *,
     states: Iterable[JobState] | None = None,
     users: Iterable[str] | None = None,
@@ -90,7 +94,7 @@ _TASKS_ALIKE = (
 
 
 def unstarted_task_groups(
-    session: Session, users: Iterable[str] | None = None
+    session: Transaction, users: Iterable[str] | None = None
 ) -> list[tuple[int, list[int]]]:
     """The pending array tasks that never started, in groups of one array's tasks that look
     alike: each group's first job id and its task ids, in order. One grouped read, with no
@@ -108,7 +112,7 @@ def unstarted_task_groups(
 
 
 def finished_page(
-    session: Session,
+    session: Transaction,
     states: Iterable[JobState],
     limit: int,
     *,
@@ -153,7 +157,7 @@ def _state_in(states: Iterable[JobState]):
     return Job.state.in_(values)
 
 
-def running(session: Session) -> Sequence[Job]:
+def running(session: Transaction) -> Sequence[Job]:
     return session.scalars(
         select(Job).options(lazyload(Job.payload)).where(Job.state == JobState.RUNNING.value)
     ).all()

@@ -7,15 +7,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from operator import itemgetter
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.orm import Session
 
 from gq.queue.models import Job
 from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
 from gq.queue.states import JobState
+
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
 
 # What the scheduling pass reads of a job: plain rows, not ORM objects, so that a queue of
 # many thousands of pending jobs costs the daemon little each pass.
@@ -108,7 +110,7 @@ _HELD_WITH_DEADLINE = Prepared(
 )
 
 
-def for_scheduling(session: Session, state: JobState, held: bool | None = None) -> Sequence:
+def for_scheduling(session: Transaction, state: JobState, held: bool | None = None) -> Sequence:
     """Rows of the jobs in ``state`` (PENDING or RUNNING; held or not) with what scheduling
     needs of them."""
     return list(map(SchedulingRow._make, _FOR_SCHEDULING[state, held].rows(session)))
@@ -137,7 +139,7 @@ class PendingRows:
         self._read_all_at = -math.inf
         self.drifted: list[int] = []  # jobs whose kept row the last reading of all corrected
 
-    def read(self, session: Session, changed: set[int] | None, now: float) -> list:
+    def read(self, session: Transaction, changed: set[int] | None, now: float) -> list:
         """The rows, by id. Where reading fails, the next read is of them all (the changes
         taken for it are gone)."""
         try:
@@ -169,6 +171,6 @@ class PendingRows:
 _job_id = itemgetter(0)
 
 
-def held_with_deadline(session: Session) -> Sequence:
+def held_with_deadline(session: Transaction) -> Sequence:
     """Held pending jobs that have a deadline (they are removed once they cannot meet it)."""
     return list(map(SchedulingRow._make, _HELD_WITH_DEADLINE.rows(session)))

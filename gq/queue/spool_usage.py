@@ -7,26 +7,29 @@ gq.queue.spool's.)"""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import bindparam, case, func, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
 
 from gq.queue.models import Job, Payload, SpoolUsage
 from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
 from gq.queue.states import JobState
 
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
+
 _SPOOL_BYTES = Prepared(select(SpoolUsage.bytes).where(SpoolUsage.uid == bindparam("uid")))
 
 
-def spool_bytes(session: Session, uid: int) -> int:
+def spool_bytes(session: Transaction, uid: int) -> int:
     """What the snapshots the spool keeps for the user's jobs cost (an array's counts
     once): one row, kept up to date by count_spool."""
     return _SPOOL_BYTES.scalar(session, {"uid": uid}) or 0
 
 
-def finished_snapshots(session: Session, uid: int) -> Sequence[tuple[int, int]]:
+def finished_snapshots(session: Transaction, uid: int) -> Sequence[tuple[int, int]]:
     """The user's submissions whose jobs have all ended and whose snapshot is still kept,
     as (payload id, what it costs), the one that ended longest ago first."""
     terminal = [s.value for s in JobState if s.terminal]
@@ -41,7 +44,7 @@ def finished_snapshots(session: Session, uid: int) -> Sequence[tuple[int, int]]:
     ).all()
 
 
-def drop_snapshots(session: Session, uid: int, payload_ids: list[int]) -> set[str]:
+def drop_snapshots(session: Transaction, uid: int, payload_ids: list[int]) -> set[str]:
     """Forget the snapshots of these submissions of ``uid``'s (their jobs have all ended):
     their jobs can no longer be requeued or exported. The paths to delete once this
     commits."""
@@ -82,7 +85,7 @@ _ADD_TO_SPOOL = Prepared(
 )
 
 
-def count_spool(session: Session, change: dict[int, int]) -> None:
+def count_spool(session: Transaction, change: dict[int, int]) -> None:
     """Add to (or take from) what the spool keeps for each uid."""
     for uid, delta in change.items():
         if delta:

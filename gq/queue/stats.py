@@ -4,12 +4,16 @@ oldest finished job still kept ended."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy import bindparam, func, select
-from sqlalchemy.orm import Session
 
 from gq.queue.models import Job
 from gq.queue.prepared import Prepared
 from gq.queue.states import JobState
+
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
 
 _RECENT_RUNS = Prepared(
     select(
@@ -33,7 +37,7 @@ _RECENT_RUNS = Prepared(
 )
 
 
-def recent_runs(session: Session, user: str, name: str, limit: int) -> list[tuple]:
+def recent_runs(session: Transaction, user: str, name: str, limit: int) -> list[tuple]:
     """The user's last ``limit`` completed jobs of that name, the last ended first: start,
     end, steps done, attained device time, mean iteration and gap, and start-up (None
     where its host did not measure one)."""
@@ -52,7 +56,7 @@ _RECENT_RUN_TIMES = Prepared(
 )
 
 
-def recent_run_times(session: Session, limit: int) -> list[float]:
+def recent_run_times(session: Transaction, limit: int) -> list[float]:
     """How long the node's last ``limit`` completed jobs ran, the last ended first."""
     return [seconds for (seconds,) in _RECENT_RUN_TIMES.rows(session, {"limit": limit})]
 
@@ -64,16 +68,16 @@ _PENDING_COUNT = Prepared(
 )
 
 
-def pending_count(session: Session, user: str) -> int:
+def pending_count(session: Transaction, user: str) -> int:
     return _PENDING_COUNT.scalar(session, {"user": user}) or 0
 
 
-def counts_by_state_and_user(session: Session) -> dict[tuple[str, str], int]:
+def counts_by_state_and_user(session: Transaction) -> dict[tuple[str, str], int]:
     rows = session.execute(select(Job.state, Job.user, func.count()).group_by(Job.state, Job.user))
     return {(state, user): count for state, user, count in rows}
 
 
-def oldest_end(session: Session) -> float | None:
+def oldest_end(session: Transaction) -> float | None:
     """When the oldest finished job still kept ended: only finished jobs have an end time,
     and the least one is read off the end-time index (a state filter would scan them all)."""
     return session.scalar(select(func.min(Job.end_time)))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sqlalchemy import bindparam, insert, update
-from sqlalchemy.orm import Session
 
 from gq.queue.job_updates import HELD
 from gq.queue.models import Job, Payload
@@ -20,6 +20,9 @@ from gq.queue.prepared import Prepared
 from gq.queue.spool_usage import count_spool
 from gq.queue.states import JobState
 from gq.queue.transitions import NEW_EVENT
+
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class NewJob:
 # resolve_output(pattern, job_id, array_id, task) -> path: fills in %j, %x, %A, %a.
 # snapshot(job_id) -> path: writes the script's snapshot for the submission's first id.
 def submit(
-    session: Session,
+    session: Transaction,
     new: NewJob,
     resolve_output,
     snapshot: Callable[[int], str] = lambda job_id: "",

@@ -12,10 +12,9 @@ their number.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ClauseElement, bindparam, func, insert, update
-from sqlalchemy.orm import Session
 
 from gq.exec.host_messages import JobProgress
 from gq.messages import MemoryBasis
@@ -25,9 +24,12 @@ from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
 from gq.queue.states import JobState, allowed
 
+if TYPE_CHECKING:
+    from gq.queue.engine import Transaction
+
 
 def _move(
-    session: Session,
+    session: Transaction,
     job_id: int,
     old: JobState,
     new: JobState,
@@ -131,7 +133,9 @@ def _state_change(
     return statement, plain
 
 
-def start(session: Session, job_id: int, device: str, lane: int, now: float | None = None) -> bool:
+def start(
+    session: Transaction, job_id: int, device: str, lane: int, now: float | None = None
+) -> bool:
     """PENDING to RUNNING, unless the job was held (or cancelled) since admission read it."""
     now = time.time() if now is None else now
     return _move(
@@ -158,7 +162,7 @@ def start(session: Session, job_id: int, device: str, lane: int, now: float | No
 
 
 def finish(
-    session: Session,
+    session: Transaction,
     job_id: int,
     state: JobState,
     exit_code: int | None,
@@ -183,7 +187,7 @@ def finish(
 
 
 def requeue(
-    session: Session, job_id: int, reason: str, now: float | None = None, started: bool = True
+    session: Transaction, job_id: int, reason: str, now: float | None = None, started: bool = True
 ) -> bool:
     """Put a RUNNING job back in the queue (its run was lost, not its submission).
 
@@ -207,7 +211,7 @@ def requeue(
 
 
 def retry(
-    session: Session, job_id: int, exit_code: int | None, reason: str, now: float | None = None
+    session: Transaction, job_id: int, exit_code: int | None, reason: str, now: float | None = None
 ) -> bool:
     """Put a RUNNING job whose run failed back in the queue when it has retries left
     (``--retries N``: N more runs, counted again from a ``gq requeue``), to start no earlier
@@ -235,7 +239,7 @@ def retry(
 
 
 def ran_out_of_memory(
-    session: Session,
+    session: Transaction,
     job_id: int,
     requeue: bool,
     figure: int,
@@ -274,7 +278,7 @@ def ran_out_of_memory(
 
 
 def cancel_pending(
-    session: Session,
+    session: Transaction,
     job_id: int,
     reason: str,
     now: float | None = None,
@@ -287,7 +291,7 @@ def cancel_pending(
 
 
 def _move_many(
-    session: Session,
+    session: Transaction,
     job_ids: list[int],
     old: JobState,
     new: JobState,
@@ -329,7 +333,7 @@ def _move_many(
 
 
 def cancel_pending_many(
-    session: Session, job_ids: list[int], reason: str, now: float | None = None
+    session: Transaction, job_ids: list[int], reason: str, now: float | None = None
 ) -> list[int]:
     """End PENDING jobs CANCELLED; the ids that were pending."""
     now = time.time() if now is None else now
@@ -338,7 +342,7 @@ def cancel_pending_many(
     )
 
 
-def requeue_finished(session: Session, job: Job, now: float | None = None) -> bool:
+def requeue_finished(session: Transaction, job: Job, now: float | None = None) -> bool:
     """Run an ended job again under the same id."""
     state = JobState(job.state)
     if not state.terminal:

@@ -7,25 +7,24 @@ import os
 import re
 import time
 
-from sqlalchemy.orm import Session
-
 from gq import defaults, messages
 from gq.daemon.memory_figures import over_figure
 from gq.errors import UserError
 from gq.exec import idleness
 from gq.queue import dependencies, lookups, queries
 from gq.queue.arrays import parse_label
+from gq.queue.engine import Transaction
 from gq.queue.models import Job, JobEvent
 from gq.queue.states import JobState
 from gq.slurm.environment import node_name
 
 
-def resolve(session: Session, label: str) -> list[Job]:
+def resolve(session: Transaction, label: str) -> list[Job]:
     """The jobs a label names (every task of an array for its id); an error if none."""
     return resolve_all(session, [label])
 
 
-def resolve_all(session: Session, labels: list[str]) -> list[Job]:
+def resolve_all(session: Transaction, labels: list[str]) -> list[Job]:
     """The jobs the labels name, in the order named, each once; an error naming the first
     label that names none. A few queries, however many labels."""
     plain = sorted({int(parse_label(label)) for label in labels if "_" not in label})
@@ -48,7 +47,7 @@ def resolve_all(session: Session, labels: list[str]) -> list[Job]:
     return list(found.values())
 
 
-def resolve_one(session: Session, label: str) -> Job:
+def resolve_one(session: Transaction, label: str) -> Job:
     """One job: 17_3, 17, or an array's first task for the array's id."""
     return resolve(session, label)[0]
 
@@ -192,7 +191,7 @@ def output_resolver(name: str, user: str, workdir: str):
     return resolve
 
 
-def check_dependency(session: Session, text: str | None) -> None:
+def check_dependency(session: Transaction, text: str | None) -> None:
     """Every job a dependency names exists (or existed: its row is kept)."""
     if text is None:
         return

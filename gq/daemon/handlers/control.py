@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session
-
 from gq import defaults, messages, validation
 from gq.daemon.access import Caller, check_may_act, check_may_raise
 from gq.daemon.handlers.common import check_dependency, output_resolver, resolve_all
 from gq.errors import Refused, UserError
 from gq.messages import REFUSED, WARNING, Line
 from gq.queue import dependencies, job_updates, lookups, queries, transitions
+from gq.queue.engine import Transaction
 from gq.queue.models import Job
 from gq.queue.states import JobState
 
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from gq.daemon.handlers import NodeView
 
 
-def _named(session: Session, caller: Caller, labels: list[str], verb: str) -> list[Job]:
+def _named(session: Transaction, caller: Caller, labels: list[str], verb: str) -> list[Job]:
     jobs = resolve_all(session, labels)
     for job in jobs:
         check_may_act(caller, job.uid, job.user, verb, job.label)
@@ -321,7 +320,7 @@ def _dependency(text: str | None) -> str | None:
     return str(dependencies.parse(text)) if text.strip() else ""
 
 
-def _check_whole_payloads(session: Session, jobs: list[Job]) -> None:
+def _check_whole_payloads(session: Transaction, jobs: list[Job]) -> None:
     """New arguments go to every job that shares them (an array's tasks), all pending, or
     to none: a task that runs, or will run again, must not take arguments it was told it
     kept."""
@@ -341,13 +340,13 @@ def _check_whole_payloads(session: Session, jobs: list[Job]) -> None:
             )
 
 
-def _set_args(session: Session, jobs: list[Job], args: list[str]) -> None:
+def _set_args(session: Transaction, jobs: list[Job], args: list[str]) -> None:
     for payload_id in {job.payload_id for job in jobs}:
         validation.payload(lookups.payload(session, payload_id).env, args)
         job_updates.set_args(session, payload_id, args)
 
 
-def _set_outputs(session: Session, jobs: list[Job], request: messages.Update) -> None:
+def _set_outputs(session: Transaction, jobs: list[Job], request: messages.Update) -> None:
     """Output paths filled in again for each job, as at submit (%j, %x, %A_%a, ...): from
     new patterns, or the old ones in a new working directory."""
     for flag, value in (("--output", request.output), ("--error", request.error)):
