@@ -558,6 +558,47 @@ def test_the_state_of_the_previous_releases_host_is_read_in_full_to_adopt_its_jo
     assert (state.exited[0].job, state.exited[0].kill_why) == (4, host_messages.StopWhy.CANCEL)
 
 
+def _lines(sock: socket.socket, count: int) -> list[bytes]:
+    received = b""
+    while received.count(b"\n") < count:
+        received += sock.recv(1 << 16)
+    return received.splitlines()
+
+
+@pytest.mark.parametrize("as_before", [True, False], ids=["a host from before", "a host of now"])
+def test_a_host_is_answered_in_the_framing_its_state_came_in(as_before):
+    """A host from before this framing speaks {"op": ...} only (it dropped the daemon at its
+    first suspend or kill, and the daemon it at its first exit report, so its jobs could be
+    neither suspended nor cancelled while it drained): once its State came so, the
+    daemon's channel to it reads and speaks that framing."""
+    left, right = socket.socketpair()
+    try:
+        channel = wire.Channel(right, wire.TO_DAEMON)
+        state = {"version": "0.1.0/13", "pid": 42, "device": "cpu", "lanes": 1}
+        state |= {"policy": ["fifo"], "draining": False, "residents": [], "exited": []}
+        left.sendall(json.dumps({"op" if as_before else "kind": "state", **state}).encode())
+        left.sendall(b"\n")
+        assert isinstance(channel.receive_one(), host_messages.State)
+        # What it says after its State comes in its framing too.
+        said = {"job": 3, "run": 1, "code": 0, "end_time": 1.7e9}
+        left.sendall(json.dumps({"op" if as_before else "kind": "exited", **said}).encode())
+        left.sendall(b"\n")
+        exited = channel.receive_one()
+        assert isinstance(exited, host_messages.Exited) and (exited.job, exited.code) == (3, 0)
+        channel.send(host_messages.Kill(1, host_messages.StopWhy.SHUTDOWN))
+        channel.send(host_messages.Suspend(1, False))
+        channel.send(host_messages.Drain())
+        tag = b'"op"' if as_before else b'"kind"'
+        assert _lines(left, 3) == [
+            b"{" + tag + b':"kill","job":1,"why":"shutdown"}',
+            b"{" + tag + b':"suspend","job":1,"suspended":false}',
+            b'{"op":"drain"}',  # as every host reads it
+        ]
+    finally:
+        left.close()
+        right.close()
+
+
 @pytest.mark.parametrize(
     "encode",
     [

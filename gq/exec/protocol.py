@@ -20,7 +20,8 @@ again (its jobs run on). A host and a daemon of different ``HOST_VERSION`` still
 Hello, State (a foreign one in full where it still fits this schema, else only for its
 version, pid and draining flag) and Drain: the daemon then drains the host (no new jobs; it
 exits after its last one), adopting its jobs where it could read them, and starts a new one
-once it has gone.
+once it has gone. A host from before this framing spells a kind "op": the daemon greets and
+drains every host so, and speaks so to one whose State came so (Channel.as_before).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gq import codec, defaults, jsonline
-from gq.codec import MessageError, Wire
+from gq.codec import FrameTooLarge, MessageError, Wire
 from gq.exec.host_messages import (
     HOST_VERSION,
     Ack,
@@ -88,50 +89,72 @@ _AS_EVERY_HOST_READS = {Hello: b'{"op":"hello"}\n', Drain: b'{"op":"drain"}\n'}
 _FROM_ANY_DAEMON = {line.rstrip(): cls for cls, line in _AS_EVERY_HOST_READS.items()}
 
 
-def encode(message: Any) -> bytes:
-    """One line ``{"kind": ..., fields...}``; FrameTooLarge past the frame limit."""
-    return _AS_EVERY_HOST_READS.get(type(message)) or codec.encode(message, defaults.MAX_FRAME)
+def encode(message: Any, as_before: bool = False) -> bytes:
+    """One line ``{"kind": ..., fields...}``; FrameTooLarge past the frame limit.
+    ``as_before``: for a host of the framing before this one, which reads ``{"op": ...}``
+    (what a daemon sends a draining host keeps that host's schema: a kill, an ack)."""
+    special = _AS_EVERY_HOST_READS.get(type(message))
+    if special is not None:
+        return special
+    if not as_before:
+        return codec.encode(message, defaults.MAX_FRAME)
+    line = jsonline.line({"op": message.kind, **codec.fields_of(message)})
+    if len(line) > defaults.MAX_FRAME:
+        raise FrameTooLarge(f"{message.kind!r} message of {len(line)} bytes is over the frame")
+    return line
 
 
 def decode(line: bytes, wire: Wire) -> Any:
     """The message a line holds, every field checked; MessageError otherwise. A host's
-    State of another version is read as far as this version can (see _foreign_state)."""
+    State of another version is read as far as this version can (see _from_another_host)."""
+    return read(line, wire)[0]
+
+
+def read(line: bytes, wire: Wire) -> tuple[Any, bool]:
+    """:func:`decode`'s message, and whether its sender framed it as before this framing
+    (then it reads that framing only: see :func:`encode`)."""
     if wire is TO_HOST and line in _FROM_ANY_DAEMON:
-        return _FROM_ANY_DAEMON[line]()
+        return _FROM_ANY_DAEMON[line](), False
     try:
-        return wire.decode(line)
+        return wire.decode(line), False
     except MessageError:
-        foreign = _foreign_state(line) if wire is TO_DAEMON else None
+        foreign = _from_another_host(line) if wire is TO_DAEMON else None
         if foreign is None:
             raise
         return foreign
 
 
-def _foreign_state(line: bytes) -> State | ForeignState | None:
-    """The State of a host of another version that did not decode as this version's: read
-    in full where it fits this schema once its kinds are spelt as this framing spells them
-    (its jobs are then adopted while it drains), else only for its version, pid and
-    draining flag. None for anything else."""
+def _from_another_host(line: bytes) -> tuple[Any, bool] | None:
+    """What a host of another version said, where it did not decode as this version's:
+    anything it says, once its kind is spelt as this framing spells it (a host from before
+    this framing spelt it "op"); its State read in full where it fits this schema (its jobs
+    are then adopted while it drains), else only for its version, pid and draining flag.
+    Also whether it spoke the framing before this one. None for anything else."""
     try:
         data = jsonline.loads(line.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(data, dict) or data.get("kind", data.get("op")) != "state":
+    if not isinstance(data, dict):
         return None
-    if data.get("version") == HOST_VERSION:
+    as_before = "op" in data and "kind" not in data
+    kind = data.get("op") if as_before else data.get("kind")
+    if not isinstance(kind, str):
         return None
-    exited = data.get("exited")
-    if isinstance(exited, list):
-        exited = [_respelt(item, "exited") for item in exited]
+    if not as_before and (kind != "state" or data.get("version") == HOST_VERSION):
+        return None  # this framing's: malformed
+    said = _respelt(data, kind)
+    if kind == "state" and isinstance(said.get("exited"), list):
+        said["exited"] = [_respelt(item, "exited") for item in said["exited"]]
     # Written back for the decoder: a number JSON cannot spell (1e999 reads as inf) or a
-    # depth Python cannot write refuses the State, as any malformed line.
+    # depth Python cannot write refuses the line, as any malformed line.
     try:
-        return TO_DAEMON.decode(jsonline.line({**_respelt(data, "state"), "exited": exited}))
+        return TO_DAEMON.decode(jsonline.line(said)), as_before
     except (MessageError, ValueError, RecursionError):
-        pass
+        if kind != "state":
+            return None
     minimal = {key: data[key] for key in ("version", "pid", "draining") if key in data}
     try:
-        return _FOREIGN_STATE.decode(jsonline.line({"kind": "state", **minimal}))
+        return _FOREIGN_STATE.decode(jsonline.line({"kind": "state", **minimal})), as_before
     except (MessageError, ValueError, RecursionError):
         return None
 
@@ -155,6 +178,7 @@ class Channel:
         self._buffer = bytearray()
         self.closed = False
         self.error: str | None = None
+        self.as_before = False  # the peer is a host of the framing before this one
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -162,7 +186,7 @@ class Channel:
     def send(self, message: Any) -> bool:
         """Send a whole message; False when the peer has gone. A message over the frame
         limit raises FrameTooLarge and sends nothing."""
-        line = encode(message)
+        line = encode(message, self.as_before)
         try:
             self.sock.sendall(line)
             return True
@@ -199,10 +223,11 @@ class Channel:
             line = bytes(self._buffer[:newline])
             del self._buffer[: newline + 1]
             try:
-                message = decode(line, self.kinds)
+                message, as_before = read(line, self.kinds)
             except MessageError as exc:
                 self._fail(f"{exc} in {_quote(line)}")
                 return
+            self.as_before = self.as_before or as_before
             yield message
 
     def _fail(self, why: str) -> None:
