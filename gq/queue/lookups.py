@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import undefer
@@ -101,9 +101,22 @@ def payload(session: Transaction, payload_id: int) -> Payload:
 
 
 # Plain records of a launch's rows, as the scheduling pass reads its own
-# (gq.queue.scheduling_rows): SQLAlchemy's Row reads a column by name in microseconds.
-JobRow = namedtuple("JobRow", Job.__table__.columns.keys())
-PayloadRow = namedtuple("PayloadRow", Payload.__table__.columns.keys())
+# (gq.queue.scheduling_rows): SQLAlchemy's Row reads a column by name in microseconds. Each
+# has its table's columns as attributes, named and typed as the model's: type checkers read
+# it as the model.
+if TYPE_CHECKING:
+
+    class JobRow(Job):
+        @classmethod
+        def _make(cls, values: Iterable[Any]) -> JobRow: ...
+
+    class PayloadRow(Payload):
+        @classmethod
+        def _make(cls, values: Iterable[Any]) -> PayloadRow: ...
+
+else:
+    JobRow = namedtuple("JobRow", Job.__table__.columns.keys())
+    PayloadRow = namedtuple("PayloadRow", Payload.__table__.columns.keys())
 
 
 _JOB_ROWS = Prepared(
