@@ -81,7 +81,7 @@ class Message(Record, tag_field="kind"):
 
     @property
     def kind(self) -> str:
-        return self.__struct_config__.tag  # type: ignore[return-value]
+        return kind_of(type(self))
 
 
 def kind_of(cls: type) -> str:
@@ -193,12 +193,16 @@ def encode(message: Any, limit: int | None = None) -> bytes:
     """One line of JSON; FrameTooLarge past ``limit`` bytes (newline included), ValueError
     for a float that is not finite (a sender's bug: JSON has no NaN, and msgspec's own
     encoder would send it as null)."""
-    line = jsonline.line(msgspec.to_builtins(message))
+    what = getattr(message, "kind", type(message).__name__)
+    return frame(msgspec.to_builtins(message), what, limit)
+
+
+def frame(data: dict[str, Any], what: str, limit: int | None = None) -> bytes:
+    """Plain JSON values as one line of a wire; FrameTooLarge past ``limit`` bytes
+    (``what``: the message, as the error names it)."""
+    line = jsonline.line(data)
     if limit is not None and len(line) > limit:
-        raise FrameTooLarge(
-            f"{getattr(message, 'kind', type(message).__name__)!r} message of {len(line)} "
-            f"bytes is over the {limit}-byte frame"
-        )
+        raise FrameTooLarge(f"{what!r} message of {len(line)} bytes is over the {limit}-byte frame")
     return line
 
 

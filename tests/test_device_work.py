@@ -336,15 +336,14 @@ model = torch.nn.Linear(4, 4)
 )
 
 
-def test_a_ctrl_c_as_the_hooks_count_a_call_out_leaves_no_iteration_open(tmp_path):
-    """A console's Ctrl-C that came as the hooks counted an outermost call out (waiting
-    for their lock) left the call counted inside for good: the statement's end released
-    nothing, and the lane stayed with an idle REPL. The hooks' sections hold it back."""
+def _interrupted_as_the_host_hears_it(script: str) -> None:
+    """Run a script that interrupts its hooks: it must be interrupted, and the host must
+    hear its Ready, then its Done (no iteration left open)."""
     import os
     import subprocess
 
     done = subprocess.run(
-        [sys.executable, "-c", HOOKS_INTERRUPTED],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=120,
@@ -352,6 +351,13 @@ def test_a_ctrl_c_as_the_hooks_count_a_call_out_leaves_no_iteration_open(tmp_pat
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["interrupted", "heard Ready Done"], done
+
+
+def test_a_ctrl_c_as_the_hooks_count_a_call_out_leaves_no_iteration_open(tmp_path):
+    """A console's Ctrl-C that came as the hooks counted an outermost call out (waiting
+    for their lock) left the call counted inside for good: the statement's end released
+    nothing, and the lane stayed with an idle REPL. The hooks' sections hold it back."""
+    _interrupted_as_the_host_hears_it(HOOKS_INTERRUPTED)
 
 
 def test_a_ctrl_c_between_the_hooks_sections_is_raised_after_the_call_is_counted_out():
@@ -359,15 +365,4 @@ def test_a_ctrl_c_between_the_hooks_sections_is_raised_after_the_call_is_counted
     counts an outermost call out: raised there, the call stayed counted inside and the lane
     with an idle kernel (a batch job beside an interrupted notebook cell stopped, now and
     then, under load). It is held back to the end of the call's counting out."""
-    import os
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, "-c", HOOKS_INTERRUPTED_BETWEEN],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["interrupted", "heard Ready Done"], done
+    _interrupted_as_the_host_hears_it(HOOKS_INTERRUPTED_BETWEEN)

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gq import codec, defaults, jsonline
-from gq.codec import FrameTooLarge, MessageError, Wire
+from gq.codec import MessageError, Wire
 from gq.exec.host_messages import (
     HOST_VERSION,
     Ack,
@@ -98,10 +98,8 @@ def encode(message: Any, as_before: bool = False) -> bytes:
         return special
     if not as_before:
         return codec.encode(message, defaults.MAX_FRAME)
-    line = jsonline.line({"op": message.kind, **codec.fields_of(message)})
-    if len(line) > defaults.MAX_FRAME:
-        raise FrameTooLarge(f"{message.kind!r} message of {len(line)} bytes is over the frame")
-    return line
+    data = {"op": message.kind, **codec.fields_of(message)}
+    return codec.frame(data, message.kind, defaults.MAX_FRAME)
 
 
 def decode(line: bytes, wire: Wire) -> Any:
