@@ -116,6 +116,8 @@ CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its ki
 # untaken (that gq died while the job was pending), the job is hung up (--attach-wait).
 ATTACH_WAIT = 60.0
 MAX_ATTACH_WAIT = 3600.0
+# What a Jupyter kernel's first cell reads of the note its launcher left on why it waited.
+KERNEL_NOTE_BYTES = 1024
 
 # Worker
 MEMORY_SAMPLE_PERIOD = 0.05  # memory figures at most this often: cheap releases

@@ -7,10 +7,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+from gq.exec import pending_notes
 
 from conftest import ROOT, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state
 
@@ -20,10 +25,13 @@ pytest.importorskip("ipykernel")
 
 @pytest.fixture
 def data_dir(tmp_path, monkeypatch):
-    """A Jupyter data directory of the test's own; gq importable by the kernel's python."""
+    """A Jupyter data directory of the test's own; gq importable by the kernel's python; a
+    runtime directory (XDG_RUNTIME_DIR) of the test's own, where pending notes are kept."""
     path = tmp_path / "jupyter"
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(path))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    (tmp_path / "xdg-runtime").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg-runtime"))
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     return path
 
@@ -209,16 +217,23 @@ def test_a_pending_kernel_says_why_and_its_shutdown_cancels_it(daemon, data_dir,
     assert job(kernel_id)["interactive"] and manager.is_alive()
     manager.shutdown_kernel(now=False)  # no kernel answers: Jupyter's SIGTERM follows
     assert wait_state(kernel_id, "CANCELLED")["start_time"] is None
+    wait_for(
+        lambda: not _leftovers(tmp_path, manager.connection_file),
+        10,
+        what="the launcher to remove its note",
+    )
     refused = gq("kernel", "run", "--spec", "nothing", "--", "conn.json")
     assert refused.code == 2 and "no kernel named 'nothing'" in refused.err
 
 
-def test_a_kernel_that_waited_says_why_in_its_first_cell(daemon, data_dir, tmp_path):
-    """A notebook shows no launcher's log: the first cell of a kernel that was pending says
-    why it waited, once; the note is gone after."""
+def _waited_kernel(tmp_path: Path, connection_file: Path | None = None):
+    """A kernel whose job waited on a held one until its launcher said why (in the Jupyter
+    server's log: ``launcher.err``), then released; its manager and client, ready."""
     held = submit("--hold", "--wrap", "true")
     gq_ok("kernel", "install", "--name", "later", "-G", "0", "--after", str(held))
     manager = jupyter_client.KernelManager(transport="ipc", kernel_name="later")
+    if connection_file is not None:
+        manager.connection_file = str(connection_file)
     with open(tmp_path / "launcher.err", "w") as said:
         manager.start_kernel(stderr=said)
     client = manager.client()
@@ -234,15 +249,122 @@ def test_a_kernel_that_waited_says_why_in_its_first_cell(daemon, data_dir, tmp_p
         )
         gq_ok("release", str(held))
         client.wait_for_ready(timeout=30)
-        content, published = _run(client, "import os; int(os.environ['GQ_JOB_ID'])")
-        kernel_id = int(_result(published))
-        streams = "".join(m["content"]["text"] for m in published if m["msg_type"] == "stream")
-        assert streams == (
-            f"gq: this kernel waited for its device: job {kernel_id} pending (Dependency)\n"
-        ), published
+    except BaseException:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+        raise
+    return manager, client
+
+
+def _first_cell(client) -> tuple[int, str]:
+    """The job id the kernel's first cell finds, and what else that cell printed."""
+    content, published = _run(client, "import os; int(os.environ['GQ_JOB_ID'])")
+    assert content["status"] == "ok", content
+    streams = "".join(m["content"]["text"] for m in published if m["msg_type"] == "stream")
+    return int(_result(published)), streams
+
+
+def _why(kernel_id: int) -> str:
+    """What the first cell of a kernel that waited on a held job says."""
+    return f"gq: this kernel waited for its device: job {kernel_id} pending (Dependency)\n"
+
+
+def _leftovers(tmp_path: Path, connection_file: str) -> list[Path]:
+    """Notes left where the launcher keeps them now (XDG_RUNTIME_DIR) or kept them once
+    (beside the connection file, which jupyter_client puts in /tmp)."""
+    return [
+        *(p for p in (tmp_path / "xdg-runtime").rglob("*") if not p.is_dir()),
+        *Path(connection_file).parent.glob(f"{Path(connection_file).name}.gq-pending*"),
+    ]
+
+
+def _world_tmp(tmp_path: Path) -> Path:
+    """A directory as /tmp is, where nbclient and papermill put connection files: root's,
+    sticky, every user may add to it (and reach it)."""
+    for parent in (tmp_path, *tmp_path.parents):
+        if not parent.stat().st_mode & 0o001:
+            parent.chmod(parent.stat().st_mode | 0o001)
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+def _as(user, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["runuser", "-u", user.name, "--", *argv], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_a_kernel_that_waited_says_why_in_its_first_cell(daemon, data_dir, tmp_path):
+    """A notebook shows no launcher's log: the first cell of a kernel that was pending says
+    why it waited, once; the note is gone after."""
+    manager, client = _waited_kernel(tmp_path)
+    try:
+        kernel_id, said = _first_cell(client)
+        assert said == _why(kernel_id)
         content, published = _run(client, "'second'")
         assert not [m for m in published if m["msg_type"] == "stream"], published
-        assert not list((tmp_path / "runtime").glob("*.gq-pending"))
+        assert not _leftovers(tmp_path, manager.connection_file)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+
+
+def test_a_link_planted_beside_the_connection_file_is_not_followed(
+    daemon, data_dir, tmp_path, users
+):
+    """Another user's link where the launcher once wrote its note (``<conn>.gq-pending.new``,
+    beside a connection file in /tmp) does not make it write a file of its owner's."""
+    secret = tmp_path / "secret"
+    secret.write_text("the owner's own\n")
+    secret.chmod(0o600)
+    connection = _world_tmp(tmp_path) / "kernel-linked.json"
+    planted = _as(users["bob"], "ln", "-s", str(secret), f"{connection}.gq-pending.new")
+    assert planted.returncode == 0, planted.stderr
+    manager, client = _waited_kernel(tmp_path, connection)
+    try:
+        kernel_id, said = _first_cell(client)
+        assert said == _why(kernel_id)
+        assert secret.read_text() == "the owner's own\n"
+        assert os.readlink(f"{connection}.gq-pending.new") == str(secret)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+
+
+def test_a_fifo_planted_beside_the_connection_file_blocks_no_kernel(
+    daemon, data_dir, tmp_path, users
+):
+    """Another user's FIFO where the kernel once read its note (``<conn>.gq-pending``), and
+    a directory where the launcher would have replaced it from: the kernel answers, and its
+    first cell says why it waited."""
+    connection = _world_tmp(tmp_path) / "kernel-fifo.json"
+    for argv in (["mkfifo", f"{connection}.gq-pending"], ["mkdir", f"{connection}.gq-pending.new"]):
+        planted = _as(users["bob"], *argv)
+        assert planted.returncode == 0, planted.stderr
+    manager, client = _waited_kernel(tmp_path, connection)  # kernel_info answered
+    try:
+        kernel_id, said = _first_cell(client)
+        assert said == _why(kernel_id)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+
+
+def test_nothing_at_the_notes_own_names_blocks_the_kernel(daemon, data_dir, tmp_path):
+    """Were a FIFO at the note's name, and a directory at the name the launcher writes it
+    under first (so that it cannot replace the FIFO), the kernel opens neither for ever: it
+    answers, and its first cell says nothing of why it waited."""
+    connection = tmp_path / "kernel-own.json"
+    note = pending_notes.place(str(connection))
+    assert note is not None and note.startswith(str(tmp_path / "xdg-runtime") + "/"), note
+    os.mkfifo(note)
+    os.mkdir(f"{note}.new")
+    manager, client = _waited_kernel(tmp_path, connection)  # kernel_info answered
+    try:
+        assert _first_cell(client)[1] == ""
+        assert stat.S_ISFIFO(os.lstat(note).st_mode)  # refused, not read
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=False)

@@ -4,7 +4,10 @@ interactive job (ipykernel on Jupyter's connection file, run by gq's worker:
 KernelManager expects of its kernel process: while the job is pending it says why (one
 line on stderr, which the Jupyter server logs); once it runs it takes the job's terminal,
 as ``gq run --pty`` does, and copies what the kernel writes there to its own stdout. The
-kernel's ports are on this node: Jupyter's client connects to the job directly.
+kernel's ports are on this node: Jupyter's client connects to the job directly. Why it
+waited is also left in a note of the user's alone (:mod:`gq.exec.pending_notes`), named on
+the kernel's command line, for its first cell to say; the launcher removes it when the job
+has ended.
 
 Its exit status is the job's exit code. An interrupt (SIGINT, Jupyter's
 ``interrupt_mode: signal``) goes on to the job's main process group as SIGINT; SIGTERM or
@@ -23,7 +26,7 @@ import sys
 from gq import client, messages
 from gq.cli import command_lines, interactive
 from gq.errors import UserError
-from gq.exec import notebook
+from gq.exec import pending_notes
 from gq.exec import protocol as wire
 from gq.home import locate
 
@@ -41,7 +44,8 @@ class _Ended(Exception):
 def kernel_job(connection_file: str | None) -> command_lines.Queued:
     """What is queued for a kernel: the kernel's snapshot, run by this interpreter (the one
     the kernelspec names, which has ipykernel), on the connection file (None: a kernel
-    checked at its install, whose file Jupyter writes at each start)."""
+    checked at its install, whose file Jupyter writes at each start), and its pending note
+    where the user has a place for one."""
     import importlib.util
 
     if importlib.util.find_spec("ipykernel") is None:
@@ -54,7 +58,8 @@ def kernel_job(connection_file: str | None) -> command_lines.Queued:
                 f"{connection_file}: no such connection file (Jupyter writes it "
                 "before it starts the kernel)"
             )
-        args = [path]
+        note = pending_notes.place(path)
+        args = [path] if note is None else [path, note]
     return command_lines.Queued(
         os.path.join(os.getcwd(), "jupyter kernel.py"),
         _KERNEL,
@@ -65,25 +70,28 @@ def kernel_job(connection_file: str | None) -> command_lines.Queued:
 
 
 class PendingStatus(interactive.StatusLine):
-    """The launcher's status line (the Jupyter server's log), also kept beside the
-    connection file while the job is pending: the kernel's first cell says why it waited
+    """The launcher's status line (the Jupyter server's log), also kept as the kernel's
+    pending note while the job is pending: the kernel's first cell says why it waited
     (:mod:`gq.exec.notebook`), which a notebook shows where the server's log is not seen."""
 
     hint = "a shutdown of the kernel cancels it"
 
     def __init__(self, connection_file: str | None) -> None:
         super().__init__()
-        self.note = None if connection_file is None else notebook.pending_note(connection_file)
+        # The place kernel_job named on the kernel's command line: the same for this file.
+        self.note = None if connection_file is None else pending_notes.place(connection_file)
 
     def show(self, text: str) -> None:
         if text != self.shown and self.note is not None and " pending (" in text:
-            try:
-                with open(self.note + ".new", "w", encoding="utf-8") as handle:
-                    handle.write(text.removeprefix("gq: ").removesuffix(f"; {self.hint}"))
-                os.replace(self.note + ".new", self.note)
-            except OSError:
+            said = text.removeprefix("gq: ").removesuffix(f"; {self.hint}")
+            if not pending_notes.write(self.note, said):
                 self.note = None  # the note is a courtesy: the server's log still says it
         super().show(text)
+
+    def forget(self) -> None:
+        """The job has ended: a note its kernel did not take goes."""
+        if self.note is not None:
+            pending_notes.forget(self.note)
 
 
 def launch(job_id: int, connection_file: str | None = None) -> int:
@@ -94,11 +102,17 @@ def launch(job_id: int, connection_file: str | None = None) -> int:
     signal.signal(signal.SIGINT, lambda signum, frame: _interrupt(label))
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _ending)
+    status = PendingStatus(connection_file)
+    try:
+        return _stand_in(job_id, label, status)
+    finally:
+        status.forget()
+
+
+def _stand_in(job_id: int, label: str, status: PendingStatus) -> int:
     try:
         taken = interactive.wait_for_terminal(
-            label,
-            wire.terminal_socket(str(locate().terminals), job_id),
-            PendingStatus(connection_file),
+            label, wire.terminal_socket(str(locate().terminals), job_id), status
         )
     except _Ended as ended:
         _cancel(label)

@@ -15,12 +15,13 @@ import os
 import signal
 import sys
 
-from gq.exec import job_session
+from gq.exec import job_session, pending_notes
 from gq.exec.console import end_cells, interrupting
 
 
 def serve() -> None:
-    """ipykernel on the connection file this job was given (its one argument)."""
+    """ipykernel on the connection file this job was given (its first argument), saying in
+    its first cell why it waited, as the note its launcher named (the second) says."""
     from ipykernel.ipkernel import IPythonKernel
     from ipykernel.kernelapp import IPKernelApp
 
@@ -39,26 +40,16 @@ def serve() -> None:
     os.environ.pop("JPY_PARENT_PID", None)
     app = IPKernelApp.instance(kernel_class=CellKernel)
     app.initialize(["-f", sys.argv[1]])
-    _say_why_it_waited(app.shell, pending_note(sys.argv[1]))
+    if len(sys.argv) > 2:  # (a kernel queued where its user had no place for a note: none)
+        _say_why_it_waited(app.shell, sys.argv[2])
     end_cells(app.shell, session)
     app.start()
-
-
-def pending_note(connection_file: str) -> str:
-    """Where a kernel's launcher leaves why it waits (gq.cli.kernel_launch), for its first
-    cell to say."""
-    return os.path.abspath(connection_file) + ".gq-pending"
 
 
 def _say_why_it_waited(shell, note: str) -> None:
     """The first cell's output says why the kernel waited for its device, as its launcher
     left it (gq.cli.kernel_launch): a notebook shows no launcher's log."""
-    try:
-        with open(note, encoding="utf-8", errors="replace") as handle:
-            said = handle.read(1024).strip()
-        os.unlink(note)
-    except OSError:
-        return
+    said = pending_notes.take(note)
     if not said:
         return
 
