@@ -2,7 +2,7 @@
 
 # The client-daemon protocol's version (gq/messages/): one more with every change a
 # daemon of the version before would misread.
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 # Daemon
 POLL_PERIOD = 1.0  # rescan the queue this often even when no request changed it
@@ -112,6 +112,15 @@ USAGE_PROCESSES = 1024  # gq show sums the resident sizes of this many processes
 WORKER_READ = 2048
 CGROUP = "auto"  # auto | v2 | v1 | off: where each job's processes are kept
 CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its kill
+# Tasks (processes and threads) one job may have at once: its cgroup's pids.max (the
+# daemon's --max-pids), so that a fork bomb's forks fail (EAGAIN) in its own job alone. A
+# PyTorch job runs a thread per core and a few per DataLoader worker: hundreds on a big node.
+MAX_PIDS = 4096
+MAX_PIDS_CEILING = 1 << 22  # the kernel's PID_MAX_LIMIT: no pids.max means more
+# All of one gq instance's jobs together may hold this share of the node's tasks (the lower
+# of kernel.pid_max and kernel.threads-max; their base cgroup's pids.max): the rest are for
+# the node itself (logins, the daemon and hosts, root), however many jobs fork to the limit.
+NODE_PIDS_SHARE = 0.75
 # A started interactive job's terminal waits this long for its gq (gq run --pty) to take it;
 # untaken (that gq died while the job was pending), the job is hung up (--attach-wait).
 ATTACH_WAIT = 60.0

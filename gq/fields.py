@@ -22,6 +22,7 @@ ExitCode = Annotated[int, Bounds(0, 255 + 128)]
 Signal = Annotated[int, Bounds(1, 255)]
 Umask = Annotated[int, Bounds(0, 0o777)]
 Lane = Annotated[int, Bounds(0, 1 << 16)]
+Tasks = Annotated[int, Bounds(1, defaults.MAX_PIDS_CEILING)]  # a cgroup's pids.max
 
 Name = Annotated[str, MaxLen(defaults.MAX_NAME)]
 Path = Annotated[str, MaxLen(defaults.MAX_PATH)]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gq.exec import cgroup_files, cgroups
+from gq.exec import cgroup_files, cgroup_tasks, cgroups
 from gq.exec.cgroup_hierarchies import V2
 
 # A daemonised child (its own session, out of the job's process group) and a plain one.
@@ -161,7 +161,58 @@ def test_without_a_memory_controller_usage_sums_its_processes_up_to_a_bound(v2) 
         assert _wait_for(lambda: cgroup.usage().processes == 3), cgroup.pids()
         usage = cgroup.usage(processes_summed=3)
         assert usage.memory is not None and usage.memory > 0
-        assert cgroup.usage(processes_summed=2) == cgroups.Usage(memory=None, processes=3)
+        unsummed = cgroup.usage(processes_summed=2)
+        assert (unsummed.memory, unsummed.processes, unsummed.summed) == (None, 3, 0)
+    finally:
+        assert cgroup.kill(timeout=5) is True
+        process.wait(timeout=5)
+        cgroup.remove()
+
+
+# Forks 20 sleeping children, then says how many forks the kernel refused (EAGAIN).
+FORKS = (
+    "import errno, os, time\n"
+    "refused = 0\n"
+    "for _ in range(20):\n"
+    "    try:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(300)\n"
+    "            os._exit(0)\n"
+    "    except OSError as error:\n"
+    "        assert error.errno == errno.EAGAIN, error\n"
+    "        refused += 1\n"
+    "print(refused, flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_a_jobs_cgroup_holds_at_most_its_tasks_and_counts_the_forks_refused(backend) -> None:
+    """--max-pids: the job's pids.max is written before it starts, a fork past it fails with
+    EAGAIN in that job, and the kernel's figures say so; the instance's base holds all its
+    jobs together to a share of the node's PIDs. Where no pids controller serves the job's
+    cgroup (v2 without it passed on), the limit is said to be unenforced."""
+    cgroup = backend.create("cpu0", 21, 1)
+    unenforced = cgroup.limit(None, None, 8)
+    if not backend.holds_tasks():
+        assert unenforced == ["its limit of 8 tasks"] and cgroup.tasks() is None
+        assert cgroup.usage().tasks is None
+        return
+    assert unenforced == []
+    hierarchy = "pids" if backend.kind == "v1" else V2
+    assert cgroup_files.read(cgroup.paths[hierarchy], "pids.max") == "8\n"
+    bound = cgroup_files.read(backend.bases[hierarchy], "pids.max")
+    assert bound == f"{cgroup_tasks.node_bound()}\n"
+    assert 0 < cgroup_tasks.node_bound() < int(open("/proc/sys/kernel/pid_max").read())
+    process = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", FORKS],
+        preexec_fn=cgroup.enter,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() == "13\n"  # the parent and 7 children are 8
+        assert cgroup.tasks() == cgroup_tasks.Tasks(current=8, limit=8, refused=13)
+        assert cgroup.usage().tasks == cgroup.tasks() and len(cgroup.pids()) == 8
     finally:
         assert cgroup.kill(timeout=5) is True
         process.wait(timeout=5)

@@ -205,6 +205,36 @@ def test_strings_are_checked_for_nul_utf8_and_length():
             wire.decode(json.dumps(frame).encode(), wire.TO_HOST)
 
 
+def test_a_launchs_pids_limit_is_a_task_count_the_kernel_takes():
+    """--max-pids travels in each launch: a host takes 1 to the kernel's PID_MAX_LIMIT, or
+    none (null: no limit), and refuses anything else before it makes a cgroup."""
+    spec = host_messages.LaunchSpec(
+        id=1,
+        run=1,
+        argv=["/bin/true"],
+        worker=False,
+        cwd="/",
+        env={},
+        stdout="/o",
+        stderr="/o",
+        user="u",
+        submit_time=1.0,
+        max_pids=64,
+    )
+    good = json.loads(wire.encode(host_messages.Launch(spec)))
+    for value, decoded in ((64, 64), (1, 1), (1 << 22, 1 << 22), (None, None)):
+        good["job"]["max_pids"] = value
+        assert wire.decode(json.dumps(good).encode(), wire.TO_HOST).job.max_pids == decoded
+    for value in (0, -1, (1 << 22) + 1, 2**70, "64", 64.0, True, [64]):
+        good["job"]["max_pids"] = value
+        with pytest.raises(MessageError, match="launch.job.max_pids"):
+            wire.decode(json.dumps(good).encode(), wire.TO_HOST)
+    for text in ("NaN", "Infinity"):
+        line = json.dumps(good).replace("[64]", text).encode()
+        with pytest.raises(MessageError):
+            wire.decode(line, wire.TO_HOST)
+
+
 @pytest.mark.parametrize(
     "line",
     [

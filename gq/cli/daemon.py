@@ -40,6 +40,12 @@ def start(
     max_resident: int = typer.Option(
         defaults.MAX_RESIDENT, "--max-resident", help="Jobs kept resident per device."
     ),
+    max_pids: int = typer.Option(
+        defaults.MAX_PIDS,
+        "--max-pids",
+        metavar="N",
+        help="Tasks (processes and threads) each job may have at once, its cgroup's pids.max: a fork past it fails in that job alone.",
+    ),
     kill_wait: float = typer.Option(
         defaults.KILL_WAIT,
         "--kill-wait",
@@ -217,6 +223,10 @@ def start(
             "only root starts the system daemon (sudo gq daemon start --system, "
             "or the systemd unit)"
         )
+    if not 1 <= max_pids <= defaults.MAX_PIDS_CEILING:
+        raise UserError(
+            f"--max-pids {max_pids}: give a whole number from 1 to {defaults.MAX_PIDS_CEILING}"
+        )
     if cgroup not in KINDS:
         raise UserError(f"--cgroup {cgroup}: choose one of {', '.join(KINDS)}")
     retention_s = parse_period(retention)
@@ -259,6 +269,8 @@ def start(
         str(lanes),
         "--max-resident",
         str(max_resident),
+        "--max-pids",
+        str(max_pids),
         "--kill-wait",
         str(kill_wait),
         "--priority-cap",

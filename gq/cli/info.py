@@ -106,6 +106,11 @@ def _limits(limits: messages.NodeLimits) -> str:
         f"environment and arguments {render.size(limits.max_job_payload)}); finished "
         f"jobs kept {_kept(limits.retention)}; jobs kept in "
         f"{limits.containment}"
+        + (
+            ""
+            if limits.max_pids is None
+            else f", at most {limits.max_pids} tasks each ({limits.node_pids} all together)"
+        )
     )
 
 

@@ -202,6 +202,7 @@ def _print_job(job: messages.JobInfo) -> None:
         ("MemPeak", render.size(job.mem_peak)),
         ("HostMemory", render.size(job.host_memory)),
         ("Processes", "-" if job.processes is None else job.processes),
+        ("Tasks", _tasks(job)),
         ("Runs", job.run_count),
     ]
     width = max(len(k) for k, _ in lines)
@@ -230,6 +231,15 @@ def _forecast_line(job: messages.JobInfo) -> str:
     return f"{start}end {render.forecast_time(job, end=True)}" + (
         " (estimated)" if job.forecast == "estimated" else ""
     )
+
+
+def _tasks(job: messages.JobInfo) -> str:
+    """Its tasks now, against its limit, and the forks refused there (its pids cgroup's)."""
+    if job.pids_current is None:
+        return "-"
+    limit = "" if job.pids_max is None else f" of at most {job.pids_max}"
+    refused = f"; {job.pids_refused} forks refused at the limit" if job.pids_refused else ""
+    return f"{job.pids_current}{limit}{refused}"
 
 
 def _figure(value: float | None, form: str) -> str:

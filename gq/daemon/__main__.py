@@ -24,6 +24,12 @@ def main() -> None:
     )
     parser.add_argument("--lanes", type=int, default=defaults.LANES)
     parser.add_argument("--max-resident", type=int, default=defaults.MAX_RESIDENT)
+    parser.add_argument(
+        "--max-pids",
+        type=_tasks,
+        default=defaults.MAX_PIDS,
+        help="tasks (processes and threads) each job may have at once",
+    )
     parser.add_argument("--kill-wait", type=float, default=defaults.KILL_WAIT)
     parser.add_argument("--cpu-memory", type=int, help="bytes the cpu device offers jobs")
     parser.add_argument(
@@ -88,6 +94,7 @@ def main() -> None:
     options = DaemonOptions(
         lanes=args.lanes,
         max_resident=args.max_resident,
+        max_pids=args.max_pids,
         kill_grace=args.kill_wait,
         cpu_memory=args.cpu_memory,
         cpu_devices=args.cpu_devices,
@@ -120,6 +127,15 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: give a whole number of at least 1")
+    return value
+
+
+def _tasks(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= defaults.MAX_PIDS_CEILING:
+        raise argparse.ArgumentTypeError(
+            f"{text}: give a whole number from 1 to {defaults.MAX_PIDS_CEILING}"
+        )
     return value
 
 

@@ -144,10 +144,12 @@ def launch_spec(
     run: int,
     home: Home,
     array_span: tuple[int, int, int, int] | None = None,
+    max_pids: int | None = None,
 ) -> LaunchSpec:
     """Everything the host needs to start this run of the job as its submitter (an array
-    task's ``array_span``: its array's task count, lowest and highest task id, step); from
-    the job's and its payload's columns (ORM objects or plain rows).
+    task's ``array_span``: its array's task count, lowest and highest task id, step; the
+    daemon's --max-pids: the tasks its cgroup may hold); from the job's and its payload's
+    columns (ORM objects or plain rows).
     ValueError when the job cannot run as anyone but root by accident: in system mode a job
     must name its submitter's uid and gid, and their account must exist."""
     system = home.system
@@ -219,6 +221,7 @@ def launch_spec(
         script_name=None if worker else job.script,
         host_mem=job.host_mem,
         cpus=job.cpus,
+        max_pids=max_pids,
         warn_signal=warn.number if warn else None,
         warn_before=warn.before if warn else 60,
         warn_main=warn.batch if warn else False,

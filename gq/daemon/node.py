@@ -38,6 +38,7 @@ from gq.daemon.scheduling import Capacity, Scheduler
 from gq.daemon.server import Connection, ConnectionLimits, Server
 from gq.daemon.supervision import Supervisor
 from gq.daemon.waiting import Waiters, Waiting
+from gq.exec import cgroup_tasks
 from gq.exec.host_messages import StopWhy
 from gq.home import Home
 from gq.queue import settings as queue_settings
@@ -53,6 +54,7 @@ log = logging.getLogger("gq.daemon")
 class DaemonOptions:
     lanes: int = defaults.LANES
     max_resident: int = defaults.MAX_RESIDENT
+    max_pids: int = defaults.MAX_PIDS  # tasks (processes and threads) a job may have at once
     kill_grace: float = defaults.KILL_WAIT
     cpu_memory: int | None = None  # bytes the cpu device offers jobs [all of RAM]
     cpu_devices: int | None = None  # emulate this many devices on the cpu instead
@@ -85,6 +87,8 @@ class DaemonOptions:
             str(self.lanes),
             "--max-resident",
             str(self.max_resident),
+            "--max-pids",
+            str(self.max_pids),
             "--kill-wait",
             str(self.kill_grace),
             "--priority-cap",
@@ -183,6 +187,7 @@ class Daemon:
             self.rescan,
             lambda: self.monitor.metrics,
             options.probe_wait,
+            options.max_pids,
         )
         job_cgroups = self.supervisor.cgroups
         self.monitor = Monitor(
@@ -241,12 +246,22 @@ class Daemon:
     @property
     def containment(self) -> str:
         backend = self.supervisor.cgroups
-        if backend is not None and backend.holds_memory():
-            return f"cgroup {backend.kind}"
         watched = f"--host-mem checked every {defaults.HOST_MEMORY_WATCH:g} s"
         if backend is None:
-            return f"process groups ({watched})"
-        return f"cgroup {backend.kind}, without its memory controller ({watched})"
+            return f"process groups ({watched}), with no limit on a job's tasks"
+        kept = f"cgroup {backend.kind}"
+        if not backend.holds_memory():
+            kept += f", without its memory controller ({watched})"
+        if not backend.holds_tasks():
+            kept += ", without its pids controller (no limit on a job's tasks)"
+        return kept
+
+    @property
+    def task_limits(self) -> tuple[int, int] | None:
+        backend = self.supervisor.cgroups
+        if backend is None or not backend.holds_tasks():
+            return None
+        return self.options.max_pids, cgroup_tasks.node_bound()
 
     def _reply(self, connection: Connection, line: bytes) -> None:
         assert self.server is not None
@@ -303,6 +318,12 @@ class Daemon:
                 limits.total,
                 limits.per_user,
             )
+            if self.task_limits is None:
+                log.warning(
+                    "--max-pids %d is not enforced here: jobs are kept in %s",
+                    self.options.max_pids,
+                    self.containment,
+                )
             self._loop(wake_read)
         finally:
             if self.server is not None:

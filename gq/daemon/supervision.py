@@ -61,9 +61,11 @@ class Supervisor(ProgressReports, Probes, Endings):
         wake: Callable[[], None],
         metrics: Callable[[], Metrics | None],
         probe_wait: float = defaults.PROBE_IDLE_SECONDS,
+        max_pids: int = defaults.MAX_PIDS,
     ):
         self.home = home
         self.probe_wait = probe_wait  # seconds a probe waits for a first iteration
+        self.max_pids = max_pids  # sent in each launch: it holds on adopted hosts too
         self.db = db
         self.devices = devices
         self.settings = settings
@@ -274,7 +276,9 @@ class Supervisor(ProgressReports, Probes, Endings):
         try:
             if payload is None:
                 raise ValueError("its environment and arguments are missing from the queue")
-            spec = launch_spec(job, payload, devices, lane, running.run, self.home, span)
+            spec = launch_spec(
+                job, payload, devices, lane, running.run, self.home, span, self.max_pids
+            )
             self.send(running.host, checked(wire.Launch(spec)))
         except (OSError, ValueError, FrameTooLarge, MessageError) as exc:
             # FrameTooLarge, MessageError: what the job carries does not fit the host's wire

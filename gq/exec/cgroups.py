@@ -1,6 +1,9 @@
 """A cgroup for each job: every process a job starts (daemonised or not) stays in it, so
 the job is killed whole when it ends, is cancelled or its host dies, and its host-side
-memory and process count can be read (as Slurm's proctrack/cgroup does).
+memory and process count can be read (as Slurm's proctrack/cgroup does). Its memory, CPU
+time and tasks (processes and threads: ``pids.max``) are capped where the controllers serve
+it, and all of an instance's jobs together may hold only a share of the node's PIDs (the
+base's ``pids.max``), so that no fork bomb takes the PIDs the rest of the node needs.
 
 Two backends behind one interface: cgroup v2 (the unified hierarchy, typically delegated to
 the service by systemd with ``Delegate=yes``) and cgroup v1 (the freezer, memory and pids
@@ -12,7 +15,7 @@ directory) never meets another's cgroups, and its daemon and hosts, which share 
 cgroups, work out the same paths. :func:`detect` returns None where there is no hierarchy
 this process may use; callers then keep jobs in process groups. Finding the hierarchies and
 the base is :mod:`gq.exec.cgroup_hierarchies`'s; their files are read and written through
-:mod:`gq.exec.cgroup_files`.
+:mod:`gq.exec.cgroup_files`; the pids controller's, through :mod:`gq.exec.cgroup_tasks`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 from gq.exec import cgroup_files as files
 from gq.exec import cgroup_hierarchies as hierarchies
+from gq.exec import cgroup_tasks
 from gq.exec.cgroup_hierarchies import V2
 
 KINDS = ("auto", "v2", "v1", "off")
@@ -44,6 +48,7 @@ class Usage:
     memory: int | None  # bytes charged to the cgroup, or its processes' resident sizes summed
     processes: int  # processes in it now
     summed: int = 0  # processes whose resident size was read for ``memory``
+    tasks: cgroup_tasks.Tasks | None = None  # what its pids controller counts (None: none)
 
 
 class JobCgroup:
@@ -67,11 +72,14 @@ class JobCgroup:
         for procs in self._procs:
             files.put(procs, pid)
 
-    def limit(self, memory: int | None, cpus: int | None) -> list[str]:
-        """Cap its memory (bytes, swap included where v1 counts it) and its CPU time (``cpus``
-        CPUs' worth per period), as Slurm's task/cgroup does; what it asks for and cannot
-        cap here (no such controller) is returned, for the log."""
+    def limit(self, memory: int | None, cpus: int | None, tasks: int | None = None) -> list[str]:
+        """Cap its memory (bytes, swap included where v1 counts it), its CPU time (``cpus``
+        CPUs' worth per period), as Slurm's task/cgroup does, and its tasks (processes and
+        threads: a fork past ``tasks`` fails with EAGAIN in this job alone); what it asks
+        for and cannot cap here (no such controller) is returned, for the log."""
         unenforced = []
+        if tasks is not None and not self._limit_tasks(tasks):
+            unenforced.append(f"its limit of {tasks} tasks")
         if memory is not None:
             self.memory_limited = self._limit_memory(memory)
             if not self.memory_limited:
@@ -100,6 +108,20 @@ class JobCgroup:
         done = files.write(self.paths["memory"], "memory.limit_in_bytes", str(memory))
         files.write(self.paths["memory"], "memory.memsw.limit_in_bytes", str(memory))
         return done
+
+    def _limit_tasks(self, tasks: int) -> bool:
+        path = self._pids_path()
+        return path is not None and cgroup_tasks.limit(path, tasks)
+
+    def _pids_path(self) -> str | None:
+        """Its directory in the hierarchy that counts its tasks (None: none here)."""
+        return next((self.paths[h] for h in cgroup_tasks.HIERARCHIES if h in self.paths), None)
+
+    def tasks(self) -> cgroup_tasks.Tasks | None:
+        """Its tasks, their limit and the forks refused at it, as the kernel counts them;
+        None where no pids controller serves it (or it does not exist)."""
+        path = self._pids_path()
+        return None if path is None else cgroup_tasks.counted(path)
 
     def pids(self) -> list[int]:
         """The processes in it now, in any of its hierarchies (none where it does not exist)."""
@@ -180,10 +202,10 @@ class JobCgroup:
         for hierarchy, control in _MEMORY_FILES.items():
             if hierarchy in self.paths:
                 memory = files.number(files.read(self.paths[hierarchy], control))
-        pids = self.pids()
+        pids, tasks = self.pids(), self.tasks()
         if memory is None and 0 < len(pids) <= processes_summed:
-            return Usage(memory=resident_bytes(pids), processes=len(pids), summed=len(pids))
-        return Usage(memory=memory, processes=len(pids))
+            return Usage(resident_bytes(pids), len(pids), summed=len(pids), tasks=tasks)
+        return Usage(memory=memory, processes=len(pids), tasks=tasks)
 
     def oom_kills(self) -> int:
         """How many of its processes the kernel killed at its memory limit (0 where no
@@ -259,7 +281,10 @@ class Cgroups:
         )
 
     def create(self, device: str, job_id: int, run: int) -> JobCgroup:
-        """Make the run's cgroup (and its parents) in every hierarchy; OSError on failure."""
+        """Make the run's cgroup (and its parents) in every hierarchy; OSError on failure.
+        All of the instance's jobs together are bounded by the base's pids.max (see
+        :func:`gq.exec.cgroup_tasks.node_bound`), where a pids controller serves it; the
+        daemon and hosts are above the base, and fork on whatever the jobs hold."""
         cgroup = self.job(device, job_id, run)
         for hierarchy, path in cgroup.paths.items():
             device_dir = os.path.dirname(path)
@@ -267,6 +292,10 @@ class Cgroups:
             if hierarchy == V2:
                 base = self.bases[V2]
                 _offer_controllers(os.path.dirname(base), base, device_dir)
+            if hierarchy in cgroup_tasks.HIERARCHIES:
+                # Again at every launch: the base goes when its last host exits, and comes
+                # back with the next job's directories, unbounded.
+                cgroup_tasks.limit(self.bases[hierarchy], cgroup_tasks.node_bound())
             files.make(path)
         return cgroup
 
@@ -276,6 +305,13 @@ class Cgroups:
         if self.kind == "v1":
             return "memory" in self.bases
         return "memory" in files.read(self.bases[V2], "cgroup.controllers").split()
+
+    def holds_tasks(self) -> bool:
+        """Whether its jobs' cgroups can hold a limit on their tasks (--max-pids): v1's pids
+        hierarchy, or v2's pids controller passed on to the base."""
+        if self.kind == "v1":
+            return "pids" in self.bases
+        return "pids" in files.read(self.bases[V2], "cgroup.controllers").split()
 
     def job_of(self, pid: int) -> int | None:
         """The job of this instance whose cgroup holds process ``pid``, or None: a process

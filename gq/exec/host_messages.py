@@ -33,6 +33,7 @@ from gq.fields import (
     Priority,
     Seconds,
     Signal,
+    Tasks,
     Text,
     TimeLimit,
     Timestamp,
@@ -41,7 +42,7 @@ from gq.fields import (
 )
 
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/14"
+HOST_VERSION = f"{__version__}/15"
 ExitStatus = Annotated[int, Bounds(0, 255)]
 
 
@@ -95,6 +96,7 @@ class LaunchSpec(Record):
     script_name: Path | None = None
     host_mem: HostMemory | None = None  # bytes: its cgroup's memory limit
     cpus: Cpus | None = None  # its cgroup's CPU quota (where the cpu controller serves)
+    max_pids: Tasks | None = None  # its cgroup's pids.max: tasks it may have at once
     # sbatch's --signal: this signal, warn_before seconds before the time limit, to the
     # job's main process alone (warn_main, B:) or to its steps (the tasks srun started, else
     # the main process).

@@ -168,8 +168,8 @@ class JobProcesses:
             process.read_setup()
 
     def _make_cgroup(self, spec: wire.LaunchSpec) -> tuple[JobCgroup | None, int | None]:
-        """The run's cgroup, limited to its host memory and CPUs, and on a device that is
-        the host's own memory (cpu, emulated) to its device-memory figure too; and the
+        """The run's cgroup, limited to its host memory, CPUs and tasks, and on a device that
+        is the host's own memory (cpu, emulated) to its device-memory figure too; and the
         cgroup's memory limit where it holds that figure (else the host checks it at each
         boundary)."""
         if self.cgroups is None:
@@ -181,12 +181,13 @@ class JobProcesses:
         caps = [
             cap for cap in (spec.host_mem, None if self.cuda else spec.mem_cap) if cap is not None
         ]
-        unenforced = cgroup.limit(min(caps) if caps else None, spec.cpus)
+        unenforced = cgroup.limit(min(caps) if caps else None, spec.cpus, spec.max_pids)
         if unenforced:
             log.warning(
-                "job %d: its cgroup cannot enforce %s here (its host checks its memory instead)",
+                "job %d: its cgroup cannot enforce %s here%s",
                 spec.id,
                 " or ".join(unenforced),
+                " (its host checks its memory instead)" if "its memory limit" in unenforced else "",
             )
         # Only where the device figure is the binding limit is a kill there a device
         # shortage (at --host-mem's, the job fails as it always has).

@@ -116,6 +116,8 @@ class NodeLimits(Record):
     max_script: Int  # bytes
     max_job_payload: Int  # bytes of environment and arguments
     containment: Str  # "cgroup v1", "cgroup v2" or "process groups", and what that holds
+    max_pids: Int | None = None  # tasks one job may have at once (None: not limited here)
+    node_pids: Int | None = None  # ... and all jobs together
 
 
 class NodeInfo(ClientMessage, tag="node"):

@@ -147,6 +147,11 @@ class JobInfo(Record):
     # ``label`` squeue's 17_[0-99,200%8]. None for any other record.
     array_task_string: TaskIds | None = None
     array_task_count: Count | None = None
+    # While it runs, where a pids controller counts them: its tasks (processes and
+    # threads) now, their limit (--max-pids), and the forks the kernel refused at a limit.
+    pids_current: Count | None = None
+    pids_max: Count | None = None
+    pids_refused: Count | None = None
 
 
 class DeviceProcess(Record):

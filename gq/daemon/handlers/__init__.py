@@ -55,7 +55,12 @@ class NodeView(Protocol):
     @property
     def containment(self) -> str:
         """How jobs' processes are kept: "cgroup v2", "cgroup v1" or "process groups", and
-        where no cgroup holds their memory, so."""
+        where no cgroup holds their memory or their tasks, so."""
+
+    @property
+    def task_limits(self) -> tuple[int, int] | None:
+        """The tasks one job, and all jobs together, may have at once (--max-pids, and the
+        bound on the instance's base cgroup); None where no pids controller holds them."""
 
     def lane_memory(self, device: Device) -> int: ...
 

@@ -157,7 +157,7 @@ def _finite(seconds: float) -> float | None:
 
 
 def _limits(daemon: NodeView) -> messages.NodeLimits:
-    connections = daemon.connection_limits
+    connections, tasks = daemon.connection_limits, daemon.task_limits
     return messages.NodeLimits(
         max_pending=daemon.options.max_pending,
         max_spool=daemon.options.max_spool,
@@ -169,6 +169,8 @@ def _limits(daemon: NodeView) -> messages.NodeLimits:
         max_script=defaults.MAX_SCRIPT,
         max_job_payload=defaults.MAX_JOB_PAYLOAD,
         containment=daemon.containment,
+        max_pids=tasks[0] if tasks else None,
+        node_pids=tasks[1] if tasks else None,
     )
 
 

@@ -150,6 +150,10 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
             usage = daemon.usage(job, summed)
             if usage is not None:
                 info.host_memory, info.processes = usage.memory, usage.processes
+                if usage.tasks is not None:
+                    tasks = usage.tasks
+                    info.pids_current, info.pids_max = tasks.current, tasks.limit
+                    info.pids_refused = tasks.refused
                 summed -= usage.summed
             infos.append(info)
         return messages.Jobs(
