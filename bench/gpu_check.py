@@ -23,6 +23,10 @@ it left running is ended, and the next phase starts.
   (first iteration to last) and mean utilization.
 - escapes: a shell job (no lane) beside a lane job, and a CUDA-graph job (replay outside
   any module call) beside a spin job under fair: overlap of each pair.
+- bounded_hold: a job whose every iteration is far longer than --max-hold beside a job of
+  short ones under fair: how often the long job's lane was taken, the short job's
+  throughput beside it against alone, and the overlap (on a GPU the frozen job's queued
+  kernel drains while the next holder runs: INFO).
 
 --cpu runs the same phases on gq's cpu device (-G 0), kernels as CPU busy work and tiny
 models; --quick runs fewer iterations (with --cpu, alone runs spin and graph only and the
@@ -83,6 +87,10 @@ def config(cpu: bool, quick: bool) -> dict:
         "sweep_jobs": 8,
         "sweep_iters": 400,
         "escape_iters": 600,
+        "hog_ms": 1500.0,  # a bounded_hold hog's iteration: far past its --max-hold
+        "hog_iters": 4,
+        "hold_iters": 1000,
+        "max_hold": "300ms",
         "sizes": {
             "matmul": ["--width", 4096, "--batch", 8192, "--layers", 4],
             "launch": ["--layers", 50],
@@ -97,8 +105,9 @@ def config(cpu: bool, quick: bool) -> dict:
             "priority_fill": 60,
             "sweep": 70,
             "escapes": 50,
+            "bounded_hold": 40,
         },
-        "total": 230,
+        "total": 270,
         "plain": [],
         "kinds": list(KINDS),
     }
@@ -109,7 +118,8 @@ def config(cpu: bool, quick: bool) -> dict:
             high_iters=150,
             sweep_iters=100,
             escape_iters=200,
-            total=600,
+            hold_iters=300,
+            total=680,
             mem={k: "1G" for k in c["mem"]},
         )
         c["sizes"].update(
@@ -119,16 +129,18 @@ def config(cpu: bool, quick: bool) -> dict:
         c["budgets"] = {k: v * 2 for k, v in c["budgets"].items()}
     if quick:
         c["iters"] = {k: max(20, v // 3) for k, v in c["iters"].items()}
-        for key in ("fair_iters", "high_iters", "sweep_iters", "escape_iters"):
+        for key in ("fair_iters", "high_iters", "sweep_iters", "escape_iters", "hold_iters"):
             c[key] = max(30, c[key] // 3)
-        c["total"] = 100 if cpu else 150
+        c["hog_iters"] = 2
+        c["total"] = 110 if cpu else 170
     if cpu and quick:
         c.update(
-            plain=["priority_fill", "sweep", "escapes"],
+            plain=["priority_fill", "sweep", "escapes", "bounded_hold"],
             sweep_jobs=4,
             high_iters=40,
+            hog_ms=600.0,
             kinds=["spin", "graph"],
-            total=95,
+            total=105,
             budgets={
                 "environment": 10,
                 "alone": 45,
@@ -136,6 +148,7 @@ def config(cpu: bool, quick: bool) -> dict:
                 "priority_fill": 25,
                 "sweep": 25,
                 "escapes": 25,
+                "bounded_hold": 15,
             },
         )
     return c
@@ -458,6 +471,42 @@ def escapes(ph: Phase, s: State) -> None:
         }
 
 
+def bounded_hold(ph: Phase, s: State) -> None:
+    """Nothing holds the device past the bound while another job waits: a job whose every
+    iteration lasts hog_ms beside one of spin_ms iterations, under fair with --max-hold."""
+    s.node.gq("policy", "set", "fair", "--max-hold", s.cfg["max_hold"])
+    try:
+        plain = "bounded_hold" in s.cfg["plain"]
+        labels = ["hog", "short"]
+        hog = s.args("spin", s.cfg["hog_iters"], ms=s.cfg["hog_ms"], plain=plain)
+        ph.submit("hog", hog, stage="go", options=s.mem("spin"))
+        ph.submit(
+            "short",
+            s.args("spin", s.cfg["hold_iters"], plain=plain),
+            stage="go",
+            options=s.mem("spin"),
+        )
+        ph.wait_ready(labels)
+        runs = ph.run_stage("go", labels)
+        jobs = ph.gq_jobs(labels)
+    finally:
+        s.node.gq("policy", "set", "fair", "--max-hold", "2s")
+    ph.fig("hog_lane_taken", jobs["hog"].get("lane_taken"), ">=", 1)
+    alone = s.alone.get("spin", {}).get("gq")
+    ph.fig(
+        "short_its_beside_hog/alone",
+        ratio(its(runs["short"]), its(alone) if alone and not plain else None),
+        note="the short job's throughput beside the hog, against alone under gq",
+    )
+    lo, hi = window(runs.values())
+    ph.fig(
+        "overlap",
+        overlap([timed(r) for r in runs.values()], lo, hi),
+        note="on a GPU a frozen job's queued kernel drains beside the next holder",
+    )
+    ph.details.update(its={label: its(runs[label]) for label in labels})
+
+
 PHASES = {
     "environment": environment,
     "alone": alone,
@@ -465,6 +514,7 @@ PHASES = {
     "priority_fill": priority_fill,
     "sweep": sweep,
     "escapes": escapes,
+    "bounded_hold": bounded_hold,
 }
 
 

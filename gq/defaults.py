@@ -21,6 +21,10 @@ FLUSH_PERIOD = 1.0  # write jobs' progress to the queue this often
 HOST_RESTART_DELAY = 1.0  # wait before replacing an execution host that died
 LANES = 1  # iterations that may run at once on one device
 MAX_RESIDENT = 4  # jobs kept resident on one device
+# A resident that runs no iteration this long gives its slot to a job that waits for one,
+# where its user holds more than their part of the device's slots (--idle-resident): it is
+# requeued. Loading a large model or data set before the first iteration fits well within.
+IDLE_RESIDENT = 600.0
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
 STOP_GRACE = 5.0  # beyond the kill wait, how long a stopping daemon waits for its jobs
 PRIORITY_CAP = 0  # in system mode, the highest --priority a non-operator may ask for
@@ -95,12 +99,27 @@ OPEN_AS_OWNER_TIMEOUT = 5.0  # a file opened with a user's rights must open with
 
 # Execution host
 MAX_FRAME = 1 << 20  # bytes in one message between daemon, host and worker (both ends)
+MAX_SHARED_USERS = 4096  # users one fair-share message to a host names at most
+# Fair share: a user's lane time counts half as much after this many seconds (as Slurm's
+# PriorityDecayHalfLife; the daemon's --fair-half-life, "never" for no decay).
+FAIR_HALF_LIFE = 86400.0
 PROGRESS_PERIOD = 1.0  # the host reports progress to the daemon this often
 # A job whose gap between release and next acquire is this short is in a tight loop: when
 # the policy prefers it, the lane waits for it rather than letting a less preferred job in
 # for a whole iteration (anticipatory scheduling). Real idle gaps are longer and are filled.
 ANTICIPATION_LIMIT = 0.002
 HOUSEKEEPING_PERIOD = 0.01  # reap, kill deadlines, lanes a policy keeps idle
+# A bounded hold: a job goes on holding its lane at most this many seconds while another job
+# waits that the policy would grant; then its processes are frozen inside their iteration
+# and the lane is the next job's (gq policy set --max-hold changes it live). A training
+# iteration never meets it; an iteration that never ends, or a long evaluation in one call,
+# runs sliced. Between MIN_MAX_HOLD and MAX_MAX_HOLD.
+MAX_HOLD = 2.0
+MIN_MAX_HOLD = 0.05
+MAX_MAX_HOLD = 86400.0
+# A held lane others wait for is asked this often whether the policy now prefers one of
+# them (fair's does once the holder's attained time passes theirs): its bound starts then.
+CONTENTION_POLL = 0.05
 # Where no cgroup holds a job's --host-mem (no memory controller passed on to it, --cgroup
 # off), what its processes hold is read this often (Slurm's OverMemoryKill polls), or as soon
 # after as the last readings are in (gq.exec.memory_watch).

@@ -117,6 +117,7 @@ def format_duration(seconds: float | None, padded: bool = False) -> str:
 _RELATIVE = r"^now(?:\+(?P<n>\d{1,30})(?P<unit>[a-z]*))?$"
 _UNITS = {
     "": 1,
+    "ms": 0.001,
     "s": 1,
     "sec": 1,
     "secs": 1,
@@ -240,6 +241,33 @@ def parse_seconds(text: str, flag: str) -> float:
     if not 0 <= value <= defaults.MAX_TIME_LIMIT:
         raise UserError(f"invalid {flag} {text[:40]}: give a time such as 30, 30s or 5min")
     return value
+
+
+def parse_hold(text: str) -> float:
+    """A bounded hold's length (--max-hold): seconds, 2.5 too, or 500ms, 2s, 1min, within
+    the bounds gq allows."""
+    try:
+        value = parse_seconds(text, "--max-hold")
+    except UserError:
+        value = math.nan
+    if not defaults.MIN_MAX_HOLD <= value <= defaults.MAX_MAX_HOLD:
+        raise UserError(
+            f"invalid --max-hold {text[:40]!r}: give a time from "
+            f"{format_seconds(defaults.MIN_MAX_HOLD)} to {format_seconds(defaults.MAX_MAX_HOLD)}"
+            " (500ms, 2s, 1min)"
+        )
+    return value
+
+
+def format_seconds(seconds: float) -> str:
+    """A short time as a person writes it, what :func:`parse_hold` reads back: ``500ms``,
+    ``2s``, ``1.5s``, ``10min``, ``24h``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.4g}ms"
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def format_period(seconds: float) -> str:

@@ -433,6 +433,22 @@ class SharedNode:
         )
         return Result(done.returncode, done.stdout, done.stderr)
 
+    def start(self, *options: str) -> None:
+        """Start the system daemon as root, with the suite's options and ``options``."""
+        self.ok(
+            None,
+            "daemon",
+            "start",
+            "--system",
+            "--kill-wait",
+            "1",
+            "--operators",
+            self.operators,
+            "--priority-cap",
+            "5",
+            *options,
+        )
+
     def ok(self, user: User | None, *args: str, **kwargs) -> str:
         result = self.run(user, *args, **kwargs)
         assert result.code == 0, f"gq {' '.join(map(str, args))} -> {result.code}: {result.err}"
@@ -519,17 +535,6 @@ def shared_node(shared_install, users, tmp_path):
     root = tmp_path / "system"
     node = SharedNode(shared_install, root, users["operators"])
     _open_to_all(tmp_path)
-    node.ok(
-        None,
-        "daemon",
-        "start",
-        "--system",
-        "--kill-wait",
-        "1",
-        "--operators",
-        users["operators"],
-        "--priority-cap",
-        "5",
-    )
+    node.start()
     yield node
     node.run(None, "daemon", "stop")

@@ -261,3 +261,38 @@ def test_an_unstarted_resident_moves_only_to_a_device_it_may_use():
     devices[2].lanes[0].starts_in, devices[1].residents = 90.0, 1
     assert admission.move([on_cpu], devices, margin=5.0) is None  # -G 0: not onto a GPU
     assert admission.move([free], devices, margin=5.0) == 7  # gpu1 has room again
+
+
+def test_a_user_takes_no_more_than_their_part_of_the_slots_while_others_wait():
+    """Four slots, two users waiting: ann's first two jobs go in, her third waits behind
+    bob's (its reason says why) and so does her fourth (her order kept), bob's goes in."""
+    from gq.daemon.residency import SLOTS
+
+    requests = [Request(i, 1, Footprint(G), user="ann") for i in (1, 2, 3, 4)]
+    requests.append(Request(5, 1, Footprint(G), user="bob"))
+    outcome = admission.place(requests, [cpu(max_resident=4)])
+    assert [p.job_id for p in outcome.placements] == [1, 2, 5]
+    assert outcome.reasons == {3: SLOTS, 4: SLOTS}
+    # With nobody else waiting, the slots are all hers.
+    alone = admission.place(requests[:4], [cpu(max_resident=4)])
+    assert [p.job_id for p in alone.placements] == [1, 2, 3, 4]
+
+
+def test_an_idle_resident_of_a_user_over_their_part_gives_its_slot_back():
+    from gq.daemon.residency import Resident, Waiting, slot_to_give_back
+
+    residents = [Resident(i, "ann", "cpu", idle_for=float(i), may_yield=True) for i in (1, 2, 3)]
+    residents.append(Resident(4, "ann", "cpu", idle_for=99.0, may_yield=False))  # interactive
+    bob = [Waiting("bob", frozenset({"cpu"}))]
+    chosen = slot_to_give_back(bob, residents, slots=4, idle_after=2.0)
+    assert chosen is not None and chosen.job_id == 3  # the longest idle that may yield
+    assert slot_to_give_back(bob, residents, slots=4, idle_after=10.0) is None  # none so idle
+    assert slot_to_give_back(bob, residents, slots=5, idle_after=2.0) is None  # a slot is free
+    assert slot_to_give_back(bob, residents, slots=4, idle_after=math.inf) is None  # never
+    mine = [Waiting("ann", frozenset({"cpu"}))]
+    assert slot_to_give_back(mine, residents, slots=4, idle_after=2.0) is None  # her own
+    even = [Resident(1, "ann", "cpu", 50.0, True), Resident(2, "bob", "cpu", 50.0, True)]
+    three = [Waiting("cat", frozenset({"cpu"}))]
+    assert slot_to_give_back(three, even, slots=2, idle_after=2.0) is None  # within parts
+    coming = [*residents, Resident(5, "ann", "cpu", 0.0, False, yielding=True)]
+    assert slot_to_give_back(bob, coming, slots=5, idle_after=2.0) is None  # one on its way

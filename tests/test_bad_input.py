@@ -125,6 +125,48 @@ def test_unknown_policy(home):
 
 
 @pytest.mark.parametrize(
+    "value, words",
+    [
+        ("0", "from 50ms to 24h"),
+        ("10ms", "from 50ms to 24h"),
+        ("2days", "from 50ms to 24h"),
+        ("-1", "from 50ms to 24h"),
+        ("nan", "from 50ms to 24h"),
+        ("inf", "from 50ms to 24h"),
+        ("soon", "from 50ms to 24h"),
+        (str(2**70), "from 50ms to 24h"),
+        ("1\x00s", "from 50ms to 24h"),
+    ],
+)
+def test_bad_max_hold_changes_nothing(home, value, words):
+    gq_ok("policy", "set", "fair", "--max-hold", "3s")
+    assert_refused(gq("policy", "set", "srtf", "--max-hold", value), "--max-hold", words)
+    assert gq_ok("policy", "show").startswith("fair:") and "at most 3s" in gq_ok("policy", "show")
+
+
+@pytest.mark.parametrize("value", [None, "2s", -1.0, 1e300, 2**70, [1], {"a": 1}, 0.01])
+def test_the_daemon_refuses_a_hostile_max_hold_itself(daemon, value):
+    """The client checks --max-hold; the daemon trusts no client: each such request is
+    refused in one line and changes nothing (NaN never gets here: JSON has none)."""
+    import json
+    import socket
+
+    from gq.defaults import PROTOCOL_VERSION
+
+    request = {"v": PROTOCOL_VERSION, "kind": "policy-set", "name": "srtf", "max_hold": value}
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(daemon.root / "gq.sock"))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        answer = json.loads(sock.makefile("rb").readline())
+    if value is None:  # null: as it is
+        assert answer["kind"] == "done", answer
+        return
+    assert answer["kind"] == "error" and answer["exit_code"] == 2, answer
+    assert "max_hold" in answer["message"], answer
+    assert gq_ok("policy", "show").startswith("fifo:")
+
+
+@pytest.mark.parametrize(
     "command",
     [["cancel", "999"], ["show", "999"], ["logs", "999"], ["cancel", "abc"], ["show", "17x"]],
 )

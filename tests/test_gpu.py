@@ -185,6 +185,6 @@ def test_a_job_that_lifts_its_own_cap_is_flagged_mem(daemon, tmp_path):
     assert any(
         line.split()[0] == str(job_id) and "MEM!" in line for line in gq_ok("status").splitlines()
     )
-    assert "MEM! measured" in gq_ok("show", str(job_id))
+    assert "MEM! its worker claims" in gq_ok("show", str(job_id))
     wait_for(lambda: "(MEM!)" in daemon.log(), 10, what="the daemon's log line")
     gq_ok("cancel", str(job_id))

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT
 
-PHASES = {"environment", "alone", "fair_pair", "priority_fill", "sweep", "escapes"}
+PHASES = {"environment", "alone", "fair_pair", "priority_fill", "sweep", "escapes", "bounded_hold"}
 
 
 @pytest.mark.long
@@ -31,7 +31,7 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=150,
         env=env,
         cwd=tmp_path,
         check=False,

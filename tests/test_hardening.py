@@ -276,10 +276,13 @@ def test_a_launch_the_hosts_wire_would_refuse_fails_only_its_job(daemon, tmp_pat
     wait_state(submit(str(script)), "COMPLETED")
 
 
-def test_a_workers_memory_claims_are_believed_only_up_to_its_lane(daemon, tmp_path):
-    """A worker that reports 2**63-1 bytes used takes at most its lane, as --gpu-mem could
-    have asked: its probe's figure is its lane, the next job waits for room, 'gq info' still
-    answers, and both complete."""
+def test_a_workers_memory_claims_are_believed_only_as_far_as_its_host_sees_them(daemon, tmp_path):
+    """A worker that reports 2**63-1 bytes used is believed only as far as its host sees
+    its processes hold (its cgroup, on the cpu device, whose memory is the host's): its
+    probe's figure is what they held, the next job starts beside it, 'gq info' answers and
+    shows the claim as a claim, and both complete. Where no cgroup counts its memory, it is
+    believed up to its lane, no further, and the next job waits for room."""
+    gq_ok("policy", "set", "fair")  # (under fifo the next job would wait for it anyway)
     claim = write_script(
         tmp_path / "claim.py",
         (
@@ -300,9 +303,14 @@ def test_a_workers_memory_claims_are_believed_only_up_to_its_lane(daemon, tmp_pa
         what="its probe to end",
     )
     lane = json.loads(gq_ok("info", "--json"))["devices"][0]["memory_total"]
-    assert probed["mem"] == lane  # believed up to its lane, no further
     other = submit(str(write_script(tmp_path / "n.py", NEIGHBOUR)))
-    assert wait_for(lambda: job(other)["reason"] == "Resources", 20, what="the next to wait")
+    if cgroups_usable("auto", memory=True):
+        assert 0 < probed["mem"] < 1 << 30 < lane, probed["mem"]  # what its cgroup held
+        assert wait_state(other, "COMPLETED", timeout=60)["steps_done"] == 40
+        assert job(claimer)["state"] == "RUNNING"  # beside it, not after it
+    else:
+        assert probed["mem"] == lane  # believed up to its lane, no further
+        assert wait_for(lambda: job(other)["reason"] == "Resources", 20, what="the next to wait")
     assert gq("info").code == 0 and gq("info", "--json").code == 0
     (tmp_path / "go").touch()
     wait_state(claimer, "COMPLETED", timeout=30)

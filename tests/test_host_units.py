@@ -3,11 +3,13 @@ whether a job would ever run as root by accident."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from gq.errors import LaunchError
 from gq.exec.host_messages import LaunchSpec
-from gq.exec.residents import Resident
+from gq.exec.residents import Resident, Standing
 from gq.exec.spawn import identity
 from gq.policies import make
 
@@ -167,3 +169,44 @@ def test_status_marks_an_interactive_job_idle_as_w_spells_it():
         "3:20m",
         "3days",
     ]
+
+
+def test_a_workers_steps_are_no_more_than_the_iterations_its_host_granted():
+    """A count is the job's word; a grant is the host's: a worker that claims 999,999 of
+    1,000,000 steps after two iterations has done two, and srtf ranks it so."""
+    liar, honest = resident(), resident(declared=200)
+    liar.job_id, honest.job_id, liar.worker, honest.worker = 1, 2, True, True
+    liar.declare_total(1_000_000)
+    liar.record_steps(999_999)
+    assert liar.steps_counted == 0  # no iteration granted yet
+    for _ in range(2):
+        liar.end_iteration(0.02)
+        honest.end_iteration(0.01, honest.steps_done + 1)
+    assert (liar.steps_counted, liar.steps_done) == (2, 999_999)  # what it did; its claim
+    assert make("srtf").pick([liar.view(), honest.view()], [], 0.0).id == 2
+    plain = resident()  # a plain process's count is all there is of it (it holds no lane)
+    plain.record_steps(50)
+    assert plain.steps_counted == 50
+
+
+def test_a_total_lowered_under_a_huge_claim_shows_the_steps_the_host_granted():
+    job = resident()
+    job.worker = True
+    job.record_steps(2**63 - 1)
+    job.declare_total(200)
+    job.end_iteration(0.01)
+    assert (job.steps_done, job.steps_counted) == (200, 1)  # claimed up to its total; done
+    assert job.view().steps_total is None  # its total is doubted
+
+
+def test_an_iteration_under_way_ranks_a_job_as_at_least_that_long():
+    """A job whose iterations never end has no mean to rank it by: the one under way counts,
+    so srtf does not take it for a job of no length left."""
+    job = resident(declared=10)
+    job.worker = True
+    job.standing = Standing.HOLDING
+    job.granted_at = time.monotonic() - 5.0
+    assert job.view().mean_iteration >= 5.0
+    job.sliced = 3.0  # held 3 s before its lane was taken, then granted again now
+    job.granted_at = time.monotonic()
+    assert 3.0 <= job.view().mean_iteration < 4.0

@@ -45,6 +45,7 @@ def test_a_job_that_leaves_its_lane_is_idle_from_anywhere(standing):
         (Standing.RECALLED, Event.STOP, Standing.STOPPED),
         (Standing.STOPPED, Event.GRANT, Standing.HOLDING),
         (Standing.STOPPED, Event.RELEASE, Standing.IDLE),
+        (Standing.STOPPED, Event.ASK, Standing.WAITING),  # its READY crossed the stop
         # What changes nothing: a duplicate READY, a Done never owed or already counted.
         (Standing.WAITING, Event.ASK, Standing.WAITING),
         (Standing.HOLDING, Event.ASK, Standing.HOLDING),

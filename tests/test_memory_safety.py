@@ -414,7 +414,7 @@ def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp
     assert over["mem_peak"] > over["mem"]
     status = gq_ok("status")
     assert any(line.split()[0] == str(probed) and "MEM!" in line for line in status.splitlines())
-    assert "MEM! measured" in gq_ok("show", str(probed))
+    assert "MEM! its worker claims" in gq_ok("show", str(probed))
     wait_for(lambda: "(MEM!)" in control.log(), 10, what="the daemon's log line")
     (tmp_path / "leave").touch()
     wait_state(probed, "COMPLETED", timeout=60)

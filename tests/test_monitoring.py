@@ -415,6 +415,10 @@ def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):
         (["--probe-wait", "0"], "--probe-wait 0: give a time of more than 0"),
         (["--probe-wait", "2hours"], "at most 1hour"),
         (["--probe-wait", "soon"], "invalid --probe-wait soon"),
+        (["--fair-half-life", "0"], "invalid period '0'"),
+        (["--fair-half-life", "nan"], "invalid period 'nan'"),
+        (["--fair-half-life", "-1day"], "invalid period '-1day'"),
+        (["--fair-half-life", "9" * 60], "invalid period"),
     ):
         result = gq("daemon", "start", *args)
         assert result.code == 2 and words in result.err and result.err.count("\n") == 1

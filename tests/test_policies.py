@@ -356,3 +356,60 @@ def test_an_interactive_job_goes_first_only_within_its_burst():
     assert not lane.within_burst(burst.used)
     burst.add(0.0, 600.0 + 60.0 * 4)
     assert lane.within_burst(burst.used)
+
+
+def test_fair_counts_a_users_past_use_beside_their_resident_jobs():
+    """A user's jobs that ended (or run elsewhere) count: bob's new job, with 10 s used
+    before it, waits behind ann's job of 4 s attained, though it has attained nothing."""
+    fair = policies.make("fair")
+    ann = view(1, user="ann", attained=4.0)
+    bob = view(2, user="bob", attained=0.0, user_usage=10.0)
+    assert fair.pick([ann, bob], [ann, bob], 0).id == 1
+    lighter = view(2, user="bob", user_usage=3.0)
+    assert fair.pick([ann, lighter], [ann, lighter], 0).id == 2
+
+
+def test_fair_admission_puts_the_user_who_used_least_first_in_each_round():
+    fair = policies.make("fair")
+    jobs = [view(1, user="ann"), view(2, user="ann"), view(3, user="bob"), view(4, user="bob")]
+    assert [j.id for j in fair.order(jobs)] == [1, 3, 2, 4]
+    assert [j.id for j in fair.order(jobs, {"ann": 50.0, "bob": 1.0})] == [3, 1, 4, 2]
+
+
+def test_usage_halves_every_half_life_and_never_decays_without_one():
+    from gq.policies.fair import decayed
+
+    assert decayed(8.0, 0.0, 10.0) == 8.0
+    assert decayed(8.0, 10.0, 10.0) == pytest.approx(4.0)
+    assert decayed(8.0, 30.0, 10.0) == pytest.approx(1.0)
+    assert decayed(8.0, 1e9, float("inf")) == 8.0
+    assert decayed(8.0, -5.0, 10.0) == 8.0  # a clock that went back decays nothing
+
+
+@pytest.mark.parametrize("name", ["fair", "srtf", "priority", "rr", "deadline"])
+def test_a_holder_is_in_the_way_once_the_policy_prefers_a_waiting_job(name):
+    """The bounded hold's question (gq.exec.lanes.overstays): asked with the holder ready
+    too, would the lane rule grant a waiting job instead?"""
+    from gq.exec.lanes import overstays
+
+    policy = policies.make(name)
+    holder = view(1, user="ann", attained=30.0, priority=0, steps_total=10**6, steps_done=1)
+    holder = JobView(**{**holder.__dict__, "mean_iteration": 30.0, "deadline": 10**9})
+    waiting = view(2, user="bob", priority=5, steps_total=200, mean_iteration=0.01, deadline=50.0)
+    assert overstays(policy, holder, [waiting], [holder, waiting], [], 0.0)
+    # The holder the policy prefers to every waiting job keeps its lane (its own quantum
+    # aside: rr's turns are the bound it takes then).
+    light = JobView(**{**holder.__dict__, "attained": 0.0, "priority": 9, "steps_done": 10**6 - 1})
+    light = JobView(**{**light.__dict__, "mean_iteration": 0.001, "deadline": 1.0})
+    heavy = JobView(**{**waiting.__dict__, "attained": 60.0, "priority": 0})
+    if name != "rr":
+        assert not overstays(policy, light, [heavy], [light, heavy], [], 0.0)
+
+
+def test_fifos_head_job_is_never_in_the_way_of_those_behind_it():
+    from gq.exec.lanes import overstays
+
+    fifo = policies.make("fifo")
+    head, behind = view(1, attained=100.0), view(2)
+    assert not overstays(fifo, head, [behind], [head, behind], [], 0.0)
+    assert overstays(fifo, behind, [head], [head, behind], [], 0.0)

@@ -1142,3 +1142,37 @@ def test_a_scheduling_row_names_the_columns_it_is_read_from_in_their_order():
     from gq.queue.scheduling_rows import SCHEDULING_COLUMNS, SchedulingRow
 
     assert SchedulingRow._fields == tuple(column.key for column in SCHEDULING_COLUMNS)
+
+
+def test_upgrade_to_0018_keeps_jobs_and_starts_every_users_usage_at_nothing(tmp_path):
+    """The scheduler's device: a queue from before keeps its jobs, each taken 0 times; no
+    user has used anything yet, and a user's usage charged now is kept across a reopen
+    (a daemon's restart), decayed from when it was charged."""
+    from gq.daemon.fair_share import Charged, Ledger
+
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0017")
+    _finished_jobs(home, [dict(id=3, end_time=5.0, attained=12.5)])
+    database = Database(home)
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    with database.read() as session:
+        old = lookups.job(session, 3)
+        assert (old.state, old.attained, old.lane_taken) == ("COMPLETED", 12.5, 0)
+        assert job_info(old).lane_taken == 0
+        ledger = Ledger(half_life=100.0)
+        ledger.load(session)
+        assert ledger.usages() == {}
+    run = Charged()
+    with database.write() as session:
+        ledger.charge("ann", run, 8.0, now=1000.0)
+        ledger.charge("ann", run, 8.0, now=1000.0)  # the same figure again: nothing more
+        ledger.charge("ann", run, float("nan"), now=1000.0)  # nor a figure that is none
+        ledger.save(session)
+    database.close()
+    reopened = Database(home)
+    with reopened.read() as session:
+        again = Ledger(half_life=100.0)
+        again.load(session)
+    assert again.usage("ann", now=1100.0) == pytest.approx(4.0)
+    assert again.beside([("ann", run)], now=1100.0) == {"ann": pytest.approx(0.0)}
+    reopened.close()

@@ -154,6 +154,18 @@ def start(
         metavar="PERIOD",
         help="Purge finished jobs this long after they end: 30days, 12hours, never.",
     ),
+    idle_resident: str = typer.Option(
+        format_period(defaults.IDLE_RESIDENT),
+        "--idle-resident",
+        metavar="PERIOD",
+        help="A resident that runs no iteration this long gives its slot to a job that waits for one, where its user holds more than their part of the device's slots: it is requeued (10min, 30s; never).",
+    ),
+    fair_half_life: str = typer.Option(
+        format_period(defaults.FAIR_HALF_LIFE),
+        "--fair-half-life",
+        metavar="PERIOD",
+        help="Fair share: a user's lane time counts half as much after this long (1day, 12hours; never: no decay), kept across jobs and restarts.",
+    ),
     max_pending: int = typer.Option(
         defaults.MAX_PENDING_PER_USER,
         "--max-pending",
@@ -230,6 +242,8 @@ def start(
     if cgroup not in KINDS:
         raise UserError(f"--cgroup {cgroup}: choose one of {', '.join(KINDS)}")
     retention_s = parse_period(retention)
+    half_life_s = parse_period(fair_half_life)
+    idle_resident_s = parse_period(idle_resident)
     probe_wait_s = parse_seconds(probe_wait, "--probe-wait")
     if not 0 < probe_wait_s <= defaults.MAX_PROBE_WAIT:
         raise UserError(
@@ -281,6 +295,10 @@ def start(
         cgroup,
         "--retention",
         format_period(retention_s),
+        "--fair-half-life",
+        format_period(half_life_s),
+        "--idle-resident",
+        format_period(idle_resident_s),
         "--max-pending",
         str(max_pending),
         "--max-array",

@@ -46,8 +46,14 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
     )
     typer.echo(f"operators: {', '.join(node.operators)}{cap}")
     from gq.policies import label
+    from gq.units import format_seconds
 
-    typer.echo(f"policy: {label(node.policy, node.fill, node.quantum)}")
+    typer.echo(
+        f"policy: {label(node.policy, node.fill, node.quantum)}; a hold others wait for "
+        f"lasts at most {format_seconds(node.max_hold)}"
+    )
+    if node.fair_share is not None:
+        typer.echo(render.printable(render.fair_share(node.fair_share)))
     if node.limits is not None:
         typer.echo(_limits(node.limits))
     if node.note:

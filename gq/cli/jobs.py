@@ -196,6 +196,7 @@ def _print_job(job: messages.JobInfo) -> None:
         ("MeanIteration", f"{job.mean_iteration * 1000:.2f} ms" if job.mean_iteration else "-"),
         ("MeanGap", f"{job.mean_gap * 1000:.2f} ms" if job.mean_gap is not None else "-"),
         ("AttainedDeviceTime", f"{job.attained:.2f} s"),
+        ("LaneTaken", _lane_taken(job)),
         ("IterationsPerSecond", _figure(render.iteration_rate(job), "{:.1f}")),
         ("LaneShare", _figure(render.lane_share(job), "{:.0%}")),
         ("MemPersistent", render.size(job.mem_persistent)),
@@ -230,6 +231,16 @@ def _forecast_line(job: messages.JobInfo) -> str:
     )
     return f"{start}end {render.forecast_time(job, end=True)}" + (
         " (estimated)" if job.forecast == "estimated" else ""
+    )
+
+
+def _lane_taken(job: messages.JobInfo) -> str:
+    """How often its device was taken from it inside an iteration (--max-hold)."""
+    if not job.lane_taken:
+        return "never"
+    return (
+        f"{job.lane_taken} time(s): its iterations held the device past the policy's "
+        "--max-hold while another job waited, so they ran sliced"
     )
 
 
@@ -290,6 +301,7 @@ def history(
         listing.limit_or_default(limit, json_out or csv_out),
         _since(since) if since is not None else None,
         array_tasks=True,
+        fair_share=not (json_out or csv_out),
     )  # as sacct: a line for each task
     answer.jobs.sort(key=lambda job: (job.end_time or 0.0, job.id))  # the last ended last
     if csv_out:
@@ -347,6 +359,8 @@ def history(
             rows,
         )
     )
+    if answer.fair_share:  # (a note: the table's lines stay the jobs')
+        typer.echo(f"gq: note: {render.printable(render.fair_share(answer.fair_share))}", err=True)
     _note_reach(answer)
 
 

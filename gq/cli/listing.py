@@ -143,6 +143,7 @@ def listed(
     ended_since: float | None = None,
     forecast: bool = False,
     array_tasks: bool = False,
+    fair_share: bool = False,
 ) -> Jobs:
     """Pending and running jobs in ``states`` (names), and the ``limit`` finished ones that
     ended last (0: every one): the daemon sends finished jobs a page at a time. A job listed
@@ -155,6 +156,7 @@ def listed(
         "ended_since": ended_since,
         "forecast": forecast,
         "array_tasks": array_tasks,
+        "fair_share": fair_share,
     }
     answer = _page(asked, limit=limit or None)
     jobs = {job.id: job for job in answer.jobs}
@@ -207,6 +209,6 @@ def reason(job: JobInfo) -> str:
     if job.state == "RUNNING" and missed is not None:
         return f"DeadlineAtRisk (misses it by ~{render.duration(missed)} at this pace)"
     if job.mem_over:
-        over = f"MEM! (measured {render.size(job.mem_peak)}, over its {render.size(job.mem)})"
+        over = f"MEM! (claims {render.size(job.mem_peak)}, over its {render.size(job.mem)})"
         return f"{over} {job.reason}" if job.reason else over
     return job.reason or ""

@@ -38,17 +38,29 @@ def set_policy(
     quantum: str = typer.Option(
         "100ms", "--quantum", help="rr only: device time (100ms, 2s) or iterations (10it) per turn."
     ),
+    max_hold: str | None = typer.Option(
+        None,
+        "--max-hold",
+        help="How long a job may go on holding its device while another job waits that the "
+        "policy would run (500ms, 2s; default 2s): past it the job is frozen inside its "
+        "iteration and the device goes on. Omitted: as it is.",
+    ),
 ) -> None:
     """Set the node's policy (operators only); hosts switch at the next iteration boundary."""
-    typer.echo(ask(messages.SetPolicy(name, fill, quantum)).message)
+    from gq.units import parse_hold
+
+    hold = None if max_hold is None else parse_hold(max_hold)
+    typer.echo(ask(messages.SetPolicy(name, fill, quantum, max_hold=hold)).message)
 
 
 @app.command("show")
 def show_policy() -> None:
     """Print the current policy."""
     from gq.policies import label
+    from gq.units import format_seconds
 
     answer = ask(messages.GetPolicy())
     typer.echo(
         f"{label(answer.name, answer.fill, answer.quantum)}: {DESCRIPTIONS.get(answer.name, '')}"
+        f"; a hold others wait for lasts at most {format_seconds(answer.max_hold)}"
     )

@@ -15,7 +15,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-    from gq.messages import EventInfo, JobInfo
+    from gq.messages import EventInfo, FairShare, JobInfo
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -122,6 +122,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "pid": job.pid,
         "run_count": job.run_count,
         "holds_lane": job.holds_lane,
+        "lane_taken": job.lane_taken,
         "attained": job.attained,
         "mean_iteration": job.mean_iteration,
         "mean_gap": job.mean_gap,
@@ -174,7 +175,7 @@ def memory_figure(job: JobInfo) -> str:
         return "- (none declared: measured over its first iterations)"
     text = f"{size(job.mem)} ({_BASES[job.mem_basis or 'declared']})"
     if job.mem_over:
-        text += f"  MEM! measured {size(job.mem_peak)}, more than that"
+        text += f"  MEM! its worker claims {size(job.mem_peak)}, more than that"
     return text
 
 
@@ -294,3 +295,18 @@ def size(value: int | None) -> str:
 
 def duration(value: float | None) -> str:
     return format_duration(value)
+
+
+def fair_share(share: FairShare | dict, shown: int = 10) -> str:
+    """Users' fair-share usage in a line, most first: ``fair share (lane time, half-life
+    1day): ann 12.3s, bob 1.2s`` (``share`` typed, or as the plain path reads it)."""
+    from gq.units import format_period
+
+    if not isinstance(share, dict):
+        share = {"half_life": share.half_life, "usage": share.usage}
+    half_life = share["half_life"]
+    decay = "never decayed" if half_life is None else f"half-life {format_period(half_life)}"
+    users = list(share["usage"].items())
+    said = ", ".join(f"{user} {seconds:.1f}s" for user, seconds in users[:shown])
+    more = f", and {len(users) - shown} more" if len(users) > shown else ""
+    return f"fair share (lane time used, {decay}): {said or 'nobody yet'}{more}"

@@ -63,6 +63,8 @@ def main() -> None:
     parser.add_argument("--client-timeout", type=float, default=defaults.CONNECTION_IDLE)
     parser.add_argument("--cgroup", choices=("auto", "v2", "v1", "off"), default=defaults.CGROUP)
     parser.add_argument("--retention", type=_period, default=defaults.RETENTION)
+    parser.add_argument("--fair-half-life", type=_period, default=defaults.FAIR_HALF_LIFE)
+    parser.add_argument("--idle-resident", type=_period, default=defaults.IDLE_RESIDENT)
     parser.add_argument("--max-pending", type=int, default=defaults.MAX_PENDING_PER_USER)
     parser.add_argument("--max-array", type=int, default=defaults.MAX_ARRAY_SIZE)
     parser.add_argument(
@@ -89,7 +91,8 @@ def main() -> None:
     except AlreadyRunning as exc:
         print(f"gq: {exc}", file=sys.stderr)
         sys.exit(defaults.ALREADY_RUNNING_EXIT)
-    from gq.daemon.node import Daemon, DaemonOptions
+    from gq.daemon.node import Daemon
+    from gq.daemon.options import DaemonOptions
 
     options = DaemonOptions(
         lanes=args.lanes,
@@ -109,6 +112,8 @@ def main() -> None:
         metrics=args.metrics,
         client_timeout=args.client_timeout,
         cgroup=args.cgroup,
+        fair_half_life=args.fair_half_life,
+        idle_resident=args.idle_resident,
         retention=args.retention,
         max_pending=args.max_pending,
         max_array=args.max_array,

@@ -8,7 +8,9 @@ thermal and power guard holds it. Jobs are taken in the policy's order.
 A shared job goes where it leaves the most headroom (free memory under the safety
 condition), then to the fewest resident jobs, then to the least measured utilization; a job
 of k whole devices takes the k empty ones that leave the largest contiguous free set, then
-the closest linked ones (NVLink or one PCIe switch, where NVML reports topology).
+the closest linked ones (NVLink or one PCIe switch, where NVML reports topology). While
+another user's job waits, a user takes no more than their part of a device's resident slots
+(:mod:`gq.daemon.residency`); their later jobs wait behind the one refused so.
 
 EASY backfill: the first job that cannot be placed reserves the devices it will get first,
 at the time the jobs on them must have ended (their time limits). A later job may start only
@@ -21,8 +23,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+
+from gq.daemon.residency import SLOTS, within_part
 
 RESOURCES = "Resources"  # squeue's reason: next in line, no room yet
 NODE_ROOM = "Resources (the node's host memory or CPUs)"
@@ -74,6 +79,7 @@ class DeviceLoad:
     max_resident: int
     index: int = 0
     residents: int = 0
+    by_user: dict[str, int] = field(default_factory=dict)  # the residents of each user
     exclusive: bool = False
     free_at: float = 0.0  # when every job on it must have ended (inf: one has no time limit)
     utilization: float = 0.0  # percent busy, as last sampled
@@ -95,6 +101,7 @@ class Request:
     only: frozenset[str] | None = None  # the devices it may use (a GPU type); None: any
     host_mem: int = 0  # bytes of the node's RAM it reserves (--host-mem, #SBATCH --mem)
     cpus: int = 0  # CPUs it reserves (-c)
+    user: str = ""  # whose: a user takes their part of a device's slots while others wait
 
 
 def has_devices_alone(exclusive: bool, python: bool, gpus: int, on_gpus: bool) -> bool:
@@ -152,6 +159,8 @@ def place(
     outcome = Outcome([], {})
     reserved: set[str] = set()
     full = _full(devices)
+    waiting = Counter(request.user for request in ordered)  # each user's jobs not placed
+    held_back: set[str] = set()  # users refused a slot in this pass: their later jobs wait
     for request in ordered:
         if full and outcome.reserved_start is not None:
             # Nothing fits anywhere: what the long tail of a big queue costs a pass.
@@ -164,11 +173,20 @@ def place(
             # Its devices are not what it waits for: it reserves none, and delays no one.
             outcome.reasons[request.job_id] = NODE_ROOM
             continue
-        placement = _choose(request, candidates)
+        if request.user in held_back:
+            outcome.reasons[request.job_id] = SLOTS
+            continue
+        others = [user for user, count in waiting.items() if count and user != request.user]
+        placement = _choose(request, candidates, others=others)
+        if placement is None and others and _choose(request, candidates) is not None:
+            outcome.reasons[request.job_id] = SLOTS  # its user's part is taken: not room
+            held_back.add(request.user)
+            continue
         if outcome.reserved_start is None:
             if placement is not None:
                 _commit(placement, request, devices, now, node, waits_behind)
                 outcome.placements.append(placement)
+                waiting[request.user] -= 1
                 full = _full(devices)
                 continue
             outcome.reasons[request.job_id] = _why(RESOURCES, request, candidates)
@@ -198,6 +216,7 @@ def place(
             continue
         _commit(placement, request, devices, now, node, waits_behind)
         outcome.placements.append(placement)
+        waiting[request.user] -= 1
         full = _full(devices)
     return outcome
 
@@ -267,9 +286,12 @@ def _why(reason: str, request: Request, candidates: list[DeviceLoad]) -> str:
     return f"{reason} ({'; '.join(d.held for d in candidates if d.held)})"
 
 
-def _choose(request: Request, devices: list[DeviceLoad], guarded: bool = True) -> Placement | None:
+def _choose(
+    request: Request, devices: list[DeviceLoad], guarded: bool = True, others: Collection[str] = ()
+) -> Placement | None:
     """Where the job would go now, without taking the room yet (``guarded``: not onto a
-    device the thermal and power guard holds)."""
+    device the thermal and power guard holds; ``others``: the users whose jobs wait, whom
+    its user leaves their part of each device's slots)."""
     if guarded:
         devices = [d for d in devices if d.held is None]
     if request.exclusive or request.gpus > 1:
@@ -281,7 +303,9 @@ def _choose(request: Request, devices: list[DeviceLoad], guarded: bool = True) -
         return Placement(request.job_id, tuple(d.name for d in chosen), 0)
     options = []
     for device in devices:
-        if not _takes_shared(device):
+        if not _takes_shared(device) or not within_part(
+            device.by_user, device.max_resident, request.user, others
+        ):
             continue
         for index, lane in enumerate(device.lanes):
             if lane.fits(request.footprint):
@@ -371,6 +395,7 @@ def _commit(
     for name in placement.devices:
         device = by_name[name]
         device.residents += 1
+        device.by_user[request.user] = device.by_user.get(request.user, 0) + 1
         device.free_at = max(device.free_at, ends)
         if whole:
             device.exclusive = True

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from gq import messages
 from gq.daemon import admission, memory_figures
 from gq.daemon.devices import Device, context_memory
+from gq.daemon.fair_share import Ledger
 from gq.daemon.hosts import HostSettings
 from gq.daemon.running import Running
 from gq.exec import host_messages as wire
@@ -83,6 +84,14 @@ def _ending(job: Running, report: wire.Exited) -> Ending:
         )
     if why is StopWhy.REQUEUE:
         return Ending(JobState.PENDING, exit_code, "requeued by user", requeue=True)
+    if why is StopWhy.YIELD:
+        idle = format_duration(job.yielded) if job.yielded is not None else "--idle-resident"
+        return Ending(
+            JobState.PENDING,
+            exit_code,
+            f"gave its slot back to a waiting job: no iteration for {idle} (--idle-resident)",
+            requeue=True,
+        )
     if why is StopWhy.MOVE:
         return Ending(
             JobState.PENDING,
@@ -121,6 +130,7 @@ class Endings:
     send: Callable[[str, object], None]
     _this_run: Callable[[wire.Exited], Running | None]
     _lane_memory: Callable[[Running], int]
+    ledger: Ledger
 
     def _reported_end(
         self, job: Running, report: wire.Exited
@@ -227,9 +237,12 @@ class Endings:
         """Record runs' ends (each with its end time, and its last progress if its exit
         report carried one) in one transaction; forget the runs once it has committed."""
         requeued, verdicts = set(), {}
+        now = time.time()
         with self.db.write() as session:
             for job, ending, end, last in ends:
                 progress = last or self.progress.get(job.job_id)
+                if progress is not None:  # (in this transaction: saved below)
+                    self.ledger.charge(job.user, job.charged, progress.attained, now)
                 reason = ending.reason
                 if ending.ran_out is not None:
                     verdict = verdicts[job.job_id] = self._ran_out(
@@ -268,6 +281,7 @@ class Endings:
                     transitions.finish(
                         session, job.job_id, ending.state, ending.exit_code, reason, now=end
                     )
+            self.ledger.save(session)
         metrics = self.metrics()
         for job, ending, end, _ in ends:
             self.running.pop(job.job_id, None)

@@ -1,10 +1,14 @@
-"""Waiting behind a lane's residents: how long, and moving a job that has not started.
+"""Waiting behind a lane's residents: how long, moving a job that has not started, and an
+idle resident giving its slot back.
 
 Where the policy makes a newcomer wait behind the jobs already on its lane (fifo), admission
 needs when each lane frees: the running jobs' time left, from their rows' progress. And a
 resident that has not started yet, queued behind jobs that end later than another device
 would start it, is better off there: :func:`move_unstarted` sends one back to the queue a
-pass (:func:`gq.daemon.admission.move` chooses it), and admission places it again.
+pass (:func:`gq.daemon.admission.move` chooses it), and admission places it again. A
+resident idle for ``--idle-resident``, of a user over their part of a device's slots, gives
+its slot back to a job that waits for one (:func:`give_back_slot`,
+:func:`gq.daemon.residency.slot_to_give_back` chooses it): requeued, saying why.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from gq import policies
-from gq.daemon import admission
+from gq.daemon import admission, residency
 from gq.daemon.running import Running
 from gq.daemon.supervision import Supervisor
-from gq.exec.host_messages import JobProgress
+from gq.exec.host_messages import JobProgress, StopWhy
 from gq.policies.base import time_left
 from gq.queue.scheduling_rows import SchedulingRow as Row
 
@@ -114,9 +118,60 @@ def running_view(row: Row, progress: JobProgress | None = None) -> policies.JobV
         user=row.user,
         submit_time=row.submit_time,
         priority=row.priority,
-        steps_done=shown.steps_done,
+        steps_done=shown.steps_done if progress is None else progress.steps_counted,
         steps_total=total,
         attained=shown.attained,
         mean_iteration=shown.mean_iteration,
         mean_gap=shown.mean_gap,
     )
+
+
+def give_back_slot(
+    waiting: Sequence[admission.Request],
+    loads: Sequence[admission.DeviceLoad],
+    supervisor: Supervisor,
+    idle_after: float,
+) -> None:
+    """Where jobs wait (``waiting``, in the policy's order) and a full device they may use
+    holds an idle resident of a user over their part of its slots: that resident is
+    requeued (its run ends; it says why), one a pass."""
+    slots = {load.name: load.max_resident for load in loads}
+    if not slots:
+        return
+    asking = [
+        residency.Waiting(
+            request.user,
+            frozenset(d.name for d in admission.usable(request.gpus, request.only, loads)),
+        )
+        for request in waiting
+        if not request.exclusive and request.gpus <= 1
+    ]
+    now = time.time()
+    residents = [
+        residency.Resident(
+            job.job_id,
+            job.user,
+            job.host,
+            now - job.iterated_at,
+            job.worker
+            and not job.interactive
+            and not job.exclusive
+            and job.kill_why is None
+            and len(job.devices) == 1,
+            job.kill_why is StopWhy.YIELD,
+        )
+        for job in supervisor.running.values()
+    ]
+    chosen = residency.slot_to_give_back(asking, residents, min(slots.values()), idle_after)
+    if chosen is None:
+        return
+    job = supervisor.running[chosen.job_id]
+    job.yielded = chosen.idle_for
+    log.info(
+        "job %d gives its slot on %s back: no iteration for %.0f s while another user's "
+        "job waits (--idle-resident)",
+        job.job_id,
+        job.host,
+        chosen.idle_for,
+    )
+    supervisor.kill(job, StopWhy.YIELD)

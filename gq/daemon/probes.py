@@ -1,7 +1,13 @@
 """Memory probes and caps: a job that declared no memory is probed (its lane is its own until
 its first iterations are measured, or its probe's time runs out), and its figure, its peak
 and a margin, is kept in the queue and sent to its GPU's host as its cap; a job measured
-over its figure is logged (MEM!). What a job's worker reports is believed up to its lane.
+over its figure is logged (MEM!).
+
+What a job's worker reports (on its page, or with its Done) is its claim: shown as such, and
+believed for admission only as far as the host sees it, up to the job's own figure where it
+has one, else (a probe) up to what its processes are seen to hold at most where the host can
+see that (its cgroup's memory on the cpu and emulated devices, whose memory is the host's),
+else up to its lane.
 
 :class:`Probes` is a part of :class:`gq.daemon.supervision.Supervisor`.
 """
@@ -17,6 +23,7 @@ from gq.daemon import admission, memory_figures
 from gq.daemon.hosts import HostHandle, HostSettings
 from gq.daemon.running import Running
 from gq.exec import host_messages as wire
+from gq.exec.cgroups import Cgroups, resident_bytes
 from gq.exec.host_messages import JobProgress
 from gq.queue import job_updates
 from gq.queue.engine import Database
@@ -30,6 +37,7 @@ class Probes:
 
     # What it uses of the rest of the supervisor (see gq.daemon.supervision)
     db: Database
+    cgroups: Cgroups | None
     settings: HostSettings
     hosts: dict[str, HostHandle]
     running: dict[int, Running]
@@ -42,20 +50,19 @@ class Probes:
         its figure is logged (its owner sees MEM! in gq status and gq show)."""
         measured = job.measured
         assert measured is not None
-        peak = measured.persistent + measured.ephemeral  # believed up to its lane
         if job.probing and iterations >= defaults.PROBE_ITERATIONS:
-            self.end_probe(job, peak)
+            self.end_probe(job, measured.persistent + measured.ephemeral)
         elif (
             not job.probing
             and not job.over
             and job.footprint.persistent
-            and memory_figures.over_figure(job.footprint.persistent, peak)
+            and memory_figures.over_figure(job.footprint.persistent, job.claimed_peak)
         ):
             job.over = True
             log.warning(
-                "job %d holds %s of device memory, more than its figure of %s (MEM!)",
+                "job %d claims %s of device memory, more than its figure of %s (MEM!)",
                 job.job_id,
-                format_size(peak),
+                format_size(job.claimed_peak),
                 format_size(job.footprint.persistent),
             )
 
@@ -112,12 +119,34 @@ class Probes:
         self.send(name, message)
 
     def _plausible_footprint(self, job: Running, progress: JobProgress) -> admission.Footprint:
-        """The memory a job's worker reports, believed up to its lane's capacity: as much as
-        the job could have asked for with --gpu-mem, never more (the figures are its word)."""
-        lane = self._lane_memory(job)
-        persistent = min(progress.mem_persistent or 0, lane)
-        peak = min(progress.mem_peak or 0, lane)
+        """The memory a job's worker claims, as far as the host vouches for it (see the
+        module's docstring): a claim past that moves nothing but the job's own MEM!."""
+        job.claimed_peak = progress.mem_peak or 0
+        bound = self._lane_memory(job)
+        if not job.probing and job.footprint.persistent:
+            bound = min(bound, job.footprint.persistent)
+        else:
+            seen = self._seen_holding(job)
+            if seen is not None:
+                job.seen_peak = max(job.seen_peak or 0, seen)
+                bound = min(bound, job.seen_peak)
+        persistent = min(progress.mem_persistent or 0, bound)
+        peak = min(progress.mem_peak or 0, bound)
         return admission.Footprint(persistent, max(0, peak - persistent))
+
+    def _seen_holding(self, job: Running) -> int | None:
+        """What a job's processes hold as the host sees it, where that is its device memory
+        (on the cpu and emulated devices; None elsewhere, or unknown): the most of its
+        cgroup's charge and their resident sizes summed (the worker's own figure is its
+        resident size, which counts library pages its cgroup may not be charged for)."""
+        if self.cgroups is None or any(d.kind == "cuda" for d in job.devices):
+            return None
+        cgroup = self.cgroups.job(job.host, job.job_id, job.run)
+        pids = cgroup.pids()
+        if not pids:
+            return None
+        charged = cgroup.usage().memory or 0
+        return max(charged, resident_bytes(pids[: defaults.USAGE_PROCESSES]))
 
     def _lane_memory(self, job: Running) -> int:
         """What the job's lane offers: the least of its devices' memory, split by lanes."""

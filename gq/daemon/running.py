@@ -5,10 +5,12 @@ runs, what it holds, what its host last said of it; and what a job asks for when
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from gq.daemon import admission
 from gq.daemon.devices import Device
+from gq.daemon.fair_share import Charged
 from gq.exec.host_messages import JobProgress, StopWhy
 
 
@@ -28,19 +30,27 @@ class Running:
     host_mem: int | None = None  # what it holds of the node's RAM and CPUs (admission counts)
     cpus: int | None = None
     suspended: bool | None = None  # as its host was last told (None: not told since attach)
-    measured: admission.Footprint | None = None  # from the job's own memory reports
+    # From the job's own memory reports, as far as the host vouches for them (probes.py).
+    measured: admission.Footprint | None = None
     pid: int | None = None  # its process, once its host has started it
     holds_lane: bool = False  # as its host last reported
     kill_why: StopWhy | None = None
     # It declared no memory: its lane is its own until its first figures are known.
     probing: bool = False
     iterating_since: float | None = None  # wall clock: its first iteration began (probes)
-    over: bool = False  # measured over its figure (MEM!), logged once
+    over: bool = False  # claimed over its figure (MEM!), logged once
+    claimed_peak: int = 0  # the peak its worker last claimed to hold
+    seen_peak: int | None = None  # the most its processes were seen to hold (probes)
     interactive: bool = False  # its terminal is its submitter's: never moved elsewhere
     # Its host's last report, and when it came (wall clock): fresher than its row, which is
     # flushed about once a second; a forecast goes on from it.
     latest: JobProgress | None = None
     latest_at: float = 0.0
+    user: str = ""
+    charged: Charged = field(default_factory=Charged)  # to its owner's fair-share usage
+    worker: bool = True  # a Python script under gq's worker (else a plain process)
+    iterated_at: float = field(default_factory=time.time)  # its last iteration seen (wall)
+    yielded: float | None = None  # seconds it was idle when it gave its slot back
 
     def footprint_now(self) -> admission.Footprint:
         """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
@@ -59,3 +69,31 @@ def probed(job) -> bool:
     """Whether a job is probed: it declared no memory and runs under gq's worker, which
     reports its figures (a plain process counts as what it is measured to hold)."""
     return job.mem is None and job.interpreter is not None
+
+
+def running_run(job, devices: list[Device], lane: int, host: str) -> Running:
+    """The daemon's record of a run of ``job`` (a row, or anything with its columns) on
+    ``devices``."""
+    return Running(
+        job_id=job.id,
+        run=job.run_count,
+        started=job.start_time or time.time(),
+        devices=devices,
+        lane=lane,
+        host=host,
+        time_limit=job.time_limit,
+        requeue=job.requeue,
+        footprint=footprint(job),
+        exclusive=admission.has_devices_alone(
+            job.exclusive, job.interpreter is not None, job.gpus, any(d.whole for d in devices)
+        ),
+        priority=job.priority,
+        pid=job.pid,
+        host_mem=job.host_mem,
+        cpus=job.cpus,
+        probing=probed(job),
+        interactive=bool(job.interactive),
+        user=job.user,
+        worker=job.interpreter is not None,
+        iterated_at=job.start_time or time.time(),
+    )

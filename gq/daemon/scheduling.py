@@ -47,6 +47,9 @@ class Capacity:
     lanes: int
     max_resident: int
     probe: int = defaults.PROBE_MEMORY  # free memory a job that declares none needs
+    # Seconds a resident may run no iteration before it gives its slot to a waiting job
+    # (of a user over their part of the device's slots; gq.daemon.residency).
+    idle_resident: float = defaults.IDLE_RESIDENT
 
 
 class Scheduler:
@@ -66,7 +69,8 @@ class Scheduler:
         self.supervisor = supervisor
         self.monitor = monitor
         self.wake = wake
-        self.policy_setting: tuple[str, str, str] | None = None  # name, fill, quantum
+        # (name, fill, quantum) and the bound on holds others wait for, as the hosts have it
+        self.policy_setting: tuple[tuple[str, str, str], float] | None = None
         self.policy = policies.make("fifo")
         self._dependencies: dict[str, dependencies.Dependency] = {}
         self.drained: dict[str, str] = {}  # device (or the node) -> the operator's reason
@@ -143,12 +147,13 @@ class Scheduler:
             config[queue_settings.FILL],
             config[queue_settings.QUANTUM],
         )
-        if wanted == self.policy_setting:
+        max_hold = config[queue_settings.MAX_HOLD]
+        if (wanted, max_hold) == self.policy_setting:
             return
-        self.policy_setting = wanted
+        self.policy_setting = (wanted, max_hold)
         self.policy = policies.make(*wanted)
-        self.supervisor.set_policy(wire.SetPolicy(*wanted))
-        log.info("policy is now %s (fill %s, quantum %s)", *wanted)
+        self.supervisor.set_policy(wire.SetPolicy(*wanted, max_hold=max_hold))
+        log.info("policy is now %s (fill %s, quantum %s; max hold %g s)", *wanted, max_hold)
 
     def _follow_running(self, rows: Sequence[Row]) -> None:
         """Stop requests and updates that users made to running jobs."""
@@ -175,7 +180,8 @@ class Scheduler:
         derived = self._derived(pending)
         requests, throttled = [], []
         admitted = dict(array_running)
-        for view in self.policy.order([view for view, _ in derived.values()]):
+        usage = self.supervisor.ledger.usages()  # fair orders users by it
+        for view in self.policy.order([view for view, _ in derived.values()], usage):
             job = by_id[view.id]
             if job.array_job_id is not None and job.array_max_running is not None:
                 if admitted.get(job.array_job_id, 0) >= job.array_max_running:
@@ -186,6 +192,12 @@ class Scheduler:
         loads = self.loads(running)
         outcome = admission.place(
             requests, loads, now=time.time(), node=node, waits_behind=self.policy.waits_behind
+        )
+        lane_waits.give_back_slot(
+            [request for request in requests if request.job_id in outcome.reasons],
+            loads,
+            self.supervisor,
+            self.capacity.idle_resident,
         )
         reasons = pending_reasons.blocked(
             outcome, requests, by_id, throttled, loads, self.drained, self.devices
@@ -243,6 +255,7 @@ class Scheduler:
                 only=self._allowed(job.gpu_type, job.nodelist),
                 host_mem=job.host_mem or 0,
                 cpus=job.cpus or 0,
+                user=job.user,
             ),
         )
 
@@ -304,6 +317,7 @@ class Scheduler:
                     continue
                 load.free_at = max(load.free_at, ends)
                 load.residents += 1
+                load.by_user[job.user] = load.by_user.get(job.user, 0) + 1
                 load.exclusive |= job.exclusive or len(job.devices) > 1
                 lane = load.lanes[job.lane]
                 # A job being probed has its lane to itself until its figures are known.
@@ -336,8 +350,9 @@ class Scheduler:
         )
         return forecast.Snapshot(
             now,
-            self.policy_setting
-            or (
+            self.policy_setting[0]
+            if self.policy_setting is not None
+            else (
                 queue_settings.DEFAULTS[queue_settings.POLICY],
                 queue_settings.DEFAULTS[queue_settings.FILL],
                 queue_settings.DEFAULTS[queue_settings.QUANTUM],

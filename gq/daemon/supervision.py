@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING
 
 from gq import defaults, messages
 from gq.codec import FrameTooLarge, MessageError, checked
-from gq.daemon import admission, recovery
+from gq.daemon import recovery
 from gq.daemon.devices import Device
 from gq.daemon.endings import Endings
+from gq.daemon.fair_share import Ledger
 from gq.daemon.hosts import HostHandle, HostSettings, HostUnavailable
 from gq.daemon.launch_specs import launch_spec
 from gq.daemon.probes import Probes
 from gq.daemon.progress import ProgressReports
-from gq.daemon.running import Running, footprint, probed
+from gq.daemon.running import Running, running_run
 from gq.exec import cgroups
 from gq.exec import host_messages as wire
 from gq.exec.host_messages import HOST_VERSION, StopWhy
@@ -61,6 +62,7 @@ class Supervisor(ProgressReports, Probes, Endings):
         wake: Callable[[], None],
         metrics: Callable[[], Metrics | None],
         probe_wait: float = defaults.PROBE_IDLE_SECONDS,
+        fair_half_life: float = defaults.FAIR_HALF_LIFE,
         max_pids: int = defaults.MAX_PIDS,
     ):
         self.home = home
@@ -79,6 +81,10 @@ class Supervisor(ProgressReports, Probes, Endings):
         self.progress: dict[int, wire.JobProgress] = {}
         self.switches: dict[str, int] = {}  # lane switches per device, as its host counts them
         self.policy: wire.SetPolicy | None = None
+        self.ledger = Ledger(fair_half_life)  # each user's fair-share usage
+        with db.read() as session:
+            self.ledger.load(session)
+        self.shared: dict[str, dict[str, float]] = {}
         self._handlers: dict[type, Callable] = {
             wire.Started: self._on_started,
             wire.LaunchFailed: self._on_launch_failed,
@@ -128,6 +134,7 @@ class Supervisor(ProgressReports, Probes, Endings):
             )
         if self.policy is not None and host.current:
             self.send(device.name, self.policy)
+        self.shared.pop(device.name, None)  # told its users' usage again at the next flush
         for job in [r for r in self.running.values() if r.host == device.name]:
             del self.running[job.job_id]  # known from an earlier attach: the state says now
             self.progress.pop(job.job_id, None)
@@ -194,26 +201,14 @@ class Supervisor(ProgressReports, Probes, Endings):
             self._isolated(name, self._on_exit, report)
 
     def _running_from(self, row: Job, host: str) -> Running:
+        """A run the queue says is running on ``host``, adopted: what it attained by its
+        last recorded progress was charged to its owner already."""
         names = (row.device or host).split(",")
         devices = [d for d in self.devices if d.name in names]
-        return Running(
-            job_id=row.id,
-            run=row.run_count,
-            started=row.start_time or time.time(),
-            devices=devices,
-            lane=row.lane or 0,
-            host=host,
-            time_limit=row.time_limit,
-            requeue=row.requeue,
-            footprint=footprint(row),
-            exclusive=_alone(row, devices),
-            priority=row.priority,
-            pid=row.pid,
-            host_mem=row.host_mem,
-            cpus=row.cpus,
-            probing=probed(row),
-            interactive=bool(row.interactive),
-        )
+        job = running_run(row, devices, row.lane or 0, host)
+        job.charged.attained = row.attained or 0.0
+        job.iterated_at = time.time()  # (not idle since its start: unknown until its host says)
+        return job
 
     # ----- talking to hosts -----------------------------------------------------------
     def send(self, name: str, message: object) -> None:
@@ -252,24 +247,8 @@ class Supervisor(ProgressReports, Probes, Endings):
     ) -> None:
         """Launch one started job (its row and its payload's, as read in its transaction;
         a job whose payload is missing fails, as any job gq cannot launch)."""
-        running = Running(
-            job_id=job.id,
-            run=job.run_count,
-            started=job.start_time,
-            devices=devices,
-            lane=lane,
-            host=devices[0].name,
-            time_limit=job.time_limit,
-            requeue=job.requeue,
-            footprint=footprint(job),
-            exclusive=_alone(job, devices),
-            priority=job.priority,
-            host_mem=job.host_mem,
-            cpus=job.cpus,
-            suspended=False,
-            probing=probed(job),
-            interactive=bool(job.interactive),
-        )
+        running = running_run(job, devices, lane, devices[0].name)
+        running.suspended = False
         self.running[job.id] = running
         if (metrics := self.metrics()) is not None:
             metrics.wait.observe(max(0.0, running.started - job.submit_time))
@@ -462,10 +441,3 @@ class Supervisor(ProgressReports, Probes, Endings):
             return None
         cgroup = self.cgroups.job(job.device.split(",")[0], job.id, job.run_count)
         return cgroup.usage(processes_summed)
-
-
-def _alone(job: Job | lookups.JobRow, devices: list[Device]) -> bool:
-    """Whether the running job has its devices to itself (see admission's rule)."""
-    return admission.has_devices_alone(
-        job.exclusive, job.interpreter is not None, job.gpus, any(d.whole for d in devices)
-    )

@@ -33,10 +33,11 @@ import time
 from typing import Protocol
 
 from gq import defaults
+from gq.exec import lane_memory
 from gq.exec import lanes as lane_rule
 from gq.exec import worker_messages as wire
 from gq.exec.host_messages import Shortage, StopWhy
-from gq.exec.lane_views import decide
+from gq.exec.lane_views import decide, overstays
 from gq.exec.leasing import Leases, bill, move
 from gq.exec.residents import HOLDS_LANE, Event, Lane, Resident, Standing, ready_to_grant
 from gq.policies.base import Policy
@@ -78,17 +79,23 @@ class Granter:
         self.host = host
         self.cuda = cuda
         self.policy = policy
+        self.max_hold = defaults.MAX_HOLD  # seconds a hold others wait for goes on at most
         self.lane_memory = lane_memory  # bytes of device memory a lane has, where known
         self.leases = Leases(lanes, cuda, self.end_for_protocol)
         # Each user's recent interactive use of this device's lanes: what the lane rule's
         # people-first turns allow them (gq.exec.lanes), across all their interactive jobs.
         self.bursts: dict[str, lane_rule.Burst] = {}
+        # Each user's fair-share usage beside their jobs resident here, as the daemon last
+        # said (gq.daemon.fair_share): what fair adds their residents' attained time to.
+        self.shares: dict[str, float] = {}
 
     def due_in(self, now: float) -> float:
         """How soon the lanes must be looked at again with no event (math.inf: not before
         one): a free lane a ready job waits for is kept for a job in its gap until then, or
         is free because the policy picks no one now, which it is asked again soon; a lease
-        asked back inside an iteration is looked at again soon (its lock may come free)."""
+        asked back inside an iteration is looked at again soon (its lock may come free); a
+        hold others wait for, when its bound is up, or soon (the policy may come to prefer
+        one of them)."""
         due = math.inf
         for lane in self.lanes:
             holder = lane.holder
@@ -98,6 +105,10 @@ class Granter:
                     due = min(
                         due, min(defaults.RECALL_POLL_MAX, max(defaults.RECALL_POLL, asked / 4))
                     )
+                if lane.contended_since is not None:
+                    due = min(due, max(0.0, lane.contended_since + self.max_hold - now))
+                elif ready_to_grant(lane):
+                    due = min(due, defaults.CONTENTION_POLL)
                 continue
             if not ready_to_grant(lane):
                 continue
@@ -107,10 +118,23 @@ class Granter:
                 due = min(due, 0.01)
         return due
 
-    def set_policy(self, policy: Policy) -> None:
-        self.policy = policy
+    def set_policy(self, policy: Policy, max_hold: float = defaults.MAX_HOLD) -> None:
+        self.policy, self.max_hold = policy, max_hold
         for lane in self.lanes:
             self.schedule(lane)
+
+    def set_shares(self, shares: dict[str, float]) -> None:
+        self.shares = shares
+
+    def _usage(self, lane: Lane) -> dict[str, float]:
+        """Each user's usage beside ``lane``'s residents: the daemon's figure, and what
+        their jobs on this device's other lanes have attained."""
+        usage = dict(self.shares)
+        for other in self.lanes:
+            if other is not lane:
+                for resident in other.residents:
+                    usage[resident.user] = usage.get(resident.user, 0.0) + resident.billed
+        return usage
 
     def cap(self, resident: Resident, mem_cap: int) -> None:
         """The job's allocator is held to ``mem_cap`` from its next grant, which a Go
@@ -131,12 +155,9 @@ class Granter:
         if suspended:
             resident.suspended, resident.suspended_at = True, now
             if resident.standing in (Standing.HOLDING, Standing.RECALLED):
-                if resident.standing is Standing.RECALLED:
-                    self.leases.read_page(resident)  # the lease's iterations so far
-                bill(resident, now)
-                move(resident, Event.STOP)
-                lane.holder = None
-            self.host.freeze(resident, True)
+                self._stop_inside(resident, now)
+            if not resident.frozen and resident.kill_deadline is None:  # (its page may
+                self.host.freeze(resident, True)  # have ended it, read as it stopped)
             log.info("job %d suspended", resident.job_id)
         else:
             resident.suspended = False
@@ -188,7 +209,7 @@ class Granter:
         if resident.standing is Standing.LEASED:
             self.leases.recall(resident, between=True)
         if resident.standing is Standing.HOLDING and resident.channel is not None:
-            bill(resident, now)
+            resident.end_iteration(max(0.0, now - resident.granted_at))
             move(resident, Event.RELEASE)
             self.lanes[resident.lane].holder = None
             resident.released_at = now
@@ -197,10 +218,15 @@ class Granter:
         if resident.startup is None:  # its first acquire: its start-up is over
             resident.startup = max(0.0, now - resident.started_at - resident.paused)
             resident.dirty = True
+        lane = self.lanes[resident.lane]
+        if resident.standing is Standing.STOPPED:  # its iteration ended as it was stopped
+            resident.end_iteration(0.0)  # (billed when it was)
+            move(resident, Event.ASK)
+            self.schedule(lane)
+            return
         if resident.standing is not Standing.IDLE:
             move(resident, Event.ASK)  # nothing changes: it asked already, or is
             return  # recalled inside an iteration while saying it is not (its own loss)
-        lane = self.lanes[resident.lane]
         if resident not in lane.residents:  # a thread of a script said to be finished
             lane.residents.append(resident)
         if resident.released_at is not None:
@@ -218,10 +244,9 @@ class Granter:
             resident.record_steps(message.steps)
             self.schedule(lane)
             return
-        if standing is Standing.STOPPED:  # its iteration ended as it was being suspended
+        if standing is Standing.STOPPED:  # its iteration ended as it was being stopped
             move(resident, Event.RELEASE)
-            resident.iterations += 1
-            resident.record_steps(message.steps)
+            resident.end_iteration(0.0, message.steps)  # (billed when it was)
             resident.released_at = now
             if not resident.suspended:
                 self.host.freeze(resident, False)
@@ -229,12 +254,7 @@ class Granter:
         if standing is not Standing.HOLDING:
             move(resident, Event.RELEASE)  # a Done already counted, or never owed
             return
-        length = max(0.0, now - resident.granted_at)
-        resident.attained += length
-        resident.iterations += 1
-        before = resident.steps_done
-        resident.record_steps(message.steps)
-        resident.time_iteration(length, resident.steps_done - before)
+        resident.end_iteration(max(0.0, now - resident.granted_at), message.steps)
         resident.mem_persistent = message.mem_persistent
         resident.mem_peak = message.mem_peak
         resident.dirty = True
@@ -245,25 +265,17 @@ class Granter:
         self.schedule(lane)
 
     def _check_memory(self, resident: Resident) -> None:
-        """After an iteration: a job over its memory cap where no cgroup holds it (the cpu
-        and emulated devices without one) has run out of memory, and is ended before its
-        neighbours pay for it; a probed job's first figures go to the daemon at once."""
-        peak = resident.mem_peak
-        if peak is None:
-            return
-        if (
-            resident.mem_cap is not None
-            and not self.cuda
-            and resident.cgroup_cap is None
-            and peak > resident.mem_cap
-        ):
+        """After an iteration: a job over its memory cap where no cgroup holds it has run
+        out of memory, and is ended before its neighbours pay for it; a probed job's first
+        figures go to the daemon at once."""
+        if lane_memory.over_cap(resident, self.cuda):
             log.warning(
                 "job %d: holds %d bytes, over its cap of %d; ending it",
                 resident.job_id,
-                peak,
+                resident.mem_peak,
                 resident.mem_cap,
             )
-            resident.shortage = Shortage(held=peak)
+            resident.shortage = Shortage(held=resident.mem_peak or 0)
             self.host.kill(resident, StopWhy.MEMORY, grace=0.0)
         elif resident.probing and resident.iterations >= defaults.PROBE_ITERATIONS:
             resident.probing = False
@@ -278,11 +290,14 @@ class Granter:
         if holder is not None:
             if ready and holder.standing is Standing.LEASED:
                 self.leases.recall(holder)
-            if lane.holder is not None:
+            if lane.holder is not None and not self._bound_hold(lane, lane.holder, ready):
                 return
+            ready = ready_to_grant(lane)  # the job whose lane was taken among them
         if not ready:
             return
-        decision = decide(self.policy, lane, ready, self.bursts, time.monotonic())
+        decision = decide(
+            self.policy, lane, ready, self.bursts, self._usage(lane), time.monotonic()
+        )
         if isinstance(decision, lane_rule.KeepFor):
             lane.kept_until = decision.until
             return
@@ -293,13 +308,13 @@ class Granter:
             return
         lease = 0
         now = time.monotonic()  # before the Go: the job may use the lane from its send on
-        if chosen.standing is Standing.STOPPED:  # resumed inside its iteration: goes on
+        if chosen.frozen:  # stopped inside its iteration (or just after): goes on
             self.host.freeze(chosen, False)
-        else:
+        if chosen.standing is not Standing.STOPPED:
             lease = self.leases.offer(lane, chosen)
             if chosen.channel.send(
                 wire.Go(
-                    empty_cache=self._short_of_memory(lane),
+                    empty_cache=lane_memory.short_of_memory(lane, self.cuda, self.lane_memory),
                     mem_cap=chosen.mem_cap if chosen.cap_unsent else None,
                     lease=lease,
                 )
@@ -317,28 +332,65 @@ class Granter:
         if lease:
             chosen.lease, chosen.lease_started = lease, chosen.granted_at
 
-    def _short_of_memory(self, lane: Lane) -> bool:
-        """Whether a parked worker must give back its cached device memory: the lane is
-        shared, and its jobs' caps (where one is unknown, the lane) may not fit together."""
-        if not self.cuda:
-            return False
-        live = [r for r in lane.residents if r.channel is not None]
-        if len(live) < 2:
-            return False
-        caps = [r.mem_cap for r in live]
-        return (
-            self.lane_memory is None
-            or None in caps
-            or sum(cap for cap in caps if cap is not None) > self.lane_memory
-        )
-
     def _hold(self, lane: Lane, chosen: Resident, now: float) -> None:
         chosen.granted_at = now
         chosen.dirty = True  # the daemon hears of the grant with the next progress
-        lane.holder = chosen
+        chosen.count_steps()  # (the iteration it is granted may count)
+        lane.holder, lane.contended_since = chosen, None
         if lane.last_job not in (None, chosen.job_id):
             lane.switches += 1
         lane.last_job = chosen.job_id
+
+    # ----- bounded holds -------------------------------------------------------------
+    def _bound_hold(self, lane: Lane, holder: Resident, ready: list[Resident]) -> bool:
+        """Whether the lane was taken from its holder: it held it ``max_hold`` past the
+        moment a job began to wait that the lane rule would grant before it (frozen inside
+        its iteration, it goes on once granted again). A lease is asked back at once."""
+        if (
+            not ready
+            or holder.standing not in (Standing.HOLDING, Standing.RECALLED)
+            or holder.kill_deadline is not None  # being ended: its signals must be seen
+        ):
+            lane.contended_since = None
+            return False
+        now = time.monotonic()
+        if not overstays(self.policy, lane, holder, ready, self.bursts, self._usage(lane), now):
+            lane.contended_since = None
+            return False
+        if lane.contended_since is None:
+            lane.contended_since = now
+        held = now - lane.contended_since
+        if held < self.max_hold or not self._stop_inside(holder, now):
+            return False
+        holder.taken += 1
+        log.info(
+            "job %d held its lane %.2f s while another job waited; frozen inside its "
+            "iteration, the lane to the next (taken %d times)",
+            holder.job_id,
+            held,
+            holder.taken,
+        )
+        return lane.holder is None
+
+    def _stop_inside(self, resident: Resident, now: float) -> bool:
+        """Freeze a holder inside its iteration and free its lane, billed until now (a
+        suspend, or a hold past its bound); False where its page, read to close its lease,
+        ended the job instead."""
+        if resident.standing is Standing.RECALLED:
+            if not self.leases.read_page(resident):  # the lease's iterations so far
+                return False
+            resident.sliced += max(0.0, now - resident.recalled_at)
+        else:
+            resident.sliced += max(0.0, now - resident.granted_at)
+        bill(resident, now)
+        move(resident, Event.STOP)
+        resident.lease = 0
+        lane = self.lanes[resident.lane]
+        if lane.holder is resident:
+            lane.holder, lane.contended_since = None, None
+        self.host.freeze(resident, True)
+        resident.dirty = True
+        return True
 
     # ----- leases (gq.exec.leasing) -----------------------------------------------------
     def close_given_back(self) -> None:

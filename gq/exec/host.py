@@ -116,6 +116,7 @@ class Host:
             wire.Update: self._on_update,
             wire.Cap: self._on_cap,
             wire.SetPolicy: self._on_policy,
+            wire.Shares: lambda message: self.granter.set_shares(message.users),
             wire.Shutdown: lambda _: self._shutdown(),
             wire.Drain: self._on_drain,
             wire.Suspend: self._on_suspend,
@@ -326,7 +327,7 @@ class Host:
             log.warning("ignoring policy change: %s", exc)
             return
         self.policy_name = (message.name, message.fill, message.quantum)
-        self.granter.set_policy(policy)
+        self.granter.set_policy(policy, message.max_hold)
 
     def _on_drain(self, _message: wire.Drain) -> None:
         log.info("draining: no new jobs; exiting after the last one")

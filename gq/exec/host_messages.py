@@ -15,8 +15,9 @@ from typing import Annotated
 
 from msgspec import field
 
-from gq import __version__
+from gq import __version__, defaults
 from gq.codec import Bounds, MaxLen, Message, Record
+from gq.defaults import MAX_HOLD, MAX_MAX_HOLD, MIN_MAX_HOLD
 from gq.fields import (
     Args,
     Count,
@@ -63,6 +64,7 @@ class StopWhy(str, enum.Enum):
     HOST_MEMORY = "host_memory"  # its processes measured over --host-mem, which no cgroup holds
     HANGUP = "hangup"  # an interactive job's terminal closed, or no client ever took it
     IDLE = "idle"  # an interactive job idle for its --idle-timeout
+    YIELD = "yield"  # it ran no iteration for --idle-resident while others waited: requeued
 
 
 # ----- records ------------------------------------------------------------------------
@@ -127,7 +129,7 @@ class JobProgress(Record):
 
     job: JobId
     run: Positive
-    steps_done: Count = 0
+    steps_done: Count = 0  # its own count
     steps_total: Positive | None = None
     attained: Seconds = 0.0
     mean_iteration: Seconds | None = None
@@ -139,6 +141,12 @@ class JobProgress(Record):
     # defaults.PROBE_ITERATIONS)
     startup: Seconds | None = None  # from its launch to its first acquire (None: not yet)
     active_at: Timestamp | None = None  # an interactive job's last activity (gq.exec.idle)
+    # How often its lane was taken inside an iteration: it held it past --max-hold while
+    # another job waited that the policy would grant.
+    lane_taken: Count = 0
+    # Its steps as far as its host vouches for them: a worker's, no more than the
+    # iterations the host granted it. What forecasts go on (its own count is its word).
+    steps_counted: Count = 0
 
 
 class ResidentState(JobProgress):
@@ -200,6 +208,17 @@ class SetPolicy(Message, tag="policy"):
     name: Name
     fill: Name
     quantum: Name
+    # Seconds a job may go on holding a lane while another job waits that the policy would
+    # grant: past it, its processes are frozen and the lane is the next job's.
+    max_hold: Annotated[float, Bounds(MIN_MAX_HOLD, MAX_MAX_HOLD)] = MAX_HOLD
+
+
+class Shares(Message, tag="shares"):
+    """Each user with jobs resident on the host, and their fair-share usage beside those
+    jobs (decayed lane seconds of their other jobs, ended or elsewhere): what ``fair`` adds
+    their residents' attained time to (gq.daemon.fair_share)."""
+
+    users: Annotated[dict[Name, Seconds], MaxLen(defaults.MAX_SHARED_USERS)]
 
 
 class Ack(Message, tag="ack"):

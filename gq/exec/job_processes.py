@@ -142,6 +142,7 @@ class JobProcesses:
             lane=lane,
             process=process,
             channel=channel,
+            worker=spec.worker,
             started_at=time.monotonic(),
             started_wall=time.time(),
             cgroup=cgroup,

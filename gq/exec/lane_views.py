@@ -2,12 +2,14 @@
 the lane's residents as policies see them, each interactive one marked as a person waiting
 while its owner's burst allows (each user's recent interactive use of the device, counted
 here across all their interactive jobs), and the jobs in their gaps that the lane may be
-kept for. The granter (:mod:`gq.exec.granting`) asks through :func:`decide`.
+kept for. The granter (:mod:`gq.exec.granting`) asks through :func:`decide`, and whether a
+holder is in another job's way through :func:`overstays`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from gq.exec import lanes as lane_rule
 from gq.exec.residents import Lane, Resident, Standing
@@ -19,11 +21,13 @@ def decide(
     lane: Lane,
     ready: list[Resident],
     bursts: dict[str, lane_rule.Burst],
+    usage: Mapping[str, float],
     now: float,
 ) -> lane_rule.Grant | lane_rule.KeepFor | None:
     """The lane rule's decision for ``lane``, its ``ready`` residents among those it may
-    grant (``bursts``: each user's, kept by the caller and brought up to ``now`` here)."""
-    views, in_gaps = lane_views(lane, bursts, now)
+    grant (``bursts``: each user's, kept by the caller and brought up to ``now`` here;
+    ``usage``: each user's fair-share usage beside the lane's residents)."""
+    views, in_gaps = lane_views(lane, bursts, usage, now)
     return lane_rule.next_step(
         policy,
         [views[r.job_id] for r in ready],
@@ -34,13 +38,38 @@ def decide(
     )
 
 
+def overstays(
+    policy: Policy,
+    lane: Lane,
+    holder: Resident,
+    ready: list[Resident],
+    bursts: dict[str, lane_rule.Burst],
+    usage: Mapping[str, float],
+    now: float,
+) -> bool:
+    """Whether the rule would grant one of ``ready`` before ``holder``, its lane's holder
+    (:func:`gq.exec.lanes.overstays`)."""
+    views, in_gaps = lane_views(lane, bursts, usage, now)
+    if holder.job_id not in views:
+        return False  # (its script said it was finished: it runs no more iterations)
+    return lane_rule.overstays(
+        policy,
+        views[holder.job_id],
+        [views[r.job_id] for r in ready],
+        list(views.values()),
+        in_gaps,
+        now,
+        after_turn=lane.after_turn,
+    )
+
+
 def lane_views(
-    lane: Lane, bursts: dict[str, lane_rule.Burst], now: float
+    lane: Lane, bursts: dict[str, lane_rule.Burst], usage: Mapping[str, float], now: float
 ) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
     """The residents as policies see them, each made once (a suspended job counts for
-    none; an interactive one waits on a person while its owner's burst allows), and
-    those in their gaps the lane may be kept for."""
-    views = {r.job_id: r.view() for r in lane.residents if not r.suspended}
+    none; an interactive one waits on a person while its owner's burst allows; each with
+    its owner's usage), and those in their gaps the lane may be kept for."""
+    views = {r.job_id: r.view(usage.get(r.user, 0.0)) for r in lane.residents if not r.suspended}
     for resident in lane.residents:
         if resident.interactive and not resident.suspended:
             burst = bursts.setdefault(resident.user, lane_rule.Burst(at=now))

@@ -30,6 +30,13 @@ seconds (decayed), counting the iteration about to be granted at its measured le
 batch jobs in disguise, which take the policy's turn until the use has fallen back. So a
 REPL that trains without pause gets about that share from the turns, and batch jobs keep
 the rest of what the policy gives them.
+
+**A bounded hold.** A job keeps a lane it holds for as long as its iteration lasts, unless
+another job waits that this rule, asked with the holder ready too, would grant instead
+(:func:`overstays`); from then on the hold lasts at most ``--max-hold`` more, and then the
+host takes the lane (the holder frozen inside its iteration, billed its whole hold, and
+given the lane again, thawed, when the rule grants it next). An iteration that never ends
+costs the others one bound at a time, as a policy orders them.
 """
 
 from __future__ import annotations
@@ -132,3 +139,19 @@ def next_step(
             ):
                 return KeepFor(candidate.view, candidate.until)
     return None if chosen is None else Grant(chosen)
+
+
+def overstays(
+    policy: Policy,
+    holder: JobView,
+    ready: Sequence[JobView],
+    resident: Sequence[JobView],
+    waiting_for: Sequence[Awaited],
+    now: float,
+    after_turn: bool = False,
+) -> bool:
+    """Whether the lane's holder is in another job's way: asked now, with the holder ready
+    too, the rule would grant a ``ready`` job instead (not keep the lane, nor give it back
+    to the holder)."""
+    decision = next_step(policy, [*ready, holder], resident, waiting_for, now, after_turn)
+    return isinstance(decision, Grant) and decision.job.id != holder.id

@@ -7,7 +7,8 @@ fields...}`` (the client wire's framing, without its version) of at most
 :mod:`gq.exec.worker_messages` (worker ↔ host); this module holds the tables of what each
 end receives, the framing and the channels, and where a host's sockets are.
 
-daemon → host   Hello, Launch, Kill, Update, SetPolicy, Ack, Drain, Shutdown
+daemon → host   Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Shares,
+                Ack, Drain, Shutdown
 host → daemon   State (answers Hello), Started, LaunchFailed, Exited (repeated in every
                 State until acknowledged), Progress
 worker → host   Ready, Done, Total, StepsTaken, OutOfMemory, Finished
@@ -47,6 +48,7 @@ from gq.exec.host_messages import (
     LaunchFailed,
     Progress,
     SetPolicy,
+    Shares,
     Shutdown,
     SignalGroup,
     Started,
@@ -72,7 +74,7 @@ def terminal_socket(directory: str, job: int) -> str:
 
 # ----- what each end receives ---------------------------------------------------------
 TO_HOST = Wire(
-    Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Ack, Drain, Shutdown
+    Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Shares, Ack, Drain, Shutdown
 )
 TO_DAEMON = Wire(State, Started, LaunchFailed, Exited, Progress)
 FROM_WORKER = Wire(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)

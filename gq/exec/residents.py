@@ -38,7 +38,9 @@ class Standing(enum.Enum):
     LEASED = "leased"  # the lane is its own across boundaries; its page's lock says more
     RECALLED = "recalled"  # its lease asked back inside an iteration: the lane is its own
     # until its Done, or until its page's lock comes free
-    STOPPED = "stopped"  # suspended inside an iteration: goes on with it once granted
+    # Stopped inside an iteration (suspended, or its lane taken past --max-hold while
+    # another job waited), its processes frozen: goes on with it once granted again.
+    STOPPED = "stopped"
 
 
 class Event(enum.Enum):
@@ -51,7 +53,7 @@ class Event(enum.Enum):
     TAKEN_BACK = "the lane taken back"  # the host's: it took the lock, the job in its gap
     RECALL = "a recall"  # the host's: it wants the lane back; the job is inside an iteration
     UNTAKEN = "a lease never taken up"  # the host's: its Go's iteration is a plain grant
-    STOP = "a suspend"  # the host's: the job stopped inside an iteration
+    STOP = "a stop"  # the host's: the job frozen inside an iteration (suspend, --max-hold)
     LEAVE = "its end"  # the host's: the job runs no more iterations
 
 
@@ -71,7 +73,8 @@ TRANSITIONS: dict[tuple[Standing, Event], Standing] = {
     (Standing.HOLDING, Event.RELEASE): Standing.IDLE,
     (Standing.RECALLED, Event.RELEASE): Standing.IDLE,
     (Standing.LEASED, Event.RELEASE): Standing.IDLE,  # a Done: it gave the lease back
-    (Standing.STOPPED, Event.RELEASE): Standing.IDLE,  # its Done crossed the suspend
+    (Standing.STOPPED, Event.RELEASE): Standing.IDLE,  # its Done crossed the stop
+    (Standing.STOPPED, Event.ASK): Standing.WAITING,  # a READY that crossed it: between
     (Standing.WAITING, Event.GRANT): Standing.HOLDING,
     (Standing.STOPPED, Event.GRANT): Standing.HOLDING,
     (Standing.WAITING, Event.LEASE): Standing.LEASED,
@@ -127,7 +130,12 @@ class Resident:
     kill_why: StopWhy | None = None
     detail: str | None = None  # what its worker did wrong, for its exit report
     standing: Standing = Standing.IDLE
-    steps_done: int = 0
+    # It speaks the worker protocol: the host counts its iterations, and no more steps.
+    worker: bool = False
+    steps_done: int = 0  # what it says it did (its own count, shown as it says it)
+    # ... and as far as the host vouches for it: for a worker, no more than the iterations
+    # its host granted it. Policies rank by this.
+    steps_counted: int = 0
     worker_total: int | None = None  # what the job itself declared (gq.set_total_steps)
     past_total: bool = False  # it reported more steps than its total: the total is wrong
     attained: float = 0.0  # lane time billed: grant to release, a lease's whole wall time
@@ -138,6 +146,10 @@ class Resident:
     timed_total: float = 0.0
     timed_steps: int = 0
     first_iteration: float = 0.0  # the first one timed: warm-up, kept out of the mean
+    # Its lane taken inside an iteration, past --max-hold while another job waited, and
+    # the lane time of that iteration before it was (its length, once it ends).
+    taken: int = 0
+    sliced: float = 0.0
     gaps: int = 0
     gap_total: float = 0.0
     granted_at: float = 0.0
@@ -223,6 +235,30 @@ class Resident:
         if reported > self.steps_done:
             self.steps_done = reported
             self.dirty = True
+        self.count_steps()
+
+    def count_steps(self) -> None:
+        """Its steps as far as the host vouches for them: for a worker, no more than the
+        iterations its host granted it, the one under way included (a count is its word, a
+        grant the host's; again after every grant and every iteration's end)."""
+        steps = self.steps_done
+        if self.worker:
+            steps = min(steps, self.iterations + (1 if self.in_iteration else 0))
+        if steps > self.steps_counted:
+            self.steps_counted = steps
+            self.dirty = True
+
+    def end_iteration(self, held: float, steps: int | None = None) -> None:
+        """An iteration is over (a Done, or a READY while holding: the host saw it end),
+        ``held`` lane seconds since its last grant: billed, counted, timed whole (with what
+        it held before its lane was taken, if it was), with the steps it says it took."""
+        self.attained += held
+        self.iterations += 1
+        before = self.steps_counted
+        self.record_steps(self.steps_done if steps is None else steps)
+        self.time_iteration(held + self.sliced, self.steps_counted - before)
+        self.sliced = 0.0
+        self.dirty = True
 
     def declare_total(self, total: int) -> None:
         """The job's own total (gq.set_total_steps), unless --steps declared one at submit.
@@ -234,6 +270,9 @@ class Resident:
         if total < self.steps_done or (self.worker_total is not None and total > self.worker_total):
             self.past_total = True
         self.worker_total, self.dirty = total, True
+        # A count past its new total is believed no further than that total (shown so).
+        self.steps_done = min(self.steps_done, total)
+        self.steps_counted = min(self.steps_counted, total)
 
     def asks_for_iteration(self) -> None:
         """At an acquire: a job that has done all its steps and asks for more has shown its
@@ -243,20 +282,36 @@ class Resident:
         if total is not None and self.steps_done >= total:
             self.past_total = True
 
-    def view(self) -> JobView:
+    def view(self, user_usage: float = 0.0) -> JobView:
         return JobView(
             id=self.job_id,
             user=self.user,
             submit_time=self.submit_time,
             priority=self.priority,
-            steps_done=self.steps_done,
+            steps_done=self.steps_counted,
             steps_total=None if self.past_total else self.steps_total,
-            attained=self.attained,
-            mean_iteration=self.mean_iteration,
+            attained=self.billed,
+            mean_iteration=self.ranked_iteration,
             mean_gap=self.mean_gap,
             released_at=self.released_at,
             deadline=self._deadline_now(),
+            user_usage=user_usage,
         )
+
+    @property
+    def ranked_iteration(self) -> float | None:
+        """The iteration length policies rank it by: its mean, but never less than the
+        iteration under way has lasted (a job whose iterations never end would otherwise
+        rank as one whose iterations take no time, and srtf would keep it on the lane)."""
+        ongoing = self.sliced
+        if self.standing is Standing.HOLDING:
+            ongoing += time.monotonic() - self.granted_at
+        elif self.standing is Standing.RECALLED:
+            ongoing += time.monotonic() - self.recalled_at
+        mean = self.mean_iteration
+        if mean is None:
+            return ongoing or None
+        return max(mean, ongoing)
 
     def _deadline_now(self) -> float | None:
         """The deadline on the monotonic clock policies are given."""
@@ -273,6 +328,7 @@ class Resident:
             job=self.job_id,
             run=self.run,
             steps_done=self.steps_done,
+            steps_counted=self.steps_counted,
             steps_total=self.steps_total,
             attained=self.billed,
             mean_iteration=self.mean_iteration,
@@ -281,6 +337,7 @@ class Resident:
             mem_peak=self.mem_peak,
             holds_lane=self.in_iteration,
             iterations=self.iterations,
+            lane_taken=self.taken,
             startup=self.startup,
             active_at=self.active_at,
         )
@@ -356,6 +413,9 @@ class Lane:
     kept_until: float | None = None  # kept free for a job in its gap until then (monotonic)
     last_job: int | None = None  # the job granted it last
     after_turn: bool = False  # its last grant was a people-first turn (gq.exec.lanes)
+    # Since when (monotonic) a job has waited that the lane rule would grant before its
+    # holder: the hold is bounded from then on (--max-hold).
+    contended_since: float | None = None
     switches: int = 0  # grants to a job other than the last one
 
 

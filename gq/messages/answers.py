@@ -41,6 +41,14 @@ class TestOnly(ClientMessage, tag="test-only"):
     delays: list[Delay]
 
 
+class FairShare(Record):
+    """Each user's fair-share usage: lane seconds, decayed with the half-life (None: never),
+    most first."""
+
+    half_life: float | None
+    usage: Annotated[dict[Name, float], MaxLen(defaults.MAX_SHARED_USERS)]
+
+
 class Jobs(ClientMessage, tag="jobs"):
     """The answer to ListJobs or ShowJob: jobs, and how to ask for the next page."""
 
@@ -53,6 +61,7 @@ class Jobs(ClientMessage, tag="jobs"):
     older_end: Timestamp | None = None
     older: JobId | None = None
     forecast_made: Timestamp | None = None  # when the forecasts given were made
+    fair_share: FairShare | None = None  # the listed jobs' owners' usage, where asked for
 
 
 class LogFile(ClientMessage, tag="log"):
@@ -101,6 +110,7 @@ class PolicyInfo(ClientMessage, tag="policy"):
     name: Str
     fill: Str
     quantum: Str
+    max_hold: float = defaults.MAX_HOLD  # seconds a hold others wait for may go on
 
 
 class NodeLimits(Record):
@@ -138,6 +148,8 @@ class NodeInfo(ClientMessage, tag="node"):
     options: list[Str]  # the daemon's command-line options: a restart reuses them
     limits: NodeLimits | None = None
     drained: dict[Name, Text] = field(default_factory=dict)  # device ("*": node) -> reason
+    max_hold: float = defaults.MAX_HOLD  # seconds a hold others wait for may go on
+    fair_share: FairShare | None = None
 
 
 class Done(ClientMessage, tag="done"):

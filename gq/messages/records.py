@@ -147,6 +147,9 @@ class JobInfo(Record):
     # ``label`` squeue's 17_[0-99,200%8]. None for any other record.
     array_task_string: TaskIds | None = None
     array_task_count: Count | None = None
+    # How often its lane was taken inside an iteration in its latest run: it held the
+    # device past --max-hold while another job waited that the policy would run.
+    lane_taken: Count = 0
     # While it runs, where a pids controller counts them: its tasks (processes and
     # threads) now, their limit (--max-pids), and the forks the kernel refused at a limit.
     pids_current: Count | None = None

@@ -27,6 +27,8 @@ from gq.fields import (
 )
 from gq.messages.records import ClientMessage, Label, OnOutOfMemory
 
+HoldBound = Annotated[float, Bounds(defaults.MIN_MAX_HOLD, defaults.MAX_MAX_HOLD)]
+
 Labels = Annotated[list[Label], MaxLen(defaults.MAX_ARRAY_SIZE)]
 Snapshot = Annotated[bytes, MaxLen(defaults.MAX_SCRIPT)]
 
@@ -95,6 +97,7 @@ class ListJobs(ClientMessage, tag="list"):
     # Each pending array task on its own record; by default those that never started come
     # folded, one record for each group of an array's tasks alike (JobInfo.array_task_string).
     array_tasks: bool = False
+    fair_share: bool = False  # with the listed jobs' owners' fair-share usage (gq history)
 
 
 class ShowJob(ClientMessage, tag="show"):
@@ -207,6 +210,8 @@ class SetPolicy(ClientMessage, tag="policy-set"):
     name: Name
     fill: Name = "always"
     quantum: Name = "100ms"
+    # Seconds a hold others wait for may go on (None: as it is).
+    max_hold: HoldBound | None = None
 
 
 class GetPolicy(ClientMessage, tag="policy-get"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -28,6 +28,9 @@ class JobView:
     # An interactive job (a terminal, a notebook) within its burst: a person waits on its
     # iterations (the lane rule's people-first turn; gq.exec.lanes.within_burst).
     person_waits: bool = False
+    # Its owner's fair-share usage beside what the jobs a policy is shown have attained:
+    # lane seconds of their jobs that ended, or run elsewhere, decayed with a half-life.
+    user_usage: float = 0.0
 
     @property
     def remaining(self) -> float | None:
@@ -78,8 +81,11 @@ class Policy(Protocol):
     # rule's people-first turn); priority leaves that to --priority.
     people_first: bool
 
-    def order(self, pending: Sequence[JobView]) -> list[JobView]:
-        """Admission order of pending jobs, best first."""
+    def order(
+        self, pending: Sequence[JobView], usage: Mapping[str, float] | None = None
+    ) -> list[JobView]:
+        """Admission order of pending jobs, best first (``usage``: each user's fair-share
+        usage, decayed lane seconds, where the caller keeps it)."""
         ...
 
     def pick(

@@ -9,7 +9,7 @@ submission order.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gq.policies.base import JobView, by_submission
 
@@ -30,7 +30,9 @@ class Deadline:
     waits_behind = False
     people_first = True
 
-    def order(self, pending: Sequence[JobView]) -> list[JobView]:
+    def order(
+        self, pending: Sequence[JobView], usage: Mapping[str, float] | None = None
+    ) -> list[JobView]:
         return sorted(pending, key=lambda job: (_due(job), *by_submission(job)))
 
     def pick(

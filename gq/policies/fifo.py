@@ -3,7 +3,7 @@ later jobs wait even while it is idle."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gq.policies.base import JobView, by_submission
 
@@ -14,7 +14,9 @@ class Fifo:
     waits_behind = True  # a job placed behind residents waits until they have ended
     people_first = True
 
-    def order(self, pending: Sequence[JobView]) -> list[JobView]:
+    def order(
+        self, pending: Sequence[JobView], usage: Mapping[str, float] | None = None
+    ) -> list[JobView]:
         return sorted(pending, key=by_submission)
 
     def pick(

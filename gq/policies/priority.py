@@ -8,7 +8,7 @@ only if its measured iteration fits in the higher job's measured idle gap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gq.policies.base import JobView, expected_back, fits_before
 
@@ -36,7 +36,9 @@ class Priority:
             raise ValueError(f"unknown fill mode {fill!r}; use one of {', '.join(FILL_MODES)}")
         self.fill = fill
 
-    def order(self, pending: Sequence[JobView]) -> list[JobView]:
+    def order(
+        self, pending: Sequence[JobView], usage: Mapping[str, float] | None = None
+    ) -> list[JobView]:
         return sorted(pending, key=_rank)
 
     def pick(

@@ -9,7 +9,7 @@ its quantum, then each other job gets its quantum before it runs again.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gq.policies.base import JobView, by_submission, turn_of
 
@@ -55,7 +55,9 @@ class RoundRobin:
     def owner(self, job: JobView) -> object:
         return job.id
 
-    def order(self, pending: Sequence[JobView]) -> list[JobView]:
+    def order(
+        self, pending: Sequence[JobView], usage: Mapping[str, float] | None = None
+    ) -> list[JobView]:
         return sorted(pending, key=by_submission)
 
     def pick(

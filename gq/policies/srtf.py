@@ -7,7 +7,7 @@ Tiresias does when durations are unknown).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gq.policies.base import JobView
 
@@ -25,7 +25,9 @@ class Srtf:
     waits_behind = False
     people_first = True
 
-    def order(self, pending: Sequence[JobView]) -> list[JobView]:
+    def order(
+        self, pending: Sequence[JobView], usage: Mapping[str, float] | None = None
+    ) -> list[JobView]:
         # Iteration times are not known before a job runs, so admit by total steps.
         def admission(job: JobView) -> tuple[int, float, float, int]:
             if job.steps_total is None:

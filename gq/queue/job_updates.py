@@ -223,6 +223,7 @@ def progress_values(progress: JobProgress) -> dict[str, Any]:
         "mem_persistent": progress.mem_persistent,
         "mem_peak": progress.mem_peak,
         "holds_lane": progress.holds_lane,
+        "lane_taken": progress.lane_taken,
         "startup": progress.startup,
         "active_at": progress.active_at,
     }

@@ -37,6 +37,16 @@ class SpoolUsage(Base):
     bytes: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class UserUsage(Base):
+    """A user's lane time, decayed with the node's fair-share half-life: ``usage`` seconds as
+    of ``updated`` (seconds since the epoch). Kept across jobs and restarts."""
+
+    __tablename__ = "user_usage"
+    user: Mapped[str] = mapped_column(String(64), primary_key=True)
+    usage: Mapped[float] = mapped_column(Float)
+    updated: Mapped[float] = mapped_column(Float)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -131,6 +141,9 @@ class Job(Base):
     mem_persistent: Mapped[int | None] = mapped_column(Integer)
     mem_peak: Mapped[int | None] = mapped_column(Integer)
     holds_lane: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How often its host took its lane inside an iteration (held past --max-hold while
+    # another job waited), in its latest run.
+    lane_taken: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     active_at: Mapped[float | None] = mapped_column(Float)  # an interactive job's last activity
 
     @property

@@ -7,17 +7,25 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gq import defaults
 from gq.queue.models import Setting
 
 POLICY = "policy"
 FILL = "fill"
 QUANTUM = "quantum"
+MAX_HOLD = "max_hold"  # seconds a hold others wait for may go on (gq.exec.lanes)
 DAEMON = "daemon"  # pid, start time, devices: written by the running daemon for `gq info`
 DRAINED = "drained"  # device name (or NODE for all of them) -> the operator's reason
 NODE = "*"
 NOTIFIED = "notified_event"  # the last job event whose hooks have been queued
 
-DEFAULTS: dict[str, Any] = {POLICY: "fifo", FILL: "always", QUANTUM: "100ms", DRAINED: {}}
+DEFAULTS: dict[str, Any] = {
+    POLICY: "fifo",
+    FILL: "always",
+    QUANTUM: "100ms",
+    MAX_HOLD: defaults.MAX_HOLD,
+    DRAINED: {},
+}
 
 
 def get(session: Session, key: str) -> Any:

@@ -141,6 +141,7 @@ def submit(
         steps_done=0,
         attained=0.0,
         holds_lane=False,
+        lane_taken=0,
         array_max_running=new.array_max_running if new.array_tasks is not None else None,
     )
     if len(tasks) == 1:

@@ -22,9 +22,10 @@ from gq.errors import UserError
 if TYPE_CHECKING:
     from gq.daemon.admission import DeviceLoad
     from gq.daemon.devices import Device
+    from gq.daemon.fair_share import Ledger
     from gq.daemon.forecasting import Forecaster
     from gq.daemon.monitoring import Monitor
-    from gq.daemon.node import DaemonOptions
+    from gq.daemon.options import DaemonOptions
     from gq.daemon.server import ConnectionLimits
     from gq.exec.cgroups import Usage
     from gq.home import Home
@@ -48,6 +49,7 @@ class NodeView(Protocol):
     monitor: Monitor  # readings and the guard's holds, for 'gq info'
     waiters: Waiters  # the clients gq wait holds (what one user may wait for is bounded)
     forecaster: Forecaster  # the last forecast, and the gq submit --test-only waiting
+    ledger: Ledger  # each user's fair-share usage
 
     @property
     def connection_limits(self) -> ConnectionLimits: ...

@@ -130,6 +130,7 @@ def job_info(
         idle=_idle(job),
         mem_over=job.state != JobState.PENDING.value and over_figure(job.mem, job.mem_peak),
         worker=job.interpreter is not None,
+        lane_taken=job.lane_taken or 0,
     )
 
 

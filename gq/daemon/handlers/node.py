@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 from gq import defaults, messages, policies, validation
 from gq.daemon.access import Caller
 from gq.daemon.handlers.common import job_info
+from gq.daemon.handlers.query import fair_share
 from gq.errors import UserError
 from gq.queue import queries, settings
 from gq.queue.states import JobState
+from gq.units import format_seconds
 
 if TYPE_CHECKING:
     from gq.daemon.handlers import NodeView
@@ -36,9 +38,16 @@ def set_policy(daemon: NodeView, caller: Caller, request: messages.SetPolicy) ->
         settings.put(session, settings.POLICY, request.name)
         settings.put(session, settings.FILL, request.fill)
         settings.put(session, settings.QUANTUM, request.quantum)
+        if request.max_hold is not None:
+            settings.put(session, settings.MAX_HOLD, request.max_hold)
     daemon.rescan()
+    bound = (
+        ""
+        if request.max_hold is None
+        else f", a hold others wait for bounded at {format_seconds(request.max_hold)}"
+    )
     return messages.Done(
-        f"Policy set to {policies.label(request.name, request.fill, request.quantum)}"
+        f"Policy set to {policies.label(request.name, request.fill, request.quantum)}{bound}"
     )
 
 
@@ -91,6 +100,7 @@ def get_policy(
             settings.get(session, settings.POLICY),
             settings.get(session, settings.FILL),
             settings.get(session, settings.QUANTUM),
+            settings.get(session, settings.MAX_HOLD),
         )
 
 
@@ -139,6 +149,8 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
         options=_shown_options(daemon.options.to_argv(), caller),
         limits=_limits(daemon),
         drained=dict(config[settings.DRAINED]),
+        max_hold=config[settings.MAX_HOLD],
+        fair_share=fair_share(daemon),
     )
 
 

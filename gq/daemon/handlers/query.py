@@ -72,6 +72,7 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
         if groups:
             infos = sorted(infos + _folded(session, groups), key=lambda info: info.id)
         made = _forecast(daemon, infos) if request.forecast else None
+        shares = fair_share(daemon, {info.user for info in infos}) if request.fair_share else None
         return messages.Jobs(
             infos,
             stale=daemon.stale(),
@@ -80,7 +81,19 @@ def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> m
             kept_since=kept_since,
             older_end=older[0] if older else None,
             older=older[1] if older else None,
+            fair_share=shares,
         )
+
+
+def fair_share(daemon: NodeView, users: set[str] | None = None) -> messages.FairShare:
+    """Users' fair-share usage now (``users``: those alone), most first."""
+    usage = daemon.ledger.usages()
+    shown = {u: v for u, v in usage.items() if users is None or u in users}
+    half_life = daemon.ledger.half_life
+    return messages.FairShare(
+        half_life=None if math.isinf(half_life) else half_life,
+        usage=dict(list(shown.items())[: defaults.MAX_SHARED_USERS]),
+    )
 
 
 def _folded(session, groups: list[tuple[int, list[int]]]) -> list[messages.JobInfo]:

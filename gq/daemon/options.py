@@ -1,0 +1,107 @@
+"""The daemon's options: what ``gq daemon start`` (or ``python -m gq.daemon``) was given,
+and the command line that starts a daemon with them again (``gq daemon restart`` reuses
+it; ``gq info`` shows it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gq import defaults
+from gq.units import format_period
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    lanes: int = defaults.LANES
+    max_resident: int = defaults.MAX_RESIDENT
+    max_pids: int = defaults.MAX_PIDS  # tasks (processes and threads) a job may have at once
+    kill_grace: float = defaults.KILL_WAIT
+    cpu_memory: int | None = None  # bytes the cpu device offers jobs [all of RAM]
+    cpu_devices: int | None = None  # emulate this many devices on the cpu instead
+    device_model: str | None = None  # the emulated devices' model (for --gpus TYPE:N)
+    operator_group: str | None = None  # its members may act on every job and the node
+    priority_cap: int = defaults.PRIORITY_CAP  # system mode: highest priority for users
+    max_temp: float | None = None  # the guard: no new job onto a device hotter than this
+    max_power: float | None = None  # ... or drawing more watts than this
+    readings: str | None = None  # a file of recorded readings overlaid on the samples
+    metrics: str | None = None  # ADDR:PORT to serve Prometheus metrics on
+    client_timeout: float = defaults.CONNECTION_IDLE  # drop a client silent this long
+    cgroup: str = defaults.CGROUP  # auto | v2 | v1 | off
+    retention: float = defaults.RETENTION  # seconds finished jobs are kept
+    max_pending: int = defaults.MAX_PENDING_PER_USER
+    max_spool: int = defaults.MAX_SPOOL_PER_USER  # bytes of snapshots kept per user
+    max_array: int = defaults.MAX_ARRAY_SIZE
+    max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
+    max_connections: int = defaults.MAX_CONNECTIONS
+    max_request: int = defaults.MAX_REQUEST
+    on_finish: str | None = None  # a command run as each job's owner once it has ended
+    move_margin: float = defaults.MOVE_MARGIN  # seconds sooner that move an unstarted job
+    probe_mem: int = defaults.PROBE_MEMORY  # bytes free a job that declares no memory needs
+    probe_wait: float = defaults.PROBE_IDLE_SECONDS  # ... and seconds to its first iteration
+    attach_wait: float = defaults.ATTACH_WAIT  # seconds a started terminal waits for its gq
+    fair_half_life: float = defaults.FAIR_HALF_LIFE  # a user's usage halves this often
+    idle_resident: float = defaults.IDLE_RESIDENT  # seconds before an idle one gives its slot
+
+    def to_argv(self) -> list[str]:
+        """The command-line options that start a daemon with these options."""
+        argv = [
+            "--lanes",
+            str(self.lanes),
+            "--max-resident",
+            str(self.max_resident),
+            "--max-pids",
+            str(self.max_pids),
+            "--kill-wait",
+            str(self.kill_grace),
+            "--priority-cap",
+            str(self.priority_cap),
+            "--client-timeout",
+            str(self.client_timeout),
+            "--cgroup",
+            self.cgroup,
+            "--retention",
+            format_period(self.retention),
+            "--max-pending",
+            str(self.max_pending),
+            "--max-spool",
+            str(self.max_spool),
+            "--max-array",
+            str(self.max_array),
+            "--max-connections-per-user",
+            str(self.max_connections_per_user),
+            "--max-connections",
+            str(self.max_connections),
+            "--max-request",
+            str(self.max_request),
+            "--move-margin",
+            str(self.move_margin),
+            "--probe-mem",
+            str(self.probe_mem),
+            "--probe-wait",
+            str(self.probe_wait),
+            "--attach-wait",
+            str(self.attach_wait),
+            "--fair-half-life",
+            format_period(self.fair_half_life),
+            "--idle-resident",
+            format_period(self.idle_resident),
+        ]
+        if self.cpu_memory is not None:
+            argv += ["--cpu-memory", str(self.cpu_memory)]
+        if self.cpu_devices is not None:
+            argv += ["--cpu-devices", str(self.cpu_devices)]
+        if self.device_model is not None:
+            argv += ["--device-model", self.device_model]
+        if self.operator_group is not None:
+            argv += ["--operators", self.operator_group]
+        if self.on_finish is not None:
+            argv += ["--on-finish", self.on_finish]
+        for flag, value in (
+            ("--max-temp", self.max_temp),
+            ("--max-power", self.max_power),
+            ("--readings", self.readings),
+            ("--metrics", self.metrics),
+        ):
+            if value is not None:
+                argv += [flag, str(value)]
+        return argv
