@@ -438,6 +438,25 @@ def test_a_probe_that_measures_nothing_leaves_no_figure_and_opens_the_lane(home,
     wait_state(quiet, "COMPLETED")
 
 
+def test_a_job_that_asks_for_no_device_starts_whatever_a_probe_is_doing(home, tmp_path):
+    """A probed job has its lane to itself until its figures are known; a shell job that
+    asks for no device (-G 0) needs no room there: it starts and ends meanwhile, and its
+    gq show speaks of no device memory."""
+    DaemonControl(home).start("--probe-wait", "1min")
+    idle = write_script(
+        tmp_path / "idle.py",
+        "import os, time\nwhile not os.path.exists('leave'):\n    time.sleep(0.05)\n",
+    )
+    probed = submit(str(idle))
+    wait_state(probed, "RUNNING")
+    hello = submit("-G", "0", str(write_script(tmp_path / "hello.sh", "echo hi\n")))
+    assert wait_state(hello, "COMPLETED", timeout=30)["state"] == "COMPLETED"
+    assert job(probed)["state"] == "RUNNING" and job(probed)["mem"] is None  # still probed
+    assert "GpuMem: - (asks for no device)" in gq_ok("show", str(hello))
+    (tmp_path / "leave").touch()
+    wait_state(probed, "COMPLETED")
+
+
 def test_a_bad_oom_choice_is_refused_and_queues_nothing(daemon, tmp_path):
     script = write_script(tmp_path / "s.sh", "true\n")
     result = gq("submit", "--oom", "explode", str(script))

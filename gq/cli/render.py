@@ -172,6 +172,8 @@ _BASES = {  # by gq.messages.MemoryBasis's values (its members are these strings
 def memory_figure(job: JobInfo) -> str:
     """A job's device-memory figure and where it came from (gq show)."""
     if job.mem is None:
+        if not job.worker:  # a plain process: it takes no turns and is not probed
+            return "- (asks for no device)" if job.gpus == 0 else "- (a plain process)"
         return "- (none declared: measured over its first iterations)"
     text = f"{size(job.mem)} ({_BASES[job.mem_basis or 'declared']})"
     if job.mem_over:

@@ -61,6 +61,10 @@ class LaneLoad:
         return sum(f.persistent + self.overhead for f in every) + max(f.ephemeral for f in every)
 
     def fits(self, extra: Footprint) -> bool:
+        """Whether ``extra`` fits beside the lane's jobs (one that adds nothing always does:
+        a probe's lane, taken whole, still takes a plain process)."""
+        if extra.persistent == 0 and extra.ephemeral == 0:
+            return True
         return self.need(extra) <= self.capacity
 
     def fits_alone(self, job: Footprint) -> bool:

@@ -244,7 +244,11 @@ class Scheduler:
             admission.Request(
                 job.id,
                 job.gpus,
-                footprint(job) if job.mem is not None else admission.Footprint(self.probe_guess),
+                # A plain process (a shell script) counts as what it holds: it needs no room a
+                # probe would (a -G 0 job starts whatever the device's probes are doing).
+                footprint(job)
+                if job.mem is not None or job.interpreter is None
+                else admission.Footprint(self.probe_guess),
                 admission.has_devices_alone(
                     job.exclusive,
                     job.interpreter is not None,
