@@ -2,9 +2,13 @@
 fast as a loop allows, keeps hundreds of idle connections open and fills their pending
 limit; and the latency of root's `gq status` meanwhile, next to the same command on the
 quiet node in the same run. Then the cost of one bulk verb: holding, releasing and
-cancelling an array of 9,999 tasks.
+cancelling an array of 9,999 tasks. Then the user's flood of listings: with an array of
+10,000 held tasks of theirs queued, 8 and then 16 threads each asking again and again for
+every task (the request `gq status -r --json` sends: 12 MB an answer), and root's
+`gq status` meanwhile, next to it with the same queue and no flood.
 
   sudo python bench/abuse.py [--seconds 20] [--connections 500] [--submitters 4]
+  sudo python bench/abuse.py --listings-only [--listers 8,16]
 
 Needs root (it makes a throwaway user and runs a system daemon). Prints one JSON object,
 then a summary.
@@ -25,13 +29,18 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gq.defaults import PROTOCOL_VERSION  # noqa: E402
+
 from harness import percentile  # noqa: E402
 
 # Run as the hostile user by Debian's python3 (standard library only): raw requests.
 HOSTILE = r"""
 import base64, json, socket, sys, threading, time
-sock_path, script, workdir, seconds, connections, submitters = sys.argv[1:7]
+sock_path, script, workdir, seconds, connections, submitters, VERSION = sys.argv[1:8]
+VERSION = int(VERSION)
 seconds, connections, submitters = float(seconds), int(connections), int(submitters)
 idle, refused_connections = [], 0
 for _ in range(connections):
@@ -55,7 +64,7 @@ counts = {"accepted": 0, "refused_pending_limit": 0, "refused_connection_limit":
           "refused_other": 0, "failed": 0}
 lock = threading.Lock()
 body = base64.b64encode(open(script, "rb").read()).decode()
-line = json.dumps({"v": 2, "kind": "submit", "script_path": script, "script": body,
+line = json.dumps({"v": VERSION, "kind": "submit", "script_path": script, "script": body,
                    "args": [], "workdir": workdir, "env": {"PATH": "/usr/bin:/bin"},
                    "umask": 18, "options": {"held": True}}).encode() + b"\n"
 def flood():
@@ -90,6 +99,68 @@ print(json.dumps({**counts, "idle_connections_kept": kept,
                   "idle_connections_tried": connections}))
 """
 
+# Run as the hostile user too: one held array of TASKS (0-9999) submitted; its id printed.
+SUBMIT_ARRAY = r"""
+import base64, json, socket, sys
+sock_path, script, workdir, version, tasks = sys.argv[1:6]
+body = base64.b64encode(open(script, "rb").read()).decode()
+line = json.dumps({"v": int(version), "kind": "submit", "script_path": script, "script": body,
+                   "args": [], "workdir": workdir, "env": {"PATH": "/usr/bin:/bin"},
+                   "umask": 18, "options": {"held": True, "array": tasks}}).encode() + b"\n"
+answer = b""
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(sock_path)
+    s.sendall(line)
+    while not answer.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+print(json.loads(answer)["job_id"])
+"""
+
+# Run as the hostile user too: THREADS threads, each asking for every one of the queue's
+# pending and running tasks until stdin closes; what they got, as JSON, at the end (with
+# when each whole answer came, on the monotonic clock, which every process shares).
+LISTER = r"""
+import json, socket, sys, threading, time
+sock_path, threads, version = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+line = json.dumps({"v": version, "kind": "list", "states": ["PENDING", "RUNNING"],
+                   "array_tasks": True}).encode() + b"\n"
+counts = {"answers": 0, "answer_bytes": 0, "refused": 0, "failed": 0, "answered_at": []}
+lock, stop = threading.Lock(), threading.Event()
+def flood():
+    buffer = memoryview(bytearray(1 << 20))
+    while not stop.is_set():
+        size, last = 0, 0
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(sock_path)
+                s.sendall(line)
+                while last != 10:
+                    got = s.recv_into(buffer)
+                    if not got:
+                        break
+                    size, last = size + got, buffer[got - 1]
+            kind = "answers" if last == 10 and size > 4096 else "refused"
+        except OSError:
+            kind = "failed"
+        with lock:
+            counts[kind] += 1
+            if kind == "answers":
+                counts["answer_bytes"] += size
+                counts["answered_at"].append(time.monotonic())
+workers = [threading.Thread(target=flood) for _ in range(threads)]
+for worker in workers:
+    worker.start()
+print("flooding", flush=True)
+sys.stdin.read()
+stop.set()
+for worker in workers:
+    worker.join()
+print(json.dumps(counts), flush=True)
+"""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,6 +168,16 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=500)
     parser.add_argument("--submitters", type=int, default=4)
     parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument(
+        "--listers", default="8,16", help="the listing floods' thread counts, one run each"
+    )
+    parser.add_argument(
+        "--listing-seconds",
+        type=float,
+        default=20.0,
+        help="how long root's gq status is timed during each flood of listings",
+    )
+    parser.add_argument("--listings-only", action="store_true", help="only the flood of listings")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/abuse.py needs root: it makes a throwaway user and a system daemon")
@@ -128,6 +209,12 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
             return times
 
+        socket_path = base / "system" / "gq.sock"
+        if args.listings_only:
+            result = {"listing_floods": listing_floods(args, gq, env, name, script, socket_path)}
+            print(json.dumps(result, indent=2))
+            print_listing_floods(result["listing_floods"])
+            return
         quiet = status_latency()
         hostile = subprocess.Popen(
             [
@@ -144,6 +231,7 @@ def main() -> None:
                 str(args.seconds),
                 str(args.connections),
                 str(args.submitters),
+                str(PROTOCOL_VERSION),
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -173,13 +261,11 @@ def main() -> None:
             capture_output=True,
         )
         bulk = bulk_verbs(gq, env, script, name)
+        floods = listing_floods(args, gq, env, name, script, socket_path)
     finally:
         subprocess.run([*gq, "daemon", "stop"], env=env, capture_output=True)
         subprocess.run(["userdel", "-r", name], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
-
-    def summary(times: list[float]) -> dict:
-        return {"p50_ms": statistics.median(times) * 1000, "p95_ms": percentile(times, 95) * 1000}
 
     result = {
         "quiet_status": summary(quiet),
@@ -189,6 +275,7 @@ def main() -> None:
         "hostile_pending": len(pending),
         "limits": info["limits"],
         **bulk,
+        "listing_floods": floods,
     }
     print(json.dumps(result, indent=2))
     ratio = result["status_under_abuse"]["p50_ms"] / result["quiet_status"]["p50_ms"]
@@ -211,6 +298,123 @@ def main() -> None:
         f"an array of 9,999 held tasks: submit {bulk['submit_s']:.2f} s, release "
         f"{bulk['release_s']:.2f} s, hold {bulk['hold_s']:.2f} s, cancel "
         f"{bulk['cancel_s']:.2f} s (whole commands)"
+    )
+    print_listing_floods(floods)
+
+
+def summary(times: list[float]) -> dict:
+    return {
+        "p50_ms": statistics.median(times) * 1000,
+        "p95_ms": percentile(times, 95) * 1000,
+        "max_ms": max(times) * 1000,
+    }
+
+
+def listing_floods(
+    args: argparse.Namespace, gq: list[str], env: dict, user: str, script: Path, sock: Path
+) -> dict:
+    """Root's `gq status` with the user's array of 10,000 held tasks queued: quiet, then
+    while the user floods the daemon with listings of every task from each thread count of
+    ``--listers``; and what each flood got."""
+
+    def latency(seconds: float = 0.0) -> list[float]:
+        """Root's gq status, one after another: ``--samples`` of them, and more until
+        ``seconds`` have passed (a flood comes in bursts)."""
+        times: list[float] = []
+        end = time.monotonic() + seconds
+        while len(times) < args.samples or time.monotonic() < end:
+            start = time.perf_counter()
+            subprocess.run([*gq, "status"], env=env, check=True, capture_output=True)
+            times.append(time.perf_counter() - start)
+        return times
+
+    daemon = psutil.Process(int((sock.parent / "daemon.pid").read_text().split()[0]))
+    array = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            user,
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            SUBMIT_ARRAY,
+            str(sock),
+            str(script),
+            str(script.parent),
+            str(PROTOCOL_VERSION),
+            "0-9999",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # The pass that reads the new tasks, and the page cache, settle before anything is timed.
+    time.sleep(2.0)
+    latency()
+    quiet = latency()
+    result: dict = {"tasks": 10_000, "quiet_status": summary(quiet)}
+    for threads in [int(n) for n in args.listers.split(",")]:
+        flood = subprocess.Popen(
+            [
+                "runuser",
+                "-u",
+                user,
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                LISTER,
+                str(sock),
+                str(threads),
+                str(PROTOCOL_VERSION),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert flood.stdout is not None and flood.stdin is not None
+        assert flood.stdout.readline().strip() == "flooding"
+        time.sleep(0.5)  # every thread has a listing asked for, or under way
+        began, cpu = time.monotonic(), daemon.cpu_times()
+        times = latency(args.listing_seconds)
+        ended, spent = time.monotonic(), daemon.cpu_times()
+        flood.stdin.close()
+        got = json.loads(flood.stdout.readline())
+        flood.wait(timeout=300)
+        answered = got.pop("answered_at")
+        result[f"{threads}_threads"] = {
+            "status": summary(times),
+            "samples": len(times),
+            "ratio_p50": statistics.median(times) / statistics.median(quiet),
+            "flood": got,
+            "listings_per_s": sum(began <= t <= ended for t in answered) / (ended - began),
+            # CPU of the daemon's own loop, and of its children (listings made apart)
+            "daemon_cpu_share": (spent.user + spent.system - cpu.user - cpu.system)
+            / (ended - began),
+            "children_cpu_share": (
+                spent.children_user
+                + spent.children_system
+                - cpu.children_user
+                - cpu.children_system
+            )
+            / (ended - began),
+        }
+    subprocess.run([*gq, "cancel", array], env=env, check=True, capture_output=True)
+    return result
+
+
+def print_listing_floods(floods: dict) -> None:
+    quiet = floods["quiet_status"]
+    parts = [
+        f"{key.split('_')[0]} threads: {run['status']['p50_ms']:.0f} ms (p95 "
+        f"{run['status']['p95_ms']:.0f}, max {run['status']['max_ms']:.0f}; "
+        f"{run['ratio_p50']:.2f}x), the flood answered {run['listings_per_s']:.1f} listings/s"
+        for key, run in floods.items()
+        if key.endswith("_threads")
+    ]
+    print(
+        f"root's gq status beside {floods['tasks']:,} held tasks of one user: "
+        f"{quiet['p50_ms']:.0f} ms quiet (p95 {quiet['p95_ms']:.0f}); while they flood "
+        "listings of every task from " + "; ".join(parts)
     )
 
 
