@@ -31,7 +31,9 @@ from gq.daemon.access import Caller, Rules
 from gq.daemon.devices import Device, discover, emulated
 from gq.daemon.forecasting import Forecaster, WhatIf
 from gq.daemon.guard import Limits
+from gq.daemon.handlers import query
 from gq.daemon.hosts import HostSettings
+from gq.daemon.listings import Lister, Listing, ListingChild
 from gq.daemon.monitoring import Monitor
 from gq.daemon.notify import Notifier
 from gq.daemon.options import DaemonOptions
@@ -181,9 +183,12 @@ class Daemon:
     def _connected(self, connection: Connection) -> bool:
         return self.server is not None and connection in self.server.connections
 
-    def _park(self, connection: Connection, later: Waiting | WhatIf) -> None:
-        """A request answered later: gq wait's by the waiters, --test-only's by a forecast."""
-        if isinstance(later, WhatIf):
+    def _park(self, connection: Connection, later: Waiting | WhatIf | Listing) -> None:
+        """A request answered later: gq wait's by the waiters, --test-only's by a forecast,
+        a big listing by a child."""
+        if isinstance(later, Listing):
+            self.lister.park(connection, later)
+        elif isinstance(later, WhatIf):
             self.forecaster.park(connection, later)
             self.rescan()  # a pass, and after it the forecast that answers
         else:
@@ -220,6 +225,9 @@ class Daemon:
             self.server = Server(
                 self.home, self.selector, self._dispatch, self._identify, limits, park=self._park
             )
+            self.lister = Lister(
+                self.selector, lambda request: query.listed_apart(self, request), self.server
+            )
             log.info(
                 "daemon %d up (%s mode) on %s; %d descriptors, at most %d clients (%d per user)",
                 os.getpid(),
@@ -246,7 +254,9 @@ class Daemon:
             pidfile.close()
             self.db.close()
 
-    def _dispatch(self, caller: Caller, line: bytes) -> tuple[bytes, list[int]] | Waiting:
+    def _dispatch(
+        self, caller: Caller, line: bytes
+    ) -> tuple[bytes, list[int]] | Waiting | WhatIf | Listing:
         return handlers.dispatch(self, caller, line)
 
     def _identify(self, pid: int, uid: int, gid: int) -> Caller:
@@ -266,8 +276,11 @@ class Daemon:
                     _isolated(self._on_signals, wake_read)
                 elif key.data is self.forecaster:
                     _isolated(self.forecaster.receive)
+                elif isinstance(key.data, ListingChild):
+                    _isolated(self.lister.receive, key.data)
                 else:
                     _isolated(self.supervisor.receive, key.data)
+            _isolated(server.serve)  # one request a turn, in turns across users
             now = time.monotonic()
             _isolated(server.expire, now)
             if self.stopping:
@@ -304,16 +317,19 @@ class Daemon:
         _isolated(self.supervisor.flush)
         _isolated(self.notifier.close)
         _isolated(self.forecaster.close)
+        _isolated(self.lister.close)
         self.supervisor.close(self.keep_jobs)
 
     def _timeout(self, last_scan: float) -> float:
         """Until the next thing the loop must do unprompted; never 0 while nothing is due."""
+        assert self.server is not None
+        if self.server.turns:
+            return 0.0  # a request waits for its turn
         now = time.monotonic()
         if self.stopping:  # only exits (events) and the stop deadline matter now
             deadlines = [self.stop_deadline]
         else:
             deadlines = [last_scan + (defaults.SCAN_GAP if self.woken else defaults.POLL_PERIOD)]
-        assert self.server is not None
         if (connection_deadline := self.server.next_deadline()) is not None:
             deadlines.append(connection_deadline)
         return max(0.0, min(min(deadlines) - now, defaults.FLUSH_PERIOD))

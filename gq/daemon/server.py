@@ -7,6 +7,10 @@ answer) for ``idle`` seconds is dropped; one whose request passes the request si
 error answer and is dropped; a uid with its limit of connections open, or a new client once
 the daemon has its total, is answered with an error and closed at once (the daemon keeps
 accepting, so nobody else waits behind them). None of them delays other clients.
+
+A request read is not served at once: requests ready together are served one a turn of the
+loop, in :class:`gq.daemon.turns.Turns`' order (the uid that has used the least of the loop
+lately first), so that a uid that sends many waits behind those that send few.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 
 from gq import defaults, messages
 from gq.daemon.access import Caller
+from gq.daemon.turns import Turns
 from gq.home import Home
 
 log = logging.getLogger("gq.daemon")
@@ -48,6 +53,7 @@ class Connection:
     caller: Caller
     deadline: float
     inbox: bytearray = field(default_factory=bytearray)
+    request: bytes = b""  # its request, read and waiting for its turn
     outbox: memoryview = memoryview(b"")  # what is left to send: each send takes a slice
     fds: list[int] = field(default_factory=list)
     answered: bool = False
@@ -73,6 +79,7 @@ class Server:
         self.park = park  # takes the connections whose answer comes later
         self.connections: set[Connection] = set()
         self.per_uid: dict[int, int] = {}
+        self.turns: Turns[Connection] = Turns()  # the requests read and not yet served
         self.listener = _listen(home)
         selector.register(self.listener, selectors.EVENT_READ, self)
 
@@ -111,6 +118,7 @@ class Server:
             self.connections.add(connection)
             self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
             self.selector.register(sock, selectors.EVENT_READ, connection)
+            self.service(connection, selectors.EVENT_READ)  # its request is usually there
 
     def _over_limit(self, uid: int) -> str | None:
         """Why a new connection of ``uid`` is refused, if it is."""
@@ -137,6 +145,35 @@ class Server:
         except Exception:  # noqa: BLE001 - one client must not cost the daemon its loop
             log.exception("error serving uid %d; dropping its connection", connection.caller.uid)
             self._drop(connection)
+
+    def serve(self) -> None:
+        """Serve the request whose turn it is, if one is ready: one a turn of the loop, so
+        that one read meanwhile from a uid that has used less of the loop goes next."""
+        taken = self.turns.take(time.monotonic())
+        if taken is None:
+            return
+        uid, connection = taken
+        line, connection.request = connection.request, b""
+        connection.waiting = False
+        began = time.monotonic()
+        try:
+            result = self.dispatch(connection.caller, line)
+            if not isinstance(result, tuple) and self.park is not None:
+                connection.waiting, connection.deadline = True, math.inf
+                self.park(connection, result)
+                return
+            if not isinstance(result, tuple):
+                result = messages.encode(messages.Error("this daemon answers no wait", 1)), []
+            self._answer(connection, *result)
+        except Exception:  # noqa: BLE001 - one client must not cost the daemon its loop
+            log.exception("error serving uid %d; dropping its connection", uid)
+            self._drop(connection)
+        finally:
+            self.turns.charge(uid, time.monotonic() - began, time.monotonic())
+
+    def finish(self, connection: Connection) -> None:
+        """A waiting connection answered by someone else (a listing's child): closed."""
+        self._drop(connection)
 
     def expire(self, now: float) -> None:
         """Drop clients that sent no request, or read no answer, in time."""
@@ -194,16 +231,12 @@ class Server:
                     [],
                 )
             return
-        line = bytes(connection.inbox[:newline])
+        connection.request = bytes(connection.inbox[:newline])
         connection.inbox.clear()
-        result = self.dispatch(connection.caller, line)
-        if not isinstance(result, tuple) and self.park is not None:
-            connection.waiting, connection.deadline = True, math.inf
-            self.park(connection, result)
-            return
-        if not isinstance(result, tuple):
-            result = messages.encode(messages.Error("this daemon answers no wait", 1)), []
-        self._answer(connection, *result)
+        # It waits for its turn (no idle deadline: the daemon is the one that is slow), and
+        # anything more its client sends, or its going, drops it as a waiting one's does.
+        connection.waiting, connection.deadline = True, math.inf
+        self.turns.add(connection.caller.uid, connection)
 
     def _answer(self, connection: Connection, line: bytes, fds: list[int]) -> None:
         connection.answered = True
@@ -223,7 +256,11 @@ class Server:
         """Whether the daemon holds more than its share of bytes for this connection's uid:
         requests still arriving and answers its clients do not read, on all its connections."""
         uid = connection.caller.uid
-        held = sum(len(c.inbox) + len(c.outbox) for c in self.connections if c.caller.uid == uid)
+        held = sum(
+            len(c.inbox) + len(c.request) + len(c.outbox)
+            for c in self.connections
+            if c.caller.uid == uid
+        )
         return held > defaults.MAX_BUFFERED_PER_USER
 
     def _write(self, connection: Connection) -> None:
@@ -246,6 +283,7 @@ class Server:
         if connection in self.connections:
             self.connections.discard(connection)
             uid = connection.caller.uid
+            self.turns.remove(uid, connection)  # (if its request waits for its turn)
             self.per_uid[uid] -= 1
             if not self.per_uid[uid]:
                 del self.per_uid[uid]

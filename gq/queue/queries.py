@@ -37,11 +37,12 @@ def jobs(
     payloads: bool = True,
     ended_since: float | None = None,
     unstarted_tasks: bool = True,
+    limit: int | None = None,
 ) -> Sequence[Job]:
     """Jobs by id, filtered (``ended_since``: those that ended since then); ``payloads=False``
     leaves their arguments unread (the scheduling pass needs none); ``unstarted_tasks=False``
     leaves out pending array tasks that never started (:func:`unstarted_task_groups` lists
-    them)."""
+    them); ``limit``: the first that many (with no ``ids``)."""
     query = select(Job).order_by(Job.id)
     if not payloads:
         query = query.options(lazyload(Job.payload))
@@ -58,7 +59,7 @@ def jobs(
     if ended_since is not None:
         query = query.where(Job.end_time >= ended_since)
     if ids is None:
-        return session.scalars(query).all()
+        return session.scalars(query if limit is None else query.limit(limit)).all()
     found: list[Job] = []
     for part in chunks(sorted(set(ids))):
         found += session.scalars(query.where(Job.id.in_(part))).all()

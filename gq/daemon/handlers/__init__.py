@@ -16,6 +16,7 @@ from gq import defaults, messages
 from gq.daemon.access import Caller, Rules, check_operator
 from gq.daemon.forecasting import WhatIf
 from gq.daemon.handlers import control, node, query, submit
+from gq.daemon.listings import Listing
 from gq.daemon.waiting import Waiters, Waiting
 from gq.errors import UserError
 
@@ -118,11 +119,12 @@ OPERATORS_ONLY: dict[type, str] = {
 
 def dispatch(
     daemon: NodeView, caller: Caller, line: bytes
-) -> tuple[bytes, list[int]] | Waiting | WhatIf:
+) -> tuple[bytes, list[int]] | Waiting | WhatIf | Listing:
     """Decode one request line, authorize it, run its handler; always an answer line,
     whatever the line held and whatever the handler did, or a :class:`Waiting` (gq wait:
-    the answer comes once the jobs have ended) or a :class:`WhatIf` (gq submit --test-only:
-    it comes with the next forecast)."""
+    the answer comes once the jobs have ended), a :class:`WhatIf` (gq submit --test-only:
+    it comes with the next forecast) or a :class:`Listing` (a big listing: a child makes
+    it)."""
     try:
         request = messages.decode(line, messages.REQUESTS)
     except messages.VersionMismatch as exc:
@@ -138,7 +140,7 @@ def dispatch(
         if type(request) in OPERATORS_ONLY:
             check_operator(caller, OPERATORS_ONLY[type(request)])
         answer = HANDLERS[type(request)](daemon, caller, request)
-        if isinstance(answer, (Waiting, WhatIf)):
+        if isinstance(answer, (Waiting, WhatIf, Listing)):
             return answer
         answer, fds = answer if isinstance(answer, tuple) else (answer, [])
         return messages.encode(answer), fds

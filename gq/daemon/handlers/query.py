@@ -12,9 +12,11 @@ from gq import defaults, messages
 from gq.daemon import ownerfiles, waiting
 from gq.daemon.access import Caller, check_may_act
 from gq.daemon.handlers.common import job_info, resolve, resolve_all, resolve_one
+from gq.daemon.listings import Listing
 from gq.daemon.waiting import Waiting
 from gq.errors import UserError
 from gq.queue import arrays, lookups, queries, spool, stats
+from gq.queue.engine import Database, Transaction
 from gq.queue.models import Job
 from gq.queue.states import JobState
 from gq.sim.work_estimates import Basis
@@ -23,66 +25,115 @@ if TYPE_CHECKING:
     from gq.daemon.handlers import NodeView
 
 
-def list_jobs(daemon: NodeView, caller: Caller, request: messages.ListJobs) -> messages.Jobs:
+def list_jobs(
+    daemon: NodeView, caller: Caller, request: messages.ListJobs
+) -> messages.Jobs | Listing:
     """Anyone may list the queue, as squeue lets them: every pending and running job, and
-    finished ones a page at a time, newest first."""
-    states = (
-        list(JobState) if request.states is None else [JobState.parse(s) for s in request.states]
-    )
-    active = [state for state in states if not state.terminal]
-    finished = [state for state in states if state.terminal]
-    limit = min(request.limit or defaults.LIST_PAGE, defaults.LIST_PAGE)
-    fold = (
-        not request.array_tasks and JobState.PENDING in active and request.ended_since is None
-    )  # (a pending job has not ended)
+    finished ones a page at a time, newest first. A listing of more than
+    ``defaults.LIST_INLINE`` records is made off the loop (:mod:`gq.daemon.listings`): the
+    loop reads no more of it than it takes to know."""
     with daemon.db.read() as session:
-        jobs = (
-            list(
-                queries.jobs(
-                    session,
-                    states=active,
-                    users=request.users,
-                    payloads=False,
-                    ended_since=request.ended_since,
-                    unstarted_tasks=not fold,
-                )
-            )
-            if active
-            else []
+        listed = _listed(daemon, session, _Asked(request), defaults.LIST_INLINE)
+    return Listing(caller.uid, request) if listed is None else listed
+
+
+def listed_apart(daemon: NodeView, request: messages.ListJobs) -> bytes:
+    """:func:`list_jobs`' answer line, however big, made on a connection to the queue of its
+    own (a listing child's: a connection must not cross a fork)."""
+    db = Database(daemon.home)
+    try:
+        with db.read() as session:
+            listed = _listed(daemon, session, _Asked(request), None)
+            assert listed is not None
+            return messages.encode(listed)
+    finally:
+        db.close()
+
+
+class _Asked:
+    """What a ListJobs asks for, as the queue's reads take it."""
+
+    def __init__(self, request: messages.ListJobs):
+        states = (
+            list(JobState)
+            if request.states is None
+            else [JobState.parse(s) for s in request.states]
         )
-        groups = queries.unstarted_task_groups(session, request.users) if fold else []
-        older = None
-        if finished:
-            before = (
-                None
-                if request.before_end is None or request.before is None
-                else (request.before_end, request.before)
-            )
-            page, older = queries.finished_page(
+        self.request = request
+        self.active = [state for state in states if not state.terminal]
+        self.finished = [state for state in states if state.terminal]
+        self.limit = min(request.limit or defaults.LIST_PAGE, defaults.LIST_PAGE)
+        self.fold = (
+            not request.array_tasks
+            and JobState.PENDING in self.active
+            and request.ended_since is None
+        )  # (a pending job has not ended)
+        self.before = (
+            None
+            if request.before_end is None or request.before is None
+            else (request.before_end, request.before)
+        )
+
+
+def _listed(
+    daemon: NodeView, session: Transaction, asked: _Asked, bound: int | None
+) -> messages.Jobs | None:
+    """The listing; None if it would hold more than ``bound`` records (an array's folded
+    tasks count one), found reading at most one row past it."""
+    request = asked.request
+    groups = queries.unstarted_task_groups(session, request.users) if asked.fold else []
+    room = math.inf if bound is None else bound - len(groups)
+    if room < 0:
+        return None
+    jobs = (
+        list(
+            queries.jobs(
                 session,
-                finished,
-                limit,
+                states=asked.active,
                 users=request.users,
-                before=before,
+                payloads=False,
                 ended_since=request.ended_since,
+                unstarted_tasks=not asked.fold,
+                limit=None if bound is None else int(room) + 1,
             )
-            jobs += reversed(page)
-        kept_since = stats.oldest_end(session) if finished else None
-        infos = [job_info(job, detail=False) for job in jobs]
-        if groups:
-            infos = sorted(infos + _folded(session, groups), key=lambda info: info.id)
-        made = _forecast(daemon, infos) if request.forecast else None
-        shares = fair_share(daemon, {info.user for info in infos}) if request.fair_share else None
-        return messages.Jobs(
-            infos,
-            stale=daemon.stale(),
-            forecast_made=made,
-            retention=None if math.isinf(daemon.options.retention) else daemon.options.retention,
-            kept_since=kept_since,
-            older_end=older[0] if older else None,
-            older=older[1] if older else None,
-            fair_share=shares,
         )
+        if asked.active
+        else []
+    )
+    if len(jobs) > room:
+        return None
+    older = None
+    if asked.finished:
+        left = room - len(jobs)
+        # A page that may not fit is asked for one job past the room: if that one comes,
+        # it does not; if not, what came is every job the full page would have held.
+        page, older = queries.finished_page(
+            session,
+            asked.finished,
+            asked.limit if asked.limit <= left else int(left) + 1,
+            users=request.users,
+            before=asked.before,
+            ended_since=request.ended_since,
+        )
+        if len(page) > left:
+            return None
+        jobs += reversed(page)
+    kept_since = stats.oldest_end(session) if asked.finished else None
+    infos = [job_info(job, detail=False) for job in jobs]
+    if groups:
+        infos = sorted(infos + _folded(session, groups), key=lambda info: info.id)
+    made = _forecast(daemon, infos) if request.forecast else None
+    shares = fair_share(daemon, {info.user for info in infos}) if request.fair_share else None
+    return messages.Jobs(
+        infos,
+        stale=daemon.stale(),
+        forecast_made=made,
+        retention=None if math.isinf(daemon.options.retention) else daemon.options.retention,
+        kept_since=kept_since,
+        older_end=older[0] if older else None,
+        older=older[1] if older else None,
+        fair_share=shares,
+    )
 
 
 def fair_share(daemon: NodeView, users: set[str] | None = None) -> messages.FairShare:
