@@ -37,6 +37,10 @@ MAX_RESIDENT = 4  # jobs kept resident on one device
 # where its user holds more than their part of the device's slots (--idle-resident): it is
 # requeued. Loading a large model or data set before the first iteration fits well within.
 IDLE_RESIDENT = 600.0
+# A resident is idle while it uses less than this share of the time on its lane (an empty
+# iteration now and then keeps no slot); one that has used less in all its run loses
+# next to nothing when requeued, and may give its slot back without --requeue.
+ACTIVE_SHARE = 0.01
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
 STOP_GRACE = 5.0  # beyond the kill wait, how long a stopping daemon waits for its jobs
 PRIORITY_CAP = 0  # in system mode, the highest --priority a non-operator may ask for

@@ -296,3 +296,32 @@ def test_an_idle_resident_of_a_user_over_their_part_gives_its_slot_back():
     assert slot_to_give_back(three, even, slots=2, idle_after=2.0) is None  # within parts
     coming = [*residents, Resident(5, "ann", "cpu", 0.0, False, yielding=True)]
     assert slot_to_give_back(bob, coming, slots=5, idle_after=2.0) is None  # one on its way
+
+
+def test_slots_a_part_leaves_over_go_to_those_who_wait_not_to_nobody():
+    """Four slots, three users waiting with two jobs each: a part is one slot, and the
+    fourth goes to the first of them whose next job comes, not left empty."""
+    requests = [
+        Request(10 * u + i, 1, Footprint(G), user=name)
+        for i in (1, 2)
+        for u, name in enumerate(("ann", "bob", "cat"))
+    ]
+    outcome = admission.place(requests, [cpu(max_resident=4)])
+    assert [p.job_id for p in outcome.placements] == [1, 11, 21, 2]
+
+
+def test_a_user_waiting_for_another_device_or_the_node_takes_no_slot_part_here():
+    """Only a job that could use a slot here counts as another user waiting here: bob's,
+    pinned to a full emu1, or waiting for the node's host memory, leave ann emu0 whole."""
+    devices = [cpu(max_resident=2), cpu(max_resident=2)]
+    devices[0].name, devices[1].name, devices[1].index = "emu0", "emu1", 1
+    devices[1].residents, devices[1].by_user = 2, {"cat": 2}
+    ann = [Request(i, 1, Footprint(G), only=frozenset({"emu0"}), user="ann") for i in (1, 2)]
+    bob = Request(9, 1, Footprint(G), only=frozenset({"emu1"}), user="bob")
+    outcome = admission.place([bob, *ann], devices)
+    assert sorted(p.job_id for p in outcome.placements) == [1, 2]
+    node = admission.NodeRoom(memory=8 * G, cpus=64)
+    greedy = Request(9, 1, Footprint(G), user="bob", host_mem=64 * G)
+    mine = [Request(i, 1, Footprint(G), user="ann") for i in (1, 2)]
+    alone = admission.place([greedy, *mine], [cpu(max_resident=2)], node=node)
+    assert sorted(p.job_id for p in alone.placements) == [1, 2]

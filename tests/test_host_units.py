@@ -210,3 +210,35 @@ def test_an_iteration_under_way_ranks_a_job_as_at_least_that_long():
     job.sliced = 3.0  # held 3 s before its lane was taken, then granted again now
     job.granted_at = time.monotonic()
     assert 3.0 <= job.view().mean_iteration < 4.0
+
+
+def test_a_pages_iterations_are_believed_for_the_lease_time_they_took():
+    """A page that claims 999,999 iterations in a lease of 1.5 s is believed, once the host
+    has timed the job's pace (10 ms an iteration), for 150 of them."""
+    job = resident(declared=1_000_000)
+    job.worker = True
+    job.iterations = job.page_iterations = 999_999
+    job.leased = 1.5
+    job.record_steps(999_999)
+    assert job.steps_counted == 999_999  # no pace timed yet: the page is all there is
+    for _ in range(3):
+        job.end_iteration(0.01)
+    assert 150 <= job.steps_counted <= 160, job.steps_counted
+
+
+def test_a_statements_hold_in_progress_counts_in_its_owners_burst():
+    """A person's statement goes first while their burst allows (a quarter of the lane
+    over a minute): a statement holding the lane for 20 s has spent it, though none of its
+    iterations has ended, so its hold is bounded as any other's."""
+    from gq.exec.lane_views import lane_views
+    from gq.exec.residents import Lane
+
+    repl = resident()
+    repl.worker, repl.interactive, repl.channel = True, True, object()
+    repl.standing, repl.granted_at = Standing.HOLDING, time.monotonic() - 20.0
+    lane = Lane(0, holder=repl, residents=[repl])
+    views, _ = lane_views(lane, {}, {}, time.monotonic())
+    assert not views[repl.job_id].person_waits
+    repl.granted_at = time.monotonic() - 1.0  # a second into its statement: still first
+    fresh, _ = lane_views(Lane(0, holder=repl, residents=[repl]), {}, {}, time.monotonic())
+    assert fresh[repl.job_id].person_waits

@@ -256,3 +256,139 @@ def test_idle_residents_of_one_user_give_a_slot_back_to_anothers_job(shared_node
     )
     assert sum(s["state"] == "RUNNING" for s in states) >= 3
     shared_node.ok(alice, "cancel", *sleepers)
+
+
+# Alone on its lane (a lease) it writes 999,999 steps and iterations on its page (a lease of
+# a second and a half allows a million and a half), then asks READY after READY.
+LEASE_LIAR = """
+import sys, time
+import gq
+from gq.exec import job_session
+from gq.exec.worker_link import READY
+for _ in gq.steps(range(50)):
+    pass
+time.sleep(1.5)
+session = job_session.active
+session.lease.values[0] = session.lease.values[1] = 999_999
+session.lease._write()
+time.sleep(0.5)
+open(sys.argv[1], "w").close()
+end = time.monotonic() + 120
+while time.monotonic() < end:
+    session.channel.send_line(READY)
+    session.channel.receive_grant()
+    time.sleep(0.01)
+"""
+
+
+def test_srtf_believes_a_pages_iterations_only_for_the_lease_time_they_took(shared_node, users):
+    alice, bob = users["alice"], users["bob"]
+    shared_node.ok(None, "policy", "set", "srtf", "--max-hold", "300ms")
+    script = _script(alice, "lease_liar.py", LEASE_LIAR)
+    marker = alice.workdir / "lease_liar.under-way"
+    liar = _submit(shared_node, alice, "--gpu-mem", "64M", "--steps", "1000000", script, marker)
+    wait_for(marker.exists, 60, what="the lease liar under way")
+    loop = _script(bob, "loop.py", LOOP)
+    done = _completes_beside(
+        shared_node,
+        bob,
+        liar,
+        "--gpu-mem",
+        "64M",
+        "--steps",
+        "200",
+        loop,
+        bob.workdir / "s.log",
+        "200",
+    )
+    assert done["steps_done"] == 200
+    _cancel(shared_node, alice, liar)
+
+
+# A probed job: holds 400M, forks 50 children that share it, and claims 2**62 bytes.
+FORKER = """
+import os, sys, time
+import gq
+from gq.exec import worker_memory
+held = bytearray(400 << 20)
+for i in range(0, len(held), 4096):
+    held[i] = 1
+for _ in range(50):
+    if os.fork() == 0:
+        time.sleep(3600)
+        os._exit(0)
+worker_memory.sample = lambda: worker_memory.MemorySample(persistent=2**62, peak=2**62)
+for _ in gq.steps(range(20)):
+    time.sleep(0.1)
+open(sys.argv[1], "w").close()
+time.sleep(3600)
+"""
+
+
+def test_a_probes_claim_is_believed_no_further_than_its_worker_is_seen_to_hold(shared_node, users):
+    """Its children's resident sizes, summed, would count the pages they share once each:
+    the claim is held to its cgroup's charge or its worker's own resident size."""
+    alice, bob = users["alice"], users["bob"]
+    shared_node.ok(None, "policy", "set", "fair")
+    marker = alice.workdir / "forker.under-way"
+    forker = _submit(shared_node, alice, _script(alice, "forker.py", FORKER), marker)
+    wait_for(marker.exists, 90, what="the forker's claim")
+    figure = wait_for(lambda: shared_node.job(forker)["mem"], 30, what="its probe's figure")
+    assert figure < 2 << 30, figure  # about what it holds, not 50 times that nor 2**62
+    sleeper = _submit(shared_node, bob, "--gpu-mem", "4G", _script(bob, "s.py", SLEEPER))
+    assert shared_node.wait_state(sleeper, "RUNNING", timeout=30)["state"] == "RUNNING"
+    _cancel(shared_node, bob, sleeper)
+    _cancel(shared_node, alice, forker)
+
+
+# Inside an iteration it has itself cancelled, and ignores the SIGTERM.
+SELF_CANCEL = """
+import os, signal, subprocess, sys, time
+import gq
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for _ in gq.steps(range(1)):
+    subprocess.run([sys.executable, "-m", "gq", "cancel", os.environ["GQ_JOB_ID"]])
+    open(sys.argv[1], "w").close()
+    time.sleep(3600)
+"""
+
+
+def test_a_holder_being_ended_holds_the_device_no_longer_than_others(shared_node, users):
+    """Its kill wait is not a hold: past --max-hold it loses the lane (not frozen: its
+    SIGTERM must be seen), and the other user's job goes on meanwhile."""
+    alice, bob = users["alice"], users["bob"]
+    shared_node.ok(None, "daemon", "stop")
+    shared_node.start("--kill-wait", "20")
+    shared_node.ok(None, "policy", "set", "fair", "--max-hold", "300ms")
+    ending = _under_way(shared_node, alice, "self_cancel.py", SELF_CANCEL)
+    loop = _script(bob, "loop.py", LOOP)
+    _completes_beside(
+        shared_node, bob, ending, "--gpu-mem", "64M", loop, bob.workdir / "k.log", "100"
+    )
+    assert shared_node.wait_state(ending, "CANCELLED", timeout=60)["state"] == "CANCELLED"
+
+
+# A resident that runs one empty iteration a second: it uses next to nothing of its lane.
+TICKER = """
+import time
+import gq
+while True:
+    for _ in gq.steps(range(1)):
+        pass
+    time.sleep(1.0)
+"""
+
+
+def test_an_iteration_now_and_then_keeps_no_idle_slot_from_another_user(shared_node, users):
+    alice, bob = users["alice"], users["bob"]
+    shared_node.ok(None, "daemon", "stop")
+    shared_node.start("--max-resident", "2", "--idle-resident", "3s")
+    shared_node.ok(None, "policy", "set", "fair")
+    ticker = _script(alice, "tick.py", TICKER)
+    tickers = [_submit(shared_node, alice, "--gpu-mem", "10M", ticker) for _ in range(2)]
+    for job_id in tickers:
+        shared_node.wait_state(job_id, "RUNNING")
+    loop = _script(bob, "loop.py", LOOP)
+    honest = _submit(shared_node, bob, "--gpu-mem", "10M", loop, bob.workdir / "t.log", "20")
+    assert shared_node.wait_state(honest, "COMPLETED", timeout=60)["state"] == "COMPLETED"
+    shared_node.ok(alice, "cancel", *tickers)

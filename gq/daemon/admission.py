@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gq.daemon.residency import SLOTS, within_part
+from gq.daemon.residency import SLOTS, Wanting, within_part
 
 RESOURCES = "Resources"  # squeue's reason: next in line, no room yet
 NODE_ROOM = "Resources (the node's host memory or CPUs)"
 PRIORITY = "Priority"  # behind a blocked job
 NO_LIMIT = "Priority (no --time: not backfilled)"
 START_SLACK = 1.0  # seconds a predicted start may lose to bind a job now rather than wait
+# The reasons of jobs that wait for room on a device (not the node's, nor the guard's).
+WAITS_FOR_ROOM = frozenset({RESOURCES, PRIORITY, SLOTS})
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,11 @@ def place(
     outcome = Outcome([], {})
     reserved: set[str] = set()
     full = _full(devices)
-    waiting = Counter(request.user for request in ordered)  # each user's jobs not placed
+    reach = {r.job_id: usable(r.gpus, r.only, devices) for r in ordered}
+    wanting = Wanting()  # whose jobs wait for a slot where (a user's part: residency.py)
+    for r in ordered:
+        if _shares_a_device(r) and (node is None or node.fits(r)):
+            wanting.add(r.user, (d.name for d in reach[r.job_id]))
     held_back: set[str] = set()  # users refused a slot in this pass: their later jobs wait
     for request in ordered:
         if full and outcome.reserved_start is not None:
@@ -172,7 +177,7 @@ def place(
                 NODE_ROOM if node is not None and not node.fits(request) else PRIORITY
             )
             continue
-        candidates = usable(request.gpus, request.only, devices)
+        candidates = reach[request.job_id]
         if node is not None and not node.fits(request):
             # Its devices are not what it waits for: it reserves none, and delays no one.
             outcome.reasons[request.job_id] = NODE_ROOM
@@ -180,9 +185,8 @@ def place(
         if request.user in held_back:
             outcome.reasons[request.job_id] = SLOTS
             continue
-        others = [user for user, count in waiting.items() if count and user != request.user]
-        placement = _choose(request, candidates, others=others)
-        if placement is None and others and _choose(request, candidates) is not None:
+        placement = _choose(request, candidates, wanting=wanting)
+        if placement is None and _choose(request, candidates) is not None:
             outcome.reasons[request.job_id] = SLOTS  # its user's part is taken: not room
             held_back.add(request.user)
             continue
@@ -190,7 +194,8 @@ def place(
             if placement is not None:
                 _commit(placement, request, devices, now, node, waits_behind)
                 outcome.placements.append(placement)
-                waiting[request.user] -= 1
+                if _shares_a_device(request):
+                    wanting.placed(request.user, (d.name for d in candidates))
                 full = _full(devices)
                 continue
             outcome.reasons[request.job_id] = _why(RESOURCES, request, candidates)
@@ -209,7 +214,9 @@ def place(
         )
         if placement is not None and set(placement.devices) & reserved and not ends_in_time:
             # It would delay the blocked job there: only devices it does not wait for.
-            placement = _choose(request, [d for d in candidates if d.name not in reserved])
+            placement = _choose(
+                request, [d for d in candidates if d.name not in reserved], wanting=wanting
+            )
             if placement is None:
                 outcome.reasons[request.job_id] = (
                     NO_LIMIT if backfill and request.time_limit is None else PRIORITY
@@ -220,9 +227,15 @@ def place(
             continue
         _commit(placement, request, devices, now, node, waits_behind)
         outcome.placements.append(placement)
-        waiting[request.user] -= 1
+        if _shares_a_device(request):
+            wanting.placed(request.user, (d.name for d in candidates))
         full = _full(devices)
     return outcome
+
+
+def _shares_a_device(request: Request) -> bool:
+    """Whether a job takes one slot of a device it shares (not devices of its own)."""
+    return not (request.exclusive or request.gpus > 1)
 
 
 def usable(
@@ -291,11 +304,14 @@ def _why(reason: str, request: Request, candidates: list[DeviceLoad]) -> str:
 
 
 def _choose(
-    request: Request, devices: list[DeviceLoad], guarded: bool = True, others: Collection[str] = ()
+    request: Request,
+    devices: list[DeviceLoad],
+    guarded: bool = True,
+    wanting: Wanting | None = None,
 ) -> Placement | None:
     """Where the job would go now, without taking the room yet (``guarded``: not onto a
-    device the thermal and power guard holds; ``others``: the users whose jobs wait, whom
-    its user leaves their part of each device's slots)."""
+    device the thermal and power guard holds; ``wanting``: whose jobs wait for a slot
+    where, whom its user leaves their part of each device's slots)."""
     if guarded:
         devices = [d for d in devices if d.held is None]
     if request.exclusive or request.gpus > 1:
@@ -307,8 +323,14 @@ def _choose(
         return Placement(request.job_id, tuple(d.name for d in chosen), 0)
     options = []
     for device in devices:
-        if not _takes_shared(device) or not within_part(
-            device.by_user, device.max_resident, request.user, others
+        if not _takes_shared(device) or (
+            wanting is not None
+            and not within_part(
+                device.by_user,
+                device.max_resident,
+                request.user,
+                wanting.others(device.name, request.user),
+            )
         ):
             continue
         for index, lane in enumerate(device.lanes):

@@ -132,16 +132,22 @@ def give_back_slot(
     supervisor: Supervisor,
     idle_after: float,
 ) -> None:
-    """Where jobs wait (``waiting``, in the policy's order) and a full device they may use
-    holds an idle resident of a user over their part of its slots: that resident is
-    requeued (its run ends; it says why), one a pass."""
+    """Where jobs wait for room (``waiting``, in the policy's order: not for the node's
+    memory or CPUs, nor the guard) on a full device that would take them once a slot is
+    free, and that device holds an idle resident of a user over their part of its slots
+    that may give it back: that resident is requeued (its run ends; it says why), one a
+    pass."""
     slots = {load.name: load.max_resident for load in loads}
     if not slots:
         return
     asking = [
         residency.Waiting(
             request.user,
-            frozenset(d.name for d in admission.usable(request.gpus, request.only, loads)),
+            frozenset(
+                d.name
+                for d in admission.usable(request.gpus, request.only, loads)
+                if d.held is None and any(lane.fits_alone(request.footprint) for lane in d.lanes)
+            ),
         )
         for request in waiting
         if not request.exclusive and request.gpus <= 1
@@ -152,12 +158,8 @@ def give_back_slot(
             job.job_id,
             job.user,
             job.host,
-            now - job.iterated_at,
-            job.worker
-            and not job.interactive
-            and not job.exclusive
-            and job.kill_why is None
-            and len(job.devices) == 1,
+            now - job.active_at,
+            job.may_give_back(now),
             job.kill_why is StopWhy.YIELD,
         )
         for job in supervisor.running.values()
@@ -168,7 +170,7 @@ def give_back_slot(
     job = supervisor.running[chosen.job_id]
     job.yielded = chosen.idle_for
     log.info(
-        "job %d gives its slot on %s back: no iteration for %.0f s while another user's "
+        "job %d gives its slot on %s back: its lane idle for %.0f s while another user's "
         "job waits (--idle-resident)",
         job.job_id,
         job.host,

@@ -137,16 +137,16 @@ class Probes:
     def _seen_holding(self, job: Running) -> int | None:
         """What a job's processes hold as the host sees it, where that is its device memory
         (on the cpu and emulated devices; None elsewhere, or unknown): the most of its
-        cgroup's charge and their resident sizes summed (the worker's own figure is its
-        resident size, which counts library pages its cgroup may not be charged for)."""
+        cgroup's charge and its worker's resident size, which is what the worker itself
+        reports (it counts library pages the cgroup may not be charged for; its children's
+        resident sizes are not summed: each would count the pages they share again)."""
         if self.cgroups is None or any(d.kind == "cuda" for d in job.devices):
             return None
-        cgroup = self.cgroups.job(job.host, job.job_id, job.run)
-        pids = cgroup.pids()
-        if not pids:
+        charged = self.cgroups.job(job.host, job.job_id, job.run).usage().memory
+        own = resident_bytes([job.pid]) if job.pid is not None else 0
+        if charged is None and not own:
             return None
-        charged = cgroup.usage().memory or 0
-        return max(charged, resident_bytes(pids[: defaults.USAGE_PROCESSES]))
+        return max(charged or 0, own)
 
     def _lane_memory(self, job: Running) -> int:
         """What the job's lane offers: the least of its devices' memory, split by lanes."""

@@ -47,12 +47,7 @@ class ProgressReports:
             if job is None or item.run != job.run:
                 continue
             progress = self.progress[job.job_id] = item
-            before = job.latest
-            if progress.holds_lane or (
-                before is not None
-                and (progress.iterations, progress.attained) != (before.iterations, before.attained)
-            ):
-                job.iterated_at = received  # (an idle resident gives its slot back)
+            job.note_use(progress.attained, received)  # (an idle resident gives its slot back)
             job.latest, job.latest_at = progress, received
             job.holds_lane = progress.holds_lane
             if job.iterating_since is None and (progress.holds_lane or progress.attained):

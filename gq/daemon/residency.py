@@ -13,8 +13,9 @@ bound), nor one already being ended.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SLOTS = "Resources (its user's part of a device's resident slots, while others wait)"
 
@@ -26,12 +27,39 @@ def fair_part(slots: int, users: int) -> int:
 
 def within_part(held: dict[str, int], slots: int, user: str, waiting: Iterable[str]) -> bool:
     """Whether ``user`` may take one more of a device's ``slots`` (``held``: the slots each
-    user holds there) while the users ``waiting`` have jobs that wait."""
+    user holds there) while the users ``waiting`` have jobs that wait for one there: below
+    their part, or where the slots left free still give each of the others theirs (so no
+    slot stays empty that nobody else would take)."""
     others = {u for u in waiting if u != user}
     if not others:
         return True
-    users = set(held) | others | {user}
-    return held.get(user, 0) < fair_part(slots, len(users))
+    part = fair_part(slots, len(set(held) | others | {user}))
+    if held.get(user, 0) < part:
+        return True
+    free = slots - sum(held.values())
+    return free > sum(max(0, part - held.get(u, 0)) for u in others)
+
+
+@dataclass
+class Wanting:
+    """Whose jobs still wait for a slot on each device, in one admission pass (a job
+    counts on the devices it may use, and only while it waits for a slot: not one the node
+    has no host memory or CPUs for)."""
+
+    counts: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def add(self, user: str, devices: Iterable[str]) -> None:
+        for device in devices:
+            self.counts.setdefault(device, Counter())[user] += 1
+
+    def placed(self, user: str, devices: Iterable[str]) -> None:
+        for device in devices:
+            waiting = self.counts.get(device)
+            if waiting is not None and waiting[user] > 0:
+                waiting[user] -= 1
+
+    def others(self, device: str, user: str) -> list[str]:
+        return [u for u, n in self.counts.get(device, {}).items() if n > 0 and u != user]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from gq import defaults
 from gq.daemon import admission
 from gq.daemon.devices import Device
 from gq.daemon.fair_share import Charged
@@ -49,8 +50,32 @@ class Running:
     user: str = ""
     charged: Charged = field(default_factory=Charged)  # to its owner's fair-share usage
     worker: bool = True  # a Python script under gq's worker (else a plain process)
-    iterated_at: float = field(default_factory=time.time)  # its last iteration seen (wall)
+    # When it last used its lane (wall clock: at least defaults.ACTIVE_SHARE of the time
+    # since it last did), and its attained time then: a resident idle since, for
+    # --idle-resident, may give its slot back (gq.daemon.residency).
+    active_at: float = field(default_factory=time.time)
+    active_attained: float = 0.0
     yielded: float | None = None  # seconds it was idle when it gave its slot back
+
+    def note_use(self, attained: float, now: float) -> None:
+        """Its host says it has attained so much: it is active where that is at least
+        ACTIVE_SHARE of the time since it was last (an empty iteration now and then is not)."""
+        if attained - self.active_attained >= defaults.ACTIVE_SHARE * (now - self.active_at):
+            self.active_at, self.active_attained = now, attained
+
+    def may_give_back(self, now: float) -> bool:
+        """Whether its run may be requeued to give its slot back: a batch job of gq's worker,
+        not being ended, that asked to be requeued (--requeue) or has done next to nothing
+        in all its run (less than ACTIVE_SHARE of it on its lane), so loses nothing much."""
+        attained = self.latest.attained if self.latest is not None else 0.0
+        return (
+            self.worker
+            and not self.interactive
+            and not self.exclusive
+            and self.kill_why is None
+            and len(self.devices) == 1
+            and (self.requeue or attained < defaults.ACTIVE_SHARE * (now - self.started))
+        )
 
     def footprint_now(self) -> admission.Footprint:
         """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
@@ -95,5 +120,5 @@ def running_run(job, devices: list[Device], lane: int, host: str) -> Running:
         interactive=bool(job.interactive),
         user=job.user,
         worker=job.interpreter is not None,
-        iterated_at=job.start_time or time.time(),
+        active_at=job.start_time or time.time(),
     )

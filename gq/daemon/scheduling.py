@@ -194,7 +194,7 @@ class Scheduler:
             requests, loads, now=time.time(), node=node, waits_behind=self.policy.waits_behind
         )
         lane_waits.give_back_slot(
-            [request for request in requests if request.job_id in outcome.reasons],
+            [r for r in requests if outcome.reasons.get(r.job_id) in admission.WAITS_FOR_ROOM],
             loads,
             self.supervisor,
             self.capacity.idle_resident,

@@ -28,7 +28,7 @@ from gq.codec import FrameTooLarge, MessageError, checked
 from gq.daemon import recovery
 from gq.daemon.devices import Device
 from gq.daemon.endings import Endings
-from gq.daemon.fair_share import Ledger
+from gq.daemon.fair_share import Account, Ledger
 from gq.daemon.hosts import HostHandle, HostSettings, HostUnavailable
 from gq.daemon.launch_specs import launch_spec
 from gq.daemon.probes import Probes
@@ -207,7 +207,8 @@ class Supervisor(ProgressReports, Probes, Endings):
         devices = [d for d in self.devices if d.name in names]
         job = running_run(row, devices, row.lane or 0, host)
         job.charged.attained = row.attained or 0.0
-        job.iterated_at = time.time()  # (not idle since its start: unknown until its host says)
+        job.charged.share = Account(job.charged.attained, time.time())  # (counted, decaying)
+        job.active_at, job.active_attained = time.time(), job.charged.attained  # (as yet unknown)
         return job
 
     # ----- talking to hosts -----------------------------------------------------------

@@ -346,11 +346,7 @@ class Granter:
         """Whether the lane was taken from its holder: it held it ``max_hold`` past the
         moment a job began to wait that the lane rule would grant before it (frozen inside
         its iteration, it goes on once granted again). A lease is asked back at once."""
-        if (
-            not ready
-            or holder.standing not in (Standing.HOLDING, Standing.RECALLED)
-            or holder.kill_deadline is not None  # being ended: its signals must be seen
-        ):
+        if not ready or holder.standing not in (Standing.HOLDING, Standing.RECALLED):
             lane.contended_since = None
             return False
         now = time.monotonic()
@@ -360,7 +356,8 @@ class Granter:
         if lane.contended_since is None:
             lane.contended_since = now
         held = now - lane.contended_since
-        if held < self.max_hold or not self._stop_inside(holder, now):
+        # One being ended keeps running (its SIGTERM must be seen): it loses the lane alone.
+        if held < self.max_hold or not self._stop_inside(holder, now, holder.kill_deadline is None):
             return False
         holder.taken += 1
         log.info(
@@ -372,10 +369,10 @@ class Granter:
         )
         return lane.holder is None
 
-    def _stop_inside(self, resident: Resident, now: float) -> bool:
-        """Freeze a holder inside its iteration and free its lane, billed until now (a
-        suspend, or a hold past its bound); False where its page, read to close its lease,
-        ended the job instead."""
+    def _stop_inside(self, resident: Resident, now: float, freeze: bool = True) -> bool:
+        """Freeze a holder inside its iteration (``freeze``) and free its lane, billed until
+        now (a suspend, or a hold past its bound); False where its page, read to close its
+        lease, ended the job instead."""
         if resident.standing is Standing.RECALLED:
             if not self.leases.read_page(resident):  # the lease's iterations so far
                 return False
@@ -388,7 +385,8 @@ class Granter:
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             lane.holder, lane.contended_since = None, None
-        self.host.freeze(resident, True)
+        if freeze:
+            self.host.freeze(resident, True)
         resident.dirty = True
         return True
 
@@ -445,5 +443,7 @@ class Granter:
         lane = self.lanes[resident.lane]
         if lane.holder is resident:
             lane.holder = None
+        if resident.frozen and not resident.suspended:  # stopped inside its last iteration
+            self.host.freeze(resident, False)
         move(resident, Event.LEAVE)
         self.schedule(lane)

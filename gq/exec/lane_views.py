@@ -72,9 +72,12 @@ def lane_views(
     views = {r.job_id: r.view(usage.get(r.user, 0.0)) for r in lane.residents if not r.suspended}
     for resident in lane.residents:
         if resident.interactive and not resident.suspended:
+            # Its hold in progress counts too: a statement that never ends leaves its
+            # owner's burst, and its hold is then bounded as any other (gq.exec.lanes).
+            billed = resident.billed
             burst = bursts.setdefault(resident.user, lane_rule.Burst(at=now))
-            burst.add(resident.attained - resident.burst_counted, now)
-            resident.burst_counted = resident.attained
+            burst.add(billed - resident.burst_counted, now)
+            resident.burst_counted = billed
             if lane_rule.within_burst(burst.used, resident.mean_iteration):
                 views[resident.job_id] = dataclasses.replace(
                     views[resident.job_id], person_waits=True

@@ -24,7 +24,10 @@ def move(resident: Resident, event: Event) -> None:
 
 def bill(resident: Resident, now: float) -> None:
     """The lane time it held since its grant (or its lease began), as the host saw it."""
-    resident.attained += max(0.0, now - resident.granted_at)
+    held = max(0.0, now - resident.granted_at)
+    resident.attained += held
+    if resident.standing in (Standing.LEASED, Standing.RECALLED):
+        resident.leased += held  # (what its page's count of iterations is believed for)
     resident.granted_at = now
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import socket
 import time
 from dataclasses import dataclass, field
@@ -140,6 +141,12 @@ class Resident:
     past_total: bool = False  # it reported more steps than its total: the total is wrong
     attained: float = 0.0  # lane time billed: grant to release, a lease's whole wall time
     iterations: int = 0  # all of them (under a lease: as its page counts them)
+    # Of those, the ones its page counted under leases, and the lane time its leases were
+    # billed: the host vouches for as many page-counted iterations as that time holds at
+    # the pace it timed itself (a page that claims a million iterations in a second's
+    # lease is believed for a second's worth).
+    page_iterations: int = 0
+    leased: float = 0.0
     # Iterations the host saw from grant to release (the device's work included), and the
     # steps they advanced: the mean policies use, where there are two; a page's word is not.
     timed: int = 0
@@ -243,10 +250,29 @@ class Resident:
         grant the host's; again after every grant and every iteration's end)."""
         steps = self.steps_done
         if self.worker:
-            steps = min(steps, self.iterations + (1 if self.in_iteration else 0))
-        if steps > self.steps_counted:
+            steps = min(steps, self.vouched_iterations() + (1 if self.in_iteration else 0))
+        if steps != self.steps_counted:
             self.steps_counted = steps
             self.dirty = True
+
+    def vouched_iterations(self) -> int:
+        """The iterations the host granted (or saw end), and of those its page counted
+        under leases, as many as the leases' lane time holds at the pace the host timed."""
+        granted = self.iterations - self.page_iterations
+        pace = self.timed_pace
+        if pace is None or pace <= 0:
+            return self.iterations
+        leased = self.leased
+        if self.standing in (Standing.LEASED, Standing.RECALLED):
+            leased += max(0.0, time.monotonic() - self.granted_at)
+        return granted + min(self.page_iterations, math.ceil(leased / pace))
+
+    @property
+    def timed_pace(self) -> float | None:
+        """Lane seconds an iteration the host timed held, past the first (None: fewer)."""
+        if self.timed < 2:
+            return None
+        return max(0.0, self.timed_total - self.first_iteration) / (self.timed - 1)
 
     def end_iteration(self, held: float, steps: int | None = None) -> None:
         """An iteration is over (a Done, or a READY while holding: the host saw it end),
@@ -256,7 +282,7 @@ class Resident:
         self.iterations += 1
         before = self.steps_counted
         self.record_steps(self.steps_done if steps is None else steps)
-        self.time_iteration(held + self.sliced, self.steps_counted - before)
+        self.time_iteration(held + self.sliced, max(0, self.steps_counted - before))
         self.sliced = 0.0
         self.dirty = True
 
@@ -352,6 +378,7 @@ class Resident:
         counts and memory, never time."""
         seen, self.page_seen = self.page_seen, figures
         self.iterations += figures.iterations - seen.iterations
+        self.page_iterations += figures.iterations - seen.iterations
         self.record_steps(figures.steps)
         total = self.steps_total
         if (
