@@ -7,6 +7,7 @@ import signal
 
 from conftest import (
     KERNEL_LOOP,
+    all_jobs,
     gq,
     gq_ok,
     job,
@@ -64,13 +65,62 @@ def test_cancel_filters_by_name_user_and_state(daemon, tmp_path):
     wait_state(blocker, "CANCELLED")
 
 
-def test_cancel_of_finished_job_changes_nothing(daemon, tmp_path):
+def test_cancel_of_finished_job_is_refused_and_changes_nothing(daemon, tmp_path):
     script = write_script(tmp_path / "done.sh", "true\n")
     job_id = submit(str(script))
     wait_state(job_id, "COMPLETED")
     result = gq("cancel", str(job_id))
-    assert result.code == 0 and "already ended (COMPLETED)" in result.err
+    assert (result.code, result.out, result.err) == (
+        2,
+        "",
+        f"gq: error: job {job_id} already ended (COMPLETED); nothing to cancel\n",
+    )
     assert job(job_id)["state"] == "COMPLETED"
+
+
+def test_cancel_of_several_jobs_cancels_the_live_ones_and_refuses_the_ended(daemon, tmp_path):
+    """As scancel: each job that can be cancelled is; one that had ended is an error (a
+    line on stderr) and makes the exit non-zero."""
+    ended = submit(str(write_script(tmp_path / "done.sh", "true\n")))
+    wait_state(ended, "COMPLETED")
+    sleeper = write_script(tmp_path / "sleep.sh", "sleep 300\n")
+    running = submit(str(sleeper))
+    wait_state(running, "RUNNING")
+    pending = submit("--hold", str(sleeper))
+    result = gq("cancel", str(pending), str(ended), str(running))
+    assert result.code == 2
+    assert result.out.splitlines() == [
+        f"Cancelled job {pending}",
+        f"Cancelling job {running} (running; it ends after SIGTERM)",
+    ]
+    assert result.err == f"gq: error: job {ended} already ended (COMPLETED); nothing to cancel\n"
+    assert job(pending)["state"] == "CANCELLED"
+    wait_state(running, "CANCELLED")
+    assert job(ended)["state"] == "COMPLETED"
+
+
+def test_cancel_of_an_array_is_refused_only_once_every_task_has_ended(daemon, tmp_path):
+    script = write_script(tmp_path / "task.sh", 'test "$SLURM_ARRAY_TASK_ID" = 0 || sleep 300\n')
+    array = submit("--array", "0-2%1", str(script))
+    wait_state(array, "COMPLETED")  # task 0, whose job id is the array's
+    wait_for(lambda: job(array + 1)["state"] == "RUNNING", 10, what="task 1 to run")
+    result = gq("cancel", str(array))  # task 0's end is no error while the others live
+    assert (result.code, result.err) == (0, "")
+    assert result.out.splitlines() == [
+        f"Cancelled job {array}_2",
+        f"Cancelling job {array}_1 (running; it ends after SIGTERM)",
+    ]
+    wait_state(array + 1, "CANCELLED")
+    again = gq("cancel", str(array))
+    assert (again.code, again.out, again.err) == (
+        2,
+        "",
+        f"gq: error: job {array} already ended (every task of the array); nothing to cancel\n",
+    )
+    task = gq("cancel", f"{array}_0")
+    assert task.code == 2
+    assert task.err == f"gq: error: job {array}_0 already ended (COMPLETED); nothing to cancel\n"
+    assert [j["state"] for j in all_jobs()] == ["COMPLETED", "CANCELLED", "CANCELLED"]
 
 
 def test_time_limit_ends_job_with_timeout(daemon, tmp_path):

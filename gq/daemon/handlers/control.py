@@ -13,7 +13,7 @@ from gq import defaults, messages, validation
 from gq.daemon.access import Caller, check_may_act, check_may_raise
 from gq.daemon.handlers.common import check_dependency, output_resolver, resolve_all
 from gq.errors import Refused, UserError
-from gq.messages import REFUSED, WARNING, Line
+from gq.messages import REFUSED, Line
 from gq.queue import dependencies, job_updates, lookups, queries, transitions
 from gq.queue.engine import Transaction
 from gq.queue.models import Job
@@ -49,7 +49,6 @@ def cancel(daemon: NodeView, caller: Caller, request: messages.Cancel) -> messag
         )
     with daemon.db.write() as session:
         named = _named(session, caller, request.labels, "cancel")
-        ended = [job for job in named if JobState(job.state).terminal]
         candidates = queries.jobs(
             session,
             ids=[job.id for job in named] if request.labels else None,
@@ -74,12 +73,40 @@ def cancel(daemon: NodeView, caller: Caller, request: messages.Cancel) -> messag
         for job in running
         if job.id in stopping
     ]
-    lines += [
-        Line(f"job {job.label} already ended ({job.state}); nothing to cancel", WARNING)
-        for job in ended
-    ]
+    lines += _already_ended(request.labels, named)
     daemon.rescan()
     return messages.Report(lines)
+
+
+def _already_ended(labels: list[str], named: list[Job]) -> list[Line]:
+    """A refusal for each named job that had ended, as scancel's "already completed" error
+    (the others named are cancelled all the same). An array named by its id is refused
+    once, and only when every task of it had ended: its finished tasks are no error while
+    others still wait or run, as in Slurm."""
+    whole_arrays = {int(label) for label in labels if "_" not in label}
+    live_arrays = {
+        job.array_job_id
+        for job in named
+        if job.array_job_id is not None and not JobState(job.state).terminal
+    }
+    lines, refused_arrays = [], set()
+    for job in named:
+        if not JobState(job.state).terminal:
+            continue
+        array = job.array_job_id
+        if array is None or array not in whole_arrays:
+            lines.append(
+                Line(f"job {job.label} already ended ({job.state}); nothing to cancel", REFUSED)
+            )
+        elif array not in live_arrays and array not in refused_arrays:
+            refused_arrays.add(array)
+            lines.append(
+                Line(
+                    f"job {array} already ended (every task of the array); nothing to cancel",
+                    REFUSED,
+                )
+            )
+    return lines
 
 
 def _outcome(jobs: list[Job], done: list[int], success: str, failure: str) -> list[Line]:
