@@ -271,11 +271,28 @@ def format_seconds(seconds: float) -> str:
 
 
 def format_period(seconds: float) -> str:
-    """``30days``, ``12hours``, ``90s``, ``never``: what :func:`parse_period` reads back."""
+    """``30days``, ``12hours``, ``90s``, ``never``: what :func:`parse_period` reads back, as
+    one word, for command lines (a daemon's options, started again by ``gq daemon restart``)."""
     if math.isinf(seconds):
         return "never"
-    for name, unit in (("days", 86400), ("hours", 3600), ("minutes", 60)):
-        if seconds >= unit and seconds % unit == 0:
-            count = int(seconds // unit)
-            return f"{count}{name if count != 1 else name[:-1]}"
-    return f"{seconds:.6g}s"
+    count, unit = _largest_whole_unit(seconds)
+    return f"{count}{'s' if unit.startswith('second') else unit}"
+
+
+def describe_period(seconds: float) -> str:
+    """A period as people write it: ``30 days``, ``1 hour``, ``90 seconds``, ``for ever``
+    (for messages; :func:`parse_period` reads it back too)."""
+    if math.isinf(seconds):
+        return "for ever"
+    count, unit = _largest_whole_unit(seconds)
+    return f"{count} {unit}"
+
+
+def _largest_whole_unit(seconds: float) -> tuple[str, str]:
+    """The period in the largest unit it is a whole number of: ``("30", "days")``,
+    ``("1", "hour")``, ``("1.5", "seconds")``."""
+    for name, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return str(count), name if count == 1 else name + "s"
+    return f"{seconds:.6g}", "second" if seconds == 1 else "seconds"

@@ -113,6 +113,22 @@ def test_restart_replaces_the_daemon_and_keeps_the_running_job(daemon, tmp_path)
     assert info["run_count"] == 1 and info["pid"] == worker and info["steps_done"] == 1500
 
 
+def test_periods_are_said_as_people_write_them_and_kept_by_a_restart(home):
+    """People read ``36 hours``; the daemon's command line keeps ``36hours``, which the
+    restarted daemon is started with again."""
+    gq_ok("daemon", "start", "--retention", "36hours", "--fair-half-life", "90min")
+    gq_ok("policy", "set", "fair")
+    for _ in range(2):
+        info = gq_ok("info")
+        assert "finished jobs kept 36 hours;" in info, info
+        assert "fair share (lane time used, half-life 90 minutes)" in info, info
+        assert "finished jobs are kept 36 hours after they end" in gq("history").err
+        options = json.loads(gq_ok("info", "--json"))["options"]
+        assert options[options.index("--retention") + 1] == "36hours"
+        assert options[options.index("--fair-half-life") + 1] == "90minutes"
+        assert "restarted" in gq_ok("daemon", "restart")
+
+
 def test_stop_keep_jobs_then_start_adopts_them(daemon, tmp_path):
     go = tmp_path / "go"
     script = write_script(

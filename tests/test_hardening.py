@@ -573,7 +573,7 @@ def test_finished_jobs_are_purged_after_the_retention(home, tmp_path):
     )
     assert remaining == [done, held]  # kept: a pending job depends on it
     assert not (home / "spool" / str(old)).exists()
-    assert "finished jobs are kept 1s" in gq("history").err
+    assert "finished jobs are kept 1 second after" in gq("history").err
     control.stop()
 
 

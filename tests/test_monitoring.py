@@ -413,7 +413,7 @@ def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):
         (["--max-temp", "-5"], "--max-temp, --max-power and --client-timeout must be"),
         (["--readings", str(tmp_path / "missing")], "no such file"),
         (["--probe-wait", "0"], "--probe-wait 0: give a time of more than 0"),
-        (["--probe-wait", "2hours"], "at most 1hour"),
+        (["--probe-wait", "2hours"], "at most 1 hour (60, 90s, 5min)"),
         (["--probe-wait", "soon"], "invalid --probe-wait soon"),
         (["--fair-half-life", "0"], "invalid period '0'"),
         (["--fair-half-life", "nan"], "invalid period 'nan'"),

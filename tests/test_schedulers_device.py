@@ -210,7 +210,7 @@ def test_fair_remembers_a_users_use_across_a_chain_of_their_jobs(shared_node, us
     assert theirs / (mine + theirs) >= 0.4, (theirs, mine)  # 0.30 before; 0.50 now
     usage = shared_node.ok(None, "info")
     assert f"{alice.name} " in usage and f"{bob.name} " in usage, usage
-    assert "fair share (lane time used, half-life 1day)" in usage
+    assert "fair share (lane time used, half-life 1 day)" in usage
     history = shared_node.run(alice, "history")
     assert history.code == 0 and f"{alice.name} " in history.err, history
     assert "gq: note: fair share (lane time used" in history.err, history

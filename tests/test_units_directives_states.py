@@ -9,7 +9,14 @@ import pytest
 from gq.cli import directives
 from gq.errors import UserError
 from gq.queue.states import ALLOWED, TERMINAL, JobState, allowed
-from gq.units import format_duration, format_period, parse_duration, parse_period, parse_size
+from gq.units import (
+    describe_period,
+    format_duration,
+    format_period,
+    parse_duration,
+    parse_period,
+    parse_size,
+)
 
 
 @pytest.mark.parametrize(
@@ -134,6 +141,26 @@ def test_state_parse(text, state):
 )
 def test_retention_periods(text, seconds, back):
     assert parse_period(text) == seconds and format_period(parse_period(text)) == back
+
+
+@pytest.mark.parametrize(
+    "seconds,said",
+    [
+        (30 * 86400, "30 days"),
+        (86400, "1 day"),
+        (43200, "12 hours"),
+        (3600, "1 hour"),
+        (5400, "90 minutes"),
+        (60, "1 minute"),
+        (90, "90 seconds"),
+        (1, "1 second"),
+        (1.5, "1.5 seconds"),
+        (36 * 3600, "36 hours"),
+    ],
+)
+def test_periods_as_people_write_them_read_back_the_same(seconds, said):
+    assert describe_period(seconds) == said and parse_period(said) == seconds
+    assert describe_period(math.inf) == "for ever"
 
 
 @pytest.mark.parametrize("text", ["", "0", "-1d", "30 fortnights", "1" * 20, "d"])

@@ -12,6 +12,7 @@ from gq import client, defaults, home, messages, validation
 from gq.errors import MissingExtra, UserError
 from gq.exec.cgroups import KINDS
 from gq.units import (
+    describe_period,
     format_period,
     format_size_exact,
     parse_address,
@@ -248,13 +249,13 @@ def start(
     if not 0 < probe_wait_s <= defaults.MAX_PROBE_WAIT:
         raise UserError(
             f"--probe-wait {probe_wait[:40]}: give a time of more than 0 and at "
-            f"most {format_period(defaults.MAX_PROBE_WAIT)} (60, 90s, 5min)"
+            f"most {describe_period(defaults.MAX_PROBE_WAIT)} (60, 90s, 5min)"
         )
     attach_wait_s = parse_seconds(attach_wait, "--attach-wait")
     if not 0 < attach_wait_s <= defaults.MAX_ATTACH_WAIT:
         raise UserError(
             f"--attach-wait {attach_wait[:40]}: give a time of more than 0 and "
-            f"at most {format_period(defaults.MAX_ATTACH_WAIT)} (30, 90s, 5min)"
+            f"at most {describe_period(defaults.MAX_ATTACH_WAIT)} (30, 90s, 5min)"
         )
     request_bytes = parse_size(max_request)
     spool_bytes = parse_size(max_spool)

@@ -121,9 +121,9 @@ def _limits(limits: messages.NodeLimits) -> str:
 
 
 def _kept(retention: float | None) -> str:
-    from gq.units import format_period
+    from gq.units import describe_period
 
-    return "for ever" if retention is None else format_period(retention)
+    return "for ever" if retention is None else describe_period(retention)
 
 
 def _figures(reading: messages.DeviceReading) -> str:

@@ -377,7 +377,7 @@ def _note_reach(answer: messages.Jobs) -> None:
     """How far back history reaches: finished jobs are purged after the retention."""
     if answer.retention is None:
         return
-    from gq.units import format_period
+    from gq.units import describe_period
 
     since = (
         f"; the oldest kept ended {render.short_time(answer.kept_since)}"
@@ -385,7 +385,7 @@ def _note_reach(answer: messages.Jobs) -> None:
         else ""
     )
     print(
-        f"gq: note: finished jobs are kept {format_period(answer.retention)} after they end{since}",
+        f"gq: note: finished jobs are kept {describe_period(answer.retention)} after they end{since}",
         file=sys.stderr,
     )
 

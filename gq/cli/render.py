@@ -301,13 +301,13 @@ def duration(value: float | None) -> str:
 
 def fair_share(share: FairShare | dict, shown: int = 10) -> str:
     """Users' fair-share usage in a line, most first: ``fair share (lane time, half-life
-    1day): ann 12.3s, bob 1.2s`` (``share`` typed, or as the plain path reads it)."""
-    from gq.units import format_period
+    1 day): ann 12.3s, bob 1.2s`` (``share`` typed, or as the plain path reads it)."""
+    from gq.units import describe_period
 
     if not isinstance(share, dict):
         share = {"half_life": share.half_life, "usage": share.usage}
     half_life = share["half_life"]
-    decay = "never decayed" if half_life is None else f"half-life {format_period(half_life)}"
+    decay = "never decayed" if half_life is None else f"half-life {describe_period(half_life)}"
     users = list(share["usage"].items())
     said = ", ".join(f"{user} {seconds:.1f}s" for user, seconds in users[:shown])
     more = f", and {len(users) - shown} more" if len(users) > shown else ""
