@@ -1,5 +1,5 @@
-"""The client's side of the daemon socket: find the daemon, start a personal one on demand,
-send one request, return the answer.
+"""The client's side of the daemon socket: find the daemon, start a personal one on demand
+(saying so in a line on stderr), send one request, return the answer.
 
 Every command goes through here, so it imports only what a request needs: ``_socket`` (the
 ``socket`` module imports ``enum``) and gq's own JSON framing. :func:`ask` sends a typed
@@ -14,6 +14,7 @@ from __future__ import annotations
 import _socket
 import math
 import os
+import sys
 import time
 
 from gq import defaults, jsonline
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
     class DaemonProcess(Protocol):
         """A daemon process just started: ``poll`` is its exit status once it has exited."""
+
+        pid: int
 
         def poll(self) -> int | None: ...
 
@@ -231,7 +234,14 @@ def _connect(home: Home) -> _socket.socket:
         return sock
     if home.system:
         return _wait_for_system_daemon(home)
-    return start_daemon(home, [])
+    sock, started = _start_daemon(home, [])
+    if started is not None:  # one line, on stderr: stdout may be a script's (--parsable)
+        print(
+            f"gq: started a personal daemon (pid {started}, state in {home.root}); "
+            "it runs in the background until 'gq daemon stop'",
+            file=sys.stderr,
+        )
+    return sock
 
 
 def _wait_for_system_daemon(home: Home) -> _socket.socket:
@@ -284,6 +294,12 @@ def start_daemon(home: Home, options: list[str]) -> _socket.socket:
     others exit at once, and every client connects to the winner. A daemon that is still
     stopping holds the lock too: the start is tried again until it has gone.
     """
+    return _start_daemon(home, options)[0]
+
+
+def _start_daemon(home: Home, options: list[str]) -> tuple[_socket.socket, int | None]:
+    """:func:`start_daemon`, and the pid of the daemon this call started where that is the
+    one that answers (None where another command's won the pidfile lock)."""
     if home.system:
         env = dict(os.environ, GQ_SYSTEM_HOME=str(home.root))
         options = ["--system", *options]
@@ -307,16 +323,16 @@ def start_daemon(home: Home, options: list[str]) -> _socket.socket:
             os.fchmod(fd, 0o600)
             return spawn_daemon(options, env, str(home.root), log.fileno())
 
+    from gq.daemon.pidfiles import running_pid
+
     process = spawn()
     deadline = time.monotonic() + defaults.DAEMON_START_TIMEOUT
     while time.monotonic() < deadline:
         sock = _try_connect(home)
         if sock is not None:
-            return sock
+            return sock, process.pid if running_pid(home) == process.pid else None
         code = process.poll()
         if code == defaults.ALREADY_RUNNING_EXIT:
-            from gq.daemon.pidfiles import running_pid
-
             # The lock's holder is starting (its socket comes) or stopping (then start again).
             if running_pid(home) is None:
                 process = spawn()

@@ -64,7 +64,11 @@ def test_job_runs_as_its_submitter_with_its_groups_umask_and_home(shared_node, u
 
 def test_system_state_permissions(shared_node, users):
     alice = users["alice"]
-    job_id = _submit(shared_node, alice, "--hold", _script(alice, "s.sh", "true\n"))
+    first = shared_node.run(
+        alice, "submit", "--parsable", "--hold", _script(alice, "s.sh", "true\n")
+    )
+    assert (first.code, first.err) == (0, "")  # no personal daemon started, none said
+    job_id = int(first.out)
     root = shared_node.root
     mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
     assert mode(root) == 0o755 and mode(root / "gq.db") == 0o600

@@ -127,13 +127,20 @@ def test_script_is_snapshotted_at_submit(home, tmp_path):
         gq_ok("daemon", "stop")
 
 
-def test_first_command_starts_the_personal_daemon(home, tmp_path):
+def test_first_command_starts_the_personal_daemon_and_says_so_on_stderr(home, tmp_path):
     assert gq("daemon", "status").code == 1
     script = write_script(tmp_path / "q.sh", "echo ran\n")
-    result = gq("submit", str(script))
-    assert (result.code, result.err) == (0, "")
-    job_id = int(result.out.split()[-1])
+    result = gq("submit", "--parsable", str(script))
+    pid = int((home / "daemon.pid").read_text())
+    assert (result.code, result.err) == (
+        0,
+        f"gq: started a personal daemon (pid {pid}, state in {home}); it runs in the "
+        "background until 'gq daemon stop'\n",
+    )
+    job_id = int(result.out)  # stdout is the script's to parse, as it was
     assert gq("daemon", "status").code == 0
+    again = gq("status")
+    assert again.code == 0 and again.err == ""  # said once: by the command that started it
     info = wait_state(job_id, "COMPLETED")
     assert info["run_count"] == 1
     assert (tmp_path / f"gq-{job_id}.out").read_text() == "ran\n"
@@ -153,7 +160,14 @@ def test_concurrent_first_commands_start_one_daemon_and_lose_no_job(home, tmp_pa
         for _ in range(8)
     ]
     outcomes = [(c.wait(60), *c.communicate()) for c in clients]
-    assert all(code == 0 and err == "" for code, _, err in outcomes), outcomes
+    assert all(code == 0 for code, _, _ in outcomes), outcomes
+    # Only the command whose daemon won the lock says it started one.
+    said = sorted(err for _, _, err in outcomes)
+    pid = int((home / "daemon.pid").read_text())
+    assert said == [""] * 7 + [
+        f"gq: started a personal daemon (pid {pid}, state in {home}); it runs in the "
+        "background until 'gq daemon stop'\n"
+    ], outcomes
     ids = sorted(int(out) for _, out, _ in outcomes)
     assert ids == list(range(1, 9))
     assert sorted(j["id"] for j in all_jobs()) == ids
