@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import wait_for, write_script
+from conftest import pid_alive, wait_for, write_script
 
 
 def _script(user, name: str, body: str):
@@ -107,6 +107,15 @@ def test_others_cannot_act_on_a_job_but_its_owner_operators_and_root_can(shared_
     assert shared_node.job(job_id)["priority"] == 3
     shared_node.ok(None, "cancel", job_id)  # root
     assert shared_node.wait_state(job_id, "CANCELLED")["reason"] == "cancelled by user"
+
+
+def test_an_operators_stop_returns_once_the_system_daemon_has_exited(shared_node, users):
+    pidfile = shared_node.root / "daemon.pid"
+    pid = int(pidfile.read_text())
+    said = shared_node.ok(users["carol"], "daemon", "stop").splitlines()  # its lock is root's
+    assert not pid_alive(pid), "gq daemon stop returned while the daemon still ran"
+    assert said[-1] == f"gq daemon stopped (pid {pid})" and not pidfile.exists()
+    assert shared_node.run(None, "daemon", "status").code == 1
 
 
 def test_only_operators_change_the_node_and_raise_priorities(shared_node, users):

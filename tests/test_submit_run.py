@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import psutil
 import pytest
 
-from conftest import PYTHON, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state, write_script
+from conftest import (
+    PYTHON,
+    all_jobs,
+    gq,
+    gq_ok,
+    job,
+    pid_alive,
+    submit,
+    wait_for,
+    wait_state,
+    write_script,
+)
 
 
 def test_job_runs_in_submit_dir_with_gq_environment(daemon, tmp_path, monkeypatch):
@@ -178,6 +190,35 @@ def test_concurrent_first_commands_start_one_daemon_and_lose_no_job(home, tmp_pa
         and (p.info["environ"] or {}).get("GQ_HOME") == str(home)
     ]
     assert len(daemons) == 1, daemons
+
+
+def test_stop_returns_once_the_daemon_has_exited_and_leaves_no_pidfile(home, tmp_path):
+    """Started as gq starts it (a Python of its own, which takes a moment to finish after
+    it lets its lock go), with a job running that the stop ends."""
+    import subprocess
+
+    pidfile = home / "daemon.pid"
+    subprocess.run([PYTHON, "-m", "gq", "daemon", "start"], check=True, capture_output=True)
+    pid = int(pidfile.read_text())
+    job_id = submit(str(write_script(tmp_path / "s.sh", "sleep 300\n")))
+    wait_state(job_id, "RUNNING")
+    said = gq_ok("daemon", "stop").splitlines()
+    assert not pid_alive(pid), "gq daemon stop returned while the daemon still ran"
+    assert said[-1] == f"gq daemon stopped (pid {pid})"
+    assert not pidfile.exists()
+    assert gq("daemon", "status").code == 1
+    again = gq("submit", "--parsable", str(tmp_path / "s.sh"))  # starts a daemon afresh
+    assert again.code == 0 and "gq: started a personal daemon" in again.err
+    second = int(pidfile.read_text())
+    assert second != pid and pid_alive(second)
+    wait_state(int(again.out), "RUNNING")
+    os.kill(second, signal.SIGKILL)  # one killed leaves its pidfile: it names no daemon
+    wait_for(lambda: not pid_alive(second), 10, what="the killed daemon to die")
+    assert pidfile.read_text().split() == [str(second)]
+    assert gq("daemon", "status").code == 1
+    assert gq("status").code == 0 and int(pidfile.read_text()) not in (pid, second)
+    gq_ok("daemon", "stop")
+    assert not pidfile.exists()
 
 
 def test_start_latency_on_idle_node_uses_the_poke(daemon, tmp_path):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -20,6 +21,9 @@ from gq.units import (
     parse_seconds,
     parse_size,
 )
+
+if TYPE_CHECKING:
+    import psutil
 
 app = typer.Typer(
     help="Start, stop or check the node daemon (personal, or the node's shared one with --system).",
@@ -392,8 +396,9 @@ def stop(
         # Execution hosts outlived the daemon with their jobs: a daemon adopts them first.
         client.start_daemon(target, []).close()
         pid = running_pid(target)
+    process = _process(pid)
     typer.echo(client.ask(messages.Stop(keep_jobs=keep_jobs), target).message)
-    _wait_gone(target, pid, timeout)
+    _wait_gone(lambda: running_pid(target) is not None, process, pid, timeout)
     typer.echo(f"gq daemon stopped (pid {pid})")
 
 
@@ -415,8 +420,9 @@ def restart(
     pid = running_pid(target)
     if pid is not None:
         options = client.ask(messages.NodeInfoRequest(), target).options
+        process = _process(pid)
         client.ask(messages.Stop(keep_jobs=True), target)
-        _wait_gone(target, pid, timeout)
+        _wait_gone(lambda: running_pid(target) is not None, process, pid, timeout)
     client.start_daemon(target, options).close()
     typer.echo(
         f"gq daemon restarted (pid {running_pid(target)}, was "
@@ -426,25 +432,49 @@ def restart(
 
 def _stop_by_asking(target: home.Home, keep_jobs: bool, timeout: float) -> None:
     """Ask the daemon to stop (it refuses all but operators) and wait until it no longer
-    answers."""
+    answers and has exited."""
     pid = client.ask(messages.NodeInfoRequest(), target).pid
+    process = _process(pid)
     typer.echo(client.ask(messages.Stop(keep_jobs=keep_jobs), target).message)
-    deadline = time.monotonic() + timeout
-    while client.answers(target):
-        if time.monotonic() > deadline:
-            raise UserError(f"the daemon (pid {pid}) did not stop within {timeout:g} s", 1)
-        time.sleep(0.05)
+    _wait_gone(lambda: client.answers(target), process, pid, timeout)
     typer.echo(f"gq daemon stopped (pid {pid})")
 
 
-def _wait_gone(target: home.Home, pid: int, timeout: float) -> None:
-    from gq.daemon.pidfiles import running_pid
+def _process(pid: int | None) -> psutil.Process | None:
+    """The daemon's process, taken before it is asked to stop (so that its pid, once
+    another process's, is not mistaken for it); None where it is gone already."""
+    import psutil
 
+    try:
+        return psutil.Process(pid) if pid is not None else None
+    except psutil.Error:
+        return None
+
+
+def _wait_gone(
+    holding: Callable[[], bool], process: psutil.Process | None, pid: int | None, timeout: float
+) -> None:
+    """Until the daemon has let go of what ``holding`` tests (its lock, or its socket) and
+    its process has exited: it lets go before it has closed the queue and Python has
+    finished, which takes a moment more."""
     deadline = time.monotonic() + timeout
-    while running_pid(target) is not None:
+    while holding() or _runs(process):
         if time.monotonic() > deadline:
             raise UserError(f"the daemon (pid {pid}) did not stop within {timeout:g} s", 1)
-        time.sleep(0.05)
+        time.sleep(0.02)
+
+
+def _runs(process: psutil.Process | None) -> bool:
+    import psutil
+
+    try:  # a zombie has exited (its parent has not reaped it yet)
+        return (
+            process is not None
+            and process.is_running()
+            and process.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.NoSuchProcess:
+        return False
 
 
 @app.command()

@@ -37,6 +37,7 @@ from gq.daemon.listings import Lister, Listing, ListingChild
 from gq.daemon.monitoring import Monitor
 from gq.daemon.notify import Notifier
 from gq.daemon.options import DaemonOptions
+from gq.daemon.pidfiles import release_pidfile
 from gq.daemon.scheduling import Capacity, Scheduler
 from gq.daemon.server import Connection, ConnectionLimits, Server
 from gq.daemon.supervision import Supervisor
@@ -251,7 +252,7 @@ class Daemon:
                 self.server.close(unlink=not self.home.system)
             self.monitor.close()
             self.supervisor.remove_empty_cgroups()
-            pidfile.close()
+            release_pidfile(self.home, pidfile)
             self.db.close()
 
     def _dispatch(

@@ -3,7 +3,9 @@ stale pid.
 
 The daemon holds an exclusive ``flock`` on ``daemon.pid`` for its whole life, and each host
 on ``hosts/<device>.pid``; only their own user can open them (mode 0600), so only it can
-test the locks, and nobody else can hold one to keep a daemon from starting.
+test the locks, and nobody else can hold one to keep a daemon from starting. A daemon that
+stops removes its pidfile while it still holds the lock, so no stale pid is left to read
+(one killed leaves its file, which names no live holder: harmless).
 """
 
 from __future__ import annotations
@@ -19,24 +21,54 @@ from gq.home import Home
 
 
 def acquire_pidfile(home: Home) -> IO[str]:
-    """Lock and fill the pidfile; keep the returned file open for the daemon's lifetime."""
-    # Only the daemon's own user may open it: anyone who can open a file can flock it, and
-    # a lock held by someone else would keep the daemon from starting.
-    fd = os.open(home.daemon_pidfile, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    os.fchmod(fd, 0o600)
-    handle = os.fdopen(fd, "r+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
+    """Lock and fill the pidfile; keep the returned file open for the daemon's lifetime and
+    give it back with :func:`release_pidfile`."""
+    while True:
+        # Only the daemon's own user may open it: anyone who can open a file can flock it,
+        # and a lock held by someone else would keep the daemon from starting.
+        fd = os.open(
+            home.daemon_pidfile, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        os.fchmod(fd, 0o600)
+        handle = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            handle.close()
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise AlreadyRunning(running_pid(home)) from None
+        if _still_named(handle, home.daemon_pidfile):
+            break
+        # A stopping daemon removed the file after this one was opened: its lock proves
+        # nothing (a daemon starting now locks the new file), so take that one.
         handle.close()
-        raise AlreadyRunning(running_pid(home)) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def release_pidfile(home: Home, handle: IO[str]) -> None:
+    """Remove the pidfile, then drop its lock: a daemon that has stopped leaves no pid."""
+    try:
+        if _still_named(handle, home.daemon_pidfile):
+            home.daemon_pidfile.unlink()
+    except OSError:
+        pass  # left in place: without its lock held it names no daemon
+    finally:
+        handle.close()
+
+
+def _still_named(handle: IO[str], path: Path) -> bool:
+    """Whether ``path`` still names the open file ``handle`` (not removed, nor replaced)."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(handle.fileno())
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _holder_says(path: Path) -> str | None:
