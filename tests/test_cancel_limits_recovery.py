@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from conftest import (
     KERNEL_LOOP,
     all_jobs,
+    cgroups_usable,
     gq,
     gq_ok,
     job,
@@ -121,6 +124,56 @@ def test_cancel_of_an_array_is_refused_only_once_every_task_has_ended(daemon, tm
     assert task.code == 2
     assert task.err == f"gq: error: job {array}_0 already ended (COMPLETED); nothing to cancel\n"
     assert [j["state"] for j in all_jobs()] == ["COMPLETED", "CANCELLED", "CANCELLED"]
+
+
+# Three processes of one job that count their SIGTERMs and go on: its main process, a child
+# in its process group, and a child in a session of its own (in the job's cgroup, not its
+# group). Each says it is ready (with its pid) once its handler is set.
+COUNTING_JOB = """\
+import os, signal, time
+
+def counting(name):
+    try:  # woken at once, ahead of the machine's other work: a SIGTERM that came while the
+        # previous one was still pending would be merged with it by the kernel, uncounted
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except OSError:
+        pass  # not allowed here: the count is then only as sharp as the machine is idle
+    def count(signum, frame):
+        with open(name + ".terms", "a") as terms:
+            terms.write("TERM\\n")
+
+    signal.signal(signal.SIGTERM, count)
+    with open(name + ".ready", "w") as ready:
+        ready.write(str(os.getpid()))
+
+if os.fork() == 0:
+    counting("grouped")
+elif os.fork() == 0:
+    os.setsid()
+    counting("apart")
+else:
+    counting("main")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_each_process_of_a_cancelled_job_gets_sigterm_once(daemon, tmp_path):
+    if not cgroups_usable("auto"):
+        pytest.skip("needs cgroups: a process in a session of its own is in its job's cgroup")
+    job_id = submit(str(write_script(tmp_path / "counting.py", COUNTING_JOB)))
+    names = ("main", "grouped", "apart")
+    pids = {
+        name: int(wait_for_words(tmp_path / f"{name}.ready", 1, what=f"{name} to be ready")[0])
+        for name in names
+    }
+    gq_ok("cancel", str(job_id))
+    # None of them exits at SIGTERM: each lives on until the SIGKILL a second later, long
+    # after a second SIGTERM (sent within a millisecond of the first) would have come.
+    wait_state(job_id, "CANCELLED", timeout=15)
+    for name in names:
+        assert (tmp_path / f"{name}.terms").read_text() == "TERM\n", name
+    wait_for(lambda: not any(map(pid_alive, pids.values())), 5, what="the job's processes to die")
 
 
 def test_time_limit_ends_job_with_timeout(daemon, tmp_path):

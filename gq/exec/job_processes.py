@@ -25,7 +25,7 @@ from gq.exec.cgroups import JobCgroup
 from gq.exec.granting import Granter
 from gq.exec.host_messages import StopWhy
 from gq.exec.lease import SharedPage
-from gq.exec.process_groups import group_members, kill_group, step_tasks
+from gq.exec.process_groups import group_members, kill_group, kill_outside_group, step_tasks
 from gq.exec.protocol import FROM_WORKER, Channel
 from gq.exec.rank_progress import RankProgress
 from gq.exec.residents import Lane, Resident
@@ -290,13 +290,16 @@ class JobProcesses:
             self._signal_job(resident, signal.SIGKILL)
 
     def _signal_job(self, resident: Resident, signum: int) -> None:
+        """Every process of the job gets the signal once: its process group at once, then
+        what of its cgroup has left the group (SIGKILL: the whole cgroup, atomically where
+        the kernel can; a process killed twice notices nothing)."""
         kill_group(resident.process.pid, signum)
         if resident.cgroup is None:
             return
         if signum == signal.SIGKILL:
             resident.cgroup.kill(0.0)
             return
-        _send(resident.cgroup.pids(), signum)
+        kill_outside_group(resident.cgroup.pids(), resident.process.pid, signum)
 
     def freeze(self, resident: Resident, frozen: bool) -> None:
         """Freeze (or thaw) the job: its cgroup's freezer, else SIGSTOP (SIGCONT)."""

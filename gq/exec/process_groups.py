@@ -15,6 +15,18 @@ def kill_group(pgid: int, signum: int) -> None:
         pass
 
 
+def kill_outside_group(pids: list[int], pgid: int, signum: int) -> None:
+    """Signal those of ``pids`` (a job's cgroup's) that are not in process group ``pgid``:
+    the ones that left it (a session or group of their own). Those in it had the signal
+    from :func:`kill_group` already, and a second SIGTERM runs a handler twice."""
+    for pid in pids:
+        try:
+            if os.getpgid(pid) != pgid:
+                os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # gone already
+
+
 def group_members(pgid: int) -> set[int]:
     """The processes of a process group now (read from /proc; those that are gone or
     cannot be read are left out)."""
