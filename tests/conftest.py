@@ -218,8 +218,11 @@ def home(tmp_path, monkeypatch, preloaded_daemons) -> Path:
         lambda options, env, cwd, log: PreloadedDaemon(preloaded_daemons, options, env, cwd, log),
     )
     yield root
-    if gq("daemon", "status").code == 0 or live_hosts(root):
-        gq_ok("daemon", "stop")  # a daemon started to stop re-adopted hosts and their jobs
+    try:
+        if gq("daemon", "status").code == 0 or live_hosts(root):
+            gq_ok("daemon", "stop")  # a daemon started to stop re-adopted hosts and their jobs
+    finally:
+        kill_what_is_left(root)
     log = root / "daemon.log"
     failed = [
         line
@@ -227,6 +230,36 @@ def home(tmp_path, monkeypatch, preloaded_daemons) -> Path:
         if "(the daemon goes on)" in line or PENDING_DRIFT in line
     ]
     assert not failed, f"the daemon's loop failed: {failed[0]} (see {log})"
+
+
+def kill_what_is_left(root: Path) -> None:
+    """SIGKILL what still runs of the daemon of ``root`` once its stop has been tried: the
+    daemon, its execution hosts and everything below them (their jobs). A stop that failed
+    (a daemon that no longer answers, say) must not leave them running past the test."""
+    import psutil
+
+    from gq.daemon import pidfiles
+    from gq.home import Home
+
+    home = Home(root)
+    processes = []
+    for pid in [pidfiles.running_pid(home), *pidfiles.live_hosts(home)]:
+        try:
+            process = psutil.Process(pid) if pid is not None else None
+            if process is not None:
+                processes += [process, *process.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    wait_for(
+        lambda: not any(process.is_running() and pid_alive(process.pid) for process in processes),
+        10,
+        what="what was left of the daemon to die",
+    )
 
 
 def live_hosts(root: Path) -> list[int]:
@@ -537,4 +570,7 @@ def shared_node(shared_install, users, tmp_path):
     _open_to_all(tmp_path)
     node.start()
     yield node
-    node.run(None, "daemon", "stop")
+    try:
+        node.run(None, "daemon", "stop")
+    finally:
+        kill_what_is_left(root)
