@@ -9,8 +9,9 @@ import pytest
 
 from gq.errors import LaunchError
 from gq.exec.host_messages import LaunchSpec
-from gq.exec.residents import Resident, Standing
+from gq.exec.residents import Resident
 from gq.exec.spawn import identity
+from gq.exec.standings import Standing
 from gq.policies import make
 
 

@@ -18,7 +18,8 @@ from gq.exec import job_session
 from gq.exec.host import Host
 from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
 from gq.exec.protocol import FROM_WORKER, Channel, encode
-from gq.exec.residents import Resident, Standing
+from gq.exec.residents import Resident
+from gq.exec.standings import Standing
 from gq.exec.worker import WorkerSession
 from gq.exec.worker_link import WorkerChannel
 from gq.exec.worker_messages import Ready

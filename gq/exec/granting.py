@@ -5,7 +5,7 @@ The execution host (:mod:`gq.exec.host`) owns the daemon's link and, through
 READY and DONE, and the grant each free lane gets as :mod:`gq.exec.lanes` decides (the
 simulator predicts with the same rule), given the views :mod:`gq.exec.lane_views` makes of
 the residents. Every move of a job between standings goes through
-:func:`gq.exec.residents.step`, the one table of what may follow what.
+:func:`gq.exec.standings.step`, the one table of what may follow what.
 
 Two ways to hold a lane:
 
@@ -39,7 +39,8 @@ from gq.exec import worker_messages as wire
 from gq.exec.host_messages import Shortage, StopWhy
 from gq.exec.lane_views import decide, overstays
 from gq.exec.leasing import Leases, bill, move
-from gq.exec.residents import HOLDS_LANE, Event, Lane, Resident, Standing, ready_to_grant
+from gq.exec.residents import Lane, Resident, ready_to_grant
+from gq.exec.standings import HOLDS_LANE, Event, Standing
 from gq.policies.base import Policy
 from gq.validation import printable
 

@@ -25,7 +25,7 @@ from gq.exec.cgroups import JobCgroup
 from gq.exec.granting import Granter
 from gq.exec.host_messages import StopWhy
 from gq.exec.lease import SharedPage
-from gq.exec.process_groups import group_members, kill_group, kill_outside_group, step_tasks
+from gq.exec.process_groups import kill_group, kill_outside_group, warn_steps
 from gq.exec.protocol import FROM_WORKER, Channel
 from gq.exec.rank_progress import RankProgress
 from gq.exec.residents import Lane, Resident
@@ -365,23 +365,15 @@ class JobProcesses:
                 self.kill(resident, StopWhy.DEADLINE)
 
     def _warn(self, resident: Resident, signum: int, _before: int, batch_only: bool) -> None:
-        """sbatch's --signal: with B: to the job's main process (its batch shell); else to
-        the job's steps, as Slurm sends it: the tasks srun started where the job has any,
-        otherwise the main process (a Python script is its own step). Never to the processes
-        a step forked for itself (DataLoader workers die of SIGUSR1, or run the handler they
-        inherited in place of the script's), nor to srun, which would pass it on again."""
-        main = resident.process.pid
-        tasks: set[int] = set()
-        if not batch_only:
-            members = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
-            tasks = step_tasks(members or group_members(main))  # no cgroup: its group
+        """sbatch's --signal, to the job's steps (process_groups.warn_steps)."""
+        members = set(resident.cgroup.pids()) if resident.cgroup is not None else set()
+        tasks = warn_steps(resident.process.pid, members, signum, batch_only)
         log.info(
             "job %d: signal %d before its time limit to %s",
             resident.job_id,
             signum,
-            f"{len(tasks)} srun task(s)" if tasks else "its main process",
+            f"{tasks} srun task(s)" if tasks else "its main process",
         )
-        _send(tasks or {main}, signum)
 
     def watch_idle(self) -> None:
         """Interactive jobs' last activity (gq.exec.idleness), reported as it moves on; one
@@ -440,15 +432,6 @@ def _lane_page(job_id: int) -> tuple[SharedPage | None, int | None]:
             "job %d: no page to share with its worker (%s); it runs without leases", job_id, exc
         )
         return None, None
-
-
-def _send(pids, signum: int) -> None:
-    """Signal each process that is still there to be signalled."""
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _open_snapshot(spec: wire.LaunchSpec) -> int | None:

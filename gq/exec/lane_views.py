@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 
 from gq.exec import lanes as lane_rule
-from gq.exec.residents import Lane, Resident, Standing
+from gq.exec.residents import Lane, Resident
+from gq.exec.standings import Standing
 from gq.policies.base import JobView, Policy
 
 

@@ -4,7 +4,7 @@ time, and taking in the figures its worker writes on its page. The granter
 (:mod:`gq.exec.granting`) decides when; this does the lease's part of each move.
 
 Also the two steps every hold of a lane takes, a grant's as a lease's, kept here once for
-both: a move between standings (through :func:`gq.exec.residents.step`, the one table of
+both: a move between standings (through :func:`gq.exec.standings.step`, the one table of
 what may follow what), and billing the lane time held, as the host saw it.
 """
 
@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from gq import defaults
 from gq.exec.lease import implausible
-from gq.exec.residents import Event, Lane, Resident, Standing, step
+from gq.exec.residents import Lane, Resident
+from gq.exec.standings import Event, Standing, step
 
 
 def move(resident: Resident, event: Event) -> None:

@@ -27,6 +27,27 @@ def kill_outside_group(pids: list[int], pgid: int, signum: int) -> None:
             pass  # gone already
 
 
+def signal_each(pids, signum: int) -> None:
+    """Signal each process of ``pids`` that is still there to be signalled."""
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def warn_steps(main: int, members: set[int], signum: int, batch_only: bool) -> int:
+    """sbatch's --signal: with B: (``batch_only``) to the job's main process (its batch
+    shell); else to the job's steps, as Slurm sends it: the tasks srun started among
+    ``members`` (its cgroup's processes; none known: its group's), otherwise the main
+    process (a Python script is its own step). Never to the processes a step forked for
+    itself (DataLoader workers die of SIGUSR1, or run the handler they inherited in place of
+    the script's), nor to srun, which would pass it on again. How many srun tasks had it."""
+    tasks = set() if batch_only else step_tasks(members or group_members(main))
+    signal_each(tasks or {main}, signum)
+    return len(tasks)
+
+
 def group_members(pgid: int) -> set[int]:
     """The processes of a process group now (read from /proc; those that are gone or
     cannot be read are left out)."""
