@@ -138,7 +138,7 @@ def config(cpu: bool, quick: bool) -> dict:
             plain=["priority_fill", "sweep", "escapes", "bounded_hold"],
             sweep_jobs=4,
             high_iters=40,
-            hog_ms=600.0,
+            hog_ms=450.0,
             kinds=["spin", "graph"],
             total=105,
             budgets={

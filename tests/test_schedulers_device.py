@@ -358,7 +358,7 @@ def test_a_holder_being_ended_holds_the_device_no_longer_than_others(shared_node
     SIGTERM must be seen), and the other user's job goes on meanwhile."""
     alice, bob = users["alice"], users["bob"]
     shared_node.ok(None, "daemon", "stop")
-    shared_node.start("--kill-wait", "20")
+    shared_node.start("--kill-wait", "10")
     shared_node.ok(None, "policy", "set", "fair", "--max-hold", "300ms")
     ending = _under_way(shared_node, alice, "self_cancel.py", SELF_CANCEL)
     loop = _script(bob, "loop.py", LOOP)
