@@ -84,12 +84,15 @@ def queue(
         from gq.slurm.options import DEPRECATED_MEM
 
         print(f"gq: warning: {DEPRECATED_MEM}", file=sys.stderr)
+    if options["wait"]:
+        # Imported before the job is said submitted: a Ctrl-C that comes as msgspec's
+        # types are made crashes the interpreter (SIGSEGV), one that comes while it
+        # waits ends it quietly with 130.
+        from gq import messages
+        from gq.cli.wait import until_ended
     print(str(job_id) if options["parsable"] else f"Submitted job {job_id}", flush=True)
     if not options["wait"]:
         return 0
-    from gq import messages
-    from gq.cli.wait import until_ended
-
     return until_ended(messages.Wait([str(job_id)]), math.inf)
 
 

@@ -239,6 +239,8 @@ def _forecast(daemon: NodeView, infos: list[messages.JobInfo]) -> float | None:
         info.forecast = (found.basis if found is not None else Basis.UNKNOWN).name.lower()
         if found is not None:
             info.forecast_start, info.forecast_end = found.start, found.end
+        if info.start_time is not None:  # it has started: when it did, not a prediction
+            info.forecast_start = info.start_time  # (a forecast made as it started)
     return made.made_at or None
 
 
