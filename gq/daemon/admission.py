@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gq.daemon.residency import SLOTS, Wanting, within_part
+from gq.daemon.residency import SLOTS, Kind, Wanting, within_part
 
 RESOURCES = "Resources"  # squeue's reason: next in line, no room yet
 NODE_ROOM = "Resources (the node's host memory or CPUs)"
@@ -164,11 +164,24 @@ def place(
     outcome = Outcome([], {})
     reserved: set[str] = set()
     full = _full(devices)
-    reach = {r.job_id: usable(r.gpus, r.only, devices) for r in ordered}
-    wanting = Wanting()  # whose jobs wait for a slot where (a user's part: residency.py)
-    for r in ordered:
-        if _shares_a_device(r) and (node is None or node.fits(r)):
-            wanting.add(r.user, (d.name for d in reach[r.job_id]))
+    reach: dict[Kind, list[DeviceLoad]] = {}
+
+    def candidates_of(gpus: int, only: frozenset[str] | None) -> list[DeviceLoad]:
+        """The devices a job may use (alike jobs ask alike: worked out once a pass)."""
+        found = reach.get((gpus, only))
+        if found is None:
+            found = reach[gpus, only] = usable(gpus, only, devices)
+        return found
+
+    # Whose jobs wait for a slot where (a user's part: gq.daemon.residency).
+    wanting = Wanting(
+        (
+            (r.user, (r.gpus, r.only))
+            for r in ordered
+            if _shares_a_device(r) and (node is None or node.fits(r))
+        ),
+        lambda kind: {d.name for d in candidates_of(*kind)},
+    )
     held_back: set[str] = set()  # users refused a slot in this pass: their later jobs wait
     for request in ordered:
         if full and outcome.reserved_start is not None:
@@ -177,7 +190,7 @@ def place(
                 NODE_ROOM if node is not None and not node.fits(request) else PRIORITY
             )
             continue
-        candidates = reach[request.job_id]
+        candidates = candidates_of(request.gpus, request.only)
         if node is not None and not node.fits(request):
             # Its devices are not what it waits for: it reserves none, and delays no one.
             outcome.reasons[request.job_id] = NODE_ROOM
@@ -195,7 +208,7 @@ def place(
                 _commit(placement, request, devices, now, node, waits_behind)
                 outcome.placements.append(placement)
                 if _shares_a_device(request):
-                    wanting.placed(request.user, (d.name for d in candidates))
+                    wanting.placed(request.user, (request.gpus, request.only))
                 full = _full(devices)
                 continue
             outcome.reasons[request.job_id] = _why(RESOURCES, request, candidates)
@@ -228,7 +241,7 @@ def place(
         _commit(placement, request, devices, now, node, waits_behind)
         outcome.placements.append(placement)
         if _shares_a_device(request):
-            wanting.placed(request.user, (d.name for d in candidates))
+            wanting.placed(request.user, (request.gpus, request.only))
         full = _full(devices)
     return outcome
 

@@ -89,7 +89,7 @@ def _ending(job: Running, report: wire.Exited) -> Ending:
         return Ending(
             JobState.PENDING,
             exit_code,
-            f"gave its slot back to a waiting job: no iteration for {idle} (--idle-resident)",
+            f"gave its slot back to a waiting job: its lane idle for {idle} (--idle-resident)",
             requeue=True,
         )
     if why is StopWhy.MOVE:

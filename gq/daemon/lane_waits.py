@@ -127,31 +127,20 @@ def running_view(row: Row, progress: JobProgress | None = None) -> policies.JobV
 
 
 def give_back_slot(
-    waiting: Sequence[admission.Request],
+    requests: Sequence[admission.Request],
+    reasons: dict[int, str],
     loads: Sequence[admission.DeviceLoad],
     supervisor: Supervisor,
     idle_after: float,
 ) -> None:
-    """Where jobs wait for room (``waiting``, in the policy's order: not for the node's
-    memory or CPUs, nor the guard) on a full device that would take them once a slot is
-    free, and that device holds an idle resident of a user over their part of its slots
-    that may give it back: that resident is requeued (its run ends; it says why), one a
-    pass."""
-    slots = {load.name: load.max_resident for load in loads}
-    if not slots:
+    """Where jobs wait for room (those of ``requests``, in the policy's order, whose
+    ``reasons`` say so: not the node's memory or CPUs, nor the guard) on a full device that
+    would take them once a slot is free, and that device holds an idle resident of a user
+    over their part of its slots that may give it back: that resident is requeued (its run
+    ends; it says why), one a pass. A pass with no such resident costs a look at each
+    running job, whatever waits."""
+    if not loads:
         return
-    asking = [
-        residency.Waiting(
-            request.user,
-            frozenset(
-                d.name
-                for d in admission.usable(request.gpus, request.only, loads)
-                if d.held is None and any(lane.fits_alone(request.footprint) for lane in d.lanes)
-            ),
-        )
-        for request in waiting
-        if not request.exclusive and request.gpus <= 1
-    ]
     now = time.time()
     residents = [
         residency.Resident(
@@ -164,7 +153,24 @@ def give_back_slot(
         )
         for job in supervisor.running.values()
     ]
-    chosen = residency.slot_to_give_back(asking, residents, min(slots.values()), idle_after)
+    if not any(r.may_yield and r.idle_for >= idle_after for r in residents):
+        return  # (the usual pass: nobody to ask, whatever waits)
+    asking = (
+        residency.Waiting(
+            request.user,
+            frozenset(
+                d.name
+                for d in admission.usable(request.gpus, request.only, loads)
+                if d.held is None and any(lane.fits_alone(request.footprint) for lane in d.lanes)
+            ),
+        )
+        for request in requests
+        if reasons.get(request.job_id) in admission.WAITS_FOR_ROOM
+        and not request.exclusive
+        and request.gpus <= 1
+    )
+    slots = min(load.max_resident for load in loads)
+    chosen = residency.slot_to_give_back(asking, residents, slots, idle_after)
     if chosen is None:
         return
     job = supervisor.running[chosen.job_id]

@@ -4,19 +4,22 @@ scheduling pass call it.
 While another user's job waits, one user holds at most their fair part of a device's slots:
 the slots split evenly between the users who hold or want them there (:func:`within_part`).
 Slots a user fills while nobody else waits stay theirs; but a resident of a user over their
-part that has run no iteration for ``--idle-resident`` gives its slot back to a job that
-waits for one (:func:`slot_to_give_back`): it is requeued, and says why. A user within their
-part never loses a job so, nor does an interactive one (its ``--idle-timeout`` is its own
-bound), nor one already being ended.
+part whose lane has been idle (under ``ACTIVE_SHARE`` of its time) for ``--idle-resident``
+gives its slot back to a job that waits for one (:func:`slot_to_give_back`): it is
+requeued, and says why. A user within their part never loses a job so, nor does an
+interactive one (its ``--idle-timeout`` is its own bound), one being ended, nor one that
+would lose much (see ``Running.may_give_back``).
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
+# What names the devices a job may use: its GPU count, and the devices it may run on.
+Kind = tuple[int, frozenset[str] | None]
 SLOTS = "Resources (its user's part of a device's resident slots, while others wait)"
 
 
@@ -40,26 +43,34 @@ def within_part(held: dict[str, int], slots: int, user: str, waiting: Iterable[s
     return free > sum(max(0, part - held.get(u, 0)) for u in others)
 
 
-@dataclass
 class Wanting:
     """Whose jobs still wait for a slot on each device, in one admission pass (a job
     counts on the devices it may use, and only while it waits for a slot: not one the node
-    has no host memory or CPUs for)."""
+    has no host memory or CPUs for). Counted by the kind of job (its user, and what names
+    the devices it may use: ``where`` gives them), not device by device: a pass over a long
+    queue of alike jobs counts each once and looks up a few kinds."""
 
-    counts: dict[str, Counter[str]] = field(default_factory=dict)
+    def __init__(self, kinds: Iterable[tuple[str, Kind]], where: Callable[[Kind], set[str]]):
+        self.counts: Counter[tuple[str, Kind]] = Counter(kinds)
+        self._where = where
+        self._places: dict[Kind, set[str]] = {}
 
-    def add(self, user: str, devices: Iterable[str]) -> None:
-        for device in devices:
-            self.counts.setdefault(device, Counter())[user] += 1
+    def where(self, kind: Kind) -> set[str]:
+        places = self._places.get(kind)
+        if places is None:
+            places = self._places[kind] = self._where(kind)
+        return places
 
-    def placed(self, user: str, devices: Iterable[str]) -> None:
-        for device in devices:
-            waiting = self.counts.get(device)
-            if waiting is not None and waiting[user] > 0:
-                waiting[user] -= 1
+    def placed(self, user: str, kind: Kind) -> None:
+        if self.counts[user, kind] > 0:
+            self.counts[user, kind] -= 1
 
-    def others(self, device: str, user: str) -> list[str]:
-        return [u for u, n in self.counts.get(device, {}).items() if n > 0 and u != user]
+    def others(self, device: str, user: str) -> set[str]:
+        return {
+            u
+            for (u, kind), n in self.counts.items()
+            if n > 0 and u != user and device in self.where(kind)
+        }
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,7 @@ class Resident:
     job_id: int
     user: str
     device: str
-    idle_for: float  # seconds since its last iteration (or its start, before its first)
+    idle_for: float  # seconds since it last used its lane (or its start, before it did)
     may_yield: bool  # a batch job of gq's worker, not being ended already
     yielding: bool = False  # giving its slot back already: the slot is on its way
 
@@ -83,7 +94,7 @@ class Waiting:
 
 
 def slot_to_give_back(
-    waiting: Sequence[Waiting], residents: Sequence[Resident], slots: int, idle_after: float
+    waiting: Iterable[Waiting], residents: Sequence[Resident], slots: int, idle_after: float
 ) -> Resident | None:
     """The resident that gives its slot back (one a pass), for the first job in ``waiting``
     that one could go to: on a full device it may use, of a user over their part there,

@@ -194,10 +194,7 @@ class Scheduler:
             requests, loads, now=time.time(), node=node, waits_behind=self.policy.waits_behind
         )
         lane_waits.give_back_slot(
-            [r for r in requests if outcome.reasons.get(r.job_id) in admission.WAITS_FOR_ROOM],
-            loads,
-            self.supervisor,
-            self.capacity.idle_resident,
+            requests, outcome.reasons, loads, self.supervisor, self.capacity.idle_resident
         )
         reasons = pending_reasons.blocked(
             outcome, requests, by_id, throttled, loads, self.drained, self.devices

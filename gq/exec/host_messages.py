@@ -64,7 +64,7 @@ class StopWhy(str, enum.Enum):
     HOST_MEMORY = "host_memory"  # its processes measured over --host-mem, which no cgroup holds
     HANGUP = "hangup"  # an interactive job's terminal closed, or no client ever took it
     IDLE = "idle"  # an interactive job idle for its --idle-timeout
-    YIELD = "yield"  # it ran no iteration for --idle-resident while others waited: requeued
+    YIELD = "yield"  # its lane idle for --idle-resident while others waited: requeued
 
 
 # ----- records ------------------------------------------------------------------------
