@@ -115,18 +115,7 @@ def test_two_users_jobs_survive_daemon_kills_and_a_host_kill(shared_node, users,
             10,
             what="the daemon to die",
         )
-        shared_node.ok(
-            None,
-            "daemon",
-            "start",
-            "--system",
-            "--kill-wait",
-            "1",
-            "--operators",
-            users["operators"],
-            "--priority-cap",
-            "5",
-        )
+        shared_node.start()
 
     def kill_host() -> None:
         """While it runs the job that waits for it (the others may be too short to be

@@ -87,10 +87,10 @@ def _times(path: Path) -> list[float]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _under_way(node, user, name: str, body: str) -> int:
+def _under_way(node, user, name: str, body: str, *options: str) -> int:
     """Submit ``body`` as ``user``'s job, once it says it is under way (its argv[1])."""
     marker = user.workdir / f"{name}.under-way"
-    job_id = _submit(node, user, "--gpu-mem", "64M", _script(user, name, body), marker)
+    job_id = _submit(node, user, "--gpu-mem", "64M", *options, _script(user, name, body), marker)
     wait_for(marker.exists, 60, what=f"{name} under way")
     return job_id
 
@@ -284,10 +284,7 @@ while time.monotonic() < end:
 def test_srtf_believes_a_pages_iterations_only_for_the_lease_time_they_took(shared_node, users):
     alice, bob = users["alice"], users["bob"]
     shared_node.ok(None, "policy", "set", "srtf", "--max-hold", "300ms")
-    script = _script(alice, "lease_liar.py", LEASE_LIAR)
-    marker = alice.workdir / "lease_liar.under-way"
-    liar = _submit(shared_node, alice, "--gpu-mem", "64M", "--steps", "1000000", script, marker)
-    wait_for(marker.exists, 60, what="the lease liar under way")
+    liar = _under_way(shared_node, alice, "lease_liar.py", LEASE_LIAR, "--steps", "1000000")
     loop = _script(bob, "loop.py", LOOP)
     done = _completes_beside(
         shared_node,

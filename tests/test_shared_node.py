@@ -255,18 +255,7 @@ def test_system_daemon_kill9_keeps_users_jobs_and_a_cancel_waits_for_its_return(
     )
     with ThreadPoolExecutor(max_workers=1) as pool:
         cancel = pool.submit(shared_node.run, alice, "cancel", sleeper)  # waits for the daemon
-        shared_node.ok(
-            None,
-            "daemon",
-            "start",
-            "--system",
-            "--kill-wait",
-            "1",
-            "--operators",
-            users["operators"],
-            "--priority-cap",
-            "5",
-        )
+        shared_node.start()
         result = cancel.result(timeout=60)
     assert result.code == 0 and f"Cancelling job {sleeper}" in result.out, result.err
     assert shared_node.wait_state(sleeper, "CANCELLED")["run_count"] == 1

@@ -101,18 +101,7 @@ def test_nobody_but_root_can_hold_the_daemons_lock(shared_node, users):
 def test_one_users_idle_connections_cost_another_user_nothing(shared_node, users):
     alice, bob = users["alice"], users["bob"]
     shared_node.run(None, "daemon", "stop")
-    shared_node.ok(
-        None,
-        "daemon",
-        "start",
-        "--system",
-        "--kill-wait",
-        "1",
-        "--operators",
-        users["operators"],
-        "--max-connections-per-user",
-        "8",
-    )
+    shared_node.start("--max-connections-per-user", "8")
     hold = (
         "import socket, sys, time\n"
         "socks = []\n"

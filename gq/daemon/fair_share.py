@@ -96,7 +96,8 @@ class Ledger:
         those runs: what a host's policy adds its residents' attained time to."""
         shares: dict[str, float] = {}
         for user, run in runs:
-            shares.setdefault(user, self.usage(user, now))
+            if user not in shares:
+                shares[user] = self.usage(user, now)
             if run.share is not None:
                 shares[user] -= run.share.now(now, self.half_life)
         return {user: max(0.0, value) for user, value in shares.items()}
