@@ -211,3 +211,36 @@ def test_a_job_with_nothing_to_go_on_is_unknown_and_a_held_one_too(daemon, tmp_p
     row = next(line for line in lines if line.startswith(f"{running} "))
     assert row.split()[-1] == "?"
     gq_ok("cancel", str(running), str(held))
+
+
+def test_a_job_not_forecast_yet_has_a_first_guess_and_info_says_the_forecast(daemon, tmp_path):
+    """The forecaster simulates the queue at most once a second: a job submitted since is
+    guessed from its time limit, not unknown; gq info's "free" is the forecast end that
+    gq status --start shows, beside the time limits' latest."""
+    script = tmp_path / "sleepy.sh"
+    script.write_text("#!/bin/sh\nsleep 30\n")
+    running = submit("-t", "1:00", str(script))
+    wait_state(running, "RUNNING")
+    made = wait_for(
+        lambda: (found := forecasts())[running]["basis"] == "estimated" and found,
+        30,
+        what="a forecast of the running job",
+    )
+    end = when(made[running]["end"])
+    assert end is not None
+    free = next(line for line in gq_ok("info").splitlines() if line.startswith("cpu:"))
+    shown = datetime.fromtimestamp(end).strftime("%Y-%m-%dT%H:%M:%S")
+    assert f"free ~{shown} (forecast; " in free and "at the latest (time limits)" in free, free
+    seen = []
+    for _ in range(6):  # until one is asked for before the forecaster has seen it
+        new = submit("-t", "10:00", str(script))
+        found = forecasts()[new]
+        gq_ok("cancel", str(new))
+        seen.append(found["basis"])
+        if found["basis"] == "guessed":
+            start, guessed_end = when(found["start"]), when(found["end"])
+            assert start is not None and guessed_end is not None
+            assert guessed_end - start == pytest.approx(600, abs=0.01)
+            break
+    assert "unknown" not in seen and "guessed" in seen, seen
+    gq_ok("cancel", str(running))

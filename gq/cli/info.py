@@ -65,18 +65,12 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
             )
         )
     for device in node.devices:
-        free = (
-            "now"
-            if not device.residents
-            else "unknown (a job has no time limit)"
-            if device.free_at is None
-            else render.short_time(device.free_at)
-        )
+        free = _free(device)
         typer.echo(
             f"{device.name}: {device.model}, {render.size(device.memory_total)} memory "
             f"({render.size(device.lane_memory)} per lane), "
             f"{len(device.jobs)} resident job(s); placement: "
-            f"{render.size(device.headroom)} headroom, free {free}"
+            f"{_headroom(device.headroom)}, free {free}"
         )
         if device.reading is not None:
             typer.echo(f"  now: {_figures(device.reading)}")
@@ -152,3 +146,26 @@ def _figures(reading: messages.DeviceReading) -> str:
     if reading.ecc_errors:
         parts.append(f"{reading.ecc_errors} uncorrected ECC errors")
     return ", ".join(parts) + f" ({reading.source})"
+
+
+def _free(device: messages.DeviceInfo) -> str:
+    """When its residents should have ended (the forecast gq status --start shows), and
+    when they must have (their time limits)."""
+    if not device.residents:
+        return "now"
+    latest = (
+        "a job has no time limit"
+        if device.free_at is None
+        else f"{render.short_time(device.free_at)} at the latest (time limits)"
+    )
+    if device.free_forecast is None:
+        return f"unknown ({latest})" if device.free_at is None else latest
+    return f"~{render.short_time(device.free_forecast)} (forecast; {latest})"
+
+
+def _headroom(headroom: int | None) -> str:
+    """The most memory a lane has left for another job (a lane over its figures has none:
+    its residents' measured peaks, say, passed what they declared)."""
+    if headroom is not None and headroom < 0:
+        return f"no headroom ({render.size(-headroom)} over)"
+    return f"{render.size(headroom)} headroom"

@@ -229,9 +229,15 @@ def _forecast_line(job: messages.JobInfo) -> str:
     start = (
         "" if job.start_time is not None else (f"start {render.forecast_time(job, end=False)}, ")
     )
-    return f"{start}end {render.forecast_time(job, end=True)}" + (
-        " (estimated)" if job.forecast == "estimated" else ""
+    return f"{start}end {render.forecast_time(job, end=True)}" + _FORECAST_BASIS.get(
+        job.forecast, ""
     )
+
+
+_FORECAST_BASIS = {
+    "estimated": " (estimated)",
+    "guessed": " (a first guess from time limits: not forecast yet; ask again in a second)",
+}
 
 
 def _lane_taken(job: messages.JobInfo) -> str:

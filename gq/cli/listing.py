@@ -194,7 +194,14 @@ def note_stale(answer: Jobs) -> None:
 
 
 def _note_forecast(answer: Jobs) -> None:
-    if answer.forecast_made is None and any(job.state not in TERMINAL for job in answer.jobs):
+    live = [job for job in answer.jobs if job.state not in TERMINAL]
+    if any(job.forecast == "guessed" for job in live):
+        print(
+            "gq: note: jobs marked ~ that the daemon has not forecast yet are first guesses "
+            "from time limits; ask again in a second",
+            file=sys.stderr,
+        )
+    elif answer.forecast_made is None and live:
         print(
             "gq: note: the daemon has made no forecast yet; ask again in a second", file=sys.stderr
         )

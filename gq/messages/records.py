@@ -121,7 +121,8 @@ class JobInfo(Record):
     suspended: bool = False
     retry_delay: float | None = None
     # Its forecast (gq status --start or -l, gq show): start and end, and how well they are
-    # known: "known", "estimated" or "unknown" (None: not asked for).
+    # known: "known", "estimated", "guessed" (from time limits, before the first forecast
+    # of it) or "unknown" (None: not asked for).
     forecast_start: Timestamp | None = None
     forecast_end: Timestamp | None = None
     forecast: Name | None = None
@@ -198,6 +199,9 @@ class DeviceInfo(Record):
     headroom: Int | None = None
     residents: Int = 0
     free_at: float | None = None
+    # ... and when they should have ended, as the last forecast has it (None: one of them
+    # it has no end for).
+    free_forecast: float | None = None
     uuid: Str | None = None
     reading: DeviceReading | None = None  # the latest sample
     held: Str | None = None  # why the thermal and power guard admits no job to it now

@@ -115,6 +115,7 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
     devices = []
     for d in daemon.devices:
         load = loads.get(d.name)
+        jobs = [j for j in running if d.name in (j.device or "").split(",")]
         devices.append(
             messages.DeviceInfo(
                 name=d.name,
@@ -123,10 +124,11 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
                 memory_total=d.memory_total,
                 model=d.model,
                 lane_memory=daemon.lane_memory(d),
-                jobs=[j for j in running if d.name in (j.device or "").split(",")],
+                jobs=jobs,
                 headroom=max(lane.headroom() for lane in load.lanes) if load else None,
                 residents=load.residents if load else 0,
                 free_at=None if load is None or load.free_at == math.inf else load.free_at,
+                free_forecast=_forecast_free(daemon, jobs),
                 uuid=d.uuid,
                 reading=daemon.monitor.readings.get(d.name),
                 held=daemon.monitor.guard.held.get(d.name),
@@ -152,6 +154,15 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
         max_hold=config[settings.MAX_HOLD],
         fair_share=fair_share(daemon),
     )
+
+
+def _forecast_free(daemon: NodeView, jobs: list[messages.JobInfo]) -> float | None:
+    """When a device's jobs should all have ended, as the last forecast has it: the same
+    ends gq status --start shows (None: one of them has none)."""
+    ends = [daemon.forecaster.current.jobs.get(job.id) for job in jobs]
+    if not jobs or any(found is None or found.end is None for found in ends):
+        return None
+    return max(found.end for found in ends if found is not None and found.end is not None)
 
 
 def _shown_options(argv: list[str], caller: Caller) -> list[str]:

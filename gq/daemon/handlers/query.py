@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import os
 import pwd
+import time
 from typing import TYPE_CHECKING
 
 from gq import defaults, messages
-from gq.daemon import ownerfiles, waiting
+from gq.daemon import first_guess, ownerfiles, waiting
 from gq.daemon.access import Caller, check_may_act
 from gq.daemon.handlers.common import job_info, resolve, resolve_all, resolve_one
 from gq.daemon.listings import Listing
@@ -230,12 +231,18 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
 
 def _forecast(daemon: NodeView, infos: list[messages.JobInfo]) -> float | None:
     """Each pending and running job's forecast, from the last one the daemon made (a job
-    it has not forecast yet, or could not, is unknown); when that was made."""
+    it has not forecast yet: a first guess from time limits, else unknown); when that was
+    made."""
     made = daemon.forecaster.current
+    loads = None
     for info in infos:
         if JobState(info.state).terminal:
             continue
         found = made.jobs.get(info.id)
+        if found is None:  # new since the last forecast: a first guess from time limits
+            loads = daemon.loads() if loads is None else loads
+            if first_guess.guess(info, loads, time.time()):
+                continue
         info.forecast = (found.basis if found is not None else Basis.UNKNOWN).name.lower()
         if found is not None:
             info.forecast_start, info.forecast_end = found.start, found.end
