@@ -243,3 +243,21 @@ def test_a_statements_hold_in_progress_counts_in_its_owners_burst():
     repl.granted_at = time.monotonic() - 1.0  # a second into its statement: still first
     fresh, _ = lane_views(Lane(0, holder=repl, residents=[repl]), {}, {}, time.monotonic())
     assert fresh[repl.job_id].person_waits
+
+
+def test_a_few_long_iterations_and_gaps_do_not_lead_the_pace():
+    """A torch.compile job: thousands of 2 ms steps with 1 ms gaps, and a few compilations
+    of seconds among them. A plain mean read its gap as 0.6 s and its forecast two hours
+    ahead; the pace policies and forecasts use is robust to a few outliers."""
+    job = resident(declared=20_000)
+    job.worker = True
+    for index in range(400):
+        compiling = index in (3, 150, 151)
+        job.time_iteration(4.0 if compiling else 0.002, 1)
+        job.gaps.add(5.0 if compiling else 0.001)
+    assert job.mean_iteration == pytest.approx(0.002)
+    assert job.mean_gap == pytest.approx(0.001)
+    # ... and a new phase is its pace once its window has turned over
+    for _ in range(200):
+        job.time_iteration(0.010, 1)
+    assert job.mean_iteration == pytest.approx(0.010)

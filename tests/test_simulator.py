@@ -499,3 +499,30 @@ def test_a_job_waits_where_it_will_run_soonest_not_where_it_was_first_put(tmp_pa
     assert _jcts_of(trace.format(third=0.05), 2, tmp_path)[2] == pytest.approx(59.95)
     for policy in ("srtf", "fair"):  # the third job gets turns at once: nothing to move
         assert _jcts_of(trace.format(third=1), 2, tmp_path, policy)[2] < 100
+
+
+def test_a_pause_among_many_batches_does_not_make_the_mean_gap(daemon, tmp_path):
+    """A torch.compile job's compilations, a checkpoint's save: a few long pauses among many
+    short gaps, the first ones most often. A plain mean read them as the job's gap; the pace
+    forecasts and policies use leaves them out."""
+    script = write_script(
+        tmp_path / "compiles.py",
+        (
+            "import gq, time\n"
+            "def batches():\n"
+            "    for i in range(40):\n"
+            "        time.sleep(1.5 if i in (1, 2) else 0.02)\n"
+            "        yield i\n"
+            "for _ in gq.steps(batches()):\n"
+            "    time.sleep(0.005)\n"
+        ),
+    )
+    wait_state(job_id := submit(str(script)), "COMPLETED")
+    shown = job_info(job_id)
+    # Alone, it ran under a lease after its first few gaps: the pace its host timed and its
+    # lease's together are what its iterations and gaps took (40 of them, 4 s in all),
+    # not the pauses'.
+    pace = shown["mean_iteration"] + shown["mean_gap"]
+    assert shown["mean_gap"] < 0.15 and 40 * pace <= 1.2 * shown["run_time"], {
+        k: shown[k] for k in ("mean_gap", "mean_iteration", "attained", "run_time", "steps_done")
+    }

@@ -231,8 +231,7 @@ class Granter:
         if resident not in lane.residents:  # a thread of a script said to be finished
             lane.residents.append(resident)
         if resident.released_at is not None:
-            resident.gaps += 1
-            resident.gap_total += max(0.0, now - resident.released_at)
+            resident.gaps.add(now - resident.released_at)
         resident.asks_for_iteration()
         move(resident, Event.ASK)
         self.schedule(lane)

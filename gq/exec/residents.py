@@ -21,6 +21,7 @@ from gq.exec import host_messages as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.host_messages import StopWhy
 from gq.exec.lease import Figures, SharedPage
+from gq.exec.paces import OUTLIER, RecentMean
 from gq.exec.protocol import Channel
 from gq.exec.spawn import JobProcess
 from gq.exec.standings import HOLDS_LANE, WANTS_LANE, Standing
@@ -77,18 +78,17 @@ class Resident:
     # lease is believed for a second's worth).
     page_iterations: int = 0
     leased: float = 0.0
-    # Iterations the host saw from grant to release (the device's work included), and the
-    # steps they advanced: the mean policies use, where there are two; a page's word is not.
+    # Iterations the host saw from grant to release (the device's work included), the
+    # recent ones with the steps they advanced: the pace policies use, where there are
+    # two; a page's word is not.
     timed: int = 0
-    timed_total: float = 0.0
-    timed_steps: int = 0
+    timed_recent: RecentMean = field(default_factory=RecentMean)
     first_iteration: float = 0.0  # the first one timed: warm-up, kept out of the mean
     # Its lane taken inside an iteration, past --max-hold while another job waited, and
     # the lane time of that iteration before it was (its length, once it ends).
     taken: int = 0
     sliced: float = 0.0
-    gaps: int = 0
-    gap_total: float = 0.0
+    gaps: RecentMean = field(default_factory=RecentMean)  # release to the next acquire
     granted_at: float = 0.0
     released_at: float | None = None
     mem_persistent: int | None = None
@@ -122,19 +122,23 @@ class Resident:
     def mean_iteration(self) -> float | None:
         """From the iterations the host timed, past the first (its warm-up would mislead
         srtf, and a job it ranks last never runs again to correct it). A job that has run
-        alone under a lease since its first: its lease's time over its page's count of
-        iterations, gaps included (the page's count is its word, so this is believed only
-        until the host has timed a second iteration, at the first contention); a first
-        iteration it did not time is in the lease's time, warm-up and all."""
+        alone under a lease since its first: its lease's pace (:meth:`_lease_pace`) less
+        the gap it holds. The page's count is its word, so this is believed only until the
+        host has timed a second iteration, at the first contention."""
         if self.timed >= 2:
-            # Per step where steps are counted: grants that advance none (asked for and
-            # given back empty) would otherwise make the mean, and srtf's estimate, read low.
-            per = self.timed_steps if self.timed_steps else self.timed - 1
-            return max(0.0, self.timed_total - self.first_iteration) / per
+            return self.timed_recent.per_step()  # robust to a compilation, a checkpoint
+        pace = self._lease_pace()
+        if pace is None:
+            return None
+        return max(0.0, pace - (self.mean_gap or 0.0))
+
+    def _lease_pace(self) -> float | None:
+        """Lane seconds an iteration under leases, gaps and all: billed time (every
+        iteration counted, less the first where it was timed, and the one under way while
+        the lease goes on: half done, on average) over the page's count; a first iteration
+        it did not time is in the lease's time, warm-up and all."""
         if self.iterations < 2:
             return None
-        # Billed holds every iteration counted (less the first, where it was timed) and the
-        # one under way while the lease goes on: half done, on average.
         counted = self.iterations - (1 if self.timed else 0) + (0.5 if self.in_iteration else 0)
         return max(0.0, self.billed - self.first_iteration) / counted
 
@@ -145,8 +149,7 @@ class Resident:
         if self.timed == 1:
             self.first_iteration = length
         else:
-            self.timed_steps += steps
-        self.timed_total += length
+            self.timed_recent.add(length, steps)
 
     @property
     def billed(self) -> float:
@@ -158,8 +161,36 @@ class Resident:
 
     @property
     def mean_gap(self) -> float | None:
-        """Idle time from a release to the next acquire (data loading, host-side work)."""
-        return max(0.0, self.gap_total) / self.gaps if self.gaps else None
+        """Idle time from a release to the next acquire (data loading, host-side work). The
+        host times gaps between grants; a lease's it cannot, and the gaps it timed before
+        one are a compiling job's first and longest. Where more of its iterations ran under
+        leases than gaps were timed, and the timed ones are far longer than what its
+        leases' time leaves beside the iterations the host vouches for at the pace it timed
+        (:meth:`_leased_gap`), the gap is the leases'; where it has no timed pace, no more
+        than its leases' whole pace: never do its iteration and gap add up past the time
+        it ran."""
+        timed = self.gaps.per_item()
+        leased = self._leased_gap()
+        if leased is not None and leased[1] >= len(self.gaps):
+            if timed is None or timed > OUTLIER * leased[0]:
+                return leased[0]
+        pace = self._lease_pace() if self.timed < 2 else None
+        return timed if timed is None or pace is None else min(timed, pace)
+
+    def _leased_gap(self) -> tuple[float, int] | None:
+        """Seconds a gap under its leases, and how many iterations that holds: the leases'
+        lane time less the page-counted iterations the host vouches for at its timed pace
+        (a page that claims more than that time holds is believed for as many), over
+        those; None without a timed pace or a lease."""
+        pace = self.timed_pace
+        if pace is None or not self.page_iterations or self.leased <= 0:
+            return None
+        vouched = (
+            self.page_iterations
+            if pace <= 0
+            else min(self.page_iterations, math.ceil(self.leased / pace))
+        )
+        return max(0.0, self.leased - vouched * pace) / vouched, vouched
 
     def record_steps(self, reported: int) -> None:
         """What the worker says it has done, made plausible: never less than before, never
@@ -200,9 +231,7 @@ class Resident:
     @property
     def timed_pace(self) -> float | None:
         """Lane seconds an iteration the host timed held, past the first (None: fewer)."""
-        if self.timed < 2:
-            return None
-        return max(0.0, self.timed_total - self.first_iteration) / (self.timed - 1)
+        return self.timed_recent.per_item()
 
     def end_iteration(self, held: float, steps: int | None = None) -> None:
         """An iteration is over (a Done, or a READY while holding: the host saw it end),
