@@ -2,7 +2,7 @@
 
 # The client-daemon protocol's version (gq/messages/): one more with every change a
 # daemon of the version before would misread.
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 # Daemon
 POLL_PERIOD = 1.0  # rescan the queue this often even when no request changed it

@@ -168,7 +168,7 @@ def test_shells_named_by_a_first_line():
 
 def test_a_job_completed_by_a_resumed_run_shows_as_done(daemon, tmp_path):
     """A requeued job that resumes from its checkpoint counts only its last run's steps:
-    it showed `Steps: 20/30` and a two-thirds bar once COMPLETED."""
+    it showed `Steps: 20/30` and a two-thirds bar once COMPLETED. It reached all 30."""
     checkpoint, waiting = tmp_path / "checkpoint", tmp_path / "waiting"
     script = write_script(
         tmp_path / "resume.py",
@@ -187,6 +187,7 @@ def test_a_job_completed_by_a_resumed_run_shows_as_done(daemon, tmp_path):
     wait_for(waiting.exists, 60, what="the first run to reach its checkpoint")
     gq_ok("requeue", str(job_id))
     info = wait_state(job_id, "COMPLETED", timeout=60)
-    assert (info["steps_done"], info["steps_total"], info["run_count"]) == (20, 30, 2)
+    assert (info["steps_done"], info["steps_total"], info["run_count"]) == (30, 30, 2)
+    assert info["runs"][1]["steps_done"] == 20  # its last run's own count
     assert "██████████ done (20 in run 2)" in gq_ok("status", "--all")
-    assert "20/30 (counted by run 2; the job completed)" in gq_ok("show", str(job_id))
+    assert "30/30 (the job completed; run 2 counted 20)" in gq_ok("show", str(job_id))

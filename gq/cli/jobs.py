@@ -10,10 +10,10 @@ from typing import Optional
 import typer
 
 from gq import defaults, messages
-from gq.cli import listing, render
+from gq.cli import job_page, listing, render
 from gq.cli.common import ask, labels
 from gq.queue.states import TERMINAL
-from gq.units import format_duration, parse_period, parse_when
+from gq.units import parse_period, parse_when
 
 STATUS_HELP = """List pending and running jobs (like squeue).
 
@@ -126,154 +126,7 @@ def show(
     for index, job in enumerate(answer.jobs):
         if index:
             typer.echo()
-        _print_job(job)
-
-
-def _interactive(job: messages.JobInfo) -> str:
-    """Whether it is on its submitter's terminal; its idle time and --idle-timeout."""
-    if not job.interactive:
-        return "no"
-    said = "yes (on its submitter's terminal)"
-    if job.idle is not None:
-        said += f", idle {render.idle_time(job.idle)}"
-    if job.idle_timeout is not None:
-        said += f", ended when idle {format_duration(job.idle_timeout)} (--idle-timeout)"
-    return said
-
-
-def _print_job(job: messages.JobInfo) -> None:
-    lines = [
-        ("JobId", job.label),
-        ("Name", job.name),
-        ("User", f"{job.user} (uid {job.uid})"),
-        ("State", f"{job.state} ({render.state_label(job)})"),
-        ("Reason", job.reason or "-"),
-        ("Priority", job.priority),
-        ("Command", " ".join([job.script, *job.args])),
-        ("Interactive", _interactive(job)),
-        ("WorkDir", job.workdir),
-        ("StdOut", job.stdout or "(its terminal)"),
-        ("StdErr", job.stderr or "(its terminal)"),
-        ("Gpus", f"{job.gpu_type}:{job.gpus}" if job.gpu_type else job.gpus),
-        ("GpuMem", render.memory_figure(job)),
-        (
-            "OutOfMemory",
-            f"{job.on_oom.value}" + (f" ({job.ooms} run(s) ran out so far)" if job.ooms else ""),
-        ),
-        ("HostMem", render.size(job.host_mem) if job.host_mem else "-"),
-        ("CpusPerTask", job.cpus or "-"),
-        ("TimeLimit", render.duration(job.time_limit) if job.time_limit else "UNLIMITED"),
-        ("BeginTime", render.short_time(job.begin_time) if job.begin_time else "-"),
-        ("Signal", job.warn_signal or "-"),
-        ("NodeList", job.nodelist or "-"),
-        (
-            "Retries",
-            f"{job.retries - (job.retries_left or 0)} of {job.retries} used"
-            if job.retries
-            else "-",
-        ),
-        ("Deadline", _deadline_line(job)),
-        ("Exclusive", "yes" if job.exclusive else "no"),
-        ("Requeue", "yes" if job.requeue else "no"),
-        ("Dependency", job.dependency or "-"),
-        ("Held", "yes" if job.held else "no"),
-        ("Device", f"{job.device or '-'}" + (f" lane {job.lane}" if job.lane is not None else "")),
-        ("SubmitTime", render.short_time(job.submit_time)),
-        ("StartTime", render.short_time(job.start_time)),
-        ("EndTime", render.short_time(job.end_time)),
-        ("RunTime", render.duration(render.elapsed(job))),
-        ("Forecast", _forecast_line(job)),
-        ("ExitCode", "-" if job.exit_code is None else job.exit_code),
-        (
-            "Steps",
-            f"{job.steps_done}/{job.steps_total or '?'}"
-            + (
-                f" (counted by run {job.run_count}; the job completed)"
-                if render.resumed_and_done(job)
-                else ""
-            ),
-        ),
-        ("MeanIteration", f"{job.mean_iteration * 1000:.2f} ms" if job.mean_iteration else "-"),
-        ("MeanGap", f"{job.mean_gap * 1000:.2f} ms" if job.mean_gap is not None else "-"),
-        ("AttainedDeviceTime", f"{job.attained:.2f} s"),
-        ("LaneTaken", _lane_taken(job)),
-        ("IterationsPerSecond", _figure(render.iteration_rate(job), "{:.1f}")),
-        ("LaneShare", _figure(render.lane_share(job), "{:.0%}")),
-        ("MemPersistent", render.size(job.mem_persistent)),
-        ("MemPeak", render.size(job.mem_peak)),
-        ("HostMemory", render.size(job.host_memory)),
-        ("Processes", "-" if job.processes is None else job.processes),
-        ("Tasks", _tasks(job)),
-        ("Runs", job.run_count),
-    ]
-    width = max(len(k) for k, _ in lines)
-    for key, value in lines:
-        typer.echo(f"{key:>{width}}: {render.printable(value)}")
-    typer.echo("\nState history:")
-    for event in job.events or []:
-        old = event.old_state or "-"
-        reason = f"  ({event.reason})" if event.reason else ""
-        typer.echo(
-            render.printable(
-                f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}"
-            )
-        )
-
-
-def _forecast_line(job: messages.JobInfo) -> str:
-    """When the job should start and end, as the daemon's last forecast has it."""
-    if job.forecast is None:
-        return "-"
-    if job.forecast == "unknown":
-        return "unknown (no --steps, --time or earlier runs of this name to go on)"
-    start = (
-        "" if job.start_time is not None else (f"start {render.forecast_time(job, end=False)}, ")
-    )
-    return f"{start}end {render.forecast_time(job, end=True)}" + _FORECAST_BASIS.get(
-        job.forecast, ""
-    )
-
-
-_FORECAST_BASIS = {
-    "estimated": " (estimated)",
-    "guessed": " (a first guess from time limits: not forecast yet; ask again in a second)",
-}
-
-
-def _lane_taken(job: messages.JobInfo) -> str:
-    """How often its device was taken from it inside an iteration (--max-hold)."""
-    if not job.lane_taken:
-        return "never"
-    return (
-        f"{job.lane_taken} time(s): its iterations held the device past the policy's "
-        "--max-hold while another job waited, so they ran sliced"
-    )
-
-
-def _tasks(job: messages.JobInfo) -> str:
-    """Its tasks now, against its limit, and the forks refused there (its pids cgroup's)."""
-    if job.pids_current is None:
-        return "-"
-    limit = "" if job.pids_max is None else f" of at most {job.pids_max}"
-    refused = f"; {job.pids_refused} forks refused at the limit" if job.pids_refused else ""
-    return f"{job.pids_current}{limit}{refused}"
-
-
-def _figure(value: float | None, form: str) -> str:
-    return "-" if value is None else form.format(value)
-
-
-def _deadline_line(job: messages.JobInfo) -> str:
-    if job.deadline is None:
-        return "-"
-    text = render.short_time(job.deadline)
-    predicted = render.predicted_end(job)
-    if predicted is not None:
-        text += f" (predicted end {render.short_time(predicted)})"
-    missed = render.deadline_miss(job)
-    if missed is not None:
-        text += f"; misses it by {render.duration(missed)}"
-    return text
+        job_page.print_job(job)
 
 
 def history(
@@ -295,7 +148,15 @@ def history(
     limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N", help=LIMIT_HELP),
 ) -> None:
     """Finished jobs (like sacct): wait time, run time, JCT, exit code, and what each
-    measured: iterations per second, the share of its lane it held, peak memory.
+    measured: steps, lane time, iterations per second, the share of its lane it held, peak
+    memory.
+
+    A job requeued (gq requeue, scontrol requeue, out of memory, --retries) ran more than
+    once (RUNS); its figures are over all its runs, as sacct sums a job's steps: WAIT is the
+    time it was pending before each run (from its submission or requeue to that run's
+    start), summed; RUN and LANE (lane time billed) are summed; STEPS is what it reached in
+    the end (each run counts its own steps, so a job a resumed run completed reached its
+    total). JCT is its end less its submission. 'gq show JOBID' lists each run.
 
     The jobs that ended last (--limit), the last of them at the bottom. --csv writes gq's
     trace layout, so 'gq simulate --trace' can replay the jobs.
@@ -327,11 +188,16 @@ def history(
                 job.user,
                 job.state,
                 "-" if job.exit_code is None else str(job.exit_code),
+                str(job.run_count),
                 render.duration(data["wait_time"]),
                 render.duration(data["run_time"]),
                 render.duration(data["jct"]),
-                _figure(data["iterations_per_second"], "{:.1f}"),
-                _figure(data["lane_share"], "{:.0%}"),
+                f"{data['steps_done']}/{job.steps_total}"
+                if job.steps_total
+                else str(data["steps_done"]),
+                render.duration(data["attained"]),
+                job_page.figure(data["iterations_per_second"], "{:.1f}"),
+                job_page.figure(data["lane_share"], "{:.0%}"),
                 render.size(job.mem_peak),
                 render.short_time(job.end_time),
                 "-"
@@ -353,9 +219,12 @@ def history(
                 "USER",
                 "STATE",
                 "EXIT",
+                "RUNS",
                 "WAIT",
                 "RUN",
                 "JCT",
+                "STEPS",
+                "LANE",
                 "IT/S",
                 "SHARE",
                 "PEAK MEM",

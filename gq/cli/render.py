@@ -15,7 +15,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-    from gq.messages import EventInfo, FairShare, JobInfo
+    from gq.messages import EventInfo, FairShare, JobInfo, RunInfo
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -50,27 +50,85 @@ def forecast_time(job: JobInfo, end: bool) -> str:
 
 
 def elapsed(job: JobInfo, now: float | None = None) -> float | None:
+    """Its latest run's time (squeue's TIME)."""
     if job.start_time is None:
         return None
     end = job.end_time if job.end_time is not None else (now or time.time())
     return max(0.0, end - job.start_time)
 
 
+# A requeued job's totals (gq history, gq show), as sacct sums a job's steps: its latest
+# run's figures and what its runs before it add up to (gq.queue.job_runs).
+
+
 def wait_time(job: JobInfo, now: float | None = None) -> float:
+    """Seconds it was PENDING before each of its runs (from its submission, or its
+    requeue, to that run's start; a job that never started again: to its end), summed.
+    Not its latest start less its submission, which counts its earlier runs as waits."""
+    queued = job.queued_time if job.queued_time is not None else job.submit_time
     start = job.start_time if job.start_time is not None else (job.end_time or now or time.time())
-    return max(0.0, start - job.submit_time)
+    return max(0.0, start - queued) + job.earlier_wait
+
+
+def run_time(job: JobInfo, now: float | None = None) -> float | None:
+    """Seconds its runs ran, summed (None: none has started)."""
+    latest = elapsed(job, now)
+    if latest is None and not job.earlier_run:
+        return None
+    return (latest or 0.0) + job.earlier_run
+
+
+def lane_time(job: JobInfo) -> float:
+    """The lane time its runs were billed, summed (a requeued job's row keeps its latest
+    run's figures until it starts again: counted once, among the earlier runs)."""
+    return (job.attained if job.start_time is not None else 0.0) + job.earlier_attained
+
+
+def steps_reached(job: JobInfo) -> int:
+    """The steps it reached in the end: its latest run's count (each run counts its own
+    steps), or its total where a later run completed it (resumed from a checkpoint, a run
+    counts only the steps from there on)."""
+    if resumed_and_done(job) and job.run_count > 1 and job.steps_total is not None:
+        return job.steps_total
+    return job.steps_done
+
+
+def _steps_counted(job: JobInfo) -> int:
+    """Every step its runs counted, each its own (what its iterations per second go on)."""
+    return (job.steps_done if job.start_time is not None else 0) + job.earlier_steps
 
 
 def iteration_rate(job: JobInfo) -> float | None:
-    """Iterations per second of wall time since its (last) start."""
-    run = elapsed(job)
-    return job.steps_done / run if job.steps_done and run else None
+    """Iterations per second of its runs' wall time."""
+    run, steps = run_time(job), _steps_counted(job)
+    return steps / run if steps and run else None
 
 
 def lane_share(job: JobInfo) -> float | None:
     """The share of its time resident that the job held its lane (ran iterations)."""
-    run = elapsed(job)
-    return min(1.0, job.attained / run) if job.steps_done and run else None
+    run = run_time(job)
+    return min(1.0, lane_time(job) / run) if _steps_counted(job) and run else None
+
+
+def run_json(run: RunInfo) -> dict[str, Any]:
+    """One run of a job (gq show --json's ``runs``)."""
+    ran = None if run.start_time is None else (run.end_time or time.time()) - run.start_time
+    waited = (run.start_time if run.start_time is not None else run.end_time) or time.time()
+    return {
+        "run": run.run,
+        "queued_time": iso(run.queued_time),
+        "start_time": iso(run.start_time),
+        "end_time": iso(run.end_time),
+        "ended": run.ended,
+        "reason": run.reason,
+        "exit_code": run.exit_code,
+        "device": run.device,
+        "wait_time": max(0.0, waited - run.queued_time),
+        "run_time": None if ran is None else max(0.0, ran),
+        "steps_done": run.steps_done,
+        "steps_total": run.steps_total,
+        "attained": run.attained,
+    }
 
 
 def job_json(job: JobInfo) -> dict[str, Any]:
@@ -89,7 +147,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "start_time": iso(job.start_time),
         "end_time": iso(job.end_time),
         "exit_code": job.exit_code,
-        "steps_done": job.steps_done,
+        "steps_done": steps_reached(job),
         "steps_total": job.steps_total,
         "reason": job.reason,
         "gpus": job.gpus,
@@ -123,7 +181,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "run_count": job.run_count,
         "holds_lane": job.holds_lane,
         "lane_taken": job.lane_taken,
-        "attained": job.attained,
+        "attained": lane_time(job),
         "mean_iteration": job.mean_iteration,
         "mean_gap": job.mean_gap,
         "mem_persistent": job.mem_persistent,
@@ -140,7 +198,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "iterations_per_second": iteration_rate(job),
         "lane_share": lane_share(job),
         "wait_time": wait_time(job) if job.state != "PENDING" else None,
-        "run_time": elapsed(job),
+        "run_time": run_time(job),
         "jct": (job.end_time - job.submit_time) if job.end_time is not None else None,
     }
     if job.forecast is not None:
@@ -159,6 +217,8 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         )
     if job.events is not None:
         data["events"] = [event_json(e) for e in job.events]
+    if job.runs is not None:  # answers about one job carry each of its runs
+        data["runs"] = [run_json(run) for run in job.runs]
     return data
 
 

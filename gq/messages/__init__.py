@@ -50,6 +50,7 @@ from gq.messages.records import (
     Line,
     MemoryBasis,
     OnOutOfMemory,
+    RunInfo,
 )
 from gq.messages.requests import (
     SIGNALS_TO_JOBS,
@@ -91,6 +92,7 @@ __all__ = [
     "DeviceReading",
     "EventInfo",
     "JobInfo",
+    "RunInfo",
     "Line",
     "MemoryBasis",
     "OnOutOfMemory",

@@ -54,6 +54,24 @@ class EventInfo(Record):
     reason: Str | None
 
 
+class RunInfo(Record):
+    """One run of a job (gq show): when it was queued (submitted, or put back in the
+    queue), started and ended, how it ended (a terminal state, or REQUEUED; None while it
+    runs) and why, and what it did: its own count of steps, the lane time it was billed."""
+
+    run: Count
+    queued_time: float
+    start_time: float | None
+    end_time: float | None
+    ended: Str | None
+    reason: Str | None
+    exit_code: Int | None
+    device: Str | None
+    steps_done: Count
+    steps_total: Count | None
+    attained: float
+
+
 class JobInfo(Record):
     """One job as clients see it; times are seconds since the epoch."""
 
@@ -156,6 +174,15 @@ class JobInfo(Record):
     pids_current: Count | None = None
     pids_max: Count | None = None
     pids_refused: Count | None = None
+    # When it was last put back in the queue (None: never), and what its runs before its
+    # latest add up to (gq.queue.job_runs): gq history's totals are these and the latest
+    # run's figures above. ``runs``: each of its runs, in answers about one job.
+    queued_time: float | None = None
+    earlier_wait: float = 0.0
+    earlier_run: float = 0.0
+    earlier_attained: float = 0.0
+    earlier_steps: Count = 0
+    runs: list[RunInfo] | None = None
 
 
 class DeviceProcess(Record):

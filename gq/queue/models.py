@@ -131,6 +131,16 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     stop_request: Mapped[str | None] = mapped_column(String(16))  # cancel | requeue
     run_count: Mapped[int] = mapped_column(Integer, default=0)
+    # When it was last put back in the queue (a requeue, a retry; None: it has waited since
+    # its submission), and what its runs before its latest one add up to: seconds pending
+    # before them, seconds they ran, the lane time they were billed and the steps they
+    # counted (each its own count). Its latest run's own figures are the columns above and
+    # below; gq history's totals are the two summed.
+    queued_time: Mapped[float | None] = mapped_column(Float)
+    earlier_wait: Mapped[float] = mapped_column(Float, server_default="0")
+    earlier_run: Mapped[float] = mapped_column(Float, server_default="0")
+    earlier_attained: Mapped[float] = mapped_column(Float, server_default="0")
+    earlier_steps: Mapped[int] = mapped_column(Integer, server_default="0")
 
     # Progress and measurements, flushed by the daemon about once a second.
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
@@ -171,6 +181,28 @@ class JobEvent(Base):
     old_state: Mapped[str | None] = mapped_column(String(16))
     new_state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
+
+
+class JobRun(Base):
+    """One ended run of a job (written by the transition that ends it, as sacct keeps a
+    requeued job's earlier runs): when it was queued, started and ended, how it ended
+    (a terminal state, or REQUEUED with why), and what it did in it."""
+
+    __tablename__ = "job_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    run: Mapped[int] = mapped_column(Integer)  # the job's run_count in it: 1, 2, ...
+    queued_time: Mapped[float] = mapped_column(Float)  # submitted, or put back in the queue
+    start_time: Mapped[float | None] = mapped_column(Float)
+    end_time: Mapped[float] = mapped_column(Float)
+    ended: Mapped[str] = mapped_column(String(16))  # COMPLETED, ..., or REQUEUED
+    reason: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    device: Mapped[str | None] = mapped_column(String(64))
+    steps_done: Mapped[int] = mapped_column(Integer)  # its own count
+    steps_total: Mapped[int | None] = mapped_column(Integer)
+    attained: Mapped[float] = mapped_column(Float)  # lane time billed
 
 
 class Setting(Base):

@@ -1,5 +1,5 @@
 """Forgetting old jobs (the daemon's --retention): which finished jobs may go, and their
-deletion with their events and the payloads no job uses any more."""
+deletion with their events, their runs and the payloads no job uses any more."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def spool_paths_in_use(session: Transaction, paths: Iterable[str]) -> set[str]:
 
 
 def purge(session: Transaction, job_ids: list[int]) -> None:
-    """Forget finished jobs: their rows, their events, and payloads no job uses any more."""
+    """Forget finished jobs: their rows, their events and runs (deleted with them: ON DELETE
+    CASCADE), and payloads no job uses any more."""
     owners: dict[int, int | None] = {}  # payload -> its submitter's uid
     for part in chunks(job_ids):
         owners.update(

@@ -14,12 +14,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ClauseElement, bindparam, func, insert, update
+from sqlalchemy import ClauseElement, bindparam, delete, func, insert, update
 
 from gq.exec.host_messages import JobProgress
 from gq.messages import MemoryBasis
-from gq.queue.job_updates import progress_values
-from gq.queue.models import Job, JobEvent
+from gq.queue.job_runs import INTO_EARLIER, keep_run
+from gq.queue.job_updates import progress_values, record_progress
+from gq.queue.models import Job, JobEvent, JobRun
 from gq.queue.prepared import Prepared
 from gq.queue.queries import chunks
 from gq.queue.states import JobState, allowed
@@ -36,12 +37,17 @@ def _move(
     reason: str | None,
     now: float | None = None,
     guard: Any = None,
+    ends_run: bool = False,
     **values: Any,
 ) -> bool:
+    """``ends_run``: the move ends a RUNNING job's run, which is kept (gq.queue.job_runs)."""
     assert allowed(old, new), f"{old} -> {new} is not a job transition"
     now = time.time() if now is None else now
     if old is JobState.RUNNING:
         values.setdefault("suspended", False)  # a suspend ends with the run
+    if new is JobState.PENDING and (ends_run or old.terminal):
+        values.update(INTO_EARLIER)  # its latest run becomes one of its earlier runs
+    kept = ends_run and keep_run(session, job_id, new, reason, now, guard, values)
     statement, plain = _state_change(old, new, guard, values)
     changed = statement.execute(
         session,
@@ -53,6 +59,8 @@ def _move(
         },
     )
     if changed.rowcount != 1:
+        if kept:  # (not reached: the run was kept on the same conditions)
+            session.execute(delete(JobRun).where(JobRun.id == kept))
         return False
     NEW_EVENT.execute(
         session,
@@ -88,6 +96,7 @@ _SHARED = frozenset(
             _ONE_RETRY_LESS,
             _AFTER_RETRY_DELAY,
             _ONE_MORE_OOM,
+            *INTO_EARLIER.values(),
         ),
     )
 )
@@ -183,6 +192,7 @@ def finish(
         state,
         reason,
         now,
+        ends_run=True,
         **{**last, "end_time": now, "exit_code": exit_code, "holds_lane": False},
     )
 
@@ -201,6 +211,7 @@ def requeue(
         JobState.PENDING,
         reason,
         now,
+        ends_run=started,
         device=None,
         lane=None,
         pid=None,
@@ -227,6 +238,7 @@ def retry(
         reason,
         now,
         guard=_HAS_RETRIES,
+        ends_run=True,
         retries_left=_ONE_RETRY_LESS,
         device=None,
         lane=None,
@@ -254,9 +266,10 @@ def ran_out_of_memory(
     much is free; or it ends FAILED, its figure as it was (a later gq requeue must not
     bring back a figure no device offers). Whether the job was RUNNING, and so changed."""
     now = time.time() if now is None else now
-    last = progress_values(progress) if progress is not None else {}
-    values = {**last, "ooms": _ONE_MORE_OOM, "exit_code": exit_code, "holds_lane": False}
     if requeue:
+        # Its last progress first: what its run is kept with and added to its earlier runs.
+        if progress is not None:
+            record_progress(session, job_id, progress)
         return _move(
             session,
             job_id,
@@ -264,7 +277,10 @@ def ran_out_of_memory(
             JobState.PENDING,
             reason,
             now,
-            **values,
+            ends_run=True,
+            ooms=_ONE_MORE_OOM,
+            exit_code=exit_code,
+            holds_lane=False,
             mem=figure,
             mem_basis=MemoryBasis.RAISED.value,
             device=None,
@@ -273,8 +289,18 @@ def ran_out_of_memory(
             stop_request=None,
             start_time=None,
         )
+    last = progress_values(progress) if progress is not None else {}
+    values = {**last, "ooms": _ONE_MORE_OOM, "exit_code": exit_code, "holds_lane": False}
     return _move(
-        session, job_id, JobState.RUNNING, JobState.FAILED, reason, now, **values, end_time=now
+        session,
+        job_id,
+        JobState.RUNNING,
+        JobState.FAILED,
+        reason,
+        now,
+        ends_run=True,
+        **values,
+        end_time=now,
     )
 
 

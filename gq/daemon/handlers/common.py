@@ -14,7 +14,7 @@ from gq.exec import idleness
 from gq.queue import dependencies, lookups, queries
 from gq.queue.arrays import parse_label
 from gq.queue.engine import Transaction
-from gq.queue.models import Job, JobEvent
+from gq.queue.models import Job, JobEvent, JobRun
 from gq.queue.states import JobState
 from gq.slurm.environment import node_name
 
@@ -131,7 +131,51 @@ def job_info(
         mem_over=job.state != JobState.PENDING.value and over_figure(job.mem, job.mem_peak),
         worker=job.interpreter is not None,
         lane_taken=job.lane_taken or 0,
+        queued_time=job.queued_time,
+        earlier_wait=max(0.0, job.earlier_wait or 0.0),
+        earlier_run=max(0.0, job.earlier_run or 0.0),
+        earlier_attained=max(0.0, job.earlier_attained or 0.0),
+        earlier_steps=max(0, job.earlier_steps or 0),
     )
+
+
+def run_infos(job: Job, kept: list[JobRun]) -> list[messages.RunInfo]:
+    """A job's runs as gq show lists them: those kept as they ended, and its latest from its
+    row while it runs (or where its end was not kept: a job from before runs were)."""
+    runs = [
+        messages.RunInfo(
+            run=max(0, run.run),
+            queued_time=run.queued_time,
+            start_time=run.start_time,
+            end_time=run.end_time,
+            ended=run.ended,
+            reason=run.reason,
+            exit_code=run.exit_code,
+            device=run.device,
+            steps_done=max(0, run.steps_done),
+            steps_total=run.steps_total,
+            attained=run.attained,
+        )
+        for run in kept
+    ]
+    latest = job.run_count
+    if job.start_time is not None and latest not in {run.run for run in kept}:
+        runs.append(
+            messages.RunInfo(
+                run=max(0, latest),
+                queued_time=job.queued_time if job.queued_time is not None else job.submit_time,
+                start_time=job.start_time,
+                end_time=job.end_time,
+                ended=None if job.state == JobState.RUNNING.value else job.state,
+                reason=None if job.state == JobState.RUNNING.value else job.reason,
+                exit_code=job.exit_code,
+                device=job.device,
+                steps_done=max(0, job.steps_done),
+                steps_total=job.steps_total,
+                attained=job.attained,
+            )
+        )
+    return runs
 
 
 def _idle(job: Job) -> float | None:

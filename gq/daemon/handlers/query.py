@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 from gq import defaults, messages
 from gq.daemon import first_guess, ownerfiles, waiting
 from gq.daemon.access import Caller, check_may_act
-from gq.daemon.handlers.common import job_info, resolve, resolve_all, resolve_one
+from gq.daemon.handlers.common import job_info, resolve, resolve_all, resolve_one, run_infos
 from gq.daemon.listings import Listing
 from gq.daemon.waiting import Waiting
 from gq.errors import UserError
-from gq.queue import arrays, lookups, queries, spool, stats
+from gq.queue import arrays, job_runs, lookups, queries, spool, stats
 from gq.queue.engine import Database, Transaction
 from gq.queue.models import Job
 from gq.queue.states import JobState
@@ -208,10 +208,12 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
         jobs = resolve(session, request.label)
         shown = jobs[: defaults.MAX_SHOWN_JOBS]
         history = lookups.events(session, [job.id for job in shown])
+        kept = job_runs.runs(session, [job.id for job in shown])
         infos = []
         summed = defaults.USAGE_PROCESSES  # for the whole request: an array's tasks share it
         for job in shown:
             info = job_info(job, history[job.id])
+            info.runs = run_infos(job, kept[job.id])
             usage = daemon.usage(job, summed)
             if usage is not None:
                 info.host_memory, info.processes = usage.memory, usage.processes
