@@ -2,7 +2,7 @@
 
 # The client-daemon protocol's version (gq/messages/): one more with every change a
 # daemon of the version before would misread.
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 # Daemon
 POLL_PERIOD = 1.0  # rescan the queue this often even when no request changed it
@@ -92,6 +92,7 @@ OUTPUT = "gq-%j.out"  # a job's stdout (and stderr) unless --output says (sbatch
 MAX_SCRIPT = 4 << 20  # bytes of a script snapshot (Slurm's default max_script_size)
 MAX_SPOOL_PER_USER = 1 << 30  # bytes of snapshots the spool keeps for one user's jobs
 MAX_JOB_PAYLOAD = 256 << 10  # bytes of environment plus arguments, as JSON on the wire
+MAX_COMMAND = 64 << 10  # characters of the command line a job keeps as the user gave it
 MAX_NAME = 255  # characters of a job name
 MAX_PATH = 4096  # characters of a path (Linux's PATH_MAX)
 MAX_TEXT = 4096  # characters of other free text: a reason, a dependency, a filter

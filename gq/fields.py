@@ -34,5 +34,6 @@ EnvKey = Annotated[str, MaxLen(defaults.MAX_NAME * 4), Where("^[^=]+$", "a name 
 EnvValue = Annotated[str, MaxLen(defaults.MAX_JOB_PAYLOAD + 2 * defaults.MAX_PATH)]
 Environment = Annotated[dict[EnvKey, EnvValue], MaxLen(defaults.MAX_JOB_PAYLOAD // 2)]
 Args = Annotated[list[Arg], MaxLen(defaults.MAX_JOB_PAYLOAD // 2)]
+CommandLine = Annotated[str, MaxLen(defaults.MAX_COMMAND)]  # as the user gave it (shlex)
 Groups = Annotated[list[Annotated[int, Bounds(0, (1 << 32) - 2)]], MaxLen(65536)]
 Uid = Annotated[int, Bounds(0, (1 << 32) - 2)]

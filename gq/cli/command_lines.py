@@ -36,29 +36,63 @@ _IPYTHON = (
 class Queued:
     """What a command line, or a script named, is queued as: a script path (a label where
     nothing is on disk) and its content (None: read the script at ``path``), arguments,
-    interpreter (Python jobs), and the name it goes by. Plain, as what a plain ``gq submit``
-    imports is (gq/cli/quick.py)."""
+    interpreter (Python jobs), the name it goes by, and the command line the user gave, as a
+    shell would read it (gq show's Command; None: the script and its arguments). Plain, as
+    what a plain ``gq submit`` imports is (gq/cli/quick.py)."""
 
-    __slots__ = ("path", "content", "args", "interpreter", "name")
+    __slots__ = ("path", "content", "args", "interpreter", "name", "command")
 
     def __init__(
-        self, path: str, content: bytes | None, args: list[str], interpreter: str | None, name: str
+        self,
+        path: str,
+        content: bytes | None,
+        args: list[str],
+        interpreter: str | None,
+        name: str,
+        command: str | None = None,
     ):
         self.path = path
         self.content = content
         self.args = args
         self.interpreter = interpreter
         self.name = name
+        self.command = command
+
+    def command_line(self) -> str:
+        """The command line as the user gave it: ``gq run -- CMD ARGS``'s words and ``gq
+        submit SCRIPT ARGS``' quoted as a shell would (shlex.join), --wrap's as written."""
+        return self.command if self.command is not None else shell_join([self.path, *self.args])
+
+
+# What shlex.quote leaves unquoted (its \w, ASCII), for a plain gq submit, which imports
+# neither shlex nor re.
+_UNQUOTED = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
+
+
+def shell_join(words: list[str]) -> str:
+    """shlex.join: each word as a shell reads it back, in single quotes where it needs any."""
+    return " ".join(
+        word
+        if word and all(c in _UNQUOTED for c in word)
+        else "'" + word.replace("'", "'\"'\"'") + "'"
+        for word in words
+    )
 
 
 def from_argv(argv: list[str], interactive: bool = False) -> Queued:
     """``gq run -- CMD ARGS``; with ``interactive`` (--pty), a Python with no script is a
     REPL run by gq's worker, each statement's device work on the lane."""
+    if not argv:
+        raise UserError("give the command to run: gq run [OPTIONS] -- COMMAND [ARGS]...")
+    queued = _queued_for(argv, interactive)
+    queued.command = shell_join(argv)
+    return queued
+
+
+def _queued_for(argv: list[str], interactive: bool) -> Queued:
     import re
     import shlex
 
-    if not argv:
-        raise UserError("give the command to run: gq run [OPTIONS] -- COMMAND [ARGS]...")
     program = os.path.basename(argv[0])
     if interactive and re.fullmatch(_PYTHON, program) and argv[1:] in ([], ["-i"]):
         return Queued(
@@ -103,9 +137,10 @@ def from_wrap(command: str) -> Queued:
         if re.fullmatch(_PYTHON, os.path.basename(words[0])):
             queued = from_argv(words)
             if queued.interpreter is not None:
+                queued.command = command
                 return queued
     text = f"#!/bin/sh\n# gq submit --wrap\n{command}\n"
-    return Queued(os.path.join(os.getcwd(), "(wrap)"), text.encode(), [], None, "wrap")
+    return Queued(os.path.join(os.getcwd(), "(wrap)"), text.encode(), [], None, "wrap", command)
 
 
 def _python(program: str) -> str:

@@ -30,7 +30,7 @@ def print_job(job: messages.JobInfo) -> None:
         ("State", f"{job.state} ({render.state_label(job)})"),
         ("Reason", job.reason or "-"),
         ("Priority", job.priority),
-        ("Command", " ".join([job.script or "", *(job.args or [])])),
+        ("Command", render.command_line(job)),
         ("Interactive", _interactive(job)),
         ("WorkDir", job.workdir),
         ("StdOut", job.stdout or "(its terminal)"),

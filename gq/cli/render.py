@@ -110,6 +110,16 @@ def lane_share(job: JobInfo) -> float | None:
     return min(1.0, lane_time(job) / run) if _steps_counted(job) and run else None
 
 
+def command_line(job: JobInfo) -> str:
+    """The command line the user gave, quoted as a shell would read it; for a job submitted
+    before it was kept (or given new arguments since), its script and arguments so quoted."""
+    if job.command is not None:
+        return job.command
+    import shlex
+
+    return shlex.join([job.script or "", *(job.args or [])])
+
+
 def run_json(run: RunInfo) -> dict[str, Any]:
     """One run of a job (gq show --json's ``runs``)."""
     ran = None if run.start_time is None else (run.end_time or time.time()) - run.start_time
@@ -209,6 +219,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         }
     if job.script is not None:  # answers about one job carry its command and paths
         data.update(
+            command=command_line(job),
             script=job.script,
             args=job.args,
             workdir=job.workdir,

@@ -124,6 +124,7 @@ def _build(
         options["job_name"] = queued.name
     if options["test_only"] and options["wait"]:
         raise UserError("--test-only queues nothing for --wait to wait for; give one of them")
+    options["command"] = _within(queued.command_line())
     request = submit_request.build(options, content)
     validation.idle_timeout(pty, options.get("idle_timeout"))
     if pty:
@@ -193,6 +194,14 @@ def _what_to_queue(
     if script is None:
         raise UserError("give the script to run (or --wrap CMD; gq run -- CMD runs a command)")
     return command_lines.Queued(script, None, args, None, os.path.basename(script))
+
+
+def _within(command: str) -> str:
+    """A command line kept to what a job's record holds (its arguments may take the whole
+    payload limit, and quoting lengthens them): cut, and said to be."""
+    if len(command) <= defaults.MAX_COMMAND:
+        return command
+    return command[: defaults.MAX_COMMAND - 1] + "…"
 
 
 def _read_script(path: str) -> bytes:

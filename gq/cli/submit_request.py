@@ -130,6 +130,7 @@ def build(options: dict[str, Any], content: bytes) -> dict[str, Any]:
         "script_path": script,
         "script": binascii.b2a_base64(content, newline=False).decode("ascii"),
         "args": args,
+        "command": options.get("command"),  # the command line as given (gq show's)
         "workdir": workdir,
         "env": env,
         "umask": umask,

@@ -13,7 +13,7 @@ from msgspec import field
 
 from gq import defaults
 from gq.codec import Bounds, Int, MaxLen, Message, Record, Str
-from gq.fields import Args, Count, Name, Path, Seconds, TimeLimit, Timestamp
+from gq.fields import Args, CommandLine, Count, Name, Path, Seconds, TimeLimit, Timestamp
 
 Label = Annotated[str, MaxLen(64)]  # a job id as typed: 17, or 17_3 (checked by handlers)
 # Task ids and ranges (0-99,200): at most every id up to 4,000,000, each with its comma.
@@ -183,6 +183,7 @@ class JobInfo(Record):
     earlier_attained: float = 0.0
     earlier_steps: Count = 0
     runs: list[RunInfo] | None = None
+    command: CommandLine | None = None  # as the user gave it, in answers about one job
 
 
 class DeviceProcess(Record):

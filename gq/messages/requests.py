@@ -10,6 +10,7 @@ from gq import defaults
 from gq.codec import Bounds, MaxLen, Record
 from gq.fields import (
     Args,
+    CommandLine,
     Count,
     Cpus,
     Environment,
@@ -79,6 +80,9 @@ class Submit(ClientMessage, tag="submit"):
     umask: Umask
     options: SubmitOptions
     test_only: bool = False  # sbatch --test-only: when it would start and end; queue nothing
+    # The command line the user gave (gq run -- CMD ARGS, --wrap's, SCRIPT ARGS), as a shell
+    # reads it: gq show's Command.
+    command: CommandLine | None = None
 
 
 class ListJobs(ClientMessage, tag="list"):

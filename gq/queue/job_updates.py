@@ -193,8 +193,11 @@ def set_suspended(session: Transaction, job_ids: list[int], suspended: bool) -> 
 
 
 def set_args(session: Transaction, payload_id: int, args: list[str]) -> None:
-    """New arguments for every (pending) job of one submission."""
-    session.execute(update(Payload).where(Payload.id == payload_id).values(args=list(args)))
+    """New arguments for every (pending) job of one submission (the command line it was
+    given no longer says what it runs)."""
+    session.execute(
+        update(Payload).where(Payload.id == payload_id).values(args=list(args), command=None)
+    )
 
 
 def set_outputs(session: Transaction, paths: dict[int, tuple[str, str, str, str]]) -> None:

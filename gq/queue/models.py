@@ -25,6 +25,10 @@ class Payload(Base):
     # What its snapshot costs the spool while kept (spool.footprint; 0 once dropped): what
     # counts against its user's --max-spool.
     spool_bytes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The command line the user gave, as a shell reads it (gq run -- CMD ARGS, --wrap's,
+    # SCRIPT ARGS); None for submissions from before it was kept, and once gq update has
+    # given new arguments (the script and its arguments say it then).
+    command: Mapped[str | None] = mapped_column(Text)
 
 
 class SpoolUsage(Base):

@@ -69,6 +69,7 @@ class NewJob:
     array_tasks: tuple[int, ...] | None = None
     array_max_running: int | None = None
     spool_bytes: int = 0  # what the snapshot costs the spool (spool.footprint)
+    command: str | None = None  # the command line as the user gave it (gq show)
     submit_time: float = field(default_factory=time.time)
 
 
@@ -85,7 +86,13 @@ def submit(
     Their ids."""
     tasks = new.array_tasks if new.array_tasks is not None else (None,)
     payload_id = _NEW_PAYLOAD.scalar(
-        session, {"env": dict(new.env), "args": list(new.args), "spool_bytes": new.spool_bytes}
+        session,
+        {
+            "env": dict(new.env),
+            "args": list(new.args),
+            "spool_bytes": new.spool_bytes,
+            "command": new.command,
+        },
     )
     if new.uid is not None:
         count_spool(session, {new.uid: new.spool_bytes})

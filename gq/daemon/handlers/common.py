@@ -86,6 +86,7 @@ def job_info(
         array_max_running=job.array_max_running,
         script=job.script if detail else None,
         args=list(job.args) if detail else None,
+        command=job.payload.command if detail else None,
         workdir=job.workdir if detail else None,
         stdout=job.stdout_path if detail else None,
         stderr=job.stderr_path if detail else None,

@@ -85,6 +85,8 @@ def _validate(daemon: NodeView, caller: Caller, request: messages.Submit) -> sub
             "smaller script that reads its data from files"
         )
     validation.payload(request.env, request.args)
+    if request.command is not None:
+        validation.text(request.command, "the command line", defaults.MAX_COMMAND)
     if options.name is not None:
         validation.job_name(options.name)
     if b"\0" in request.script[:8192]:
@@ -168,6 +170,7 @@ def _validate(daemon: NodeView, caller: Caller, request: messages.Submit) -> sub
         gid=caller.gid,
         script=str(script),
         args=list(request.args),
+        command=request.command,
         interpreter=options.interpreter if is_python else None,
         workdir=request.workdir,
         output_pattern=options.output,
