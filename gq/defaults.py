@@ -31,7 +31,8 @@ LISTING_NICE = 10  # the listing children yield the CPUs to jobs and to the daem
 TURN_HALF_LIFE = 5.0
 FLUSH_PERIOD = 1.0  # write jobs' progress to the queue this often
 HOST_RESTART_DELAY = 1.0  # wait before replacing an execution host that died
-LANES = 1  # iterations that may run at once on one device
+LANES = 1  # iterations that may run at once on one device (--lanes N; auto: measured)
+MAX_LANES = 64
 MAX_RESIDENT = 4  # jobs kept resident on one device
 # A resident that runs no iteration this long gives its slot to a job that waits for one,
 # where its user holds more than their part of the device's slots (--idle-resident): it is

@@ -419,6 +419,10 @@ def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):
         (["--fair-half-life", "nan"], "invalid period 'nan'"),
         (["--fair-half-life", "-1day"], "invalid period '-1day'"),
         (["--fair-half-life", "9" * 60], "invalid period"),
+        (["--lanes", "0"], "--lanes 0: give 'auto' or a count from 1 to 64"),
+        (["--lanes", "nan"], "--lanes nan: give 'auto'"),
+        (["--lanes", str(2**70)], "give 'auto' or a count"),
+        (["--lanes", "auto\x00"], "give 'auto' or a count"),
     ):
         result = gq("daemon", "start", *args)
         assert result.code == 2 and words in result.err and result.err.count("\n") == 1

@@ -216,7 +216,9 @@ def test_a_job_pinned_to_its_device_is_never_moved_off_it(home, tmp_path):
     wait_state(short, "COMPLETED", timeout=60)  # cpu1 is free long before cpu0
     info = wait_state(pinned, "COMPLETED", timeout=60)
     assert info["device"] == "cpu0" and info["run_count"] == 1
-    assert info["start_time"] < job(long)["end_time"]  # resident, bound there all along
+    # resident, bound there all along (beside the long job, or taking turns with it)
+    long_end = job(long)["end_time"]
+    assert long_end is None or info["start_time"] < long_end
     assert all("moved" not in (e["reason"] or "") for e in info["events"])
 
 

@@ -9,6 +9,7 @@ import typer
 
 from gq import client, defaults, home, validation
 from gq.cli import daemon_lifecycle
+from gq.daemon.options import parse_lanes
 from gq.errors import MissingExtra, UserError
 from gq.exec.cgroups import KINDS
 from gq.units import (
@@ -38,8 +39,11 @@ def start(
         help="The node's shared daemon (root): state in /var/lib/gq (GQ_SYSTEM_HOME), socket open to all users.",
     ),
     foreground: bool = typer.Option(False, "--foreground", help="Stay attached (for systemd)."),
-    lanes: int = typer.Option(
-        defaults.LANES, "--lanes", help="Lanes per device: iterations that run at once."
+    lanes: str = typer.Option(
+        "auto",
+        "--lanes",
+        metavar="auto|N",
+        help="Lanes per device: iterations that run at once. auto: one lane, and jobs on lanes of their own at once where measuring them shows it pays; N: N lanes, the device's memory split between them.",
     ),
     max_resident: int = typer.Option(
         defaults.MAX_RESIDENT, "--max-resident", help="Jobs kept resident per device."
@@ -206,15 +210,19 @@ def start(
 ) -> None:
     """Start the node daemon (detached unless --foreground); its log is daemon.log in its
     state directory. A personal daemon also starts by itself on the first command."""
+    try:
+        parse_lanes(lanes)
+    except ValueError:
+        raise UserError(
+            f"--lanes {lanes}: give 'auto' or a count from 1 to {defaults.MAX_LANES}"
+        ) from None
     if (
-        lanes < 1
-        or max_resident < 1
+        max_resident < 1
         or kill_wait < 0
         or (cpu_devices is not None and not 1 <= cpu_devices <= 64)
     ):
         raise UserError(
-            "--lanes and --max-resident must be at least 1, --cpu-devices 1 to "
-            "64, --kill-wait not negative"
+            "--max-resident must be at least 1, --cpu-devices 1 to 64, --kill-wait not negative"
         )
     if (
         (max_temp is not None and max_temp <= 0)
@@ -284,7 +292,7 @@ def start(
     target = home.system() if system else home.personal()
     options = [
         "--lanes",
-        str(lanes),
+        lanes.strip().lower(),
         "--max-resident",
         str(max_resident),
         "--max-pids",

@@ -41,8 +41,9 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
     cap = "" if node.priority_cap is None else f"; users' priority cap {node.priority_cap}"
     typer.echo(
         f"daemon: {node.mode} mode, pid {node.pid}, up "
-        f"{render.duration(time.time() - node.started)}, {node.lanes} lane(s) per "
-        f"device, up to {node.max_resident} resident jobs per device"
+        f"{render.duration(time.time() - node.started)}, "
+        + ("lanes auto (chosen by measurement)" if node.packing else f"{node.lanes} lane(s)")
+        + f" per device, up to {node.max_resident} resident jobs per device"
     )
     typer.echo(f"operators: {', '.join(node.operators)}{cap}")
     from gq.policies import label
@@ -83,6 +84,10 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
                     f"starts here; 'gq resume {device.name}' undoes it"
                 )
             )
+        on_lane = {}
+        if device.sharing is not None:
+            typer.echo(f"  lanes: {_sharing(device.sharing)}")
+            on_lane = {job: i for i, jobs in enumerate(device.sharing.lanes) for job in jobs}
         for job in device.jobs:
             lane = (
                 ("holds" if job.holds_lane else "waits for")
@@ -91,7 +96,8 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
             )
             typer.echo(
                 render.printable(
-                    f"  job {job.label} ({job.name}, {job.user}) {lane} lane {job.lane}"
+                    f"  job {job.label} ({job.name}, {job.user}) {lane} lane "
+                    f"{on_lane.get(job.id, job.lane)}"
                 )
             )
 
@@ -169,3 +175,35 @@ def _headroom(headroom: int | None) -> str:
     if headroom is not None and headroom < 0:
         return f"no headroom ({render.size(-headroom)} over)"
     return f"{render.size(headroom)} headroom"
+
+
+_FOUND = {
+    "changed": "jobs came or went: measuring them taking turns",
+    "measured": "measured taking turns",
+    "paid": "side by side paid",
+    "failed": "side by side did not pay",
+    "drifted": "a rate changed: measuring them taking turns again",
+}
+
+
+def _sharing(sharing: messages.LaneSharing) -> str:
+    """How the jobs share the device (--lanes auto): which run at once, and why."""
+    groups = " | ".join(",".join(str(job) for job in jobs) for jobs in sharing.lanes) or "none"
+    gain = f", {sharing.gain:.2f}x the work of taking turns" if sharing.gain is not None else ""
+    if sharing.slowest is not None and sharing.kept is not None:
+        gain += f", job {sharing.slowest} at {sharing.kept:.2f}x its own"
+    found = f" ({_FOUND.get(sharing.last or '', sharing.last)}{gain})" if sharing.last else ""
+    retry = (
+        f"; tried again in {sharing.retry_in:.0f}s"
+        if sharing.retry_in and sharing.mode == "turns"
+        else ""
+    )
+    words = {
+        "turns": "taking turns on one lane",
+        "trial": "trying lanes of their own",
+        "packed": "on lanes of their own at once",
+    }
+    return (
+        f"{words.get(sharing.mode, sharing.mode)} (up to {sharing.most}): jobs {groups}"
+        f"{found}{retry}"
+    )

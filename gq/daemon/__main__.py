@@ -22,7 +22,7 @@ def main() -> None:
         action="store_true",
         help="the node's shared daemon (root; state in GQ_SYSTEM_HOME)",
     )
-    parser.add_argument("--lanes", type=int, default=defaults.LANES)
+    parser.add_argument("--lanes", type=_lanes, default=(defaults.LANES, True))
     parser.add_argument("--max-resident", type=int, default=defaults.MAX_RESIDENT)
     parser.add_argument(
         "--max-pids",
@@ -95,7 +95,8 @@ def main() -> None:
     from gq.daemon.options import DaemonOptions
 
     options = DaemonOptions(
-        lanes=args.lanes,
+        lanes=args.lanes[0],
+        packing=args.lanes[1],
         max_resident=args.max_resident,
         max_pids=args.max_pids,
         kill_grace=args.kill_wait,
@@ -133,6 +134,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: give a whole number of at least 1")
     return value
+
+
+def _lanes(text: str) -> tuple[int, bool]:
+    from gq.daemon.options import parse_lanes
+
+    try:
+        return parse_lanes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _tasks(text: str) -> int:

@@ -38,6 +38,7 @@ class HostSettings:
     kill_grace: float
     cgroup: str
     attach_wait: float = defaults.ATTACH_WAIT  # an interactive job's terminal waits for its gq
+    packing: bool = False  # --lanes auto: the host runs lanes at once as it measures
 
 
 @dataclass
@@ -171,6 +172,8 @@ def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Pop
         "--attach-wait",
         str(settings.attach_wait),
     )
+    if settings.packing:
+        argv.append("--pack")
     if device.kind == "cuda":
         argv += ["--cuda", "--memory", str(device.memory_total)]
     log_path = os.path.join(home.hosts, f"{device.name}.log")

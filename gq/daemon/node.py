@@ -94,6 +94,7 @@ class Daemon:
                 kill_grace=options.kill_grace,
                 cgroup=options.cgroup,
                 attach_wait=options.attach_wait,
+                packing=options.packing,
             ),
             self.selector,
             self.rescan,
@@ -146,6 +147,9 @@ class Daemon:
 
     def loads(self):
         return self.scheduler.loads()
+
+    def sharing(self, device):
+        return self.supervisor.packing.get(device)
 
     def usage(self, job, processes_summed):
         return self.supervisor.usage(job, processes_summed)

@@ -9,10 +9,24 @@ from dataclasses import dataclass
 from gq import defaults
 from gq.units import format_period
 
+AUTO = "auto"
+
+
+def parse_lanes(text: str) -> tuple[int, bool]:
+    """``--lanes``: ``auto`` (one lane admission fills, several at once where measurement
+    says it pays: gq.exec.packing) or a fixed count; (lanes, measured). ValueError: neither."""
+    if text.strip().lower() == AUTO:
+        return 1, True
+    count = int(text)
+    if not 1 <= count <= defaults.MAX_LANES:
+        raise ValueError(f"--lanes {text}: give 'auto' or a count from 1 to {defaults.MAX_LANES}")
+    return count, False
+
 
 @dataclass(frozen=True)
 class DaemonOptions:
     lanes: int = defaults.LANES
+    packing: bool = True  # --lanes auto: lanes at once as measurement says
     max_resident: int = defaults.MAX_RESIDENT
     max_pids: int = defaults.MAX_PIDS  # tasks (processes and threads) a job may have at once
     kill_grace: float = defaults.KILL_WAIT
@@ -46,7 +60,7 @@ class DaemonOptions:
         """The command-line options that start a daemon with these options."""
         argv = [
             "--lanes",
-            str(self.lanes),
+            AUTO if self.packing else str(self.lanes),
             "--max-resident",
             str(self.max_resident),
             "--max-pids",

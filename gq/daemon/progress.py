@@ -33,6 +33,7 @@ class ProgressReports:
     running: dict[int, Running]
     progress: dict[int, wire.JobProgress]
     switches: dict[str, int]
+    packing: dict[str, wire.PackingReport]
     ledger: Ledger
     shared: dict[str, dict[str, float]]  # what each host was last told of its users' usage
     send: Callable[[str, object], None]
@@ -57,6 +58,8 @@ class ProgressReports:
                 self._check_figure(job, item.iterations)
         if message.switches:
             self.switches[name] = sum(message.switches)
+        if message.packing is not None:
+            self.packing[name] = message.packing
 
     def flush(self) -> None:
         """Write the latest progress of running jobs to the queue (about once a second),

@@ -80,6 +80,7 @@ class Supervisor(ProgressReports, Probes, Endings):
         self.running: dict[int, Running] = {}
         self.progress: dict[int, wire.JobProgress] = {}
         self.switches: dict[str, int] = {}  # lane switches per device, as its host counts them
+        self.packing: dict[str, wire.PackingReport] = {}  # --lanes auto: as each host said
         self.policy: wire.SetPolicy | None = None
         self.ledger = Ledger(fair_half_life)  # each user's fair-share usage
         with db.read() as session:

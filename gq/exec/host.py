@@ -33,11 +33,12 @@ from collections.abc import Callable
 
 from gq import defaults, policies
 from gq.errors import LaunchError
-from gq.exec import cgroups
+from gq.exec import cgroups, packing
 from gq.exec import host_messages as wire
 from gq.exec.granting import Granter
 from gq.exec.host_messages import HOST_VERSION, StopWhy
 from gq.exec.job_processes import JobProcesses
+from gq.exec.lane_packing import LanePacking
 from gq.exec.memory_watch import HostMemoryLimits
 from gq.exec.process_groups import kill_group
 from gq.exec.protocol import TO_HOST, Channel
@@ -66,10 +67,14 @@ class Host:
         terminal_dir: str | None = None,
         attach_wait: float = defaults.ATTACH_WAIT,
         progress_dir: str | None = None,
+        pack: bool = False,
     ):
         self.device = device
         self.cuda = cuda
-        self.lanes = [Lane(i) for i in range(max(1, lanes))]
+        # --lanes auto: as many lanes as may run at once, used as measurement says
+        # (gq.exec.packing); the daemon admits to the device as one lane.
+        shared = packing.most_lanes(cuda) if pack else max(1, lanes)
+        self.lanes = [Lane(i) for i in range(shared)]
         self.listener = listener
         self.daemon: Channel | None = None  # the daemon now connected, if any
         self.greeted = False  # it said hello: until then it is sent nothing but the state
@@ -92,8 +97,14 @@ class Host:
             self,
             cuda,
             policies.make(*self.policy_name),
-            None if memory is None else memory // len(self.lanes),
+            None if memory is None else memory // (1 if pack else len(self.lanes)),
         )
+        self.packing = (
+            LanePacking(self.lanes, self.granter, packing.Packer(len(self.lanes), memory))
+            if pack
+            else None
+        )
+        self._reported_packing: wire.PackingReport | None = None
         self.jobs = JobProcesses(
             device,
             cuda,
@@ -148,6 +159,7 @@ class Host:
                     self.host_memory.watch,
                     self.jobs.watch_idle,
                     self._read_rank_progress,
+                    *((self.packing.tick,) if self.packing else ()),
                 ):
                     self._isolated(chore)
             self._isolated(self._maybe_send_progress)
@@ -406,9 +418,10 @@ class Host:
         for resident in changed:
             resident.dirty = False
         switches = [lane.switches for lane in self.lanes]
-        if changed or switches != self._reported_switches:
-            self._reported_switches = switches
-            self._tell(wire.Progress([r.progress() for r in changed], switches))
+        shared = self.packing.report() if self.packing else None
+        if changed or switches != self._reported_switches or shared != self._reported_packing:
+            self._reported_switches, self._reported_packing = switches, shared
+            self._tell(wire.Progress([r.progress() for r in changed], switches, shared))
 
 
 def _peer_uid(sock: socket.socket) -> int:

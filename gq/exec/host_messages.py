@@ -281,9 +281,27 @@ class LaunchFailed(Message, tag="launch_failed"):
     reason: Text
 
 
+class PackingReport(Record):
+    """How a device's jobs share it under ``--lanes auto`` (gq.exec.packing): taking turns
+    on one lane, or on lanes of their own at once; the jobs of each lane in use; the most
+    lanes it may use; the last packed work over the turns'; what the last measurement
+    found; and seconds before a packing that failed is tried again."""
+
+    mode: Name
+    lanes: Annotated[list[Annotated[list[JobId], MaxLen(1 << 12)]], MaxLen(64)]
+    most: Positive
+    gain: Annotated[float, Bounds(0.0, 1e6)] | None = None
+    last: Name | None = None
+    retry_in: Seconds | None = None
+    # the job that kept the least of its work taking turns, and that share
+    slowest: JobId | None = None
+    kept: Annotated[float, Bounds(0.0, 1e6)] | None = None
+
+
 class Progress(Message, tag="progress"):
     jobs: list[JobProgress]
     switches: Annotated[list[Count], MaxLen(1 << 16)] = field(default_factory=list)
+    packing: PackingReport | None = None  # --lanes auto: how its jobs share the device
 
 
 # ----- host → client -------------------------------------------------------------------

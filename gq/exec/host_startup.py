@@ -51,6 +51,9 @@ def main() -> None:
     parser.add_argument("--device", required=True)
     parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument(
+        "--pack", action="store_true", help="lanes at once as measurement says (--lanes auto)"
+    )
     parser.add_argument("--memory", type=int, help="the device's memory in bytes, where known")
     parser.add_argument("--state-dir", required=True, help="where its socket and pidfile live")
     parser.add_argument("--kill-grace", type=float, default=defaults.KILL_WAIT)
@@ -91,6 +94,7 @@ def main() -> None:
             args.terminals,
             args.attach_wait,
             args.progress,
+            args.pack,
         ).run()
     finally:
         os.unlink(host_paths(args.state_dir, args.device)[1])

@@ -113,6 +113,7 @@ class Resident:
     exited_at: float = 0.0  # monotonic: when it was collected
     ended_wall: float = 0.0  # wall clock: the same moment, the job's end time
     dirty: bool = True
+    moving: bool = False  # to another lane (gq.exec.lane_packing): granted nothing here
 
     @property
     def steps_total(self) -> int | None:
@@ -410,7 +411,7 @@ def ready_to_grant(lane: Lane) -> list[Resident]:
     return [
         r
         for r in lane.residents
-        if r.standing in WANTS_LANE and not r.suspended and r.channel is not None
+        if r.standing in WANTS_LANE and not r.suspended and r.channel is not None and not r.moving
     ]
 
 

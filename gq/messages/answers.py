@@ -150,6 +150,7 @@ class NodeInfo(ClientMessage, tag="node"):
     drained: dict[Name, Text] = field(default_factory=dict)  # device ("*": node) -> reason
     max_hold: float = defaults.MAX_HOLD  # seconds a hold others wait for may go on
     fair_share: FairShare | None = None
+    packing: bool = False  # --lanes auto
 
 
 class Done(ClientMessage, tag="done"):

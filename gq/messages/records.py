@@ -212,6 +212,22 @@ class DeviceReading(Record):
     processes: list[DeviceProcess] = field(default_factory=list)
 
 
+class LaneSharing(Record):
+    """How a device's jobs share it under ``--lanes auto``: ``turns`` (on one lane),
+    ``trial`` or ``packed`` (on lanes of their own at once); each lane's jobs; the most
+    lanes it may use; the last packed work over the turns'; what the last measurement
+    found; seconds before a packing that failed is tried again."""
+
+    mode: Str
+    lanes: list[list[Int]]
+    most: Int
+    gain: float | None = None
+    last: Str | None = None
+    retry_in: float | None = None
+    slowest: Int | None = None  # the job that kept the least of its work taking turns
+    kept: float | None = None  # ... that share
+
+
 class DeviceInfo(Record):
     """A device as clients see it: its memory, its lanes and the jobs on it."""
 
@@ -230,6 +246,7 @@ class DeviceInfo(Record):
     # ... and when they should have ended, as the last forecast has it (None: one of them
     # it has no end for).
     free_forecast: float | None = None
+    sharing: LaneSharing | None = None  # --lanes auto: as its host last said
     uuid: Str | None = None
     reading: DeviceReading | None = None  # the latest sample
     held: Str | None = None  # why the thermal and power guard admits no job to it now

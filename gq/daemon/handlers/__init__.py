@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gq.daemon.options import DaemonOptions
     from gq.daemon.server import ConnectionLimits
     from gq.exec.cgroups import Usage
+    from gq.exec.host_messages import PackingReport
     from gq.home import Home
     from gq.queue.engine import Database
     from gq.queue.models import Job
@@ -68,6 +69,9 @@ class NodeView(Protocol):
     def lane_memory(self, device: Device) -> int: ...
 
     def loads(self) -> list[DeviceLoad]: ...
+
+    def sharing(self, device: str) -> PackingReport | None:
+        """How the device's jobs share it under --lanes auto, as its host last said."""
 
     def usage(self, job: Job, processes_summed: int) -> Usage | None:
         """A running job's host-side memory and processes (its cgroup), where known

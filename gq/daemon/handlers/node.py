@@ -129,6 +129,7 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
                 residents=load.residents if load else 0,
                 free_at=None if load is None or load.free_at == math.inf else load.free_at,
                 free_forecast=_forecast_free(daemon, jobs),
+                sharing=_sharing(daemon.sharing(d.name)),
                 uuid=d.uuid,
                 reading=daemon.monitor.readings.get(d.name),
                 held=daemon.monitor.guard.held.get(d.name),
@@ -153,6 +154,23 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
         drained=dict(config[settings.DRAINED]),
         max_hold=config[settings.MAX_HOLD],
         fair_share=fair_share(daemon),
+        packing=daemon.options.packing,
+    )
+
+
+def _sharing(report) -> messages.LaneSharing | None:
+    """A host's --lanes auto report, as clients read it."""
+    if report is None:
+        return None
+    return messages.LaneSharing(
+        mode=report.mode,
+        lanes=[list(jobs) for jobs in report.lanes],
+        most=report.most,
+        gain=report.gain,
+        last=report.last,
+        retry_in=report.retry_in,
+        slowest=report.slowest,
+        kept=report.kept,
     )
 
 

@@ -1,0 +1,119 @@
+"""The host's side of ``--lanes auto``: what it sees of each job, given to
+:mod:`gq.exec.packing` twice a second, and the moves of jobs between lanes its plan asks
+for. A job moves only between iterations: one holding its lane under a grant moves once it
+gives the lane back, one leased is asked for its lane back first; meanwhile it is granted
+nothing where it was (:attr:`Resident.moving`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from gq.exec.granting import Granter
+from gq.exec.host_messages import PackingReport
+from gq.exec.packing import Mode, Packer, Sample
+from gq.exec.residents import Lane, Resident
+from gq.exec.standings import HOLDS_LANE, Standing
+
+log = logging.getLogger("gq.host")
+PERIOD = 0.5  # seconds between looks
+
+
+class LanePacking:
+    def __init__(self, lanes: list[Lane], granter: Granter, packer: Packer):
+        self.lanes = lanes
+        self.granter = granter
+        self.packer = packer
+        self.next_at = 0.0
+        self.moves_left = False  # a job waits to move once it gives its lane back
+        # Work each job's iterations did (gq.exec.packing.Sample), and the iterations the
+        # host vouched for and the lane time it billed when last looked at.
+        self._work: dict[int, tuple[float, int, float]] = {}
+
+    def due_in(self, now: float) -> float:
+        return max(0.0, self.next_at - now)
+
+    def tick(self) -> None:
+        """Sample and plan every :data:`PERIOD`; move the jobs waiting to move at once
+        (called at every turn of the host's housekeeping)."""
+        now = time.monotonic()
+        if now < self.next_at:
+            if self.moves_left:
+                self._move([r for r in self.granter.residents.values() if _packable(r)])
+            return
+        self.next_at = now + PERIOD
+        self.granter.read_leased_pages()
+        residents = [r for r in self.granter.residents.values() if _packable(r)]
+        samples = [self._sample(r) for r in residents]
+        self._work = {job: seen for job, seen in self._work.items() if job in self.packer.jobs}
+        if self.packer.tick(now, samples):
+            log.info(
+                "lanes: %s (%s); jobs by lane %s",
+                self.packer.mode.value,
+                self.packer.last.value if self.packer.last else "-",
+                self.packer.plan(),
+            )
+        self._move(residents)
+
+    def _sample(self, resident: Resident) -> Sample:
+        vouched, billed = resident.vouched_iterations(), resident.billed
+        pace = resident.timed_pace
+        work, seen, held = self._work.get(resident.job_id, (0.0, vouched, billed))
+        work += max(0, vouched - seen) * pace if pace is not None else max(0.0, billed - held)
+        self._work[resident.job_id] = (work, vouched, billed)
+        return Sample(
+            resident.job_id,
+            work,
+            vouched,
+            resident.mem_persistent,
+            resident.mem_peak,
+            resident.user,
+        )
+
+    def _move(self, residents: list[Resident]) -> None:
+        plan = self.packer.plan()
+        self.moves_left = False
+        for resident in residents:
+            wanted = plan.get(resident.job_id, 0)
+            if wanted >= len(self.lanes) or wanted == resident.lane:
+                resident.moving = False
+                continue
+            resident.moving = True  # granted nothing where it is from now on
+            if resident.standing is Standing.LEASED:
+                self.granter.leases.recall(resident)
+            if resident.standing in HOLDS_LANE:
+                self.moves_left = True  # moved once it gives its lane back
+                continue
+            old = self.lanes[resident.lane]
+            if resident in old.residents:
+                old.residents.remove(resident)
+            new = self.lanes[wanted]
+            new.residents.append(resident)
+            resident.lane, resident.moving = wanted, False
+            self.granter.schedule(old)
+            self.granter.schedule(new)
+
+    def report(self) -> PackingReport:
+        plan = self.packer.plan()
+        by_lane: dict[int, list[int]] = {}
+        for job, lane in sorted(plan.items()):
+            by_lane.setdefault(lane, []).append(job)
+        packer = self.packer
+        return PackingReport(
+            mode=packer.mode.value,
+            lanes=[by_lane[lane] for lane in sorted(by_lane)],
+            most=packer.lanes,
+            gain=packer.gain,
+            last=packer.last.value if packer.last else None,
+            retry_in=max(0.0, packer.retry_at - time.monotonic())
+            if packer.mode is Mode.TURNS and packer.retry_at
+            else None,
+            slowest=packer.slowest[1] if packer.slowest else None,
+            kept=packer.slowest[0] if packer.slowest else None,
+        )
+
+
+def _packable(resident: Resident) -> bool:
+    """A job that takes turns on a lane: one speaking the worker protocol, running."""
+    return resident.channel is not None and not resident.suspended and resident.exit_status is None

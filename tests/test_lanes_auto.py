@@ -1,0 +1,58 @@
+"""--lanes auto, the default: jobs that leave the device idle run on lanes of their own at
+once; jobs that gain nothing side by side are tried, measured, and take turns again.
+Through the real daemon, host and CLI (on the cpu device, a lane a core)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from conftest import ROOT, gq_ok, submit, wait_for, wait_state
+
+LOOP = str(ROOT / "bench" / "jobs" / "cores_loop.py")
+
+pytestmark = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="the cpu device has one lane a core: needs two"
+)
+
+
+def sharing() -> str:
+    line = next((line for line in gq_ok("info").splitlines() if line.startswith("  lanes: ")), "")
+    return line
+
+
+def test_two_single_threaded_jobs_run_on_lanes_of_their_own(daemon):
+    first, second = (submit(LOOP, "--steps", "100000", "--mb", "2") for _ in range(2))
+    for job in (first, second):
+        wait_state(job, "RUNNING")
+    line = wait_for(
+        lambda: "on lanes of their own at once" in (found := sharing()) and found,
+        60,
+        what="the jobs packed",
+    )
+    assert f"jobs {first} | {second}" in line and "side by side paid" in line, line
+    gain = float(re.search(r"([\d.]+)x the work of taking turns", line).group(1))
+    assert gain >= 1.1, line
+    info = gq_ok("info")
+    assert f"job {first} (cores_loop.py" in info and "lane 1" in info, info
+    gq_ok("cancel", str(first), str(second))
+
+
+def test_jobs_that_gain_nothing_side_by_side_are_tried_and_take_turns(daemon, tmp_path):
+    """Their steps hold one lock (as two jobs' kernels on one GPU never overlap)."""
+    lock = tmp_path / "device.lock"
+    first, second = (
+        submit(LOOP, "--steps", "100000", "--mb", "2", "--lock", str(lock)) for _ in range(2)
+    )
+    for job in (first, second):
+        wait_state(job, "RUNNING")
+    line = wait_for(
+        lambda: "side by side did not pay" in (found := sharing()) and found,
+        60,
+        what="a trial that failed",
+    )
+    assert "taking turns on one lane" in line and f"jobs {first},{second}" in line, line
+    assert "tried again in" in line, line
+    gq_ok("cancel", str(first), str(second))

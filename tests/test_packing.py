@@ -1,0 +1,141 @@
+"""The decision of --lanes auto (gq.exec.packing): pure, given what a host would see."""
+
+from __future__ import annotations
+
+import pytest
+
+from gq.exec import packing
+from gq.exec.packing import Mode, Packer, Sample
+
+
+class Jobs:
+    """Jobs whose work and iterations grow at given rates (work seconds a second)."""
+
+    def __init__(self, *ids: int):
+        self.work = dict.fromkeys(ids, 0.0)
+        self.iterations = dict.fromkeys(ids, 0)
+
+    def run(self, packer: Packer, now: float, seconds: float, rates) -> float:
+        """Ticks every half second for ``seconds``; ``rates(mode)`` gives each job's rate."""
+        end = now + seconds
+        while now < end:
+            for job, rate in rates(packer.mode).items():
+                self.work[job] += rate * 0.5
+                self.iterations[job] += 10
+            now += 0.5
+            packer.tick(now, self.samples())
+        return now
+
+    def samples(self, memory: tuple[int, int] | None = None) -> list[Sample]:
+        return [
+            Sample(job, self.work[job], self.iterations[job], *(memory or (None, None)))
+            for job in self.work
+        ]
+
+
+def single_threaded(mode: Mode) -> dict[int, float]:
+    """Two jobs that each leave the device half idle: side by side, both at full speed."""
+    return {1: 0.5, 2: 0.5} if mode is Mode.TURNS else {1: 0.95, 2: 0.95}
+
+
+def saturating(mode: Mode) -> dict[int, float]:
+    """Two jobs that each fill the device: side by side, each at half speed."""
+    return {1: 0.5, 2: 0.5} if mode is Mode.TURNS else {1: 0.45, 2: 0.45}
+
+
+def test_jobs_that_leave_the_device_idle_are_packed_and_stay_so():
+    packer, jobs = Packer(lanes=2), Jobs(1, 2)
+    packer.tick(0.0, jobs.samples())
+    assert packer.mode is Mode.TURNS and packer.plan() == {1: 0, 2: 0}
+    now = jobs.run(packer, 0.0, 5.0, single_threaded)
+    assert packer.mode is Mode.PACKED and packer.plan() == {1: 0, 2: 1}
+    assert packer.gain == pytest.approx(1.9)
+    jobs.run(packer, now, 60.0, single_threaded)
+    assert packer.mode is Mode.PACKED
+
+
+def test_jobs_that_fill_the_device_are_tried_then_take_turns_and_back_off():
+    packer, jobs = Packer(lanes=2), Jobs(1, 2)
+    packer.tick(0.0, jobs.samples())
+    now = jobs.run(packer, 0.0, 5.0, saturating)
+    assert packer.mode is Mode.TURNS and packer.last is packing.Verdict.FAILED
+    assert packer.slowest == (pytest.approx(0.9), 1) and packer.gain == pytest.approx(0.9)
+    # not tried again before the back-off, then tried, failed, and backed off twice as long
+    tried_at = []
+    for _ in range(200):
+        before = packer.mode
+        now = jobs.run(packer, now, 0.5, saturating)
+        if before is Mode.TURNS and packer.mode is Mode.TRIAL:
+            tried_at.append(now)
+    assert len(tried_at) >= 3
+    assert tried_at[0] >= 5.0 + packing.BACKOFF_FIRST - 1.0  # failed within the first 5 s
+    assert tried_at[2] - tried_at[1] > tried_at[1] - tried_at[0]  # the wait grew
+
+
+def test_a_job_slowed_past_keep_unpacks_though_the_total_gains():
+    """fifo's head job does all the work taking turns: packing the one behind it beside it
+    must not cost the head more than a tenth, whatever the total."""
+    packer, jobs = Packer(lanes=2), Jobs(1, 2)
+    packer.tick(0.0, jobs.samples())
+
+    def head_slowed(mode: Mode) -> dict[int, float]:
+        return {1: 1.0, 2: 0.0} if mode is Mode.TURNS else {1: 0.8, 2: 0.9}
+
+    jobs.run(packer, 0.0, 6.0, head_slowed)
+    assert packer.mode is Mode.TURNS and packer.last is packing.Verdict.FAILED
+    assert packer.slowest == (pytest.approx(0.8), 1)
+
+
+def test_a_drift_measures_again_and_a_new_job_starts_over():
+    packer, jobs = Packer(lanes=2), Jobs(1, 2)
+    packer.tick(0.0, jobs.samples())
+    now = jobs.run(packer, 0.0, 5.0, single_threaded)
+    assert packer.mode is Mode.PACKED
+
+    def drifted(mode: Mode) -> dict[int, float]:
+        return {1: 0.5, 2: 0.5} if mode is Mode.TURNS else {1: 0.95, 2: 0.6}
+
+    now = jobs.run(packer, now, 3.0, drifted)
+    assert packer.last is packing.Verdict.DRIFTED and packer.mode is Mode.TURNS
+    jobs.work[3], jobs.iterations[3] = 0.0, 0
+    packer.tick(now, jobs.samples())
+    assert packer.mode is Mode.TURNS and packer.last is packing.Verdict.CHANGED
+    assert packer.plan() == {1: 0, 2: 0, 3: 0}
+
+
+def test_no_packing_where_memory_does_not_hold_both_lanes_or_is_unknown():
+    """Side by side, each lane needs its jobs' resident memory and its largest peak:
+    2 x (3 GiB resident + 3 more at the peak) is 12 GiB."""
+    gib = 1 << 30
+    for memory, figures, packed in (
+        (10 * gib, (3 * gib, 6 * gib), False),
+        (10 * gib, None, False),
+        (12 * gib, (3 * gib, 6 * gib), True),
+    ):
+        packer, jobs = Packer(lanes=2, memory=memory), Jobs(1, 2)
+        packer.tick(0.0, jobs.samples(figures))
+        now = 0.0
+        for _ in range(20):
+            for job, rate in single_threaded(packer.mode).items():
+                jobs.work[job] += rate * 0.5
+                jobs.iterations[job] += 10
+            now += 0.5
+            packer.tick(now, jobs.samples(figures))
+        assert (packer.mode is Mode.PACKED) == packed, (memory, figures)
+
+
+def test_one_lane_never_packs():
+    packer, jobs = Packer(lanes=1), Jobs(1, 2)
+    packer.tick(0.0, jobs.samples())
+    jobs.run(packer, 0.0, 10.0, single_threaded)
+    assert packer.mode is Mode.TURNS and set(packer.plan().values()) == {0}
+
+
+def test_a_user_with_one_job_gets_a_lane_of_their_own_beside_one_with_two():
+    packer = Packer(lanes=2)
+    samples = [Sample(1, 0.0, 0, user="alice"), Sample(2, 0.0, 0, user="alice")]
+    samples.append(Sample(3, 0.0, 0, user="bob"))
+    packer.tick(0.0, samples)
+    packer.mode = Mode.TRIAL  # (as a measurement would have it)
+    plan = packer.plan()
+    assert plan[1] == plan[2] != plan[3]
