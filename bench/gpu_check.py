@@ -21,6 +21,9 @@ it left running is ended, and the next phase starts.
   as bare processes at once ("plain sharing": the high job's loop time there against gq's).
 - sweep: 8 small training jobs packed under fair against one at a time (fifo): makespan
   (first iteration to last) and mean utilization.
+- packing: the sweep's jobs under fair with --lanes 1 and with --lanes auto (the daemon
+  started again each way): makespans, their ratio (>= 1.0 on a GPU) and utilization. Not
+  in the cpu device's quick run (CI's), where bench/packing.py measures it.
 - escapes: a shell job (no lane) beside a lane job, and a CUDA-graph job (replay outside
   any module call) beside a spin job under fair: overlap of each pair.
 - bounded_hold: a job whose every iteration is far longer than --max-hold beside a job of
@@ -104,11 +107,13 @@ def config(cpu: bool, quick: bool) -> dict:
             "fair_pair": 45,
             "priority_fill": 60,
             "sweep": 70,
+            "packing": 80,
             "escapes": 50,
             "bounded_hold": 40,
         },
         "total": 270,
         "plain": [],
+        "skip": [],
         "kinds": list(KINDS),
     }
     if cpu:
@@ -141,12 +146,15 @@ def config(cpu: bool, quick: bool) -> dict:
             hog_ms=450.0,
             kinds=["spin", "graph"],
             total=105,
+            # CI's run of it: bench/packing.py measures --lanes auto on the cpu device
+            skip=["packing"],
             budgets={
                 "environment": 10,
                 "alone": 45,
                 "fair_pair": 40,
                 "priority_fill": 25,
                 "sweep": 25,
+                "packing": 40,
                 "escapes": 25,
                 "bounded_hold": 15,
             },
@@ -435,6 +443,47 @@ def sweep(ph: Phase, s: State) -> None:
     ph.details.update(found)
 
 
+def packing(ph: Phase, s: State) -> None:
+    """--lanes auto: the sweep's jobs under fair, with one lane (taking turns) and with the
+    lanes chosen by measurement (the daemon started again so), makespan and utilization."""
+    plain = "packing" in s.cfg["plain"]
+    args = s.args("matmul", s.cfg["sweep_iters"], sizes="sweep", plain=plain)
+    base = ["--kill-wait", "1", "--max-resident", "8"]
+    found = {}
+    try:
+        for lanes in ("1", "auto"):
+            s.node.gq("daemon", "stop")
+            s.node.gq("daemon", "start", *base, "--lanes", lanes)
+            s.node.gq("policy", "set", "fair")
+            stage = f"lanes-{lanes}"
+            labels = [f"{lanes}-{i}" for i in range(s.cfg["sweep_jobs"])]
+            for label in labels:
+                ph.submit(label, args, stage=stage, options=s.mem("sweep"))
+            ph.wait_ready(labels)
+            runs = ph.run_stage(stage, labels)
+            ph.gq_jobs(labels)
+            ph.details[f"sharing_{lanes}"] = s.node.gq("info")
+            lo = min(r["iv"][0][0] for r in runs.values())
+            hi = max(r["iv"][-1][1] for r in runs.values())
+            found[lanes] = {"makespan_s": (hi - lo) / 1e9, "utilization": s.sampler.mean(lo, hi)}
+    finally:
+        s.node.gq("daemon", "stop")
+        s.node.gq("daemon", "start", *base, "--lanes", "1")
+    one, auto = found["1"], found["auto"]
+    ph.fig("makespan_lanes_1_s", one["makespan_s"])
+    ph.fig("makespan_auto_s", auto["makespan_s"])
+    ph.fig(
+        "lanes_1/auto",
+        ratio(one["makespan_s"], auto["makespan_s"]),
+        ">=",
+        1.0 if s.cuda else 1.05,
+        note="the sweep's throughput under --lanes auto against taking turns",
+    )
+    ph.fig(f"utilization_lanes_1_{s.sampler.source}", one["utilization"])
+    ph.fig(f"utilization_auto_{s.sampler.source}", auto["utilization"])
+    ph.details.update(found)
+
+
 def escapes(ph: Phase, s: State) -> None:
     """Work that gq finds no iteration in. A shell job asking for a GPU has the device alone
     (gq cannot put its kernels in a lane), so its lane job starts once it has ended: on a GPU
@@ -513,6 +562,7 @@ PHASES = {
     "fair_pair": fair_pair,
     "priority_fill": priority_fill,
     "sweep": sweep,
+    "packing": packing,
     "escapes": escapes,
     "bounded_hold": bounded_hold,
 }
@@ -595,7 +645,7 @@ def main() -> int:
             node.env["GQ_CHECK_PYTHON"] = sys.executable
             state = State(args.cpu, cfg, node, sampler)
             for name, fn in PHASES.items():
-                if name not in chosen:
+                if name not in chosen or (name in cfg["skip"] and not args.phases):
                     continue
                 try:
                     phase = run_phase(name, fn, state, out, deadline)
