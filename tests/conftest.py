@@ -300,8 +300,10 @@ class DaemonControl:
 
 @pytest.fixture
 def daemon(home):
+    """A personal daemon taking turns on one lane a device: what most tests of the lanes
+    hold it to (tests of --lanes auto, the default, start one without the flag)."""
     control = DaemonControl(home)
-    control.start()
+    control.start("--lanes", "1")
     yield control
     control.stop()
 

@@ -23,7 +23,8 @@ def sharing() -> str:
     return line
 
 
-def test_two_single_threaded_jobs_run_on_lanes_of_their_own(daemon):
+def test_two_single_threaded_jobs_run_on_lanes_of_their_own(home):
+    """No flag given: the first command starts a personal daemon with its defaults."""
     first, second = (submit(LOOP, "--steps", "100000", "--mb", "2") for _ in range(2))
     for job in (first, second):
         wait_state(job, "RUNNING")
@@ -36,11 +37,13 @@ def test_two_single_threaded_jobs_run_on_lanes_of_their_own(daemon):
     gain = float(re.search(r"([\d.]+)x the work of taking turns", line).group(1))
     assert gain >= 1.1, line
     info = gq_ok("info")
-    assert f"job {first} (cores_loop.py" in info and "lane 1" in info, info
+    assert "lanes auto (chosen by measurement) per device" in info, info
+    on_lanes = re.findall(r"job (\d+) \(cores_loop\.py, \w+\) (?:holds|waits for) lane (\d)", info)
+    assert sorted(on_lanes) == [(str(first), "0"), (str(second), "1")], info
     gq_ok("cancel", str(first), str(second))
 
 
-def test_jobs_that_gain_nothing_side_by_side_are_tried_and_take_turns(daemon, tmp_path):
+def test_jobs_that_gain_nothing_side_by_side_are_tried_and_take_turns(home, tmp_path):
     """Their steps hold one lock (as two jobs' kernels on one GPU never overlap)."""
     lock = tmp_path / "device.lock"
     first, second = (
