@@ -156,7 +156,7 @@ class Granter:
         if suspended:
             resident.suspended, resident.suspended_at = True, now
             if resident.standing in (Standing.HOLDING, Standing.RECALLED):
-                self._stop_inside(resident, now)
+                self.stop_inside(resident, now)
             if not resident.frozen and resident.kill_deadline is None:  # (its page may
                 self.host.freeze(resident, True)  # have ended it, read as it stopped)
             log.info("job %d suspended", resident.job_id)
@@ -357,7 +357,7 @@ class Granter:
             lane.contended_since = now
         held = now - lane.contended_since
         # One being ended keeps running (its SIGTERM must be seen): it loses the lane alone.
-        if held < self.max_hold or not self._stop_inside(holder, now, holder.kill_deadline is None):
+        if held < self.max_hold or not self.stop_inside(holder, now, holder.kill_deadline is None):
             return False
         holder.taken += 1
         log.info(
@@ -369,7 +369,7 @@ class Granter:
         )
         return lane.holder is None
 
-    def _stop_inside(self, resident: Resident, now: float, freeze: bool = True) -> bool:
+    def stop_inside(self, resident: Resident, now: float, freeze: bool = True) -> bool:
         """Freeze a holder inside its iteration (``freeze``) and free its lane, billed until
         now (a suspend, or a hold past its bound); False where its page, read to close its
         lease, ended the job instead."""

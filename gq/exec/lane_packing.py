@@ -27,6 +27,7 @@ class LanePacking:
         self.packer = packer
         self.next_at = 0.0
         self.moves_left = False  # a job waits to move once it gives its lane back
+        self._asked: dict[int, float] = {}  # when (monotonic) each was asked to move
         # Work each job's iterations did (gq.exec.packing.Sample), and the iterations the
         # host vouched for and the lane time it billed when last looked at.
         self._work: dict[int, tuple[float, int, float]] = {}
@@ -47,6 +48,7 @@ class LanePacking:
         residents = [r for r in self.granter.residents.values() if _packable(r)]
         samples = [self._sample(r) for r in residents]
         self._work = {job: seen for job, seen in self._work.items() if job in self.packer.jobs}
+        self._asked = {job: at for job, at in self._asked.items() if job in self.packer.jobs}
         if self.packer.tick(now, samples):
             log.info(
                 "lanes: %s (%s); jobs by lane %s",
@@ -78,11 +80,14 @@ class LanePacking:
             wanted = plan.get(resident.job_id, 0)
             if wanted >= len(self.lanes) or wanted == resident.lane:
                 resident.moving = False
+                self._asked.pop(resident.job_id, None)
                 continue
-            resident.moving = True  # granted nothing where it is from now on
+            if not resident.moving:
+                resident.moving = True
+                self._asked[resident.job_id] = time.monotonic()
             if resident.standing is Standing.LEASED:
                 self.granter.leases.recall(resident)
-            if resident.standing in HOLDS_LANE:
+            if resident.standing in HOLDS_LANE and not self._overstays(resident):
                 self.moves_left = True  # moved once it gives its lane back
                 continue
             old = self.lanes[resident.lane]
@@ -91,8 +96,22 @@ class LanePacking:
             new = self.lanes[wanted]
             new.residents.append(resident)
             resident.lane, resident.moving = wanted, False
+            self._asked.pop(resident.job_id, None)
             self.granter.schedule(old)
             self.granter.schedule(new)
+
+    def _overstays(self, resident: Resident) -> bool:
+        """A holder asked to move that has not given its lane back within --max-hold:
+        frozen inside its iteration, it moves (an iteration that never ends would keep it
+        side by side with the jobs it was to take turns with)."""
+        now = time.monotonic()
+        if now - self._asked.get(resident.job_id, now) < self.granter.max_hold:
+            return False
+        if not self.granter.stop_inside(resident, now, resident.kill_deadline is None):
+            return False
+        resident.taken += 1
+        log.info("job %d kept its lane past --max-hold when asked to move: frozen", resident.job_id)
+        return True
 
     def report(self) -> PackingReport:
         plan = self.packer.plan()
