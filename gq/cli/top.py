@@ -146,13 +146,17 @@ def _view(node: messages.NodeInfo, pending: list[messages.JobInfo]):
             ),
             _bar(power, limit, f"{power:.0f} W" if power is not None else "-"),
             str(len(device.jobs)),
-            device.held or ", ".join(reading.throttle if reading else []),
+            device.held
+            or ", ".join(reading.throttle if reading else [])
+            or (f"lanes: {device.sharing.mode}" if device.sharing else ""),
         )
+        sharing = device.sharing.lanes if device.sharing else []
+        on_lane = {job: i for i, jobs in enumerate(sharing) for job in jobs}
         for job in device.jobs:
             _row(
                 lanes,
                 device.name,
-                str(job.lane),
+                str(on_lane.get(job.id, job.lane)),
                 job.label,
                 job.user,
                 render.name_mark(job),

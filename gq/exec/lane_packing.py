@@ -121,7 +121,7 @@ class LanePacking:
         packer = self.packer
         return PackingReport(
             mode=packer.mode.value,
-            lanes=[by_lane[lane] for lane in sorted(by_lane)],
+            lanes=[by_lane.get(lane, []) for lane in range(max(by_lane, default=-1) + 1)],
             most=packer.lanes,
             gain=packer.gain,
             last=packer.last.value if packer.last else None,
