@@ -44,6 +44,7 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
         f"{render.duration(time.time() - node.started)}, "
         + ("lanes auto (chosen by measurement)" if node.packing else f"{node.lanes} lane(s)")
         + f" per device, up to {node.max_resident} resident jobs per device"
+        + _memory(node.memory)
     )
     typer.echo(f"operators: {', '.join(node.operators)}{cap}")
     from gq.policies import label
@@ -207,3 +208,13 @@ def _sharing(sharing: messages.LaneSharing) -> str:
         f"{words.get(sharing.mode, sharing.mode)} (up to {sharing.most}): jobs {groups}"
         f"{found}{retry}"
     )
+
+
+def _memory(memory: messages.DaemonMemory | None) -> str:
+    """The daemon's own memory, as the daemon line ends with it."""
+    if memory is None:  # an older daemon
+        return ""
+    from gq.units import format_size
+
+    sqlite = "" if memory.sqlite is None else f", SQLite {format_size(memory.sqlite)} of it"
+    return f"; daemon memory {format_size(memory.rss)}{sqlite}"

@@ -15,7 +15,7 @@ from gq import defaults, messages
 from gq.errors import UserError
 from gq.queue.engine import Database
 from gq.queue.models import Job, JobEvent
-from gq.queue.queries import chunks
+from gq.queue.queries import among, chunks
 from gq.queue.states import TERMINAL
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def ended(session, job_ids: list[int]) -> messages.WaitOver:
     for part in chunks(sorted(job_ids)):
         rows += session.execute(
             select(Job.id, Job.array_job_id, Job.array_task_id, Job.state, Job.exit_code).where(
-                Job.id.in_(part)
+                among(Job.id, part)
             )
         ).all()
     return messages.WaitOver(

@@ -22,6 +22,7 @@ from typing import Any
 from gq import codec, defaults
 from gq.codec import MessageError, VersionMismatch
 from gq.messages.answers import (
+    DaemonMemory,
     Delay,
     Done,
     EndedJob,
@@ -130,6 +131,7 @@ __all__ = [
     "LogFile",
     "NodeInfo",
     "NodeLimits",
+    "DaemonMemory",
     "PolicyInfo",
     "Report",
     "Script",

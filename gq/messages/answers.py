@@ -130,6 +130,14 @@ class NodeLimits(Record):
     node_pids: Int | None = None  # ... and all jobs together
 
 
+class DaemonMemory(Record):
+    """The daemon's own memory: its resident set, and of it what SQLite holds (its page
+    cache and prepared statements; None where the interpreter's SQLite cannot be asked)."""
+
+    rss: Int  # bytes
+    sqlite: Int | None = None  # bytes
+
+
 class NodeInfo(ClientMessage, tag="node"):
     """The node as gq info shows it."""
 
@@ -151,6 +159,7 @@ class NodeInfo(ClientMessage, tag="node"):
     max_hold: float = defaults.MAX_HOLD  # seconds a hold others wait for may go on
     fair_share: FairShare | None = None
     packing: bool = False  # --lanes auto
+    memory: DaemonMemory | None = None
 
 
 class Done(ClientMessage, tag="done"):

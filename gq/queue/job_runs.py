@@ -16,7 +16,7 @@ from sqlalchemy import Float, Integer, String, Text, bindparam, case, func, inse
 
 from gq.queue.models import Job, JobRun
 from gq.queue.prepared import Prepared
-from gq.queue.queries import chunks
+from gq.queue.queries import among, chunks
 from gq.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def runs(session: Transaction, job_ids: Iterable[int]) -> dict[int, list[JobRun]
     found: dict[int, list[JobRun]] = {job_id: [] for job_id in job_ids}
     for part in chunks(sorted(found)):
         for run in session.scalars(
-            select(JobRun).where(JobRun.job_id.in_(part)).order_by(JobRun.id)
+            select(JobRun).where(among(JobRun.job_id, part)).order_by(JobRun.id)
         ):
             found[run.job_id].append(run)
     return found

@@ -18,7 +18,7 @@ from gq.exec.host_messages import JobProgress
 from gq.messages import MemoryBasis
 from gq.queue.models import Job, Payload
 from gq.queue.prepared import Prepared
-from gq.queue.queries import chunks
+from gq.queue.queries import among, chunks
 from gq.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def request_stop(session: Transaction, job_ids: list[int], what: str) -> list[in
     for part in chunks(job_ids):
         result = session.execute(
             update(Job)
-            .where(Job.id.in_(part), Job.state == JobState.RUNNING.value)
+            .where(among(Job.id, part), Job.state == JobState.RUNNING.value)
             .values(stop_request=what)
             .returning(Job.id)
             .execution_options(synchronize_session=False)
@@ -105,7 +105,7 @@ def set_held(
     holds another user's job); the ids that were pending."""
     changed: list[int] = []
     for part in chunks(job_ids):
-        query = update(Job).where(Job.id.in_(part), Job.state == JobState.PENDING.value)
+        query = update(Job).where(among(Job.id, part), Job.state == JobState.PENDING.value)
         if held and not by_operator:  # an owner's hold never replaces an operator's
             query = query.where(or_(Job.reason.is_(None), Job.reason != HELD_ADMIN))
         result = session.execute(
@@ -157,13 +157,13 @@ def modify(
     if not values:  # nothing here to change: the jobs that may be changed
         for part in chunks(job_ids):
             changed += session.scalars(
-                select(Job.id).where(Job.id.in_(part), Job.state.in_(states))
+                select(Job.id).where(among(Job.id, part), Job.state.in_(states))
             )
         return changed
     for part in chunks(job_ids):
         result = session.execute(
             update(Job)
-            .where(Job.id.in_(part), Job.state.in_(states))
+            .where(among(Job.id, part), Job.state.in_(states))
             .values(**values)
             .returning(Job.id)
             .execution_options(synchronize_session=False)
@@ -180,7 +180,7 @@ def set_suspended(session: Transaction, job_ids: list[int], suspended: bool) -> 
         result = session.execute(
             update(Job)
             .where(
-                Job.id.in_(part),
+                among(Job.id, part),
                 Job.state == JobState.RUNNING.value,
                 Job.suspended.is_(not suspended),
             )

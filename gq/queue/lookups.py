@@ -13,7 +13,7 @@ from sqlalchemy.orm import undefer
 
 from gq.queue.models import Job, JobEvent, Payload
 from gq.queue.prepared import Prepared
-from gq.queue.queries import chunks
+from gq.queue.queries import among, chunks
 
 if TYPE_CHECKING:
     from gq.queue.engine import Transaction
@@ -27,7 +27,7 @@ def run_states(session: Transaction, job_ids: Iterable[int]) -> dict[int, list[t
     for part in chunks(wanted):
         rows = session.execute(
             select(Job.id, Job.array_job_id, Job.state, Job.start_time).where(
-                Job.id.in_(part) | Job.array_job_id.in_(part)
+                among(Job.id, part) | among(Job.array_job_id, part)
             )
         )
         for job_id, array_id, state, start in rows:
@@ -152,7 +152,7 @@ def events(session: Transaction, job_ids: Iterable[int]) -> dict[int, list[JobEv
     found: dict[int, list[JobEvent]] = {job_id: [] for job_id in job_ids}
     for part in chunks(sorted(found)):
         for event in session.scalars(
-            select(JobEvent).where(JobEvent.job_id.in_(part)).order_by(JobEvent.id)
+            select(JobEvent).where(among(JobEvent.job_id, part)).order_by(JobEvent.id)
         ):
             found[event.job_id].append(event)
     return found
@@ -164,7 +164,7 @@ def runs_of(session: Transaction, job_ids: Iterable[int]) -> dict[int, list[Job]
     found: dict[int, list[Job]] = {job_id: [] for job_id in wanted}
     for part in chunks(wanted):
         rows = session.scalars(
-            select(Job).where((Job.id.in_(part)) | (Job.array_job_id.in_(part)))
+            select(Job).where(among(Job.id, part) | among(Job.array_job_id, part))
         ).all()
         for job in rows:
             if job.array_job_id is not None and job.array_job_id in found:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import delete, select
 
 from gq.queue.models import Job, Payload
-from gq.queue.queries import CHUNK, chunks
+from gq.queue.queries import CHUNK, among, chunks
 from gq.queue.spool_usage import count_spool
 from gq.queue.states import JobState
 
@@ -44,7 +44,7 @@ def spool_paths_in_use(session: Transaction, paths: Iterable[str]) -> set[str]:
             session.scalars(
                 select(Job.spool_path)
                 .distinct()
-                .where(Job.spool_path.in_(wanted[start : start + CHUNK]))
+                .where(among(Job.spool_path, wanted[start : start + CHUNK]))
             ).all()
         )
     return used
@@ -59,7 +59,7 @@ def purge(session: Transaction, job_ids: list[int]) -> None:
             (payload, uid)
             for payload, uid in session.execute(
                 delete(Job)
-                .where(Job.id.in_(part))
+                .where(among(Job.id, part))
                 .returning(Job.payload_id, Job.uid)
                 .execution_options(synchronize_session=False)
             )
@@ -69,11 +69,11 @@ def purge(session: Transaction, job_ids: list[int]) -> None:
         for payload, size in session.execute(
             delete(Payload)
             .where(
-                Payload.id.in_(part),
+                among(Payload.id, part),
                 ~Payload.id.in_(
                     Job.__table__.select()
                     .with_only_columns(Job.payload_id)
-                    .where(Job.payload_id.in_(part))
+                    .where(among(Job.payload_id, part))
                 ),
             )
             .returning(Payload.id, Payload.spool_bytes)

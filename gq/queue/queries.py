@@ -5,10 +5,11 @@ gq.queue.scheduling_rows', counts and run history gq.queue.stats'."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import lazyload
 
 from gq.queue.models import Job
@@ -24,6 +25,16 @@ CHUNK = 10_000
 def chunks(values: Sequence[int]) -> Iterable[list[int]]:
     for start in range(0, len(values), CHUNK):
         yield list(values[start : start + CHUNK])
+
+
+def among(column: Any, values: Iterable[Any]) -> ColumnElement[bool]:
+    """``column IN values``, the values passed as one JSON array (``IN (SELECT value FROM
+    json_each(?))``). Written ``column.in_(values)``, each length of the list is a statement
+    of its own, and the connection keeps the last 128 prepared: a read of whole job rows is
+    about 45 KB of SQLite's memory a length, so a daemon whose listings folded 1 to 50 arrays
+    held 2.5 MB of such statements, and a month of lists of every length would hold more."""
+    listed = func.json_each(json.dumps(list(values))).table_valued("value")
+    return column.in_(select(listed.c.value))
 
 
 def jobs(
@@ -62,7 +73,7 @@ def jobs(
         return session.scalars(query if limit is None else query.limit(limit)).all()
     found: list[Job] = []
     for part in chunks(sorted(set(ids))):
-        found += session.scalars(query.where(Job.id.in_(part))).all()
+        found += session.scalars(query.where(among(Job.id, part))).all()
     return sorted(found, key=lambda job: job.id)
 
 

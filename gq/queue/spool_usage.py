@@ -14,7 +14,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from gq.queue.models import Job, Payload, SpoolUsage
 from gq.queue.prepared import Prepared
-from gq.queue.queries import chunks
+from gq.queue.queries import among, chunks
 from gq.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -53,22 +53,26 @@ def drop_snapshots(session: Transaction, uid: int, payload_ids: list[int]) -> se
     for part in chunks(payload_ids):
         freed += (
             session.scalar(
-                select(func.coalesce(func.sum(Payload.spool_bytes), 0)).where(Payload.id.in_(part))
+                select(func.coalesce(func.sum(Payload.spool_bytes), 0)).where(
+                    among(Payload.id, part)
+                )
             )
             or 0
         )
         paths.update(
-            session.scalars(select(Job.spool_path).distinct().where(Job.payload_id.in_(part))).all()
+            session.scalars(
+                select(Job.spool_path).distinct().where(among(Job.payload_id, part))
+            ).all()
         )
         session.execute(
             update(Job)
-            .where(Job.payload_id.in_(part))
+            .where(among(Job.payload_id, part))
             .values(spool_path="")
             .execution_options(synchronize_session=False)
         )
         session.execute(
             update(Payload)
-            .where(Payload.id.in_(part))
+            .where(among(Payload.id, part))
             .values(spool_bytes=0)
             .execution_options(synchronize_session=False)
         )

@@ -22,7 +22,7 @@ from gq.queue.job_runs import INTO_EARLIER, keep_run
 from gq.queue.job_updates import progress_values, record_progress
 from gq.queue.models import Job, JobEvent, JobRun
 from gq.queue.prepared import Prepared
-from gq.queue.queries import chunks
+from gq.queue.queries import among, chunks
 from gq.queue.states import JobState, allowed
 
 if TYPE_CHECKING:
@@ -336,7 +336,7 @@ def _move_many(
     for part in chunks(job_ids):
         result = session.execute(
             update(Job)
-            .where(Job.id.in_(part), Job.state == old.value)
+            .where(among(Job.id, part), Job.state == old.value)
             .values(state=new.value, reason=reason, **values)
             .returning(Job.id)
             .execution_options(synchronize_session=False)

@@ -8,6 +8,7 @@ import pwd
 from typing import TYPE_CHECKING
 
 from gq import defaults, messages, policies, validation
+from gq.daemon import heap_trim
 from gq.daemon.access import Caller
 from gq.daemon.handlers.common import job_info
 from gq.daemon.handlers.query import fair_share
@@ -155,6 +156,7 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
         max_hold=config[settings.MAX_HOLD],
         fair_share=fair_share(daemon),
         packing=daemon.options.packing,
+        memory=messages.DaemonMemory(rss=heap_trim.resident(), sqlite=heap_trim.sqlite_bytes()),
     )
 
 
