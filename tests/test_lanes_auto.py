@@ -28,15 +28,15 @@ def test_two_single_threaded_jobs_run_on_lanes_of_their_own(home):
     first, second = (submit(LOOP, "--steps", "100000", "--mb", "2") for _ in range(2))
     for job in (first, second):
         wait_state(job, "RUNNING")
-    line = wait_for(
-        lambda: "on lanes of their own at once" in (found := sharing()) and found,
-        60,
+    info = wait_for(
+        lambda: "lanes: on lanes of their own at once" in (found := gq_ok("info")) and found,
+        90,
         what="the jobs packed",
     )
+    line = next(line for line in info.splitlines() if line.startswith("  lanes: "))
     assert f"jobs {first} | {second}" in line and "side by side paid" in line, line
     gain = float(re.search(r"([\d.]+)x the work of taking turns", line).group(1))
     assert gain >= 1.1, line
-    info = gq_ok("info")
     assert "lanes auto (chosen by measurement) per device" in info, info
     on_lanes = re.findall(r"job (\d+) \(cores_loop\.py, \w+\) (?:holds|waits for) lane (\d)", info)
     assert sorted(on_lanes) == [(str(first), "0"), (str(second), "1")], info
@@ -53,7 +53,7 @@ def test_jobs_that_gain_nothing_side_by_side_are_tried_and_take_turns(home, tmp_
         wait_state(job, "RUNNING")
     line = wait_for(
         lambda: "side by side did not pay" in (found := sharing()) and found,
-        60,
+        90,
         what="a trial that failed",
     )
     assert "taking turns on one lane" in line and f"jobs {first},{second}" in line, line

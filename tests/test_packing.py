@@ -143,3 +143,29 @@ def test_a_user_with_one_job_gets_a_lane_of_their_own_beside_one_with_two():
     packer.mode = Mode.TRIAL  # (as a measurement would have it)
     plan = packer.plan()
     assert plan[1] == plan[2] != plan[3]
+
+
+def test_a_tiny_turns_figure_makes_no_gain_and_a_fit_lost_unpacks():
+    """A turns window where a job did one 20 us iteration made a gain of 1.5e6 (past the
+    wire's bound: the daemon dropped the host); and a packing whose memory side by side no
+    longer holds (a figure raised) is undone at once."""
+    packer, jobs = Packer(lanes=2), Jobs(1, 2)
+    packer.tick(0.0, jobs.samples())
+    jobs.run(
+        packer, 0.0, 6.0, lambda mode: {1: 2e-5, 2: 0.0} if mode is Mode.TURNS else {1: 1, 2: 1}
+    )
+    assert packer.gain is None
+    gib = 1 << 30
+    packer, jobs = Packer(lanes=2, memory=10 * gib), Jobs(1, 2)
+    fits = (4 * gib, 4 * gib)
+    packer.tick(0.0, jobs.samples(fits))
+    now = 0.0
+    while packer.mode is not Mode.PACKED and now < 20:
+        for job, rate in single_threaded(packer.mode).items():
+            jobs.work[job] += rate * 0.5
+            jobs.iterations[job] += 10
+        now += 0.5
+        packer.tick(now, jobs.samples(fits))
+    assert packer.mode is Mode.PACKED
+    packer.tick(now + 0.5, jobs.samples((6 * gib, 6 * gib)))
+    assert packer.mode is Mode.TURNS and packer.last is packing.Verdict.FAILED

@@ -194,11 +194,9 @@ def _sharing(sharing: messages.LaneSharing) -> str:
     if sharing.slowest is not None and sharing.kept is not None:
         gain += f", job {sharing.slowest} at {sharing.kept:.2f}x its own"
     found = f" ({_FOUND.get(sharing.last or '', sharing.last)}{gain})" if sharing.last else ""
-    retry = (
-        f"; tried again in {sharing.retry_in:.0f}s"
-        if sharing.retry_in and sharing.mode == "turns"
-        else ""
-    )
+    retry = ""
+    if sharing.retry_at is not None and sharing.mode == "turns":
+        retry = f"; tried again in {max(0.0, sharing.retry_at - time.time()):.0f}s"
     words = {
         "turns": "taking turns on one lane",
         "trial": "trying lanes of their own",

@@ -399,6 +399,7 @@ class Supervisor(ProgressReports, Probes, Endings):
         self.selector.unregister(host.channel.sock)
         host.channel.close()
         self.down_since[name] = time.monotonic()
+        self.packing.pop(name, None)  # (told again by its next host, or by it once back)
         lost = [r for r in self.running.values() if r.host == name]
         if host.alive(grace=_EXITING):  # its jobs stay counted until the next attach
             log.warning(

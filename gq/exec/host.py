@@ -31,6 +31,8 @@ import struct
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from gq import defaults, policies
 from gq.errors import LaunchError
 from gq.exec import cgroups, packing
@@ -104,7 +106,7 @@ class Host:
             if pack
             else None
         )
-        self._reported_packing: wire.PackingReport | None = None
+        self._reported_packing: tuple | None = None
         self.jobs = JobProcesses(
             device,
             cuda,
@@ -419,8 +421,10 @@ class Host:
             resident.dirty = False
         switches = [lane.switches for lane in self.lanes]
         shared = self.packing.report() if self.packing else None
-        if changed or switches != self._reported_switches or shared != self._reported_packing:
-            self._reported_switches, self._reported_packing = switches, shared
+        # (records compare by identity: by their fields here)
+        told = None if shared is None else msgspec.structs.astuple(shared)
+        if changed or switches != self._reported_switches or told != self._reported_packing:
+            self._reported_switches, self._reported_packing = switches, told
             self._tell(wire.Progress([r.progress() for r in changed], switches, shared))
 
 

@@ -292,7 +292,7 @@ class PackingReport(Record):
     most: Positive
     gain: Annotated[float, Bounds(0.0, 1e6)] | None = None
     last: Name | None = None
-    retry_in: Seconds | None = None
+    retry_at: Timestamp | None = None
     # the job that kept the least of its work taking turns, and that share
     slowest: JobId | None = None
     kept: Annotated[float, Bounds(0.0, 1e6)] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
+from gq.exec import packing
 from gq.exec.granting import Granter
 from gq.exec.host_messages import PackingReport
 from gq.exec.packing import Mode, Packer, Sample
@@ -41,14 +42,15 @@ class LanePacking:
         now = time.monotonic()
         if now < self.next_at:
             if self.moves_left:
-                self._move([r for r in self.granter.residents.values() if _packable(r)])
+                self._move(self._packable())
             return
         self.next_at = now + PERIOD
         self.granter.read_leased_pages()
-        residents = [r for r in self.granter.residents.values() if _packable(r)]
+        residents = self._packable()
+        present = {r.job_id for r in residents}
+        self._work = {job: seen for job, seen in self._work.items() if job in present}
+        self._asked = {job: at for job, at in self._asked.items() if job in present}
         samples = [self._sample(r) for r in residents]
-        self._work = {job: seen for job, seen in self._work.items() if job in self.packer.jobs}
-        self._asked = {job: at for job, at in self._asked.items() if job in self.packer.jobs}
         if self.packer.tick(now, samples):
             log.info(
                 "lanes: %s (%s); jobs by lane %s",
@@ -62,16 +64,15 @@ class LanePacking:
         vouched, billed = resident.vouched_iterations(), resident.billed
         pace = resident.timed_pace
         work, seen, held = self._work.get(resident.job_id, (0.0, vouched, billed))
+        # The count the host vouches for shrinks when the pace it timed grows: only what
+        # passes the most it ever vouched for is new work (a job that made its pace go
+        # up and down would otherwise be counted the same iterations again).
         work += max(0, vouched - seen) * pace if pace is not None else max(0.0, billed - held)
-        self._work[resident.job_id] = (work, vouched, billed)
-        return Sample(
-            resident.job_id,
-            work,
-            vouched,
-            resident.mem_persistent,
-            resident.mem_peak,
-            resident.user,
-        )
+        self._work[resident.job_id] = (work, max(seen, vouched), max(held, billed))
+        # Memory side by side: the figure the job was admitted with (declared or probed,
+        # which its cgroup or the worker's cap holds it to), never its own report.
+        figure = resident.mem_cap
+        return Sample(resident.job_id, work, max(seen, vouched), figure, figure, resident.user)
 
     def _move(self, residents: list[Resident]) -> None:
         plan = self.packer.plan()
@@ -91,8 +92,9 @@ class LanePacking:
                 self.moves_left = True  # moved once it gives its lane back
                 continue
             old = self.lanes[resident.lane]
-            if resident in old.residents:
-                old.residents.remove(resident)
+            if resident not in old.residents:
+                continue  # it has left its lane meanwhile: it takes no other
+            old.residents.remove(resident)
             new = self.lanes[wanted]
             new.residents.append(resident)
             resident.lane, resident.moving = wanted, False
@@ -123,16 +125,24 @@ class LanePacking:
             mode=packer.mode.value,
             lanes=[by_lane.get(lane, []) for lane in range(max(by_lane, default=-1) + 1)],
             most=packer.lanes,
-            gain=packer.gain,
+            gain=None if packer.gain is None else min(packing.MOST_SHOWN, packer.gain),
             last=packer.last.value if packer.last else None,
-            retry_in=max(0.0, packer.retry_at - time.monotonic())
-            if packer.mode is Mode.TURNS and packer.retry_at
+            # (wall clock: the same in every report until the next failure)
+            retry_at=round(time.time() + packer.retry_at - time.monotonic())
+            if packer.mode is Mode.TURNS and packer.retry_at > time.monotonic()
             else None,
             slowest=packer.slowest[1] if packer.slowest else None,
-            kept=packer.slowest[0] if packer.slowest else None,
+            kept=None if packer.slowest is None else min(packing.MOST_SHOWN, packer.slowest[0]),
         )
 
-
-def _packable(resident: Resident) -> bool:
-    """A job that takes turns on a lane: one speaking the worker protocol, running."""
-    return resident.channel is not None and not resident.suspended and resident.exit_status is None
+    def _packable(self) -> list[Resident]:
+        """The jobs that take turns on a lane: speaking the worker protocol, running, and
+        on their lane still (one that said it has finished has left it)."""
+        return [
+            r
+            for r in self.granter.residents.values()
+            if r.channel is not None
+            and not r.suspended
+            and r.exit_status is None
+            and r in self.lanes[r.lane].residents
+        ]

@@ -29,13 +29,16 @@ from dataclasses import dataclass, field
 
 GAIN = 1.1  # packed work over the turns' work that keeps a packing
 KEEP = 0.9  # ... while every job keeps this share of its own work taking turns
-DRIFT = 0.3  # a job's packed rate that moves this much from its trial's: measure again
-WINDOW = 1.0  # seconds a measurement lasts at least ...
+DRIFT = 0.5  # a job's packed rate that moves this much from its trial's: measure again
+WINDOW = 1.5  # seconds a measurement lasts at least (a packing's: PACKED_WINDOW) ...
+PACKED_WINDOW = 5.0
 MIN_ITERATIONS = 3  # ... until its jobs have this many iterations each in it ...
 WINDOW_MAX = 15.0  # ... or this long at most
 BACKOFF_FIRST = 10.0  # seconds before a failed packing is tried again, doubled each time
 BACKOFF_MAX = 600.0
 REMEASURE = 300.0  # seconds a packing goes before it is measured against turns again
+MOST_SHOWN = 1e6  # a gain reported past this is reported as this (the wire's bound)
+SOME_WORK = 0.01  # work a second taking turns below which no gain is reckoned
 
 
 def most_lanes(cuda: bool) -> int:
@@ -119,29 +122,24 @@ class Packer:
     _window: _Window | None = None
 
     def plan(self) -> dict[int, int]:
-        """Each job's lane: all on lane 0 taking turns, else spread over the lanes: each
-        job on the lane with the fewest, users with fewer jobs first and a user's jobs
-        together where it ties (alice's two and bob's one: bob gets a lane of his own, not
-        half of one beside alice while her other job has the other lane)."""
+        """Each job's lane: all on lane 0 taking turns, else spread over the lanes: with as
+        many users as lanes or more, each user's jobs on one lane (alice's three and bob's
+        one: bob gets a lane of his own, not half of one beside alice while her others
+        have the other), each on the lane with the fewest jobs; with fewer, jobs spread
+        over them one by one."""
         if self.mode is Mode.TURNS or self.lanes < 2:
             return {job: 0 for job in self.jobs}
-        users = self.users
-        counts: dict[str, int] = {}
-        for job in self.jobs:
-            counts[users.get(job, "")] = counts.get(users.get(job, ""), 0) + 1
-        order = sorted(self.jobs, key=lambda j: (counts[users.get(j, "")], users.get(j, ""), j))
+        owned: dict[str, list[int]] = {}
+        for job in sorted(self.jobs):
+            owned.setdefault(self.users.get(job, ""), []).append(job)
         lanes: list[list[int]] = [[] for _ in range(self.lanes)]
-        for job in order:
-            user = users.get(job, "")
-            lane = min(
-                range(self.lanes),
-                key=lambda i: (
-                    len(lanes[i]),
-                    not any(users.get(o, "") == user for o in lanes[i]),
-                    i,
-                ),
-            )
-            lanes[lane].append(job)
+        if len(owned) >= self.lanes:  # each user's jobs on one lane, most jobs first
+            for user in sorted(owned, key=lambda u: (-len(owned[u]), u)):
+                min(lanes, key=len).extend(owned[user])
+        else:  # more lanes than users: one user's jobs spread over them too
+            for user in sorted(owned, key=lambda u: (len(owned[u]), u)):
+                for job in owned[user]:
+                    min(lanes, key=len).append(job)
         return {job: i for i, jobs in enumerate(lanes) for job in jobs}
 
     def tick(self, now: float, samples: Sequence[Sample]) -> bool:
@@ -149,10 +147,14 @@ class Packer:
         before = self.plan()
         jobs = frozenset(s.job for s in samples)
         if jobs != self.jobs:
+            # The back-off stays: a user who suspends and resumes a job, or submits one,
+            # must not have a trial made at each change.
             self.jobs, self.users = jobs, {s.job: s.user for s in samples}
-            self.backoff, self.retry_at = BACKOFF_FIRST, 0.0
             self.gain = self.slowest = None  # (figures of other jobs)
             self._enter(Verdict.CHANGED, now, samples)
+            return self.plan() != before
+        if self.mode is not Mode.TURNS and not self._fits(samples):
+            self._fail(now, samples)  # the memory side by side no longer holds
             return self.plan() != before
         window = self._window
         if window is None or not self._complete(window, now, samples):
@@ -169,8 +171,8 @@ class Packer:
             else:
                 self._window = _start(now, samples)  # measured on, taking turns
             return
-        total = sum(rates.values())
-        self.gain = total / sum(self.turns.values()) if sum(self.turns.values()) > 0 else None
+        total, turns = sum(rates.values()), sum(self.turns.values())
+        self.gain = total / turns if turns >= SOME_WORK else None
         kept = [
             (rates.get(job, 0.0) / share, job) for job, share in self.turns.items() if share > 0
         ]
@@ -181,9 +183,7 @@ class Packer:
             and all(rates.get(job, 0.0) >= KEEP * share for job, share in self.turns.items())
         )
         if not paid:
-            self.retry_at = now + self.backoff
-            self.backoff = min(BACKOFF_MAX, self.backoff * 2)
-            self._enter(Verdict.FAILED, now, samples)
+            self._fail(now, samples)
             return
         if self.mode is Mode.PACKED and (
             now - self.packed_since >= REMEASURE
@@ -200,6 +200,11 @@ class Packer:
             self.backoff = BACKOFF_FIRST
         self._enter(Verdict.PAID, now, samples)
 
+    def _fail(self, now: float, samples: Sequence[Sample]) -> None:
+        self.retry_at = now + self.backoff
+        self.backoff = min(BACKOFF_MAX, self.backoff * 2)
+        self._enter(Verdict.FAILED, now, samples)
+
     def _enter(self, verdict: Verdict, now: float, samples: Sequence[Sample]) -> None:
         self.mode, self.last = TRANSITIONS[self.mode, verdict], verdict
         self._window = _start(now, samples)
@@ -213,7 +218,8 @@ class Packer:
 
     def _fits(self, samples: Sequence[Sample]) -> bool:
         """The lanes' safety condition side by side: each lane's jobs' resident memory and
-        the largest peak beyond it, summed over the lanes, within the device's memory."""
+        the largest peak beyond it, summed over the lanes, within the device's memory (the
+        host gives each job's admitted figure as both: never what a job says it uses)."""
         if self.memory is None:
             return True
         mode, self.mode = self.mode, Mode.TRIAL
@@ -237,7 +243,8 @@ class Packer:
             return True
         # (in all: a job fifo lets wait does none taking turns)
         done = sum(s.iterations - window.iterations.get(s.job, s.iterations) for s in samples)
-        return elapsed >= WINDOW and done >= MIN_ITERATIONS * len(samples)
+        least = PACKED_WINDOW if self.mode is Mode.PACKED else WINDOW
+        return elapsed >= least and done >= MIN_ITERATIONS * len(samples)
 
 
 def _start(now: float, samples: Sequence[Sample]) -> _Window:

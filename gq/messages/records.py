@@ -216,14 +216,14 @@ class LaneSharing(Record):
     """How a device's jobs share it under ``--lanes auto``: ``turns`` (on one lane),
     ``trial`` or ``packed`` (on lanes of their own at once); each lane's jobs; the most
     lanes it may use; the last packed work over the turns'; what the last measurement
-    found; seconds before a packing that failed is tried again."""
+    found; when a packing that failed is tried again."""
 
     mode: Str
     lanes: list[list[Int]]
     most: Int
     gain: float | None = None
     last: Str | None = None
-    retry_in: float | None = None
+    retry_at: float | None = None  # when a packing that failed is tried again
     slowest: Int | None = None  # the job that kept the least of its work taking turns
     kept: float | None = None  # ... that share
 

@@ -170,7 +170,7 @@ def _sharing(report) -> messages.LaneSharing | None:
         most=report.most,
         gain=report.gain,
         last=report.last,
-        retry_in=report.retry_in,
+        retry_at=report.retry_at,
         slowest=report.slowest,
         kept=report.kept,
     )
