@@ -29,12 +29,16 @@ from harness import Node  # noqa: E402
 LOOP = str(Path(__file__).resolve().parent / "jobs" / "cores_loop.py")
 
 
-def under_gq(lanes: str, job: list[str]) -> float:
+def under_gq(lanes: str, job: list[str]) -> tuple[float, list[str]]:
+    """The pair's makespan, and what the host decided of its lanes meanwhile (its log)."""
     with Node("--lanes", lanes) as node:
         start = time.monotonic()
         ids = [node.submit(LOOP, *job) for _ in range(2)]
         node.end_states(ids)
-        return time.monotonic() - start
+        took = time.monotonic() - start
+        log = node.dir / "home" / "hosts" / "cpu.log"
+        decided = [line.split("INFO ", 1)[-1] for line in log.read_text().splitlines()]
+        return took, [line for line in decided if line.startswith("lanes:")]
 
 
 def plain(job: list[str]) -> float:
@@ -58,8 +62,9 @@ def main() -> None:
     results: dict[str, dict] = {}
     for name, threads in pairs.items():
         job = ["--steps", str(args.steps), "--mb", str(args.mb), *threads]
-        turns, auto, bare = under_gq("1", job), under_gq("auto", job), plain(job)
+        (turns, _), (auto, decided), bare = under_gq("1", job), under_gq("auto", job), plain(job)
         results[name] = {
+            "auto_decisions": decided,
             "makespan_lanes_1": turns,
             "makespan_auto": auto,
             "makespan_plain": bare,
