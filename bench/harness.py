@@ -90,6 +90,15 @@ class Node:
         db.commit()
         db.close()
 
+    def ended(self, ids: list[int]) -> int:
+        """How many of ``ids`` have ended, read from the queue (read-only)."""
+        with sqlite3.connect(self.dir / "home" / "gq.db") as db:
+            return db.execute(
+                f"SELECT count(*) FROM jobs WHERE id BETWEEN ? AND ? AND id IN "
+                f"({','.join('?' * len(ids))}) AND state NOT IN ('PENDING', 'RUNNING')",
+                [min(ids), max(ids), *ids],
+            ).fetchone()[0]
+
     def end_states(self, ids: list[int], timeout: float = 600) -> dict[str, int]:
         """Wait as :meth:`wait_all` does, and count the end states by reading the queue (no
         listing through the daemon, which would cost it what is measured)."""

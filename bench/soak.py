@@ -1,7 +1,8 @@
 """Soak: many tiny jobs through the real daemon; throughput and the daemon's memory.
 
   python bench/soak.py [--jobs 20000] [--batch 1000] [--prefill 10000] [--array N]
-                       [--poll SECONDS] [--single N] [-- DAEMON_OPTIONS]
+                       [--poll SECONDS | --cli SECONDS] [--single N] [--hog N]
+                       [-- DAEMON_OPTIONS]
 
 First fills the queue with --prefill finished jobs (written to it directly, as a month of
 use leaves it), so that turnover is measured against a queue that holds them. Then submits
@@ -12,10 +13,17 @@ daemon nothing), reads the daemon's RSS, and checks that all COMPLETED. ``--poll
 ``gq status --json`` every so many seconds meanwhile, as a dashboard does; ``--single N``
 runs N jobs one by one too, a batch after each batch of arrays on the same daemon, so that
 array turnover is compared with single jobs' in one run (each over its own batches' time).
+``--cli SECONDS`` is a user's script instead: each submission a whole ``gq submit``
+process, each batch waited for by running ``gq status --json`` (a whole process) every so
+many seconds until it lists no job, the RSS read also as the tasks ended pass each
+multiple of 1,000 (``--batch`` as large as ``--jobs`` submits them all at once). ``--hog N``
+keeps N busy loops (``python -c 'while 1: pass'``) beside it all, as other work on a small
+machine.
 
 Reports jobs per second overall and per batch, the daemon's RSS at the start, after the
-first 1,000 jobs and at the end, and the growth between the last two (the daemon's memory
-should stay flat once warm), and the CPU time per job (of either kind) of the daemon, the
+first 1,000 jobs and at the end, and the growth between the last two and from the first to
+the highest reading since (the daemon's memory should stay flat once warm), and the CPU
+time per job (of either kind) of the daemon, the
 hosts and the submitting client (where the time goes). Prints one JSON object, then a summary.
 """
 
@@ -26,6 +34,7 @@ import contextlib
 import io
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -64,6 +73,16 @@ def main() -> None:
         "--poll", type=float, metavar="SECONDS", help="run gq status --json every SECONDS meanwhile"
     )
     parser.add_argument(
+        "--cli",
+        type=float,
+        metavar="SECONDS",
+        help="submit with whole gq processes; wait for each batch by running "
+        "gq status --json every SECONDS until it lists no job",
+    )
+    parser.add_argument(
+        "--hog", type=int, default=0, metavar="N", help="N busy loops beside the soak"
+    )
+    parser.add_argument(
         "--single",
         type=int,
         default=0,
@@ -80,6 +99,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.array is not None and not 1 <= args.array <= args.batch:
         parser.error("--array N: N from 1 to the --batch size")
+    if args.cli is not None and args.poll is not None:
+        parser.error("--cli polls already: give --poll or --cli, not both")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.hog)]
+    try:
+        soak(args)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def soak(args: argparse.Namespace) -> None:
     with Node(
         "--kill-wait", "1", "--max-pending", str(max(args.batch, 1000)), *args.daemon_args
     ) as node:
@@ -88,6 +119,8 @@ def main() -> None:
         from gq.cli.main import main as gq_main
 
         def submit(*options: str) -> int:
+            if args.cli is not None:  # a whole process, as a user's script runs it
+                return node.submit(*options, str(script))
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 if gq_main(["submit", "--parsable", *options, str(script)]) != 0:
@@ -108,6 +141,17 @@ def main() -> None:
             """One batch of the phase's ``jobs`` submitted and waited for."""
             batch_start = time.monotonic()
             ids = submit_batch(min(args.batch, jobs - phase.done))
+            if args.cli is not None:
+
+                def each_thousand() -> None:
+                    """The RSS as the tasks ended so far pass each multiple of 1,000."""
+                    ended = phase.done + node.ended(ids)
+                    mark = (max(phase.rss_at, default=0) // 1000 + 1) * 1000
+                    while mark <= ended:
+                        phase.rss_at[mark] = daemon.memory_info().rss
+                        mark += 1000
+
+                phase.polls += until_empty(node, args.cli, each_thousand)
             for state, count in node.end_states(ids, timeout=3600).items():
                 phase.states[state] = phase.states.get(state, 0) + count
             seconds = time.monotonic() - batch_start
@@ -154,7 +198,9 @@ def main() -> None:
         "states": states,
         "array_size": args.array,
         "poll_seconds": args.poll,
-        "polls": poller.count if args.poll else 0,
+        "cli_poll_seconds": args.cli,
+        "hogs": args.hog,
+        "polls": poller.count if args.poll else main_phase.polls + single.polls,
         "daemon_options": args.daemon_args,
         "total_seconds": main_phase.seconds,
         "jobs_per_second": done / main_phase.seconds,
@@ -165,6 +211,8 @@ def main() -> None:
         "daemon_rss_warm_mb": rss_at[warm] / 2**20,
         "daemon_rss_end_mb": rss_end / 2**20,
         "growth_warm_to_end_mb": (rss_end - rss_at[warm]) / 2**20,
+        "growth_warm_to_highest_mb": (max(r for n, r in rss_at.items() if n >= warm) - rss_at[warm])
+        / 2**20,
         "cpu_ms_per_job": {
             who: seconds * 1000 / (done + single.done) for who, seconds in cpu.items()
         },
@@ -181,13 +229,18 @@ def main() -> None:
         )
     print(json.dumps(result, indent=2))
     shape = f"in arrays of {args.array}" if args.array else "one by one"
+    if args.cli is not None:
+        shape += f" through whole gq processes, gq status --json every {args.cli} s"
+    if args.hog:
+        shape += f", {args.hog} busy loop(s) beside"
     print(
         f"\n{args.jobs} jobs {shape} after {args.prefill} finished ones: {states}; "
         f"{result['jobs_per_second']:.1f} jobs/s (batches {min(per_batch):.0f}-"
         f"{max(per_batch):.0f}); daemon RSS {result['daemon_rss_start_mb']:.1f} MB at start, "
         f"{result['daemon_rss_warm_mb']:.1f} MB after {warm} jobs, "
         f"{result['daemon_rss_end_mb']:.1f} MB after {done} "
-        f"({result['growth_warm_to_end_mb']:+.1f} MB between them); CPU per job: "
+        f"({result['growth_warm_to_end_mb']:+.1f} MB between them, "
+        f"{result['growth_warm_to_highest_mb']:+.1f} to the highest); CPU per job: "
         + ", ".join(f"{who} {ms:.2f} ms" for who, ms in result["cpu_ms_per_job"].items())
     )
     if single.done:
@@ -210,6 +263,20 @@ class Phase:
     states: dict[str, int] = field(default_factory=dict)
     per_batch: list[float] = field(default_factory=list)  # jobs per second
     rss_at: dict[int, int] = field(default_factory=dict)  # jobs ended so far -> the RSS then
+    polls: int = 0  # gq status --json run to wait for the batches (--cli)
+
+
+def until_empty(node: Node, period: float, after_each: Callable[[], None]) -> int:
+    """Run ``gq status --json`` every ``period`` seconds until it lists no job, and
+    ``after_each`` after each; how many ran."""
+    polls = 0
+    while True:
+        polls += 1
+        listed = json.loads(node.gq("status", "--json"))
+        after_each()
+        if not listed:
+            return polls
+        time.sleep(period)
 
 
 class Poller:
