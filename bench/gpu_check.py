@@ -407,26 +407,32 @@ def priority_fill(ph: Phase, s: State) -> None:
     )
 
 
+def sweep_stage(ph: Phase, s: State, args, stage: str) -> dict:
+    """The sweep's jobs, started together: makespan (first iteration to last),
+    utilization, overlap and the sum of their runs."""
+    labels = [f"{stage}-{i}" for i in range(s.cfg["sweep_jobs"])]
+    for label in labels:
+        ph.submit(label, args, stage=stage, options=s.mem("sweep"))
+    ph.wait_ready(labels)
+    runs = ph.run_stage(stage, labels)
+    ph.gq_jobs(labels)
+    lo = min(r["iv"][0][0] for r in runs.values())
+    hi = max(r["iv"][-1][1] for r in runs.values())
+    return {
+        "makespan_s": (hi - lo) / 1e9,
+        "utilization": s.sampler.mean(lo, hi),
+        "overlap": overlap([r["iv"] for r in runs.values()], lo, hi),
+        "sum_of_runs_s": sum(r["iv"][-1][1] - r["iv"][0][0] for r in runs.values()) / 1e9,
+    }
+
+
 def sweep(ph: Phase, s: State) -> None:
     plain = "sweep" in s.cfg["plain"]
     args = s.args("matmul", s.cfg["sweep_iters"], sizes="sweep", plain=plain)
     found = {}
     for policy, stage in (("fifo", "seq"), ("fair", "packed")):
         s.node.gq("policy", "set", policy)
-        labels = [f"{stage}{i}" for i in range(s.cfg["sweep_jobs"])]
-        for label in labels:
-            ph.submit(label, args, stage=stage, options=s.mem("sweep"))
-        ph.wait_ready(labels)
-        runs = ph.run_stage(stage, labels)
-        ph.gq_jobs(labels)
-        lo = min(r["iv"][0][0] for r in runs.values())
-        hi = max(r["iv"][-1][1] for r in runs.values())
-        found[stage] = {
-            "makespan_s": (hi - lo) / 1e9,
-            "utilization": s.sampler.mean(lo, hi),
-            "overlap": overlap([r["iv"] for r in runs.values()], lo, hi),
-            "sum_of_runs_s": sum(r["iv"][-1][1] - r["iv"][0][0] for r in runs.values()) / 1e9,
-        }
+        found[stage] = sweep_stage(ph, s, args, stage)
     seq, packed = found["seq"], found["packed"]
     ph.fig(
         "makespan_seq_s",
@@ -455,17 +461,8 @@ def packing(ph: Phase, s: State) -> None:
             s.node.gq("daemon", "stop")
             s.node.gq("daemon", "start", *base, "--lanes", lanes)
             s.node.gq("policy", "set", "fair")
-            stage = f"lanes-{lanes}"
-            labels = [f"{lanes}-{i}" for i in range(s.cfg["sweep_jobs"])]
-            for label in labels:
-                ph.submit(label, args, stage=stage, options=s.mem("sweep"))
-            ph.wait_ready(labels)
-            runs = ph.run_stage(stage, labels)
-            ph.gq_jobs(labels)
+            found[lanes] = sweep_stage(ph, s, args, f"lanes-{lanes}")
             ph.details[f"sharing_{lanes}"] = s.node.gq("info")
-            lo = min(r["iv"][0][0] for r in runs.values())
-            hi = max(r["iv"][-1][1] for r in runs.values())
-            found[lanes] = {"makespan_s": (hi - lo) / 1e9, "utilization": s.sampler.mean(lo, hi)}
     finally:
         s.node.gq("daemon", "stop")
         s.node.gq("daemon", "start", *base, "--lanes", "1")

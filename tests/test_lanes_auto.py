@@ -24,7 +24,11 @@ def sharing() -> str:
 
 
 def test_two_single_threaded_jobs_run_on_lanes_of_their_own(home):
-    """No flag given: the first command starts a personal daemon with its defaults."""
+    """No --lanes given: the first command starts a personal daemon with its defaults.
+    Under fair, as each job is timed taking turns, the queue's work decides (under fifo
+    the second job is never timed, and what packing costs the first decides: on a loaded
+    machine it takes CPU from the first)."""
+    gq_ok("policy", "set", "fair")
     first, second = (submit(LOOP, "--steps", "100000", "--mb", "2") for _ in range(2))
     for job in (first, second):
         wait_state(job, "RUNNING")
@@ -45,6 +49,7 @@ def test_two_single_threaded_jobs_run_on_lanes_of_their_own(home):
 
 def test_jobs_that_gain_nothing_side_by_side_are_tried_and_take_turns(home, tmp_path):
     """Their steps hold one lock (as two jobs' kernels on one GPU never overlap)."""
+    gq_ok("policy", "set", "fair")
     lock = tmp_path / "device.lock"
     first, second = (
         submit(LOOP, "--steps", "100000", "--mb", "2", "--lock", str(lock)) for _ in range(2)

@@ -75,18 +75,20 @@ def test_jobs_that_fill_the_device_are_tried_then_take_turns_and_back_off():
     assert waits[1] >= 2 * packing.BACKOFF_FIRST and waits[1] > waits[0]
 
 
-def test_a_job_slowed_past_keep_unpacks_though_the_total_gains():
-    """fifo's head job does all the work taking turns: packing the one behind it beside it
-    must not cost the head more than a tenth, whatever the total."""
-    packer, jobs = Packer(lanes=2), Jobs(1, 2)
-    packer.tick(0.0, jobs.samples())
+def test_a_favoured_job_slowed_past_keep_unpacks_though_the_total_gains():
+    """Under srtf, deadline or priority the job favoured taking turns does all the work
+    then: packing the one behind it must not cost it more than a tenth, whatever the total.
+    Under fifo, fair and rr the whole queue's work decides."""
 
     def head_slowed(mode: Mode) -> dict[int, float]:
         return {1: 1.0, 2: 0.0} if mode is Mode.TURNS else {1: 0.8, 2: 0.9}
 
-    jobs.run(packer, 0.0, 6.0, head_slowed)
-    assert packer.mode is Mode.TURNS and packer.last is packing.Verdict.FAILED
-    assert packer.slowest == (pytest.approx(0.8), 1)
+    for favours, kept in ((True, False), (False, True)):
+        packer, jobs = Packer(lanes=2, favours=favours), Jobs(1, 2)
+        packer.tick(0.0, jobs.samples())
+        jobs.run(packer, 0.0, 6.0, head_slowed)
+        assert (packer.mode is Mode.PACKED) == kept, favours
+        assert packer.slowest == (pytest.approx(0.8), 1)
 
 
 def test_a_drift_measures_again_and_a_new_job_starts_over():
@@ -168,4 +170,26 @@ def test_a_tiny_turns_figure_makes_no_gain_and_a_fit_lost_unpacks():
         packer.tick(now, jobs.samples(fits))
     assert packer.mode is Mode.PACKED
     packer.tick(now + 0.5, jobs.samples((6 * gib, 6 * gib)))
+    assert packer.mode is Mode.TURNS and packer.last is packing.Verdict.FAILED
+
+
+def test_a_job_never_timed_is_judged_by_what_it_costs_the_others():
+    """fifo's second job never ran taking turns: its work side by side is its lane time,
+    which says nothing of its speed. Packing it must then not cost the timed one more
+    than KEEP allows, even though the total seems to grow (two jobs whose steps share one
+    lock: the first at half its speed, the second's lane time all of it)."""
+    packer = Packer(lanes=2)
+    work, iterations, now = {1: 0.0, 2: 0.0}, {1: 0, 2: 0}, 0.0
+
+    def samples() -> list[Sample]:
+        return [Sample(job, work[job], iterations[job], timed=job == 1) for job in (1, 2)]
+
+    packer.tick(now, samples())
+    for _ in range(12):
+        rates = {1: 1.0, 2: 0.0} if packer.mode is Mode.TURNS else {1: 0.5, 2: 1.0}
+        for job, rate in rates.items():
+            work[job] += rate * 0.5
+            iterations[job] += 10
+        now += 0.5
+        packer.tick(now, samples())
     assert packer.mode is Mode.TURNS and packer.last is packing.Verdict.FAILED

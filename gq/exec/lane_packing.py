@@ -19,6 +19,7 @@ from gq.exec.standings import HOLDS_LANE, Standing
 
 log = logging.getLogger("gq.host")
 PERIOD = 0.5  # seconds between looks
+FAVOURING = frozenset({"srtf", "deadline", "priority"})  # policies whose favourite is kept
 
 
 class LanePacking:
@@ -51,6 +52,7 @@ class LanePacking:
         self._work = {job: seen for job, seen in self._work.items() if job in present}
         self._asked = {job: at for job, at in self._asked.items() if job in present}
         samples = [self._sample(r) for r in residents]
+        self.packer.favours = self.granter.policy.name in FAVOURING
         if self.packer.tick(now, samples):
             log.info(
                 "lanes: %s (%s); jobs by lane %s",
@@ -72,7 +74,15 @@ class LanePacking:
         # Memory side by side: the figure the job was admitted with (declared or probed,
         # which its cgroup or the worker's cap holds it to), never its own report.
         figure = resident.mem_cap
-        return Sample(resident.job_id, work, max(seen, vouched), figure, figure, resident.user)
+        return Sample(
+            resident.job_id,
+            work,
+            max(seen, vouched),
+            figure,
+            figure,
+            resident.user,
+            timed=pace is not None,
+        )
 
     def _move(self, residents: list[Resident]) -> None:
         plan = self.packer.plan()

@@ -9,9 +9,12 @@ Taking turns, a device does at most one second of work a second; jobs that leave
 (data loading, launch-bound loops, single-threaded ones on a many-core cpu) do more than
 that side by side. So the jobs take turns while their work is measured, then run on lanes
 of their own while it is measured again, and stay so only while the packed work beats the
-turns' by :data:`GAIN` and no job does less than :data:`KEEP` of what it did taking
-turns: whatever the policy favoured (fifo's head, srtf's shortest, priority's high job)
-is not slowed by more than a tenth to run the rest. A packing that failed is tried again
+turns' by :data:`GAIN`; under a policy that favours a job (srtf's shortest, deadline's
+nearest, priority's high job) also only while no job does less than :data:`KEEP` of what
+it did taking turns, so the favoured one is not slowed by more than a tenth to run the
+rest. Under fifo, fair and rr the whole queue's work decides (fifo's head may be slowed
+where that speeds the queue; with other work on the machine, a second job side by side
+always takes some of the first's CPU). A packing that failed is tried again
 after a back-off that doubles; one that pays is measured on, and measured afresh taking
 turns when a job's rate drifts or every :data:`REMEASURE` seconds.
 
@@ -91,6 +94,7 @@ class Sample:
     persistent: int | None = None
     peak: int | None = None
     user: str = ""
+    timed: bool = True  # its work is at a pace the host timed (else its lane time)
 
 
 @dataclass
@@ -110,6 +114,9 @@ class Packer:
     mode: Mode = Mode.TURNS
     jobs: frozenset[int] = frozenset()
     users: dict[int, str] = field(default_factory=dict)  # each job's owner
+    # The policy favours a job (srtf, deadline, priority): no job may keep less than KEEP
+    # of its own work. Under fifo, fair and rr the whole queue's work decides.
+    favours: bool = False
     turns: dict[int, float] = field(default_factory=dict)  # work a second, taking turns
     packed: dict[int, float] = field(default_factory=dict)  # ... on lanes of their own
     gain: float | None = None  # the last packed work over the turns'
@@ -180,7 +187,12 @@ class Packer:
         paid = (
             self.gain is not None
             and self.gain >= GAIN
-            and all(rates.get(job, 0.0) >= KEEP * share for job, share in self.turns.items())
+            and (
+                # (a job whose pace was never timed counts its lane time as work: what it
+                # costs the others then decides, as under a policy that favours one)
+                not (self.favours or not all(s.timed for s in samples))
+                or all(rates.get(job, 0.0) >= KEEP * share for job, share in self.turns.items())
+            )
         )
         if not paid:
             self._fail(now, samples)
