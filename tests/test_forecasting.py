@@ -66,7 +66,7 @@ def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens
     warm_up()
     # The first runs long enough for a forecast from its own pace to be made before it ends
     # (forecasts are spaced by ten times their cost, seconds on a busy machine).
-    ids = [submit(*kernel(steps)) for steps in (80, 30, 30)]
+    ids = [submit(*kernel(steps)) for steps in (80, 50, 30)]
     first = wait_for(
         lambda: (j := job(ids[0]))["steps_done"] >= 3 and j,
         120,

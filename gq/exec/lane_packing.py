@@ -69,7 +69,10 @@ class LanePacking:
         # The count the host vouches for shrinks when the pace it timed grows: only what
         # passes the most it ever vouched for is new work (a job that made its pace go
         # up and down would otherwise be counted the same iterations again).
-        work += max(0, vouched - seen) * pace if pace is not None else max(0.0, billed - held)
+        if pace is not None:
+            work += max(0, vouched - seen) * pace
+        elif vouched > seen:  # untimed: its lane time, where it iterated (a lease held
+            work += max(0.0, billed - held)  # through an idle gap bills it all the same)
         self._work[resident.job_id] = (work, max(seen, vouched), max(held, billed))
         # Memory side by side: the figure the job was admitted with (declared or probed,
         # which its cgroup or the worker's cap holds it to), never its own report.
