@@ -34,9 +34,6 @@ class LanePacking:
         # host vouched for and the lane time it billed when last looked at.
         self._work: dict[int, tuple[float, int, float]] = {}
 
-    def due_in(self, now: float) -> float:
-        return max(0.0, self.next_at - now)
-
     def tick(self) -> None:
         """Sample and plan every :data:`PERIOD`; move the jobs waiting to move at once
         (called at every turn of the host's housekeeping)."""
