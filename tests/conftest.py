@@ -29,6 +29,15 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return len(os.sched_getaffinity(0)) + 2
 
 
+def pytest_configure(config) -> None:
+    """Every process a test starts takes SIGINT as one started at a terminal does. A suite
+    started in the background (bash's '&', CI's runner) inherits SIGINT ignored, each child
+    would keep it so, and a test's Ctrl-C (a signal, or ^C on a pseudo-terminal) would never
+    reach gq. A caught signal is reset to its default by exec: catching it here is enough."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(items) -> None:
     """The tests marked long first (in their order), the rest after: the workers take one
     test at a time, so the long ones start at once, side by side, and the short ones fill
