@@ -2,7 +2,7 @@
 
 # The client-daemon protocol's version (gq/messages/): one more with every change a
 # daemon of the version before would misread.
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 # Daemon
 POLL_PERIOD = 1.0  # rescan the queue this often even when no request changed it
@@ -147,6 +147,9 @@ USAGE_PROCESSES = 1024  # gq show sums the resident sizes of this many processes
 # two waiting; one that floods its socket gets this much decoded per turn, as every other
 # worker does, not the 64 KiB (about 10 ms of decoding) that would delay their grants.
 WORKER_READ = 2048
+# How a suspended job's device memory moves to host memory (gq.exec.checkpoint): the
+# driver's checkpoint API on a GPU (auto), never (off), or a stand-in for tests (fake).
+CHECKPOINT_KINDS = ("auto", "off", "fake")
 CGROUP = "auto"  # auto | v2 | v1 | off: where each job's processes are kept
 CGROUP_KILL_TIMEOUT = 5.0  # a job's cgroup must be empty this long after its kill
 # Tasks (processes and threads) one job may have at once: its cgroup's pids.max (the

@@ -45,6 +45,12 @@ def start(
         metavar="auto|N",
         help="Lanes per device: iterations that run at once. auto: one lane, and jobs on lanes of their own at once where measuring them shows it pays; N: N lanes, the device's memory split between them.",
     ),
+    checkpoint: str = typer.Option(
+        "auto",
+        "--checkpoint",
+        metavar="auto|off|fake",
+        help="How a suspended job's device memory moves to host memory, freeing the device: auto: the CUDA driver's checkpoint API (driver 570 or later) on a GPU, nothing on the cpu device; off: suspended jobs keep their memory; fake: a stand-in on the cpu device, for tests.",
+    ),
     max_resident: int = typer.Option(
         defaults.MAX_RESIDENT, "--max-resident", help="Jobs kept resident per device."
     ),
@@ -216,6 +222,8 @@ def start(
         raise UserError(
             f"--lanes {lanes}: give 'auto' or a count from 1 to {defaults.MAX_LANES}"
         ) from None
+    if checkpoint not in defaults.CHECKPOINT_KINDS:
+        raise UserError(f"--checkpoint {checkpoint[:40]!r}: give auto, off or fake")
     if (
         max_resident < 1
         or kill_wait < 0
@@ -293,6 +301,8 @@ def start(
     options = [
         "--lanes",
         lanes.strip().lower(),
+        "--checkpoint",
+        checkpoint,
         "--max-resident",
         str(max_resident),
         "--max-pids",

@@ -84,6 +84,7 @@ def print_job(job: messages.JobInfo) -> None:
         ("MemPersistent", render.size(job.mem_persistent)),
         ("MemPeak", render.size(job.mem_peak)),
         ("HostMemory", render.size(job.host_memory)),
+        ("DeviceMemory", _device_memory(job)),
         ("Processes", "-" if job.processes is None else job.processes),
         ("Tasks", _tasks(job)),
         ("Runs", job.run_count),
@@ -174,6 +175,23 @@ def _lane_taken(job: messages.JobInfo) -> str:
         f"{job.lane_taken} time(s): its iterations held the device past the policy's "
         "--max-hold while another job waited, so they ran sliced"
     )
+
+
+def _device_memory(job: messages.JobInfo) -> str:
+    """Where a suspended job's device memory went (gq suspend moves it to host memory where
+    the driver can), or why it stayed on the device."""
+    took = f" (the move took {job.memory_took:.2f} s)" if job.memory_took is not None else ""
+    if job.memory_place is None:
+        return "on the device"
+    if job.memory_place == "host":
+        moved = render.size(job.memory_moved)
+        back = "" if job.suspended else "; it resumes once that much is free on its device"
+        return f"{moved} in host memory, the device freed{took}{back}"
+    if job.memory_place == "device" and job.memory_held:
+        return f"held on the device while suspended: {job.memory_held}"
+    if job.memory_place == "device":
+        return f"on the device, brought back from host memory{took}"
+    return job.memory_place  # on its way: "moving to host memory", "moving back ..."
 
 
 def _tasks(job: messages.JobInfo) -> str:

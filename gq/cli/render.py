@@ -201,6 +201,12 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "mem_over": job.mem_over,
         "mem_peak": job.mem_peak,
         "host_memory": job.host_memory,
+        "device_memory": {
+            "place": job.memory_place or "device",
+            "held_why": job.memory_held,
+            "moved": job.memory_moved,
+            "took": job.memory_took,
+        },
         "processes": job.processes,
         "pids_current": job.pids_current,
         "pids_max": job.pids_max,

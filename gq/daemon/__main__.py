@@ -23,6 +23,7 @@ def main() -> None:
         help="the node's shared daemon (root; state in GQ_SYSTEM_HOME)",
     )
     parser.add_argument("--lanes", type=_lanes, default=(defaults.LANES, True))
+    parser.add_argument("--checkpoint", choices=defaults.CHECKPOINT_KINDS, default="auto")
     parser.add_argument("--max-resident", type=int, default=defaults.MAX_RESIDENT)
     parser.add_argument(
         "--max-pids",
@@ -97,6 +98,7 @@ def main() -> None:
     options = DaemonOptions(
         lanes=args.lanes[0],
         packing=args.lanes[1],
+        checkpoint=args.checkpoint,
         max_resident=args.max_resident,
         max_pids=args.max_pids,
         kill_grace=args.kill_wait,

@@ -100,6 +100,8 @@ def _ending(job: Running, report: wire.Exited) -> Ending:
             requeue=True,
             counted=False,
         )
+    if why is StopWhy.RESTORE:
+        return Ending(JobState.FAILED, exit_code, report.detail or "its device memory was lost")
     if why is StopWhy.HOST_MEMORY:
         return Ending(JobState.FAILED, exit_code, report.detail or "over its --host-mem")
     if why is StopWhy.HANGUP:  # as a login shell's end when its terminal closes
@@ -162,13 +164,13 @@ class Endings:
                 ran_out=RanOut(
                     min(shortage.held, largest + 1),
                     None if shortage.wanted is None else min(shortage.wanted, largest + 1),
-                    self._free_beside(job),
+                    self.free_beside(job),
                     largest,
                 ),
             )
         return job, ending, report.end_time or None, report
 
-    def _free_beside(self, job: Running) -> int:
+    def free_beside(self, job: Running) -> int:
         """What the job's lane had free beside the other jobs there."""
         lane = admission.LaneLoad(
             self._lane_memory(job), overhead=max(map(context_memory, job.devices))

@@ -39,6 +39,7 @@ class HostSettings:
     cgroup: str
     attach_wait: float = defaults.ATTACH_WAIT  # an interactive job's terminal waits for its gq
     packing: bool = False  # --lanes auto: the host runs lanes at once as it measures
+    checkpoint: str = "auto"  # how suspended jobs' device memory moves (gq.exec.checkpoint)
 
 
 @dataclass
@@ -171,6 +172,8 @@ def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Pop
         str(home.progress),
         "--attach-wait",
         str(settings.attach_wait),
+        "--checkpoint",
+        settings.checkpoint,
     )
     if settings.packing:
         argv.append("--pack")

@@ -95,6 +95,7 @@ class Daemon:
                 cgroup=options.cgroup,
                 attach_wait=options.attach_wait,
                 packing=options.packing,
+                checkpoint=options.checkpoint,
             ),
             self.selector,
             self.rescan,
@@ -153,6 +154,10 @@ class Daemon:
 
     def usage(self, job, processes_summed):
         return self.supervisor.usage(job, processes_summed)
+
+    def device_memory(self, job_id):
+        job = self.supervisor.running.get(job_id)
+        return None if job is None or job.latest is None else job.latest.memory
 
     def stale(self) -> str | None:
         """Why the queue's progress figures may be out of date, if they may."""

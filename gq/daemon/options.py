@@ -55,12 +55,15 @@ class DaemonOptions:
     attach_wait: float = defaults.ATTACH_WAIT  # seconds a started terminal waits for its gq
     fair_half_life: float = defaults.FAIR_HALF_LIFE  # a user's usage halves this often
     idle_resident: float = defaults.IDLE_RESIDENT  # seconds before an idle one gives its slot
+    checkpoint: str = "auto"  # how suspended jobs' device memory moves (gq.exec.checkpoint)
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
         argv = [
             "--lanes",
             AUTO if self.packing else str(self.lanes),
+            "--checkpoint",
+            self.checkpoint,
             "--max-resident",
             str(self.max_resident),
             "--max-pids",

@@ -56,6 +56,9 @@ class Running:
     active_at: float = field(default_factory=time.time)
     active_attained: float = 0.0
     yielded: float | None = None  # seconds it was idle when it gave its slot back
+    # Resumed while its memory is in host memory, it waits for room on its device: what it
+    # needs is kept from other jobs meanwhile, so that it comes back once theirs end.
+    wants_back: bool = False
 
     def note_use(self, attained: float, now: float) -> None:
         """Its host says it has attained so much: it is active where that is at least
@@ -78,6 +81,19 @@ class Running:
         )
 
     def footprint_now(self) -> admission.Footprint:
+        """What the job holds of its device now: nothing while its memory is in host
+        memory (a suspended job's, moved out by its host) and it is not waiting to come
+        back, else :meth:`footprint_back`."""
+        if self.memory_moved_out and not self.wants_back:
+            return admission.Footprint(persistent=0, ephemeral=0)
+        return self.footprint_back()
+
+    @property
+    def memory_moved_out(self) -> bool:
+        memory = self.latest.memory if self.latest is not None else None
+        return memory is not None and memory.place == "host"
+
+    def footprint_back(self) -> admission.Footprint:
         """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
         if self.measured is None:
             return self.footprint

@@ -25,7 +25,7 @@ from gq.daemon import admission, forecast_jobs, lane_waits, pending_reasons
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device, context_memory
 from gq.daemon.monitoring import Monitor
-from gq.daemon.running import footprint
+from gq.daemon.running import Running, footprint
 from gq.daemon.supervision import Supervisor
 from gq.exec import host_messages as wire
 from gq.exec.host_messages import StopWhy
@@ -166,7 +166,20 @@ class Scheduler:
             if (row.priority, row.time_limit) != (job.priority, job.time_limit):
                 self.supervisor.update(job, row.priority, row.time_limit)
             if bool(row.suspended) != job.suspended and job.kill_why is None:
+                # Resumed: what it needs is kept for it from now until its host says its
+                # memory is no longer in host memory (gq.daemon.running.footprint_now).
+                job.wants_back = not row.suspended
+                if job.wants_back and not self._room_to_come_back(job):
+                    continue  # resumed once its memory fits beside what runs there now
                 self.supervisor.suspend(job, bool(row.suspended))
+
+    def _room_to_come_back(self, job: Running) -> bool:
+        """Whether a job whose memory went to host memory fits on its lane again: others
+        were admitted into what it freed, and its restore must not take theirs."""
+        if not job.memory_moved_out:
+            return True
+        back = job.footprint_back()
+        return self.supervisor.free_beside(job) >= back.persistent + back.ephemeral
 
     def _admit(
         self,

@@ -207,6 +207,18 @@ class JobCgroup:
             return Usage(resident_bytes(pids), len(pids), summed=len(pids), tasks=tasks)
         return Usage(memory=memory, processes=len(pids), tasks=tasks)
 
+    def memory_room(self) -> int | None:
+        """Bytes its processes may still take under its memory limit (None: no limit
+        holds here)."""
+        if not self.memory_limited:
+            return None
+        hierarchy = V2 if self.v2 else "memory"
+        limit = files.number(
+            files.read(self.paths[hierarchy], "memory.max" if self.v2 else "memory.limit_in_bytes")
+        )
+        used = files.number(files.read(self.paths[hierarchy], _MEMORY_FILES[hierarchy]))
+        return None if limit is None else max(0, limit - (used or 0))
+
     def oom_kills(self) -> int:
         """How many of its processes the kernel killed at its memory limit (0 where no
         memory hierarchy serves it, or the kernel does not count them)."""

@@ -146,19 +146,20 @@ class Granter:
             self.leases.recall(resident)
             self.schedule(self.lanes[resident.lane])
 
-    def suspend(self, resident: Resident, suspended: bool) -> None:
+    def suspend(self, resident: Resident, suspended: bool, freeze: bool = True) -> None:
         """Suspend the job (its processes frozen, the lane to others; inside an iteration,
-        it goes on with it once granted the lane again), or resume it."""
+        it goes on with it once granted the lane again; not ``freeze``: granted nothing,
+        frozen later, see gq.exec.memory_moves), or resume it."""
         now = time.monotonic()
         lane = self.lanes[resident.lane]
         if resident.standing is Standing.LEASED:  # inside an iteration or not decides
             self.leases.recall(resident)
         if suspended:
             resident.suspended, resident.suspended_at = True, now
-            if resident.standing in (Standing.HOLDING, Standing.RECALLED):
+            if freeze and resident.standing in (Standing.HOLDING, Standing.RECALLED):
                 self.stop_inside(resident, now)
-            if not resident.frozen and resident.kill_deadline is None:  # (its page may
-                self.host.freeze(resident, True)  # have ended it, read as it stopped)
+            if freeze and not resident.frozen and resident.kill_deadline is None:  # (its
+                self.host.freeze(resident, True)  # page may have ended it, read as it stopped)
             log.info("job %d suspended", resident.job_id)
         else:
             resident.suspended = False

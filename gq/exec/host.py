@@ -37,10 +37,12 @@ from gq import defaults, policies
 from gq.errors import LaunchError
 from gq.exec import cgroups, packing
 from gq.exec import host_messages as wire
+from gq.exec.checkpoint import open_checkpoints
 from gq.exec.granting import Granter
 from gq.exec.host_messages import HOST_VERSION, StopWhy
 from gq.exec.job_processes import JobProcesses
 from gq.exec.lane_packing import LanePacking
+from gq.exec.memory_moves import MemoryMoves
 from gq.exec.memory_watch import HostMemoryLimits
 from gq.exec.process_groups import kill_group
 from gq.exec.protocol import TO_HOST, Channel
@@ -70,6 +72,7 @@ class Host:
         attach_wait: float = defaults.ATTACH_WAIT,
         progress_dir: str | None = None,
         pack: bool = False,
+        checkpoint: str = "auto",
     ):
         self.device = device
         self.cuda = cuda
@@ -120,6 +123,9 @@ class Host:
             cgroup_backend,
             self.rank_progress,
         )
+        self.memory = MemoryMoves(
+            open_checkpoints(checkpoint, cuda), self.residents, self, self.granter
+        )
         self.host_memory = HostMemoryLimits(self.residents, self.selector, self.jobs.kill)
         self._from_daemon_handlers: dict[type, Callable] = {
             wire.Hello: self._on_hello,
@@ -161,11 +167,13 @@ class Host:
                     self.host_memory.watch,
                     self.jobs.watch_idle,
                     self._read_rank_progress,
+                    self.memory.tick,
                     *((self.packing.tick,) if self.packing else ()),
                 ):
                     self._isolated(chore)
             self._isolated(self._maybe_send_progress)
         self.terminals.close()
+        self.memory.close()
         self.jobs.close()
         log.info("host of %s exits (%s)", self.device, "stopped" if self.stopping else "drained")
 
@@ -316,11 +324,11 @@ class Host:
         if (
             resident is None
             or resident.exit_status is not None
-            or resident.suspended == message.suspended
+            or resident.memory.asked == message.suspended
             or (message.suspended and resident.kill_deadline is not None)
         ):
             return  # gone, as asked already, or being ended: its SIGTERM must be seen
-        self.granter.suspend(resident, message.suspended)
+        self.memory.ask(resident, message.suspended)
 
     def _on_signal(self, message: wire.SignalGroup) -> None:
         """Its main process group, as Jupyter signals a kernel's (not its cgroup: what a

@@ -11,7 +11,7 @@ How they travel (framing, decode, the tables of what each end receives) is
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import field
 
@@ -43,7 +43,7 @@ from gq.fields import (
 )
 
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/15"
+HOST_VERSION = f"{__version__}/16"
 ExitStatus = Annotated[int, Bounds(0, 255)]
 
 
@@ -65,6 +65,7 @@ class StopWhy(str, enum.Enum):
     HANGUP = "hangup"  # an interactive job's terminal closed, or no client ever took it
     IDLE = "idle"  # an interactive job idle for its --idle-timeout
     YIELD = "yield"  # its lane idle for --idle-resident while others waited: requeued
+    RESTORE = "restore"  # its device memory, moved to host memory, could not come back
 
 
 # ----- records ------------------------------------------------------------------------
@@ -124,6 +125,16 @@ class Shortage(Record):
     wanted: Count | None = None
 
 
+class DeviceMemory(Record):
+    """Where a suspended job's device memory is (gq.exec.memory_places), as its host moved
+    it: why it stays on the device, where it does; what went and how long the move took."""
+
+    place: Literal["device", "moving to host memory", "host", "moving back to the device"]
+    held_why: Text | None = None
+    moved: Count = 0  # bytes
+    took: Seconds | None = None
+
+
 class JobProgress(Record):
     """What a host measured of one run; the daemon flushes it to the queue."""
 
@@ -147,6 +158,7 @@ class JobProgress(Record):
     # Its steps as far as its host vouches for them: a worker's, no more than the
     # iterations the host granted it. What forecasts go on (its own count is its word).
     steps_counted: Count = 0
+    memory: DeviceMemory | None = None  # None: never moved, nor held while suspended
 
 
 class ResidentState(JobProgress):

@@ -54,6 +54,12 @@ def main() -> None:
     parser.add_argument(
         "--pack", action="store_true", help="lanes at once as measurement says (--lanes auto)"
     )
+    parser.add_argument(
+        "--checkpoint",
+        choices=defaults.CHECKPOINT_KINDS,
+        default="auto",
+        help="how a suspended job's device memory moves to host memory (gq.exec.checkpoint)",
+    )
     parser.add_argument("--memory", type=int, help="the device's memory in bytes, where known")
     parser.add_argument("--state-dir", required=True, help="where its socket and pidfile live")
     parser.add_argument("--kill-grace", type=float, default=defaults.KILL_WAIT)
@@ -95,6 +101,7 @@ def main() -> None:
             args.attach_wait,
             args.progress,
             args.pack,
+            args.checkpoint,
         ).run()
     finally:
         os.unlink(host_paths(args.state_dir, args.device)[1])

@@ -21,6 +21,7 @@ from gq.exec import host_messages as wire
 from gq.exec.cgroups import JobCgroup
 from gq.exec.host_messages import StopWhy
 from gq.exec.lease import Figures, SharedPage
+from gq.exec.memory_places import Memory
 from gq.exec.paces import OUTLIER, RecentMean
 from gq.exec.protocol import Channel
 from gq.exec.spawn import JobProcess
@@ -114,6 +115,7 @@ class Resident:
     ended_wall: float = 0.0  # wall clock: the same moment, the job's end time
     dirty: bool = True
     moving: bool = False  # to another lane (gq.exec.lane_packing): granted nothing here
+    memory: Memory = field(default_factory=Memory)  # where it is (gq.exec.memory_moves)
 
     @property
     def steps_total(self) -> int | None:
@@ -326,6 +328,7 @@ class Resident:
             lane_taken=self.taken,
             startup=self.startup,
             active_at=self.active_at,
+            memory=self.memory.report(),
         )
 
     @property

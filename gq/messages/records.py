@@ -184,6 +184,13 @@ class JobInfo(Record):
     earlier_steps: Count = 0
     runs: list[RunInfo] | None = None
     command: CommandLine | None = None  # as the user gave it, in answers about one job
+    # A suspended job's device memory (gq.exec.memory_moves), in answers about one job:
+    # where it is ("device", "host", or moving), why it stays on the device where it does,
+    # how much went to host memory and how long the last move took (None: never moved).
+    memory_place: Str | None = None
+    memory_held: Str | None = None
+    memory_moved: Int | None = None
+    memory_took: float | None = None
 
 
 class DeviceProcess(Record):

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gq.daemon.options import DaemonOptions
     from gq.daemon.server import ConnectionLimits
     from gq.exec.cgroups import Usage
-    from gq.exec.host_messages import PackingReport
+    from gq.exec.host_messages import DeviceMemory, PackingReport
     from gq.home import Home
     from gq.queue.engine import Database
     from gq.queue.models import Job
@@ -76,6 +76,10 @@ class NodeView(Protocol):
     def usage(self, job: Job, processes_summed: int) -> Usage | None:
         """A running job's host-side memory and processes (its cgroup), where known
         (summing the memory of ``processes_summed`` processes at most)."""
+
+    def device_memory(self, job_id: int) -> DeviceMemory | None:
+        """Where a running job's device memory is, as its host last said (None: on the
+        device, never moved, or the job runs not)."""
 
     def stale(self) -> str | None:
         """Why progress figures may be out of date."""

@@ -214,6 +214,9 @@ def show(daemon: NodeView, caller: Caller, request: messages.ShowJob) -> message
         for job in shown:
             info = job_info(job, history[job.id])
             info.runs = run_infos(job, kept[job.id])
+            if (memory := daemon.device_memory(job.id)) is not None:
+                info.memory_place, info.memory_held = memory.place, memory.held_why
+                info.memory_moved, info.memory_took = memory.moved, memory.took
             usage = daemon.usage(job, summed)
             if usage is not None:
                 info.host_memory, info.processes = usage.memory, usage.processes

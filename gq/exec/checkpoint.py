@@ -1,0 +1,190 @@
+"""Moving a suspended job's device memory to host memory and back: the CUDA driver's
+checkpoint API behind one small interface (:class:`Checkpoints`), with a stand-in for the
+cpu device's tests (:class:`FakeCheckpoints`) and the answer where nothing can move
+(:class:`NoCheckpoints`).
+
+The driver (570 or later) does it to an unmodified process: ``cuCheckpointProcessLock``
+waits for the work the process submitted and blocks its further CUDA calls,
+``cuCheckpointProcessCheckpoint`` copies its device memory into its own host memory and
+releases every GPU resource it holds (it leaves ``nvidia-smi``); ``Restore`` brings it back
+at the same addresses and ``Unlock`` lets it go on. The host that calls them needs no CUDA
+context and no device memory of its own: only the driver's library, ``cuInit`` (which opens
+the device files and creates nothing), and the right to act on the process (root, as the
+host is). What the driver refuses (CUDA IPC or unified memory, a process on several
+devices) comes back as its error's name, and the job keeps its memory on the device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+LOCK_TIMEOUT = 30.0  # seconds the driver may wait for a process's submitted work
+_ARGS = 64  # bytes of every optional-arguments struct of the API (all zero: the defaults)
+_SUCCESS = 0
+_RUNNING, _LOCKED, _CHECKPOINTED = 0, 1, 2  # CUprocessState
+FAKE_FAILS = "GQ_FAKE_CHECKPOINT_FAILS"  # in a job's environment: the fake refuses it
+
+
+class CheckpointError(Exception):
+    """The driver refused a move, or the move cannot be made: the message says why, in
+    words a user reads in ``gq show``."""
+
+
+class Checkpoints(Protocol):
+    # Whether a move carries the memory into the process's own host memory, where the
+    # node's free memory and the job's --host-mem must hold it (the fake's carries none).
+    carries: bool
+
+    def refusal(self) -> str | None:
+        """Why no job's memory can move here (None: a job's may)."""
+        ...
+
+    def move_out(self, pids: Sequence[int]) -> list[int]:
+        """Move the device memory of those of ``pids`` that hold any to host memory; the
+        ones moved. Where one fails, those moved already are brought back first."""
+        ...
+
+    def move_in(self, pids: Sequence[int]) -> None:
+        """Bring the memory of ``pids`` (as :meth:`move_out` returned them) back, and let
+        the processes go on."""
+        ...
+
+
+class NoCheckpoints:
+    """Where memory cannot move: every suspended job keeps its memory, frozen."""
+
+    carries = False
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def refusal(self) -> str | None:
+        return self.why
+
+    def move_out(self, pids: Sequence[int]) -> list[int]:
+        raise CheckpointError(self.why)
+
+    def move_in(self, pids: Sequence[int]) -> None:
+        raise CheckpointError(self.why)
+
+
+class FakeCheckpoints:
+    """The cpu device's stand-in, for tests of everything around the driver: the job's
+    main process is said moved (its declared device memory freed, in the books) unless its
+    environment names :data:`FAKE_FAILS`, which it refuses as the driver refuses a process
+    with CUDA IPC memory."""
+
+    carries = False
+
+    def refusal(self) -> str | None:
+        return None
+
+    def move_out(self, pids: Sequence[int]) -> list[int]:
+        for pid in pids[:1]:
+            if _names(pid, FAKE_FAILS):
+                raise CheckpointError(
+                    "cuCheckpointProcessLock failed: CUDA_ERROR_NOT_SUPPORTED (the fake's)"
+                )
+        return list(pids[:1])
+
+    def move_in(self, pids: Sequence[int]) -> None:
+        return None
+
+
+def _names(pid: int, variable: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return any(
+                entry.startswith(variable.encode() + b"=") for entry in environ.read().split(b"\0")
+            )
+    except OSError:
+        return False
+
+
+class DriverCheckpoints:
+    """The CUDA driver's checkpoint API, through ``libcuda`` (``library`` stands in for
+    it in tests: anything with its functions as attributes)."""
+
+    carries = True
+
+    def __init__(self, library: Any = None):
+        self._why: str | None = None
+        self.lib = library
+        if self.lib is None:
+            try:
+                self.lib = ctypes.CDLL("libcuda.so.1")
+            except OSError:
+                self._why = "no CUDA driver library (libcuda.so.1) on this node"
+                return
+        if not hasattr(self.lib, "cuCheckpointProcessCheckpoint"):
+            self._why = "the CUDA driver has no checkpoint API (driver 570 or later has it)"
+            return
+        code = self.lib.cuInit(0)
+        if code != _SUCCESS:
+            self._why = f"the CUDA driver did not start: {self._name(code)}"
+
+    def refusal(self) -> str | None:
+        return self._why
+
+    def move_out(self, pids: Sequence[int]) -> list[int]:
+        moved: list[int] = []
+        try:
+            for pid in pids:
+                if self._state(pid) != _RUNNING:
+                    continue  # no CUDA in it (a launcher, a data loader), or not its own
+                lock = ctypes.create_string_buffer(_ARGS)  # timeoutMs is its first field
+                ctypes.c_uint.from_buffer(lock).value = int(LOCK_TIMEOUT * 1000)
+                self._call("cuCheckpointProcessLock", pid, lock)
+                moved.append(pid)
+                self._call("cuCheckpointProcessCheckpoint", pid, None)
+        except CheckpointError:
+            self._undo(moved)
+            raise
+        return moved
+
+    def move_in(self, pids: Sequence[int]) -> None:
+        for pid in pids:
+            if self._state(pid) == _CHECKPOINTED:
+                self._call("cuCheckpointProcessRestore", pid, None)
+            self._call("cuCheckpointProcessUnlock", pid, None)
+
+    def _undo(self, pids: list[int]) -> None:
+        """Back to running, as far as the driver lets them: a process left locked or
+        checkpointed would wait for ever."""
+        for pid in pids:
+            try:
+                self.move_in([pid])
+            except CheckpointError:
+                pass  # its own error was raised; the job's kill (if it comes) frees it
+
+    def _state(self, pid: int) -> int | None:
+        state = ctypes.c_int(-1)
+        if self.lib.cuCheckpointProcessGetState(pid, ctypes.byref(state)) != _SUCCESS:
+            return None
+        return state.value
+
+    def _call(self, function: str, pid: int, args: Any) -> None:
+        code = getattr(self.lib, function)(pid, args)
+        if code != _SUCCESS:
+            raise CheckpointError(f"{function} failed: {self._name(code)}")
+
+    def _name(self, code: int) -> str:
+        name = ctypes.c_char_p()
+        getter = getattr(self.lib, "cuGetErrorName", None)
+        if getter is None or getter(code, ctypes.byref(name)) != _SUCCESS or not name.value:
+            return f"CUDA error {code}"
+        return name.value.decode(errors="replace")
+
+
+def open_checkpoints(kind: str, cuda: bool) -> Checkpoints:
+    """The host's mover: ``auto`` is the driver's on a GPU; on the cpu device there is no
+    device memory to move (``fake`` stands in for tests); ``off`` moves nothing."""
+    if kind == "off":
+        return NoCheckpoints("moving device memory is off on this node (--checkpoint off)")
+    if kind == "fake":
+        return FakeCheckpoints()
+    if not cuda:
+        return NoCheckpoints("the cpu device holds no device memory to move")
+    return DriverCheckpoints()

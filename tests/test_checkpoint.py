@@ -1,0 +1,141 @@
+"""The driver's checkpoint calls (gq.exec.checkpoint) against a stand-in for libcuda that
+keeps each process's state as the driver documents it, and the table of where a job's
+memory may go (gq.exec.memory_places)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gq.exec.checkpoint import CheckpointError, DriverCheckpoints, open_checkpoints
+from gq.exec.memory_places import TRANSITIONS, Memory, Move, Place, step
+
+RUNNING, LOCKED, CHECKPOINTED = 0, 1, 2
+NOT_SUPPORTED, ILLEGAL_STATE, INVALID_VALUE = 801, 401, 1
+NAMES = {
+    NOT_SUPPORTED: b"CUDA_ERROR_NOT_SUPPORTED",
+    ILLEGAL_STATE: b"CUDA_ERROR_ILLEGAL_STATE",
+    INVALID_VALUE: b"CUDA_ERROR_INVALID_VALUE",
+}
+
+
+class Driver:
+    """libcuda's checkpoint API as its documentation describes it: a process with CUDA is
+    RUNNING, Lock makes it LOCKED, Checkpoint CHECKPOINTED, Restore LOCKED, Unlock RUNNING;
+    any other order is CUDA_ERROR_ILLEGAL_STATE, a process without CUDA an invalid value."""
+
+    def __init__(self, cuda: list[int], refuses: dict[int, int] | None = None):
+        self.states = dict.fromkeys(cuda, RUNNING)
+        self.refuses = refuses or {}  # pid -> the error its Checkpoint returns
+        self.calls: list[tuple[str, int]] = []
+        self.timeouts: list[int] = []
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuGetErrorName(self, code, name):
+        name._obj.value = NAMES.get(code, b"CUDA_ERROR_UNKNOWN")
+        return 0
+
+    def cuCheckpointProcessGetState(self, pid, state):
+        if pid not in self.states:
+            return INVALID_VALUE
+        state._obj.value = self.states[pid]
+        return 0
+
+    def _move(self, name, pid, before, after):
+        self.calls.append((name, pid))
+        if self.states.get(pid) != before:
+            return ILLEGAL_STATE
+        self.states[pid] = after
+        return 0
+
+    def cuCheckpointProcessLock(self, pid, args):
+        self.timeouts.append(int.from_bytes(bytes(args)[:4], "little"))
+        return self._move("lock", pid, RUNNING, LOCKED)
+
+    def cuCheckpointProcessCheckpoint(self, pid, args):
+        if pid in self.refuses:
+            self.calls.append(("checkpoint", pid))
+            return self.refuses[pid]
+        return self._move("checkpoint", pid, LOCKED, CHECKPOINTED)
+
+    def cuCheckpointProcessRestore(self, pid, args):
+        return self._move("restore", pid, CHECKPOINTED, LOCKED)
+
+    def cuCheckpointProcessUnlock(self, pid, args):
+        return self._move("unlock", pid, LOCKED, RUNNING)
+
+
+def test_a_jobs_cuda_processes_are_locked_then_checkpointed_and_come_back_in_order():
+    driver = Driver(cuda=[11, 13])
+    checkpoints = DriverCheckpoints(driver)
+    assert checkpoints.refusal() is None
+    moved = checkpoints.move_out([11, 12, 13])  # 12: a launcher without CUDA
+    assert moved == [11, 13]
+    assert driver.states == {11: CHECKPOINTED, 13: CHECKPOINTED}
+    assert driver.timeouts == [30_000, 30_000]  # timeoutMs, the struct's first field
+    checkpoints.move_in(moved)
+    assert driver.states == {11: RUNNING, 13: RUNNING}
+    assert driver.calls[-4:] == [("restore", 11), ("unlock", 11), ("restore", 13), ("unlock", 13)]
+
+
+def test_a_refused_checkpoint_brings_back_what_had_moved_and_says_the_drivers_word():
+    driver = Driver(cuda=[11, 13], refuses={13: NOT_SUPPORTED})  # CUDA IPC memory, say
+    checkpoints = DriverCheckpoints(driver)
+    with pytest.raises(CheckpointError) as refused:
+        checkpoints.move_out([11, 13])
+    assert str(refused.value) == "cuCheckpointProcessCheckpoint failed: CUDA_ERROR_NOT_SUPPORTED"
+    assert driver.states == {11: RUNNING, 13: RUNNING}  # none left locked or checkpointed
+
+
+def test_a_restore_the_driver_refuses_is_an_error_with_its_name():
+    driver = Driver(cuda=[11])
+    checkpoints = DriverCheckpoints(driver)
+    checkpoints.move_out([11])
+    driver.states[11] = RUNNING  # as if something else had unlocked it meanwhile
+    with pytest.raises(
+        CheckpointError, match="cuCheckpointProcessUnlock failed: CUDA_ERROR_ILLEGAL"
+    ):
+        checkpoints.move_in([11])
+
+
+class OldDriver:
+    """A driver before 570: no checkpoint API."""
+
+    def cuInit(self, flags):
+        return 0
+
+
+class DeadDriver(Driver):
+    def cuInit(self, flags):
+        return 100  # CUDA_ERROR_NO_DEVICE
+
+
+def test_drivers_that_cannot_move_memory_say_why_and_move_nothing():
+    assert DriverCheckpoints(OldDriver()).refusal() == (
+        "the CUDA driver has no checkpoint API (driver 570 or later has it)"
+    )
+    assert DriverCheckpoints(DeadDriver([])).refusal().startswith("the CUDA driver did not start")
+    cpu = open_checkpoints("auto", cuda=False)
+    assert cpu.refusal() == "the cpu device holds no device memory to move"
+    with pytest.raises(CheckpointError):
+        cpu.move_out([1])
+    off = open_checkpoints("off", cuda=True)
+    assert "--checkpoint off" in off.refusal()
+
+
+def test_memory_goes_out_and_back_only_as_the_table_says():
+    assert step(Place.DEVICE, Move.OUT) is Place.OUTGOING
+    assert step(Place.OUTGOING, Move.DONE) is Place.HOST
+    assert step(Place.OUTGOING, Move.FAILED) is Place.DEVICE
+    assert step(Place.HOST, Move.IN) is Place.INCOMING
+    assert step(Place.INCOMING, Move.DONE) is Place.DEVICE
+    assert step(Place.INCOMING, Move.FAILED) is Place.HOST
+    for place in Place:
+        for move in Move:
+            if (place, move) not in TRANSITIONS:
+                with pytest.raises(KeyError):
+                    step(place, move)
+    assert Memory().report() is None  # never moved nor held: the daemon is told nothing
+    held = Memory(held_why="the driver refused")
+    assert held.report() is not None and held.report().place == "device"

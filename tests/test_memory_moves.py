@@ -1,0 +1,110 @@
+"""gq suspend frees the device: a suspended job's device memory moved to host memory at
+its next iteration boundary, others admitted into what it freed, and brought back on
+resume once it fits again. On the cpu device the driver's part is the fake
+(``--checkpoint fake``); everything around it (the host's moves, the daemon's books and
+its gated resume, gq show) is the real thing. Without it, the cpu device moves nothing and
+says why."""
+
+from __future__ import annotations
+
+import os
+
+from conftest import DaemonControl, gq_ok, job, submit, wait_for, wait_state, write_script
+
+
+def _gated(tmp_path, name: str, steps: int):
+    """A script that runs ``steps`` steps, slowly after its third until its gate exists."""
+    gate = tmp_path / f"{name}.go"
+    script = write_script(
+        tmp_path / f"{name}.py",
+        "import os, sys, time\nimport gq\n"
+        f"gate = {str(gate)!r}\n"
+        f"for step in gq.steps(range({steps}), total={steps}):\n"
+        "    time.sleep(0.02 if step < 3 or os.path.exists(gate) else 0.1)\n",
+    )
+    return script, gate
+
+
+def _memory(job_id: int) -> dict:
+    return job(job_id)["device_memory"]
+
+
+def test_a_suspended_jobs_memory_goes_to_the_host_and_others_use_the_device(home, tmp_path):
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    first_script, first_go = _gated(tmp_path, "first", 200)
+    second_script, second_go = _gated(tmp_path, "second", 200)
+    first = submit("--gpu-mem", "600M", str(first_script))
+    wait_for(lambda: job(first)["steps_done"] >= 3, 30, what="the first job's steps")
+    second = submit("--gpu-mem", "600M", str(second_script))
+    reason = wait_for(lambda: job(second)["reason"], 30, what="the second's reason")
+    assert job(second)["state"] == "PENDING", reason  # 600M beside 600M does not fit in 1G
+
+    assert gq_ok("suspend", str(first)).strip() == f"Suspended job {first}"
+    moved = wait_for(
+        lambda: (m := _memory(first))["place"] == "host" and m, 30, what="its memory moved"
+    )
+    assert moved["moved"] == 600 << 20 and moved["took"] is not None
+    assert "600.0M in host memory, the device freed" in gq_ok("show", str(first))
+    # What it freed is the second job's now.
+    wait_state(second, "RUNNING")
+    steps = job(second)["steps_done"]
+
+    # Resumed while the second holds the memory: it comes back only once that is free.
+    assert gq_ok("resume", str(first)).strip() == f"Resumed job {first}"
+    wait_for(lambda: job(second)["steps_done"] >= steps + 5, 30, what="the second's steps")
+    assert _memory(first)["place"] == "host"
+    assert "it resumes once that much is free on its device" in gq_ok("show", str(first))
+    held_at = job(first)["steps_done"]
+    # A job submitted meanwhile does not take what the resumed one waits for.
+    third = submit("--gpu-mem", "600M", "--wrap", "true")
+
+    second_go.touch()
+    wait_state(second, "COMPLETED", timeout=60)
+    wait_for(lambda: _memory(first)["place"] == "device", 30, what="its memory back")
+    assert "brought back from host memory" in gq_ok("show", str(first))
+    first_go.touch()
+    ended = wait_state(first, "COMPLETED", timeout=60)
+    assert ended["steps_done"] == 200 and held_at < 200
+    assert wait_state(third, "COMPLETED", timeout=60)["start_time"] >= ended["end_time"]
+    control.stop()
+
+
+def test_where_memory_cannot_move_the_job_is_frozen_holding_it_and_says_why(home, tmp_path):
+    """The cpu device's own answer (nothing to move), and a move the driver refuses (the
+    fake refuses a job whose environment names GQ_FAKE_CHECKPOINT_FAILS, as the driver
+    refuses CUDA IPC memory): both jobs keep their memory, frozen, and go on when resumed."""
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--cpu-memory", "1G")
+    script, go = _gated(tmp_path, "plain", 100)
+    held = submit("--gpu-mem", "600M", str(script))
+    wait_for(lambda: job(held)["steps_done"] >= 3, 30, what="its steps")
+    gq_ok("suspend", str(held))
+    memory = wait_for(lambda: (m := _memory(held))["held_why"] and m, 30, what="a reason")
+    assert memory["place"] == "device"
+    assert memory["held_why"] == "the cpu device holds no device memory to move"
+    other = submit("--gpu-mem", "600M", "--wrap", "true")
+    gq_ok("resume", str(held))
+    go.touch()
+    assert wait_state(held, "COMPLETED", timeout=60)["steps_done"] == 100
+    wait_state(other, "COMPLETED", timeout=60)  # after it: its memory was never freed
+    assert job(other)["start_time"] >= job(held)["end_time"]
+    control.stop()
+
+    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    script, go = _gated(tmp_path, "refused", 100)
+    os.environ["GQ_FAKE_CHECKPOINT_FAILS"] = "1"
+    try:
+        refused = submit("--gpu-mem", "600M", str(script))
+    finally:
+        del os.environ["GQ_FAKE_CHECKPOINT_FAILS"]
+    wait_for(lambda: job(refused)["steps_done"] >= 3, 30, what="its steps")
+    gq_ok("suspend", str(refused))
+    memory = wait_for(lambda: (m := _memory(refused))["held_why"] and m, 30, what="a reason")
+    assert memory["place"] == "device"
+    assert "CUDA_ERROR_NOT_SUPPORTED" in memory["held_why"]
+    assert "held on the device while suspended" in gq_ok("show", str(refused))
+    gq_ok("resume", str(refused))
+    go.touch()
+    assert wait_state(refused, "COMPLETED", timeout=60)["steps_done"] == 100
+    control.stop()
