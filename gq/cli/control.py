@@ -169,9 +169,11 @@ def drain(
 
 def suspend(job_ids: list[str] = IDS) -> None:
     """Stop running jobs in place (SIGSTOP, or their cgroup's freezer), as scontrol
-    suspend: they keep their memory but hold no lane, and their time limit stops; ST shows
-    S. 'gq resume JOBID' lets them go on. Operators only, as in Slurm (a suspended job
-    holds its device for as long as it stays suspended)."""
+    suspend: they hold no lane, and their time limit stops; ST shows S. On a GPU a job's
+    device memory goes to host memory at its next iteration boundary (the CUDA driver's
+    checkpoint API), freeing the device for others; where it cannot, the job keeps it and
+    'gq show' says why. 'gq resume JOBID' lets them go on, once their memory fits again.
+    Operators only, as in Slurm."""
     print_report(ask(messages.Suspend(labels(job_ids), suspended=True)))
 
 

@@ -236,8 +236,9 @@ def requeue(daemon: NodeView, caller: Caller, request: messages.Requeue) -> mess
 
 
 def suspend(daemon: NodeView, caller: Caller, request: messages.Suspend) -> messages.Report:
-    """Running jobs are stopped in place (they keep their memory, hold no lane, their time
-    limit stops), or go on again; their hosts are told by the next scheduling pass."""
+    """Running jobs are stopped in place (they hold no lane, their time limit stops, their
+    device memory goes to host memory where it can: gq.exec.memory_moves), or go on again;
+    their hosts are told by the next scheduling pass."""
     verb = "suspend" if request.suspended else "resume"
     with daemon.db.write() as session:
         jobs = _named(session, caller, request.labels, verb)
