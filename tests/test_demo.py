@@ -1,0 +1,116 @@
+"""examples/demo.sh, the README's first command, run as a user runs it: bash, python3 on the
+PATH, the CLI and the daemon as real processes. It must show what it promises (srtf ends
+the short job's wait; packing's makespan against one job at a time), stop its daemons and
+leave nothing behind, in the repository or in the temporary directory, however it ends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT, wait_for
+
+DEMO = ROOT / "examples" / "demo.sh"
+
+
+def files_in_repo() -> set[Path]:
+    """Every path in the checkout but git's and the bytecode Python caches (importing gq
+    writes those wherever it may, demo or not)."""
+    return {
+        path
+        for path in ROOT.rglob("*")
+        if not {".git", "__pycache__", ".pytest_cache"} & set(path.relative_to(ROOT).parts)
+    }
+
+
+@contextlib.contextmanager
+def demo(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """The demo in a session of its own (a terminal's process group), its temporary
+    directory under ``tmp_path/tmp``, and this interpreter as the python3 it finds; ended
+    as a terminal's Ctrl-C ends it where the test leaves it running."""
+    bin_dir, temp = tmp_path / "bin", tmp_path / "tmp"
+    bin_dir.mkdir()
+    temp.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {k: v for k, v in os.environ.items() if k != "GQ_HOME"}
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT), TMPDIR=str(temp)
+    )
+    with subprocess.Popen(
+        ["bash", str(DEMO)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as run:
+        try:
+            yield run
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGINT)
+                run.communicate(timeout=120)
+
+
+def daemon_pids(output: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"gq daemon started \(pid (\d+)", output)]
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its new parent has not reaped yet."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def row(output: str, label: str) -> list[float]:
+    """The figures on the line of a table that starts with ``label``."""
+    line = next(line for line in output.splitlines() if line.startswith(f"{label} "))
+    return [float(figure) for figure in re.findall(r"\d+\.\d+", line)]
+
+
+@pytest.mark.long
+def test_the_demo_shows_srtf_and_packing_and_leaves_nothing(tmp_path):
+    before = files_in_repo()
+    with demo(tmp_path) as run:
+        output, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, output
+    assert "JOBID  NAME" in output  # gq status, as the README promises
+    fifo, srtf = row(output, "short")
+    assert srtf < fifo / 2, output  # under srtf the short job waits for neither longer one
+    average_fifo, average_srtf = row(output, "average")
+    assert average_srtf < average_fifo, output
+    (turns, turns_ratio), (packed, _) = row(output, "--lanes 1"), row(output, "--lanes auto")
+    assert turns > 0 and packed > 0 and turns_ratio == 1.0, output
+    pids = daemon_pids(output)
+    assert len(pids) == 2 and all(gone(pid) for pid in pids), output
+    assert not list((tmp_path / "tmp").iterdir())  # its GQ_HOME and the jobs' output
+    assert files_in_repo() == before
+
+
+def test_ctrl_c_stops_the_daemon_and_removes_the_demo_s_files(tmp_path):
+    before = files_in_repo()
+    with demo(tmp_path) as run:
+        assert run.stdout is not None
+        output = ""
+        while not daemon_pids(output):  # the daemon is up: the first jobs come next
+            line = run.stdout.readline()
+            assert line, output
+            output += line
+        os.killpg(run.pid, signal.SIGINT)  # as ^C at a terminal: the whole foreground group
+        output += run.communicate(timeout=120)[0]
+    assert run.returncode != 0, output
+    wait_for(lambda: gone(daemon_pids(output)[0]), 30, what="the daemon to stop")
+    assert not list((tmp_path / "tmp").iterdir()), output
+    assert files_in_repo() == before
