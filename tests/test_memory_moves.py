@@ -108,3 +108,19 @@ def test_where_memory_cannot_move_the_job_is_frozen_holding_it_and_says_why(home
     go.touch()
     assert wait_state(refused, "COMPLETED", timeout=60)["steps_done"] == 100
     control.stop()
+
+
+def test_a_job_whose_memory_went_to_the_host_holds_no_resident_slot(home, tmp_path):
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--checkpoint", "fake", "--max-resident", "1")
+    script, go = _gated(tmp_path, "first", 100)
+    first = submit("--gpu-mem", "100M", str(script))
+    wait_for(lambda: job(first)["steps_done"] >= 3, 30, what="its steps")
+    second = submit("--gpu-mem", "100M", "--wrap", "true")
+    gq_ok("suspend", str(first))
+    wait_for(lambda: _memory(first)["place"] == "host", 30, what="its memory moved")
+    wait_state(second, "COMPLETED", timeout=60)  # in the slot the first left
+    gq_ok("resume", str(first))
+    go.touch()
+    assert wait_state(first, "COMPLETED", timeout=60)["steps_done"] == 100
+    control.stop()

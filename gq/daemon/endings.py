@@ -180,6 +180,7 @@ class Endings:
             other.footprint_now()
             for other in self.running.values()
             if other is not job
+            and not other.away
             and other.lane == job.lane
             and names & {d.name for d in other.devices}
         ]

@@ -80,20 +80,19 @@ class Running:
             and (self.requeue or attained < defaults.ACTIVE_SHARE * (now - self.started))
         )
 
-    def footprint_now(self) -> admission.Footprint:
-        """What the job holds of its device now: nothing while its memory is in host
-        memory (a suspended job's, moved out by its host) and it is not waiting to come
-        back, else :meth:`footprint_back`."""
-        if self.memory_moved_out and not self.wants_back:
-            return admission.Footprint(persistent=0, ephemeral=0)
-        return self.footprint_back()
-
     @property
     def memory_moved_out(self) -> bool:
+        """Its memory is in host memory, as its host last said (a suspended job's)."""
         memory = self.latest.memory if self.latest is not None else None
         return memory is not None and memory.place == "host"
 
-    def footprint_back(self) -> admission.Footprint:
+    @property
+    def away(self) -> bool:
+        """It holds nothing of its device (no memory, no context, no resident slot): its
+        memory is in host memory, and it is not waiting to come back."""
+        return self.memory_moved_out and not self.wants_back
+
+    def footprint_now(self) -> admission.Footprint:
         """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
         if self.measured is None:
             return self.footprint

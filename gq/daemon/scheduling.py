@@ -178,8 +178,9 @@ class Scheduler:
         were admitted into what it freed, and its restore must not take theirs."""
         if not job.memory_moved_out:
             return True
-        back = job.footprint_back()
-        return self.supervisor.free_beside(job) >= back.persistent + back.ephemeral
+        back = job.footprint_now()
+        context = max(map(context_memory, job.devices))  # its CUDA context comes back too
+        return self.supervisor.free_beside(job) >= back.persistent + back.ephemeral + context
 
     def _admit(
         self,
@@ -330,6 +331,8 @@ class Scheduler:
                 if load is None:
                     continue
                 load.free_at = max(load.free_at, ends)
+                if job.away:
+                    continue  # suspended, its memory in host memory: the device is free of it
                 load.residents += 1
                 load.by_user[job.user] = load.by_user.get(job.user, 0) + 1
                 load.exclusive |= job.exclusive or len(job.devices) > 1
