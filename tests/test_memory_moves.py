@@ -8,6 +8,12 @@ says why."""
 from __future__ import annotations
 
 import os
+import sqlite3
+
+from gq.home import Home
+from gq.queue import engine, lookups, scheduling_rows
+from gq.queue.engine import HEAD_REVISION, Database, migrate
+from gq.queue.states import JobState
 
 from conftest import DaemonControl, gq_ok, job, submit, wait_for, wait_state, write_script
 
@@ -124,3 +130,55 @@ def test_a_job_whose_memory_went_to_the_host_holds_no_resident_slot(home, tmp_pa
     go.touch()
     assert wait_state(first, "COMPLETED", timeout=60)["steps_done"] == 100
     control.stop()
+
+
+def test_a_high_job_that_does_not_fit_preempts_the_low_one_which_comes_back(home, tmp_path):
+    """Under priority the low job's memory goes to the host for the high one (state S,
+    Preempted, PREEMPTED in its history); once the high one has ended it comes back and
+    completes every step."""
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    gq_ok("policy", "set", "priority")
+    script, go = _gated(tmp_path, "low", 150)
+    low = submit("--priority", "1", "--gpu-mem", "600M", str(script))
+    wait_for(lambda: job(low)["steps_done"] >= 3, 30, what="the low job's steps")
+    high = submit("--priority", "10", "--gpu-mem", "600M", "--wrap", "sleep 1")
+    wait_state(high, "RUNNING", timeout=60)
+    shown = job(low)
+    assert (shown["state"], shown["preempted"]) == ("SUSPENDED", True)
+    assert shown["device_memory"]["place"] == "host"
+    assert "Preempted: yes" in gq_ok("show", str(low))
+    history = [e for e in shown["events"] if e["new_state"] == "PREEMPTED"]
+    assert len(history) == 1 and f"for job {high} (priority 10)" in history[0]["reason"]
+
+    wait_state(high, "COMPLETED", timeout=60)
+    wait_for(lambda: not job(low)["preempted"], 30, what="the low job brought back")
+    go.touch()
+    assert wait_state(low, "COMPLETED", timeout=60)["steps_done"] == 150
+    control.stop()
+
+
+def test_upgrade_to_0021_keeps_running_jobs_and_none_is_preempted(tmp_path):
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0020")
+    connection = sqlite3.connect(home.db)
+    connection.execute(
+        "INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)"
+    )
+    connection.execute(
+        "INSERT INTO jobs (id, name, user, priority, gpus, exclusive, requeue, script, "
+        "spool_path, workdir, stdout_path, stderr_path, submit_time, steps_done, attained, "
+        "holds_lane, held, payload_id, uid, suspended, state, run_count) VALUES (4, 'a', "
+        "'ann', 0, 1, 0, 0, '/w/s.sh', '', '/w', '/w/o', '/w/o', 1.0, 7, 0.5, 0, 0, 1, 1000, "
+        "1, 'RUNNING', 1)"
+    )
+    connection.commit()
+    connection.close()
+    database = Database(home)
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    with database.read() as session:
+        (row,) = scheduling_rows.for_scheduling(session, JobState.RUNNING)
+        kept = lookups.job(session, 4)
+    assert (row.id, row.suspended, row.preempted, row.steps_done) == (4, True, False, 7)
+    assert kept.preempted is False and kept.attained == 0.5
+    database.close()

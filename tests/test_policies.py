@@ -413,3 +413,23 @@ def test_fifos_head_job_is_never_in_the_way_of_those_behind_it():
     head, behind = view(1, attained=100.0), view(2)
     assert not overstays(fifo, head, [behind], [head, behind], [], 0.0)
     assert overstays(fifo, behind, [head], [head, behind], [], 0.0)
+
+
+def test_preemption_moves_out_the_least_memory_that_frees_enough():
+    from gq.daemon.preemption import Candidate, victims
+
+    residents = [
+        Candidate(1, priority=0, frees=600, used_at=10.0),
+        Candidate(2, priority=0, frees=300, used_at=20.0),
+        Candidate(3, priority=0, frees=350, used_at=5.0),
+        Candidate(4, priority=9, frees=900, used_at=1.0),  # not below the job: never
+    ]
+    assert victims(0, 5, residents) == []  # nothing short: nobody
+    assert victims(280, 5, residents) == [2]  # the least that frees enough
+    assert victims(320, 5, residents) == [3]
+    assert victims(620, 5, residents) == [2, 3]  # 650 beats 600+300 and 600+350
+    assert victims(1300, 5, residents) is None  # even all below it free too little
+    # Alike in memory and count: the one least recently used goes.
+    tied = [Candidate(7, 0, 500, used_at=50.0), Candidate(8, 0, 500, used_at=40.0)]
+    assert victims(400, 1, tied) == [8]
+    assert victims(400, 0, tied) is None  # of the same priority: no one

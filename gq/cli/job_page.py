@@ -58,6 +58,12 @@ def print_job(job: messages.JobInfo) -> None:
         ("Requeue", "yes" if job.requeue else "no"),
         ("Dependency", job.dependency or "-"),
         ("Held", "yes" if job.held else "no"),
+        (
+            "Preempted",
+            "yes: suspended for a higher-priority job; it comes back once that leaves room"
+            if job.preempted
+            else "no",
+        ),
         ("Device", f"{job.device or '-'}" + (f" lane {job.lane}" if job.lane is not None else "")),
         ("SubmitTime", render.short_time(job.submit_time)),
         ("StartTime", render.short_time(job.start_time)),

@@ -150,6 +150,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "uid": job.uid,
         "state": "SUSPENDED" if job.suspended else job.state,
         "suspended": job.suspended,
+        "preempted": job.preempted,
         "priority": job.priority,
         "device": job.device,
         "lane": job.lane,

@@ -118,7 +118,13 @@ class Daemon:
         self.scheduler = Scheduler(
             self.db,
             self.devices,
-            Capacity(lanes, options.max_resident, options.probe_mem, options.idle_resident),
+            Capacity(
+                lanes,
+                options.max_resident,
+                options.probe_mem,
+                options.idle_resident,
+                options.checkpoint,
+            ),
             self.supervisor,
             self.monitor,
             self.rescan,

@@ -25,6 +25,7 @@ from gq.daemon import admission, forecast_jobs, lane_waits, pending_reasons
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device, context_memory
 from gq.daemon.monitoring import Monitor
+from gq.daemon.preempting import Preempter
 from gq.daemon.running import Running, footprint
 from gq.daemon.supervision import Supervisor
 from gq.exec import host_messages as wire
@@ -50,6 +51,12 @@ class Capacity:
     # Seconds a resident may run no iteration before it gives its slot to a waiting job
     # (of a user over their part of the device's slots; gq.daemon.residency).
     idle_resident: float = defaults.IDLE_RESIDENT
+    checkpoint: str = "auto"  # how the hosts move suspended jobs' memory (gq.exec.checkpoint)
+
+    def moves_memory(self, device: Device) -> bool:
+        """Whether the device's host moves a suspended job's memory to host memory (the
+        driver may still refuse it: gq.daemon.preempting learns that)."""
+        return self.checkpoint == "fake" or (self.checkpoint == "auto" and device.kind == "cuda")
 
 
 class Scheduler:
@@ -85,6 +92,10 @@ class Scheduler:
         self.last_pass: forecast_jobs.Pass | None = None
         # (user, name) -> the pace of their running job of that name, at the last snapshot
         self.running_paces: dict[tuple[str, str], work_estimates.Past] = {}
+        self._unplaced: (
+            tuple[list[admission.Request], dict[int, int], list[admission.DeviceLoad]] | None
+        ) = None
+        self.preempter = Preempter(db, supervisor, capacity.moves_memory, self._room_to_come_back)
 
     def lane_memory(self, device: Device) -> int:
         """What one lane of the device offers: its memory split evenly between lanes."""
@@ -126,11 +137,22 @@ class Scheduler:
                 if row.array_job_id is not None:
                     array_running[row.array_job_id] = array_running.get(row.array_job_id, 0) + 1
             placed = self._admit(eligible, array_running, self._node_room(running), running)
+        self._preempt(running)
         # Not in a pass that launched jobs: their lanes' waits are not in the rows read.
         if self.policy.waits_behind and len(self.devices) > 1 and not placed:
             lane_waits.move_unstarted(
                 running, self.supervisor, self._allowed, self.loads, self.move_margin
             )
+
+    def _preempt(self, running: Sequence[Row]) -> None:
+        """Under priority, room for the first job left waiting (gq.daemon.preempting); under
+        any policy, the preempted jobs back as their room comes free."""
+        blocked, priorities, loads = self._unplaced or ([], {}, None)
+        self._unplaced = None
+        if self.policy.name != "priority":
+            blocked = []
+        if blocked or self.preempter.out:
+            self.preempter.run(running, blocked, priorities, loads or self.loads(running))
 
     def _parsed(self, text: str) -> dependencies.Dependency:
         """A dependency's parse, kept: the same few texts recur in every pass."""
@@ -165,13 +187,14 @@ class Scheduler:
                 self.supervisor.kill(job, StopWhy(row.stop_request))
             if (row.priority, row.time_limit) != (job.priority, job.time_limit):
                 self.supervisor.update(job, row.priority, row.time_limit)
-            if bool(row.suspended) != job.suspended and job.kill_why is None:
+            suspended = bool(row.suspended or row.preempted)  # a user's, or the daemon's
+            if suspended != job.suspended and job.kill_why is None:
                 # Resumed: what it needs is kept for it from now until its host says its
-                # memory is no longer in host memory (gq.daemon.running.footprint_now).
-                job.wants_back = not row.suspended
+                # memory is no longer in host memory (gq.daemon.running.away).
+                job.wants_back = not suspended
                 if job.wants_back and not self._room_to_come_back(job):
                     continue  # resumed once its memory fits beside what runs there now
-                self.supervisor.suspend(job, bool(row.suspended))
+                self.supervisor.suspend(job, suspended)
 
     def _room_to_come_back(self, job: Running) -> bool:
         """Whether a job whose memory went to host memory fits on its lane again: others
@@ -230,6 +253,11 @@ class Scheduler:
                     for placement in outcome.placements
                 ]
             )
+        self._unplaced = (  # for the preemptions after it (the launches hold their room)
+            [r for r in requests if r.job_id in outcome.reasons],
+            {r.job_id: by_id[r.job_id].priority for r in requests},
+            loads,
+        )
         return len(outcome.placements)
 
     def _derived(self, pending: list[Row]) -> dict[Row, tuple[policies.JobView, admission.Request]]:

@@ -137,6 +137,7 @@ class JobInfo(Record):
     mail_type: Str | None = None
     mail_user: Str | None = None
     suspended: bool = False
+    preempted: bool = False  # suspended by the daemon for a higher-priority job
     retry_delay: float | None = None
     # Its forecast (gq status --start or -l, gq show): start and end, and how well they are
     # known: "known", "estimated", "guessed" (from time limits, before the first forecast

@@ -10,16 +10,17 @@ decoding and the request handlers), so that no row can break a query for anyone.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, or_, select, update
 
 from gq.exec.host_messages import JobProgress
 from gq.messages import MemoryBasis
-from gq.queue.models import Job, Payload
+from gq.queue.models import Job, JobEvent, Payload
 from gq.queue.prepared import Prepared
 from gq.queue.queries import among, chunks
-from gq.queue.states import JobState
+from gq.queue.states import PREEMPTED, JobState
 
 if TYPE_CHECKING:
     from gq.queue.engine import Transaction
@@ -190,6 +191,30 @@ def set_suspended(session: Transaction, job_ids: list[int], suspended: bool) -> 
         )
         changed += [row[0] for row in result]
     return changed
+
+
+def set_preempted(session: Transaction, job_id: int, preempted: bool, reason: str) -> bool:
+    """A RUNNING job preempted by the daemon (its memory to host memory for a higher job),
+    or brought back: the flag, and the change in its state history (Slurm's PREEMPTED).
+    Whether it changed (a job that has ended meanwhile does not)."""
+    changed = session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id, Job.state == JobState.RUNNING.value, Job.preempted.is_(not preempted)
+        )
+        .values(preempted=preempted)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if changed:
+        old, new = (
+            (JobState.RUNNING.value, PREEMPTED)
+            if preempted
+            else (PREEMPTED, JobState.RUNNING.value)
+        )
+        session.add(
+            JobEvent(job_id=job_id, time=time.time(), old_state=old, new_state=new, reason=reason)
+        )
+    return bool(changed)
 
 
 def set_args(session: Transaction, payload_id: int, args: list[str]) -> None:

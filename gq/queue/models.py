@@ -95,6 +95,9 @@ class Job(Base):
     mail_type: Mapped[str | None] = mapped_column(String(64))  # BEGIN,END,FAIL,REQUEUE,ALL
     mail_user: Mapped[str | None] = mapped_column(Text)
     suspended: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # Suspended by the daemon for a higher-priority job, its memory in host memory (a
+    # run's own: it ends with the run, as ``suspended`` does).
+    preempted: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     time_limit: Mapped[int | None] = mapped_column(Integer)
     deadline: Mapped[float | None] = mapped_column(Float)  # seconds since the epoch
     steps_total: Mapped[int | None] = mapped_column(Integer)

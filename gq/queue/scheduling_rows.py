@@ -45,6 +45,7 @@ SCHEDULING_COLUMNS = (
     Job.cpus,
     Job.nodelist,
     Job.suspended,
+    Job.preempted,
     Job.steps_done,
     Job.attained,
     Job.mean_iteration,
@@ -83,6 +84,7 @@ class SchedulingRow(NamedTuple):
     cpus: int | None
     nodelist: str | None
     suspended: bool
+    preempted: bool
     steps_done: int
     attained: float
     mean_iteration: float | None

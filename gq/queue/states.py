@@ -6,6 +6,10 @@ from enum import Enum
 
 from gq.queue import state_codes
 
+# The word a running job's state history says where the daemon preempted it (Slurm's): it
+# stays RUNNING, suspended, its device memory in host memory, until it is brought back.
+PREEMPTED = "PREEMPTED"
+
 
 class JobState(str, Enum):
     PENDING = "PENDING"

@@ -123,6 +123,7 @@ def submit(
         mail_type=new.mail_type,
         mail_user=new.mail_user,
         suspended=False,
+        preempted=False,
         on_oom=new.on_oom,
         ooms=0,
         steps_total=new.steps_total,

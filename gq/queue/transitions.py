@@ -45,6 +45,7 @@ def _move(
     now = time.time() if now is None else now
     if old is JobState.RUNNING:
         values.setdefault("suspended", False)  # a suspend ends with the run
+        values.setdefault("preempted", False)
     if new is JobState.PENDING and (ends_run or old.terminal):
         values.update(INTO_EARLIER)  # its latest run becomes one of its earlier runs
     kept = ends_run and keep_run(session, job_id, new, reason, now, guard, values)
@@ -332,6 +333,7 @@ def _move_many(
     now = time.time() if now is None else now
     if old is JobState.RUNNING:
         values.setdefault("suspended", False)  # a suspend ends with the run
+        values.setdefault("preempted", False)
     moved: list[int] = []
     for part in chunks(job_ids):
         result = session.execute(

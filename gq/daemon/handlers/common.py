@@ -122,7 +122,8 @@ def job_info(
         notify=job.notify if detail else None,
         mail_type=job.mail_type,
         mail_user=job.mail_user if detail else None,
-        suspended=job.suspended,
+        suspended=job.suspended or bool(job.preempted),  # (ST S either way)
+        preempted=bool(job.preempted),
         mem_basis=_basis(job.mem_basis, job.mem),
         on_oom=messages.OnOutOfMemory(job.on_oom or messages.OnOutOfMemory.REQUEUE),
         ooms=job.ooms or 0,
