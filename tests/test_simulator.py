@@ -65,6 +65,18 @@ def test_multi_gpu_job_takes_whole_devices():
     assert summary["utilization"] == pytest.approx((4 * 2 + 2) / (2 * 6))
 
 
+def test_a_run_stopped_early_gives_no_summary():
+    # Jobs a stopped run did not end have no completion time: figures without them would
+    # flatter it, so it refuses them (it failed on their missing end before).
+    jobs = [job(i, i, 1, 1) for i in range(1, 1001)]
+    result = simulate(jobs, policies.make("fifo"), stop=lambda: True)
+    assert not result.complete and any(run.end is None for run in result.runs)
+    with pytest.raises(ValueError, match="of the jobs did not end"):
+        result.summary()
+    with pytest.raises(ValueError, match="of the jobs did not end"):
+        result.jcts()
+
+
 def test_jobs_asking_more_gpus_than_the_node_get_all_of_them():
     result = simulate([job(1, 0, 3, 3, gpus=8)], policies.make("fifo"), gpus=2)
     assert ends(result) == {1: 3} and result.runs[0].gpus == 2

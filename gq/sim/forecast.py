@@ -150,7 +150,7 @@ def forecast(snapshot: Snapshot, stop: Callable[[], bool] | None = None) -> Fore
         found.jobs[job_id] = Forecast(
             job_id,
             snapshot.now + start,
-            None if quality is Basis.UNKNOWN else snapshot.now + end,
+            None if end is None or quality is Basis.UNKNOWN else snapshot.now + end,
             ",".join(devices[lane // snapshot.lanes].name for lane in run.lanes) or None,
             quality,
         )
@@ -199,8 +199,8 @@ class _Seeded:
                 since=None if job.measured_at is None else min(job.measured_at - now, 0.0),
             )
             basis[view.id] = job.work.basis
-        for job in snapshot.pending:
-            view, request = job.view, job.request
+        for waiting in snapshot.pending:
+            view, request = waiting.view, waiting.request
             if view.id not in pending_ids:
                 unknown[view.id] = Forecast.unknown(view.id)
                 continue
@@ -208,18 +208,18 @@ class _Seeded:
             traces.append(
                 _trace(
                     view,
-                    job.work,
+                    waiting.work,
                     footprint.persistent + footprint.ephemeral,
                     request.gpus,
                     request.time_limit,
                     now,
                 )
             )
-            if job.begin_time is not None:
-                arrivals[view.id] = job.begin_time - now
-            if job.after:
-                after[view.id] = job.after
-            basis[view.id] = job.work.basis
+            if waiting.begin_time is not None:
+                arrivals[view.id] = waiting.begin_time - now
+            if waiting.after:
+                after[view.id] = waiting.after
+            basis[view.id] = waiting.work.basis
         for job in snapshot.running:
             if job.view.id not in running_ids:  # on a device the snapshot does not have
                 unknown[job.view.id] = Forecast.unknown(job.view.id)

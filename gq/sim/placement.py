@@ -73,7 +73,9 @@ class Placement(EventQueue):
                 max_resident=self.max_resident,
                 residents=len(jobs),
                 exclusive=any(r.gpus > 1 for r in jobs),
-                free_at=max((r.start + r.job.limit for r in jobs), default=0.0),
+                free_at=max(
+                    (r.start + r.job.limit for r in jobs if r.start is not None), default=0.0
+                ),
             )
             for device, jobs in enumerate(self._device_residents())
         ]

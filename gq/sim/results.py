@@ -31,13 +31,22 @@ class Result:
     lanes: int = 1  # per device: utilization is the share of lane time busy
     complete: bool = True  # False: stopped early (``stop``); jobs not ended have end None
 
+    def _ends(self) -> list[tuple[JobRun, float]]:
+        """Each run with its end. Figures over a result whose jobs did not all end (one
+        stopped early, or a live node's with jobs that never start) would leave those jobs
+        out and flatter it: refused."""
+        ends = [(run, run.end) for run in self.runs if run.end is not None]
+        if len(ends) != len(self.runs):
+            raise ValueError(f"{len(self.runs) - len(ends)} of the jobs did not end")
+        return ends
+
     def jcts(self) -> list[float]:
-        return [run.end - run.job.submit_time for run in self.runs]
+        return [end - run.job.submit_time for run, end in self._ends()]
 
     def summary(self) -> dict:
         jcts = sorted(self.jcts())
         first = min(run.job.submit_time for run in self.runs)
-        makespan = max(run.end for run in self.runs) - first
+        makespan = max(end for _, end in self._ends()) - first
         return {
             "policy": self.policy,
             "jobs": len(self.runs),
@@ -53,7 +62,7 @@ class Result:
 
     def deadlines_met(self) -> float | None:
         """The share of jobs with a deadline that ended by it (None: no job had one)."""
-        due = [run for run in self.runs if run.job.deadline is not None]
+        due = [(end, run.job.deadline) for run, end in self._ends() if run.job.deadline is not None]
         if not due:
             return None
-        return sum(run.end <= run.job.deadline for run in due) / len(due)
+        return sum(end <= deadline for end, deadline in due) / len(due)

@@ -123,6 +123,7 @@ class Stretches(EventQueue):
                 awaited
                 for run, view in zip(lane.residents, resident_views)
                 if run.ready_at > now
+                and run.released_at is not None
                 and (awaited := lane_rule.awaited(view, run.released_at, self._measured_gap(run)))
             ]
             decision = lane_rule.next_step(self.policy, ready_views, resident_views, in_gaps, now)
