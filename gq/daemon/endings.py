@@ -271,7 +271,10 @@ class Endings:
                     transitions.requeue(
                         session,
                         job.job_id,
-                        reason if ending.state is JobState.PENDING else f"{reason}; requeued",
+                        # (an ending that requeues gives a reason: "requeued" is a fallback)
+                        (reason or "requeued")
+                        if ending.state is JobState.PENDING
+                        else f"{reason or 'ended'}; requeued",
                         now=end,
                         started=ending.counted,
                     )

@@ -346,15 +346,15 @@ def _test_only(
         )
     ids = [job.view.id for job in what.jobs]
     own = [made.jobs.get(job_id) for job_id in ids]
-    known = [f for f in own if f is not None and f.start is not None]
-    first = min(known, key=lambda f: f.start) if len(known) == len(own) else None
-    ends = [f.end for f in own if f is not None]
+    known = [(f.start, f) for f in own if f is not None and f.start is not None]
+    first = min(known, key=lambda pair: pair[0])[1] if len(known) == len(own) else None
+    ends = [f.end for f in own if f is not None and f.end is not None]
     worst = max((f.basis for f in own if f is not None), default=work_estimates.Basis.UNKNOWN)
     delayed = forecast.delays(base, made)
     return messages.TestOnly(
         tasks=len(ids),
         start=first.start if first else None,
-        end=max(ends) if first and all(e is not None for e in ends) else None,
+        end=max(ends) if first and len(ends) == len(own) else None,
         device=first.device if first else None,
         basis=(worst if first else work_estimates.Basis.UNKNOWN).name.lower(),
         delays=[messages.Delay(job_id, by) for job_id, by in sorted(delayed.items())],

@@ -130,7 +130,7 @@ class Daemon:
             self.rescan,
             options.move_margin,
         )
-        self.server: Server | None = None
+        self.server: Server[Waiting | WhatIf | Listing] | None = None
         self.waiters = Waiters(self.db)
         self.notifier = Notifier(self.db, home, options.on_finish)
         self.forecaster = Forecaster(

@@ -24,6 +24,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from gq import defaults, messages
 from gq.daemon.access import Caller
@@ -33,10 +34,12 @@ from gq.home import Home
 log = logging.getLogger("gq.daemon")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
+# What an answer that comes later waits for (gq wait's Waiting, gq submit --test-only's
+# WhatIf): dispatch returns it, and ``park`` takes it.
+Later = TypeVar("Later")
 # dispatch(caller, line) -> (answer line, descriptors to pass with it), or what the answer
-# waits for (gq wait's Waiting, gq submit --test-only's WhatIf): it comes later, through
-# Server.reply, from whoever ``park`` hands it to.
-Dispatch = Callable[[Caller, bytes], "tuple[bytes, list[int]] | object"]
+# waits for: it comes later, through Server.reply, from whoever ``park`` hands it to.
+Dispatch = Callable[[Caller, bytes], "tuple[bytes, list[int]] | Later"]
 
 
 @dataclass(frozen=True)
@@ -60,15 +63,15 @@ class Connection:
     waiting: bool = False  # its answer comes later: no deadline, nothing more is read
 
 
-class Server:
+class Server(Generic[Later]):
     def __init__(
         self,
         home: Home,
         selector: selectors.BaseSelector,
-        dispatch: Dispatch,
+        dispatch: Dispatch[Later],
         identify: Callable[[int, int, int], Caller],
         limits: ConnectionLimits = ConnectionLimits(),
-        park: Callable[[Connection, object], None] | None = None,
+        park: Callable[[Connection, Later], None] | None = None,
     ):
         self.home = home
         self.limits = limits

@@ -229,9 +229,11 @@ class Supervisor(ProgressReports, Probes, Endings):
                 if transitions.start(session, job_id, ",".join(d.name for d in devices), lane):
                     started.append((job_id, devices, lane))  # else cancelled or held meanwhile
             jobs, payloads = lookups.launching(session, [job_id for job_id, _, _ in started])
-            spans = {
+            spans: dict[int | None, tuple[int, int, int, int]] = {
                 array_id: lookups.array_span(session, array_id)
-                for array_id in {job.array_job_id for job in jobs.values()} - {None}
+                for array_id in {
+                    job.array_job_id for job in jobs.values() if job.array_job_id is not None
+                }
             }
         for job_id, devices, lane in started:
             job = jobs[job_id]

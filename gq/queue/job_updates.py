@@ -11,6 +11,7 @@ decoding and the request handlers), so that no row can break a query for anyone.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, or_, select, update
@@ -35,7 +36,7 @@ _JOBS = Job.__table__
 _kept: dict[tuple, Any] = {}
 
 
-def set_pending_reasons(session: Transaction, reasons: dict[int, str | None]) -> None:
+def set_pending_reasons(session: Transaction, reasons: Mapping[int, str | None]) -> None:
     """Why PENDING jobs are still waiting (squeue's REASON), one statement per reason and
     chunk of ids; not a state change."""
     by_reason: dict[str | None, list[int]] = {}

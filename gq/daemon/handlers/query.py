@@ -7,6 +7,7 @@ import math
 import os
 import pwd
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gq import defaults, messages
@@ -174,6 +175,7 @@ def wait(daemon: NodeView, caller: Caller, request: messages.Wait) -> messages.W
     running ones: how they ended, now or once the last has (anyone may wait, as anyone may
     list the queue)."""
     with daemon.db.read() as session:
+        jobs: Sequence[Job]
         if request.labels:
             jobs = resolve_all(session, request.labels)
         else:
