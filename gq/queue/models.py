@@ -4,14 +4,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 class Base(DeclarativeBase):
-    pass
+    # Every model here is mapped to a table of its own (DeclarativeBase allows any
+    # FromClause), so the Core statements built on one are typed as a table's.
+    __table__: ClassVar[Table]
 
 
 class Payload(Base):

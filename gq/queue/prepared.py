@@ -73,7 +73,7 @@ class Prepared:
         found = transaction.sqlite.execute(form.sql, _bound(form, params)).fetchall()
         if not form.results:
             return found
-        converted = []
+        converted: list[Sequence[Any]] = []
         for row in found:
             values = list(row)
             for index, convert in form.results:

@@ -28,12 +28,13 @@ def finished_before(session: Transaction, cutoff: float, limit: int) -> Sequence
     ).all()
 
 
-def pending_dependencies(session: Transaction) -> Sequence[str]:
-    return session.scalars(
+def pending_dependencies(session: Transaction) -> list[str]:
+    found = session.scalars(
         select(Job.dependency).where(
             Job.state == JobState.PENDING.value, Job.dependency.is_not(None)
         )
-    ).all()
+    )
+    return [text for text in found if text is not None]
 
 
 def spool_paths_in_use(session: Transaction, paths: Iterable[str]) -> set[str]:

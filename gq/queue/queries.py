@@ -152,6 +152,7 @@ def finished_page(
     found = list(session.scalars(query.limit(limit + 1)))
     if len(found) > limit:
         last = found[limit - 1]
+        assert last.end_time is not None  # the query reads only jobs that ended
         return found[:limit], (last.end_time, last.id)
     return found, None
 

@@ -112,7 +112,9 @@ _HELD_WITH_DEADLINE = Prepared(
 )
 
 
-def for_scheduling(session: Transaction, state: JobState, held: bool | None = None) -> Sequence:
+def for_scheduling(
+    session: Transaction, state: JobState, held: bool | None = None
+) -> list[SchedulingRow]:
     """Rows of the jobs in ``state`` (PENDING or RUNNING; held or not) with what scheduling
     needs of them."""
     return list(map(SchedulingRow._make, _FOR_SCHEDULING[state, held].rows(session)))

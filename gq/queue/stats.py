@@ -4,7 +4,8 @@ oldest finished job still kept ended."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, func, select
 
@@ -37,11 +38,11 @@ _RECENT_RUNS = Prepared(
 )
 
 
-def recent_runs(session: Transaction, user: str, name: str, limit: int) -> list[tuple]:
+def recent_runs(session: Transaction, user: str, name: str, limit: int) -> list[Sequence[Any]]:
     """The user's last ``limit`` completed jobs of that name, the last ended first: start,
     end, steps done, attained device time, mean iteration and gap, and start-up (None
     where its host did not measure one)."""
-    return list(_RECENT_RUNS.rows(session, {"user": user, "name": name, "limit": limit}))
+    return _RECENT_RUNS.rows(session, {"user": user, "name": name, "limit": limit})
 
 
 _RECENT_RUN_TIMES = Prepared(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ClauseElement, bindparam, delete, func, insert, update
+from sqlalchemy import ClauseElement, ColumnElement, bindparam, delete, func, insert, update
 
 from gq.exec.host_messages import JobProgress
 from gq.messages import MemoryBasis
@@ -84,7 +84,7 @@ _NEXT_RUN = Job.run_count + 1
 _RUN_NOT_COUNTED = Job.run_count - 1
 _HAS_RETRIES = Job.retries_left > 0
 _ONE_RETRY_LESS = Job.retries_left - 1
-_AFTER_RETRY_DELAY = bindparam("b_now") + func.coalesce(Job.retry_delay, 0.0)
+_AFTER_RETRY_DELAY: ColumnElement[float] = bindparam("b_now") + func.coalesce(Job.retry_delay, 0.0)
 _ONE_MORE_OOM = func.coalesce(Job.ooms, 0) + 1
 _SHARED = frozenset(
     map(
