@@ -102,6 +102,12 @@ class Fields:
     def __init__(self, fields: dict[str, Any]):
         self.__dict__.update(fields)
 
+    if TYPE_CHECKING:  # its attributes are the answer's fields: any name, of any type
+
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
 
 def _typed(line: bytes) -> Any:
     """The answer a line holds, every field checked; an Error answer raises UserError."""
@@ -176,7 +182,9 @@ def _read_line(
     while b"\n" not in data:  # the newline ends the answer: looked for in each chunk alone
         try:
             if fds:
-                data, passed, _, _ = recv_fds(sock, 1 << 16, 4)
+                # (recv_fds only calls sock.recvmsg, which a _socket.socket has: its stub
+                # asks for a socket.socket all the same)
+                data, passed, _, _ = recv_fds(sock, 1 << 16, 4)  # type: ignore[arg-type]
                 received += passed
             else:
                 data = sock.recv(1 << 16)

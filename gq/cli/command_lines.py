@@ -177,9 +177,8 @@ def _interpreter_of(program: str) -> str | None:
     match = re.fullmatch(rb"#!\s*(/\S+)(?:[ \t]+(\S+))?\s*", first)
     if match is None:
         return None
-    named, argument = (
-        None if part is None else part.decode("utf-8", "surrogateescape") for part in match.groups()
-    )
+    named = match[1].decode("utf-8", "surrogateescape")
+    argument = None if match[2] is None else match[2].decode("utf-8", "surrogateescape")
     if os.path.basename(named) == "env" and argument and re.fullmatch(_PYTHON, argument):
         return _python(argument)
     if re.fullmatch(_PYTHON, os.path.basename(named)) and argument is None:

@@ -360,14 +360,14 @@ def start(
     if on_finish is not None:
         validation.text(on_finish, "--on-finish", defaults.MAX_TEXT)
         options += ["--on-finish", on_finish]
-    for flag, value in (
+    for flag, setting in (
         ("--max-temp", max_temp),
         ("--max-power", max_power),
         ("--metrics", metrics),
         ("--readings", readings and os.path.abspath(readings)),
     ):
-        if value is not None:
-            options += [flag, str(value)]
+        if setting is not None:
+            options += [flag, str(setting)]
     if foreground:
         from gq.exec.spawn import gq_python
 

@@ -7,10 +7,15 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 from gq.cli import render
 from gq.errors import UserError
 from gq.messages import JobInfo
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
 
 # code -> (header, the value for a job, as squeue names them)
 FIELDS: dict[str, tuple[str, Callable[[JobInfo, str, str], object]]] = {
@@ -47,7 +52,7 @@ FIELDS: dict[str, tuple[str, Callable[[JobInfo, str, str], object]]] = {
 }
 _CODE = re.compile(r"%([.-])?(\d{1,3})?([A-Za-z%])")
 # sort key -> the value jobs are ordered by
-SORT_KEYS: dict[str, Callable[[JobInfo], object]] = {
+SORT_KEYS: dict[str, Callable[[JobInfo], SupportsRichComparison]] = {
     "i": lambda job: job.id,
     "j": lambda job: job.name,
     "u": lambda job: job.user,
@@ -68,15 +73,12 @@ def table(spec: str, rows: list[tuple[str, JobInfo, str]]) -> str:
     parts = _parse(spec)
     lines = [_line(parts, lambda code: FIELDS[code][0])]
     for label, job, reason in rows:
-        lines.append(
-            _line(
-                parts,
-                lambda code, job=job, label=label, reason=reason: FIELDS[code][1](
-                    job, label, reason
-                ),
-            )
-        )
+        lines.append(_line(parts, partial(_value, job, label, reason)))
     return "\n".join(render.printable(line.rstrip()) for line in lines)
+
+
+def _value(job: JobInfo, label: str, reason: str, code: str) -> object:
+    return FIELDS[code][1](job, label, reason)
 
 
 def _parse(spec: str) -> list[str | tuple[bool, int | None, str]]:

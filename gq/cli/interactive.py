@@ -107,6 +107,7 @@ def _take_terminal(path: str, label: str) -> tuple[int, socket.socket] | None:
     """Connect to the job's terminal socket and receive its master (with the connection);
     None where there is no socket (yet, or any more)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    taken = False  # once it is, the connection is the caller's to close
     try:
         try:
             sock.connect(path)
@@ -134,10 +135,10 @@ def _take_terminal(path: str, label: str) -> tuple[int, socket.socket] | None:
                 f"job {label}'s terminal socket handed over something else; "
                 "see the execution host's log"
             )
-        taken, sock = (fds[0], sock), None
-        return taken
+        taken = True
+        return fds[0], sock
     finally:
-        if sock is not None:
+        if not taken:
             sock.close()
 
 
@@ -155,7 +156,8 @@ def relay(master: int) -> int | None:
         _copy_size(master)
         typed = bytearray()  # read from this terminal, not yet taken by the job's
         while True:
-            readers = [master, wake] + ([0] if len(typed) < _MOST_BUFFERED else [])
+            readers: list[int | socket.socket] = [master, wake]
+            readers += [0] if len(typed) < _MOST_BUFFERED else []
             ready, writable, _ = select.select(readers, [master] if typed else [], [])
             for signum in received(wake) if wake in ready else ():
                 if signum in (signal.SIGHUP, signal.SIGTERM):

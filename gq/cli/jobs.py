@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from gq import defaults, messages
+from gq import client, defaults, messages
 from gq.cli import job_page, listing, render
 from gq.cli.common import ask, labels
 from gq.queue.states import TERMINAL
@@ -248,7 +248,7 @@ def _since(text: str) -> float:
     return when - 86400 if when > now else when  # 16:00 means today's, once passed
 
 
-def _note_reach(answer: messages.Jobs) -> None:
+def _note_reach(answer: client.Fields) -> None:
     """How far back history reaches: finished jobs are purged after the retention."""
     if answer.retention is None:
         return
@@ -272,17 +272,17 @@ def _write_trace(jobs: list[messages.JobInfo]) -> None:
     from gq.policies.base import anticipation_window
     from gq.sim.traces import TraceJob, write_gq_csv
 
-    ran = [j for j in jobs if j.start_time is not None and j.end_time is not None]
-    first = min((j.submit_time for j in ran), default=0.0)
+    ran = [
+        (j, j.start_time, j.end_time)
+        for j in jobs
+        if j.start_time is not None and j.end_time is not None
+    ]
+    first = min((j.submit_time for j, _, _ in ran), default=0.0)
     trace = [
         TraceJob(
             id=j.id,
             submit_time=j.submit_time - first,
-            duration=(
-                j.attained
-                if j.steps_done and j.attained > 0
-                else max(j.end_time - j.start_time, 1e-3)
-            ),
+            duration=(j.attained if j.steps_done and j.attained > 0 else max(end - start, 1e-3)),
             iterations=max(1, j.steps_done),
             gpus=max(1, j.gpus),
             priority=j.priority,
@@ -291,6 +291,6 @@ def _write_trace(jobs: list[messages.JobInfo]) -> None:
             time_limit=j.time_limit,
             gap=j.mean_gap if anticipation_window(j.mean_gap) is None and j.mean_gap else 0.0,
         )
-        for j in ran
+        for j, start, end in ran
     ]
     write_gq_csv(trace, sys.stdout)

@@ -144,7 +144,7 @@ def listed(
     forecast: bool = False,
     array_tasks: bool = False,
     fair_share: bool = False,
-) -> Jobs:
+) -> client.Fields:
     """Pending and running jobs in ``states`` (names), and the ``limit`` finished ones that
     ended last (0: every one): the daemon sends finished jobs a page at a time. A job listed
     on more than one page (it ended, or was requeued, meanwhile) is listed as the last page
@@ -181,19 +181,19 @@ def listed(
     return answer
 
 
-def _page(asked: dict, **page) -> Jobs:
+def _page(asked: dict, **page) -> client.Fields:
     """One ListJobs request's answer (gq.messages.Jobs), read as :class:`client.Fields`."""
     answer = client.Fields(client.ask_plain("list", {**asked, **page}, "jobs"))
     answer.jobs = [client.Fields(job) for job in answer.jobs]
     return answer
 
 
-def note_stale(answer: Jobs) -> None:
+def note_stale(answer: Jobs | client.Fields) -> None:
     if answer.stale:
         print(f"gq: note: progress figures may be stale: {answer.stale}", file=sys.stderr)
 
 
-def _note_forecast(answer: Jobs) -> None:
+def _note_forecast(answer: client.Fields) -> None:
     live = [job for job in answer.jobs if job.state not in TERMINAL]
     if any(job.forecast == "guessed" for job in live):
         print(

@@ -108,7 +108,7 @@ def make_app(only: str | None = None) -> typer.Typer:
         if group:
             app.add_typer(target, name=name)
         else:
-            extra = dict(_EXTRA.get(name, {}))
+            extra: dict[str, Any] = dict(_EXTRA.get(name, {}))
             if doc := getattr(module, f"{name.upper()}_HELP", None):
                 extra["help"] = doc
             app.command(name, **extra)(target)

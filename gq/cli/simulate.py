@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from gq import defaults
 from gq.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from gq.sim.results import Result
 
 
 def simulate(
@@ -92,7 +98,7 @@ def simulate(
         _require_matplotlib()
     jobs = load(trace)
     with _ProgressBar(len(names) * len(jobs)) as bar:
-        results = []
+        results: list[Result] = []
         for name in names:
             results.append(
                 run_simulation(
@@ -104,9 +110,7 @@ def simulate(
                     share_slice=share_slice,
                     lanes=lanes,
                     move_margin=move_margin,
-                    progress=lambda done, total, before=len(results) * len(jobs): bar(
-                        before + done
-                    ),
+                    progress=bar.after(len(results) * len(jobs)),
                 )
             )
     summaries = [r.summary() for r in results]
@@ -163,11 +167,15 @@ class _ProgressBar:
         self.total = total
         self.started = time.monotonic()
         self.clock = time.monotonic
-        self.shown = None
+        self.shown: Progress | None = None
         self.wanted = sys.stderr.isatty()
 
     def __enter__(self) -> _ProgressBar:
         return self
+
+    def after(self, before: int) -> Callable[[int, int], None]:
+        """The progress callback of a run that follows others, which ended ``before`` jobs."""
+        return lambda done, total: self(before + done)
 
     def __call__(self, done: int) -> None:
         if not self.wanted or (self.shown is None and self.clock() - self.started < self.DELAY):

@@ -222,7 +222,11 @@ def submit(
     ),
 ) -> None:
     params = dict(ctx.params)
-    given = {name for name in params if ctx.get_parameter_source(name).name == "COMMANDLINE"}
+    given = {
+        name
+        for name in params
+        if (source := ctx.get_parameter_source(name)) is not None and source.name == "COMMANDLINE"
+    }
     code = submission.queue(
         ctx.info_name == "run",
         params,
