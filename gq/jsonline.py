@@ -10,8 +10,10 @@ from __future__ import annotations
 
 try:
     from _json import encode_basestring_ascii, make_encoder, make_scanner
+
+    ACCELERATED = True
 except ImportError:  # another Python: the json module, slower to import, same results
-    encode_basestring_ascii = make_encoder = make_scanner = None
+    ACCELERATED = False
 
 
 class _Reading:
@@ -32,8 +34,10 @@ def _unserialisable(value: object) -> None:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-if make_scanner is not None:
-    _scan = make_scanner(_Reading())
+if ACCELERATED:
+    # (its stub asks for a make_scanner, but the scanner reads only the options above, as
+    # json.decoder's JSONDecoder has them: the stub says so in a TODO)
+    _scan = make_scanner(_Reading())  # type: ignore[arg-type]
     # No markers (None): a dict of them would be shared by every call, and keep the ids
     # of an encoding that raised; gq's messages hold no cycles.
     _encode = make_encoder(
@@ -47,7 +51,7 @@ else:
 
 def dumps(data: object) -> str:
     """``data`` as compact JSON; ValueError for a float that is not finite."""
-    if make_encoder is None:
+    if not ACCELERATED:
         return json.dumps(data, separators=(",", ":"), allow_nan=False)
     return "".join(_encode(data, 0))
 
@@ -60,7 +64,7 @@ def line(data: object) -> bytes:
 def loads(text: str) -> object:
     """The one JSON value ``text`` holds (whitespace around it allowed); ValueError for
     anything else, NaN and Infinity included."""
-    if make_scanner is None:
+    if not ACCELERATED:
         return _decoder.decode(text)
     start = len(text) - len(text.lstrip(" \t\n\r"))
     try:

@@ -132,6 +132,7 @@ class _Tail:
             with self._changed:
                 self._changed.wait_for(lambda: self._pending is not None)
                 pending = self._pending
+                assert pending is not None  # wait_for returned with it set, the lock held
             try:
                 pending[0].synchronize()
             except Exception:  # noqa: BLE001 - a device that failed has nothing left to run

@@ -29,6 +29,7 @@ import importlib.machinery
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from gq.exec import worker_memory
 from gq.exec.import_watch import after_import
@@ -38,7 +39,8 @@ from gq.exec.outermost_calls import Boundaries, Section
 
 def install(session: JobSession, torch) -> None:
     optimizer_hooks = importlib.import_module("torch.optim.optimizer")
-    autograd = importlib.import_module("torch.autograd")
+    # (patched in place below: a module's attributes are whatever this torch defines)
+    autograd: Any = importlib.import_module("torch.autograd")
     boundaries = Boundaries(session, torch)
     module_class = torch.nn.Module
     call = module_class.__call__
@@ -58,12 +60,12 @@ def install(session: JobSession, torch) -> None:
     )
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     update = getattr(scaler_class, "update", None)
-    if update is not None:
+    if scaler_class is not None and update is not None:
         scaler_class.update = _then(update, boundaries.scaler_updated)
     graph_class = getattr(torch.cuda, "CUDAGraph", None)
     replay = getattr(graph_class, "replay", None)
     replays = None
-    if replay is not None:
+    if graph_class is not None and replay is not None:
         replays = graph_class.replay = _noting_replays(replay, boundaries)
 
     def in_forked_child() -> None:
@@ -74,7 +76,7 @@ def install(session: JobSession, torch) -> None:
         boundaries.section = Section(boundaries.lock, boundaries.session)
         if module_class.__call__ is noted:
             module_class.__call__ = call
-        if replays is not None and graph_class.replay is replays:
+        if graph_class is not None and replays is not None and graph_class.replay is replays:
             graph_class.replay = replay
 
     os.register_at_fork(after_in_child=in_forked_child)

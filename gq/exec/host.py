@@ -399,7 +399,9 @@ class Host:
         self.lanes[resident.lane].residents.append(resident)
         if resident.channel is not None:
             self.selector.register(resident.channel.sock, selectors.EVENT_READ, resident)
-        self.selector.register(resident.process.setup_pipe, selectors.EVENT_READ, resident.process)
+        process = resident.process
+        if process.setup_pipe is not None:  # open until its exec, which is still ahead
+            self.selector.register(process.setup_pipe, selectors.EVENT_READ, process)
         self._tell(wire.Started(spec.id, resident.run, resident.process.pid))
 
     def _shutdown(self) -> None:

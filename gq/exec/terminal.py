@@ -174,7 +174,7 @@ class Terminal:
     def hand_over(self) -> bool:
         """A connection is waiting: give the master to it if its peer is the job's user (any
         other is closed at once). True once handed over; the host keeps no copy."""
-        assert self.listener is not None
+        assert self.listener is not None and self.master is not None  # asked only until then
         try:
             connection, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
