@@ -15,6 +15,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
+    from gq.client import Fields
     from gq.messages import EventInfo, FairShare, JobInfo, RunInfo
 
 
@@ -49,7 +50,7 @@ def forecast_time(job: JobInfo, end: bool) -> str:
     return ("" if job.forecast == "known" else "~") + short_time(when)
 
 
-def elapsed(job: JobInfo, now: float | None = None) -> float | None:
+def elapsed(job: JobInfo | Fields, now: float | None = None) -> float | None:
     """Its latest run's time (squeue's TIME)."""
     if job.start_time is None:
         return None

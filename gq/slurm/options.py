@@ -185,7 +185,8 @@ def translate(tokens: list[str], node: str = "") -> tuple[list[str], list[str]]:
     while index < len(tokens):
         token = tokens[index]
         index += 1
-        name, has_equals, value = token.partition("=")
+        name, equals, value = token.partition("=")
+        has_equals = bool(equals)
         if not has_equals and len(name) > 2 and name[0] == "-" and name[1] != "-":
             name, value, has_equals = name[:2], name[2:], True  # -Jgo, -c4
         option = BY_SBATCH.get(name)
@@ -229,7 +230,8 @@ _GRES_GPU = re.compile(rf"^gpu(?::(?P<type>{GPU_TYPE.pattern}))?(?::(?P<count>\d
 
 def split_gres(text: str) -> tuple[str | None, list[str]]:
     """The gpu part of a --gres list (``gpu:a100:2``), and the others."""
-    gpus, others = [], []
+    gpus: list[str] = []
+    others: list[str] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         (gpus if part == "gpu" or part.startswith("gpu:") else others).append(part)
     if len(gpus) > 1:

@@ -30,6 +30,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from gq.client import Fields
     from gq.home import Home
     from gq.messages import JobInfo
 
@@ -190,7 +191,7 @@ def _expanded(part: str, room: int, whole: str) -> list[str]:
             raise Refusal(f"hostlist {whole[:60]!r} names more than {MAX_HOSTNAMES} hosts")
         return [part]
     closing = part.index("]", opening)
-    values = []
+    values: list[str] = []
     for item in part[opening + 1 : closing].split(","):
         match = _RANGE.match(item)
         if match is None or int(match[2] or match[1]) < int(match[1]):
@@ -209,17 +210,20 @@ def _expanded(part: str, room: int, whole: str) -> list[str]:
     return names
 
 
-def show_job(job: JobInfo, now: float, one_line: bool = False) -> str:
+def show_job(job: JobInfo | Fields, now: float, one_line: bool = False) -> str:
     """The job as ``scontrol show job`` prints it: the fields scripts read, Slurm's names,
     spellings and units (times local, durations [D-]HH:MM:SS), ids as SLURM_JOB_ID has
-    them. One line per group, indented, as Slurm's; or all on one line."""
+    them. One line per group, indented, as Slurm's; or all on one line. The shim reads the
+    job's fields as attributes (it may run under an interpreter without msgspec to decode
+    a JobInfo)."""
     from gq.cli.render import elapsed, short_time
 
     state = "SUSPENDED" if job.suspended else job.state
     started = job.start_time is not None
     if job.end_time is not None:
         end = short_time(job.end_time)
-    elif started and job.time_limit is not None:  # Slurm's: when its limit ends it
+    elif job.start_time is not None and job.time_limit is not None:
+        # Slurm's: when its limit ends it
         end = short_time(job.start_time + job.time_limit)
     else:
         end = "Unknown"
@@ -259,7 +263,7 @@ def show_job(job: JobInfo, now: float, one_line: bool = False) -> str:
     )
 
 
-def _reason(job: JobInfo) -> str:
+def _reason(job: JobInfo | Fields) -> str:
     """Slurm's one-word reason: a pending job's (gq's reason starts with squeue's code);
     None for any other."""
     if job.state != "PENDING" or not job.reason:
@@ -267,7 +271,7 @@ def _reason(job: JobInfo) -> str:
     return re.split(r"[\s(]", job.reason, maxsplit=1)[0] or "None"
 
 
-def _restarts(job: JobInfo) -> int:
+def _restarts(job: JobInfo | Fields) -> int:
     """How often it was requeued: every run but the current one (a pending job's runs all
     ended in a requeue)."""
     return job.run_count if job.state == "PENDING" else max(0, job.run_count - 1)
