@@ -130,6 +130,7 @@ class Forecaster:
                 cpus=new.cpus,
                 nodelist=new.nodelist,
                 suspended=False,
+                preempted=False,
                 steps_done=0,
                 attained=0.0,
                 mean_iteration=None,

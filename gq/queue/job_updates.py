@@ -204,9 +204,10 @@ def set_preempted(session: Transaction, job_id: int, preempted: bool, reason: st
             Job.id == job_id, Job.state == JobState.RUNNING.value, Job.preempted.is_(not preempted)
         )
         .values(preempted=preempted)
+        .returning(Job.id)
         .execution_options(synchronize_session=False)
-    ).rowcount
-    if changed:
+    ).first()
+    if changed is not None:
         old, new = (
             (JobState.RUNNING.value, PREEMPTED)
             if preempted
@@ -215,7 +216,7 @@ def set_preempted(session: Transaction, job_id: int, preempted: bool, reason: st
         session.add(
             JobEvent(job_id=job_id, time=time.time(), old_state=old, new_state=new, reason=reason)
         )
-    return bool(changed)
+    return changed is not None
 
 
 def set_args(session: Transaction, payload_id: int, args: list[str]) -> None:
