@@ -26,6 +26,9 @@ it left running is ended, and the next phase starts.
   in the cpu device's quick run (CI's), where bench/packing.py measures it.
 - escapes: a shell job (no lane) beside a lane job, and a CUDA-graph job (replay outside
   any module call) beside a spin job under fair: overlap of each pair.
+- checkpoint: gq suspend moves a job's device memory to host memory and back (1, 8 and
+  40 GB), and a high job preempts a low one's memory under priority: the moves' times,
+  NVML before, during and after, losses bit for bit (bench/gpu_check_checkpoint.py).
 - bounded_hold: a job whose every iteration is far longer than --max-hold beside a job of
   short ones under fair: how often the long job's lane was taken, the short job's
   throughput beside it against alone, and the overlap (on a GPU the frozen job's queued
@@ -58,6 +61,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check_checkpoint import checkpoint  # noqa: E402
+
 from gpu_check_lib import (  # noqa: E402
     CheckNode,
     JobFailed,
@@ -110,8 +115,17 @@ def config(cpu: bool, quick: bool) -> dict:
             "packing": 80,
             "escapes": 50,
             "bounded_hold": 40,
+            "checkpoint": 150,
         },
-        "total": 270,
+        # 1, 8 and 40 GB held beside a small deterministic loop (bench/gpu_jobs/hold_train.py)
+        "checkpoint": {
+            "sizes_mb": [1024, 8192, 40960],
+            "iters": 60,
+            "mark_at": 20,
+            "step_ms": 20,
+            "slack_mb": 2048,
+        },
+        "total": 420,
         "plain": [],
         "skip": [],
         "kinds": list(KINDS),
@@ -132,6 +146,7 @@ def config(cpu: bool, quick: bool) -> dict:
             sweep=["--width", 64, "--batch", 64, "--layers", 2],
         )
         c["budgets"] = {k: v * 2 for k, v in c["budgets"].items()}
+        c["checkpoint"].update(sizes_mb=[64, 256], slack_mb=256)
     if quick:
         c["iters"] = {k: max(20, v // 3) for k, v in c["iters"].items()}
         for key in ("fair_iters", "high_iters", "sweep_iters", "escape_iters", "hold_iters"):
@@ -146,8 +161,9 @@ def config(cpu: bool, quick: bool) -> dict:
             hog_ms=450.0,
             kinds=["spin", "graph"],
             total=105,
-            # CI's run of it: bench/packing.py measures --lanes auto on the cpu device
-            skip=["packing"],
+            # CI's run of it: bench/packing.py measures --lanes auto on the cpu device, and
+            # tests/test_memory_moves.py the moves of memory (with the fake)
+            skip=["packing", "checkpoint"],
             budgets={
                 "environment": 10,
                 "alone": 45,
@@ -157,14 +173,16 @@ def config(cpu: bool, quick: bool) -> dict:
                 "packing": 40,
                 "escapes": 25,
                 "bounded_hold": 15,
+                "checkpoint": 40,
             },
         )
     return c
 
 
 class State:
-    def __init__(self, cpu: bool, cfg: dict, node: CheckNode, sampler: Sampler):
+    def __init__(self, cpu: bool, cfg: dict, node: CheckNode, sampler: Sampler, fake: bool = False):
         self.cpu, self.cuda, self.cfg, self.node, self.sampler = cpu, not cpu, cfg, node, sampler
+        self.fake_checkpoints = fake  # the daemon's --checkpoint fake (the cpu device's)
         self.alone: dict[str, dict] = {}
         # Every job on one device: -G 0 (gq's cpu device), or the GPU gq names first.
         self.place = ["-G", "0"] if cpu else []
@@ -562,6 +580,7 @@ PHASES = {
     "packing": packing,
     "escapes": escapes,
     "bounded_hold": bounded_hold,
+    "checkpoint": checkpoint,
 }
 
 
@@ -612,6 +631,12 @@ def main() -> int:
     parser.add_argument("--out", help="folder for gpu_check.json [a new temporary one]")
     parser.add_argument("--budget", type=float, help="seconds for all phases [by mode]")
     parser.add_argument("--phases", help="a comma-separated list of the phases to run [all]")
+    parser.add_argument(
+        "--checkpoint",
+        choices=("auto", "fake"),
+        default="auto",
+        help="the daemon's --checkpoint (fake: the checkpoint phase on the cpu device)",
+    )
     args = parser.parse_args()
     chosen = args.phases.split(",") if args.phases else list(PHASES)
     unknown = sorted(set(chosen) - set(PHASES))
@@ -638,9 +663,18 @@ def main() -> int:
     sampler.start()
     code = 0
     try:
-        with CheckNode("--kill-wait", "1", "--max-resident", "8", "--lanes", "1") as node:
+        with CheckNode(
+            "--kill-wait",
+            "1",
+            "--max-resident",
+            "8",
+            "--lanes",
+            "1",
+            "--checkpoint",
+            args.checkpoint,
+        ) as node:
             node.env["GQ_CHECK_PYTHON"] = sys.executable
-            state = State(args.cpu, cfg, node, sampler)
+            state = State(args.cpu, cfg, node, sampler, fake=args.checkpoint == "fake")
             for name, fn in PHASES.items():
                 if name not in chosen or (name in cfg["skip"] and not args.phases):
                     continue

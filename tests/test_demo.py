@@ -62,6 +62,15 @@ def demo(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
                 run.communicate(timeout=120)
 
 
+def _stuck(tmp_path: Path, late: subprocess.TimeoutExpired) -> str:
+    """What a demo that did not end had printed, and the tails of its daemon's and hosts'
+    logs (it removes them as it ends)."""
+    said = late.output.decode(errors="replace") if isinstance(late.output, bytes) else late.output
+    logs = sorted((tmp_path / "tmp").glob("gq-demo.*/home/**/*.log"))
+    tails = [f"== {log.name}\n" + "\n".join(log.read_text().splitlines()[-25:]) for log in logs]
+    return "\n".join([f"the demo had not ended after {late.timeout} s:", said or "", *tails])
+
+
 def daemon_pids(output: str) -> list[int]:
     return [int(pid) for pid in re.findall(r"gq daemon started \(pid (\d+)", output)]
 
@@ -84,7 +93,10 @@ def row(output: str, label: str) -> list[float]:
 def test_the_demo_shows_srtf_and_packing_and_leaves_nothing(tmp_path):
     before = files_in_repo()
     with demo(tmp_path) as run:
-        output, _ = run.communicate(timeout=300)
+        try:
+            output, _ = run.communicate(timeout=300)
+        except subprocess.TimeoutExpired as late:
+            raise AssertionError(_stuck(tmp_path, late)) from None
     assert run.returncode == 0, output
     assert "JOBID  NAME" in output  # gq status, as the README promises
     fifo, srtf = row(output, "short")
