@@ -237,6 +237,7 @@ def answers(home: Home) -> bool:
 
 
 def _connect(home: Home) -> _socket.socket:
+    home.check_socket_room()  # (connect's own error for a path too long says None)
     sock = _try_connect(home)
     if sock is not None:
         return sock
@@ -308,6 +309,7 @@ def start_daemon(home: Home, options: list[str]) -> _socket.socket:
 def _start_daemon(home: Home, options: list[str]) -> tuple[_socket.socket, int | None]:
     """:func:`start_daemon`, and the pid of the daemon this call started where that is the
     one that answers (None where another command's won the pidfile lock)."""
+    home.check_socket_room()  # else its daemon would start and never reach its hosts
     if home.system:
         env = dict(os.environ, GQ_SYSTEM_HOME=str(home.root))
         options = ["--system", *options]

@@ -33,6 +33,11 @@ class UnsafeStateDirectory(UserError):
     """The system daemon's state directory, or one above it, is another user's to change."""
 
 
+class StateDirectoryTooDeep(UnsafeStateDirectory):
+    """The state directory's path leaves no room for its sockets' names (a unix socket's
+    path is at most 107 bytes)."""
+
+
 class Refused(UserError):
     """The caller may not do this (not the job's owner, not an operator)."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gq.errors import UnsafeStateDirectory
+from gq.errors import StateDirectoryTooDeep, UnsafeStateDirectory
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 PERSONAL, SYSTEM = "personal", "system"
 SYSTEM_ROOT = "/var/lib/gq"
 SOCKET_NAME = "gq.sock"
+SOCKET_PATH_MAX = 107  # bytes of a unix socket's path (sun_path, less its NUL)
 
 
 class Home:
@@ -157,8 +158,25 @@ class Home:
                         f"than {given}, or fix that directory's owner and mode"
                     )
 
+    def check_socket_room(self) -> None:
+        """Its sockets' paths fit a unix socket's address (107 bytes): the daemon's, each
+        device's host's (hosts/gpu63.sock), each interactive job's (terminals/JOB.sock).
+        A deeper directory would leave the daemon unable to reach its hosts."""
+        root = len(os.fsencode(self._root))  # (as socket_path: no pathlib for a client)
+        longest = root + max(
+            len(f"/{SOCKET_NAME}"),
+            len("/hosts/gpu-emulated-63.sock"),
+            len("/terminals/9999999999.sock"),
+        )
+        if longest > SOCKET_PATH_MAX:
+            raise StateDirectoryTooDeep(
+                f"the state directory {self.root} is too deep for its sockets ({longest} "
+                f"bytes of path, at most {SOCKET_PATH_MAX}): choose a shorter GQ_HOME"
+            )
+
     def ensure(self) -> Home:
         """Create the directories with the mode's permissions (the daemon calls this)."""
+        self.check_socket_room()
         self.check_safe()
         top = 0o755 if self.system else 0o700
         self.root.mkdir(mode=top, parents=True, exist_ok=True)

@@ -238,3 +238,16 @@ def test_out_of_range_job_ids_and_values(home, command):
     assert result.code == 2 and result.out == "", result
     assert result.err.count("\n") == 1 and result.err.startswith("gq: error: "), result.err
     assert_nothing_written(home)
+
+
+def test_a_gq_home_too_deep_for_its_sockets_is_one_line_and_starts_nothing(tmp_path, monkeypatch):
+    """A unix socket's path has room for 107 bytes: in a deeper GQ_HOME a daemon started,
+    never reached its hosts, and kept every job pending for ever (it logged "cannot reach
+    the execution host of cpu: None" each second)."""
+    deep = tmp_path / ("d" * (120 - len(str(tmp_path))))
+    monkeypatch.setenv("GQ_HOME", str(deep))
+    result = gq("status")
+    assert result.code == 2 and result.out == "", result
+    assert result.err.count("\n") == 1 and "too deep for its sockets" in result.err, result.err
+    assert "choose a shorter GQ_HOME" in result.err
+    assert not deep.exists()

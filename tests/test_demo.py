@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +37,14 @@ def files_in_repo() -> set[Path]:
 @contextlib.contextmanager
 def demo(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     """The demo in a session of its own (a terminal's process group), its temporary
-    directory under ``tmp_path/tmp``, and this interpreter as the python3 it finds; ended
+    directory linked from ``tmp_path/tmp``, and this interpreter as the python3 it finds; ended
     as a terminal's Ctrl-C ends it where the test leaves it running."""
-    bin_dir, temp = tmp_path / "bin", tmp_path / "tmp"
+    # Its TMPDIR short, as a user's /tmp is: the demo's GQ_HOME is in it, and a unix
+    # socket's path has room for 107 bytes (pytest's tmp_path can be longer than that).
+    temp = Path(tempfile.mkdtemp(prefix="gq-t", dir="/tmp"))
+    (tmp_path / "tmp").symlink_to(temp)
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    temp.mkdir()
     (bin_dir / "python3").symlink_to(sys.executable)
     env = {k: v for k, v in os.environ.items() if k != "GQ_HOME"}
     env.update(
@@ -60,6 +65,17 @@ def demo(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGINT)
                 run.communicate(timeout=120)
+            _FINALLY.append(temp)
+
+
+_FINALLY: list[Path] = []  # the demos' temporary directories, removed after each test
+
+
+@pytest.fixture(autouse=True)
+def _remove_temporaries():
+    yield
+    while _FINALLY:
+        shutil.rmtree(_FINALLY.pop(), ignore_errors=True)
 
 
 def _stuck(tmp_path: Path, late: subprocess.TimeoutExpired) -> str:
