@@ -120,6 +120,7 @@ def test_drivers_that_cannot_move_memory_say_why_and_move_nothing():
     assert cpu.refusal() == "the cpu device holds no device memory to move"
     with pytest.raises(CheckpointError):
         cpu.move_out([1])
+    assert "cpu device only" in open_checkpoints("fake", cuda=True).refusal()
     off = open_checkpoints("off", cuda=True)
     assert "--checkpoint off" in off.refusal()
 

@@ -182,3 +182,94 @@ def test_upgrade_to_0021_keeps_running_jobs_and_none_is_preempted(tmp_path):
     assert (row.id, row.suspended, row.preempted, row.steps_done) == (4, True, False, 7)
     assert kept.preempted is False and kept.attained == 0.5
     database.close()
+
+
+def test_resumed_jobs_that_do_not_fit_together_come_back_one_by_one(home, tmp_path):
+    """Each waits for room beside the jobs told to come back before it, not beside every
+    job still in host memory (two of them once waited for each other for ever)."""
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    first, first_go = _gated(tmp_path, "a", 100)
+    second, second_go = _gated(tmp_path, "b", 100)
+    a = submit("--gpu-mem", "600M", str(first))
+    wait_for(lambda: job(a)["steps_done"] >= 3, 30, what="a's steps")
+    gq_ok("suspend", str(a))
+    wait_for(lambda: _memory(a)["place"] == "host", 30, what="a moved out")
+    b = submit("--gpu-mem", "600M", str(second))
+    wait_for(lambda: job(b)["steps_done"] >= 3, 30, what="b's steps")
+    gq_ok("suspend", str(b))
+    wait_for(lambda: _memory(b)["place"] == "host", 30, what="b moved out")
+    first_go.touch()
+    second_go.touch()
+    third, third_go = _gated(tmp_path, "c", 100)
+    c = submit("--gpu-mem", "600M", str(third))  # in the room they left
+    wait_for(lambda: job(c)["steps_done"] >= 3, 30, what="c's steps")
+    gq_ok("resume", str(a))
+    gq_ok("resume", str(b))
+    steps = job(c)["steps_done"]  # both resumes seen by a pass while c holds the room:
+    wait_for(lambda: job(c)["steps_done"] >= steps + 15, 30, what="c's next steps")
+    third_go.touch()
+    wait_state(c, "COMPLETED", timeout=60)
+    assert wait_state(a, "COMPLETED", timeout=60)["steps_done"] == 100
+    assert wait_state(b, "COMPLETED", timeout=60)["steps_done"] == 100
+
+
+def test_a_preempted_job_comes_back_after_a_daemon_restart(home, tmp_path):
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    gq_ok("policy", "set", "priority")
+    script, go = _gated(tmp_path, "low", 60)
+    low = submit("--priority", "1", "--gpu-mem", "600M", str(script))
+    wait_for(lambda: job(low)["steps_done"] >= 3, 30, what="the low job's steps")
+    high = submit("--priority", "10", "--gpu-mem", "600M", "--wrap", "sleep 2")
+    wait_state(high, "RUNNING", timeout=60)
+    assert job(low)["preempted"]
+    control.kill9()
+    control.start()
+    wait_state(high, "COMPLETED", timeout=60)
+    wait_for(lambda: not job(low)["preempted"], 30, what="the low job brought back")
+    go.touch()
+    assert wait_state(low, "COMPLETED", timeout=60)["steps_done"] == 60
+
+
+def test_a_job_whose_memory_cannot_move_costs_the_others_no_preemption(home, tmp_path):
+    """The least memory is tried first; where it cannot move (the fake refuses it), that
+    job is let go on and left out, and the next one is moved: one job cannot turn
+    preemption off for its device."""
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    gq_ok("policy", "set", "priority")
+    kept_script, kept_go = _gated(tmp_path, "kept", 100)
+    os.environ["GQ_FAKE_CHECKPOINT_FAILS"] = "1"
+    try:
+        kept = submit("--priority", "1", "--gpu-mem", "400M", str(kept_script))
+    finally:
+        del os.environ["GQ_FAKE_CHECKPOINT_FAILS"]
+    moved_script, moved_go = _gated(tmp_path, "moved", 100)
+    moved = submit("--priority", "1", "--gpu-mem", "500M", str(moved_script))
+    wait_for(lambda: job(moved)["steps_done"] >= 3 and job(kept)["steps_done"] >= 3, 30)
+    high = submit("--priority", "10", "--gpu-mem", "500M", "--wrap", "true")
+    wait_state(high, "COMPLETED", timeout=60)
+    events = [e["new_state"] for e in job(moved)["events"]]
+    assert "PREEMPTED" in events and not job(kept)["preempted"]
+    kept_go.touch()
+    moved_go.touch()
+    wait_state(kept, "COMPLETED", timeout=60)
+    wait_state(moved, "COMPLETED", timeout=60)
+
+
+def test_a_high_job_waiting_for_the_nodes_cpus_preempts_no_one(home, tmp_path):
+    """Moving memory out frees no CPU: a high job that waits for CPUs leaves the low one
+    running to its end."""
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    gq_ok("policy", "set", "priority")
+    script, go = _gated(tmp_path, "low", 300)
+    go.touch()  # at its full pace: 300 steps of 20 ms, several scheduling passes
+    low = submit("--priority", "1", "--gpu-mem", "600M", "-c", str(os.cpu_count()), str(script))
+    wait_for(lambda: job(low)["steps_done"] >= 3, 30, what="the low job's steps")
+    high = submit("--priority", "10", "--gpu-mem", "600M", "-c", "1", "--wrap", "true")
+    wait_for(lambda: "node" in (job(high)["reason"] or ""), 30, what="the high job's reason")
+    assert wait_state(low, "COMPLETED", timeout=60)["steps_done"] == 300
+    assert "PREEMPTED" not in [e["new_state"] for e in job(low)["events"]]
+    wait_state(high, "COMPLETED", timeout=60)

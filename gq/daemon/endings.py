@@ -171,16 +171,18 @@ class Endings:
         return job, ending, report.end_time or None, report
 
     def free_beside(self, job: Running) -> int:
-        """What the job's lane had free beside the other jobs there."""
+        """What the job's lane had free beside the other jobs there: not those whose
+        memory is in host memory and not yet told to come back (resumed jobs come back
+        one by one, each counting those told before it), a probed one as its whole lane."""
         lane = admission.LaneLoad(
             self._lane_memory(job), overhead=max(map(context_memory, job.devices))
         )
         names = {d.name for d in job.devices}
         lane.footprints = [
-            other.footprint_now()
+            admission.Footprint(lane.capacity) if other.probing else other.footprint_now()
             for other in self.running.values()
             if other is not job
-            and not other.away
+            and not (other.memory_moved_out and other.suspended)
             and other.lane == job.lane
             and names & {d.name for d in other.devices}
         ]

@@ -7,16 +7,16 @@ on a device once lower residents' memory went to host memory has them marked pre
 their memory out at their next boundaries (gq.exec.memory_moves), and a later pass admits
 the high job into what they freed. One preemption at a time on a device: while its victims'
 memory is on its way, nothing more is preempted there. A victim whose host kept its memory
-(the driver refused, no room in host memory) is let go on at once, and that device is not
-preempted on again for :data:`RETRY_AFTER`. Victims come back last out, first back, once
-their memory fits and no job above them waits for room on their device.
+(the driver refused, no room in host memory) is let go on at once, and is not weighed
+again in that run. Victims come back last out, first back, once their memory fits and no
+job above them waits for room on their device.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import astuple
 
 from gq.daemon import admission, preemption
 from gq.daemon.devices import Device, context_memory
@@ -27,8 +27,6 @@ from gq.queue.engine import Database
 from gq.queue.scheduling_rows import SchedulingRow as Row
 
 log = logging.getLogger("gq.daemon")
-
-RETRY_AFTER = 600.0  # seconds a device whose host could not move memory is left alone
 
 
 class Preempter:
@@ -44,47 +42,43 @@ class Preempter:
         self.moves_memory = moves_memory  # whether the device's host can move memory out
         self.fits_back = fits_back  # whether a job's memory fits on its device again
         self.out: list[int] = []  # the jobs preempted, oldest first
-        self.refused_until: dict[str, float] = {}  # device -> no preemption there before
+        self.kept: set[tuple[int, int]] = set()  # (job, run)s whose memory could not move
 
     def run(
         self,
         running: Sequence[Row],
         blocked: Sequence[admission.Request],
+        reasons: dict[int, str],
         priorities: dict[int, int],
         loads: Sequence[admission.DeviceLoad],
     ) -> None:
         """One pass: ``blocked``, the requests admission did not place, in the policy's
-        order, with each one's priority; ``loads`` the devices as admission saw them."""
-        now = time.time()
+        order, with why each waits and its priority; ``loads`` the devices as admission saw
+        them. Only a job that waits for device room (not the node's CPUs, say) preempts."""
         flagged = [row.id for row in running if row.preempted]
         self.out = [j for j in self.out if j in flagged] + [j for j in flagged if j not in self.out]
         for job_id in list(self.out):
-            self._let_go_where_held(job_id, now)
-        if blocked:
-            self._preempt_for(blocked[0], priorities[blocked[0].job_id], loads, now)
+            self._let_go_where_held(job_id)
+        if blocked and reasons.get(blocked[0].job_id) == admission.RESOURCES:
+            self._preempt_for(blocked[0], priorities[blocked[0].job_id], loads)
         self._bring_back(blocked, priorities)
 
-    def _let_go_where_held(self, job_id: int, now: float) -> None:
+    def _let_go_where_held(self, job_id: int) -> None:
         job = self.supervisor.running.get(job_id)
         memory = job.latest.memory if job is not None and job.latest is not None else None
         if job is None or memory is None or not memory.held_why:
             return
-        for device in job.devices:
-            self.refused_until[device.name] = now + RETRY_AFTER
+        self.kept.add((job.job_id, job.run))
         log.warning("job %d not preempted: its memory stayed (%s)", job_id, memory.held_why)
         self._mark(job, False, f"let go on: its memory could not move ({memory.held_why})")
 
     def _preempt_for(
-        self,
-        request: admission.Request,
-        priority: int,
-        loads: Sequence[admission.DeviceLoad],
-        now: float,
+        self, request: admission.Request, priority: int, loads: Sequence[admission.DeviceLoad]
     ) -> None:
         if request.gpus > 1 or request.exclusive:
             return  # a job of whole devices waits for them, as before
         for load in loads:
-            if not self._may_preempt_on(load, request, now):
+            if not self._may_preempt_on(load, request):
                 continue
             device = next(d for d in self.supervisor.devices if d.name == load.name)
             for index, lane in enumerate(load.lanes):
@@ -93,9 +87,7 @@ class Preempter:
                     preemption.Candidate(
                         job.job_id,
                         job.priority,
-                        job.footprint_now().persistent
-                        + job.footprint_now().ephemeral
-                        + context_memory(device),
+                        sum(astuple(job.footprint_now())) + context_memory(device),
                         job.active_at,
                     )
                     for job in self._movable(load.name, index)
@@ -111,12 +103,10 @@ class Preempter:
                         )
                     return
 
-    def _may_preempt_on(
-        self, load: admission.DeviceLoad, request: admission.Request, now: float
-    ) -> bool:
+    def _may_preempt_on(self, load: admission.DeviceLoad, request: admission.Request) -> bool:
         if request.only is not None and load.name not in request.only:
             return False
-        if load.held is not None or now < self.refused_until.get(load.name, 0.0):
+        if load.held is not None:
             return False
         device = next((d for d in self.supervisor.devices if d.name == load.name), None)
         if device is None or not self.moves_memory(device):
@@ -144,6 +134,7 @@ class Preempter:
             and not job.probing
             and not job.suspended
             and job.kill_why is None
+            and (job.job_id, job.run) not in self.kept
         ]
 
     def _bring_back(self, blocked: Sequence[admission.Request], priorities: dict[int, int]) -> None:

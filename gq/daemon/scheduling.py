@@ -56,7 +56,8 @@ class Capacity:
     def moves_memory(self, device: Device) -> bool:
         """Whether the device's host moves a suspended job's memory to host memory (the
         driver may still refuse it: gq.daemon.preempting learns that)."""
-        return self.checkpoint == "fake" or (self.checkpoint == "auto" and device.kind == "cuda")
+        # (the fake stands in for the driver on the cpu device only: gq.exec.checkpoint)
+        return self.checkpoint == ("auto" if device.kind == "cuda" else "fake")
 
 
 class Scheduler:
@@ -93,7 +94,10 @@ class Scheduler:
         # (user, name) -> the pace of their running job of that name, at the last snapshot
         self.running_paces: dict[tuple[str, str], work_estimates.Past] = {}
         self._unplaced: (
-            tuple[list[admission.Request], dict[int, int], list[admission.DeviceLoad]] | None
+            tuple[
+                list[admission.Request], dict[int, str], dict[int, int], list[admission.DeviceLoad]
+            ]
+            | None
         ) = None
         self.preempter = Preempter(db, supervisor, capacity.moves_memory, self._room_to_come_back)
 
@@ -147,12 +151,12 @@ class Scheduler:
     def _preempt(self, running: Sequence[Row]) -> None:
         """Under priority, room for the first job left waiting (gq.daemon.preempting); under
         any policy, the preempted jobs back as their room comes free."""
-        blocked, priorities, loads = self._unplaced or ([], {}, None)
+        blocked, reasons, priorities, loads = self._unplaced or ([], {}, {}, None)
         self._unplaced = None
         if self.policy.name != "priority":
             blocked = []
-        if blocked or self.preempter.out:
-            self.preempter.run(running, blocked, priorities, loads or self.loads(running))
+        if blocked or self.preempter.out or any(row.preempted for row in running):
+            self.preempter.run(running, blocked, reasons, priorities, loads or self.loads(running))
 
     def _parsed(self, text: str) -> dependencies.Dependency:
         """A dependency's parse, kept: the same few texts recur in every pass."""
@@ -255,6 +259,7 @@ class Scheduler:
             )
         self._unplaced = (  # for the preemptions after it (the launches hold their room)
             [r for r in requests if r.job_id in outcome.reasons],
+            outcome.reasons,
             {r.job_id: by_id[r.job_id].priority for r in requests},
             loads,
         )

@@ -183,6 +183,8 @@ def open_checkpoints(kind: str, cuda: bool) -> Checkpoints:
     device memory to move (``fake`` stands in for tests); ``off`` moves nothing."""
     if kind == "off":
         return NoCheckpoints("moving device memory is off on this node (--checkpoint off)")
+    if kind == "fake" and cuda:  # it would free, in the books, memory that stays
+        return NoCheckpoints("--checkpoint fake stands in on the cpu device only")
     if kind == "fake":
         return FakeCheckpoints()
     if not cuda:

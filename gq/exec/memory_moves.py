@@ -136,9 +136,11 @@ class MemoryMoves:
         if error is not None and not isinstance(error, CheckpointError):
             log.error("job %d: moving its memory: %r", resident.job_id, error)
         detail = str(error) if error is not None else None
+        ending = resident.exit_status is not None or resident.kill_deadline is not None
         if memory.place is Place.HOST:
             memory.pids = future.result()
-            self.host.freeze(resident, True)
+            if not ending:  # (a job being ended keeps its grace: its SIGTERM must be seen)
+                self.host.freeze(resident, True)
             log.info("job %d: memory in host memory after %.2f s", resident.job_id, memory.took)
         elif error is None:  # back on the device: the resume completes
             log.info("job %d: memory back on the device after %.2f s", resident.job_id, memory.took)
@@ -147,6 +149,8 @@ class MemoryMoves:
         elif memory.place is Place.DEVICE:  # the move out failed, undone: frozen, held
             self._hold(resident, memory, detail or "the driver refused")
             return
+        elif ending or resident.kill_why is not None:
+            return  # ended meanwhile, for its own reason: that one stands
         else:  # its memory never came back: it cannot go on
             resident.detail = f"its device memory could not be brought back: {detail}"
             self.host.kill(resident, StopWhy.RESTORE, grace=0.0)
