@@ -222,6 +222,8 @@ def _try_connect(home: Home) -> _socket.socket | None:
         raise UserError(f"no permission to reach the daemon at {home.socket}") from None
     except OSError as exc:
         sock.close()
+        if exc.errno is None:  # "AF_UNIX path too long": say so, and what to do
+            home.check_socket_room()
         if not home.system:  # the path itself is unusable: a file, say
             raise UserError(f"cannot use GQ_HOME {home.root}: {exc.strerror}") from None
         raise UserError(f"cannot reach the daemon at {home.socket}: {exc.strerror}") from None
@@ -237,7 +239,6 @@ def answers(home: Home) -> bool:
 
 
 def _connect(home: Home) -> _socket.socket:
-    home.check_socket_room()  # (connect's own error for a path too long says None)
     sock = _try_connect(home)
     if sock is not None:
         return sock
@@ -309,7 +310,6 @@ def start_daemon(home: Home, options: list[str]) -> _socket.socket:
 def _start_daemon(home: Home, options: list[str]) -> tuple[_socket.socket, int | None]:
     """:func:`start_daemon`, and the pid of the daemon this call started where that is the
     one that answers (None where another command's won the pidfile lock)."""
-    home.check_socket_room()  # else its daemon would start and never reach its hosts
     if home.system:
         env = dict(os.environ, GQ_SYSTEM_HOME=str(home.root))
         options = ["--system", *options]
@@ -317,6 +317,7 @@ def _start_daemon(home: Home, options: list[str]) -> tuple[_socket.socket, int |
         home.root.mkdir(mode=0o755, parents=True, exist_ok=True)
         home.check_safe()  # made by another user in the meantime (under /tmp, say)?
     else:
+        home.check_socket_room()  # else its daemon would start and never reach its hosts
         prepare_personal_home(home)
         env = dict(os.environ, GQ_HOME=str(home.root))
 

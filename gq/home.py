@@ -160,13 +160,12 @@ class Home:
 
     def check_socket_room(self) -> None:
         """Its sockets' paths fit a unix socket's address (107 bytes): the daemon's, each
-        device's host's (hosts/gpu63.sock), each interactive job's (terminals/JOB.sock).
-        A deeper directory would leave the daemon unable to reach its hosts."""
+        device's host's (hosts/gpu63.sock), each interactive job's (terminals/JOB.sock, job
+        ids of up to six digits). A deeper directory would leave the daemon unable to reach
+        its hosts."""
         root = len(os.fsencode(self._root))  # (as socket_path: no pathlib for a client)
         longest = root + max(
-            len(f"/{SOCKET_NAME}"),
-            len("/hosts/gpu-emulated-63.sock"),
-            len("/terminals/9999999999.sock"),
+            len(f"/{SOCKET_NAME}"), len("/hosts/gpu63.sock"), len("/terminals/999999.sock")
         )
         if longest > SOCKET_PATH_MAX:
             raise StateDirectoryTooDeep(
@@ -176,7 +175,6 @@ class Home:
 
     def ensure(self) -> Home:
         """Create the directories with the mode's permissions (the daemon calls this)."""
-        self.check_socket_room()
         self.check_safe()
         top = 0o755 if self.system else 0o700
         self.root.mkdir(mode=top, parents=True, exist_ok=True)
@@ -190,6 +188,7 @@ class Home:
             os.chmod(self.spool, 0o711)
             os.chmod(self.terminals, 0o711)
             os.chmod(self.progress, 0o711)
+        self.check_socket_room()  # (after the checks of who may change it: they say more)
         return self
 
 

@@ -478,12 +478,16 @@ class SharedNode:
         return Result(done.returncode, done.stdout, done.stderr)
 
     def start(self, *options: str) -> None:
-        """Start the system daemon as root, with the suite's options and ``options``."""
+        """Start the system daemon as root, with the suite's options and ``options``: one
+        lane a device, as the personal daemon fixture's (jobs that take turns there are what
+        the tests of shares hold to; --lanes auto would run them side by side)."""
         self.ok(
             None,
             "daemon",
             "start",
             "--system",
+            "--lanes",
+            "1",
             "--kill-wait",
             "1",
             "--operators",
