@@ -31,13 +31,19 @@ def _gated(tmp_path, name: str, steps: int):
     return script, gate
 
 
+def _fake_node(home, *options: str) -> DaemonControl:
+    """A daemon of one 1G lane whose host moves memory with the driver's stand-in."""
+    control = DaemonControl(home)
+    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G", *options)
+    return control
+
+
 def _memory(job_id: int) -> dict:
     return job(job_id)["device_memory"]
 
 
 def test_a_suspended_jobs_memory_goes_to_the_host_and_others_use_the_device(home, tmp_path):
-    control = DaemonControl(home)
-    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    control = _fake_node(home)
     first_script, first_go = _gated(tmp_path, "first", 200)
     second_script, second_go = _gated(tmp_path, "second", 200)
     first = submit("--gpu-mem", "600M", str(first_script))
@@ -117,8 +123,7 @@ def test_where_memory_cannot_move_the_job_is_frozen_holding_it_and_says_why(home
 
 
 def test_a_job_whose_memory_went_to_the_host_holds_no_resident_slot(home, tmp_path):
-    control = DaemonControl(home)
-    control.start("--lanes", "1", "--checkpoint", "fake", "--max-resident", "1")
+    control = _fake_node(home, "--max-resident", "1")
     script, go = _gated(tmp_path, "first", 100)
     first = submit("--gpu-mem", "100M", str(script))
     wait_for(lambda: job(first)["steps_done"] >= 3, 30, what="its steps")
@@ -136,8 +141,7 @@ def test_a_high_job_that_does_not_fit_preempts_the_low_one_which_comes_back(home
     """Under priority the low job's memory goes to the host for the high one (state S,
     Preempted, PREEMPTED in its history); once the high one has ended it comes back and
     completes every step."""
-    control = DaemonControl(home)
-    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    control = _fake_node(home)
     gq_ok("policy", "set", "priority")
     script, go = _gated(tmp_path, "low", 150)
     low = submit("--priority", "1", "--gpu-mem", "600M", str(script))
@@ -187,8 +191,7 @@ def test_upgrade_to_0021_keeps_running_jobs_and_none_is_preempted(tmp_path):
 def test_resumed_jobs_that_do_not_fit_together_come_back_one_by_one(home, tmp_path):
     """Each waits for room beside the jobs told to come back before it, not beside every
     job still in host memory (two of them once waited for each other for ever)."""
-    control = DaemonControl(home)
-    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    _fake_node(home)
     first, first_go = _gated(tmp_path, "a", 100)
     second, second_go = _gated(tmp_path, "b", 100)
     a = submit("--gpu-mem", "600M", str(first))
@@ -215,8 +218,7 @@ def test_resumed_jobs_that_do_not_fit_together_come_back_one_by_one(home, tmp_pa
 
 
 def test_a_preempted_job_comes_back_after_a_daemon_restart(home, tmp_path):
-    control = DaemonControl(home)
-    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    control = _fake_node(home)
     gq_ok("policy", "set", "priority")
     script, go = _gated(tmp_path, "low", 60)
     low = submit("--priority", "1", "--gpu-mem", "600M", str(script))
@@ -236,8 +238,7 @@ def test_a_job_whose_memory_cannot_move_costs_the_others_no_preemption(home, tmp
     """The least memory is tried first; where it cannot move (the fake refuses it), that
     job is let go on and left out, and the next one is moved: one job cannot turn
     preemption off for its device."""
-    control = DaemonControl(home)
-    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    _fake_node(home)
     gq_ok("policy", "set", "priority")
     kept_script, kept_go = _gated(tmp_path, "kept", 100)
     os.environ["GQ_FAKE_CHECKPOINT_FAILS"] = "1"
@@ -261,8 +262,7 @@ def test_a_job_whose_memory_cannot_move_costs_the_others_no_preemption(home, tmp
 def test_a_high_job_waiting_for_the_nodes_cpus_preempts_no_one(home, tmp_path):
     """Moving memory out frees no CPU: a high job that waits for CPUs leaves the low one
     running to its end."""
-    control = DaemonControl(home)
-    control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
+    _fake_node(home)
     gq_ok("policy", "set", "priority")
     script, go = _gated(tmp_path, "low", 300)
     go.touch()  # at its full pace: 300 steps of 20 ms, several scheduling passes

@@ -170,8 +170,9 @@ class Endings:
             )
         return job, ending, report.end_time or None, report
 
-    def free_beside(self, job: Running) -> int:
-        """What the job's lane had free beside the other jobs there: not those whose
+    def free_beside(self, job: Running, extra: admission.Footprint | None = None) -> int:
+        """What the job's lane had free beside the other jobs there (and ``extra``, counted
+        as the lane counts a job, its context included): not those whose
         memory is in host memory and not yet told to come back (resumed jobs come back
         one by one, each counting those told before it), a probed one as its whole lane."""
         lane = admission.LaneLoad(
@@ -186,7 +187,7 @@ class Endings:
             and other.lane == job.lane
             and names & {d.name for d in other.devices}
         ]
-        return lane.headroom()
+        return lane.headroom(extra)
 
     def _on_exit(self, name: str, report: wire.Exited) -> None:
         """Record how a run ended (why it was killed, if it was), then acknowledge it so

@@ -78,9 +78,9 @@ class Preempter:
         if request.gpus > 1 or request.exclusive:
             return  # a job of whole devices waits for them, as before
         for load in loads:
-            if not self._may_preempt_on(load, request):
+            device = next((d for d in self.supervisor.devices if d.name == load.name), None)
+            if device is None or not self._may_preempt_on(load, device, request):
                 continue
-            device = next(d for d in self.supervisor.devices if d.name == load.name)
             for index, lane in enumerate(load.lanes):
                 short = lane.need(request.footprint) - lane.capacity
                 residents = [
@@ -103,13 +103,12 @@ class Preempter:
                         )
                     return
 
-    def _may_preempt_on(self, load: admission.DeviceLoad, request: admission.Request) -> bool:
+    def _may_preempt_on(
+        self, load: admission.DeviceLoad, device: Device, request: admission.Request
+    ) -> bool:
         if request.only is not None and load.name not in request.only:
             return False
-        if load.held is not None:
-            return False
-        device = next((d for d in self.supervisor.devices if d.name == load.name), None)
-        if device is None or not self.moves_memory(device):
+        if load.held is not None or not self.moves_memory(device):
             return False
         # One preemption at a time: none while an earlier one's memory is on its way.
         return not any(

@@ -29,6 +29,7 @@ from gq.daemon.preempting import Preempter
 from gq.daemon.running import Running, footprint
 from gq.daemon.supervision import Supervisor
 from gq.exec import host_messages as wire
+from gq.exec.checkpoint import moves_memory
 from gq.exec.host_messages import StopWhy
 from gq.queue import dependencies, job_updates, lookups, scheduling_rows
 from gq.queue import settings as queue_settings
@@ -56,8 +57,7 @@ class Capacity:
     def moves_memory(self, device: Device) -> bool:
         """Whether the device's host moves a suspended job's memory to host memory (the
         driver may still refuse it: gq.daemon.preempting learns that)."""
-        # (the fake stands in for the driver on the cpu device only: gq.exec.checkpoint)
-        return self.checkpoint == ("auto" if device.kind == "cuda" else "fake")
+        return moves_memory(self.checkpoint, device.kind == "cuda")
 
 
 class Scheduler:
@@ -205,9 +205,7 @@ class Scheduler:
         were admitted into what it freed, and its restore must not take theirs."""
         if not job.memory_moved_out:
             return True
-        back = job.footprint_now()
-        context = max(map(context_memory, job.devices))  # its CUDA context comes back too
-        return self.supervisor.free_beside(job) >= back.persistent + back.ephemeral + context
+        return self.supervisor.free_beside(job, job.footprint_now()) >= 0  # (its context too)
 
     def _admit(
         self,

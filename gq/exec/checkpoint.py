@@ -178,15 +178,19 @@ class DriverCheckpoints:
         return name.value.decode(errors="replace")
 
 
+def moves_memory(kind: str, cuda: bool) -> bool:
+    """Whether a host of ``--checkpoint kind`` moves suspended jobs' memory (its driver
+    may still refuse a job's): the driver's on a GPU, the fake on the cpu device only."""
+    return kind == ("auto" if cuda else "fake")
+
+
 def open_checkpoints(kind: str, cuda: bool) -> Checkpoints:
     """The host's mover: ``auto`` is the driver's on a GPU; on the cpu device there is no
     device memory to move (``fake`` stands in for tests); ``off`` moves nothing."""
+    if moves_memory(kind, cuda):
+        return DriverCheckpoints() if cuda else FakeCheckpoints()
     if kind == "off":
         return NoCheckpoints("moving device memory is off on this node (--checkpoint off)")
-    if kind == "fake" and cuda:  # it would free, in the books, memory that stays
+    if cuda:  # the fake would free, in the books, memory that stays
         return NoCheckpoints("--checkpoint fake stands in on the cpu device only")
-    if kind == "fake":
-        return FakeCheckpoints()
-    if not cuda:
-        return NoCheckpoints("the cpu device holds no device memory to move")
-    return DriverCheckpoints()
+    return NoCheckpoints("the cpu device holds no device memory to move")
