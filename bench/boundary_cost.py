@@ -11,7 +11,7 @@ fastest batch (noise only ever adds); the processes alternate, and a figure is t
 - hooks: gq's hooks, with a session that does nothing (their own cost: the wrapper around
   Module.__call__, the optimizer's post-hook, the backward wrapper until an optimizer steps);
 - leased: the hooks with the worker's session holding a lease, as a job alone on its lane
-  runs (every boundary crossed in memory: gq.exec.lease).
+  runs (every boundary crossed in memory: gq.exec.lane.lease).
 Models: the bench's one Linear layer, and 10 Linear+ReLU pairs in a Sequential (21 module
 calls an iteration, what each nested call costs). switching.py measures this end to end,
 with the host; this part is steady enough to compare two versions of gq by.
@@ -48,7 +48,7 @@ def child(mode: str, model_name: str) -> float:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = torch.randn(8, 16)
     if mode != "bare":
-        from gq.exec import hooks
+        from gq.exec.job import hooks
 
         session = _Idle() if mode == "hooks" else _leased_session()
         hooks.install(session, torch)
@@ -74,9 +74,9 @@ class _Idle:
 
 def _leased_session():
     """The worker's session as the host left it after a Go with a lease."""
-    from gq.exec.lease import SharedPage
-    from gq.exec.worker import WorkerSession
-    from gq.exec.worker_link import WorkerChannel
+    from gq.exec.job.worker import WorkerSession
+    from gq.exec.job.worker_link import WorkerChannel
+    from gq.exec.lane.lease import SharedPage
 
     host_page, fd = SharedPage.create()
     host_page.offer(1)

@@ -1,6 +1,6 @@
 """The GPU check's checkpoint phase (bench/gpu_check.py): gq suspend moves a job's device
 memory to host memory through the CUDA driver's checkpoint API and gq resume brings it
-back (gq.exec.memory_moves).
+back (gq.exec.host.memory_moves).
 
 - For jobs holding each of cfg["checkpoint"]["sizes_mb"] (1, 8 and 40 GB on a GPU), a
   suspend once the job has run a few iterations, then a resume: the move out and back as

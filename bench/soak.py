@@ -180,7 +180,7 @@ def soak(args: argparse.Namespace) -> None:
                 "hosts": sum(
                     _cpu_seconds(child)
                     for child in daemon.children()
-                    if "gq.exec.host_startup" in " ".join(child.cmdline())
+                    if "gq.exec.host.startup" in " ".join(child.cmdline())
                 ),
                 "client": _cpu_seconds(psutil.Process()),
             }

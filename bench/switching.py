@@ -13,7 +13,7 @@ and what running under gq costs a job per iteration.
   optimizer step, then 1 ms or 5 ms of busy host-side work, run bare (python) and under gq
   alternately, medians of 3; overhead = loop time under gq / bare - 1, and the range of
   each gq run against the bare run before it (the machine's noise, often wider than the
-  targets). "alone": one job on the node (it runs under a lease: gq.exec.lease); "shared":
+  targets). "alone": one job on the node (it runs under a lease: gq.exec.lane.lease); "shared":
   two such jobs at once on one lane under `fair`, each against its bare twin run beside
   the other (they take turns through the host).
   (Under `fifo` the earlier job holds the lane until it ends, even in its gaps, so the

@@ -20,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec  # noqa: E402
 
 from gq import messages  # noqa: E402
-from gq.exec import host_messages, protocol, worker_messages  # noqa: E402
+from gq.exec import protocol  # noqa: E402
+from gq.exec.host import messages as host_messages
+from gq.exec.job import messages as worker_messages
 
 REQUIRED = {f.name: None for f in msgspec.structs.fields(messages.JobInfo) if f.required}
 

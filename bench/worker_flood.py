@@ -28,7 +28,8 @@ for _ in gq.steps(range({steps}), total={steps}):
 """
 # Runs released (never asks for the lane) and writes well-formed lines without pause.
 FLOOD = """import os, time
-from gq.exec import job_session, worker_link
+from gq.exec.job import session as job_session
+from gq.exec.job import worker_link
 line = worker_link.line("progress", steps=1) * 64
 sock = job_session.active.channel.sock
 while not os.path.exists('stop'):

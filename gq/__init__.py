@@ -25,7 +25,7 @@ __all__ = ["steps", "step", "set_total_steps", "in_job"]
 
 
 def _session():
-    from gq.exec import job_session
+    from gq.exec.job import session as job_session
 
     return job_session.active
 
@@ -45,7 +45,7 @@ def steps(iterable: Iterable[T], total: int | None = None) -> Iterator[T]:
         total = len(iterable)  # type: ignore[arg-type]
     if total:  # an empty loader declares nothing
         session.set_total_steps(total)
-    from gq.exec.job_session import EXPLICIT
+    from gq.exec.job.session import EXPLICIT
 
     for item in iterable:
         session.acquire()
@@ -60,7 +60,7 @@ def step() -> None:
     """An explicit boundary: end the current iteration, then wait for the next grant."""
     session = _session()
     if session is not None:
-        from gq.exec.job_session import EXPLICIT
+        from gq.exec.job.session import EXPLICIT
 
         session.count_step(EXPLICIT)
         session.release()

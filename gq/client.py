@@ -283,7 +283,7 @@ def spawn_daemon(options: list[str], env: dict[str, str], cwd: str, log: int) ->
     output appended to the descriptor ``log``."""
     import subprocess
 
-    from gq.exec.spawn import gq_python
+    from gq.exec.host.spawn import gq_python
 
     return subprocess.Popen(
         gq_python("gq.daemon", *options),

@@ -140,14 +140,14 @@ MAX_MAX_HOLD = 86400.0
 CONTENTION_POLL = 0.05
 # Where no cgroup holds a job's --host-mem (no memory controller passed on to it, --cgroup
 # off), what its processes hold is read this often (Slurm's OverMemoryKill polls), or as soon
-# after as the last readings are in (gq.exec.memory_watch).
+# after as the last readings are in (gq.exec.host.memory_watch).
 HOST_MEMORY_WATCH = 1.0
 USAGE_PROCESSES = 1024  # gq show sums the resident sizes of this many processes a request
 # What a host reads of one worker per turn of its loop: an honest worker has a message or
 # two waiting; one that floods its socket gets this much decoded per turn, as every other
 # worker does, not the 64 KiB (about 10 ms of decoding) that would delay their grants.
 WORKER_READ = 2048
-# How a suspended job's device memory moves to host memory (gq.exec.checkpoint): the
+# How a suspended job's device memory moves to host memory (gq.exec.host.checkpoint): the
 # driver's checkpoint API on a GPU (auto), never (off), or a stand-in for tests (fake).
 CHECKPOINT_KINDS = ("auto", "off", "fake")
 CGROUP = "auto"  # auto | v2 | v1 | off: where each job's processes are kept
@@ -203,7 +203,7 @@ TEMP_HYSTERESIS = 5.0  # a device held for heat admits again this many degrees u
 POWER_HYSTERESIS = 0.1  # ... held for power, once this share under --max-power
 
 # The descriptors a job's process starts with, besides 0-2: its script's snapshot (read
-# only), and a Python job's socket to its host and page shared with it (gq.exec.lease);
+# only), and a Python job's socket to its host and page shared with it (gq.exec.lane.lease);
 # an interactive job's terminal arrives as TERMINAL_FD and becomes its 0-2.
 SCRIPT_FD, WORKER_FD, PAGE_FD, TERMINAL_FD = 3, 4, 5, 6
 SCRIPT_PATH = f"/dev/fd/{SCRIPT_FD}"

@@ -110,7 +110,7 @@ class Home:
     @property
     def progress(self) -> Path:
         """Step counts of jobs gq's worker does not run, one file per run, each its job's
-        to write (gq.exec.rank_progress): like ``terminals``, anyone may pass, no one list."""
+        to write (gq.exec.job.rank_progress): like ``terminals``, anyone may pass, no one list."""
         return self.root / "progress"
 
     @property

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gq.cli.main import main
-from gq.daemon.scheduling import PENDING_DRIFT
+from gq.daemon.scheduling.scheduler import PENDING_DRIFT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -321,7 +321,7 @@ def cgroups_usable(kind: str, memory: bool = False) -> bool:
     """Whether jobs can be kept in cgroups of ``kind`` (auto, v2) here (``memory``: with
     a memory limit that holds). Asking makes the probe's base directories, empty: they are
     removed again, so runs leave none behind."""
-    from gq.exec import cgroups
+    from gq.exec.cgroups import job_cgroups as cgroups
 
     probe = cgroups.detect(kind, "probe-" + os.urandom(4).hex())
     if probe is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from gq.daemon import admission
-from gq.daemon.admission import DeviceLoad, Footprint, LaneLoad, Request
+from gq.daemon.scheduling import admission
+from gq.daemon.scheduling.admission import DeviceLoad, Footprint, LaneLoad, Request
 
 
 def place(requests, devices, **kwargs):
@@ -266,7 +266,7 @@ def test_an_unstarted_resident_moves_only_to_a_device_it_may_use():
 def test_a_user_takes_no_more_than_their_part_of_the_slots_while_others_wait():
     """Four slots, two users waiting: ann's first two jobs go in, her third waits behind
     bob's (its reason says why) and so does her fourth (her order kept), bob's goes in."""
-    from gq.daemon.residency import SLOTS
+    from gq.daemon.scheduling.residency import SLOTS
 
     requests = [Request(i, 1, Footprint(G), user="ann") for i in (1, 2, 3, 4)]
     requests.append(Request(5, 1, Footprint(G), user="bob"))
@@ -279,7 +279,7 @@ def test_a_user_takes_no_more_than_their_part_of_the_slots_while_others_wait():
 
 
 def test_an_idle_resident_of_a_user_over_their_part_gives_its_slot_back():
-    from gq.daemon.residency import Resident, Waiting, slot_to_give_back
+    from gq.daemon.scheduling.residency import Resident, Waiting, slot_to_give_back
 
     residents = [Resident(i, "ann", "cpu", idle_for=float(i), may_yield=True) for i in (1, 2, 3)]
     residents.append(Resident(4, "ann", "cpu", idle_for=99.0, may_yield=False))  # interactive

@@ -1,4 +1,4 @@
-"""Where iterations begin and end, for the loop shapes people write (gq.exec.boundaries)."""
+"""Where iterations begin and end, for the loop shapes people write (gq.exec.job.boundaries)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from gq.exec.boundaries import Boundary, LoopShape
-from gq.exec.job_session import INFER, MANUAL, TRAIN
+from gq.exec.job.boundaries import Boundary, LoopShape
+from gq.exec.job.session import INFER, MANUAL, TRAIN
 
 MODEL, LOSS, D, G, OPT, OPT_D, OPT_G = "model", "loss", "D", "G", "opt", "optD", "optG"
 
@@ -148,7 +148,7 @@ def test_the_hooks_never_fail_a_module_that_overrides_parameters():
     forward call under gq: the hooks asked it for an iterator."""
     import torch
 
-    from gq.exec import outermost_calls
+    from gq.exec.job import outermost_calls
 
     class ListParameters(torch.nn.Module):
         def __init__(self):
@@ -193,7 +193,7 @@ def test_a_module_found_with_parameters_is_not_asked_again_until_it_is_collected
     again, since a model may build its layers in its first call."""
     import torch
 
-    from gq.exec import outermost_calls
+    from gq.exec.job import outermost_calls
 
     boundaries = outermost_calls.Boundaries(object(), torch)
     lazy = torch.nn.Module()
@@ -209,7 +209,8 @@ def test_a_module_found_with_parameters_is_not_asked_again_until_it_is_collected
 BACKWARD_ONCE_AN_OPTIMIZER_STEPS = """
 import sys
 import torch
-from gq.exec import hooks, import_watch
+from gq.exec.job import hooks
+from gq.exec.job import import_watch
 
 class Session:
     def acquire(self): pass
@@ -254,7 +255,8 @@ import sys
 import threading
 import torch
 import torch.nn.modules.module as module_hooks
-from gq.exec import hooks, import_watch
+from gq.exec.job import hooks
+from gq.exec.job import import_watch
 
 class Session:
     def __init__(self): self.calls, self.blocked = [], None
@@ -425,7 +427,8 @@ import importlib, importlib.util, sys
 sys.dont_write_bytecode = True
 here = sys.argv[1]
 sys.path.insert(0, here)
-from gq.exec import hooks, import_watch
+from gq.exec.job import hooks
+from gq.exec.job import import_watch
 
 class Session:
     def acquire(self): pass
@@ -472,7 +475,8 @@ def test_the_hooks_are_installed_however_often_torch_is_looked_for_first(tmp_pat
 # A session that notes what the hooks ask of it, and holds the lane as a worker's does.
 RECORDING = """
 import torch
-from gq.exec import hooks, import_watch
+from gq.exec.job import hooks
+from gq.exec.job import import_watch
 
 class Session:
     def __init__(self): self.calls, self.held = [], False

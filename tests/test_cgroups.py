@@ -14,8 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gq.exec import cgroup_files, cgroup_tasks, cgroups
-from gq.exec.cgroup_hierarchies import V2
+from gq.exec.cgroups import files as cgroup_files
+from gq.exec.cgroups import job_cgroups as cgroups
+from gq.exec.cgroups import tasks as cgroup_tasks
+from gq.exec.cgroups.hierarchies import V2
 
 # A daemonised child (its own session, out of the job's process group) and a plain one.
 JOB = ["sh", "-c", "setsid sleep 300 & sleep 300 & wait"]
@@ -274,7 +276,7 @@ def test_detection_gives_every_caller_the_same_paths(backend: cgroups.Cgroups) -
     again = cgroups.detect(backend.kind, scope)
     assert again is not None and again.bases == backend.bases
     script = (
-        "import sys; from gq.exec import cgroups; "
+        "import sys; from gq.exec.cgroups import job_cgroups as cgroups; "
         "print(cgroups.detect(sys.argv[1], sys.argv[2]).job('cpu0', 1, 1).paths)"
     )
     other = subprocess.run(

@@ -1,13 +1,13 @@
-"""The driver's checkpoint calls (gq.exec.checkpoint) against a stand-in for libcuda that
+"""The driver's checkpoint calls (gq.exec.host.checkpoint) against a stand-in for libcuda that
 keeps each process's state as the driver documents it, and the table of where a job's
-memory may go (gq.exec.memory_places)."""
+memory may go (gq.exec.host.memory_places)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gq.exec.checkpoint import CheckpointError, DriverCheckpoints, open_checkpoints
-from gq.exec.memory_places import TRANSITIONS, Memory, Move, Place, step
+from gq.exec.host.checkpoint import CheckpointError, DriverCheckpoints, open_checkpoints
+from gq.exec.host.memory_places import TRANSITIONS, Memory, Move, Place, step
 
 RUNNING, LOCKED, CHECKPOINTED = 0, 1, 2
 NOT_SUPPORTED, ILLEGAL_STATE, INVALID_VALUE = 801, 401, 1

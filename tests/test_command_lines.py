@@ -73,7 +73,7 @@ def test_upgrade_to_0020_keeps_submissions_and_quotes_their_scripts_and_argument
     """A submission from before command lines were kept has none: gq show quotes its script
     and arguments as a shell would."""
     from gq.cli import render
-    from gq.daemon.handlers.common import job_info
+    from gq.daemon.serving.handlers.common import job_info
     from gq.queue import lookups
 
     home = Home(tmp_path / "old").ensure()

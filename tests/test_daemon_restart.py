@@ -221,9 +221,9 @@ def test_attaching_reads_past_what_a_host_says_before_answering_hello(tmp_path):
     import threading
 
     from gq.daemon.devices import Device
-    from gq.daemon.hosts import HostHandle, HostSettings
-    from gq.exec import host_messages
+    from gq.daemon.supervision.host_handles import HostHandle, HostSettings
     from gq.exec import protocol as wire
+    from gq.exec.host import messages as host_messages
     from gq.home import Home
 
     home = Home(tmp_path / "home").ensure()

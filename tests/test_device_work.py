@@ -1,5 +1,5 @@
 """A grant means the device: the lane passes to another job only once the device has run
-what its holder queued (gq.exec.device_sync), so two jobs' kernels never overlap under one
+what its holder queued (gq.exec.lane.device_sync), so two jobs' kernels never overlap under one
 lane, and the time gq bills each job is the time its kernels took, not the time it took to
 queue them. Shown on a fake device whose kernels run asynchronously on a thread
 (tests/zoo/fake_cuda.py), standing in for torch.cuda in gq's release path."""
@@ -17,7 +17,7 @@ from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state
 sys.path.insert(0, str(ROOT / "tests" / "zoo"))
 from fake_cuda import FakeDevice  # noqa: E402
 
-from gq.exec import device_sync  # noqa: E402
+from gq.exec.lane import device_sync  # noqa: E402
 
 KERNELS = str(ROOT / "tests" / "zoo" / "fake_kernels.py")
 
@@ -91,7 +91,7 @@ def test_a_job_alone_runs_ahead_of_its_device_and_a_newcomer_waits_for_its_tail(
 def test_memory_figures_are_the_device_s_reserved_peak_and_leave_the_script_s_own_alone():
     """The cap holds reserved memory, so the figure is the reserved peak; and the peak
     statistics a training framework logs are the script's: gq never resets them."""
-    from gq.exec import worker_memory
+    from gq.exec.job import worker_memory
 
     device = FakeDevice()
     device.allocated, device.reserved_peak = 3 << 20, 9 << 20
@@ -114,10 +114,10 @@ def test_a_release_through_the_host_is_told_once_the_device_is_done_and_before_a
     import socket
     import time
 
+    from gq.exec.job.messages import Go
+    from gq.exec.job.worker import WorkerSession
+    from gq.exec.job.worker_link import WorkerChannel
     from gq.exec.protocol import FROM_WORKER, Channel, encode
-    from gq.exec.worker import WorkerSession
-    from gq.exec.worker_link import WorkerChannel
-    from gq.exec.worker_messages import Go
 
     device = FakeDevice()
     device_sync.stand_in(device)
@@ -183,11 +183,11 @@ def test_a_ctrl_c_as_the_ready_goes_waits_for_the_grant_and_loses_nothing():
     import signal
     import socket
 
-    from gq.exec.console import interrupting
+    from gq.exec.job.console import interrupting
+    from gq.exec.job.messages import Go
+    from gq.exec.job.worker import WorkerSession
+    from gq.exec.job.worker_link import WorkerChannel
     from gq.exec.protocol import FROM_WORKER, Channel, encode
-    from gq.exec.worker import WorkerSession
-    from gq.exec.worker_link import WorkerChannel
-    from gq.exec.worker_messages import Go
 
     class InterruptedAsItSends(WorkerChannel):
         def send_line(self, line: bytes) -> None:
@@ -220,11 +220,11 @@ def test_a_ctrl_c_as_a_release_goes_waits_for_the_done_and_loses_nothing():
     import signal
     import socket
 
-    from gq.exec.console import interrupting
+    from gq.exec.job.console import interrupting
+    from gq.exec.job.messages import Go
+    from gq.exec.job.worker import WorkerSession
+    from gq.exec.job.worker_link import WorkerChannel
     from gq.exec.protocol import FROM_WORKER, Channel, encode
-    from gq.exec.worker import WorkerSession
-    from gq.exec.worker_link import WorkerChannel
-    from gq.exec.worker_messages import Go
 
     class InterruptedBeforeItSends(WorkerChannel):
         def send(self, kind, **fields) -> bool:
@@ -251,12 +251,12 @@ def test_a_ctrl_c_as_a_release_goes_waits_for_the_done_and_loses_nothing():
 HOOKS_SCAFFOLD = r"""
 import signal, socket, sys, threading, time
 import torch
-from gq.exec import hooks
-from gq.exec.console import interrupting
+from gq.exec.job import hooks
+from gq.exec.job.console import interrupting
 from gq.exec.protocol import FROM_WORKER, Channel, encode
-from gq.exec.worker_link import WorkerChannel
-from gq.exec.worker import WorkerSession
-from gq.exec.worker_messages import Go
+from gq.exec.job.worker_link import WorkerChannel
+from gq.exec.job.worker import WorkerSession
+from gq.exec.job.messages import Go
 
 host_end, worker_end = socket.socketpair()
 session = WorkerSession(WorkerChannel(worker_end))

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from gq import policies
-from gq.daemon import admission
+from gq.daemon.scheduling import admission
 from gq.policies import JobView
 from gq.sim import forecast, work_estimates
 from gq.sim.forecast import Pending, Running, Snapshot
@@ -444,7 +444,7 @@ def test_the_simulator_seeded_with_residents_continues_their_runs():
 
 def test_test_only_requests_waiting_at_once_are_bounded_per_user_and_in_all(monkeypatch):
     from gq import defaults
-    from gq.daemon.forecasting import Forecaster, WhatIf
+    from gq.daemon.forecasts.forecasting import Forecaster, WhatIf
     from gq.errors import UserError
 
     monkeypatch.setattr(defaults, "MAX_TEST_ONLY_PER_USER", 2)
@@ -466,7 +466,7 @@ def test_a_forecaster_looks_at_an_unchanged_node_at_most_once_a_period():
     every scheduling pass (a pass may come every few milliseconds)."""
     import time
 
-    from gq.daemon.forecasting import Forecaster, _signature
+    from gq.daemon.forecasts.forecasting import Forecaster, _signature
 
     unchanged = snapshot([], [pending(1, known(10, 1.0))])
 

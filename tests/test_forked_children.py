@@ -20,10 +20,10 @@ import psutil
 import pytest
 
 from gq import wakeup
-from gq.daemon import ownerfiles
-from gq.exec import process_groups, spawn
-from gq.exec.host import Host
-from gq.exec.host_messages import Launch, LaunchSpec, Started, StopWhy
+from gq.daemon.serving import ownerfiles
+from gq.exec.host import process_groups, spawn
+from gq.exec.host.loop import Host
+from gq.exec.host.messages import Launch, LaunchSpec, Started, StopWhy
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (takes another uid)")
@@ -364,7 +364,7 @@ def test_a_slow_memory_reading_never_holds_up_its_hosts_loop(monkeypatch):
     mappings, its memory lock kept busy: seconds), and the host's loop goes on meanwhile.
     Only a job over its limit by resident sizes (which cost microseconds) is read so; one
     read over its limit is ended, saying so; a round that fails leaves the watch going."""
-    from gq.exec import memory_watch
+    from gq.exec.host import memory_watch
 
     listener, _other_end = socket.socketpair()
     host = Host("cpu0", False, 1, listener, kill_grace=1.0)

@@ -18,7 +18,7 @@ from test_reliability import host_process
 
 from gq import messages
 from gq.defaults import PROTOCOL_VERSION as VERSION
-from gq.exec.host_messages import HOST_VERSION
+from gq.exec.host.messages import HOST_VERSION
 
 from conftest import (
     DaemonControl,
@@ -41,7 +41,7 @@ NEIGHBOUR = "import gq, time\nfor _ in gq.steps(range(40)):\n    time.sleep(0.01
 # Each task of the array sends one hostile line on its worker's own socket, then iterates.
 HOSTILE = r"""
 import gq, json, os, time
-from gq.exec import job_session
+from gq.exec.job import session as job_session
 sock = job_session.active.channel.sock
 frames = [
     b'{"kind": "total", "steps": null}\n',
@@ -123,7 +123,7 @@ def test_worker_step_counts_are_held_to_what_is_plausible(daemon, tmp_path):
         tmp_path / "claims.py",
         (
             "import gq\n"
-            "from gq.exec import job_session\n"
+            "from gq.exec.job import session as job_session\n"
             "for _ in gq.steps(range(5)):\n"
             "    pass\n"
             "job_session.active.channel.send('progress', steps=10**12)\n"  # more than it declared
@@ -287,7 +287,7 @@ def test_a_workers_memory_claims_are_believed_only_as_far_as_its_host_sees_them(
         tmp_path / "claim.py",
         (
             "import os, time, gq\n"
-            "from gq.exec import job_session\n"
+            "from gq.exec.job import session as job_session\n"
             "session = job_session.active\n"
             "session.acquire()\n"
             "session.held = False\n"
@@ -622,7 +622,7 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
     import sys
     import uuid
 
-    from gq.exec import cgroup_hierarchies as hierarchies
+    from gq.exec.cgroups import hierarchies
 
     if not cgroups_usable("v2"):
         pytest.skip("no cgroup v2 hierarchy this process may use")
@@ -641,8 +641,8 @@ def test_under_systemds_supervisor_leaf_jobs_cgroups_go_beside_it(home, tmp_path
             [
                 sys.executable,
                 "-c",
-                "from gq.exec import cgroups; "
-                "from gq.exec.cgroup_hierarchies import V2; "
+                "from gq.exec.cgroups import job_cgroups as cgroups; "
+                "from gq.exec.cgroups.hierarchies import V2; "
                 "print(cgroups.detect('v2', 'probe').bases[V2])",
             ],
             preexec_fn=into_supervisor,
@@ -806,7 +806,7 @@ def test_the_system_daemon_keeps_no_state_where_another_user_could_change_it(tmp
     user owns, or may write, would let them swap those files for links (a root write into
     any file). Refused by the CLI and by the daemon itself (systemd starts it directly),
     before anything is written; a sticky directory such as /tmp is fine."""
-    from gq.exec.spawn import gq_python
+    from gq.exec.host.spawn import gq_python
 
     owned, shared, sticky = (tmp_path / name for name in ("owned", "shared", "sticky"))
     for directory, mode in ((owned, 0o755), (shared, 0o777), (sticky, 0o1777)):

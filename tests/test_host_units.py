@@ -8,10 +8,10 @@ import time
 import pytest
 
 from gq.errors import LaunchError
-from gq.exec.host_messages import LaunchSpec
-from gq.exec.residents import Resident
-from gq.exec.spawn import identity
-from gq.exec.standings import Standing
+from gq.exec.host.messages import LaunchSpec
+from gq.exec.host.spawn import identity
+from gq.exec.lane.residents import Resident
+from gq.exec.lane.standings import Standing
 from gq.policies import make
 
 
@@ -139,7 +139,7 @@ def test_a_personal_host_runs_only_its_owners_jobs(monkeypatch):
 
 
 def test_an_interactive_jobs_idle_time_runs_from_its_last_activity_and_never_backwards():
-    from gq.exec import idleness
+    from gq.exec.job import idleness
 
     assert idleness.last_active(None, None, False, 100.0, 40.0) is None
     assert idleness.last_active(None, 90.0, False, 100.0, 40.0) == 90.0
@@ -231,8 +231,8 @@ def test_a_statements_hold_in_progress_counts_in_its_owners_burst():
     """A person's statement goes first while their burst allows (a quarter of the lane
     over a minute): a statement holding the lane for 20 s has spent it, though none of its
     iterations has ended, so its hold is bounded as any other's."""
-    from gq.exec.lane_views import lane_views
-    from gq.exec.residents import Lane
+    from gq.exec.lane.residents import Lane
+    from gq.exec.lane.views import lane_views
 
     repl = resident()
     repl.worker, repl.interactive, repl.channel = True, True, object()

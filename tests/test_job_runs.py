@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from gq.exec.host_messages import JobProgress
+from gq.exec.host.messages import JobProgress
 from gq.home import Home
 from gq.queue import engine, job_updates, lookups, purging, submissions, transitions
 from gq.queue.engine import HEAD_REVISION, Database, migrate
@@ -98,7 +98,7 @@ def test_upgrade_to_0019_keeps_jobs_their_latest_run_and_purges_runs_with_them(t
     """A queue from before runs were kept: a finished job's totals are its latest run's
     (as gq showed them), listed as its one run; a job pending after a requeue then runs
     again and its runs are kept and summed from there; purged, its runs go with it."""
-    from gq.daemon.handlers.common import job_info, run_infos
+    from gq.daemon.serving.handlers.common import job_info, run_infos
     from gq.queue import job_runs
 
     home = Home(tmp_path / "old").ensure()

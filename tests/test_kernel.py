@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gq.exec import pending_notes
+from gq.exec.job import pending_notes
 
 from conftest import ROOT, all_jobs, gq, gq_ok, job, submit, wait_for, wait_state
 

@@ -28,7 +28,7 @@ SCRIBBLER = (
     """
 import json, os, random, sys, threading, time
 import gq
-from gq.exec import job_session
+from gq.exec.job import session as job_session
 
 page = job_session.active.lease.page
 words = min(int(sys.argv[3]), len(page.map) // 8)
@@ -51,7 +51,7 @@ HONEST = (
     """
 import json, os, stat, sys, time
 import gq
-from gq.exec import job_session
+from gq.exec.job import session as job_session
 
 page = job_session.active.lease.page
 mine = []  # what another process could share with it: sockets, pipes, shared memory

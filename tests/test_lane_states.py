@@ -1,11 +1,11 @@
-"""The lane's one table of moves (gq.exec.standings.step): what may follow what for a job
+"""The lane's one table of moves (gq.exec.lane.standings.step): what may follow what for a job
 resident on a lane, unit-tested like the policies."""
 
 from __future__ import annotations
 
 import pytest
 
-from gq.exec.standings import (
+from gq.exec.lane.standings import (
     HOLDS_LANE,
     TRANSITIONS,
     WANTS_LANE,

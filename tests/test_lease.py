@@ -1,5 +1,5 @@
 """Leases: a job alone on its lane crosses iteration boundaries on its page's lock, without a
-message (gq.exec.lease), gives the lane back as soon as another job is ready for it, and is
+message (gq.exec.lane.lease), gives the lane back as soon as another job is ready for it, and is
 billed the lease's wall time, on no word of its own."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import pytest
 from test_reliability import host_process
 
 from gq import defaults, policies
-from gq.exec import job_session
-from gq.exec.host import Host
-from gq.exec.lease import Figures, SharedPage, WorkerLease, implausible
+from gq.exec.host.loop import Host
+from gq.exec.job import session as job_session
+from gq.exec.job.messages import Ready
+from gq.exec.job.worker import WorkerSession
+from gq.exec.job.worker_link import WorkerChannel
+from gq.exec.lane.lease import Figures, SharedPage, WorkerLease, implausible
+from gq.exec.lane.residents import Resident
+from gq.exec.lane.standings import Standing
 from gq.exec.protocol import FROM_WORKER, Channel, encode
-from gq.exec.residents import Resident
-from gq.exec.standings import Standing
-from gq.exec.worker import WorkerSession
-from gq.exec.worker_link import WorkerChannel
-from gq.exec.worker_messages import Ready
 
 from conftest import all_jobs, gq_ok, job, submit, wait_for, wait_state, write_script
 
@@ -311,7 +311,7 @@ def test_a_job_that_writes_its_lease_back_keeps_the_lane_for_no_longer_than_its_
 LEASED = """
 import json, os, sys, time
 import gq
-from gq.exec import job_session
+from gq.exec.job import session as job_session
 
 log = open("a.jsonl", "a", buffering=1)
 lease = job_session.active.lease
@@ -384,7 +384,7 @@ def _text(path) -> str:
 HOSTILE = """
 import sys, time
 import gq
-from gq.exec import job_session
+from gq.exec.job import session as job_session
 
 lease = job_session.active.lease
 kind = int(sys.argv[1])

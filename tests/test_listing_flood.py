@@ -4,7 +4,7 @@ not the other way round. Big listings are made off the daemon's loop, one of a u
 time; requests ready together are served in turns, the caller that has used the least of
 the loop first. The order in which answers begin is what is asserted, never a duration.
 Also: a listing lists the same jobs whether it is made in the loop or apart, and the pure
-order of turns (gq.daemon.turns)."""
+order of turns (gq.daemon.serving.turns)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from test_month_of_jobs import _copies_of as copies_of
 from test_shared_node import _script, _submit
 
 from gq import defaults
-from gq.daemon.turns import Turns
+from gq.daemon.serving.turns import Turns
 
 from conftest import gq_ok, submit, wait_state, write_script
 

@@ -109,7 +109,7 @@ def test_a_shell_launcher_finds_its_files_through_dollar_zero(daemon, tmp_path):
     first line, while the snapshot is what runs (an edit after submit changes nothing).
     BASH_SOURCE names it too where the host may show the snapshot there (a root host whose
     root mount is shared, see the next test), else /dev/fd/3."""
-    from gq.exec.spawn import root_mount_shared
+    from gq.exec.host.spawn import root_mount_shared
 
     project = tmp_path / "project"
     bound = os.geteuid() == 0 and root_mount_shared()
@@ -155,7 +155,7 @@ def test_a_root_host_with_a_shared_root_shows_the_snapshot_under_the_scripts_nam
 
 
 def test_shells_named_by_a_first_line():
-    from gq.daemon.launch_specs import shell_of
+    from gq.daemon.supervision.launch_specs import shell_of
 
     assert shell_of("/bin/bash") == ["/bin/bash"]
     assert shell_of("/bin/bash -e") == ["/bin/bash", "-e"]

@@ -12,8 +12,8 @@ from datetime import datetime
 import pytest
 
 from gq import defaults
-from gq.daemon import memory_figures
-from gq.exec import worker_memory
+from gq.daemon.supervision import memory_figures
+from gq.exec.job import worker_memory
 from gq.messages import OnOutOfMemory
 
 from conftest import (

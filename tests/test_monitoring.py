@@ -17,8 +17,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gq.daemon import admission, devices, sampling
-from gq.daemon.guard import Guard, Limits
+from gq.daemon import devices
+from gq.daemon.monitoring import sampling
+from gq.daemon.monitoring.guard import Guard, Limits
+from gq.daemon.scheduling import admission
 from gq.messages import DeviceReading
 
 from conftest import (
@@ -506,7 +508,7 @@ def test_the_daemon_and_the_cli_import_without_the_optional_parts():
         "for extra in ('prometheus_client', 'pynvml', 'matplotlib', 'ipykernel'):\n"
         "    sys.modules[extra] = None\n"
         "import gq.daemon.node, gq.daemon.__main__, gq.cli.main\n"
-        "import gq.exec.host_startup, gq.exec.worker\n"
+        "import gq.exec.host.startup, gq.exec.job.worker\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -1,11 +1,11 @@
-"""The decision of --lanes auto (gq.exec.packing): pure, given what a host would see."""
+"""The decision of --lanes auto (gq.exec.lane.packing): pure, given what a host would see."""
 
 from __future__ import annotations
 
 import pytest
 
-from gq.exec import packing
-from gq.exec.packing import Mode, Packer, Sample
+from gq.exec.lane import packing
+from gq.exec.lane.packing import Mode, Packer, Sample
 
 
 class Jobs:

@@ -1,4 +1,4 @@
-"""A Jupyter kernel's pending note (gq.exec.pending_notes): kept in a directory of its
+"""A Jupyter kernel's pending note (gq.exec.job.pending_notes): kept in a directory of its
 owner's alone, one per connection file, read once and only so much of it; nothing planted
 at its names is followed, read, or waited on. The kernels that use it: tests/test_kernel.py."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from gq import defaults
 from gq.cli import kernel_launch
-from gq.exec import pending_notes
+from gq.exec.job import pending_notes
 
 from conftest import _open_to_all
 

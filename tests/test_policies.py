@@ -214,9 +214,9 @@ def test_iterations_to_turn_is_the_least_count_that_reaches_the_turn():
         assert count == 0 or turn_of(service + (count - 1) * per, quantum) < turn
 
 
-# ----- a free lane's next step (gq.exec.lanes: the host's rule and the simulator's) -----
+# ----- a free lane's next step (gq.exec.lane.rule: the host's rule and the simulator's) -----
 def test_a_free_lane_is_kept_for_a_preferred_job_in_a_gap_too_short_to_fill():
-    from gq.exec import lanes as lane
+    from gq.exec.lane import rule as lane
 
     rule = policies.make("priority")
     high, low = view(1, priority=5), view(2)
@@ -237,7 +237,7 @@ def test_a_free_lane_is_granted_to_a_job_whose_iteration_fits_in_the_awaited_gap
     """Two jobs with short iterations and millisecond gaps run in each other's gaps: the lane
     is kept for the preferred job in its gap only where the ready job's iteration would
     not end before that job is expected back (its release plus its gap)."""
-    from gq.exec import lanes as lane
+    from gq.exec.lane import rule as lane
 
     rule = policies.make(policy)
     preferred = view(
@@ -259,7 +259,7 @@ def test_a_free_lane_is_granted_to_a_job_whose_iteration_fits_in_the_awaited_gap
 
 
 def test_a_free_lane_is_not_kept_for_a_job_the_policy_does_not_prefer_or_a_long_gap():
-    from gq.exec import lanes as lane
+    from gq.exec.lane import rule as lane
 
     rule = policies.make("priority")
     high, low = view(1, priority=5), view(2)
@@ -276,7 +276,7 @@ def test_a_free_lane_is_not_kept_for_a_job_the_policy_does_not_prefer_or_a_long_
 def test_an_interactive_job_goes_first_every_other_grant_and_batch_jobs_keep_the_rest(policy):
     """A person's statement waits for at most the batch iteration in progress; while it
     computes on, batch jobs still get at least every other grant."""
-    from gq.exec import lanes as lane
+    from gq.exec.lane import rule as lane
 
     rule = policies.make(policy)
     batch = view(1, submit_time=0.0, attained=0.0, mean_iteration=0.1, steps_total=10)
@@ -302,7 +302,7 @@ def test_several_interactive_jobs_share_one_turn_in_two(policy):
     """Two REPLs (or three) cannot hand the lane to each other turn after turn: after a
     people-first turn, whoever it went to, the policy picks; under fifo that is the batch
     job submitted first, so it gets every other grant."""
-    from gq.exec import lanes as lane
+    from gq.exec.lane import rule as lane
 
     rule = policies.make(policy)
     batch = view(1, submit_time=0.0, attained=5.0, mean_iteration=0.1)
@@ -319,7 +319,7 @@ def test_several_interactive_jobs_share_one_turn_in_two(policy):
 
 
 def test_priority_leaves_an_interactive_job_to_its_priority():
-    from gq.exec import lanes as lane
+    from gq.exec.lane import rule as lane
 
     rule = policies.make("priority")
     high = view(1, priority=5)
@@ -333,7 +333,7 @@ def test_an_interactive_job_goes_first_only_within_its_burst():
     """A REPL that trains without pause is a batch job in disguise: once its recent use of
     the lane passes PEOPLE_SHARE, it takes the policy's turn, and it goes first again once
     its use has decayed."""
-    from gq.exec import lanes as lane
+    from gq.exec.lane import rule as lane
 
     assert lane.within_burst(0.0)
     used = 0.0
@@ -388,9 +388,9 @@ def test_usage_halves_every_half_life_and_never_decays_without_one():
 
 @pytest.mark.parametrize("name", ["fair", "srtf", "priority", "rr", "deadline"])
 def test_a_holder_is_in_the_way_once_the_policy_prefers_a_waiting_job(name):
-    """The bounded hold's question (gq.exec.lanes.overstays): asked with the holder ready
+    """The bounded hold's question (gq.exec.lane.rule.overstays): asked with the holder ready
     too, would the lane rule grant a waiting job instead?"""
-    from gq.exec.lanes import overstays
+    from gq.exec.lane.rule import overstays
 
     policy = policies.make(name)
     holder = view(1, user="ann", attained=30.0, priority=0, steps_total=10**6, steps_done=1)
@@ -407,7 +407,7 @@ def test_a_holder_is_in_the_way_once_the_policy_prefers_a_waiting_job(name):
 
 
 def test_fifos_head_job_is_never_in_the_way_of_those_behind_it():
-    from gq.exec.lanes import overstays
+    from gq.exec.lane.rule import overstays
 
     fifo = policies.make("fifo")
     head, behind = view(1, attained=100.0), view(2)
@@ -416,7 +416,7 @@ def test_fifos_head_job_is_never_in_the_way_of_those_behind_it():
 
 
 def test_preemption_moves_out_the_least_memory_that_frees_enough():
-    from gq.daemon.preemption import Candidate, victims
+    from gq.daemon.scheduling.preemption import Candidate, victims
 
     residents = [
         Candidate(1, priority=0, frees=600, used_at=10.0),

@@ -12,8 +12,8 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import update
 
-from gq.daemon.handlers.common import job_info
-from gq.exec.host_messages import JobProgress
+from gq.daemon.serving.handlers.common import job_info
+from gq.exec.host.messages import JobProgress
 from gq.home import Home
 from gq.messages import MemoryBasis
 from gq.queue import (
@@ -1148,7 +1148,7 @@ def test_upgrade_to_0018_keeps_jobs_and_starts_every_users_usage_at_nothing(tmp_
     """The scheduler's device: a queue from before keeps its jobs, each taken 0 times; no
     user has used anything yet, and a user's usage charged now is kept across a reopen
     (a daemon's restart), decayed from when it was charged."""
-    from gq.daemon.fair_share import Charged, Ledger
+    from gq.daemon.scheduling.fair_share import Charged, Ledger
 
     home = Home(tmp_path / "old").ensure()
     migrate(home, "0017")

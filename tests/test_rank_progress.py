@@ -1,4 +1,4 @@
-"""Steps counted in jobs gq's worker does not run (gq.exec.rank_progress): a shell script's
+"""Steps counted in jobs gq's worker does not run (gq.exec.job.rank_progress): a shell script's
 Python and torchrun's ranks show their lowest rank's steps; the file that carries them is
 the job's to write, and whatever it holds costs the host and other jobs nothing."""
 
@@ -10,7 +10,7 @@ import stat
 import subprocess
 import sys
 
-from gq.exec import rank_progress
+from gq.exec.job import rank_progress
 from gq.validation import INT64_MAX
 
 from conftest import PYTHON, gq_ok, job, submit, wait_for, wait_state, write_script

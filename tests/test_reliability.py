@@ -40,7 +40,7 @@ def host_process(daemon_pid: int, device: str | None = None) -> psutil.Process:
     def find():
         for child in psutil.Process(daemon_pid).children():
             argv = child.cmdline()
-            if "gq.exec.host_startup" in " ".join(argv) and (
+            if "gq.exec.host.startup" in " ".join(argv) and (
                 device is None or device in argv[argv.index("--device") + 1 :][:1]
             ):
                 return child

@@ -39,7 +39,7 @@ for _ in gq.steps(range(1)):
 LOCKER = """
 import sys, time
 import gq
-from gq.exec import job_session
+from gq.exec.job import session as job_session
 for _ in gq.steps(range(50)):
     pass
 page = job_session.active.lease.page
@@ -54,8 +54,8 @@ time.sleep(3600)
 LIAR = """
 import sys, time
 import gq
-from gq.exec import job_session
-from gq.exec.worker_link import READY
+from gq.exec.job import session as job_session
+from gq.exec.job.worker_link import READY
 session = job_session.active
 session.channel.send("total", steps=1_000_000)
 session.channel.send("progress", steps=999_999)
@@ -72,7 +72,7 @@ while time.monotonic() < end:
 CLAIMER = """
 import sys, time
 import gq
-from gq.exec import job_session
+from gq.exec.job import session as job_session
 for _ in gq.steps(range(50)):
     pass
 lease = job_session.active.lease
@@ -263,8 +263,8 @@ def test_idle_residents_of_one_user_give_a_slot_back_to_anothers_job(shared_node
 LEASE_LIAR = """
 import sys, time
 import gq
-from gq.exec import job_session
-from gq.exec.worker_link import READY
+from gq.exec.job import session as job_session
+from gq.exec.job.worker_link import READY
 for _ in gq.steps(range(50)):
     pass
 time.sleep(1.5)
@@ -306,7 +306,7 @@ def test_srtf_believes_a_pages_iterations_only_for_the_lease_time_they_took(shar
 FORKER = """
 import os, sys, time
 import gq
-from gq.exec import worker_memory
+from gq.exec.job import worker_memory
 held = bytearray(400 << 20)
 for i in range(0, len(held), 4096):
     held[i] = 1

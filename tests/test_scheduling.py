@@ -506,7 +506,7 @@ def test_two_lanes_run_iterations_in_parallel(home, tmp_path):
 def test_each_job_on_a_gpu_counts_its_cuda_context_beside_its_figure():
     """A CUDA context (cuBLAS loaded: 676 MiB on an H200) is held by every resident process
     whatever its figure says: two jobs of 2 GiB fit a 5 GiB lane alone, not with it."""
-    from gq.daemon import admission
+    from gq.daemon.scheduling import admission
 
     gib = 1 << 30
     job = admission.Footprint(persistent=2 * gib)

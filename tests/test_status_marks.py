@@ -76,7 +76,7 @@ def test_a_job_over_its_figure_by_the_allocators_rounding_is_not_flagged(home, t
 
 
 def test_mem_flag_is_past_the_slack_alone():
-    from gq.daemon.memory_figures import over_figure
+    from gq.daemon.supervision.memory_figures import over_figure
 
     figure = 300 << 20
     assert not over_figure(figure, figure + defaults.MEM_OVER_SLACK)

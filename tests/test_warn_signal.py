@@ -107,7 +107,7 @@ def test_root_reads_a_bounded_part_of_a_job_s_environment_and_finds_only_whole_v
     value cut off there is no value, and a gone or impossible process has none."""
     import subprocess
 
-    from gq.exec.process_groups import ENVIRON_READ_LIMIT, environ_value, step_tasks
+    from gq.exec.host.process_groups import ENVIRON_READ_LIMIT, environ_value, step_tasks
 
     padding = {f"PAD{n}": "x" * (100 << 10) for n in range(ENVIRON_READ_LIMIT // (100 << 10) + 1)}
     past = subprocess.Popen(["sleep", "30"], env={**padding, "SLURM_TASK_PID": "1"})

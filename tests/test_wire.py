@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from gq import codec, defaults, messages
 from gq.codec import INT64_MAX, FrameTooLarge, MessageError
-from gq.exec import host_messages, worker_messages
 from gq.exec import protocol as wire
+from gq.exec.host import messages as host_messages
+from gq.exec.job import messages as worker_messages
 
 HOSTILE_VALUES = [
     None,
@@ -383,7 +384,7 @@ def test_a_channel_yields_checked_messages_or_ends_with_an_error(chunks):
         right.close()
 
 
-# ----- the worker's end, in the standard library alone (gq.exec.worker_link) ----------
+# ----- the worker's end, in the standard library alone (gq.exec.job.worker_link) ----------
 _WORKER_SAYS = st.one_of(
     st.just(("ready", {})),
     st.just(("finished", {})),
@@ -413,7 +414,7 @@ _WORKER_SAYS = st.one_of(
 def test_every_line_the_worker_writes_decodes_on_its_hosts_wire_as_said(said):
     """The worker writes its messages with the standard library (it may run under any
     Python); the host reads them with the one definition of each (worker_messages)."""
-    from gq.exec.worker_link import line
+    from gq.exec.job.worker_link import line
 
     kind, fields = said
     message = wire.decode(line(kind, **fields).rstrip(b"\n"), wire.FROM_WORKER)
@@ -431,7 +432,7 @@ def test_every_line_the_worker_writes_decodes_on_its_hosts_wire_as_said(said):
     )
 )
 def test_the_worker_reads_every_go_its_host_can_send(go):
-    from gq.exec.worker_link import Grant, WorkerChannel
+    from gq.exec.job.worker_link import Grant, WorkerChannel
 
     left, right = socket.socketpair()
     try:
@@ -454,7 +455,7 @@ def test_the_worker_side_of_gq_imports_no_dependency_of_gq():
     imports of gq must not need msgspec (nor any other dependency)."""
     code = (
         "import sys; sys.modules['msgspec'] = None\n"
-        "import gq, gq.exec.worker, gq.exec.console, gq.exec.notebook\n"
+        "import gq, gq.exec.job.worker, gq.exec.job.console, gq.exec.job.notebook\n"
         "print('ok')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -2,7 +2,7 @@
 what to queue for it. A Python command (``python train.py ...``, ``python -m pkg ...``)
 becomes a Python job, with iteration boundaries, run by the interpreter the command names
 as found on the submitter's PATH now; any other command runs from a small sh script. Under
-``gq run --pty``, a Python with no script is a REPL run by gq's worker (gq.exec.console), and
+``gq run --pty``, a Python with no script is a REPL run by gq's worker (gq.exec.job.console), and
 so is IPython (``ipython ARGS``, ``python -m IPython ARGS``) by the interpreter it is
 installed for."""
 
@@ -27,10 +27,8 @@ _LAUNCHERS = frozenset(
     }
 )
 _SHELL_SYNTAX = r"[;&|<>()$`\\\"'*?\[\]{}~#\n]"  # what only a shell reads
-_REPL = b"# gq run --pty: python\nfrom gq.exec.console import interact\n\ninteract()\n"
-_IPYTHON = (
-    b"# gq run --pty: ipython\nfrom gq.exec.console import interact_ipython\n\ninteract_ipython()\n"
-)
+_REPL = b"# gq run --pty: python\nfrom gq.exec.job.console import interact\n\ninteract()\n"
+_IPYTHON = b"# gq run --pty: ipython\nfrom gq.exec.job.console import interact_ipython\n\ninteract_ipython()\n"
 
 
 class Queued:

@@ -11,7 +11,7 @@ from gq import client, defaults, home, validation
 from gq.cli import daemon_lifecycle
 from gq.daemon.options import parse_lanes
 from gq.errors import MissingExtra, UserError
-from gq.exec.cgroups import KINDS
+from gq.exec.cgroups.job_cgroups import KINDS
 from gq.units import (
     describe_period,
     format_period,
@@ -369,7 +369,7 @@ def start(
         if setting is not None:
             options += [flag, str(setting)]
     if foreground:
-        from gq.exec.spawn import gq_python
+        from gq.exec.host.spawn import gq_python
 
         argv = gq_python("gq.daemon", *(["--system"] if system else []), *options)
         os.execv(argv[0], argv)

@@ -3,7 +3,7 @@
 While the job is pending, one status line (job id, state, reason, forecast start) is
 redrawn on stderr as it changes; Ctrl-C there cancels the job and says nothing more. Once
 it runs, gq connects to its terminal's socket and takes the master of the job's
-pseudo-terminal from its execution host (:mod:`gq.exec.terminal`), puts this terminal in
+pseudo-terminal from its execution host (:mod:`gq.exec.host.terminal`), puts this terminal in
 raw mode (restored on every way out) and copies bytes both ways: what is typed reaches the
 job's own line discipline, so line editing, Ctrl-C and Ctrl-Z are the job's, and its window
 size follows this terminal's. The job's end (its terminal reads EIO) ends the copy, and gq

@@ -1,11 +1,11 @@
 """gq kernel run: the process Jupyter starts as a gq kernel. It queues the kernel as an
 interactive job (ipykernel on Jupyter's connection file, run by gq's worker:
-:mod:`gq.exec.notebook`) and stands in for it until the job ends, as Jupyter's
+:mod:`gq.exec.job.notebook`) and stands in for it until the job ends, as Jupyter's
 KernelManager expects of its kernel process: while the job is pending it says why (one
 line on stderr, which the Jupyter server logs); once it runs it takes the job's terminal,
 as ``gq run --pty`` does, and copies what the kernel writes there to its own stdout. The
 kernel's ports are on this node: Jupyter's client connects to the job directly. Why it
-waited is also left in a note of the user's alone (:mod:`gq.exec.pending_notes`), named on
+waited is also left in a note of the user's alone (:mod:`gq.exec.job.pending_notes`), named on
 the kernel's command line, for its first cell to say; the launcher removes it when the job
 has ended.
 
@@ -26,11 +26,11 @@ import sys
 from gq import client, messages
 from gq.cli import command_lines, interactive
 from gq.errors import UserError
-from gq.exec import pending_notes
 from gq.exec import protocol as wire
+from gq.exec.job import pending_notes
 from gq.home import locate
 
-_KERNEL = b"# gq kernel: a Jupyter kernel\nfrom gq.exec.notebook import serve\n\nserve()\n"
+_KERNEL = b"# gq kernel: a Jupyter kernel\nfrom gq.exec.job.notebook import serve\n\nserve()\n"
 
 
 class _Ended(Exception):
@@ -72,7 +72,7 @@ def kernel_job(connection_file: str | None) -> command_lines.Queued:
 class PendingStatus(interactive.StatusLine):
     """The launcher's status line (the Jupyter server's log), also kept as the kernel's
     pending note while the job is pending: the kernel's first cell says why it waited
-    (:mod:`gq.exec.notebook`), which a notebook shows where the server's log is not seen."""
+    (:mod:`gq.exec.job.notebook`), which a notebook shows where the server's log is not seen."""
 
     hint = "a shutdown of the kernel cancels it"
 

@@ -26,24 +26,25 @@ from dataclasses import replace
 from typing import IO
 
 from gq import defaults
-from gq.daemon import handlers, heap_trim, retention
-from gq.daemon.access import Caller, Rules
+from gq.daemon import heap_trim, retention
 from gq.daemon.devices import Device, discover, emulated
-from gq.daemon.forecasting import Forecaster, WhatIf
-from gq.daemon.guard import Limits
-from gq.daemon.handlers import query
-from gq.daemon.hosts import HostSettings
-from gq.daemon.listings import Lister, Listing, ListingChild
-from gq.daemon.monitoring import Monitor
-from gq.daemon.notify import Notifier
+from gq.daemon.forecasts.forecasting import Forecaster, WhatIf
+from gq.daemon.monitoring.guard import Limits
+from gq.daemon.monitoring.monitor import Monitor
 from gq.daemon.options import DaemonOptions
 from gq.daemon.pidfiles import release_pidfile
-from gq.daemon.scheduling import Capacity, Scheduler
-from gq.daemon.server import Connection, ConnectionLimits, Server
-from gq.daemon.supervision import Supervisor
-from gq.daemon.waiting import Waiters, Waiting
-from gq.exec import cgroup_tasks
-from gq.exec.host_messages import StopWhy
+from gq.daemon.scheduling.scheduler import Capacity, Scheduler
+from gq.daemon.serving import handlers
+from gq.daemon.serving.access import Caller, Rules
+from gq.daemon.serving.handlers import query
+from gq.daemon.serving.listings import Lister, Listing, ListingChild
+from gq.daemon.serving.server import Connection, ConnectionLimits, Server
+from gq.daemon.serving.waiting import Waiters, Waiting
+from gq.daemon.supervision.host_handles import HostSettings
+from gq.daemon.supervision.notify import Notifier
+from gq.daemon.supervision.supervisor import Supervisor
+from gq.exec.cgroups import tasks as cgroup_tasks
+from gq.exec.host.messages import StopWhy
 from gq.home import Home
 from gq.queue import settings as queue_settings
 from gq.queue import spool
@@ -137,7 +138,7 @@ class Daemon:
             self.db, self.scheduler, self.selector, self._reply, self._connected
         )
 
-    # ----- what handlers see (gq.daemon.handlers.NodeView) ----------------------------
+    # ----- what handlers see (gq.daemon.serving.handlers.NodeView) ----------------------------
     def rescan(self) -> None:
         """Run the scheduling pass soon: something a pending job waits for has changed."""
         self.woken = True

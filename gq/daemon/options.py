@@ -14,7 +14,7 @@ AUTO = "auto"
 
 def parse_lanes(text: str) -> tuple[int, bool]:
     """``--lanes``: ``auto`` (one lane admission fills, several at once where measurement
-    says it pays: gq.exec.packing) or a fixed count; (lanes, measured). ValueError: neither."""
+    says it pays: gq.exec.lane.packing) or a fixed count; (lanes, measured). ValueError: neither."""
     if text.strip().lower() == AUTO:
         return 1, True
     count = int(text)
@@ -55,7 +55,7 @@ class DaemonOptions:
     attach_wait: float = defaults.ATTACH_WAIT  # seconds a started terminal waits for its gq
     fair_half_life: float = defaults.FAIR_HALF_LIFE  # a user's usage halves this often
     idle_resident: float = defaults.IDLE_RESIDENT  # seconds before an idle one gives its slot
-    checkpoint: str = "auto"  # how suspended jobs' device memory moves (gq.exec.checkpoint)
+    checkpoint: str = "auto"  # how suspended jobs' device memory moves (gq.exec.host.checkpoint)
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""

@@ -3,8 +3,8 @@ travel. Every message is a msgspec struct defined once, used by both ends, check
 field on decode (see :mod:`gq.codec`), framed as one line of JSON ``{"kind": KIND,
 fields...}`` (the client wire's framing, without its version) of at most
 ``defaults.MAX_FRAME`` bytes, which both ends enforce. The messages themselves are in
-:mod:`gq.exec.host_messages` (daemon ↔ host, host → client) and
-:mod:`gq.exec.worker_messages` (worker ↔ host); this module holds the tables of what each
+:mod:`gq.exec.host.messages` (daemon ↔ host, host → client) and
+:mod:`gq.exec.job.messages` (worker ↔ host); this module holds the tables of what each
 end receives, the framing and the channels, and where a host's sockets are.
 
 daemon → host   Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Shares,
@@ -35,7 +35,7 @@ from typing import Any
 
 from gq import codec, defaults, jsonline
 from gq.codec import MessageError, Wire
-from gq.exec.host_messages import (
+from gq.exec.host.messages import (
     HOST_VERSION,
     Ack,
     Cap,
@@ -57,7 +57,7 @@ from gq.exec.host_messages import (
     TerminalHandedOver,
     Update,
 )
-from gq.exec.worker_messages import Done, Finished, Go, OutOfMemory, Ready, StepsTaken, Total
+from gq.exec.job.messages import Done, Finished, Go, OutOfMemory, Ready, StepsTaken, Total
 
 log = logging.getLogger(__name__)
 

@@ -157,7 +157,7 @@ class JobInfo(Record):
     worker: bool = True
     interactive: bool = False  # gq run --pty: on its submitter's terminal
     # An interactive job's --idle-timeout, and while it runs, seconds since its last
-    # activity (its terminal's use, a statement computing: gq.exec.idleness).
+    # activity (its terminal's use, a statement computing: gq.exec.job.idleness).
     idle_timeout: TimeLimit | None = None
     idle: Seconds | None = None
     # In a listing (gq status without --array-tasks), one record stands for those pending
@@ -185,7 +185,7 @@ class JobInfo(Record):
     earlier_steps: Count = 0
     runs: list[RunInfo] | None = None
     command: CommandLine | None = None  # as the user gave it, in answers about one job
-    # A suspended job's device memory (gq.exec.memory_moves), in answers about one job:
+    # A suspended job's device memory (gq.exec.host.memory_moves), in answers about one job:
     # where it is ("device", "host", or moving), why it stays on the device where it does,
     # how much went to host memory and how long the last move took (None: never moved).
     memory_place: Str | None = None

@@ -26,7 +26,7 @@ class JobView:
     released_at: float | None = None  # end of its last iteration; None before the first
     deadline: float | None = None  # when it must be done (seconds, the caller's clock)
     # An interactive job (a terminal, a notebook) within its burst: a person waits on its
-    # iterations (the lane rule's people-first turn; gq.exec.lanes.within_burst).
+    # iterations (the lane rule's people-first turn; gq.exec.lane.rule.within_burst).
     person_waits: bool = False
     # Its owner's fair-share usage beside what the jobs a policy is shown have attained:
     # lane seconds of their jobs that ended, or run elsewhere, decayed with a half-life.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, or_, select, update
 
-from gq.exec.host_messages import JobProgress
+from gq.exec.host.messages import JobProgress
 from gq.messages import MemoryBasis
 from gq.queue.models import Job, JobEvent, Payload
 from gq.queue.prepared import Prepared

@@ -13,7 +13,7 @@ from gq.queue.models import Setting
 POLICY = "policy"
 FILL = "fill"
 QUANTUM = "quantum"
-MAX_HOLD = "max_hold"  # seconds a hold others wait for may go on (gq.exec.lanes)
+MAX_HOLD = "max_hold"  # seconds a hold others wait for may go on (gq.exec.lane.rule)
 DAEMON = "daemon"  # pid, start time, devices: written by the running daemon for `gq info`
 DRAINED = "drained"  # device name (or NODE for all of them) -> the operator's reason
 NODE = "*"

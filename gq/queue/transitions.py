@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ClauseElement, ColumnElement, bindparam, delete, func, insert, update
 
-from gq.exec.host_messages import JobProgress
+from gq.exec.host.messages import JobProgress
 from gq.messages import MemoryBasis
 from gq.queue.job_runs import INTO_EARLIER, keep_run
 from gq.queue.job_updates import progress_values, record_progress

@@ -1,8 +1,9 @@
 """Forecasts: when each job of the live queue will start and end (``gq status --start``,
 ``gq submit --test-only``). Pure: the simulator (:mod:`gq.sim.simulator`) run from a
 :class:`Snapshot` of the node, which the daemon builds from what its scheduling pass reads
-and what admission sees (:class:`gq.daemon.admission.DeviceLoad`, ``Request``, the policy's
-``JobView``), so the forecast runs the same policy and admission code as the node itself.
+and what admission sees (``DeviceLoad``, ``Request``, the policy's ``JobView``: see
+:mod:`gq.daemon.scheduling.admission`), so the forecast runs the same policy and admission
+code as the node itself.
 
 What a job will still do is its :class:`~gq.sim.work_estimates.Work`, known, estimated
 (``~``) or unknown (``?``): see :mod:`gq.sim.work_estimates`. A forecast is as good as the
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gq import defaults, policies
-from gq.daemon import admission
+from gq.daemon.scheduling import admission
 from gq.policies import JobView
 from gq.sim.node import MEASURED_AFTER
 from gq.sim.results import Result

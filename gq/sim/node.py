@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gq.daemon import admission
+from gq.daemon.scheduling import admission
 from gq.policies import JobView
 from gq.sim.traces import TraceJob
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from gq.daemon import admission
+from gq.daemon.scheduling import admission
 from gq.policies import Policy
 from gq.policies.base import time_left
 from gq.sim.events import READY, EventQueue

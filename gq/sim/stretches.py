@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from gq.exec import lanes as lane_rule
+from gq.exec.lane import rule as lane_rule
 from gq.policies import JobView, Policy
 from gq.policies.base import TakesTurns, anticipation_window, run_length
 from gq.sim import turns

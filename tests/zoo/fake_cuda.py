@@ -1,4 +1,4 @@
-"""A stand-in for the few ``torch.cuda`` calls gq makes (gq.exec.device_sync), for tests
+"""A stand-in for the few ``torch.cuda`` calls gq makes (gq.exec.lane.device_sync), for tests
 without a GPU: a device whose kernels run one after another on a thread of this process,
 asynchronously, as a GPU runs what the CPU queued.
 

@@ -19,7 +19,7 @@ import time
 from fake_cuda import FakeDevice
 
 import gq
-from gq.exec import device_sync
+from gq.exec.lane import device_sync
 
 out = sys.argv[1]
 iterations = int(sys.argv[2]) if len(sys.argv) > 2 else 10

@@ -1,0 +1,94 @@
+"""What the lane rule (:mod:`gq.exec.lane.rule`, pure) is given at a free lane of the host's:
+the lane's residents as policies see them, each interactive one marked as a person waiting
+while its owner's burst allows (each user's recent interactive use of the device, counted
+here across all their interactive jobs), and the jobs in their gaps that the lane may be
+kept for. The granter (:mod:`gq.exec.lane.granting`) asks through :func:`decide`, and whether a
+holder is in another job's way through :func:`overstays`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from gq.exec.lane import rule as lane_rule
+from gq.exec.lane.residents import Lane, Resident
+from gq.exec.lane.standings import Standing
+from gq.policies.base import JobView, Policy
+
+
+def decide(
+    policy: Policy,
+    lane: Lane,
+    ready: list[Resident],
+    bursts: dict[str, lane_rule.Burst],
+    usage: Mapping[str, float],
+    now: float,
+) -> lane_rule.Grant | lane_rule.KeepFor | None:
+    """The lane rule's decision for ``lane``, its ``ready`` residents among those it may
+    grant (``bursts``: each user's, kept by the caller and brought up to ``now`` here;
+    ``usage``: each user's fair-share usage beside the lane's residents)."""
+    views, in_gaps = lane_views(lane, bursts, usage, now)
+    return lane_rule.next_step(
+        policy,
+        [views[r.job_id] for r in ready],
+        list(views.values()),
+        in_gaps,
+        now,
+        after_turn=lane.after_turn,
+    )
+
+
+def overstays(
+    policy: Policy,
+    lane: Lane,
+    holder: Resident,
+    ready: list[Resident],
+    bursts: dict[str, lane_rule.Burst],
+    usage: Mapping[str, float],
+    now: float,
+) -> bool:
+    """Whether the rule would grant one of ``ready`` before ``holder``, its lane's holder
+    (:func:`gq.exec.lane.rule.overstays`)."""
+    views, in_gaps = lane_views(lane, bursts, usage, now)
+    if holder.job_id not in views:
+        return False  # (its script said it was finished: it runs no more iterations)
+    return lane_rule.overstays(
+        policy,
+        views[holder.job_id],
+        [views[r.job_id] for r in ready],
+        list(views.values()),
+        in_gaps,
+        now,
+        after_turn=lane.after_turn,
+    )
+
+
+def lane_views(
+    lane: Lane, bursts: dict[str, lane_rule.Burst], usage: Mapping[str, float], now: float
+) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
+    """The residents as policies see them, each made once (a suspended job counts for
+    none; an interactive one waits on a person while its owner's burst allows; each with
+    its owner's usage), and those in their gaps the lane may be kept for."""
+    views = {r.job_id: r.view(usage.get(r.user, 0.0)) for r in lane.residents if not r.suspended}
+    for resident in lane.residents:
+        if resident.interactive and not resident.suspended:
+            # Its hold in progress counts too: a statement that never ends leaves its
+            # owner's burst, and its hold is then bounded as any other (gq.exec.lane.rule).
+            billed = resident.billed
+            burst = bursts.setdefault(resident.user, lane_rule.Burst(at=now))
+            burst.add(billed - resident.burst_counted, now)
+            resident.burst_counted = billed
+            if lane_rule.within_burst(burst.used, resident.mean_iteration):
+                views[resident.job_id] = dataclasses.replace(
+                    views[resident.job_id], person_waits=True
+                )
+    in_gaps = [
+        awaited
+        for r in lane.residents
+        if r.standing is Standing.IDLE
+        and not r.suspended
+        and r.released_at is not None
+        and (awaited := lane_rule.awaited(views[r.job_id], r.released_at, r.mean_gap))
+    ]
+    return views, in_gaps
