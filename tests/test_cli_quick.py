@@ -27,7 +27,7 @@ def _typer_options(name: str) -> tuple[dict[str, tuple[str, Kind]], dict[str, ob
     here by their names)."""
     import typer
 
-    from gq.cli.main import make_app
+    from gq.cli.app import make_app
 
     group = typer.main.get_command(make_app(name))
     command = group.commands[name]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gq.cli import docs
-from gq.cli.main import COMMANDS
+from gq.cli.app import COMMANDS
 
 from conftest import ROOT
 

@@ -137,7 +137,7 @@ def test_the_option_map_names_only_options_gq_submit_has():
     gq submit shares by name means what the map says (the map is the one place)."""
     import typer.main
 
-    from gq.cli.main import make_app
+    from gq.cli.app import make_app
     from gq.slurm.options import BY_GQ, BY_SBATCH, OPTIONS
 
     command = typer.main.get_command(make_app("submit")).commands["submit"]

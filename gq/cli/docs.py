@@ -17,7 +17,7 @@ import typer
 import typer.core
 
 from gq import __version__
-from gq.cli.main import make_app
+from gq.cli.app import make_app
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -43,9 +43,9 @@ def _specs():
 def _submit_options(options: list[str]) -> tuple[Any, dict[str, Any], set[str]]:
     """gq run's command and its parameters for ``options`` (those given, too), checked as
     gq run checks them; refused where they would not start one kernel."""
-    from gq.cli.main import _command
+    from gq.cli import app
 
-    command = _command("run").commands["run"]
+    command = app.command("run").commands["run"]
     try:
         parsed = command.make_context("gq run", [*options, "--"])
     except typer.TyperException as exc:

@@ -219,9 +219,9 @@ def _directive(tokens: list[str], script: str, line: int, prefix: str) -> dict[s
     by click where this module does not read it (click then says what is wrong)."""
     parsed = parse([*tokens, str(script)], "submit")
     if parsed is None or parsed.params["args"] or parsed.params["script"] != str(script):
-        from gq.cli import main, submit
+        from gq.cli import app, submit
 
-        group = main._command("submit")
+        group = app.command("submit")
         # Under the app's own context, as on typer's path: a command remembers the help
         # option of the first context it is read in (-h, or only --help without it).
         parent = group.context_class(group, info_name="gq", **group.context_settings)

@@ -34,9 +34,8 @@ from gq.daemon.monitoring.monitor import Monitor
 from gq.daemon.options import DaemonOptions
 from gq.daemon.pidfiles import release_pidfile
 from gq.daemon.scheduling.scheduler import Capacity, Scheduler
-from gq.daemon.serving import handlers
 from gq.daemon.serving.access import Caller, Rules
-from gq.daemon.serving.handlers import query
+from gq.daemon.serving.handlers import dispatch, query
 from gq.daemon.serving.listings import Lister, Listing, ListingChild
 from gq.daemon.serving.server import Connection, ConnectionLimits, Server
 from gq.daemon.serving.waiting import Waiters, Waiting
@@ -138,7 +137,7 @@ class Daemon:
             self.db, self.scheduler, self.selector, self._reply, self._connected
         )
 
-    # ----- what handlers see (gq.daemon.serving.handlers.NodeView) ----------------------------
+    # ----- what handlers see (gq.daemon.serving.handlers.node_view) ----------------------------
     def rescan(self) -> None:
         """Run the scheduling pass soon: something a pending job waits for has changed."""
         self.woken = True
@@ -274,7 +273,7 @@ class Daemon:
     def _dispatch(
         self, caller: Caller, line: bytes
     ) -> tuple[bytes, list[int]] | Waiting | WhatIf | Listing:
-        return handlers.dispatch(self, caller, line)
+        return dispatch.dispatch(self, caller, line)
 
     def _identify(self, pid: int, uid: int, gid: int) -> Caller:
         return self.rules.identify(uid, gid)

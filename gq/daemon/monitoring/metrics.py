@@ -1,7 +1,7 @@
 """Prometheus metrics (``gq daemon start --metrics ADDR:PORT``), served at ``/metrics`` by
 prometheus_client's own thread.
 
-The daemon's loop hands over a :class:`gq.daemon.monitoring.monitor.Snapshot` once a second and
+The daemon's loop hands over a :class:`gq.daemon.monitoring.snapshot.Snapshot` once a second and
 observes job starts and ends; a scrape only reads the latest snapshot, so it never touches
 the queue or the loop.
 Device figures carry the names NVIDIA's DCGM exporter gives them, so existing GPU
@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gq.daemon.devices import Device
-from gq.daemon.monitoring.monitor import Snapshot
+from gq.daemon.monitoring.snapshot import Snapshot
 from gq.units import parse_address
 
 WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600)

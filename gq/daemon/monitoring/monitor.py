@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gq.daemon.devices import Device
 from gq.daemon.monitoring.guard import Guard, Limits
 from gq.daemon.monitoring.sampling import Sampler
+from gq.daemon.monitoring.snapshot import LaneState, Snapshot
 from gq.daemon.supervision.running import Running
 from gq.errors import MissingExtra, UserError
 from gq.messages import DeviceReading
@@ -22,23 +22,6 @@ log = logging.getLogger("gq.daemon")
 
 if TYPE_CHECKING:
     from gq.daemon.monitoring.metrics import Metrics
-
-
-@dataclass
-class LaneState:
-    device: str
-    lane: int
-    residents: int
-    held: bool  # a job holds it (runs an iteration) now
-
-
-@dataclass
-class Snapshot:
-    jobs: dict[tuple[str, str], int] = field(default_factory=dict)  # (state, user) -> count
-    readings: dict[str, DeviceReading] = field(default_factory=dict)
-    lanes: list[LaneState] = field(default_factory=list)
-    switches: dict[str, int] = field(default_factory=dict)  # per device, since its host began
-    guard: dict[str, str] = field(default_factory=dict)  # devices the guard holds, and why
 
 
 class Monitor:

@@ -20,7 +20,7 @@ from gq.queue.models import Job
 from gq.queue.states import JobState
 
 if TYPE_CHECKING:
-    from gq.daemon.serving.handlers import NodeView
+    from gq.daemon.serving.handlers.node_view import NodeView
 
 
 def _named(session: Transaction, caller: Caller, labels: list[str], verb: str) -> list[Job]:

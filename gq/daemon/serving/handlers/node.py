@@ -18,7 +18,7 @@ from gq.queue.states import JobState
 from gq.units import format_seconds
 
 if TYPE_CHECKING:
-    from gq.daemon.serving.handlers import NodeView
+    from gq.daemon.serving.handlers.node_view import NodeView
 
 
 def set_policy(daemon: NodeView, caller: Caller, request: messages.SetPolicy) -> messages.Done:

@@ -25,7 +25,7 @@ from gq.queue.states import JobState
 from gq.sim.work_estimates import Basis
 
 if TYPE_CHECKING:
-    from gq.daemon.serving.handlers import NodeView
+    from gq.daemon.serving.handlers.node_view import NodeView
 
 
 def list_jobs(

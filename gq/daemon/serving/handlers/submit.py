@@ -28,7 +28,7 @@ from gq.slurm.options import GPU_TYPE, parse_signal
 from gq.units import format_size
 
 if TYPE_CHECKING:
-    from gq.daemon.serving.handlers import NodeView
+    from gq.daemon.serving.handlers.node_view import NodeView
 
 
 def submit(
