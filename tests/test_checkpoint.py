@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from gq.exec.host.checkpoint import CheckpointError, DriverCheckpoints, open_checkpoints
+from gq.exec.host.checkpoint import (
+    CheckpointError,
+    DriverCheckpoints,
+    Process,
+    identify,
+    open_checkpoints,
+    start_of,
+)
 from gq.exec.host.memory_places import TRANSITIONS, Memory, Move, Place, step
 
 RUNNING, LOCKED, CHECKPOINTED = 0, 1, 2
@@ -66,12 +73,23 @@ class Driver:
         return self._move("unlock", pid, LOCKED, RUNNING)
 
 
+def processes(*pids: int) -> list[Process]:
+    return [Process(pid, STARTED) for pid in pids]
+
+
+STARTED = 4242  # when every stand-in process started, unless a test says otherwise
+
+
+def driver_checkpoints(driver, started=None) -> DriverCheckpoints:
+    return DriverCheckpoints(driver, started=lambda pid: (started or {}).get(pid, STARTED))
+
+
 def test_a_jobs_cuda_processes_are_locked_then_checkpointed_and_come_back_in_order():
     driver = Driver(cuda=[11, 13])
-    checkpoints = DriverCheckpoints(driver)
+    checkpoints = driver_checkpoints(driver)
     assert checkpoints.refusal() is None
-    moved = checkpoints.move_out([11, 12, 13])  # 12: a launcher without CUDA
-    assert moved == [11, 13]
+    moved = checkpoints.move_out(processes(11, 12, 13))  # 12: a launcher without CUDA
+    assert moved == processes(11, 13)
     assert driver.states == {11: CHECKPOINTED, 13: CHECKPOINTED}
     assert driver.timeouts == [30_000, 30_000]  # timeoutMs, the struct's first field
     checkpoints.move_in(moved)
@@ -81,22 +99,51 @@ def test_a_jobs_cuda_processes_are_locked_then_checkpointed_and_come_back_in_ord
 
 def test_a_refused_checkpoint_brings_back_what_had_moved_and_says_the_drivers_word():
     driver = Driver(cuda=[11, 13], refuses={13: NOT_SUPPORTED})  # CUDA IPC memory, say
-    checkpoints = DriverCheckpoints(driver)
+    checkpoints = driver_checkpoints(driver)
     with pytest.raises(CheckpointError) as refused:
-        checkpoints.move_out([11, 13])
+        checkpoints.move_out(processes(11, 13))
     assert str(refused.value) == "cuCheckpointProcessCheckpoint failed: CUDA_ERROR_NOT_SUPPORTED"
     assert driver.states == {11: RUNNING, 13: RUNNING}  # none left locked or checkpointed
 
 
 def test_a_restore_the_driver_refuses_is_an_error_with_its_name():
     driver = Driver(cuda=[11])
-    checkpoints = DriverCheckpoints(driver)
-    checkpoints.move_out([11])
+    checkpoints = driver_checkpoints(driver)
+    checkpoints.move_out(processes(11))
     driver.states[11] = RUNNING  # as if something else had unlocked it meanwhile
     with pytest.raises(
         CheckpointError, match="cuCheckpointProcessUnlock failed: CUDA_ERROR_ILLEGAL"
     ):
-        checkpoints.move_in([11])
+        checkpoints.move_in(processes(11))
+
+
+def test_a_pid_given_to_another_process_meanwhile_is_neither_locked_nor_restored():
+    """Between the host's queueing a move and the driver's thread making it, a job's
+    process ended and the kernel gave its pid to another (another user's, with CUDA): the
+    driver is not called on it, out or back."""
+    driver = Driver(cuda=[11, 13])
+    checkpoints = driver_checkpoints(driver, started={13: STARTED + 1})
+    assert checkpoints.move_out(processes(11, 13)) == processes(11)
+    assert driver.states == {11: CHECKPOINTED, 13: RUNNING}
+    assert ("lock", 13) not in driver.calls
+    moved_back = driver_checkpoints(driver, started={11: STARTED + 1})
+    moved_back.move_in(processes(11))  # it ended while locked, its pid another's now
+    assert [call for call in driver.calls if call[1] == 11] == [("lock", 11), ("checkpoint", 11)]
+
+
+def test_a_process_is_known_again_by_its_start_and_a_gone_one_not_at_all():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (known,) = identify([child.pid])
+        assert known.started == start_of(child.pid) and known.started > 0
+    finally:
+        child.kill()
+        child.wait()
+    assert start_of(child.pid) is None
+    assert identify([child.pid]) == []
 
 
 class OldDriver:
@@ -119,7 +166,7 @@ def test_drivers_that_cannot_move_memory_say_why_and_move_nothing():
     cpu = open_checkpoints("auto", cuda=False)
     assert cpu.refusal() == "the cpu device holds no device memory to move"
     with pytest.raises(CheckpointError):
-        cpu.move_out([1])
+        cpu.move_out(processes(1))
     assert "cpu device only" in open_checkpoints("fake", cuda=True).refusal()
     off = open_checkpoints("off", cuda=True)
     assert "--checkpoint off" in off.refusal()

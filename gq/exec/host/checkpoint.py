@@ -17,7 +17,8 @@ devices) comes back as its error's name, and the job keeps its memory on the dev
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 LOCK_TIMEOUT = 30.0  # seconds the driver may wait for a process's submitted work
@@ -32,6 +33,36 @@ class CheckpointError(Exception):
     words a user reads in ``gq show``."""
 
 
+@dataclass(frozen=True)
+class Process:
+    """A process whose memory the host means to move: its pid, and when it started (clock
+    ticks after boot). The driver takes a pid alone, and a move may wait in the driver's
+    queue behind another job's for seconds: the start is read again just before each call,
+    so a pid the kernel has given to another process meanwhile (another user's) is left
+    alone."""
+
+    pid: int
+    started: int
+
+
+def start_of(pid: int) -> int | None:
+    """When a process started, from ``/proc/PID/stat`` (None: there is no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            line = stat.read()
+    except OSError:
+        return None
+    # Its name (the second field) is in parentheses and may hold spaces and parentheses:
+    # the fields that follow its last ")" begin with the third, the start is the 22nd.
+    fields = line[line.rindex(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def identify(pids: Sequence[int]) -> list[Process]:
+    """``pids`` as processes that can be recognised again (those gone already left out)."""
+    return [Process(pid, started) for pid in pids if (started := start_of(pid)) is not None]
+
+
 class Checkpoints(Protocol):
     # Whether a move carries the memory into the process's own host memory, where the
     # node's free memory and the job's --host-mem must hold it (the fake's carries none).
@@ -41,14 +72,14 @@ class Checkpoints(Protocol):
         """Why no job's memory can move here (None: a job's may)."""
         ...
 
-    def move_out(self, pids: Sequence[int]) -> list[int]:
-        """Move the device memory of those of ``pids`` that hold any to host memory; the
-        ones moved. Where one fails, those moved already are brought back first."""
+    def move_out(self, processes: Sequence[Process]) -> list[Process]:
+        """Move the device memory of those of ``processes`` that hold any to host memory;
+        the ones moved. Where one fails, those moved already are brought back first."""
         ...
 
-    def move_in(self, pids: Sequence[int]) -> None:
-        """Bring the memory of ``pids`` (as :meth:`move_out` returned them) back, and let
-        the processes go on."""
+    def move_in(self, processes: Sequence[Process]) -> None:
+        """Bring the memory of ``processes`` (as :meth:`move_out` returned them) back, and
+        let them go on."""
         ...
 
 
@@ -63,10 +94,10 @@ class NoCheckpoints:
     def refusal(self) -> str | None:
         return self.why
 
-    def move_out(self, pids: Sequence[int]) -> list[int]:
+    def move_out(self, processes: Sequence[Process]) -> list[Process]:
         raise CheckpointError(self.why)
 
-    def move_in(self, pids: Sequence[int]) -> None:
+    def move_in(self, processes: Sequence[Process]) -> None:
         raise CheckpointError(self.why)
 
 
@@ -81,15 +112,15 @@ class FakeCheckpoints:
     def refusal(self) -> str | None:
         return None
 
-    def move_out(self, pids: Sequence[int]) -> list[int]:
-        for pid in pids[:1]:
-            if _names(pid, FAKE_FAILS):
+    def move_out(self, processes: Sequence[Process]) -> list[Process]:
+        for process in processes[:1]:
+            if _names(process.pid, FAKE_FAILS):
                 raise CheckpointError(
                     "cuCheckpointProcessLock failed: CUDA_ERROR_NOT_SUPPORTED (the fake's)"
                 )
-        return list(pids[:1])
+        return list(processes[:1])
 
-    def move_in(self, pids: Sequence[int]) -> None:
+    def move_in(self, processes: Sequence[Process]) -> None:
         return None
 
 
@@ -109,8 +140,9 @@ class DriverCheckpoints:
 
     carries = True
 
-    def __init__(self, library: Any = None):
+    def __init__(self, library: Any = None, started: Callable[[int], int | None] = start_of):
         self._why: str | None = None
+        self._started = started
         self.lib = library
         if self.lib is None:
             try:
@@ -128,34 +160,39 @@ class DriverCheckpoints:
     def refusal(self) -> str | None:
         return self._why
 
-    def move_out(self, pids: Sequence[int]) -> list[int]:
-        moved: list[int] = []
+    def move_out(self, processes: Sequence[Process]) -> list[Process]:
+        moved: list[Process] = []
         try:
-            for pid in pids:
-                if self._state(pid) != _RUNNING:
-                    continue  # no CUDA in it (a launcher, a data loader), or not its own
+            for process in processes:
+                if not self._same(process) or self._state(process.pid) != _RUNNING:
+                    continue  # gone, no CUDA in it (a launcher, a data loader), or not its own
                 lock = ctypes.create_string_buffer(_ARGS)  # timeoutMs is its first field
                 ctypes.c_uint.from_buffer(lock).value = int(LOCK_TIMEOUT * 1000)
-                self._call("cuCheckpointProcessLock", pid, lock)
-                moved.append(pid)
-                self._call("cuCheckpointProcessCheckpoint", pid, None)
+                self._call("cuCheckpointProcessLock", process.pid, lock)
+                moved.append(process)
+                self._call("cuCheckpointProcessCheckpoint", process.pid, None)
         except CheckpointError:
             self._undo(moved)
             raise
         return moved
 
-    def move_in(self, pids: Sequence[int]) -> None:
-        for pid in pids:
-            if self._state(pid) == _CHECKPOINTED:
-                self._call("cuCheckpointProcessRestore", pid, None)
-            self._call("cuCheckpointProcessUnlock", pid, None)
+    def move_in(self, processes: Sequence[Process]) -> None:
+        for process in processes:
+            if not self._same(process):
+                continue  # it ended while locked: its pid may be another's now
+            if self._state(process.pid) == _CHECKPOINTED:
+                self._call("cuCheckpointProcessRestore", process.pid, None)
+            self._call("cuCheckpointProcessUnlock", process.pid, None)
 
-    def _undo(self, pids: list[int]) -> None:
+    def _same(self, process: Process) -> bool:
+        return self._started(process.pid) == process.started
+
+    def _undo(self, processes: list[Process]) -> None:
         """Back to running, as far as the driver lets them: a process left locked or
         checkpointed would wait for ever."""
-        for pid in pids:
+        for process in processes:
             try:
-                self.move_in([pid])
+                self.move_in([process])
             except CheckpointError:
                 pass  # its own error was raised; the job's kill (if it comes) frees it
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import psutil
 
-from gq.exec.host.checkpoint import CheckpointError, Checkpoints
+from gq.exec.host.checkpoint import CheckpointError, Checkpoints, identify
 from gq.exec.host.memory_places import Memory, Move, Place, step
 from gq.exec.host.messages import StopWhy
 from gq.exec.lane.residents import Resident
@@ -119,9 +119,9 @@ class MemoryMoves:
             if resident.cgroup is not None:
                 pids += [pid for pid in resident.cgroup.pids() if pid != resident.process.pid]
             memory.moved = _figure(resident)
-            memory.pending = self._driver.submit(self.checkpoints.move_out, pids)
+            memory.pending = self._driver.submit(self.checkpoints.move_out, identify(pids))
         else:
-            memory.pending = self._driver.submit(self.checkpoints.move_in, memory.pids)
+            memory.pending = self._driver.submit(self.checkpoints.move_in, memory.processes)
         resident.dirty = True
         log.info("job %d: device memory %s", resident.job_id, memory.place.value)
 
@@ -138,7 +138,7 @@ class MemoryMoves:
         detail = str(error) if error is not None else None
         ending = resident.exit_status is not None or resident.kill_deadline is not None
         if memory.place is Place.HOST:
-            memory.pids = future.result()
+            memory.processes = future.result()
             if not ending:  # (a job being ended keeps its grace: its SIGTERM must be seen)
                 self.host.freeze(resident, True)
             log.info("job %d: memory in host memory after %.2f s", resident.job_id, memory.took)

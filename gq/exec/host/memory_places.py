@@ -8,6 +8,7 @@ import enum
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from gq.exec.host.checkpoint import Process
 from gq.exec.host.messages import DeviceMemory
 
 
@@ -50,7 +51,7 @@ class Memory:
     asked: bool = False  # suspended, as the daemon last asked (a move settles it after)
     wanted_at: float | None = None  # monotonic: suspended, to move out at its boundary
     held_why: str | None = None  # why it stays on the device while suspended
-    pids: list[int] = field(default_factory=list)  # the processes the driver moved
+    processes: list[Process] = field(default_factory=list)  # those the driver moved
     moved: int = 0  # bytes moved out (the job's figure)
     began: float = 0.0  # monotonic: the last move's start
     took: float | None = None  # seconds the last move took
