@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sqlite3
 
+import psutil
+
 from gq.home import Home
 from gq.queue import engine, lookups, scheduling_rows
 from gq.queue.engine import HEAD_REVISION, Database, migrate
@@ -134,6 +136,41 @@ def test_a_job_whose_memory_went_to_the_host_holds_no_resident_slot(home, tmp_pa
     gq_ok("resume", str(first))
     go.touch()
     assert wait_state(first, "COMPLETED", timeout=60)["steps_done"] == 100
+    control.stop()
+
+
+def test_a_checkpoint_is_counted_against_the_nodes_memory_that_no_job_reserved(home, tmp_path):
+    """A job without --host-mem puts its moved memory in what no other job reserved: while
+    it is there, a job that reserves the rest of the node waits for the node's room, and
+    starts once it is back; and where others' reservations leave too little, the
+    checkpoint is not made: the job keeps its memory, frozen, and says why."""
+    control = _fake_node(home)
+    all_but = f"{(psutil.virtual_memory().total - (300 << 20)) >> 20}M"  # 300M left
+    script, go = _gated(tmp_path, "moved", 400)
+    moved = submit("--gpu-mem", "600M", str(script))
+    wait_for(lambda: job(moved)["steps_done"] >= 3, 30, what="its steps")
+    gq_ok("suspend", str(moved))
+    wait_for(lambda: _memory(moved)["place"] == "host", 30, what="its memory moved")
+    big = submit("--host-mem", all_but, "--gpu-mem", "100M", "--wrap", "true")
+    reason = wait_for(lambda: job(big)["reason"], 30, what="the big job's reason")
+    assert job(big)["state"] == "PENDING" and "host memory" in reason, reason
+    gq_ok("resume", str(moved))
+    wait_for(lambda: _memory(moved)["place"] == "device", 30, what="its memory back")
+    wait_state(big, "COMPLETED", timeout=60)
+
+    reserver_script, reserver_go = _gated(tmp_path, "reserver", 100)
+    reserver = submit("--host-mem", all_but, "--gpu-mem", "100M", str(reserver_script))
+    wait_state(reserver, "RUNNING")  # (its turns come after the moved one's, under fifo)
+    gq_ok("suspend", str(moved))
+    memory = wait_for(lambda: (m := _memory(moved))["held_why"] and m, 30, what="a reason")
+    assert memory["place"] == "device"
+    assert "host memory that other jobs have not reserved" in memory["held_why"]
+    assert job(moved)["state"] == "SUSPENDED"
+    gq_ok("resume", str(moved))
+    go.touch()
+    reserver_go.touch()
+    assert wait_state(moved, "COMPLETED", timeout=60)["steps_done"] == 400
+    assert wait_state(reserver, "COMPLETED", timeout=60)["steps_done"] == 100
     control.stop()
 
 

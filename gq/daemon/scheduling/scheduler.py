@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import psutil
-
 from gq import defaults, policies
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device, context_memory
@@ -84,7 +82,6 @@ class Scheduler:
         self._dependencies: dict[str, dependencies.Dependency] = {}
         self.drained: dict[str, str] = {}  # device (or the node) -> the operator's reason
         self.move_margin = move_margin  # seconds sooner elsewhere that move an unstarted job
-        self.node_memory = psutil.virtual_memory().total
         self.node_cpus = os.cpu_count() or 1
         self._per_row: dict[Row, tuple[policies.JobView, admission.Request]] = {}
         self._pending = scheduling_rows.PendingRows(defaults.PENDING_REREAD_PERIOD)
@@ -316,9 +313,13 @@ class Scheduler:
 
     def _node_room(self, running: Sequence[Row]) -> admission.NodeRoom:
         """The node's RAM and CPUs less what the RUNNING jobs reserved (as the queue says:
-        a job whose host has not been heard from yet holds its share too)."""
+        a job whose host has not been heard from yet holds its share too), and less what
+        checkpoints of jobs without a reservation hold."""
+        checkpoints = sum(job.checkpoint_bytes for job in self.supervisor.running.values())
         return admission.NodeRoom(
-            memory=self.node_memory - sum(job.host_mem or 0 for job in running),
+            memory=self.supervisor.node_memory
+            - sum(job.host_mem or 0 for job in running)
+            - checkpoints,
             cpus=self.node_cpus - sum(job.cpus or 0 for job in running),
         )
 

@@ -92,6 +92,16 @@ class Running:
         memory is in host memory, and it is not waiting to come back."""
         return self.memory_moved_out and not self.wants_back
 
+    @property
+    def checkpoint_bytes(self) -> int:
+        """The node's host memory its moved-out device memory takes from what no job has
+        reserved: none for a job with --host-mem (its checkpoint is held under it, by its
+        cgroup), all of it for one without, until it is back on the device."""
+        memory = self.latest.memory if self.latest is not None else None
+        if memory is None or memory.place == "device" or self.host_mem:
+            return 0
+        return memory.moved
+
     def footprint_now(self) -> admission.Footprint:
         """What the job asked for (--gpu-mem), or what it was measured to use, if more."""
         if self.measured is None:

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import psutil
+
 from gq import defaults, messages
 from gq.codec import FrameTooLarge, MessageError, checked
 from gq.daemon.devices import Device
@@ -78,6 +80,7 @@ class Supervisor(ProgressReports, Probes, Endings):
         self.hosts: dict[str, HostHandle] = {}
         self.down_since: dict[str, float] = {}
         self.running: dict[int, Running] = {}
+        self.node_memory = psutil.virtual_memory().total  # the node's RAM, reserved or not
         self.progress: dict[int, wire.JobProgress] = {}
         self.switches: dict[str, int] = {}  # lane switches per device, as its host counts them
         self.packing: dict[str, wire.PackingReport] = {}  # --lanes auto: as each host said
@@ -283,7 +286,21 @@ class Supervisor(ProgressReports, Probes, Endings):
 
     def suspend(self, job: Running, suspended: bool) -> None:
         job.suspended = suspended
-        self.send(job.host, wire.Suspend(job.job_id, suspended))
+        # Where its memory may go to host memory: a job without --host-mem of its own puts
+        # it in what no other job reserved and no other checkpoint holds.
+        room = None if job.host_mem or not suspended else max(0, self.unreserved_memory(job))
+        self.send(job.host, wire.Suspend(job.job_id, suspended, room))
+
+    def unreserved_memory(self, beside: Running | None = None) -> int:
+        """The node's host memory that no running job but ``beside`` has reserved
+        (--host-mem) and no checkpoint of theirs holds (bytes; less than none where
+        reservations exceed the node)."""
+        others = [job for job in self.running.values() if job is not beside]
+        return (
+            self.node_memory
+            - sum(job.host_mem or 0 for job in others)
+            - sum(job.checkpoint_bytes for job in others)
+        )
 
     def signal(self, job: Running, signum: int) -> None:
         self.send(job.host, wire.SignalGroup(job.job_id, signum))

@@ -65,7 +65,7 @@ def identify(pids: Sequence[int]) -> list[Process]:
 
 class Checkpoints(Protocol):
     # Whether a move carries the memory into the process's own host memory, where the
-    # node's free memory and the job's --host-mem must hold it (the fake's carries none).
+    # node's free memory and the job's --host-mem must hold it (the fake's, in the books).
     carries: bool
 
     def refusal(self) -> str | None:
@@ -105,9 +105,10 @@ class FakeCheckpoints:
     """The cpu device's stand-in, for tests of everything around the driver: the job's
     main process is said moved (its declared device memory freed, in the books) unless its
     environment names :data:`FAKE_FAILS`, which it refuses as the driver refuses a process
-    with CUDA IPC memory."""
+    with CUDA IPC memory. Its moves carry the job's figure, in the books (nothing is
+    copied), so the checks of host memory are made as for the driver's."""
 
-    carries = False
+    carries = True
 
     def refusal(self) -> str | None:
         return None

@@ -329,7 +329,7 @@ class Host:
             or (message.suspended and resident.kill_deadline is not None)
         ):
             return  # gone, as asked already, or being ended: its SIGTERM must be seen
-        self.memory.ask(resident, message.suspended)
+        self.memory.ask(resident, message.suspended, message.host_room)
 
     def _on_signal(self, message: wire.SignalGroup) -> None:
         """Its main process group, as Jupyter signals a kernel's (not its cgroup: what a

@@ -62,10 +62,12 @@ class MemoryMoves:
         self.granter = granter
         self._driver = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
 
-    def ask(self, resident: Resident, suspended: bool) -> None:
-        """The daemon asks the job suspended (``gq suspend``, a preemption) or resumed; a
-        move under way is settled with what was asked last once it ends."""
+    def ask(self, resident: Resident, suspended: bool, host_room: int | None = None) -> None:
+        """The daemon asks the job suspended (``gq suspend``, a preemption) or resumed,
+        and says how much of the node's host memory its memory may take there; a move
+        under way is settled with what was asked last once it ends."""
         resident.memory.asked = suspended
+        resident.memory.host_room = host_room
         if resident.memory.pending is None:
             self._settle(resident)
 
@@ -180,11 +182,20 @@ class MemoryMoves:
                 f"its {format_size(needed)} of device memory would not fit in the node's "
                 f"free host memory ({format_size(max(0, free))})"
             )
-        room = resident.cgroup.memory_room() if resident.cgroup is not None else None
+        room = resident.memory.host_room
         if room is not None and needed > room:
             return (
+                f"its {format_size(needed)} of device memory would not fit in the node's "
+                f"host memory that other jobs have not reserved ({format_size(room)})"
+            )
+        # (Where its cgroup's limit is its device figure, on the cpu device, the move adds
+        # nothing under it: the figure is held there already.)
+        limited = resident.cgroup is not None and resident.cgroup_cap is None
+        left = resident.cgroup.memory_room() if limited and resident.cgroup else None
+        if left is not None and needed > left:
+            return (
                 f"its {format_size(needed)} of device memory would pass its --host-mem "
-                f"({format_size(room)} left under it)"
+                f"({format_size(left)} left under it)"
             )
         return None
 

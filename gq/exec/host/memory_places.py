@@ -51,6 +51,7 @@ class Memory:
     asked: bool = False  # suspended, as the daemon last asked (a move settles it after)
     wanted_at: float | None = None  # monotonic: suspended, to move out at its boundary
     held_why: str | None = None  # why it stays on the device while suspended
+    host_room: int | None = None  # bytes of the node's host memory it may take (the daemon's)
     processes: list[Process] = field(default_factory=list)  # those the driver moved
     moved: int = 0  # bytes moved out (the job's figure)
     began: float = 0.0  # monotonic: the last move's start

@@ -43,7 +43,7 @@ from gq.fields import (
 )
 
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/16"
+HOST_VERSION = f"{__version__}/17"
 ExitStatus = Annotated[int, Bounds(0, 255)]
 
 
@@ -207,6 +207,10 @@ class Suspend(Message, tag="suspend"):
 
     job: JobId
     suspended: bool
+    # Bytes of the node's host memory its device memory may take there, if it moves out
+    # (what no other job reserved, for a job without --host-mem); None: no bound but the
+    # node's free memory and the job's own --host-mem.
+    host_room: Count | None = None
 
 
 class SignalGroup(Message, tag="signal"):
