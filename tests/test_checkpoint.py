@@ -30,9 +30,15 @@ class Driver:
     RUNNING, Lock makes it LOCKED, Checkpoint CHECKPOINTED, Restore LOCKED, Unlock RUNNING;
     any other order is CUDA_ERROR_ILLEGAL_STATE, a process without CUDA an invalid value."""
 
-    def __init__(self, cuda: list[int], refuses: dict[int, int] | None = None):
+    def __init__(
+        self,
+        cuda: list[int],
+        refuses: dict[int, int] | None = None,
+        stuck: frozenset[int] = frozenset(),
+    ):
         self.states = dict.fromkeys(cuda, RUNNING)
         self.refuses = refuses or {}  # pid -> the error its Checkpoint returns
+        self.stuck = stuck  # pids whose Unlock fails
         self.calls: list[tuple[str, int]] = []
         self.timeouts: list[int] = []
 
@@ -70,6 +76,9 @@ class Driver:
         return self._move("restore", pid, CHECKPOINTED, LOCKED)
 
     def cuCheckpointProcessUnlock(self, pid, args):
+        if pid in self.stuck:
+            self.calls.append(("unlock", pid))
+            return ILLEGAL_STATE
         return self._move("unlock", pid, LOCKED, RUNNING)
 
 
@@ -104,6 +113,18 @@ def test_a_refused_checkpoint_brings_back_what_had_moved_and_says_the_drivers_wo
         checkpoints.move_out(processes(11, 13))
     assert str(refused.value) == "cuCheckpointProcessCheckpoint failed: CUDA_ERROR_NOT_SUPPORTED"
     assert driver.states == {11: RUNNING, 13: RUNNING}  # none left locked or checkpointed
+
+
+def test_a_refused_checkpoint_that_cannot_be_undone_says_its_process_is_stuck():
+    driver = Driver(cuda=[11, 13], refuses={13: NOT_SUPPORTED}, stuck=frozenset({11}))
+    with pytest.raises(CheckpointError) as refused:
+        driver_checkpoints(driver).move_out(processes(11, 13))
+    assert refused.value.stuck
+    assert str(refused.value) == (
+        "cuCheckpointProcessCheckpoint failed: CUDA_ERROR_NOT_SUPPORTED; "
+        "then cuCheckpointProcessUnlock failed: CUDA_ERROR_ILLEGAL_STATE"
+    )
+    assert driver.states == {11: LOCKED, 13: RUNNING}  # 13 undone; 11 left as it was
 
 
 def test_a_restore_the_driver_refuses_is_an_error_with_its_name():

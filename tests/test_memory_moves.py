@@ -124,6 +124,28 @@ def test_where_memory_cannot_move_the_job_is_frozen_holding_it_and_says_why(home
     control.stop()
 
 
+def test_a_job_the_driver_leaves_locked_ends_failed_saying_why(home, tmp_path):
+    """The move out failed and could not be undone (the fake leaves the process locked
+    where GQ_FAKE_CHECKPOINT_FAILS is 'stuck'): a locked process waits for ever, so the
+    job ends FAILED with the driver's words, and the device goes to the next job."""
+    control = _fake_node(home)
+    script, go = _gated(tmp_path, "stuck", 100)
+    os.environ["GQ_FAKE_CHECKPOINT_FAILS"] = "stuck"
+    try:
+        stuck = submit("--gpu-mem", "600M", str(script))
+    finally:
+        del os.environ["GQ_FAKE_CHECKPOINT_FAILS"]
+    wait_for(lambda: job(stuck)["steps_done"] >= 3, 30, what="its steps")
+    after = submit("--gpu-mem", "600M", "--wrap", "true")
+    gq_ok("suspend", str(stuck))
+    ended = wait_state(stuck, "FAILED", timeout=60)
+    reason = ended["events"][-1]["reason"]
+    assert reason.startswith("its device memory could not be brought back: "), reason
+    assert "cuCheckpointProcessUnlock failed" in reason
+    wait_state(after, "COMPLETED", timeout=60)
+    control.stop()
+
+
 def test_a_job_whose_memory_went_to_the_host_holds_no_resident_slot(home, tmp_path):
     control = _fake_node(home, "--max-resident", "1")
     script, go = _gated(tmp_path, "first", 100)

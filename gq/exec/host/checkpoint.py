@@ -26,11 +26,17 @@ _ARGS = 64  # bytes of every optional-arguments struct of the API (all zero: the
 _SUCCESS = 0
 _RUNNING, _LOCKED, _CHECKPOINTED = 0, 1, 2  # CUprocessState
 FAKE_FAILS = "GQ_FAKE_CHECKPOINT_FAILS"  # in a job's environment: the fake refuses it
+FAKE_STUCK = "stuck"  # its value where the fake's refusal also leaves the process locked
 
 
 class CheckpointError(Exception):
     """The driver refused a move, or the move cannot be made: the message says why, in
-    words a user reads in ``gq show``."""
+    words a user reads in ``gq show``. ``stuck``: a process was left locked or
+    checkpointed, so its job cannot go on."""
+
+    def __init__(self, message: str, stuck: bool = False):
+        super().__init__(message)
+        self.stuck = stuck
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,14 @@ class FakeCheckpoints:
 
     def move_out(self, processes: Sequence[Process]) -> list[Process]:
         for process in processes[:1]:
-            if _names(process.pid, FAKE_FAILS):
+            fails = _environment(process.pid, FAKE_FAILS)
+            if fails == FAKE_STUCK:
+                raise CheckpointError(
+                    "cuCheckpointProcessCheckpoint failed: CUDA_ERROR_NOT_SUPPORTED; then "
+                    "cuCheckpointProcessUnlock failed: CUDA_ERROR_ILLEGAL_STATE (the fake's)",
+                    stuck=True,
+                )
+            if fails is not None:
                 raise CheckpointError(
                     "cuCheckpointProcessLock failed: CUDA_ERROR_NOT_SUPPORTED (the fake's)"
                 )
@@ -125,14 +138,16 @@ class FakeCheckpoints:
         return None
 
 
-def _names(pid: int, variable: str) -> bool:
+def _environment(pid: int, variable: str) -> str | None:
+    """A variable's value in a process's environment (None: not there, or unreadable)."""
+    prefix = variable.encode() + b"="
     try:
         with open(f"/proc/{pid}/environ", "rb") as environ:
-            return any(
-                entry.startswith(variable.encode() + b"=") for entry in environ.read().split(b"\0")
-            )
+            entries = environ.read().split(b"\0")
     except OSError:
-        return False
+        return None
+    found = next((entry for entry in entries if entry.startswith(prefix)), None)
+    return None if found is None else found[len(prefix) :].decode(errors="replace")
 
 
 class DriverCheckpoints:
@@ -172,8 +187,10 @@ class DriverCheckpoints:
                 self._call("cuCheckpointProcessLock", process.pid, lock)
                 moved.append(process)
                 self._call("cuCheckpointProcessCheckpoint", process.pid, None)
-        except CheckpointError:
-            self._undo(moved)
+        except CheckpointError as refused:
+            left = self._undo(moved)
+            if left is not None:
+                raise CheckpointError(f"{refused}; then {left}", stuck=True) from None
             raise
         return moved
 
@@ -188,14 +205,16 @@ class DriverCheckpoints:
     def _same(self, process: Process) -> bool:
         return self._started(process.pid) == process.started
 
-    def _undo(self, processes: list[Process]) -> None:
-        """Back to running, as far as the driver lets them: a process left locked or
-        checkpointed would wait for ever."""
+    def _undo(self, processes: list[Process]) -> str | None:
+        """Back to running, as far as the driver lets them; why one was not (None: all
+        were). A process left locked or checkpointed would wait for ever."""
+        left = None
         for process in processes:
             try:
                 self.move_in([process])
-            except CheckpointError:
-                pass  # its own error was raised; the job's kill (if it comes) frees it
+            except CheckpointError as exc:
+                left = left or str(exc)
+        return left
 
     def _state(self, pid: int) -> int | None:
         state = ctypes.c_int(-1)

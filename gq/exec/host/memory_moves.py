@@ -148,12 +148,12 @@ class MemoryMoves:
             log.info("job %d: memory back on the device after %.2f s", resident.job_id, memory.took)
             if not memory.asked:
                 self.granter.suspend(resident, False)
-        elif memory.place is Place.DEVICE:  # the move out failed, undone: frozen, held
-            self._hold(resident, memory, detail or "the driver refused")
+        elif memory.place is Place.DEVICE and not getattr(error, "stuck", False):
+            self._hold(resident, memory, detail or "the driver refused")  # undone: frozen, held
             return
         elif ending or resident.kill_why is not None:
             return  # ended meanwhile, for its own reason: that one stands
-        else:  # its memory never came back: it cannot go on
+        else:  # its memory never came back, or the driver left it locked: it cannot go on
             resident.detail = f"its device memory could not be brought back: {detail}"
             self.host.kill(resident, StopWhy.RESTORE, grace=0.0)
             return
