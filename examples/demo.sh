@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tour, in about a minute: what gq buys on one device.
-#  1. A long, a medium and a short job, submitted in that order, under fifo and then under
-#     srtf: under srtf the short job no longer waits for the others (JCT, from gq history).
+#  1. A long, a medium and a short job, queued in that order and released together, under
+#     fifo and then under srtf: under srtf the short job no longer waits for the others
+#     (JCT, from gq history).
 #  2. Two single-threaded jobs on the cpu device, one at a time (--lanes 1), then under
 #     --lanes auto (the default), which runs them side by side where it measures that it
 #     pays: the pair's makespan each way.
@@ -22,13 +23,16 @@ table() { gq history --json --limit 0 | python3 "$examples/demo_table.py" "$@"; 
 
 # Iterations of 10 ms sleeps marked by gq.steps (kernel_train.py --no-torch: no torch to
 # import, so what the figures show is the scheduling); --steps tells srtf each job's
-# length, --gpu-mem its memory (a job that declares none is measured alone first).
+# length, --gpu-mem its memory (a job that declares none is measured alone first). Queued
+# held and released together, so that each policy orders the same three jobs, however long
+# a submission takes on a busy machine.
 three_jobs() {
     local job ids=()
     for job in long:250 medium:150 short:30; do
-        ids+=("$(gq submit --parsable -J "${job%:*}" --steps "${job#*:}" --gpu-mem 64M \
+        ids+=("$(gq submit --parsable --hold -J "${job%:*}" --steps "${job#*:}" --gpu-mem 64M \
             "$examples/kernel_train.py" --no-torch --iter-ms 10 --steps "${job#*:}")")
     done
+    gq release "${ids[@]}" >/dev/null
     echo "${ids[*]}"
 }
 
@@ -39,7 +43,7 @@ for policy in fifo srtf; do
     ids=$(three_jobs)
     declare "$policy=${ids// /,}"
     sleep 1
-    echo "-- gq status, a second after submitting them (it lists no job that has ended):"
+    echo "-- gq status, a second after releasing them (it lists no job that has ended):"
     gq status
     gq wait $ids >/dev/null
 done
