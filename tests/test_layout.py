@@ -123,3 +123,18 @@ def test_the_architecture_page_names_every_module_of_each_room():
             package = str(path.parent.relative_to(ROOT))
             actual.setdefault(package, set()).add(path.name)
     assert listed == actual
+
+
+def test_every_package_is_one_the_wheel_ships():
+    """A package left out of pyproject.toml's list installs nowhere but an editable
+    checkout: its imports fail on every machine gq is installed on from a wheel."""
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        listed = set(tomllib.load(handle)["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in PACKAGE.rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found - listed == set()

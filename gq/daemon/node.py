@@ -48,6 +48,7 @@ from gq.home import Home
 from gq.queue import settings as queue_settings
 from gq.queue import spool
 from gq.queue.engine import Database
+from gq.queue.states import JobState
 from gq.wakeup import received, signal_socket
 
 log = logging.getLogger("gq.daemon")
@@ -159,7 +160,11 @@ class Daemon:
         return self.supervisor.packing.get(device)
 
     def usage(self, job, processes_summed):
-        return self.supervisor.usage(job, processes_summed)
+        cgroups = self.supervisor.cgroups
+        if cgroups is None or job.state != JobState.RUNNING.value or not job.device:
+            return None
+        cgroup = cgroups.job(job.device.split(",")[0], job.id, job.run_count)
+        return cgroup.usage(processes_summed)
 
     def device_memory(self, job_id):
         job = self.supervisor.running.get(job_id)

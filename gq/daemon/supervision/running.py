@@ -6,6 +6,7 @@ runs, what it holds, what its host last said of it; and what a job asks for when
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gq import defaults
@@ -146,4 +147,16 @@ def running_run(job, devices: list[Device], lane: int, host: str) -> Running:
         user=job.user,
         worker=job.interpreter is not None,
         active_at=job.start_time or time.time(),
+    )
+
+
+def unreserved_memory(node_memory: int, jobs: Iterable[Running], beside: Running) -> int:
+    """The node's host memory that no running job but ``beside`` has reserved (--host-mem)
+    and no checkpoint of theirs holds (bytes; less than none where reservations exceed the
+    node): what ``beside``'s checkpoint may take."""
+    others = [job for job in jobs if job is not beside]
+    return (
+        node_memory
+        - sum(job.host_mem or 0 for job in others)
+        - sum(job.checkpoint_bytes for job in others)
     )

@@ -35,7 +35,7 @@ from gq.daemon.supervision.host_handles import HostHandle, HostSettings, HostUna
 from gq.daemon.supervision.launch_specs import launch_spec
 from gq.daemon.supervision.probes import Probes
 from gq.daemon.supervision.progress import ProgressReports
-from gq.daemon.supervision.running import Running, running_run
+from gq.daemon.supervision.running import Running, running_run, unreserved_memory
 from gq.exec.cgroups import job_cgroups as cgroups
 from gq.exec.host import messages as wire
 from gq.exec.host.messages import HOST_VERSION, StopWhy
@@ -288,19 +288,10 @@ class Supervisor(ProgressReports, Probes, Endings):
         job.suspended = suspended
         # Where its memory may go to host memory: a job without --host-mem of its own puts
         # it in what no other job reserved and no other checkpoint holds.
-        room = None if job.host_mem or not suspended else max(0, self.unreserved_memory(job))
+        room = None
+        if suspended and not job.host_mem:
+            room = max(0, unreserved_memory(self.node_memory, self.running.values(), job))
         self.send(job.host, wire.Suspend(job.job_id, suspended, room))
-
-    def unreserved_memory(self, beside: Running | None = None) -> int:
-        """The node's host memory that no running job but ``beside`` has reserved
-        (--host-mem) and no checkpoint of theirs holds (bytes; less than none where
-        reservations exceed the node)."""
-        others = [job for job in self.running.values() if job is not beside]
-        return (
-            self.node_memory
-            - sum(job.host_mem or 0 for job in others)
-            - sum(job.checkpoint_bytes for job in others)
-        )
 
     def signal(self, job: Running, signum: int) -> None:
         self.send(job.host, wire.SignalGroup(job.job_id, signum))
@@ -454,12 +445,3 @@ class Supervisor(ProgressReports, Probes, Endings):
         if self.cgroups is not None:
             for device in self.devices:
                 self.cgroups.remove_device(device.name)
-
-    def usage(self, job: Job, processes_summed: int) -> cgroups.Usage | None:
-        """A running job's host-side memory and processes, where it has a cgroup (what its
-        processes hold summed where no memory controller counts it, for
-        ``processes_summed`` of them at most)."""
-        if self.cgroups is None or job.state != JobState.RUNNING.value or not job.device:
-            return None
-        cgroup = self.cgroups.job(job.device.split(",")[0], job.id, job.run_count)
-        return cgroup.usage(processes_summed)
