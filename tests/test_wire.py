@@ -596,6 +596,23 @@ def _lines(sock: socket.socket, count: int) -> list[bytes]:
     return received.splitlines()
 
 
+def test_a_suspend_says_the_room_for_a_checkpoint_only_where_there_is_one():
+    """A host of the version before knows no host_room and refuses a field it does not know:
+    a Suspend without one is the same line as it was."""
+    left, right = socket.socketpair()
+    try:
+        channel = wire.Channel(right, wire.TO_DAEMON)
+        channel.send(host_messages.Suspend(1, True))
+        channel.send(host_messages.Suspend(2, True, 300 << 20))
+        assert _lines(left, 2) == [
+            b'{"kind":"suspend","job":1,"suspended":true}',
+            b'{"kind":"suspend","job":2,"suspended":true,"host_room":314572800}',
+        ]
+    finally:
+        left.close()
+        right.close()
+
+
 @pytest.mark.parametrize("as_before", [True, False], ids=["a host from before", "a host of now"])
 def test_a_host_is_answered_in_the_framing_its_state_came_in(as_before):
     """A host from before this framing speaks {"op": ...} only (it dropped the daemon at its

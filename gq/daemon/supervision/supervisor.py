@@ -289,7 +289,8 @@ class Supervisor(ProgressReports, Probes, Endings):
         # Where its memory may go to host memory: a job without --host-mem of its own puts
         # it in what no other job reserved and no other checkpoint holds.
         room = None
-        if suspended and not job.host_mem:
+        host = self.hosts.get(job.host)
+        if suspended and not job.host_mem and host is not None and host.current:
             room = max(0, unreserved_memory(self.node_memory, self.running.values(), job))
         self.send(job.host, wire.Suspend(job.job_id, suspended, room))
 

@@ -201,7 +201,7 @@ class Cap(Message, tag="cap"):
     mem_cap: HostMemory
 
 
-class Suspend(Message, tag="suspend"):
+class Suspend(Message, tag="suspend", omit_defaults=True):
     """Stop a job's processes in place (``suspended``), or let them go on: it keeps its
     memory, holds no lane meanwhile, and its time limit does not run."""
 
@@ -209,7 +209,8 @@ class Suspend(Message, tag="suspend"):
     suspended: bool
     # Bytes of the node's host memory its device memory may take there, if it moves out
     # (what no other job reserved, for a job without --host-mem); None: no bound but the
-    # node's free memory and the job's own --host-mem.
+    # node's free memory and the job's own --host-mem. Left out where None, and never sent
+    # to a host of another version (it would refuse a field it does not know).
     host_room: Count | None = None
 
 
