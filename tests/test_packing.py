@@ -193,3 +193,37 @@ def test_a_job_never_timed_is_judged_by_what_it_costs_the_others():
         now += 0.5
         packer.tick(now, samples())
     assert packer.mode is Mode.TURNS and packer.last is packing.Verdict.FAILED
+
+
+def test_a_lane_share_is_the_pace_got_within_an_even_split_and_all():
+    share = packing.lane_share
+    assert share(0.8, 2) == pytest.approx(0.8)  # honest: the share of the device it got
+    assert share(0.55, 4) == pytest.approx(0.55)
+    assert share(1.3, 2) == 1.0  # never more than its lane time
+    assert share(0.01, 2) == 0.5  # a page that under-counts: an even split at least
+    assert share(0.0, 4) == 0.25
+    assert share(None, 2) == 1.0  # not measured yet: all of it
+
+
+def test_a_pace_side_by_side_is_work_over_lane_time_and_forgotten_taking_turns():
+    """Each job's pace on its own lane: the work its iterations did over the lane time it
+    was billed there (job 2, with gaps its lease is billed, did 0.6 of it)."""
+    packer = Packer(lanes=2)
+    work, billed, iterations, now = {1: 0.0, 2: 0.0}, {1: 0.0, 2: 0.0}, {1: 0, 2: 0}, 0.0
+
+    def samples() -> list[Sample]:
+        return [Sample(j, work[j], iterations[j], billed=billed[j]) for j in (1, 2)]
+
+    packer.tick(now, samples())
+    while packer.mode is not Mode.PACKED and now < 30:
+        packed = packer.mode is not Mode.TURNS
+        for job, pace in ((1, 0.95), (2, 0.6)):
+            billed[job] += 0.5 if packed else 0.25
+            work[job] += 0.5 * pace if packed else 0.25
+            iterations[job] += 10
+        now += 0.5
+        packer.tick(now, samples())
+    assert packer.mode is Mode.PACKED
+    assert packer.paces == {1: pytest.approx(0.95), 2: pytest.approx(0.6)}
+    packer.tick(now + 0.5, [*samples(), Sample(3, 0.0, 0)])  # a job comes: taking turns
+    assert packer.mode is Mode.TURNS and packer.paces == {}

@@ -21,6 +21,11 @@ turns when a job's rate drifts or every :data:`REMEASURE` seconds.
 A job's own figures are never taken for its work: iterations beyond what its lease's time
 holds at the pace the host timed are not believed, so a job that lies can claim at most
 the work it did alone, and can only get itself packed worse.
+
+Side by side, a job's lane time is charged to its owner's fair share at the share of the
+device it got (:func:`lane_share`): its work a lane second there, as measured over the last
+window, against taking turns. The boundaries that work is counted from are the job's own
+(its lease's page), so that share is never taken below an even split of the lanes.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ BACKOFF_MAX = 600.0
 REMEASURE = 300.0  # seconds a packing goes before it is measured against turns again
 MOST_SHOWN = 1e6  # a gain reported past this is reported as this (the wire's bound)
 SOME_WORK = 0.01  # work a second taking turns below which no gain is reckoned
+SOME_LANE_TIME = 0.1  # lane seconds in a window below which a job's pace is not reckoned
 
 
 def most_lanes(cuda: bool) -> int:
@@ -50,6 +56,17 @@ def most_lanes(cuda: bool) -> int:
     if cuda:
         return 2
     return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def lane_share(pace: float | None, running: int) -> float:
+    """The share of the device a job side by side is charged its lane time at: ``pace``,
+    its work a lane second there (1.0: as fast as taking turns, or alone), at most 1, and
+    never under 1/``running`` (the jobs running at once on the device's lanes): the pace
+    stands on the iterations its page counts, so a job that under-counts them is charged
+    no less than an even split. Unknown (None): the whole lane time."""
+    if pace is None:
+        return 1.0
+    return min(1.0, max(1.0 / max(1, running), pace))
 
 
 class Mode(enum.Enum):
@@ -86,7 +103,7 @@ class Sample:
     job began (lane seconds at its timed pace; a job it has timed no pace of yet, fifo's
     second job say, the lane time it held: as if it ran at its alone speed, which only the
     other jobs' :data:`KEEP` then holds to account), and the device memory it may hold,
-    resident and at its peak (None: unknown)."""
+    resident and at its peak (None: unknown), and the lane time it was billed."""
 
     job: int
     work: float
@@ -95,6 +112,7 @@ class Sample:
     peak: int | None = None
     user: str = ""
     timed: bool = True  # its work is at a pace the host timed (else its lane time)
+    billed: float = 0.0
 
 
 @dataclass
@@ -102,6 +120,7 @@ class _Window:
     started: float
     work: dict[int, float]
     iterations: dict[int, int]
+    billed: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,6 +141,9 @@ class Packer:
     gain: float | None = None  # the last packed work over the turns'
     # ... and the job that kept the least of its own work, with that share
     slowest: tuple[float, int] | None = None
+    # Each job's work a lane second on lanes of their own, over the last window measured so
+    # (none taking turns): what its lane time is charged at (lane_share).
+    paces: dict[int, float] = field(default_factory=dict)
     retry_at: float = 0.0
     backoff: float = BACKOFF_FIRST
     packed_since: float = 0.0
@@ -167,6 +189,8 @@ class Packer:
         if window is None or not self._complete(window, now, samples):
             return False
         rates = _rates(window, now, samples)
+        if self.mode is not Mode.TURNS:
+            self.paces = _paces(window, samples)
         self._judge(rates, now, samples)
         return self.plan() != before
 
@@ -220,6 +244,8 @@ class Packer:
     def _enter(self, verdict: Verdict, now: float, samples: Sequence[Sample]) -> None:
         self.mode, self.last = TRANSITIONS[self.mode, verdict], verdict
         self._window = _start(now, samples)
+        if self.mode is Mode.TURNS:
+            self.paces = {}  # (a trial measures them afresh)
 
     def _may_pack(self, now: float, samples: Sequence[Sample]) -> bool:
         """Two jobs or more, room for them side by side, and no back-off from a packing
@@ -261,7 +287,10 @@ class Packer:
 
 def _start(now: float, samples: Sequence[Sample]) -> _Window:
     return _Window(
-        now, {s.job: s.work or 0.0 for s in samples}, {s.job: s.iterations for s in samples}
+        now,
+        {s.job: s.work or 0.0 for s in samples},
+        {s.job: s.iterations for s in samples},
+        {s.job: s.billed for s in samples},
     )
 
 
@@ -269,3 +298,13 @@ def _rates(window: _Window, now: float, samples: Sequence[Sample]) -> dict[int, 
     """Each job's work a second over the window."""
     elapsed = max(1e-9, now - window.started)
     return {s.job: max(0.0, s.work - window.work.get(s.job, s.work)) / elapsed for s in samples}
+
+
+def _paces(window: _Window, samples: Sequence[Sample]) -> dict[int, float]:
+    """Each job's work a lane second over the window, where it was billed enough to tell."""
+    paces = {}
+    for s in samples:
+        billed = s.billed - window.billed.get(s.job, s.billed)
+        if billed >= SOME_LANE_TIME:
+            paces[s.job] = max(0.0, s.work - window.work.get(s.job, s.work)) / billed
+    return paces
