@@ -43,7 +43,7 @@ from gq.fields import (
 )
 
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/17"
+HOST_VERSION = f"{__version__}/18"
 ExitStatus = Annotated[int, Bounds(0, 255)]
 
 
@@ -159,6 +159,17 @@ class JobProgress(Record):
     # iterations the host granted it. What forecasts go on (its own count is its word).
     steps_counted: Count = 0
     memory: DeviceMemory | None = None  # None: never moved, nor held while suspended
+    # Of ``attained``, what its owner's fair share is charged: side by side, its lane time
+    # at the share of the device it got (gq.exec.lane.packing.lane_share); None: all of it.
+    # Apart, because srtf, rr and the forecasts go on its whole lane time.
+    charged: Seconds | None = None
+
+
+def charged(progress: JobProgress) -> float:
+    """The lane time a run's owner is charged for it (never more than it attained)."""
+    if progress.charged is None:
+        return progress.attained
+    return min(progress.attained, progress.charged)
 
 
 class ResidentState(JobProgress):

@@ -63,6 +63,9 @@ class LanePacking:
         vouched, billed = resident.vouched_iterations(), resident.billed
         pace = resident.timed_pace
         work, seen, held = self._work.get(resident.job_id, (0.0, vouched, billed))
+        # The lane time since the last look, charged at the share of the device it got
+        # side by side over it (its pace as last measured there; taking turns, all of it).
+        resident.unbilled += max(0.0, billed - held) * (1.0 - self._share(resident))
         # The count the host vouches for shrinks when the pace it timed grows: only what
         # passes the most it ever vouched for is new work (a job that made its pace go
         # up and down would otherwise be counted the same iterations again).
@@ -82,7 +85,19 @@ class LanePacking:
             figure,
             resident.user,
             timed=pace is not None,
+            billed=billed,
         )
+
+    def _share(self, resident: Resident) -> float:
+        """The share of the device ``resident`` is charged its lane time at now: on the lane
+        the plan puts it on side by side, its pace measured there against the jobs running
+        at once (gq.exec.lane.packing.lane_share); taking turns, or moving, 1."""
+        plan = self.packer.plan()
+        mode, lane = self.packer.mode, plan.get(resident.job_id)
+        if mode is Mode.TURNS or resident.moving or lane != resident.lane:
+            return 1.0
+        running = len(set(plan.values()))
+        return packing.lane_share(self.packer.paces.get(resident.job_id), running)
 
     def _move(self, residents: list[Resident]) -> None:
         plan = self.packer.plan()

@@ -72,6 +72,9 @@ class Resident:
     worker_total: int | None = None  # what the job itself declared (gq.set_total_steps)
     past_total: bool = False  # it reported more steps than its total: the total is wrong
     attained: float = 0.0  # lane time billed: grant to release, a lease's whole wall time
+    # ... and of it, what its owner's fair share is not charged: side by side, the share of
+    # the device it did not get (gq.exec.lane.packing_moves); srtf and rr rank by it all.
+    unbilled: float = 0.0
     iterations: int = 0  # all of them (under a lease: as its page counts them)
     # Of those, the ones its page counted under leases, and the lane time its leases were
     # billed: the host vouches for as many page-counted iterations as that time holds at
@@ -319,6 +322,7 @@ class Resident:
             steps_counted=self.steps_counted,
             steps_total=self.steps_total,
             attained=self.billed,
+            charged=max(0.0, self.billed - self.unbilled),
             mean_iteration=self.mean_iteration,
             mean_gap=self.mean_gap,
             mem_persistent=self.mem_persistent,
@@ -432,6 +436,7 @@ def within_bounds(report):
     bare = msgspec.structs.replace(
         report,
         attained=0.0,
+        charged=None,
         mean_iteration=None,
         mean_gap=None,
         mem_persistent=None,
