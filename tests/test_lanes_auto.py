@@ -4,12 +4,14 @@ Through the real daemon, host and CLI (on the cpu device, a lane a core)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
 import pytest
 
-from conftest import ROOT, gq_ok, submit, wait_for, wait_state
+import conftest
+from conftest import KERNEL_LOOP, ROOT, gq_ok, submit, wait_for, wait_state
 
 LOOP = str(ROOT / "bench" / "jobs" / "cores_loop.py")
 
@@ -66,3 +68,35 @@ def test_jobs_that_gain_nothing_side_by_side_are_tried_and_take_turns(home, tmp_
     assert "taking turns on one lane" in line and f"jobs {first},{second}" in line, line
     assert "tried again in" in line, line
     gq_ok("cancel", str(first), str(second))
+
+
+def test_jobs_side_by_side_are_charged_the_share_of_the_device_they_got(home, tmp_path):
+    """Each job's iterations are 10 ms sleeps with 5 ms gaps: on a lane of its own its lease
+    is billed all its wall time, but it does two thirds of that in work. Its owner's fair
+    share is charged about its work: less than its lane time, never under half of it (two
+    jobs running at once)."""
+    gq_ok("policy", "set", "fair")
+    stop = tmp_path / "stop"
+    loop = (*KERNEL_LOOP, "--steps", "100000", "--iter-ms", "10", "--gap-ms", "5")
+    jobs = [submit(*loop, "--stop-file", str(stop)) for _ in range(2)]
+    for job_id in jobs:
+        wait_state(job_id, "RUNNING")
+    wait_for(lambda: "side by side paid" in sharing(), 60, what="the jobs packed")
+
+    def lane_time() -> float:
+        return sum(conftest.job(job_id)["attained"] for job_id in jobs)
+
+    def charged() -> float:  # (one user's: the sum of both jobs')
+        return sum(json.loads(gq_ok("info", "--json"))["fair_share"]["usage"].values())
+
+    # (lane time read first: the charge read after it has grown since, if anything)
+    wait_for(lambda: (t := lane_time()) > 0 and charged() < 0.9 * t, 60, what="a charge behind")
+    stop.touch()
+    ended = [wait_state(job_id, "COMPLETED") for job_id in jobs]
+    billed, used = sum(j["attained"] for j in ended), charged()
+    work = sum(j["steps_done"] * j["mean_iteration"] for j in ended)
+    print(f"lane time {billed:.2f}s, charged {used:.2f}s, work {work:.2f}s")
+    assert 0.5 * billed <= used < 0.95 * billed, (billed, used)
+    # About their work: what their lane time held beyond it (gaps side by side) went mostly
+    # uncharged (the trial's is charged whole: its pace is known only once it is over).
+    assert 0.9 * work <= used <= work + 0.6 * (billed - work), (billed, used, work)

@@ -249,7 +249,7 @@ class Endings:
             for job, ending, end, last in ends:
                 progress = last or self.progress.get(job.job_id)
                 if progress is not None:  # (in this transaction: saved below)
-                    self.ledger.charge(job.user, job.charged, progress.attained, now)
+                    self.ledger.charge(job.user, job.charged, wire.charged(progress), now)
                 reason = ending.reason
                 if ending.ran_out is not None:
                     verdict = verdicts[job.job_id] = self._ran_out(

@@ -87,7 +87,7 @@ class ProgressReports:
     def _record(self, session, job_id: int, progress: wire.JobProgress, now: float) -> None:
         job_updates.record_progress(session, job_id, progress)
         job = self.running[job_id]
-        self.ledger.charge(job.user, job.charged, progress.attained, now)
+        self.ledger.charge(job.user, job.charged, wire.charged(progress), now)
 
     def share_out(self, now: float) -> None:
         """Tell each host its residents' owners' usage beside them, where it has changed

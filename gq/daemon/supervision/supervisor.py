@@ -183,7 +183,7 @@ class Supervisor(ProgressReports, Probes, Endings):
                 )
                 self.send(name, wire.Kill(item.job, StopWhy.STRAY))
                 continue
-            job = self.running[row.id] = self._running_from(row, name)
+            job = self.running[row.id] = self._running_from(row, name, item)
             job.kill_why = item.kill_why
             if row.mem is not None and row.mem_basis == messages.MemoryBasis.MEASURED:
                 # Its probe ended while no daemon ran, or its cap was never sent: again.
@@ -201,16 +201,20 @@ class Supervisor(ProgressReports, Probes, Endings):
         for report in state.exited:
             row = this_run(report)
             if row is not None:
-                self.running[row.id] = self._running_from(row, name)
+                self.running[row.id] = self._running_from(row, name, report)
             self._isolated(name, self._on_exit, report)
 
-    def _running_from(self, row: Job, host: str) -> Running:
+    def _running_from(self, row: Job, host: str, report: wire.JobProgress) -> Running:
         """A run the queue says is running on ``host``, adopted: what it attained by its
-        last recorded progress was charged to its owner already."""
+        last recorded progress was charged to its owner already, less what its host has
+        not charged of its lane time since it began (side by side: ``report``'s figures).
+        The queue keeps only the former, so what went uncharged while no daemon ran is
+        charged after all: more, never less, than the host measured."""
         names = (row.device or host).split(",")
         devices = [d for d in self.devices if d.name in names]
         job = running_run(row, devices, row.lane or 0, host)
-        job.charged.attained = row.attained or 0.0
+        uncharged = max(0.0, report.attained - wire.charged(report))
+        job.charged.attained = max(0.0, (row.attained or 0.0) - uncharged)
         job.charged.share = Account(job.charged.attained, time.time())  # (counted, decaying)
         job.active_at, job.active_attained = time.time(), job.charged.attained  # (as yet unknown)
         return job
