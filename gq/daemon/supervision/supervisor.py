@@ -205,11 +205,9 @@ class Supervisor(ProgressReports, Probes, Endings):
             self._isolated(name, self._on_exit, report)
 
     def _running_from(self, row: Job, host: str, report: wire.JobProgress) -> Running:
-        """A run the queue says is running on ``host``, adopted: what it attained by its
-        last recorded progress was charged to its owner already, less what its host has
-        not charged of its lane time since it began (side by side: ``report``'s figures).
-        The queue keeps only the former, so what went uncharged while no daemon ran is
-        charged after all: more, never less, than the host measured."""
+        """A run the queue says is running on ``host``, adopted: charged already for what
+        it attained by its last recorded progress, less what its host left uncharged (side
+        by side); what went so while no daemon ran is charged after all (never less)."""
         names = (row.device or host).split(",")
         devices = [d for d in self.devices if d.name in names]
         job = running_run(row, devices, row.lane or 0, host)

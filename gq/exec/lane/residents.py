@@ -72,9 +72,7 @@ class Resident:
     worker_total: int | None = None  # what the job itself declared (gq.set_total_steps)
     past_total: bool = False  # it reported more steps than its total: the total is wrong
     attained: float = 0.0  # lane time billed: grant to release, a lease's whole wall time
-    # ... and of it, what its owner's fair share is not charged: side by side, the share of
-    # the device it did not get (gq.exec.lane.packing_moves); srtf and rr rank by it all.
-    unbilled: float = 0.0
+    unbilled: float = 0.0  # of it, what fair share is not charged (packed: the share not got)
     iterations: int = 0  # all of them (under a lease: as its page counts them)
     # Of those, the ones its page counted under leases, and the lane time its leases were
     # billed: the host vouches for as many page-counted iterations as that time holds at
@@ -306,9 +304,7 @@ class Resident:
 
     def _deadline_now(self) -> float | None:
         """The deadline on the monotonic clock policies are given."""
-        if self.deadline is None:
-            return None
-        return self.deadline - time.time() + time.monotonic()
+        return None if self.deadline is None else self.deadline - time.time() + time.monotonic()
 
     def progress(self) -> wire.JobProgress:
         return within_bounds(wire.JobProgress(**self._figures()))
