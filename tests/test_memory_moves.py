@@ -332,3 +332,20 @@ def test_a_high_job_waiting_for_the_nodes_cpus_preempts_no_one(home, tmp_path):
     assert wait_state(low, "COMPLETED", timeout=60)["steps_done"] == 300
     assert "PREEMPTED" not in [e["new_state"] for e in job(low)["events"]]
     wait_state(high, "COMPLETED", timeout=60)
+
+
+def test_a_job_preempted_again_after_it_came_back_frees_the_device_again(home, tmp_path):
+    """Its return left it counted as waiting to come back: preempted a second time, its
+    memory went out but the device stayed booked for it, and the second high job waited."""
+    _fake_node(home)
+    gq_ok("policy", "set", "priority")
+    script, _ = _gated(tmp_path, "low", 10_000)
+    low = submit("--priority", "1", "--gpu-mem", "600M", str(script))
+    wait_for(lambda: job(low)["steps_done"] >= 3, 30, what="the low job's steps")
+    for _ in range(2):
+        high = submit("--priority", "10", "--gpu-mem", "600M", "--wrap", "true")
+        wait_state(high, "COMPLETED", timeout=30)
+        wait_for(lambda: _memory(low)["place"] == "device", 30, what="the low job back")
+    assert [e["new_state"] for e in job(low)["events"]].count("PREEMPTED") == 2
+    gq_ok("cancel", str(low))
+    wait_state(low, "CANCELLED")

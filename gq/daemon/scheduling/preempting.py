@@ -158,6 +158,9 @@ class Preempter:
             log.info("job %d: %s", job.job_id, reason)
             if preempted:
                 self.out.append(job.job_id)
+                # Not waiting to come back any more (it may have come back before): what it
+                # holds of the device is free once its memory is out.
+                job.wants_back = False
                 self.supervisor.suspend(job, True)
             else:
                 self.out.remove(job.job_id)
