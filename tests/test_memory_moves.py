@@ -211,11 +211,13 @@ def test_a_high_job_that_does_not_fit_preempts_the_low_one_which_comes_back(home
     assert (shown["state"], shown["preempted"]) == ("SUSPENDED", True)
     assert shown["device_memory"]["place"] == "host"
     assert "Preempted: yes" in gq_ok("show", str(low))
+    assert shown["reason"] == f"Preempted: its memory to host memory for job {high} (priority 10)"
     history = [e for e in shown["events"] if e["new_state"] == "PREEMPTED"]
     assert len(history) == 1 and f"for job {high} (priority 10)" in history[0]["reason"]
 
     wait_state(high, "COMPLETED", timeout=60)
     wait_for(lambda: not job(low)["preempted"], 30, what="the low job brought back")
+    assert job(low)["reason"] is None
     go.touch()
     assert wait_state(low, "COMPLETED", timeout=60)["steps_done"] == 150
     control.stop()

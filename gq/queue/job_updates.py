@@ -195,15 +195,16 @@ def set_suspended(session: Transaction, job_ids: list[int], suspended: bool) -> 
 
 
 def set_preempted(session: Transaction, job_id: int, preempted: bool, reason: str) -> bool:
-    """A RUNNING job preempted by the daemon (its memory to host memory for a higher job),
-    or brought back: the flag, and the change in its state history (Slurm's PREEMPTED).
-    Whether it changed (a job that has ended meanwhile does not)."""
+    """A RUNNING job preempted by the daemon (its memory to host memory for a higher job, or
+    rotated out after its turn), or brought back: the flag, the change in its state history
+    (Slurm's PREEMPTED), and ``reason`` as its squeue reason while it is out. Whether it
+    changed (a job that has ended meanwhile does not)."""
     changed = session.execute(
         update(Job)
         .where(
             Job.id == job_id, Job.state == JobState.RUNNING.value, Job.preempted.is_(not preempted)
         )
-        .values(preempted=preempted)
+        .values(preempted=preempted, reason=reason if preempted else None)
         .returning(Job.id)
         .execution_options(synchronize_session=False)
     ).first()
