@@ -42,6 +42,12 @@ IDLE_RESIDENT = 600.0
 # iteration now and then keeps no slot); one that has used less in all its run loses
 # next to nothing when requeued, and may give its slot back without --requeue.
 ACTIVE_SHARE = 0.01
+# --rotate PERIOD (off unless given): under fair and rr, a resident whose turn has lasted it
+# goes to host memory for a job that waits for room (gq.daemon.scheduling.rotation). The
+# longest: a week. A move out and back takes seconds per GPU: a rotation's move that takes
+# more than this share of the period is logged as a warning.
+MAX_ROTATE = 7 * 86400.0
+ROTATION_COST_SHARE = 0.1
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
 STOP_GRACE = 5.0  # beyond the kill wait, how long a stopping daemon waits for its jobs
 PRIORITY_CAP = 0  # in system mode, the highest --priority a non-operator may ask for

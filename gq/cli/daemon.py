@@ -9,7 +9,7 @@ import typer
 
 from gq import client, defaults, home, validation
 from gq.cli import daemon_lifecycle
-from gq.daemon.options import parse_lanes
+from gq.daemon.options import parse_lanes, parse_rotate
 from gq.errors import MissingExtra, UserError
 from gq.exec.cgroups.job_cgroups import KINDS
 from gq.units import (
@@ -174,6 +174,12 @@ def start(
         metavar="PERIOD",
         help="A resident that runs no iteration this long gives its slot to a job that waits for one, where its user holds more than their part of the device's slots: it is requeued (10min, 30s; never).",
     ),
+    rotate: Optional[str] = typer.Option(
+        None,
+        "--rotate",
+        metavar="PERIOD",
+        help="Under fair and rr, when more jobs want to be resident than fit: a resident whose turn has lasted PERIOD has its memory moved to host memory (as gq suspend does) for a job that waits, and comes back in its turn (10min, 30s; off unless given; idle under other policies).",
+    ),
     fair_half_life: str = typer.Option(
         format_period(defaults.FAIR_HALF_LIFE),
         "--fair-half-life",
@@ -261,6 +267,10 @@ def start(
         )
     if cgroup not in KINDS:
         raise UserError(f"--cgroup {cgroup}: choose one of {', '.join(KINDS)}")
+    try:
+        rotate_s = None if rotate is None else parse_rotate(rotate)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     retention_s = parse_period(retention)
     half_life_s = parse_period(fair_half_life)
     idle_resident_s = parse_period(idle_resident)
@@ -342,6 +352,8 @@ def start(
         "--attach-wait",
         str(attach_wait_s),
     ]
+    if rotate_s is not None:
+        options += ["--rotate", format_period(rotate_s)]
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:

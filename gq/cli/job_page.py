@@ -58,12 +58,7 @@ def print_job(job: messages.JobInfo) -> None:
         ("Requeue", "yes" if job.requeue else "no"),
         ("Dependency", job.dependency or "-"),
         ("Held", "yes" if job.held else "no"),
-        (
-            "Preempted",
-            "yes: suspended for a higher-priority job; it comes back once that leaves room"
-            if job.preempted
-            else "no",
-        ),
+        ("Preempted", _preempted(job)),
         ("Device", f"{job.device or '-'}" + (f" lane {job.lane}" if job.lane is not None else "")),
         ("SubmitTime", render.short_time(job.submit_time)),
         ("StartTime", render.short_time(job.start_time)),
@@ -181,6 +176,16 @@ def _lane_taken(job: messages.JobInfo) -> str:
         f"{job.lane_taken} time(s): its iterations held the device past the policy's "
         "--max-hold while another job waited, so they ran sliced"
     )
+
+
+def _preempted(job: messages.JobInfo) -> str:
+    """Whether the daemon moved the job out, and for what: a higher job, or its turn over
+    (--rotate; its reason says so)."""
+    if not job.preempted:
+        return "no"
+    if (job.reason or "").startswith("Rotated out"):
+        return "yes: rotated out after its turn; it comes back in its turn"
+    return "yes: suspended for a higher-priority job; it comes back once that leaves room"
 
 
 def _device_memory(job: messages.JobInfo) -> str:

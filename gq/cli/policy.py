@@ -63,4 +63,21 @@ def show_policy() -> None:
     typer.echo(
         f"{label(answer.name, answer.fill, answer.quantum)}: {DESCRIPTIONS.get(answer.name, '')}"
         f"; a hold others wait for lasts at most {format_seconds(answer.max_hold)}"
+        + _rotation(answer.name, answer.rotate)
+    )
+
+
+def _rotation(policy: str, period: float | None) -> str:
+    """What the daemon's --rotate does under the policy, if it was given."""
+    from gq.units import describe_period
+
+    if period is None:
+        return ""
+    if policy in ("fair", "rr"):
+        return (
+            f"; residents take turns of {describe_period(period)} when more jobs want to be "
+            "resident than fit (--rotate)"
+        )
+    return (
+        f"; --rotate {describe_period(period)} is idle under {policy} (it acts under fair and rr)"
     )

@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--retention", type=_period, default=defaults.RETENTION)
     parser.add_argument("--fair-half-life", type=_period, default=defaults.FAIR_HALF_LIFE)
     parser.add_argument("--idle-resident", type=_period, default=defaults.IDLE_RESIDENT)
+    parser.add_argument("--rotate", type=_rotate, help="a resident's turn while others wait")
     parser.add_argument("--max-pending", type=int, default=defaults.MAX_PENDING_PER_USER)
     parser.add_argument("--max-array", type=int, default=defaults.MAX_ARRAY_SIZE)
     parser.add_argument(
@@ -117,6 +118,7 @@ def main() -> None:
         cgroup=args.cgroup,
         fair_half_life=args.fair_half_life,
         idle_resident=args.idle_resident,
+        rotate=args.rotate,
         retention=args.retention,
         max_pending=args.max_pending,
         max_array=args.max_array,
@@ -143,6 +145,15 @@ def _lanes(text: str) -> tuple[int, bool]:
 
     try:
         return parse_lanes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rotate(text: str) -> float:
+    from gq.daemon.options import parse_rotate
+
+    try:
+        return parse_rotate(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

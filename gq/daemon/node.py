@@ -125,6 +125,7 @@ class Daemon:
                 options.probe_mem,
                 options.idle_resident,
                 options.checkpoint,
+                options.rotate,
             ),
             self.supervisor,
             self.monitor,

@@ -4,10 +4,12 @@ it; ``gq info`` shows it)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gq import defaults
-from gq.units import format_period
+from gq.errors import UserError
+from gq.units import describe_period, format_period, parse_seconds
 
 AUTO = "auto"
 
@@ -21,6 +23,22 @@ def parse_lanes(text: str) -> tuple[int, bool]:
     if not 1 <= count <= defaults.MAX_LANES:
         raise ValueError(f"--lanes {text}: give 'auto' or a count from 1 to {defaults.MAX_LANES}")
     return count, False
+
+
+def parse_rotate(text: str) -> float:
+    """``--rotate``: how long a resident's turn lasts before it may be rotated out for a job
+    that waits for room: seconds (2.5 too), or 90s, 10min, 2hours; more than 0 and at most
+    MAX_ROTATE. ValueError: not such a time (0, negative, nan, endless, too long, words)."""
+    try:
+        seconds = parse_seconds(text, "--rotate")
+    except UserError:
+        seconds = math.nan
+    if not 0 < seconds <= defaults.MAX_ROTATE:
+        raise ValueError(
+            f"--rotate {text[:40]!r}: give a time of more than 0 and at most "
+            f"{describe_period(defaults.MAX_ROTATE)} (30s, 10min, 2hours)"
+        )
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,7 @@ class DaemonOptions:
     fair_half_life: float = defaults.FAIR_HALF_LIFE  # a user's usage halves this often
     idle_resident: float = defaults.IDLE_RESIDENT  # seconds before an idle one gives its slot
     checkpoint: str = "auto"  # how suspended jobs' device memory moves (gq.exec.host.checkpoint)
+    rotate: float | None = None  # seconds of a resident's turn while others wait (None: off)
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
@@ -113,6 +132,8 @@ class DaemonOptions:
             argv += ["--operators", self.operator_group]
         if self.on_finish is not None:
             argv += ["--on-finish", self.on_finish]
+        if self.rotate is not None:
+            argv += ["--rotate", format_period(self.rotate)]
         for flag, value in (
             ("--max-temp", self.max_temp),
             ("--max-power", self.max_power),

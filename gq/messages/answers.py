@@ -111,6 +111,7 @@ class PolicyInfo(ClientMessage, tag="policy"):
     fill: Str
     quantum: Str
     max_hold: float = defaults.MAX_HOLD  # seconds a hold others wait for may go on
+    rotate: float | None = None  # the daemon's --rotate: a resident's turn (None: off)
 
 
 class NodeLimits(Record):

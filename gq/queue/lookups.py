@@ -14,6 +14,7 @@ from sqlalchemy.orm import undefer
 from gq.queue.models import Job, JobEvent, Payload
 from gq.queue.prepared import Prepared
 from gq.queue.queries import among, chunks
+from gq.queue.states import PREEMPTED
 
 if TYPE_CHECKING:
     from gq.queue.engine import Transaction
@@ -155,6 +156,26 @@ def events(session: Transaction, job_ids: Iterable[int]) -> dict[int, list[JobEv
             select(JobEvent).where(among(JobEvent.job_id, part)).order_by(JobEvent.id)
         ):
             found[event.job_id].append(event)
+    return found
+
+
+def preemption_times(
+    session: Transaction, job_ids: Iterable[int]
+) -> dict[int, tuple[float | None, float | None]]:
+    """When each job last went out (RUNNING to PREEMPTED) and last came back (PREEMPTED to
+    RUNNING), from its state history: None where it never did."""
+    found: dict[int, tuple[float | None, float | None]] = {}
+    for part in chunks(sorted(set(job_ids))):
+        for job_id, old, latest in session.execute(
+            select(JobEvent.job_id, JobEvent.old_state, func.max(JobEvent.time))
+            .where(
+                among(JobEvent.job_id, part),
+                (JobEvent.new_state == PREEMPTED) | (JobEvent.old_state == PREEMPTED),
+            )
+            .group_by(JobEvent.job_id, JobEvent.old_state)
+        ):
+            out, back = found.get(job_id, (None, None))
+            found[job_id] = (out, latest) if old == PREEMPTED else (latest, back)
     return found
 
 

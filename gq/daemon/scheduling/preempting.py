@@ -9,7 +9,9 @@ the high job into what they freed. One preemption at a time on a device: while i
 memory is on its way, nothing more is preempted there. A victim whose host kept its memory
 (the driver refused, no room in host memory) is let go on at once, and is not weighed
 again in that run. Victims come back last out, first back, once their memory fits and no
-job above them waits for room on their device.
+job above them waits for room on their device. Rotation (gq.daemon.scheduling.rotating)
+moves jobs out and back through the same books: :meth:`Preempter.follow`, :meth:`mark`,
+:meth:`movable` and :meth:`may_move_on`.
 """
 
 from __future__ import annotations
@@ -55,13 +57,18 @@ class Preempter:
         """One pass: ``blocked``, the requests admission did not place, in the policy's
         order, with why each waits and its priority; ``loads`` the devices as admission saw
         them. Only a job that waits for device room (not the node's CPUs, say) preempts."""
+        self.follow(running)
+        if blocked and reasons.get(blocked[0].job_id) == admission.RESOURCES:
+            self._preempt_for(blocked[0], priorities[blocked[0].job_id], loads)
+        self._bring_back(blocked, priorities)
+
+    def follow(self, running: Sequence[Row]) -> None:
+        """The jobs out as the queue flags them (after a restart too: those the daemon
+        marked before it), each let go on where its host kept its memory."""
         flagged = [row.id for row in running if row.preempted]
         self.out = [j for j in self.out if j in flagged] + [j for j in flagged if j not in self.out]
         for job_id in list(self.out):
             self._let_go_where_held(job_id)
-        if blocked and reasons.get(blocked[0].job_id) == admission.RESOURCES:
-            self._preempt_for(blocked[0], priorities[blocked[0].job_id], loads)
-        self._bring_back(blocked, priorities)
 
     def _let_go_where_held(self, job_id: int) -> None:
         job = self.supervisor.running.get(job_id)
@@ -70,7 +77,7 @@ class Preempter:
             return
         self.kept.add((job.job_id, job.run))
         log.warning("job %d not preempted: its memory stayed (%s)", job_id, memory.held_why)
-        self._mark(job, False, f"let go on: its memory could not move ({memory.held_why})")
+        self.mark(job, False, f"let go on: its memory could not move ({memory.held_why})")
 
     def _preempt_for(
         self, request: admission.Request, priority: int, loads: Sequence[admission.DeviceLoad]
@@ -79,7 +86,9 @@ class Preempter:
             return  # a job of whole devices waits for them, as before
         for load in loads:
             device = next((d for d in self.supervisor.devices if d.name == load.name), None)
-            if device is None or not self._may_preempt_on(load, device, request):
+            if request.only is not None and load.name not in request.only:
+                continue
+            if device is None or not self.may_move_on(load, device):
                 continue
             for index, lane in enumerate(load.lanes):
                 short = lane.need(request.footprint) - lane.capacity
@@ -90,12 +99,12 @@ class Preempter:
                         sum(astuple(job.footprint_now())) + context_memory(device),
                         job.active_at,
                     )
-                    for job in self._movable(load.name, index)
+                    for job in self.movable(load.name, index)
                 ]
                 chosen = preemption.victims(short, priority, residents)
                 if chosen:
                     for job_id in chosen:
-                        self._mark(
+                        self.mark(
                             self.supervisor.running[job_id],
                             True,
                             f"Preempted: its memory to host memory for job {request.job_id} "
@@ -103,11 +112,9 @@ class Preempter:
                         )
                     return
 
-    def _may_preempt_on(
-        self, load: admission.DeviceLoad, device: Device, request: admission.Request
-    ) -> bool:
-        if request.only is not None and load.name not in request.only:
-            return False
+    def may_move_on(self, load: admission.DeviceLoad, device: Device) -> bool:
+        """Whether a job's memory may be moved out on the device now: its host moves memory,
+        the guard does not hold it, and no earlier move out there is on its way."""
         if load.held is not None or not self.moves_memory(device):
             return False
         # One preemption at a time: none while an earlier one's memory is on its way.
@@ -118,7 +125,7 @@ class Preempter:
             and load.name in {d.name for d in job.devices}
         )
 
-    def _movable(self, device: str, lane: int) -> list[Running]:
+    def movable(self, device: str, lane: int) -> list[Running]:
         """The residents of a device's lane whose memory may go: gq's worker's batch jobs
         (a plain process has no boundary to stop at, an interactive one is a person's),
         neither suspended nor being ended, their figures known."""
@@ -149,9 +156,12 @@ class Preempter:
             above = priorities[request.job_id] > last.priority
             if above and (request.only is None or names & request.only):
                 return
-        self._mark(last, False, "brought back: its memory fits again")
+        self.mark(last, False, "brought back: its memory fits again")
 
-    def _mark(self, job: Running, preempted: bool, reason: str) -> None:
+    def mark(self, job: Running, preempted: bool, reason: str) -> bool:
+        """Move the job out (suspended: its host moves its memory out at its next boundary)
+        or let it come back (resumed once its memory fits: the scheduling pass's
+        gated resume), with ``reason`` in its state history; whether it changed."""
         with self.db.write() as session:
             changed = job_updates.set_preempted(session, job.job_id, preempted, reason)
         if changed:
@@ -164,3 +174,4 @@ class Preempter:
                 self.supervisor.suspend(job, True)
             else:
                 self.out.remove(job.job_id)
+        return changed

@@ -25,6 +25,7 @@ from gq.daemon.forecasts import snapshot_jobs as forecast_jobs
 from gq.daemon.monitoring.monitor import Monitor
 from gq.daemon.scheduling import admission, lane_waits, pending_reasons
 from gq.daemon.scheduling.preempting import Preempter
+from gq.daemon.scheduling.rotating import Rotator
 from gq.daemon.supervision.running import Running, footprint
 from gq.daemon.supervision.supervisor import Supervisor
 from gq.exec.host import messages as wire
@@ -52,6 +53,7 @@ class Capacity:
     # (of a user over their part of the device's slots; gq.daemon.scheduling.residency).
     idle_resident: float = defaults.IDLE_RESIDENT
     checkpoint: str = "auto"  # how the hosts move suspended jobs' memory (gq.exec.host.checkpoint)
+    rotate: float | None = None  # --rotate: a resident's turn while others wait (None: off)
 
     def moves_memory(self, device: Device) -> bool:
         """Whether the device's host moves a suspended job's memory to host memory (the
@@ -98,6 +100,7 @@ class Scheduler:
             | None
         ) = None
         self.preempter = Preempter(db, supervisor, capacity.moves_memory, self._room_to_come_back)
+        self.rotator = Rotator(db, self.preempter, capacity.rotate, wake, self.loads)
 
     def lane_memory(self, device: Device) -> int:
         """What one lane of the device offers: its memory split evenly between lanes."""
@@ -130,6 +133,7 @@ class Scheduler:
         self.drained = dict(config[queue_settings.DRAINED])
         self.last_pass = forecast_jobs.Pass(pending, running, needs, runs)
         eligible = pending_reasons.eligible(self.db, self.wake, pending, late_held, needs, runs)
+        self.rotator.run(running, eligible, self.policy.name)  # before admission: rotating.py
         placed = 0
         if eligible and queue_settings.NODE in self.drained:
             pending_reasons.hold_for_drain(self.db, eligible, self.drained[queue_settings.NODE])
@@ -147,10 +151,12 @@ class Scheduler:
             )
 
     def _preempt(self, running: Sequence[Row]) -> None:
-        """Under priority, room for the first job left waiting (preempting.py); under
-        any policy, the preempted jobs back as their room comes free."""
+        """Under priority, room for the first job left waiting (preempting.py); unless jobs
+        rotate (rotating.py), the preempted jobs back as their room comes free."""
         blocked, reasons, priorities, loads = self._unplaced or ([], {}, {}, None)
         self._unplaced = None
+        if self.rotator.active(self.policy.name):
+            return
         if self.policy.name != "priority":
             blocked = []
         if blocked or self.preempter.out or any(row.preempted for row in running):
@@ -259,6 +265,7 @@ class Scheduler:
             {r.job_id: by_id[r.job_id].priority for r in requests},
             loads,
         )
+        self.rotator.note_waiting(self._unplaced[0], outcome.reasons, by_id)  # (next pass)
         return len(outcome.placements)
 
     def _derived(self, pending: list[Row]) -> dict[Row, tuple[policies.JobView, admission.Request]]:

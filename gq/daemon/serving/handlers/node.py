@@ -102,6 +102,7 @@ def get_policy(
             settings.get(session, settings.FILL),
             settings.get(session, settings.QUANTUM),
             settings.get(session, settings.MAX_HOLD),
+            daemon.options.rotate,
         )
 
 
