@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 from hypothesis import HealthCheck, example, given, settings
@@ -34,17 +35,18 @@ from conftest import (
 
 
 def host_process(daemon_pid: int, device: str | None = None) -> psutil.Process:
-    """The daemon's execution host (of ``device``, where the node has several: a GPU node
-    has one for each GPU and one for its cpu device)."""
+    """The execution host of the daemon's home (of ``device``, where the node has several: a
+    GPU node has one for each GPU and one for its cpu device), as its pidfile names it: a
+    host that runs holds its pidfile's lock. (Not the daemon's child: the suite's hosts are
+    forked from tests/preloaded.py's server.)"""
+    root = Path(psutil.Process(daemon_pid).cwd())  # a daemon works in its home
 
     def find():
-        for child in psutil.Process(daemon_pid).children():
-            argv = child.cmdline()
-            if "gq.exec.host.startup" in " ".join(argv) and (
-                device is None or device in argv[argv.index("--device") + 1 :][:1]
-            ):
-                return child
-        return None
+        live = live_hosts(root)
+        if device is None:
+            return bool(live) and psutil.Process(live[0])
+        said = (root / "hosts" / f"{device}.pid").read_text().split()
+        return bool(said) and int(said[0]) in live and psutil.Process(int(said[0]))
 
     return wait_for(find, 10, what="the execution host")
 
