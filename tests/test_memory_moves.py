@@ -40,6 +40,16 @@ def _fake_node(home, *options: str) -> DaemonControl:
     return control
 
 
+def _submit_the_fake_fails(how: str, *args: str) -> int:
+    """A job whose environment has GQ_FAKE_CHECKPOINT_FAILS=``how``: the fake refuses its
+    move out (as the driver refuses CUDA IPC memory), 'stuck' leaving it locked too."""
+    os.environ["GQ_FAKE_CHECKPOINT_FAILS"] = how
+    try:
+        return submit(*args)
+    finally:
+        del os.environ["GQ_FAKE_CHECKPOINT_FAILS"]
+
+
 def _memory(job_id: int) -> dict:
     return job(job_id)["device_memory"]
 
@@ -107,11 +117,7 @@ def test_where_memory_cannot_move_the_job_is_frozen_holding_it_and_says_why(home
 
     control.start("--lanes", "1", "--checkpoint", "fake", "--cpu-memory", "1G")
     script, go = _gated(tmp_path, "refused", 100)
-    os.environ["GQ_FAKE_CHECKPOINT_FAILS"] = "1"
-    try:
-        refused = submit("--gpu-mem", "600M", str(script))
-    finally:
-        del os.environ["GQ_FAKE_CHECKPOINT_FAILS"]
+    refused = _submit_the_fake_fails("1", "--gpu-mem", "600M", str(script))
     wait_for(lambda: job(refused)["steps_done"] >= 3, 30, what="its steps")
     gq_ok("suspend", str(refused))
     memory = wait_for(lambda: (m := _memory(refused))["held_why"] and m, 30, what="a reason")
@@ -130,11 +136,7 @@ def test_a_job_the_driver_leaves_locked_ends_failed_saying_why(home, tmp_path):
     job ends FAILED with the driver's words, and the device goes to the next job."""
     control = _fake_node(home)
     script, go = _gated(tmp_path, "stuck", 100)
-    os.environ["GQ_FAKE_CHECKPOINT_FAILS"] = "stuck"
-    try:
-        stuck = submit("--gpu-mem", "600M", str(script))
-    finally:
-        del os.environ["GQ_FAKE_CHECKPOINT_FAILS"]
+    stuck = _submit_the_fake_fails("stuck", "--gpu-mem", "600M", str(script))
     wait_for(lambda: job(stuck)["steps_done"] >= 3, 30, what="its steps")
     after = submit("--gpu-mem", "600M", "--wrap", "true")
     gq_ok("suspend", str(stuck))
