@@ -56,7 +56,7 @@ echo "== 2. two single-threaded jobs on the cpu device: one at a time, then pack
 pair() {
     local name
     for name in one two; do
-        gq submit --parsable -J "$name" --gpu-mem 64M "$loop" --steps 1500 --threads 1
+        gq submit --parsable -J "$name" --gpu-mem 64M "$loop" --steps 800 --threads 1
     done | paste -sd,
 }
 # rr, kept across the restart: both take turns at first, so the host times each and
