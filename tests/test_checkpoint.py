@@ -208,3 +208,75 @@ def test_memory_goes_out_and_back_only_as_the_table_says():
     assert Memory().report() is None  # never moved nor held: the daemon is told nothing
     held = Memory(held_why="the driver refused")
     assert held.report() is not None and held.report().place == "device"
+
+
+class _Granter:
+    """The lanes' side a host's memory moves call on: suspends noted, nothing granted."""
+
+    def __init__(self, lane_memory: int | None):
+        self.lane_memory = lane_memory
+        self.suspended: list[bool] = []
+
+    def stop_inside(self, resident, now, freeze=True) -> bool:
+        return False
+
+    def suspend(self, resident, suspended, freeze=True) -> None:
+        resident.suspended = suspended
+        self.suspended.append(suspended)
+
+
+class _Host:
+    def freeze(self, resident, frozen) -> None:
+        resident.frozen = frozen
+
+    def kill(self, resident, why, grace=None) -> None:
+        raise AssertionError("no job is ended here")
+
+    def report_soon(self) -> None:
+        return None
+
+
+def test_a_workers_claimed_peak_moves_no_more_than_a_lane_holds():
+    """The peak a worker reports is its word: a claim of exabytes neither has the job's
+    every move refused (it would never go out, holding the device while others wait) nor
+    puts an exabyte checkpoint in the node's books; what a lane holds is the most it can
+    carry, its cap the least."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    from gq.exec.host.checkpoint import FakeCheckpoints
+    from gq.exec.host.memory_moves import MemoryMoves, _figure
+    from gq.exec.lane.residents import Resident
+
+    lane, cap = 200 << 20, 50 << 20
+    liar = Resident(
+        job_id=1,
+        run=1,
+        user="mallory",
+        priority=0,
+        submit_time=0.0,
+        declared_total=None,
+        lane=0,
+        process=SimpleNamespace(pid=os.getpid()),  # type: ignore[arg-type]
+        channel=object(),  # type: ignore[arg-type]
+        started_at=0.0,
+        started_wall=0.0,
+        worker=True,
+        mem_cap=cap,
+        mem_peak=2**62,
+    )
+    moves = MemoryMoves(FakeCheckpoints(), {1: liar}, _Host(), _Granter(lane))
+    try:
+        moves.ask(liar, True)
+        assert liar.memory.held_why is None and liar.memory.wanted_at is not None
+        moves.tick()  # idle: its move out begins
+        deadline = time.monotonic() + 10
+        while liar.memory.place is not Place.HOST and time.monotonic() < deadline:
+            time.sleep(0.01)
+            moves.tick()
+        assert liar.memory.place is Place.HOST and liar.memory.moved == lane
+        liar.mem_peak = 1 << 20  # an honest small peak: its cap is what may come back
+        assert _figure(liar, lane) == cap
+    finally:
+        moves.close()

@@ -43,6 +43,8 @@ class Processes(Protocol):
 
 
 class Granting(Protocol):
+    lane_memory: int | None  # bytes of device memory a lane has, where known
+
     def stop_inside(self, resident: Resident, now: float, freeze: bool = True) -> bool: ...
 
     def suspend(self, resident: Resident, suspended: bool, freeze: bool = True) -> None: ...
@@ -120,7 +122,7 @@ class MemoryMoves:
             pids = [resident.process.pid]
             if resident.cgroup is not None:
                 pids += [pid for pid in resident.cgroup.pids() if pid != resident.process.pid]
-            memory.moved = _figure(resident)
+            memory.moved = _figure(resident, self.granter.lane_memory)
             memory.pending = self._driver.submit(self.checkpoints.move_out, identify(pids))
         else:
             memory.pending = self._driver.submit(self.checkpoints.move_in, memory.processes)
@@ -175,7 +177,7 @@ class MemoryMoves:
             return "it has no iteration boundaries (a plain process): frozen where it is"
         if not self.checkpoints.carries:
             return None
-        needed = _figure(resident)
+        needed = _figure(resident, self.granter.lane_memory)
         free = psutil.virtual_memory().available - HOST_MARGIN
         if needed > free:
             return (
@@ -203,6 +205,13 @@ class MemoryMoves:
         self._driver.shutdown(wait=False, cancel_futures=True)
 
 
-def _figure(resident: Resident) -> int:
-    """The device memory a move carries: the most the job may hold or was seen holding."""
-    return max(resident.mem_cap or 0, resident.mem_peak or 0)
+def _figure(resident: Resident, lane_memory: int | None) -> int:
+    """The device memory a move carries: the most the job may hold or was seen holding.
+    What it was seen holding is its worker's word, so it is believed up to what a lane
+    holds: past that, a job could claim more than the node's free memory to have every
+    move of it refused (and never go out), or put a checkpoint in the books that takes the
+    room other jobs' admissions and checkpoints need."""
+    peak = max(0, resident.mem_peak or 0)
+    if lane_memory is not None:
+        peak = min(peak, lane_memory)
+    return max(resident.mem_cap or 0, peak)
