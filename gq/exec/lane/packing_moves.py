@@ -48,7 +48,8 @@ class LanePacking:
         present = {r.job_id for r in residents}
         self._work = {job: seen for job, seen in self._work.items() if job in present}
         self._asked = {job: at for job, at in self._asked.items() if job in present}
-        samples = [self._sample(r) for r in residents]
+        plan = self.packer.plan()  # (as it stood over the lane time since the last look)
+        samples = [self._sample(r, plan) for r in residents]
         self.packer.favours = self.granter.policy.name in FAVOURING
         if self.packer.tick(now, samples):
             log.info(
@@ -59,13 +60,13 @@ class LanePacking:
             )
         self._move(residents)
 
-    def _sample(self, resident: Resident) -> Sample:
+    def _sample(self, resident: Resident, plan: dict[int, int]) -> Sample:
         vouched, billed = resident.vouched_iterations(), resident.billed
         pace = resident.timed_pace
         work, seen, held = self._work.get(resident.job_id, (0.0, vouched, billed))
         # The lane time since the last look, charged at the share of the device it got
         # side by side over it (its pace as last measured there; taking turns, all of it).
-        resident.unbilled += max(0.0, billed - held) * (1.0 - self._share(resident))
+        resident.unbilled += max(0.0, billed - held) * (1.0 - self._share(resident, plan))
         # The count the host vouches for shrinks when the pace it timed grows: only what
         # passes the most it ever vouched for is new work (a job that made its pace go
         # up and down would otherwise be counted the same iterations again).
@@ -88,11 +89,10 @@ class LanePacking:
             billed=billed,
         )
 
-    def _share(self, resident: Resident) -> float:
+    def _share(self, resident: Resident, plan: dict[int, int]) -> float:
         """The share of the device ``resident`` is charged its lane time at now: on the lane
-        the plan puts it on side by side, its pace measured there against the jobs running
-        at once (gq.exec.lane.packing.lane_share); taking turns, or moving, 1."""
-        plan = self.packer.plan()
+        the ``plan`` puts it on side by side, its pace measured there against the jobs
+        running at once (gq.exec.lane.packing.lane_share); taking turns, or moving, 1."""
         mode, lane = self.packer.mode, plan.get(resident.job_id)
         if mode is Mode.TURNS or resident.moving or lane != resident.lane:
             return 1.0
