@@ -74,7 +74,8 @@ def test_jobs_side_by_side_are_charged_the_share_of_the_device_they_got(home, tm
     """Each job's iterations are 10 ms sleeps with 5 ms gaps: on a lane of its own its lease
     is billed all its wall time, but it does two thirds of that in work. Its owner's fair
     share is charged about its work: less than its lane time, never under half of it (two
-    jobs running at once)."""
+    jobs running at once), across a restart of the daemon (which adopts the jobs charged
+    what it had charged them, not their lane time)."""
     gq_ok("policy", "set", "fair")
     stop = tmp_path / "stop"
     loop = (*KERNEL_LOOP, "--steps", "100000", "--iter-ms", "10", "--gap-ms", "5")
@@ -91,6 +92,8 @@ def test_jobs_side_by_side_are_charged_the_share_of_the_device_they_got(home, tm
 
     # (lane time read first: the charge read after it has grown since, if anything)
     wait_for(lambda: (t := lane_time()) > 0 and charged() < 0.9 * t, 60, what="a charge behind")
+    assert "restarted" in gq_ok("daemon", "restart")
+    wait_for(lambda: "side by side paid" in sharing(), 60, what="the jobs packed again")
     stop.touch()
     ended = [wait_state(job_id, "COMPLETED") for job_id in jobs]
     billed, used = sum(j["attained"] for j in ended), charged()

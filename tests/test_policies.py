@@ -369,6 +369,18 @@ def test_fair_counts_a_users_past_use_beside_their_resident_jobs():
     assert fair.pick([ann, lighter], [ann, lighter], 0).id == 2
 
 
+def test_fair_counts_a_resident_side_by_side_at_what_its_owner_was_charged():
+    """The host ranks users by what the daemon charges them: ann's job, 6 s on a lane of its
+    own at half the device, was charged 3 s, so it is picked before bob's of 4 s; a charge
+    above the lane time is not believed."""
+    fair = policies.make("fair")
+    ann = view(1, user="ann", attained=6.0, charged=3.0)
+    bob = view(2, user="bob", attained=4.0)
+    assert fair.pick([ann, bob], [ann, bob], 0).id == 1
+    inflated = view(1, user="ann", attained=6.0, charged=60.0)
+    assert fair.pick([inflated, bob], [inflated, bob], 0).id == 2
+
+
 def test_fair_admission_puts_the_user_who_used_least_first_in_each_round():
     fair = policies.make("fair")
     jobs = [view(1, user="ann"), view(2, user="ann"), view(3, user="bob"), view(4, user="bob")]

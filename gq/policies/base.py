@@ -21,6 +21,9 @@ class JobView:
     steps_done: int = 0
     steps_total: int | None = None
     attained: float = 0.0  # device time used so far
+    # Of it, what its owner's fair share is charged (side by side: at the share of the
+    # device it got; gq.exec.lane.packing.lane_share); None: all of it.
+    charged: float | None = None
     mean_iteration: float | None = None
     mean_gap: float | None = None  # idle time between a release and the next acquire
     released_at: float | None = None  # end of its last iteration; None before the first
@@ -31,6 +34,11 @@ class JobView:
     # Its owner's fair-share usage beside what the jobs a policy is shown have attained:
     # lane seconds of their jobs that ended, or run elsewhere, decayed with a half-life.
     user_usage: float = 0.0
+
+    @property
+    def share_used(self) -> float:
+        """The lane time its owner's fair share counts for it."""
+        return self.attained if self.charged is None else min(self.attained, self.charged)
 
     @property
     def remaining(self) -> float | None:

@@ -51,8 +51,8 @@ class Fair:
         per_user: dict[str, float] = defaultdict(float)
         for job in (*resident, *ready):  # each user's usage beside these jobs, once
             per_user[job.user] = max(per_user[job.user], job.user_usage)
-        for job in resident:
-            per_user[job.user] += job.attained
+        for job in resident:  # (what the daemon charges them: side by side, less)
+            per_user[job.user] += job.share_used
         return min(
             ready, key=lambda j: (per_user[j.user], j.attained, j.submit_time, j.id), default=None
         )

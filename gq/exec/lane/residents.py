@@ -164,6 +164,11 @@ class Resident:
         return self.attained
 
     @property
+    def charged(self) -> float:
+        """Of the lane time billed, what its owner's fair share is charged."""
+        return max(0.0, self.billed - self.unbilled)
+
+    @property
     def mean_gap(self) -> float | None:
         """Idle time from a release to the next acquire (data loading, host-side work). The
         host times gaps between grants; a lease's it cannot, and the gaps it timed before
@@ -280,6 +285,7 @@ class Resident:
             steps_done=self.steps_counted,
             steps_total=None if self.past_total else self.steps_total,
             attained=self.billed,
+            charged=self.charged,
             mean_iteration=self.ranked_iteration,
             mean_gap=self.mean_gap,
             released_at=self.released_at,
@@ -318,7 +324,7 @@ class Resident:
             steps_counted=self.steps_counted,
             steps_total=self.steps_total,
             attained=self.billed,
-            charged=max(0.0, self.billed - self.unbilled),
+            charged=self.charged,
             mean_iteration=self.mean_iteration,
             mean_gap=self.mean_gap,
             mem_persistent=self.mem_persistent,
