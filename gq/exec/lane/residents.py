@@ -74,15 +74,13 @@ class Resident:
     attained: float = 0.0  # lane time billed: grant to release, a lease's whole wall time
     unbilled: float = 0.0  # of it, what fair share is not charged (packed: the share not got)
     iterations: int = 0  # all of them (under a lease: as its page counts them)
-    # Of those, the ones its page counted under leases, and the lane time its leases were
-    # billed: the host vouches for as many page-counted iterations as that time holds at
-    # the pace it timed itself (a page that claims a million iterations in a second's
-    # lease is believed for a second's worth).
+    # Of those, the ones its page counted under leases, and its leases' lane time: the host
+    # vouches for as many as that time holds at the pace it timed (a page that claims a
+    # million iterations in a second's lease is believed for a second's worth).
     page_iterations: int = 0
     leased: float = 0.0
-    # Iterations the host saw from grant to release (the device's work included), the
-    # recent ones with the steps they advanced: the pace policies use, where there are
-    # two; a page's word is not.
+    # Iterations the host saw from grant to release (device work included), the recent ones
+    # with their steps: the pace policies use, where there are two (a page's word is not).
     timed: int = 0
     timed_recent: RecentMean = field(default_factory=RecentMean)
     first_iteration: float = 0.0  # the first one timed: warm-up, kept out of the mean
@@ -137,10 +135,9 @@ class Resident:
         return max(0.0, pace - (self.mean_gap or 0.0))
 
     def _lease_pace(self) -> float | None:
-        """Lane seconds an iteration under leases, gaps and all: billed time (every
-        iteration counted, less the first where it was timed, and the one under way while
-        the lease goes on: half done, on average) over the page's count; a first iteration
-        it did not time is in the lease's time, warm-up and all."""
+        """Lane seconds an iteration under leases, gaps and all: billed time (less the first
+        iteration where it was timed; the one under way counted half done) over the page's
+        count; a first iteration it did not time is in the lease's time, warm-up and all."""
         if self.iterations < 2:
             return None
         counted = self.iterations - (1 if self.timed else 0) + (0.5 if self.in_iteration else 0)
@@ -171,13 +168,11 @@ class Resident:
     @property
     def mean_gap(self) -> float | None:
         """Idle time from a release to the next acquire (data loading, host-side work). The
-        host times gaps between grants; a lease's it cannot, and the gaps it timed before
-        one are a compiling job's first and longest. Where more of its iterations ran under
-        leases than gaps were timed, and the timed ones are far longer than what its
-        leases' time leaves beside the iterations the host vouches for at the pace it timed
-        (:meth:`_leased_gap`), the gap is the leases'; where it has no timed pace, no more
-        than its leases' whole pace: never do its iteration and gap add up past the time
-        it ran."""
+        host times gaps between grants, not a lease's (those timed before one are a
+        compiling job's first and longest). Where more iterations ran leased than gaps were
+        timed, and the timed ones are far longer than the leases' (:meth:`_leased_gap`),
+        it is the leases'; without a timed pace, no more than the leases' whole pace: its
+        iteration and gap never add up past the time it ran."""
         timed = self.gaps.per_item()
         leased = self._leased_gap()
         if leased is not None and leased[1] >= len(self.gaps):
