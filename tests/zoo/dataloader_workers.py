@@ -1,4 +1,5 @@
-"""A DataLoader with two worker processes, started by fork or spawn (argv[1])."""
+"""A DataLoader with two worker processes, started by fork or spawn (argv[1]), kept across
+its two epochs (each worker started anew imports torch: about 2 s of CPU)."""
 
 import sys
 
@@ -15,7 +16,13 @@ class Squares(Dataset):
 
 
 if __name__ == "__main__":
-    loader = DataLoader(Squares(), batch_size=8, num_workers=2, multiprocessing_context=sys.argv[1])
+    loader = DataLoader(
+        Squares(),
+        batch_size=8,
+        num_workers=2,
+        multiprocessing_context=sys.argv[1],
+        persistent_workers=True,
+    )
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     for epoch in range(2):
