@@ -157,3 +157,49 @@ def test_upgrade_to_0019_keeps_jobs_their_latest_run_and_purges_runs_with_them(t
     with database.read() as session:
         assert job_runs.runs(session, [4]) == {4: []}
     database.close()
+
+
+def test_upgrade_to_0022_charges_old_jobs_whole_and_sums_what_runs_were_not_charged(tmp_path):
+    """A running job from before is charged all its lane time; from then on each run keeps
+    what its host did not charge (side by side, the share of the device it did not get), a
+    requeue adds it to the earlier runs', and gq history's pace side by side is the charge
+    over the lane time, all runs summed."""
+    from gq.cli import render
+    from gq.daemon.serving.handlers.common import job_info
+
+    home = Home(tmp_path / "old").ensure()
+    migrate(home, "0021")
+    connection = sqlite3.connect(home.db)
+    connection.execute(
+        "INSERT INTO payloads (id, env, args, spool_bytes) VALUES (1, '{}', '[]', 0)"
+    )
+    connection.execute(
+        "INSERT INTO jobs (id, name, user, priority, gpus, exclusive, requeue, script, "
+        "spool_path, workdir, stdout_path, stderr_path, submit_time, steps_done, attained, "
+        "holds_lane, held, payload_id, uid, suspended, preempted, state, run_count, "
+        "start_time, device, lane) VALUES (5, 'a', 'ann', 0, 1, 0, 1, '/s', '', '/w', '/w/o', "
+        "'/w/o', 10.0, 7, 2.5, 0, 0, 1, 1000, 0, 0, 'RUNNING', 1, 20.0, 'cpu', 0)"
+    )
+    connection.commit()
+    connection.close()
+    database = Database(home)
+    assert engine.current_revision(home.db) == HEAD_REVISION
+    with database.write() as session:
+        old = job_info(lookups.job(session, 5))
+        assert (old.attained, old.uncharged, old.earlier_uncharged) == (2.5, 0.0, 0.0)
+        assert render.pace_side_by_side(old) is None  # charged whole
+        progress = JobProgress(job=5, run=1, steps_done=9, attained=3.0, charged=1.0)
+        job_updates.record_progress(session, 5, progress)
+        assert job_info(lookups.job(session, 5)).uncharged == 2.0
+        assert transitions.requeue(session, 5, "requeued by user", now=30.0)
+        assert transitions.start(session, 5, "cpu", 0, now=35.0)
+        started = job_info(lookups.job(session, 5))
+        assert (started.uncharged, started.earlier_uncharged) == (0.0, 2.0)
+        # A charge above the lane time is not believed: the run is charged whole.
+        inflated = JobProgress(job=5, run=2, steps_done=2, attained=1.0, charged=50.0)
+        job_updates.record_progress(session, 5, inflated)
+    with database.read() as session:
+        info = job_info(lookups.job(session, 5))
+    assert render.lane_time(info) == 4.0 and render.charged_time(info) == 2.0
+    assert render.pace_side_by_side(info) == 0.5
+    database.close()

@@ -403,9 +403,12 @@ def test_metrics_are_served_and_jobs_keep_their_figures(home, tmp_path):
         done = job(job_id)
         assert done["steps_done"] == 60 and done["iterations_per_second"] > 0
         assert 0 < done["lane_share"] <= 1 and done["attained"] > 0
+        # Taking turns: charged all their lane time, no pace side by side to show.
+        assert done["charged"] == done["attained"] and done["pace_side_by_side"] is None
     history = gq_ok("history")
     assert "IT/S" in history and "SHARE" in history and "PEAK MEM" in history
-    assert "LaneShare: " in gq_ok("show", str(ids[0]))
+    shown = gq_ok("show", str(ids[0]))
+    assert "LaneShare: " in shown and "SideBySide: never (its lane time was charged" in shown
 
 
 def test_bad_daemon_options_are_refused_and_start_nothing(home, tmp_path):

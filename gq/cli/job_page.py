@@ -82,6 +82,7 @@ def print_job(job: messages.JobInfo) -> None:
         ("LaneTaken", _lane_taken(job)),
         ("IterationsPerSecond", figure(render.iteration_rate(job), "{:.1f}")),
         ("LaneShare", figure(render.lane_share(job), "{:.0%}")),
+        ("SideBySide", _side_by_side(job)),
         ("MemPersistent", render.size(job.mem_persistent)),
         ("MemPeak", render.size(job.mem_peak)),
         ("HostMemory", render.size(job.host_memory)),
@@ -175,6 +176,18 @@ def _lane_taken(job: messages.JobInfo) -> str:
     return (
         f"{job.lane_taken} time(s): its iterations held the device past the policy's "
         "--max-hold while another job waited, so they ran sliced"
+    )
+
+
+def _side_by_side(job: messages.JobInfo) -> str:
+    """How fast its lane time went, side by side, against taking turns (what its owner's
+    fair share was charged)."""
+    pace = render.pace_side_by_side(job)
+    if pace is None:
+        return "never (its lane time was charged whole)"
+    return (
+        f"{pace:.2f}x the pace of taking turns: charged "
+        f"{render.charged_time(job):.2f} s of its {render.lane_time(job):.2f} s of lane time"
     )
 
 

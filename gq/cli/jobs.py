@@ -148,7 +148,8 @@ def history(
     limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N", help=LIMIT_HELP),
 ) -> None:
     """Finished jobs (like sacct): wait time, run time, JCT, exit code, and what each
-    measured: steps, lane time, iterations per second, the share of its lane it held, peak
+    measured: steps, lane time, iterations per second, the share of its lane it held, its
+    pace side by side against taking turns (SIDE, where --lanes auto packed it), peak
     memory.
 
     A job requeued (gq requeue, scontrol requeue, out of memory, --retries) ran more than
@@ -198,6 +199,7 @@ def history(
                 render.duration(data["attained"]),
                 job_page.figure(data["iterations_per_second"], "{:.1f}"),
                 job_page.figure(data["lane_share"], "{:.0%}"),
+                job_page.figure(data["pace_side_by_side"], "{:.2f}x"),
                 render.size(job.mem_peak),
                 render.short_time(job.end_time),
                 "-"
@@ -227,6 +229,7 @@ def history(
                 "LANE",
                 "IT/S",
                 "SHARE",
+                "SIDE",
                 "PEAK MEM",
                 "END",
                 "MISSED BY",

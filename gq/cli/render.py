@@ -85,6 +85,22 @@ def lane_time(job: JobInfo) -> float:
     return (job.attained if job.start_time is not None else 0.0) + job.earlier_attained
 
 
+def charged_time(job: JobInfo) -> float:
+    """Of its lane time, what its owner's fair share was charged (side by side: at the share
+    of the device it got), its runs summed."""
+    uncharged = (job.uncharged if job.start_time is not None else 0.0) + job.earlier_uncharged
+    return max(0.0, lane_time(job) - uncharged)
+
+
+def pace_side_by_side(job: JobInfo) -> float | None:
+    """Its lane time's pace against taking turns, where it ran side by side (charged over
+    billed; None: it never did). Side by side, a job holds its lane all the time at a part
+    of the device; a job that ran partly side by side shows the mix."""
+    billed = lane_time(job)
+    charged = charged_time(job)
+    return charged / billed if billed > 0 and charged < billed else None
+
+
 def steps_reached(job: JobInfo) -> int:
     """The steps it reached in the end: its latest run's count (each run counts its own
     steps), or its total where a later run completed it (resumed from a checkpoint, a run
@@ -194,6 +210,8 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "holds_lane": job.holds_lane,
         "lane_taken": job.lane_taken,
         "attained": lane_time(job),
+        "charged": charged_time(job),
+        "pace_side_by_side": pace_side_by_side(job),
         "mean_iteration": job.mean_iteration,
         "mean_gap": job.mean_gap,
         "mem_persistent": job.mem_persistent,

@@ -183,6 +183,10 @@ class JobInfo(Record):
     earlier_run: float = 0.0
     earlier_attained: float = 0.0
     earlier_steps: Count = 0
+    # Of its lane time (latest run, earlier runs), what its owner's fair share was not
+    # charged: side by side, the share of the device it did not get (0: taking turns).
+    uncharged: float = 0.0
+    earlier_uncharged: float = 0.0
     runs: list[RunInfo] | None = None
     command: CommandLine | None = None  # as the user gave it, in answers about one job
     # A suspended job's device memory (gq.exec.host.memory_moves), in answers about one job:

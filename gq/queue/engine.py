@@ -23,7 +23,7 @@ from gq.home import Home
 from gq.queue import settings
 
 # The newest Alembic revision; a test keeps it equal to the head of migrations/.
-HEAD_REVISION = "0021"
+HEAD_REVISION = "0022"
 BUSY_TIMEOUT_MS = 60_000
 # The daemon's page cache. SQLite's default, 2 MiB, filled only after thousands of jobs had
 # passed (RSS rising by it long after start); the pages read again and again (pending and

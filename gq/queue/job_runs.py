@@ -37,6 +37,7 @@ INTO_EARLIER = {
     + func.coalesce(func.coalesce(Job.end_time, bindparam("b_now")) - Job.start_time, 0.0),
     "earlier_attained": Job.earlier_attained + case((_STARTED, Job.attained), else_=0.0),
     "earlier_steps": Job.earlier_steps + case((_STARTED, Job.steps_done), else_=0),
+    "earlier_uncharged": Job.earlier_uncharged + case((_STARTED, Job.uncharged), else_=0.0),
     "queued_time": bindparam("b_now"),
 }
 _kept: dict[tuple, Prepared] = {}

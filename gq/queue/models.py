@@ -142,18 +142,23 @@ class Job(Base):
     run_count: Mapped[int] = mapped_column(Integer, default=0)
     # When it was last put back in the queue (a requeue, a retry; None: it has waited since
     # its submission), and what its runs before its latest one add up to: seconds pending
-    # before them, seconds they ran, the lane time they were billed and the steps they
-    # counted (each its own count). Its latest run's own figures are the columns above and
-    # below; gq history's totals are the two summed.
+    # before them, seconds they ran, the lane time they were billed (and of it, what was
+    # not charged to fair share) and the steps they counted (each its own count). Its
+    # latest run's own figures are the columns above and below; gq history's totals are
+    # the two summed.
     queued_time: Mapped[float | None] = mapped_column(Float)
     earlier_wait: Mapped[float] = mapped_column(Float, server_default="0")
     earlier_run: Mapped[float] = mapped_column(Float, server_default="0")
     earlier_attained: Mapped[float] = mapped_column(Float, server_default="0")
     earlier_steps: Mapped[int] = mapped_column(Integer, server_default="0")
+    earlier_uncharged: Mapped[float] = mapped_column(Float, server_default="0")
 
     # Progress and measurements, flushed by the daemon about once a second.
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
     attained: Mapped[float] = mapped_column(Float, default=0.0)
+    # Of it, what its owner's fair share was not charged: side by side, the share of the
+    # device it did not get (gq.exec.lane.packing.lane_share); 0 taking turns or alone.
+    uncharged: Mapped[float] = mapped_column(Float, server_default="0")
     mean_iteration: Mapped[float | None] = mapped_column(Float)
     mean_gap: Mapped[float | None] = mapped_column(Float)  # idle seconds between iterations
     startup: Mapped[float | None] = mapped_column(Float)  # seconds from launch to 1st acquire

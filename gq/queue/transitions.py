@@ -166,6 +166,7 @@ def start(
         run_count=_NEXT_RUN,
         steps_done=0,
         attained=0.0,
+        uncharged=0.0,
         lane_taken=0,
         startup=None,
         active_at=None,

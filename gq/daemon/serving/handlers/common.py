@@ -138,6 +138,8 @@ def job_info(
         earlier_run=max(0.0, job.earlier_run or 0.0),
         earlier_attained=max(0.0, job.earlier_attained or 0.0),
         earlier_steps=max(0, job.earlier_steps or 0),
+        uncharged=max(0.0, job.uncharged or 0.0),
+        earlier_uncharged=max(0.0, job.earlier_uncharged or 0.0),
     )
 
 
