@@ -456,3 +456,66 @@ def test_a_job_that_tries_to_shrink_its_page_cannot(daemon, tmp_path):
     assert out.splitlines()[0] == "sealed", out
     assert info["state"] == "COMPLETED" and info["steps_done"] == 20
     assert host_process(daemon.pid()).pid == host.pid
+
+
+# Logs each iteration, and whether it ran under a lease; 10 ms of sleep each.
+LOGGED = """
+import json, sys, time
+import gq
+from gq.exec.job import session as job_session
+
+log = open(sys.argv[1], "a", buffering=1)
+lease = job_session.active.lease
+for i in gq.steps(range(int(sys.argv[2]))):
+    log.write(json.dumps({"i": i, "at": time.monotonic(), "leased": lease.active}) + "\\n")
+    time.sleep(0.01)
+"""
+
+# Marks when it asks for the lane (its READY follows at once), then iterates.
+ASKS = """
+import json, sys, time
+import gq
+
+with open(sys.argv[1], "w") as mark:
+    mark.write(json.dumps(time.monotonic()))
+for i in gq.steps(range(int(sys.argv[2]))):
+    time.sleep(0.01)
+"""
+
+
+def _iterations(path) -> list[dict]:
+    return [json.loads(line) for line in _text(path).splitlines()]
+
+
+def test_a_lease_goes_on_beside_jobs_that_could_not_take_the_lane(daemon, tmp_path):
+    """Under priority with --fill never, a job of priority 5 keeps its lease beside a
+    priority-0 job waiting for the lane (each of its iterations used to go through the
+    host, a fifth of a 1 ms loop's time); one of priority 9 arriving takes the lane (the
+    lease asked back) and completes while the first still runs, which has a lease again
+    once it has gone. The lowest job runs once both have ended."""
+    gq_ok("policy", "set", "priority", "--fill", "never")
+    logged = write_script(tmp_path / "logged.py", LOGGED)
+    asks = write_script(tmp_path / "asks.py", ASKS)
+    declared = ("--gpu-mem", "64M")
+    first = submit(*declared, "--priority", "5", str(logged), str(tmp_path / "a.jsonl"), "600")
+    wait_for(lambda: len(_text(tmp_path / "a.jsonl").splitlines()) > 10, 60, what="its steps")
+    low = submit(*declared, str(asks), str(tmp_path / "low.asked"), "20")
+    wait_for((tmp_path / "low.asked").exists, 60, what="the low job to ask for the lane")
+    asked = json.loads((tmp_path / "low.asked").read_text())
+    wait_for(
+        lambda: sum(line["at"] > asked + 0.5 for line in _iterations(tmp_path / "a.jsonl")) > 30,
+        60,
+        what="the first job's iterations beside the low one",
+    )
+    beside = [line for line in _iterations(tmp_path / "a.jsonl") if line["at"] > asked + 0.5]
+    assert all(line["leased"] for line in beside), beside
+    high = submit(*declared, "--priority", "9", str(asks), str(tmp_path / "high.asked"), "30")
+    assert wait_state(high, "COMPLETED", timeout=60)["steps_done"] == 30
+    assert job(first)["state"] == "RUNNING" and job(low)["steps_done"] == 0
+    wait_for(
+        lambda: any(line["leased"] for line in _iterations(tmp_path / "a.jsonl")[-5:]),
+        60,
+        what="the first job's lease again",
+    )
+    assert wait_state(first, "COMPLETED", timeout=90)["steps_done"] == 600
+    assert wait_state(low, "COMPLETED", timeout=60)["steps_done"] == 20

@@ -427,6 +427,41 @@ def test_fifos_head_job_is_never_in_the_way_of_those_behind_it():
     assert overstays(fifo, behind, [head], [head, behind], [], 0.0)
 
 
+def test_a_holder_none_of_the_waiting_jobs_could_take_the_lane_from_is_undisputed():
+    """Whether a lease may go on beside jobs ready for the lane (gq.exec.lane.rule.undisputed):
+    fifo's head, and a higher priority whose gaps no lower iteration fits or that is never
+    filled, hold it whatever the waiting jobs do; a job fair would switch from, a holder a
+    lower job fills the gaps of, fifo's second job and a person waiting do not."""
+    from gq.exec.lane.rule import undisputed
+
+    head, behind = view(1, attained=100.0), view(2)
+    fifo = policies.make("fifo")
+    assert undisputed(fifo, head, [behind], [head, behind], [], 0.0)
+    assert not undisputed(fifo, behind, [head], [head, behind], [], 0.0)
+    assert undisputed(fifo, head, [], [head, behind], [], 0.0)  # nobody waits
+    person = JobView(**{**behind.__dict__, "person_waits": True})
+    assert not undisputed(fifo, head, [person], [head, person], [], 0.0)
+    fair = policies.make("fair")
+    assert not undisputed(fair, head, [behind], [head, behind], [], 0.0)
+    # The high job released the lane at 0.0 and is back 5 ms later, as it measured.
+    high = view(1, priority=9, mean_iteration=0.01, mean_gap=0.005, released_at=0.0)
+    low = view(2, priority=0, mean_iteration=0.05)
+    short_low = JobView(**{**low.__dict__, "mean_iteration": 0.001})
+    for fill, long_low, fitting_low in (
+        ("never", True, True),
+        ("gapfit", True, False),
+        ("always", False, False),
+    ):
+        priority = policies.make("priority", fill=fill)
+        assert undisputed(priority, high, [low], [high, low], [], 0.001) == long_low, fill
+        got = undisputed(priority, high, [short_low], [high, short_low], [], 0.001)
+        assert got == fitting_low, fill
+    # Past its expected return, gapfit fills (the lane would idle): disputed.
+    assert not undisputed(
+        policies.make("priority", fill="gapfit"), high, [low], [high, low], [], 1.0
+    )
+
+
 def test_preemption_moves_out_the_least_memory_that_frees_enough():
     from gq.daemon.scheduling.preemption import Candidate, victims
 

@@ -13,10 +13,10 @@ Two ways to hold a lane:
   until its Done, billed from the Go to the Done as the host saw them. The worker sends its
   Done only once its device has run the iteration's work (gq.exec.lane.device_sync), so the next
   grant never overlaps it, and that time is device time.
-- **a lease**, for a job alone on its lane (:mod:`gq.exec.lane.lease`): granted with its Go, it
-  crosses boundaries on its page's lock without a message until another job asks; it is
-  billed the lease's whole wall time, as the host saw it begin and end. The host's books
-  on leases are :mod:`gq.exec.lane.leasing`'s.
+- **a lease** (:mod:`gq.exec.lane.lease`; the host's books: :mod:`gq.exec.lane.leasing`), for
+  a job alone on its lane or beside jobs none of which could take it (fifo's head): granted
+  with its Go, it crosses boundaries on its page's lock without a message until a job
+  asks that could; billed the lease's whole wall time, as the host saw it begin and end.
 
 No memory a job can write reaches a call that can fail the host (the lock is the kernel's),
 nothing is shared between two jobs, and time is never billed on a job's word: a lie costs
@@ -40,7 +40,7 @@ from gq.exec.lane import rule as lane_rule
 from gq.exec.lane.leasing import Leases, bill, move
 from gq.exec.lane.residents import Lane, Resident, ready_to_grant
 from gq.exec.lane.standings import HOLDS_LANE, Event, Standing
-from gq.exec.lane.views import decide, overstays
+from gq.exec.lane.views import decide, overstays, undisputed
 from gq.policies.base import Policy
 from gq.validation import printable
 
@@ -92,11 +92,10 @@ class Granter:
 
     def due_in(self, now: float) -> float:
         """How soon the lanes must be looked at again with no event (math.inf: not before
-        one): a free lane a ready job waits for is kept for a job in its gap until then, or
-        is free because the policy picks no one now, which it is asked again soon; a lease
-        asked back inside an iteration is looked at again soon (its lock may come free); a
-        hold others wait for, when its bound is up, or soon (the policy may come to prefer
-        one of them)."""
+        one): a free lane a ready job waits for, kept for a job in its gap until then or
+        free because the policy picks no one now, soon; a lease asked back inside an
+        iteration, soon (its lock may come free); a hold (or lease) others wait for, when
+        its bound is up, or soon (the policy may come to prefer one of them)."""
         due = math.inf
         for lane in self.lanes:
             holder = lane.holder
@@ -138,8 +137,7 @@ class Granter:
         return usage
 
     def cap(self, resident: Resident, mem_cap: int) -> None:
-        """The job's allocator is held to ``mem_cap`` from its next grant, which a Go
-        brings (a lease is asked back for it)."""
+        """Its allocator is held to ``mem_cap`` from its next Go (a lease is asked back)."""
         resident.mem_cap = mem_cap
         resident.cap_unsent = resident.channel is not None
         if resident.standing is Standing.LEASED:
@@ -147,9 +145,8 @@ class Granter:
             self.schedule(self.lanes[resident.lane])
 
     def suspend(self, resident: Resident, suspended: bool, freeze: bool = True) -> None:
-        """Suspend the job (its processes frozen, the lane to others; inside an iteration,
-        it goes on with it once granted the lane again; not ``freeze``: granted nothing,
-        frozen later, see gq.exec.host.memory_moves), or resume it."""
+        """Suspend the job (frozen, the lane to others; one inside an iteration goes on once
+        granted again; not ``freeze``: granted nothing, frozen later), or resume it."""
         now = time.monotonic()
         lane = self.lanes[resident.lane]
         if resident.standing is Standing.LEASED:  # inside an iteration or not decides
@@ -205,9 +202,8 @@ class Granter:
         self.host.kill(resident, StopWhy.PROTOCOL, grace=0.0)
 
     def _on_ready(self, resident: Resident, now: float) -> None:
-        """A READY says the job is between iterations and wants the lane: where the host
-        thinks it holds the lane (a lease it did not take up, a grant it never said Done
-        to), its hold ends here, billed until now and timed not at all."""
+        """The job is between iterations and wants the lane: where the host thinks it holds
+        it (a lease not taken up, a grant never said Done to), its hold ends, billed, untimed."""
         if resident.standing is Standing.LEASED:
             self.leases.recall(resident, between=True)
         if resident.standing is Standing.HOLDING and resident.channel is not None:
@@ -284,12 +280,12 @@ class Granter:
 
     def schedule(self, lane: Lane) -> None:
         """Grant a free lane's next iteration, or keep it free, as :mod:`gq.exec.lane.rule`
-        decides; a lease is asked back as soon as another job is ready for the lane."""
+        decides; a lease is asked back as soon as another job is ready that could take it."""
         lane.kept_until = None
         ready = ready_to_grant(lane)
         holder = lane.holder
         if holder is not None:
-            if ready and holder.standing is Standing.LEASED:
+            if ready and holder.standing is Standing.LEASED and not self._undisputed(holder):
                 self.leases.recall(holder)
             if lane.holder is not None and not self._bound_hold(lane, lane.holder, ready):
                 return
@@ -312,7 +308,7 @@ class Granter:
         if chosen.frozen:  # stopped inside its iteration (or just after): goes on
             self.host.freeze(chosen, False)
         if chosen.standing is not Standing.STOPPED:
-            lease = self.leases.offer(lane, chosen)
+            lease = self.leases.offer(lane, chosen, self._undisputed(chosen))
             if chosen.channel.send(
                 wire.Go(
                     empty_cache=lane_memory.short_of_memory(lane, self.cuda, self.lane_memory),
@@ -333,6 +329,12 @@ class Granter:
         if lease:
             chosen.lease, chosen.lease_started = lease, chosen.granted_at
 
+    def _undisputed(self, holder: Resident) -> bool:
+        lane = self.lanes[holder.lane]
+        return undisputed(
+            self.policy, lane, holder, self.bursts, self._usage(lane), time.monotonic()
+        )
+
     def _hold(self, lane: Lane, chosen: Resident, now: float) -> None:
         chosen.granted_at = now
         chosen.dirty = True  # the daemon hears of the grant with the next progress
@@ -344,9 +346,8 @@ class Granter:
 
     # ----- bounded holds -------------------------------------------------------------
     def _bound_hold(self, lane: Lane, holder: Resident, ready: list[Resident]) -> bool:
-        """Whether the lane was taken from its holder: it held it ``max_hold`` past the
-        moment a job began to wait that the lane rule would grant before it (frozen inside
-        its iteration, it goes on once granted again). A lease is asked back at once."""
+        """Whether the lane was taken from its holder: held ``max_hold`` past the moment a job
+        began to wait that the rule would grant first (frozen inside its iteration)."""
         if not ready or holder.standing not in (Standing.HOLDING, Standing.RECALLED):
             lane.contended_since = None
             return False
@@ -372,8 +373,7 @@ class Granter:
 
     def stop_inside(self, resident: Resident, now: float, freeze: bool = True) -> bool:
         """Freeze a holder inside its iteration (``freeze``) and free its lane, billed until
-        now (a suspend, or a hold past its bound); False where its page, read to close its
-        lease, ended the job instead."""
+        now; False where its page, read to close its lease, ended the job instead."""
         if resident.standing is Standing.RECALLED:
             if not self.leases.read_page(resident):  # the lease's iterations so far
                 return False

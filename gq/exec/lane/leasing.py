@@ -16,7 +16,7 @@ from collections.abc import Callable
 from gq import defaults
 from gq.exec.lane.lease import implausible
 from gq.exec.lane.residents import Lane, Resident
-from gq.exec.lane.standings import Event, Standing, step
+from gq.exec.lane.standings import WANTS_LANE, Event, Standing, step
 
 
 def move(resident: Resident, event: Event) -> None:
@@ -56,16 +56,21 @@ class Leases:
             and not (resident.mem_cap is not None and not self.cuda and resident.cgroup_cap is None)
         )
 
-    def offer(self, lane: Lane, chosen: Resident) -> int:
+    def offer(self, lane: Lane, chosen: Resident, undisputed: bool = False) -> int:
         """The number of the lease a Go to ``chosen`` brings, where it is alone on its lane
-        (no other job there could ask for it), its page written and the lock let go; else
-        0."""
+        (no other job there could ask for it), or the others all wait for the lane and
+        none of them could take it (``undisputed``: gq.exec.lane.rule.undisputed), its
+        page written and the lock let go; else 0. (One in its gap may ask for the lane
+        as a job that could take it: the lease would be asked back at once.)"""
         page = chosen.page
         if (
             page is None
             or not self.leasable(chosen)
             or any(
-                other is not chosen and other.channel is not None and not other.suspended
+                other is not chosen
+                and other.channel is not None
+                and not other.suspended
+                and not (undisputed and other.standing in WANTS_LANE)
                 for other in lane.residents
             )
         ):

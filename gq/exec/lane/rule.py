@@ -155,3 +155,28 @@ def overstays(
     to the holder)."""
     decision = next_step(policy, [*ready, holder], resident, waiting_for, now, after_turn)
     return isinstance(decision, Grant) and decision.job.id != holder.id
+
+
+def undisputed(
+    policy: Policy,
+    holder: JobView,
+    ready: Sequence[JobView],
+    resident: Sequence[JobView],
+    waiting_for: Sequence[Awaited],
+    now: float,
+    after_turn: bool = False,
+) -> bool:
+    """Whether none of the ``ready`` jobs could take the lane at any of its holder's
+    boundaries: asked with the holder ready, the rule grants the holder, and asked while the
+    holder is in a gap however long (no lane kept for it), it grants no one (fifo's head
+    job; a higher priority whose gaps nothing fits, or with --fill never). Such a holder
+    may cross its boundaries under a lease beside the jobs waiting (they lose nothing: the
+    lane would not be theirs) until that changes: a new job, a policy, a person waiting."""
+    others = [view for view in ready if view.id != holder.id]
+    if not others:
+        return True
+    ready_too = next_step(policy, [*others, holder], resident, waiting_for, now, after_turn)
+    if not (isinstance(ready_too, Grant) and ready_too.job.id == holder.id):
+        return False
+    in_gap = [awaited for awaited in waiting_for if awaited.view.id != holder.id]
+    return next_step(policy, others, resident, in_gap, now, after_turn) is None

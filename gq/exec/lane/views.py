@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from gq.exec.lane import rule as lane_rule
-from gq.exec.lane.residents import Lane, Resident
+from gq.exec.lane.residents import Lane, Resident, ready_to_grant
 from gq.exec.lane.standings import Standing
 from gq.policies.base import JobView, Policy
 
@@ -92,3 +92,31 @@ def lane_views(
         and (awaited := lane_rule.awaited(views[r.job_id], r.released_at, r.mean_gap))
     ]
     return views, in_gaps
+
+
+def undisputed(
+    policy: Policy,
+    lane: Lane,
+    holder: Resident,
+    bursts: dict[str, lane_rule.Burst],
+    usage: Mapping[str, float],
+    now: float,
+) -> bool:
+    """Whether ``holder`` may hold its lane under a lease beside the jobs ready for it
+    (:func:`gq.exec.lane.rule.undisputed`): none of them could take the lane at any of its
+    boundaries."""
+    ready = [r for r in ready_to_grant(lane) if r is not holder]
+    if not ready:
+        return True
+    views, in_gaps = lane_views(lane, bursts, usage, now)
+    if holder.job_id not in views:
+        return False
+    return lane_rule.undisputed(
+        policy,
+        views[holder.job_id],
+        [views[r.job_id] for r in ready],
+        list(views.values()),
+        in_gaps,
+        now,
+        after_turn=lane.after_turn,
+    )
