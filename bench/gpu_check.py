@@ -21,9 +21,11 @@ it left running is ended, and the next phase starts.
   as bare processes at once ("plain sharing": the high job's loop time there against gq's).
 - sweep: 8 small training jobs packed under fair against one at a time (fifo): makespan
   (first iteration to last) and mean utilization.
-- packing: the sweep's jobs under fair with --lanes 1 and with --lanes auto (the daemon
-  started again each way): makespans, their ratio (>= 1.0 on a GPU) and utilization. Not
-  in the cpu device's quick run (CI's), where bench/packing.py measures it.
+- packing: the sweep's jobs under fair with --lanes 1, with --lanes auto (the driver
+  time-slices lanes side by side) and, on a GPU, with --lanes auto --mps (NVIDIA's MPS runs
+  them truly at once; the daemon started again each way): makespans, their ratios (>= 1.0
+  on a GPU), utilization, gq info's MPS line, and no MPS control daemon left after the
+  daemon stops. Not in the cpu device's quick run (CI's), where bench/packing.py measures it.
 - escapes: a shell job (no lane) beside a lane job, and a CUDA-graph job (replay outside
   any module call) beside a spin job under fair: overlap of each pair.
 - checkpoint: gq suspend moves a job's device memory to host memory and back (1, 8 and
@@ -72,6 +74,7 @@ from gpu_check_lib import (  # noqa: E402
     length,
     mean_interval_ms,
     merge,
+    mps_controls,
     overlap,
     summary,
     timed,
@@ -112,7 +115,7 @@ def config(cpu: bool, quick: bool) -> dict:
             "fair_pair": 45,
             "priority_fill": 60,
             "sweep": 70,
-            "packing": 80,
+            "packing": 115,  # three daemons: --lanes 1, auto, auto --mps
             "escapes": 50,
             "bounded_hold": 40,
             "checkpoint": 150,
@@ -125,7 +128,7 @@ def config(cpu: bool, quick: bool) -> dict:
             "step_ms": 20,
             "slack_mb": 2048,
         },
-        "total": 420,
+        "total": 455,
         "plain": [],
         "skip": [],
         "kinds": list(KINDS),
@@ -473,16 +476,25 @@ def packing(ph: Phase, s: State) -> None:
     plain = "packing" in s.cfg["plain"]
     args = s.args("matmul", s.cfg["sweep_iters"], sizes="sweep", plain=plain)
     base = ["--kill-wait", "1", "--max-resident", "8"]
+    variants = {"1": ["--lanes", "1"], "auto": ["--lanes", "auto"]}
+    if s.cuda:  # (MPS serves CUDA devices only)
+        variants["auto_mps"] = ["--lanes", "auto", "--mps"]
     found = {}
     try:
-        for lanes in ("1", "auto"):
+        for name, options in variants.items():
             s.node.gq("daemon", "stop")
-            s.node.gq("daemon", "start", *base, "--lanes", lanes)
+            s.node.gq("daemon", "start", *base, *options)
             s.node.gq("policy", "set", "fair")
-            found[lanes] = sweep_stage(ph, s, args, f"lanes-{lanes}")
-            ph.details[f"sharing_{lanes}"] = s.node.gq("info")
+            found[name] = sweep_stage(ph, s, args, f"lanes-{name}")
+            ph.details[f"sharing_{name}"] = info = s.node.gq("info")
+            if name == "auto_mps":
+                mps = next((x for x in info.splitlines() if x.startswith("MPS: ")), "none")
+                ph.fig("mps", mps, note="gq info's MPS line under --mps")
     finally:
         s.node.gq("daemon", "stop")
+        if "auto_mps" in variants:
+            left = mps_controls(s.node.dir / "home")
+            ph.fig("mps_controls_left", len(left), "<=", 0, note=f"after daemon stop: {left}")
         s.node.gq("daemon", "start", *base, "--lanes", "1")
     one, auto = found["1"], found["auto"]
     ph.fig("makespan_lanes_1_s", one["makespan_s"])
@@ -494,6 +506,15 @@ def packing(ph: Phase, s: State) -> None:
         1.0 if s.cuda else 1.05,
         note="the sweep's throughput under --lanes auto against taking turns",
     )
+    if "auto_mps" in found:
+        mps_run = found["auto_mps"]
+        ph.fig("makespan_auto_mps_s", mps_run["makespan_s"])
+        ph.fig(
+            "auto/auto_mps",
+            ratio(auto["makespan_s"], mps_run["makespan_s"]),
+            note="MPS against driver time-slicing, both --lanes auto (> 1: MPS pays)",
+        )
+        ph.fig(f"utilization_auto_mps_{s.sampler.source}", mps_run["utilization"])
     ph.fig(f"utilization_lanes_1_{s.sampler.source}", one["utilization"])
     ph.fig(f"utilization_auto_{s.sampler.source}", auto["utilization"])
     ph.details.update(found)

@@ -365,3 +365,23 @@ def summary(phases: dict) -> str:
             counts[f["status"]] = counts.get(f["status"], 0) + 1
     lines.append("  ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return "\n".join(lines)
+
+
+def mps_controls(home: Path) -> list[int]:
+    """The nvidia-cuda-mps-control processes serving a pipe under ``home`` (gq's --mps puts
+    each device's in HOME/mps/DEVICE/pipe): none may outlive a ``gq daemon stop``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(a.endswith(b"nvidia-cuda-mps-control") for a in argv[:2]):
+                continue  # (the program, or the script an interpreter runs)
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        pipe = next((v for v in environ if v.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")), b"")
+        if pipe.split(b"=", 1)[-1].startswith(str(home / "mps").encode()):
+            found.append(int(entry.name))
+    return found

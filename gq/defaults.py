@@ -205,6 +205,7 @@ OOM_GROWTH = 1.5  # a figure is raised this much when the job did not say what i
 
 # Device sampling, and the thermal and power guard
 SAMPLE_PERIOD = 1.0  # read every device this often
+MPS_CHECK_PERIOD = 30.0  # ask each MPS control daemon this often whether it still answers
 TEMP_HYSTERESIS = 5.0  # a device held for heat admits again this many degrees under --max-temp
 POWER_HYSTERESIS = 0.1  # ... held for power, once this share under --max-power
 

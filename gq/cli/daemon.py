@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from gq import client, defaults, home, validation
+from gq import client, defaults, home, messages, validation
 from gq.cli import daemon_lifecycle
 from gq.daemon.options import parse_lanes, parse_rotate
 from gq.errors import MissingExtra, UserError
@@ -179,6 +179,11 @@ def start(
         "--rotate",
         metavar="PERIOD",
         help="Under fair and rr, when more jobs want to be resident than fit: a resident whose turn has lasted PERIOD has its memory moved to host memory (as gq suspend does) for a job that waits, and comes back in its turn (10min, 30s; off unless given; idle under other policies).",
+    ),
+    mps: bool = typer.Option(
+        False,
+        "--mps",
+        help="Start NVIDIA's MPS control daemon (nvidia-cuda-mps-control) for each CUDA device and make jobs its clients, one user's at a time on a device: their lanes then run truly at once, each job's pinned device memory capped at its lane's and its threads at the device's share per lane. gq info says whether it is on, and why not.",
     ),
     fair_half_life: str = typer.Option(
         format_period(defaults.FAIR_HALF_LIFE),
@@ -354,6 +359,8 @@ def start(
     ]
     if rotate_s is not None:
         options += ["--rotate", format_period(rotate_s)]
+    if mps:
+        options.append("--mps")
     if cpu_memory is not None:
         options += ["--cpu-memory", str(parse_size(cpu_memory))]
     if cpu_devices is not None:
@@ -389,6 +396,11 @@ def start(
 
     pid = running_pid(target)
     if pid is not None:
+        if mps and "--mps" not in client.ask(messages.NodeInfoRequest(), target).options:
+            raise UserError(
+                f"gq daemon is already running (pid {pid}) without --mps: stop it first "
+                "('gq daemon stop'), then start it with --mps"
+            )
         typer.echo(f"gq daemon is already running (pid {pid})")
         return
     client.start_daemon(target, options).close()

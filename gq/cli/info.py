@@ -60,6 +60,8 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
         typer.echo(_limits(node.limits))
     if node.note:
         typer.echo(node.note)
+    if node.mps is not None:
+        typer.echo(render.printable(node.mps))
     if "*" in node.drained:
         typer.echo(
             render.printable(

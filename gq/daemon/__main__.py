@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--fair-half-life", type=_period, default=defaults.FAIR_HALF_LIFE)
     parser.add_argument("--idle-resident", type=_period, default=defaults.IDLE_RESIDENT)
     parser.add_argument("--rotate", type=_rotate, help="a resident's turn while others wait")
+    parser.add_argument("--mps", action="store_true", help="NVIDIA MPS on the CUDA devices")
     parser.add_argument("--max-pending", type=int, default=defaults.MAX_PENDING_PER_USER)
     parser.add_argument("--max-array", type=int, default=defaults.MAX_ARRAY_SIZE)
     parser.add_argument(
@@ -119,6 +120,7 @@ def main() -> None:
         fair_half_life=args.fair_half_life,
         idle_resident=args.idle_resident,
         rotate=args.rotate,
+        mps=args.mps,
         retention=args.retention,
         max_pending=args.max_pending,
         max_array=args.max_array,

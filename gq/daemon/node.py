@@ -31,6 +31,7 @@ from gq.daemon.devices import Device, discover, emulated
 from gq.daemon.forecasts.forecasting import Forecaster, WhatIf
 from gq.daemon.monitoring.guard import Limits
 from gq.daemon.monitoring.monitor import Monitor
+from gq.daemon.mps import Mps
 from gq.daemon.options import DaemonOptions
 from gq.daemon.pidfiles import release_pidfile
 from gq.daemon.scheduling.scheduler import Capacity, Scheduler
@@ -106,6 +107,7 @@ class Daemon:
             options.max_pids,
         )
         self.ledger = self.supervisor.ledger
+        self.mps = Mps(home, self.devices, options.mps, options.lanes, self.lane_memory)
         job_cgroups = self.supervisor.cgroups
         self.monitor = Monitor(
             self.db,
@@ -233,6 +235,7 @@ class Daemon:
                 log.info("made %d snapshot(s) of an older gq the daemon's own", changed)
             if self.options.metrics:
                 self.monitor.serve_metrics(self.options.metrics)
+            self._start_mps()
             for device in self.devices:
                 self.supervisor.attach(device)
             descriptors = _raise_descriptor_limit()
@@ -287,7 +290,7 @@ class Daemon:
     def _loop(self, wake_read: socket.socket) -> None:
         server = self.server
         assert server is not None
-        last_scan = last_flush = last_sample = last_purge = last_trim = 0.0
+        last_scan = last_flush = last_sample = last_purge = last_trim = last_mps = 0.0
         while True:
             for key, mask in self.selector.select(self._timeout(last_scan)):
                 if isinstance(key.data, Connection):
@@ -336,11 +339,36 @@ class Daemon:
             if now - last_trim >= defaults.HEAP_TRIM_PERIOD:
                 last_trim = now
                 _isolated(heap_trim.give_back)
+            if self.mps.on and now - last_mps >= defaults.MPS_CHECK_PERIOD:
+                last_mps = now
+                _isolated(self.mps.tend)
         _isolated(self.supervisor.flush)
         _isolated(self.notifier.close)
         _isolated(self.forecaster.close)
         _isolated(self.lister.close)
         self.supervisor.close(self.keep_jobs)
+        if not self.keep_jobs:  # (jobs kept are the control daemons' clients: they stay)
+            _isolated(self.mps.stop)
+
+    def _start_mps(self) -> None:
+        """The devices' MPS control daemons up before their hosts start jobs: those hosts
+        keep lanes side by side to one user's jobs, and each job is told its device's."""
+        self.mps.start()
+        self.supervisor.settings = replace(self.supervisor.settings, mps=frozenset(self.mps.on))
+        log.info("%s", self.mps.line)
+
+        def environment(job_id: int, user: str, devices: list[Device]) -> dict[str, str] | None:
+            if self.mps.reason is not None:
+                return None  # (a job's own MPS settings are left to it)
+            names = {d.name for d in devices}
+            others = [
+                r.user
+                for r in self.supervisor.running.values()
+                if r.job_id != job_id and names & {d.name for d in r.devices}
+            ]
+            return self.mps.environment(user, devices, others)
+
+        self.supervisor.mps_environment = environment
 
     def _timeout(self, last_scan: float) -> float:
         """Until the next thing the loop must do unprompted; never 0 while nothing is due."""

@@ -75,6 +75,7 @@ class DaemonOptions:
     idle_resident: float = defaults.IDLE_RESIDENT  # seconds before an idle one gives its slot
     checkpoint: str = "auto"  # how suspended jobs' device memory moves (gq.exec.host.checkpoint)
     rotate: float | None = None  # seconds of a resident's turn while others wait (None: off)
+    mps: bool = False  # NVIDIA MPS on the CUDA devices (gq.daemon.mps)
 
     def to_argv(self) -> list[str]:
         """The command-line options that start a daemon with these options."""
@@ -134,6 +135,8 @@ class DaemonOptions:
             argv += ["--on-finish", self.on_finish]
         if self.rotate is not None:
             argv += ["--rotate", format_period(self.rotate)]
+        if self.mps:
+            argv.append("--mps")
         for flag, value in (
             ("--max-temp", self.max_temp),
             ("--max-power", self.max_power),

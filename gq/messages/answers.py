@@ -161,6 +161,7 @@ class NodeInfo(ClientMessage, tag="node"):
     fair_share: FairShare | None = None
     packing: bool = False  # --lanes auto
     memory: DaemonMemory | None = None
+    mps: Str | None = None  # "MPS: on (devices 0)", "MPS: off (why)"
 
 
 class Done(ClientMessage, tag="done"):

@@ -40,6 +40,7 @@ class HostSettings:
     attach_wait: float = defaults.ATTACH_WAIT  # an interactive job's terminal waits for its gq
     packing: bool = False  # --lanes auto: the host runs lanes at once as it measures
     checkpoint: str = "auto"  # how suspended jobs' device memory moves (gq.exec.host.checkpoint)
+    mps: frozenset[str] = frozenset()  # devices MPS serves: side by side one user's jobs
 
 
 @dataclass
@@ -177,6 +178,8 @@ def _spawn(device: Device, home: Home, settings: HostSettings) -> subprocess.Pop
     )
     if settings.packing:
         argv.append("--pack")
+    if device.name in settings.mps:
+        argv.append("--mps")
     if device.kind == "cuda":
         argv += ["--cuda", "--memory", str(device.memory_total)]
     log_path = os.path.join(home.hosts, f"{device.name}.log")

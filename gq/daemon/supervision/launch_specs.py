@@ -6,10 +6,12 @@ import functools
 import os
 import pwd
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from gq.daemon import devices as devices_mod
 from gq.daemon.devices import Device
+from gq.daemon.mps import CLIENT_VARIABLES
 from gq.defaults import SCRIPT_PATH
 from gq.exec.host.messages import LaunchSpec
 from gq.home import Home
@@ -18,6 +20,10 @@ from gq.queue.lookups import JobRow, PayloadRow
 from gq.queue.models import Job, Payload
 from gq.slurm import environment as slurm_env
 from gq.slurm.options import parse_signal
+
+# What a job (its id, user, devices) finds of MPS's in its environment (None: gq's MPS is off
+# on the node, and a job's own settings are left to it); the daemon's, from gq.daemon.mps.
+MpsEnvironment = Callable[[int, str, list[Device]], "dict[str, str] | None"]
 
 _GQ_PACKAGE = Path(__file__).resolve().parents[2]
 _RANK_SITE = _GQ_PACKAGE / "exec" / "job" / "rank_site" / "sitecustomize.py"
@@ -145,11 +151,13 @@ def launch_spec(
     home: Home,
     array_span: tuple[int, int, int, int] | None = None,
     max_pids: int | None = None,
+    mps: dict[str, str] | None = None,
 ) -> LaunchSpec:
     """Everything the host needs to start this run of the job as its submitter (an array
     task's ``array_span``: its array's task count, lowest and highest task id, step; the
-    daemon's --max-pids: the tasks its cgroup may hold); from the job's and its payload's
-    columns (ORM objects or plain rows).
+    daemon's --max-pids: the tasks its cgroup may hold; ``mps``: what it is told of MPS,
+    where gq's is on: see :data:`MpsEnvironment`); from the job's and its payload's columns
+    (ORM objects or plain rows).
     ValueError when the job cannot run as anyone but root by accident: in system mode a job
     must name its submitter's uid and gid, and their account must exist."""
     system = home.system
@@ -177,6 +185,10 @@ def launch_spec(
         identity, groups = account(job)
         env.update(identity)
     env.update(devices_mod.environment(devices))
+    if mps is not None:  # under gq's MPS, a job's own settings could reach another user's
+        for name in CLIENT_VARIABLES:  # server, or lift its limits: gq's are the ones it gets
+            env.pop(name, None)
+        env.update(mps)
     env.update(GQ_JOB_ID=str(job.id), GQ_JOB_NAME=job.name)
     if worker:
         env["GQ_SCRIPT"] = job.script  # the worker runs the snapshot under this name

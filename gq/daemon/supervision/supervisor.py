@@ -3,15 +3,13 @@ they report (starts, progress, exits), and the running jobs the daemon learns fr
 
 Everything a host says arrives decoded and checked (:mod:`gq.exec.protocol`) and is handled
 one message at a time: an error is logged with the job and the message and touches nothing
-else. An exit report is acknowledged once recorded, or once recorded as a failure when it
-cannot be, so no report can keep a host, or the daemon, from moving on. A host that hangs
-up while it runs is attached again and keeps its jobs; only a host that died loses them,
-and their leftover processes are killed before the jobs are ended or requeued.
-
-:class:`Supervisor` holds the hosts' connections and the running jobs; what their reports
-come to is in its parts, beside it: ``progress.py`` (progress, flushed to the queue),
-``probes.py`` (memory probes and caps), ``endings.py`` (exits, and the end state each
-comes to).
+else. An exit report is acknowledged once recorded (or recorded as a failure where it can't
+be), so no report keeps a host, or the daemon, from moving on. A host that hangs up while it
+runs is attached again and keeps its jobs; only one that died loses them (their leftover
+processes killed before they are ended or requeued). :class:`Supervisor` holds the hosts'
+connections and the running jobs; what their reports come to is in its parts, beside it:
+``progress.py`` (progress, flushed to the queue), ``probes.py`` (memory probes and caps),
+``endings.py`` (exits, and the end state each comes to).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from gq.daemon.scheduling.fair_share import Account, Ledger
 from gq.daemon.supervision import recovery
 from gq.daemon.supervision.endings import Endings
 from gq.daemon.supervision.host_handles import HostHandle, HostSettings, HostUnavailable
-from gq.daemon.supervision.launch_specs import launch_spec
+from gq.daemon.supervision.launch_specs import MpsEnvironment, launch_spec
 from gq.daemon.supervision.probes import Probes
 from gq.daemon.supervision.progress import ProgressReports
 from gq.daemon.supervision.running import Running, running_run, unreserved_memory
@@ -85,6 +83,7 @@ class Supervisor(ProgressReports, Probes, Endings):
         self.switches: dict[str, int] = {}  # lane switches per device, as its host counts them
         self.packing: dict[str, wire.PackingReport] = {}  # --lanes auto: as each host said
         self.policy: wire.SetPolicy | None = None
+        self.mps_environment: MpsEnvironment = lambda job_id, user, devices: None  # (node.py's)
         self.ledger = Ledger(fair_half_life)  # each user's fair-share usage
         with db.read() as session:
             self.ledger.load(session)
@@ -264,8 +263,9 @@ class Supervisor(ProgressReports, Probes, Endings):
         try:
             if payload is None:
                 raise ValueError("its environment and arguments are missing from the queue")
+            mps = self.mps_environment(job.id, job.user, devices)
             spec = launch_spec(
-                job, payload, devices, lane, running.run, self.home, span, self.max_pids
+                job, payload, devices, lane, running.run, self.home, span, self.max_pids, mps
             )
             self.send(running.host, checked(wire.Launch(spec)))
         except (OSError, ValueError, FrameTooLarge, MessageError) as exc:

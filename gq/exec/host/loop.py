@@ -74,6 +74,7 @@ class Host:
         progress_dir: str | None = None,
         pack: bool = False,
         checkpoint: str = "auto",
+        mps: bool = False,  # under MPS, jobs side by side are one user's (gq.exec.lane.packing)
     ):
         self.device = device
         self.cuda = cuda
@@ -106,7 +107,7 @@ class Host:
             None if memory is None else memory // (1 if pack else len(self.lanes)),
         )
         self.packing = (
-            LanePacking(self.lanes, self.granter, packing.Packer(len(self.lanes), memory))
+            LanePacking(self.lanes, self.granter, packing.Packer(len(self.lanes), memory, mps=mps))
             if pack
             else None
         )

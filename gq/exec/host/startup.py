@@ -60,6 +60,9 @@ def main() -> None:
         default="auto",
         help="how a suspended job's device memory moves to host memory (gq.exec.host.checkpoint)",
     )
+    parser.add_argument(
+        "--mps", action="store_true", help="MPS serves the device: one user's jobs side by side"
+    )
     parser.add_argument("--memory", type=int, help="the device's memory in bytes, where known")
     parser.add_argument("--state-dir", required=True, help="where its socket and pidfile live")
     parser.add_argument("--kill-grace", type=float, default=defaults.KILL_WAIT)
@@ -102,6 +105,7 @@ def main() -> None:
             args.progress,
             args.pack,
             args.checkpoint,
+            args.mps,
         ).run()
     finally:
         os.unlink(host_paths(args.state_dir, args.device)[1])

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 GAIN = 1.1  # packed work over the turns' work that keeps a packing
@@ -67,6 +67,13 @@ def lane_share(pace: float | None, running: int) -> float:
     if pace is None:
         return 1.0
     return min(1.0, max(1.0 / max(1, running), pace))
+
+
+def may_share(users: Iterable[str], mps: bool) -> bool:
+    """Whether jobs of these owners may run side by side. Under MPS only one user's: classic
+    MPS serves one user on a device at a time, so a job of another user is no MPS client
+    there (gq.daemon.mps) and takes turns with the rest as it would without MPS."""
+    return not mps or len(set(users)) <= 1
 
 
 class Mode(enum.Enum):
@@ -133,6 +140,7 @@ class Packer:
     mode: Mode = Mode.TURNS
     jobs: frozenset[int] = frozenset()
     users: dict[int, str] = field(default_factory=dict)  # each job's owner
+    mps: bool = False  # MPS serves the device: side by side only one user's jobs (may_share)
     # The policy favours a job (srtf, deadline, priority): no job may keep less than KEEP
     # of its own work. Under fifo, fair and rr the whole queue's work decides.
     favours: bool = False
@@ -248,9 +256,11 @@ class Packer:
             self.paces = {}  # (a trial measures them afresh)
 
     def _may_pack(self, now: float, samples: Sequence[Sample]) -> bool:
-        """Two jobs or more, room for them side by side, and no back-off from a packing
-        that failed."""
+        """Two jobs or more, room for them side by side, owners who may share
+        (:func:`may_share`), and no back-off from a packing that failed."""
         if self.lanes < 2 or len(samples) < 2 or now < self.retry_at:
+            return False
+        if not may_share((s.user for s in samples), self.mps):
             return False
         return self._fits(samples)
 

@@ -158,6 +158,7 @@ def info(daemon: NodeView, caller: Caller, request: messages.NodeInfoRequest) ->
         fair_share=fair_share(daemon),
         packing=daemon.options.packing,
         memory=messages.DaemonMemory(rss=heap_trim.resident(), sqlite=heap_trim.sqlite_bytes()),
+        mps=daemon.mps.line,
     )
 
 

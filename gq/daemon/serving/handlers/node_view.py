@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from gq.daemon.devices import Device
     from gq.daemon.forecasts.forecasting import Forecaster
     from gq.daemon.monitoring.monitor import Monitor
+    from gq.daemon.mps import Mps
     from gq.daemon.options import DaemonOptions
     from gq.daemon.scheduling.admission import DeviceLoad
     from gq.daemon.scheduling.fair_share import Ledger
@@ -38,6 +39,7 @@ class NodeView(Protocol):
     waiters: Waiters  # the clients gq wait holds (what one user may wait for is bounded)
     forecaster: Forecaster  # the last forecast, and the gq submit --test-only waiting
     ledger: Ledger  # each user's fair-share usage
+    mps: Mps  # the devices' MPS control daemons, for 'gq info'
 
     @property
     def connection_limits(self) -> ConnectionLimits: ...
