@@ -14,7 +14,7 @@ import pytest
 
 from gq.daemon import mps
 
-from conftest import DaemonControl, gq, gq_ok, job, submit, wait_state, write_script
+from conftest import DECLARED, DaemonControl, gq, gq_ok, job, submit, wait_state, write_script
 
 OWN = {  # what a submitter's environment says of MPS: never what its job gets under gq's
     "CUDA_MPS_PIPE_DIRECTORY": "/tmp/not-gq-s",
@@ -72,6 +72,8 @@ def test_mps_on_through_the_daemon_restart_and_stop(home, record, tmp_path):
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
     }
     assert "--mps" in json.loads(gq_ok("info", "--json"))["options"]
+    for name in ("cpu0", "cpu1"):  # each host keeps side by side to one user's jobs
+        assert "jobs side by side are one user's" in (home / "hosts" / f"{name}.log").read_text()
 
     gq_ok("daemon", "restart")  # its jobs, and so the control daemons, are kept: adopted
     assert mps_line() == "MPS: on (devices 0,1)"
@@ -126,3 +128,51 @@ def test_asking_a_running_daemon_without_mps_for_it_is_refused_in_one_line(home,
     assert "without --mps" in refused.err and f"pid {pid}" in refused.err
     assert daemon.pid() == pid and mps_line().startswith("MPS: off (not asked")
     assert not fake_mps.events(record)
+
+
+def test_on_a_shared_node_a_device_serves_one_users_jobs_at_a_time(shared_node, users, tmp_path):
+    """alice's job is an MPS client of cpu0; bob's, started beside it, is not (his server
+    could not start while hers runs); once hers has ended, bob's next one is."""
+    alice, bob = users["alice"], users["bob"]
+    record = tmp_path / "mps-record.jsonl"
+    fake_mps.install(tmp_path / "mpsbin", record)
+    shared_node.ok(None, "daemon", "stop")
+    shared_node.env["PATH"] = f"{tmp_path / 'mpsbin'}{os.pathsep}{shared_node.env['PATH']}"
+    shared_node.env[mps.FAKE_DEVICES] = "cpu0"
+    shared_node.start("--cpu-devices", "1", "--mps")
+    assert "MPS: on (devices 0)" in shared_node.ok(None, "info")
+    go = tmp_path / "go"
+
+    def run(user, name: str, wait: bool = False) -> tuple[int, object]:
+        out = user.workdir / f"{name}.env"
+        body = (  # (a Python job: lanes are shared; a plain process has its device alone)
+            "import os, time\n"
+            f"with open({str(out)!r}, 'w') as found:\n"
+            "    found.writelines(f'{k}={v}\\n' for k, v in os.environ.items()"
+            " if k.startswith('CUDA_MPS_'))\n"
+        )
+        if wait:
+            body += f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
+        script = write_script(user.workdir / f"{name}.py", body)
+        os.chown(script, user.uid, user.gid)
+        submitted = shared_node.ok(user, "submit", "--parsable", "-t", "5", *DECLARED, script)
+        job_id = int(submitted.strip())
+        return job_id, out
+
+    def seen(out) -> dict[str, str]:
+        return dict(line.split("=", 1) for line in out.read_text().splitlines())
+
+    hers, her_env = run(alice, "hers", wait=True)
+    shared_node.wait_state(hers, "RUNNING")
+    his, his_env = run(bob, "his")
+    shared_node.wait_state(his, "COMPLETED")
+    assert seen(his_env) == {}
+    pipe = str(shared_node.root / "mps" / "cpu0" / "pipe")
+    assert seen(her_env)["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    go.touch()
+    shared_node.wait_state(hers, "COMPLETED")
+    later, later_env = run(bob, "later")
+    shared_node.wait_state(later, "COMPLETED")
+    assert seen(later_env)["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    shared_node.ok(None, "daemon", "stop")
+    assert not any(fake_mps.alive(e["pid"]) for e in fake_mps.events(record, "up"))

@@ -85,6 +85,8 @@ def main() -> None:
         log.error("another execution host of %s is running", args.device)
         raise SystemExit(defaults.ALREADY_RUNNING_EXIT) from None
     backend = cgroups.detect(args.cgroup, args.scope)
+    if args.mps:
+        log.info("MPS serves %s: jobs side by side are one user's", args.device)
     log.info(
         "jobs' processes are kept in %s",
         f"cgroup {backend.kind} hierarchies"
