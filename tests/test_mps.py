@@ -171,8 +171,10 @@ def test_one_left_by_a_daemon_with_mps_is_quit_by_one_without(tmp_path, fake):
     without = node_mps(tmp_path / "home", environ, asked=False)
     without.start()
     assert without.line == "MPS: off (not asked: gq daemon start --mps)"
-    assert len(fake_mps.events(record, "down")) == 2
-    assert not any(fake_mps.alive(e["pid"]) for e in fake_mps.events(record, "up"))
+    quits = [e for e in fake_mps.events(record, "command") if e["commands"] == ["quit"]]
+    assert len(quits) == 2  # (asked, not waited for: its clients may still run)
+    for event in fake_mps.events(record, "up"):
+        fake_mps.wait_gone(event["pid"])
 
 
 def test_a_control_daemon_that_fails_leaves_mps_off_on_its_device_saying_why(tmp_path):
@@ -217,3 +219,17 @@ def test_under_mps_only_one_users_jobs_run_side_by_side():
     without = Packer(lanes=2)
     run_idle_jobs(without, {1: "alice", 2: "bob"})
     assert without.mode is Mode.PACKED  # (driver time-slicing: as it pays)
+
+
+def test_a_pipe_directory_that_is_not_the_daemons_own_is_not_used(tmp_path, fake):
+    _record, environ = fake
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "home" / "mps" / "cpu0").mkdir(parents=True)
+    (tmp_path / "home" / "mps" / "cpu0" / "pipe").symlink_to(elsewhere)
+    node = node_mps(tmp_path / "home", environ)
+    node.start()
+    assert node.line.startswith("MPS: on (devices 1); off on cpu0 (")
+    assert "is not a directory of the daemon's own" in node.line
+    assert list(elsewhere.iterdir()) == []
+    node.stop()

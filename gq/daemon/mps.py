@@ -72,10 +72,15 @@ def thread_percentage(lanes: int) -> int:
     return max(1, round(100 / max(1, lanes)))
 
 
+def lane_mib(lane_memory: int) -> int:
+    """A lane's capacity in whole MiB (at least 1): what MPS's memory limits are given in."""
+    return max(1, lane_memory >> 20)
+
+
 def pinned_limit(lane_memory: int) -> str:
     """The pinned device memory a client may hold, as CUDA reads it: device 0 (its only
     visible one) and whole MiB of its lane's capacity."""
-    return f"0={max(1, lane_memory >> 20)}M"
+    return f"0={lane_mib(lane_memory)}M"
 
 
 def client_environment(pipe: str, lane_memory: int, lanes: int) -> dict[str, str]:
@@ -160,7 +165,7 @@ class Mps:
             try:
                 self._bring_up(device)
             except (OSError, subprocess.SubprocessError) as exc:
-                self.failed[device.name] = f"{CONTROL} -d: {exc}"
+                self.failed[device.name] = str(exc)
             if device.name in self.failed:
                 log.error("MPS stays off on %s: %s", device.name, self.failed[device.name])
 
@@ -186,10 +191,9 @@ class Mps:
             log.info("MPS: started the control daemon of %s (%s)", device.name, pipe)
         self.on[device.name] = device
         self.failed.pop(device.name, None)
-        lane_memory = self.lane_memory(device)
         for command in (
             f"set_default_active_thread_percentage {thread_percentage(self.lanes)}",
-            f"set_default_device_pinned_mem_limit 0 {max(1, lane_memory >> 20)}M",
+            f"set_default_device_pinned_mem_limit 0 {lane_mib(self.lane_memory(device))}M",
         ):
             done = self._run(device, text=command)
             if done.returncode != 0:  # (the clients' environment still carries it)
@@ -205,8 +209,9 @@ class Mps:
                 del self.on[name]
                 self._bring_up(device)
             except (OSError, subprocess.SubprocessError) as exc:
-                self.failed[name] = f"{CONTROL}: {exc}"
-                log.error("MPS stays off on %s: %s", name, exc)
+                self.failed[name] = str(exc)
+            if name in self.failed:  # (its jobs from now on start without MPS)
+                log.error("MPS stays off on %s: %s", name, self.failed[name])
 
     def stop(self) -> None:
         """Quit every control daemon this daemon serves (the daemon stops with its jobs)."""
@@ -215,27 +220,32 @@ class Mps:
             del self.on[device.name]
 
     def _stop_left(self) -> None:
-        """Control daemons an earlier daemon with --mps left, where this one runs without."""
+        """Control daemons an earlier daemon with --mps left, where this one runs without:
+        asked to quit, not waited for (``quit`` lets the clients of jobs that outlived that
+        daemon finish first, and this daemon's socket waits meanwhile)."""
         top = self.home.root / "mps"
         if self.control is None or not top.is_dir():
             return
         for device in self.candidates:
             if self.paths(device)[0].is_dir() and self._answers(device):
                 log.warning(
-                    "MPS: stopping the control daemon left on %s (%s)", device.name, self.reason
+                    "MPS: asking the control daemon left on %s to quit (%s)",
+                    device.name,
+                    self.reason,
                 )
-                self._quit(device)
+                self._quit(device, wait=False)
 
-    def _quit(self, device: Device) -> None:
+    def _quit(self, device: Device, wait: bool = True) -> None:
         try:
             self._run(device, text="quit")
             deadline = time.monotonic() + STOP_WAIT
-            while self._answers(device):
+            while wait and self._answers(device):
                 if time.monotonic() > deadline:
                     log.error("MPS: the control daemon of %s did not quit", device.name)
                     return
                 time.sleep(0.05)
-            log.info("MPS: stopped the control daemon of %s", device.name)
+            if wait:
+                log.info("MPS: stopped the control daemon of %s", device.name)
         except (OSError, subprocess.SubprocessError) as exc:
             log.error("MPS: cannot stop the control daemon of %s: %s", device.name, exc)
 

@@ -355,20 +355,23 @@ class Daemon:
         keep lanes side by side to one user's jobs, and each job is told its device's."""
         self.mps.start()
         self.supervisor.settings = replace(self.supervisor.settings, mps=frozenset(self.mps.on))
+        self.supervisor.mps_environment = self._mps_environment
         log.info("%s", self.mps.line)
 
-        def environment(job_id: int, user: str, devices: list[Device]) -> dict[str, str] | None:
-            if self.mps.reason is not None:
-                return None  # (a job's own MPS settings are left to it)
-            names = {d.name for d in devices}
-            others = [
-                r.user
-                for r in self.supervisor.running.values()
-                if r.job_id != job_id and names & {d.name for d in r.devices}
-            ]
-            return self.mps.environment(user, devices, others)
-
-        self.supervisor.mps_environment = environment
+    def _mps_environment(
+        self, job_id: int, user: str, devices: list[Device]
+    ) -> dict[str, str] | None:
+        """What a job starting on ``devices`` is told of MPS (None: gq's MPS is off, and
+        a job's own settings are left to it), from the users of the jobs running there."""
+        if self.mps.reason is not None:
+            return None
+        names = {d.name for d in devices}
+        others = [
+            r.user
+            for r in self.supervisor.running.values()
+            if r.job_id != job_id and names & {d.name for d in r.devices}
+        ]
+        return self.mps.environment(user, devices, others)
 
     def _timeout(self, last_scan: float) -> float:
         """Until the next thing the loop must do unprompted; never 0 while nothing is due."""
