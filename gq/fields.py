@@ -37,3 +37,8 @@ Args = Annotated[list[Arg], MaxLen(defaults.MAX_JOB_PAYLOAD // 2)]
 CommandLine = Annotated[str, MaxLen(defaults.MAX_COMMAND)]  # as the user gave it (shlex)
 Groups = Annotated[list[Annotated[int, Bounds(0, (1 << 32) - 2)]], MaxLen(65536)]
 Uid = Annotated[int, Bounds(0, (1 << 32) - 2)]
+# A CUDA interprocess event's handle (64 bytes), in lower-case hex: a worker's at its release,
+# passed to the next holder of its lane only where both are one user's (gq.exec.lane.handover).
+EventHandle = Annotated[
+    str, MaxLen(128), Where(r"\A[0-9a-f]{128}\Z", "an event handle: 64 bytes in hex")
+]

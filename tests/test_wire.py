@@ -395,9 +395,11 @@ _WORKER_SAYS = st.one_of(
             optional={
                 "mem_persistent": st.none() | st.integers(0, INT64_MAX),
                 "mem_peak": st.none() | st.integers(0, INT64_MAX),
+                "event": st.none() | st.binary(min_size=64, max_size=64).map(bytes.hex),
             },
         ),
     ),
+    st.just(("drained", {})),
     st.tuples(st.just("total"), st.fixed_dictionaries({"steps": st.integers(1, INT64_MAX)})),
     st.tuples(st.just("progress"), st.fixed_dictionaries({"steps": st.integers(0, INT64_MAX)})),
     st.tuples(
@@ -429,6 +431,8 @@ def test_every_line_the_worker_writes_decodes_on_its_hosts_wire_as_said(said):
         empty_cache=st.booleans(),
         mem_cap=st.none() | st.integers(1, defaults.MAX_HOST_MEM),
         lease=st.integers(0, INT64_MAX),
+        hand_over=st.booleans(),
+        after=st.none() | st.binary(min_size=64, max_size=64).map(bytes.hex),
     )
 )
 def test_the_worker_reads_every_go_its_host_can_send(go):
@@ -438,7 +442,7 @@ def test_the_worker_reads_every_go_its_host_can_send(go):
     try:
         left.sendall(wire.encode(go) * 2)
         channel = WorkerChannel(right)
-        expected = Grant(go.empty_cache, go.mem_cap, go.lease)
+        expected = Grant(go.empty_cache, go.mem_cap, go.lease, go.hand_over, go.after)
         assert channel.receive_grant() == expected and channel.receive_grant() == expected
         left.sendall(wire.encode(host_messages.Kill(1, host_messages.StopWhy.CANCEL)))
         with pytest.raises(ConnectionError, match="sent 'kill', not a grant"):

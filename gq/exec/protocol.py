@@ -11,7 +11,7 @@ daemon → host   Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPol
                 Ack, Drain, Shutdown
 host → daemon   State (answers Hello), Started, LaunchFailed, Exited (repeated in every
                 State until acknowledged), Progress
-worker → host   Ready, Done, Total, StepsTaken, OutOfMemory, Finished
+worker → host   Ready, Done, Drained, Total, StepsTaken, OutOfMemory, Finished
 host → worker   Go
 host → client   TerminalHandedOver (an interactive job's terminal, its descriptor beside it)
 
@@ -57,7 +57,7 @@ from gq.exec.host.messages import (
     TerminalHandedOver,
     Update,
 )
-from gq.exec.job.messages import Done, Finished, Go, OutOfMemory, Ready, StepsTaken, Total
+from gq.exec.job.messages import Done, Drained, Finished, Go, OutOfMemory, Ready, StepsTaken, Total
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ TO_HOST = Wire(
     Hello, Launch, Kill, Update, Cap, Suspend, SignalGroup, SetPolicy, Shares, Ack, Drain, Shutdown
 )
 TO_DAEMON = Wire(State, Started, LaunchFailed, Exited, Progress)
-FROM_WORKER = Wire(Ready, Done, Total, StepsTaken, OutOfMemory, Finished)
+FROM_WORKER = Wire(Ready, Done, Drained, Total, StepsTaken, OutOfMemory, Finished)
 TO_WORKER = Wire(Go)
 TO_CLIENT = Wire(TerminalHandedOver)
 _FOREIGN_STATE = Wire(ForeignState)

@@ -2,7 +2,9 @@
 and returns without waiting for them, as a PyTorch step on a GPU does; once its loop is
 over it waits for its device and writes when each of its kernels ran, and how long its
 loop took, (JSON) to its first argument. Under gq the fake device stands in for torch.cuda
-in gq's release path.
+in gq's release path. Where ``GQ_FAKE_CUDA_DEVICE`` names a directory, the jobs that name it
+share one device (contexts time-slice: see fake_cuda.py); ``GQ_FAKE_CUDA_IPC=0`` makes it
+one without interprocess events, so that its releases wait for the device.
 
 Its iterations are marked with ``gq.steps``; with ``compiled`` (a fifth argument) each is
 instead a training step compiled whole by ``torch.compile`` (forward, backward, the
@@ -19,6 +21,7 @@ import time
 from fake_cuda import FakeDevice
 
 import gq
+from gq.exec.job import session as job_session
 from gq.exec.lane import device_sync
 
 out = sys.argv[1]
@@ -26,8 +29,13 @@ iterations = int(sys.argv[2]) if len(sys.argv) > 2 else 10
 kernel = float(sys.argv[3]) / 1000 if len(sys.argv) > 3 else 0.02
 start = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
 compiled = sys.argv[5:6] == ["compiled"]
-device = FakeDevice()
+device = FakeDevice(interprocess=os.environ.get("GQ_FAKE_CUDA_IPC") != "0")
 device_sync.stand_in(device)
+waited = []  # the handles of other jobs' events its grants made it wait on
+if job_session.active is not None:
+    work = job_session.active.device
+    wait_on = work.wait_on
+    work.wait_on = lambda handle: waited.append(handle.hex()) or wait_on(handle)
 if compiled:
     import torch
 
@@ -59,4 +67,7 @@ for _ in loop:
 looped = time.monotonic() - begin  # what the job's own thread spent, queueing and waiting
 device.wait_for(device.launched)
 with open(out, "w") as result:
-    json.dump({"kernels": device.intervals, "loop_s": looped}, result)
+    json.dump(
+        {"kernels": device.intervals, "loop_s": looped, "pid": os.getpid(), "waited": waited},
+        result,
+    )

@@ -43,7 +43,7 @@ from gq.fields import (
 )
 
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
-HOST_VERSION = f"{__version__}/18"
+HOST_VERSION = f"{__version__}/19"
 ExitStatus = Annotated[int, Bounds(0, 255)]
 
 

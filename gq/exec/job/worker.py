@@ -7,7 +7,8 @@ and tracebacks name the user's file, exactly as ``python script.py`` would, with
 frames above the script's own. At an acquire it sends READY and blocks until GO (or, alone
 on its lane, takes the lane's lock: gq.exec.lane.lease); at a release it waits until the device
 has run the iteration's work (gq.exec.lane.device_sync), then sends DONE with its step count and
-memory figures (or lets the lock go) and runs on.
+memory figures (or lets the lock go) and runs on; where its grant allowed a gapless hand-over,
+it sends the DONE at once with an interprocess event instead (gq.exec.lane.handover).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class WorkerSession:
         self.lock = threading.RLock()
         self.held = False
         self.empty_cache_after = False
+        self.hand_over = False  # its last Go let its release hand the lane over gaplessly
         self.counts = dict.fromkeys(job_session.COUNTED_FIRST, 0)
         # What is reported: explicit steps if any, else optimizer steps, else hand-written
         # training steps, else evaluation batches (the count of the first kind counted, in
@@ -104,6 +106,12 @@ class WorkerSession:
             self.cap_memory(grant.mem_cap)
         if grant.lease and self.lease is not None:
             self.lease.granted(grant.lease, self.steps)
+        self.hand_over = grant.hand_over
+        if grant.after is not None:  # the previous holder's tail may still be running
+            try:
+                self.device.wait_on(bytes.fromhex(grant.after))
+            except ValueError:
+                pass  # (the host sends only handles it checked)
         self.held = True
 
     def hold_interrupts(self) -> None:
@@ -177,6 +185,14 @@ class WorkerSession:
             self.channel.send("done", **figures)  # asked back: the device was waited for
             return
 
+        if self.hand_over and (handle := self.device.hand_over()) is not None:
+            # Gapless: the Done goes now with an event after the iteration's work, which a
+            # successor of the same user waits on on its device; the host hears once the
+            # device has run it too (a successor of another user waits for that).
+            self.channel.send("done", event=handle.hex(), **figures)
+            self.device.then(self._send_drained)
+            return
+
         # The lane passes on once the device has run what this iteration queued: the
         # host hears of the release then, from a thread that waits for the device,
         # while this one runs on (its gap's work beside the device's tail).
@@ -184,6 +200,9 @@ class WorkerSession:
             self.channel.send("done", **figures)
 
         self.device.then(send_done)
+
+    def _send_drained(self) -> None:
+        self.channel.send("drained")
 
     def end_iteration(self) -> None:
         """A console's statement is over: whatever iteration it left open ends here (through

@@ -32,6 +32,8 @@ class Grant(NamedTuple):
     empty_cache: bool = False  # give back cached device memory at its release
     mem_cap: int | None = None  # from now on: its probe's figure (a CUDA job's cap)
     lease: int = 0  # nonzero: the lane is its own across boundaries until asked back
+    hand_over: bool = False  # at its release: the Done carries an event, sent at once
+    after: str | None = None  # the previous holder's event (hex): its stream waits on it
 
 
 class WorkerChannel:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 _stand_in: Any = None
+HANDLE_SIZE = 64  # bytes of a CUDA interprocess event's handle (cudaIpcEventHandle_t)
 
 
 def stand_in(module: Any) -> None:
@@ -65,6 +66,7 @@ class DeviceWork:
     def __init__(self) -> None:
         self._events: dict[int, Any] = {}  # by device: an event belongs to one
         self._tail: _Tail | None = None  # made when a lease's release first finds it busy
+        self._shared: dict[int, Any] = {}  # by device: the interprocess event handed over
 
     def finish(self) -> None:
         """Return once the device has run everything queued so far on the current stream."""
@@ -95,6 +97,40 @@ class DeviceWork:
         if self._tail is None:
             self._tail = _Tail()
         self._tail.hand(event, give)
+
+    def hand_over(self) -> bytes | None:
+        """Record an interprocess event after everything queued so far on the current
+        stream and return its handle (64 bytes) for the next holder's stream to wait on;
+        None where CUDA is not in use, a graph is being captured, or the device cannot share
+        events (then the release waits for the device, as :meth:`then` does)."""
+        module = cuda()
+        if module is None or _capturing(module):
+            return None
+        device = module.current_device()
+        try:
+            event = self._shared.get(device)
+            if event is None:  # one per device, kept: a handle opened elsewhere must not
+                event = module.Event(blocking=True, interprocess=True)  # outlive its event
+                self._shared[device] = event
+            event.record()
+            handle = bytes(event.ipc_handle())
+        except Exception:  # noqa: BLE001 - no CUDA IPC here (a platform, an old torch)
+            return None
+        return handle if len(handle) == HANDLE_SIZE else None
+
+    def wait_on(self, handle: bytes) -> None:
+        """The current stream's next kernels run once the device has run what the previous
+        holder (another process of this job's owner) queued before its event: queued now,
+        waited for by the device, not by this thread. Where the event cannot be opened (its
+        process has gone, and its work with it), nothing is waited for."""
+        module = cuda()
+        if module is None or _capturing(module):
+            return  # no CUDA yet: creating a context takes far longer than a tail
+        try:
+            event = module.Event.from_ipc_handle(module.current_device(), handle)
+            module.current_stream().wait_event(event)
+        except Exception:  # noqa: BLE001 - a handle of a process that has ended
+            pass
 
     def keep(self) -> Callable[[], None] | None:
         """Take back a ``give`` not made yet, and return it (None: nothing was pending). The

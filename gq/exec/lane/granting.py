@@ -12,7 +12,9 @@ Two ways to hold a lane:
 - **a grant**: the worker asked with READY, the host sent a Go; the iteration is the job's
   until its Done, billed from the Go to the Done as the host saw them. The worker sends its
   Done only once its device has run the iteration's work (gq.exec.lane.device_sync), so the next
-  grant never overlaps it, and that time is device time.
+  grant never overlaps it, and that time is device time; or, where every job on the lane is
+  its owner's, at once with an event the next holder's device waits on
+  (gq.exec.lane.handover).
 - **a lease** (:mod:`gq.exec.lane.lease`; the host's books: :mod:`gq.exec.lane.leasing`), for
   a job alone on its lane or beside jobs none of which could take it (fifo's head): granted
   with its Go, it crosses boundaries on its page's lock without a message until a job
@@ -27,7 +29,6 @@ progress early) is :class:`Processes`.
 from __future__ import annotations
 
 import logging
-import math
 import selectors
 import time
 from typing import Protocol
@@ -35,6 +36,7 @@ from typing import Protocol
 from gq import defaults
 from gq.exec.host.messages import Shortage, StopWhy
 from gq.exec.job import messages as wire
+from gq.exec.lane import handover, wakeups
 from gq.exec.lane import memory as lane_memory
 from gq.exec.lane import rule as lane_rule
 from gq.exec.lane.leasing import Leases, bill, move
@@ -83,6 +85,7 @@ class Granter:
         self.max_hold = defaults.MAX_HOLD  # seconds a hold others wait for goes on at most
         self.lane_memory = lane_memory  # bytes of device memory a lane has, where known
         self.leases = Leases(lanes, cuda, self.end_for_protocol)
+        self.handovers = handover.HandOvers()  # tails handed over gaplessly
         # Each user's recent interactive use of this device's lanes: what the lane rule's
         # people-first turns allow them (gq.exec.lane.rule), across all their interactive jobs.
         self.bursts: dict[str, lane_rule.Burst] = {}
@@ -91,32 +94,11 @@ class Granter:
         self.shares: dict[str, float] = {}
 
     def due_in(self, now: float) -> float:
-        """How soon the lanes must be looked at again with no event (math.inf: not before
-        one): a free lane a ready job waits for, kept for a job in its gap until then or
-        free because the policy picks no one now, soon; a lease asked back inside an
-        iteration, soon (its lock may come free); a hold (or lease) others wait for, when
-        its bound is up, or soon (the policy may come to prefer one of them)."""
-        due = math.inf
-        for lane in self.lanes:
-            holder = lane.holder
-            if holder is not None:
-                if holder.standing is Standing.RECALLED:  # tried more rarely as it goes on
-                    asked = now - holder.recalled_at
-                    due = min(
-                        due, min(defaults.RECALL_POLL_MAX, max(defaults.RECALL_POLL, asked / 4))
-                    )
-                if lane.contended_since is not None:
-                    due = min(due, max(0.0, lane.contended_since + self.max_hold - now))
-                elif ready_to_grant(lane):
-                    due = min(due, defaults.CONTENTION_POLL)
-                continue
-            if not ready_to_grant(lane):
-                continue
-            if lane.kept_until is not None:
-                due = min(due, max(0.0, lane.kept_until - now))
-            else:
-                due = min(due, 0.01)
-        return due
+        """How soon the lanes must be looked at again with no event (gq.exec.lane.wakeups)."""
+        return min(
+            wakeups.due_in(self.lanes, now, self.max_hold),
+            self.handovers.due_in(now, self.max_hold),
+        )
 
     def set_policy(self, policy: Policy, max_hold: float = defaults.MAX_HOLD) -> None:
         self.policy, self.max_hold = policy, max_hold
@@ -179,6 +161,9 @@ class Granter:
                 self._on_ready(resident, now)
             elif kind is wire.Done:
                 self._on_done(resident, message, now)
+            elif kind is wire.Drained:
+                if (drained := self.handovers.drained(resident, now)) is not None:
+                    self.schedule(self.lanes[drained])
             elif kind is wire.Total:
                 resident.declare_total(message.steps)
             elif kind is wire.StepsTaken:
@@ -203,7 +188,9 @@ class Granter:
 
     def _on_ready(self, resident: Resident, now: float) -> None:
         """The job is between iterations and wants the lane: where the host thinks it holds
-        it (a lease not taken up, a grant never said Done to), its hold ends, billed, untimed."""
+        it (a lease not taken up, a grant never said Done to), its hold ends, billed, untimed
+        (an iteration handed over whose Drained never came: billed until now)."""
+        self.handovers.settle(resident, now)
         if resident.standing is Standing.LEASED:
             self.leases.recall(resident, between=True)
         if resident.standing is Standing.HOLDING and resident.channel is not None:
@@ -251,12 +238,13 @@ class Granter:
         if standing is not Standing.HOLDING:
             move(resident, Event.RELEASE)  # a Done already counted, or never owed
             return
-        resident.end_iteration(max(0.0, now - resident.granted_at), message.steps)
+        if not self.handovers.released(resident, message.event, message.steps, now):
+            resident.end_iteration(max(0.0, now - resident.granted_at), message.steps)
+            resident.released_at = now
         resident.mem_persistent = message.mem_persistent
         resident.mem_peak = message.mem_peak
         resident.dirty = True
         move(resident, Event.RELEASE)
-        resident.released_at = now
         lane.holder = None
         self._check_memory(resident)
         self.schedule(lane)
@@ -305,6 +293,11 @@ class Granter:
             return
         lease = 0
         now = time.monotonic()  # before the Go: the job may use the lane from its send on
+        wait, after = self.handovers.for_grant(
+            lane.index, chosen, now, self.max_hold, chosen.standing is not Standing.STOPPED
+        )
+        if wait:
+            return  # another user's job: once the last holder's tail has drained
         if chosen.frozen:  # stopped inside its iteration (or just after): goes on
             self.host.freeze(chosen, False)
         if chosen.standing is not Standing.STOPPED:
@@ -314,6 +307,8 @@ class Granter:
                     empty_cache=lane_memory.short_of_memory(lane, self.cuda, self.lane_memory),
                     mem_cap=chosen.mem_cap if chosen.cap_unsent else None,
                     lease=lease,
+                    hand_over=not lease and self.handovers.offer(lane, chosen),
+                    after=after,
                 )
             ):
                 chosen.cap_unsent = False
@@ -420,6 +415,7 @@ class Granter:
             self.selector.unregister(resident.channel.sock)
         resident.channel.close()
         resident.channel = None
+        self.handovers.forget(resident, time.monotonic())
         self._release_lane(resident)
         if resident.page is not None:
             resident.page.close()
