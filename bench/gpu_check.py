@@ -16,6 +16,9 @@ it left running is ended, and the next phase starts.
 - fair_pair: two spin jobs on one lane under fair, started together: overlap of their
   device intervals, each one's device share (event truth), gq's attained time against it,
   and the stretch of a kernel against alone.
+- hand_over: two spin jobs of one user under fair on one lane: the device's idle time
+  between their iterations (<= 5 %) and their overlap (0), by their CUDA events on the
+  common clock, with the gaps at hand-overs (bench/gpu_check_handover.py).
 - priority_fill: priority --fill gapfit, a high-priority spin job with host gaps and two
   low-priority ones: the high job's throughput against alone, overlap, and the same three
   as bare processes at once ("plain sharing": the high job's loop time there against gq's).
@@ -64,6 +67,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_checkpoint import checkpoint  # noqa: E402
+from gpu_check_handover import hand_over  # noqa: E402
 
 from gpu_check_lib import (  # noqa: E402
     CheckNode,
@@ -113,6 +117,7 @@ def config(cpu: bool, quick: bool) -> dict:
             "environment": 40,
             "alone": 110,
             "fair_pair": 45,
+            "hand_over": 45,
             "priority_fill": 60,
             "sweep": 70,
             "packing": 115,  # three daemons: --lanes 1, auto, auto --mps
@@ -128,7 +133,7 @@ def config(cpu: bool, quick: bool) -> dict:
             "step_ms": 20,
             "slack_mb": 2048,
         },
-        "total": 455,
+        "total": 480,  # 8 minutes: what the prepared run may take on one GPU
         "plain": [],
         "skip": [],
         "kinds": list(KINDS),
@@ -155,22 +160,24 @@ def config(cpu: bool, quick: bool) -> dict:
         for key in ("fair_iters", "high_iters", "sweep_iters", "escape_iters", "hold_iters"):
             c[key] = max(30, c[key] // 3)
         c["hog_iters"] = 2
-        c["total"] = 110 if cpu else 170
+        c["total"] = 110 if cpu else 195
     if cpu and quick:
         c.update(
-            plain=["priority_fill", "sweep", "escapes", "bounded_hold"],
+            plain=["hand_over", "priority_fill", "sweep", "escapes", "bounded_hold"],
             sweep_jobs=4,
             high_iters=40,
             hog_ms=450.0,
             kinds=["spin", "graph"],
             total=105,
             # CI's run of it: bench/packing.py measures --lanes auto on the cpu device, and
-            # tests/test_memory_moves.py the moves of memory (with the fake)
-            skip=["packing", "checkpoint"],
+            # tests/test_memory_moves.py the moves of memory (with the fake), and
+            # tests/test_handover.py the hand-over on a shared fake device
+            skip=["packing", "checkpoint", "hand_over"],
             budgets={
                 "environment": 10,
                 "alone": 45,
                 "fair_pair": 40,
+                "hand_over": 25,
                 "priority_fill": 25,
                 "sweep": 25,
                 "packing": 40,
@@ -596,6 +603,7 @@ PHASES = {
     "environment": environment,
     "alone": alone,
     "fair_pair": fair_pair,
+    "hand_over": hand_over,
     "priority_fill": priority_fill,
     "sweep": sweep,
     "packing": packing,

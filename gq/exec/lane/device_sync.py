@@ -23,11 +23,20 @@ thread sends the Done once the device is done, while the job runs on with its ga
 (a high-priority job's host-side work beside its own tail); where the job asks for the lane
 again first, it waits for the device and sends the Done itself, before its READY.
 
+Where every job on the lane is its owner's, a contended release need not wait at all
+(:meth:`DeviceWork.hand_over`, gq.exec.lane.handover): it records an interprocess event
+(one per device, kept for the process's life: a handle opened elsewhere must not outlive
+its event) and the Done carries its handle at once; the next holder's stream waits on it
+before its first kernel (:meth:`DeviceWork.wait_on`), so the device runs the two back to
+back, and the thread above says Drained once the tail has run. Where the event cannot be
+made (no CUDA IPC) the release waits as before.
+
 Work on another stream than the current one is not waited for; a job that runs such work
 past its release runs it outside the lane, as it would by starting a thread of its own.
 
 The few ``torch.cuda`` calls made here go through :func:`cuda`, which a test may point at a
-stand-in device (tests/zoo/fake_cuda.py) whose kernels run on a thread.
+stand-in device (tests/zoo/fake_cuda.py) whose kernels run on a thread, and which the
+processes of a test may share (contexts time-slicing, interprocess events).
 """
 
 from __future__ import annotations
@@ -42,8 +51,9 @@ HANDLE_SIZE = 64  # bytes of a CUDA interprocess event's handle (cudaIpcEventHan
 
 
 def stand_in(module: Any) -> None:
-    """Use ``module`` (current_device, Event(blocking=...) with record, query and
-    synchronize, and the memory statistics gq.exec.job.worker_memory reads) in place of torch.cuda
+    """Use ``module`` (current_device, current_stream().wait_event, Event(blocking=...,
+    interprocess=...) with record, query, synchronize and ipc_handle, Event.from_ipc_handle,
+    and the memory statistics gq.exec.job.worker_memory reads) in place of torch.cuda
     from now on, initialised or not: a fake device, for tests without a GPU (None: torch's
     own again)."""
     global _stand_in
