@@ -29,8 +29,8 @@ KERNELS = str(ROOT / "tests" / "zoo" / "fake_kernels.py")
 KERNEL_MS = 2
 
 
-def kernel_log(directory: Path) -> list[tuple[int, int, int]]:
-    """(pid, start_ns, end_ns) of every kernel the shared device ran, in order."""
+def kernel_log(directory: Path) -> list[tuple[int, int, int, int]]:
+    """(pid, start_ns, end_ns, queued_ns) of every kernel the shared device ran, in order."""
     rows = [
         tuple(map(int, line.split()))
         for line in (directory / "kernels").read_text().split("\n")
@@ -39,7 +39,7 @@ def kernel_log(directory: Path) -> list[tuple[int, int, int]]:
     return sorted(rows, key=lambda row: row[1])  # type: ignore[arg-type, return-value]
 
 
-def hand_overs(log: list[tuple[int, int, int]]) -> dict:
+def hand_overs(log: list[tuple[int, int, int, int]]) -> dict:
     """What the log says of the device: kernels that overlapped, runs of one process's
     kernels (an iteration's come whole, two by two, unless another's cut in), and the idle
     time at each change of process, against the span from first kernel to last."""
@@ -52,14 +52,16 @@ def hand_overs(log: list[tuple[int, int, int]]) -> dict:
             runs.append(length)
             length = 1
     runs.append(length)
-    gaps = [max(0, b[1] - a[2]) for a, b in zip(log, log[1:]) if a[0] != b[0]]
+    changes = [(a, b) for a, b in zip(log, log[1:]) if a[0] != b[0]]
+    gaps = [max(0, b[1] - a[2]) for a, b in changes]
     span = log[-1][2] - log[0][1]
     return {
         "overlaps": overlaps,
         "runs": runs,
         "gaps_ns": gaps,
         "idle": sum(gaps) / span,
-        "busy_s": sum(end - begin for _, begin, end in log) / 1e9,
+        # the next job's kernel was queued before the last one's tail had run
+        "ahead": sum(1 for a, b in changes if b[3] < a[2]) / len(changes),
     }
 
 
@@ -99,16 +101,19 @@ def test_one_users_jobs_hand_over_without_the_device_idling_and_never_interleave
     # Handles passed between them (one user's jobs), and none where IPC is not there.
     assert all(r["waited"] for r in results), [len(r["waited"]) for r in results]
     assert not any(r["waited"] for r in synced_results)
-    median = statistics.median(gapless["gaps_ns"])
-    synced_median = statistics.median(synced["gaps_ns"])
+    # The successor queued its work while the holder's tail ran; waited for, never.
+    assert gapless["ahead"] >= 0.8, gapless["ahead"]
+    assert synced["ahead"] == 0, synced["ahead"]
+    quartile = statistics.quantiles(gapless["gaps_ns"], n=4)[0]
+    synced_quartile = statistics.quantiles(synced["gaps_ns"], n=4)[0]
     print(
-        f"idle at hand-overs: gapless {gapless['idle']:.3f} (median gap {median / 1e3:.0f} us), "
-        f"synced {synced['idle']:.3f} (median gap {synced_median / 1e3:.0f} us)"
+        f"at hand-overs, gapless: idle {gapless['idle']:.3f} of the span, gaps' quartile "
+        f"{quartile / 1e3:.0f} us; synced: {synced['idle']:.3f}, {synced_quartile / 1e3:.0f} us"
     )
-    # (A loaded machine's scheduling adds the same noise to both: measured on two shared
-    # cores, gapless 0.12-0.14 of the span idle, median gap 0.4 ms; synced 0.18-0.22, 0.9 ms.)
-    assert median <= 0.6 * synced_median, (median, synced_median)
-    assert gapless["idle"] < synced["idle"], (gapless["idle"], synced["idle"])
+    # What is left of a gap is the fake's own wake-up on a CPU other processes share (its
+    # upper tail, the same noise either way: measured on two loaded cores, gaps' quartiles
+    # 150-290 us against 430-760 us; idle 0.08-0.14 against 0.13-0.22).
+    assert quartile <= 0.6 * synced_quartile, (quartile, synced_quartile)
     # Billed as device time still: each job's kernels, not the moments its Done came.
     for result, job_id in zip(results, ids):
         busy = sum(end - begin for begin, end in result["kernels"]) / 1e9
@@ -244,44 +249,88 @@ runpy.run_path("fake_kernels.py", run_name="__main__")
 """
 
 
+def _user_job(node, owner, device: Path, name: str, iterations: int) -> int:
+    """A fake_kernels job of ``owner``'s on the shared ``device``, at its start file
+    ``go-NAME``, writing ``NAME.json``."""
+    import shutil
+
+    for part in ("fake_cuda.py", "fake_kernels.py"):
+        copy = owner.workdir / part
+        if not copy.exists():
+            shutil.copy(ROOT / "tests" / "zoo" / part, copy)
+            os.chown(copy, owner.uid, owner.gid)
+    args = [f"{name}.json", str(iterations), str(KERNEL_MS), f"go-{name}"]
+    script = write_script(
+        owner.workdir / f"{name}.py", _AS_USER.format(device=str(device), args=args)
+    )
+    os.chown(script, owner.uid, owner.gid)
+    return int(node.ok(owner, "submit", "--parsable", "--gpu-mem", "64M", script).strip())
+
+
+def _shared_device(tmp_path: Path) -> Path:
+    device = tmp_path / "device"
+    device.mkdir()
+    device.chmod(0o777)
+    return device
+
+
 def test_two_users_jobs_hand_over_with_their_device_waited_for_and_no_handle(
     shared_node, users, tmp_path
 ):
     """Jobs of alice and bob on one lane: no event of one reaches the other; each release
     waits for its device, so their kernels still never interleave."""
-    import shutil
-
     shared_node.ok(None, "policy", "set", "fair")
-    device = tmp_path / "device"
-    device.mkdir()
-    device.chmod(0o777)
+    device = _shared_device(tmp_path)
     owners = [users["alice"], users["bob"]]
-    ids = []
+    ids = [_user_job(shared_node, owner, device, "k", 60) for owner in owners]
     for owner in owners:
-        for name in ("fake_cuda.py", "fake_kernels.py"):
-            copy = owner.workdir / name
-            shutil.copy(ROOT / "tests" / "zoo" / name, copy)
-            os.chown(copy, owner.uid, owner.gid)
-        args = ["kernels.json", "60", str(KERNEL_MS), "go"]
-        script = write_script(
-            owner.workdir / "job.py", _AS_USER.format(device=str(device), args=args)
-        )
-        os.chown(script, owner.uid, owner.gid)
-        ids.append(
-            int(shared_node.ok(owner, "submit", "--parsable", "--gpu-mem", "64M", script).strip())
-        )
+        wait_for((owner.workdir / "go-k.waiting").exists, 60, what="the job at its start file")
     for owner in owners:
-        wait_for((owner.workdir / "go.waiting").exists, 60, what="the job at its start file")
-    for owner in owners:
-        (owner.workdir / "go").touch()
+        (owner.workdir / "go-k").touch()
     for job_id in ids:
         shared_node.wait_state(job_id, "COMPLETED", timeout=120)
-    results = [json.loads((o.workdir / "kernels.json").read_text()) for o in owners]
+    results = [json.loads((o.workdir / "k.json").read_text()) for o in owners]
     assert [r["waited"] for r in results] == [[], []]
     seen = hand_overs(kernel_log(device))
     assert seen["overlaps"] == 0
     assert all(run % 2 == 0 for run in seen["runs"]), seen["runs"]
     assert len(seen["runs"]) >= 20
+
+
+def test_another_users_job_that_comes_to_a_lane_ends_its_gapless_hand_overs(
+    shared_node, users, tmp_path
+):
+    """alice's two jobs hand over gaplessly until bob's job comes to their lane: from then
+    on no grant allows it (bob's never gets a handle), and no kernels interleave. (A job
+    that comes while a tail is pending, say moved from another lane, waits for its
+    Drained: see the unit test of gq.exec.lane.handover below.)"""
+    alice, bob = users["alice"], users["bob"]
+    shared_node.ok(None, "policy", "set", "fair")
+    device = _shared_device(tmp_path)
+    ids = [_user_job(shared_node, alice, device, f"a{n}", 150) for n in range(2)]
+    for n in range(2):
+        wait_for((alice.workdir / f"go-a{n}.waiting").exists, 60, what="alice's job at its start")
+    for n in range(2):
+        (alice.workdir / f"go-a{n}").touch()
+    wait_for(
+        lambda: len((device / "kernels").read_text().splitlines()) >= 40,
+        60,
+        what="alice's jobs under way",
+    )
+    ids.append(_user_job(shared_node, bob, device, "b", 60))
+    (bob.workdir / "go-b").touch()  # (it starts at once)
+    for job_id in ids:
+        shared_node.wait_state(job_id, "COMPLETED", timeout=120)
+    results = [json.loads((alice.workdir / f"a{n}.json").read_text()) for n in range(2)]
+    bobs = json.loads((bob.workdir / "b.json").read_text())
+    assert all(r["waited"] for r in results)  # alice's handed over before bob came
+    assert bobs["waited"] == []
+    log = kernel_log(device)
+    bob_pid = bobs["pid"]
+    assert log[0][0] != bob_pid and any(row[0] == bob_pid for row in log)
+    seen = hand_overs(log)
+    assert seen["overlaps"] == 0
+    assert all(run % 2 == 0 for run in seen["runs"]), seen["runs"]
 
 
 # ----- the pure parts and the fake device ---------------------------------------------

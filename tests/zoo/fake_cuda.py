@@ -12,7 +12,7 @@ that names it shares one device, as the processes of a node share a GPU without 
 contexts time-slice. A kernel runs holding the directory's ``lock`` (an flock), so kernels
 of two processes never run at once; where the context that ran last was another process's,
 the kernel first pays ``switch_us`` (``GQ_FAKE_CUDA_SWITCH_US``), as a context switch costs.
-Every kernel is appended to ``kernels`` as ``pid start_ns end_ns``, and each process
+Every kernel is appended to ``kernels`` as ``pid start_ns end_ns queued_ns``, and each process
 publishes how far its queue has run in ``done-PID``. Events made with ``interprocess=True``
 give an ``ipc_handle()`` (64 bytes naming the process and the position), which another
 process opens with ``Event.from_ipc_handle(device, handle)``; its
@@ -38,7 +38,8 @@ POLL = 0.00002  # seconds between looks at another process's progress
 class FakeDevice:
     def __init__(self, shared: str | None = None, interprocess: bool = True) -> None:
         self._changed = threading.Condition()
-        self._queue: collections.deque[float | tuple[int, int]] = collections.deque()
+        # ("kernel", seconds, queued_ns) or ("wait", pid, mark), in the order queued
+        self._queue: collections.deque[tuple[str, float, int]] = collections.deque()
         self.launched = 0
         self.completed = 0
         self.intervals: list[tuple[int, int]] = []  # (start_ns, end_ns) of each kernel
@@ -56,9 +57,9 @@ class FakeDevice:
         threading.Thread(target=self._run, daemon=True).start()
 
     def launch(self, seconds: float) -> None:
-        self._put(seconds)
+        self._put(("kernel", seconds, time.monotonic_ns()))
 
-    def _put(self, item: float | tuple[int, int]) -> None:
+    def _put(self, item: tuple[str, float, int]) -> None:
         with self._changed:
             self._queue.append(item)
             self.launched += 1
@@ -69,11 +70,12 @@ class FakeDevice:
             with self._changed:
                 self._changed.wait_for(lambda: self._queue)
                 item = self._queue.popleft()
-            if isinstance(item, tuple):
-                _wait_until_past(self.shared, *item)
+            kind, first, second = item
+            if kind == "wait":
+                _wait_until_past(self.shared, self._lock, int(first), second)
                 begin = end = 0
             else:
-                begin, end = self._kernel(item)
+                begin, end = self._kernel(first, second)
             with self._changed:
                 if begin:
                     self.intervals.append((begin, end))
@@ -82,7 +84,7 @@ class FakeDevice:
                     os.pwrite(self._done, struct.pack("<q", self.completed), 0)
                 self._changed.notify_all()
 
-    def _kernel(self, seconds: float) -> tuple[int, int]:
+    def _kernel(self, seconds: float, queued: int) -> tuple[int, int]:
         if self.shared is None:
             begin = time.monotonic_ns()
             time.sleep(seconds)  # the device is busy; no CPU of the job's is
@@ -100,7 +102,7 @@ class FakeDevice:
             # Published before the context lets the device go: a process waiting on this
             # one's event sees it as soon as the kernel is over.
             os.pwrite(self._done, struct.pack("<q", self.completed + 1), 0)
-            os.write(self._log, f"{self.pid} {begin} {end}\n".encode())
+            os.write(self._log, f"{self.pid} {begin} {end} {queued}\n".encode())
         finally:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
         return begin, end
@@ -194,7 +196,7 @@ class FakeStream:
         """This stream's later kernels run once ``event`` has been reached: another
         process's, as far as its device has run; one of this process's, in order anyway."""
         if event.pid != self.device.pid:
-            self.device._put((event.pid, event.mark))
+            self.device._put(("wait", event.pid, event.mark))
 
 
 def _open(path: str, flags: int = 0) -> int:
@@ -206,8 +208,10 @@ def _open(path: str, flags: int = 0) -> int:
     return fd
 
 
-def _wait_until_past(shared: str | None, pid: int, mark: int) -> None:
-    """Until process ``pid``'s device has run ``mark`` items, or ``pid`` has died."""
+def _wait_until_past(shared: str | None, lock: int, pid: int, mark: int) -> None:
+    """Until process ``pid``'s device has run ``mark`` items, or ``pid`` has died. While a
+    kernel runs (of ``pid``'s, most often) this sleeps on the device's lock, which its end
+    lets go, rather than polling: a loaded machine's CPUs go to the jobs."""
     path = os.path.join(shared or "", f"done-{pid}")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -221,6 +225,9 @@ def _wait_until_past(shared: str | None, pid: int, mark: int) -> None:
                 return  # its context is gone, and with it what it queued
             except PermissionError:
                 pass  # alive, another user's
-            time.sleep(POLL)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if struct.unpack("<q", os.pread(fd, 8, 0).ljust(8, b"\0"))[0] < mark:
+                time.sleep(POLL)  # between two of its kernels, or before its first
     finally:
         os.close(fd)
