@@ -108,7 +108,8 @@ def test_one_users_jobs_hand_over_without_the_device_idling_and_never_interleave
     synced_quartile = statistics.quantiles(synced["gaps_ns"], n=4)[0]
     print(
         f"at hand-overs, gapless: idle {gapless['idle']:.3f} of the span, gaps' quartile "
-        f"{quartile / 1e3:.0f} us; synced: {synced['idle']:.3f}, {synced_quartile / 1e3:.0f} us"
+        f"{quartile / 1e3:.0f} us, queued ahead {gapless['ahead']:.2f}; synced: "
+        f"{synced['idle']:.3f}, {synced_quartile / 1e3:.0f} us"
     )
     # What is left of a gap is the fake's own wake-up on a CPU other processes share (its
     # upper tail, the same noise either way: measured on two loaded cores, gaps' quartiles
