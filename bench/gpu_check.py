@@ -18,7 +18,8 @@ it left running is ended, and the next phase starts.
   and the stretch of a kernel against alone.
 - hand_over: two spin jobs of one user under fair on one lane: the device's idle time
   between their iterations (<= 5 %) and their overlap (0), by their CUDA events on the
-  common clock, with the gaps at hand-overs (bench/gpu_check_handover.py).
+  common clock, with the gaps at hand-overs; and a holder killed just after its release, its
+  tail on the device: its successor goes on (bench/gpu_check_handover.py).
 - priority_fill: priority --fill gapfit, a high-priority spin job with host gaps and two
   low-priority ones: the high job's throughput against alone, overlap, and the same three
   as bare processes at once ("plain sharing": the high job's loop time there against gq's).
@@ -117,7 +118,7 @@ def config(cpu: bool, quick: bool) -> dict:
             "environment": 40,
             "alone": 110,
             "fair_pair": 45,
-            "hand_over": 45,
+            "hand_over": 60,
             "priority_fill": 60,
             "sweep": 70,
             "packing": 115,  # three daemons: --lanes 1, auto, auto --mps

@@ -11,12 +11,14 @@ anchor event synchronized at the loop's start and one at its end (drift correcte
 CPU it is monotonic_ns around the work. Once set up the job creates RUN.json.ready and waits
 for --start-file; it stops early once --stop-file exists. At its end it writes RUN.json:
 every iteration's [start, end] in ns (the first --warm are warm-up), and its timed loop's
-wall time and iterations per second.
+wall time and iterations per second. --die: it kills itself once its loop has queued its
+last iteration (--last-ms of spin on CUDA), its tail still on the device.
 """
 
 import argparse
 import json
 import os
+import signal
 import time
 
 p = argparse.ArgumentParser()
@@ -27,6 +29,8 @@ p.add_argument("--iters", type=int, default=200)
 p.add_argument("--warm", type=int, default=3)
 p.add_argument("--ms", type=float, default=2.0, help="spin, graph, plain: ms of work")
 p.add_argument("--gap-ms", type=float, default=0.0, help="host idle time between iterations")
+p.add_argument("--last-ms", type=float, help="spin on CUDA: the last iteration's ms of work")
+p.add_argument("--die", action="store_true", help="SIGKILL itself once its loop has queued")
 p.add_argument("--width", type=int, default=4096)
 p.add_argument("--batch", type=int, default=8192)
 p.add_argument("--layers", type=int, default=4)
@@ -172,6 +176,7 @@ if cuda:
     e1.synchronize()
     cycles = int(a.ms * 4_000_000 / e0.elapsed_time(e1))
     extra["sleep_cycles"] = cycles
+    last_cycles = int(cycles * a.last_ms / a.ms) if a.last_ms else cycles
 if a.kind == "graph" and cuda:
     A = torch.randn(a.width, a.width, device=dev, dtype=dtype)
     B, C = torch.randn_like(A), torch.empty_like(A)
@@ -195,7 +200,7 @@ if a.kind == "graph" and cuda:
     extra["graph_matmuls"] = count
 
 
-def iteration():
+def iteration(last=False):
     if a.kind == "graph":
         with torch.no_grad():  # an evaluation batch: gq releases at the call's end
             model(x)
@@ -208,7 +213,7 @@ def iteration():
     loss = model(x).float().square().mean()
     loss.backward()
     if a.kind == "spin" and cuda:
-        torch.cuda._sleep(cycles)
+        torch.cuda._sleep(last_cycles if last else cycles)
     optimizer.step()
 
 
@@ -227,9 +232,11 @@ for i in range(total):
         loop_start = now()
     if stopped():
         break
-    iteration()
+    iteration(i == total - 1)
     if gap:
         time.sleep(gap)
+if a.die:  # released, its last iteration's tail still on the device (a holder that dies)
+    os.kill(os.getpid(), signal.SIGKILL)
 if cuda:
     torch.cuda.synchronize()
 loop_ns = now() - loop_start
