@@ -438,6 +438,9 @@ def test_a_hand_over_is_allowed_and_a_handle_passed_only_between_one_users_jobs(
     # A handle the host never allowed is dropped; a job's own tail needs none.
     assert not books.offer(SimpleNamespace(residents=[a1, b]), a1)
     assert books.released(a1, "ab" * 64, 10, now=13.0) is False
+    # Nor after a lease, which a Go that allowed one before does not carry over to.
+    assert books.offer(lane, a1) and not books.offer(lane, a1, leased=True)
+    assert books.released(a1, "ab" * 64, 10, now=13.0) is False
     assert books.for_grant(0, b, now=13.0, bound=1.0) == (False, None)
     books.offer(lane, a1)
     books.released(a1, "ab" * 64, 11, now=14.0)

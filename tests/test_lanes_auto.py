@@ -104,7 +104,7 @@ def test_jobs_side_by_side_are_charged_the_share_of_the_device_they_got(home, tm
     # uncharged (the trial's is charged whole: its pace is known only once it is over).
     assert 0.9 * work <= used <= work + 0.6 * (billed - work), (billed, used, work)
     # gq history says what each was charged, at what pace against taking turns.
-    assert abs(sum(j["charged"] for j in ended) - used) < 0.05 * billed, (ended, used)
+    assert abs(sum(j["charged"] for j in ended) - used) < 0.1 * billed, (ended, used)
     assert all(0.5 <= j["pace_side_by_side"] < 1.0 for j in ended), ended
     table = gq_ok("history").splitlines()
     side = table[0].split().index("SIDE")

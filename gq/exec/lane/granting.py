@@ -307,7 +307,7 @@ class Granter:
                     empty_cache=lane_memory.short_of_memory(lane, self.cuda, self.lane_memory),
                     mem_cap=chosen.mem_cap if chosen.cap_unsent else None,
                     lease=lease,
-                    hand_over=not lease and self.handovers.offer(lane, chosen),
+                    hand_over=self.handovers.offer(lane, chosen, leased=bool(lease)),
                     after=after,
                 )
             ):

@@ -66,9 +66,11 @@ class HandOvers:
         self.drained_at: dict[int, float] = {}  # lane: when its device last ran dry, as heard
         self.offered: set[int] = set()  # job ids: granted with hand_over
 
-    def offer(self, lane: Lane, chosen: Resident) -> bool:
-        """The Go's ``hand_over`` for ``chosen``, remembered until its Done."""
-        if allowed(lane, chosen):
+    def offer(self, lane: Lane, chosen: Resident, leased: bool = False) -> bool:
+        """The Go's ``hand_over`` for ``chosen``, remembered until its Done; never with a
+        lease (``leased``: one its worker may leave untaken, so that the Done after its
+        recall must not carry an event a Go allowed before)."""
+        if not leased and allowed(lane, chosen):
             self.offered.add(chosen.job_id)
             return True
         self.offered.discard(chosen.job_id)
