@@ -115,7 +115,9 @@ def test_reference_figures_on_the_shipped_trace():
 
 
 def test_simulate_cli_compare_and_json(home):
-    table = gq_ok("simulate", "--trace", SHIPPED, "--compare", "fifo,srtf,fair,priority")
+    table = gq_ok(
+        "simulate", "--trace", SHIPPED, "--compare", "fifo,srtf,fair,priority", "--lanes", "1"
+    )
     assert "4195.9" in table and "srtf" in table and "1.35x" in table
     data = json.loads(gq_ok("simulate", "--trace", SHIPPED, "--policy", "srtf", "--json"))
     assert {"policy", "jobs", "avg_jct", "median_jct", "p95_jct", "makespan", "utilization"} <= set(
@@ -383,6 +385,8 @@ def gapped(count: int, seed: int) -> list[TraceJob]:
 def test_bulk_advance_with_gaps_agrees_with_iteration_by_iteration(name, fill):
     for gpus, lanes in ((1, 1), (4, 1), (1, 2)):
         jobs = gapped(30, seed=gpus + lanes)
+        if lanes > 1:  # (jobs that fit side by side: each at its speed alone)
+            jobs = [replace(j, busy=0.5) for j in jobs]
         step = simulate(jobs, policies.make(name, fill), gpus=gpus, lanes=lanes, step_by_step=True)
         bulk = simulate(jobs, policies.make(name, fill), gpus=gpus, lanes=lanes)
         assert ends(bulk) == pytest.approx(ends(step), rel=1e-9, abs=1e-6)
@@ -449,24 +453,33 @@ def test_a_job_whose_iteration_fits_runs_in_the_anticipated_gaps():
 
 
 def test_lanes_run_at_once_and_split_the_memory():
-    """A, B, C need 40 units each. One lane of 100: A and B resident, run one after the
-    other; C waits for room. Two lanes of 50: A and B on a lane each, at once; C fits
-    neither until one ends."""
-    jobs = [job(1, 0, 10, 10, mem=40), job(2, 0, 10, 10, mem=40), job(3, 0, 10, 10, mem=40)]
+    """A, B, C need 40 units each and keep half the device busy. One lane of 100: A and B
+    resident, run one after the other; C waits for room. Two lanes of 50: A and B on a lane
+    each, at once, at their speed alone (halves that fit the device); C fits neither until
+    one ends. Jobs that keep the whole device busy gain nothing from lanes: each goes at
+    half its speed beside the other."""
+    jobs = [job(i, 0, 10, 10, mem=40, busy=0.5) for i in (1, 2, 3)]
     one = simulate(jobs, policies.make("fifo"), capacity=100)
     assert ends(one) == {1: 10, 2: 20, 3: 30}
     two = simulate(jobs, policies.make("fifo"), capacity=100, lanes=2)
     assert ends(two) == {1: 10, 2: 10, 3: 20}
     assert {piece.lane for piece in two.slices} == {0, 1}
-    assert two.summary()["utilization"] == pytest.approx(30 / (2 * 20))
+    assert two.summary()["utilization"] == pytest.approx(3 * 10 * 0.5 / 20)
+    whole = [replace(run, busy=1.0) for run in jobs]
+    assert ends(simulate(whole, policies.make("fifo"), capacity=100, lanes=2)) == {
+        1: 20,
+        2: 20,
+        3: 30,
+    }
 
 
 def test_simulate_cli_lanes(home, tmp_path):
     trace = tmp_path / "t.csv"
-    trace.write_text("submit_time,duration,steps\n0,10,10\n0,10,10\n")
-    one = json.loads(gq_ok("simulate", "--trace", trace, "--json"))
+    trace.write_text("submit_time,duration,steps,busy\n0,10,10,0.5\n0,10,10,0.5\n")
+    one = json.loads(gq_ok("simulate", "--trace", trace, "--lanes", "1", "--json"))
     two = json.loads(gq_ok("simulate", "--trace", trace, "--lanes", "2", "--json"))
     assert one["makespan"] == pytest.approx(20) and two["makespan"] == pytest.approx(10)
+    assert one["lanes"] == "1" and two["lanes"] == "2"
     bad = gq("simulate", "--trace", trace, "--lanes", "0")
     assert bad.code == 2 and "invalid --lanes 0" in bad.err
 

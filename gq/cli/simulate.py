@@ -29,10 +29,11 @@ def simulate(
         None, "--compare", help="Comma-separated policies to compare, e.g. fifo,srtf,fair,priority."
     ),
     gpus: int = typer.Option(1, "--gpus", help="Devices of the simulated node."),
-    lanes: int = typer.Option(
-        1,
+    lanes: str = typer.Option(
+        "auto",
         "--lanes",
-        help="Lanes per device, as gq daemon start --lanes: iterations that run at once on one device.",
+        metavar="auto|N",
+        help="Lanes per device, as gq daemon start --lanes: N run at once always; auto (the daemon's default) side by side only where the host measures it pays, on up to 2 (a GPU's); a comma list (1,auto) compares them.",
     ),
     switch_cost: float = typer.Option(
         0.0, "--switch-cost", help="Seconds a device pays to change job."
@@ -58,7 +59,9 @@ def simulate(
         metavar="FRACTION",
         help="Jobs that would take turns every iteration take them in slices of this share of their iterations (fewer events, approximate) [0: exact; 0.001 for fair with --switch-cost].",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON, one object per policy."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print JSON, one object per policy and lane setting."
+    ),
     jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", help="Write per-job results here."),
     plot: Optional[Path] = typer.Option(
         None, "--plot", help="Draw timeline and JCT CDF (needs matplotlib)."
@@ -67,7 +70,8 @@ def simulate(
     """What would each policy have done with these jobs? Same policy code, simulated clock.
 
     Prints average, median and p95 job completion time (JCT = end - submit), makespan and
-    device utilization. Example: gq simulate --trace jobs.csv --compare fifo,srtf,fair
+    device utilization, for each policy and lane setting. Example: gq simulate --trace
+    jobs.csv --compare fifo,srtf,fair --lanes 1,auto
     """
     from gq import policies
     from gq.cli import render
@@ -86,8 +90,7 @@ def simulate(
         raise UserError(f"--quantum: {exc}") from None
     if gpus < 1:
         raise UserError(f"invalid --gpus {gpus}: the simulated node needs at least 1 device")
-    if lanes < 1:
-        raise UserError(f"invalid --lanes {lanes}: a device has at least 1 lane")
+    settings = lane_settings(lanes)
     if switch_cost < 0:
         raise UserError(f"invalid --switch-cost {switch_cost}: must not be negative")
     if not 0 <= move_margin < 1e9:
@@ -97,9 +100,10 @@ def simulate(
     if plot is not None:
         _require_matplotlib()
     jobs = load(trace)
-    with _ProgressBar(len(names) * len(jobs)) as bar:
+    runs = [(setting, name) for setting in settings for name in names]
+    with _ProgressBar(len(runs) * len(jobs)) as bar:
         results: list[Result] = []
-        for name in names:
+        for (_, count, measured), name in runs:
             results.append(
                 run_simulation(
                     jobs,
@@ -108,12 +112,15 @@ def simulate(
                     switch_cost=switch_cost,
                     backfill=backfill,
                     share_slice=share_slice,
-                    lanes=lanes,
+                    lanes=count,
+                    packing=measured,
                     move_margin=move_margin,
                     progress=bar.after(len(results) * len(jobs)),
                 )
             )
-    summaries = [r.summary() for r in results]
+    summaries = [
+        {**result.summary(), "lanes": label} for result, ((label, _, _), _) in zip(results, runs)
+    ]
     if jobs_csv is not None:
         _write_jobs(results, jobs_csv)
     if plot is not None:
@@ -121,7 +128,7 @@ def simulate(
 
         draw(results, plot)
     if json_out:
-        typer.echo(render.dumps(summaries if compare else summaries[0]))
+        typer.echo(render.dumps(summaries if len(summaries) > 1 or compare else summaries[0]))
         return
     from rich.console import Console
     from rich.table import Table
@@ -134,15 +141,19 @@ def simulate(
         title_justify="left",
     )
     with_deadlines = summaries[0]["deadlines_met"] is not None
-    columns = ["POLICY", "AVG JCT", "MEDIAN JCT", "P95 JCT", "MAKESPAN", "UTIL", "VS FIFO"]
+    columns = ["POLICY", "LANES", "AVG JCT", "MEDIAN JCT", "P95 JCT", "MAKESPAN", "UTIL", "VS FIFO"]
     for column in columns + (["DEADLINES MET"] if with_deadlines else []):
         table.add_column(column, justify="left" if column == "POLICY" else "right")
-    baseline = next((s["avg_jct"] for s in summaries if s["policy"] == "fifo"), None)
     for s in summaries:
+        baseline = next(
+            (b["avg_jct"] for b in summaries if b["policy"] == "fifo" and b["lanes"] == s["lanes"]),
+            None,
+        )
         ratio = f"{baseline / s['avg_jct']:.2f}x" if baseline else "-"
         met = [f"{100 * s['deadlines_met']:.0f}%"] if with_deadlines else []
         table.add_row(
             s["policy"],
+            s["lanes"],
             f"{s['avg_jct']:.1f}",
             f"{s['median_jct']:.1f}",
             f"{s['p95_jct']:.1f}",
@@ -152,6 +163,36 @@ def simulate(
             *met,
         )
     Console(highlight=False).print(table)
+
+
+def lane_settings(text: str) -> list[tuple[str, int, bool]]:
+    """``--lanes``: each comma-separated setting as (what it was called, lanes, measured):
+    a count fixes that many lanes at once; ``auto`` lets the simulated host's packer choose
+    on up to a GPU's lanes (gq.exec.lane.packing). UserError naming the setting: anything
+    else, an empty one, a count out of range."""
+    from gq.exec.lane import packing
+
+    settings = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if item == "auto":
+            settings.append((item, packing.most_lanes(cuda=True), True))
+            continue
+        try:
+            count = int(item)
+        except ValueError:
+            what = repr(text[:40]) if not item else repr(item[:40])
+            raise UserError(
+                f"invalid --lanes {what}: give a count of lanes (1 to {defaults.MAX_LANES}) "
+                "or auto, several comma-separated (1,auto)"
+            ) from None
+        if not 1 <= count <= defaults.MAX_LANES:
+            raise UserError(
+                f"invalid --lanes {count}: a device has at least 1 lane and at most "
+                f"{defaults.MAX_LANES}"
+            )
+        settings.append((str(count), count, False))
+    return settings
 
 
 class _ProgressBar:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-ARRIVE, READY, STRETCH_END = 0, 1, 2  # event kinds, in the order a moment handles them
+# Event kinds, in the order a moment handles them: a look (--lanes auto) sees the moment's
+# stretches settled.
+ARRIVE, READY, STRETCH_END, LOOK = 0, 1, 2, 3
 
 
 class EventQueue:

@@ -10,17 +10,27 @@ What a job will still do is its :class:`~gq.sim.work_estimates.Work`, known, est
 worst of its own work and that of every job that shares a lane with it before it ends; one
 beyond half the horizon is unknown. A job's forecast end is never later than its start plus
 its time limit (it is ended there).
+
+Under ``--lanes auto`` the simulated host packs jobs as the real one does
+(:mod:`gq.sim.lanes_auto`); a device whose host reports its jobs side by side
+(:class:`Sharing`) goes on so, each of them at the speed its host measured them at there
+(the gain over taking turns, shared evenly: :func:`gq.sim.side.busy_for_gain`). Only the
+host's figure counts: nothing a job says of itself is taken for how much of its device it
+leaves to others, and a job no report shows side by side is taken to keep its device busy.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gq import defaults, policies
 from gq.daemon.scheduling import admission
+from gq.exec.lane import packing
 from gq.policies import JobView
+from gq.sim import side
 from gq.sim.node import MEASURED_AFTER
 from gq.sim.results import Result
 from gq.sim.simulator import Resident, Start, simulate
@@ -79,6 +89,19 @@ class Pending:
 
 
 @dataclass(frozen=True)
+class Sharing:
+    """How a device's host last reported its jobs sharing it under ``--lanes auto``: side by
+    side (``packed``) or taking turns, the jobs of each lane in use, the last gain over
+    taking turns it measured, and the most lanes it may run at once."""
+
+    device: str
+    packed: bool
+    lanes: tuple[tuple[int, ...], ...]
+    gain: float | None
+    most: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The node as the daemon sees it at ``now`` (seconds since the epoch)."""
 
@@ -90,6 +113,16 @@ class Snapshot:
     running: tuple[Running, ...] = ()
     pending: tuple[Pending, ...] = ()
     move_margin: float = defaults.MOVE_MARGIN
+    packing: tuple[Sharing, ...] | None = None  # --lanes auto: the hosts' reports (else None)
+
+    @property
+    def lanes_at_once(self) -> int:
+        """Lanes a device has in the simulation: the daemon's, or under --lanes auto the
+        most its hosts may run at once (a GPU's, until one has said)."""
+        if self.packing is None:
+            return self.lanes
+        most = max((s.most for s in self.packing), default=packing.most_lanes(cuda=True))
+        return max(1, min(most, defaults.MAX_LANES))
 
 
 @dataclass(frozen=True)
@@ -123,19 +156,20 @@ def forecast(snapshot: Snapshot, stop: Callable[[], bool] | None = None) -> Fore
     found = Forecasts(snapshot.now, dict(seeded.unknown))
     if not seeded.traces or not snapshot.devices:
         return found
-    devices = snapshot.devices
+    devices, per = snapshot.devices, snapshot.lanes_at_once
     result = simulate(
         seeded.traces,
         policies.make(*snapshot.policy),
         gpus=len(devices),
-        lanes=snapshot.lanes,
+        lanes=per,
+        packing=snapshot.packing is not None,
         max_resident=snapshot.max_resident,
         move_margin=snapshot.move_margin,
         stop=stop,
         start=seeded.start,
     )
     found.complete = result.complete
-    shared = _neighbours_basis(result, seeded.basis, snapshot.lanes)
+    shared = _neighbours_basis(result, seeded.basis, per)
     for run in result.runs:
         job_id, start, end = run.job.id, run.start, run.end
         if start is None or start > HORIZON / 2:
@@ -152,7 +186,7 @@ def forecast(snapshot: Snapshot, stop: Callable[[], bool] | None = None) -> Fore
             job_id,
             snapshot.now + start,
             None if end is None or quality is Basis.UNKNOWN else snapshot.now + end,
-            ",".join(devices[lane // snapshot.lanes].name for lane in run.lanes) or None,
+            ",".join(devices[lane // per].name for lane in run.lanes) or None,
             quality,
         )
     return found
@@ -170,7 +204,7 @@ class _Seeded:
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> _Seeded:
-        now, lanes = snapshot.now, snapshot.lanes
+        now, lanes = snapshot.now, snapshot.lanes_at_once
         index = {device.name: position for position, device in enumerate(snapshot.devices)}
         traces, residents, arrivals, after, basis, unknown = [], {}, {}, {}, {}, {}
         placed = [
@@ -180,8 +214,10 @@ class _Seeded:
         ]
         running_ids = {job.view.id for job in placed}
         pending_ids = _reachable(snapshot.pending, running_ids)
+        packed = _side_by_side(snapshot, placed, index)
         for job in placed:
             view = job.view
+            gain, running = packed.get(index[job.devices[0]], (None, 0))
             trace = _trace(
                 view,
                 job.work,
@@ -190,10 +226,12 @@ class _Seeded:
                 job.time_limit,
                 now,
                 floor=view.steps_done + 1,
+                busy=1.0 if gain is None else side.busy_for_gain(gain, running),
             )
             traces.append(trace)
+            lane = job.lane if job.lane < lanes and snapshot.packing is None else 0
             residents[view.id] = Resident(
-                tuple(index[name] * lanes + job.lane for name in job.devices),
+                tuple(index[name] * lanes + lane for name in job.devices),
                 job.started - now,
                 min(view.steps_done, trace.iterations - 1),
                 view.attained,
@@ -236,8 +274,30 @@ class _Seeded:
             overheads=tuple(
                 max((lane.overhead for lane in device.lanes), default=0) for device in devices
             ),
+            packed={device: gain for device, (gain, _) in packed.items()},
         )
         return cls(traces, start, basis, unknown)
+
+
+def _side_by_side(
+    snapshot: Snapshot, placed: Sequence[Running], index: dict[str, int]
+) -> dict[int, tuple[float, int]]:
+    """The devices (by index) whose host reports its jobs side by side, paying: the gain it
+    measured, and the lanes running at once. Only where the report shows exactly the jobs
+    the daemon runs there, each on that one device (else the host has them taking turns
+    again by now, as it does when its jobs change), and a gain past 1."""
+    found: dict[int, tuple[float, int]] = {}
+    for sharing in snapshot.packing or ():
+        device, gain = index.get(sharing.device), sharing.gain
+        if device is None or not sharing.packed or gain is None or not 1.0 < gain < math.inf:
+            continue
+        there = {job.view.id for job in placed if sharing.device in job.devices}
+        alone = all(len(job.devices) == 1 for job in placed if job.view.id in there)
+        shown = [job for lane in sharing.lanes for job in lane]
+        running = sum(1 for lane in sharing.lanes if lane)
+        if alone and running >= 2 and len(shown) == len(there) and set(shown) == there:
+            found[device] = (gain, running)
+    return found
 
 
 def _reachable(pending: Sequence[Pending], running: set[int]) -> set[int]:
@@ -262,6 +322,7 @@ def _trace(
     time_limit: float | None,
     now: float,
     floor: int = 1,
+    busy: float = 1.0,
 ) -> TraceJob:
     steps = max(work.steps, floor)
     return TraceJob(
@@ -278,6 +339,7 @@ def _trace(
         deadline=None if view.deadline is None else view.deadline - now,
         gap=work.gap,
         teardown=work.teardown,
+        busy=busy,
     )
 
 

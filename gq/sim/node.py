@@ -27,6 +27,11 @@ class JobRun:
     done: int = 0
     attained: float = 0.0
     released_at: float | None = None
+    # How many times slower than alone its iterations run now: jobs side by side on its
+    # device (gq.sim.side), as when its stretch began.
+    slow: float = 1.0
+    timed: bool = False  # its pace was timed taking turns with another job (the host's)
+    held: float = 0.0  # lane time it has held, gaps inside its stretches included
     _view: JobView | None = None  # views are immutable: rebuild only after a stretch
     _request: admission.Request | None = None
 
@@ -78,7 +83,7 @@ class JobRun:
     @property
     def period(self) -> float:
         """From one of its iterations' start to the next's, when nothing comes between."""
-        return self.job.iteration_time + self.job.gap
+        return self.job.iteration_time * self.slow + self.job.gap
 
     def release_after(self, begin: float, count: int) -> float:
         """When the last of ``count`` iterations ends, begun at ``begin`` one per period."""

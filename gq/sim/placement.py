@@ -23,6 +23,7 @@ class Placement(EventQueue):
     policy: Policy
     gpus: int
     lanes_per_device: int
+    admitted_lanes: int  # lanes a device has as admission sees it (--lanes auto: one)
     lanes: list[Lane]
     lane_capacity: list[int]  # a lane's memory for jobs, by device
     overheads: tuple[int, ...]
@@ -41,6 +42,15 @@ class Placement(EventQueue):
         for lane in self.lanes:
             residents[lane.device] += lane.residents
         return residents
+
+    def _sharing(self, lane: Lane) -> list[JobRun]:
+        """The jobs admission counts on the lane: its own; under --lanes auto, all of its
+        device's (whatever lane the host's packer put them on)."""
+        if self.admitted_lanes == self.lanes_per_device:
+            return lane.residents
+        per = self.lanes_per_device
+        device = self.lanes[lane.device * per : (lane.device + 1) * per]
+        return [run for other in device for run in other.residents]
 
     def _room(self) -> bool:
         """Whether any device could take a job now (else placement is not worth asking)."""
@@ -63,12 +73,12 @@ class Placement(EventQueue):
                         self.lane_capacity[device],
                         [
                             admission.Footprint(r.job.mem or 0)
-                            for r in self.lanes[device * per_lane + k].residents
+                            for r in self._sharing(self.lanes[device * per_lane + k])
                         ],
                         self._starts_in(self.lanes[device * per_lane + k], now),
                         self.overheads[device] if self.overheads else 0,
                     )
-                    for k in range(per_lane)
+                    for k in range(self.admitted_lanes)
                 ],
                 max_resident=self.max_resident,
                 residents=len(jobs),
@@ -98,7 +108,7 @@ class Placement(EventQueue):
                     continue
                 ahead = [
                     other
-                    for other in lane.residents
+                    for other in self._sharing(lane)
                     if (other.job.submit_time, other.job.id) < (run.job.submit_time, run.job.id)
                 ]
                 waiting.append(
@@ -152,7 +162,7 @@ class Placement(EventQueue):
         predicts it: 0 unless the policy makes a newcomer wait behind the residents."""
         if not self.policy.waits_behind:
             return 0.0
-        return self._time_left(lane, lane.residents, now)
+        return self._time_left(lane, self._sharing(lane), now)
 
     def _time_left(self, lane: Lane, runs: list[JobRun], now: float) -> float:
         """How long ``runs`` of the lane will still hold it, as the daemon predicts it
@@ -165,7 +175,7 @@ class Placement(EventQueue):
         total = 0.0
         for run in runs:
             done = 0
-            stretch = lane.stretch
+            stretch = self.lanes[run.lanes[0]].stretch if run.lanes else lane.stretch
             if isinstance(stretch, Stretch) and stretch.run is run and now > stretch.begin:
                 # iterations of the stretch released by now (the k-th at begin + k periods
                 # less a gap): what a stretch of one at a time would have counted

@@ -28,7 +28,9 @@ class Result:
     busy: float
     gpus: int
     events: int = 0  # stretches scheduled: what the run cost
-    lanes: int = 1  # per device: utilization is the share of lane time busy
+    lanes: int = 1  # per device
+    # (``busy``: device seconds kept busy, each job's busy share of its iterations' time
+    # alone; utilization is that over the devices' time, whatever their lanes)
     complete: bool = True  # False: stopped early (``stop``); jobs not ended have end None
 
     def _ends(self) -> list[tuple[JobRun, float]]:
@@ -54,9 +56,7 @@ class Result:
             "median_jct": statistics.median(jcts),
             "p95_jct": jcts[min(len(jcts) - 1, int(round(0.95 * (len(jcts) - 1))))],
             "makespan": makespan,
-            "utilization": (
-                self.busy / (self.gpus * self.lanes * makespan) if makespan > 0 else 0.0
-            ),
+            "utilization": (self.busy / (self.gpus * makespan) if makespan > 0 else 0.0),
             "deadlines_met": self.deadlines_met(),
         }
 

@@ -45,9 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gq import defaults
+from gq.exec.lane.packing import Packer
 from gq.policies import Policy
-from gq.sim.events import ARRIVE, READY
-from gq.sim.node import JobRun, Lane
+from gq.sim.events import ARRIVE, LOOK, READY
+from gq.sim.lanes_auto import LanesAuto
+from gq.sim.node import MEASURED_AFTER, JobRun, Lane
 from gq.sim.placement import Placement
 from gq.sim.results import Result, Slice
 from gq.sim.stretches import Stretches
@@ -92,6 +94,9 @@ class Start:
     names: tuple[str, ...] = ()
     capacities: tuple[int, ...] = ()
     overheads: tuple[int, ...] = ()
+    # --lanes auto: devices (by index) whose host reports its jobs side by side, paying
+    # this gain over taking turns (they go on so, on the lanes their packer plans)
+    packed: dict[int, float] = field(default_factory=dict)
 
 
 def simulate(
@@ -105,6 +110,7 @@ def simulate(
     step_by_step: bool = False,
     share_slice: float | None = None,
     lanes: int = 1,
+    packing: bool = False,
     progress: Callable[[int, int], None] | None = None,
     move_margin: float = defaults.MOVE_MARGIN,
     start: Start | None = None,
@@ -113,8 +119,11 @@ def simulate(
     """Run the trace through ``policy`` on ``gpus`` devices of ``lanes`` lanes each (a lane
     runs one iteration at a time, lanes of a device at once; ``capacity``, a device's
     memory, is split between them; a multi-GPU job takes whole devices and runs on one lane
-    of each). For backfill a job's time limit is its trace limit, else its run time alone
-    (a perfect estimate). ``step_by_step`` asks the policy after every iteration (the
+    of each; how fast jobs side by side go: :mod:`gq.sim.side`). ``packing``: the lanes
+    run at once only where the host's packer finds it pays (``--lanes auto``, up to
+    ``lanes``: :mod:`gq.sim.lanes_auto`), admission seeing each device as one lane. For
+    backfill a job's time limit is its trace limit, else its run time alone (a perfect
+    estimate). ``step_by_step`` asks the policy after every iteration (the
     reference the bulk advance is tested against); ``progress`` is called with (jobs
     finished, jobs) as jobs end; ``move_margin`` is the daemon's --move-margin; ``start``
     seeds a node that already runs jobs (:class:`Start`); ``stop``, asked every few hundred
@@ -132,6 +141,7 @@ def simulate(
         step_by_step,
         share_slice,
         lanes,
+        packing,
         progress,
         move_margin,
         start,
@@ -140,7 +150,7 @@ def simulate(
     return simulation.run()
 
 
-class _Simulation(Placement, Stretches):
+class _Simulation(Placement, Stretches, LanesAuto):
     """One run: its state, and the event loop that drives placement and stretches."""
 
     def __init__(
@@ -155,6 +165,7 @@ class _Simulation(Placement, Stretches):
         step_by_step,
         share_slice,
         lanes,
+        packing,
         progress,
         move_margin,
         start,
@@ -170,9 +181,16 @@ class _Simulation(Placement, Stretches):
         self.lanes_per_device = lanes
         self.switch_cost = switch_cost
         every = capacity if capacity is not None else 1 << 62
-        self.lane_capacity = [
-            (start.capacities[d] if start.capacities else every) // lanes for d in range(gpus)
-        ]
+        memories = [start.capacities[d] if start.capacities else every for d in range(gpus)]
+        # (under --lanes auto admission sees one lane of all the device's memory)
+        self.admitted_lanes = 1 if packing else lanes
+        self.lane_capacity = [memory // self.admitted_lanes for memory in memories]
+        known = capacity is not None or bool(start.capacities)
+        self.packers = (
+            [Packer(lanes, memory if known else None) for memory in memories] if packing else []
+        )
+        self.look_at = [math.inf] * len(self.packers)
+        self.moving = set()
         self.overheads = start.overheads
         self.max_resident = max_resident or 1 << 30
         self.backfill = backfill
@@ -208,6 +226,8 @@ class _Simulation(Placement, Stretches):
         self.sequence = len(jobs)
         for job_id, resident in start.residents.items():
             self._seat(self.runs[job_id], resident, start.clock)
+        for device, gain in start.packed.items():
+            self._resume(device, gain, start.clock)
         heapq.heapify(self.events)
         self.slices: list[Slice] = []
         self.busy = 0.0
@@ -223,11 +243,15 @@ class _Simulation(Placement, Stretches):
             now = self.events[0][0]
             touched: set[int] = set()  # lanes whose resident set or readiness changed
             admissible = False  # only arrivals and ends make room: time alone never does
+            due: set[int] = set()  # devices whose packer's look is due
             while self.events and self.events[0][0] == now:
                 _, kind, _, payload = heapq.heappop(self.events)
                 if kind == ARRIVE:
                     self.pending[payload] = self.runs[payload]
                     admissible = True
+                elif kind == LOOK:
+                    if self.look_at[payload] == now:  # (else a later one replaced it)
+                        due.add(payload)
                 elif kind == READY:
                     run = self.runs[payload]
                     touched.update(run.lanes)
@@ -241,11 +265,14 @@ class _Simulation(Placement, Stretches):
                 touched.update(self._move_unstarted(now))
             if admissible and self.pending and self._room():
                 touched.update(self._place(now))
+            if self.packers:
+                touched.update(self._looks(now, due))
             for index in touched:
                 self._cut(self.lanes[index], now)
             if self.events and self.events[0][0] == now:
                 continue  # a stretch was cut to end right now: settle it first
             self._dispatch(now)
+            self._reslow(now)
         if self.finished != len(self.runs) and self.strict:
             stuck = sorted(r.job.id for r in self.runs.values() if r.end is None)
             raise RuntimeError(f"simulation ended with unfinished jobs {stuck[:10]}")
@@ -269,6 +296,7 @@ class _Simulation(Placement, Stretches):
         iterating already, when its progress was measured."""
         run.lanes, run.start = resident.lanes, resident.start
         run.done, run.attained = resident.done, resident.attained
+        run.held, run.timed = resident.attained, resident.done >= MEASURED_AFTER
         measured = clock if resident.since is None else min(clock, resident.since)
         run.ready_at = measured if resident.done else max(clock, resident.start + run.job.startup)
         if resident.done:  # between two iterations then, as far as anyone knows
@@ -276,6 +304,22 @@ class _Simulation(Placement, Stretches):
         for index in run.lanes:
             self.lanes[index].residents.append(run)
         self._push(run.ready_at, READY, run.job.id)
+
+    def _resume(self, device: int, gain: float, clock: float) -> None:
+        """A device whose host reports its jobs side by side: its packer takes the packing
+        up, and they are seated on the lanes it plans."""
+        jobs = self._packable(device, clock)
+        if len(jobs) < 2 or not self.packers:
+            return
+        packer = self.packers[device]
+        packer.resume([self._sample(run, clock) for run in jobs], gain, clock)
+        self.look_at[device] = packer.next_look(clock)
+        self._push(self.look_at[device], LOOK, device)
+        plan, per = packer.plan(), self.lanes_per_device
+        for run in jobs:
+            self.lanes[run.lanes[0]].residents.remove(run)
+            run.lanes = (device * per + plan.get(run.job.id, 0),)
+            self.lanes[run.lanes[0]].residents.append(run)
 
     def _ended(self, run: JobRun) -> None:
         """A job has ended (at ``run.end``): those that waited for it, and for nothing else

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from gq.exec.lane import rule as lane_rule
 from gq.policies import JobView, Policy
 from gq.policies.base import TakesTurns, anticipation_window, run_length
-from gq.sim import turns
+from gq.sim import side, turns
 from gq.sim.events import READY, STRETCH_END, EventQueue
 from gq.sim.node import EPSILON, MEASURED_AFTER, JobRun, Lane, SharedWindow, Stretch
 from gq.sim.results import Slice
@@ -60,6 +60,8 @@ class Stretches(EventQueue):
         run = stretch.run
         self._record(lane, stretch)
         run.finish_iterations(stretch.count, stretch.released_at)
+        run.held += stretch.released_at - stretch.begin
+        run.timed |= len(lane.residents) > 1 and run.done >= MEASURED_AFTER
         for other in run.lanes:
             self.lanes[other].stretch = None
             self.lanes[other].owner = None
@@ -85,9 +87,11 @@ class Stretches(EventQueue):
         begin = window.begin
         for run, count in window.counts:
             run.finish_iterations(count, now)
+            run.timed |= run.done >= MEASURED_AFTER  # (a window's jobs take turns)
             length = count * run.job.iteration_time
+            run.held += length
             self.slices.append(self._slice(lane, run, begin, begin + length))
-            self.busy += length
+            self.busy += length * run.job.busy
             begin += length
         lane.stretch = None
         lane.last_job = None
@@ -95,7 +99,8 @@ class Stretches(EventQueue):
     def _record(self, lane: Lane, stretch: Stretch) -> None:
         run = stretch.run
         end = stretch.released_at
-        self.busy += stretch.count * run.job.iteration_time * len(run.lanes)
+        # (the device time it kept busy: its share of its iterations at its speed alone)
+        self.busy += stretch.count * run.job.iteration_time * run.job.busy * len(run.lanes)
         previous = self.slices[-1] if self.slices else None
         if previous and (previous.device, previous.lane, previous.job, previous.end) == (
             lane.device,
@@ -141,6 +146,7 @@ class Stretches(EventQueue):
                 continue
             switch = self.switch_cost if lane.last_job not in (None, run.job.id) else 0.0
             begin = now + switch
+            run.slow = self._slowdown(lane, run)
             count = self._length(lane, run, chosen_view, ready_views, resident_views, begin)
             stretch = Stretch(run, begin, count, run.release_after(begin, count), self.sequence)
             for index in run.lanes:
@@ -150,6 +156,61 @@ class Stretches(EventQueue):
                     self.lanes[index].owner = run
             self.stretches += 1
             self._push(stretch.end, STRETCH_END, (lane.index, stretch.version))
+
+    def _running_beside(self, lane: Lane) -> list[float]:
+        """The busy shares of the jobs running now on the other lanes of the lane's device:
+        a window's turns, the largest of its jobs'; a stretch that holds its lane through
+        its job's gaps, that job's share over its iterations and gaps (on average: a stretch
+        is not cut at each gap)."""
+        per = self.lanes_per_device
+        shares = []
+        for other in self.lanes[lane.device * per : (lane.device + 1) * per]:
+            held = other.stretch
+            if other is lane or held is None:
+                continue
+            if isinstance(held, SharedWindow):
+                shares.append(max(r.job.busy for r, _ in held.counts))
+                continue
+            run = held.run
+            alone = run.job.iteration_time * run.slow
+            through = held.count > 1 and run.job.gap > 0
+            shares.append(run.job.busy * (alone / run.period if through else 1.0))
+        return shares
+
+    def _slowdown(self, lane: Lane, run: JobRun) -> float:
+        """How much slower than alone ``run`` goes on ``lane`` beside what runs there now
+        (a job on several devices has them to itself)."""
+        if self.lanes_per_device < 2 or len(run.lanes) > 1:
+            return 1.0
+        return side.slowdown([run.job.busy, *self._running_beside(lane)])
+
+    def _beside_resident(self, lane: Lane) -> bool:
+        """Whether another lane of the lane's device has jobs."""
+        per = self.lanes_per_device
+        device = self.lanes[lane.device * per : (lane.device + 1) * per]
+        return any(other.residents for other in device if other is not lane)
+
+    def _reslow(self, now: float) -> None:
+        """Stretches whose device's jobs at once changed: one not begun yet is re-dated at
+        the speed it has now; one under way ends at its next iteration boundary, to go on
+        at that speed (an iteration runs at the speed it began at)."""
+        if self.lanes_per_device < 2:
+            return
+        for lane in self.lanes:
+            stretch = lane.stretch
+            if not isinstance(stretch, Stretch) or stretch.end <= now or lane.owner is not None:
+                continue
+            run = stretch.run
+            slow = self._slowdown(lane, run)
+            if abs(slow - run.slow) <= EPSILON * slow:
+                continue
+            if stretch.begin >= now:
+                run.slow = slow
+                stretch.end = run.release_after(stretch.begin, stretch.count)
+                stretch.version = self.sequence
+                self._push(stretch.end, STRETCH_END, (lane.index, stretch.version))
+            else:
+                self._cut(lane, now)
 
     @staticmethod
     def _measured_gap(run: JobRun) -> float | None:
@@ -173,6 +234,8 @@ class Stretches(EventQueue):
             or self.switch_cost
             or self.share_slice
             or len(ready) != len(lane.residents)
+            # (turns settled at once keep one speed: none while other lanes run beside)
+            or (self.lanes_per_device > 1 and self._beside_resident(lane))
         ):
             return None
         views = self.policy.sharers(ready_views)
@@ -203,6 +266,8 @@ class Stretches(EventQueue):
             key=lambda pair: (pair[0].attained, pair[0].job.submit_time, pair[0].job.id),
         )
         length = sum(n * r.job.iteration_time for r, n in order)
+        for run in group:
+            run.slow = 1.0
         return SharedWindow([(r, n) for r, n in order if n], now, now + length, self.sequence)
 
     def _length(

@@ -1,8 +1,9 @@
 """Job traces: the Tiresias/Salus layout and gq's own CSV (what `gq history --csv` writes).
 
 Both layouts may carry the optional columns ``gap`` (seconds a job is idle after each
-iteration: data loading, host-side work) and ``startup`` (seconds from start to the first
-iteration)."""
+iteration: data loading, host-side work), ``startup`` (seconds from start to the first
+iteration) and ``busy`` (the share of its device a job keeps busy while it computes alone,
+more than 0 and at most 1: what it leaves for jobs side by side, :mod:`gq.sim.side`)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ GQ_COLUMNS = [
     "time_limit",
     "deadline",
 ]
-OPTIONAL_COLUMNS = ["gap", "startup"]
+OPTIONAL_COLUMNS = ["gap", "startup", "busy"]
+UNSET = {"gap": 0.0, "startup": 0.0, "busy": 1.0}  # what a job without the column has
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class TraceJob:
     deadline: float | None = None  # seconds from the trace's start
     gap: float = 0.0  # seconds idle after each iteration, off the device
     teardown: float = 0.0  # seconds from its last iteration's end to its exit (a forecast's)
+    busy: float = 1.0  # the share of its device it keeps busy while it computes alone
 
     @property
     def limit(self) -> float:
@@ -92,6 +95,11 @@ def load(path: Path) -> list[TraceJob]:
             raise UserError(f"{where}: job {job.id} needs positive duration, iterations and gpus")
         if min(job.submit_time, job.gap, job.startup) < 0:
             raise UserError(f"{where}: job {job.id} has a negative submit time, gap or startup")
+        if not 0 < job.busy <= 1:
+            raise UserError(
+                f"{where}: job {job.id} has busy {job.busy}: the share of its device it keeps "
+                "busy, more than 0 and at most 1"
+            )
         jobs.append(job)
     return jobs
 
@@ -131,6 +139,7 @@ def _tiresias(number: int, row: _Fields) -> TraceJob:
         user=row.row.get("user") or "",
         gap=row.get("gap", float, 0.0),
         startup=row.get("startup", float, 0.0),
+        busy=row.get("busy", float, 1.0),
     )
 
 
@@ -148,6 +157,7 @@ def _gq(number: int, row: _Fields) -> TraceJob:
         deadline=row.get("deadline", float),
         gap=row.get("gap", float, 0.0),
         startup=row.get("startup", float, 0.0),
+        busy=row.get("busy", float, 1.0),
     )
 
 
@@ -158,7 +168,7 @@ def write_gq_csv(jobs: list[TraceJob], path_or_handle) -> None:
         if isinstance(path_or_handle, (str, Path))
         else path_or_handle
     )
-    optional = [c for c in OPTIONAL_COLUMNS if any(getattr(job, c) for job in jobs)]
+    optional = [c for c in OPTIONAL_COLUMNS if any(getattr(job, c) != UNSET[c] for job in jobs)]
     writer = csv.writer(handle)
     writer.writerow(["id", *GQ_COLUMNS, *optional])
     for job in jobs:

@@ -333,6 +333,7 @@ def _signature(snapshot: forecast.Snapshot) -> tuple:
             (job.view.id, job.view.priority, job.after, job.begin_time) for job in snapshot.pending
         ),
         tuple((device.name, device.held) for device in snapshot.devices),
+        snapshot.packing,  # (how the hosts say their jobs share the devices)
     )
 
 

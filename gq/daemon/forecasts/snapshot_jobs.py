@@ -15,6 +15,8 @@ from gq import policies
 from gq.daemon.scheduling import admission
 from gq.daemon.scheduling.lane_waits import running_view
 from gq.daemon.supervision.running import Running
+from gq.exec.host.messages import PackingReport
+from gq.exec.lane.packing import Mode
 from gq.queue import dependencies
 from gq.queue.scheduling_rows import SchedulingRow as Row
 from gq.queue.states import JobState
@@ -65,6 +67,25 @@ def running_jobs(
             )
         )
     return running
+
+
+def sharing(
+    measured: bool, reports: dict[str, PackingReport]
+) -> tuple[forecast.Sharing, ...] | None:
+    """Under --lanes auto (``measured``), how each device's host last said its jobs share
+    it (``reports``, by device: figures the wire's decoder has bounded); else None."""
+    if not measured:
+        return None
+    return tuple(
+        forecast.Sharing(
+            device,
+            report.mode == Mode.PACKED.value,
+            tuple(tuple(lane) for lane in report.lanes),
+            report.gain,
+            report.most,
+        )
+        for device, report in sorted(reports.items())
+    )
 
 
 def pending_jobs(

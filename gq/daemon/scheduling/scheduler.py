@@ -388,12 +388,11 @@ class Scheduler:
     def snapshot(
         self, past: Callable[[str, str], work_estimates.Past | None], typical: float | None
     ) -> forecast.Snapshot:
-        """The node as the last pass saw it, for a forecast: the devices as admission sees
-        them (those that take no job now held), the running jobs with their progress, and
-        the pending ones that are not held with their views and requests as admission took
-        them; ``past`` gives a user's recent jobs of a name, ``typical`` the node's jobs'
-        usual run time. A job whose dependency the forecast cannot follow (on an array,
-        afternotok, one of several) is left out."""
+        """The node as the last pass saw it, for a forecast: devices as admission sees them
+        (those that take no job held), running jobs with their progress and how hosts say
+        they share them, pending ones not held as admission took them; ``past``: a user's
+        recent jobs of a name, ``typical``: the node's usual run time. A job whose dependency
+        a forecast cannot follow (on an array, afternotok, one of several) is left out."""
         seen = self.last_pass or forecast_jobs.Pass((), (), {}, {})
         now = time.time()
         running = forecast_jobs.running_jobs(
@@ -420,6 +419,7 @@ class Scheduler:
             tuple(running),
             tuple(pending),
             self.move_margin,
+            forecast_jobs.sharing(self.supervisor.settings.packing, self.supervisor.packing),
         )
 
     def forecast_pending(

@@ -31,6 +31,7 @@ window, against taking turns. The boundaries that work is counted from are the j
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ WINDOW_MAX = 15.0  # ... or this long at most
 BACKOFF_FIRST = 10.0  # seconds before a failed packing is tried again, doubled each time
 BACKOFF_MAX = 600.0
 REMEASURE = 300.0  # seconds a packing goes before it is measured against turns again
+PERIOD = 0.5  # seconds between the host's looks at its jobs
+# Policies whose favourite is kept (no job below KEEP of its own work).
+FAVOURING = frozenset({"srtf", "deadline", "priority"})
 MOST_SHOWN = 1e6  # a gain reported past this is reported as this (the wire's bound)
 SOME_WORK = 0.01  # work a second taking turns below which no gain is reckoned
 SOME_LANE_TIME = 0.1  # lane seconds in a window below which a job's pace is not reckoned
@@ -201,6 +205,39 @@ class Packer:
             self.paces = _paces(window, samples)
         self._judge(rates, now, samples)
         return self.plan() != before
+
+    def next_look(self, now: float) -> float:
+        """When a simulated host looks next after a look at ``now``, the jobs staying the
+        same (the host looks every :data:`PERIOD`): when the window measured now may be
+        complete; taking turns, not before the back-off ends less a window (so that the
+        turns are measured afresh by then); a window past its least time that has not seen
+        enough iterations yet, after as long again as it has run (to its most), not every
+        period: what it finds is then a rate over up to twice the host's window, in a tenth
+        of the looks. At the soonest a :data:`PERIOD` on."""
+        window = self._window
+        if window is None:
+            return now + PERIOD
+        least = PACKED_WINDOW if self.mode is Mode.PACKED else WINDOW
+        due = window.started + least
+        if self.mode is Mode.TURNS and self.retry_at > now:
+            due = max(due, self.retry_at - WINDOW)
+        elif now >= due:
+            due = min(window.started + WINDOW_MAX, 2 * now - window.started)
+        return max(now + PERIOD, due)
+
+    def resume(self, samples: Sequence[Sample], gain: float, now: float) -> None:
+        """Take up a packing its host reports paying ``gain`` times the turns' work (a
+        forecast of a live node): the jobs ``samples`` show side by side, measured on from
+        ``now`` as if each did an even share of that work, taking turns and side by side.
+        What the host's next remeasure would find a forecast cannot know: none is made
+        until the jobs change."""
+        self.jobs, self.users = frozenset(s.job for s in samples), {s.job: s.user for s in samples}
+        share = 1.0 / max(1, len(samples))
+        self.turns = {s.job: share for s in samples}
+        self.packed = {s.job: share * gain for s in samples}
+        self.mode, self.last, self.gain = Mode.PACKED, Verdict.PAID, gain
+        self.packed_since = math.inf
+        self._window = _start(now, samples)
 
     def _judge(self, rates: dict[int, float], now: float, samples: Sequence[Sample]) -> None:
         if self.mode is Mode.TURNS:

@@ -18,8 +18,6 @@ from gq.exec.lane.residents import Lane, Resident
 from gq.exec.lane.standings import HOLDS_LANE, Standing
 
 log = logging.getLogger("gq.host")
-PERIOD = 0.5  # seconds between looks
-FAVOURING = frozenset({"srtf", "deadline", "priority"})  # policies whose favourite is kept
 
 
 class LanePacking:
@@ -35,14 +33,14 @@ class LanePacking:
         self._work: dict[int, tuple[float, int, float]] = {}
 
     def tick(self) -> None:
-        """Sample and plan every :data:`PERIOD`; move the jobs waiting to move at once
-        (called at every turn of the host's housekeeping)."""
+        """Sample and plan every :data:`gq.exec.lane.packing.PERIOD`; move the jobs waiting
+        to move at once (called at every turn of the host's housekeeping)."""
         now = time.monotonic()
         if now < self.next_at:
             if self.moves_left:
                 self._move(self._packable())
             return
-        self.next_at = now + PERIOD
+        self.next_at = now + packing.PERIOD
         self.granter.read_leased_pages()
         residents = self._packable()
         present = {r.job_id for r in residents}
@@ -50,7 +48,7 @@ class LanePacking:
         self._asked = {job: at for job, at in self._asked.items() if job in present}
         plan = self.packer.plan()  # (as it stood over the lane time since the last look)
         samples = [self._sample(r, plan) for r in residents]
-        self.packer.favours = self.granter.policy.name in FAVOURING
+        self.packer.favours = self.granter.policy.name in packing.FAVOURING
         if self.packer.tick(now, samples):
             log.info(
                 "lanes: %s (%s); jobs by lane %s",
