@@ -9,7 +9,7 @@ holder is in another job's way through :func:`overstays`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gq.exec.lane import rule as lane_rule
 from gq.exec.lane.residents import Lane, Resident, ready_to_grant
@@ -50,18 +50,8 @@ def overstays(
 ) -> bool:
     """Whether the rule would grant one of ``ready`` before ``holder``, its lane's holder
     (:func:`gq.exec.lane.rule.overstays`)."""
-    views, in_gaps = lane_views(lane, bursts, usage, now)
-    if holder.job_id not in views:
-        return False  # (its script said it was finished: it runs no more iterations)
-    return lane_rule.overstays(
-        policy,
-        views[holder.job_id],
-        [views[r.job_id] for r in ready],
-        list(views.values()),
-        in_gaps,
-        now,
-        after_turn=lane.after_turn,
-    )
+    # (False for one whose script said it was finished: it runs no more iterations)
+    return _ask(lane_rule.overstays, policy, lane, holder, ready, bursts, usage, now, False)
 
 
 def lane_views(
@@ -108,10 +98,26 @@ def undisputed(
     ready = [r for r in ready_to_grant(lane) if r is not holder]
     if not ready:
         return True
+    return _ask(lane_rule.undisputed, policy, lane, holder, ready, bursts, usage, now, False)
+
+
+def _ask(
+    question: Callable[..., bool],
+    policy: Policy,
+    lane: Lane,
+    holder: Resident,
+    ready: list[Resident],
+    bursts: dict[str, lane_rule.Burst],
+    usage: Mapping[str, float],
+    now: float,
+    unknown: bool,
+) -> bool:
+    """The rule's ``question`` about ``holder`` beside ``ready`` (``unknown``: where the
+    holder is no resident policies see)."""
     views, in_gaps = lane_views(lane, bursts, usage, now)
     if holder.job_id not in views:
-        return False
-    return lane_rule.undisputed(
+        return unknown
+    return question(
         policy,
         views[holder.job_id],
         [views[r.job_id] for r in ready],
