@@ -15,11 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from gq.cli.main import main
 from gq.daemon.scheduling.scheduler import PENDING_DRIFT
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Hypothesis keeps its example database and a cache of constants in the working directory:
+# the suite keeps them out of the repository, where the demo's test sees what lands.
+set_hypothesis_home_dir(os.path.join("/tmp", f"gq-test-hypothesis-{os.getuid()}"))
 
 
 def pytest_xdist_auto_num_workers(config) -> int:

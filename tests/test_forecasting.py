@@ -61,8 +61,7 @@ def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens
     measured: once the first's own pace is measured, each forecast end is within 1.5 s (and
     a tenth of its run) of the real end (what is not modelled: a process's exit after its
     last iteration, a start-up slower than the earlier job's on a busy machine); the forecast
-    is shown by gq status --start, -l and gq show. Taking turns (the fixture's --lanes 1):
-    forecasts do not model jobs side by side under --lanes auto."""
+    is shown by gq status --start, -l and gq show. Taking turns (the fixture's --lanes 1)."""
     warm_up()
     # The first runs long enough for a forecast from its own pace to be made before it ends
     # (forecasts are spaced by ten times their cost, seconds on a busy machine).
