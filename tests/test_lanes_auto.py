@@ -101,8 +101,9 @@ def test_jobs_side_by_side_are_charged_the_share_of_the_device_they_got(home, tm
     print(f"lane time {billed:.2f}s, charged {used:.2f}s, work {work:.2f}s")
     assert 0.5 * billed <= used < 0.95 * billed, (billed, used)
     # About their work: what their lane time held beyond it (gaps side by side) went mostly
-    # uncharged (the trial's is charged whole: its pace is known only once it is over).
-    assert 0.9 * work <= used <= work + 0.6 * (billed - work), (billed, used, work)
+    # uncharged (the trials' is charged whole: a pace is known only once a trial is over,
+    # and the restart measures the turns and tries side by side again).
+    assert 0.9 * work <= used <= work + 0.75 * (billed - work), (billed, used, work)
     # gq history says what each was charged, at what pace against taking turns.
     assert abs(sum(j["charged"] for j in ended) - used) < 0.1 * billed, (ended, used)
     assert all(0.5 <= j["pace_side_by_side"] < 1.0 for j in ended), ended
