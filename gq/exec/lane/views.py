@@ -50,8 +50,7 @@ def overstays(
 ) -> bool:
     """Whether the rule would grant one of ``ready`` before ``holder``, its lane's holder
     (:func:`gq.exec.lane.rule.overstays`)."""
-    # (False for one whose script said it was finished: it runs no more iterations)
-    return _ask(lane_rule.overstays, policy, lane, holder, ready, bursts, usage, now, False)
+    return _ask(lane_rule.overstays, policy, lane, holder, ready, bursts, usage, now)
 
 
 def lane_views(
@@ -98,7 +97,7 @@ def undisputed(
     ready = [r for r in ready_to_grant(lane) if r is not holder]
     if not ready:
         return True
-    return _ask(lane_rule.undisputed, policy, lane, holder, ready, bursts, usage, now, False)
+    return _ask(lane_rule.undisputed, policy, lane, holder, ready, bursts, usage, now)
 
 
 def _ask(
@@ -110,13 +109,12 @@ def _ask(
     bursts: dict[str, lane_rule.Burst],
     usage: Mapping[str, float],
     now: float,
-    unknown: bool,
 ) -> bool:
-    """The rule's ``question`` about ``holder`` beside ``ready`` (``unknown``: where the
-    holder is no resident policies see)."""
+    """The rule's ``question`` about ``holder`` beside ``ready``; False for a holder no
+    policy sees (its script said it was finished: it runs no more iterations)."""
     views, in_gaps = lane_views(lane, bursts, usage, now)
     if holder.job_id not in views:
-        return unknown
+        return False
     return question(
         policy,
         views[holder.job_id],
