@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, or_, select, update
 
-from gq.exec.host.messages import JobProgress, charged
+from gq.exec.host.messages import JobProgress, uncharged
 from gq.messages import MemoryBasis
 from gq.queue.models import Job, JobEvent, Payload
 from gq.queue.prepared import Prepared
@@ -249,7 +249,7 @@ def progress_values(progress: JobProgress) -> dict[str, Any]:
     values: dict[str, Any] = {
         "steps_done": progress.steps_done,
         "attained": progress.attained,
-        "uncharged": progress.attained - charged(progress),
+        "uncharged": uncharged(progress),
         "mean_iteration": progress.mean_iteration,
         "mean_gap": progress.mean_gap,
         "mem_persistent": progress.mem_persistent,

@@ -210,8 +210,7 @@ class Supervisor(ProgressReports, Probes, Endings):
         names = (row.device or host).split(",")
         devices = [d for d in self.devices if d.name in names]
         job = running_run(row, devices, row.lane or 0, host)
-        uncharged = max(0.0, report.attained - wire.charged(report))
-        job.charged.attained = max(0.0, (row.attained or 0.0) - uncharged)
+        job.charged.attained = max(0.0, (row.attained or 0.0) - wire.uncharged(report))
         job.charged.share = Account(job.charged.attained, time.time())  # (counted, decaying)
         job.active_at, job.active_attained = time.time(), job.charged.attained  # (as yet unknown)
         return job

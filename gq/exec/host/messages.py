@@ -172,6 +172,11 @@ def charged(progress: JobProgress) -> float:
     return min(progress.attained, progress.charged)
 
 
+def uncharged(progress: JobProgress) -> float:
+    """Of a run's lane time, what its owner is not charged (side by side; never below 0)."""
+    return progress.attained - charged(progress)
+
+
 class ResidentState(JobProgress):
     """A run a host has resident, as a (re)connecting daemon learns it."""
 
