@@ -301,7 +301,7 @@ class Granter:
         if chosen.frozen:  # stopped inside its iteration (or just after): goes on
             self.host.freeze(chosen, False)
         if chosen.standing is not Standing.STOPPED:
-            lease = self.leases.offer(lane, chosen, self._undisputed(chosen))
+            lease = self.leases.offer(lane, chosen, lambda: self._undisputed(chosen))
             if chosen.channel.send(
                 wire.Go(
                     empty_cache=lane_memory.short_of_memory(lane, self.cuda, self.lane_memory),

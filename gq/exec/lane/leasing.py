@@ -56,24 +56,22 @@ class Leases:
             and not (resident.mem_cap is not None and not self.cuda and resident.cgroup_cap is None)
         )
 
-    def offer(self, lane: Lane, chosen: Resident, undisputed: bool = False) -> int:
+    def offer(self, lane: Lane, chosen: Resident, undisputed: Callable[[], bool]) -> int:
         """The number of the lease a Go to ``chosen`` brings, where it is alone on its lane
         (no other job there could ask for it), or the others all wait for the lane and
-        none of them could take it (``undisputed``: gq.exec.lane.rule.undisputed), its
-        page written and the lock let go; else 0. (One in its gap may ask for the lane
-        as a job that could take it: the lease would be asked back at once.)"""
+        none of them could take it (``undisputed()``, asked only then:
+        gq.exec.lane.rule.undisputed), its page written and the lock let go; else 0. (One
+        in its gap may ask for the lane as a job that could take it: the lease would be
+        asked back at once.)"""
         page = chosen.page
-        if (
-            page is None
-            or not self.leasable(chosen)
-            or any(
-                other is not chosen
-                and other.channel is not None
-                and not other.suspended
-                and not (undisputed and other.standing in WANTS_LANE)
-                for other in lane.residents
-            )
-        ):
+        if page is None or not self.leasable(chosen):
+            return 0
+        others = [
+            other
+            for other in lane.residents
+            if other is not chosen and other.channel is not None and not other.suspended
+        ]
+        if others and not (all(o.standing in WANTS_LANE for o in others) and undisputed()):
             return 0
         figures = page.read()
         if figures is None:
