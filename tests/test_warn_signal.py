@@ -90,14 +90,18 @@ def test_signal_reaches_the_main_process_or_the_srun_step_never_dataloader_worke
         assert ended[kind] == "COMPLETED", (kind, ended, out)
         lines = out.splitlines()
         main = int(lines[0].split()[1])
-        assert lines[1] == "stopped", (kind, out)
+        # (A spawned worker may yet crash in torch's own shutdown of it under load, after the
+        # loop: "terminate called without an active exception". Not of the signal, which
+        # would have killed it as "User defined signal 1".)
+        assert "stopped" in lines[1:], (kind, out)
+        assert "User defined signal" not in out, (kind, out)
         written = (tmp_path / f"ckpt-{job_id}").read_text().splitlines()
         assert len(written) == 1, (kind, written)  # no worker wrote one
         pid, reached, workers = map(int, written[0].split())
         assert (pid, workers) == (main, 2), (kind, written)
         assert reached > 0, (kind, written)
         if kind == "srun":  # the batch shell was not signalled (it traps nothing)
-            assert lines[2] == "shell lived on: 0", out
+            assert lines[-1] == "shell lived on: 0", out
 
 
 def test_root_reads_a_bounded_part_of_a_job_s_environment_and_finds_only_whole_values():
