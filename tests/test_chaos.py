@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 from test_shared_node import _script
 
-from conftest import pid_alive, wait_for
+from conftest import install_from_here, pid_alive, wait_for
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "DEADLINE"}
 HOST_DEATH = ("execution host of cpu died", "node failure")
@@ -73,9 +73,7 @@ def torch_for_all(shared_install):
     with shared_install.building():
         probe = subprocess.run([shared_install.python, "-c", "import torch"], capture_output=True)
         if probe.returncode != 0:
-            subprocess.run(
-                [shared_install.python, "-m", "pip", "install", "-q", "torch==2.13.0"], check=True
-            )
+            install_from_here(shared_install.python, ["torch"])
     return shared_install.python
 
 
