@@ -181,7 +181,9 @@ def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home
     )
     # Each declares its memory: a job that declares none has its lane to itself until it
     # has been measured, and nothing would bind behind it.
-    long = submit("--gpu-mem", "200M", str(loop), "60")
+    # (The long one's 6 s leave it more than the margin to go once the short one has ended,
+    # on a loaded machine too: with 3 s, it once had less by the time that was seen.)
+    long = submit("--gpu-mem", "200M", str(loop), "120")
     short = submit("--gpu-mem", "1G", str(loop), "20")  # less room left there: early goes
     early = submit("--gpu-mem", "200M", str(loop), "10")  # behind long, by the usual keys
     first = job(early)["device"] or wait_state(early, "RUNNING")["device"]
