@@ -87,12 +87,6 @@ def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(da
     # The signal once it trains (Lightning's imports took 5 s alone, over 25 s under load):
     # its limit lowered then, to bring the signal due at once.
     job_id = submit("-t", "10:00", "--signal", "USR1@35", "--requeue", str(script))
-    wait_for((tmp_path / "training").exists, 120, what="the first run training")
-    started = datetime.fromisoformat(job(job_id)["start_time"]).timestamp()
-    limit = int(time.time() - started) + 37  # the signal due within 2 s
-    gq_ok("update", str(job_id), "-t", f"{limit // 60}:{limit % 60:02d}")
-    # The run by hand only now: before, on a loaded machine, it took longer than the first
-    # run's paced 32 s of training, which then ended before its limit was lowered.
     bare = tmp_path / "bare"
     bare.mkdir()
     by_hand = subprocess.run(
@@ -104,6 +98,10 @@ def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(da
         env={k: v for k, v in os.environ.items() if not k.startswith(("GQ_", "SLURM_"))},
     )
     assert by_hand.returncode == 0, by_hand.stderr
+    wait_for((tmp_path / "training").exists, 120, what="the first run training")
+    started = datetime.fromisoformat(job(job_id)["start_time"]).timestamp()
+    limit = int(time.time() - started) + 37  # the signal due within 2 s
+    gq_ok("update", str(job_id), "-t", f"{limit // 60}:{limit % 60:02d}")
     info = wait_state(job_id, "COMPLETED", timeout=120)
     out = (tmp_path / f"gq-{job_id}.out").read_text()
     assert info["run_count"] == 2, out  # requeued once, by Lightning's own scontrol call
