@@ -283,6 +283,43 @@ def test_a_lease_asked_back_inside_an_iteration_ends_with_it_billed_its_wall_tim
     os.waitpid(child, 0)
 
 
+def test_a_ready_that_comes_before_the_host_takes_back_a_lease_asked_back_is_heard():
+    """A lease asked back inside an iteration whose worker kept the lock past its end (its
+    device busy) finds the word cleared at its next acquire, lets the lock go and asks with
+    READY at once. Heard before the host's next try of the lock, that READY ends the lease
+    and is an ask: were it dropped, the host would take the lane back on the lock alone and
+    never grant the job again: a READY is all that says it waits."""
+    page, page_fd = SharedPage.create()
+    host_end, worker_end = socket.socketpair()
+    host = Host("cpu", False, 1, socket.socket(socket.AF_UNIX), 1.0)
+    host.granter.set_policy(policies.make("fair", "always", policies.DEFAULT_QUANTUM))
+    resident = _add(host, 1, host_end, page)
+    worker = WorkerChannel(worker_end)
+    lease = WorkerLease(SharedPage.attach(page_fd))
+    worker.send_line(encode(Ready()))
+    _serve(host, lambda: resident.standing is Standing.LEASED)
+    lease.granted(worker.receive_grant().lease, 0)  # taken up: the lock is the job's
+    other_end, theirs = socket.socketpair()
+    other = _add(host, 2, other_end, None)
+    theirs.sendall(encode(Ready()))  # fair would switch to it: the lease is asked back
+    _serve(host, lambda: resident.standing is Standing.RECALLED)
+    assert not lease.release(1, None, None)  # its iteration's end: the word is cleared
+    worker.send_line(encode(Ready()))
+    for _ in range(100):  # its READY before the host tries the lock again
+        host.granter.from_worker(resident)
+        if resident.standing is not Standing.RECALLED:
+            break
+        time.sleep(0.01)
+    assert resident.standing is Standing.WAITING
+    assert host.lanes[0].holder is other
+    assert resident.attained > 0 and resident.page_iterations == 1
+    page.close()
+    host_end.close()
+    worker_end.close()
+    other_end.close()
+    theirs.close()
+
+
 def _lease_then_keep_lock(session) -> None:
     session.acquire()  # an iteration under the lease ...
     page = session.lease.page

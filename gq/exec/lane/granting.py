@@ -193,6 +193,8 @@ class Granter:
         self.handovers.settle(resident, now)
         if resident.standing is Standing.LEASED:
             self.leases.recall(resident, between=True)
+        elif resident.standing is Standing.RECALLED:  # asked back: it let the lock go first
+            self.leases.take_back(resident, between=True)
         if resident.standing is Standing.HOLDING and resident.channel is not None:
             resident.end_iteration(max(0.0, now - resident.granted_at))
             move(resident, Event.RELEASE)
