@@ -144,6 +144,11 @@ MAX_MAX_HOLD = 86400.0
 # A held lane others wait for is asked this often whether the policy now prefers one of
 # them (fair's does once the holder's attained time passes theirs): its bound starts then.
 CONTENTION_POLL = 0.05
+# Under a policy that alternates (fair), a holder whose gaps no other iteration could fill
+# keeps its lease beside the jobs it alternates with for this much lane time (asked again
+# at the next poll: up to twice it), rather than a switch through the host at every
+# boundary (gq.exec.lane.rule.sliced).
+LEASE_SLICE = 0.05
 # Where no cgroup holds a job's --host-mem (no memory controller passed on to it, --cgroup
 # off), what its processes hold is read this often (Slurm's OverMemoryKill polls), or as soon
 # after as the last readings are in (gq.exec.host.memory_watch).

@@ -91,13 +91,16 @@ def test_one_users_jobs_hand_over_without_the_device_idling_and_never_interleave
     daemon, tmp_path, monkeypatch
 ):
     gq_ok("policy", "set", "fair")
-    ids, results, log = _pair(tmp_path, monkeypatch, "gapless", ipc=True)
-    _, synced_results, synced_log = _pair(tmp_path, monkeypatch, "synced", ipc=False)
+    # (fair takes turns a slice of lane time at a time: 300 iterations of 4 ms make some)
+    ids, results, log = _pair(tmp_path, monkeypatch, "gapless", ipc=True, iterations=300)
+    _, synced_results, synced_log = _pair(
+        tmp_path, monkeypatch, "synced", ipc=False, iterations=300
+    )
     gapless, synced = hand_overs(log), hand_overs(synced_log)
     for seen in (gapless, synced):
         assert seen["overlaps"] == 0
         assert all(run % 2 == 0 for run in seen["runs"]), seen["runs"]  # whole iterations
-        assert len(seen["runs"]) >= 20  # they took turns (fair), handing over each time
+        assert len(seen["runs"]) >= 20  # they took turns (fair), handing over at each
     # Handles passed between them (one user's jobs), and none where IPC is not there.
     assert all(r["waited"] for r in results), [len(r["waited"]) for r in results]
     assert not any(r["waited"] for r in synced_results)
@@ -283,7 +286,7 @@ def test_two_users_jobs_hand_over_with_their_device_waited_for_and_no_handle(
     shared_node.ok(None, "policy", "set", "fair")
     device = _shared_device(tmp_path)
     owners = [users["alice"], users["bob"]]
-    ids = [_user_job(shared_node, owner, device, "k", 60) for owner in owners]
+    ids = [_user_job(shared_node, owner, device, "k", 300) for owner in owners]
     for owner in owners:
         wait_for((owner.workdir / "go-k.waiting").exists, 60, what="the job at its start file")
     for owner in owners:
@@ -394,6 +397,7 @@ class _Job:
         self.job_id, self.user, self.lane = job_id, user, lane
         self.granted_at, self.released_at, self.dirty = 0.0, None, False
         self.billed: list[tuple[float, int | None]] = []
+        self.attained = self.leased = 0.0  # (a lease's tail is billed to these)
 
     def end_iteration(self, held: float, steps: int | None = None) -> None:
         self.billed.append((round(held, 6), steps))
@@ -438,12 +442,43 @@ def test_a_hand_over_is_allowed_and_a_handle_passed_only_between_one_users_jobs(
     # A handle the host never allowed is dropped; a job's own tail needs none.
     assert not books.offer(SimpleNamespace(residents=[a1, b]), a1)
     assert books.released(a1, "ab" * 64, 10, now=13.0) is False
-    # Nor after a lease, which a Go that allowed one before does not carry over to.
-    assert books.offer(lane, a1) and not books.offer(lane, a1, leased=True)
-    assert books.released(a1, "ab" * 64, 10, now=13.0) is False
     assert books.for_grant(0, b, now=13.0, bound=1.0) == (False, None)
     books.offer(lane, a1)
     books.released(a1, "ab" * 64, 11, now=14.0)
     assert books.for_grant(0, a1, now=14.1, bound=1.0) == (False, None)
     books.forget(a1, now=14.2)  # gone: billed until then
     assert a1.billed[-1][1] == 11
+
+
+def test_a_lease_asked_back_hands_over_its_tail_billed_as_lease_time():
+    """The Done that ends a lease asked back (a slice's end, say) hands over as a grant's
+    does where its Go allowed it: a successor of its owner waits on its event, another
+    user's job for its Drained; the tail is billed to the lease once it drains, never
+    counted as an iteration (its page counted it). Without an event, the device was waited
+    for: nothing is pending."""
+    from types import SimpleNamespace
+
+    from gq.exec.lane import handover
+
+    a1, a2, b = _Job(1, "alice"), _Job(2, "alice"), _Job(3, "bob")
+    lane = SimpleNamespace(residents=[a1, a2])
+    books = handover.HandOvers()
+    assert books.offer(lane, a1)  # its Go, a lease's
+    books.lease_released(a1, "ab" * 64, now=20.0)  # billed until now by the lease's books
+    assert books.for_grant(0, a2, now=20.001, bound=1.0) == (False, "ab" * 64)
+    assert books.drained(a1, now=20.003) == 0
+    assert a1.billed == [] and a1.attained == pytest.approx(0.003) == a1.leased
+    assert a1.released_at == 20.003  # its gap begins once its device is done
+    # Another user's job that came during the lease waits for the tail to drain.
+    books.offer(lane, a1)
+    books.lease_released(a1, "cd" * 64, now=21.0)
+    assert books.for_grant(0, b, now=21.001, bound=1.0) == (True, None)
+    assert books.drained(a1, now=21.002) == 0
+    assert books.for_grant(0, b, now=21.003, bound=1.0) == (False, None)
+    # No event, or one its Go never allowed: nothing pending, nothing billed.
+    books.lease_released(a1, None, now=22.0)
+    assert not books.offer(SimpleNamespace(residents=[a1, b]), a1)
+    books.lease_released(a1, "ef" * 64, now=22.5)
+    assert books.for_grant(0, b, now=22.6, bound=1.0) == (False, None)
+    assert books.drained(a1, now=22.7) is None
+    assert a1.attained == pytest.approx(0.005) and a1.billed == []

@@ -227,3 +227,71 @@ def test_a_pace_side_by_side_is_work_over_lane_time_and_forgotten_taking_turns()
     assert packer.paces == {1: pytest.approx(0.95), 2: pytest.approx(0.6)}
     packer.tick(now + 0.5, [*samples(), Sample(3, 0.0, 0)])  # a job comes: taking turns
     assert packer.mode is Mode.TURNS and packer.paces == {}
+
+
+# ----- the host's side: what it counts as work (gq.exec.lane.packing_moves) ----------------
+def test_turns_taken_a_slice_at_a_time_are_counted_by_their_lane_time(monkeypatch):
+    """Under fair, two jobs take turns a slice at a time under leases: each slice's first
+    iteration is a grant the host times, 10 ms with the switch in it, then five of 8 ms
+    under the lease, which only the page counts. Side by side they gain nothing (the
+    device's lock halves each one's rate: 16 ms an iteration). Counted at the pace the host
+    timed, the leased iterations are believed for no more than their lane time at that
+    pace taking turns, and for all of them side by side: a gain of 1.5 that is not there,
+    and the pair was packed. Counted by their lane time taking turns, and at that pace side
+    by side, the trial finds none, and they take turns again."""
+    from types import SimpleNamespace
+
+    from gq import policies
+    from gq.exec.lane import packing_moves
+    from gq.exec.lane.residents import Lane, Resident
+
+    clock = [100.0]
+    monkeypatch.setattr(packing_moves.time, "monotonic", lambda: clock[0])
+    jobs = [
+        Resident(
+            job_id=job,
+            run=1,
+            user="u",
+            priority=0,
+            submit_time=0.0,
+            declared_total=None,
+            lane=0,
+            process=None,  # type: ignore[arg-type]
+            channel=object(),  # type: ignore[arg-type]
+            started_at=0.0,
+            started_wall=0.0,
+        )
+        for job in (1, 2)
+    ]
+    lanes = [Lane(0, residents=list(jobs)), Lane(1)]
+    granter = SimpleNamespace(
+        residents={r.job_id: r for r in jobs},
+        policy=policies.make("fair"),
+        read_leased_pages=lambda: None,
+        schedule=lambda lane: None,
+    )
+    host = packing_moves.LanePacking(lanes, granter, Packer(lanes=2))  # type: ignore[arg-type]
+
+    def leased(resident: Resident, iterations: int, seconds: float) -> None:
+        resident.iterations += iterations
+        resident.page_iterations += iterations
+        resident.leased += seconds
+        resident.attained += seconds
+
+    trials = []
+    for _ in range(80):  # 40 s of looks, every half second
+        for resident in jobs:
+            if host.packer.mode is Mode.TURNS:  # five slices each in half a second
+                for _ in range(5):
+                    resident.end_iteration(0.010)
+                    leased(resident, 5, 0.040)
+            else:  # a lane of its own, at half its speed
+                leased(resident, 31, 0.5)
+        clock[0] += 0.5
+        mode = host.packer.mode
+        host.tick()
+        if mode is Mode.TRIAL and host.packer.mode is not Mode.TRIAL:
+            trials.append((host.packer.last, host.packer.gain))
+    assert trials and all(last is packing.Verdict.FAILED for last, _ in trials), trials
+    assert all(gain is not None and gain < packing.GAIN for _, gain in trials), trials
+    assert host.packer.mode is not Mode.PACKED

@@ -462,6 +462,32 @@ def test_a_holder_none_of_the_waiting_jobs_could_take_the_lane_from_is_undispute
     )
 
 
+def test_under_fair_a_holder_whose_gaps_nothing_could_fill_keeps_its_lease_a_slice():
+    """gq.exec.lane.rule.sliced: fair alternates by lane time, so a holder whose measured
+    gaps are at most a tenth of its iterations may go on under its lease for a slice beside
+    the jobs it alternates with; not with longer or unmeasured gaps, not where a person
+    waits (for one of them, or for the holder itself: people first), not under policies
+    that do not alternate (they say it through undisputed)."""
+    from gq.exec.lane.rule import SLICE_GAP_SHARE, sliced
+
+    fair = policies.make("fair")
+    holder = view(1, mean_iteration=0.001, mean_gap=0.00005)
+    other = view(2, mean_iteration=0.001, mean_gap=0.00005)
+    assert sliced(fair, holder, [other])
+    assert sliced(fair, holder, [])  # (nobody beside it: a lease needs no slice, but holds)
+    at_most = JobView(**{**holder.__dict__, "mean_gap": SLICE_GAP_SHARE * 0.001})
+    assert sliced(fair, at_most, [other])
+    for change in ({"mean_gap": 0.0005}, {"mean_gap": None}, {"mean_iteration": None}):
+        assert not sliced(fair, JobView(**{**holder.__dict__, **change}), [other]), change
+    person = JobView(**{**other.__dict__, "person_waits": True})
+    assert not sliced(fair, holder, [other, person])
+    # Nor for a holder a person waits for: its people-first turns are an iteration each,
+    # at most every other grant, not a slice of them.
+    assert not sliced(fair, JobView(**{**holder.__dict__, "person_waits": True}), [other])
+    for name in ("fifo", "srtf", "priority", "deadline", "rr"):
+        assert not sliced(policies.make(name), holder, [other]), name
+
+
 def test_preemption_moves_out_the_least_memory_that_frees_enough():
     from gq.daemon.scheduling.preemption import Candidate, victims
 

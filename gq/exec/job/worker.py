@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 import types
+from collections.abc import Callable
 
 from gq import defaults
 from gq.exec.job import hooks, worker_memory
@@ -180,17 +181,17 @@ class WorkerSession:
         sample = self.sample
         figures = {"steps": steps, "mem_persistent": sample.persistent, "mem_peak": sample.peak}
         if lease is not None and lease.active:
+            if lease.page.paced():  # a slice beside jobs waiting: one iteration ahead
+                self.device.wait_kept()  # (asked back meanwhile: seen just below)
             if lease.release(steps, sample.persistent, sample.peak):
                 return  # (the lock goes once the device has run the iteration)
-            self.channel.send("done", **figures)  # asked back: the device was waited for
+            # Asked back (a slice's end, say): a Done ends the lease, its lock let go once
+            # the device has run the iteration, so that the host never finds it free first.
+            if not self._hand_over(figures, self._give_and_drain):
+                lease.hand_back()  # (the device waited for)
+                self.channel.send("done", **figures)
             return
-
-        if self.hand_over and (handle := self.device.hand_over()) is not None:
-            # Gapless: the Done goes now with an event after the iteration's work, which a
-            # successor of the same user waits on on its device; the host hears once the
-            # device has run it too (a successor of another user waits for that).
-            self.channel.send("done", event=handle.hex(), **figures)
-            self.device.then(self._send_drained)
+        if self._hand_over(figures, self._send_drained):
             return
 
         # The lane passes on once the device has run what this iteration queued: the
@@ -201,7 +202,23 @@ class WorkerSession:
 
         self.device.then(send_done)
 
+    def _hand_over(self, figures: dict, drained: Callable[[], None]) -> bool:
+        """Gapless, where the last Go allowed it and the device can: the Done goes now with
+        an event after the iteration's work, which a successor of the same user waits on on
+        its device, and ``drained`` once the device has run it (the host hears then too: a
+        successor of another user waits for that). False: nothing was sent."""
+        if not self.hand_over or (handle := self.device.hand_over()) is None:
+            return False
+        self.channel.send("done", event=handle.hex(), **figures)
+        self.device.then(drained)
+        return True
+
     def _send_drained(self) -> None:
+        self.channel.send("drained")
+
+    def _give_and_drain(self) -> None:
+        assert self.lease is not None  # (only a lease's hand-over drains so)
+        self.lease.page.give()
         self.channel.send("drained")
 
     def end_iteration(self) -> None:
@@ -219,11 +236,19 @@ class WorkerSession:
     def _settle(self) -> bool:
         """Before asking for the lane again: a Done the device still holds back is waited
         for and sent now (the host must hear it before a READY); True where what is held
-        back is a lease's lock instead (it is the job's still)."""
+        back is a lease's lock instead (it is the job's still). A lease asked back while its
+        last iteration's tail runs (a slice's end, between iterations) hands over here, as
+        at a release (its own tail then waited for before its READY)."""
         pending = self.device.keep()
         if pending is None:
             return False
-        if self.lease is not None and self.lease.gives(pending):
+        lease = self.lease
+        if lease is not None and lease.gives(pending):
+            if not lease.page.offered():
+                sample = self.sample
+                figures = {"steps": self.reported, "mem_persistent": sample.persistent}
+                if self._hand_over({**figures, "mem_peak": sample.peak}, self._give_and_drain):
+                    return self._settle()  # (False: its tail run, the lock let go)
             return True
         self.device.finish()
         pending()

@@ -18,7 +18,9 @@ It keeps the lane's lock instead while its device is busy, and a thread of the w
 lets the lock go once the device is done (:meth:`DeviceWork.then`); where the job's next
 iteration begins first, it takes that back (:meth:`DeviceWork.keep`) and goes on holding
 the lock, with no system call. The host, wanting the lane back, finds the lock held until
-the tail has run. A release through the host (a Done) is held back the same way: the
+the tail has run. Leased beside jobs waiting for a slice of the lane, it keeps no more than
+the next iteration's work behind the one running (:meth:`DeviceWork.wait_kept`, at each
+release). A release through the host (a Done) is held back the same way: the
 thread sends the Done once the device is done, while the job runs on with its gap's work
 (a high-priority job's host-side work beside its own tail); where the job asks for the lane
 again first, it waits for the device and sends the Done itself, before its READY.
@@ -77,6 +79,7 @@ class DeviceWork:
         self._events: dict[int, Any] = {}  # by device: an event belongs to one
         self._tail: _Tail | None = None  # made when a lease's release first finds it busy
         self._shared: dict[int, Any] = {}  # by device: the interprocess event handed over
+        self._kept: Any = None  # the event of the last ``give`` taken back (keep)
 
     def finish(self) -> None:
         """Return once the device has run everything queued so far on the current stream."""
@@ -144,8 +147,25 @@ class DeviceWork:
 
     def keep(self) -> Callable[[], None] | None:
         """Take back a ``give`` not made yet, and return it (None: nothing was pending). The
-        caller makes it, or keeps what it would have let go."""
-        return None if self._tail is None else self._tail.cancel()
+        caller makes it, or keeps what it would have let go (:meth:`wait_kept` waits for
+        the work it was to follow)."""
+        pending = None if self._tail is None else self._tail.cancel()
+        if pending is None:
+            return None
+        self._kept = pending[0]
+        return pending[1]
+
+    def wait_kept(self) -> None:
+        """Return once the device has run what was queued before the last ``give`` taken
+        back (at once where none was): a job leased beside others keeps at most the
+        iteration after it on its device (gq.exec.lane.lease)."""
+        event, self._kept = self._kept, None
+        if event is None:
+            return
+        try:
+            event.synchronize()
+        except Exception:  # noqa: BLE001 - a device that failed has nothing left to run
+            pass
 
 
 def _capturing(module: Any) -> bool:
@@ -168,10 +188,10 @@ class _Tail:
             self._pending = (event, give)
             self._changed.notify()
 
-    def cancel(self) -> Callable[[], None] | None:
+    def cancel(self) -> tuple[Any, Callable[[], None]] | None:
         with self._changed:
             pending, self._pending = self._pending, None
-        return None if pending is None else pending[1]
+        return pending
 
     def _run(self) -> None:
         while True:

@@ -16,9 +16,11 @@ Two ways to hold a lane:
   its owner's, at once with an event the next holder's device waits on
   (gq.exec.lane.handover).
 - **a lease** (:mod:`gq.exec.lane.lease`; the host's books: :mod:`gq.exec.lane.leasing`), for
-  a job alone on its lane or beside jobs none of which could take it (fifo's head): granted
-  with its Go, it crosses boundaries on its page's lock without a message until a job
-  asks that could; billed the lease's whole wall time, as the host saw it begin and end.
+  a job alone on its lane, beside jobs none of which could take it (fifo's head), or under
+  fair beside those it alternates with, a slice of lane time at a time
+  (gq.exec.lane.rule.sliced): granted with its Go, it crosses boundaries on its page's lock
+  without a message until a job asks that could, or its slice is over; billed the lease's
+  whole wall time, as the host saw it begin and end (and the tail a hand-over leaves).
 
 No memory a job can write reaches a call that can fail the host (the lock is the kernel's),
 nothing is shared between two jobs, and time is never billed on a job's word: a lie costs
@@ -42,7 +44,7 @@ from gq.exec.lane import rule as lane_rule
 from gq.exec.lane.leasing import Leases, bill, move
 from gq.exec.lane.residents import Lane, Resident, ready_to_grant
 from gq.exec.lane.standings import HOLDS_LANE, Event, Standing
-from gq.exec.lane.views import decide, overstays, undisputed
+from gq.exec.lane.views import decide, overstays, undisputed, usage_beside
 from gq.policies.base import Policy
 from gq.validation import printable
 
@@ -109,14 +111,7 @@ class Granter:
         self.shares = shares
 
     def _usage(self, lane: Lane) -> dict[str, float]:
-        """Each user's usage beside ``lane``'s residents: the daemon's figure, and what
-        their jobs on this device's other lanes have attained."""
-        usage = dict(self.shares)
-        for other in self.lanes:
-            if other is not lane:
-                for resident in other.residents:
-                    usage[resident.user] = usage.get(resident.user, 0.0) + resident.billed
-        return usage
+        return usage_beside(self.lanes, lane, self.shares)
 
     def cap(self, resident: Resident, mem_cap: int) -> None:
         """Its allocator is held to ``mem_cap`` from its next Go (a lease is asked back)."""
@@ -227,6 +222,7 @@ class Granter:
         standing = resident.standing
         if standing in (Standing.RECALLED, Standing.LEASED):  # it gave the lane back
             self.leases.end(resident, now, Event.RELEASE)
+            self.handovers.lease_released(resident, message.event, now)
             resident.record_steps(message.steps)
             self.schedule(lane)
             return
@@ -275,8 +271,10 @@ class Granter:
         ready = ready_to_grant(lane)
         holder = lane.holder
         if holder is not None:
-            if ready and holder.standing is Standing.LEASED and not self._undisputed(holder):
+            if ready and holder.standing is Standing.LEASED and not self._may_lease(holder):
                 self.leases.recall(holder)
+            elif holder.standing is Standing.LEASED:
+                self.leases.pace(lane, holder, self.policy.alternates)
             if lane.holder is not None and not self._bound_hold(lane, lane.holder, ready):
                 return
             ready = ready_to_grant(lane)  # the job whose lane was taken among them
@@ -303,13 +301,18 @@ class Granter:
         if chosen.frozen:  # stopped inside its iteration (or just after): goes on
             self.host.freeze(chosen, False)
         if chosen.standing is not Standing.STOPPED:
-            lease = self.leases.offer(lane, chosen, lambda: self._undisputed(chosen))
+            lease = self.leases.offer(
+                lane,
+                chosen,
+                lambda gaps: self._may_lease(chosen, True, gaps),
+                self.policy.alternates,
+            )
             if chosen.channel.send(
                 wire.Go(
                     empty_cache=lane_memory.short_of_memory(lane, self.cuda, self.lane_memory),
                     mem_cap=chosen.mem_cap if chosen.cap_unsent else None,
                     lease=lease,
-                    hand_over=self.handovers.offer(lane, chosen, leased=bool(lease)),
+                    hand_over=self.handovers.offer(lane, chosen),
                     after=after,
                 )
             ):
@@ -326,11 +329,14 @@ class Granter:
         if lease:
             chosen.lease, chosen.lease_started = lease, chosen.granted_at
 
-    def _undisputed(self, holder: Resident) -> bool:
-        lane = self.lanes[holder.lane]
-        return undisputed(
-            self.policy, lane, holder, self.bursts, self._usage(lane), time.monotonic()
-        )
+    def _may_lease(self, holder: Resident, starting: bool = False, gaps: bool = False) -> bool:
+        """Whether ``holder``'s lease goes on (``starting``: is offered) beside the jobs
+        ready for its lane (``gaps``: and those in their gaps): none of them could take it,
+        or it has a slice left of a lease they alternate with it by (rule.sliced)."""
+        lane, now = self.lanes[holder.lane], time.monotonic()
+        left = starting or now - holder.lease_started < defaults.LEASE_SLICE
+        usage = self._usage(lane)
+        return undisputed(self.policy, lane, holder, self.bursts, usage, now, left, gaps)
 
     def _hold(self, lane: Lane, chosen: Resident, now: float) -> None:
         chosen.granted_at = now
@@ -390,20 +396,11 @@ class Granter:
 
     # ----- leases (gq.exec.lane.leasing) -----------------------------------------------------
     def close_given_back(self) -> None:
-        """A lease asked back inside an iteration is over once its lock comes free, Done
-        or not (a job that wrote its lease's word back would otherwise keep the lane)."""
-        for resident in list(self.residents.values()):
-            if (
-                resident.standing is Standing.RECALLED
-                and resident.page is not None
-                and self.leases.take_back(resident)
-            ):
-                self.schedule(self.lanes[resident.lane])
+        for lane in self.leases.given_back(list(self.residents.values())):
+            self.schedule(self.lanes[lane])
 
     def read_leased_pages(self) -> None:
-        for resident in list(self.residents.values()):
-            if resident.standing in (Standing.LEASED, Standing.RECALLED):
-                self.leases.read_page(resident)
+        self.leases.read_pages(list(self.residents.values()))
 
     # ----- a job leaving its lane -------------------------------------------------------
     def schedule_waiting_lanes(self) -> None:

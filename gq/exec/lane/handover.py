@@ -20,6 +20,14 @@ granted only once the holder says Drained, or ``bound`` seconds after its Done (
 that never says it keeps no one waiting for long). A handle is checked on decode (64 bytes
 in hex, gq.fields.EventHandle): an invalid one fails its sender's job and reaches no one.
 
+A lease hands over too. Asked back at a slice's end (gq.exec.lane.rule.sliced), its worker
+sees the request at its iteration's end (or at its next acquire, its last iteration's work
+still on the device) and, where its Go allowed a hand-over, sends the Done that ends the
+lease at once with an event, keeping the lane's lock (gq.exec.lane.lease) until its device
+has run the tail: the host, which takes the lane back on the lock alone
+where no Done has come, never finds it free before the device is done. The lease is billed
+until its Done, and the tail, as lease time, once it drains.
+
 Nothing can hang on a holder that dies: its event was recorded before its Done was sent, so
 the successor waits only on work already queued, which ends with the holder's context.
 Billing stays the host's: a job handed over is billed from its Go to the Drained its tail
@@ -53,6 +61,7 @@ class Tail:
     since: float  # its Done
     steps: int  # what its Done said
     blocking: bool = False  # a job of another user waits for it to drain
+    leased: bool = False  # a lease's last iteration: counted on its page, billed as a lease
 
 
 class HandOvers:
@@ -66,11 +75,10 @@ class HandOvers:
         self.drained_at: dict[int, float] = {}  # lane: when its device last ran dry, as heard
         self.offered: set[int] = set()  # job ids: granted with hand_over
 
-    def offer(self, lane: Lane, chosen: Resident, leased: bool = False) -> bool:
-        """The Go's ``hand_over`` for ``chosen``, remembered until its Done; never with a
-        lease (``leased``: one its worker may leave untaken, so that the Done after its
-        recall must not carry an event a Go allowed before)."""
-        if not leased and allowed(lane, chosen):
+    def offer(self, lane: Lane, chosen: Resident) -> bool:
+        """The Go's ``hand_over`` for ``chosen``, remembered until its Done (a lease's too:
+        the Done that ends it, asked back at a slice's end, hands over as well)."""
+        if allowed(lane, chosen):
             self.offered.add(chosen.job_id)
             return True
         self.offered.discard(chosen.job_id)
@@ -87,6 +95,16 @@ class HandOvers:
         tail = Tail(holder, lane, handle, holder.granted_at, now, steps)
         self.tails[lane] = self.unbilled[holder.job_id] = tail
         return True
+
+    def lease_released(self, holder: Resident, handle: str | None, now: float) -> None:
+        """The Done that ends a lease asked back (billed until now already). With an event
+        its Go allowed, the last leased iteration's tail is the lane's, as a grant's is,
+        and billed to the lease once it drains; without, the device was waited for."""
+        if handle is None or holder.job_id not in self.offered:
+            self.drained_at[holder.lane] = now
+            return
+        tail = Tail(holder, holder.lane, handle, now, now, 0, leased=True)
+        self.tails[holder.lane] = self.unbilled[holder.job_id] = tail
 
     def for_grant(
         self, lane: int, chosen: Resident, now: float, bound: float, goes: bool = True
@@ -126,7 +144,13 @@ class HandOvers:
         if self.tails.get(tail.lane) is tail:
             del self.tails[tail.lane]
         begin = max(tail.granted, self.drained_at.get(tail.lane, 0.0))
-        holder.end_iteration(max(0.0, now - begin), tail.steps)
+        if tail.leased:  # its iterations are on its page: the tail is lease time
+            held = max(0.0, now - begin)
+            holder.attained += held
+            holder.leased += held
+            holder.dirty = True
+        else:
+            holder.end_iteration(max(0.0, now - begin), tail.steps)
         holder.released_at = now  # its gap begins once its device is done
         self.drained_at[tail.lane] = now
 

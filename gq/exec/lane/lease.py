@@ -23,6 +23,14 @@ and two system calls:
   back keeps the lane for no longer than that iteration. Taken where the page does not note
   the lease yet, the Go is still on its way, or the job's take failed: its first iteration
   is a plain grant, ended by its Done (the host keeps the lock and waits for that).
+- **Jobs beside a slice**: under fair the lease may be a slice of lane time beside the jobs
+  it alternates with; the host says so on the page (``pace``), and the worker then waits at
+  each release for the iteration before to have run on its device (alone it runs ahead, its
+  device never idle while it queues): one iteration's work is queued behind the one running
+  at most, so its device does not run a queue far longer than the slice once it is asked
+  back, and a hand-over at the slice's end still has a tail to overlap. A job that clears the
+  word runs ahead as if alone: the queue it leaves is its own lane time (the lock, or its
+  tail, is the job's until its device has run it), and bounded as any hold (--max-hold).
 - **Figures** (steps, iterations, memory) are written by the worker under a sequence count
   (odd while it writes) and read by the host when it reports progress or ends the lease.
   They are the worker's word and checked (:func:`implausible`); a worker that writes
@@ -50,6 +58,7 @@ from gq.validation import INT64_MAX
 PAGE_SIZE = mmap.PAGESIZE
 # The page as 64-bit words (native order: both ends are on one machine).
 _LEASE = 0  # the host's word: nonzero while the lane is offered to the job across boundaries
+_PACED = 1  # the host's: nonzero while jobs wait beside the lease, a slice at a time
 _SEQUENCE = 8  # the worker's: a sequence count, then its figures
 _BODY = slice(_SEQUENCE + 1, _SEQUENCE + 7)
 _READ_TRIES = 50  # a sequence count still odd after these: read again another time
@@ -157,6 +166,15 @@ class SharedPage:
     def offered(self) -> int:
         return self.words[_LEASE]
 
+    def pace(self, paced: bool) -> None:
+        """The host's side: jobs wait beside the lease it offers next, for a slice each
+        (gq.exec.lane.rule.sliced): its worker keeps no more than an iteration's work on
+        its device, so that a slice of lane time is one of device time too."""
+        self.words[_PACED] = 1 if paced else 0
+
+    def paced(self) -> bool:
+        return bool(self.words[_PACED])
+
     # ----- figures -----------------------------------------------------------------------
     def sequence(self) -> int:
         """The worker's count of writes (odd while it writes)."""
@@ -258,7 +276,8 @@ class WorkerLease:
     def release(self, steps: int, persistent: int | None, peak: int | None) -> bool:
         """At a leased iteration's end: its figures, and the lane let go once the device
         has run the iteration's work (meanwhile the job runs on). False if the host wants
-        the lane back: the device is waited for, and the worker says so with a Done."""
+        the lane back: the worker says so with a Done, and lets the lock go once its device
+        is done (:meth:`hand_back`, or after a hand-over's event: gq.exec.lane.handover)."""
         values = self.values
         values[_STEPS] = steps
         values[_ITERATIONS] += 1
@@ -269,7 +288,6 @@ class WorkerLease:
         self._sequence += 2
         self.active = False
         if not page.words[_LEASE]:
-            self.hand_back()
             return False
         self.device.then(page.give)
         return True

@@ -56,13 +56,16 @@ class Leases:
             and not (resident.mem_cap is not None and not self.cuda and resident.cgroup_cap is None)
         )
 
-    def offer(self, lane: Lane, chosen: Resident, undisputed: Callable[[], bool]) -> int:
+    def offer(
+        self, lane: Lane, chosen: Resident, undisputed: Callable[[bool], bool], alternates: bool
+    ) -> int:
         """The number of the lease a Go to ``chosen`` brings, where it is alone on its lane
         (no other job there could ask for it), or the others all wait for the lane and
-        none of them could take it (``undisputed()``, asked only then:
-        gq.exec.lane.rule.undisputed), its page written and the lock let go; else 0. (One
-        in its gap may ask for the lane as a job that could take it: the lease would be
-        asked back at once.)"""
+        none of them could take it, or, under a policy that ``alternates``, it takes turns
+        with them a slice at a time, waiting or in their gaps (``undisputed(in_gaps)``,
+        asked only then: gq.exec.lane.views.undisputed; the page says so), its page written
+        and the lock let go; else 0. (Otherwise one in its gap may ask for the lane as a job
+        that could take it: the lease would be asked back at once.)"""
         page = chosen.page
         if page is None or not self.leasable(chosen):
             return 0
@@ -71,17 +74,35 @@ class Leases:
             for other in lane.residents
             if other is not chosen and other.channel is not None and not other.suspended
         ]
-        if others and not (all(o.standing in WANTS_LANE for o in others) and undisputed()):
-            return 0
+        if others:
+            waiting = all(o.standing in WANTS_LANE for o in others)
+            if not (waiting or alternates) or not undisputed(not waiting):
+                return 0
         figures = page.read()
         if figures is None:
             return 0  # being written: no lease this time
         self.made += 1
         chosen.lease_base = chosen.page_seen = figures
         chosen.page_unread = None
+        self.pace(lane, chosen, alternates)
         page.offer(self.made)  # the word first: the worker takes the lock after it
         page.give()
         return self.made
+
+    def pace(self, lane: Lane, holder: Resident, alternates: bool) -> None:
+        """Its page says whether jobs take turns with its lease (one still starting never
+        asked; one that has left takes no turn): again whenever its lane changes."""
+        if holder.page is not None:
+            holder.page.pace(
+                alternates
+                and any(
+                    other is not holder
+                    and other.channel is not None
+                    and not other.suspended
+                    and other.startup is not None
+                    for other in lane.residents
+                )
+            )
 
     def recall(self, resident: Resident, between: bool = False) -> None:
         """The host wants the lane back: taken at once where the job is in its gap; inside
@@ -110,6 +131,23 @@ class Leases:
             return False
         self.end(resident, time.monotonic(), Event.TAKEN_BACK)
         return True
+
+    def given_back(self, residents: list[Resident]) -> list[int]:
+        """The lanes of the leases asked back inside an iteration that are over, their locks
+        come free, Done or not (a job that wrote its lease's word back would otherwise keep
+        the lane): the granter's to grant again."""
+        return [
+            resident.lane
+            for resident in residents
+            if resident.standing is Standing.RECALLED
+            and resident.page is not None
+            and self.take_back(resident)
+        ]
+
+    def read_pages(self, residents: list[Resident]) -> None:
+        for resident in residents:
+            if resident.standing in (Standing.LEASED, Standing.RECALLED):
+                self.read_page(resident)
 
     def end(self, resident: Resident, now: float, event: Event) -> None:
         """The lease is over, the job out of its iterations (``event``: the host took its

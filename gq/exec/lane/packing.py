@@ -4,7 +4,8 @@ that measures whether it helped and undoes what did not). Pure: the host
 (:mod:`gq.exec.lane.packing_moves`) feeds it what it saw and moves jobs as it plans.
 
 What is measured is *work*: the lane seconds each job's iterations would take taking turns
-(the iterations the host vouches for, times the pace it timed them at on a shared lane).
+(taking turns, the lane time the host billed it; side by side, the iterations it counted
+there at the pace they took taking turns: :mod:`gq.exec.lane.packing_moves`).
 Taking turns, a device does at most one second of work a second; jobs that leave it idle
 (data loading, launch-bound loops, single-threaded ones on a many-core cpu) do more than
 that side by side. So the jobs take turns while their work is measured, then run on lanes
@@ -18,9 +19,11 @@ always takes some of the first's CPU). A packing that failed is tried again
 after a back-off that doubles; one that pays is measured on, and measured afresh taking
 turns when a job's rate drifts or every :data:`REMEASURE` seconds.
 
-A job's own figures are never taken for its work: iterations beyond what its lease's time
-holds at the pace the host timed are not believed, so a job that lies can claim at most
-the work it did alone, and can only get itself packed worse.
+A job's own figures are never taken for its work past what the host observed: taking turns
+its work is its lane time whatever its page counts (a count only moves its pace), and side
+by side iterations beyond what the lane time it held there holds at that pace are not
+believed. So a job that lies can claim at most the lane time it held as work; a count too
+high taking turns makes its pace, and its work side by side, smaller (itself packed worse).
 
 Side by side, a job's lane time is charged to its owner's fair share at the share of the
 device it got (:func:`lane_share`): its work a lane second there, as measured over the last

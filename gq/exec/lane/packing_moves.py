@@ -1,14 +1,31 @@
 """The host's side of ``--lanes auto``: what it sees of each job, given to
 :mod:`gq.exec.lane.packing` twice a second, and the moves of jobs between lanes its plan asks
-for. A job moves only between iterations: one holding its lane under a grant moves once it
+for. A job moves only between its iterations: one holding its lane under a grant moves once it
 gives the lane back, one leased is asked for its lane back first; meanwhile it is granted
 nothing where it was (:attr:`Resident.moving`).
+
+**Work, as the host counts it.** Taking turns, a job's work is the lane time the host billed
+it, grants and leases alike: under fair, turns are taken a slice at a time under leases
+(gq.exec.lane.rule.sliced), whose iterations the host does not time, and a pace timed from
+the few it does (the first after each switch, which carry the switch) would misread them.
+Its pace is that lane time over the iterations it counted (less its first, warm-up), over
+the turns measured last. On a lane of its own, its work is the iterations it counted since
+at that pace, believed for no more than the lane time it held there holds at it; a job that
+never iterated taking turns has no pace, and its lane time is its work.
+
+The bound: every second of work is a second of lane time the host saw the job hold. Taking
+turns its page's count moves only its pace: a count too high makes the pace, and so its
+work on a lane of its own, smaller (itself packed worse); one too low, then a count too high
+side by side, is believed for its lane time there and no more, as if it ran there as fast
+as it could.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from dataclasses import dataclass
 
 from gq.exec.host.messages import PackingReport
 from gq.exec.lane import packing
@@ -20,6 +37,25 @@ from gq.exec.lane.standings import HOLDS_LANE, Standing
 log = logging.getLogger("gq.host")
 
 
+@dataclass
+class _Seen:
+    """What the host had counted of a job at the last look: the work it reckoned, the
+    iterations it believed, the lane time it billed, and that lane time less its first
+    iteration's and its iterations less that one (what its pace is reckoned over)."""
+
+    work: float
+    iterations: int
+    billed: float
+    paced: float
+    counted: int
+
+
+def _pace_figures(resident: Resident) -> tuple[float, int]:
+    """Its lane time and iterations, its first timed iteration (warm-up) left out."""
+    first = 1 if resident.timed else 0
+    return resident.billed - resident.first_iteration, resident.iterations - first
+
+
 class LanePacking:
     def __init__(self, lanes: list[Lane], granter: Granter, packer: Packer):
         self.lanes = lanes
@@ -28,9 +64,10 @@ class LanePacking:
         self.next_at = 0.0
         self.moves_left = False  # a job waits to move once it gives its lane back
         self._asked: dict[int, float] = {}  # when (monotonic) each was asked to move
-        # Work each job's iterations did (gq.exec.lane.packing.Sample), and the iterations the
-        # host vouched for and the lane time it billed when last looked at.
-        self._work: dict[int, tuple[float, int, float]] = {}
+        # What the host had counted of each job at the last look, and the lane time and
+        # iterations of each while taking turns, since the turns were last measured afresh.
+        self._seen: dict[int, _Seen] = {}
+        self._turns: dict[int, tuple[float, int]] = {}
 
     def tick(self) -> None:
         """Sample and plan every :data:`gq.exec.lane.packing.PERIOD`; move the jobs waiting
@@ -44,12 +81,17 @@ class LanePacking:
         self.granter.read_leased_pages()
         residents = self._packable()
         present = {r.job_id for r in residents}
-        self._work = {job: seen for job, seen in self._work.items() if job in present}
+        self._seen = {job: seen for job, seen in self._seen.items() if job in present}
+        self._turns = {job: turns for job, turns in self._turns.items() if job in present}
         self._asked = {job: at for job, at in self._asked.items() if job in present}
         plan = self.packer.plan()  # (as it stood over the lane time since the last look)
         samples = [self._sample(r, plan) for r in residents]
         self.packer.favours = self.granter.policy.name in packing.FAVOURING
-        if self.packer.tick(now, samples):
+        was = self.packer.mode
+        changed = self.packer.tick(now, samples)
+        if self.packer.mode is Mode.TURNS and was is not Mode.TURNS:
+            self._turns.clear()  # the turns measured afresh: their paces too
+        if changed:
             log.info(
                 "lanes: %s (%s); jobs by lane %s",
                 self.packer.mode.value,
@@ -59,33 +101,48 @@ class LanePacking:
         self._move(residents)
 
     def _sample(self, resident: Resident, plan: dict[int, int]) -> Sample:
-        vouched, billed = resident.vouched_iterations(), resident.billed
-        pace = resident.timed_pace
-        work, seen, held = self._work.get(resident.job_id, (0.0, vouched, billed))
+        billed = resident.billed
+        paced, counted = _pace_figures(resident)
+        seen = self._seen.get(resident.job_id) or _Seen(0.0, 0, billed, paced, counted)
+        held = max(0.0, billed - seen.billed)
         # The lane time since the last look, charged at the share of the device it got
         # side by side over it (its pace as last measured there; taking turns, all of it).
-        resident.unbilled += max(0.0, billed - held) * (1.0 - self._share(resident, plan))
-        # The count the host vouches for shrinks when the pace it timed grows: only what
-        # passes the most it ever vouched for is new work (a job that made its pace go
-        # up and down would otherwise be counted the same iterations again).
-        if pace is not None:
-            work += max(0, vouched - seen) * pace
-        elif vouched > seen:  # untimed: its lane time, where it iterated (a lease held
-            work += max(0.0, billed - held)  # through an idle gap bills it all the same)
-        self._work[resident.job_id] = (work, max(seen, vouched), max(held, billed))
+        resident.unbilled += held * (1.0 - self._share(resident, plan))
+        done = max(0, counted - seen.counted)
+        work, iterations = seen.work, seen.iterations
+        turns = self.packer.mode is Mode.TURNS and not resident.moving
+        if turns:  # its lane time is its work, and what its pace is reckoned over
+            work, iterations = work + held, iterations + done
+            lane_time, count = self._turns.get(resident.job_id, (0.0, 0))
+            self._turns[resident.job_id] = (lane_time + max(0.0, paced - seen.paced), count + done)
+        pace = self._pace(resident.job_id)
+        if not turns and pace is not None:  # believed as far as its lane time holds them
+            believed = min(done, math.ceil(held / pace)) if pace > 0 else done
+            work, iterations = work + believed * pace, iterations + believed
+        elif not turns and done:  # no pace: its lane time, where it iterated (a lease held
+            work, iterations = work + held, iterations + done  # through a gap bills it too)
+        self._seen[resident.job_id] = _Seen(
+            work, iterations, max(seen.billed, billed), paced, counted
+        )
         # Memory side by side: the figure the job was admitted with (declared or probed,
         # which its cgroup or the worker's cap holds it to), never its own report.
         figure = resident.mem_cap
         return Sample(
             resident.job_id,
             work,
-            max(seen, vouched),
+            iterations,
             figure,
             figure,
             resident.user,
             timed=pace is not None,
             billed=billed,
         )
+
+    def _pace(self, job: int) -> float | None:
+        """Lane seconds an iteration of ``job`` took taking turns, as last measured (None:
+        it iterated none there)."""
+        lane_time, count = self._turns.get(job, (0.0, 0))
+        return lane_time / count if count > 0 else None
 
     def _share(self, resident: Resident, plan: dict[int, int]) -> float:
         """The share of the device ``resident`` is charged its lane time at now: on the lane

@@ -37,6 +37,15 @@ another job waits that this rule, asked with the holder ready too, would grant i
 host takes the lane (the holder frozen inside its iteration, billed its whole hold, and
 given the lane again, thawed, when the rule grants it next). An iteration that never ends
 costs the others one bound at a time, as a policy orders them.
+
+**A slice at a time.** Under a policy that alternates by lane time (fair), a holder whose
+measured gaps are at most :data:`SLICE_GAP_SHARE` of its iterations may go on under its
+lease beside the jobs it alternates with for a slice of lane time (``defaults.LEASE_SLICE``),
+and the policy then picks again (:func:`sliced`): the shares stay what they were, taken a
+slice at a time rather than an iteration at a time, and a switch through the host at
+every boundary (a quarter of two 1 ms loops' time) is paid once a slice. Not where a person
+waits, the holder's or another's (people first), nor where the holder's gaps are long
+enough for another job's iteration to fill.
 """
 
 from __future__ import annotations
@@ -180,3 +189,23 @@ def undisputed(
         return False
     in_gap = [awaited for awaited in waiting_for if awaited.view.id != holder.id]
     return next_step(policy, others, resident, in_gap, now, after_turn) is None
+
+
+SLICE_GAP_SHARE = 0.1  # a holder's gaps, against its iterations, that a slice may hold idle
+
+
+def sliced(policy: Policy, holder: JobView, ready: Sequence[JobView]) -> bool:
+    """Whether ``holder`` may go on under its lease for a slice beside the ``ready`` jobs
+    it alternates with: the policy alternates by lane time (a slice changes when each gets
+    its share, not how much), no person waits for the holder or for any of them (people
+    first: a statement must not wait out a slice), and the holder's measured gaps are at
+    most :data:`SLICE_GAP_SHARE` of its iterations (the lane it keeps through them would
+    hardly serve another job)."""
+    return (
+        policy.alternates
+        and not holder.person_waits
+        and not any(view.person_waits for view in ready if view.id != holder.id)
+        and holder.mean_iteration is not None
+        and holder.mean_gap is not None
+        and holder.mean_gap <= SLICE_GAP_SHARE * holder.mean_iteration
+    )

@@ -53,6 +53,17 @@ def overstays(
     return _ask(lane_rule.overstays, policy, lane, holder, ready, bursts, usage, now)
 
 
+def usage_beside(lanes: list[Lane], lane: Lane, shares: Mapping[str, float]) -> dict[str, float]:
+    """Each user's usage beside ``lane``'s residents: the daemon's figure (``shares``), and
+    what their jobs on the device's other ``lanes`` have attained."""
+    usage = dict(shares)
+    for other in lanes:
+        if other is not lane:
+            for resident in other.residents:
+                usage[resident.user] = usage.get(resident.user, 0.0) + resident.billed
+    return usage
+
+
 def lane_views(
     lane: Lane, bursts: dict[str, lane_rule.Burst], usage: Mapping[str, float], now: float
 ) -> tuple[dict[int, JobView], list[lane_rule.Awaited]]:
@@ -90,14 +101,36 @@ def undisputed(
     bursts: dict[str, lane_rule.Burst],
     usage: Mapping[str, float],
     now: float,
+    slice_left: bool = False,
+    in_gaps_too: bool = False,
 ) -> bool:
-    """Whether ``holder`` may hold its lane under a lease beside the jobs ready for it
-    (:func:`gq.exec.lane.rule.undisputed`): none of them could take the lane at any of its
-    boundaries."""
+    """Whether ``holder`` may hold its lane under a lease beside the jobs ready for it: none
+    of them could take the lane at any of its boundaries
+    (:func:`gq.exec.lane.rule.undisputed`), or, with a slice of its lease left
+    (``slice_left``), it alternates with every other job on the lane a slice at a time
+    (:func:`gq.exec.lane.rule.sliced`). ``in_gaps_too``: some of them are in their gaps,
+    not waiting, and only a slice holds (one that asks could take the lane otherwise)."""
     ready = [r for r in ready_to_grant(lane) if r is not holder]
-    if not ready:
+    if not ready and not in_gaps_too:
         return True
-    return _ask(lane_rule.undisputed, policy, lane, holder, ready, bursts, usage, now)
+    views, in_gaps = lane_views(lane, bursts, usage, now)
+    if holder.job_id not in views:
+        return False  # (its script said it was finished: it runs no more iterations)
+    view = views[holder.job_id]
+    others = [other for job, other in views.items() if job != holder.job_id]
+    if slice_left and lane_rule.sliced(policy, view, others):
+        return True
+    if in_gaps_too:
+        return False
+    return lane_rule.undisputed(
+        policy,
+        view,
+        [views[r.job_id] for r in ready],
+        list(views.values()),
+        in_gaps,
+        now,
+        after_turn=lane.after_turn,
+    )
 
 
 def _ask(
