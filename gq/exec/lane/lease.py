@@ -238,6 +238,12 @@ class WorkerLease:
         self.values = _nothing_yet()
         self._sequence = 2  # the host wrote the first
 
+    def _count(self, steps: int) -> int:
+        """The count the page says: never less than it said (the worker's count falls as
+        it moves to a better place to count at, module calls to optimizer steps, which a
+        host reads as impossible), as the host keeps a Done's count."""
+        return max(steps, self.values[_STEPS])
+
     def _write(self) -> None:
         self.page.write(self._sequence, self.values)
         self._sequence += 2
@@ -249,7 +255,7 @@ class WorkerLease:
             return
         self.active = True
         self.values[_LEASE_TAKEN] = number
-        self.values[_STEPS] = self.values[_STEPS_AT_TAKE] = steps
+        self.values[_STEPS] = self.values[_STEPS_AT_TAKE] = self._count(steps)
         self._write()
 
     def gives(self, pending) -> bool:
@@ -269,7 +275,7 @@ class WorkerLease:
         elif page.words[_LEASE] != self.values[_LEASE_TAKEN] or not page.try_take():
             return False  # asked back, or a lease it never took up
         self.active = True
-        self.values[_STEPS] = self.values[_STEPS_AT_TAKE] = steps
+        self.values[_STEPS] = self.values[_STEPS_AT_TAKE] = self._count(steps)
         self._write()
         return True
 
@@ -279,7 +285,7 @@ class WorkerLease:
         the lane back: the worker says so with a Done, and lets the lock go once its device
         is done (:meth:`hand_back`, or after a hand-over's event: gq.exec.lane.handover)."""
         values = self.values
-        values[_STEPS] = steps
+        values[_STEPS] = self._count(steps)
         values[_ITERATIONS] += 1
         values[_PERSISTENT] = -1 if persistent is None else persistent
         values[_PEAK] = -1 if peak is None else peak
