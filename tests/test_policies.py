@@ -272,135 +272,49 @@ def test_a_free_lane_is_not_kept_for_a_job_the_policy_does_not_prefer_or_a_long_
     assert lane.next_step(strict, [low], [high, low], [], 10.001) is None
 
 
-def _grants_by_lane_time(rule, ready, holds, count):
-    """``count`` grants on a free lane, each holding it for its job's ``holds`` seconds,
-    people's turns reckoned in lane time as the host reckons them (rule.Turns): the ids
-    granted, in order."""
-    from gq.exec.lane import rule as lane
-
-    turns, clock, grants = lane.Turns(), 0.0, []
-    for _ in range(count):
-        turns.free(clock)
-        decision = lane.next_step(rule, ready, ready, [], 10.0, after_turn=turns.over(clock))
-        assert isinstance(decision, lane.Grant), decision
-        turns.granted(decision.turn, clock)
-        clock += holds[decision.job.id]
-        grants.append(decision.job.id)
-    return grants
-
-
 @pytest.mark.parametrize("policy", ["fifo", "fair", "srtf", "rr", "deadline"])
-def test_an_interactive_job_alternates_with_batch_jobs_by_lane_time(policy):
+def test_an_interactive_job_goes_first_every_other_grant_and_batch_jobs_keep_the_rest(policy):
     """A person's statement waits for at most the batch iteration in progress; while it
-    computes on, it and the batch job alternate by lane time: its steps of 10 ms get as
-    much of the lane as the batch job's of 100 ms (ten turns to one), and the batch job
-    still gets a grant after each run of turns."""
-    rule = policies.make(policy)
-    batch = view(1, submit_time=0.0, attained=0.0, mean_iteration=0.1, steps_total=10)
-    person = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.01, person_waits=True)
-    grants = _grants_by_lane_time(rule, [batch, person], {1: 0.1, 2: 0.01}, 100)
-    assert grants[:2] == [2, 1]  # nothing granted before: the person first, one turn
-    runs = "".join(map(str, grants)).split("1")[1:-1]  # the runs of turns between
-    assert runs and all(run in ("2" * 9, "2" * 10) for run in runs), grants
-    assert abs(grants.count(2) * 0.01 - grants.count(1) * 0.1) < 0.1  # the lane half each
-    # Steps longer than the batch job's: one turn each, and every other grant.
-    slow = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.3, person_waits=True)
-    assert _grants_by_lane_time(rule, [batch, slow], {1: 0.1, 2: 0.3}, 8) == [2, 1] * 4
-    # As long as the batch job's, a little longer: one for one still, not two to one.
-    even = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.1, person_waits=True)
-    grants = _grants_by_lane_time(rule, [batch, even], {1: 0.1, 2: 0.105}, 40)
-    assert 19 <= grants.count(1) <= 20, grants
-
-
-@pytest.mark.parametrize("policy", ["fifo", "fair", "srtf"])
-def test_a_lane_is_kept_for_a_person_in_a_short_gap_until_its_turns_are_over(policy):
-    """Between the steps of a statement the lane waits for it, as for a job the policy
-    prefers, while its run of turns has lane time left; not once it is over, nor for a
-    person whose gaps are long (at a prompt); and ahead of a lane kept for a batch job."""
+    computes on, batch jobs still get at least every other grant."""
     from gq.exec.lane import rule as lane
 
     rule = policies.make(policy)
     batch = view(1, submit_time=0.0, attained=0.0, mean_iteration=0.1, steps_total=10)
-    person = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.01, person_waits=True)
-    in_gap = lane.awaited_person(person, released_at=10.0, last_gap=0.001)
-    assert in_gap is not None and in_gap.until == 10.0 + lane.PERSON_GAP
-    kept = lane.next_step(rule, [batch], [batch, person], [in_gap], 10.0001)
-    assert kept == lane.KeepFor(person, in_gap.until)
-    over = lane.next_step(rule, [batch], [batch, person], [in_gap], 10.0001, after_turn=True)
-    assert over == lane.Grant(batch)
-    assert lane.awaited_person(person, released_at=10.0, last_gap=30.0) is None  # typing
-    assert lane.awaited_person(person, released_at=10.0, last_gap=None) is None
-    gone = lane.next_step(rule, [batch], [batch, person], [in_gap], 10.0 + lane.PERSON_GAP)
-    assert gone == lane.Grant(batch)  # its gap outlasted the wait: a statement's end
-    batch_gap = lane.awaited(batch, released_at=10.0, mean_gap=0.001)
-    assert lane.next_step(rule, [person], [batch, person], [batch_gap], 10.0001) == lane.Grant(
+    person = view(2, submit_time=5.0, attained=50.0, mean_iteration=0.1, person_waits=True)
+    grants, turn = [], False
+    for _ in range(8):
+        decision = lane.next_step(rule, [batch, person], [batch, person], [], 10.0, after_turn=turn)
+        assert isinstance(decision, lane.Grant), decision
+        grants.append(decision.job.id)
+        turn = decision.turn
+    assert grants[0] == 2  # nothing granted before: the person first
+    assert all(2 in grants[i : i + 2] for i in range(0, 8, 2))  # and every other grant on
+    assert all(1 in grants[i : i + 3] for i in range(6))  # never two turns of the person's in a row
+    # Ahead of a lane kept for a batch job in its short gap, too.
+    in_gap = lane.awaited(batch, released_at=10.0, mean_gap=0.001)
+    assert lane.next_step(rule, [person], [batch, person], [in_gap], 10.0001) == lane.Grant(
         person, turn=True
     )
 
 
-def test_turns_owe_the_policy_s_last_hold_and_count_the_one_in_progress():
-    from gq.exec.lane import rule as lane
-
-    first = lane.Turns()
-    assert not first.over(0.0)  # no turn yet: the policy's grant
-    first.granted(True, 0.0)  # the first grant on the lane, a turn: it owes nothing
-    assert first.over(0.0)
-    turns = lane.Turns()
-    turns.granted(False, 0.01)  # the policy's grant, which holds the lane 0.5 s
-    turns.free(0.51)
-    turns.free(0.9)  # (then free and idle: the hold was 0.5 s)
-    turns.granted(True, 1.0)
-    turns.free(1.3)
-    turns.granted(True, 1.3)  # (a second turn: the run goes on)
-    assert not turns.over(1.49)  # a hold in progress counts
-    assert turns.over(1.51)
-    turns.free(1.6)
-    turns.granted(False, 1.6)  # the run took 0.6 s, 0.1 s past its due
-    turns.free(2.1)
-    turns.granted(True, 2.1)  # the next one owes 0.5 - 0.1
-    assert not turns.over(2.49) and turns.over(2.51)
-    # A lease that held the lane for an hour: the run owes one of its iterations.
-    leased = lane.Turns()
-    leased.granted(False, 0.0, iteration=0.05)
-    leased.free(3600.0)
-    leased.granted(True, 3600.0)
-    assert not leased.over(3600.04) and leased.over(3600.05)
-
-
-def test_a_run_of_turns_is_timed_by_the_clock_so_empty_steps_cannot_idle_the_lane():
-    """A person's job whose steps hold the lane for nothing and whose gaps keep it waiting
-    still has its run of turns end once the policy's hold has passed, and the lane's idle
-    time after a run is not carried as the run's."""
-    from gq.exec.lane import rule as lane
-
-    turns = lane.Turns()
-    turns.granted(False, 0.0)  # a batch iteration of 0.5 s
-    turns.free(0.5)
-    turns.granted(True, 0.5)
-    for clock in (0.6, 0.7, 0.8, 0.9):  # empty turns, the lane kept for each gap
-        turns.free(clock)
-        assert not turns.over(clock)
-        turns.granted(True, clock)
-    turns.free(0.9)
-    assert turns.over(1.0)
-    turns.granted(False, 5.0)  # after the lane idled: nothing carried past the run's due
-    turns.free(5.5)
-    turns.granted(True, 5.5)
-    assert not turns.over(5.99) and turns.over(6.0)
-
-
 @pytest.mark.parametrize("policy", ["fifo", "fair"])
-def test_several_interactive_jobs_share_one_run_of_turns(policy):
-    """Two REPLs (or three) cannot hand the lane to each other turn after turn: after a run
-    of people-first turns, whoever they went to, the policy picks; under fifo that is the
-    batch job submitted first, so with steps as long as its own it gets every other grant."""
+def test_several_interactive_jobs_share_one_turn_in_two(policy):
+    """Two REPLs (or three) cannot hand the lane to each other turn after turn: after a
+    people-first turn, whoever it went to, the policy picks; under fifo that is the batch
+    job submitted first, so it gets every other grant."""
+    from gq.exec.lane import rule as lane
+
     rule = policies.make(policy)
     batch = view(1, submit_time=0.0, attained=5.0, mean_iteration=0.1)
-    people = [
-        view(i, submit_time=5.0 + i, attained=9.0, mean_iteration=0.1, person_waits=True)
-        for i in (2, 3, 4)
-    ]
-    grants = _grants_by_lane_time(rule, [batch, *people], {1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1}, 12)
+    people = [view(i, submit_time=5.0 + i, attained=9.0, person_waits=True) for i in (2, 3, 4)]
+    grants, turn = [], False
+    for _ in range(12):
+        decision = lane.next_step(
+            rule, [batch, *people], [batch, *people], [], 10.0, after_turn=turn
+        )
+        assert isinstance(decision, lane.Grant), decision
+        grants.append(decision.job.id)
+        turn = decision.turn
     assert grants.count(1) == 6 and grants[1::2] == [1] * 6, grants
 
 

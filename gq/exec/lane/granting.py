@@ -278,7 +278,6 @@ class Granter:
             if lane.holder is not None and not self._bound_hold(lane, lane.holder, ready):
                 return
             ready = ready_to_grant(lane)  # the job whose lane was taken among them
-        lane.turns.free(time.monotonic())
         if not ready:
             return
         decision = decide(
@@ -326,7 +325,7 @@ class Granter:
                 return
         move(chosen, Event.LEASE if lease else Event.GRANT)
         self._hold(lane, chosen, now)
-        lane.turns.granted(decision.turn, now, chosen.mean_iteration)
+        lane.after_turn = decision.turn
         if lease:
             chosen.lease, chosen.lease_started = lease, chosen.granted_at
 

@@ -42,9 +42,6 @@ class RecentMean:
         steps = sum(count for _, count in kept)
         return sum(length for length, _ in kept) / (steps or len(kept))
 
-    def last(self) -> float | None:
-        return self._kept[-1][0] if self._kept else None
-
     def per_item(self) -> float | None:
         """Seconds each, whatever steps they advanced."""
         kept = self._trimmed()

@@ -15,16 +15,13 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 
 **People first.** A ready interactive job (a terminal's statement, a notebook's cell: a
 person waits for it) within its owner's burst is granted before batch jobs, and before a
-lane kept for one, until the run of such turns has held the lane as long as the policy's
-grant before it did (one turn at least, :class:`Turns`); then the policy picks once, as
-usual. A statement waits at most for the batch iteration in progress, and a person
-computing on and a batch job alternate by time, however many interactive jobs share the
-lane and however short their iterations (a cell of 1 ms forwards beside 50 ms batch
-iterations gets half the lane, not one iteration in fifty). While the run is not over, the
-lane is kept for a person between a statement's steps (:func:`awaited_person`). Under fifo a
-person no longer waits behind the whole batch job, and the policy's own order decides the
-grants between (fair's gives a newcomer the lane until its attained time has caught up).
-Priority leaves this to ``--priority`` (``people_first`` false).
+lane kept for one, unless the lane's last grant was such a turn; then the policy picks as
+usual. A statement waits at most for the batch iteration in progress, and the turns take
+at most every other grant, however many interactive jobs share the lane: a person computing
+on and a batch job alternate under fifo (which would otherwise keep a person waiting behind
+the whole batch job), and the policy's own order decides the grants between (fair's gives
+a newcomer the lane until its attained time has caught up). Priority leaves this to
+``--priority`` (``people_first`` false).
 
 The burst is the owner's, across their interactive jobs on the lane's device (a second
 REPL, or a new one, starts on the same account): a person computes in bursts, and a user
@@ -88,50 +85,6 @@ class Burst:
         self.at = now
 
 
-@dataclass
-class Turns:
-    """A lane's people-first turns against the policy's grants, by the clock (monotonic
-    seconds). A run of turns may last as long as the policy's grant before it held the lane
-    (from the grant to the lane's next free moment), less what the run before took past its
-    due: a run ends on the turn that reaches it, so this is deficit round robin, and steps
-    as long as the batch job's alternate one for one. The lane kept idle for a person's gap
-    counts in the run: a job of empty steps and long gaps cannot keep a lane idle for ever."""
-
-    policy_at: float | None = None  # the policy's last grant
-    iteration: float | None = None  # its grantee's mean iteration then (a lease's holds many)
-    since: float | None = None  # the run's first turn; None: the last grant was the policy's
-    freed: float | None = None  # the lane first seen free after the last grant
-    owed: float = 0.0  # seconds the run of turns may last
-    ahead: float = 0.0  # seconds the last run took past its due
-
-    def free(self, now: float) -> None:
-        """The lane is free (its last grant's hold is over)."""
-        if self.freed is None:
-            self.freed = now
-
-    def granted(self, turn: bool, now: float, iteration: float | None = None) -> None:
-        """A grant made (``turn``: a people-first turn; ``iteration``: the grantee's mean
-        iteration, as the host timed it): a run of turns owes at most one iteration of the
-        policy's grant, a lease's that ran alone for an hour included."""
-        held_until = now if self.freed is None else self.freed
-        if not turn:
-            if self.since is not None:
-                self.ahead = max(0.0, held_until - self.since - self.owed)
-            self.policy_at, self.iteration, self.since = now, iteration, None
-        elif self.since is None:
-            held = 0.0 if self.policy_at is None else max(0.0, held_until - self.policy_at)
-            if self.iteration is not None:
-                held = min(held, self.iteration)
-            self.owed, self.ahead, self.since = max(0.0, held - self.ahead), 0.0, now
-        self.freed = None
-
-    def over(self, now: float) -> bool:
-        """Whether the run of turns has had its time (the next decision is the policy's
-        own): also while the holder's turn goes on, so that a person's hold past its due
-        is bounded as any other."""
-        return self.since is not None and now - self.since >= self.owed
-
-
 @dataclass(frozen=True)
 class Awaited:
     """A resident job in the gap after its iteration, that the lane may be kept for."""
@@ -159,20 +112,6 @@ def awaited(view: JobView, released_at: float, mean_gap: float | None) -> Awaite
     return None if window is None else Awaited(view, released_at + window)
 
 
-PERSON_GAP = 0.02  # the longest gap between a statement's steps that a lane waits out
-
-
-def awaited_person(view: JobView, released_at: float, last_gap: float | None) -> Awaited | None:
-    """A person's job just released, as a candidate to keep the lane for: while its last
-    gap was one between a statement's steps (at most PERSON_GAP), for PERSON_GAP (a gap on a
-    loaded machine can be several times the last). The wait counts in the person's run of
-    turns (:class:`Turns`, by the clock), so that no one else pays for it; a statement's end
-    costs the lane PERSON_GAP once."""
-    if last_gap is None or last_gap > PERSON_GAP:
-        return None
-    return Awaited(view, released_at + PERSON_GAP)
-
-
 def next_step(
     policy: Policy,
     ready: Sequence[JobView],
@@ -182,41 +121,33 @@ def next_step(
     after_turn: bool = False,
 ) -> Grant | KeepFor | None:
     """The free lane's decision: a people-first turn for an interactive job within its
-    burst, unless the run of turns is over (``after_turn``: :meth:`Turns.over`), and the
-    lane kept for one in a short gap meanwhile; else grant the ready job the policy picks,
-    keep the lane for an awaited job the policy prefers to every ready one (until it is
-    ready or ``until``), or nothing (no job ready, or the policy leaves the lane idle). A
-    lane is not kept where the pick's iteration is expected to end before that job is back."""
+    burst, unless the lane's last grant was one (``after_turn``); else grant the ready job
+    the policy picks, keep the lane for an awaited job the policy prefers to every ready one
+    (until it is ready or ``until``) unless the pick's iteration is expected to end before
+    that job is back, or nothing (no job ready, or the policy leaves the lane idle)."""
     if not ready:
         return None
-    live = [a for a in waiting_for if now < a.until]
-    chosen = policy.pick(ready, resident, now)
-    if policy.people_first and not after_turn:
-        people = [view for view in ready if view.person_waits]
+    people = [view for view in ready if view.person_waits]
+    if policy.people_first and people and not after_turn:
         # Among the people, the policy's order (fifo's too: the first of them, not the
         # first batch job, is what their turn is for).
-        persons = [view for view in resident if view.person_waits]
-        person = policy.pick(people, persons, now) if people else None
-        if person is not None:
-            return Grant(person, turn=True)
-        kept = _keep_for(chosen, [a for a in live if a.view.person_waits], now)
-        if kept is not None:
-            return kept
+        chosen = policy.pick(people, [view for view in resident if view.person_waits], now)
+        if chosen is not None:
+            return Grant(chosen, turn=True)
+    chosen = policy.pick(ready, resident, now)
+    live = [a for a in waiting_for if now < a.until]
     if live:
         preferred = policy.pick([*ready, *(a.view for a in live)], resident, now)
-        kept = _keep_for(chosen, [a for a in live if preferred and a.view.id == preferred.id], now)
-        if kept is not None:
-            return kept
+        for candidate in live:
+            if (
+                preferred is not None
+                and candidate.view.id == preferred.id
+                and not (
+                    chosen is not None and fits_before(chosen, expected_back(candidate.view), now)
+                )
+            ):
+                return KeepFor(candidate.view, candidate.until)
     return None if chosen is None else Grant(chosen)
-
-
-def _keep_for(chosen: JobView | None, candidates: Sequence[Awaited], now: float) -> KeepFor | None:
-    """The lane kept for the first of ``candidates`` whose return ``chosen``'s iteration is
-    not expected to end before (granting it in the gap costs that job nothing)."""
-    for candidate in candidates:
-        if not (chosen is not None and fits_before(chosen, expected_back(candidate.view), now)):
-            return KeepFor(candidate.view, candidate.until)
-    return None
 
 
 def overstays(

@@ -35,7 +35,7 @@ def decide(
         list(views.values()),
         in_gaps,
         now,
-        after_turn=lane.turns.over(now),
+        after_turn=lane.after_turn,
     )
 
 
@@ -79,28 +79,19 @@ def lane_views(
             burst = bursts.setdefault(resident.user, lane_rule.Burst(at=now))
             burst.add(billed - resident.burst_counted, now)
             resident.burst_counted = billed
-            # Seen by its last gap: a statement's steps come one after another, and the
-            # gaps between its statements (a person reading and typing) would hide that.
-            views[resident.job_id] = dataclasses.replace(
-                views[resident.job_id],
-                person_waits=lane_rule.within_burst(burst.used, resident.mean_iteration),
-                mean_gap=resident.gaps.last(),
-            )
+            if lane_rule.within_burst(burst.used, resident.mean_iteration):
+                views[resident.job_id] = dataclasses.replace(
+                    views[resident.job_id], person_waits=True
+                )
     in_gaps = [
         awaited
         for r in lane.residents
         if r.standing is Standing.IDLE
         and not r.suspended
         and r.released_at is not None
-        and (awaited := _awaited(r, views[r.job_id], r.released_at))
+        and (awaited := lane_rule.awaited(views[r.job_id], r.released_at, r.mean_gap))
     ]
     return views, in_gaps
-
-
-def _awaited(resident: Resident, view: JobView, released_at: float) -> lane_rule.Awaited | None:
-    if resident.interactive:
-        return lane_rule.awaited_person(view, released_at, resident.gaps.last())
-    return lane_rule.awaited(view, released_at, view.mean_gap)
 
 
 def undisputed(
@@ -138,7 +129,7 @@ def undisputed(
         list(views.values()),
         in_gaps,
         now,
-        after_turn=lane.turns.over(now),
+        after_turn=lane.after_turn,
     )
 
 
@@ -164,5 +155,5 @@ def _ask(
         list(views.values()),
         in_gaps,
         now,
-        after_turn=lane.turns.over(now),
+        after_turn=lane.after_turn,
     )
