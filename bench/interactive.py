@@ -86,6 +86,21 @@ def _waits(child: pexpect.spawn, count: int, iteration: float) -> list[float]:
     return [float(x) for x in child.match.group(1).split(",")]
 
 
+SHORT_STEPS, SHORT_STEP = 200, 0.005  # a statement of many short steps (a cell's forwards)
+
+
+def _short_statement(child: pexpect.spawn) -> float:
+    """Seconds a statement of SHORT_STEPS steps of SHORT_STEP each took, as it timed itself."""
+    child.sendline(
+        f"t = time.perf_counter()\nfor _ in range({SHORT_STEPS}): step({SHORT_STEP})\n\n"
+        "print('short %.3f' % (time.perf_counter() - t))"
+    )
+    child.expect(r"short ([\d.]+)", timeout=SHORT_STEPS * 2)
+    took = float(child.match.group(1))
+    child.expect(">>> ")
+    return took
+
+
 def measure(policy: str, seconds: float, iteration: float) -> dict:
     with Node() as node:
         node.gq("policy", "set", policy)
@@ -99,6 +114,7 @@ def measure(policy: str, seconds: float, iteration: float) -> dict:
         child = _repl(node)
         idle = _rate(node, batch, seconds)
         waits = _waits(child, 30, iteration)
+        short_beside = _short_statement(child)
         computing = 2.5 + seconds + SETTLE + seconds + 2.5
         child.sendline(
             f"n = 0; end = time.monotonic() + {computing}\n"
@@ -112,9 +128,12 @@ def measure(policy: str, seconds: float, iteration: float) -> dict:
         child.sendline("print('repl', n)")
         child.expect(r"repl (\d+)")
         repl_steps = int(child.match.group(1))
+        node.gq("cancel", str(batch))
+        while json.loads(node.gq("show", "--json", str(batch)))["state"] != "CANCELLED":
+            time.sleep(0.2)
+        short_alone = _short_statement(child)
         child.sendeof()
         child.expect(pexpect.EOF)
-        node.gq("cancel", str(batch))
     return {
         "policy": policy,
         "batch_alone": alone,
@@ -125,6 +144,8 @@ def measure(policy: str, seconds: float, iteration: float) -> dict:
         "statement_wait_median": statistics.median(waits),
         "statement_wait_max": max(waits),
         "statement_waits": waits,
+        "short_statement_alone": short_alone,
+        "short_statement_beside": short_beside,
     }
 
 
@@ -155,7 +176,10 @@ def main() -> None:
             f"({run['batch_beside_sustained_repl'] / run['batch_alone']:.0%}; the REPL "
             f"{run['repl_busy_rate']:.1f} all along); a statement waited "
             f"{run['statement_wait_median'] * 1000:.0f} ms (median), "
-            f"{run['statement_wait_max'] * 1000:.0f} ms at most"
+            f"{run['statement_wait_max'] * 1000:.0f} ms at most; a statement of "
+            f"{SHORT_STEPS} steps of {SHORT_STEP * 1000:.0f} ms took "
+            f"{run['short_statement_alone']:.1f} s alone, "
+            f"{run['short_statement_beside']:.1f} s beside the batch job"
         )
 
 

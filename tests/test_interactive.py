@@ -341,19 +341,28 @@ def test_ctrl_c_while_a_statement_waits_for_the_lane_leaves_the_lane_to_others(d
     assert _ended(child) == 0
 
 
-def test_a_statement_goes_before_batch_iterations_which_still_get_every_other_turn(
-    daemon, tmp_path
-):
-    """People first, under fifo too: a REPL's statement is granted after at most the batch
-    iteration in progress, not after the batch job's end; while it computes on, the batch
-    job still gets a turn between each of its iterations."""
+def _repl_beside_batch(tmp_path, iteration: float) -> tuple[int, pexpect.spawn]:
+    """Under fifo, a batch job of ``iteration`` s sleeps, running, and a REPL beside it at
+    its first prompt."""
     gq_ok("policy", "set", "fifo")
     batch = tmp_path / "batch.py"
-    batch.write_text("import gq, time\nfor _ in gq.steps(range(100000)):\n    time.sleep(0.5)\n")
+    batch.write_text(
+        f"import gq, time\nfor _ in gq.steps(range(100000)):\n    time.sleep({iteration})\n"
+    )
     batch_id = submit("--gpu-mem", "64M", str(batch))
     wait_for(lambda: job(batch_id)["steps_done"] > 0, 15, what="the batch job's iterations")
     child = _spawn("run", "--pty", "--gpu-mem", "64M", "--", "python")
     child.expect(">>> ")
+    return batch_id, child
+
+
+def test_a_statement_goes_before_batch_iterations_which_still_get_every_other_turn(
+    daemon, tmp_path
+):
+    """People first, under fifo too: a REPL's statement is granted after at most the batch
+    iteration in progress, not after the batch job's end; while it computes on in steps
+    longer than the batch job's, the batch job still gets a turn between each of them."""
+    batch_id, child = _repl_beside_batch(tmp_path, 0.5)
     child.sendline("import gq, itertools, os, time; print('job', os.environ['GQ_JOB_ID'])")
     child.expect(r"job (\d+)")
     repl_id = int(child.match.group(1))
@@ -367,10 +376,31 @@ def test_a_statement_goes_before_batch_iterations_which_still_get_every_other_tu
     assert float(child.match.group(1)) < 3.0  # a 0.5 s batch iteration, not the batch job
     child.expect(">>> ")
     before = job(batch_id)["steps_done"]
-    child.sendline("for _ in range(4): next(g); time.sleep(0.3)\n")
+    child.sendline("for _ in range(4): next(g); time.sleep(0.6)\n")
     child.sendline("print('looped')")
     child.expect("\r\nlooped", timeout=20)
     assert job(batch_id)["steps_done"] - before >= 3  # a batch turn between the REPL's
+    child.sendeof()
+    assert _ended(child) == 0
+    gq_ok("cancel", str(batch_id))
+
+
+def test_a_statement_of_short_steps_alternates_with_batch_iterations_by_lane_time(daemon, tmp_path):
+    """A person's turns last as long as the batch iteration before them did: a statement of
+    100 steps of 10 ms beside a batch job of 0.2 s iterations gets about half the lane, not
+    one step a batch iteration (which would take 100 x 0.21 s = 21 s); and the batch job
+    still gets its turns between."""
+    batch_id, child = _repl_beside_batch(tmp_path, 0.2)
+    child.sendline("import gq, itertools, time; g = gq.steps(itertools.count())")
+    child.expect(">>> ")
+    before = job(batch_id)["steps_done"]
+    child.sendline(
+        "t = time.monotonic()\nfor _ in range(100): next(g); time.sleep(0.01)\n\n"
+        "print('took %.1f s' % (time.monotonic() - t))"
+    )
+    child.expect(r"took (\d+\.\d) s", timeout=40)
+    assert float(child.match.group(1)) < 10.0  # 1 s of its own steps, 1 s of the batch's
+    assert job(batch_id)["steps_done"] - before >= 2  # the batch job's turns between
     child.sendeof()
     assert _ended(child) == 0
     gq_ok("cancel", str(batch_id))

@@ -108,6 +108,24 @@ def test_the_host_takes_the_lane_in_a_gap_and_waits_for_an_iteration_s_end():
     worker.close()
 
 
+def test_a_lease_for_a_run_of_turns_begins_no_iteration_once_the_run_is_over():
+    """A person's run of turns ends at a boundary the worker sees, not inside the iteration
+    after it, where the host would catch it: past ``until`` it asks with READY."""
+    host, worker = _pair()
+    lease = WorkerLease(worker)
+    host.run_until(time.monotonic_ns() + 200_000_000)
+    host.offer(1)
+    host.give()
+    lease.granted(1, 0)
+    assert lease.release(1, None, None) and lease.take(1)  # within the run: goes on
+    assert lease.release(2, None, None)
+    host.run_until(time.monotonic_ns() - 1)  # the run is over
+    assert not lease.take(2)  # READY instead, the lock left free for the host to take
+    assert host.try_take()
+    host.close()
+    worker.close()
+
+
 def test_the_lane_lock_holds_between_processes_of_different_users():
     host, fd = SharedPage.create()
     host.give()
@@ -302,6 +320,33 @@ def test_a_lease_asked_back_inside_an_iteration_ends_with_it_billed_its_wall_tim
     assert resident.iterations == 2 and resident.steps_done == 1
     assert resident.timed == 0  # both were leased: billed as a lease, not timed
     assert resident.attained >= 0.2, resident.attained
+    os.kill(child, 9)
+    os.waitpid(child, 0)
+
+
+def _statement_then_pause(session) -> None:
+    for _ in range(3):  # a statement's steps, under a lease: no message
+        session.acquire()
+        session.release()
+    session.end_iteration()  # the statement is over: the lease goes back, with a Done
+    time.sleep(0.5)  # the person reads its output
+    session.acquire()  # the next statement asks with READY
+    session.release()
+    time.sleep(2)
+
+
+def test_a_statement_gives_its_lease_back_as_it_ends_not_billed_the_pause_after():
+    """A person's pause after a statement is no iteration: the lease ends as the statement
+    does (the lane free for others, its wall time billed until then), and the next
+    statement asks anew."""
+    host, resident, child, _ = _host_with_worker(_statement_then_pause)
+    _serve(host, lambda: resident.standing is Standing.LEASED)
+    _serve(host, lambda: resident.standing is Standing.IDLE)
+    assert host.lanes[0].holder is None and resident.page_iterations == 3
+    billed = resident.attained
+    assert resident.billed == billed  # the pause is not billed
+    _serve(host, lambda: resident.standing is Standing.LEASED)  # a new lease, after READY
+    assert resident.attained == billed and resident.iterations == 3
     os.kill(child, 9)
     os.waitpid(child, 0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gq import policies
+from gq.defaults import LEASE_SLICE
 from gq.policies import JobView
 from gq.policies.base import anticipation_window
 from gq.policies.priority import Priority
@@ -356,6 +357,93 @@ def test_an_interactive_job_goes_first_only_within_its_burst():
     assert not lane.within_burst(burst.used)
     burst.add(0.0, 600.0 + 60.0 * 4)
     assert lane.within_burst(burst.used)
+
+
+def _lane_by_time(policy: str, step: float, gap: float, batch_iteration: float, until: float):
+    """A lane shared by a batch job (iterations of ``batch_iteration`` s, no gaps) and a
+    person whose statement runs steps of ``step`` s with ``gap`` s between, driven through
+    the rule and its PeopleTurns as the host drives them (a run of turns leased to the person
+    for its time, its gaps included, asked back as the time is over): each one's lane time."""
+    from gq.exec.lane import rule as lane
+
+    rule, turns, bound = policies.make(policy), lane.PeopleTurns(), 2.0
+    batch = view(1, submit_time=0.0, mean_iteration=batch_iteration)
+    person = view(2, submit_time=5.0, mean_iteration=step, person_waits=True)
+    held, now = {1: 0.0, 2: 0.0}, 0.0
+    while now < until:
+        turns.free(now)
+        decision = lane.next_step(rule, [batch, person], [batch, person], [], now, turns.over(now))
+        assert isinstance(decision, lane.Grant), decision
+        turns.granted(decision.turn, now, bound, decision.job.mean_iteration)
+        start = now
+        if decision.job.id == 1:
+            now += batch_iteration
+        else:  # its lease: step after step, the gaps its own, until the run's time is up
+            now += step
+            while turns.left(now) > 0:
+                now += gap + step
+        held[decision.job.id] += now - start
+    return held
+
+
+@pytest.mark.parametrize("policy", ["fifo", "srtf", "rr", "deadline"])
+def test_a_persons_short_steps_get_the_lane_by_time_not_one_step_a_batch_iteration(policy):
+    """A statement of 5 ms steps beside a batch job of 50 ms iterations: each run of the
+    person's turns lasts about as long as the batch iteration before it, so the two share
+    the lane about half and half (one step each, the statement would get a tenth)."""
+    held = _lane_by_time(policy, step=0.005, gap=0.0002, batch_iteration=0.05, until=10.0)
+    share = held[2] / (held[1] + held[2])
+    assert 0.45 <= share <= 0.5, held
+
+
+@pytest.mark.parametrize("step", [0.03, 0.05, 0.2])
+def test_a_run_of_turns_begins_no_step_that_would_take_more_than_it_is_owed(step):
+    """Steps as long as the batch job's (or longer) alternate with it one for one; steps of
+    30 ms beside 50 ms iterations get one each too: a second would end past the run's due,
+    which would give the person more of the lane than the batch job."""
+    held = _lane_by_time("fifo", step=step, gap=0.0002, batch_iteration=0.05, until=10.0)
+    runs = held[2] / step  # the person's steps, one a run
+    assert held[1] == pytest.approx(runs * 0.05, rel=0.02), held
+
+
+def test_a_person_who_keeps_the_lane_idle_is_billed_the_idle_time_and_gets_no_more():
+    """Empty steps with 19 ms gaps: the run is timed by the clock, the gaps included (the
+    host bills the lease's wall time to the person, and to their burst), so the batch job
+    keeps half the lane, however little the person computes in it."""
+    held = _lane_by_time("fifo", step=0.0, gap=0.019, batch_iteration=0.05, until=10.0)
+    assert held[1] / (held[1] + held[2]) >= 0.45, held
+
+
+def test_a_run_of_turns_is_owed_the_policys_last_hold_at_most_the_bound():
+    """A batch job leased the lane for an hour owes a person one of its iterations (a slice
+    if longer), and one warming up for 30 s, its iterations not measured yet, one hold
+    bound; a turn with no policy's grant before it is one iteration; a turn granted while a
+    run goes on continues it, and the policy's grant ends it."""
+    from gq.exec.lane import rule as lane
+
+    turns = lane.PeopleTurns()
+    turns.granted(True, 0.0, bound=2.0)  # a person alone: nothing is owed beyond its step
+    assert turns.over(0.0) and turns.left(0.0) == 0.0
+    turns.granted(False, 1.0, bound=2.0)
+    turns.free(3601.0)  # the batch job's lease was asked back an hour on
+    turns.free(3602.0)  # (the first moment found free counts)
+    turns.granted(True, 3602.0, bound=2.0)
+    assert turns.left(3602.0) == 2.0 and not turns.over(3603.0)
+    turns.granted(True, 3603.0, bound=2.0)  # the person again, within the run: it goes on
+    assert turns.left(3603.0) == 1.0 and turns.over(3604.0)
+    turns.granted(False, 3604.0, bound=2.0)
+    assert not turns.over(3700.0) and turns.left(3604.0) == 0.0
+    turns.free(3604.3)
+    turns.granted(True, 3604.3, bound=2.0)
+    assert turns.left(3604.3) == pytest.approx(0.3)
+    turns.granted(False, 4000.0, bound=2.0, iteration=0.2)  # leased an hour, 0.2 s a step
+    turns.free(7600.0)
+    turns.granted(True, 7600.0, bound=2.0)
+    assert turns.left(7600.0) == pytest.approx(0.2)
+    turns.granted(False, 8000.0, bound=2.0, iteration=0.001)  # fair's slice of 1 ms steps
+    turns.free(8000.5)
+    turns.granted(True, 8000.5, bound=2.0)
+    assert turns.left(8000.5) == pytest.approx(LEASE_SLICE)
 
 
 def test_fair_counts_a_users_past_use_beside_their_resident_jobs():

@@ -230,8 +230,26 @@ class WorkerSession:
                 self.ending()
             else:
                 self.release()
+            with self.lock:
+                self._give_back_lease()
         except KeyboardInterrupt:
             pass  # a Ctrl-C as the statement ends: nothing is left for it to stop
+
+    def _give_back_lease(self) -> None:
+        """A lease (a person's run of turns, say) goes back as the statement ends, once the
+        device has run its work: held through the person's pause, it would keep the lane
+        from the jobs beside it, and be billed to this one."""
+        lease = self.lease
+        if self.held or self.detached or lease is None or not lease.lapse():
+            return
+        pending = self.device.keep()  # (the last release's give, the device busy then)
+        self.device.finish()
+        if pending is not None:
+            pending()
+        sample = self.sample
+        self.channel.send(
+            "done", steps=self.reported, mem_persistent=sample.persistent, mem_peak=sample.peak
+        )
 
     def _settle(self) -> bool:
         """Before asking for the lane again: a Done the device still holds back is waited

@@ -16,11 +16,12 @@ Two ways to hold a lane:
   its owner's, at once with an event the next holder's device waits on
   (gq.exec.lane.handover).
 - **a lease** (:mod:`gq.exec.lane.lease`; the host's books: :mod:`gq.exec.lane.leasing`), for
-  a job alone on its lane, beside jobs none of which could take it (fifo's head), or under
+  a job alone on its lane, beside jobs none of which could take it (fifo's head), under
   fair beside those it alternates with, a slice of lane time at a time
-  (gq.exec.lane.rule.sliced): granted with its Go, it crosses boundaries on its page's lock
-  without a message until a job asks that could, or its slice is over; billed the lease's
-  whole wall time, as the host saw it begin and end (and the tail a hand-over leaves).
+  (gq.exec.lane.rule.sliced), or for a person's run of turns (gq.exec.lane.rule.PeopleTurns):
+  granted with its Go, it crosses boundaries on its page's lock without a message until a
+  job asks that could, or its slice or run is over; billed the lease's whole wall time, as
+  the host saw it begin and end (and the tail a hand-over leaves).
 
 No memory a job can write reaches a call that can fail the host (the lock is the kernel's),
 nothing is shared between two jobs, and time is never billed on a job's word: a lie costs
@@ -44,7 +45,7 @@ from gq.exec.lane import rule as lane_rule
 from gq.exec.lane.leasing import Leases, bill, move
 from gq.exec.lane.residents import Lane, Resident, ready_to_grant
 from gq.exec.lane.standings import HOLDS_LANE, Event, Standing
-from gq.exec.lane.views import decide, overstays, undisputed, usage_beside
+from gq.exec.lane.views import decide, overstays, takes_turns, undisputed, usage_beside
 from gq.policies.base import Policy
 from gq.validation import printable
 
@@ -274,10 +275,11 @@ class Granter:
             if ready and holder.standing is Standing.LEASED and not self._may_lease(holder):
                 self.leases.recall(holder)
             elif holder.standing is Standing.LEASED:
-                self.leases.pace(lane, holder, self.policy.alternates)
+                self.leases.pace(lane, holder, takes_turns(self.policy, lane, time.monotonic()))
             if lane.holder is not None and not self._bound_hold(lane, lane.holder, ready):
                 return
             ready = ready_to_grant(lane)  # the job whose lane was taken among them
+        lane.turns.free(time.monotonic())
         if not ready:
             return
         decision = decide(
@@ -300,12 +302,15 @@ class Granter:
             return  # another user's job: once the last holder's tail has drained
         if chosen.frozen:  # stopped inside its iteration (or just after): goes on
             self.host.freeze(chosen, False)
+        lane.turns.granted(decision.turn, now, self.max_hold, chosen.mean_iteration)
         if chosen.standing is not Standing.STOPPED:
+            run = lane.turns.left(now)  # (a person's run of turns: leased for that long)
             lease = self.leases.offer(
                 lane,
                 chosen,
                 lambda gaps: self._may_lease(chosen, True, gaps),
-                self.policy.alternates,
+                takes_turns(self.policy, lane, now),
+                now + run if run else None,
             )
             if chosen.channel.send(
                 wire.Go(
@@ -325,18 +330,18 @@ class Granter:
                 return
         move(chosen, Event.LEASE if lease else Event.GRANT)
         self._hold(lane, chosen, now)
-        lane.after_turn = decision.turn
         if lease:
             chosen.lease, chosen.lease_started = lease, chosen.granted_at
 
     def _may_lease(self, holder: Resident, starting: bool = False, gaps: bool = False) -> bool:
         """Whether ``holder``'s lease goes on (``starting``: is offered) beside the jobs
         ready for its lane (``gaps``: and those in their gaps): none of them could take it,
-        or it has a slice left of a lease they alternate with it by (rule.sliced)."""
+        or it has a slice left of a lease they alternate with it by (rule.sliced), or time
+        left to the person's run of turns it is (rule.PeopleTurns)."""
         lane, now = self.lanes[holder.lane], time.monotonic()
         left = starting or now - holder.lease_started < defaults.LEASE_SLICE
-        usage = self._usage(lane)
-        return undisputed(self.policy, lane, holder, self.bursts, usage, now, left, gaps)
+        usage, turn = self._usage(lane), lane.turns.left(now) > 0
+        return undisputed(self.policy, lane, holder, self.bursts, usage, now, left, gaps, turn)
 
     def _hold(self, lane: Lane, chosen: Resident, now: float) -> None:
         chosen.granted_at = now

@@ -31,6 +31,11 @@ and two system calls:
   back, and a hand-over at the slice's end still has a tail to overlap. A job that clears the
   word runs ahead as if alone: the queue it leaves is its own lane time (the lock, or its
   tail, is the job's until its device has run it), and bounded as any hold (--max-hold).
+- **A run's end**: a lease for a person's run of turns (gq.exec.lane.rule.PeopleTurns) says
+  when the run is over (``until``, monotonic ns); the worker begins no iteration under it
+  from then on and asks with READY, so the run does not go on into the iteration the host
+  would otherwise catch it inside. A worker that takes no notice is asked back as any
+  lease is, billed the overrun.
 - **Figures** (steps, iterations, memory) are written by the worker under a sequence count
   (odd while it writes) and read by the host when it reports progress or ends the lease.
   They are the worker's word and checked (:func:`implausible`); a worker that writes
@@ -50,6 +55,7 @@ import array
 import fcntl
 import mmap
 import os
+import time
 from dataclasses import dataclass
 
 from gq.exec.lane.device_sync import DeviceWork
@@ -59,6 +65,7 @@ PAGE_SIZE = mmap.PAGESIZE
 # The page as 64-bit words (native order: both ends are on one machine).
 _LEASE = 0  # the host's word: nonzero while the lane is offered to the job across boundaries
 _PACED = 1  # the host's: nonzero while jobs wait beside the lease, a slice at a time
+_UNTIL = 2  # the host's: the monotonic ns after which no iteration begins under it (0: none)
 _SEQUENCE = 8  # the worker's: a sequence count, then its figures
 _BODY = slice(_SEQUENCE + 1, _SEQUENCE + 7)
 _READ_TRIES = 50  # a sequence count still odd after these: read again another time
@@ -175,6 +182,12 @@ class SharedPage:
     def paced(self) -> bool:
         return bool(self.words[_PACED])
 
+    def run_until(self, until_ns: int) -> None:
+        """The host's side: the lease it offers next is for a run of lane time that ends at
+        ``until_ns`` (time.monotonic_ns; 0: for as long as the host leaves it): its worker
+        begins no iteration under it from then on, and asks with READY instead."""
+        self.words[_UNTIL] = until_ns
+
     # ----- figures -----------------------------------------------------------------------
     def sequence(self) -> int:
         """The worker's count of writes (odd while it writes)."""
@@ -268,11 +281,14 @@ class WorkerLease:
         READY. ``kept``: the last release's lock is held still (the device was busy then,
         and the give was taken back)."""
         page = self.page
+        words = page.words
+        until = words[_UNTIL]
+        over = until and time.monotonic_ns() >= until  # the run it was leased for is over
         if kept:
-            if not page.words[_LEASE]:  # ... and the host wants the lane back
+            if not words[_LEASE] or over:  # ... and the host wants the lane back
                 self.hand_back()
                 return False
-        elif page.words[_LEASE] != self.values[_LEASE_TAKEN] or not page.try_take():
+        elif over or words[_LEASE] != self.values[_LEASE_TAKEN] or not page.try_take():
             return False  # asked back, or a lease it never took up
         self.active = True
         self.values[_STEPS] = self.values[_STEPS_AT_TAKE] = self._count(steps)
@@ -296,6 +312,16 @@ class WorkerLease:
         if not page.words[_LEASE]:
             return False
         self.device.then(page.give)
+        return True
+
+    def lapse(self) -> bool:
+        """Between iterations, give up a lease still offered (a statement's end: a person's
+        pause is no iteration of the lane's): True where it was, which the worker tells the
+        host with a Done once its lock is let go; its next acquire asks with READY."""
+        number = self.values[_LEASE_TAKEN]
+        if self.active or not number or self.page.words[_LEASE] != number:
+            return False
+        self.values[_LEASE_TAKEN] = 0
         return True
 
     def hand_back(self) -> None:

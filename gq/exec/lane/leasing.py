@@ -57,14 +57,20 @@ class Leases:
         )
 
     def offer(
-        self, lane: Lane, chosen: Resident, undisputed: Callable[[bool], bool], alternates: bool
+        self,
+        lane: Lane,
+        chosen: Resident,
+        undisputed: Callable[[bool], bool],
+        alternates: bool,
+        until: float | None = None,
     ) -> int:
         """The number of the lease a Go to ``chosen`` brings, where it is alone on its lane
         (no other job there could ask for it), or the others all wait for the lane and
         none of them could take it, or, under a policy that ``alternates``, it takes turns
         with them a slice at a time, waiting or in their gaps (``undisputed(in_gaps)``,
-        asked only then: gq.exec.lane.views.undisputed; the page says so), its page written
-        and the lock let go; else 0. (Otherwise one in its gap may ask for the lane as a job
+        asked only then: gq.exec.lane.views.undisputed; the page says so; ``until``: the end
+        of the person's run of turns it is, monotonic), its page written and the lock let
+        go; else 0. (Otherwise one in its gap may ask for the lane as a job
         that could take it: the lease would be asked back at once.)"""
         page = chosen.page
         if page is None or not self.leasable(chosen):
@@ -85,6 +91,7 @@ class Leases:
         chosen.lease_base = chosen.page_seen = figures
         chosen.page_unread = None
         self.pace(lane, chosen, alternates)
+        page.run_until(0 if until is None else int(until * 1e9))
         page.offer(self.made)  # the word first: the worker takes the lock after it
         page.give()
         return self.made
@@ -155,6 +162,9 @@ class Leases:
         in (the worker writes it before it lets the lock go), the lock the host's again."""
         page = resident.page
         if event is Event.RELEASE and page is not None:
+            # (a Done given back unasked, a statement's end, leaves the word standing: the
+            # worker's next take must find it cleared)
+            page.offer(0)
             page.try_take()  # (a worker that holds it still harms only its next lease)
         bill(resident, now)
         move(resident, event)

@@ -24,6 +24,7 @@ from gq.exec.host.messages import StopWhy
 from gq.exec.host.spawn import JobProcess
 from gq.exec.lane.lease import Figures, SharedPage
 from gq.exec.lane.paces import OUTLIER, RecentMean
+from gq.exec.lane.rule import PeopleTurns
 from gq.exec.lane.standings import HOLDS_LANE, WANTS_LANE, Standing
 from gq.exec.protocol import Channel
 from gq.policies.base import JobView
@@ -403,9 +404,8 @@ class Lane:
     residents: list[Resident] = field(default_factory=list)
     kept_until: float | None = None  # kept free for a job in its gap until then (monotonic)
     last_job: int | None = None  # the job granted it last
-    after_turn: bool = False  # its last grant was a people-first turn (gq.exec.lane.rule)
-    # Since when (monotonic) a job has waited that the lane rule would grant before its
-    # holder: the hold is bounded from then on (--max-hold).
+    turns: PeopleTurns = field(default_factory=PeopleTurns)  # (gq.exec.lane.rule)
+    # Since when a job has waited that the rule would grant first (bounds the hold).
     contended_since: float | None = None
     switches: int = 0  # grants to a job other than the last one
 

@@ -15,12 +15,18 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 
 **People first.** A ready interactive job (a terminal's statement, a notebook's cell: a
 person waits for it) within its owner's burst is granted before batch jobs, and before a
-lane kept for one, unless the lane's last grant was such a turn; then the policy picks as
-usual. A statement waits at most for the batch iteration in progress, and the turns take
-at most every other grant, however many interactive jobs share the lane: a person computing
-on and a batch job alternate under fifo (which would otherwise keep a person waiting behind
-the whole batch job), and the policy's own order decides the grants between (fair's gives
-a newcomer the lane until its attained time has caught up). Priority leaves this to
+lane kept for one, unless the lane's last grant was such a turn and its run's time is over;
+then the policy picks as usual. A run of turns may hold the lane for as long as the
+policy's grant before it held it, one of its iterations at most, and at most the hold
+bound (:class:`PeopleTurns`): the host leases it to the person for that long, so a
+statement of short steps gets as much of the lane as the batch iteration between its runs,
+not one step for each, and the
+person's pauses inside the run are its own lane time (billed to it, and to its burst). A
+statement waits at most for the batch iteration in progress, and the turns take at most
+every other grant, however many interactive jobs share the lane: a person computing on and
+a batch job alternate by lane time under fifo (which would otherwise keep a person waiting
+behind the whole batch job), and the policy's own order decides the grants between (fair's
+gives a newcomer the lane until its attained time has caught up). Priority leaves this to
 ``--priority`` (``people_first`` false).
 
 The burst is the owner's, across their interactive jobs on the lane's device (a second
@@ -54,6 +60,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gq.defaults import LEASE_SLICE
 from gq.policies.base import JobView, Policy, anticipation_window, expected_back, fits_before
 
 PEOPLE_HORIZON = 60.0  # seconds over which a user's recent interactive use decays (by e)
@@ -83,6 +90,61 @@ class Burst:
     def add(self, seconds: float, now: float) -> None:
         self.used = recent_use(self.used, now - self.at, seconds)
         self.at = now
+
+
+@dataclass
+class PeopleTurns:
+    """A lane's runs of people-first turns, timed by the granter's clock (monotonic). A
+    run is owed as long as the policy's grant before it held the lane (to the moment the
+    lane was first found free after it), at most one of that grantee's iterations as
+    measured (or a slice, if longer: a lease of fair's), and at most the hold bound: a batch
+    job leased the lane for an hour owes a person one iteration, and one whose first
+    iteration is a long warm-up owes at most the bound. The run begins an iteration of its
+    person's only where it is expected to end within what is owed (its measured mean), so a
+    person whose steps are as long as the batch job's alternates with it one for one, and
+    no run takes more than it is owed by more than one iteration's variance. No deficit is
+    carried from one run to the next."""
+
+    policy_at: float | None = None  # the policy's last grant
+    iteration: float | None = None  # its grantee's mean iteration then, where measured
+    freed: float | None = None  # the lane first found free after the last grant
+    since: float | None = None  # the run of turns in progress began (None: the policy's)
+    owed: float = 0.0  # seconds that run may hold the lane
+    step: float = 0.0  # the mean iteration of the person granted last in it (0: unmeasured)
+
+    def free(self, now: float) -> None:
+        """The lane is free at ``now`` (the first such moment after a grant counts)."""
+        if self.freed is None:
+            self.freed = now
+
+    def granted(self, turn: bool, now: float, bound: float, iteration: float | None = None) -> None:
+        """The lane was granted at ``now`` to a job of that mean ``iteration``: a
+        people-first ``turn`` (a run begins, or the one in progress goes on), or the
+        policy's grant."""
+        if not turn:
+            self.policy_at, self.iteration, self.since = now, iteration, None
+        else:
+            if self.since is None:
+                held = 0.0
+                if self.policy_at is not None and self.freed is not None:
+                    held = max(0.0, self.freed - self.policy_at)
+                if self.iteration is not None:
+                    held = min(held, max(self.iteration, LEASE_SLICE))
+                self.since, self.owed = now, min(held, bound)
+            self.step = iteration or 0.0
+        self.freed = None
+
+    def left(self, now: float) -> float:
+        """Seconds in which the run in progress may still begin an iteration (0: none is,
+        or its time is over)."""
+        if self.since is None:
+            return 0.0
+        return max(0.0, self.since + self.owed - self.step - now)
+
+    def over(self, now: float) -> bool:
+        """Whether the last grant was a turn and its run's time is over: the policy's next
+        (the rule's ``after_turn``)."""
+        return self.since is not None and self.left(now) == 0.0
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def decide(
         list(views.values()),
         in_gaps,
         now,
-        after_turn=lane.after_turn,
+        after_turn=lane.turns.over(now),
     )
 
 
@@ -103,13 +103,17 @@ def undisputed(
     now: float,
     slice_left: bool = False,
     in_gaps_too: bool = False,
+    turn_left: bool = False,
 ) -> bool:
     """Whether ``holder`` may hold its lane under a lease beside the jobs ready for it: none
     of them could take the lane at any of its boundaries
     (:func:`gq.exec.lane.rule.undisputed`), or, with a slice of its lease left
     (``slice_left``), it alternates with every other job on the lane a slice at a time
-    (:func:`gq.exec.lane.rule.sliced`). ``in_gaps_too``: some of them are in their gaps,
-    not waiting, and only a slice holds (one that asks could take the lane otherwise)."""
+    (:func:`gq.exec.lane.rule.sliced`), or, with time left to the lane's run of people-first
+    turns (``turn_left``), a person waits for it, its owner within their burst (the run is
+    the person's, its pauses included). ``in_gaps_too``: some of them are in their gaps,
+    not waiting, and only a slice or a turn holds (one that asks could take the lane
+    otherwise)."""
     ready = [r for r in ready_to_grant(lane) if r is not holder]
     if not ready and not in_gaps_too:
         return True
@@ -117,6 +121,8 @@ def undisputed(
     if holder.job_id not in views:
         return False  # (its script said it was finished: it runs no more iterations)
     view = views[holder.job_id]
+    if turn_left and view.person_waits:
+        return True
     others = [other for job, other in views.items() if job != holder.job_id]
     if slice_left and lane_rule.sliced(policy, view, others):
         return True
@@ -129,8 +135,15 @@ def undisputed(
         list(views.values()),
         in_gaps,
         now,
-        after_turn=lane.after_turn,
+        after_turn=lane.turns.over(now),
     )
+
+
+def takes_turns(policy: Policy, lane: Lane, now: float) -> bool:
+    """Whether a lease on ``lane`` takes turns with the jobs beside it (its worker paced: one
+    iteration's work ahead on its device at most): under a policy that alternates by lane
+    time (a slice at a time), or as a run of people-first turns (leased for its time)."""
+    return policy.alternates or lane.turns.left(now) > 0
 
 
 def _ask(
@@ -155,5 +168,5 @@ def _ask(
         list(views.values()),
         in_gaps,
         now,
-        after_turn=lane.after_turn,
+        after_turn=lane.turns.over(now),
     )

@@ -26,7 +26,9 @@ def due_in(lanes: list[Lane], now: float, max_hold: float) -> float:
             if lane.contended_since is not None:
                 due = min(due, max(0.0, lane.contended_since + max_hold - now))
             elif ready_to_grant(lane):
-                due = min(due, defaults.CONTENTION_POLL)
+                # (a person's run of turns is asked back as its time is over)
+                left = lane.turns.left(now) or defaults.CONTENTION_POLL
+                due = min(due, defaults.CONTENTION_POLL, left)
             continue
         if not ready_to_grant(lane):
             continue
