@@ -351,6 +351,39 @@ def test_a_statement_gives_its_lease_back_as_it_ends_not_billed_the_pause_after(
     os.waitpid(child, 0)
 
 
+def _statement_interrupted_as_it_gives_back(session) -> None:
+    pending: list = []
+    device = session.device
+    device.then = pending.append  # the device busy at each release: the give waits for it
+    device.keep = lambda: pending.pop() if pending else None
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt  # a Ctrl-C while the statement's tail runs
+
+    for _ in range(3):
+        session.acquire()
+        session.release()
+    device.finish = interrupted
+    session.end_iteration()
+    time.sleep(0.5)
+    session.acquire()  # the next statement
+    session.release()
+    time.sleep(2)
+
+
+def test_a_ctrl_c_as_a_statement_gives_its_lease_back_still_lets_the_lock_go():
+    """Whatever the wait for the device's tail raises as a statement gives its lease back,
+    the lock goes and the host hears it: a lock kept would keep the lane from every other
+    job while the person reads."""
+    host, resident, child, _ = _host_with_worker(_statement_interrupted_as_it_gives_back)
+    _serve(host, lambda: resident.standing is Standing.LEASED)
+    _serve(host, lambda: resident.standing is Standing.IDLE)
+    assert host.lanes[0].holder is None
+    _serve(host, lambda: resident.standing is Standing.LEASED)  # the next, granted anew
+    os.kill(child, 9)
+    os.waitpid(child, 0)
+
+
 def test_a_ready_that_comes_before_the_host_takes_back_a_lease_asked_back_is_heard():
     """A lease asked back inside an iteration whose worker kept the lock past its end (its
     device busy) finds the word cleared at its next acquire, lets the lock go and asks with

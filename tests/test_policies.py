@@ -414,36 +414,40 @@ def test_a_person_who_keeps_the_lane_idle_is_billed_the_idle_time_and_gets_no_mo
     assert held[1] / (held[1] + held[2]) >= 0.45, held
 
 
-def test_a_run_of_turns_is_owed_the_policys_last_hold_at_most_the_bound():
+def test_a_run_of_turns_is_owed_the_policys_last_hold_one_iteration_at_most():
     """A batch job leased the lane for an hour owes a person one of its iterations (a slice
-    if longer), and one warming up for 30 s, its iterations not measured yet, one hold
-    bound; a turn with no policy's grant before it is one iteration; a turn granted while a
-    run goes on continues it, and the policy's grant ends it."""
+    if longer), and one alone on its lane from its first Go, or warming up for 30 s, its
+    iterations not measured, a slice; never more than the hold bound. A turn with no
+    policy's grant before it is one iteration; a turn granted while a run goes on continues
+    it, no longer for a later person's longer steps; the policy's grant ends it."""
     from gq.exec.lane import rule as lane
 
     turns = lane.PeopleTurns()
     turns.granted(True, 0.0, bound=2.0)  # a person alone: nothing is owed beyond its step
     assert turns.over(0.0) and turns.left(0.0) == 0.0
-    turns.granted(False, 1.0, bound=2.0)
-    turns.free(3601.0)  # the batch job's lease was asked back an hour on
+    turns.granted(False, 1.0, bound=2.0)  # a lone lease, its mean unknown at its Go
+    turns.free(3601.0)  # asked back an hour on, as a person asks
     turns.free(3602.0)  # (the first moment found free counts)
-    turns.granted(True, 3602.0, bound=2.0)
-    assert turns.left(3602.0) == 2.0 and not turns.over(3603.0)
-    turns.granted(True, 3603.0, bound=2.0)  # the person again, within the run: it goes on
-    assert turns.left(3603.0) == 1.0 and turns.over(3604.0)
-    turns.granted(False, 3604.0, bound=2.0)
-    assert not turns.over(3700.0) and turns.left(3604.0) == 0.0
-    turns.free(3604.3)
-    turns.granted(True, 3604.3, bound=2.0)
-    assert turns.left(3604.3) == pytest.approx(0.3)
-    turns.granted(False, 4000.0, bound=2.0, iteration=0.2)  # leased an hour, 0.2 s a step
+    turns.granted(True, 3601.0, bound=2.0)
+    assert turns.left(3601.0) == pytest.approx(LEASE_SLICE)
+    turns.granted(False, 4000.0, bound=2.0, iteration=1.5)  # leased an hour, 1.5 s a step
     turns.free(7600.0)
     turns.granted(True, 7600.0, bound=2.0)
-    assert turns.left(7600.0) == pytest.approx(0.2)
-    turns.granted(False, 8000.0, bound=2.0, iteration=0.001)  # fair's slice of 1 ms steps
-    turns.free(8000.5)
-    turns.granted(True, 8000.5, bound=2.0)
-    assert turns.left(8000.5) == pytest.approx(LEASE_SLICE)
+    assert turns.left(7600.0) == pytest.approx(1.5) and not turns.over(7601.0)
+    turns.granted(True, 7601.0, bound=2.0, iteration=0.1)  # another person, within the run
+    assert turns.left(7601.0) == pytest.approx(0.4) and turns.over(7601.4)
+    turns.granted(True, 7601.4, bound=2.0)  # an unmeasured one: the run is no longer for it
+    assert turns.over(7601.4)
+    turns.granted(False, 7602.0, bound=2.0)
+    assert not turns.over(7700.0) and turns.left(7602.0) == 0.0
+    turns.granted(False, 8000.0, bound=2.0, iteration=30.0)  # a long iteration: the bound
+    turns.free(8030.0)
+    turns.granted(True, 8030.0, bound=2.0)
+    assert turns.left(8030.0) == pytest.approx(2.0)
+    turns.granted(False, 9000.0, bound=2.0, iteration=0.001)  # fair's slice of 1 ms steps
+    turns.free(9000.5)
+    turns.granted(True, 9000.5, bound=2.0)
+    assert turns.left(9000.5) == pytest.approx(LEASE_SLICE)
 
 
 def test_fair_counts_a_users_past_use_beside_their_resident_jobs():

@@ -243,13 +243,17 @@ class WorkerSession:
         if self.held or self.detached or lease is None or not lease.lapse():
             return
         pending = self.device.keep()  # (the last release's give, the device busy then)
-        self.device.finish()
-        if pending is not None:
-            pending()
-        sample = self.sample
-        self.channel.send(
-            "done", steps=self.reported, mem_persistent=sample.persistent, mem_peak=sample.peak
-        )
+        self.hold_interrupts()
+        try:
+            self.device.finish()
+        finally:  # (whatever the wait raises: a lock kept would keep the lane from others)
+            self.let_interrupts()
+            if pending is not None:
+                pending()
+            sample = self.sample
+            self.channel.send(
+                "done", steps=self.reported, mem_persistent=sample.persistent, mem_peak=sample.peak
+            )
 
     def _settle(self) -> bool:
         """Before asking for the lane again: a Done the device still holds back is waited

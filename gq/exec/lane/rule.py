@@ -94,23 +94,23 @@ class Burst:
 
 @dataclass
 class PeopleTurns:
-    """A lane's runs of people-first turns, timed by the granter's clock (monotonic). A
-    run is owed as long as the policy's grant before it held the lane (to the moment the
-    lane was first found free after it), at most one of that grantee's iterations as
-    measured (or a slice, if longer: a lease of fair's), and at most the hold bound: a batch
-    job leased the lane for an hour owes a person one iteration, and one whose first
-    iteration is a long warm-up owes at most the bound. The run begins an iteration of its
-    person's only where it is expected to end within what is owed (its measured mean), so a
-    person whose steps are as long as the batch job's alternates with it one for one, and
-    no run takes more than it is owed by more than one iteration's variance. No deficit is
-    carried from one run to the next."""
+    """A lane's runs of people-first turns, timed by the granter's clock (monotonic). A run
+    is owed as long as the policy's grant before it held the lane (to the moment the lane
+    was first found free after it), at most one of that grantee's iterations as measured (or
+    a slice, if longer or not measured: a lease of fair's, a first iteration), and at most
+    the hold bound: a batch job leased the lane for an hour owes a person one iteration, and
+    one whose first iteration is a long warm-up owes a slice. The run begins an iteration of
+    its person's only where it is expected to end within what is owed (its measured mean),
+    so a person whose steps are as long as the batch job's alternates with it one for one,
+    and no run takes more than it is owed by more than one iteration's variance. No deficit
+    is carried from one run to the next."""
 
     policy_at: float | None = None  # the policy's last grant
     iteration: float | None = None  # its grantee's mean iteration then, where measured
     freed: float | None = None  # the lane first found free after the last grant
     since: float | None = None  # the run of turns in progress began (None: the policy's)
     owed: float = 0.0  # seconds that run may hold the lane
-    step: float = 0.0  # the mean iteration of the person granted last in it (0: unmeasured)
+    step: float = 0.0  # the longest mean iteration of the people granted in it (0: unmeasured)
 
     def free(self, now: float) -> None:
         """The lane is free at ``now`` (the first such moment after a grant counts)."""
@@ -128,10 +128,10 @@ class PeopleTurns:
                 held = 0.0
                 if self.policy_at is not None and self.freed is not None:
                     held = max(0.0, self.freed - self.policy_at)
-                if self.iteration is not None:
-                    held = min(held, max(self.iteration, LEASE_SLICE))
-                self.since, self.owed = now, min(held, bound)
-            self.step = iteration or 0.0
+                # (unmeasured, as a lease alone on its lane from its first Go: a slice)
+                held = min(held, max(self.iteration or 0.0, LEASE_SLICE))
+                self.since, self.owed, self.step = now, min(held, bound), 0.0
+            self.step = max(self.step, iteration or 0.0)  # (no later turn lengthens it)
         self.freed = None
 
     def left(self, now: float) -> float:
