@@ -23,21 +23,29 @@ STEPS = 400
 # One fixed batch per epoch (data order cannot differ between runs), served by two fork
 # DataLoader workers (which inherit Lightning's handler: a signal that reached them would
 # write a checkpoint of their stale trainer). Its first run under gq paces its steps so the
-# signal finds it training; the resumed run and the run by hand do not wait. The resumed
-# run gets the signal again at the same time into its run: on a loaded machine that may be
-# while it still imports, before Lightning's handler is set, so it ignores it until then.
+# signal finds it training; the resumed run and the run by hand do not wait. The first run
+# takes the signal only in its pace's sleep, before its step's update: Lightning's handler
+# saves where it is, and one that ran between the update and Lightning's count of it (the
+# hooks' release runs there) saved a model one step ahead of its count, which the resumed
+# run then stepped once more (every thread blocks it, the later ones as they inherit it).
+# The resumed run gets the signal again at the same time into its run: on a loaded machine
+# that may be while it still imports, before Lightning's handler is set, so it ignores it
+# until then.
 LIGHT = f"""\
 import os, signal
 RESUMED = "SLURM_RESTART_COUNT" in os.environ
+PACED = "GQ_JOB_ID" in os.environ and not RESUMED
 if RESUMED:
     signal.signal(signal.SIGUSR1, lambda *_: None)
+if PACED:
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 import sys, time
 import torch
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader, TensorDataset
 
 torch.set_num_threads(1)
-PACE = 0.08 if "GQ_JOB_ID" in os.environ and not RESUMED else 0.0
+PACE = 0.08 if PACED else 0.0
 
 
 class Tiny(pl.LightningModule):
@@ -48,7 +56,10 @@ class Tiny(pl.LightningModule):
     def training_step(self, batch, index):
         if not RESUMED and index == 0 and self.global_step == 0:
             open("training", "w").close()  # the test brings the signal forward from here
-        time.sleep(PACE)
+        if PACED:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+            time.sleep(PACE)
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
         x, y = batch
         return torch.nn.functional.mse_loss(self.layer(x), y)
 
