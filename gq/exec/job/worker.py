@@ -179,7 +179,7 @@ class WorkerSession:
             worker_memory.release_cached()
         self.reported = steps
         sample = self.sample
-        figures = {"steps": steps, "mem_persistent": sample.persistent, "mem_peak": sample.peak}
+        figures = self._done_figures(steps)
         if lease is not None and lease.active:
             if lease.page.paced():  # a slice beside jobs waiting: one iteration ahead
                 self.device.wait_kept()  # (asked back meanwhile: seen just below)
@@ -242,18 +242,18 @@ class WorkerSession:
         lease = self.lease
         if self.held or self.detached or lease is None or not lease.lapse():
             return
-        pending = self.device.keep()  # (the last release's give, the device busy then)
+        self.device.keep()  # (the last release's give, held back while the device was busy)
         self.hold_interrupts()
         try:
-            self.device.finish()
-        finally:  # (whatever the wait raises: a lock kept would keep the lane from others)
+            lease.hand_back()  # (its lock let go whatever the wait for the device raises)
+        finally:
             self.let_interrupts()
-            if pending is not None:
-                pending()
-            sample = self.sample
-            self.channel.send(
-                "done", steps=self.reported, mem_persistent=sample.persistent, mem_peak=sample.peak
-            )
+            self.channel.send("done", **self._done_figures(self.reported))
+
+    def _done_figures(self, steps: int) -> dict:
+        """What a Done says: the step count, and the memory last sampled."""
+        sample = self.sample
+        return {"steps": steps, "mem_persistent": sample.persistent, "mem_peak": sample.peak}
 
     def _settle(self) -> bool:
         """Before asking for the lane again: a Done the device still holds back is waited
@@ -267,9 +267,8 @@ class WorkerSession:
         lease = self.lease
         if lease is not None and lease.gives(pending):
             if not lease.page.offered():
-                sample = self.sample
-                figures = {"steps": self.reported, "mem_persistent": sample.persistent}
-                if self._hand_over({**figures, "mem_peak": sample.peak}, self._give_and_drain):
+                figures = self._done_figures(self.reported)
+                if self._hand_over(figures, self._give_and_drain):
                     return self._settle()  # (False: its tail run, the lock let go)
             return True
         self.device.finish()

@@ -65,13 +65,13 @@ class Leases:
         until: float | None = None,
     ) -> int:
         """The number of the lease a Go to ``chosen`` brings, where it is alone on its lane
-        (no other job there could ask for it), or the others all wait for the lane and
-        none of them could take it, or, under a policy that ``alternates``, it takes turns
-        with them a slice at a time, waiting or in their gaps (``undisputed(in_gaps)``,
-        asked only then: gq.exec.lane.views.undisputed; the page says so; ``until``: the end
-        of the person's run of turns it is, monotonic), its page written and the lock let
-        go; else 0. (Otherwise one in its gap may ask for the lane as a job
-        that could take it: the lease would be asked back at once.)"""
+        (no other job there could ask for it), or the others all wait for the lane and none
+        of them could take it, or, under a policy that ``alternates``, it takes turns with
+        them a slice at a time, waiting or in their gaps (``undisputed(in_gaps)``, asked
+        only then: gq.exec.lane.views.undisputed; the page says so; ``until``: the end of
+        the person's run of turns it is, monotonic), its page written and the lock let go;
+        else 0. (Otherwise one in its gap may ask for the lane as a job that could take it:
+        the lease would be asked back at once.)"""
         page = chosen.page
         if page is None or not self.leasable(chosen):
             return 0

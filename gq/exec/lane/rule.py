@@ -16,18 +16,17 @@ each waiting out the other's. Where the policy picks no ready job, the lane stay
 **People first.** A ready interactive job (a terminal's statement, a notebook's cell: a
 person waits for it) within its owner's burst is granted before batch jobs, and before a
 lane kept for one, unless the lane's last grant was such a turn and its run's time is over;
-then the policy picks as usual. A run of turns may hold the lane for as long as the
-policy's grant before it held it, one of its iterations at most, and at most the hold
-bound (:class:`PeopleTurns`): the host leases it to the person for that long, so a
-statement of short steps gets as much of the lane as the batch iteration between its runs,
-not one step for each, and the
-person's pauses inside the run are its own lane time (billed to it, and to its burst). A
-statement waits at most for the batch iteration in progress, and the turns take at most
-every other grant, however many interactive jobs share the lane: a person computing on and
-a batch job alternate by lane time under fifo (which would otherwise keep a person waiting
-behind the whole batch job), and the policy's own order decides the grants between (fair's
-gives a newcomer the lane until its attained time has caught up). Priority leaves this to
-``--priority`` (``people_first`` false).
+then the policy picks as usual. A run of turns may hold the lane for as long as the policy's
+grant before it held it, one of its iterations at most, and at most the hold bound
+(:class:`PeopleTurns`): the host leases it to the person for that long, so a statement of
+short steps gets as much of the lane as the batch iteration between its runs, not one step
+for each, and the person's pauses inside the run are its own lane time (billed to it, and to
+its burst). A statement waits at most for the batch iteration in progress, and the turns
+take at most every other grant, however many interactive jobs share the lane: a person
+computing on and a batch job alternate by lane time under fifo (which would otherwise keep a
+person waiting behind the whole batch job), and the policy's own order decides the grants
+between (fair's gives a newcomer the lane until its attained time has caught up). Priority
+leaves this to ``--priority`` (``people_first`` false).
 
 The burst is the owner's, across their interactive jobs on the lane's device (a second
 REPL, or a new one, starts on the same account): a person computes in bursts, and a user

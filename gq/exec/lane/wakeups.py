@@ -27,8 +27,7 @@ def due_in(lanes: list[Lane], now: float, max_hold: float) -> float:
                 due = min(due, max(0.0, lane.contended_since + max_hold - now))
             elif ready_to_grant(lane):
                 # (a person's run of turns is asked back as its time is over)
-                left = lane.turns.left(now) or defaults.CONTENTION_POLL
-                due = min(due, defaults.CONTENTION_POLL, left)
+                due = min(due, defaults.CONTENTION_POLL, lane.turns.left(now) or math.inf)
             continue
         if not ready_to_grant(lane):
             continue
