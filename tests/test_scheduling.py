@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gq import defaults
+
 from conftest import (
     DECLARED,
     KERNEL_LOOP,
@@ -206,8 +208,10 @@ def test_fair_share_between_two_equal_jobs(daemon, tmp_path):
             samples.append((a, b))
         time.sleep(0.1)
     assert len(samples) >= 2, samples
-    for a, b in samples:  # within 10%, give or take a few iterations of granularity
-        assert abs(a - b) <= 0.10 * max(a, b) + 0.02, samples
+    # Within 10%, give or take fair's granularity: a slice the host leases one of them at a
+    # time (the figures are read in the middle of one) and an iteration it overruns by.
+    for a, b in samples:
+        assert abs(a - b) <= 0.10 * max(a, b) + defaults.LEASE_SLICE + 0.02, samples
 
 
 @pytest.mark.long
