@@ -130,13 +130,27 @@ import os, sys, time
 sys.path.insert(0, {zoo!r})
 from fake_cuda import FakeDevice
 import gq
+from gq.exec.job import session
 from gq.exec.lane import device_sync
 device = FakeDevice()
 device_sync.stand_in(device)
-while not os.path.exists("go"):
+while not os.path.exists("holder-go"):
     time.sleep(0.01)
-for step in gq.steps(range(4)):
-    device.launch(3.0 if step == 3 else 0.002)  # the last one's tail: 3 s after its release
+for step in gq.steps(range(3)):
+    if step == 0:
+        open("go", "w").close()  # the successor starts with the lane held: it cannot run ahead
+    device.launch(0.002)
+# Its last iteration once the successor has iterated, and, where it holds a lease, once
+# the successor has asked for the lane: a successor that asks only after this release finds
+# the lease's lock kept while the tail runs, and waits for that lock, not an event.
+successor = open("go.waiting").read().split()[0]
+while successor not in open("device/kernels").read().split()[::4]:
+    time.sleep(0.01)
+for _ in gq.steps(range(1)):
+    lease = session.active.lease
+    while lease is not None and lease.active and lease.page.offered():
+        time.sleep(0.002)
+    device.launch(3.0)  # its tail: 3 s after its release
 with open("released.tmp", "w") as out:
     out.write(f"{{os.getpid()}} {{time.monotonic_ns()}}")
 os.rename("released.tmp", "released")
@@ -161,10 +175,10 @@ def test_a_holder_killed_after_its_release_does_not_hang_its_successor(
     )
     out = tmp_path / "successor.json"
     go = tmp_path / "go"
-    successor = submit("--gpu-mem", "64M", KERNELS, str(out), "200", str(KERNEL_MS), str(go))
+    successor = submit("--gpu-mem", "64M", KERNELS, str(out), "400", str(KERNEL_MS), str(go))
     wait_for(lambda: Path(f"{go}.waiting").exists(), 60, what="the successor at its start")
     wait_state(holder, "RUNNING", timeout=60)
-    go.touch()
+    (tmp_path / "holder-go").touch()  # (the holder starts the successor)
     released_file = tmp_path / "released"
     wait_for(released_file.exists, 60, what="the holder's last release")
     pid, released = map(int, released_file.read_text().split())
