@@ -25,13 +25,17 @@ def sharing() -> str:
     return line
 
 
-def test_two_single_threaded_jobs_run_on_lanes_of_their_own(home):
+def test_two_jobs_whose_steps_wait_run_on_lanes_of_their_own(home):
     """No --lanes given: the first command starts a personal daemon with its defaults.
     Under fair, as each job is timed taking turns, the queue's work decides (under fifo
     the second job is never timed, and what packing costs the first decides: on a loaded
-    machine it takes CPU from the first)."""
+    machine it takes CPU from the first). Their steps mostly wait (5 ms), so that side by
+    side pays whatever else takes the cores: two steps that only hash gained nothing on
+    a loaded machine, and the test waited in vain."""
     gq_ok("policy", "set", "fair")
-    first, second = (submit(LOOP, "--steps", "100000", "--mb", "2") for _ in range(2))
+    first, second = (
+        submit(LOOP, "--steps", "100000", "--mb", "1", "--wait-ms", "5") for _ in range(2)
+    )
     for job in (first, second):
         wait_state(job, "RUNNING")
     info = wait_for(

@@ -1,8 +1,10 @@
 """A loop of iterations of fixed *work* on the CPU (not fixed time: a job slowed by a
 neighbour takes longer), each spread over ``--threads`` threads (hashing releases the GIL,
-so N threads keep N cores busy), marked with gq.steps.
+so N threads keep N cores busy), marked with gq.steps; with ``--wait-ms``, each also waits
+that long, on nothing of the device's (as a step waits on an input pipeline or a remote
+store): two such jobs gain side by side whatever else takes the machine's cores.
 
-  python cores_loop.py --steps 200 --threads 1 --mb 8 [--lock FILE] [--out FILE]
+  python cores_loop.py --steps 200 --threads 1 --mb 8 [--wait-ms MS] [--lock FILE] [--out FILE]
 
 Writes one JSON line to --out (if given): the loop's wall time and its steps.
 """
@@ -20,6 +22,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--threads", type=int, default=1)
 parser.add_argument("--mb", type=int, default=8, help="megabytes each thread hashes a step")
+parser.add_argument("--wait-ms", type=float, default=0.0, help="what each step waits besides")
 parser.add_argument("--out")
 parser.add_argument(
     "--lock",
@@ -41,6 +44,7 @@ start = time.monotonic()
 
 
 def step() -> None:
+    time.sleep(args.wait_ms / 1000)
     if args.threads == 1:
         work()
         return
