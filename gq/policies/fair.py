@@ -48,13 +48,17 @@ class Fair:
     def pick(
         self, ready: Sequence[JobView], resident: Sequence[JobView], now: float
     ) -> JobView | None:
-        per_user: dict[str, float] = defaultdict(float)
+        # (plain comparisons, not max(): a simulation asks at every iteration of every job)
+        per_user: dict[str, float] = {}
         for job in (*resident, *ready):  # each user's usage beside these jobs, once
-            per_user[job.user] = max(per_user[job.user], job.user_usage)
+            if job.user_usage > per_user.get(job.user, 0.0):
+                per_user[job.user] = job.user_usage
         for job in resident:  # (what the daemon charges them: side by side, less)
-            per_user[job.user] += job.share_used
+            per_user[job.user] = per_user.get(job.user, 0.0) + job.share_used
         return min(
-            ready, key=lambda j: (per_user[j.user], j.attained, j.submit_time, j.id), default=None
+            ready,
+            key=lambda j: (per_user.get(j.user, 0.0), j.attained, j.submit_time, j.id),
+            default=None,
         )
 
     def sharers(self, ready: Sequence[JobView]) -> list[JobView]:

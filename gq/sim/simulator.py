@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from gq import defaults
 from gq.exec.lane.packing import Packer
 from gq.policies import Policy
+from gq.policies.base import TakesTurns
 from gq.sim.events import ARRIVE, LOOK, READY
 from gq.sim.lanes_auto import LanesAuto
 from gq.sim.node import MEASURED_AFTER, JobRun, Lane
@@ -177,6 +178,7 @@ class _Simulation(Placement, Stretches, LanesAuto):
         start = start or Start(clock=-math.inf)
         self.clock = start.clock
         self.policy = policy
+        self.turn_taker = policy if isinstance(policy, TakesTurns) else None
         self.gpus = gpus
         self.lanes_per_device = lanes
         self.switch_cost = switch_cost

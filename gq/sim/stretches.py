@@ -24,6 +24,7 @@ class Stretches(EventQueue):
     """Dispatching, cutting and settling stretches on the simulated node's lanes."""
 
     policy: Policy
+    turn_taker: TakesTurns | None  # the policy, where it takes turns (asked once: it is slow)
     lanes_per_device: int
     lanes: list[Lane]
     runs: dict[int, JobRun]
@@ -119,18 +120,9 @@ class Stretches(EventQueue):
         for lane in self.lanes:
             if lane.stretch is not None or lane.owner is not None:
                 continue
-            ready = [r for r in lane.residents if r.ready_at <= now and r.lanes[0] == lane.index]
+            ready, ready_views, resident_views, in_gaps = self._candidates(lane, now)
             if not ready:
                 continue
-            ready_views = [r.view() for r in ready]
-            resident_views = [r.view() for r in lane.residents]
-            in_gaps = [
-                awaited
-                for run, view in zip(lane.residents, resident_views)
-                if run.ready_at > now
-                and run.released_at is not None
-                and (awaited := lane_rule.awaited(view, run.released_at, self._measured_gap(run)))
-            ]
             decision = lane_rule.next_step(self.policy, ready_views, resident_views, in_gaps, now)
             if not isinstance(decision, lane_rule.Grant):
                 continue
@@ -156,6 +148,29 @@ class Stretches(EventQueue):
                     self.lanes[index].owner = run
             self.stretches += 1
             self._push(stretch.end, STRETCH_END, (lane.index, stretch.version))
+
+    def _candidates(
+        self, lane: Lane, now: float
+    ) -> tuple[list[JobRun], list[JobView], list[JobView], list[lane_rule.Awaited]]:
+        """The lane's residents ready now (those it leads), their views, every resident's
+        view, and the ones in a gap the lane may be kept for: in one pass, since a
+        simulation asks at every iteration of every job."""
+        ready: list[JobRun] = []
+        ready_views: list[JobView] = []
+        resident_views: list[JobView] = []
+        in_gaps: list[lane_rule.Awaited] = []
+        for run in lane.residents:
+            view = run.view()
+            resident_views.append(view)
+            if run.ready_at <= now:
+                if run.lanes[0] == lane.index:
+                    ready.append(run)
+                    ready_views.append(view)
+            elif run.released_at is not None:
+                awaited = lane_rule.awaited(view, run.released_at, self._measured_gap(run))
+                if awaited is not None:
+                    in_gaps.append(awaited)
+        return ready, ready_views, resident_views, in_gaps
 
     def _running_beside(self, lane: Lane) -> list[float]:
         """The busy shares of the jobs running now on the other lanes of the lane's device:
@@ -228,8 +243,9 @@ class Stretches(EventQueue):
         """The turns the policy's sharers take before the next event, settled at once
         (:mod:`gq.sim.turns`); None where ordinary stretches are due: some resident job is
         not ready, a switch has a cost, or there is not room for two turns each."""
+        policy = self.turn_taker
         if (
-            not isinstance(self.policy, TakesTurns)
+            policy is None
             or self.step_by_step
             or self.switch_cost
             or self.share_slice
@@ -238,16 +254,16 @@ class Stretches(EventQueue):
             or (self.lanes_per_device > 1 and self._beside_resident(lane))
         ):
             return None
-        views = self.policy.sharers(ready_views)
+        views = policy.sharers(ready_views)
         group = [self.runs[view.id] for view in views]
         if len(group) < 2 or any(r.gpus > 1 or r.job.gap for r in group):
             return None
         budget = self.events[0][0] - now if self.events else math.inf
         if budget < 2 * sum(r.job.iteration_time for r in group):
             return None
-        service = self.policy.service
+        service = policy.service
         counts = turns.settle(
-            self.policy,
+            policy,
             [
                 turns.Sharer(
                     view,
