@@ -151,6 +151,7 @@ def test_a_release_through_the_host_is_told_once_the_device_is_done_and_before_a
         worker_end.close()
 
 
+@pytest.mark.long
 def test_a_training_step_compiled_whole_is_granted_the_lane_at_each_call(daemon, tmp_path):
     """``@torch.compile def train_step(...)`` (forward, backward, optimizer step inside)
     calls no module gq sees: its iterations ran beside the lane's holder, unbilled. Each

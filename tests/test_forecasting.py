@@ -113,6 +113,7 @@ def test_a_known_fifo_queue_is_forecast_within_a_small_tolerance_of_what_happens
         )
 
 
+@pytest.mark.long
 def test_a_pending_job_is_forecast_with_the_start_up_its_owner_s_job_of_the_name_took(
     daemon, tmp_path
 ):

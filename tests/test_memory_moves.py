@@ -11,6 +11,7 @@ import os
 import sqlite3
 
 import psutil
+import pytest
 
 from gq.home import Home
 from gq.queue import engine, lookups, scheduling_rows
@@ -163,6 +164,7 @@ def test_a_job_whose_memory_went_to_the_host_holds_no_resident_slot(home, tmp_pa
     control.stop()
 
 
+@pytest.mark.long
 def test_a_checkpoint_is_counted_against_the_nodes_memory_that_no_job_reserved(home, tmp_path):
     """A job without --host-mem puts its moved memory in what no other job reserved: while
     it is there, a job that reserves the rest of the node waits for the node's room, and
@@ -251,6 +253,7 @@ def test_upgrade_to_0021_keeps_running_jobs_and_none_is_preempted(tmp_path):
     database.close()
 
 
+@pytest.mark.long
 def test_resumed_jobs_that_do_not_fit_together_come_back_one_by_one(home, tmp_path):
     """Each waits for room beside the jobs told to come back before it, not beside every
     job still in host memory (two of them once waited for each other for ever)."""

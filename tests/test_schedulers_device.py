@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_shared_node import _script, _submit
 
 from conftest import wait_for
@@ -179,6 +180,7 @@ def test_a_memory_claim_on_a_page_moves_only_its_own_job(shared_node, users):
     _cancel(shared_node, alice, claimer)
 
 
+@pytest.mark.long
 def test_fair_remembers_a_users_use_across_a_chain_of_their_jobs(shared_node, users):
     """A user's jobs that ended count: each job of a chain used to start at nothing
     attained and take the lane until it caught up with the other user's long job; now the

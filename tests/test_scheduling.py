@@ -467,6 +467,7 @@ def test_forked_children_do_not_speak_for_the_job(daemon, tmp_path):
     assert info["steps_done"] == 10
 
 
+@pytest.mark.long
 def test_two_lanes_run_iterations_in_parallel(home, tmp_path):
     """Under fifo one lane would make the second job wait; with two lanes both progress."""
     from conftest import DaemonControl
