@@ -100,19 +100,26 @@ def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(da
     job_id = submit("-t", "10:00", "--signal", "USR1@35", "--requeue", str(script))
     bare = tmp_path / "bare"
     bare.mkdir()
-    by_hand = subprocess.run(
+    # The run by hand beside it, not before: on a loaded machine it took as long as the
+    # paced run, which had ended before its limit could be lowered.
+    by_hand = subprocess.Popen(
         [sys.executable, str(script)],
         cwd=bare,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
         env={k: v for k, v in os.environ.items() if not k.startswith(("GQ_", "SLURM_"))},
     )
-    assert by_hand.returncode == 0, by_hand.stderr
-    wait_for((tmp_path / "training").exists, 120, what="the first run training")
-    started = datetime.fromisoformat(job(job_id)["start_time"]).timestamp()
-    limit = int(time.time() - started) + 37  # the signal due within 2 s
-    gq_ok("update", str(job_id), "-t", f"{limit // 60}:{limit % 60:02d}")
+    try:
+        wait_for((tmp_path / "training").exists, 120, what="the first run training")
+        started = datetime.fromisoformat(job(job_id)["start_time"]).timestamp()
+        limit = int(time.time() - started) + 37  # the signal due within 2 s
+        gq_ok("update", str(job_id), "-t", f"{limit // 60}:{limit % 60:02d}")
+        by_hand_out, by_hand_err = by_hand.communicate(timeout=120)
+    finally:
+        by_hand.kill()  # (a no-op once it has ended)
+        by_hand.wait()
+    assert by_hand.returncode == 0, by_hand_err
     info = wait_state(job_id, "COMPLETED", timeout=120)
     out = (tmp_path / f"gq-{job_id}.out").read_text()
     assert info["run_count"] == 2, out  # requeued once, by Lightning's own scontrol call
@@ -126,5 +133,5 @@ def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(da
     assert 0 < step < STEPS, step  # the step it had reached, not a stale trainer's 0
     assert f"Restored all states from the checkpoint at {tmp_path / saved[0]}" in out
     final = [line for line in out.splitlines() if line.startswith("final ")]
-    assert final == [line for line in by_hand.stdout.splitlines() if line.startswith("final ")]
+    assert final == [line for line in by_hand_out.splitlines() if line.startswith("final ")]
     assert final[0].endswith(f"after {STEPS} steps")
