@@ -149,6 +149,10 @@ CONTENTION_POLL = 0.05
 # at the next poll: up to twice it), rather than a switch through the host at every
 # boundary (gq.exec.lane.rule.sliced).
 LEASE_SLICE = 0.05
+# A job leased its lane alone keeps this many iterations' work queued on its device besides
+# the one it queues (gq.exec.lane.device_sync): the device stays busy while the CPU queues,
+# and a job that comes waits for that much of the holder's tail, not a thousand kernels.
+LEASE_AHEAD = 1
 # Where no cgroup holds a job's --host-mem (no memory controller passed on to it, --cgroup
 # off), what its processes hold is read this often (Slurm's OverMemoryKill polls), or as soon
 # after as the last readings are in (gq.exec.host.memory_watch).

@@ -43,6 +43,7 @@ class FakeDevice:
         self.launched = 0
         self.completed = 0
         self.intervals: list[tuple[int, int]] = []  # (start_ns, end_ns) of each kernel
+        self.queued: list[int] = []  # when each of them was launched (ns)
         self.interprocess = interprocess
         self.shared = shared if shared is not None else os.environ.get("GQ_FAKE_CUDA_DEVICE")
         self.switch = int(os.environ.get("GQ_FAKE_CUDA_SWITCH_US", "0")) / 1e6
@@ -79,6 +80,7 @@ class FakeDevice:
             with self._changed:
                 if begin:
                     self.intervals.append((begin, end))
+                    self.queued.append(second)
                 self.completed += 1
                 if self.shared is not None and not begin:  # (a kernel's: published already)
                     os.pwrite(self._done, struct.pack("<q", self.completed), 0)

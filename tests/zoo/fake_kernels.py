@@ -1,10 +1,11 @@
 """A job whose every iteration queues two kernels on a fake device (tests/zoo/fake_cuda.py)
 and returns without waiting for them, as a PyTorch step on a GPU does; once its loop is
-over it waits for its device and writes when each of its kernels ran, and how long its
-loop took, (JSON) to its first argument. Under gq the fake device stands in for torch.cuda
-in gq's release path. Where ``GQ_FAKE_CUDA_DEVICE`` names a directory, the jobs that name it
-share one device (contexts time-slice: see fake_cuda.py); ``GQ_FAKE_CUDA_IPC=0`` makes it
-one without interprocess events, so that its releases wait for the device.
+over it waits for its device and writes when each of its kernels was queued and ran, and
+how long its loop took, (JSON) to its first argument. Under gq the fake device stands in
+for torch.cuda in gq's release path. Where ``GQ_FAKE_CUDA_DEVICE`` names a directory, the
+jobs that name it share one device (contexts time-slice: see fake_cuda.py);
+``GQ_FAKE_CUDA_IPC=0`` makes it one without interprocess events, so that its releases wait
+for the device.
 
 Its iterations are marked with ``gq.steps``; with ``compiled`` (a fifth argument) each is
 instead a training step compiled whole by ``torch.compile`` (forward, backward, the
@@ -53,6 +54,7 @@ if compiled:
     train_step(torch.ones(2, 4))  # compiled before the timed loop
     device.wait_for(device.launched)
     device.intervals.clear()
+    device.queued.clear()
     loop = (train_step(torch.ones(2, 4)) for _ in range(iterations))
 else:
     loop = (device.launch(kernel) or device.launch(kernel) for _ in gq.steps(range(iterations)))
@@ -68,6 +70,12 @@ looped = time.monotonic() - begin  # what the job's own thread spent, queueing a
 device.wait_for(device.launched)
 with open(out, "w") as result:
     json.dump(
-        {"kernels": device.intervals, "loop_s": looped, "pid": os.getpid(), "waited": waited},
+        {
+            "kernels": device.intervals,
+            "queued": device.queued,
+            "loop_s": looped,
+            "pid": os.getpid(),
+            "waited": waited,
+        },
         result,
     )

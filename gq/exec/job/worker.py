@@ -181,8 +181,9 @@ class WorkerSession:
         sample = self.sample
         figures = self._done_figures(steps)
         if lease is not None and lease.active:
-            if lease.page.paced():  # a slice beside jobs waiting: one iteration ahead
-                self.device.wait_kept()  # (asked back meanwhile: seen just below)
+            # Alone, one iteration ahead of its device; in a slice beside jobs waiting for
+            # the lane, none (asked back meanwhile: seen just below).
+            self.device.wait_kept(0 if lease.page.paced() else defaults.LEASE_AHEAD)
             if lease.release(steps, sample.persistent, sample.peak):
                 return  # (the lock goes once the device has run the iteration)
             # Asked back (a slice's end, say): a Done ends the lease, its lock let go once

@@ -18,12 +18,17 @@ It keeps the lane's lock instead while its device is busy, and a thread of the w
 lets the lock go once the device is done (:meth:`DeviceWork.then`); where the job's next
 iteration begins first, it takes that back (:meth:`DeviceWork.keep`) and goes on holding
 the lock, with no system call. The host, wanting the lane back, finds the lock held until
-the tail has run. Leased beside jobs waiting for a slice of the lane, it keeps no more than
-the next iteration's work behind the one running (:meth:`DeviceWork.wait_kept`, at each
-release). A release through the host (a Done) is held back the same way: the
-thread sends the Done once the device is done, while the job runs on with its gap's work
-(a high-priority job's host-side work beside its own tail); where the job asks for the lane
-again first, it waits for the device and sends the Done itself, before its READY.
+the tail has run. It runs ahead of its device by no more than one iteration: at each
+release it waits (:meth:`DeviceWork.wait_kept`) until the device has only this iteration's
+work and the one before it left, enough to keep the device busy while the CPU queues the
+next, and a job that comes meanwhile waits for those two iterations' tail at most, not for
+everything the CPU could queue (CUDA takes about a thousand kernels before a launch
+blocks). Leased beside jobs waiting for a slice of the lane, it keeps no more than this
+iteration's work, so that a slice of lane time is one of device time too. A release through
+the host (a Done) is held back the same way: the thread sends the Done once the device is
+done, while the job runs on with its gap's work (a high-priority job's host-side work
+beside its own tail); where the job asks for the lane again first, it waits for the device
+and sends the Done itself, before its READY.
 
 Where every job on the lane is its owner's, a contended release need not wait at all
 (:meth:`DeviceWork.hand_over`, gq.exec.lane.handover): it records an interprocess event
@@ -43,6 +48,7 @@ processes of a test may share (contexts time-slicing, interprocess events).
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 from collections.abc import Callable
@@ -79,7 +85,8 @@ class DeviceWork:
         self._events: dict[int, Any] = {}  # by device: an event belongs to one
         self._tail: _Tail | None = None  # made when a lease's release first finds it busy
         self._shared: dict[int, Any] = {}  # by device: the interprocess event handed over
-        self._kept: Any = None  # the event of the last ``give`` taken back (keep)
+        # the events of the ``give``s taken back (keep), oldest first, their work not yet run
+        self._kept: collections.deque[Any] = collections.deque()
 
     def finish(self) -> None:
         """Return once the device has run everything queued so far on the current stream."""
@@ -93,6 +100,7 @@ class DeviceWork:
         event.record()
         if not event.query():
             event.synchronize()
+        self._kept.clear()  # (all of it run)
 
     def then(self, give: Callable[[], None]) -> None:
         """Call ``give`` once the device has run everything queued so far on the current
@@ -152,20 +160,20 @@ class DeviceWork:
         pending = None if self._tail is None else self._tail.cancel()
         if pending is None:
             return None
-        self._kept = pending[0]
+        self._kept.append(pending[0])
         return pending[1]
 
-    def wait_kept(self) -> None:
-        """Return once the device has run what was queued before the last ``give`` taken
-        back (at once where none was): a job leased beside others keeps at most the
-        iteration after it on its device (gq.exec.lane.lease)."""
-        event, self._kept = self._kept, None
-        if event is None:
-            return
+    def wait_kept(self, behind: int = 0) -> None:
+        """Return once no more than the last ``behind`` of the ``give``s taken back still
+        have work queued on the device (events of one stream are reached in order): at a
+        leased release, ``behind`` iterations' work besides this one's is all the job
+        keeps on its device (gq.exec.lane.lease)."""
+        kept = self._kept
         try:
-            event.synchronize()
+            while kept and (len(kept) > behind or kept[0].query()):
+                kept.popleft().synchronize()  # (at once where it was reached)
         except Exception:  # noqa: BLE001 - a device that failed has nothing left to run
-            pass
+            kept.clear()
 
 
 def _capturing(module: Any) -> bool:
