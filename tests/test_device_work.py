@@ -70,6 +70,28 @@ def test_two_jobs_kernels_never_overlap_under_one_lane_and_are_billed_as_device_
         assert busy * 0.95 <= attained <= busy * 1.6 + 0.3, (busy, attained)
 
 
+def test_a_lease_keeps_as_many_iterations_queued_as_it_is_told_and_waits_for_the_rest():
+    """At each leased release (gq.exec.job.worker) the job waits until no more than
+    ``behind`` earlier iterations' work is left on its device besides this one's; the lane's
+    lock each release would let go is taken back as the next iteration begins."""
+    device, made = FakeDevice(), []
+    device_sync.stand_in(device)
+    try:
+        for behind in (0, 1, 2):
+            work, queued = device_sync.DeviceWork(), []
+            for _ in range(8):
+                device.launch(0.03)  # an iteration's work
+                work.wait_kept(behind)  # its release
+                queued.append(device.launched - device.completed)
+                work.then(lambda: made.append(1))
+                assert work.keep() is not None  # the next iteration began first
+            assert max(queued) == behind + 1, (behind, queued)
+            work.finish()
+        assert not made  # (each taken back before its device was done)
+    finally:
+        device_sync.stand_in(None)
+
+
 def _most_queued(run: dict) -> int:
     """The most kernels a job's device had yet to finish as the job launched one."""
     ends = [end for _, end in run["kernels"]]
@@ -93,9 +115,9 @@ def test_a_job_alone_runs_an_iteration_ahead_of_its_device_and_a_newcomer_waits_
     mine, theirs = (json.loads(out.read_text()) for out in (alone, later))
     busy = sum(end - begin for begin, end in mine["kernels"]) / 1e9
     assert busy >= 1.1
-    # Two kernels an iteration: launching its second, the job has the one before it and the
-    # last iteration's two still queued (one of them running), and four where its thread
-    # was late; run ahead without a bound, it queued all 60 at once.
+    # Two kernels an iteration: launching an iteration's second, the job has its first and
+    # the two iterations' before it still queued (one of them running), four where its
+    # thread was late; run ahead without a bound, it queued all 60 at once.
     assert 4 <= _most_queued(mine) <= 5, _most_queued(mine)
     assert _overlap_ns(mine["kernels"], theirs["kernels"]) == 0
 

@@ -21,14 +21,16 @@ the lock, with no system call. The host, wanting the lane back, finds the lock h
 the tail has run. It runs ahead of its device by no more than one iteration: at each
 release it waits (:meth:`DeviceWork.wait_kept`) until the device has only this iteration's
 work and the one before it left, enough to keep the device busy while the CPU queues the
-next, and a job that comes meanwhile waits for those two iterations' tail at most, not for
-everything the CPU could queue (CUDA takes about a thousand kernels before a launch
-blocks). Leased beside jobs waiting for a slice of the lane, it keeps no more than this
-iteration's work, so that a slice of lane time is one of device time too. A release through
-the host (a Done) is held back the same way: the thread sends the Done once the device is
-done, while the job runs on with its gap's work (a high-priority job's host-side work
-beside its own tail); where the job asks for the lane again first, it waits for the device
-and sends the Done itself, before its READY.
+next. A job that comes meanwhile waits for what is left of those and of the iteration the
+holder is queueing then, under three iterations' work, not for everything the CPU could
+queue (CUDA takes about a thousand kernels before a launch blocks). The cost: a lone job
+whose CPU stalls for longer than an iteration's device time leaves the device idle.
+Leased beside jobs waiting for a slice of the lane, it keeps no more than this iteration's
+work, so that a slice of lane time is one of device time too. A release through the host (a
+Done) is held back the same way: the thread sends the Done once the device is done, while
+the job runs on with its gap's work (a high-priority job's host-side work beside its own
+tail); where the job asks for the lane again first, it waits for the device and sends the
+Done itself, before its READY.
 
 Where every job on the lane is its owner's, a contended release need not wait at all
 (:meth:`DeviceWork.hand_over`, gq.exec.lane.handover): it records an interprocess event
@@ -85,8 +87,10 @@ class DeviceWork:
         self._events: dict[int, Any] = {}  # by device: an event belongs to one
         self._tail: _Tail | None = None  # made when a lease's release first finds it busy
         self._shared: dict[int, Any] = {}  # by device: the interprocess event handed over
-        # the events of the ``give``s taken back (keep), oldest first, their work not yet run
-        self._kept: collections.deque[Any] = collections.deque()
+        # The events of the ``give``s taken back (keep), oldest first, their work not yet
+        # run. A few: one stream's events are reached in order, so waiting for a later one
+        # waits for those it pushed out (a capture, which waits for none, may push some).
+        self._kept: collections.deque[Any] = collections.deque(maxlen=4)
 
     def finish(self) -> None:
         """Return once the device has run everything queued so far on the current stream."""
@@ -168,6 +172,9 @@ class DeviceWork:
         have work queued on the device (events of one stream are reached in order): at a
         leased release, ``behind`` iterations' work besides this one's is all the job
         keeps on its device (gq.exec.lane.lease)."""
+        module = cuda()
+        if module is None or _capturing(module):
+            return  # (a wait inside a capture would break it)
         kept = self._kept
         try:
             while kept and (len(kept) > behind or kept[0].query()):
