@@ -39,6 +39,9 @@ it left running is ended, and the next phase starts.
   short ones under fair: how often the long job's lane was taken, the short job's
   throughput beside it against alone, and the overlap (on a GPU the frozen job's queued
   kernel drains while the next holder runs: INFO).
+- lone_tail: a job alone on its lane (leased, one iteration ahead of its device at most),
+  then a second: how long the second waits for the first's tail, against the first's
+  device time an iteration (bench/gpu_check_lone.py).
 
 --cpu runs the same phases on gq's cpu device (-G 0), kernels as CPU busy work and tiny
 models; --quick runs fewer iterations (with --cpu, alone runs spin and graph only and the
@@ -69,6 +72,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_checkpoint import checkpoint  # noqa: E402
 from gpu_check_handover import hand_over  # noqa: E402
+from gpu_check_lone import lone_tail  # noqa: E402
 
 from gpu_check_lib import (  # noqa: E402
     CheckNode,
@@ -106,6 +110,7 @@ def config(cpu: bool, quick: bool) -> dict:
         "hog_ms": 1500.0,  # a bounded_hold hog's iteration: far past its --max-hold
         "hog_iters": 4,
         "hold_iters": 1000,
+        "lone_iters": 1500,
         "max_hold": "300ms",
         "sizes": {
             "matmul": ["--width", 4096, "--batch", 8192, "--layers", 4],
@@ -124,6 +129,7 @@ def config(cpu: bool, quick: bool) -> dict:
             "packing": 115,  # three daemons: --lanes 1, auto, auto --mps
             "escapes": 50,
             "bounded_hold": 40,
+            "lone_tail": 30,
             "checkpoint": 150,
         },
         # 1, 8 and 40 GB held beside a small deterministic loop (bench/gpu_jobs/hold_train.py)
@@ -147,6 +153,7 @@ def config(cpu: bool, quick: bool) -> dict:
             sweep_iters=100,
             escape_iters=200,
             hold_iters=300,
+            lone_iters=300,
             total=680,
             mem={k: "1G" for k in c["mem"]},
         )
@@ -158,13 +165,20 @@ def config(cpu: bool, quick: bool) -> dict:
         c["checkpoint"].update(sizes_mb=[64, 256], slack_mb=256)
     if quick:
         c["iters"] = {k: max(20, v // 3) for k, v in c["iters"].items()}
-        for key in ("fair_iters", "high_iters", "sweep_iters", "escape_iters", "hold_iters"):
+        for key in (
+            "fair_iters",
+            "high_iters",
+            "sweep_iters",
+            "escape_iters",
+            "hold_iters",
+            "lone_iters",
+        ):
             c[key] = max(30, c[key] // 3)
         c["hog_iters"] = 2
         c["total"] = 110 if cpu else 195
     if cpu and quick:
         c.update(
-            plain=["hand_over", "priority_fill", "sweep", "escapes", "bounded_hold"],
+            plain=["hand_over", "priority_fill", "sweep", "escapes", "bounded_hold", "lone_tail"],
             sweep_jobs=4,
             high_iters=40,
             hog_ms=450.0,
@@ -184,6 +198,7 @@ def config(cpu: bool, quick: bool) -> dict:
                 "packing": 40,
                 "escapes": 25,
                 "bounded_hold": 15,
+                "lone_tail": 15,
                 "checkpoint": 40,
             },
         )
@@ -610,6 +625,7 @@ PHASES = {
     "packing": packing,
     "escapes": escapes,
     "bounded_hold": bounded_hold,
+    "lone_tail": lone_tail,
     "checkpoint": checkpoint,
 }
 

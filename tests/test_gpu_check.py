@@ -13,7 +13,16 @@ import pytest
 
 from conftest import ROOT
 
-PHASES = {"environment", "alone", "fair_pair", "priority_fill", "sweep", "escapes", "bounded_hold"}
+PHASES = {
+    "environment",
+    "alone",
+    "fair_pair",
+    "priority_fill",
+    "sweep",
+    "escapes",
+    "bounded_hold",
+    "lone_tail",
+}
 
 
 @pytest.mark.long
