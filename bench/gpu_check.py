@@ -110,7 +110,6 @@ def config(cpu: bool, quick: bool) -> dict:
         "hog_ms": 1500.0,  # a bounded_hold hog's iteration: far past its --max-hold
         "hog_iters": 4,
         "hold_iters": 1000,
-        "lone_iters": 1500,
         "max_hold": "300ms",
         "sizes": {
             "matmul": ["--width", 4096, "--batch", 8192, "--layers", 4],
@@ -153,7 +152,6 @@ def config(cpu: bool, quick: bool) -> dict:
             sweep_iters=100,
             escape_iters=200,
             hold_iters=300,
-            lone_iters=300,
             total=680,
             mem={k: "1G" for k in c["mem"]},
         )
@@ -165,14 +163,7 @@ def config(cpu: bool, quick: bool) -> dict:
         c["checkpoint"].update(sizes_mb=[64, 256], slack_mb=256)
     if quick:
         c["iters"] = {k: max(20, v // 3) for k, v in c["iters"].items()}
-        for key in (
-            "fair_iters",
-            "high_iters",
-            "sweep_iters",
-            "escape_iters",
-            "hold_iters",
-            "lone_iters",
-        ):
+        for key in ("fair_iters", "high_iters", "sweep_iters", "escape_iters", "hold_iters"):
             c[key] = max(30, c[key] // 3)
         c["hog_iters"] = 2
         c["total"] = 110 if cpu else 195

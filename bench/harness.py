@@ -90,6 +90,14 @@ class Node:
         db.commit()
         db.close()
 
+    def progress(self, job_id: int) -> tuple[str, int] | None:
+        """The job's state and the steps gq has counted of it, read from the queue
+        (read-only); None before it is there."""
+        with sqlite3.connect(self.dir / "home" / "gq.db") as db:
+            row = db.execute("SELECT state, steps_done FROM jobs WHERE id = ?", (job_id,))
+            found = row.fetchone()
+        return None if found is None else (found[0], found[1] or 0)
+
     def ended(self, ids: list[int]) -> int:
         """How many of ``ids`` have ended, read from the queue (read-only)."""
         with sqlite3.connect(self.dir / "home" / "gq.db") as db:
