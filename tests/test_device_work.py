@@ -92,6 +92,27 @@ def test_a_lease_keeps_as_many_iterations_queued_as_it_is_told_and_waits_for_the
         device_sync.stand_in(None)
 
 
+def test_a_release_inside_a_graph_capture_waits_for_nothing_kept():
+    """Waiting for an event while a CUDA graph is captured would break the capture: the
+    release that keeps its iterations queued waits for none of them then."""
+    device = FakeDevice()
+    device_sync.stand_in(device)
+    try:
+        work = device_sync.DeviceWork()
+        for _ in range(3):
+            device.launch(0.05)
+            work.then(lambda: None)
+            assert work.keep() is not None
+        device.is_current_stream_capturing = lambda: True
+        work.wait_kept(0)
+        assert device.launched - device.completed >= 2  # nothing was waited for
+        device.is_current_stream_capturing = lambda: False
+        work.wait_kept(0)
+        assert device.launched - device.completed <= 1
+    finally:
+        device_sync.stand_in(None)
+
+
 def _most_queued(run: dict) -> int:
     """The most kernels a job's device had yet to finish as the job launched one."""
     ends = [end for _, end in run["kernels"]]
