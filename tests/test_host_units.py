@@ -10,6 +10,7 @@ import pytest
 from gq.errors import LaunchError
 from gq.exec.host.messages import LaunchSpec
 from gq.exec.host.spawn import identity
+from gq.exec.lane.paces import SETTLED
 from gq.exec.lane.residents import Resident
 from gq.exec.lane.standings import Standing
 from gq.policies import make
@@ -93,6 +94,45 @@ def test_a_job_that_claims_its_whole_total_and_goes_on_loses_its_place_in_srtf()
     assert srtf.pick([gamer.view(), honest.view()], [], 0.0).id == 2
 
 
+def _ran(job: Resident, *lengths: float) -> None:
+    """Iterations the host timed from grant to release, a step each."""
+    for length in lengths:
+        job.end_iteration(length, job.steps_done + 1)
+
+
+def test_srtf_samples_a_job_timed_once_before_it_ranks_it_behind_another():
+    """On a busy machine one 10 ms iteration can read 20 ms (the host's and the worker's
+    scheduling): ranked on that one, the long job would wait behind the medium one for good
+    and never run again to correct it. srtf samples it until SETTLED iterations past its
+    warm-up are timed, and then ranks the two by what they take."""
+    long, medium = resident(declared=250), resident(declared=150)
+    long.job_id, medium.job_id = 1, 2
+    _ran(medium, 0.05, *[0.010] * SETTLED)  # a warm-up, then its pace
+    _ran(long, 0.05, 0.020)  # a warm-up, then one iteration the machine stretched
+    assert medium.view().pace_settled and not long.view().pace_settled
+    srtf = make("srtf")
+    picks = []
+    while not long.view().pace_settled:
+        picks.append(srtf.pick([long.view(), medium.view()], [], 0.0).id)
+        _ran(long, 0.010)
+    assert picks == [1] * (SETTLED - 1)
+    # 248 steps at about 13 ms against 146 at 10 ms: the medium job is the shorter now.
+    assert srtf.pick([long.view(), medium.view()], [], 0.0).id == 2
+
+
+def test_an_iteration_that_outlasts_a_jobs_unsettled_pace_ranks_it_by_its_length():
+    """A job sampled first is not kept on the lane by it: once its iteration under way has
+    lasted longer than its pace says, srtf ranks it by that length, as any other."""
+    hog, other = resident(declared=100), resident(declared=100)
+    hog.job_id, other.job_id = 1, 2
+    _ran(hog, 0.05, 0.010)
+    _ran(other, 0.05, *[0.010] * SETTLED)
+    hog.standing, hog.granted_at = Standing.HOLDING, time.monotonic() - 5.0
+    view = hog.view()
+    assert view.pace_settled and view.mean_iteration >= 5.0
+    assert make("srtf").pick([view, other.view()], [], 0.0).id == 2
+
+
 def test_a_total_declared_at_submit_is_the_jobs_own_no_longer():
     job = resident(declared=500)
     job.declare_total(1)
@@ -174,16 +214,18 @@ def test_status_marks_an_interactive_job_idle_as_w_spells_it():
 
 def test_a_workers_steps_are_no_more_than_the_iterations_its_host_granted():
     """A count is the job's word; a grant is the host's: a worker that claims 999,999 of
-    1,000,000 steps after two iterations has done two, and srtf ranks it so."""
+    1,000,000 steps after four iterations (enough for srtf to rank it by) has done four, and
+    srtf ranks it so."""
     liar, honest = resident(), resident(declared=200)
     liar.job_id, honest.job_id, liar.worker, honest.worker = 1, 2, True, True
     liar.declare_total(1_000_000)
     liar.record_steps(999_999)
     assert liar.steps_counted == 0  # no iteration granted yet
-    for _ in range(2):
+    for _ in range(SETTLED + 1):
         liar.end_iteration(0.02)
         honest.end_iteration(0.01, honest.steps_done + 1)
-    assert (liar.steps_counted, liar.steps_done) == (2, 999_999)  # what it did; its claim
+    done = SETTLED + 1
+    assert (liar.steps_counted, liar.steps_done) == (done, 999_999)  # what it did; its claim
     assert make("srtf").pick([liar.view(), honest.view()], [], 0.0).id == 2
     plain = resident()  # a plain process's count is all there is of it (it holds no lane)
     plain.record_steps(50)

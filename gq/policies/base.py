@@ -25,6 +25,9 @@ class JobView:
     # device it got; gq.exec.lane.packing.lane_share); None: all of it.
     charged: float | None = None
     mean_iteration: float | None = None
+    # Whether mean_iteration rests on enough iterations to rank it by (srtf samples a job
+    # whose pace does not first; gq.exec.lane.paces.SETTLED). A simulated job's is known.
+    pace_settled: bool = True
     mean_gap: float | None = None  # idle time between a release and the next acquire
     released_at: float | None = None  # end of its last iteration; None before the first
     deadline: float | None = None  # when it must be done (seconds, the caller's clock)

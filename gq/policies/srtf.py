@@ -1,8 +1,10 @@
 """srtf: shortest remaining time first, preempting at iteration boundaries.
 
-Remaining time = (steps_total − steps_done) × measured mean iteration time. Jobs with no
-known total come after all known ones, least attained service first among them (LAS, as
-Tiresias does when durations are unknown).
+Remaining time = (steps_total − steps_done) × measured mean iteration time. A job whose
+pace is not measured yet, or rests on too few iterations to rank it by, is sampled first
+(as if it had none left): ranked on one noisy iteration, a job put behind would never run
+again to correct it. Jobs with no known total come after all known ones, least attained
+service first among them (LAS, as Tiresias does when durations are unknown).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ def _urgency(job: JobView) -> tuple[int, float, float, int]:
     remaining = job.remaining
     if remaining is None:
         return (1, job.attained, job.submit_time, job.id)
-    return (0, remaining, job.submit_time, job.id)
+    return (0, remaining if job.pace_settled else 0.0, job.submit_time, job.id)
 
 
 class Srtf:

@@ -11,12 +11,14 @@ How they travel (framing, decode, the tables of what each end receives) is
 from __future__ import annotations
 
 import enum
+import logging
 from typing import Annotated, Literal
 
+import msgspec
 from msgspec import field
 
 from gq import __version__, defaults
-from gq.codec import Bounds, MaxLen, Message, Record
+from gq.codec import Bounds, MaxLen, Message, MessageError, Record, checked
 from gq.defaults import MAX_HOLD, MAX_MAX_HOLD, MIN_MAX_HOLD
 from gq.fields import (
     Args,
@@ -45,6 +47,8 @@ from gq.fields import (
 # gq's version and that of the daemon-host protocol (bump it on any change to it).
 HOST_VERSION = f"{__version__}/19"
 ExitStatus = Annotated[int, Bounds(0, 255)]
+
+log = logging.getLogger("gq.host")
 
 
 class StopWhy(str, enum.Enum):
@@ -344,3 +348,34 @@ class TerminalHandedOver(Message, tag="terminal"):
 
     job: JobId
     run: Positive
+
+
+def within_bounds(report):
+    """A report on a job as the daemon will decode it. A measured figure past the wire's
+    bounds (from a worker's word, say) would make the daemon drop the whole connection,
+    and an exit report it can never take would be kept and sent again for ever: the job's
+    measured figures are left out of it instead, and then what its worker did wrong."""
+    try:
+        return checked(report)
+    except MessageError as exc:
+        log.warning(
+            "job %d: a figure out of bounds (%s); reported without its figures", report.job, exc
+        )
+    bare = msgspec.structs.replace(
+        report,
+        attained=0.0,
+        charged=None,
+        mean_iteration=None,
+        mean_gap=None,
+        mem_persistent=None,
+        mem_peak=None,
+        iterations=0,
+        active_at=None,
+    )
+    try:
+        return checked(bare)
+    except MessageError as exc:
+        if not isinstance(bare, Exited):
+            return bare  # what is left are the host's own counts
+        log.warning("job %d: its report is refused still (%s); sent without detail", bare.job, exc)
+        return checked(msgspec.structs.replace(bare, detail=None))

@@ -17,6 +17,10 @@ WINDOW = 64  # the last iterations (or gaps) kept
 # compilations among the first five gaps a host times); the mean of the rest keeps an
 # honest job's spread, which a median alone would not.
 OUTLIER = 4.0
+# Iterations timed past the first before srtf ranks a job by its pace: on a busy machine one
+# or two short iterations are as much the host's and the worker's scheduling as the job's,
+# and a job srtf ranks behind on one of them never runs again to correct it.
+SETTLED = 3
 
 
 class RecentMean:

@@ -8,28 +8,22 @@ as events arrive; nothing here does I/O.
 
 from __future__ import annotations
 
-import logging
 import math
 import socket
 import time
 from dataclasses import dataclass, field
 
-import msgspec
-
-from gq.codec import MessageError, checked
 from gq.exec.cgroups.job_cgroups import JobCgroup
 from gq.exec.host import messages as wire
 from gq.exec.host.memory_places import Memory
 from gq.exec.host.messages import StopWhy
 from gq.exec.host.spawn import JobProcess
 from gq.exec.lane.lease import Figures, SharedPage
-from gq.exec.lane.paces import OUTLIER, RecentMean
+from gq.exec.lane.paces import OUTLIER, SETTLED, RecentMean
 from gq.exec.lane.rule import PeopleTurns
 from gq.exec.lane.standings import HOLDS_LANE, WANTS_LANE, Standing
 from gq.exec.protocol import Channel
 from gq.policies.base import JobView
-
-log = logging.getLogger("gq.host")
 
 
 @dataclass
@@ -283,6 +277,7 @@ class Resident:
             attained=self.billed,
             charged=self.charged,
             mean_iteration=self.ranked_iteration,
+            pace_settled=self.pace_settled,
             mean_gap=self.mean_gap,
             released_at=self.released_at,
             deadline=self._deadline_now(),
@@ -294,22 +289,37 @@ class Resident:
         """The iteration length policies rank it by: its mean, but never less than the
         iteration under way has lasted (a job whose iterations never end would otherwise
         rank as one whose iterations take no time, and srtf would keep it on the lane)."""
+        mean, ongoing = self.mean_iteration, self._ongoing()
+        if mean is None:
+            return ongoing or None
+        return max(mean, ongoing)
+
+    @property
+    def pace_settled(self) -> bool:
+        """Whether srtf may rank it by its pace: one timed over :data:`SETTLED` iterations
+        past the first, or a lone lease's over as many, or an iteration under way that has
+        outlasted it (it ranks by that)."""
+        mean = self.mean_iteration
+        leased = self.timed < 2 and self.iterations > SETTLED  # (its lease's pace)
+        if mean is not None and (self.timed > SETTLED or leased):
+            return True
+        return self._ongoing() > (mean or 0.0)
+
+    def _ongoing(self) -> float:
+        """Lane seconds the iteration under way has held (none between iterations)."""
         ongoing = self.sliced
         if self.standing is Standing.HOLDING:
             ongoing += time.monotonic() - self.granted_at
         elif self.standing is Standing.RECALLED:
             ongoing += time.monotonic() - self.recalled_at
-        mean = self.mean_iteration
-        if mean is None:
-            return ongoing or None
-        return max(mean, ongoing)
+        return ongoing
 
     def _deadline_now(self) -> float | None:
         """The deadline on the monotonic clock policies are given."""
         return None if self.deadline is None else self.deadline - time.time() + time.monotonic()
 
     def progress(self) -> wire.JobProgress:
-        return within_bounds(wire.JobProgress(**self._figures()))
+        return wire.within_bounds(wire.JobProgress(**self._figures()))
 
     def _figures(self) -> dict:
         """What the daemon is told."""
@@ -358,7 +368,7 @@ class Resident:
         self.dirty = True
 
     def resident_state(self) -> wire.ResidentState:
-        return within_bounds(
+        return wire.within_bounds(
             wire.ResidentState(
                 **self._figures(),
                 pid=self.process.pid,
@@ -376,7 +386,7 @@ class Resident:
         assert code is not None, "reported before its process was collected"
         failure = self.process.setup_failure
         if failure is not None:
-            return within_bounds(
+            return wire.within_bounds(
                 wire.Exited(
                     **self._figures(),
                     kill_why=StopWhy.LAUNCH,
@@ -384,7 +394,7 @@ class Resident:
                     end_time=self.ended_wall,
                 )
             )
-        return within_bounds(
+        return wire.within_bounds(
             wire.Exited(
                 **self._figures(),
                 code=code if code >= 0 else None,
@@ -417,34 +427,3 @@ def ready_to_grant(lane: Lane) -> list[Resident]:
         for r in lane.residents
         if r.standing in WANTS_LANE and not r.suspended and r.channel is not None and not r.moving
     ]
-
-
-def within_bounds(report):
-    """A report on a job as the daemon will decode it. A measured figure past the wire's
-    bounds (from a worker's word, say) would make the daemon drop the whole connection,
-    and an exit report it can never take would be kept and sent again for ever: the job's
-    measured figures are left out of it instead, and then what its worker did wrong."""
-    try:
-        return checked(report)
-    except MessageError as exc:
-        log.warning(
-            "job %d: a figure out of bounds (%s); reported without its figures", report.job, exc
-        )
-    bare = msgspec.structs.replace(
-        report,
-        attained=0.0,
-        charged=None,
-        mean_iteration=None,
-        mean_gap=None,
-        mem_persistent=None,
-        mem_peak=None,
-        iterations=0,
-        active_at=None,
-    )
-    try:
-        return checked(bare)
-    except MessageError as exc:
-        if not isinstance(bare, wire.Exited):
-            return bare  # what is left are the host's own counts
-        log.warning("job %d: its report is refused still (%s); sent without detail", bare.job, exc)
-        return checked(msgspec.structs.replace(bare, detail=None))
