@@ -267,6 +267,7 @@ class Resident:
             self.past_total = True
 
     def view(self, user_usage: float = 0.0) -> JobView:
+        iteration, settled = self._ranking()
         return JobView(
             id=self.job_id,
             user=self.user,
@@ -276,34 +277,29 @@ class Resident:
             steps_total=None if self.past_total else self.steps_total,
             attained=self.billed,
             charged=self.charged,
-            mean_iteration=self.ranked_iteration,
-            pace_settled=self.pace_settled,
+            mean_iteration=iteration,
+            pace_settled=settled,
             mean_gap=self.mean_gap,
             released_at=self.released_at,
             deadline=self._deadline_now(),
             user_usage=user_usage,
         )
 
-    @property
-    def ranked_iteration(self) -> float | None:
-        """The iteration length policies rank it by: its mean, but never less than the
-        iteration under way has lasted (a job whose iterations never end would otherwise
-        rank as one whose iterations take no time, and srtf would keep it on the lane)."""
-        mean, ongoing = self.mean_iteration, self._ongoing()
-        if mean is None:
-            return ongoing or None
-        return max(mean, ongoing)
+    def _ranking(self) -> tuple[float | None, bool]:
+        """The iteration length policies rank it by, and whether srtf may rank it by that.
 
-    @property
-    def pace_settled(self) -> bool:
-        """Whether srtf may rank it by its pace: one timed over :data:`SETTLED` iterations
-        past the first, or a lone lease's over as many, or an iteration under way that has
-        outlasted it (it ranks by that)."""
-        mean = self.mean_iteration
+        The length is its mean, but never less than the iteration under way has lasted (a
+        job whose iterations never end would otherwise rank as one whose iterations take no
+        time, and srtf would keep it on the lane). It is settled once the mean rests on
+        :data:`SETTLED` iterations timed past the first, or on a lone lease's as many, or
+        once the iteration under way has outlasted the mean (it ranks by that). The mean and
+        the iteration under way are read once, for both."""
+        mean, ongoing = self.mean_iteration, self._ongoing()
         leased = self.timed < 2 and self.iterations > SETTLED  # (its lease's pace)
-        if mean is not None and (self.timed > SETTLED or leased):
-            return True
-        return self._ongoing() > (mean or 0.0)
+        settled = (mean is not None and (self.timed > SETTLED or leased)) or ongoing > (mean or 0.0)
+        if mean is None:
+            return ongoing or None, settled
+        return max(mean, ongoing), settled
 
     def _ongoing(self) -> float:
         """Lane seconds the iteration under way has held (none between iterations)."""
