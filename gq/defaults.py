@@ -67,7 +67,7 @@ MOVE_MARGIN = 5.0
 # Forecasts (gq status --start, gq submit --test-only): the simulator run on the live queue
 # in a child of the daemon, never in its loop
 FORECAST_PERIOD = 1.0  # at most this often, and only when the queue or its progress changed
-FORECAST_SPACING = 10.0  # ... and no sooner than this many times the last one's cost after it
+FORECAST_SPACING = 10.0  # ... and no sooner than this many times the CPU the last one took
 FORECAST_BUDGET = 2.0  # seconds one simulation may take; jobs it did not reach are unknown
 FORECAST_NICE = 10  # the child yields the CPUs to jobs and to the daemon
 FORECAST_HISTORY = 5  # a user's recent completed jobs of one name that estimate another

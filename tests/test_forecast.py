@@ -485,3 +485,46 @@ def test_a_forecaster_looks_at_an_unchanged_node_at_most_once_a_period():
     forecaster.tick()
     forecaster.tick()
     assert scheduler.built == 1 and forecaster.child is None
+
+
+def test_forecasts_are_spaced_by_the_cpu_their_child_took_not_its_wall_time(monkeypatch):
+    """A child that yields the CPUs to busy jobs takes seconds of wall for milliseconds of
+    work; the next forecast comes a period after it, not ten times its wall time after it
+    (on a loaded CI machine one 150-step job ran to its end without a forecast from its own
+    pace)."""
+    import selectors
+    import time
+
+    from gq import defaults
+    from gq.daemon.forecasts import forecasting
+
+    def waits_on_a_busy_node(snapshot, asked):
+        time.sleep(0.4)  # wall, but no CPU: as a niced child behind busy jobs
+        return forecast.Forecasts(0.0), []
+
+    monkeypatch.setattr(forecasting, "_simulate", waits_on_a_busy_node)
+    monkeypatch.setattr(defaults, "FORECAST_PERIOD", 0.2)
+
+    class Scheduler:  # a queue that changes between looks: each asks for a forecast
+        last_pass = None
+        built = 0
+
+        def snapshot(self, past, typical):
+            self.built += 1
+            return snapshot([], [pending(self.built, known(10, 1.0))])
+
+    scheduler = Scheduler()
+    with selectors.DefaultSelector() as selector:
+        forecaster = forecasting.Forecaster(None, scheduler, selector, None, None)
+        forecaster._typical = (time.monotonic(), None)  # read: no database needed
+        forecaster.tick()
+        assert forecaster.child is not None
+        while forecaster.child is not None:
+            selector.select(5.0)
+            forecaster.receive()
+        ended = time.monotonic()
+        while scheduler.built < 2 and time.monotonic() - ended < 2.0:  # (4 s at its wall)
+            time.sleep(0.05)
+            forecaster.tick()
+        assert scheduler.built == 2, "the next forecast waited ten times the child's wall time"
+        forecaster.close()

@@ -1,13 +1,14 @@
 """Forecasts of the live queue, made off the daemon's loop.
 
-After a scheduling pass, at most once a second (and no sooner than ten times the last one's
-cost after it), when the queue or the running jobs' progress changed, the daemon takes a
-snapshot of the node (:meth:`gq.daemon.scheduling.scheduler.Scheduler.snapshot`) and forks a child
-that runs the simulator on it (:func:`gq.sim.forecast.forecast`) at a low CPU priority,
-within a time budget, and sends the result back over a pipe. The loop never simulates: it
-reads the pipe when it is ready, as it reads a host's reports, and requests read the last
-result. A ``gq submit --test-only`` (:class:`WhatIf`) waits, parked like a ``gq wait``, for
-the next child, which simulates the queue once as it is and once with the job added.
+After a scheduling pass, at most once a second (and no sooner than ten times the CPU time the
+last one took after it), when the queue or the running jobs' progress changed, the daemon
+takes a snapshot of the node (:meth:`gq.daemon.scheduling.scheduler.Scheduler.snapshot`) and
+forks a child that runs the simulator on it (:func:`gq.sim.forecast.forecast`) at a low CPU
+priority, within a time budget, and sends the result back over a pipe. The loop never
+simulates: it reads the pipe when it is ready, as it reads a host's reports, and requests
+read the last result. A ``gq submit --test-only`` (:class:`WhatIf`) waits, parked like a
+``gq wait``, for the next child, which simulates the queue once as it is and once with the
+job added.
 """
 
 from __future__ import annotations
@@ -282,9 +283,12 @@ class Forecaster:
                 os.kill(child.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        os.waitpid(child.pid, 0)
+        _, _, usage = os.wait4(child.pid, 0)
         self.last_end = time.monotonic()
-        cost = self.last_end - child.started
+        # Its cost is the CPU it took, not its wall time: a child that yields the CPUs to
+        # the jobs (its nice) takes seconds of wall on a busy node for milliseconds of work,
+        # and spacing by those seconds left forecasts stale for tens of seconds.
+        cost = usage.ru_utime + usage.ru_stime
         self.next_at = self.last_end + max(
             defaults.FORECAST_PERIOD, defaults.FORECAST_SPACING * cost
         )
