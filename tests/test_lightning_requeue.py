@@ -28,15 +28,17 @@ STEPS = 400
 # saves where it is, and one that ran between the update and Lightning's count of it (the
 # hooks' release runs there) saved a model one step ahead of its count, which the resumed
 # run then stepped once more (every thread blocks it, the later ones as they inherit it).
-# The resumed run gets the signal again at the same time into its run: on a loaded machine
-# that may be while it still imports, before Lightning's handler is set, so it ignores it
-# until then.
+# The resumed run gets the signal again at the same time into its run (while it imports,
+# trains or after, as the load has it): with requeueing off, Lightning sets no handler of
+# its own, so the run keeps one that notes the signal, and waits for it before it ends.
+# (It reset the signal to its default before training once, as the first run must, and a
+# signal that came then killed it: "killed by signal SIGUSR1" on a loaded machine.)
 LIGHT = f"""\
 import os, signal
 RESUMED = "SLURM_RESTART_COUNT" in os.environ
 PACED = "GQ_JOB_ID" in os.environ and not RESUMED
 if RESUMED:
-    signal.signal(signal.SIGUSR1, lambda *_: None)
+    signal.signal(signal.SIGUSR1, lambda *_: open("signalled again", "w").close())
 if PACED:
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 import sys, time
@@ -82,8 +84,11 @@ if __name__ == "__main__":
                          plugins=plugins,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1)
-    signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Lightning sets its own over the default
+    if not RESUMED:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Lightning sets its own over the default
     trainer.fit(model, data)
+    while RESUMED and not os.path.exists("signalled again"):
+        time.sleep(0.05)
     with torch.no_grad():
         loss = torch.nn.functional.mse_loss(model.layer(x), y).item()
     print(f"final {{loss:.10e}} after {{trainer.global_step}} steps", flush=True)
@@ -132,6 +137,7 @@ def test_lightning_requeues_itself_on_the_signal_and_resumes_to_the_same_loss(da
     step = torch.load(tmp_path / saved[0], weights_only=False)["global_step"]
     assert 0 < step < STEPS, step  # the step it had reached, not a stale trainer's 0
     assert f"Restored all states from the checkpoint at {tmp_path / saved[0]}" in out
+    assert (tmp_path / "signalled again").exists()  # the resumed run took it and lived
     final = [line for line in out.splitlines() if line.startswith("final ")]
     assert final == [line for line in by_hand_out.splitlines() if line.startswith("final ")]
     assert final[0].endswith(f"after {STEPS} steps")
