@@ -29,10 +29,14 @@ set_hypothesis_home_dir(os.path.join("/tmp", f"gq-test-hypothesis-{os.getuid()}"
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """Two workers more than CPUs: most tests spend their time waiting on jobs' iterations.
+    """Three workers more than CPUs: most tests spend their time waiting on jobs' iterations.
     On 2 cores, with one more, the cores were idle for 257 of 840 core-seconds; with two,
-    for 46 of 630, and the suite took 314 s instead of 375."""
-    return len(os.sched_getaffinity(0)) + 2
+    for 46 of 630, and the suite took 314 s instead of 375. Since then more tests wait (on
+    preemptions, idle timeouts, terminals): with two more the cores were still idle a tenth
+    of the time. Runs one after the other, two more against three: 322 s against 302 s, and
+    338 s against 328 s on a slower hour; four more took 317 s (its collection and contention
+    cost more than the waits it fills)."""
+    return len(os.sched_getaffinity(0)) + 3
 
 
 def pytest_configure(config) -> None:
