@@ -487,6 +487,51 @@ def test_a_forecaster_looks_at_an_unchanged_node_at_most_once_a_period():
     assert scheduler.built == 1 and forecaster.child is None
 
 
+class _ChangingQueue:
+    """A scheduler whose queue changes between looks: each asks for a forecast."""
+
+    last_pass = None
+    built = 0
+
+    def snapshot(self, past, typical):
+        self.built += 1
+        return snapshot([], [pending(self.built, known(10, 1.0))])
+
+
+def _sleeping_child(monkeypatch, seconds: float) -> None:
+    """The forecast child waits ``seconds`` of wall and takes no CPU, as a niced child
+    behind busy jobs does."""
+    import time
+
+    from gq.daemon.forecasts import forecasting
+
+    def waits_on_a_busy_node(snapshot, asked):
+        time.sleep(seconds)
+        return forecast.Forecasts(0.0), []
+
+    monkeypatch.setattr(forecasting, "_simulate", waits_on_a_busy_node)
+
+
+def test_a_daemon_that_stops_with_a_forecast_under_way_logs_no_failure(monkeypatch, caplog):
+    """Every daemon stopped soon after a change in its queue logged "no forecast made this
+    time (the child failed or overran)": its stop kills the child, which did not fail."""
+    import logging
+    import selectors
+    import time
+
+    from gq.daemon.forecasts import forecasting
+
+    _sleeping_child(monkeypatch, 5.0)
+    with selectors.DefaultSelector() as selector, caplog.at_level(logging.DEBUG, "gq.daemon"):
+        forecaster = forecasting.Forecaster(None, _ChangingQueue(), selector, None, None)
+        forecaster._typical = (time.monotonic(), None)  # read: no database needed
+        forecaster.tick()
+        assert forecaster.child is not None
+        forecaster.close()
+    assert forecaster.child is None
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 def test_forecasts_are_spaced_by_the_cpu_their_child_took_not_its_wall_time(monkeypatch):
     """A child that yields the CPUs to busy jobs takes seconds of wall for milliseconds of
     work; the next forecast comes a period after it, not ten times its wall time after it
@@ -498,22 +543,9 @@ def test_forecasts_are_spaced_by_the_cpu_their_child_took_not_its_wall_time(monk
     from gq import defaults
     from gq.daemon.forecasts import forecasting
 
-    def waits_on_a_busy_node(snapshot, asked):
-        time.sleep(0.4)  # wall, but no CPU: as a niced child behind busy jobs
-        return forecast.Forecasts(0.0), []
-
-    monkeypatch.setattr(forecasting, "_simulate", waits_on_a_busy_node)
+    _sleeping_child(monkeypatch, 0.4)
     monkeypatch.setattr(defaults, "FORECAST_PERIOD", 0.2)
-
-    class Scheduler:  # a queue that changes between looks: each asks for a forecast
-        last_pass = None
-        built = 0
-
-        def snapshot(self, past, typical):
-            self.built += 1
-            return snapshot([], [pending(self.built, known(10, 1.0))])
-
-    scheduler = Scheduler()
+    scheduler = _ChangingQueue()
     with selectors.DefaultSelector() as selector:
         forecaster = forecasting.Forecaster(None, scheduler, selector, None, None)
         forecaster._typical = (time.monotonic(), None)  # read: no database needed

@@ -241,9 +241,12 @@ class Forecaster:
             made = pickle.loads(bytes(child.data)) if child.data else None
         except Exception:  # noqa: BLE001 - a child that died mid-write sent a torn result
             made = None
+        if made is None:
+            log.warning("forecast child %d failed; no forecast made this time", child.pid)
         self._end_child(made)
 
     def close(self) -> None:
+        """The daemon stops: a child at work is killed, which is no failure to log."""
         if self.child is not None:
             self._end_child(None)
 
@@ -302,8 +305,7 @@ class Forecaster:
                 self.current.seconds,
                 "" if self.current.complete else " (its budget ran out: later jobs are unknown)",
             )
-        else:
-            log.warning("no forecast made this time (the child failed or overran)")
+        else:  # (its caller said why, where that is worth a line)
             answers = [None] * len(child.asked)
         for (connection, what), answer in zip(child.asked.items(), answers):
             if self.alive(connection):
