@@ -461,12 +461,23 @@ def test_test_only_requests_waiting_at_once_are_bounded_per_user_and_in_all(monk
         forecaster.check_room(1002)  # the node's limit
 
 
+def _forecaster(scheduler, selector=None):
+    """A forecaster of ``scheduler``'s snapshots with no database: the node's typical run
+    counts as read (none)."""
+    import time
+
+    from gq.daemon.forecasts.forecasting import Forecaster
+
+    forecaster = Forecaster(None, scheduler, selector, None, None)
+    forecaster._typical = (time.monotonic(), None)
+    return forecaster
+
+
 def test_a_forecaster_looks_at_an_unchanged_node_at_most_once_a_period():
     """A queue that did not change makes no forecast; nor is its snapshot built again at
     every scheduling pass (a pass may come every few milliseconds)."""
-    import time
 
-    from gq.daemon.forecasts.forecasting import Forecaster, _signature
+    from gq.daemon.forecasts.forecasting import _signature
 
     unchanged = snapshot([], [pending(1, known(10, 1.0))])
 
@@ -479,8 +490,7 @@ def test_a_forecaster_looks_at_an_unchanged_node_at_most_once_a_period():
             return unchanged
 
     scheduler = Scheduler()
-    forecaster = Forecaster(None, scheduler, None, None, None)
-    forecaster._typical = (time.monotonic(), None)  # read: no database needed
+    forecaster = _forecaster(scheduler)
     forecaster.signature = _signature(unchanged)  # as if it had been forecast already
     forecaster.tick()
     forecaster.tick()
@@ -517,14 +527,10 @@ def test_a_daemon_that_stops_with_a_forecast_under_way_logs_no_failure(monkeypat
     time (the child failed or overran)": its stop kills the child, which did not fail."""
     import logging
     import selectors
-    import time
-
-    from gq.daemon.forecasts import forecasting
 
     _sleeping_child(monkeypatch, 5.0)
     with selectors.DefaultSelector() as selector, caplog.at_level(logging.DEBUG, "gq.daemon"):
-        forecaster = forecasting.Forecaster(None, _ChangingQueue(), selector, None, None)
-        forecaster._typical = (time.monotonic(), None)  # read: no database needed
+        forecaster = _forecaster(_ChangingQueue(), selector)
         forecaster.tick()
         assert forecaster.child is not None
         forecaster.close()
@@ -541,14 +547,12 @@ def test_forecasts_are_spaced_by_the_cpu_their_child_took_not_its_wall_time(monk
     import time
 
     from gq import defaults
-    from gq.daemon.forecasts import forecasting
 
     _sleeping_child(monkeypatch, 0.4)
     monkeypatch.setattr(defaults, "FORECAST_PERIOD", 0.2)
     scheduler = _ChangingQueue()
     with selectors.DefaultSelector() as selector:
-        forecaster = forecasting.Forecaster(None, scheduler, selector, None, None)
-        forecaster._typical = (time.monotonic(), None)  # read: no database needed
+        forecaster = _forecaster(scheduler, selector)
         forecaster.tick()
         assert forecaster.child is not None
         while forecaster.child is not None:
