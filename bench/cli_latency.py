@@ -1,6 +1,7 @@
 """CLI and admission latency, measured in one run as ratios to Python's own start-up:
-whole-process medians of `gq submit --parsable` and `gq status` (20 jobs in the queue) next
-to `python -c pass`, and how long a submitted job waits before it starts on an idle node.
+whole-process medians of `gq submit --parsable`, `gq status` (20 jobs in the queue) and
+`gq show --json` next to `python -c pass`, and how long a submitted job waits before it
+starts on an idle node.
 
   python bench/cli_latency.py [--runs 20] [--python PATH] [--big-queue]
 
@@ -71,11 +72,12 @@ def main() -> None:
         for _ in range(20):  # the queue status lists
             node.submit("--hold", str(held))
         timed(node, *gq, "status")  # warm the page cache
-        submit_times, status_times, bare, waits = [], [], [], []
+        submit_times, status_times, show_times, bare, waits = [], [], [], [], []
         for _ in range(args.runs):  # interleaved, so that drift hits each alike
             bare.append(timed(node, args.python, "-c", "pass"))
             submit_times.append(timed(node, *gq, "submit", "--parsable", str(script)))
             status_times.append(timed(node, *gq, "status"))
+            show_times.append(timed(node, *gq, "show", "--json", "1"))
         for _ in range(min(args.runs, 10)):
             job_id = node.submit(str(script))
             info = node.wait_all([job_id])[0]
@@ -92,8 +94,10 @@ def main() -> None:
         "python_pass_median_s": python,
         "submit_median_s": statistics.median(submit_times),
         "status_median_s": statistics.median(status_times),
+        "show_median_s": statistics.median(show_times),
         "submit_ratio": statistics.median(submit_times) / python,
         "status_ratio": statistics.median(status_times) / python,
+        "show_ratio": statistics.median(show_times) / python,
         "start_wait_median_s": statistics.median(waits),
         "start_wait_max_s": max(waits),
     }
@@ -102,8 +106,9 @@ def main() -> None:
         f"\npython -c pass {1000 * python:.0f} ms; gq submit --parsable "
         f"{1000 * result['submit_median_s']:.0f} ms ({result['submit_ratio']:.2f}x, target "
         f"<= 2.5x); gq status with 20 jobs {1000 * result['status_median_s']:.0f} ms "
-        f"({result['status_ratio']:.2f}x, target <= 2.5x); whole process, median of "
-        f"{args.runs}. Submit to start on an idle node: median "
+        f"({result['status_ratio']:.2f}x, target <= 2.5x); gq show --json "
+        f"{1000 * result['show_median_s']:.0f} ms ({result['show_ratio']:.2f}x); whole "
+        f"process, median of {args.runs}. Submit to start on an idle node: median "
         f"{1000 * result['start_wait_median_s']:.1f} ms, max "
         f"{1000 * result['start_wait_max_s']:.1f} ms"
     )

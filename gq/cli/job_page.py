@@ -1,13 +1,35 @@
-"""gq show's page of one job: its fields as scontrol show job lists them, its runs (a
-requeued job's, each with its wait, time, steps and lane time) and its state history."""
+"""gq show: one job's page, its fields as scontrol show job lists them, its runs (a
+requeued job's, each with its wait, time, steps and lane time) and its state history; or
+its JSON. Without typer, so that ``gq show`` runs from gq.cli.quick as well."""
 
 from __future__ import annotations
 
-import typer
+import sys
 
-from gq import messages
-from gq.cli import render
+from gq import client, messages
+from gq.cli import listing, render
+from gq.queue.arrays import parse_label
 from gq.units import format_duration
+
+
+def show(job_id: str, json_out: bool) -> None:
+    """Ask the daemon for one job (an array's first tasks for its id) and print it."""
+    answer = client.ask(messages.ShowJob(parse_label(job_id)))
+    listing.note_stale(answer)
+    if answer.more:
+        print(
+            f"gq: note: {answer.more} more tasks of array {job_id} not shown; 'gq show "
+            f"{job_id}_N' shows one, 'gq status -r --json' lists them all",
+            file=sys.stderr,
+        )
+    if json_out:
+        data = [render.job_json(job) for job in answer.jobs]
+        print(render.dumps(data[0] if len(data) == 1 else data))
+        return
+    for index, job in enumerate(answer.jobs):
+        if index:
+            print()
+        print_job(job)
 
 
 def _interactive(job: messages.JobInfo) -> str:
@@ -93,15 +115,15 @@ def print_job(job: messages.JobInfo) -> None:
     ]
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
-        typer.echo(f"{key:>{width}}: {render.printable(value)}")
+        print(f"{key:>{width}}: {render.printable(value)}")
     if job.runs:
-        typer.echo("\nRuns:")
-        typer.echo(_indented(render.table(_RUN_COLUMNS, [_run_row(run) for run in job.runs])))
-    typer.echo("\nState history:")
+        print("\nRuns:")
+        print(_indented(render.table(_RUN_COLUMNS, [_run_row(run) for run in job.runs])))
+    print("\nState history:")
     for event in job.events or []:
         old = event.old_state or "-"
         reason = f"  ({event.reason})" if event.reason else ""
-        typer.echo(
+        print(
             render.printable(
                 f"  {render.short_time(event.time)}  {old:>9} -> {event.new_state}{reason}"
             )

@@ -11,7 +11,6 @@ import typer
 
 from gq import client, defaults, messages
 from gq.cli import job_page, listing, render
-from gq.cli.common import ask, labels
 from gq.queue.states import TERMINAL
 from gq.units import parse_period, parse_when
 
@@ -111,22 +110,7 @@ def show(
     ),
 ) -> None:
     """Everything about one job, with its state history (like scontrol show job)."""
-    answer = ask(messages.ShowJob(labels([job_id])[0]))
-    listing.note_stale(answer)
-    if answer.more:
-        print(
-            f"gq: note: {answer.more} more tasks of array {job_id} not shown; 'gq show "
-            f"{job_id}_N' shows one, 'gq status -r --json' lists them all",
-            file=sys.stderr,
-        )
-    if json_out:
-        data = [render.job_json(job) for job in answer.jobs]
-        typer.echo(render.dumps(data[0] if len(data) == 1 else data))
-        return
-    for index, job in enumerate(answer.jobs):
-        if index:
-            typer.echo()
-        job_page.print_job(job)
+    job_page.show(job_id, json_out)
 
 
 def history(

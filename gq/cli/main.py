@@ -1,8 +1,8 @@
 """The ``gq`` command: a Slurm-like queue for one GPU node.
 
-``gq status``, ``gq submit`` and ``gq run`` run without typer where :mod:`gq.cli.quick`
-reads their line; any other line goes to the typer app (:mod:`gq.cli.app`), which builds
-only the command it names.
+``gq status``, ``gq show``, ``gq submit`` and ``gq run`` run without typer where
+:mod:`gq.cli.quick` reads their line; any other line goes to the typer app
+(:mod:`gq.cli.app`), which builds only the command it names.
 """
 
 from __future__ import annotations

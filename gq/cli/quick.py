@@ -1,5 +1,5 @@
-"""gq status, gq submit and gq run without typer: importing typer takes longer than the
-rest of such a command.
+"""gq status, gq show, gq submit and gq run without typer: importing typer takes longer
+than the rest of such a command.
 
 A command line this module reads completely (known options, values where they belong, no
 help, no completion) runs from here; any other, typos included, goes to typer, which reads
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 # This module, and what its commands import, stay clear of typing, dataclasses, enum, re
 # and json: each takes a good part of Python's own start-up to import, and a command sent
-# as one request should cost little more than that start-up (bench/cli_latency.py).
+# as one request should cost little more than that start-up (bench/cli_latency.py). gq show
+# alone imports gq.messages, to read the typed job the daemon answers with.
 
 
 class Kind:
@@ -56,6 +57,8 @@ STATUS: Options = {
     "-r": ("array_tasks", Kind.FLAG),
     "--array-tasks": ("array_tasks", Kind.FLAG),
 }
+
+SHOW: Options = {"--json": ("json_out", Kind.FLAG)}
 
 _SUBMIT_VALUES = {
     "wrap": ["--wrap"],
@@ -114,15 +117,19 @@ SUBMIT: Options = {
     for option in options
 }
 
-OPTIONS: dict[str, Options] = {"status": STATUS, "submit": SUBMIT, "run": SUBMIT}
+OPTIONS: dict[str, Options] = {"status": STATUS, "show": SHOW, "submit": SUBMIT, "run": SUBMIT}
 # Defaults other than False (flags) and None, as the typer commands declare them.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "status": {},
+    "show": {},
     "submit": {"priority": 0, "output": defaults.OUTPUT, "oom": defaults.ON_OOM},
 }
 DEFAULTS["run"] = DEFAULTS["submit"]
 # Commands whose first argument is a script, the rest its arguments.
 TAKES_SCRIPT = {"submit", "run"}
+# Commands of one argument (the parameter it sets), options before or after it, as click
+# reads them: gq show --json 17, gq show 17 --json.
+TAKES_ONE = {"show": "job_id"}
 
 
 class Parsed:
@@ -144,8 +151,13 @@ def parse(args: list[str], command: str) -> Parsed | None:
     }
     params.update(DEFAULTS[command])
     given: set[str] = set()
-    rest = list(args)
-    while rest and rest[0].startswith("-") and rest[0] != "-":
+    rest, arguments = list(args), []
+    while rest:
+        if not rest[0].startswith("-") or rest[0] == "-":
+            if command not in TAKES_ONE:
+                break
+            arguments.append(rest.pop(0))
+            continue
         token = rest.pop(0)
         if token == "--":
             break
@@ -178,6 +190,11 @@ def parse(args: list[str], command: str) -> Parsed | None:
     if command in TAKES_SCRIPT:
         params["script"] = rest.pop(0) if rest else None
         params["args"] = rest or None
+    elif command in TAKES_ONE:
+        arguments += rest
+        if len(arguments) != 1:
+            return None  # typer says what is missing, or what is one too many
+        params[TAKES_ONE[command]] = arguments[0]
     elif rest:
         return None
     return Parsed(params, given)
@@ -208,6 +225,11 @@ def run(args: list[str]) -> int | None:
         from gq.cli import listing
 
         listing.status(**parsed.params)
+        return 0
+    if command == "show":
+        from gq.cli import job_page
+
+        job_page.show(**parsed.params)
         return 0
     from gq.cli import submission
 
