@@ -212,14 +212,15 @@ def test_a_training_step_compiled_whole_is_granted_the_lane_at_each_call(daemon,
     calls no module gq sees: its iterations ran beside the lane's holder, unbilled. Each
     call of a compiled function is now an outermost call, granted the lane: under fifo,
     the second job's steps wait for the first job's, although the first is idle (at its
-    start file) when the second is ready to run."""
+    start file) when the second is ready to run. (The second marks its steps with
+    gq.steps: a compiled step ungranted would run beside them.)"""
     gq_ok("policy", "set", "fifo")
     go = tmp_path / "go"
     ahead, behind = tmp_path / "ahead.json", tmp_path / "behind.json"
     first = submit("--gpu-mem", "2G", KERNELS, str(ahead), "10", "20", str(go), "compiled")
     waiting = Path(f"{go}.waiting")
     wait_for(waiting.exists, 120, what="the first job compiled and at its start file")
-    second = submit("--gpu-mem", "2G", KERNELS, str(behind), "10", "20", "-", "compiled")
+    second = submit("--gpu-mem", "2G", KERNELS, str(behind), "10", "20")
     wait_state(second, "RUNNING", timeout=60)
     go.touch()
     infos = [wait_state(i, "COMPLETED", timeout=120) for i in (first, second)]

@@ -475,7 +475,7 @@ def test_two_lanes_run_iterations_in_parallel(home, tmp_path):
                 *DECLARED,
                 "--steps",
                 "400",
-                TRAIN,
+                *KERNEL_LOOP,
                 "--steps",
                 "400",
                 "--iter-ms",
