@@ -58,3 +58,43 @@ def test_a_daemon_starting_as_another_stops_locks_the_file_that_stays(tmp_path, 
     with pytest.raises(AlreadyRunning):
         acquire_pidfile(home)
     release_pidfile(home, started)
+
+
+def test_a_child_the_daemon_forked_holds_neither_its_lock_nor_its_socket(tmp_path):
+    """A daemon killed while a child it forked (a forecast, say) still runs: the child held
+    the daemon's lock, so that 'gq daemon status' said it ran and no daemon could start, and
+    its copy of the listening socket took connections no one would answer."""
+    import signal
+    import socket
+    import time
+
+    from gq.daemon.serving.server import listen
+
+    home = Home(tmp_path)
+    told_read, told_write = os.pipe()
+    daemon = os.fork()
+    if daemon == 0:  # the daemon: its lock and socket, then a child that stays, then wait
+        code = 1
+        try:
+            os.close(told_read)
+            held = (acquire_pidfile(home), listen(home))  # noqa: F841 - held until killed
+            if os.fork() == 0:  # (os.fork has returned here: the child is as it stays)
+                os.write(told_write, f"{os.getpid()}\n".encode())
+                time.sleep(60)
+                os._exit(0)
+            time.sleep(60)
+        finally:
+            os._exit(code)
+    os.close(told_write)
+    with os.fdopen(told_read) as told:
+        child = int(told.readline())
+    try:
+        assert running_pid(home) == daemon
+        os.kill(daemon, signal.SIGKILL)
+        os.waitpid(daemon, 0)
+        assert running_pid(home) is None  # the child's copy of the lock held it before
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with client, pytest.raises(ConnectionRefusedError):
+            client.connect(str(home.socket))  # queued on the child's copy before
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from gq.daemon import forked
 from gq.errors import AlreadyRunning
 from gq.home import Home
 
@@ -47,6 +48,7 @@ def acquire_pidfile(home: Home) -> IO[str]:
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
     handle.flush()
+    forked.keep_from_children(handle.fileno())  # the lock dies with the daemon
     return handle
 
 
@@ -58,6 +60,7 @@ def release_pidfile(home: Home, handle: IO[str]) -> None:
     except OSError:
         pass  # left in place: without its lock held it names no daemon
     finally:
+        forked.let_go(handle.fileno())
         handle.close()
 
 

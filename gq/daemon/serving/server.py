@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from gq import defaults, messages
+from gq.daemon import forked
 from gq.daemon.serving.access import Caller
 from gq.daemon.serving.turns import Turns
 from gq.home import Home
@@ -83,13 +84,14 @@ class Server(Generic[Later]):
         self.connections: set[Connection] = set()
         self.per_uid: dict[int, int] = {}
         self.turns: Turns[Connection] = Turns()  # the requests read and not yet served
-        self.listener = _listen(home)
+        self.listener = listen(home)
         selector.register(self.listener, selectors.EVENT_READ, self)
 
     def close(self, unlink: bool) -> None:
         for connection in list(self.connections):
             self._drop(connection)
         self.selector.unregister(self.listener)
+        forked.let_go(self.listener.fileno())
         self.listener.close()
         if unlink:
             try:
@@ -313,7 +315,7 @@ def _refuse(sock: socket.socket, why: str) -> None:
     sock.close()
 
 
-def _listen(home: Home) -> socket.socket:
+def listen(home: Home) -> socket.socket:
     """Bind the socket: 0666 for the node's users in system mode, 0600 for its owner else."""
     path = home.socket
     try:
@@ -329,4 +331,5 @@ def _listen(home: Home) -> socket.socket:
     os.chmod(path, 0o666 if home.system else 0o600)
     sock.listen(defaults.LISTEN_BACKLOG)
     sock.setblocking(False)
+    forked.keep_from_children(sock.fileno())  # no connection waits on a child of the daemon
     return sock
