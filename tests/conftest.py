@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import shutil
 import signal
@@ -143,17 +144,36 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "DEADLINE"}
 
 def wait_state(job_id: int, *states: str, timeout: float = 30.0) -> dict:
     """Wait for the job to reach one of ``states``; fail at once if it ends otherwise."""
+    return _wait_state(job, gq, job_id, states, timeout)
 
-    def reached():
-        info = job(job_id)
+
+def _wait_state(shown, command, job_id: int, states: tuple[str, ...], timeout: float) -> dict:
+    """``shown(job_id)`` once it is in one of ``states`` (an error once it has ended in
+    another). Where those are end states, ``command("wait", ...)`` (gq wait) first waits for
+    the job's end: one request, where a wait that polls asks ``gq show`` ten times a second,
+    each costing the daemon's CPU and the test's (and an interpreter, where run as a user).
+    Not for an array's task: its id is its array's too, and gq wait would wait for them all."""
+    deadline = time.monotonic() + timeout
+
+    def reached(info: dict) -> bool:
         if info["state"] in ENDED and info["state"] not in states:
             raise AssertionError(
                 f"job {job_id} ended {info['state']} ({info['reason']}) "
                 f"instead of reaching {'/'.join(states)}"
             )
-        return info["state"] in states and info
+        return info["state"] in states
 
-    return wait_for(reached, timeout, what=f"job {job_id} to reach {'/'.join(states)}")
+    info = shown(job_id)
+    if reached(info):
+        return info
+    if ENDED.issuperset(states) and info["array_job_id"] is None:
+        # whatever it answers (how the job ended, 124 for the time out), the state decides
+        command("wait", "--timeout", str(max(1, math.ceil(timeout))), str(job_id))
+    return wait_for(
+        lambda: reached(info := shown(job_id)) and info,
+        max(deadline - time.monotonic(), 0.1),
+        what=f"job {job_id} to reach {'/'.join(states)}",
+    )
 
 
 # examples/kernel_train.py without torch: its iterations are gq.steps, each a sleep. For tests
@@ -580,10 +600,12 @@ class SharedNode:
         return json.loads(self.ok(None, "show", "--json", job_id))
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict:
-        return wait_for(
-            lambda: (j := self.job(job_id))["state"] in states and j,
+        return _wait_state(
+            self.job,
+            lambda *line: self.run(None, *line, timeout=timeout + 30),
+            job_id,
+            states,
             timeout,
-            what=f"job {job_id} to reach {'/'.join(states)}",
         )
 
 
