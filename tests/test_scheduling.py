@@ -141,9 +141,17 @@ def test_srtf_finishes_the_short_job_first(daemon, tmp_path):
 
 
 def test_fifo_finishes_the_first_job_first_and_the_second_waits(daemon, tmp_path):
-    long, short = _long_and_short(tmp_path)
+    # The short job is read before the long one, and the long one still runs: so the
+    # short job had waited while the long one ran (a first read that came after the long
+    # job's end on a busy machine found the short one at work, as it then should be).
+    long, short = _long_and_short(tmp_path, 600)
     waiting = wait_for(
-        lambda: (s := job(short), g := job(long)) and g["steps_done"] > 0 and (s, g),
+        lambda: (
+            (s := job(short), g := job(long))
+            and g["steps_done"] > 0
+            and g["state"] == "RUNNING"
+            and (s, g)
+        ),
         30,
         what="long job progress",
     )
