@@ -110,6 +110,29 @@ def all_jobs() -> list[dict]:
     return json.loads(gq_ok("status", "--all", "--limit", "0", "--array-tasks", "--json"))
 
 
+def main_in_a_new_interpreter(*line: str) -> tuple[list[str], bool]:
+    """``gq LINE`` run by gq's main() in an interpreter of its own: its output's lines, and
+    whether it imported typer or click (what gq.cli.quick keeps a plain line from)."""
+    import subprocess
+
+    code = (
+        "import sys; from gq.cli.main import main; code = main(sys.argv[1:]); "
+        "print('typer' in sys.modules or 'click' in sys.modules, code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *line],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    *output, verdict = done.stdout.splitlines()
+    imported, code = verdict.split()
+    assert code == "0", done.stdout
+    return output, imported == "True"
+
+
 def wait_for(
     predicate, timeout: float = 30.0, interval: float | None = None, what: str = "condition"
 ):

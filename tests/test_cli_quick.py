@@ -18,7 +18,16 @@ from gq import defaults
 from gq.cli import quick
 from gq.cli.quick import Kind
 
-from conftest import ROOT, gq, gq_ok, job, submit, wait_state, write_script
+from conftest import (
+    ROOT,
+    gq,
+    gq_ok,
+    job,
+    main_in_a_new_interpreter,
+    submit,
+    wait_state,
+    write_script,
+)
 
 
 def _typer_options(name: str) -> tuple[dict[str, tuple[str, Kind]], dict[str, object]]:
@@ -159,17 +168,8 @@ def test_status_prints_what_typer_would(daemon, tmp_path, monkeypatch):
 def test_status_imports_no_typer(daemon, tmp_path):
     script = write_script(tmp_path / "held.sh", "true\n")
     job_id = submit("--hold", str(script))
-    code = (
-        "import sys; from gq.cli.main import main; code = main(['status', '--json']); "
-        "print('typer' in sys.modules, 'click' in sys.modules, code)"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    *listing, verdict = done.stdout.splitlines()
-    assert verdict == "False False 0", done.stdout
+    listing, imported_typer = main_in_a_new_interpreter("status", "--json")
+    assert not imported_typer
     assert [job["id"] for job in json.loads("\n".join(listing))] == [job_id]
 
 
@@ -355,18 +355,8 @@ def test_ctrl_c_while_waiting_ends_quietly_with_130(daemon, tmp_path):
 
 def test_submit_imports_no_typer(daemon, tmp_path):
     script = write_script(tmp_path / "job.sh", SCRIPT)
-    code = (
-        "import sys; from gq.cli.main import main; "
-        f"code = main(['submit', '--parsable', '-H', {str(script)!r}]); "
-        "print('typer' in sys.modules, 'click' in sys.modules, code)"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    job_id, verdict = done.stdout.splitlines()
-    assert verdict == "False False 0", done.stdout
+    (job_id,), imported_typer = main_in_a_new_interpreter("submit", "--parsable", "-H", str(script))
+    assert not imported_typer
     assert _shown(int(job_id))["name"] == "from-gq"
 
 

@@ -4,16 +4,13 @@ gq show prints, errors included, and imports no typer; any other line is typer's
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from unittest import mock
 
 import pytest
 
 from gq.cli import quick
 
-from conftest import ROOT, gq, submit, write_script
+from conftest import gq, main_in_a_new_interpreter, submit, write_script
 
 
 @pytest.mark.parametrize(
@@ -80,16 +77,6 @@ def test_show_refuses_what_typer_refuses_in_one_line(daemon, label, says):
 def test_show_imports_no_typer(daemon, tmp_path):
     script = write_script(tmp_path / "held.sh", "true\n")
     job_id = submit("--hold", str(script))
-    code = (
-        "import sys; from gq.cli.main import main; "
-        f"code = main(['show', '--json', '{job_id}']); "
-        "print('typer' in sys.modules, 'click' in sys.modules, code)"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    *shown, verdict = done.stdout.splitlines()
-    assert verdict == "False False 0", done.stdout
+    shown, imported_typer = main_in_a_new_interpreter("show", "--json", str(job_id))
+    assert not imported_typer
     assert json.loads("\n".join(shown))["id"] == job_id
