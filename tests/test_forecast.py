@@ -414,6 +414,44 @@ def test_a_forecast_stopped_by_its_budget_leaves_the_jobs_it_did_not_reach_unkno
     assert made.jobs[1999].basis is Basis.UNKNOWN and made.jobs[1999].end is None
 
 
+def _with_gaps(
+    job_id: int, steps: int | None, done: int, started: float, gap: float = 0.004
+) -> Running:
+    """A running job of 20 ms iterations and ``gap`` s of host work after each (measured)."""
+    seen = replace(view(job_id, steps, done, 0.02), mean_gap=gap)
+    return Running(
+        seen, work_estimates.work(seen, None, None, NOW - started), ("gpu0",), 0, started, 0, None
+    )
+
+
+@pytest.mark.parametrize("policy", ["rr", "fair"])
+def test_jobs_of_unknown_length_taking_turns_with_gaps_leave_the_forecast_complete(policy):
+    """Two running jobs of unknown length take turns with a known one, then with the job
+    that waited for its room, each with host work between its iterations: turns then come
+    one an iteration, and the unknown jobs' go on for the year they are simulated for (one
+    of them mostly in its host work). Once the known jobs have ended, nothing can start or
+    end before the time past which the forecast reports nothing: it is complete then, in a
+    few thousand events, where it went on until its budget ran out."""
+    made_for = snapshot(
+        [_with_gaps(1, None, 50, NOW - 2), _with_gaps(2, None, 40, NOW - 2, gap=0.03)]
+        + [_with_gaps(3, 300, 40, NOW - 1)],
+        [pending(4, known(100, 0.02))],
+        policy=policy,
+        max_resident=3,
+    )
+    asked = iter(range(100))  # the budget is asked every 256 events: 25,000 at most
+    made = forecast.forecast(made_for, stop=lambda: next(asked) >= 99)
+    assert made.complete
+    seen = relative(made)
+    assert seen[1] == (-2.0, None, Basis.UNKNOWN) and seen[2] == (-2.0, None, Basis.UNKNOWN)
+    # Three take turns of 20 ms (each one's host work hidden by the others' turns); then
+    # job 4, the least served, runs its 100 as if alone until it catches up with them.
+    start, end, basis = seen[3]
+    assert start == -1.0 and end == pytest.approx(260 * 3 * 0.02, rel=0.05)
+    assert basis is Basis.ESTIMATED
+    assert seen[4][0] == end and seen[4][1] == pytest.approx(end + 100 * 0.02, rel=0.05)
+
+
 def test_the_simulator_seeded_with_residents_continues_their_runs():
     """Two residents of one lane under fifo, the first 8 of 10 iterations in, the second not
     started: they run on from there; a job submitted before the clock waits for it. The

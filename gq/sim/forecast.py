@@ -167,6 +167,7 @@ def forecast(snapshot: Snapshot, stop: Callable[[], bool] | None = None) -> Fore
         move_margin=snapshot.move_margin,
         stop=stop,
         start=seeded.start,
+        horizon=HORIZON / 2,  # (what starts or ends later is reported unknown)
     )
     found.complete = result.complete
     shared = _neighbours_basis(result, seeded.basis, per)

@@ -116,6 +116,7 @@ def simulate(
     move_margin: float = defaults.MOVE_MARGIN,
     start: Start | None = None,
     stop: Callable[[], bool] | None = None,
+    horizon: float = math.inf,
 ) -> Result:
     """Run the trace through ``policy`` on ``gpus`` devices of ``lanes`` lanes each (a lane
     runs one iteration at a time, lanes of a device at once; ``capacity``, a device's
@@ -128,7 +129,9 @@ def simulate(
     reference the bulk advance is tested against); ``progress`` is called with (jobs
     finished, jobs) as jobs end; ``move_margin`` is the daemon's --move-margin; ``start``
     seeds a node that already runs jobs (:class:`Start`); ``stop``, asked every few hundred
-    events, ends the run early when it says so (a result that is not ``complete``)."""
+    events, ends the run early when it says so (a result that is not ``complete``);
+    ``horizon``: the time past which no start or end matters (a forecast's: it reports
+    none so late), the run ending, ``complete``, once none can come before it."""
     if gpus < 1 or lanes < 1:
         raise ValueError("gpus and lanes must be at least 1")
     simulation = _Simulation(
@@ -147,6 +150,7 @@ def simulate(
         move_margin,
         start,
         stop,
+        horizon,
     )
     return simulation.run()
 
@@ -171,6 +175,7 @@ class _Simulation(Placement, Stretches, LanesAuto):
         move_margin,
         start,
         stop,
+        horizon,
     ):
         # A trace's every job ends; on a live node (``start``) one may never start (it waits
         # for devices that take no job): it is left with no end.
@@ -202,6 +207,7 @@ class _Simulation(Placement, Stretches, LanesAuto):
         self.share_slice = share_slice
         self.progress = progress
         self.stop = stop
+        self.horizon = horizon
         self.move_margin = move_margin
         self.lanes = [Lane(i, i // lanes) for i in range(gpus * lanes)]
         self.runs = {job.id: JobRun(job, min(job.gpus, gpus)) for job in jobs}
@@ -240,9 +246,12 @@ class _Simulation(Placement, Stretches, LanesAuto):
         moments = 0
         while self.events:
             moments += 1
-            if self.stop is not None and not moments % STOP_EVERY and self.stop():
-                return self._result(complete=False)
             now = self.events[0][0]
+            if not moments % STOP_EVERY:
+                if self.stop is not None and self.stop():
+                    return self._result(complete=False)
+                if self.horizon < math.inf and self._past_horizon(now):
+                    return self._result(complete=True)
             touched: set[int] = set()  # lanes whose resident set or readiness changed
             admissible = False  # only arrivals and ends make room: time alone never does
             due: set[int] = set()  # devices whose packer's look is due
@@ -279,6 +288,29 @@ class _Simulation(Placement, Stretches, LanesAuto):
             stuck = sorted(r.job.id for r in self.runs.values() if r.end is None)
             raise RuntimeError(f"simulation ended with unfinished jobs {stuck[:10]}")
         return self._result(complete=True)
+
+    def _past_horizon(self, now: float) -> bool:
+        """Whether no job can start or end before the horizon any more: none is left to
+        arrive (room comes only from arrivals and ends) and each job on a lane, were it
+        alone there from the earliest stretch under way, its own gaps between its
+        iterations, would end past it. Jobs of unknown length taking turns with host gaps
+        between iterations, one event each, otherwise kept a forecast at work until its
+        budget ran out."""
+        if self.moving or any(kind == ARRIVE for _, kind, _, _ in self.events):
+            return False
+        begins = [lane.stretch.begin for lane in self.lanes if lane.stretch is not None]
+        since = min([now, *begins])
+        return all(
+            run.end is None and since + self._alone_for(run) > self.horizon
+            for lane in self.lanes
+            for run in lane.residents
+        )
+
+    @staticmethod
+    def _alone_for(run: JobRun) -> float:
+        """The least time the job's iterations left can take: alone, one per period."""
+        job = run.job
+        return (job.iterations - run.done) * (job.iteration_time + job.gap) - job.gap
 
     def _result(self, complete: bool) -> Result:
         return Result(
