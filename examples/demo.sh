@@ -3,9 +3,9 @@
 #  1. A long, a medium and a short job, queued in that order and released together, under
 #     fifo and then under srtf: under srtf the short job no longer waits for the others
 #     (JCT, from gq history).
-#  2. Two single-threaded jobs on the cpu device, one at a time (--lanes 1), then under
-#     --lanes auto (the default), which runs them side by side where it measures that it
-#     pays: the pair's makespan each way.
+#  2. Two jobs whose steps mostly wait (on their input, as a small job leaves its GPU idle),
+#     one at a time (--lanes 1), then under --lanes auto (the default), which runs them
+#     side by side where it measures that it pays: the pair's makespan each way.
 # A personal daemon in a throwaway GQ_HOME; everything goes to a temporary directory,
 # removed at the end, and the daemon is stopped however the tour ends (Ctrl-C included).
 set -euo pipefail
@@ -52,11 +52,15 @@ echo "JCT (submission to end), from gq history: under srtf the short job waits f
 table jct "fifo=$fifo" "srtf=$srtf"
 
 echo
-echo "== 2. two single-threaded jobs on the cpu device: one at a time, then packed"
+echo "== 2. two jobs whose steps mostly wait on their input: one at a time, then packed"
+# A step: 2 MB hashed on one thread (about 1.5 ms), then 5 ms of waiting, as a small job's
+# step waits on its data loader while its GPU idles: packed, one job's wait is the other's
+# turn, however busy the machine's cores are.
 pair() {
     local name
     for name in one two; do
-        gq submit --parsable -J "$name" --gpu-mem 64M "$loop" --steps 800 --threads 1
+        gq submit --parsable -J "$name" --gpu-mem 64M "$loop" --steps 800 --threads 1 \
+            --mb 2 --wait-ms 5
     done | paste -sd,
 }
 # rr, kept across the restart: both take turns at first, so the host times each and
