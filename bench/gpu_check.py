@@ -44,7 +44,7 @@ it left running is ended, and the next phase starts.
   device time an iteration (bench/gpu_check_lone.py).
 
 --cpu runs the same phases on gq's cpu device (-G 0), kernels as CPU busy work and tiny
-models; --quick runs fewer iterations (with --cpu, alone runs spin and graph only and the
+models; --quick runs fewer iterations (with --cpu, alone runs spin only and the
 phases after fair_pair use torch-free jobs marked with gq.steps, so that it ends in about
 30 s on 2 cores: the CI smoke test; importing torch costs a job about 2 s of CPU there).
 Exit status 0 once it ran (FAILs are findings); 1 when no daemon could be started, 2 when
@@ -173,7 +173,7 @@ def config(cpu: bool, quick: bool) -> dict:
             sweep_jobs=4,
             high_iters=40,
             hog_ms=450.0,
-            kinds=["spin", "graph"],
+            kinds=["spin"],  # on the CPU graph is no_grad calls: tests/test_scheduling.py
             total=105,
             # CI's run of it: bench/packing.py measures --lanes auto on the cpu device, and
             # tests/test_memory_moves.py the moves of memory (with the fake), and
