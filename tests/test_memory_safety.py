@@ -38,6 +38,8 @@ G = 1 << 30
 # out of memory, it must print the same ones. With --grow-mb it overshoots on its first run
 # only (SLURM_RESTART_COUNT=0): "--how raise" raises the error CUDA's allocator raises (what
 # it held and asked for in its message), "--how allocate" allocates past its cap for real.
+# --no-torch (a plain-Python model, its steps marked with gq.steps) wherever torch is not the
+# subject: the neighbours, and jobs killed for what they allocate.
 LOOP = ROOT / "bench" / "jobs" / "memory_loop.py"
 
 
@@ -223,11 +225,13 @@ def test_a_job_out_of_memory_waits_for_room_and_its_neighbour_finishes_as_alone(
     more on its third step. It goes back to the queue (not FAILED) with its figure raised
     to what it asked for, says how much it waits for, starts once the neighbour has ended,
     and completes; the neighbour's losses are those of its run alone."""
-    alone = _bare_losses("--steps", "30")
+    alone = _bare_losses("--steps", "30", "--no-torch")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "1G")
     gq_ok("policy", "set", "fair")  # the two take turns (fifo would run the grower after)
     leave = tmp_path / "leave"
-    neighbour = submit("--gpu-mem", "600M", str(LOOP), "--steps", "30", "--leave", str(leave))
+    neighbour = submit(
+        "--gpu-mem", "600M", str(LOOP), "--steps", "30", "--leave", str(leave), "--no-torch"
+    )
     wait_state(neighbour, "RUNNING")
     short = submit(
         "--gpu-mem", "400M", str(LOOP), "--steps", "20", "--grow-mb", "600", "--how", "raise"
@@ -264,11 +268,13 @@ def test_a_job_killed_at_its_cgroup_cap_is_requeued_and_its_neighbour_lives(home
     fail it fails at once, saying what it held."""
     if not cgroups_usable("auto", memory=True):
         pytest.skip("no cgroup hierarchy to hold the cap here")
-    alone = _bare_losses("--steps", "40", "--pause", "0.05")
+    alone = _bare_losses("--steps", "40", "--pause", "0.05", "--no-torch")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
-    neighbour = submit("--gpu-mem", "1G", str(LOOP), "--steps", "40", "--pause", "0.05")
+    neighbour = submit(
+        "--gpu-mem", "1G", str(LOOP), "--steps", "40", "--pause", "0.05", "--no-torch"
+    )
     wait_state(neighbour, "RUNNING")
-    over = submit("--gpu-mem", "600M", "--oom", "fail", str(LOOP), "--grow-mb", "900")
+    over = submit("--gpu-mem", "600M", "--oom", "fail", str(LOOP), "--grow-mb", "900", "--no-torch")
     failed = wait_state(over, "FAILED", timeout=60)
     assert failed["reason"].startswith("OutOfMemory (needs 900.0M, ")
     assert failed["reason"].endswith("; --oom fail") and failed["ooms"] == 1
@@ -283,7 +289,7 @@ def test_without_a_cgroup_the_host_ends_a_job_over_its_cap_at_a_boundary(home, t
     and a job over its cap is ended there: requeued with its figure raised to what it
     held, and run again until it completes."""
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "8G", "--cgroup", "off")
-    over = submit("--gpu-mem", "600M", str(LOOP), "--grow-mb", "700")
+    over = submit("--gpu-mem", "600M", str(LOOP), "--grow-mb", "700", "--no-torch")
     requeued = wait_for(
         lambda: (info := job(over))["ooms"] == 1 and info,
         60,
@@ -305,7 +311,9 @@ def test_a_kill_at_its_host_memory_limit_is_no_device_shortage(home, tmp_path):
     if not cgroups_usable("auto", memory=True):
         pytest.skip("no cgroup hierarchy to hold the limit here")
     DaemonControl(home).start("--cpu-devices", "1", "--cpu-memory", "4G")
-    over = submit("--gpu-mem", "1G", "--host-mem", "450M", str(LOOP), "--grow-mb", "600")
+    over = submit(
+        "--gpu-mem", "1G", "--host-mem", "450M", str(LOOP), "--grow-mb", "600", "--no-torch"
+    )
     failed = wait_state(over, "FAILED", timeout=60)
     assert failed["reason"] == "killed by signal SIGKILL" and failed["ooms"] == 0
     assert (failed["mem"], failed["mem_basis"], failed["run_count"]) == (G, "declared", 1)
@@ -369,15 +377,10 @@ def test_a_job_that_declares_nothing_is_probed_before_another_joins_it(home, tmp
     slow = write_script(
         tmp_path / "slow.py",
         (
-            "import os, sys, time, torch\n"
-            "model = torch.nn.Linear(8, 1)\n"
-            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "import os, sys, time, gq\n"
             "kept = []\n"
-            "for step in range(int(sys.argv[1])):\n"
-            "    opt.zero_grad()\n"
-            "    model(torch.randn(4, 8)).sum().backward()\n"
+            "for step in gq.steps(range(int(sys.argv[1]))):\n"
             "    time.sleep(0.3)\n"
-            "    opt.step()\n"
             "    if step == 6 and len(sys.argv) > 2:\n"
             "        kept.append(bytearray(300 << 20))\n"
             "        kept[-1][::4096] = b'x' * len(kept[-1][::4096])\n"
