@@ -452,6 +452,55 @@ def test_jobs_of_unknown_length_taking_turns_with_gaps_leave_the_forecast_comple
     assert seen[4][0] == end and seen[4][1] == pytest.approx(end + 100 * 0.02, rel=0.05)
 
 
+def _paced(job_id, steps, done, pace, gap, started, on="gpu0", limit=None) -> Running:
+    """A running job of ``pace`` s iterations and ``gap`` s of host work after each."""
+    seen = replace(view(job_id, steps, done, pace), mean_gap=gap if pace else None)
+    return Running(
+        seen, work_estimates.work(seen, limit, None, NOW - started), (on,), 0, started, 0, limit
+    )
+
+
+TWO = [device("gpu0", 0), device("gpu1", 1)]
+
+
+def test_what_ends_a_forecast_early_leaves_what_it_says_as_a_whole_run_says_it():
+    """The horizon ends a simulation once nothing can change what the forecast says. Three
+    nodes where something still could, each forecast as its whole run (to its end) says."""
+    # A time limit ends a job of iterations so long that its work alone would run past it.
+    limited = snapshot(
+        [_paced(1, 1200, 10, 1e4, 5e3, NOW - 100, limit=86400.0)]
+        + [_paced(2, 1200, 10, 1e4, 5e3, NOW - 100)],
+        policy="rr",
+    )
+    assert relative(forecast.forecast(limited))[1] == (-100.0, 86300.0, Basis.KNOWN)
+    # Under fifo a resident that has run no iteration moves to a device that frees first:
+    # here only once the horizon is past, so it has no start to report.
+    behind = snapshot(
+        [
+            _paced(1, 2000, 10, 1e4, 5e3, NOW - 100),
+            _paced(2, 1100, 10, 1.5e4, 0.0, NOW - 100, "gpu1"),
+        ]
+        + [_paced(3, None, 0, None, 0.0, NOW - 10)],
+        devices=TWO,
+        policy="fifo",
+    )
+    assert relative(forecast.forecast(behind))[3] == (None, None, Basis.UNKNOWN)
+    # A job of unknown length begins on the lane in the last gap of a known one, which is
+    # then an estimate (it ended beside the unknown one), though no stretch had settled.
+    joins = Pending(
+        view(4, None),
+        admission.Request(4, 1, admission.Footprint(), only=frozenset({"gpu0"})),
+        Work(63, 5e5, 0.0, 0.0, Basis.UNKNOWN),
+        begin_time=NOW + 150,
+    )
+    pair = [_paced(i, 11000, 10, 1e3, 500.0, NOW - 100, "gpu1") for i in (2, 3)]
+    last_gap = snapshot(
+        [_paced(1, 12, 10, 10.0, 100.0, NOW - 100), *pair], [joins], devices=TWO, policy="rr"
+    )
+    made = forecast.forecast(last_gap)
+    assert relative(made)[1] == (-100.0, 220.0, Basis.ESTIMATED) and made.complete
+
+
 def test_the_simulator_seeded_with_residents_continues_their_runs():
     """Two residents of one lane under fifo, the first 8 of 10 iterations in, the second not
     started: they run on from there; a job submitted before the clock waits for it. The

@@ -251,6 +251,7 @@ class _Simulation(Placement, Stretches, LanesAuto):
                 if self.stop is not None and self.stop():
                     return self._result(complete=False)
                 if self.horizon < math.inf and self._past_horizon(now):
+                    self._record_under_way()
                     return self._result(complete=True)
             touched: set[int] = set()  # lanes whose resident set or readiness changed
             admissible = False  # only arrivals and ends make room: time alone never does
@@ -290,27 +291,33 @@ class _Simulation(Placement, Stretches, LanesAuto):
         return self._result(complete=True)
 
     def _past_horizon(self, now: float) -> bool:
-        """Whether no job can start or end before the horizon any more: none is left to
-        arrive (room comes only from arrivals and ends) and each job on a lane, were it
-        alone there from the earliest stretch under way, its own gaps between its
-        iterations, would end past it. Jobs of unknown length taking turns with host gaps
-        between iterations, one event each, otherwise kept a forecast at work until its
-        budget ran out."""
+        """Whether no job can start, move or end before the horizon any more: none is left
+        to arrive (room comes only from arrivals and ends) and none on a lane can move or
+        end before it. Jobs of unknown length taking turns with host gaps between
+        iterations, one event each, otherwise kept a forecast at work until its budget ran
+        out."""
         if self.moving or any(kind == ARRIVE for _, kind, _, _ in self.events):
             return False
+        movable = self.policy.waits_behind and self.gpus > 1
         begins = [lane.stretch.begin for lane in self.lanes if lane.stretch is not None]
         since = min([now, *begins])
         return all(
-            run.end is None and since + self._alone_for(run) > self.horizon
-            for lane in self.lanes
-            for run in lane.residents
+            self._stays_past(run, since, movable) for lane in self.lanes for run in lane.residents
         )
 
-    @staticmethod
-    def _alone_for(run: JobRun) -> float:
-        """The least time the job's iterations left can take: alone, one per period."""
+    def _stays_past(self, run: JobRun, since: float, movable: bool) -> bool:
+        """Whether a job on a lane neither moves to another device (under a policy that
+        moves those that have run no iteration) nor ends before the horizon: not by its
+        work, were it alone from ``since`` (the earliest stretch under way) with its own
+        gaps between its iterations, nor by its time limit."""
         job = run.job
-        return (job.iterations - run.done) * (job.iteration_time + job.gap) - job.gap
+        if run.end is not None or (movable and not run.done and run.gpus == 1):
+            return False
+        alone = (job.iterations - run.done) * (job.iteration_time + job.gap) - job.gap
+        limit = job.time_limit
+        return since + alone > self.horizon and (
+            limit is None or (run.start or since) + limit > self.horizon
+        )
 
     def _result(self, complete: bool) -> Result:
         return Result(

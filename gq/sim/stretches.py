@@ -97,6 +97,15 @@ class Stretches(EventQueue):
         lane.stretch = None
         lane.last_job = None
 
+    def _record_under_way(self) -> None:
+        """The stretches under way, as slices, where a run ends before they settle (what
+        begun before a job's end shares its lane's basis). A window of turns forms only while
+        every resident of its lane is ready, so none begins before the end of a job there."""
+        for lane in self.lanes:
+            stretch = lane.stretch
+            if isinstance(stretch, Stretch) and lane.owner is None:
+                self.slices.append(self._slice(lane, stretch.run, stretch.begin, stretch.end))
+
     def _record(self, lane: Lane, stretch: Stretch) -> None:
         run = stretch.run
         end = stretch.released_at
