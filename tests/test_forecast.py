@@ -414,13 +414,11 @@ def test_a_forecast_stopped_by_its_budget_leaves_the_jobs_it_did_not_reach_unkno
     assert made.jobs[1999].basis is Basis.UNKNOWN and made.jobs[1999].end is None
 
 
-def _with_gaps(
-    job_id: int, steps: int | None, done: int, started: float, gap: float = 0.004
-) -> Running:
-    """A running job of 20 ms iterations and ``gap`` s of host work after each (measured)."""
-    seen = replace(view(job_id, steps, done, 0.02), mean_gap=gap)
+def _paced(job_id, steps, done, pace, gap, started, on="gpu0", limit=None) -> Running:
+    """A running job of ``pace`` s iterations and ``gap`` s of host work after each."""
+    seen = replace(view(job_id, steps, done, pace), mean_gap=gap if pace else None)
     return Running(
-        seen, work_estimates.work(seen, None, None, NOW - started), ("gpu0",), 0, started, 0, None
+        seen, work_estimates.work(seen, limit, None, NOW - started), (on,), 0, started, 0, limit
     )
 
 
@@ -433,8 +431,8 @@ def test_jobs_of_unknown_length_taking_turns_with_gaps_leave_the_forecast_comple
     end before the time past which the forecast reports nothing: it is complete then, in a
     few thousand events, where it went on until its budget ran out."""
     made_for = snapshot(
-        [_with_gaps(1, None, 50, NOW - 2), _with_gaps(2, None, 40, NOW - 2, gap=0.03)]
-        + [_with_gaps(3, 300, 40, NOW - 1)],
+        [_paced(1, None, 50, 0.02, 0.004, NOW - 2), _paced(2, None, 40, 0.02, 0.03, NOW - 2)]
+        + [_paced(3, 300, 40, 0.02, 0.004, NOW - 1)],
         [pending(4, known(100, 0.02))],
         policy=policy,
         max_resident=3,
@@ -450,14 +448,6 @@ def test_jobs_of_unknown_length_taking_turns_with_gaps_leave_the_forecast_comple
     assert start == -1.0 and end == pytest.approx(260 * 3 * 0.02, rel=0.05)
     assert basis is Basis.ESTIMATED
     assert seen[4][0] == end and seen[4][1] == pytest.approx(end + 100 * 0.02, rel=0.05)
-
-
-def _paced(job_id, steps, done, pace, gap, started, on="gpu0", limit=None) -> Running:
-    """A running job of ``pace`` s iterations and ``gap`` s of host work after each."""
-    seen = replace(view(job_id, steps, done, pace), mean_gap=gap if pace else None)
-    return Running(
-        seen, work_estimates.work(seen, limit, None, NOW - started), (on,), 0, started, 0, limit
-    )
 
 
 TWO = [device("gpu0", 0), device("gpu1", 1)]

@@ -98,13 +98,13 @@ class Stretches(EventQueue):
         lane.last_job = None
 
     def _record_under_way(self) -> None:
-        """The stretches under way, as slices, where a run ends before they settle (what
-        begun before a job's end shares its lane's basis). A window of turns forms only while
-        every resident of its lane is ready, so none begins before the end of a job there."""
+        """Record the stretches under way as their ends would, where a run ends before they
+        settle (what began before a job's end shares its lane's basis). A window of turns
+        forms only while every resident of its lane is ready, so none begins before the end
+        of a job there."""
         for lane in self.lanes:
-            stretch = lane.stretch
-            if isinstance(stretch, Stretch) and lane.owner is None:
-                self.slices.append(self._slice(lane, stretch.run, stretch.begin, stretch.end))
+            if isinstance(lane.stretch, Stretch) and lane.owner is None:
+                self._record(lane, lane.stretch)
 
     def _record(self, lane: Lane, stretch: Stretch) -> None:
         run = stretch.run
