@@ -228,6 +228,31 @@ def test_a_lease_s_mean_counts_every_iteration_in_its_time_and_half_the_one_unde
     assert mixed.mean_iteration == pytest.approx(0.03)
 
 
+def test_a_gap_timed_before_its_lease_takes_none_of_the_lease_s_iterations_time():
+    """A job granted its first iteration, then idle 50 ms (a warm-up's gap, or a gap made
+    that long on purpose), then leased alone for 29 iterations of 10 ms. Its lease's pace
+    was split by that one gap: iteration 10 ms less a 10 ms gap, none. srtf then saw no
+    time left in it and ranked it ahead of a job it samples, which a lease undisputed
+    keeps waiting for its whole run. The host saw each leased iteration hold the lane
+    10 ms: that is its iteration until the host times more."""
+    kept = _resident(
+        job_id=1,
+        declared_total=300,
+        iterations=30,
+        attained=0.30,
+        timed=1,
+        first_iteration=0.01,
+        standing=Standing.LEASED,
+        granted_at=time.monotonic(),
+    )
+    kept.gaps.add(0.05)
+    assert kept.mean_iteration == pytest.approx(0.01, rel=0.05)
+    assert (kept.mean_gap or 0.0) + kept.mean_iteration <= 0.0105  # no more than it ran
+    sampled = _resident(job_id=2, submit_time=1.0, declared_total=30)
+    pick = policies.make("srtf").pick([kept.view(), sampled.view()], [], time.monotonic())
+    assert pick is not None and pick.id == 2
+
+
 def test_a_report_with_a_figure_past_the_wires_bounds_goes_without_its_figures():
     """Sent as it was, the daemon would drop the host's whole connection (and an exit
     report it can never take would be kept for ever)."""

@@ -119,15 +119,13 @@ class Resident:
     def mean_iteration(self) -> float | None:
         """From the iterations the host timed, past the first (its warm-up would mislead
         srtf, and a job it ranks last never runs again to correct it). A job that has run
-        alone under a lease since its first: its lease's pace (:meth:`_lease_pace`) less
-        the gap it holds. The page's count is its word, so this is believed only until the
-        host has timed a second iteration, at the first contention."""
+        alone under a lease since its first: its lease's pace (:meth:`_lease_pace`), gaps
+        and all, the lane time each of its iterations held. The page's count is its word,
+        so this is believed only until the host has timed a second iteration, at the
+        first contention."""
         if self.timed >= 2:
             return self.timed_recent.per_step()  # robust to a compilation, a checkpoint
-        pace = self._lease_pace()
-        if pace is None:
-            return None
-        return max(0.0, pace - (self.mean_gap or 0.0))
+        return self._lease_pace()
 
     def _lease_pace(self) -> float | None:
         """Lane seconds an iteration under leases, gaps and all: billed time (less the first
@@ -166,15 +164,17 @@ class Resident:
         host times gaps between grants, not a lease's (those timed before one are a
         compiling job's first and longest). Where more iterations ran leased than gaps were
         timed, and the timed ones are far longer than the leases' (:meth:`_leased_gap`),
-        it is the leases'; without a timed pace, no more than the leases' whole pace: its
-        iteration and gap never add up past the time it ran."""
+        it is the leases'. A job paced by its leases alone has none: its gaps are in that
+        pace, its iteration's (a gap timed before its lease, as long as a warm-up's or as
+        the job makes it, would otherwise take the iterations' lane time for its own)."""
+        if self.timed < 2 and self._lease_pace() is not None:
+            return None
         timed = self.gaps.per_item()
         leased = self._leased_gap()
         if leased is not None and leased[1] >= len(self.gaps):
             if timed is None or timed > OUTLIER * leased[0]:
                 return leased[0]
-        pace = self._lease_pace() if self.timed < 2 else None
-        return timed if timed is None or pace is None else min(timed, pace)
+        return timed
 
     def _leased_gap(self) -> tuple[float, int] | None:
         """Seconds a gap under its leases, and how many iterations that holds: the leases'
