@@ -28,7 +28,7 @@ table() { gq history --json --limit 0 | python3 "$examples/demo_table.py" "$@"; 
 # a submission takes on a busy machine.
 three_jobs() {
     local job ids=()
-    for job in long:250 medium:150 short:30; do
+    for job in long:300 medium:120 short:30; do
         ids+=("$(gq submit --parsable --hold -J "${job%:*}" --steps "${job#*:}" --gpu-mem 64M \
             "$examples/kernel_train.py" --no-torch --iter-ms 10 --steps "${job#*:}")")
     done
