@@ -134,3 +134,41 @@ def test_two_jobs_on_one_lane_share_no_memory_and_no_descriptor(daemon, tmp_path
     )
     assert first and second and not first & second
     assert all(job(i)["steps_done"] == 20 for i in ids)
+
+
+# Inside its last iteration, it says all its steps are done (the one under way counts),
+# and that iteration never ends.
+ENDLESS_LAST = """
+import sys, time
+import gq
+from gq.exec.job import session as job_session
+
+for i in gq.steps(range(20)):
+    time.sleep(0.01)
+    if i == 19:
+        job_session.active.channel.send("progress", steps=20)
+        open(sys.argv[1], "w").close()
+        time.sleep(3600)
+"""
+
+
+def test_under_srtf_a_last_iteration_that_never_ends_holds_the_lane_a_bound_at_a_time(
+    daemon, tmp_path
+):
+    """srtf ranked a job by its steps left times its iteration, and a job inside its last
+    iteration has none left however long that iteration has lasted: it kept the lane past
+    --max-hold while another job waited, for as long as its time limit let it. The
+    iteration under way is now one left."""
+    gq_ok("policy", "set", "srtf", "--max-hold", "300ms")
+    last = tmp_path / "last"
+    endless = submit(
+        "--gpu-mem", "64M", "--steps", "20", str(write_script(tmp_path / "e.py", ENDLESS_LAST)),
+        str(last),
+    )  # fmt: skip
+    wait_for(last.exists, 60, what="the endless job's last iteration")
+    log = tmp_path / "loop.log"
+    loop = write_script(tmp_path / "loop.py", "import json, sys, time\nimport gq\n" + LOOP)
+    other = submit("--gpu-mem", "64M", "--steps", "50", str(loop), str(log), "50")
+    assert wait_state(other, "COMPLETED", timeout=30)["steps_done"] == 50
+    assert job(endless)["state"] == "RUNNING"
+    gq_ok("cancel", str(endless))

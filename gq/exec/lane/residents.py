@@ -273,7 +273,7 @@ class Resident:
             user=self.user,
             submit_time=self.submit_time,
             priority=self.priority,
-            steps_done=self.steps_counted,
+            steps_done=self._steps_ranked(),
             steps_total=None if self.past_total else self.steps_total,
             attained=self.billed,
             charged=self.charged,
@@ -284,6 +284,17 @@ class Resident:
             deadline=self._deadline_now(),
             user_usage=user_usage,
         )
+
+    def _steps_ranked(self) -> int:
+        """Its steps as policies count them: inside an iteration (holding its lane, or stopped
+        in it), the one under way is not done, though its count may hold it. A job that says
+        all its steps are done inside an iteration that never ends would otherwise have no
+        time left however long that iteration lasted, and srtf kept it on its lane past any
+        --max-hold."""
+        total = self.steps_total
+        if total is None or not (self.in_iteration or self.standing is Standing.STOPPED):
+            return self.steps_counted
+        return max(0, min(self.steps_counted, total - 1))
 
     def _ranking(self) -> tuple[float | None, bool]:
         """The iteration length policies rank it by, and whether srtf may rank it by that.
