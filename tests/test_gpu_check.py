@@ -40,7 +40,7 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=240,
         env=env,
         cwd=tmp_path,
         check=False,
