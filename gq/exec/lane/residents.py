@@ -21,7 +21,7 @@ from gq.exec.host.spawn import JobProcess
 from gq.exec.lane.lease import Figures, SharedPage
 from gq.exec.lane.paces import OUTLIER, SETTLED, RecentMean
 from gq.exec.lane.rule import PeopleTurns
-from gq.exec.lane.standings import HOLDS_LANE, WANTS_LANE, Standing
+from gq.exec.lane.standings import HOLDS_LANE, IN_ITERATION, WANTS_LANE, Standing
 from gq.exec.protocol import Channel
 from gq.policies.base import JobView
 
@@ -292,7 +292,7 @@ class Resident:
         time left however long that iteration lasted, and srtf kept it on its lane past any
         --max-hold."""
         total = self.steps_total
-        if total is None or not (self.in_iteration or self.standing is Standing.STOPPED):
+        if total is None or self.standing not in IN_ITERATION:
             return self.steps_counted
         return max(0, min(self.steps_counted, total - 1))
 

@@ -68,6 +68,8 @@ TRANSITIONS: dict[tuple[Standing, Event], Standing] = {
 HOLDS_LANE = frozenset({Standing.HOLDING, Standing.LEASED, Standing.RECALLED})
 # Waiting for a grant (a stopped job's grant thaws it: it is inside its iteration).
 WANTS_LANE = frozenset({Standing.WAITING, Standing.STOPPED})
+# Inside an iteration: holding its lane, or stopped in it.
+IN_ITERATION = HOLDS_LANE | {Standing.STOPPED}
 
 
 def step(standing: Standing, event: Event) -> Standing:
