@@ -82,6 +82,21 @@ time.sleep(3600)
 """
 
 
+# Inside its last iteration it says all its steps are done (the one under way counts), and
+# that iteration never ends.
+ENDLESS_LAST = """
+import sys, time
+import gq
+from gq.exec.job import session as job_session
+for i in gq.steps(range(20)):
+    time.sleep(0.01)
+    if i == 19:
+        job_session.active.channel.send("progress", steps=20)
+        open(sys.argv[1], "w").close()
+        time.sleep(3600)
+"""
+
+
 def _times(path: Path) -> list[float]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -126,6 +141,25 @@ def test_an_iteration_that_never_ends_holds_the_device_a_bound_at_a_time(shared_
     _completes_beside(
         shared_node, bob, endless, "--gpu-mem", "64M", "--priority", "5", loop, log, "100"
     )
+    _cancel(shared_node, alice, endless)
+
+
+def test_under_srtf_a_last_iteration_that_never_ends_holds_the_device_a_bound_at_a_time(
+    shared_node, users
+):
+    """srtf ranked a job by its steps left times its iteration, and a job inside its last
+    iteration had none left however long that iteration lasted: it kept the lane past
+    --max-hold while the other user's job waited, for as long as its time limit let it.
+    The iteration under way is now one left."""
+    alice, bob = users["alice"], users["bob"]
+    shared_node.ok(None, "policy", "set", "srtf", "--max-hold", "300ms")
+    endless = _under_way(shared_node, alice, "last.py", ENDLESS_LAST, "--steps", "20")
+    loop = _script(bob, "loop.py", LOOP)
+    done = _completes_beside(
+        shared_node, bob, endless, "--gpu-mem", "64M", "--steps", "50", loop,
+        bob.workdir / "l.log", "50", timeout=30,
+    )  # fmt: skip
+    assert done["steps_done"] == 50
     _cancel(shared_node, alice, endless)
 
 
