@@ -174,7 +174,9 @@ def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home
     loop = write_script(
         tmp_path / "loop.py",
         (
-            "import sys, time\nimport gq\n"
+            "import os, sys, time\nimport gq\n"
+            "while len(sys.argv) > 2 and not os.path.exists(sys.argv[2]):\n"
+            "    time.sleep(0.01)\n"
             "for _ in gq.steps(range(int(sys.argv[1])), total=int(sys.argv[1])):\n"
             "    time.sleep(0.05)\n"
         ),
@@ -185,9 +187,14 @@ def test_a_job_bound_behind_a_long_one_moves_to_the_device_that_frees_first(home
     # on a loaded machine too: with 3 s, it once had less by the time that was seen.)
     long = submit("--gpu-mem", "200M", str(loop), "120")
     short = submit("--gpu-mem", "1G", str(loop), "20")  # less room left there: early goes
-    early = submit("--gpu-mem", "200M", str(loop), "10")  # behind long, by the usual keys
+    # early asks for the lane once long holds it, not before: on a loaded machine long's
+    # start-up once took so long that early ran all its steps first, and had no need to move.
+    go = tmp_path / "go"
+    early = submit("--gpu-mem", "200M", str(loop), "10", str(go))  # behind long, by the keys
     first = job(early)["device"] or wait_state(early, "RUNNING")["device"]
     assert first == job(long)["device"]  # no pace known yet: bound by the usual keys
+    wait_for(lambda: job(long)["steps_done"] > 0, 60, what=f"job {long} to hold its lane")
+    go.touch()
     info = wait_state(early, "COMPLETED", timeout=60)
     assert info["device"] == job(short)["device"] != job(long)["device"]
     assert "moved: another device starts it sooner" in [e["reason"] for e in info["events"]]
