@@ -24,14 +24,15 @@ it left running is ended, and the next phase starts.
   low-priority ones: the high job's throughput against alone, overlap, and the same three
   as bare processes at once ("plain sharing": the high job's loop time there against gq's).
 - sweep: 8 small training jobs packed under fair against one at a time (fifo): makespan
-  (first iteration to last) and mean utilization.
+  (first iteration to last) and mean utilization (bench/gpu_check_sharing.py, as packing).
 - packing: the sweep's jobs under fair with --lanes 1, with --lanes auto (the driver
   time-slices lanes side by side) and, on a GPU, with --lanes auto --mps (NVIDIA's MPS runs
   them truly at once; the daemon started again each way): makespans, their ratios (>= 1.0
   on a GPU), utilization, gq info's MPS line, and no MPS control daemon left after the
   daemon stops. Not in the cpu device's quick run (CI's), where bench/packing.py measures it.
 - escapes: a shell job (no lane) beside a lane job, and a CUDA-graph job (replay outside
-  any module call) beside a spin job under fair: overlap of each pair.
+  any module call) beside a spin job under fair: overlap of each pair
+  (bench/gpu_check_bounds.py, as bounded_hold).
 - checkpoint: gq suspend moves a job's device memory to host memory and back (1, 8 and
   40 GB), and a high job preempts a low one's memory under priority: the moves' times,
   NVML before, during and after, losses bit for bit (bench/gpu_check_checkpoint.py).
@@ -43,6 +44,7 @@ it left running is ended, and the next phase starts.
   then a second: how long the second waits for the first's tail, against the first's
   device time an iteration (bench/gpu_check_lone.py).
 
+Each phase's jobs, iterations and time budget are in bench/gpu_check_config.py.
 --cpu runs the same phases on gq's cpu device (-G 0), kernels as CPU busy work and tiny
 models; --quick runs fewer iterations (with --cpu, alone runs spin only and the
 phases after fair_pair use torch-free jobs marked with gq.steps, so that it ends in about
@@ -57,7 +59,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import math
 import os
 import platform
 import signal
@@ -70,9 +71,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check_bounds import bounded_hold, escapes  # noqa: E402
 from gpu_check_checkpoint import checkpoint  # noqa: E402
+from gpu_check_config import JOB, PROBE, State, config  # noqa: E402
 from gpu_check_handover import hand_over  # noqa: E402
 from gpu_check_lone import lone_tail  # noqa: E402
+from gpu_check_sharing import packing, sweep  # noqa: E402
 
 from gpu_check_lib import (  # noqa: E402
     CheckNode,
@@ -80,158 +84,17 @@ from gpu_check_lib import (  # noqa: E402
     Phase,
     PhaseTimeout,
     Sampler,
+    its,
     length,
     mean_interval_ms,
     merge,
-    mps_controls,
+    mib,
     overlap,
+    ratio,
     summary,
     timed,
     window,
 )
-
-HERE = Path(__file__).resolve().parent
-JOB, SHELL_JOB = str(HERE / "gpu_jobs" / "job.py"), str(HERE / "gpu_jobs" / "shell_job.sh")
-PROBE = str(HERE / "gpu_jobs" / "env_probe.py")
-KINDS = ("spin", "matmul", "launch", "graph")
-
-
-def config(cpu: bool, quick: bool) -> dict:
-    c = {
-        "spin_ms": 2.0,
-        "iters": {"spin": 1000, "matmul": 300, "launch": 1000, "graph": 1000},
-        "fair_iters": 1000,
-        "high_iters": 400,
-        "high_gap_ms": 6.0,
-        "low_ms": 1.0,
-        "sweep_jobs": 8,
-        "sweep_iters": 400,
-        "escape_iters": 600,
-        "hog_ms": 1500.0,  # a bounded_hold hog's iteration: far past its --max-hold
-        "hog_iters": 4,
-        "hold_iters": 1000,
-        "max_hold": "300ms",
-        "sizes": {
-            "matmul": ["--width", 4096, "--batch", 8192, "--layers", 4],
-            "launch": ["--layers", 50],
-            "graph": ["--width", 4096],
-            "sweep": ["--width", 2048, "--batch", 4096, "--layers", 3],
-        },
-        "mem": {"spin": "2G", "matmul": "8G", "launch": "2G", "graph": "4G", "sweep": "4G"},
-        "budgets": {
-            "environment": 40,
-            "alone": 110,
-            "fair_pair": 45,
-            "hand_over": 60,
-            "priority_fill": 60,
-            "sweep": 70,
-            "packing": 115,  # three daemons: --lanes 1, auto, auto --mps
-            "escapes": 50,
-            "bounded_hold": 40,
-            "lone_tail": 30,
-            "checkpoint": 150,
-        },
-        # 1, 8 and 40 GB held beside a small deterministic loop (bench/gpu_jobs/hold_train.py)
-        "checkpoint": {
-            "sizes_mb": [1024, 8192, 40960],
-            "iters": 60,
-            "mark_at": 20,
-            "step_ms": 20,
-            "slack_mb": 2048,
-        },
-        "total": 480,  # 8 minutes: what the prepared run may take on one GPU
-        "plain": [],
-        "skip": [],
-        "kinds": list(KINDS),
-    }
-    if cpu:
-        c.update(
-            iters={"spin": 300, "matmul": 300, "launch": 150, "graph": 300},
-            fair_iters=300,
-            high_iters=150,
-            sweep_iters=100,
-            escape_iters=200,
-            hold_iters=300,
-            total=680,
-            mem={k: "1G" for k in c["mem"]},
-        )
-        c["sizes"].update(
-            matmul=["--width", 128, "--batch", 128, "--layers", 3],
-            sweep=["--width", 64, "--batch", 64, "--layers", 2],
-        )
-        c["budgets"] = {k: v * 2 for k, v in c["budgets"].items()}
-        c["checkpoint"].update(sizes_mb=[64, 256], slack_mb=256)
-    if quick:
-        c["iters"] = {k: max(20, v // 3) for k, v in c["iters"].items()}
-        for key in ("fair_iters", "high_iters", "sweep_iters", "escape_iters", "hold_iters"):
-            c[key] = max(30, c[key] // 3)
-        c["hog_iters"] = 2
-        c["total"] = 110 if cpu else 195
-    if cpu and quick:
-        c.update(
-            plain=["hand_over", "priority_fill", "sweep", "escapes", "bounded_hold", "lone_tail"],
-            sweep_jobs=4,
-            high_iters=40,
-            hog_ms=450.0,
-            kinds=["spin"],  # on the CPU graph is no_grad calls: tests/test_scheduling.py
-            total=105,
-            # CI's run of it: bench/packing.py measures --lanes auto on the cpu device, and
-            # tests/test_memory_moves.py the moves of memory (with the fake), and
-            # tests/test_handover.py the hand-over on a shared fake device
-            skip=["packing", "checkpoint", "hand_over"],
-            budgets={
-                "environment": 10,
-                "alone": 45,
-                "fair_pair": 60,  # its two jobs start up under the suite's load
-                "hand_over": 25,
-                "priority_fill": 25,
-                "sweep": 25,
-                "packing": 40,
-                "escapes": 25,
-                "bounded_hold": 15,
-                "lone_tail": 15,
-                "checkpoint": 40,
-            },
-        )
-    return c
-
-
-class State:
-    def __init__(self, cpu: bool, cfg: dict, node: CheckNode, sampler: Sampler, fake: bool = False):
-        self.cpu, self.cuda, self.cfg, self.node, self.sampler = cpu, not cpu, cfg, node, sampler
-        self.fake_checkpoints = fake  # the daemon's --checkpoint fake (the cpu device's)
-        self.alone: dict[str, dict] = {}
-        # Every job on one device: -G 0 (gq's cpu device), or the GPU gq names first.
-        self.place = ["-G", "0"] if cpu else []
-
-    def args(self, kind, iters, *, ms=None, gap=None, sizes=None, plain=False) -> list:
-        args = [
-            "--kind",
-            kind,
-            "--device",
-            "cpu" if self.cpu else "cuda",
-            "--iters",
-            iters,
-            "--ms",
-            ms or self.cfg["spin_ms"],
-            *self.cfg["sizes"].get(sizes or kind, []),
-        ]
-        return args + (["--gap-ms", gap] if gap else []) + (["--plain"] if plain else [])
-
-    def mem(self, kind) -> list:
-        return ["--gpu-mem", self.cfg["mem"][kind]]
-
-
-def mib(value) -> float | None:
-    return None if value is None else value / 2**20
-
-
-def its(run) -> float | None:
-    return run.get("its")
-
-
-def ratio(a, b) -> float | None:
-    return a / b if a is not None and b else None
 
 
 # ----- phases ------------------------------------------------------------------------------
@@ -440,170 +303,6 @@ def priority_fill(ph: Phase, s: State) -> None:
             for label, j in jobs.items()
         },
     )
-
-
-def sweep_stage(ph: Phase, s: State, args, stage: str) -> dict:
-    """The sweep's jobs, started together: makespan (first iteration to last),
-    utilization, overlap and the sum of their runs."""
-    labels = [f"{stage}-{i}" for i in range(s.cfg["sweep_jobs"])]
-    for label in labels:
-        ph.submit(label, args, stage=stage, options=s.mem("sweep"))
-    ph.wait_ready(labels)
-    runs = ph.run_stage(stage, labels)
-    ph.gq_jobs(labels)
-    lo = min(r["iv"][0][0] for r in runs.values())
-    hi = max(r["iv"][-1][1] for r in runs.values())
-    return {
-        "makespan_s": (hi - lo) / 1e9,
-        "utilization": s.sampler.mean(lo, hi),
-        "overlap": overlap([r["iv"] for r in runs.values()], lo, hi),
-        "sum_of_runs_s": sum(r["iv"][-1][1] - r["iv"][0][0] for r in runs.values()) / 1e9,
-    }
-
-
-def sweep(ph: Phase, s: State) -> None:
-    plain = "sweep" in s.cfg["plain"]
-    args = s.args("matmul", s.cfg["sweep_iters"], sizes="sweep", plain=plain)
-    found = {}
-    for policy, stage in (("fifo", "seq"), ("fair", "packed")):
-        s.node.gq("policy", "set", policy)
-        found[stage] = sweep_stage(ph, s, args, stage)
-    seq, packed = found["seq"], found["packed"]
-    ph.fig(
-        "makespan_seq_s",
-        seq["makespan_s"],
-        note="fifo: one at a time, all resident; first iteration to last",
-    )
-    ph.fig("seq_sum_of_runs_s", seq["sum_of_runs_s"], note="without fifo's hand-overs")
-    ph.fig("makespan_packed_s", packed["makespan_s"], note="fair: packed on one lane")
-    ph.fig("makespan_seq/packed", ratio(seq["makespan_s"], packed["makespan_s"]))
-    ph.fig("seq_sum/packed", ratio(seq["sum_of_runs_s"], packed["makespan_s"]))
-    ph.fig(f"utilization_seq_{s.sampler.source}", seq["utilization"])
-    ph.fig(f"utilization_packed_{s.sampler.source}", packed["utilization"])
-    ph.fig("overlap_packed", packed["overlap"])
-    ph.details.update(found)
-
-
-def packing(ph: Phase, s: State) -> None:
-    """--lanes auto: the sweep's jobs under fair, with one lane (taking turns) and with the
-    lanes chosen by measurement (the daemon started again so), makespan and utilization."""
-    plain = "packing" in s.cfg["plain"]
-    args = s.args("matmul", s.cfg["sweep_iters"], sizes="sweep", plain=plain)
-    base = ["--kill-wait", "1", "--max-resident", "8"]
-    variants = {"1": ["--lanes", "1"], "auto": ["--lanes", "auto"]}
-    if s.cuda:  # (MPS serves CUDA devices only)
-        variants["auto_mps"] = ["--lanes", "auto", "--mps"]
-    found = {}
-    try:
-        for name, options in variants.items():
-            s.node.gq("daemon", "stop")
-            s.node.gq("daemon", "start", *base, *options)
-            s.node.gq("policy", "set", "fair")
-            found[name] = sweep_stage(ph, s, args, f"lanes-{name}")
-            ph.details[f"sharing_{name}"] = info = s.node.gq("info")
-            if name == "auto_mps":
-                mps = next((x for x in info.splitlines() if x.startswith("MPS: ")), "none")
-                ph.fig("mps", mps, note="gq info's MPS line under --mps")
-    finally:
-        s.node.gq("daemon", "stop")
-        if "auto_mps" in variants:
-            left = mps_controls(s.node.dir / "home")
-            ph.fig("mps_controls_left", len(left), "<=", 0, note=f"after daemon stop: {left}")
-        s.node.gq("daemon", "start", *base, "--lanes", "1")
-    one, auto = found["1"], found["auto"]
-    ph.fig("makespan_lanes_1_s", one["makespan_s"])
-    ph.fig("makespan_auto_s", auto["makespan_s"])
-    ph.fig(
-        "lanes_1/auto",
-        ratio(one["makespan_s"], auto["makespan_s"]),
-        ">=",
-        1.0 if s.cuda else 1.05,
-        note="the sweep's throughput under --lanes auto against taking turns",
-    )
-    if "auto_mps" in found:
-        mps_run = found["auto_mps"]
-        ph.fig("makespan_auto_mps_s", mps_run["makespan_s"])
-        ph.fig(
-            "auto/auto_mps",
-            ratio(auto["makespan_s"], mps_run["makespan_s"]),
-            note="MPS against driver time-slicing, both --lanes auto (> 1: MPS pays)",
-        )
-        ph.fig(f"utilization_auto_mps_{s.sampler.source}", mps_run["utilization"])
-    ph.fig(f"utilization_lanes_1_{s.sampler.source}", one["utilization"])
-    ph.fig(f"utilization_auto_{s.sampler.source}", auto["utilization"])
-    ph.details.update(found)
-
-
-def escapes(ph: Phase, s: State) -> None:
-    """Work that gq finds no iteration in. A shell job asking for a GPU has the device alone
-    (gq cannot put its kernels in a lane), so its lane job starts once it has ended: on a GPU
-    the two never overlap. A CUDA graph replayed outside any module call is still in a lane.
-    One pair at a time: the second pair waits behind the shell job anyway."""
-    s.node.gq("policy", "set", "fair")
-    plain = "escapes" in s.cfg["plain"]
-    spin = s.args("spin", s.cfg["escape_iters"], plain=plain)
-    graph = s.args("graph", s.cfg["escape_iters"], plain=plain)
-    for stage, pair, name in (
-        ("a", {"shell": (spin, SHELL_JOB), "lane-a": (spin, None)}, "shell_job_overlap"),
-        ("b", {"graph": (graph, None), "lane-b": (spin, None)}, "graph_job_overlap"),
-    ):
-        for label, (args, script) in pair.items():
-            kind = "graph" if label == "graph" else "spin"
-            ph.submit(label, args, stage=stage, options=s.mem(kind), script=script)
-        first = list(pair)[:1] if stage == "a" and s.cuda else list(pair)
-        ph.wait_ready(first)
-        runs = ph.run_stage(stage, list(pair))
-        ph.gq_jobs(list(pair))
-        # On a GPU the shell job and its lane job run one after the other: their whole runs.
-        alone = stage == "a" and s.cuda
-        lo, hi = (-math.inf, math.inf) if alone else window(runs.values())
-        # On gq's cpu device a shell job shares it (no device to have alone): INFO there.
-        checked = s.cuda or stage == "b"
-        ph.fig(
-            name,
-            overlap([timed(r) for r in runs.values()], lo, hi),
-            "<=" if checked else None,
-            0.01 if checked else None,
-        )
-        ph.details[stage] = {
-            label: {"its": its(r), "mean_ms": mean_interval_ms(r)} for label, r in runs.items()
-        }
-
-
-def bounded_hold(ph: Phase, s: State) -> None:
-    """Nothing holds the device past the bound while another job waits: a job whose every
-    iteration lasts hog_ms beside one of spin_ms iterations, under fair with --max-hold."""
-    s.node.gq("policy", "set", "fair", "--max-hold", s.cfg["max_hold"])
-    try:
-        plain = "bounded_hold" in s.cfg["plain"]
-        labels = ["hog", "short"]
-        hog = s.args("spin", s.cfg["hog_iters"], ms=s.cfg["hog_ms"], plain=plain)
-        ph.submit("hog", hog, stage="go", options=s.mem("spin"))
-        ph.submit(
-            "short",
-            s.args("spin", s.cfg["hold_iters"], plain=plain),
-            stage="go",
-            options=s.mem("spin"),
-        )
-        ph.wait_ready(labels)
-        runs = ph.run_stage("go", labels)
-        jobs = ph.gq_jobs(labels)
-    finally:
-        s.node.gq("policy", "set", "fair", "--max-hold", "2s")
-    ph.fig("hog_lane_taken", jobs["hog"].get("lane_taken"), ">=", 1)
-    alone = s.alone.get("spin", {}).get("gq")
-    ph.fig(
-        "short_its_beside_hog/alone",
-        ratio(its(runs["short"]), its(alone) if alone and not plain else None),
-        note="the short job's throughput beside the hog, against alone under gq",
-    )
-    lo, hi = window(runs.values())
-    ph.fig(
-        "overlap",
-        overlap([timed(r) for r in runs.values()], lo, hi),
-        note="on a GPU a frozen job's queued kernel drains beside the next holder",
-    )
-    ph.details.update(its={label: its(runs[label]) for label in labels})
 
 
 PHASES = {

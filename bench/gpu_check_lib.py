@@ -385,3 +385,15 @@ def mps_controls(home: Path) -> list[int]:
         if pipe.split(b"=", 1)[-1].startswith(str(home / "mps").encode()):
             found.append(int(entry.name))
     return found
+
+
+def mib(value) -> float | None:
+    return None if value is None else value / 2**20
+
+
+def its(run) -> float | None:
+    return run.get("its")
+
+
+def ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
