@@ -43,7 +43,6 @@ import hashlib
 import json
 import os
 import pwd
-import re
 import shutil
 import statistics
 import subprocess
@@ -53,11 +52,13 @@ import time
 import tomllib
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Node, percentile  # noqa: E402
+from forecast_cost import cost  # noqa: E402
+from forecast_startup import report_startup, startup_scenario  # noqa: E402
+
+from harness import percentile, stamp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -280,10 +281,6 @@ def command(spec: Spec) -> list[str]:
     ]
 
 
-def stamp(text: str | None) -> float | None:
-    return None if text is None else datetime.fromisoformat(text).timestamp()
-
-
 def errors(specs: list[Spec], ended: dict[int, dict]) -> dict:
     groups: dict[str, dict[str, list[float]]] = {}
     # Forecast ends off by more than the time limit; of a pending job's, those where a job
@@ -418,157 +415,6 @@ def shared_install(base: Path) -> tuple[str, Path]:
         for name in files:
             os.chmod(os.path.join(directory, name), 0o644)
     return str(python), source
-
-
-# ----- start-up ---------------------------------------------------------------------------
-STARTUP_STEPS = (150, 100, 120)
-
-
-def startup_scenario(kind: str, repeat: int) -> dict:
-    """The start-up scenario ``repeat`` times for one kind of script ("steps" or "torch"):
-    each pending job's end error over the forecasts made while it was pending, once the
-    first job's own pace was measured."""
-    runs = []
-    for _ in range(repeat):
-        node = Node("--cpu-devices", "1", "--max-resident", "1", "--kill-wait", "1")
-        node.env["PYTHONPATH"] = str(ROOT)  # this tree's gq, for the daemon and the jobs
-        with node:
-            node.gq("policy", "set", "fifo")
-            extra = ["--no-torch"] if kind == "steps" else []
-            ids = [
-                node.submit(
-                    "-J",
-                    f"startup-{kind}",
-                    "--gpu-mem",
-                    "512M",
-                    "--steps",
-                    steps,
-                    str(ROOT / "examples" / "kernel_train.py"),
-                    *extra,
-                    "--steps",
-                    steps,
-                    "--iter-ms",
-                    30,
-                )
-                for steps in STARTUP_STEPS
-            ]
-            samples: dict[int, list[float | None]] = {job_id: [] for job_id in ids[1:]}
-            while True:
-                listed = {
-                    job["id"]: job
-                    for job in json.loads(node.gq("status", "--start", "--json", "--all"))
-                }
-                if all(listed[job_id]["state"] == "COMPLETED" for job_id in ids):
-                    break
-                first = listed[ids[0]]
-                if (
-                    first["state"] == "RUNNING"
-                    and (first.get("forecast") or {}).get("basis") == "known"
-                ):
-                    for job_id in ids[1:]:
-                        if listed[job_id]["state"] == "PENDING":
-                            samples[job_id].append(stamp(listed[job_id]["forecast"]["end"]))
-                time.sleep(0.25)
-            ended = {job["id"]: job for job in json.loads(node.gq("history", "--json"))}
-        for job_id, ends in samples.items():
-            start, end = (stamp(ended[job_id][key]) for key in ("start_time", "end_time"))
-            errors = [f_end - end for f_end in ends if f_end is not None]  # > 0: late
-            runs.append(
-                {
-                    "job": job_id,
-                    "run": end - start,
-                    "samples": len(ends),
-                    "unknown": sum(f_end is None for f_end in ends),
-                    "error_seconds": errors,
-                    "error_share": [error / (end - start) for error in errors],
-                }
-            )
-    shares = [abs(share) for run in runs for share in run["error_share"]]
-    seconds = [abs(error) for run in runs for error in run["error_seconds"]]
-    return {
-        "runs": runs,
-        "share_median": statistics.median(shares) if shares else None,
-        "share_max": max(shares, default=None),
-        "seconds_median": statistics.median(seconds) if seconds else None,
-        "seconds_max": max(seconds, default=None),
-    }
-
-
-def report_startup(results: dict[str, dict]) -> None:
-    print(json.dumps(results, indent=2))
-    print()
-    for kind, figures in results.items():
-        if figures["share_median"] is None:
-            print(f"{kind}: no forecast of a pending job was made once the first was measured")
-            continue
-        runs = ", ".join(f"{run['run']:.1f}" for run in figures["runs"])
-        print(
-            f"{kind}: pending jobs' end error against their run time median "
-            f"{figures['share_median']:.1%}, worst {figures['share_max']:.1%} "
-            f"({figures['seconds_median']:.2f} s, worst {figures['seconds_max']:.2f} s); "
-            f"run times {runs} s"
-        )
-
-
-# ----- cost -----------------------------------------------------------------------------
-def cost(count: int) -> dict:
-    with Node("--kill-wait", "1", "--max-pending", str(count + 10)) as node:
-        script = node.dir / "wait.sh"
-        script.write_text("sleep 1\n")
-        for index in range(count):
-            node.submit(
-                "--begin",
-                "now+1hour",
-                "--steps",
-                "100",
-                "-t",
-                "10",
-                "-J",
-                f"later-{index % 20}",
-                str(script),
-            )
-        time.sleep(3)  # a forecast is made at most once a second
-
-        def timed(*argv: str) -> float:
-            began = time.perf_counter()
-            subprocess.run(argv, env=node.env, cwd=node.dir, check=True, capture_output=True)
-            return time.perf_counter() - began
-
-        runs = {"python": [], "status": [], "status_start": []}
-        for _ in range(10):  # interleaved: the machine's noise falls on all three alike
-            runs["python"].append(timed(sys.executable, "-c", "pass"))
-            runs["status"].append(timed(sys.executable, "-m", "gq", "status"))
-            runs["status_start"].append(timed(sys.executable, "-m", "gq", "status", "--start"))
-        test_only = [
-            timed(
-                sys.executable,
-                "-m",
-                "gq",
-                "submit",
-                "--test-only",
-                "--steps",
-                "100",
-                "-t",
-                "10",
-                str(script),
-            )
-            for _ in range(5)
-        ]
-        listed = json.loads(node.gq("status", "--start", "--json"))
-        log = (node.dir / "home" / "daemon.log").read_text()
-    took = [float(m) for m in re.findall(r"forecast of \d+ jobs made in ([\d.]+) s", log)]
-    medians = {k: statistics.median(v) * 1000 for k, v in runs.items()}
-    return {
-        "pending": count,
-        "forecast_known": sum(1 for j in listed if (j.get("forecast") or {}).get("end")),
-        "python_ms": medians["python"],
-        "status_ms": medians["status"],
-        "status_start_ms": medians["status_start"],
-        "start_vs_status": medians["status_start"] / medians["status"],
-        "start_vs_python": medians["status_start"] / medians["python"],
-        "test_only_ms": statistics.median(test_only) * 1000,
-        "forecast_seconds": took[-3:] if took else "under 0.25 s (not logged)",
-    }
 
 
 if __name__ == "__main__":

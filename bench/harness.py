@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 
@@ -132,3 +133,8 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def stamp(text: str | None) -> float | None:
+    """An ISO time of gq's JSON as a Unix time (None stays None)."""
+    return None if text is None else datetime.fromisoformat(text).timestamp()
