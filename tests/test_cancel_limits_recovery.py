@@ -196,11 +196,16 @@ def test_job_ignoring_sigterm_is_killed_after_kill_wait(daemon, tmp_path):
             "    time.sleep(0.05)\n"
         ),
     )
-    job_id = submit("-t", "0:01", str(script))
+    # Its limit is set to 1 s once it ignores SIGTERM: from its launch, a loaded machine's
+    # start-up once took longer than that, and SIGTERM ended it.
+    job_id = submit("-t", "1:00", str(script))
+    out = tmp_path / f"gq-{job_id}.out"
+    wait_for(lambda: out.exists() and "ready" in out.read_text(), 30, what="the job's handler")
+    gq_ok("update", str(job_id), "--time", "0:01")
     info = wait_state(job_id, "TIMEOUT", timeout=15)
     assert info["exit_code"] == 128 + 9  # SIGKILL after the 1 s kill wait
     assert info["run_time"] >= 1.9
-    assert "ignoring TERM" in (tmp_path / f"gq-{job_id}.out").read_text()
+    assert "ignoring TERM" in out.read_text()
 
 
 def test_node_failure_while_no_daemon_runs_fails_or_requeues_and_runs_pending(daemon, tmp_path):

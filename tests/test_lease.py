@@ -655,7 +655,9 @@ def test_a_lease_goes_on_beside_jobs_that_could_not_take_the_lane(daemon, tmp_pa
     logged = write_script(tmp_path / "logged.py", LOGGED)
     asks = write_script(tmp_path / "asks.py", ASKS)
     declared = ("--gpu-mem", "64M")
-    first = submit(*declared, "--priority", "5", str(logged), str(tmp_path / "a.jsonl"), "600")
+    # 15 s of steps: it still runs once two more jobs have started, the high one ended
+    # (600 steps had ended by then once, on a loaded machine).
+    first = submit(*declared, "--priority", "5", str(logged), str(tmp_path / "a.jsonl"), "1500")
     wait_for(lambda: len(_text(tmp_path / "a.jsonl").splitlines()) > 10, 60, what="its steps")
     low = submit(*declared, str(asks), str(tmp_path / "low.asked"), "20")
     wait_for((tmp_path / "low.asked").exists, 60, what="the low job to ask for the lane")
@@ -675,7 +677,7 @@ def test_a_lease_goes_on_beside_jobs_that_could_not_take_the_lane(daemon, tmp_pa
         60,
         what="the first job's lease again",
     )
-    assert wait_state(first, "COMPLETED", timeout=90)["steps_done"] == 600
+    assert wait_state(first, "COMPLETED", timeout=90)["steps_done"] == 1500
     assert wait_state(low, "COMPLETED", timeout=60)["steps_done"] == 20
 
 

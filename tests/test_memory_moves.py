@@ -34,6 +34,11 @@ def _gated(tmp_path, name: str, steps: int):
     return script, gate
 
 
+def _until(gate) -> str:
+    """A shell job's command: it runs until ``gate`` exists."""
+    return f"while [ ! -e {gate} ]; do sleep 0.05; done"
+
+
 def _fake_node(home, *options: str) -> DaemonControl:
     """A daemon of one 1G lane whose host moves memory with the driver's stand-in."""
     control = DaemonControl(home)
@@ -209,7 +214,10 @@ def test_a_high_job_that_does_not_fit_preempts_the_low_one_which_comes_back(home
     script, go = _gated(tmp_path, "low", 150)
     low = submit("--priority", "1", "--gpu-mem", "600M", str(script))
     wait_for(lambda: job(low)["steps_done"] >= 3, 30, what="the low job's steps")
-    high = submit("--priority", "10", "--gpu-mem", "600M", "--wrap", "sleep 1")
+    # The high job runs until told to end: the low one comes back as soon as it has ended,
+    # and a one-second job had, once, by the time this was read on a loaded machine.
+    high_go = tmp_path / "high.go"
+    high = submit("--priority", "10", "--gpu-mem", "600M", "--wrap", _until(high_go))
     wait_state(high, "RUNNING", timeout=60)
     shown = job(low)
     assert (shown["state"], shown["preempted"]) == ("SUSPENDED", True)
@@ -219,6 +227,7 @@ def test_a_high_job_that_does_not_fit_preempts_the_low_one_which_comes_back(home
     history = [e for e in shown["events"] if e["new_state"] == "PREEMPTED"]
     assert len(history) == 1 and f"for job {high} (priority 10)" in history[0]["reason"]
 
+    high_go.touch()
     wait_state(high, "COMPLETED", timeout=60)
     wait_for(lambda: not job(low)["preempted"], 30, what="the low job brought back")
     assert job(low)["reason"] is None
@@ -289,11 +298,13 @@ def test_a_preempted_job_comes_back_after_a_daemon_restart(home, tmp_path):
     script, go = _gated(tmp_path, "low", 60)
     low = submit("--priority", "1", "--gpu-mem", "600M", str(script))
     wait_for(lambda: job(low)["steps_done"] >= 3, 30, what="the low job's steps")
-    high = submit("--priority", "10", "--gpu-mem", "600M", "--wrap", "sleep 2")
+    high_go = tmp_path / "high.go"  # (it ends once the daemon is back: the low job is out)
+    high = submit("--priority", "10", "--gpu-mem", "600M", "--wrap", _until(high_go))
     wait_state(high, "RUNNING", timeout=60)
     assert job(low)["preempted"]
     control.kill9()
     control.start()
+    high_go.touch()
     wait_state(high, "COMPLETED", timeout=60)
     wait_for(lambda: not job(low)["preempted"], 30, what="the low job brought back")
     go.touch()

@@ -57,7 +57,11 @@ def test_backfill_runs_a_short_job_in_the_hole_without_delaying_the_blocked_one(
     def sleep(seconds: int) -> str:
         return str(write_script(tmp_path / f"sleep{seconds}.sh", f"sleep {seconds}\n"))
 
-    first = submit("-t", "0:10", sleep(4))  # one device, ends within 10 s at the latest
+    # One device until told to end, within 30 s at the latest (a sleep of 4 s had ended,
+    # once, before a loaded machine had read the others' reasons).
+    go = tmp_path / "go"
+    gated = write_script(tmp_path / "gated.sh", f"while [ ! -e {go} ]; do sleep 0.05; done\n")
+    first = submit("-t", "0:30", str(gated))
     wait_state(first, "RUNNING")
     blocked = submit("-G", "2", sleep(0.2))  # needs both: reserved from first's limit
     short = submit("-t", "0:03", sleep(0.5))  # ends before that: runs in the hole
@@ -67,10 +71,11 @@ def test_backfill_runs_a_short_job_in_the_hole_without_delaying_the_blocked_one(
     assert job(long)["reason"] == "Priority" and job(long)["state"] == "PENDING"
     assert job(unlimited)["reason"] == "Priority (no --time: not backfilled)"
     assert job(blocked)["reason"] == "Resources"
+    go.touch()
     first_info = wait_state(first, "COMPLETED")
     blocked_info = wait_state(blocked, "COMPLETED", timeout=30)
     # It started as soon as the devices were free (not delayed by the short job) ...
-    assert ts(blocked_info["start_time"]) - ts(first_info["end_time"]) < 1.5
+    assert ts(blocked_info["start_time"]) - ts(first_info["end_time"]) < 3
     # ... and before the long job, which had to wait for it.
     long_info = wait_state(long, "COMPLETED", timeout=30)
     assert ts(long_info["start_time"]) >= ts(blocked_info["start_time"])

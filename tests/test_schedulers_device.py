@@ -236,12 +236,15 @@ def test_fair_remembers_a_users_use_across_a_chain_of_their_jobs(shared_node, us
         )
     for job_id in chain:
         assert shared_node.wait_state(job_id, "COMPLETED", timeout=120)["state"] == "COMPLETED"
-    # While the chain ran, the long job had about half the lane (less than a third when
-    # fair forgot a user's use at each job's end).
-    windows = [(min(t), max(t)) for t in map(_times, logs)]
+    # While the chain ran, the long job had about half the lane (a quarter when fair forgot
+    # a user's use at each job's end). Counted from the chain's first iteration to its
+    # last, the gaps between links included: in a gap the long job runs alone, and the next
+    # link then catches up alone. Counted link by link, without the gaps, two gaps of a
+    # second each on a loaded machine took the long job's share under 0.4.
+    began, ended = min(_times(logs[0])), max(_times(logs[-1]))
     mine = sum(len(_times(log)) for log in logs)
-    theirs = sum(any(a <= t <= b for a, b in windows) for t in _times(long_log))
-    assert theirs / (mine + theirs) >= 0.4, (theirs, mine)  # 0.30 before; 0.50 now
+    theirs = sum(began <= t <= ended for t in _times(long_log))
+    assert theirs / (mine + theirs) >= 0.4, (theirs, mine)  # 0.25 forgetting; 0.61 now
     usage = shared_node.ok(None, "info")
     assert f"{alice.name} " in usage and f"{bob.name} " in usage, usage
     assert "fair share (lane time used, half-life 1 day)" in usage

@@ -130,7 +130,7 @@ def _long_and_short(tmp_path, long_steps: int = 300) -> tuple[int, int]:
 
 def test_srtf_finishes_the_short_job_first(daemon, tmp_path):
     gq_ok("policy", "set", "srtf")
-    long, short = _long_and_short(tmp_path)
+    long, short = _long_and_short(tmp_path, 1000)  # 5 s: it runs on once the short one ends
     short_info = wait_state(short, "COMPLETED", timeout=60)
     assert job(long)["state"] == "RUNNING"
     long_info = wait_state(long, "COMPLETED", timeout=60)
