@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, gq_ok, job, submit, wait_for, wait_state, write_script
+from conftest import ROOT, gq_ok, job, start_together, submit, wait_for, wait_state, write_script
 
 HAND_WRITTEN_SGD = str(ROOT / "tests" / "zoo" / "hand_written_sgd.py")
 
@@ -55,9 +55,12 @@ def test_two_jobs_that_update_weights_by_hand_take_turns_under_rr(daemon, tmp_pa
     training steps (a backward, then the model's next call), not its 10 evaluation
     batches after them."""
     gq_ok("policy", "set", "rr", "--quantum", "1it")
-    # Declared memory: no probe, so both start in one pass; 40 steps of 0.1 s each outlast
-    # the difference between the two workers' start-ups on a busy machine.
-    first, second = (submit("--gpu-mem", "1G", HAND_WRITTEN_SGD, "0.1") for _ in range(2))
+    # Declared memory: no probe, so both start in one pass; their loops start together, once
+    # both have imported torch (under load one import can take seconds longer than the
+    # other, and the first job would run most of its steps alone).
+    go = tmp_path / "go"
+    first, second = (submit("--gpu-mem", "1G", HAND_WRITTEN_SGD, "0.1", str(go)) for _ in range(2))
+    start_together(go, 2)
 
     def both_progress():
         infos = [job(first), job(second)]
