@@ -401,8 +401,10 @@ def test_signal_before_the_time_limit_reaches_the_batch_shell_or_its_steps(daemo
             'echo "shell lived on: $?"\n'
         ),
     )
-    warned = submit("-t", "1", "--signal", "B:USR1@58", str(batch))
-    stepped = submit("-t", "1", "--signal", "SIGUSR2@58", str(step))
+    # Warned 5 s after their start: by then srun's two interpreters have their handlers in
+    # place, on a loaded machine too (2 s left that to chance).
+    warned = submit("-t", "1", "--signal", "B:USR1@55", str(batch))
+    stepped = submit("-t", "1", "--signal", "SIGUSR2@55", str(step))
     for job_id in (warned, stepped):
         assert (
             wait_state(job_id, "COMPLETED", "FAILED", "TIMEOUT", timeout=30)["state"] == "COMPLETED"
@@ -412,7 +414,7 @@ def test_signal_before_the_time_limit_reaches_the_batch_shell_or_its_steps(daemo
     assert (tmp_path / f"gq-{stepped}.out").read_text() == (
         "step warned\nstep warned\nshell lived on: 0\n"
     )
-    assert "Signal: B:10@58" in gq_ok("show", str(warned))
+    assert "Signal: B:10@55" in gq_ok("show", str(warned))
     result = gq("submit", "--signal", "USR9@5", str(batch))
     assert result.code == 2 and "invalid --signal USR9@5" in result.err
 
