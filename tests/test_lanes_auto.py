@@ -55,23 +55,27 @@ def test_two_jobs_whose_steps_wait_run_on_lanes_of_their_own(home):
 
 def test_jobs_that_gain_nothing_side_by_side_are_tried_and_take_turns(home, tmp_path):
     """Their steps hold one lock (as two jobs' kernels on one GPU never overlap), and are
-    long enough (16 ms) that taking turns loses little to switching: with 1 ms steps, side
-    by side on the lock beat taking turns on the lane by 1.3x, and was kept. They wait
-    holding it rather than hash: no CPU of the suite's goes to them (beside two busy
-    processes, steps of 16 MB of hashing made the test take 23 s, against 11 s)."""
+    long enough (48 ms) that taking turns loses little to switching: with 1 ms steps, side
+    by side on the lock beat taking turns on the lane by 1.3x, and was kept; with 16 ms
+    steps a loaded machine's hand-overs once cost the turns a tenth, and side by side paid.
+    They wait holding it rather than hash: no CPU of the suite's goes to them (beside two
+    busy processes, steps of 16 MB of hashing made the test take 23 s, against 11 s)."""
     gq_ok("policy", "set", "fair")
     lock = tmp_path / "device.lock"
     first, second = (
-        submit(LOOP, "--steps", "100000", "--mb", "0", "--wait-ms", "16", "--lock", str(lock))
+        submit(LOOP, "--steps", "100000", "--mb", "0", "--wait-ms", "48", "--lock", str(lock))
         for _ in range(2)
     )
     for job in (first, second):
         wait_state(job, "RUNNING")
-    line = wait_for(
-        lambda: "side by side did not pay" in (found := sharing()) and found,
-        90,
-        what="a trial that failed",
-    )
+    try:
+        line = wait_for(
+            lambda: "side by side did not pay" in (found := sharing()) and found,
+            90,
+            what="a trial that failed",
+        )
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}; gq info said: {sharing()!r}") from None
     assert "taking turns on one lane" in line and f"jobs {first},{second}" in line, line
     assert "tried again in" in line, line
     gq_ok("cancel", str(first), str(second))
