@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,11 +135,15 @@ def main_in_a_new_interpreter(*line: str) -> tuple[list[str], bool]:
 
 
 def wait_for(
-    predicate, timeout: float = 30.0, interval: float | None = None, what: str = "condition"
+    predicate,
+    timeout: float = 30.0,
+    interval: float | None = None,
+    what: str | Callable[[], str] = "condition",
 ):
     """``predicate()``'s first true value. Without an ``interval`` it is asked again after
     10 ms, then ever less often, up to every 100 ms: most waits are short, and a long one
-    polling the daemon 20 times a second cost the suite a good part of a core."""
+    polling the daemon 20 times a second cost the suite a good part of a core. ``what`` may
+    be a function, called on a timeout: what was waited for, with what was seen then."""
     deadline = time.monotonic() + timeout
     pause = 0.01 if interval is None else interval
     while True:
@@ -146,7 +151,8 @@ def wait_for(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout}s waiting for {said}")
         time.sleep(pause)
         if interval is None:
             pause = min(pause * 1.25, 0.1)

@@ -68,14 +68,11 @@ def test_jobs_that_gain_nothing_side_by_side_are_tried_and_take_turns(home, tmp_
     )
     for job in (first, second):
         wait_state(job, "RUNNING")
-    try:
-        line = wait_for(
-            lambda: "side by side did not pay" in (found := sharing()) and found,
-            90,
-            what="a trial that failed",
-        )
-    except AssertionError as timed_out:
-        raise AssertionError(f"{timed_out}; gq info said: {sharing()!r}") from None
+    line = wait_for(
+        lambda: "side by side did not pay" in (found := sharing()) and found,
+        90,
+        what=lambda: f"a trial that failed (gq info said: {sharing()!r})",
+    )
     assert "taking turns on one lane" in line and f"jobs {first},{second}" in line, line
     assert "tried again in" in line, line
     gq_ok("cancel", str(first), str(second))
